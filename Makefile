@@ -1,0 +1,51 @@
+# agentsafe developer commands. `make demo` and `make test` work on a fresh clone:
+# each creates .venv and installs what it needs first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
+
+.PHONY: help venv demo test lint format typecheck unit bench clean
+
+help:
+	@echo "make demo       run the executor lifecycle demo on embedded defaults"
+	@echo "make test       lint, type-check (mypy --strict) and run the whole test suite"
+	@echo "make lint       ruff check and ruff format --check"
+	@echo "make format     ruff format and ruff check --fix"
+	@echo "make typecheck  mypy --strict on executor/ and operator/"
+	@echo "make unit       the test suite only"
+	@echo "make bench      benchmarks/ (prints ratios to a raw aiohttp baseline)"
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing agentsafe and its development dependencies into $(VENV) ..."
+	@$(BIN)/python -m pip install --quiet --upgrade pip
+	@$(BIN)/python -m pip install --quiet -e '.[dev,plans,signing]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/agentsafe demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy executor operator
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/lifecycle.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .demo

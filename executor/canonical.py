@@ -1,0 +1,168 @@
+"""RFC 8785 (JSON Canonicalization Scheme) and the digests built on it.
+
+The canonical form is what every hash in agentsafe is taken over: the intent hash, the execution
+payload digest, evidence line hashes and plan digests. It must match other implementations byte for
+byte (see ``tests/conformance``), so it follows ECMAScript's ``JSON.stringify`` exactly:
+
+* object keys sorted by UTF-16 code units, no Unicode normalisation;
+* strings escaped as ECMAScript does (only ``"``, ``\\`` and control characters);
+* numbers in ECMAScript ``Number.prototype.toString`` form, ``-0`` written ``0``.
+
+Python-specific choices, all fail-closed: ``bool`` is never a number; integers outside the
+IEEE-754 exact range (|n| > 2**53 - 1) are refused rather than silently rounded; NaN and the
+infinities are refused; lone surrogates are refused (they have no UTF-8 form); only ``dict`` with
+``str`` keys, ``list``/``tuple``, ``str``, ``int``, ``float``, ``bool`` and ``None`` are accepted.
+
+Callers: intent capture, grants, the journal, evidence chains, plans.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+from .errors import CanonicalizationError
+
+__all__ = [
+    "MAX_SAFE_INTEGER",
+    "canonical_json",
+    "canonical_text",
+    "format_number",
+    "sha256_digest",
+    "sha256_hex",
+]
+
+MAX_SAFE_INTEGER = 2**53 - 1
+
+_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
+
+
+def _escape_string(value: str) -> str:
+    out: list[str] = ['"']
+    for ch in value:
+        code = ord(ch)
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif code < 0x20:
+            out.append(f"\\u{code:04x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            raise CanonicalizationError("string contains a lone surrogate", code="JSON_INVALID")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def format_number(value: int | float) -> str:
+    """Format a number as ECMAScript's ``Number.prototype.toString`` would."""
+    if isinstance(value, bool):
+        raise CanonicalizationError("a boolean is not a number", code="JSON_INVALID")
+    if isinstance(value, int):
+        if abs(value) > MAX_SAFE_INTEGER:
+            raise CanonicalizationError(
+                "integer outside the exactly representable range", code="NUMBER_OUT_OF_RANGE"
+            )
+        return str(value)
+    if not math.isfinite(value):
+        raise CanonicalizationError("non-finite number", code="NUMBER_NOT_FINITE")
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    # repr() is the shortest string that round-trips, as ECMAScript requires.
+    _, digits_tuple, exponent = Decimal(repr(abs(value))).as_tuple()
+    digits = "".join(str(d) for d in digits_tuple).rstrip("0") or "0"
+    assert isinstance(exponent, int)
+    # value = 0.digits * 10**n  (ECMAScript's n), k = len(digits)
+    k = len(digits)
+    n = exponent + len(digits_tuple)
+    if k <= n <= 21:
+        text = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        text = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        text = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        exp = f"e{'+' if e >= 0 else '-'}{abs(e)}"
+        text = digits + exp if k == 1 else digits[0] + "." + digits[1:] + exp
+    return sign + text
+
+
+def _utf16_key(key: str) -> bytes:
+    try:
+        return key.encode("utf-16-be")
+    except UnicodeEncodeError as exc:
+        raise CanonicalizationError("key contains a lone surrogate", code="JSON_INVALID") from exc
+
+
+def _write(value: Any, out: list[str], depth: int) -> None:
+    if depth > 1000:
+        raise CanonicalizationError("value nested too deeply", code="JSON_TOO_DEEP")
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, str):
+        out.append(_escape_string(value))
+    elif isinstance(value, int | float):
+        out.append(format_number(value))
+    elif isinstance(value, Mapping):
+        items = []
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CanonicalizationError("object key is not a string", code="JSON_INVALID")
+            items.append((_utf16_key(key), key, item))
+        items.sort(key=lambda triple: triple[0])
+        out.append("{")
+        for index, (_, key, item) in enumerate(items):
+            if index:
+                out.append(",")
+            out.append(_escape_string(key))
+            out.append(":")
+            _write(item, out, depth + 1)
+        out.append("}")
+    elif isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
+        out.append("[")
+        for index, item in enumerate(value):
+            if index:
+                out.append(",")
+            _write(item, out, depth + 1)
+        out.append("]")
+    else:
+        raise CanonicalizationError(
+            f"value of type {type(value).__name__} has no JSON form", code="JSON_INVALID"
+        )
+
+
+def canonical_text(value: Any) -> str:
+    """The RFC 8785 canonical JSON text of ``value``."""
+    out: list[str] = []
+    _write(value, out, 0)
+    return "".join(out)
+
+
+def canonical_json(value: Any) -> bytes:
+    """The RFC 8785 canonical JSON of ``value`` as UTF-8 bytes."""
+    return canonical_text(value).encode("utf-8")
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_digest(value: Any) -> str:
+    """``"sha256:" + hex(sha256(JCS(value)))``, the form every agentsafe digest takes."""
+    return "sha256:" + sha256_hex(canonical_json(value))

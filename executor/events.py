@@ -1,0 +1,91 @@
+"""Where the executor says what happened: the evidence and security event sinks.
+
+Two streams leave the process: *evidence* (``agent-safe.executor-evidence/1``, standard output, one
+line per lifecycle event) and *security* (``agent-safe.security/1``, standard error, one line per
+thing that happened to the process). Components receive an :class:`EventSink` for each and call
+``emit(event, fields)``; they never format lines themselves. The chained, redacted implementation
+lives in ``chain.py``; :class:`MemorySink` is for tests and for composing sinks.
+
+Fields must never carry request parameters, provider bodies or secret values.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
+
+__all__ = [
+    "EVIDENCE_SCHEMA",
+    "SECURITY_SCHEMA",
+    "EventSink",
+    "JsonLinesSink",
+    "MemorySink",
+    "Streams",
+]
+
+EVIDENCE_SCHEMA = "agent-safe.executor-evidence/1"
+SECURITY_SCHEMA = "agent-safe.security/1"
+
+
+class EventSink(Protocol):
+    """One output stream of structured events."""
+
+    def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None: ...
+
+
+class JsonLinesSink:
+    """An unchained JSON-lines sink; one ``write`` per line so lines never interleave."""
+
+    def __init__(self, stream: TextIO, *, schema: str) -> None:
+        self._stream = stream
+        self._schema = schema
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
+        line = {"schema": self._schema, "event": event, "at": _now_iso(), **(fields or {})}
+        text = json.dumps(line, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
+        with self._lock:
+            self._stream.write(text)
+            self._stream.flush()
+
+
+@dataclass
+class MemorySink:
+    """Keeps events in memory; used by tests and the shadow report."""
+
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+    def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
+        self.events.append((event, dict(fields or {})))
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [f for e, f in self.events if e == event]
+
+
+@dataclass(frozen=True)
+class Streams:
+    """The pair of sinks every component is handed."""
+
+    evidence: EventSink
+    security: EventSink
+
+    @classmethod
+    def standard(cls) -> Streams:
+        return cls(
+            evidence=JsonLinesSink(sys.stdout, schema=EVIDENCE_SCHEMA),
+            security=JsonLinesSink(sys.stderr, schema=SECURITY_SCHEMA),
+        )
+
+    @classmethod
+    def memory(cls) -> Streams:
+        return cls(evidence=MemorySink(), security=MemorySink())
+
+
+def _now_iso() -> str:
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
