@@ -80,8 +80,18 @@ def run(target: Path, *, console: Console | None = None) -> int:
             results.append(VectorResult(path, False, f"cannot canonicalise: {exc.code}"))
             continue
         out.print(f"[bold]{path}[/bold]")
-        out.print("canonical_json: " + canonical.decode("utf-8"), markup=False, highlight=False)
-        out.print("intent_hash:    " + sha256_digest(document), markup=False, highlight=False)
+        out.print(
+            "canonical_json: " + canonical.decode("utf-8"),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        out.print(
+            "intent_hash:    " + sha256_digest(document),
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     vectors = results
     if vectors:
         table = Table(title="agent-safe.intent/1 vectors")

@@ -1,0 +1,158 @@
+"""The ``agentsafe`` console script.
+
+Subcommands import what they need lazily, so ``agentsafe verify intent`` works without starting
+anything. Packages that add subcommands (the operator adds ``operator`` and ``crds``) register a
+callable under the ``agentsafe.commands`` entry-point group that receives the subparsers object;
+the executor itself never imports them.
+
+Exit statuses: 0 success, 1 a check failed, 2 usage, 78 configuration invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_parser", "main"]
+
+Runner = Callable[[argparse.Namespace], int]
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import main as serve_main
+
+    return serve_main()
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(keep_serving=not args.no_wait)
+
+
+def _config(args: argparse.Namespace) -> int:
+    import os
+
+    from .config import describe_config, render_config_table
+    from .errors import ConfigError
+
+    try:
+        rows = describe_config(os.environ)
+    except ConfigError as exc:
+        print(f"agentsafe: configuration invalid: {exc}", file=sys.stderr)
+        return exc.exit_status
+    render_config_table(rows)
+    return 0
+
+
+def _verify_intent(args: argparse.Namespace) -> int:
+    from .verify_intent import run
+
+    return run(Path(args.path))
+
+
+def _verify_chain(args: argparse.Namespace) -> int:
+    from .chainverify import main as chain_main
+
+    return chain_main([args.path])
+
+
+def _verify_bundle(args: argparse.Namespace) -> int:
+    from .bundle import main as bundle_main
+
+    return bundle_main([args.path])
+
+
+def _verify_provider(args: argparse.Namespace) -> int:
+    from .provider import main as provider_main
+
+    return provider_main([args.path])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentsafe",
+        description=(
+            "agentsafe: the execution boundary between AI agents and the systems they change. "
+            "An agent proposes; the executor authenticates it, pins the exact intent, asks the "
+            "policy authority, and on ALLOW executes once under a single-use grant."
+        ),
+        epilog="Configuration is read from EXECUTOR_* and DOWNSTREAM_* variables; "
+        "see docs/configuration.md, or run 'agentsafe config'.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the executor from the environment's configuration",
+        description="Run the trusted executor. Start order: audit hook, configuration, posture, "
+        "secrets, journal, evidence chains, use store, startup reconciliation, listener. "
+        "SIGTERM drains in-flight work and exits 0; SIGHUP re-reads secret files.",
+    )
+    serve.set_defaults(run=_serve)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the whole lifecycle against a loopback synthetic provider",
+        description="Start a synthetic provider and an executor on loopback with the bundled "
+        "example policy, drive a scripted agent through ALLOW, replay, BLOCK, ESCALATE, shadow "
+        "and a crash with reconciliation, print the results, then keep serving until Ctrl-C.",
+    )
+    demo.add_argument(
+        "--no-wait", action="store_true", help="exit after the scripted run instead of serving"
+    )
+    demo.set_defaults(run=_demo)
+
+    config = sub.add_parser(
+        "config",
+        help="print the resolved configuration and where each value came from",
+        description="Print every configuration key, its resolved value and its source "
+        "(env, file, default). Secrets are shown only as <set>. Exit 78 if invalid.",
+    )
+    config.set_defaults(run=_config)
+
+    verify = sub.add_parser(
+        "verify", help="offline verifiers (need nothing from a running process)"
+    )
+    vsub = verify.add_subparsers(dest="what", metavar="WHAT", required=True)
+    vi = vsub.add_parser(
+        "intent",
+        help="check agent-safe.intent/1 vectors, or print a binding's canonical bytes and hash",
+    )
+    vi.add_argument("path", help="a vector file, a directory of vectors, or a plain binding file")
+    vi.set_defaults(run=_verify_intent)
+    vc = vsub.add_parser("chain", help="walk an evidence or security log's hash chain")
+    vc.add_argument("path", help="a JSON-lines file captured from the executor's stdout or stderr")
+    vc.set_defaults(run=_verify_chain)
+    vb = vsub.add_parser(
+        "bundle",
+        help="verify an evidence bundle (key from AGENTSAFE_EVIDENCE_PUBLIC_KEY, never the bundle)",
+    )
+    vb.add_argument("path", help="the bundle directory written by evidence-export")
+    vb.set_defaults(run=_verify_bundle)
+    vp = vsub.add_parser("provider-request", help="run a verifying-provider test vector")
+    vp.add_argument("path", help="a provider request vector (JSON)")
+    vp.set_defaults(run=_verify_provider)
+
+    for ep in entry_points(group="agentsafe.commands"):
+        register: Callable[[Any], None] = ep.load()
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    runner: Runner = args.run
+    try:
+        return runner(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
