@@ -1,0 +1,1 @@
+"""Helper scripts the tests run as separate OS processes (real races, real SIGKILL)."""
