@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, NoReturn, final
 
+from .config import SECRET_NAMES
 from .errors import AgentSafeError, ConfigError
 from .events import EventSink
 
@@ -52,15 +53,6 @@ __all__ = [
     "inspect_sources",
 ]
 
-SECRET_NAMES: Final[tuple[str, ...]] = (
-    "EXECUTOR_CALLER_TOKEN",
-    "EXECUTOR_TLS_KEY",
-    "EXECUTOR_AUTHORITY_SIGNING_KEY",
-    "EXECUTOR_EVIDENCE_SIGNING_KEY",
-    "DOWNSTREAM_CREDENTIAL",
-    "DOWNSTREAM_PRIVATE_KEY",
-    "DOWNSTREAM_SIGNING_KEY",
-)
 
 SECRETS_DIR_VARIABLE: Final = "EXECUTOR_SECRETS_DIR"
 DEFAULT_GRACE_SECONDS: Final = 30.0
