@@ -320,8 +320,18 @@ def _probe_child() -> bool:
 
 def _probe_write(writable_dirs: Sequence[Path]) -> bool:
     allowed = [os.path.realpath(d) for d in writable_dirs]
-    candidates = [tempfile.gettempdir(), os.sep, os.getcwd()]
+    # Not tempfile.gettempdir(): under the guard its own write probe is refused.
+    candidates = [
+        tempfile.tempdir,
+        os.environ.get("TMPDIR"),
+        "/tmp",  # noqa: S108 - a probe location, never a temporary file
+        "/var/tmp",  # noqa: S108
+        os.getcwd(),
+        os.sep,
+    ]
     for base in candidates:
+        if not base or not os.path.isdir(base):
+            continue
         real = os.path.realpath(base)
         if any(real == d or real.startswith(d + os.sep) for d in allowed):
             continue
