@@ -81,6 +81,10 @@ class Transport(Protocol):
         timeout: float,
     ) -> HttpResponse: ...
 
+    async def close(self) -> None:
+        """Release connections; later requests fail with ``sent=False``."""
+        ...
+
 
 def is_loopback_host(host: str) -> bool:
     """True for ``localhost`` and loopback IP literals (``127.0.0.0/8``, ``::1``)."""

@@ -1,0 +1,516 @@
+"""forward_request and PlainTransport against real loopback servers.
+
+Every outcome path runs through the seam, ``PlainTransport`` and the synthetic provider (or, for
+answers the synthetic provider never gives, a small aiohttp server on loopback).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from agentsafe.executor.canonical import canonical_json
+from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.errors import ConfigError
+from agentsafe.executor.forward import (
+    ForwardRequestHandler,
+    StaticHeaderCredential,
+    provider_reason,
+)
+from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
+from agentsafe.executor.principals import Actor, legacy_principal
+from agentsafe.executor.seam import (
+    Authorization,
+    ExecutionContext,
+    ExecutionReport,
+    Outcome,
+    ReconcileResult,
+    ReconcileStatus,
+    Registry,
+)
+from agentsafe.executor.secrets import SecretHandle
+from agentsafe.executor.synthetic import SyntheticProvider
+from agentsafe.executor.transport import (
+    HttpResponse,
+    PlainTransport,
+    Transport,
+    TransportError,
+    is_loopback_host,
+)
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["amountMinor", "currency"],
+    "properties": {
+        "amountMinor": {"type": "integer", "minimum": 1},
+        "currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        "synthetic_mode": {"type": "string"},
+    },
+}
+TOKEN = "synthetic-downstream-token-0001"
+
+
+class RecordingTransport:
+    """Wraps a real transport and notes the timeout each request was given."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.timeouts: list[float] = []
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout: float,
+    ) -> HttpResponse:
+        self.timeouts.append(timeout)
+        return await self.inner.request(method, url, headers=headers, body=body, timeout=timeout)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[SyntheticProvider]:
+    synthetic = SyntheticProvider()
+    await synthetic.start()
+    yield synthetic
+    await synthetic.stop()
+
+
+@pytest.fixture
+async def transport() -> AsyncIterator[PlainTransport]:
+    plain = PlainTransport(allow_insecure_loopback=True)
+    yield plain
+    await plain.close()
+
+
+def secret(value: str = TOKEN) -> SecretHandle:
+    return SecretHandle("DOWNSTREAM_CREDENTIAL", bytearray(value.encode()))
+
+
+def make_intent(clock: ManualClock, key: str, params: Mapping[str, Any]) -> CapturedIntent:
+    return capture_intent(
+        principal=legacy_principal(
+            tenant_id="7d1f4a52-3f0e-4d4b-9a57-0c3f7f2f9b11", actor=Actor("agent-1", "ai_agent")
+        ),
+        action="create_payout",
+        resource="payout:synthetic-beneficiary-1",
+        parameters=params,
+        idempotency_key=key,
+        target=DownstreamTarget("synthetic", "payouts.create", "http://127.0.0.1/payouts"),
+        now=clock.now(),
+        ttl_seconds=60,
+    )
+
+
+def build(
+    base: str,
+    transport: Transport,
+    *,
+    path: str = "/payouts",
+    lookup: str | None = "/payouts/{idempotency_key}",
+    timeout_ms: int = 5_000,
+    handle: SecretHandle | None = None,
+) -> tuple[Registry, ForwardRequestHandler]:
+    handler = ForwardRequestHandler(
+        url=base + path,
+        lookup_url=base + lookup if lookup else None,
+        timeout_ms=timeout_ms,
+        transport=transport,
+        credential=StaticHeaderCredential("X-Api-Key", handle or secret()),
+        parameters_schema=SCHEMA,
+    )
+    registry = Registry()
+    registry.register("create_payout", handler)
+    registry.seal()
+    return registry, handler
+
+
+async def run(
+    registry: Registry,
+    key: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    grant_seconds: float = 30.0,
+) -> tuple[ExecutionReport, ExecutionContext]:
+    clock = ManualClock()
+    intent = make_intent(clock, key, params or {"amountMinor": 5000, "currency": "USD"})
+    auth = Authorization("dec-1", "dos-1", "grant-" + key, expires_at=clock.now() + grant_seconds)
+    ctx = ExecutionContext.create(intent=intent, authorization=auth, clock=clock)
+
+    async def on_claimed(_: ExecutionContext) -> None:
+        return None
+
+    return await registry.execute("create_payout", ctx, on_claimed=on_claimed), ctx
+
+
+# -- every outcome through the synthetic provider ------------------------------------------
+
+
+async def test_completed_sends_the_bound_request_once(
+    provider: SyntheticProvider, transport: PlainTransport
+) -> None:
+    registry, _ = build(provider.base_url, transport)
+    report, ctx = await run(registry, "payout-1-v1")
+    assert report.outcome is Outcome.COMPLETED
+    assert report.executed is True
+    assert report.result is not None
+    assert report.result["status"] == 202
+    assert report.result["accepted"] is True
+    assert str(report.result["provider_reference"]).startswith("syn_")
+    assert set(report.result) == {"status", "accepted", "provider_reference"}
+    [received] = provider.received
+    assert received.body == canonical_json({"amountMinor": 5000, "currency": "USD"})
+    assert received.headers["content-type"] == "application/json"
+    assert received.headers["idempotency-key"] == "payout-1-v1"
+    assert received.headers["x-agent-safe-intent-hash"] == ctx.intent.intent_hash
+    assert received.headers["x-agent-safe-dossier-id"] == "dos-1"
+    assert received.headers["x-agent-safe-grant-id"] == "grant-payout-1-v1"
+    assert received.headers["x-api-key"] == TOKEN
+    assert provider.executed_keys() == ["payout-1-v1"]
+
+
+async def test_a_deterministic_refusal_is_definitely_not_executed(
+    provider: SyntheticProvider, transport: PlainTransport
+) -> None:
+    provider.set_mode("refuse")
+    registry, _ = build(provider.base_url, transport)
+    report, _ = await run(registry, "payout-2")
+    assert report.outcome is Outcome.DEFINITELY_NOT_EXECUTED
+    assert report.executed is False
+    assert report.reason_codes == ("INSUFFICIENT_FUNDS",)
+    assert report.result is None
+    assert provider.executed_keys() == []
+
+
+async def test_a_500_without_body_is_unknown(
+    provider: SyntheticProvider, transport: PlainTransport
+) -> None:
+    registry, _ = build(provider.base_url, transport)
+    report, _ = await run(
+        registry, "payout-3", {"amountMinor": 1, "currency": "USD", "synthetic_mode": "error"}
+    )
+    assert report.outcome is Outcome.UNKNOWN_AFTER_DISPATCH
+    assert report.executed is None
+    assert report.reason_codes == ("PROVIDER_ERROR",)
+
+
+async def test_a_provider_that_never_answers_is_unknown_within_the_grant(
+    provider: SyntheticProvider, transport: PlainTransport
+) -> None:
+    provider.set_mode("hang")
+    recording = RecordingTransport(transport)
+    registry, handler = build(provider.base_url, recording, timeout_ms=15_000)
+    report, _ = await run(registry, "payout-4", grant_seconds=0.3)
+    assert report.outcome is Outcome.UNKNOWN_AFTER_DISPATCH
+    assert report.reason_codes == ("EGRESS_TIMEOUT",)
+    assert recording.timeouts == [pytest.approx(0.3)]  # the grant, not DOWNSTREAM_TIMEOUT_MS
+    assert [r.idempotency_key for r in provider.received] == ["payout-4"]
+    # the provider acted; its lookup says so and reconciliation reads it
+    assert await handler.reconcile("payout-4") == ReconcileResult(
+        ReconcileStatus.COMPLETED, provider_reference=provider.state.payouts["payout-4"].reference
+    )
+
+
+async def test_a_connection_reset_after_sending_is_unknown(
+    provider: SyntheticProvider, transport: PlainTransport
+) -> None:
+    provider.set_mode("reset")
+    registry, _ = build(provider.base_url, transport)
+    report, _ = await run(registry, "payout-5")
+    assert report.outcome is Outcome.UNKNOWN_AFTER_DISPATCH
+    assert report.reason_codes == ("TRANSPORT_CONNECTION_LOST",)
+    assert report.dispatched is True
+
+
+async def test_a_refused_connection_failed_before_dispatch(transport: PlainTransport) -> None:
+    synthetic = SyntheticProvider()
+    base = await synthetic.start()
+    await synthetic.stop()  # the port is closed now
+    registry, _ = build(base, transport)
+    report, _ = await run(registry, "payout-6")
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.executed is False
+    assert report.dispatched is False
+    assert report.reason_codes == ("TRANSPORT_CONNECT_FAILED",)
+
+
+async def test_plain_http_without_the_flag_never_leaves(provider: SyntheticProvider) -> None:
+    strict = PlainTransport()
+    try:
+        registry, _ = build(provider.base_url, strict)
+        report, _ = await run(registry, "payout-7")
+    finally:
+        await strict.close()
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.reason_codes == ("EGRESS_SCHEME_NOT_ALLOWED",)
+    assert provider.received == []
+
+
+async def test_a_disposed_credential_fails_before_dispatch(
+    provider: SyntheticProvider, transport: PlainTransport
+) -> None:
+    handle = secret()
+    handle.dispose()
+    registry, _ = build(provider.base_url, transport, handle=handle)
+    report, _ = await run(registry, "payout-8")
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.reason_codes == ("SECRET_DISPOSED",)
+    assert provider.received == []
+
+
+async def test_an_expired_grant_sends_nothing(
+    provider: SyntheticProvider, transport: PlainTransport
+) -> None:
+    registry, _ = build(provider.base_url, transport)
+    report, _ = await run(registry, "payout-9", grant_seconds=-1)
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.reason_codes == ("GRANT_EXPIRED",)
+    assert provider.received == []
+
+
+async def test_the_same_key_twice_executes_once_at_the_provider(
+    provider: SyntheticProvider, transport: PlainTransport
+) -> None:
+    registry, _ = build(provider.base_url, transport)
+    first, _ = await run(registry, "payout-10")
+    second, _ = await run(registry, "payout-10")
+    assert first.result == second.result
+    assert len(provider.received) == 2
+    assert provider.executed_keys() == ["payout-10"]
+
+
+# -- reconcile -----------------------------------------------------------------------------
+
+
+async def test_reconcile_reads_what_the_provider_did(
+    provider: SyntheticProvider, transport: PlainTransport
+) -> None:
+    registry, handler = build(provider.base_url, transport)
+    await run(registry, "payout-11")
+    done = await registry.reconcile("create_payout", "payout-11")
+    assert done.status is ReconcileStatus.COMPLETED
+    assert done.provider_reference is not None
+    never = await registry.reconcile("create_payout", "never-sent")
+    assert never == ReconcileResult(ReconcileStatus.NOT_EXECUTED)
+    provider.set_mode("refuse")
+    await run(registry, "payout-12")
+    assert (await handler.reconcile("payout-12")).status is ReconcileStatus.NOT_EXECUTED
+    assert len(provider.received) == 2  # reconciliation sent no payout
+
+
+async def test_reconcile_without_lookup_or_reachable_provider_is_unknown(
+    transport: PlainTransport,
+) -> None:
+    _, no_lookup = build("http://127.0.0.1:9", transport, lookup=None)
+    assert await no_lookup.reconcile("k") == ReconcileResult(
+        ReconcileStatus.UNKNOWN, reason_code="LOOKUP_NOT_CONFIGURED"
+    )
+    synthetic = SyntheticProvider()
+    base = await synthetic.start()
+    await synthetic.stop()
+    _, down = build(base, transport)
+    assert await down.reconcile("k") == ReconcileResult(
+        ReconcileStatus.UNKNOWN, reason_code="TRANSPORT_CONNECT_FAILED"
+    )
+
+
+# -- answers the synthetic provider never gives --------------------------------------------
+
+
+@pytest.fixture
+async def odd_server() -> AsyncIterator[tuple[str, list[str]]]:
+    paths: list[str] = []
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPFound("/payouts")
+
+    async def conflict(request: web.Request) -> web.Response:
+        return web.json_response({"code": "IDEMPOTENCY_IN_PROGRESS"}, status=409)
+
+    async def empty_4xx(request: web.Request) -> web.Response:
+        return web.Response(status=400)
+
+    async def odd_reason(request: web.Request) -> web.Response:
+        return web.json_response({"reason": "card declined: do-not-honour!!"}, status=402)
+
+    async def numeric_code(request: web.Request) -> web.Response:
+        return web.json_response({"code": "0042"}, status=422)
+
+    async def big(request: web.Request) -> web.Response:
+        return web.Response(status=200, body=b"x" * (2 * 1024 * 1024))
+
+    async def big_chunked(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(status=200)
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for _ in range(40):
+            await response.write(b"y" * 65536)
+        await response.write_eof()
+        return response
+
+    async def lookup(request: web.Request) -> web.Response:
+        paths.append(request.raw_path)
+        return web.Response(status=500 if request.match_info["key"] == "boom" else 404)
+
+    app = web.Application()
+    app.router.add_post("/redirect", redirect)
+    app.router.add_post("/conflict", conflict)
+    app.router.add_post("/empty", empty_4xx)
+    app.router.add_post("/odd", odd_reason)
+    app.router.add_post("/numeric", numeric_code)
+    app.router.add_post("/big", big)
+    app.router.add_post("/big-chunked", big_chunked)
+    app.router.add_get("/lookup/{key}", lookup)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("")).rstrip("/"), paths
+    finally:
+        await server.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "outcome", "code"),
+    [
+        ("/redirect", Outcome.UNKNOWN_AFTER_DISPATCH, "PROVIDER_REDIRECT"),
+        ("/conflict", Outcome.UNKNOWN_AFTER_DISPATCH, "PROVIDER_ANSWER_INDETERMINATE"),
+        ("/empty", Outcome.UNKNOWN_AFTER_DISPATCH, "PROVIDER_ANSWER_INDETERMINATE"),
+        ("/odd", Outcome.DEFINITELY_NOT_EXECUTED, "CARD_DECLINED_DO_NOT_HONOUR"),
+        ("/numeric", Outcome.DEFINITELY_NOT_EXECUTED, "PROVIDER_REFUSED_422"),
+        ("/big", Outcome.UNKNOWN_AFTER_DISPATCH, "EGRESS_BODY_TOO_LARGE"),
+        ("/big-chunked", Outcome.UNKNOWN_AFTER_DISPATCH, "EGRESS_BODY_TOO_LARGE"),
+    ],
+)
+async def test_odd_answers_are_classified_without_inference(
+    odd_server: tuple[str, list[str]],
+    transport: PlainTransport,
+    path: str,
+    outcome: Outcome,
+    code: str,
+) -> None:
+    base, _ = odd_server
+    registry, _ = build(base, transport, path=path)
+    report, _ = await run(registry, "odd-1")
+    assert report.outcome is outcome
+    assert report.reason_codes == (code,)
+
+
+async def test_reconcile_quotes_the_key_and_reads_errors_as_unknown(
+    odd_server: tuple[str, list[str]], transport: PlainTransport
+) -> None:
+    base, paths = odd_server
+    _, handler = build(base, transport, lookup="/lookup/{idempotency_key}")
+    assert (await handler.reconcile("a/b c?d")).status is ReconcileStatus.NOT_EXECUTED
+    assert paths == ["/lookup/a%2Fb%20c%3Fd"]
+    assert await handler.reconcile("boom") == ReconcileResult(
+        ReconcileStatus.UNKNOWN, reason_code="LOOKUP_STATUS_500"
+    )
+
+
+# -- units -----------------------------------------------------------------------------------
+
+
+def test_provider_reason_is_sanitised() -> None:
+    assert provider_reason(422, b'{"code": "INSUFFICIENT_FUNDS"}') == "INSUFFICIENT_FUNDS"
+    assert provider_reason(400, b'{"code": "insufficient-funds"}') == "INSUFFICIENT_FUNDS"
+    assert provider_reason(400, json.dumps({"code": "A" * 100}).encode()) == "A" * 64
+    assert provider_reason(400, b'{"code": 7}') == "PROVIDER_REFUSED_400"
+    assert provider_reason(403, b"<html>denied</html>") == "PROVIDER_REFUSED_403"
+    assert provider_reason(400, b'["INSUFFICIENT_FUNDS"]') == "PROVIDER_REFUSED_400"
+    assert provider_reason(400, b'{"code": "\\r\\nSet-Cookie: x"}') == "SET_COOKIE_X"
+
+
+async def test_static_header_credential_reads_the_secret_only_when_asked() -> None:
+    handle = secret()
+    credential = StaticHeaderCredential("X-Api-Key", handle)
+    assert TOKEN not in repr(credential)
+    headers = await credential.headers_for(
+        method="POST", url="https://p/x", body=b"{}", idempotency_key="k", intent_hash="sha256:0"
+    )
+    assert headers == {"x-api-key": TOKEN}
+    for reserved in ("Idempotency-Key", "x-agent-safe-grant-id", "bad header"):
+        with pytest.raises(ConfigError):
+            StaticHeaderCredential(reserved, handle)
+    broken = StaticHeaderCredential("X-Api-Key", secret("value\r\nX-Evil: 1"))
+    with pytest.raises(Exception, match="unusable") as err:
+        await broken.headers_for(
+            method="POST", url="https://p/x", body=b"", idempotency_key="k", intent_hash=""
+        )
+    assert "Evil" not in str(err.value)
+
+
+def test_handler_configuration_is_validated(transport: PlainTransport) -> None:
+    with pytest.raises(ConfigError) as err:
+        build("http://127.0.0.1:1", transport, timeout_ms=15_001)
+    assert err.value.variable == "DOWNSTREAM_TIMEOUT_MS"
+    with pytest.raises(ConfigError) as lookup:
+        build("http://127.0.0.1:1", transport, lookup="/payouts/lookup")
+    assert lookup.value.variable == "DOWNSTREAM_LOOKUP_URL"
+
+
+# -- PlainTransport's own refusals ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "code"),
+    [
+        ("http://example.com/payouts", "EGRESS_SCHEME_NOT_ALLOWED"),
+        ("http://10.0.0.1/payouts", "EGRESS_SCHEME_NOT_ALLOWED"),
+        ("http://127.0.0.1.nip.io/payouts", "EGRESS_SCHEME_NOT_ALLOWED"),
+        ("ftp://127.0.0.1/payouts", "EGRESS_SCHEME_NOT_ALLOWED"),
+        ("https://user:pw@example.com/payouts", "EGRESS_ORIGIN_NOT_ALLOWED"),
+        ("/relative", "EGRESS_INIT_UNSUPPORTED"),
+    ],
+)
+async def test_plain_transport_refuses_before_any_socket(
+    transport: PlainTransport, url: str, code: str
+) -> None:
+    with pytest.raises(TransportError) as err:
+        await transport.request("POST", url, headers={}, body=b"{}", timeout=1)
+    assert err.value.code == code
+    assert err.value.sent is False
+    assert "pw" not in err.value.message
+
+
+async def test_plain_transport_needs_the_flag_even_for_loopback(
+    provider: SyntheticProvider,
+) -> None:
+    async with PlainTransport() as strict:
+        with pytest.raises(TransportError) as err:
+            await strict.request("GET", provider.base_url + "/", headers={}, body=None, timeout=1)
+    assert (err.value.code, err.value.sent) == ("EGRESS_SCHEME_NOT_ALLOWED", False)
+    async with PlainTransport(allow_insecure_loopback=True) as loose:
+        answer = await loose.request(
+            "GET", provider.base_url + "/", headers={}, body=None, timeout=5
+        )
+    assert answer.status == 200
+    with pytest.raises(TransportError) as closed:
+        await loose.request("GET", provider.base_url + "/", headers={}, body=None, timeout=5)
+    assert (closed.value.code, closed.value.sent) == ("TRANSPORT_CLOSED", False)
+
+
+async def test_plain_transport_returns_redirects_unfollowed(
+    odd_server: tuple[str, list[str]], transport: PlainTransport
+) -> None:
+    base, _ = odd_server
+    answer = await transport.request("POST", base + "/redirect", headers={}, body=b"", timeout=5)
+    assert answer.status == 302
+    assert answer.headers["location"] == "/payouts"
+
+
+def test_loopback_hosts() -> None:
+    for host in ("localhost", "LOCALHOST", "127.0.0.1", "127.8.9.10", "::1", "[::1]"):
+        assert is_loopback_host(host)
+    for host in ("example.com", "10.0.0.1", "0.0.0.0", "localhost.example.com", "::"):
+        assert not is_loopback_host(host)
