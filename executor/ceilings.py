@@ -11,7 +11,7 @@ The amount is read from the intent's parameters: an integer ``amountMinor`` (not
 ``>= 0``) and a three-letter upper-case ``currency``. Neither present: not a payment, bounded by
 the count window alone. One without the other, or either malformed: HARD_LIMIT_AMOUNT_INVALID.
 A currency the single-limit configuration never named: HARD_LIMIT_CURRENCY_UNKNOWN (only when
-single limits are configured at all).
+single limits are configured at all). A host with no ceiling configured refuses nothing.
 
 Decisions this module makes, stated plainly:
 
@@ -180,6 +180,8 @@ class HostCeilings:
             return len(self._entries), self._sum
 
     def _single_check(self, parameters: Mapping[str, Any]) -> Payment | None:
+        if not self.configured:
+            return None  # no ceiling exists to refuse on this host's behalf
         payment = read_payment(parameters)
         if payment is None or not self._single:
             return payment

@@ -54,8 +54,18 @@ def test_parse_single_limits() -> None:
 )
 def test_half_or_malformed_amounts_are_refused_not_guessed(params: dict[str, Any]) -> None:
     assert refusal(read_payment, params) == "HARD_LIMIT_AMOUNT_INVALID"
-    ceilings = HostCeilings(clock=ManualClock())  # even with nothing configured
+    # even when only the count window is configured, and the amount matters to none of it
+    ceilings = HostCeilings(window_seconds=60, window_count=5, clock=ManualClock())
     assert refusal(ceilings.check, params) == "HARD_LIMIT_AMOUNT_INVALID"
+    assert refusal(ceilings.commit, params) == "HARD_LIMIT_AMOUNT_INVALID"
+    assert ceilings.window_usage() == (0, 0)
+
+
+def test_a_host_without_ceilings_refuses_nothing() -> None:
+    ceilings = HostCeilings(clock=ManualClock())
+    ceilings.check({"currency": "usd"})
+    reservation = ceilings.commit({"amountMinor": True})
+    reservation.release()
 
 
 def test_read_payment() -> None:
@@ -79,7 +89,7 @@ def test_single_limit_per_currency() -> None:
 
 
 def test_without_single_limits_any_currency_passes_the_single_check() -> None:
-    ceilings = HostCeilings(clock=ManualClock())
+    ceilings = HostCeilings(window_seconds=60, window_count=5, clock=ManualClock())
     ceilings.commit({"amountMinor": 10**12, "currency": "GBP"})
 
 
