@@ -128,3 +128,10 @@ def test_comprehension_variables_are_allowed_only_where_bound() -> None:
     compile_expression("params.meta.tags.map(tag, tag + '!').exists(x, x == 'a!')")
     with pytest.raises(PolicyError, match="undeclared reference to tag"):
         compile_expression("params.meta.tags.exists(t, t == 'a') && tag == 'a'")
+
+
+def test_known_deviation_string_size_counts_utf8_bytes() -> None:
+    # Documented in docs/cel.md: the engine's size() counts UTF-8 bytes, the specification code
+    # points. If an upgrade fixes it, update the page and this test.
+    expr = compile_expression("params.name.size() == 5")
+    assert expr.evaluate(activation(params={"name": "é€"})) is True
