@@ -60,6 +60,7 @@ from .canonical import MAX_SAFE_INTEGER, sha256_digest
 from .errors import ConfigError
 from .intent import DownstreamTarget
 from .principals import Actor
+from .windows import LockoutRule, RateRule
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -148,67 +149,6 @@ class SecretOrigin(StrEnum):
 
 # --------------------------------------------------------------------------------------------
 # Small parsed values
-
-
-_RULE_MAX_COUNT: Final = 1_000_000
-_RULE_MAX_SECONDS: Final = 86_400
-
-
-@dataclass(frozen=True)
-class RateRule:
-    """``<count>/<seconds>``: at most ``count`` events in any ``seconds``-long window."""
-
-    count: int
-    seconds: int
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.count <= _RULE_MAX_COUNT:
-            raise ValueError(f"the count must be from 1 to {_RULE_MAX_COUNT}")
-        if not 1 <= self.seconds <= _RULE_MAX_SECONDS:
-            raise ValueError(f"the seconds must be from 1 to {_RULE_MAX_SECONDS}")
-
-    @classmethod
-    def parse(cls, text: str) -> RateRule:
-        parts = text.split("/")
-        if len(parts) != 2 or not all(_DIGITS.fullmatch(p) for p in parts):
-            raise ValueError("must be <count>/<seconds>, two positive integers")
-        return cls(int(parts[0]), int(parts[1]))
-
-    def __str__(self) -> str:
-        return f"{self.count}/{self.seconds}"
-
-
-@dataclass(frozen=True)
-class LockoutRule:
-    """``<failures>/<seconds>/<lock seconds>``; ``failures == 0`` disables the lockout."""
-
-    failures: int
-    seconds: int
-    lock_seconds: int
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.failures <= _RULE_MAX_COUNT:
-            raise ValueError(f"the failures must be from 0 to {_RULE_MAX_COUNT}")
-        if self.failures == 0:
-            return
-        if not 1 <= self.seconds <= _RULE_MAX_SECONDS:
-            raise ValueError(f"the seconds must be from 1 to {_RULE_MAX_SECONDS}")
-        if not 1 <= self.lock_seconds <= _RULE_MAX_SECONDS:
-            raise ValueError(f"the lock seconds must be from 1 to {_RULE_MAX_SECONDS}")
-
-    @property
-    def disabled(self) -> bool:
-        return self.failures == 0
-
-    @classmethod
-    def parse(cls, text: str) -> LockoutRule:
-        parts = text.split("/")
-        if len(parts) != 3 or not all(_DIGITS.fullmatch(p) for p in parts):
-            raise ValueError("must be <failures>/<seconds>/<lock seconds>, three integers")
-        return cls(int(parts[0]), int(parts[1]), int(parts[2]))
-
-    def __str__(self) -> str:
-        return f"{self.failures}/{self.seconds}/{self.lock_seconds}"
 
 
 @dataclass(frozen=True)
@@ -496,7 +436,7 @@ def _parse_ceilings(text: str) -> dict[str, int]:
         currency, sep, amount = entry.partition(":")
         if not sep or not _CURRENCY.fullmatch(currency) or not _DIGITS.fullmatch(amount):
             raise ValueError(
-                "must be <ISO 4217 code>:<minor units>[,...] such as CHF:2500000000,EUR:1000000"
+                "must be <ISO 4217 code>:<minor units>, comma-separated, without blanks"
             )
         if currency in ceilings:
             raise ValueError("names a currency twice")
@@ -882,7 +822,7 @@ class ExecutorConfig(BaseModel):
         if self.executor_posture is PostureMode.DEVELOPMENT:
             raise ConfigError(
                 "EXECUTOR_POSTURE",
-                "the development posture is refused under AGENTSAFE_ENV=production",
+                "this posture is refused under AGENTSAFE_ENV=production",
             )
         if self.legacy_mode and not self.executor_allow_legacy_caller:
             raise ConfigError(
@@ -1117,12 +1057,18 @@ def _json_value(value: object) -> Any:
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, RateRule | LockoutRule):
-        return str(value)
+        return _rule_text(value)
     if isinstance(value, tuple):
         return list(value)
     if isinstance(value, dict):
         return dict(value)
     return value
+
+
+def _rule_text(rule: RateRule | LockoutRule) -> str:
+    if isinstance(rule, LockoutRule):
+        return f"{rule.failures}/{rule.seconds}/{rule.lock_seconds}"
+    return f"{rule.count}/{rule.seconds}"
 
 
 def _display(value: object) -> str | None:
@@ -1133,6 +1079,8 @@ def _display(value: object) -> str | None:
         return "true" if value else "false"
     if isinstance(value, Enum):
         return str(value.value)
+    if isinstance(value, RateRule | LockoutRule):
+        return _rule_text(value)
     if isinstance(value, dict):
         return ",".join(f"{k}:{v}" for k, v in value.items()) or None
     if isinstance(value, tuple):
@@ -1211,7 +1159,7 @@ def _translate(exc: ValidationError, env: Mapping[str, str]) -> ConfigError:
     variable = _ATTRIBUTE_TO_KEY.get(attribute, attribute.upper() or "configuration")
     problem = _problem(error, attribute)
     raw = env.get(variable)
-    if raw is not None and len(raw) >= 4 and raw in problem:
+    if raw is not None and len(raw) >= 8 and raw in problem:
         problem = "has an invalid value"
     return ConfigError(variable, problem)
 
