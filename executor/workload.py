@@ -302,9 +302,14 @@ def _reason(exc: BaseException) -> str:
 
 
 def looks_like_jwt(token: str) -> bool:
-    """Three non-empty base64url segments: worth trying as a workload token."""
+    """Three base64url segments (the signature may be empty): worth trying as a workload token."""
     parts = token.split(".")
-    return len(parts) == 3 and all(parts) and all(set(p.encode()) <= _B64URL for p in parts)
+    return (
+        len(parts) == 3
+        and bool(parts[0])
+        and bool(parts[1])
+        and all(set(p.encode()) <= _B64URL for p in parts)
+    )
 
 
 class WorkloadVerifier:
@@ -360,7 +365,7 @@ class WorkloadVerifier:
         try:
             header = json.loads(_b64url_decode(head))
             claims = json.loads(_b64url_decode(body))
-            signature = _b64url_decode(sig)
+            signature = _b64url_decode(sig) if sig else b""
         except (ValueError, UnicodeDecodeError):
             raise JwtRefused("JWT_MALFORMED", "the token is not a compact JWS") from None
         if not isinstance(header, dict) or not isinstance(claims, dict):

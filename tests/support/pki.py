@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["Issued", "TestCA"]
+__all__ = ["Issued", "TestCA", "TokenSigner", "unsigned_token"]
 
 
 @dataclass(frozen=True)
@@ -158,3 +158,94 @@ class TestCA:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
+
+
+# -- workload tokens ---------------------------------------------------------------------------
+
+
+def _b64url(data: bytes) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _int_b64(value: int, length: int | None = None) -> str:
+    size = length or max(1, (value.bit_length() + 7) // 8)
+    return _b64url(value.to_bytes(size, "big"))
+
+
+class TokenSigner:
+    """Signs compact JWS tokens with a key made in the test (RS256, ES256 or EdDSA)."""
+
+    __test__ = False
+
+    def __init__(self, alg: str = "ES256", *, kid: str = "test-key") -> None:
+        from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+        self.alg = alg
+        self.kid = kid
+        if alg == "RS256":
+            self.key: object = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        elif alg == "ES256":
+            self.key = ec.generate_private_key(ec.SECP256R1())
+        elif alg == "EdDSA":
+            self.key = ed25519.Ed25519PrivateKey.generate()
+        else:
+            raise ValueError(alg)
+
+    def jwk(self) -> dict[str, str]:
+        from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
+
+        key = self.key
+        if isinstance(key, rsa.RSAPrivateKey):
+            numbers = key.public_key().public_numbers()
+            return {"kty": "RSA", "kid": self.kid, "alg": "RS256", "use": "sig",
+                    "n": _int_b64(numbers.n), "e": _int_b64(numbers.e)}  # fmt: skip
+        if isinstance(key, ec.EllipticCurvePrivateKey):
+            pub = key.public_key().public_numbers()
+            return {"kty": "EC", "kid": self.kid, "crv": "P-256",
+                    "x": _int_b64(pub.x, 32), "y": _int_b64(pub.y, 32)}  # fmt: skip
+        assert isinstance(key, ed25519.Ed25519PrivateKey)
+        raw = key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        return {"kty": "OKP", "kid": self.kid, "crv": "Ed25519", "x": _b64url(raw)}
+
+    def public_pem(self) -> bytes:
+        key = self.key
+        public = key.public_key()  # type: ignore[attr-defined]
+        pem: bytes = public.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        return pem
+
+    def sign(self, claims: dict[str, object], *, header: dict[str, object] | None = None) -> str:
+        import json
+
+        from cryptography.hazmat.primitives.asymmetric import ed25519, padding, rsa
+        from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+        head = {"alg": self.alg, "typ": "JWT", "kid": self.kid, **(header or {})}
+        signing_input = (
+            _b64url(json.dumps(head).encode()) + "." + _b64url(json.dumps(claims).encode())
+        ).encode("ascii")
+        key = self.key
+        if isinstance(key, rsa.RSAPrivateKey):
+            signature = key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
+        elif isinstance(key, ec.EllipticCurvePrivateKey):
+            r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
+            signature = r.to_bytes(32, "big") + s.to_bytes(32, "big")
+        else:
+            assert isinstance(key, ed25519.Ed25519PrivateKey)
+            signature = key.sign(signing_input)
+        return signing_input.decode("ascii") + "." + _b64url(signature)
+
+
+def unsigned_token(header: dict[str, object], claims: dict[str, object], signature: bytes) -> str:
+    """A token with any header and any signature bytes (for alg:none and HS256 forgeries)."""
+    import json
+
+    return ".".join(
+        [_b64url(json.dumps(header).encode()), _b64url(json.dumps(claims).encode()),
+         _b64url(signature)]
+    )  # fmt: skip
