@@ -342,9 +342,9 @@ class LocalAuthority:
             code = "GRANT_MALFORMED" if exc.code == "JWS_MALFORMED" else "GRANT_SIGNATURE_INVALID"
             raise GrantRefused(code, "the grant does not verify") from None
         fields = _grant_fields(payload)
-        grant_id, decision_id, dossier_id, not_before, expires_at, binding = fields
+        binding = fields.binding
         now = self._clock.now()
-        if now < not_before or now >= expires_at:
+        if now < fields.not_before or now >= fields.expires_at:
             raise GrantRefused("GRANT_EXPIRED", "the grant is not valid now")
         if (
             binding["intent_hash"] != intent.intent_hash
@@ -354,15 +354,18 @@ class LocalAuthority:
         ):
             raise GrantRefused("GRANT_BINDING_MISMATCH", "the grant is bound to another intent")
         claimed = await self._store.claim_grant(
-            grant_id, binding_digest=sha256_digest(binding), expires_at=expires_at, now=now
+            fields.grant_id,
+            binding_digest=sha256_digest(binding),
+            expires_at=fields.expires_at,
+            now=now,
         )
         if not claimed:
             raise GrantRefused("GRANT_ALREADY_CLAIMED", "the grant was already claimed")
         return Claim(
-            grant_id=grant_id,
-            decision_id=decision_id,
-            dossier_id=dossier_id,
-            expires_at=expires_at,
+            grant_id=fields.grant_id,
+            decision_id=fields.decision_id,
+            dossier_id=fields.dossier_id,
+            expires_at=fields.expires_at,
             intent_hash=binding["intent_hash"],
             execution_payload_digest=binding["execution_payload_digest"],
         )
@@ -395,29 +398,42 @@ def _check_token_typ(typ: str) -> None:
         raise ValueError("not a token type this authority signs on request")
 
 
-def _grant_fields(
-    payload: Mapping[str, Any],
-) -> tuple[str, str, str, float, float, dict[str, str]]:
-    binding = payload.get("binding")
+@dataclass(frozen=True)
+class _GrantFields:
+    grant_id: str
+    decision_id: str
+    dossier_id: str
+    not_before: float
+    expires_at: float
+    binding: dict[str, str]
+
+
+def _grant_fields(payload: Mapping[str, Any]) -> _GrantFields:
+    """The grant's payload checked for shape; anything else is ``GRANT_MALFORMED``."""
     ids = [payload.get(name) for name in ("sub", "decision_id", "dossier_id")]
     times = [payload.get(name) for name in ("iat", "nbf", "exp")]
+    binding = payload.get("binding")
+    id_values = [value for value in ids if isinstance(value, str) and _UUID4.match(value)]
+    time_values = [
+        float(value)
+        for value in times
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    ]
     if (
-        not all(isinstance(value, str) and _UUID4.match(value) for value in ids)
-        or not all(
-            isinstance(value, int | float) and not isinstance(value, bool) for value in times
-        )
+        len(id_values) != 3
+        or len(time_values) != 3
         or not isinstance(binding, dict)
         or set(binding) != _BINDING_KEYS
         or not all(isinstance(value, str) for value in binding.values())
     ):
         raise GrantRefused("GRANT_MALFORMED", "the grant's payload is not a grant")
-    return (
-        str(ids[0]),
-        str(ids[1]),
-        str(ids[2]),
-        float(times[1]),  # type: ignore[arg-type]
-        float(times[2]),  # type: ignore[arg-type]
-        binding,
+    return _GrantFields(
+        grant_id=id_values[0],
+        decision_id=id_values[1],
+        dossier_id=id_values[2],
+        not_before=time_values[1],
+        expires_at=time_values[2],
+        binding=binding,
     )
 
 
