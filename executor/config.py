@@ -408,10 +408,10 @@ def _parse_url(value: str, *, placeholder: str | None = None) -> SplitResult:
         probe = value.replace(placeholder, "placeholder")
     try:
         parts = urlsplit(probe)
-        port = parts.port
+        if parts.port == 0:  # .port itself raises ValueError on a malformed port
+            raise ValueError("port 0")
     except ValueError:
-        raise ValueError("must be an absolute http(s) URL") from None
-    del port
+        raise ValueError("must be an absolute https URL with a valid port") from None
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise ValueError("must be an absolute https URL")
     if parts.username is not None or parts.password is not None:
@@ -536,7 +536,6 @@ _ABSOLUTE_FIELDS: Final = (
     "executor_halt_file",
     "executor_evidence_dir",
 )
-_SECRET_FIELDS: Final = tuple(name.lower() for name in SECRET_NAMES)
 
 # The downstream URLs and the placeholder each must contain.
 _DOWNSTREAM_URLS: Final[Mapping[str, str | None]] = {
@@ -565,7 +564,8 @@ class ExecutorConfig(BaseModel):
     agentsafe_env: str | None = None
     executor_mode: ExecutorMode
     executor_policy_file: Path
-    executor_state_dir: Path | None = None
+    # Required in both modes: the use store (claims, idempotency, approvals) lives there.
+    executor_state_dir: Path
     executor_bind_address: str = "127.0.0.1"
     port: int = Field(default=8443, ge=0, le=65535)
     executor_intent_ttl_seconds: int = Field(default=60, ge=1, le=300)
@@ -781,6 +781,7 @@ class ExecutorConfig(BaseModel):
         # The defaults of the kind-specific choices apply only to the kind selected; the other
         # kinds' variables stay absent (None) so "must be absent" stays checkable.
         if isinstance(data, dict):
+            data = dict(data)
             kind = data.get("downstream_credential_kind", CredentialKind.STATIC_HEADER)
             if kind == CredentialKind.PRIVATE_KEY_JWT:
                 data.setdefault("downstream_private_key_algorithm", PrivateKeyAlgorithm.ES256)
@@ -920,16 +921,15 @@ class ExecutorConfig(BaseModel):
             )
 
     def _storage_rules(self) -> None:
-        if self.executor_mode is ExecutorMode.ENFORCEMENT:
-            if self.executor_state_dir is None:
-                raise ConfigError(
-                    "EXECUTOR_STATE_DIR", "is required in enforcement (the use store lives there)"
-                )
-            if self.executor_journal_dir is None and self.executor_journal_required:
-                raise ConfigError(
-                    "EXECUTOR_JOURNAL_DIR",
-                    "is required in enforcement unless EXECUTOR_JOURNAL_REQUIRED=false",
-                )
+        if (
+            self.executor_mode is ExecutorMode.ENFORCEMENT
+            and self.executor_journal_dir is None
+            and self.executor_journal_required
+        ):
+            raise ConfigError(
+                "EXECUTOR_JOURNAL_DIR",
+                "is required in enforcement unless EXECUTOR_JOURNAL_REQUIRED=false",
+            )
         if self.executor_evidence_signing_key.given and self.executor_evidence_dir is None:
             raise ConfigError(
                 self.executor_evidence_signing_key.variable, "needs EXECUTOR_EVIDENCE_DIR"

@@ -216,6 +216,7 @@ def test_required_without_defaults() -> None:
     for variable in (
         "EXECUTOR_MODE",
         "EXECUTOR_POLICY_FILE",
+        "EXECUTOR_STATE_DIR",
         "DOWNSTREAM_URL",
         "DOWNSTREAM_SYSTEM",
         "DOWNSTREAM_OPERATION",
@@ -932,15 +933,16 @@ def test_journal_may_be_waived_outside_production() -> None:
     assert config.executor_journal_dir is None
 
 
-def test_shadow_needs_no_journal_or_state() -> None:
-    config = load_config(
-        legacy_env(EXECUTOR_MODE="SHADOW", EXECUTOR_JOURNAL_DIR=None, EXECUTOR_STATE_DIR=None)
-    )
+def test_shadow_needs_no_journal() -> None:
+    config = load_config(legacy_env(EXECUTOR_MODE="SHADOW", EXECUTOR_JOURNAL_DIR=None))
     assert config.executor_mode is ExecutorMode.SHADOW
+    assert config.executor_journal_dir is None
 
 
-def test_enforcement_needs_the_state_dir() -> None:
-    refused(legacy_env(EXECUTOR_STATE_DIR=None), "EXECUTOR_STATE_DIR")
+@pytest.mark.parametrize("mode", ["SHADOW", "ENFORCEMENT"])
+def test_the_state_dir_is_always_required(mode: str) -> None:
+    error = refused(legacy_env(EXECUTOR_MODE=mode, EXECUTOR_STATE_DIR=None), "EXECUTOR_STATE_DIR")
+    assert error.problem == "is required"
 
 
 def test_evidence_signing_key_needs_the_evidence_dir() -> None:
