@@ -48,10 +48,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .canonical import canonical_json
+from .canonical import canonical_json, sha256_digest
 from .clock import Clock, format_ms
 from .errors import AgentSafeError, JournalError
-from .intent import CapturedIntent
 
 __all__ = [
     "ATTEMPTS_DIR",
@@ -107,7 +106,7 @@ _REQUIRED: dict[RecordType, tuple[str, ...]] = {
     RecordType.RECONCILED: ("attempt_id", "status", "by"),
 }
 _OPTIONAL: dict[RecordType, tuple[str, ...]] = {
-    RecordType.ATTEMPT_OPENED: ("intent_id", "decision_id", "dossier_id", "principal", "action"),
+    RecordType.ATTEMPT_OPENED: ("intent_id", "decision_id", "dossier_id", "caller", "action"),
     RecordType.GRANT_CLAIMED: (),
     RecordType.ATTEMPT_CLOSED: ("finalization",),
     RecordType.RECONCILED: (),
@@ -132,7 +131,7 @@ class OpenAttempt:
     intent_hash: str
     decision_id: str | None
     dossier_id: str | None
-    principal: str | None
+    principal: str | None  # the caller recorded in ATTEMPT_OPENED
     action: str | None
     binding: Mapping[str, Any]  # the captured intent binding as stored (not trusted: re-hash)
     opened_at: str
@@ -217,34 +216,48 @@ class AttemptJournal:
         self,
         *,
         attempt_id: str,
-        intent: CapturedIntent,
+        intent_id: str,
+        intent_hash: str,
         decision_id: str,
         dossier_id: str,
-        principal: str,
+        caller: str,
+        action: str,
+        binding: Mapping[str, Any],
     ) -> None:
+        """ATTEMPT_OPENED. ``binding`` must hash to ``intent_hash`` (refused otherwise, so the
+        journal never holds an attempt that reconciliation would call a mismatch)."""
+        try:
+            consistent = sha256_digest(binding) == intent_hash
+        except AgentSafeError:
+            consistent = False
+        if not consistent:
+            raise JournalError(
+                "the binding does not hash to the intent hash", code="JOURNAL_RECORD_INVALID"
+            )
         await self._append(
             RecordType.ATTEMPT_OPENED,
             {
                 "attempt_id": attempt_id,
-                "intent_id": intent.intent_id,
-                "intent_hash": intent.intent_hash,
+                "intent_id": intent_id,
+                "intent_hash": intent_hash,
                 "decision_id": decision_id,
                 "dossier_id": dossier_id,
-                "principal": principal,
-                "action": intent.action,
-                "intent": intent.binding,
+                "caller": caller,
+                "action": action,
+                "intent": binding,
             },
         )
 
     async def grant_claimed(
-        self, *, attempt_id: str, grant_id: str, grant_expires_at: float, payload_digest: str
+        self, *, attempt_id: str, grant_id: str, expires_at: float, payload_digest: str
     ) -> None:
+        """GRANT_CLAIMED: written by the seam's decorator before the handler body runs."""
         await self._append(
             RecordType.GRANT_CLAIMED,
             {
                 "attempt_id": attempt_id,
                 "grant_id": grant_id,
-                "grant_expires_at": format_ms(grant_expires_at),
+                "grant_expires_at": format_ms(expires_at),
                 "payload_digest": payload_digest,
             },
         )
@@ -612,7 +625,11 @@ class _Builder:
             raise _Damaged("field intent is not an object")
         self._seen.add(attempt_id)
         self._open[attempt_id] = {
-            **{name: record.get(name) for name in _OPTIONAL[RecordType.ATTEMPT_OPENED]},
+            "intent_id": record.get("intent_id"),
+            "decision_id": record.get("decision_id"),
+            "dossier_id": record.get("dossier_id"),
+            "principal": record.get("caller"),
+            "action": record.get("action"),
             "attempt_id": attempt_id,
             "intent_hash": record["intent_hash"],
             "binding": binding,

@@ -51,20 +51,29 @@ def make_intent(number: int = 1, *, padding: str = "") -> CapturedIntent:
     return CapturedIntent(binding=binding, intent_hash=intent_hash(binding))
 
 
+def intent_fields(intent: CapturedIntent) -> dict[str, Any]:
+    return {
+        "intent_id": intent.intent_id,
+        "intent_hash": intent.intent_hash,
+        "action": intent.action,
+        "binding": intent.binding,
+    }
+
+
 async def open_attempt(journal: AttemptJournal, number: int, *, claimed: bool = False) -> None:
     intent = make_intent(number)
     await journal.opened(
         attempt_id=f"a-{number}",
-        intent=intent,
         decision_id=f"dec-{number}",
         dossier_id=f"dos-{number}",
-        principal="agent-1",
+        caller="agent-1",
+        **intent_fields(intent),
     )
     if claimed:
         await journal.grant_claimed(
             attempt_id=f"a-{number}",
             grant_id=f"g-{number}",
-            grant_expires_at=NOW + 30,
+            expires_at=NOW + 30,
             payload_digest=intent.payload_digest,
         )
 
@@ -113,7 +122,7 @@ async def test_each_record_is_one_canonical_line(journal: AttemptJournal) -> Non
         "intent_hash": intent.intent_hash,
         "decision_id": "dec-7",
         "dossier_id": "dos-7",
-        "principal": "agent-1",
+        "caller": "agent-1",
         "action": "create_payout",
         "intent": intent.binding,
     }
@@ -194,10 +203,10 @@ async def test_a_record_over_256_kib_is_refused_and_one_at_the_limit_is_kept(
     async def append(padding: int) -> None:
         await journal.opened(
             attempt_id="a-big",
-            intent=make_intent(1, padding="x" * padding),
             decision_id="dec",
             dossier_id="dos",
-            principal="agent-1",
+            caller="agent-1",
+            **intent_fields(make_intent(1, padding="x" * padding)),
         )
 
     await append(0)
@@ -474,9 +483,7 @@ async def test_records_the_reader_would_refuse_are_refused_on_write(
     journal: AttemptJournal,
 ) -> None:
     attempts = [
-        journal.grant_claimed(
-            attempt_id="a-1", grant_id="", grant_expires_at=NOW, payload_digest="d"
-        ),
+        journal.grant_claimed(attempt_id="a-1", grant_id="", expires_at=NOW, payload_digest="d"),
         journal.closed(attempt_id="", outcome="COMPLETED", executed=True, finalization=None),
         journal.closed(attempt_id="a-1", outcome="", executed=True, finalization=None),
         journal.closed(attempt_id="a-1", outcome="X", executed=1, finalization=None),  # type: ignore[arg-type]
@@ -485,4 +492,17 @@ async def test_records_the_reader_would_refuse_are_refused_on_write(
         with pytest.raises(JournalError) as caught:
             await attempt
         assert caught.value.code == "JOURNAL_RECORD_INVALID"
+    assert not (journal.path / f"{DAY}.jsonl").exists()
+
+
+async def test_an_opened_record_whose_binding_does_not_hash_is_refused(
+    journal: AttemptJournal,
+) -> None:
+    fields = intent_fields(make_intent(1))
+    fields["intent_hash"] = make_intent(2).intent_hash
+    with pytest.raises(JournalError) as caught:
+        await journal.opened(
+            attempt_id="a-1", decision_id="d", dossier_id="s", caller="agent-1", **fields
+        )
+    assert caught.value.code == "JOURNAL_RECORD_INVALID"
     assert not (journal.path / f"{DAY}.jsonl").exists()

@@ -67,16 +67,19 @@ async def write_attempt(journal: AttemptJournal, number: int, *, claimed: bool =
     intent = make_intent(number)
     await journal.opened(
         attempt_id=f"a-{number}",
-        intent=intent,
+        intent_id=intent.intent_id,
+        intent_hash=intent.intent_hash,
         decision_id=f"dec-{number}",
         dossier_id=f"dos-{number}",
-        principal="agent-1",
+        caller="agent-1",
+        action=intent.action,
+        binding=intent.binding,
     )
     if claimed:
         await journal.grant_claimed(
             attempt_id=f"a-{number}",
             grant_id=f"g-{number}",
-            grant_expires_at=NOW + 30,
+            expires_at=NOW + 30,
             payload_digest=intent.payload_digest,
         )
 

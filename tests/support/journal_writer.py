@@ -37,16 +37,19 @@ async def main(directory: Path) -> None:
         )
         await journal.opened(
             attempt_id=attempt_id,
-            intent=intent,
+            intent_id=intent.intent_id,
+            intent_hash=intent.intent_hash,
             decision_id=f"dec-{number}",
             dossier_id=f"dos-{number}",
-            principal=principal.id,
+            caller=principal.id,
+            action=intent.action,
+            binding=intent.binding,
         )
         print(f"ACK {attempt_id} ATTEMPT_OPENED", flush=True)
         await journal.grant_claimed(
             attempt_id=attempt_id,
             grant_id=f"grant-{number}",
-            grant_expires_at=clock.now() + 30,
+            expires_at=clock.now() + 30,
             payload_digest=intent.payload_digest,
         )
         print(f"ACK {attempt_id} GRANT_CLAIMED", flush=True)
