@@ -125,6 +125,7 @@ class _Item:
     obj: dict[str, Any] | None  # None: an unparsable fragment of a chain line
     schema: str | None
     problem: str | None = None  # set when the line is structurally unusable
+    consistent: bool = False  # parsed, well formed, canonical, and its hash matches
 
 
 @dataclass
@@ -211,8 +212,10 @@ def _refuse_constant(name: str) -> Any:
 
 
 def _looks_like_chain(raw: str) -> bool:
+    # Keys are written sorted, so a torn line may hold none of ours; any torn JSON object
+    # counts (operational logs are plain text, never JSON objects).
     return (
-        raw.startswith('{"at":')
+        raw.lstrip().startswith("{")
         or '"prev_hash":' in raw
         or any(schema in raw for schema in KNOWN_SCHEMAS)
     )
@@ -256,12 +259,16 @@ def _walk(walk: _Walk) -> None:
     seen: dict[int, str] = {}
     late_ok: set[int] = set()
 
-    def later(index: int) -> list[_Item]:
-        return [i for i in items[index + 1 :] if i.obj is not None and i.problem is None]
-
-    for index, item in enumerate(items):
+    for item in items:
         if item.obj is not None and item.problem is None:
             item.problem = _structure_problem(item.obj)
+        item.consistent = item.problem is None and _self_consistent(item)
+
+    def later(index: int) -> list[_Item]:
+        """The sound lines after ``index``: what lookahead may trust."""
+        return [i for i in items[index + 1 :] if i.consistent]
+
+    for index, item in enumerate(items):
         expected = frontier.seq + 1 if frontier is not None else None
         if expected is None:
             following = later(index)
@@ -269,7 +276,7 @@ def _walk(walk: _Walk) -> None:
         else:
             guess = expected
         if item.obj is None or item.problem is not None:
-            if item.obj is None and item.line == walk.last_line:
+            if item.obj is None and item.line == walk.last_line and not item.raw.endswith("}"):
                 walk.add(TRUNCATED_TAIL, guess, item, "the last line is torn")
             elif item.obj is None:
                 walk.add(TRUNCATED_MIDDLE, guess, item, "a line before the end is not JSON")
@@ -282,7 +289,7 @@ def _walk(walk: _Walk) -> None:
         seq: int = obj["seq"]
         line_hash: str = obj["hash"]
         prev_hash: str = obj["prev_hash"]
-        if not _self_consistent(item):
+        if not item.consistent:
             if _is_genesis(obj) and frontier is None:
                 at = 1
             elif expected is not None and not _is_resumption(obj):
@@ -294,7 +301,16 @@ def _walk(walk: _Walk) -> None:
             seen[at] = line_hash
             continue
         if frontier is None:
-            if walk.require_genesis and not _is_genesis(obj):
+            following = later(index)
+            if any(i.obj is not None and i.obj["hash"] == line_hash for i in following):
+                walk.add(DUPLICATE, seq, item, "a copy of a line that appears again later")
+                continue
+            earlier = [i.obj["seq"] for i in following if i.obj is not None and i.obj["seq"] < seq]
+            if earlier:
+                first = min(earlier)
+                walk.add(REORDERED, first, item, f"seq {seq} appears before seq {first}")
+                late_ok.update(range(first, seq))
+            elif walk.require_genesis and not _is_genesis(obj):
                 walk.add(REMOVED, 1, item, "the log does not start at the chain's genesis")
             if _is_resumption(obj):
                 walk.resumptions += 1
