@@ -43,8 +43,9 @@ class StandInSecret:
 
 
 def pem(key: Any) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 @dataclass
@@ -74,7 +75,11 @@ async def endpoint() -> AsyncIterator[TokenEndpoint]:
         if isinstance(answer, int):
             return web.Response(status=answer, text="no")
         counter += 1
-        body = answer or {"access_token": f"tok-{counter}", "token_type": "Bearer", "expires_in": 300}
+        body = answer or {
+            "access_token": f"tok-{counter}",
+            "token_type": "Bearer",
+            "expires_in": 300,
+        }
         return web.json_response(body)
 
     app = web.Application()
@@ -87,37 +92,56 @@ async def endpoint() -> AsyncIterator[TokenEndpoint]:
     await runner.cleanup()
 
 
-def make(endpoint: TokenEndpoint, key: Any, clock: ManualClock, **kw: Any) -> PrivateKeyJwtCredential:
-    transport = GuardedClient([Destination(endpoint.url, allow_insecure_loopback=True)],
-                              Streams.memory())
-    return PrivateKeyJwtCredential(client_id="agentsafe-exec", token_url=endpoint.url,
-                                   private_key=StandInSecret("k", pem(key)), transport=transport,
-                                   clock=clock, **kw)
+def make(
+    endpoint: TokenEndpoint, key: Any, clock: ManualClock, **kw: Any
+) -> PrivateKeyJwtCredential:
+    transport = GuardedClient(
+        [Destination(endpoint.url, allow_insecure_loopback=True)], Streams.memory()
+    )
+    return PrivateKeyJwtCredential(
+        client_id="agentsafe-exec",
+        token_url=endpoint.url,
+        private_key=StandInSecret("k", pem(key)),
+        transport=transport,
+        clock=clock,
+        **kw,
+    )
 
 
-def verify_assertion(assertion: str, public: Any, alg: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def verify_assertion(
+    assertion: str, public: Any, alg: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     head_b64, payload_b64, sig_b64 = assertion.split(".")
     signing_input = f"{head_b64}.{payload_b64}".encode()
     signature = b64url_decode(sig_b64)
     if alg == "ES256":
         assert len(signature) == 64
-        der = encode_dss_signature(int.from_bytes(signature[:32], "big"),
-                                   int.from_bytes(signature[32:], "big"))
+        der = encode_dss_signature(
+            int.from_bytes(signature[:32], "big"), int.from_bytes(signature[32:], "big")
+        )
         public.verify(der, signing_input, ec.ECDSA(hashes.SHA256()))
     else:
-        public.verify(signature, signing_input,
-                      padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=32),
-                      hashes.SHA256())
+        public.verify(
+            signature,
+            signing_input,
+            padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=32),
+            hashes.SHA256(),
+        )
     return json.loads(b64url_decode(head_b64)), json.loads(b64url_decode(payload_b64))
 
 
 @pytest.mark.parametrize("alg", ["ES256", "PS256"])
 async def test_private_key_jwt_assertion_is_verified(endpoint: TokenEndpoint, alg: str) -> None:
-    key = ec.generate_private_key(ec.SECP256R1()) if alg == "ES256" else rsa.generate_private_key(65537, 2048)
+    key = (
+        ec.generate_private_key(ec.SECP256R1())
+        if alg == "ES256"
+        else rsa.generate_private_key(65537, 2048)
+    )
     clock = ManualClock(1_800_000_000)
     credential = make(endpoint, key, clock, algorithm=alg, audience="https://bank.test/token")
-    headers = await credential.headers_for(method="POST", url="https://bank.test/x", body=b"",
-                                           idempotency_key="i", intent_hash="h")
+    headers = await credential.headers_for(
+        method="POST", url="https://bank.test/x", body=b"", idempotency_key="i", intent_hash="h"
+    )
     assert headers == {"authorization": "Bearer tok-1"}
     [form] = endpoint.requests
     assert form["grant_type"] == ["client_credentials"]
@@ -126,7 +150,8 @@ async def test_private_key_jwt_assertion_is_verified(endpoint: TokenEndpoint, al
     assert header["alg"] == alg
     assert claims["iss"] == claims["sub"] == "agentsafe-exec"
     assert claims["aud"] == "https://bank.test/token"
-    assert claims["iat"] == 1_800_000_000 and claims["exp"] == 1_800_000_060
+    assert claims["iat"] == 1_800_000_000
+    assert claims["exp"] == 1_800_000_060
     other = json.loads(b64url_decode(credential.client_assertion().split(".")[1]))
     assert other["jti"] != claims["jti"]
 
@@ -154,16 +179,24 @@ async def test_single_flight_refresh_under_concurrency(endpoint: TokenEndpoint) 
         await asyncio.sleep(0.01)
     endpoint.release.set()
     assert set(await asyncio.gather(*callers)) == {"tok-1"}
-    assert len(endpoint.requests) == 1 and credential.token_requests == 1
+    assert len(endpoint.requests) == 1
+    assert credential.token_requests == 1
 
 
 @pytest.mark.parametrize(
     "answer",
-    [500, {"token_type": "Bearer", "expires_in": 60}, {"access_token": "SECRET VALUE", "token_type": "Bearer", "expires_in": 60},
-     {"access_token": "SECRETVALUE", "token_type": "mac", "expires_in": 60},
-     {"access_token": "SECRETVALUE", "token_type": "Bearer"}, {"access_token": "SECRETVALUE", "token_type": "Bearer", "expires_in": 0}],
+    [
+        500,
+        {"token_type": "Bearer", "expires_in": 60},
+        {"access_token": "SECRET VALUE", "token_type": "Bearer", "expires_in": 60},
+        {"access_token": "SECRETVALUE", "token_type": "mac", "expires_in": 60},
+        {"access_token": "SECRETVALUE", "token_type": "Bearer"},
+        {"access_token": "SECRETVALUE", "token_type": "Bearer", "expires_in": 0},
+    ],
 )
-async def test_unusable_token_is_failure_before_dispatch(endpoint: TokenEndpoint, answer: Any) -> None:
+async def test_unusable_token_is_failure_before_dispatch(
+    endpoint: TokenEndpoint, answer: Any
+) -> None:
     credential = make(endpoint, ec.generate_private_key(ec.SECP256R1()), ManualClock())
     endpoint.answers.append(answer)
     with pytest.raises(CredentialUnavailable) as info:
@@ -173,12 +206,15 @@ async def test_unusable_token_is_failure_before_dispatch(endpoint: TokenEndpoint
 
 
 async def test_unreachable_token_endpoint(endpoint: TokenEndpoint) -> None:
-    transport = GuardedClient([Destination("https://token.test/", allow_insecure_loopback=True)],
-                              Streams.memory())
+    transport = GuardedClient(
+        [Destination("https://token.test/", allow_insecure_loopback=True)], Streams.memory()
+    )
     credential = PrivateKeyJwtCredential(
-        client_id="c", token_url=endpoint.url,  # not a sealed destination of this guard
+        client_id="c",
+        token_url=endpoint.url,  # not a sealed destination of this guard
         private_key=StandInSecret("k", pem(ec.generate_private_key(ec.SECP256R1()))),
-        transport=transport)
+        transport=transport,
+    )
     with pytest.raises(CredentialUnavailable) as info:
         await credential.access_token()
     assert info.value.code == "DOWNSTREAM_TOKEN_UNAVAILABLE"
@@ -190,39 +226,75 @@ def test_key_must_fit_algorithm() -> None:
     rsa_key = StandInSecret("k", pem(rsa.generate_private_key(65537, 2048)))
     ec_key = StandInSecret("k", pem(ec.generate_private_key(ec.SECP256R1())))
     with pytest.raises(ConfigError):
-        PrivateKeyJwtCredential(client_id="c", token_url="https://t/", private_key=rsa_key,
-                                transport=transport, algorithm="ES256")
+        PrivateKeyJwtCredential(
+            client_id="c",
+            token_url="https://t/",
+            private_key=rsa_key,
+            transport=transport,
+            algorithm="ES256",
+        )
     with pytest.raises(ConfigError):
-        PrivateKeyJwtCredential(client_id="c", token_url="https://t/", private_key=ec_key,
-                                transport=transport, algorithm="PS256")
+        PrivateKeyJwtCredential(
+            client_id="c",
+            token_url="https://t/",
+            private_key=ec_key,
+            transport=transport,
+            algorithm="PS256",
+        )
     with pytest.raises(ConfigError):
-        PrivateKeyJwtCredential(client_id="c", token_url="https://t/",
-                                private_key=StandInSecret("k", b"junk"), transport=transport)
+        PrivateKeyJwtCredential(
+            client_id="c",
+            token_url="https://t/",
+            private_key=StandInSecret("k", b"junk"),
+            transport=transport,
+        )
     with pytest.raises(ConfigError):
         SignedRequestCredential(key_id="k", signing_key=ec_key)
     with pytest.raises(ConfigError):
-        SignedRequestCredential(key_id="k", signing_key=StandInSecret("k", b"short"),
-                                algorithm="hmac-sha256")
+        SignedRequestCredential(
+            key_id="k", signing_key=StandInSecret("k", b"short"), algorithm="hmac-sha256"
+        )
     with pytest.raises(ConfigError):
-        SignedRequestCredential(key_id='bad"id', signing_key=StandInSecret("k", b"x" * 32),
-                                algorithm="hmac-sha256")
+        SignedRequestCredential(
+            key_id='bad"id', signing_key=StandInSecret("k", b"x" * 32), algorithm="hmac-sha256"
+        )
 
 
 async def test_signed_request_headers() -> None:
-    credential = SignedRequestCredential(key_id="hk", signing_key=StandInSecret("k", b"s" * 32),
-                                         algorithm="hmac-sha256", clock=ManualClock(1_800_000_000))
-    headers = await credential.headers_for(method="POST", url="https://bank.test/v1/t?x=1",
-                                           body=b"{}", idempotency_key="i-1", intent_hash="sha256:ab")
+    credential = SignedRequestCredential(
+        key_id="hk",
+        signing_key=StandInSecret("k", b"s" * 32),
+        algorithm="hmac-sha256",
+        clock=ManualClock(1_800_000_000),
+    )
+    headers = await credential.headers_for(
+        method="POST",
+        url="https://bank.test/v1/t?x=1",
+        body=b"{}",
+        idempotency_key="i-1",
+        intent_hash="sha256:ab",
+    )
     assert headers["signature-input"] == (
         'agentsafe=("@method" "@path" "content-digest" "idempotency-key" '
         '"x-agent-safe-intent-hash");created=1800000000;keyid="hk";alg="hmac-sha256"'
     )
     assert headers["content-digest"] == "sha-256=:RBNvo1WzZ4oRRq0W9+hknpT7T8If536DEMBg9hyq/4o=:"
-    assert headers["signature"].startswith("agentsafe=:") and headers["signature"].endswith(":")
-    for bad in ({"grant_id": "g"}, {"attestation": "a.b.c"}, {"idempotency_key": "a\r\nb"},
-                {"grant_id": "g", "decision_id": " d"}):
-        args: dict[str, Any] = {"method": "POST", "url": "https://bank.test/v1/t", "body": b"",
-                                "idempotency_key": "i", "intent_hash": "h", **bad}
+    assert headers["signature"].startswith("agentsafe=:")
+    assert headers["signature"].endswith(":")
+    for bad in (
+        {"grant_id": "g"},
+        {"attestation": "a.b.c"},
+        {"idempotency_key": "a\r\nb"},
+        {"grant_id": "g", "decision_id": " d"},
+    ):
+        args: dict[str, Any] = {
+            "method": "POST",
+            "url": "https://bank.test/v1/t",
+            "body": b"",
+            "idempotency_key": "i",
+            "intent_hash": "h",
+            **bad,
+        }
         with pytest.raises(CredentialUnavailable):
             await credential.headers_for(**args)
 

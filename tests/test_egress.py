@@ -1,4 +1,4 @@
-"""The egress guard against real loopback servers: TLS anchors, hostnames, pins, bodies, timeouts."""
+"""The egress guard against real loopback servers: TLS anchors, names, pins, bodies, timeouts."""
 
 from __future__ import annotations
 
@@ -44,13 +44,17 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
     runners: list[web.AppRunner] = []
 
-    async def start(routes: dict[str, Handler], *, ssl_context: ssl.SSLContext | None = None) -> Server:
+    async def start(
+        routes: dict[str, Handler], *, ssl_context: ssl.SSLContext | None = None
+    ) -> Server:
         hits: list[str] = []
         app = web.Application()
         for path, handler in routes.items():
+
             async def wrapped(request: web.Request, _h: Handler = handler) -> web.StreamResponse:
                 hits.append(request.path)
                 return await _h(request)
+
             app.router.add_route("*", path, wrapped)
         runner = web.AppRunner(app)
         await runner.setup()
@@ -76,7 +80,9 @@ def server_tls(ca: TestCA, tmp_path: Path, name: str = "provider.test") -> ssl.S
     return context
 
 
-def client(destinations: list[Destination], **kw: Any) -> tuple[GuardedClient, MemorySink, list[str]]:
+def client(
+    destinations: list[Destination], **kw: Any
+) -> tuple[GuardedClient, MemorySink, list[str]]:
     streams = Streams.memory()
     counted: list[str] = []
     kw.setdefault("resolve", StandInDns({"provider.test": ["127.0.0.1"]}))
@@ -88,11 +94,22 @@ def client(destinations: list[Destination], **kw: Any) -> tuple[GuardedClient, M
 async def test_tls_with_the_destination_anchor(serve: Any, tmp_path: Path) -> None:
     ca = TestCA()
     server = await serve({"/api/x": ok}, ssl_context=server_tls(ca, tmp_path))
-    guard, sink, _ = client([Destination(f"https://provider.test:{server.port}/api/",
-                                         ca_file=str(ca.write(tmp_path)),
-                                         allow_insecure_loopback=True)])
-    response = await guard.request("GET", f"https://provider.test:{server.port}/api/x",
-                                   headers={"Accept": "text/plain"}, body=None, timeout=10)
+    guard, sink, _ = client(
+        [
+            Destination(
+                f"https://provider.test:{server.port}/api/",
+                ca_file=str(ca.write(tmp_path)),
+                allow_insecure_loopback=True,
+            )
+        ]
+    )
+    response = await guard.request(
+        "GET",
+        f"https://provider.test:{server.port}/api/x",
+        headers={"Accept": "text/plain"},
+        body=None,
+        timeout=10,
+    )
     assert response.status == 200
     assert response.body == f"ok:provider.test:{server.port}".encode()  # Host is the name
     assert response.headers["x-test"] == "1"
@@ -104,15 +121,27 @@ async def test_tls_rejected(serve: Any, tmp_path: Path, case: str) -> None:
     ca, other = TestCA(), TestCA("another CA")
     name = "other.test" if case == "wrong-hostname" else "provider.test"
     server = await serve({"/api/x": ok}, ssl_context=server_tls(ca, tmp_path, name))
-    anchor = {"wrong-ca": str(other.write(tmp_path, "other")), "wrong-hostname": str(ca.write(tmp_path)),
-              "platform-store": None}[case]
-    guard, sink, counted = client([Destination(f"https://provider.test:{server.port}/",
-                                               ca_file=anchor, allow_insecure_loopback=True)])
+    anchor = {
+        "wrong-ca": str(other.write(tmp_path, "other")),
+        "wrong-hostname": str(ca.write(tmp_path)),
+        "platform-store": None,
+    }[case]
+    guard, sink, counted = client(
+        [
+            Destination(
+                f"https://provider.test:{server.port}/",
+                ca_file=anchor,
+                allow_insecure_loopback=True,
+            )
+        ]
+    )
     with pytest.raises(TransportError) as info:
-        await guard.request("GET", f"https://provider.test:{server.port}/api/x", headers={},
-                            body=None, timeout=10)
+        await guard.request(
+            "GET", f"https://provider.test:{server.port}/api/x", headers={}, body=None, timeout=10
+        )
     assert (info.value.code, info.value.sent) == ("EGRESS_TLS_REJECTED", False)
-    assert server.hits == [] and counted == ["EGRESS_TLS_REJECTED"]
+    assert server.hits == []
+    assert counted == ["EGRESS_TLS_REJECTED"]
     assert sink.named("EGRESS_REFUSED") == [
         {"origin": f"https://provider.test:{server.port}", "code": "EGRESS_TLS_REJECTED"}
     ]
@@ -127,13 +156,22 @@ async def test_pin_in_the_chain_matches(serve: Any, tmp_path: Path, which: str) 
     context.load_cert_chain(cert, key)
     server = await serve({"/x": ok}, ssl_context=context)
     from cryptography.hazmat.primitives.serialization import Encoding
+
     pin = spki_pin(issued.der if which == "leaf" else ca.cert.public_bytes(Encoding.DER))
     unrelated = spki_pin(TestCA().cert.public_bytes(Encoding.DER))
-    guard, _, _ = client([Destination(f"https://provider.test:{server.port}/",
-                                      ca_file=str(ca.write(tmp_path)), spki_pins=(unrelated, pin),
-                                      allow_insecure_loopback=True)])
-    response = await guard.request("GET", f"https://provider.test:{server.port}/x", headers={},
-                                   body=None, timeout=10)
+    guard, _, _ = client(
+        [
+            Destination(
+                f"https://provider.test:{server.port}/",
+                ca_file=str(ca.write(tmp_path)),
+                spki_pins=(unrelated, pin),
+                allow_insecure_loopback=True,
+            )
+        ]
+    )
+    response = await guard.request(
+        "GET", f"https://provider.test:{server.port}/x", headers={}, body=None, timeout=10
+    )
     assert response.status == 200
 
 
@@ -141,15 +179,25 @@ async def test_pin_mismatch_refused_before_the_request(serve: Any, tmp_path: Pat
     ca = TestCA()
     server = await serve({"/x": ok}, ssl_context=server_tls(ca, tmp_path))
     from cryptography.hazmat.primitives.serialization import Encoding
+
     pins = tuple(spki_pin(TestCA().cert.public_bytes(Encoding.DER)) for _ in range(2))
-    guard, sink, counted = client([Destination(f"https://provider.test:{server.port}/",
-                                               ca_file=str(ca.write(tmp_path)), spki_pins=pins,
-                                               allow_insecure_loopback=True)])
+    guard, _sink, counted = client(
+        [
+            Destination(
+                f"https://provider.test:{server.port}/",
+                ca_file=str(ca.write(tmp_path)),
+                spki_pins=pins,
+                allow_insecure_loopback=True,
+            )
+        ]
+    )
     with pytest.raises(TransportError) as info:
-        await guard.request("POST", f"https://provider.test:{server.port}/x", headers={},
-                            body=b"{}", timeout=10)
+        await guard.request(
+            "POST", f"https://provider.test:{server.port}/x", headers={}, body=b"{}", timeout=10
+        )
     assert (info.value.code, info.value.sent) == ("EGRESS_TLS_PIN_MISMATCH", False)
-    assert server.hits == [] and counted == ["EGRESS_TLS_PIN_MISMATCH"]
+    assert server.hits == []
+    assert counted == ["EGRESS_TLS_PIN_MISMATCH"]
 
 
 def test_bad_configuration_refused(tmp_path: Path) -> None:
@@ -171,8 +219,9 @@ def test_bad_configuration_refused(tmp_path: Path) -> None:
 
 
 async def loopback_client(server: Server, **kw: Any) -> tuple[GuardedClient, MemorySink, list[str]]:
-    return client([Destination(f"http://127.0.0.1:{server.port}/api/", allow_insecure_loopback=True)],
-                  **kw)
+    return client(
+        [Destination(f"http://127.0.0.1:{server.port}/api/", allow_insecure_loopback=True)], **kw
+    )
 
 
 async def test_plain_http_to_allowed_loopback_and_body_limits(serve: Any) -> None:
@@ -188,9 +237,11 @@ async def test_plain_http_to_allowed_loopback_and_body_limits(serve: Any) -> Non
         return response
 
     server = await serve({"/api/big": big, "/api/chunked": chunked, "/api/ok": ok})
-    guard, sink, counted = await loopback_client(server, max_response_bytes=4096)
+    guard, _sink, counted = await loopback_client(server, max_response_bytes=4096)
     base = f"http://127.0.0.1:{server.port}/api"
-    assert (await guard.request("GET", f"{base}/ok", headers={}, body=None, timeout=10)).status == 200
+    assert (
+        await guard.request("GET", f"{base}/ok", headers={}, body=None, timeout=10)
+    ).status == 200
     for path in ("big", "chunked"):
         with pytest.raises(TransportError) as info:
             await guard.request("GET", f"{base}/{path}", headers={}, body=None, timeout=10)
@@ -209,10 +260,11 @@ async def test_slow_body_times_out_after_sending(serve: Any) -> None:
         return response
 
     server = await serve({"/api/slow": slow})
-    guard, sink, counted = await loopback_client(server)
+    guard, _sink, counted = await loopback_client(server)
     with pytest.raises(TransportError) as info:
-        await guard.request("GET", f"http://127.0.0.1:{server.port}/api/slow", headers={},
-                            body=None, timeout=0.5)
+        await guard.request(
+            "GET", f"http://127.0.0.1:{server.port}/api/slow", headers={}, body=None, timeout=0.5
+        )
     release.set()
     assert (info.value.code, info.value.sent) == ("EGRESS_TIMEOUT", True)
     assert counted == ["EGRESS_TIMEOUT"]
@@ -229,8 +281,13 @@ async def test_redirects_refused_and_reported(serve: Any) -> None:
     guard, sink, _ = await loopback_client(server)
     for path, leaves in (("away", True), ("within", False)):
         with pytest.raises(TransportError) as info:
-            await guard.request("GET", f"http://127.0.0.1:{server.port}/api/{path}", headers={},
-                                body=None, timeout=10)
+            await guard.request(
+                "GET",
+                f"http://127.0.0.1:{server.port}/api/{path}",
+                headers={},
+                body=None,
+                timeout=10,
+            )
         assert (info.value.code, info.value.sent) == ("EGRESS_REDIRECT_REFUSED", True)
         assert sink.named("EGRESS_REFUSED")[-1]["leaves_origin"] is leaves
     assert server.hits == ["/api/away", "/api/within"]  # never followed
@@ -246,11 +303,13 @@ async def test_malformed_response_is_invalid() -> None:
     server = await asyncio.start_server(garbage, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
-        guard, _, counted = client([Destination(f"http://127.0.0.1:{port}/",
-                                                allow_insecure_loopback=True)])
+        guard, _, _counted = client(
+            [Destination(f"http://127.0.0.1:{port}/", allow_insecure_loopback=True)]
+        )
         with pytest.raises(TransportError) as info:
-            await guard.request("GET", f"http://127.0.0.1:{port}/", headers={}, body=None,
-                                timeout=10)
+            await guard.request(
+                "GET", f"http://127.0.0.1:{port}/", headers={}, body=None, timeout=10
+            )
         assert (info.value.code, info.value.sent) == ("EGRESS_RESPONSE_INVALID", True)
     finally:
         server.close()
@@ -262,7 +321,9 @@ async def test_connection_refused_is_not_sent() -> None:
     port = probe.sockets[0].getsockname()[1]
     probe.close()
     await probe.wait_closed()
-    guard, _, counted = client([Destination(f"http://127.0.0.1:{port}/", allow_insecure_loopback=True)])
+    guard, _, counted = client(
+        [Destination(f"http://127.0.0.1:{port}/", allow_insecure_loopback=True)]
+    )
     with pytest.raises(TransportError) as info:
         await guard.request("GET", f"http://127.0.0.1:{port}/", headers={}, body=None, timeout=10)
     assert (info.value.code, info.value.sent) == ("TRANSPORT_CONNECT_FAILED", False)

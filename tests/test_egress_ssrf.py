@@ -43,12 +43,20 @@ async def listener() -> AsyncIterator[tuple[int, list[str]]]:
     await runner.cleanup()
 
 
-def guard(destinations: list[Destination], dns: StandInDns | None = None,
-          local: Sequence[str] = ("10.1.2.3",)) -> tuple[GuardedClient, MemorySink, list[str]]:
+def guard(
+    destinations: list[Destination],
+    dns: StandInDns | None = None,
+    local: Sequence[str] = ("10.1.2.3",),
+) -> tuple[GuardedClient, MemorySink, list[str]]:
     streams = Streams.memory()
     counted: list[str] = []
-    client = GuardedClient(destinations, streams, on_refusal=counted.append,
-                           resolve=dns or StandInDns({}), local_addresses=local)
+    client = GuardedClient(
+        destinations,
+        streams,
+        on_refusal=counted.append,
+        resolve=dns or StandInDns({}),
+        local_addresses=local,
+    )
     assert isinstance(streams.security, MemorySink)
     return client, streams.security, counted
 
@@ -118,7 +126,8 @@ async def test_url_corpus_refused_before_a_socket(url: str, code: str) -> None:
     assert counted == [code]
     [event] = sink.named("EGRESS_REFUSED")
     assert event["code"] == code
-    assert "/core" not in event["origin"] and "pass" not in event["origin"]
+    assert "/core" not in event["origin"]
+    assert "pass" not in event["origin"]
 
 
 @pytest.mark.parametrize(
@@ -145,9 +154,11 @@ async def test_url_corpus_refused_before_a_socket(url: str, code: str) -> None:
 )
 async def test_refused_answers(answers: list[str], reason: str) -> None:
     dns = StandInDns({"api.bank.test": [answers]})
-    client, sink, counted = guard([API], dns)
+    client, sink, _counted = guard([API], dns)
     with pytest.raises(TransportError) as info:
-        await client.request("GET", "https://api.bank.test/core/x", headers={}, body=None, timeout=5)
+        await client.request(
+            "GET", "https://api.bank.test/core/x", headers={}, body=None, timeout=5
+        )
     assert (info.value.code, info.value.sent) == ("EGRESS_ADDRESS_REFUSED", False)
     assert dns.lookups == ["api.bank.test"]
     assert sink.named("EGRESS_REFUSED") == [
@@ -168,16 +179,20 @@ async def test_system_resolver_localhost_refused() -> None:
     assert info.value.code == "EGRESS_ADDRESS_REFUSED"
 
 
-async def test_rebinding_connects_to_the_first_checked_answer(listener: tuple[int, list[str]]) -> None:
+async def test_rebinding_connects_to_the_first_checked_answer(
+    listener: tuple[int, list[str]],
+) -> None:
     """Checked answer loopback (allowed here), second answer the metadata address: one lookup."""
     port, hits = listener
     dns = StandInDns({"rebind.test": [["127.0.0.1"], ["169.254.169.254"]]})
     client, _, _ = guard(
         [Destination(f"http://rebind.test:{port}/", allow_insecure_loopback=True)], dns
     )
-    response = await client.request("GET", f"http://rebind.test:{port}/a", headers={}, body=None,
-                                    timeout=5)
-    assert response.body == b"reached" and hits == ["/a"]
+    response = await client.request(
+        "GET", f"http://rebind.test:{port}/a", headers={}, body=None, timeout=5
+    )
+    assert response.body == b"reached"
+    assert hits == ["/a"]
     assert dns.lookups == ["rebind.test"]
 
 
@@ -188,18 +203,22 @@ async def test_rebinding_private_then_loopback_never_reaches_loopback(
     dns = StandInDns({"rebind.test": [["192.0.2.10"], ["127.0.0.1"]]})
     client, _, _ = guard([Destination(f"https://rebind.test:{port}/")], dns)
     with pytest.raises(TransportError) as info:
-        await client.request("GET", f"https://rebind.test:{port}/a", headers={}, body=None,
-                             timeout=0.5)
+        await client.request(
+            "GET", f"https://rebind.test:{port}/a", headers={}, body=None, timeout=0.5
+        )
     # the checked private address is unreachable here: refused or timed out, never loopback.
     assert info.value.code in {"EGRESS_TIMEOUT", "TRANSPORT_CONNECT_FAILED"}
     assert info.value.sent is False
-    assert hits == [] and dns.lookups == ["rebind.test"]
+    assert hits == []
+    assert dns.lookups == ["rebind.test"]
 
 
 async def test_plain_http_needs_a_loopback_answer(listener: tuple[int, list[str]]) -> None:
     port, hits = listener
     dns = StandInDns({"dev.test": [["192.168.7.7"]]})
-    client, _, _ = guard([Destination(f"http://dev.test:{port}/", allow_insecure_loopback=True)], dns)
+    client, _, _ = guard(
+        [Destination(f"http://dev.test:{port}/", allow_insecure_loopback=True)], dns
+    )
     with pytest.raises(TransportError) as info:
         await client.request("GET", f"http://dev.test:{port}/", headers={}, body=None, timeout=5)
     assert (info.value.code, info.value.sent) == ("EGRESS_SCHEME_NOT_ALLOWED", False)
@@ -220,7 +239,8 @@ async def test_plain_http_needs_a_loopback_answer(listener: tuple[int, list[str]
 async def test_request_shape_refused(method: str, headers: dict[str, str]) -> None:
     client, _, counted = guard([API], StandInDns({"api.bank.test": [["10.0.0.5"]]}))
     with pytest.raises(TransportError) as info:
-        await client.request(method, "https://api.bank.test/core/x", headers=headers, body=None,
-                             timeout=5)
+        await client.request(
+            method, "https://api.bank.test/core/x", headers=headers, body=None, timeout=5
+        )
     assert (info.value.code, info.value.sent) == ("EGRESS_INIT_UNSUPPORTED", False)
     assert counted == ["EGRESS_INIT_UNSUPPORTED"]

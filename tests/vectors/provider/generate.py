@@ -105,7 +105,9 @@ def attestation(claim: _Claim | None = None, *, key: SigningKey = AUTHORITY_KEY)
 
 def forged_attestation(header: dict[str, Any]) -> str:
     payload = json.loads(base64.urlsafe_b64decode(attestation().split(".")[1] + "=="))
-    signing_input = b64url_encode(canonical_json(header)) + "." + b64url_encode(canonical_json(payload))
+    signing_input = (
+        b64url_encode(canonical_json(header)) + "." + b64url_encode(canonical_json(payload))
+    )
     return signing_input + "." + b64url_encode(AUTHORITY_KEY.sign(signing_input.encode("ascii")))
 
 
@@ -122,7 +124,10 @@ def signed(
 ) -> dict[str, Any]:
     secret = _Handle("signing", _pem(EXECUTOR_KEY) if alg == "ed25519" else HMAC_KEY)
     credential = SignedRequestCredential(
-        key_id=keyid, signing_key=secret, algorithm=alg, clock=ManualClock(created)  # type: ignore[arg-type]
+        key_id=keyid,
+        signing_key=secret,
+        algorithm=alg,
+        clock=ManualClock(created),  # type: ignore[arg-type]
     )
     headers = asyncio.run(
         credential.headers_for(
@@ -139,7 +144,9 @@ def signed(
     return {"method": method, "path": path, "headers": headers, "body": body.decode("utf-8")}
 
 
-def vector(name: str, description: str, request: dict[str, Any], verdict: str, code: str, **extra: Any) -> dict[str, Any]:
+def vector(
+    name: str, description: str, request: dict[str, Any], verdict: str, code: str, **extra: Any
+) -> dict[str, Any]:
     out = {
         "name": name,
         "description": description,
@@ -172,33 +179,227 @@ def build() -> list[dict[str, Any]]:
     hmac_good = signed(alg="hmac-sha256", keyid="executor-hmac-test")
     base_only = signed(dispatch=False)
     vectors = [
-        vector("valid-ed25519-dispatch", "A dispatch signed with Ed25519, attested by the authority.", good, "ACCEPT", "VERIFIED"),
-        vector("valid-hmac-dispatch", "The same dispatch signed with HMAC-SHA256.", hmac_good, "ACCEPT", "VERIFIED"),
-        vector("valid-base-components", "A request outside a dispatch (a lookup), verified by a provider requiring only the five base components.", base_only, "ACCEPT", "VERIFIED", required_components=BASE_COMPONENTS),
-        vector("tamper-body", "The body was changed after signing.", tamper(good, body=BODY.decode().replace("1250", "9250")), "REFUSE", "CONTENT_DIGEST_MISMATCH"),
-        vector("tamper-body-and-digest", "The body and its content-digest were both replaced.", tamper(good, body="{}", h_content_digest="sha-256=:" + base64.b64encode(hashlib.sha256(b"{}").digest()).decode() + ":"), "REFUSE", "SIGNATURE_INVALID"),
-        vector("tamper-path", "The request was sent to another path.", tamper(good, path="/v1/refunds"), "REFUSE", "SIGNATURE_INVALID"),
-        vector("tamper-method", "The method was changed.", tamper(good, method="PUT"), "REFUSE", "SIGNATURE_INVALID"),
-        vector("tamper-idempotency-key", "The idempotency key was changed.", tamper(good, h_idempotency_key="idem-other"), "REFUSE", "SIGNATURE_INVALID"),
-        vector("tamper-intent-hash", "The intent hash header was changed.", tamper(good, h_x_agent_safe_intent_hash="sha256:" + "0" * 64), "REFUSE", "SIGNATURE_INVALID"),
-        vector("tamper-grant-id", "The grant id header was changed.", tamper(good, h_x_agent_safe_grant_id="grt_other"), "REFUSE", "SIGNATURE_INVALID"),
-        vector("tamper-decision-id", "The decision id header was changed.", tamper(good, h_x_agent_safe_decision_id="dec_other"), "REFUSE", "SIGNATURE_INVALID"),
-        vector("tamper-attestation", "Another (valid) attestation was swapped in after signing.", tamper(good, h_x_agent_safe_claim_attestation=attestation(_Claim(expires_at=NOW + 60))), "REFUSE", "SIGNATURE_INVALID"),
-        vector("stale-created", "Signed ten minutes before the provider's clock.", signed(created=NOW - 600), "REFUSE", "CREATED_OUT_OF_WINDOW"),
-        vector("unknown-keyid", "Signed under a key id the provider never issued.", signed(keyid="executor-unknown"), "REFUSE", "KEY_UNKNOWN"),
-        vector("algorithm-mismatch", "Claims ed25519 under the key id of the HMAC key.", signed(keyid="executor-hmac-test"), "REFUSE", "SIGNATURE_ALGORITHM_MISMATCH"),
-        vector("missing-covered-header", "A covered header is absent.", {**good, "headers": {k: v for k, v in good["headers"].items() if k != "idempotency-key"}}, "REFUSE", "HEADER_MISSING"),
-        vector("missing-signature", "No signature at all.", {**good, "headers": {k: v for k, v in good["headers"].items() if not k.startswith("signature")}}, "REFUSE", "SIGNATURE_MISSING"),
-        vector("component-not-covered", "A lookup signature presented to a system of record that requires all eight.", base_only, "REFUSE", "COMPONENT_NOT_COVERED"),
-        vector("replayed-attestation", "The grant was already presented within its lease.", good, "REFUSE", "ATTESTATION_REPLAYED", seen=[GRANT_ID]),
-        vector("attestation-expired", "The attestation's lease ended before the provider's clock.", signed(attest=attestation(_Claim(expires_at=NOW - 1))), "REFUSE", "ATTESTATION_EXPIRED"),
-        vector("attestation-unknown-authority", "Attested by a key absent from the authority's JWKS.", signed(attest=attestation(key=OTHER_AUTHORITY_KEY)), "REFUSE", "ATTESTATION_KEY_UNKNOWN"),
-        vector("attestation-wrong-type", "The attestation header names another token type.", signed(attest=forged_attestation({"alg": "EdDSA", "typ": "agentsafe-grant+jwt", "kid": AUTHORITY_KEY.kid})), "REFUSE", "ATTESTATION_TYPE_INVALID"),
-        vector("attestation-wrong-algorithm", "The attestation header names another algorithm.", signed(attest=forged_attestation({"alg": "ES256", "typ": "agentsafe-claim-attestation+jwt", "kid": AUTHORITY_KEY.kid})), "REFUSE", "ATTESTATION_ALGORITHM_INVALID"),
-        vector("attestation-other-grant", "The attestation is for another grant.", signed(attest=attestation(_Claim(grant_id="grt_other"))), "REFUSE", "ATTESTATION_GRANT_MISMATCH"),
-        vector("attestation-other-decision", "The attestation is for another decision.", signed(attest=attestation(_Claim(decision_id="dec_other"))), "REFUSE", "ATTESTATION_DECISION_MISMATCH"),
-        vector("attestation-other-intent", "The attestation binds another intent.", signed(attest=attestation(_Claim(intent_hash="sha256:" + "1" * 64))), "REFUSE", "ATTESTATION_INTENT_MISMATCH"),
-        vector("attestation-other-payload", "The executor signed a body other than the one the authority claimed.", signed(attest=attestation(_Claim(execution_payload_digest=sha256_digest({**PARAMS, "amount": 9250})))), "REFUSE", "ATTESTATION_PAYLOAD_MISMATCH"),
+        vector(
+            "valid-ed25519-dispatch",
+            "A dispatch signed with Ed25519, attested by the authority.",
+            good,
+            "ACCEPT",
+            "VERIFIED",
+        ),
+        vector(
+            "valid-hmac-dispatch",
+            "The same dispatch signed with HMAC-SHA256.",
+            hmac_good,
+            "ACCEPT",
+            "VERIFIED",
+        ),
+        vector(
+            "valid-base-components",
+            "A lookup (no dispatch), for a provider requiring only the five base components.",
+            base_only,
+            "ACCEPT",
+            "VERIFIED",
+            required_components=BASE_COMPONENTS,
+        ),
+        vector(
+            "tamper-body",
+            "The body was changed after signing.",
+            tamper(good, body=BODY.decode().replace("1250", "9250")),
+            "REFUSE",
+            "CONTENT_DIGEST_MISMATCH",
+        ),
+        vector(
+            "tamper-body-and-digest",
+            "The body and its content-digest were both replaced.",
+            tamper(
+                good,
+                body="{}",
+                h_content_digest="sha-256=:"
+                + base64.b64encode(hashlib.sha256(b"{}").digest()).decode()
+                + ":",
+            ),
+            "REFUSE",
+            "SIGNATURE_INVALID",
+        ),
+        vector(
+            "tamper-path",
+            "The request was sent to another path.",
+            tamper(good, path="/v1/refunds"),
+            "REFUSE",
+            "SIGNATURE_INVALID",
+        ),
+        vector(
+            "tamper-method",
+            "The method was changed.",
+            tamper(good, method="PUT"),
+            "REFUSE",
+            "SIGNATURE_INVALID",
+        ),
+        vector(
+            "tamper-idempotency-key",
+            "The idempotency key was changed.",
+            tamper(good, h_idempotency_key="idem-other"),
+            "REFUSE",
+            "SIGNATURE_INVALID",
+        ),
+        vector(
+            "tamper-intent-hash",
+            "The intent hash header was changed.",
+            tamper(good, h_x_agent_safe_intent_hash="sha256:" + "0" * 64),
+            "REFUSE",
+            "SIGNATURE_INVALID",
+        ),
+        vector(
+            "tamper-grant-id",
+            "The grant id header was changed.",
+            tamper(good, h_x_agent_safe_grant_id="grt_other"),
+            "REFUSE",
+            "SIGNATURE_INVALID",
+        ),
+        vector(
+            "tamper-decision-id",
+            "The decision id header was changed.",
+            tamper(good, h_x_agent_safe_decision_id="dec_other"),
+            "REFUSE",
+            "SIGNATURE_INVALID",
+        ),
+        vector(
+            "tamper-attestation",
+            "Another (valid) attestation was swapped in after signing.",
+            tamper(good, h_x_agent_safe_claim_attestation=attestation(_Claim(expires_at=NOW + 60))),
+            "REFUSE",
+            "SIGNATURE_INVALID",
+        ),
+        vector(
+            "stale-created",
+            "Signed ten minutes before the provider's clock.",
+            signed(created=NOW - 600),
+            "REFUSE",
+            "CREATED_OUT_OF_WINDOW",
+        ),
+        vector(
+            "unknown-keyid",
+            "Signed under a key id the provider never issued.",
+            signed(keyid="executor-unknown"),
+            "REFUSE",
+            "KEY_UNKNOWN",
+        ),
+        vector(
+            "algorithm-mismatch",
+            "Claims ed25519 under the key id of the HMAC key.",
+            signed(keyid="executor-hmac-test"),
+            "REFUSE",
+            "SIGNATURE_ALGORITHM_MISMATCH",
+        ),
+        vector(
+            "missing-covered-header",
+            "A covered header is absent.",
+            {
+                **good,
+                "headers": {k: v for k, v in good["headers"].items() if k != "idempotency-key"},
+            },
+            "REFUSE",
+            "HEADER_MISSING",
+        ),
+        vector(
+            "missing-signature",
+            "No signature at all.",
+            {
+                **good,
+                "headers": {
+                    k: v for k, v in good["headers"].items() if not k.startswith("signature")
+                },
+            },
+            "REFUSE",
+            "SIGNATURE_MISSING",
+        ),
+        vector(
+            "component-not-covered",
+            "A lookup signature presented to a system of record that requires all eight.",
+            base_only,
+            "REFUSE",
+            "COMPONENT_NOT_COVERED",
+        ),
+        vector(
+            "replayed-attestation",
+            "The grant was already presented within its lease.",
+            good,
+            "REFUSE",
+            "ATTESTATION_REPLAYED",
+            seen=[GRANT_ID],
+        ),
+        vector(
+            "attestation-expired",
+            "The attestation's lease ended before the provider's clock.",
+            signed(attest=attestation(_Claim(expires_at=NOW - 1))),
+            "REFUSE",
+            "ATTESTATION_EXPIRED",
+        ),
+        vector(
+            "attestation-unknown-authority",
+            "Attested by a key absent from the authority's JWKS.",
+            signed(attest=attestation(key=OTHER_AUTHORITY_KEY)),
+            "REFUSE",
+            "ATTESTATION_KEY_UNKNOWN",
+        ),
+        vector(
+            "attestation-wrong-type",
+            "The attestation header names another token type.",
+            signed(
+                attest=forged_attestation(
+                    {"alg": "EdDSA", "typ": "agentsafe-grant+jwt", "kid": AUTHORITY_KEY.kid}
+                )
+            ),
+            "REFUSE",
+            "ATTESTATION_TYPE_INVALID",
+        ),
+        vector(
+            "attestation-wrong-algorithm",
+            "The attestation header names another algorithm.",
+            signed(
+                attest=forged_attestation(
+                    {
+                        "alg": "ES256",
+                        "typ": "agentsafe-claim-attestation+jwt",
+                        "kid": AUTHORITY_KEY.kid,
+                    }
+                )
+            ),
+            "REFUSE",
+            "ATTESTATION_ALGORITHM_INVALID",
+        ),
+        vector(
+            "attestation-other-grant",
+            "The attestation is for another grant.",
+            signed(attest=attestation(_Claim(grant_id="grt_other"))),
+            "REFUSE",
+            "ATTESTATION_GRANT_MISMATCH",
+        ),
+        vector(
+            "attestation-other-decision",
+            "The attestation is for another decision.",
+            signed(attest=attestation(_Claim(decision_id="dec_other"))),
+            "REFUSE",
+            "ATTESTATION_DECISION_MISMATCH",
+        ),
+        vector(
+            "attestation-other-intent",
+            "The attestation binds another intent.",
+            signed(attest=attestation(_Claim(intent_hash="sha256:" + "1" * 64))),
+            "REFUSE",
+            "ATTESTATION_INTENT_MISMATCH",
+        ),
+        vector(
+            "attestation-other-payload",
+            "The executor signed a body other than the one the authority claimed.",
+            signed(
+                attest=attestation(
+                    _Claim(execution_payload_digest=sha256_digest({**PARAMS, "amount": 9250}))
+                )
+            ),
+            "REFUSE",
+            "ATTESTATION_PAYLOAD_MISMATCH",
+        ),
     ]
     return vectors
 
@@ -207,7 +408,9 @@ def main() -> None:
     for old in HERE.glob("*.json"):
         old.unlink()
     for item in build():
-        (HERE / f"{item['name']}.json").write_text(json.dumps(item, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (HERE / f"{item['name']}.json").write_text(
+            json.dumps(item, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
 
 
 if __name__ == "__main__":
