@@ -375,6 +375,14 @@ class ChainedSink:
                 code="CHAIN_JOURNAL_IN_USE",
             ) from exc
         self._head_path = chain_dir / f"{self.stream}.head.json"
+        try:
+            self._resume()
+        except BaseException:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise
+
+    def _resume(self) -> None:
         stored = self._read_head()
         if stored is None:
             return
