@@ -1,0 +1,581 @@
+"""``agentsafe serve``: assemble the executor from its configuration and run it.
+
+Start order, as the specification fixes it (each step refuses to start with one line naming the
+variable or the check, never a value): the audit hook; configuration; posture; secrets; the
+journal directory; the evidence chain heads; the use store; startup reconciliation; the listener.
+SIGTERM stops accepting, lets in-flight work finish and journal within a bound, persists the chain
+heads and exits 0. SIGHUP re-reads the secret files.
+
+:func:`assemble` builds an :class:`Executor` without a process around it and without the audit
+hook (which is permanent, so tests never install it in their own process); :func:`main` is the
+process.
+
+Callers: ``cli.py``, tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .app import ReadyState, build_app
+from .assembly import build_credential, build_door, build_tls, build_transport, load_principals
+from .audithook import Guard, install_guard
+from .authority import LocalAuthority
+from .ceilings import HostCeilings
+from .clock import Clock, SystemClock
+from .config import ExecutorConfig, load_config
+from .control import add_control_routes
+from .door_http import HttpDoor
+from .errors import AgentSafeError, ConfigError, RequestRejected
+from .events import Streams
+from .forward import ForwardRequestHandler
+from .grants import SigningKey
+from .halt import HaltState
+from .journal import AttemptJournal
+from .metrics import ExecutorMetrics
+from .pipeline import Pipeline
+from .policy import CompiledPolicy, PolicyDocument, compile_policy, load_policy
+from .posture import PostureInputs, PostureMonitor, PostureReport, check_posture
+from .principals import Principal
+from .reconcile import Resolution, ResolutionStatus, reconcile_open_attempts
+from .seam import ReconcileResult, ReconcileStatus, Registry
+from .secrets import SecretStore, inspect_sources
+from .shadow import ShadowReport
+from .tlsctx import ReloadingTlsContext
+from .usestore import SQLiteUseStore
+from .workload import JwksSource
+
+__all__ = ["Executor", "assemble", "main"]
+
+log = logging.getLogger("agentsafe.executor")
+
+DRAIN_SECONDS = 20.0
+HALT_FILE_POLL_SECONDS = 0.5
+SECRETS_POLL_SECONDS = 5.0
+
+
+class _PolicyCatalog:
+    def __init__(self, policy: CompiledPolicy) -> None:
+        self._policy = policy
+
+    def handler_for(self, action: str) -> str | None:
+        compiled = self._policy.actions.get(action)
+        return compiled.handler if compiled is not None else None
+
+
+class _ActionReconciler:
+    """The read path for startup reconciliation: a policy action's handler, asked by key."""
+
+    def __init__(self, catalog: _PolicyCatalog, registry: Registry) -> None:
+        self._catalog = catalog
+        self._registry = registry
+
+    async def reconcile(self, action: str, idempotency_key: str) -> ReconcileResult:
+        handler = self._catalog.handler_for(action)
+        if handler is None:
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="ACTION_NOT_REGISTERED")
+        return await self._registry.reconcile(handler, idempotency_key)
+
+
+@dataclass
+class Executor:
+    """Everything one executor process holds, and its lifecycle."""
+
+    config: ExecutorConfig
+    environ: Mapping[str, str]
+    streams: Streams
+    clock: Clock
+    secrets: SecretStore
+    store: SQLiteUseStore
+    journal: AttemptJournal | None
+    authority: LocalAuthority
+    registry: Registry
+    transport: Any
+    pipeline: Pipeline
+    policy: CompiledPolicy
+    shadow: ShadowReport
+    metrics: ExecutorMetrics
+    halt: HaltState
+    door: HttpDoor
+    jwks: JwksSource | None
+    tls: ReloadingTlsContext | None
+    posture: PostureReport
+    posture_monitor: PostureMonitor
+    app: web.Application = field(init=False)
+    reconciling: bool = True
+    unknown_attempts: int = 0
+    port: int = 0
+    _runner: web.AppRunner | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.app = build_app(
+            pipeline=self.pipeline,
+            door=self.door,
+            readiness=self.readiness,
+            jwks=self.authority.jwks,
+            extra_routes=lambda app: add_control_routes(app, plane=self, door=self.door),
+        )
+
+    # -------------------------------------------------------------- what routes ask
+
+    def refusal(self) -> str | None:
+        """Why new enforcement work is refused right now, or ``None``."""
+        if self.posture_monitor.is_degraded():
+            return "POSTURE_DEGRADED"
+        if self.halt.halted:
+            return "EXECUTOR_HALTED"
+        return None
+
+    def readiness(self) -> ReadyState:
+        body: dict[str, Any] = {
+            "mode": self.config.executor_mode.value,
+            "actions": list(self.policy.actions),
+            "unknown_attempts": self.unknown_attempts,
+            "reconciling": self.reconciling,
+            "halted": self.halt.halted,
+        }
+        ready = not self.reconciling and not self.halt.halted
+        if self.config.executor_ready_requires_no_unknown_attempts and self.unknown_attempts:
+            ready = False
+        body["ready"] = ready
+        return ReadyState(ready=ready, body=body)
+
+    def status(self) -> dict[str, Any]:
+        door = self.door.door.principals
+        summary = door.summary() if hasattr(door, "summary") else []
+        out: dict[str, Any] = {
+            "mode": self.config.executor_mode.value,
+            "actions": list(self.policy.actions),
+            "principals": summary,
+            "halt": self.halt.status(),
+            "posture": self.posture.as_status(),
+            "posture_drift": list(self.posture_monitor.drifted_checks()),
+            "unknown_attempts": self.unknown_attempts,
+            "policy_digest": self.policy.digest,
+            "chain_heads": None,
+        }
+        if self.config.executor_mode.value == "SHADOW":
+            out["shadow_report"] = self.shadow.as_dict()
+        return out
+
+    async def open_attempts(self) -> list[dict[str, Any]]:
+        if self.journal is None:
+            return []
+        attempts = await self.journal.open_attempts()
+        return [
+            {
+                "attempt_id": a.attempt_id,
+                "intent_id": a.intent_id,
+                "intent_hash": a.intent_hash,
+                "action": a.action,
+                "principal": a.principal,
+                "grant_claimed": a.grant_claimed,
+                "grant_id": a.grant_id,
+                "state": "UNKNOWN" if a.grant_claimed else "UNCLAIMED",
+            }
+            for a in attempts
+        ]
+
+    async def reload_secrets(self) -> dict[str, Any]:
+        report = await asyncio.to_thread(self.secrets.reload)
+        out: dict[str, Any] = {"secrets": report.as_dict()}
+        if self.config.executor_principals_file is not None:
+            try:
+                principals = load_principals(self.config, self.registry_actions())
+            except ConfigError as exc:
+                self.streams.security.emit(
+                    "PRINCIPALS_RELOAD_REFUSED", {"code": exc.code, "variable": exc.variable}
+                )
+                out["principals"] = {"file": str(self.config.executor_principals_file), "ok": False}
+            else:
+                self.door.door.replace_principals(principals)
+                out["principals"] = {"file": str(self.config.executor_principals_file), "ok": True}
+        if self.jwks is not None:
+            out["jwks"] = {
+                "file": str(self.config.executor_jwks_file),
+                "ok": self.jwks.check_file(),
+            }
+        if self.tls is not None:
+            out["tls"] = {
+                "file": str(self.config.executor_tls_cert_file),
+                "rotated": self.tls.reload(),
+            }
+        return out
+
+    async def export_evidence(self, *, reason: str, principal: Principal) -> dict[str, Any]:
+        raise RequestRejected(
+            409, "EVIDENCE_NOT_CONFIGURED", "evidence export needs EXECUTOR_EVIDENCE_DIR"
+        )
+
+    def registry_actions(self) -> list[str]:
+        return list(self.policy.actions)
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def reconcile_at_start(self) -> list[Resolution]:
+        resolutions: list[Resolution] = []
+        if self.journal is not None:
+            resolutions = await reconcile_open_attempts(
+                self.journal,
+                reconciler=_ActionReconciler(_PolicyCatalog(self.policy), self.registry),
+                streams=self.streams,
+            )
+            for resolution in resolutions:
+                await self._settle_idempotency(resolution)
+            self.unknown_attempts = sum(
+                1
+                for r in resolutions
+                if r.resolution
+                in (ResolutionStatus.STILL_UNKNOWN, ResolutionStatus.BINDING_MISMATCH)
+            )
+        self.reconciling = False
+        return resolutions
+
+    async def _settle_idempotency(self, resolution: Resolution) -> None:
+        """Give a reconciled key its final answer; a key that never reached the provider is freed.
+
+        A key whose outcome is still unknown stays in flight (409 IDEMPOTENCY_IN_PROGRESS): the
+        executor asks again at the next start, and the attempt is listed as open.
+        """
+        key, tenant, principal = (
+            resolution.idempotency_key,
+            resolution.tenant,
+            resolution.principal,
+        )
+        if key is None or tenant is None or principal is None:
+            return
+        scope = {"tenant": tenant, "principal": principal, "key": key}
+        binding = resolution.intent_binding
+        if resolution.resolution is ResolutionStatus.UNCLAIMED:
+            await self.store.idempotency_release(**scope)
+            return
+        outcome = {
+            ResolutionStatus.RECONCILED_COMPLETED: ("COMPLETED", True),
+            ResolutionStatus.RECONCILED_NOT_EXECUTED: ("DEFINITELY_NOT_EXECUTED", False),
+        }.get(resolution.resolution)
+        if outcome is None:
+            return
+        body = {
+            "mode": self.config.executor_mode.value,
+            "intent_id": binding.get("intent_id"),
+            "intent_hash": resolution.intent_hash,
+            "verdict": "ALLOW",
+            "decision_id": None,
+            "dossier_id": None,
+            "reason_codes": [resolution.resolution.value],
+            "fail_closed": False,
+            "outcome": outcome[0],
+            "executed": outcome[1],
+            "authorization": None,
+            "finalization": "RECONCILED",
+            "result": None,
+            "effect": None,
+            "recovery": None,
+            "replayed": False,
+        }
+        with contextlib.suppress(AgentSafeError):
+            await self.store.idempotency_complete(
+                **scope, response={"status": 200, "body": body}, now=self.clock.now()
+            )
+
+    async def listen(self) -> None:
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS
+        )
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner,
+            host=self.config.executor_bind_address,
+            port=self.config.port,
+            ssl_context=self.tls.context if self.tls is not None else None,
+            reuse_address=True,
+        )
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        self.streams.security.emit(
+            "LISTENING",
+            {
+                "address": self.config.executor_bind_address,
+                "port": self.port,
+                "tls": self.tls is not None,
+            },
+        )
+
+    def start_background(self) -> None:
+        """Halt file, secret files, posture drift, TLS material and JWKS, each polled."""
+        self._spawn(self.halt.watch(interval=HALT_FILE_POLL_SECONDS))
+        self._spawn(self.secrets.watch(SECRETS_POLL_SECONDS))
+        self._spawn(self._posture_loop())
+        if self.tls is not None:
+            self._spawn(self.tls.watch())
+        if self.jwks is not None and self.config.executor_jwks_url:
+            self._spawn(self.jwks.run_refresh())
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.create_task(coro))
+
+    async def _posture_loop(self) -> None:
+        interval = self.config.executor_posture_interval_seconds
+        known: set[str] = set()
+        while True:
+            await asyncio.sleep(interval)
+            await asyncio.to_thread(self.posture_monitor.check_now)
+            drifted = set(self.posture_monitor.drifted_checks())
+            for check in drifted - known:
+                self.halt.posture_drift(check)
+                self.metrics.posture_drift.inc(check=check)
+            for check in known - drifted:
+                self.halt.posture_restored(check)
+            known = drifted
+
+    async def close(self) -> None:
+        """Stop accepting, drain in-flight work (bounded), then close every store."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        await self.transport.close()
+        if self.journal is not None:
+            await self.journal.close()
+        await self.store.close()
+        self.secrets.close()
+
+
+def _forward_schema(document: PolicyDocument) -> dict[str, Any]:
+    """The forward handler accepts exactly what the policy's actions it runs accept."""
+    schemas = [dict(a.parameters) for a in document.actions if a.handler == "forward_request"]
+    if len(schemas) == 1:
+        return schemas[0]
+    return {"type": "object", "additionalProperties": True, "anyOf": schemas or [{}]}
+
+
+async def assemble(
+    environ: Mapping[str, str],
+    *,
+    streams: Streams | None = None,
+    clock: Clock | None = None,
+    guard: Guard | None = None,
+) -> Executor:
+    """Build an executor from ``environ`` in the start order; raises on any refusal."""
+    config = load_config(environ)
+    streams = streams or Streams.standard()
+    clock = clock or SystemClock()
+    secrets_dir = Path(config.executor_secrets_dir) if config.executor_secrets_dir else None
+
+    # Posture: what this process can see of its host, before any secret is read.
+    findings = inspect_sources(environ, production=config.production, secrets_dir=secrets_dir)
+    inputs = PostureInputs(
+        mode=config.executor_posture,
+        production=config.production,
+        environ=environ,
+        principals_file=config.executor_principals_file,
+        secret_findings=findings.findings,
+        guard_results=guard.self_test() if guard is not None else None,
+    )
+    posture = check_posture(inputs, security=streams.security)
+    monitor = PostureMonitor(
+        inputs, security=streams.security, interval=config.executor_posture_interval_seconds
+    )
+
+    secrets = SecretStore.load(
+        environ, production=config.production, secrets_dir=secrets_dir, security=streams.security
+    )
+    metrics = ExecutorMetrics()
+    secrets.on_change(lambda name, handle: metrics.secret_rotations.inc(name=name))
+    try:
+        journal: AttemptJournal | None = None
+        if config.executor_journal_dir is not None:
+            try:
+                journal = await AttemptJournal.open(
+                    Path(config.executor_journal_dir),
+                    retain_days=config.executor_journal_retain_days,
+                    clock=clock,
+                )
+            except (OSError, AgentSafeError) as exc:
+                raise ConfigError(
+                    "EXECUTOR_JOURNAL_DIR",
+                    "cannot be opened for appending",
+                    code="JOURNAL_UNAVAILABLE",
+                ) from exc
+        state_dir = (
+            Path(config.executor_state_dir)
+            if config.executor_state_dir
+            else Path(tempfile.mkdtemp(prefix="agentsafe-state-"))
+        )
+        store = await SQLiteUseStore.open(state_dir, clock=clock)
+    except BaseException:
+        secrets.close()
+        raise
+
+    halt = HaltState(
+        clock=clock,
+        security=streams.security,
+        halt_file=config.executor_halt_file,
+        metrics=metrics,
+        auth_spike=config.executor_halt_on_auth_failures,
+        egress_spike=config.executor_halt_on_egress_refusals,
+    )
+
+    def egress_refused(code: str) -> None:
+        metrics.egress_refusals.inc(code=code)
+        halt.record_egress_refusal()
+
+    transport = build_transport(config, streams, on_refusal=egress_refused)
+    document = load_policy(config.executor_policy_file)
+    registry = Registry(security=streams.security)
+    registry.register(
+        "forward_request",
+        ForwardRequestHandler(
+            url=config.downstream_url,
+            lookup_url=config.downstream_lookup_url,
+            timeout_ms=config.downstream_timeout_ms,
+            transport=transport,
+            credential=build_credential(config, secrets, transport, clock),
+            parameters_schema=_forward_schema(document),
+        ),
+    )
+    registry.seal()
+    policy = compile_policy(document, registered_handlers=set(registry.names()))
+
+    key_handle = secrets.get("EXECUTOR_AUTHORITY_SIGNING_KEY")
+    if key_handle is not None:
+        with key_handle.reveal() as pem:
+            key = SigningKey.from_pem(pem)
+    else:
+        key = SigningKey.generate()
+        streams.security.emit("AUTHORITY_KEY_EPHEMERAL", {"kid": key.kid})
+    authority = LocalAuthority(policy, keys=key, store=store, clock=clock)
+
+    door, jwks = build_door(
+        config,
+        secrets=secrets,
+        actions=list(policy.actions),
+        streams=streams,
+        metrics=metrics,
+        clock=clock,
+        halt=halt,
+    )
+    tls = build_tls(config, secrets, streams, metrics)
+
+    ceilings = HostCeilings(
+        single=config.executor_hard_limit_single_minor,
+        window_seconds=config.executor_hard_limit_window_seconds,
+        window_count=config.executor_hard_limit_window_count,
+        window_sum_minor=config.executor_hard_limit_window_sum_minor,
+        clock=clock,
+    )
+    shadow = ShadowReport()
+    holder: dict[str, Executor] = {}
+    pipeline = Pipeline(
+        mode=config.executor_mode.value,
+        authority=authority,
+        signer=authority,
+        catalog=_PolicyCatalog(policy),
+        registry=registry,
+        store=store,
+        journal=journal,
+        ceilings=ceilings if ceilings.configured else None,
+        streams=streams,
+        clock=clock,
+        target=config.downstream_target(),
+        intent_ttl_seconds=config.executor_intent_ttl_seconds,
+        max_clock_skew_ms=config.executor_max_clock_skew_ms,
+        shadow=shadow,
+        refusal=lambda: holder["executor"].refusal(),
+        on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
+        metrics=metrics,
+    )
+    executor = Executor(
+        config=config,
+        environ=environ,
+        streams=streams,
+        clock=clock,
+        secrets=secrets,
+        store=store,
+        journal=journal,
+        authority=authority,
+        registry=registry,
+        transport=transport,
+        pipeline=pipeline,
+        policy=policy,
+        shadow=shadow,
+        metrics=metrics,
+        halt=halt,
+        door=HttpDoor(door),
+        jwks=jwks,
+        tls=tls,
+        posture=posture,
+        posture_monitor=monitor,
+    )
+    holder["executor"] = executor
+    return executor
+
+
+def _writable_dirs(environ: Mapping[str, str]) -> list[Path]:
+    """The directories the audit hook lets this process write, read before configuration."""
+    names = ("EXECUTOR_JOURNAL_DIR", "EXECUTOR_STATE_DIR", "EXECUTOR_EVIDENCE_DIR")
+    return [Path(environ[n]) for n in names if environ.get(n, "").startswith("/")]
+
+
+async def _run(environ: Mapping[str, str], guard: Guard) -> int:
+    executor = await assemble(environ, guard=guard)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    reloads: set[asyncio.Task[dict[str, Any]]] = set()
+
+    def reload() -> None:
+        task = asyncio.ensure_future(executor.reload_secrets())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
+    try:
+        await executor.reconcile_at_start()
+        await executor.listen()
+        executor.start_background()
+        await stop.wait()
+        executor.streams.security.emit("STOPPING", {"signal": "SIGTERM"})
+    finally:
+        await executor.close()
+        if executor.config.executor_mode.value == "SHADOW":
+            sys.stderr.write(executor.shadow.render() + "\n")
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=os.environ.get("AGENTSAFE_LOG_LEVEL", "WARNING"),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    environ = dict(os.environ)
+    try:
+        guard = install_guard(writable_dirs=_writable_dirs(environ))
+        return asyncio.run(_run(environ, guard))
+    except ConfigError as exc:
+        sys.stderr.write(f"agentsafe: refused to start: {exc.code}: {exc}\n")
+        return exc.exit_status
+    except AgentSafeError as exc:
+        sys.stderr.write(f"agentsafe: refused to start: {exc.code}: {exc.message}\n")
+        return 78

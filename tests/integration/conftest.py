@@ -1,0 +1,95 @@
+"""Fixtures for lifecycle tests: a real synthetic provider and a real executor on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agentsafe.executor.events import MemorySink, Streams
+from agentsafe.executor.harness import Workspace, free_port
+from agentsafe.executor.serve import Executor, assemble
+from agentsafe.executor.synthetic import SyntheticProvider
+
+
+@dataclass
+class Running:
+    executor: Executor
+    provider: SyntheticProvider
+    workspace: Workspace
+    session: aiohttp.ClientSession
+    url: str
+    evidence: MemorySink
+    security: MemorySink
+
+    @property
+    def token(self) -> str:
+        return self.workspace.caller_token
+
+    async def post(
+        self, path: str, body: Any, *, token: str | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, Any], aiohttp.typedefs.LooseHeaders]:
+        hdrs = {"authorization": f"Bearer {token if token is not None else self.token}"}
+        hdrs.update(headers or {})
+        async with self.session.post(self.url + path, json=body, headers=hdrs) as response:
+            return response.status, await response.json(), response.headers
+
+    async def propose(
+        self, amount: int | None = 5000, *, key: str = "k-1", currency: str = "USD", **extra: Any
+    ) -> tuple[int, dict[str, Any]]:
+        params: dict[str, Any] = {"currency": currency}
+        if amount is not None:
+            params["amountMinor"] = amount
+        body = {
+            "proposal": {
+                "action": extra.pop("action", "create_payout"),
+                "target": "payout:beneficiary-1",
+                "parameters": params,
+            },
+            "idempotency_key": key,
+            **extra,
+        }
+        status, payload, _ = await self.post("/v1/actions", body)
+        return status, payload
+
+
+Factory = Callable[..., Awaitable[Running]]
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Factory]:
+    started: list[Running] = []
+    provider = SyntheticProvider()
+    await provider.start()
+
+    async def start(mode: str = "ENFORCEMENT", **extra: str) -> Running:
+        workspace = Workspace(tmp_path / f"ws{len(started)}")
+        env = workspace.environment(
+            provider_url=provider.base_url, port=free_port(), mode=mode, extra=extra
+        )
+        evidence, security = MemorySink(), MemorySink()
+        executor = await assemble(env, streams=Streams(evidence=evidence, security=security))
+        await executor.reconcile_at_start()
+        await executor.listen()
+        session = aiohttp.ClientSession()
+        run = Running(
+            executor=executor,
+            provider=provider,
+            workspace=workspace,
+            session=session,
+            url=f"http://127.0.0.1:{executor.config.port}",
+            evidence=evidence,
+            security=security,
+        )
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        await run.session.close()
+        await run.executor.close()
+    await provider.stop()

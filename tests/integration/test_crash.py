@@ -1,0 +1,94 @@
+"""A real ``agentsafe serve`` killed with SIGKILL after dispatch and before close, then restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from agentsafe.executor.harness import (
+    ExecutorProcess,
+    ProviderProcess,
+    Workspace,
+    free_port,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+
+async def _kill_mid_dispatch(
+    tmp_path: Path, provider: ProviderProcess, extra: dict[str, str] | None = None
+) -> tuple[ExecutorProcess, dict[str, str]]:
+    workspace = Workspace(tmp_path / "ws")
+    env = workspace.environment(provider_url=provider.url, port=free_port(), extra=extra)
+    executor = ExecutorProcess(env, tmp_path)
+    await executor.start()
+    await provider.set_mode("hang")
+    async with aiohttp.ClientSession() as session:
+        pending = asyncio.ensure_future(executor.propose(session, amount=4000, key="crash-1"))
+
+        async def arrived() -> bool:
+            return int((await provider.received())["count"]) == 1
+
+        await wait_until(arrived, timeout=30, what="the provider to receive the payout")
+        executor.kill()
+        with contextlib.suppress(aiohttp.ClientError):
+            await pending
+    return executor, env
+
+
+async def test_restart_reconciles_completed_without_resending(tmp_path: Path) -> None:
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    try:
+        killed, env = await _kill_mid_dispatch(tmp_path, provider)
+        await provider.set_mode("normal")
+        restarted = ExecutorProcess(env, tmp_path, "executor-2")
+        await restarted.start()
+        try:
+            resolutions = [
+                e for e in restarted.stdout_events() if e.get("event") == "RECONCILIATION"
+            ]
+            assert [e["resolution"] for e in resolutions] == ["RECONCILED_COMPLETED"]
+            assert int((await provider.received())["count"]) == 1
+            async with aiohttp.ClientSession() as session:
+                status, ready = await restarted.get_json(session, "/ready")
+                assert status == 200
+                assert ready["unknown_attempts"] == 0
+                # The key now answers with the reconciled outcome, and nothing is sent again.
+                status, body = await restarted.propose(session, amount=4000, key="crash-1")
+                assert int((await provider.received())["count"]) == 1
+        finally:
+            assert restarted.terminate() == 0
+    finally:
+        provider.terminate()
+
+
+async def test_restart_keeps_an_unknown_attempt_open_and_not_ready(tmp_path: Path) -> None:
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    try:
+        killed, env = await _kill_mid_dispatch(
+            tmp_path, provider, {"EXECUTOR_READY_REQUIRES_NO_UNKNOWN_ATTEMPTS": "true"}
+        )
+        # The provider is gone: nobody can say what happened.
+        provider.terminate()
+        restarted = ExecutorProcess(env, tmp_path, "executor-2")
+        await restarted.start(expect_ready=False)
+        try:
+            resolutions = [
+                e for e in restarted.stdout_events() if e.get("event") == "RECONCILIATION"
+            ]
+            assert [e["resolution"] for e in resolutions] == ["STILL_UNKNOWN"]
+            async with aiohttp.ClientSession() as session:
+                status, ready = await restarted.get_json(session, "/ready")
+            assert status == 503
+            assert ready["unknown_attempts"] == 1
+        finally:
+            restarted.terminate()
+    finally:
+        provider.terminate()
