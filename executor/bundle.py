@@ -7,7 +7,8 @@ attempts by identifier and state, the posture by check, and ``manifest.json``, w
 other four and carries the chain heads, the configuration digest, the platform's image digest
 (``self_verified: false``), every secret's name with its rotation count, the reason and the time.
 With a signing key the manifest carries an Ed25519 ``signature`` over its canonical form without
-the signature.
+``signature`` and ``manifest_digest``; ``manifest_digest`` covers everything else, signature
+included.
 
 ``verify_bundle`` establishes INTERNAL_CONSISTENCY, or ORIGIN_AND_CONSISTENCY when the signature
 verifies against a public key the reader supplies (``AGENTSAFE_EVIDENCE_PUBLIC_KEY``) — never a key
@@ -190,9 +191,11 @@ def export_bundle(
             for name, count in sorted(secret_rotations.items())
         ],
     }
-    document["manifest_digest"] = sha256_digest(document)
     if signing_key is not None:
         document["signature"] = _sign(document, signing_key)
+    # Over everything else, the signature included: a changed byte anywhere in the manifest is
+    # caught even by a reader without the key (this proves integrity, not origin).
+    document["manifest_digest"] = sha256_digest(document)
     try:
         for filename, data in files.items():
             _write_new(directory / filename, data)
@@ -261,7 +264,10 @@ def _manifest_bytes(document: Mapping[str, Any]) -> bytes:
 
 
 def _signed_part(document: Mapping[str, Any]) -> bytes:
-    return canonical_json({k: v for k, v in document.items() if k != "signature"})
+    """The manifest without ``signature`` and ``manifest_digest``: what the key signs."""
+    return canonical_json(
+        {k: v for k, v in document.items() if k not in ("signature", "manifest_digest")}
+    )
 
 
 def _sign(document: Mapping[str, Any], key: Ed25519PrivateKey) -> dict[str, str]:
@@ -330,7 +336,7 @@ def verify_bundle(
         problems.append(
             BundleProblem(MANIFEST, "MANIFEST_CANONICAL", "not in the canonical form written")
         )
-    body = {k: v for k, v in document.items() if k not in ("manifest_digest", "signature")}
+    body = {k: v for k, v in document.items() if k != "manifest_digest"}
     try:
         digest_ok = sha256_digest(body) == document.get("manifest_digest")
     except CanonicalizationError:

@@ -53,11 +53,13 @@ _PRIORITY = (KIND_SECRET, KIND_PEM, KIND_CREDENTIAL_HEADER, KIND_JWS, KIND_BEARE
 # would otherwise redact every occurrence of the word); the whole value is always registered.
 MIN_TOKEN_LENGTH = 8
 
+_INNER_DELIMITERS = frozenset("=:@/?&#")
+_MAX_CUTS = 16
+
 _SCHEMES = ("bearer", "basic", "token", "apikey", "api-key")
 
 _COARSE = re.compile(r"[^\s\"'`,;()<>\[\]{}&?|]+")
 _FINE = re.compile(r"[^\s\"'`,;()<>\[\]{}=:&?/@|\\]+")
-_WORDS = re.compile(r"\S+")
 _BEARER = re.compile(r"(?i)(?<![A-Za-z0-9])bearer\s+([A-Za-z0-9\-._~+/]+=*)")
 _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]{1,64})-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
 _JWS = re.compile(
@@ -174,7 +176,7 @@ class Redactor:
             out.append(f"[REDACTED:{span.kind}]")
             cursor = span.end
         out.append(text[cursor:])
-        found = tuple(dict.fromkeys(Redaction(s.kind, s.secret) for s in spans))
+        found = tuple(dict.fromkeys(Redaction(s.kind, s.secret) for s in merged))
         return "".join(out), found
 
     def _secret_spans(
@@ -241,17 +243,20 @@ def _candidates(text: str, word_counts: list[int]) -> Iterator[tuple[int, int]]:
     for match in _COARSE.finditer(text):
         start, end = match.span()
         yield from once(start, end)
-        token = match.group()
-        for index, ch in enumerate(token):
-            if ch in "=:":
-                yield from once(start + index + 1, end)
-                yield from once(start, start + index)
-        trimmed = token.rstrip("=")
-        yield from once(start, start + len(trimmed))
+        # Every stretch between two delimiters of a URL/assignment-like token: the value in
+        # `key=VALUE`, `user:VALUE@host`, `/path/VALUE/more` — bounded to keep scanning linear.
+        cuts = [start + i for i, ch in enumerate(match.group()) if ch in _INNER_DELIMITERS]
+        cuts = cuts[:_MAX_CUTS]
+        starts = [start, *(c + 1 for c in cuts)]
+        ends = [*cuts, end]
+        for s in starts:
+            for e in ends:
+                yield from once(s, e)
     for match in _FINE.finditer(text):
         yield from once(*match.span())
     if word_counts:
-        words = [m.span() for m in _WORDS.finditer(text)]
+        # Windows of consecutive tokens; the slice is whitespace-normalised before hashing.
+        words = [m.span() for m in _COARSE.finditer(text)]
         for count in word_counts:
             for i in range(len(words) - count + 1):
                 # Compare the whitespace-normalised window: join its words with single spaces.
