@@ -45,7 +45,7 @@ def _config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"agentsafe: configuration invalid: {exc}", file=sys.stderr)
         return exc.exit_status
-    render_config_table(rows)
+    sys.stdout.write(render_config_table(rows))
     return 0
 
 
