@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .errors import AgentSafetyAborted, AgentSafetyError
 
@@ -35,7 +35,7 @@ def check_abort(abort: asyncio.Event | None) -> None:
         raise AgentSafetyAborted("the operation was aborted")
 
 
-async def _settle(*tasks: asyncio.Future[object]) -> None:
+async def _settle(*tasks: asyncio.Future[Any]) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.wait(tasks)
@@ -52,16 +52,17 @@ async def guarded(call: Callable[[], Awaitable[_T]], abort: asyncio.Event | None
         result = await call()
     else:
         task: asyncio.Future[_T] = asyncio.ensure_future(call())
-        waiter = asyncio.ensure_future(abort.wait())
+        waiter: asyncio.Future[Any] = asyncio.ensure_future(abort.wait())
+        pending: set[asyncio.Future[Any]] = {task, waiter}
         try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
-            await asyncio.shield(_settle(task, waiter))  # type: ignore[arg-type]
+            await asyncio.shield(_settle(task, waiter))
             raise
         if not task.done():
-            await _settle(task, waiter)  # type: ignore[arg-type]
+            await _settle(task, waiter)
             raise AgentSafetyAborted("the operation was aborted")
-        await _settle(waiter)  # type: ignore[arg-type]
+        await _settle(waiter)
         result = task.result()
     check_abort(abort)
     return result

@@ -33,7 +33,7 @@ from .errors import AgentSafetyError
 from .limits import AGENT_SAFETY_HARD_LIMITS as HARD
 from .policy import Effect, LoadedPolicy, PlanPolicy, SourcePolicy, load_plan_policy
 from .shapes import digest, identifier, integer, now_text, obj, seq, text, timestamp
-from .snapshot import Budget, FrozenDict, envelope_budget, freeze
+from .snapshot import Budget, FrozenDict, envelope_budget, freeze, freeze_object
 
 __all__ = [
     "DRY_RUN_VERSION",
@@ -340,7 +340,7 @@ def evaluate_plan(plan: Any, loaded: LoadedPolicy, now: float) -> FrozenDict:
     normalised_plan["steps"] = normalised_steps
     plan_snapshot = freeze(normalised_plan, _free())
     effects = sorted({entry["effect"] for entry in entries})
-    return freeze(
+    return freeze_object(
         {
             "version": DRY_RUN_VERSION,
             "evaluatedAt": format_ms(now),

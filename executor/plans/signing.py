@@ -227,5 +227,4 @@ __all__ += [
     "CapturedVerifier",
     "capture_signer",
     "capture_verifier",
-    "identifier",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "FrozenDict",
     "envelope_budget",
     "freeze",
+    "freeze_object",
     "result_budget",
     "thaw",
 ]
@@ -240,3 +241,11 @@ def thaw(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return [thaw(item) for item in value]
     return value
+
+
+def freeze_object(value: object, budget: Budget) -> FrozenDict:
+    """:func:`freeze` for a value that must be a JSON object."""
+    frozen = freeze(value, budget)
+    if type(frozen) is not FrozenDict:
+        raise AgentSafetyError("the value must be an object", code="JSON_TYPE_REFUSED")
+    return frozen
