@@ -1,0 +1,297 @@
+"""CustomResourceDefinitions generated from the pydantic models in ``models.py``.
+
+:func:`generate_crds` returns one CRD manifest per resource; :func:`structural_schema` turns a
+pydantic JSON schema into a Kubernetes *structural* schema: every ``$ref`` inlined, ``anyOf``
+with ``null`` collapsed to the non-null branch, free-form objects (a policy's parameter JSON
+Schema) marked ``x-kubernetes-preserve-unknown-fields``, ``additionalProperties: false`` dropped
+(structural schemas prune unknown fields anyway), ``const`` turned into a one-value ``enum``,
+JSON Schema 2020-12 numeric ``exclusiveMinimum`` turned into the OpenAPI v3.0 boolean form, and
+``title`` left out. The models' ``x-kubernetes-validations`` (CEL) pass through unchanged.
+
+:func:`write_crds` writes ``crds/<plural>.yaml`` and ``charts/agentsafe/crds/<plural>.yaml``;
+:func:`stale_crds` names the files that differ from what the models generate (``agentsafe crds
+check`` and ``tests/operator/test_crds_fresh.py``).
+
+Callers: ``cli.py`` (``agentsafe crds generate|check``), the tests.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+from pydantic import BaseModel
+
+from .models import (
+    GROUP,
+    VERSION,
+    AgentPolicySpec,
+    AgentPolicyStatus,
+    HaltSwitchSpec,
+    HaltSwitchStatus,
+    PrincipalSpec,
+    PrincipalStatus,
+)
+
+__all__ = [
+    "CRD_DIRECTORIES",
+    "RESOURCES",
+    "CrdResource",
+    "generate_crds",
+    "render_crd_files",
+    "stale_crds",
+    "structural_schema",
+    "write_crds",
+]
+
+CATEGORY: Final = "agentsafe"
+CRD_DIRECTORIES: Final = ("crds", "charts/agentsafe/crds")
+
+_READY = '.status.conditions[?(@.type=="Ready")].status'
+_DROP: Final = frozenset({"title", "examples", "discriminator", "$schema", "$id", "$comment"})
+
+
+@dataclass(frozen=True)
+class CrdResource:
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    columns: tuple[tuple[str, str, str], ...]  # (name, type, jsonPath)
+    description: str
+
+
+RESOURCES: Final[tuple[CrdResource, ...]] = (
+    CrdResource(
+        kind="AgentPolicy",
+        plural="agentpolicies",
+        singular="agentpolicy",
+        short_names=("ap", "agentpol"),
+        spec=AgentPolicySpec,
+        status=AgentPolicyStatus,
+        columns=(
+            ("Mode", "string", ".spec.mode"),
+            ("Ready", "string", _READY),
+            ("Halted", "boolean", ".status.halted"),
+            ("Replicas", "integer", ".spec.replicas"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ),
+        description="A policy and the hardened executor workload that enforces it.",
+    ),
+    CrdResource(
+        kind="Principal",
+        plural="principals",
+        singular="principal",
+        short_names=("asp", "agentprincipal"),
+        spec=PrincipalSpec,
+        status=PrincipalStatus,
+        columns=(
+            ("Role", "string", ".spec.role"),
+            ("Credential", "string", ".status.credential"),
+            ("Policies", "integer", ".status.policies"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ),
+        description="A caller of executors: its role, what it may do and how it proves itself.",
+    ),
+    CrdResource(
+        kind="HaltSwitch",
+        plural="haltswitches",
+        singular="haltswitch",
+        short_names=("halt", "hs"),
+        spec=HaltSwitchSpec,
+        status=HaltSwitchStatus,
+        columns=(
+            ("Halted", "boolean", ".spec.halted"),
+            ("Reason", "string", ".spec.reason"),
+            ("Acknowledged", "string", ".status.acknowledged"),
+            ("Age", "date", ".metadata.creationTimestamp"),
+        ),
+        description="Stops every selected executor, durably and at once.",
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Structural schema
+
+
+def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's validation JSON schema as a Kubernetes structural schema."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs: Mapping[str, Any] = raw.pop("$defs", {})
+    return _convert(raw, defs, depth=0)
+
+
+def _resolve(ref: str, defs: Mapping[str, Any]) -> dict[str, Any]:
+    prefix = "#/$defs/"
+    if not ref.startswith(prefix) or ref[len(prefix) :] not in defs:
+        raise ValueError(f"cannot inline the reference {ref!r}")
+    return copy.deepcopy(dict(defs[ref[len(prefix) :]]))
+
+
+def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], *, depth: int) -> dict[str, Any]:
+    if depth > 64:
+        raise ValueError("schema nests too deep (a recursive model cannot be a CRD schema)")
+    schema = dict(node)
+    if "$ref" in schema:
+        target = _resolve(schema.pop("$ref"), defs)
+        target.update(schema)  # siblings of $ref (description, default) win
+        schema = target
+    if "anyOf" in schema:
+        branches = [b for b in schema["anyOf"] if b != {"type": "null"}]
+        if len(branches) != 1:
+            raise ValueError("a union other than Optional[X] has no structural form")
+        merged = dict(branches[0])
+        rest = {k: v for k, v in schema.items() if k != "anyOf"}
+        if rest.get("default", 0) is None:
+            rest.pop("default")
+        schema = _convert({**merged, **rest}, defs, depth=depth + 1)
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DROP:
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key == "properties":
+            out["properties"] = {
+                name: _convert(sub, defs, depth=depth + 1) for name, sub in value.items()
+            }
+        elif key == "items":
+            out["items"] = _convert(value, defs, depth=depth + 1)
+        elif key == "additionalProperties":
+            if isinstance(value, Mapping):
+                if value:
+                    out["additionalProperties"] = _convert(value, defs, depth=depth + 1)
+                else:
+                    out["x-kubernetes-preserve-unknown-fields"] = True
+            elif value is True:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            # false: structural schemas prune unknown fields; nothing to say
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "default" and value is None:
+            continue
+        elif key == "required":
+            out["required"] = sorted(value)
+        else:
+            out[key] = copy.deepcopy(value)
+    if (
+        out.get("type") == "object"
+        and "properties" not in out
+        and "additionalProperties" not in out
+    ):
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if "propertyNames" in out:
+        out.pop("propertyNames")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# CRD manifests
+
+
+def _crd(resource: CrdResource) -> dict[str, Any]:
+    spec_schema = structural_schema(resource.spec)
+    status_schema = structural_schema(resource.status)
+    description = resource.description
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{resource.plural}.{GROUP}",
+            "labels": {"app.kubernetes.io/part-of": "agentsafe"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": resource.kind,
+                "listKind": f"{resource.kind}List",
+                "plural": resource.plural,
+                "singular": resource.singular,
+                "shortNames": list(resource.short_names),
+                "categories": [CATEGORY],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": name, "type": kind, "jsonPath": path}
+                        for name, kind, path in resource.columns
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": description,
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def generate_crds() -> list[dict[str, Any]]:
+    """One CRD manifest per custom resource, in a stable order."""
+    return [_crd(resource) for resource in RESOURCES]
+
+
+_HEADER = "# Generated by `agentsafe crds generate` from agentsafe.operator.models. Do not edit.\n"
+
+
+def render_crd_files() -> dict[str, str]:
+    """File name -> YAML text for every CRD (the same text in both directories)."""
+    files: dict[str, str] = {}
+    for resource, crd in zip(RESOURCES, generate_crds(), strict=True):
+        text = yaml.safe_dump(crd, sort_keys=False, width=100, allow_unicode=True)
+        files[f"{resource.plural}.{GROUP}.yaml"] = _HEADER + text
+    return files
+
+
+def write_crds(root: Path) -> list[Path]:
+    """Write the CRDs under ``root`` (the repository); returns the paths written."""
+    written: list[Path] = []
+    for directory in CRD_DIRECTORIES:
+        target = root / directory
+        target.mkdir(parents=True, exist_ok=True)
+        for name, text in render_crd_files().items():
+            path = target / name
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    return written
+
+
+def stale_crds(root: Path) -> list[str]:
+    """Relative paths of CRD files that are missing or differ from what the models generate."""
+    stale: list[str] = []
+    for directory in CRD_DIRECTORIES:
+        for name, text in render_crd_files().items():
+            path = root / directory / name
+            try:
+                current = path.read_text(encoding="utf-8")
+            except OSError:
+                current = None
+            if current != text:
+                stale.append(f"{directory}/{name}")
+    return stale

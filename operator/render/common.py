@@ -1,0 +1,158 @@
+"""What every render function takes and shares: the input record, names, labels, owners.
+
+Rendering is pure: :class:`RenderInput` carries everything (the AgentPolicy's identity and
+spec, the selected Principals with their bearer digests already resolved, the operator's
+settings, the cluster JWKS, the operator's own bearer digest) and each ``render_*`` function
+returns plain manifests. A problem found while rendering is a :class:`RenderError` with the
+condition reason the handler writes (``PolicyInvalid``, ``PrincipalsInvalid``, ``ConfigInvalid``,
+``SpecInvalid``) and nothing is applied.
+
+Callers: ``render/*``, ``handlers.py``, the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from ..models import API_VERSION, GROUP, AgentPolicySpec, PrincipalSpec
+from ..settings import OperatorSettings
+
+__all__ = [
+    "EXECUTOR_COMPONENT",
+    "PolicyRef",
+    "RenderError",
+    "RenderInput",
+    "SelectedPrincipal",
+    "child_meta",
+    "names",
+    "owner_reference",
+    "policy_labels",
+    "selector_labels",
+]
+
+EXECUTOR_COMPONENT: Final = "agentsafe-executor"
+POLICY_LABEL: Final = f"{GROUP}/policy"
+OWNER_LABEL: Final = f"{GROUP}/owner"
+
+
+class RenderError(Exception):
+    """Nothing can be rendered; ``reason`` is the Ready condition's reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """The identity of an AgentPolicy object."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int = 1
+
+    @property
+    def owner_key(self) -> str:
+        """A label value naming the policy across namespaces (``<namespace>.<name>``)."""
+        return f"{self.namespace}.{self.name}"
+
+
+@dataclass(frozen=True)
+class SelectedPrincipal:
+    """A Principal the policy selects; ``token_sha256`` is resolved for bearer principals."""
+
+    name: str
+    spec: PrincipalSpec
+    token_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class RenderInput:
+    policy: PolicyRef
+    spec: AgentPolicySpec
+    settings: OperatorSettings
+    principals: tuple[SelectedPrincipal, ...] = ()
+    operator_token_sha256: str = ""
+    jwks: Mapping[str, Any] = field(default_factory=lambda: {"keys": []})
+
+    @property
+    def audience(self) -> str:
+        return self.spec.jwt_audience or f"{GROUP}/{self.policy.namespace}/{self.policy.name}"
+
+    @property
+    def image(self) -> str:
+        return self.spec.image or self.settings.executor_image
+
+
+@dataclass(frozen=True)
+class Names:
+    """The names of one policy's children."""
+
+    executor: str
+    service_account: str
+    config: str
+    service: str
+    operator_token: str
+    authority_key: str
+    network_policy: str
+    agent_network_policy: str
+
+
+def names(policy: PolicyRef) -> Names:
+    base = f"{policy.name}-executor"
+    return Names(
+        executor=base,
+        service_account=base,
+        config=f"{base}-config",
+        service=base,
+        operator_token=f"{policy.name}-operator-token",
+        authority_key=f"{policy.name}-authority-key",
+        network_policy=base,
+        agent_network_policy=f"agentsafe-{policy.namespace}-{policy.name}-no-downstream"[:253],
+    )
+
+
+def selector_labels(policy: PolicyRef) -> dict[str, str]:
+    """The labels that select a policy's executor pods (stable for the StatefulSet's life)."""
+    return {"app.kubernetes.io/name": EXECUTOR_COMPONENT, POLICY_LABEL: policy.name}
+
+
+def policy_labels(policy: PolicyRef) -> dict[str, str]:
+    return {
+        **selector_labels(policy),
+        "app.kubernetes.io/instance": policy.name,
+        "app.kubernetes.io/managed-by": "agentsafe-operator",
+        "app.kubernetes.io/part-of": "agentsafe",
+        OWNER_LABEL: policy.owner_key,
+    }
+
+
+def owner_reference(policy: PolicyRef) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentPolicy",
+        "name": policy.name,
+        "uid": policy.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def child_meta(
+    policy: PolicyRef, name: str, *, namespace: str | None = None, owned: bool = True
+) -> dict[str, Any]:
+    """Metadata of a child; ``owned=False`` for objects in another namespace (no owner refs
+    can cross namespaces: those are found by the ``agentsafe.io/owner`` label and deleted by
+    the operator's finalizer)."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace or policy.namespace,
+        "labels": policy_labels(policy),
+    }
+    if owned:
+        meta["ownerReferences"] = [owner_reference(policy)]
+    return meta

@@ -1,0 +1,179 @@
+"""The policy ConfigMap, the principals file in it, and the Secrets the operator generates.
+
+The ConfigMap ``<policy>-executor-config`` holds ``policy.json`` (the executor's
+:class:`~agentsafe.executor.policy.PolicyDocument`, exactly ``spec.policy``), ``principals.json``
+(an ``agent-safe.principals/1`` :class:`~agentsafe.executor.principals_file.PrincipalsDocument`
+built from the selected Principals plus the operator's own OPERATOR principal) and
+``jwks.json`` (the cluster's service-account JWKS). The halt key is not rendered here: it is
+applied by ``halt.py`` under its own field manager. No Secret value is ever rendered: a bearer
+Principal contributes the SHA-256 of its token, resolved by the handler.
+
+The principals document is checked with the executor's own rules
+(:func:`~agentsafe.executor.principals_file.build_principal_set`) before anything is applied.
+
+Callers: ``render/children.py``, ``handlers.py``, the tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Final
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from agentsafe.executor.canonical import canonical_json
+from agentsafe.executor.principals_file import (
+    ActorModel,
+    BearerCredential,
+    MtlsCredential,
+    PrincipalEntry,
+    PrincipalsDocument,
+    PrincipalsFileError,
+    WorkloadJwtCredential,
+    build_principal_set,
+    render_principals_file,
+)
+
+from ..models import PrincipalSpec
+from .common import RenderError, RenderInput, child_meta, names
+
+__all__ = [
+    "AUTHORITY_KEY_KEY",
+    "HALT_KEY",
+    "JWKS_KEY",
+    "OPERATOR_SCOPES",
+    "OPERATOR_TOKEN_KEY",
+    "POLICY_KEY",
+    "PRINCIPALS_KEY",
+    "render_authority_key_secret",
+    "render_configmap",
+    "render_operator_token_secret",
+    "render_principals_document",
+]
+
+POLICY_KEY: Final = "policy.json"
+PRINCIPALS_KEY: Final = "principals.json"
+JWKS_KEY: Final = "jwks.json"
+HALT_KEY: Final = "halt"
+OPERATOR_TOKEN_KEY: Final = "token"
+AUTHORITY_KEY_KEY: Final = "signing-key.pem"
+OPERATOR_SCOPES: Final = ("halt", "resume", "status")
+
+
+def _entry(
+    principal_name: str, spec: PrincipalSpec, *, issuer: str, token_sha256: str | None
+) -> PrincipalEntry:
+    credential: BearerCredential | WorkloadJwtCredential | MtlsCredential
+    if spec.service_account is not None:
+        sa = spec.service_account
+        credential = WorkloadJwtCredential(
+            kind="WORKLOAD_JWT",
+            issuer=issuer,
+            subject=f"system:serviceaccount:{sa.namespace}:{sa.name}",
+        )
+    elif spec.bearer is not None:
+        if token_sha256 is None:
+            raise RenderError(
+                "SecretMissing", f"Principal {principal_name}: its bearer token was not resolved"
+            )
+        credential = BearerCredential(kind="BEARER", token_sha256=token_sha256)
+    else:
+        assert spec.mtls is not None
+        credential = MtlsCredential(
+            kind="MTLS", san_uri=spec.mtls.san_uri, cert_sha256=spec.mtls.cert_sha256
+        )
+    actor = (
+        ActorModel(id=spec.actor.id, type=spec.actor.type, runtime=spec.actor.runtime)
+        if spec.actor is not None
+        else None
+    )
+    rate = f"{spec.rate_limit.count}/{spec.rate_limit.seconds}" if spec.rate_limit else None
+    return PrincipalEntry(
+        id=principal_name,
+        role=spec.role.value,
+        tenant_id=spec.tenant_id,
+        actor=actor,
+        allowed_actions=list(spec.allowed_actions) if spec.allowed_actions is not None else None,
+        scopes=list(spec.scopes) if spec.scopes is not None else None,
+        credential=credential,
+        rate_limit=rate,
+    )
+
+
+def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
+    """The selected Principals (by name) plus the operator's OPERATOR principal, checked with
+    the executor's own rules; refuses with ``PrincipalsInvalid``."""
+    if not inp.operator_token_sha256:
+        raise RenderError("SecretMissing", "the operator's bearer token was not resolved")
+    entries = [
+        _entry(p.name, p.spec, issuer=inp.settings.issuer, token_sha256=p.token_sha256)
+        for p in sorted(inp.principals, key=lambda p: p.name)
+    ]
+    entries.append(
+        PrincipalEntry(
+            id=inp.settings.operator_principal_id,
+            role="OPERATOR",
+            scopes=list(OPERATOR_SCOPES),
+            credential=BearerCredential(kind="BEARER", token_sha256=inp.operator_token_sha256),
+        )
+    )
+    try:
+        document = PrincipalsDocument(version="agent-safe.principals/1", principals=entries)
+        build_principal_set(
+            document,
+            registered_actions=[action.name for action in inp.spec.policy.actions],
+            jwt_configured=True,
+            client_ca_configured=inp.spec.tls.client_ca is not None,
+        )
+    except PrincipalsFileError as exc:
+        raise RenderError("PrincipalsInvalid", str(exc)) from None
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise RenderError("PrincipalsInvalid", f"principals do not validate: {exc}") from None
+    return document
+
+
+def render_configmap(inp: RenderInput) -> dict[str, Any]:
+    """The ConfigMap the executor's files come from (everything but the halt key)."""
+    document = render_principals_document(inp)
+    policy_text = json.dumps(inp.spec.policy.as_json(), indent=2, sort_keys=True) + "\n"
+    jwks_text = canonical_json(dict(inp.jwks)).decode("utf-8") + "\n"
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": child_meta(inp.policy, names(inp.policy).config),
+        "data": {
+            POLICY_KEY: policy_text,
+            PRINCIPALS_KEY: render_principals_file(document),
+            JWKS_KEY: jwks_text,
+        },
+    }
+
+
+def render_operator_token_secret(inp: RenderInput, token: str) -> dict[str, Any]:
+    """The operator's bearer token for this policy's executors: created once, never updated,
+    never mounted into an executor (which holds only its SHA-256)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": child_meta(inp.policy, names(inp.policy).operator_token),
+        "data": {OPERATOR_TOKEN_KEY: base64.b64encode(token.encode("ascii")).decode("ascii")},
+    }
+
+
+def render_authority_key_secret(inp: RenderInput, key: Ed25519PrivateKey) -> dict[str, Any]:
+    """The executor's grant signing key (Ed25519, PKCS#8 PEM): created once, never updated."""
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": child_meta(inp.policy, names(inp.policy).authority_key),
+        "data": {AUTHORITY_KEY_KEY: base64.b64encode(pem).decode("ascii")},
+    }

@@ -1,0 +1,328 @@
+"""The executor workload: its ServiceAccount, its environment and its StatefulSet.
+
+The environment is rendered with the executor's own variable names (every one is checked to
+be in :data:`~agentsafe.executor.config.CONFIG_KEYS`) and then parsed by the executor's
+:func:`~agentsafe.executor.config.load_config`, so a rendered environment is exactly one the
+executor accepts (``AGENTSAFE_ENV=production``, every secret as ``<NAME>_FILE``); a refusal is a
+``RenderError`` with reason ``ConfigInvalid`` naming the variable.
+
+Files inside the pod:
+
+- ``/etc/agentsafe/config`` (projected, read-only, 0444): the policy ConfigMap (policy,
+  principals, JWKS, the halt key when halted) and the CA bundles named by ``configMapKeyRef``.
+- ``/var/run/agentsafe/secrets`` (projected, read-only, 0440, group = ``fsGroup``): the
+  listener's certificate and key, the grant signing key, the downstream credential; this is
+  ``EXECUTOR_SECRETS_DIR``.
+- ``/var/lib/agentsafe`` (a PersistentVolumeClaim per replica, or emptyDir when the journal is
+  ephemeral): ``journal/`` and ``state/`` (the use store).
+- ``/tmp``: a small in-memory emptyDir; the root filesystem is read-only.
+
+Callers: ``render/children.py``, the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Final
+
+from agentsafe.executor.canonical import canonical_json
+from agentsafe.executor.config import CONFIG_KEYS, CredentialKind, ExecutorConfig, load_config
+from agentsafe.executor.errors import ConfigError
+
+from .common import RenderError, RenderInput, child_meta, names, policy_labels, selector_labels
+from .config import AUTHORITY_KEY_KEY, HALT_KEY, JWKS_KEY, POLICY_KEY, PRINCIPALS_KEY
+
+__all__ = [
+    "CONFIG_DIR",
+    "DATA_DIR",
+    "SECRETS_DIR",
+    "config_digest",
+    "render_environment",
+    "render_service_account",
+    "render_statefulset",
+]
+
+CONFIG_DIR: Final = "/etc/agentsafe/config"
+SECRETS_DIR: Final = "/var/run/agentsafe/secrets"
+DATA_DIR: Final = "/var/lib/agentsafe"
+SECRET_MODE: Final = 0o440
+CONFIG_MODE: Final = 0o444
+
+_TLS_CERT = "tls.crt"
+_TLS_KEY = "tls.key"
+_AUTHORITY_KEY = "authority-signing-key.pem"
+_DOWNSTREAM_CA = "downstream-ca.pem"
+_CLIENT_CA = "client-ca.pem"
+# The file the downstream credential is mounted as, and the variable naming it, per kind.
+_CREDENTIAL_FILES: Final = {
+    CredentialKind.STATIC_HEADER: ("downstream-credential", "DOWNSTREAM_CREDENTIAL_FILE"),
+    CredentialKind.PRIVATE_KEY_JWT: ("downstream-private-key.pem", "DOWNSTREAM_PRIVATE_KEY_FILE"),
+    CredentialKind.SIGNED_REQUEST: ("downstream-signing-key", "DOWNSTREAM_SIGNING_KEY_FILE"),
+}
+
+
+def render_service_account(inp: RenderInput) -> dict[str, Any]:
+    """The executor's identity; it never needs the API, so no token is mounted."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": child_meta(inp.policy, names(inp.policy).service_account),
+        "automountServiceAccountToken": False,
+    }
+
+
+def _optional(env: dict[str, str], key: str, value: object) -> None:
+    if value is None:
+        return
+    env[key] = str(value)
+
+
+def render_environment(inp: RenderInput) -> dict[str, str]:
+    """The executor's environment, checked by the executor's own configuration loader."""
+    spec = inp.spec
+    down = spec.downstream
+    cred = down.credential
+    env: dict[str, str] = {
+        "AGENTSAFE_ENV": "production",
+        "EXECUTOR_MODE": spec.mode.value,
+        "EXECUTOR_POLICY_FILE": f"{CONFIG_DIR}/{POLICY_KEY}",
+        "EXECUTOR_STATE_DIR": f"{DATA_DIR}/state",
+        "EXECUTOR_BIND_ADDRESS": "0.0.0.0",  # noqa: S104 - a pod's own network namespace
+        "PORT": str(inp.settings.port),
+        "EXECUTOR_INTENT_TTL_SECONDS": str(spec.intent_ttl_seconds),
+        "EXECUTOR_AUTHORITY_SIGNING_KEY_FILE": f"{SECRETS_DIR}/{_AUTHORITY_KEY}",
+        "EXECUTOR_PRINCIPALS_FILE": f"{CONFIG_DIR}/{PRINCIPALS_KEY}",
+        "EXECUTOR_JWT_AUDIENCE": inp.audience,
+        "EXECUTOR_JWKS_FILE": f"{CONFIG_DIR}/{JWKS_KEY}",
+        "EXECUTOR_ESCALATION": spec.escalation.value,
+        "EXECUTOR_SECRETS_DIR": SECRETS_DIR,
+        "EXECUTOR_TLS_CERT_FILE": f"{SECRETS_DIR}/{_TLS_CERT}",
+        "EXECUTOR_TLS_KEY_FILE": f"{SECRETS_DIR}/{_TLS_KEY}",
+        "EXECUTOR_TLS_MIN_VERSION": spec.tls.min_version.value,
+        "EXECUTOR_JOURNAL_DIR": f"{DATA_DIR}/journal",
+        "EXECUTOR_HALT_FILE": f"{CONFIG_DIR}/{HALT_KEY}",
+        "DOWNSTREAM_URL": down.url,
+        "DOWNSTREAM_SYSTEM": down.system,
+        "DOWNSTREAM_OPERATION": down.operation,
+        "DOWNSTREAM_TIMEOUT_MS": str(down.timeout_ms),
+        "DOWNSTREAM_CREDENTIAL_KIND": cred.kind.value,
+    }
+    if spec.tls.client_ca is not None:
+        env["EXECUTOR_TLS_CLIENT_CA_FILE"] = f"{CONFIG_DIR}/{_CLIENT_CA}"
+    if "@" in inp.image:
+        env["EXECUTOR_IMAGE_DIGEST"] = inp.image
+    ceilings = spec.host_ceilings
+    if ceilings is not None:
+        if ceilings.single:
+            env["EXECUTOR_HARD_LIMIT_SINGLE_MINOR"] = ",".join(
+                f"{currency}:{amount}" for currency, amount in sorted(ceilings.single.items())
+            )
+        _optional(env, "EXECUTOR_HARD_LIMIT_WINDOW_SECONDS", ceilings.window_seconds)
+        _optional(env, "EXECUTOR_HARD_LIMIT_WINDOW_COUNT", ceilings.window_count)
+        _optional(env, "EXECUTOR_HARD_LIMIT_WINDOW_SUM_MINOR", ceilings.window_sum_minor)
+    _optional(env, "DOWNSTREAM_LOOKUP_URL", down.lookup_url)
+    _optional(env, "DOWNSTREAM_LOOKUP_BY_REFERENCE_URL", down.lookup_by_reference_url)
+    _optional(env, "DOWNSTREAM_ENVIRONMENT", down.environment)
+    if down.ca is not None:
+        env["DOWNSTREAM_CA_FILE"] = f"{CONFIG_DIR}/{_DOWNSTREAM_CA}"
+    if down.spki_pins:
+        env["DOWNSTREAM_SPKI_PINS"] = ",".join(down.spki_pins)
+    filename, variable = _CREDENTIAL_FILES[cred.kind]
+    env[variable] = f"{SECRETS_DIR}/{filename}"
+    if cred.kind is CredentialKind.STATIC_HEADER:
+        _optional(env, "DOWNSTREAM_CREDENTIAL_HEADER", cred.header)
+    elif cred.kind is CredentialKind.PRIVATE_KEY_JWT:
+        _optional(env, "DOWNSTREAM_TOKEN_URL", cred.token_url)
+        _optional(env, "DOWNSTREAM_CLIENT_ID", cred.client_id)
+        _optional(env, "DOWNSTREAM_PRIVATE_KEY_ID", cred.key_id)
+        if cred.private_key_algorithm is not None:
+            env["DOWNSTREAM_PRIVATE_KEY_ALGORITHM"] = cred.private_key_algorithm.value
+        _optional(env, "DOWNSTREAM_TOKEN_AUDIENCE", cred.token_audience)
+        _optional(env, "DOWNSTREAM_TOKEN_SCOPE", cred.token_scope)
+    else:
+        _optional(env, "DOWNSTREAM_SIGNING_KEY_ID", cred.key_id)
+        if cred.signing_algorithm is not None:
+            env["DOWNSTREAM_SIGNING_ALGORITHM"] = cred.signing_algorithm.value
+    unknown = sorted(set(env) - set(CONFIG_KEYS))
+    if unknown:  # a programming error: the executor would refuse to start
+        raise AssertionError(f"rendered variables the executor does not know: {unknown}")
+    check_environment(env)
+    return env
+
+
+def check_environment(env: dict[str, str]) -> ExecutorConfig:
+    """Parse a rendered environment exactly as the executor will; ``ConfigInvalid`` if not."""
+    try:
+        return load_config(env)
+    except ConfigError as exc:
+        raise RenderError("ConfigInvalid", str(exc)) from None
+
+
+def config_digest(inp: RenderInput, configmap: dict[str, Any]) -> str:
+    """What rolls the pods: the policy and principals (not the JWKS, which the executor
+    re-reads, nor the halt key, which it watches)."""
+    data = configmap["data"]
+    material = {"policy": data[POLICY_KEY], "principals": data[PRINCIPALS_KEY]}
+    return hashlib.sha256(canonical_json(material)).hexdigest()
+
+
+def _secret_sources(inp: RenderInput) -> list[dict[str, Any]]:
+    spec = inp.spec
+    cred = spec.downstream.credential
+    filename, _ = _CREDENTIAL_FILES[cred.kind]
+    return [
+        {
+            "secret": {
+                "name": spec.tls.secret_name,
+                "items": [
+                    {"key": "tls.crt", "path": _TLS_CERT},
+                    {"key": "tls.key", "path": _TLS_KEY},
+                ],
+            }
+        },
+        {
+            "secret": {
+                "name": names(inp.policy).authority_key,
+                "items": [{"key": AUTHORITY_KEY_KEY, "path": _AUTHORITY_KEY}],
+            }
+        },
+        {
+            "secret": {
+                "name": cred.secret_key_ref.name,
+                "items": [{"key": cred.secret_key_ref.key, "path": filename}],
+            }
+        },
+    ]
+
+
+def _config_sources(inp: RenderInput) -> list[dict[str, Any]]:
+    sources: list[dict[str, Any]] = [{"configMap": {"name": names(inp.policy).config}}]
+    if inp.spec.downstream.ca is not None:
+        ref = inp.spec.downstream.ca
+        sources.append(
+            {"configMap": {"name": ref.name, "items": [{"key": ref.key, "path": _DOWNSTREAM_CA}]}}
+        )
+    if inp.spec.tls.client_ca is not None:
+        ref = inp.spec.tls.client_ca
+        sources.append(
+            {"configMap": {"name": ref.name, "items": [{"key": ref.key, "path": _CLIENT_CA}]}}
+        )
+    return sources
+
+
+def render_statefulset(inp: RenderInput, *, digest: str) -> dict[str, Any]:
+    """The executor pods: restricted Pod Security, one journal volume per replica."""
+    n = names(inp.policy)
+    env = render_environment(inp)
+    settings = inp.settings
+    probe = {"scheme": "HTTPS", "port": "https"}
+    container: dict[str, Any] = {
+        "name": "executor",
+        "image": inp.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["agentsafe", "serve"],
+        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "ports": [{"name": "https", "containerPort": settings.port, "protocol": "TCP"}],
+        "livenessProbe": {
+            "httpGet": {"path": "/health", **probe},
+            "periodSeconds": 10,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/ready", **probe},
+            "periodSeconds": 2,
+            "timeoutSeconds": 2,
+            "failureThreshold": 1,
+        },
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"memory": "512Mi"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "secrets", "mountPath": SECRETS_DIR, "readOnly": True},
+            {"name": "data", "mountPath": DATA_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - an emptyDir of its own
+        ],
+    }
+    volumes: list[dict[str, Any]] = [
+        {
+            "name": "config",
+            "projected": {"defaultMode": CONFIG_MODE, "sources": _config_sources(inp)},
+        },
+        {
+            "name": "secrets",
+            "projected": {"defaultMode": SECRET_MODE, "sources": _secret_sources(inp)},
+        },
+        {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+    ]
+    journal = inp.spec.journal
+    claims: list[dict[str, Any]] = []
+    if journal.ephemeral:
+        volumes.append({"name": "data", "emptyDir": {"sizeLimit": "1Gi"}})
+    else:
+        claim_spec: dict[str, Any] = {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": journal.size}},
+        }
+        if journal.storage_class_name is not None:
+            claim_spec["storageClassName"] = journal.storage_class_name
+        claims.append(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data", "labels": selector_labels(inp.policy)},
+                "spec": claim_spec,
+            }
+        )
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": n.service_account,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": settings.executor_uid,
+            "runAsGroup": settings.executor_gid,
+            "fsGroup": settings.executor_gid,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    spec: dict[str, Any] = {
+        "replicas": inp.spec.replicas,
+        "serviceName": n.service,
+        "podManagementPolicy": "Parallel",
+        "updateStrategy": {"type": "RollingUpdate"},
+        "selector": {"matchLabels": selector_labels(inp.policy)},
+        "template": {
+            "metadata": {
+                "labels": policy_labels(inp.policy),
+                "annotations": {"agentsafe.io/config-digest": digest},
+            },
+            "spec": pod_spec,
+        },
+    }
+    if claims:
+        spec["volumeClaimTemplates"] = claims
+        spec["persistentVolumeClaimRetentionPolicy"] = {
+            "whenDeleted": "Retain",
+            "whenScaled": "Retain",
+        }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": child_meta(inp.policy, n.executor),
+        "spec": spec,
+    }

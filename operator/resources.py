@@ -1,0 +1,165 @@
+"""Every Kubernetes resource the operator touches, and what it does to each.
+
+One table (:data:`RESOURCES`) drives both the API client's paths (``apply.py``) and the
+operator's RBAC (``rbac.py``): a resource the operator uses without listing it here has no path
+and no permission, so the two cannot drift apart.
+
+Callers: ``apply.py``, ``rbac.py``, ``handlers.py``, ``halt.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from .models import GROUP, VERSION
+
+__all__ = ["NON_RESOURCE_URLS", "RESOURCES", "Resource", "resource_for"]
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A resource type, where it lives in the API, and the verbs the operator needs on it."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    verbs: tuple[str, ...]
+    namespaced: bool = True
+    why: str = ""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace is not None:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name is not None:
+            base += f"/{name}"
+        return base
+
+
+_WATCH = ("get", "list", "watch")
+_OWN = ("get", "list", "watch", "create", "patch", "delete")  # applied children (server-side)
+
+RESOURCES: Final[tuple[Resource, ...]] = (
+    # Our own resources: watched, status and finalizers patched.
+    Resource(
+        "AgentPolicy",
+        GROUP,
+        VERSION,
+        "agentpolicies",
+        (*_WATCH, "patch"),
+        why="reconciled; finalizer and progress annotations",
+    ),
+    Resource(
+        "Principal",
+        GROUP,
+        VERSION,
+        "principals",
+        (*_WATCH, "patch"),
+        why="rendered into principals files; finalizer",
+    ),
+    Resource(
+        "HaltSwitch",
+        GROUP,
+        VERSION,
+        "haltswitches",
+        (*_WATCH, "patch"),
+        why="halts executors; finalizer",
+    ),
+    # Status subresources of the same (kopf writes status through them).
+    Resource("AgentPolicy/status", GROUP, VERSION, "agentpolicies/status", ("get", "patch")),
+    Resource("Principal/status", GROUP, VERSION, "principals/status", ("get", "patch")),
+    Resource("HaltSwitch/status", GROUP, VERSION, "haltswitches/status", ("get", "patch")),
+    # Children of an AgentPolicy (server-side apply).
+    Resource("ServiceAccount", "", "v1", "serviceaccounts", _OWN, why="the executor's identity"),
+    Resource(
+        "ConfigMap", "", "v1", "configmaps", _OWN, why="policy, principals, JWKS and the halt file"
+    ),
+    Resource("Service", "", "v1", "services", _OWN, why="the executor's address"),
+    Resource("StatefulSet", "apps", "v1", "statefulsets", _OWN, why="the executor pods"),
+    Resource("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", _OWN),
+    Resource(
+        "NetworkPolicy",
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        _OWN,
+        why="executor ingress/egress; agents' egress in agent namespaces",
+    ),
+    # Secrets: referenced ones are read (existence, bearer digests, the listener's CA);
+    # generated ones (the operator's bearer, the grant signing key) are created once.
+    Resource(
+        "Secret",
+        "",
+        "v1",
+        "secrets",
+        ("get", "create"),
+        why="read referenced Secrets; create the generated ones (never updated)",
+    ),
+    # Where executor pods answer: the halt reaches every endpoint.
+    Resource(
+        "EndpointSlice",
+        "discovery.k8s.io",
+        "v1",
+        "endpointslices",
+        ("list",),
+        why="executor pod addresses for halt and resume",
+    ),
+    Resource("Event", "", "v1", "events", ("create", "patch"), why="what the operator did"),
+    Resource("Event.events.k8s.io", "events.k8s.io", "v1", "events", ("create", "patch")),
+    # kopf itself: CRD discovery, namespaces, peering.
+    Resource(
+        "CustomResourceDefinition",
+        "apiextensions.k8s.io",
+        "v1",
+        "customresourcedefinitions",
+        ("get", "list", "watch"),
+        namespaced=False,
+        why="kopf resource discovery",
+    ),
+    Resource(
+        "Namespace",
+        "",
+        "v1",
+        "namespaces",
+        ("get", "list", "watch"),
+        namespaced=False,
+        why="kopf namespace discovery",
+    ),
+    Resource(
+        "ClusterKopfPeering",
+        "kopf.dev",
+        "v1",
+        "clusterkopfpeerings",
+        ("get", "list", "watch", "patch"),
+        namespaced=False,
+        why="peering",
+    ),
+    Resource(
+        "KopfPeering",
+        "kopf.dev",
+        "v1",
+        "kopfpeerings",
+        ("get", "list", "watch", "patch"),
+        why="peering",
+    ),
+)
+
+NON_RESOURCE_URLS: Final[tuple[str, ...]] = (
+    "/openid/v1/jwks",
+    "/.well-known/openid-configuration",
+)
+"""The service-account issuer's discovery documents (the cluster's JWKS)."""
+
+
+def resource_for(kind: str) -> Resource:
+    for resource in RESOURCES:
+        if resource.kind == kind:
+            return resource
+    raise KeyError(kind)
