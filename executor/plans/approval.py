@@ -300,9 +300,9 @@ def check_context(
     """The current context's binding of one source: same as the plan's but ``observedAt``,
     which must be fresh at ``at``."""
     root = obj(context, "context", code="CONTEXT_INVALID", required=frozenset({"sources"}))
-    sources = obj(root["sources"], "context.sources", code="CONTEXT_INVALID", required=frozenset())
-    if len(sources) > HARD["maxSources"]:
-        raise AgentSafetyError("context.sources is too long", code="CONTEXT_INVALID")
+    sources = root["sources"]
+    if type(sources) is not FrozenDict or len(sources) > HARD["maxSources"]:
+        raise AgentSafetyError("context.sources must be a bounded object", code="CONTEXT_INVALID")
     source_id = plan_binding["id"]
     if source_id not in sources:
         raise AgentSafetyError("the context lacks the step's source", code="CONTEXT_MISMATCH")

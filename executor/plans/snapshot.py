@@ -75,8 +75,10 @@ class FrozenDict(Mapping[str, Any]):
         return f"FrozenDict({self._data!r})"
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, FrozenDict):
+        if type(other) is FrozenDict:
             return self._data == other._data
+        if type(other) is dict:
+            return self._data == other
         return NotImplemented
 
     def __hash__(self) -> int:
