@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .answers import Answer, decision_answer, error_body, halted_answer
-from .authority import Authority, Decision, GrantRefused, Verdict
+from .authority import ESCALATION_TYP, Authority, Decision, GrantRefused, Verdict
 from .canonical import sha256_digest
 from .ceilings import HostCeilings
 from .clock import Clock, format_ms
@@ -39,7 +39,7 @@ from .metrics import ExecutorMetrics
 from .principals import Principal
 from .seam import Authorization, ExecutionContext, Outcome, Registry
 from .shadow import ShadowReport
-from .usestore import UseStore
+from .usestore import ApprovalRecord, ApprovalRequest, ApprovalState, UseStore
 
 __all__ = ["ActionCatalog", "Pipeline", "Proposal"]
 
@@ -97,6 +97,7 @@ class Pipeline:
         refusal: Callable[[], str | None] = lambda: None,
         on_clock_skew: Callable[[float], None] = lambda skew: None,
         metrics: ExecutorMetrics | None = None,
+        escalation: str = "NONE",
     ) -> None:
         self.mode = mode
         self._authority = authority
@@ -115,6 +116,7 @@ class Pipeline:
         self._refusal = refusal
         self._on_clock_skew = on_clock_skew
         self._metrics = metrics
+        self.escalation = escalation
 
     def _count_outcome(self, outcome: str) -> None:
         if self._metrics is not None and self.mode == "ENFORCEMENT":
@@ -337,8 +339,50 @@ class Pipeline:
     async def _escalation_object(
         self, intent: CapturedIntent, principal: Principal, decision: Decision
     ) -> Mapping[str, Any] | None:
-        """The hold is the answer unless approvals are configured (``EXECUTOR_ESCALATION``)."""
-        return None
+        """With ``EXECUTOR_ESCALATION=APPROVAL``: a durable approval request, and the signed
+        object the proposer presents back. Otherwise the hold is the answer."""
+        if self.escalation != "APPROVAL":
+            return None
+        request_id = str(uuid.uuid4())
+        actor = principal.actor.id if principal.actor is not None else principal.id
+        await self._store.approval_create(
+            ApprovalRequest(
+                request_id=request_id,
+                intent=dict(intent.binding),
+                intent_hash=intent.intent_hash,
+                approvers=tuple(decision.approvers),
+                proposer_principal=principal.id,
+                proposer_actor=actor,
+                expires_at=intent.expires_at,
+                created_at=self._clock.now(),
+            )
+        )
+        token = self._signer.sign_token(
+            {
+                "request_id": request_id,
+                "intent_hash": intent.intent_hash,
+                "exp": int(intent.expires_at),
+            },
+            typ=ESCALATION_TYP,
+        )
+        self._streams.evidence.emit(
+            "APPROVAL_REQUESTED",
+            {
+                "intent_id": intent.intent_id,
+                "intent_hash": intent.intent_hash,
+                "decision_id": decision.decision_id,
+                "request_id": request_id,
+                "approvers": list(decision.approvers),
+                "caller": principal.id,
+            },
+        )
+        return {
+            "mode": "APPROVAL",
+            "intent": dict(intent.binding),
+            "request_id": request_id,
+            "expires_at": intent.expires_at_text,
+            "token": token,
+        }
 
     async def _execute(
         self,
@@ -561,12 +605,135 @@ class Pipeline:
     async def resume_escalation(
         self, principal: Principal, escalation: Mapping[str, Any]
     ) -> Answer:
-        raise RequestRejected(
-            409,
-            "ESCALATION_NOT_CONFIGURED",
-            "this executor resolves no escalations (EXECUTOR_ESCALATION=NONE); "
-            "the hold is the answer",
+        """``POST /v1/escalations``: one lookup; a fresh decision once the person answered."""
+        if self.escalation != "APPROVAL":
+            raise RequestRejected(
+                409,
+                "ESCALATION_NOT_CONFIGURED",
+                "this executor resolves no escalations (EXECUTOR_ESCALATION=NONE); "
+                "the hold is the answer",
+            )
+        refusal = self._refusal()
+        if refusal is not None:
+            self._streams.evidence.emit(
+                "EXECUTION_BLOCKED", {"caller": principal.id, "reason_codes": [refusal]}
+            )
+            self._count_outcome(Outcome.BLOCKED.value)
+            return halted_answer(self.mode, refusal)
+        intent = intent_from_binding(escalation.get("intent"))
+        token = escalation.get("token")
+        request_id = escalation.get("request_id")
+        try:
+            claims = self._signer.verify_token(str(token), typ=ESCALATION_TYP)
+        except AgentSafeError:
+            claims = {}
+        if (
+            not isinstance(token, str)
+            or claims.get("intent_hash") != intent.intent_hash
+            or claims.get("request_id") != request_id
+        ):
+            raise RequestRejected(
+                409,
+                "ESCALATION_BINDING_MISMATCH",
+                "the escalation object does not belong to this intent",
+            )
+        if intent.caller_principal != principal.id:
+            raise RequestRejected(
+                403, "INTENT_PRINCIPAL_MISMATCH", "this intent was proposed by another principal"
+            )
+        if self._clock.now() >= intent.expires_at:
+            raise RequestRejected(
+                409, "INTENT_EXPIRED", "the intent has expired; an approval cannot revive it"
+            )
+        record = await self._store.approval_get(str(request_id))
+        if record is None:
+            raise RequestRejected(404, "APPROVAL_NOT_FOUND", "no such approval request")
+        state = record.state_at(self._clock.now())
+        common: dict[str, Any] = {
+            "mode": self.mode,
+            "intent_id": intent.intent_id,
+            "intent_hash": intent.intent_hash,
+            "decision_id": None,
+            "dossier_id": None,
+        }
+        if state is ApprovalState.PENDING:
+            body = decision_answer(
+                **common,
+                verdict="ESCALATE",
+                reason_codes=["APPROVAL_PENDING"],
+                fail_closed=False,
+                outcome=Outcome.ESCALATE_PENDING.value,
+                executed=False,
+                escalation=dict(escalation),
+            )
+            return Answer(200, body)
+        if state is not ApprovalState.APPROVED:
+            reason = "APPROVAL_DENIED" if state is ApprovalState.DENIED else "APPROVAL_EXPIRED"
+            self._count_outcome(Outcome.BLOCKED.value)
+            self._streams.evidence.emit(
+                "EXECUTION_BLOCKED",
+                {"intent_id": intent.intent_id, "caller": principal.id, "reason_codes": [reason]},
+            )
+            body = decision_answer(
+                **common,
+                verdict="BLOCK",
+                reason_codes=[reason],
+                fail_closed=False,
+                outcome=Outcome.BLOCKED.value,
+                executed=False,
+            )
+            return Answer(200, body)
+        return await self._execute_approved(principal, intent, record)
+
+    async def _execute_approved(
+        self, principal: Principal, intent: CapturedIntent, record: ApprovalRecord
+    ) -> Answer:
+        """An approved intent runs once: the request id is its own idempotency key."""
+        handler = self._catalog.handler_for(intent.action)
+        if handler is None or handler not in self._registry.names():
+            raise RequestRejected(422, "ACTION_NOT_REGISTERED", "no handler runs this action")
+        scope = {
+            "tenant": intent.tenant_id,
+            "principal": principal.id,
+            "key": "approval:" + record.request.request_id,
+        }
+        state = await self._store.idempotency_begin(
+            **scope, payload_digest=intent.intent_hash, now=self._clock.now()
         )
+        if state.kind == "REPLAY":
+            assert state.response is not None
+            body = dict(state.response["body"])
+            body["replayed"] = True
+            return Answer(int(state.response["status"]), body)
+        if state.kind != "NEW":
+            raise RequestRejected(
+                409, "IDEMPOTENCY_IN_PROGRESS", "this approved intent is already being executed"
+            )
+        try:
+            approval = {
+                "decision": "APPROVE",
+                "approver": record.approver,
+                "approver_actor": None,  # checked against the proposer when decided
+                "request_id": record.request.request_id,
+                "intent_hash": intent.intent_hash,
+            }
+            decision = await self._decide(intent, principal, approval)
+            if decision is None:
+                answer = self._unavailable(intent, principal)
+            else:
+                answer = await self._act(intent, principal, decision, handler)
+        except BaseException:
+            await asyncio.shield(self._store.idempotency_release(**scope))
+            raise
+        if answer.status >= 500:
+            await self._store.idempotency_release(**scope)
+        else:
+            await self._store.idempotency_complete(
+                **scope,
+                response={"status": answer.status, "body": dict(answer.body)},
+                now=self._clock.now(),
+            )
+        return answer
 
 
 _FINAL_OUTCOMES = frozenset(

@@ -30,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from .app import ReadyState, build_app
+from .approvals import add_approval_routes
 from .assembly import build_credential, build_door, build_tls, build_transport, load_principals
 from .audithook import Guard, install_guard
 from .authority import LocalAuthority
@@ -126,8 +127,15 @@ class Executor:
             door=self.door,
             readiness=self.readiness,
             jwks=self.authority.jwks,
-            extra_routes=lambda app: add_control_routes(app, plane=self, door=self.door),
+            extra_routes=self._routes,
         )
+
+    def _routes(self, app: web.Application) -> None:
+        add_control_routes(app, plane=self, door=self.door)
+        if self.config.executor_escalation.value == "APPROVAL":
+            add_approval_routes(
+                app, door=self.door, store=self.store, streams=self.streams, clock=self.clock
+            )
 
     # -------------------------------------------------------------- what routes ask
 
@@ -502,6 +510,7 @@ async def assemble(
         refusal=lambda: holder["executor"].refusal(),
         on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
         metrics=metrics,
+        escalation=config.executor_escalation.value,
     )
     executor = Executor(
         config=config,

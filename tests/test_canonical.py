@@ -86,6 +86,7 @@ def test_non_json_types_are_refused() -> None:
             canonical_json(value)
 
 
+TEXT = st.characters(exclude_categories=["Cs"])
 json_values = st.recursive(
     st.none()
     | st.booleans()
@@ -93,9 +94,11 @@ json_values = st.recursive(
     | st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300).filter(
         lambda f: not (f.is_integer() and abs(f) > 2**53 - 1)
     )
-    | st.text(alphabet=st.characters(exclude_categories=["Cs"])),
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(alphabet=st.characters(exclude_categories=["Cs"])), children, max_size=5),
+    | st.text(alphabet=TEXT),
+    lambda children: (
+        st.lists(children, max_size=5)
+        | st.dictionaries(st.text(alphabet=TEXT), children, max_size=5)
+    ),
     max_leaves=30,
 )
 

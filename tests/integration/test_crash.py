@@ -1,4 +1,4 @@
-"""A real ``agentsafe serve`` killed with SIGKILL after dispatch and before close, then restarted."""
+"""A real ``agentsafe serve`` killed with SIGKILL after dispatch, before close, then restarted."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ async def test_restart_reconciles_completed_without_resending(tmp_path: Path) ->
     provider = ProviderProcess(tmp_path)
     await provider.start()
     try:
-        killed, env = await _kill_mid_dispatch(tmp_path, provider)
+        _, env = await _kill_mid_dispatch(tmp_path, provider)
         await provider.set_mode("normal")
         restarted = ExecutorProcess(env, tmp_path, "executor-2")
         await restarted.start()
@@ -61,6 +61,10 @@ async def test_restart_reconciles_completed_without_resending(tmp_path: Path) ->
                 assert ready["unknown_attempts"] == 0
                 # The key now answers with the reconciled outcome, and nothing is sent again.
                 status, body = await restarted.propose(session, amount=4000, key="crash-1")
+                assert status == 200
+                assert body["replayed"] is True
+                assert body["outcome"] == "COMPLETED"
+                assert body["reason_codes"] == ["RECONCILED_COMPLETED"]
                 assert int((await provider.received())["count"]) == 1
         finally:
             assert restarted.terminate() == 0
@@ -72,7 +76,7 @@ async def test_restart_keeps_an_unknown_attempt_open_and_not_ready(tmp_path: Pat
     provider = ProviderProcess(tmp_path)
     await provider.start()
     try:
-        killed, env = await _kill_mid_dispatch(
+        _, env = await _kill_mid_dispatch(
             tmp_path, provider, {"EXECUTOR_READY_REQUIRES_NO_UNKNOWN_ATTEMPTS": "true"}
         )
         # The provider is gone: nobody can say what happened.

@@ -1,0 +1,310 @@
+"""Human approval of escalations: durable requests, APPROVER decisions, one execution."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agentsafe.executor.clock import Clock, ManualClock
+from agentsafe.executor.events import MemorySink, Streams
+from agentsafe.executor.harness import (
+    ExecutorProcess,
+    ProviderProcess,
+    Workspace,
+    free_port,
+)
+from agentsafe.executor.serve import Executor, assemble
+from agentsafe.executor.synthetic import SyntheticProvider
+
+from .principals_support import BearerPrincipals, principals_env
+
+PROPOSER, APPROVER, OTHER_APPROVER, OPERATOR = (
+    "treasury-workflow",
+    "treasury-lead",
+    "risk-officer",
+    "ops-oncall",
+)
+
+
+@dataclass
+class Node:
+    executor: Executor
+    url: str
+    session: aiohttp.ClientSession
+    principals: BearerPrincipals
+    evidence: MemorySink
+
+    async def call(
+        self, method: str, path: str, who: str, body: Any = None
+    ) -> tuple[int, dict[str, Any]]:
+        headers = {"authorization": f"Bearer {self.principals.token(who)}"}
+        async with self.session.request(
+            method, self.url + path, json=body, headers=headers
+        ) as response:
+            return response.status, await response.json()
+
+    async def propose(self, amount: int, key: str) -> tuple[int, dict[str, Any]]:
+        body = {
+            "proposal": {
+                "action": "create_payout",
+                "target": "payout:beneficiary-9",
+                "parameters": {"amountMinor": amount, "currency": "EUR"},
+            },
+            "idempotency_key": key,
+        }
+        return await self.call("POST", "/v1/actions", PROPOSER, body)
+
+
+Start = Callable[..., Awaitable[Node]]
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[tuple[Start, SyntheticProvider]]:
+    provider = SyntheticProvider()
+    await provider.start()
+    started: list[Node] = []
+
+    async def start(clock: Clock | None = None) -> Node:
+        principals = BearerPrincipals()
+        workspace = Workspace(tmp_path / f"ws{len(started)}")
+        env = workspace.environment(provider_url=provider.base_url, port=free_port())
+        env = principals_env(
+            env,
+            principals.write(tmp_path / f"principals{len(started)}.json"),
+            EXECUTOR_ESCALATION="APPROVAL",
+        )
+        evidence = MemorySink()
+        executor = await assemble(
+            env, streams=Streams(evidence=evidence, security=MemorySink()), clock=clock
+        )
+        await executor.reconcile_at_start()
+        await executor.listen()
+        n = Node(
+            executor,
+            f"http://127.0.0.1:{executor.port}",
+            aiohttp.ClientSession(),
+            principals,
+            evidence,
+        )
+        started.append(n)
+        return n
+
+    yield start, provider
+    for n in started:
+        await n.session.close()
+        await n.executor.close()
+    await provider.stop()
+
+
+async def test_approved_escalation_runs_once(node: tuple[Start, SyntheticProvider]) -> None:
+    start, provider = node
+    n = await start()
+    status, held = await n.propose(20000, "esc-1")
+    assert status == 200
+    assert held["outcome"] == "ESCALATE_PENDING"
+    escalation = held["escalation"]
+    assert escalation["mode"] == "APPROVAL"
+    assert escalation["intent"]["intent_id"] == held["intent_id"]
+
+    status, still = await n.call("POST", "/v1/escalations", PROPOSER, {"escalation": escalation})
+    assert status == 200
+    assert still["outcome"] == "ESCALATE_PENDING"
+
+    status, listing = await n.call("GET", "/v1/approvals?state=PENDING", APPROVER)
+    assert status == 200
+    [item] = listing["approvals"]
+    assert item["request_id"] == escalation["request_id"]
+    assert item["intent"]["parameters"] == {"amountMinor": 20000, "currency": "EUR"}
+    assert item["proposer"]["principal"] == PROPOSER
+    # An approver the rule does not name sees nothing and cannot decide.
+    status, other = await n.call("GET", "/v1/approvals?state=PENDING", OTHER_APPROVER)
+    assert other["approvals"] == []
+    status, _ = await n.call(
+        "POST",
+        f"/v1/approvals/{escalation['request_id']}",
+        OTHER_APPROVER,
+        {"decision": "APPROVE", "reason": "not mine"},
+    )
+    assert status == 404
+
+    status, decided = await n.call(
+        "POST",
+        f"/v1/approvals/{escalation['request_id']}",
+        APPROVER,
+        {"decision": "APPROVE", "reason": "within the quarterly plan"},
+    )
+    assert status == 200
+    assert decided["state"] == "APPROVED"
+    status, again = await n.call(
+        "POST",
+        f"/v1/approvals/{escalation['request_id']}",
+        APPROVER,
+        {"decision": "DENY", "reason": "changed my mind"},
+    )
+    assert status == 409
+    assert again["error"]["code"] == "APPROVAL_ALREADY_DECIDED"
+
+    assert provider.received == []
+    status, done = await n.call("POST", "/v1/escalations", PROPOSER, {"escalation": escalation})
+    assert status == 200
+    assert done["verdict"] == "ALLOW"
+    assert done["outcome"] == "COMPLETED"
+    assert done["executed"] is True
+    assert "APPROVED_BY_APPROVER" in done["reason_codes"]
+    assert len(provider.received) == 1
+
+    status, replay = await n.call("POST", "/v1/escalations", PROPOSER, {"escalation": escalation})
+    assert replay["replayed"] is True
+    assert len(provider.received) == 1
+    assert "APPROVAL_DECIDED" in [e for e, _ in n.evidence.events]
+
+
+async def test_denied_escalation_is_blocked(node: tuple[Start, SyntheticProvider]) -> None:
+    start, provider = node
+    n = await start()
+    _, held = await n.propose(30000, "esc-deny")
+    escalation = held["escalation"]
+    status, _ = await n.call(
+        "POST",
+        f"/v1/approvals/{escalation['request_id']}",
+        APPROVER,
+        {"decision": "DENY", "reason": "no"},
+    )
+    assert status == 200
+    status, answer = await n.call("POST", "/v1/escalations", PROPOSER, {"escalation": escalation})
+    assert answer["verdict"] == "BLOCK"
+    assert answer["reason_codes"] == ["APPROVAL_DENIED"]
+    assert provider.received == []
+
+
+async def test_forged_or_rebound_escalations_are_refused(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, _ = node
+    n = await start()
+    _, first = await n.propose(20000, "esc-a")
+    _, second = await n.propose(25000, "esc-b")
+    changed = copy.deepcopy(first["escalation"])
+    changed["intent"]["action"]["parameters"]["amountMinor"] = 20001
+    rebound = copy.deepcopy(first["escalation"])
+    rebound["token"] = second["escalation"]["token"]
+    swapped = copy.deepcopy(first["escalation"])
+    swapped["request_id"] = second["escalation"]["request_id"]
+    for forged in (changed, rebound, swapped):
+        status, body = await n.call("POST", "/v1/escalations", PROPOSER, {"escalation": forged})
+        assert status == 409
+        assert body["error"]["code"] == "ESCALATION_BINDING_MISMATCH"
+
+
+async def test_roles_are_separated(node: tuple[Start, SyntheticProvider]) -> None:
+    start, _ = node
+    n = await start()
+    _, held = await n.propose(20000, "esc-roles")
+    request_id = held["escalation"]["request_id"]
+    for who in (PROPOSER, OPERATOR):
+        status, body = await n.call(
+            "POST", f"/v1/approvals/{request_id}", who, {"decision": "APPROVE", "reason": "me"}
+        )
+        assert status == 403
+        assert body["error"]["code"] == "ROLE_FORBIDDEN"
+    status, body = await n.call(
+        "POST", "/v1/escalations", APPROVER, {"escalation": held["escalation"]}
+    )
+    assert status == 403
+
+
+async def test_an_approval_cannot_revive_an_expired_intent(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, provider = node
+    clock = ManualClock(start=1_800_000_000.0)
+    n = await start(clock=clock)
+    _, held = await n.propose(20000, "esc-late")
+    escalation = held["escalation"]
+    await n.call(
+        "POST",
+        f"/v1/approvals/{escalation['request_id']}",
+        APPROVER,
+        {"decision": "APPROVE", "reason": "ok"},
+    )
+    clock.advance(61)
+    status, body = await n.call("POST", "/v1/escalations", PROPOSER, {"escalation": escalation})
+    assert status == 409
+    assert body["error"]["code"] == "INTENT_EXPIRED"
+    assert provider.received == []
+
+
+@pytest.mark.slow
+async def test_two_executor_processes_share_one_approval_store(tmp_path: Path) -> None:
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    principals = BearerPrincipals()
+    principals_file = principals.write(tmp_path / "principals.json")
+    first = Workspace(tmp_path / "a")
+    second = Workspace(tmp_path / "b")
+    env_a = principals_env(
+        first.environment(provider_url=provider.url, port=free_port()),
+        principals_file,
+        EXECUTOR_ESCALATION="APPROVAL",
+    )
+    env_b = principals_env(
+        second.environment(provider_url=provider.url, port=free_port()),
+        principals_file,
+        EXECUTOR_ESCALATION="APPROVAL",
+        EXECUTOR_STATE_DIR=env_a["EXECUTOR_STATE_DIR"],
+        EXECUTOR_AUTHORITY_SIGNING_KEY_FILE=env_a["EXECUTOR_AUTHORITY_SIGNING_KEY_FILE"],
+        EXECUTOR_SECRETS_DIR=env_a["EXECUTOR_SECRETS_DIR"],
+    )
+    a = ExecutorProcess(env_a, tmp_path, "executor-a")
+    b = ExecutorProcess(env_b, tmp_path, "executor-b")
+    await a.start()
+    await b.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def call(
+                proc: ExecutorProcess, method: str, path: str, who: str, body: Any = None
+            ) -> tuple[int, Any]:
+                headers = {"authorization": f"Bearer {principals.token(who)}"}
+                async with session.request(
+                    method, proc.url + path, json=body, headers=headers
+                ) as r:
+                    return r.status, await r.json()
+
+            proposal = {
+                "proposal": {
+                    "action": "create_payout",
+                    "target": "payout:shared",
+                    "parameters": {"amountMinor": 20000, "currency": "EUR"},
+                },
+                "idempotency_key": "shared-1",
+            }
+            _, held = await call(a, "POST", "/v1/actions", PROPOSER, proposal)
+            escalation = held["escalation"]
+            status, listing = await call(b, "GET", "/v1/approvals?state=PENDING", APPROVER)
+            assert [x["request_id"] for x in listing["approvals"]] == [escalation["request_id"]]
+            status, _ = await call(
+                b,
+                "POST",
+                f"/v1/approvals/{escalation['request_id']}",
+                APPROVER,
+                {"decision": "APPROVE", "reason": "approved on the other replica"},
+            )
+            assert status == 200
+            _, done = await call(a, "POST", "/v1/escalations", PROPOSER, {"escalation": escalation})
+            assert done["outcome"] == "COMPLETED"
+            _, replay = await call(
+                b, "POST", "/v1/escalations", PROPOSER, {"escalation": escalation}
+            )
+            assert replay["replayed"] is True
+            assert int((await provider.received())["count"]) == 1
+    finally:
+        a.terminate()
+        b.terminate()
+        provider.terminate()
