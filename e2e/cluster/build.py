@@ -1,0 +1,493 @@
+"""Build and cache the real Kubernetes binaries the end-to-end suite runs, with no containers.
+
+Role: turn pinned releases from the Go module proxy into executables under a cache outside the
+repository (``~/.cache/agentsafe/k8s/<version>/`` and siblings), so only a cold machine pays the
+build. Callers: ``python e2e/cluster/build.py`` (CI, developers: prints progress while building)
+and the session fixture in ``e2e/conftest.py`` through :func:`ensure_binaries`.
+
+What is built and how:
+
+* ``kube-apiserver``, ``kubectl`` (and ``kube-controller-manager`` unless disabled): a throwaway
+  wrapper module in a temporary directory outside the repository requires ``k8s.io/kubernetes``
+  at :data:`KUBERNETES_VERSION` and replaces every ``k8s.io/*`` staging module with its ``v0.x``
+  release. The list of staging modules is read from that release's own ``go.mod`` (its
+  ``=> ./staging/...`` replacements), never hard-coded. The version ldflags make ``/version``
+  report the real release.
+* ``etcd``: the same way, from ``go.etcd.io/etcd/server/v3`` (whose root package is etcd's
+  ``main``) at the version the Kubernetes release itself pins.
+* ``helm``: ``go install helm.sh/helm/v3/cmd/helm@<pinned>``.
+
+Everything is built with ``CGO_ENABLED=0 GOFLAGS=-mod=mod`` under ``nice`` so that the build
+shares two cores politely. A finished binary is moved into place atomically, and a
+``manifest.json`` beside it records what was built and how long it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+KUBERNETES_VERSION = "v1.36.3"
+HELM_VERSION = "v3.21.4"
+#: None: take the etcd release that the Kubernetes release pins in its go.mod.
+ETCD_VERSION: str | None = None
+
+KUBE_COMMANDS = ("kube-apiserver", "kubectl")
+CONTROLLER_MANAGER = "kube-controller-manager"
+
+
+class BuildUnavailable(RuntimeError):
+    """The binaries are not cached and cannot be built here (no Go toolchain, build failed)."""
+
+
+def cache_root() -> Path:
+    """``$AGENTSAFE_CACHE_DIR`` or ``$XDG_CACHE_HOME/agentsafe`` or ``~/.cache/agentsafe``."""
+    explicit = os.environ.get("AGENTSAFE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "agentsafe"
+
+
+@dataclasses.dataclass(frozen=True)
+class Binaries:
+    """Paths of the built executables; ``kube_controller_manager`` is None when not built."""
+
+    kubernetes_version: str
+    etcd_version: str
+    helm_version: str
+    kube_apiserver: Path
+    kubectl: Path
+    etcd: Path
+    helm: Path
+    kube_controller_manager: Path | None
+
+
+def _log(message: str) -> None:
+    print(f"[e2e-build {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def go_executable() -> str | None:
+    found = shutil.which("go")
+    if found:
+        return found
+    default = Path("/usr/local/go/bin/go")
+    return str(default) if default.exists() else None
+
+
+def _go_env(go: str, *, gomaxprocs: int | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["CGO_ENABLED"] = "0"
+    env["GOFLAGS"] = "-mod=mod -buildvcs=false"
+    env.setdefault("GOTOOLCHAIN", "local")
+    # One compile at a time leaves the other core for whatever else runs on the machine.
+    env["GOMAXPROCS"] = str(gomaxprocs or max(1, min(2, os.cpu_count() or 1)))
+    env["PATH"] = f"{Path(go).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _nice_prefix() -> list[str]:
+    nice = shutil.which("nice")
+    return [nice, "-n", "10"] if nice else []
+
+
+def _run(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], what: str) -> str:
+    """Run a build step, printing a heartbeat every 30 s so a long build is visibly alive."""
+    _log(f"{what}: {' '.join(argv)}")
+    started = time.monotonic()
+    with tempfile.TemporaryFile(mode="w+") as output:
+        process = subprocess.Popen(
+            list(argv), cwd=cwd, env=dict(env), stdout=output, stderr=subprocess.STDOUT
+        )
+        while True:
+            try:
+                process.wait(timeout=30)
+                break
+            except subprocess.TimeoutExpired:
+                _log(f"{what}: still building ({time.monotonic() - started:.0f} s)")
+        output.seek(0)
+        text = output.read()
+    if process.returncode != 0:
+        tail = "\n".join(text.splitlines()[-40:])
+        raise BuildUnavailable(f"{what} failed (exit {process.returncode}):\n{tail}")
+    _log(f"{what}: done in {time.monotonic() - started:.0f} s")
+    return text
+
+
+def _module_info(go: str, module: str, env: Mapping[str, str], workdir: Path) -> dict[str, str]:
+    text = _run(
+        [go, "mod", "download", "-json", module],
+        cwd=workdir,
+        env=env,
+        what=f"download {module}",
+    )
+    info: dict[str, str] = json.loads(text[text.index("{") :])
+    if "Error" in info:
+        raise BuildUnavailable(f"go mod download {module}: {info['Error']}")
+    return info
+
+
+_STAGING = re.compile(r"^\s*(k8s\.io/[A-Za-z0-9._/-]+)\s*=>\s*\./staging/", re.MULTILINE)
+_GO_DIRECTIVE = re.compile(r"^go\s+(\S+)\s*$", re.MULTILINE)
+_GODEBUG = re.compile(r"^godebug\s+.*$", re.MULTILINE)
+_REQUIRE_LINE = re.compile(r"^\s*([^\s()]+)\s+(v\S+)", re.MULTILINE)
+
+
+def staging_modules(go_mod: str) -> list[str]:
+    """The ``k8s.io/*`` modules a Kubernetes ``go.mod`` replaces with its staging directory."""
+    return sorted(set(_STAGING.findall(go_mod)))
+
+
+def required_version(go_mod: str, module: str) -> str | None:
+    for path, version in _REQUIRE_LINE.findall(go_mod):
+        if path == module:
+            return str(version)
+    return None
+
+
+def staging_release(kubernetes_version: str) -> str:
+    """``v1.36.3`` -> ``v0.36.3``: the tag the staging modules are published under."""
+    match = re.fullmatch(r"v1\.(\d+\.\d+(?:-[0-9A-Za-z.-]+)?)", kubernetes_version)
+    if not match:
+        raise ValueError(f"not a Kubernetes v1.x release: {kubernetes_version}")
+    return f"v0.{match.group(1)}"
+
+
+def wrapper_go_mod(
+    *,
+    module: str,
+    upstream_go_mod: str,
+    requires: Mapping[str, str],
+    replaces: Mapping[str, str],
+) -> str:
+    """A throwaway ``go.mod``: same ``go``/``godebug`` lines as upstream, our requires/replaces."""
+    go_line = _GO_DIRECTIVE.search(upstream_go_mod)
+    lines = [f"module {module}", "", f"go {go_line.group(1) if go_line else '1.22'}", ""]
+    lines += [match.group(0) for match in _GODEBUG.finditer(upstream_go_mod)]
+    lines += ["", "require ("]
+    lines += [f"\t{path} {version}" for path, version in sorted(requires.items())]
+    lines += [")", ""]
+    if replaces:
+        lines += ["replace ("]
+        lines += [f"\t{path} => {path} {version}" for path, version in sorted(replaces.items())]
+        lines += [")", ""]
+    return "\n".join(lines)
+
+
+def kube_ldflags(version: str, *, build_date: str) -> str:
+    match = re.fullmatch(r"v(\d+)\.(\d+)\..*", version)
+    if not match:
+        raise ValueError(f"not a release version: {version}")
+    major, minor = match.groups()
+    values = {
+        "gitVersion": version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "buildDate": build_date,
+    }
+    flags = ["-s", "-w"]
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {package}.{name}={value}" for name, value in values.items()]
+    return " ".join(flags)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Paths:
+    kube_dir: Path
+    etcd_dir: Path
+    helm_dir: Path
+
+
+def _paths(kubernetes_version: str, etcd_version: str, helm_version: str) -> _Paths:
+    root = cache_root()
+    return _Paths(
+        kube_dir=root / "k8s" / kubernetes_version,
+        etcd_dir=root / "etcd" / etcd_version,
+        helm_dir=root / "helm" / helm_version,
+    )
+
+
+def _record(directory: Path, name: str, entry: Mapping[str, object]) -> None:
+    manifest = directory / "manifest.json"
+    data: dict[str, object] = {}
+    if manifest.exists():
+        data = json.loads(manifest.read_text())
+    data[name] = dict(entry)
+    staging = manifest.with_suffix(".tmp")
+    staging.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    staging.replace(manifest)
+
+
+def _install(built: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.copy2(built, staging)
+    staging.chmod(0o755)
+    staging.replace(target)
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+@dataclasses.dataclass
+class _Builder:
+    go: str
+    gomaxprocs: int | None
+    workroot: Path
+
+    def env(self) -> dict[str, str]:
+        return _go_env(self.go, gomaxprocs=self.gomaxprocs)
+
+    def kubernetes_go_mod(self, version: str) -> str:
+        info = _module_info(self.go, f"k8s.io/kubernetes@{version}", self.env(), self.workroot)
+        return Path(info["GoMod"]).read_text()
+
+    def build_kubernetes(self, version: str, commands: Sequence[str], out: Path) -> float:
+        upstream = self.kubernetes_go_mod(version)
+        staging = staging_modules(upstream)
+        if not staging:
+            raise BuildUnavailable(f"k8s.io/kubernetes@{version} go.mod lists no staging modules")
+        release = staging_release(version)
+        module_dir = Path(tempfile.mkdtemp(prefix="kube-wrapper-", dir=self.workroot))
+        (module_dir / "go.mod").write_text(
+            wrapper_go_mod(
+                module="agentsafe.local/e2e/kubebuild",
+                upstream_go_mod=upstream,
+                requires={"k8s.io/kubernetes": version},
+                replaces=dict.fromkeys(staging, release),
+            )
+        )
+        _log(f"kubernetes {version}: {len(staging)} staging modules replaced with {release}")
+        packages = [f"k8s.io/kubernetes/cmd/{name}" for name in commands]
+        started = time.monotonic()
+        build_date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        _run(
+            [
+                *_nice_prefix(),
+                self.go,
+                "build",
+                "-trimpath",
+                "-p",
+                "2",
+                "-o",
+                str(out) + "/",
+                "-ldflags",
+                kube_ldflags(version, build_date=build_date),
+                *packages,
+            ],
+            cwd=module_dir,
+            env=self.env(),
+            what=f"build {', '.join(commands)} {version}",
+        )
+        return time.monotonic() - started
+
+    def build_etcd(self, version: str, out: Path) -> float:
+        module = "go.etcd.io/etcd/server/v3"
+        info = _module_info(self.go, f"{module}@{version}", self.env(), self.workroot)
+        upstream = Path(info["GoMod"]).read_text()
+        module_dir = Path(tempfile.mkdtemp(prefix="etcd-wrapper-", dir=self.workroot))
+        (module_dir / "go.mod").write_text(
+            wrapper_go_mod(
+                module="agentsafe.local/e2e/etcdbuild",
+                upstream_go_mod=upstream,
+                requires={module: version},
+                replaces={},
+            )
+        )
+        started = time.monotonic()
+        _run(
+            [
+                *_nice_prefix(),
+                self.go,
+                "build",
+                "-trimpath",
+                "-p",
+                "2",
+                "-o",
+                str(out / "etcd"),
+                "-ldflags",
+                "-s -w",
+                module,
+            ],
+            cwd=module_dir,
+            env=self.env(),
+            what=f"build etcd {version}",
+        )
+        return time.monotonic() - started
+
+    def build_helm(self, version: str, out: Path) -> float:
+        env = self.env()
+        env["GOBIN"] = str(out)
+        ldflags = f"-s -w -X helm.sh/helm/v3/internal/version.version={version}"
+        started = time.monotonic()
+        _run(
+            [
+                *_nice_prefix(),
+                self.go,
+                "install",
+                "-trimpath",
+                "-p",
+                "2",
+                "-ldflags",
+                ldflags,
+                f"helm.sh/helm/v3/cmd/helm@{version}",
+            ],
+            cwd=self.workroot,
+            env=env,
+            what=f"build helm {version}",
+        )
+        return time.monotonic() - started
+
+
+def _etcd_version_from(upstream_go_mod: str) -> str:
+    pinned = required_version(upstream_go_mod, "go.etcd.io/etcd/server/v3")
+    if not pinned:
+        raise BuildUnavailable("the Kubernetes go.mod does not pin go.etcd.io/etcd/server/v3")
+    return pinned
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildRequest:
+    kubernetes_version: str = KUBERNETES_VERSION
+    helm_version: str = HELM_VERSION
+    etcd_version: str | None = ETCD_VERSION
+    controller_manager: bool = True
+    gomaxprocs: int | None = None
+
+
+def _etcd_version_cached(kubernetes_version: str) -> str | None:
+    manifest = cache_root() / "k8s" / kubernetes_version / "manifest.json"
+    if not manifest.exists():
+        return None
+    value = json.loads(manifest.read_text()).get("pins", {}).get("etcd")
+    return str(value) if value else None
+
+
+def cached_binaries(request: BuildRequest = BuildRequest()) -> Binaries | None:
+    """The cached binaries for ``request`` if every one is present; never builds."""
+    etcd_version = request.etcd_version or _etcd_version_cached(request.kubernetes_version)
+    if etcd_version is None:
+        return None
+    paths = _paths(request.kubernetes_version, etcd_version, request.helm_version)
+    kcm = paths.kube_dir / CONTROLLER_MANAGER
+    found = Binaries(
+        kubernetes_version=request.kubernetes_version,
+        etcd_version=etcd_version,
+        helm_version=request.helm_version,
+        kube_apiserver=paths.kube_dir / "kube-apiserver",
+        kubectl=paths.kube_dir / "kubectl",
+        etcd=paths.etcd_dir / "etcd",
+        helm=paths.helm_dir / "helm",
+        kube_controller_manager=kcm if _executable(kcm) else None,
+    )
+    required = [found.kube_apiserver, found.kubectl, found.etcd, found.helm]
+    if not all(_executable(path) for path in required):
+        return None
+    if request.controller_manager and found.kube_controller_manager is None:
+        return None
+    return found
+
+
+def ensure_binaries(request: BuildRequest = BuildRequest()) -> Binaries:
+    """Return cached binaries, building whatever is missing. Raises :class:`BuildUnavailable`."""
+    cached = cached_binaries(request)
+    if cached is not None:
+        return cached
+    go = go_executable()
+    if go is None:
+        raise BuildUnavailable("no Go toolchain on PATH to build kube-apiserver, etcd and helm")
+    total_started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="agentsafe-k8s-build-") as work:
+        builder = _Builder(go=go, gomaxprocs=request.gomaxprocs, workroot=Path(work))
+        upstream = builder.kubernetes_go_mod(request.kubernetes_version)
+        etcd_version = request.etcd_version or _etcd_version_from(upstream)
+        paths = _paths(request.kubernetes_version, etcd_version, request.helm_version)
+        paths.kube_dir.mkdir(parents=True, exist_ok=True)
+        _record(paths.kube_dir, "pins", {"etcd": etcd_version, "helm": request.helm_version})
+        out = Path(work) / "bin"
+        out.mkdir()
+        for name, seconds in _build_missing(builder, request, paths, etcd_version, out):
+            _log(f"{name}: built in {seconds:.0f} s")
+    _log(f"all binaries ready in {time.monotonic() - total_started:.0f} s")
+    result = cached_binaries(dataclasses.replace(request, etcd_version=etcd_version))
+    if result is None:
+        raise BuildUnavailable("the build finished but a binary is missing from the cache")
+    return result
+
+
+def _build_missing(
+    builder: _Builder, request: BuildRequest, paths: _Paths, etcd_version: str, out: Path
+) -> Iterator[tuple[str, float]]:
+    go_version = subprocess.run(
+        [builder.go, "version"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+    def done(directory: Path, name: str, seconds: float, version: str) -> None:
+        _install(out / name, directory / name)
+        entry = {"version": version, "seconds": round(seconds, 1), "go": go_version}
+        _record(directory, name, entry)
+
+    if not _executable(paths.etcd_dir / "etcd"):
+        seconds = builder.build_etcd(etcd_version, out)
+        done(paths.etcd_dir, "etcd", seconds, etcd_version)
+        yield "etcd", seconds
+    if not _executable(paths.helm_dir / "helm"):
+        seconds = builder.build_helm(request.helm_version, out)
+        done(paths.helm_dir, "helm", seconds, request.helm_version)
+        yield "helm", seconds
+    version = request.kubernetes_version
+    missing = [name for name in KUBE_COMMANDS if not _executable(paths.kube_dir / name)]
+    if missing:
+        seconds = builder.build_kubernetes(version, missing, out)
+        for name in missing:
+            done(paths.kube_dir, name, seconds, version)
+        yield " + ".join(missing), seconds
+    if request.controller_manager and not _executable(paths.kube_dir / CONTROLLER_MANAGER):
+        seconds = builder.build_kubernetes(version, [CONTROLLER_MANAGER], out)
+        done(paths.kube_dir, CONTROLLER_MANAGER, seconds, version)
+        yield CONTROLLER_MANAGER, seconds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--kubernetes-version", default=KUBERNETES_VERSION)
+    parser.add_argument("--helm-version", default=HELM_VERSION)
+    parser.add_argument("--etcd-version", default=ETCD_VERSION)
+    parser.add_argument(
+        "--no-controller-manager",
+        action="store_true",
+        help="skip kube-controller-manager (owner references are then asserted, not collected)",
+    )
+    parser.add_argument("--gomaxprocs", type=int, default=None)
+    args = parser.parse_args(argv)
+    request = BuildRequest(
+        kubernetes_version=args.kubernetes_version,
+        helm_version=args.helm_version,
+        etcd_version=args.etcd_version,
+        controller_manager=not args.no_controller_manager,
+        gomaxprocs=args.gomaxprocs,
+    )
+    try:
+        binaries = ensure_binaries(request)
+    except BuildUnavailable as error:
+        _log(f"cannot provide the Kubernetes binaries: {error}")
+        return 1
+    for field in dataclasses.fields(binaries):
+        print(f"{field.name}: {getattr(binaries, field.name)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
