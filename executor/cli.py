@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     vp.add_argument("path", help="a provider request vector (JSON)")
     vp.set_defaults(run=_verify_provider)
 
+    from .approvals_cli import add_parser as add_approvals
+
+    add_approvals(sub)
+
     for ep in entry_points(group="agentsafe.commands"):
         register: Callable[[Any], None] = ep.load()
         register(sub)
@@ -147,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    runner: Runner = args.run
     try:
+        runner: Runner = args.run
         return runner(args)
     except KeyboardInterrupt:
         return 130

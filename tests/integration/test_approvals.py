@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -308,3 +310,46 @@ async def test_two_executor_processes_share_one_approval_store(tmp_path: Path) -
         a.terminate()
         b.terminate()
         provider.terminate()
+
+
+async def test_the_approvals_command_line(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    start, _ = node
+    n = await start()
+    _, held = await n.propose(20000, "esc-cli")
+    request_id = held["escalation"]["request_id"]
+    token_file = tmp_path / "approver-token"
+    token_file.write_text(n.principals.token(APPROVER))
+    agentsafe = str(Path(sys.executable).parent / "agentsafe")
+    base = [agentsafe, "approvals", "--url", n.url, "--token-file", str(token_file)]
+    env = {"PATH": "/usr/bin:/bin", "COLUMNS": "200"}
+
+    async def run(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *base,
+            *args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout=60)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(), err.decode()
+
+    code, out, _ = await run("list")
+    assert code == 0
+    assert request_id in out
+    assert "create_payout" in out
+    # Declining at the prompt decides nothing.
+    code, out, _ = await run("approve", request_id, "--reason", "checked", stdin=b"n\n")
+    assert code == 1
+    assert '"amountMinor": 20000' in out
+    assert "nothing decided" in out
+    code, out, _ = await run("approve", request_id, "--reason", "checked", stdin=b"y\n")
+    assert code == 0, out
+    assert "APPROVED" in out
+    code, _, err = await run("deny", request_id, "--reason", "again", "--yes")
+    assert code == 2
+    assert "APPROVAL_ALREADY_DECIDED" in err
