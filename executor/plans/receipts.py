@@ -384,6 +384,8 @@ async def verify_agent_execution_receipt(
         skew=skew,
         abort=abort,
     )
+    if payload["approvalDigest"] != auth.approval_digest:
+        raise AgentSafetyError("the receipt is for another approval", code="RECEIPT_MISMATCH")
     evidence = {k: payload[k] for k in ("outcome", "rows", "bytes", "resultDigest", "errorCode")}
     compact = {k: v for k, v in evidence.items() if v is not None}
     try:
