@@ -69,6 +69,10 @@ class Kube(Protocol):
 
     async def get_json(self, path: str) -> Any: ...
 
+    async def patch_status(
+        self, kind: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None: ...
+
 
 class KubeClient:
     """The real client over one aiohttp session (close it with :meth:`close`)."""
@@ -181,3 +185,15 @@ class KubeClient:
 
     async def get_json(self, path: str) -> Any:
         return await self._call("GET", path)
+
+    async def patch_status(
+        self, kind: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        """Merge-patch the status subresource (for status written outside the object's own
+        handler, e.g. an AgentPolicy re-rendered because a Principal changed)."""
+        await self._call(
+            "PATCH",
+            self._path(kind, namespace, name) + "/status",
+            body={"status": dict(status)},
+            content_type="application/merge-patch+json",
+        )

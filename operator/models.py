@@ -16,6 +16,7 @@ Callers: ``crds.py`` (schemas), ``handlers.py`` (parsing), ``render/*`` (renderi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
@@ -120,10 +121,10 @@ class LabelSelector(_Model):
     match_labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict)
     match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
 
-    def matches(self, labels: dict[str, str] | None) -> bool:
+    def matches(self, labels: Mapping[str, str] | None) -> bool:
         have = labels or {}
-        for key, value in self.match_labels.items():
-            if have.get(key) != value:
+        for key, wanted in self.match_labels.items():
+            if have.get(key) != wanted:
                 return False
         for req in self.match_expressions:
             value = have.get(req.key)

@@ -1,0 +1,175 @@
+"""``agentsafe operator`` and ``agentsafe crds generate|check``.
+
+:func:`register` adds both subcommands to the ``agentsafe`` console script (it is the
+``agentsafe.commands`` entry point; the executor's ``cli.py`` calls it with its subparsers).
+``agentsafe operator`` runs kopf in this process with its own event loop (``kopf.operator``),
+never inside the executor's.
+
+Peering: every replica joins the peering ``agentsafe`` with a *distinct* priority (``--priority``,
+default derived from ``POD_UID``/the host name and the process id), and peering is mandatory, so
+two replicas never both act: kopf pauses the lower priority while a higher one is alive, and
+would pause both on equal priorities.
+
+Callers: the ``agentsafe`` console script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import socket
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    op = subparsers.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    op.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable); default: the whole cluster",
+    )
+    op.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority (distinct per replica; default derived from the pod)",
+    )
+    op.add_argument("--executor-image", default=os.environ.get("AGENTSAFE_OPERATOR_EXECUTOR_IMAGE"))
+    op.add_argument(
+        "--operator-namespace",
+        default=os.environ.get("AGENTSAFE_OPERATOR_NAMESPACE", "agentsafe-system"),
+    )
+    op.add_argument(
+        "--issuer",
+        default=os.environ.get("AGENTSAFE_OPERATOR_ISSUER"),
+        help="service-account issuer (default: discovered from the API server)",
+    )
+    op.add_argument(
+        "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
+    )
+    op.set_defaults(run=_run_operator)
+
+    crds = subparsers.add_parser("crds", help="generate or check the CRD manifests")
+    csub = crds.add_subparsers(dest="crds_command", required=True)
+    gen = csub.add_parser("generate", help="write crds/*.yaml and charts/agentsafe/crds/*.yaml")
+    gen.add_argument("--root", type=Path, default=Path.cwd())
+    gen.set_defaults(run=_crds_generate)
+    chk = csub.add_parser("check", help="fail when the checked-in CRDs are stale")
+    chk.add_argument("--root", type=Path, default=Path.cwd())
+    chk.set_defaults(run=_crds_check)
+
+
+def _crds_generate(args: argparse.Namespace) -> int:
+    from .crds import write_crds
+
+    for path in write_crds(args.root):
+        print(path)
+    return 0
+
+
+def _crds_check(args: argparse.Namespace) -> int:
+    from .crds import stale_crds
+
+    stale = stale_crds(args.root)
+    for path in stale:
+        print(f"stale: {path} (run `agentsafe crds generate`)", file=sys.stderr)
+    return 1 if stale else 0
+
+
+def default_priority() -> int:
+    """A priority unlikely to equal another replica's: from the pod's identity and our pid."""
+    identity = os.environ.get("POD_UID") or socket.gethostname()
+    digest = hashlib.sha256(f"{identity}:{os.getpid()}".encode()).digest()
+    return 1 + int.from_bytes(digest[:4], "big") % (2**30)
+
+
+def _run_operator(args: argparse.Namespace) -> int:
+    import kopf
+
+    from .apply import ApiError, KubeClient
+    from .handlers import Runtime, build_registry, refresh_jwks
+    from .settings import OperatorSettings
+
+    settings = OperatorSettings(operator_namespace=args.operator_namespace)
+    if args.executor_image:
+        settings = replace(settings, executor_image=args.executor_image)
+    registry = build_registry(
+        reconcile_interval=settings.reconcile_interval_seconds,
+        halt_retry=settings.halt_retry_seconds,
+    )
+    memo = kopf.Memo()
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.name = "agentsafe"
+        settings.peering.mandatory = True
+        settings.peering.priority = (
+            args.priority if args.priority is not None else default_priority()
+        )
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix="agentsafe.io"
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="agentsafe.io", key="last-handled-configuration"
+        )
+        settings.posting.level = 20  # INFO and up become Events
+        info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
+            settings=settings
+        )
+        if info is None:
+            raise kopf.PermanentError("no Kubernetes credentials (service account or kubeconfig)")
+        kube = KubeClient(info)
+        operator_settings = settings_holder["settings"]
+        if args.issuer:
+            operator_settings = replace(operator_settings, issuer=args.issuer)
+        else:
+            try:
+                discovery = await kube.get_json("/.well-known/openid-configuration")
+                operator_settings = replace(operator_settings, issuer=str(discovery["issuer"]))
+            except (ApiError, KeyError, TypeError):
+                print(
+                    "agentsafe operator: issuer discovery failed; using the default",
+                    file=sys.stderr,
+                )
+        runtime = Runtime(kube=kube, settings=operator_settings)
+        await refresh_jwks(runtime)
+        memo["runtime"] = runtime
+        memo["jwks_task"] = asyncio.create_task(_jwks_loop(runtime))
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        task = memo.get("jwks_task")
+        if task is not None:
+            task.cancel()
+        runtime = memo.get("runtime")
+        if runtime is not None:
+            await runtime.kube.close()
+
+    settings_holder = {"settings": settings}
+    namespaces = list(args.namespace)
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            memo=memo,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=args.liveness,
+        )
+    )
+    return 0
+
+
+async def _jwks_loop(runtime: Any) -> None:
+    from .handlers import refresh_jwks
+
+    while True:
+        await asyncio.sleep(runtime.settings.jwks_refresh_seconds)
+        await refresh_jwks(runtime)
