@@ -287,7 +287,7 @@ async def execute_agent_plan_step(
     started_event = freeze({"event": STARTED, **base, "at": format_ms(started_at)}, budget)
     try:
         await guarded(lambda: append(started_event), abort)
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, AgentSafetyAborted):
         raise
     except Exception:
         raise AgentSafetyError(
