@@ -22,6 +22,7 @@ from typing import Any, Protocol, TextIO
 __all__ = [
     "EVIDENCE_SCHEMA",
     "SECURITY_SCHEMA",
+    "DeferredSink",
     "EventSink",
     "JsonLinesSink",
     "MemorySink",
@@ -89,3 +90,43 @@ class Streams:
 def _now_iso() -> str:
     now = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+
+
+class DeferredSink:
+    """Holds events until the real sink exists, then forwards everything in order.
+
+    ``serve`` raises security events (posture waivers, secret checks) before the journal
+    directory, and so the chain heads, can be opened; this keeps them for the chain. If start-up
+    fails first, :meth:`drain` hands them to a plain sink so nothing is lost.
+    """
+
+    def __init__(self) -> None:
+        self._buffer: list[tuple[str, dict[str, Any]]] = []
+        self._target: EventSink | None = None
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
+        with self._lock:
+            if self._target is None:
+                self._buffer.append((event, dict(fields or {})))
+                return
+            target = self._target
+        target.emit(event, fields)
+
+    def attach(self, target: EventSink) -> None:
+        with self._lock:
+            buffered, self._buffer = self._buffer, []
+            for event, fields in buffered:
+                target.emit(event, fields)
+            self._target = target
+
+    @property
+    def attached(self) -> bool:
+        return self._target is not None
+
+    def drain(self, target: EventSink) -> None:
+        """Send what is buffered to ``target`` (start-up failed before the chain opened)."""
+        with self._lock:
+            buffered, self._buffer = self._buffer, []
+        for event, fields in buffered:
+            target.emit(event, fields)

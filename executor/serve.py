@@ -25,22 +25,26 @@ import tempfile
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from .app import ReadyState, build_app
 from .approvals import add_approval_routes
 from .assembly import build_credential, build_door, build_tls, build_transport, load_principals
 from .audithook import Guard, install_guard
 from .authority import LocalAuthority
+from .bundle import BundleError, export_bundle
 from .ceilings import HostCeilings
+from .chain import ChainedStreams, LineWriter, LineWriterHandler, open_chained_streams
 from .clock import Clock, SystemClock
 from .config import ExecutorConfig, load_config
 from .control import add_control_routes
 from .door_http import HttpDoor
 from .errors import AgentSafeError, ConfigError, RequestRejected
-from .events import Streams
+from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, Streams
 from .forward import ForwardRequestHandler
 from .grants import SigningKey
 from .halt import HaltState
@@ -51,6 +55,7 @@ from .policy import CompiledPolicy, PolicyDocument, compile_policy, load_policy
 from .posture import PostureInputs, PostureMonitor, PostureReport, check_posture
 from .principals import Principal
 from .reconcile import Resolution, ResolutionStatus, reconcile_open_attempts
+from .redact import RedactingLogFilter, Redactor
 from .seam import ReconcileResult, ReconcileStatus, Registry
 from .secrets import SecretStore, inspect_sources
 from .shadow import ShadowReport
@@ -114,6 +119,8 @@ class Executor:
     tls: ReloadingTlsContext | None
     posture: PostureReport
     posture_monitor: PostureMonitor
+    redactor: Redactor
+    chained: ChainedStreams | None = None
     app: web.Application = field(init=False)
     reconciling: bool = True
     unknown_attempts: int = 0
@@ -173,7 +180,7 @@ class Executor:
             "posture_drift": list(self.posture_monitor.drifted_checks()),
             "unknown_attempts": self.unknown_attempts,
             "policy_digest": self.policy.digest,
-            "chain_heads": None,
+            "chain_heads": self._heads(),
         }
         if self.config.executor_mode.value == "SHADOW":
             out["shadow_report"] = self.shadow.as_dict()
@@ -223,10 +230,55 @@ class Executor:
             }
         return out
 
+    def _heads(self) -> dict[str, Any] | None:
+        if self.chained is None:
+            return None
+        return {
+            name: head.as_dict() if head is not None else None
+            for name, head in self.chained.heads().items()
+        }
+
     async def export_evidence(self, *, reason: str, principal: Principal) -> dict[str, Any]:
-        raise RequestRejected(
-            409, "EVIDENCE_NOT_CONFIGURED", "evidence export needs EXECUTOR_EVIDENCE_DIR"
+        if self.config.executor_evidence_dir is None:
+            raise RequestRejected(
+                409, "EVIDENCE_NOT_CONFIGURED", "evidence export needs EXECUTOR_EVIDENCE_DIR"
+            )
+        if self.chained is None:
+            raise RequestRejected(
+                409, "EVIDENCE_NOT_CHAINED", "this process writes no chained evidence streams"
+            )
+        signing_key: Ed25519PrivateKey | None = None
+        handle = self.secrets.get("EXECUTOR_EVIDENCE_SIGNING_KEY")
+        if handle is not None:
+            with handle.reveal() as pem:
+                loaded = load_pem_private_key(bytes(pem), password=None)
+            if not isinstance(loaded, Ed25519PrivateKey):
+                raise RequestRejected(
+                    409, "EVIDENCE_KEY_INVALID", "EXECUTOR_EVIDENCE_SIGNING_KEY is not Ed25519"
+                )
+            signing_key = loaded
+        attempts = await self.open_attempts()
+        try:
+            manifest = await asyncio.to_thread(
+                export_bundle,
+                evidence_dir=self.config.executor_evidence_dir,
+                reason=reason,
+                streams=self.chained.sinks(),
+                open_attempts=attempts,
+                posture=self.posture.as_status(),
+                config_digest=self.config.digest(),
+                image_digest=self.config.executor_image_digest,
+                secret_rotations=self.secrets.rotation_counts(),
+                signing_key=signing_key,
+                clock=self.clock,
+                redactor=self.redactor,
+            )
+        except BundleError as exc:
+            raise RequestRejected(409, exc.code, exc.message) from None
+        self.streams.security.emit(
+            "EVIDENCE_EXPORTED", {"principal": principal.id, "signed": signing_key is not None}
         )
+        return dict(manifest.document)
 
     def registry_actions(self) -> list[str]:
         return list(self.policy.actions)
@@ -365,6 +417,8 @@ class Executor:
             await self.journal.close()
         await self.store.close()
         self.secrets.close()
+        if self.chained is not None:
+            self.chained.close()
 
 
 def _forward_schema(document: PolicyDocument) -> dict[str, Any]:
@@ -381,8 +435,14 @@ async def assemble(
     streams: Streams | None = None,
     clock: Clock | None = None,
     guard: Guard | None = None,
+    chain: tuple[TextIO | LineWriter, TextIO | LineWriter] | None = None,
 ) -> Executor:
-    """Build an executor from ``environ`` in the start order; raises on any refusal."""
+    """Build an executor from ``environ`` in the start order; raises on any refusal.
+
+    With ``chain`` (where the evidence and security lines go), the two streams are chained and
+    their heads persisted under the journal directory; ``streams`` must then be a pair of
+    :class:`DeferredSink` that hold what start-up says until the chain is open.
+    """
     config = load_config(environ)
     streams = streams or Streams.standard()
     clock = clock or SystemClock()
@@ -407,7 +467,23 @@ async def assemble(
         environ, production=config.production, secrets_dir=secrets_dir, security=streams.security
     )
     metrics = ExecutorMetrics()
-    secrets.on_change(lambda name, handle: metrics.secret_rotations.inc(name=name))
+    redactor = Redactor(
+        credential_headers=[config.downstream_credential_header]
+        if config.downstream_credential_header
+        else []
+    )
+    for name in secrets.names():
+        handle_ = secrets.get(name)
+        if handle_ is not None:
+            with handle_.reveal() as value:
+                redactor.set_secret(name, value)
+
+    def rotated(name: str, handle: Any) -> None:
+        metrics.secret_rotations.inc(name=name)
+        with handle.reveal() as value:
+            redactor.set_secret(name, value)
+
+    secrets.on_change(rotated)
     try:
         journal: AttemptJournal | None = None
         if config.executor_journal_dir is not None:
@@ -428,6 +504,24 @@ async def assemble(
             if config.executor_state_dir
             else Path(tempfile.mkdtemp(prefix="agentsafe-state-"))
         )
+        chained: ChainedStreams | None = None
+        if chain is not None:
+            chained = open_chained_streams(
+                evidence_out=chain[0],
+                security_out=chain[1],
+                clock=clock,
+                journal_dir=config.executor_journal_dir,
+                checkpoint_lines=config.executor_audit_checkpoint_lines,
+                window_lines=config.executor_evidence_window_lines,
+                redactor=redactor,
+            )
+            for deferred, sink in (
+                (streams.evidence, chained.evidence),
+                (streams.security, chained.security),
+            ):
+                if not isinstance(deferred, DeferredSink):
+                    raise TypeError("chained streams need DeferredSink placeholders")
+                deferred.attach(sink)
         store = await SQLiteUseStore.open(state_dir, clock=clock)
     except BaseException:
         secrets.close()
@@ -533,6 +627,8 @@ async def assemble(
         tls=tls,
         posture=posture,
         posture_monitor=monitor,
+        redactor=redactor,
+        chained=chained,
     )
     holder["executor"] = executor
     return executor
@@ -545,7 +641,21 @@ def _writable_dirs(environ: Mapping[str, str]) -> list[Path]:
 
 
 async def _run(environ: Mapping[str, str], guard: Guard) -> int:
-    executor = await assemble(environ, guard=guard)
+    evidence, security = DeferredSink(), DeferredSink()
+    writer = LineWriter.for_stream(sys.stderr)
+    try:
+        executor = await assemble(
+            environ,
+            streams=Streams(evidence=evidence, security=security),
+            guard=guard,
+            chain=(sys.stdout, writer),
+        )
+    except BaseException:
+        if not security.attached:
+            security.drain(JsonLinesSink(sys.stderr, schema=SECURITY_SCHEMA))
+        raise
+    if executor.chained is not None:
+        _log_through(writer, executor.redactor, executor.chained)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -570,6 +680,17 @@ async def _run(environ: Mapping[str, str], guard: Guard) -> int:
         if executor.config.executor_mode.value == "SHADOW":
             sys.stderr.write(executor.shadow.render() + "\n")
     return 0
+
+
+def _log_through(writer: LineWriter, redactor: Redactor, chained: ChainedStreams) -> None:
+    """Operational logs share the security stream's writer (never a shared line) and redactor."""
+    handler = LineWriterHandler(writer)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RedactingLogFilter(redactor, on_redaction=chained.report_log_redactions))
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        root.removeHandler(existing)
+    root.addHandler(handler)
 
 
 def main() -> int:

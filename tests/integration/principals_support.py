@@ -12,6 +12,8 @@ from typing import Any
 
 from agentsafe.executor.harness import DEMO_TENANT
 
+OPERATOR_ID = "ops-oncall"
+
 LEGACY_KEYS = (
     "EXECUTOR_TENANT_ID",
     "EXECUTOR_ACTOR_ID",
