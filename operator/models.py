@@ -256,7 +256,9 @@ class TlsSpec(_Model):
 
     secret_name: DnsSubdomain = Field(description="Secret with tls.crt and tls.key")
     client_ca: ConfigMapKeyRef | None = Field(
-        default=None, description="CA (PEM) for client certificates; required by MTLS principals"
+        default=None,
+        alias="clientCA",
+        description="CA (PEM) for client certificates; required by MTLS principals",
     )
     min_version: TlsMinVersion = TlsMinVersion.TLS_1_3
 

@@ -1,0 +1,352 @@
+"""The pure render functions: every object valid Kubernetes, restricted Pod Security, and the
+executor's own loaders accepting what is rendered."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from agentsafe.executor.config import load_config
+from agentsafe.executor.policy import load_policy
+from agentsafe.executor.principals_file import load_principals_file, parse_principals
+from agentsafe.operator.models import AgentPolicySpec, PrincipalSpec
+from agentsafe.operator.podsecurity import restricted_violations
+from agentsafe.operator.render import (
+    RenderError,
+    RenderInput,
+    SelectedPrincipal,
+    render_agent_network_policies,
+    render_children,
+    render_configmap,
+    render_environment,
+    render_executor_network_policy,
+    render_operator_token_secret,
+    render_pdb,
+    render_principals_document,
+    render_service,
+    render_service_account,
+    render_statefulset,
+)
+from agentsafe.operator.render.workload import SECRETS_DIR
+
+from .conftest import APPROVER_TOKEN, OPERATOR_TOKEN
+
+K8S_VERSION = "1.34.0"
+
+
+def _valid(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def _with_spec(inp: RenderInput, **changes: Any) -> RenderInput:
+    data = inp.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for dotted, value in changes.items():
+        target = data
+        parts = dotted.split(".")
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        if value is None:
+            target.pop(parts[-1], None)
+        else:
+            target[parts[-1]] = value
+    return dataclasses.replace(inp, spec=AgentPolicySpec.model_validate(data))
+
+
+def test_every_child_is_valid_kubernetes_and_owned(render_input: RenderInput) -> None:
+    rendered = render_children(render_input)
+    kinds = [o["kind"] for o in rendered.objects]
+    assert kinds == [
+        "ServiceAccount",
+        "ConfigMap",
+        "Service",
+        "StatefulSet",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+        "NetworkPolicy",
+    ]
+    for obj in rendered.objects:
+        _valid(obj)
+        meta = obj["metadata"]
+        if meta["namespace"] == "payments":
+            (owner,) = meta["ownerReferences"]
+            assert owner["kind"] == "AgentPolicy"
+            assert owner["uid"] == render_input.policy.uid
+            assert owner["controller"] is True
+        else:  # an agent namespace: found by label, deleted by the finalizer
+            assert "ownerReferences" not in meta
+            assert meta["labels"]["agentsafe.io/owner"] == "payments.payouts"
+    assert rendered.principals == ("payout-agent", "treasury-lead")
+
+
+def test_service_account_mounts_no_token(render_input: RenderInput) -> None:
+    sa = render_service_account(render_input)
+    assert sa["automountServiceAccountToken"] is False
+
+
+def test_statefulset_is_restricted_and_hardened(render_input: RenderInput) -> None:
+    sts = render_statefulset(render_input, digest="d" * 64)
+    _valid(sts)
+    assert restricted_violations(sts) == []
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["enableServiceLinks"] is False
+    assert pod["securityContext"]["fsGroup"] == render_input.settings.executor_gid
+    (container,) = pod["containers"]
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    secrets = volumes["secrets"]["projected"]
+    assert secrets["defaultMode"] == 0o440
+    assert {s["secret"]["name"] for s in secrets["sources"]} == {
+        "payouts-executor-tls",
+        "payouts-authority-key",
+        "payouts-downstream",
+    }
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["secrets"]["readOnly"] is True
+    assert mounts["config"]["readOnly"] is True
+    claim = sts["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert "data" not in volumes  # per replica, from the claim template
+    # No secret value and no secret variable without _FILE.
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert all(e.get("valueFrom") is None for e in container["env"])
+    assert env["DOWNSTREAM_CREDENTIAL_FILE"].startswith(SECRETS_DIR + "/")
+
+
+def test_ephemeral_journal_uses_empty_dir(render_input: RenderInput) -> None:
+    inp = _with_spec(render_input, **{"journal.size": None, "journal.ephemeral": True})
+    sts = render_statefulset(inp, digest="0" * 64)
+    _valid(sts)
+    assert "volumeClaimTemplates" not in sts["spec"]
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert "emptyDir" in volumes["data"]
+    assert restricted_violations(sts) == []
+
+
+def test_environment_is_what_the_executor_accepts(render_input: RenderInput) -> None:
+    env = render_environment(render_input)
+    config = load_config(env)
+    assert config.production
+    assert config.executor_mode.value == "SHADOW"
+    assert str(config.executor_halt_file) == "/etc/agentsafe/config/halt"
+    assert config.executor_jwt_audience == "agentsafe.io/payments/payouts"
+    assert config.executor_hard_limit_single_minor == {"EUR": 100000, "USD": 100000}
+    for source in config.secret_sources():
+        assert source.origin.value in ("file", "absent")
+    assert config.downstream_credential.variable == "DOWNSTREAM_CREDENTIAL_FILE"
+    assert config.executor_tls_key.variable == "EXECUTOR_TLS_KEY_FILE"
+
+
+def test_environment_the_executor_would_refuse_is_config_invalid(render_input: RenderInput) -> None:
+    # ENFORCEMENT with APPROVAL is fine; plain http to a non-loopback host is not.
+    inp = _with_spec(render_input, **{"downstream.url": "http://payouts.bank.example/v1"})
+    with pytest.raises(RenderError) as info:
+        render_environment(inp)
+    assert info.value.reason == "ConfigInvalid"
+    assert "DOWNSTREAM_URL" in info.value.message
+
+
+def test_enforcement_with_approval_renders(render_input: RenderInput) -> None:
+    inp = _with_spec(render_input, mode="ENFORCEMENT", escalation="APPROVAL")
+    config = load_config(render_environment(inp))
+    assert config.enforcement
+    assert config.executor_escalation.value == "APPROVAL"
+
+
+def test_principals_round_trip_through_the_executor_loader(
+    render_input: RenderInput, tmp_path: Path
+) -> None:
+    configmap = render_configmap(render_input)
+    _valid(configmap)
+    text = configmap["data"]["principals.json"]
+    path = tmp_path / "principals.json"
+    path.write_text(text)
+    os.chmod(path, 0o444)
+    loaded = load_principals_file(
+        path,
+        registered_actions={"create_payout"},
+        jwt_configured=True,
+        client_ca_configured=False,
+    )
+    by_id = {r.id: r for r in loaded.records}
+    assert set(by_id) == {"payout-agent", "treasury-lead", "agentsafe-operator"}
+    agent = by_id["payout-agent"]
+    assert agent.principal.role.value == "PROPOSER"
+    assert (
+        loaded.by_workload(
+            "https://kubernetes.default.svc.cluster.local",
+            "system:serviceaccount:agents:payout-agent",
+        )
+        is agent
+    )
+    assert agent.rate_limit is not None
+    assert agent.rate_limit.count == 60
+    assert loaded.match_bearer(APPROVER_TOKEN) is by_id["treasury-lead"]
+    operator = loaded.match_bearer(OPERATOR_TOKEN)
+    assert operator is not None
+    assert operator.principal.scopes == {"halt", "resume", "status"}
+    # The rendered document is the executor's model, byte for byte re-rendered.
+    document = render_principals_document(render_input)
+    assert (
+        parse_principals(
+            document.model_dump(mode="json", exclude_none=True),
+            registered_actions={"create_payout"},
+            jwt_configured=True,
+            client_ca_configured=False,
+        ).summary()
+        == loaded.summary()
+    )
+
+
+def test_no_token_is_ever_rendered(render_input: RenderInput) -> None:
+    rendered = render_children(render_input)
+    blob = json.dumps(rendered.objects)
+    assert APPROVER_TOKEN not in blob
+    assert OPERATOR_TOKEN not in blob
+    principals = json.loads(rendered.objects[1]["data"]["principals.json"])
+    bearer = next(p for p in principals["principals"] if p["id"] == "treasury-lead")
+    assert set(bearer["credential"]) == {"kind", "token_sha256"}
+
+
+def test_operator_token_secret_holds_the_token_only_there(render_input: RenderInput) -> None:
+    secret = render_operator_token_secret(render_input, OPERATOR_TOKEN)
+    _valid(secret)
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == render_input.policy.uid
+
+
+def test_policy_in_configmap_is_what_the_executor_loads(
+    render_input: RenderInput, tmp_path: Path
+) -> None:
+    data = render_configmap(render_input)["data"]
+    path = tmp_path / "policy.json"
+    path.write_text(data["policy.json"])
+    assert load_policy(path) == render_input.spec.policy
+    assert json.loads(data["jwks.json"]) == dict(render_input.jwks)
+    assert "halt" not in data  # the halt key has its own field manager
+
+
+def test_invalid_cel_is_policy_invalid_and_renders_nothing(render_input: RenderInput) -> None:
+    policy = render_input.spec.policy.as_json()
+    policy["actions"][0]["rules"][0]["when"] = "params.amountMinor <="
+    inp = _with_spec(render_input, policy=policy)
+    with pytest.raises(RenderError) as info:
+        render_children(inp)
+    assert info.value.reason == "PolicyInvalid"
+    assert "actions[0].rules[0].when" in info.value.message
+
+
+def test_mtls_principal_needs_a_client_ca(render_input: RenderInput) -> None:
+    mtls = SelectedPrincipal(
+        name="oncall",
+        spec=PrincipalSpec.model_validate(
+            {"role": "OPERATOR", "scopes": ["status"], "mtls": {"sanURI": "spiffe://x/oncall"}}
+        ),
+    )
+    inp = dataclasses.replace(render_input, principals=(*render_input.principals, mtls))
+    with pytest.raises(RenderError) as info:
+        render_configmap(inp)
+    assert info.value.reason == "PrincipalsInvalid"
+    assert "PRINCIPALS_MTLS_UNCONFIGURED" in info.value.message or "oncall" in info.value.message
+    with_ca = _with_spec(inp, **{"tls.clientCA": {"name": "client-ca", "key": "ca.crt"}})
+    assert "oncall" in render_configmap(with_ca)["data"]["principals.json"]
+    env = load_config(render_environment(with_ca))
+    assert env.executor_tls_client_ca_file is not None
+
+
+def test_separation_of_duties_is_checked_at_render(render_input: RenderInput) -> None:
+    # An approver whose actor is the proposer's actor: the executor would refuse to start.
+    clash = SelectedPrincipal(
+        name="self-approver",
+        spec=PrincipalSpec.model_validate(
+            {
+                "role": "APPROVER",
+                "actor": {"id": "payout-agent", "type": "agent"},
+                "mtls": {"sanURI": "spiffe://x/self"},
+            }
+        ),
+    )
+    inp = _with_spec(
+        dataclasses.replace(render_input, principals=(*render_input.principals, clash)),
+        **{"tls.clientCA": {"name": "client-ca", "key": "ca.crt"}},
+    )
+    with pytest.raises(RenderError) as info:
+        render_configmap(inp)
+    assert info.value.reason == "PrincipalsInvalid"
+    assert "SEPARATION" in info.value.message or "proposer" in info.value.message
+
+
+def test_service_and_pdb(render_input: RenderInput) -> None:
+    service = render_service(render_input)
+    pdb = render_pdb(render_input)
+    _valid(service)
+    _valid(pdb)
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == pdb["spec"]["selector"]["matchLabels"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_executor_network_policy(render_input: RenderInput) -> None:
+    policy = render_executor_network_policy(render_input)
+    _valid(policy)
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    (ingress,) = spec["ingress"]
+    assert ingress["ports"] == [{"protocol": "TCP", "port": 8443}]
+    agents = ingress["from"][0]["namespaceSelector"]["matchExpressions"][0]
+    assert agents["values"] == ["agents"]
+    operator = ingress["from"][1]
+    assert operator["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "agentsafe-system"
+    }
+    dns, downstream = spec["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert downstream["to"] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]
+    assert downstream["ports"] == [{"protocol": "TCP", "port": 443}]
+
+
+def test_agent_namespaces_may_not_reach_the_downstream(render_input: RenderInput) -> None:
+    inp = _with_spec(render_input, **{"downstream.cidrs": ["203.0.113.0/24", "2001:db8::/32"]})
+    (policy,) = render_agent_network_policies(inp)
+    _valid(policy)
+    assert policy["metadata"]["namespace"] == "agents"
+    assert policy["spec"]["podSelector"] == {}
+    peers = policy["spec"]["egress"][0]["to"]
+    assert peers == [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["203.0.113.0/24"]}},
+        {"ipBlock": {"cidr": "::/0", "except": ["2001:db8::/32"]}},
+    ]
+
+
+@pytest.mark.parametrize("cidr", ["203.0.113.7/24", "0.0.0.0/0", "not-a-cidr"])
+def test_bad_cidrs_are_spec_invalid(render_input: RenderInput, cidr: str) -> None:
+    inp = _with_spec(render_input, **{"downstream.cidrs": [cidr]})
+    with pytest.raises(RenderError) as info:
+        render_children(inp)
+    assert info.value.reason == "SpecInvalid"
+
+
+def test_policy_change_rolls_pods_but_jwks_does_not(render_input: RenderInput) -> None:
+    def digest(inp: RenderInput) -> str:
+        sts = render_children(inp).objects[3]
+        return str(sts["spec"]["template"]["metadata"]["annotations"]["agentsafe.io/config-digest"])
+
+    base = digest(render_input)
+    assert digest(dataclasses.replace(render_input, jwks={"keys": []})) == base
+    policy = render_input.spec.policy.as_json()
+    policy["actions"][0]["rules"][0]["when"] = "params.amountMinor <= 4000"
+    assert digest(_with_spec(render_input, policy=policy)) != base
+
+
+def test_rendering_is_deterministic(render_input: RenderInput) -> None:
+    assert render_children(render_input) == render_children(render_input)
