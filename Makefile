@@ -36,8 +36,13 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# mypy must see executor/ and operator/ under their import names (agentsafe.executor, ...), so
+# it checks them through a tree of symlinks in build/ (ignored by git).
 typecheck: $(STAMP)
-	$(BIN)/mypy executor operator
+	@mkdir -p build/typecheck/agentsafe
+	@ln -sfn ../../../executor build/typecheck/agentsafe/executor
+	@ln -sfn ../../../operator build/typecheck/agentsafe/operator
+	MYPYPATH=build/typecheck $(BIN)/mypy -p agentsafe.executor -p agentsafe.operator
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q
