@@ -1,0 +1,172 @@
+"""The generated CRDs: valid manifests, structural schemas, and CEL rules that say what they mean.
+
+The CEL rules are evaluated here with the CEL engine the executor uses (``cel``), against
+objects as the API server would see them after defaulting; the API server itself evaluates
+them in the end-to-end suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import cel
+import kubernetes_validate
+import pytest
+
+from agentsafe.operator.crds import generate_crds, peering_crds
+from agentsafe.operator.models import AgentPolicySpec, HaltSwitchSpec, PrincipalSpec
+
+FORBIDDEN = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "const", "discriminator"}
+
+
+def _crd(kind: str) -> dict[str, Any]:
+    return next(c for c in generate_crds() if c["spec"]["names"]["kind"] == kind)
+
+
+def _root(kind: str) -> dict[str, Any]:
+    schema: dict[str, Any] = _crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _nodes(node: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    yield path, node
+    for name, sub in (node.get("properties") or {}).items():
+        yield from _nodes(sub, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from _nodes(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from _nodes(node["additionalProperties"], f"{path}{{}}")
+
+
+def _rules(kind: str, path: str) -> list[str]:
+    node = _root(kind)
+    for part in [p for p in path.split(".") if p]:
+        node = node["properties"][part]
+    return [r["rule"] for r in node.get("x-kubernetes-validations", [])]
+
+
+def _passes(kind: str, path: str, obj: dict[str, Any]) -> bool:
+    return all(bool(cel.evaluate(rule, {"self": obj})) for rule in _rules(kind, path))
+
+
+@pytest.mark.parametrize(
+    "crd", [*generate_crds(), *peering_crds()], ids=lambda c: c["metadata"]["name"]
+)
+def test_crd_is_a_valid_manifest(crd: dict[str, Any]) -> None:
+    kubernetes_validate.validate(crd, "1.34.0", strict=True)
+
+
+@pytest.mark.parametrize("kind", ["AgentPolicy", "Principal", "HaltSwitch"])
+def test_schema_is_structural(kind: str) -> None:
+    for path, node in _nodes(_root(kind)):
+        assert not FORBIDDEN & set(node), f"{path}: {FORBIDDEN & set(node)}"
+        assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), path
+        assert not ("properties" in node and "additionalProperties" in node), path
+        for key in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(key, True), bool), path
+
+
+@pytest.mark.parametrize(
+    ("kind", "columns", "short"),
+    [
+        ("AgentPolicy", ["Mode", "Ready", "Halted", "Replicas", "Age"], "ap"),
+        ("Principal", ["Role", "Credential", "Policies", "Age"], "asp"),
+        ("HaltSwitch", ["Halted", "Reason", "Acknowledged", "Age"], "halt"),
+    ],
+)
+def test_names_columns_status(kind: str, columns: list[str], short: str) -> None:
+    crd = _crd(kind)
+    version = crd["spec"]["versions"][0]
+    assert crd["spec"]["group"] == "agentsafe.io"
+    assert crd["spec"]["scope"] == "Namespaced"
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == columns
+    assert short in crd["spec"]["names"]["shortNames"]
+    assert crd["spec"]["names"]["categories"] == ["agentsafe"]
+
+
+def test_policy_document_is_embedded_with_free_form_parameters() -> None:
+    action = _root("AgentPolicy")["properties"]["spec"]["properties"]["policy"]["properties"][
+        "actions"
+    ]["items"]
+    assert action["properties"]["parameters"]["x-kubernetes-preserve-unknown-fields"] is True
+    rule = action["properties"]["rules"]["items"]
+    assert rule["properties"]["verdict"]["enum"] == ["ALLOW", "BLOCK", "ESCALATE"]
+    assert "reasonCode" in rule["properties"]
+
+
+def test_defaults_come_from_the_models() -> None:
+    spec = _root("AgentPolicy")["properties"]["spec"]
+    assert spec["properties"]["mode"]["default"] == "SHADOW"
+    assert spec["properties"]["escalation"]["default"] == "NONE"
+    assert spec["properties"]["intentTTLSeconds"]["default"] == 60
+    assert spec["properties"]["journal"]["properties"]["ephemeral"]["default"] is False
+
+
+def _credential(**extra: Any) -> dict[str, Any]:
+    return {"role": "APPROVER", "actor": {"id": "a", "type": "person"}, **extra}
+
+
+def test_principal_needs_exactly_one_credential() -> None:
+    sa = {"serviceAccount": {"name": "a", "namespace": "b"}}
+    bearer = {"bearer": {"secretKeyRef": {"name": "s", "key": "k"}}}
+    assert _passes("Principal", "spec", _credential(**sa))
+    assert not _passes("Principal", "spec", _credential(**sa, **bearer))
+    assert not _passes("Principal", "spec", _credential())
+    # The model agrees with the CEL rules on the same objects (one source of truth).
+    PrincipalSpec.model_validate(_credential(**sa))
+
+
+def test_principal_role_shapes() -> None:
+    sa = {"serviceAccount": {"name": "a", "namespace": "b"}}
+    proposer = {
+        "role": "PROPOSER",
+        "tenantId": "3f1c2a9e-8d4b-4c6e-9a7f-1b2c3d4e5f60",
+        "actor": {"id": "a", "type": "agent"},
+        "allowedActions": ["x"],
+        **sa,
+    }
+    assert _passes("Principal", "spec", proposer)
+    assert not _passes("Principal", "spec", {**proposer, "scopes": ["halt"]})
+    assert not _passes("Principal", "spec", {"role": "OPERATOR", **sa})
+    assert _passes("Principal", "spec", {"role": "OPERATOR", "scopes": ["halt"], **sa})
+
+
+def test_halt_needs_a_reason() -> None:
+    assert _passes("HaltSwitch", "spec", {"halted": False})
+    assert not _passes("HaltSwitch", "spec", {"halted": True})
+    assert not _passes("HaltSwitch", "spec", {"halted": True, "reason": ""})
+    assert _passes("HaltSwitch", "spec", {"halted": True, "reason": "incident 42"})
+    HaltSwitchSpec.model_validate({"halted": True})  # the rule lives in CEL, not the model
+
+
+def test_journal_is_ephemeral_xor_sized() -> None:
+    assert _passes("AgentPolicy", "spec.journal", {"ephemeral": False, "size": "1Gi"})
+    assert _passes("AgentPolicy", "spec.journal", {"ephemeral": True})
+    assert not _passes("AgentPolicy", "spec.journal", {"ephemeral": True, "size": "1Gi"})
+    assert not _passes("AgentPolicy", "spec.journal", {"ephemeral": False})
+
+
+def test_approval_escalation_is_not_for_shadow() -> None:
+    assert not _passes("AgentPolicy", "spec", {"mode": "SHADOW", "escalation": "APPROVAL"})
+    assert _passes("AgentPolicy", "spec", {"mode": "ENFORCEMENT", "escalation": "APPROVAL"})
+    assert _passes("AgentPolicy", "spec", {"mode": "SHADOW", "escalation": "NONE"})
+
+
+def test_static_header_credential_needs_a_header() -> None:
+    path = "spec.downstream.credential"
+    ref = {"secretKeyRef": {"name": "s", "key": "k"}}
+    assert not _passes("AgentPolicy", path, {"kind": "STATIC_HEADER", **ref})
+    assert _passes("AgentPolicy", path, {"kind": "STATIC_HEADER", "header": "X-Key", **ref})
+
+
+def test_policy_name_is_bounded() -> None:
+    assert _passes("AgentPolicy", "", {"metadata": {"name": "p" * 40}})
+    assert not _passes("AgentPolicy", "", {"metadata": {"name": "p" * 41}})
+
+
+def test_models_refuse_unknown_fields() -> None:
+    with pytest.raises(ValueError, match="extra"):
+        AgentPolicySpec.model_validate({"mode": "SHADOW", "surprise": 1})
