@@ -27,6 +27,7 @@ Callers: the public API, ``service.py``, the MCP adapter's users.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -61,6 +62,7 @@ __all__ = [
     "execute_agent_plan_step",
 ]
 
+_CODE = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
 STARTED = "agent_plan_step.started"
 COMPLETED = "agent_plan_step.completed"
 
@@ -331,6 +333,9 @@ async def execute_agent_plan_step(
     except (asyncio.CancelledError, AgentSafetyAborted):
         await _complete_cancelled(complete)
         raise
+    except AgentSafetyError as exc:  # a host executor's own stable refusal
+        failure = exc.code if _CODE.match(exc.code) else "EXECUTOR_FAILED"
+        raw = None
     except Exception:
         failure = "EXECUTOR_FAILED"
         raw = None

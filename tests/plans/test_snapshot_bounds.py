@@ -81,7 +81,8 @@ def test_snapshot_is_deep_and_immutable() -> None:
     frozen = freeze(source, _budget())
     source["a"][1]["b"] = "changed"
     assert frozen["a"][1]["b"] == "c"
-    assert type(frozen) is FrozenDict and type(frozen["a"]) is tuple
+    assert type(frozen) is FrozenDict
+    assert type(frozen["a"]) is tuple
     with pytest.raises(TypeError):
         FrozenDict({"a": 1})  # only freeze() makes one
     with pytest.raises(AttributeError):
