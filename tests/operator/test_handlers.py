@@ -1,0 +1,536 @@
+"""Handler wiring and behaviour, against an in-memory API stand-in (``FakeKube``).
+
+The handler functions are called directly with the arguments kopf would pass (``body``,
+``patch``, ``memo``); ``kopf.Patch`` and ``kopf.Memo`` are kopf's own classes. The halt tests
+run a real TLS control endpoint on loopback (a stand-in for an executor's control routes,
+named so) and check the operator reaches it as its OPERATOR principal.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import json
+import ssl
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+from aiohttp import web
+
+from agentsafe.executor.principals_file import parse_principals
+from agentsafe.operator.apply import ApiError
+from agentsafe.operator.handlers import (
+    Runtime,
+    build_registry,
+    halt_handler,
+    halt_retry_timer,
+    policy_delete_handler,
+    policy_handler,
+    principal_handler,
+    refresh_jwks,
+)
+from agentsafe.operator.settings import HALT_FIELD_MANAGER, OperatorSettings
+from tests.support.pki import Issued, TestCA
+
+from .conftest import APPROVER_TOKEN, secret
+from .fakekube import FakeKube, RecordingEvents
+
+NS = "payments"
+CONFIG = (
+    "ConfigMap",
+    NS,
+    "payouts-executor-config",
+)
+
+
+@pytest.fixture
+def kube(policy_body: dict[str, Any], principal_bodies: list[dict[str, Any]]) -> FakeKube:
+    fake = FakeKube()
+    fake.put(policy_body)
+    for body in principal_bodies:
+        fake.put(body)
+    fake.put(secret(NS, "payouts-executor-tls", {"tls.crt": b"-", "tls.key": b"-"}))
+    fake.put(secret(NS, "payouts-downstream", {"token": b"downstream-api-key"}))
+    fake.put(secret(NS, "treasury-lead-token", {"token": APPROVER_TOKEN.encode()}))
+    return fake
+
+
+@pytest.fixture
+def runtime(kube: FakeKube, settings: OperatorSettings) -> Runtime:
+    return Runtime(kube=kube, settings=settings, events=RecordingEvents())
+
+
+def _memo(rt: Runtime) -> kopf.Memo:
+    memo = kopf.Memo()
+    memo["runtime"] = rt
+    return memo
+
+
+def _ready(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Ready")
+
+
+async def _reconcile(rt: Runtime, body: dict[str, Any]) -> dict[str, Any]:
+    patch = kopf.Patch()
+    await policy_handler(body=kopf.Body(body), patch=patch, memo=_memo(rt))
+    return dict(patch.get("status") or {})
+
+
+async def test_reconcile_applies_every_child_and_generates_secrets_once(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    status = await _reconcile(runtime, policy_body)
+    assert _ready(status)["reason"] == "ExecutorsNotReady"  # no kubelet: no ready pods
+    reconciled = next(c for c in status["conditions"] if c["type"] == "Reconciled")
+    assert reconciled["status"] == "True"
+    assert reconciled["observedGeneration"] == 1
+    assert status["principals"] == ["payout-agent", "treasury-lead"]
+    assert status["audience"] == "agentsafe.io/payments/payouts"
+    for kind, name in [
+        ("ServiceAccount", "payouts-executor"),
+        ("StatefulSet", "payouts-executor"),
+        ("Service", "payouts-executor"),
+        ("PodDisruptionBudget", "payouts-executor"),
+        ("NetworkPolicy", "payouts-executor"),
+        ("Secret", "payouts-operator-token"),
+        ("Secret", "payouts-authority-key"),
+    ]:
+        assert (kind, NS, name) in kube.objects, (kind, name)
+    assert ("NetworkPolicy", "agents", "agentsafe-payments-payouts-no-downstream") in kube.objects
+    token_secret = kube.objects[("Secret", NS, "payouts-operator-token")]
+    key_secret = kube.objects[("Secret", NS, "payouts-authority-key")]
+    # The principals file holds the digest of the generated token, never the token.
+    token = base64.b64decode(token_secret["data"]["token"]).decode()
+    principals = kube.objects[CONFIG]["data"]["principals.json"]
+    assert token not in principals
+    loaded = parse_principals(
+        principals,
+        registered_actions={"create_payout"},
+        jwt_configured=True,
+        client_ca_configured=False,
+    )
+    assert loaded.match_bearer(token) is not None
+    # A second pass changes neither generated Secret.
+    await _reconcile(runtime, policy_body)
+    assert kube.objects[("Secret", NS, "payouts-operator-token")] == token_secret
+    assert kube.objects[("Secret", NS, "payouts-authority-key")] == key_secret
+
+
+async def test_ready_when_replicas_are_ready(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    await _reconcile(runtime, policy_body)
+    kube.objects[("StatefulSet", NS, "payouts-executor")]["status"] = {"readyReplicas": 1}
+    status = await _reconcile(runtime, policy_body)
+    assert _ready(status)["status"] == "True"
+    assert _ready(status)["reason"] == "ExecutorsReady"
+
+
+async def test_missing_secret_is_a_condition_naming_it(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    del kube.objects[("Secret", NS, "payouts-downstream")]
+    del kube.objects[("Secret", NS, "treasury-lead-token")]
+    status = await _reconcile(runtime, policy_body)
+    ready = _ready(status)
+    assert (ready["status"], ready["reason"]) == ("False", "SecretMissing")
+    assert "Secret payments/payouts-downstream" in ready["message"]
+    assert "Secret payments/treasury-lead-token (key token)" in ready["message"]
+    assert ("StatefulSet", NS, "payouts-executor") not in kube.objects
+    assert runtime.events.posted[-1][:2] == ("Warning", "SecretMissing")  # type: ignore[attr-defined]
+
+
+async def test_invalid_cel_leaves_children_untouched(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    await _reconcile(runtime, policy_body)
+    before = copy.deepcopy(kube.objects)
+    broken = copy.deepcopy(policy_body)
+    broken["metadata"]["generation"] = 2
+    broken["spec"]["policy"]["actions"][0]["rules"][1]["when"] = "params.amountMinor <<< 1"
+    status = await _reconcile(runtime, broken)
+    ready = _ready(status)
+    assert (ready["status"], ready["reason"]) == ("False", "PolicyInvalid")
+    assert "actions[0].rules[1].when" in ready["message"]
+    assert ready["observedGeneration"] == 2
+    assert kube.objects == before
+
+
+async def test_invalid_stored_object_is_permanent_with_a_condition(
+    runtime: Runtime, policy_body: dict[str, Any]
+) -> None:
+    policy_body["spec"]["replicas"] = 0
+    patch = kopf.Patch()
+    with pytest.raises(kopf.PermanentError, match=r"spec\.replicas"):
+        await policy_handler(body=kopf.Body(policy_body), patch=patch, memo=_memo(runtime))
+    ready = _ready(patch["status"])
+    assert (ready["status"], ready["reason"]) == ("False", "SpecInvalid")
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        (409, kopf.TemporaryError),
+        (429, kopf.TemporaryError),
+        (503, kopf.TemporaryError),
+        (422, kopf.PermanentError),
+    ],
+)
+async def test_api_errors_map_to_kopf_errors(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any], status: int, error: type
+) -> None:
+    kube.fail_next = ApiError(status, "Reason", "refused")
+    with pytest.raises(error):
+        await _reconcile(runtime, policy_body)
+
+
+async def test_drift_is_repaired(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    await _reconcile(runtime, policy_body)
+    original = copy.deepcopy(kube.objects[("StatefulSet", NS, "payouts-executor")])
+    del kube.objects[("NetworkPolicy", NS, "payouts-executor")]
+    kube.objects[("StatefulSet", NS, "payouts-executor")]["spec"]["template"]["spec"]["containers"][
+        0
+    ]["securityContext"]["privileged"] = True
+    await _reconcile(runtime, policy_body)  # what the timer runs
+    assert ("NetworkPolicy", NS, "payouts-executor") in kube.objects
+    assert kube.objects[("StatefulSet", NS, "payouts-executor")] == original
+
+
+async def test_agent_namespace_policies_are_pruned_and_deleted(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    await _reconcile(runtime, policy_body)
+    moved = copy.deepcopy(policy_body)
+    moved["spec"]["agentNamespaces"] = ["robots"]
+    await _reconcile(runtime, moved)
+    agent_policies = [k for k in kube.objects if k[0] == "NetworkPolicy" and k[1] != NS]
+    assert agent_policies == [
+        ("NetworkPolicy", "robots", "agentsafe-payments-payouts-no-downstream")
+    ]
+    await policy_delete_handler(body=kopf.Body(moved), memo=_memo(runtime))
+    assert [k for k in kube.objects if k[0] == "NetworkPolicy" and k[1] != NS] == []
+
+
+async def test_principal_change_rerenders_selecting_policies(
+    runtime: Runtime,
+    kube: FakeKube,
+    policy_body: dict[str, Any],
+    principal_bodies: list[dict[str, Any]],
+) -> None:
+    await _reconcile(runtime, policy_body)
+    approver = copy.deepcopy(principal_bodies[1])
+    approver["metadata"]["generation"] = 1
+    patch = kopf.Patch()
+    await principal_handler(body=kopf.Body(approver), patch=patch, memo=_memo(runtime), old=None)
+    assert patch["status"]["policies"] == 1
+    assert patch["status"]["credential"] == "Bearer"
+    assert patch["status"]["selectedBy"] == ["payouts"]
+    # Revocation: the Principal is being deleted -> re-rendered without it.
+    deleting = copy.deepcopy(approver)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    kube.put(deleting)
+    await principal_handler(body=kopf.Body(deleting), patch=kopf.Patch(), memo=_memo(runtime))
+    principals = json.loads(kube.objects[CONFIG]["data"]["principals.json"])
+    assert [p["id"] for p in principals["principals"]] == ["payout-agent", "agentsafe-operator"]
+    assert kube.objects[("AgentPolicy", NS, "payouts")]["status"]["principals"] == ["payout-agent"]
+
+
+async def test_jwks_is_read_from_the_issuer(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    jwks = {"keys": [{"kty": "RSA", "kid": "abc", "n": "AQAB", "e": "AQAB"}]}
+    kube.json_paths["/openid/v1/jwks"] = jwks
+    assert await refresh_jwks(runtime) is True
+    assert await refresh_jwks(runtime) is False
+    await _reconcile(runtime, policy_body)
+    assert json.loads(kube.objects[CONFIG]["data"]["jwks.json"]) == jwks
+
+
+def test_registry_wires_every_handler() -> None:
+    registry = build_registry()
+    changing = {
+        (h.selector.any_name, h.reason and str(h.reason), h.fn.__name__, bool(h.initial))
+        for h in registry._changing.get_all_handlers()
+    }
+    for plural, fn in [
+        ("agentpolicies", "policy_handler"),
+        ("principals", "principal_handler"),
+        ("haltswitches", "halt_handler"),
+    ]:
+        assert (plural, "create", fn, False) in changing
+        assert (plural, "update", fn, False) in changing
+        assert (plural, None, fn, True) in changing  # resume: on operator start
+    deletes = {
+        (h.selector.any_name, h.fn.__name__, h.requires_finalizer)
+        for h in registry._changing.get_all_handlers()
+        if h.reason is not None and str(h.reason) == "delete"
+    }
+    assert deletes == {
+        ("agentpolicies", "policy_delete_handler", True),
+        ("principals", "principal_handler", True),
+        ("haltswitches", "halt_handler", True),
+    }
+    timers = {
+        (h.selector.any_name, h.fn.__name__, h.interval)
+        for h in registry._spawning.get_all_handlers()
+    }
+    assert timers == {
+        ("agentpolicies", "policy_handler", 60.0),
+        ("haltswitches", "halt_retry_timer", 5.0),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# HaltSwitch, against a real TLS control endpoint stand-in
+
+
+class ControlStandIn:
+    """Stand-in for an executor's control routes over real TLS: records each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, dict[str, Any]]] = []
+        self.halt_file_blocks_resume = False
+
+    async def handle(self, request: web.Request) -> web.Response:
+        action = request.match_info["action"]
+        body = await request.json()
+        self.calls.append((action, request.headers.get("Authorization", ""), body))
+        if action == "resume" and self.halt_file_blocks_resume:
+            return web.json_response(
+                {"error": {"code": "HALT_CAUSE_PERSISTS", "message": "file"}}, status=409
+            )
+        return web.json_response({"halted": action == "halt"})
+
+
+@pytest.fixture
+async def control(tmp_path: Path) -> AsyncIterator[tuple[ControlStandIn, int, Issued, TestCA]]:
+    ca = TestCA()
+    server = ca.issue_server(dns_names=("payouts-executor.payments.svc",), ips=())
+    cert, key = server.write(tmp_path, "executor")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    stand_in = ControlStandIn()
+    app = web.Application()
+    app.router.add_post("/v1/control/{action}", stand_in.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield stand_in, port, server, ca
+    finally:
+        await runner.cleanup()
+
+
+def _slice(pods: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "payouts-executor-abc",
+            "namespace": NS,
+            "labels": {"kubernetes.io/service-name": "payouts-executor"},
+        },
+        "endpoints": [
+            {
+                "addresses": [address],
+                "conditions": {"ready": True},
+                "targetRef": {"kind": "Pod", "name": pod},
+            }
+            for pod, address in pods.items()
+        ],
+    }
+
+
+def _switch(halted: bool, reason: str | None = None, generation: int = 1) -> dict[str, Any]:
+    spec: dict[str, Any] = {"halted": halted, "policySelector": {}}
+    if reason:
+        spec["reason"] = reason
+    return {
+        "apiVersion": "agentsafe.io/v1alpha1",
+        "kind": "HaltSwitch",
+        "metadata": {"name": "stop-payouts", "namespace": NS, "generation": generation},
+        "spec": spec,
+    }
+
+
+@pytest.fixture
+async def halting(
+    control: tuple[ControlStandIn, int, Issued, TestCA],
+    kube: FakeKube,
+    settings: OperatorSettings,
+    policy_body: dict[str, Any],
+) -> tuple[Runtime, ControlStandIn, str]:
+    stand_in, port, server, ca = control
+    rt = Runtime(
+        kube=kube,
+        settings=OperatorSettings(issuer=settings.issuer, port=port),
+        events=RecordingEvents(),
+    )
+    kube.put(
+        secret(
+            NS,
+            "payouts-executor-tls",
+            {"tls.crt": server.cert_pem, "tls.key": server.key_pem, "ca.crt": ca.cert_pem},
+        )
+    )
+    await _reconcile(rt, policy_body)
+    kube.put(_slice({"payouts-executor-0": "127.0.0.1"}))
+    token = base64.b64decode(
+        kube.objects[("Secret", NS, "payouts-operator-token")]["data"]["token"]
+    ).decode()
+    return rt, stand_in, token
+
+
+async def _flip(rt: Runtime, body: dict[str, Any]) -> dict[str, Any]:
+    rt.kube.put(body)  # type: ignore[attr-defined]
+    patch = kopf.Patch()
+    await halt_handler(body=kopf.Body(body), patch=patch, memo=_memo(rt))
+    status = dict(patch.get("status") or {})
+    if status:
+        rt.kube.objects[("HaltSwitch", NS, "stop-payouts")]["status"] = status  # type: ignore[attr-defined]
+    return status
+
+
+async def test_halt_writes_the_file_key_and_reaches_every_pod(
+    halting: tuple[Runtime, ControlStandIn, str], kube: FakeKube
+) -> None:
+    rt, stand_in, token = halting
+    status = await _flip(rt, _switch(True, "incident 42"))
+    assert json.loads(kube.objects[CONFIG]["data"]["halt"]) == {
+        "haltedBy": [{"haltSwitch": "stop-payouts", "reason": "incident 42"}]
+    }
+    assert ("apply:" + HALT_FIELD_MANAGER, "ConfigMap", NS, "payouts-executor-config") in kube.calls
+    assert stand_in.calls == [("halt", f"Bearer {token}", {"reason": "incident 42"})]
+    assert status["acknowledged"] == "1/1"
+    (pod,) = status["pods"]
+    assert pod["pod"] == "payouts-executor-0"
+    assert pod["acknowledged"] is True
+    assert pod["at"]
+    assert _ready(status)["reason"] == "Halted"
+    # Re-rendering the policy never clears the halt (its own field manager owns the key).
+    policy = kube.objects[("AgentPolicy", NS, "payouts")]
+    policy_status = await _reconcile(rt, policy)
+    assert "halt" in kube.objects[CONFIG]["data"]
+    assert policy_status["halted"] is True
+    assert _ready(policy_status)["reason"] == "Halted"
+
+
+async def test_unhalt_removes_the_key_and_resumes(
+    halting: tuple[Runtime, ControlStandIn, str], kube: FakeKube
+) -> None:
+    rt, stand_in, _ = halting
+    await _flip(rt, _switch(True, "incident 42"))
+    status = await _flip(rt, _switch(False, generation=2))
+    assert "halt" not in kube.objects[CONFIG]["data"]
+    assert "policy.json" in kube.objects[CONFIG]["data"]
+    assert [c[0] for c in stand_in.calls] == ["halt", "resume"]
+    assert status["acknowledged"] == "1/1"
+    assert status["halted"] is False
+
+
+async def test_deleting_a_halted_switch_releases_it(
+    halting: tuple[Runtime, ControlStandIn, str], kube: FakeKube
+) -> None:
+    rt, stand_in, _ = halting
+    await _flip(rt, _switch(True, "incident 42"))
+    deleting = _switch(True, "incident 42")
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    await _flip(rt, deleting)
+    assert "halt" not in kube.objects[CONFIG]["data"]
+    assert [c[0] for c in stand_in.calls] == ["halt", "resume"]
+
+
+async def test_another_switch_keeps_the_halt(
+    halting: tuple[Runtime, ControlStandIn, str], kube: FakeKube
+) -> None:
+    rt, stand_in, _ = halting
+    other = _switch(True, "audit")
+    other["metadata"]["name"] = "audit-hold"
+    kube.put(other)
+    await _flip(rt, _switch(True, "incident 42"))
+    await _flip(rt, _switch(False, generation=2))
+    held = json.loads(kube.objects[CONFIG]["data"]["halt"])
+    assert held == {"haltedBy": [{"haltSwitch": "audit-hold", "reason": "audit"}]}
+    assert [c[0] for c in stand_in.calls] == ["halt"]  # no resume while another holds
+
+
+async def test_unanswered_pods_are_retried(
+    halting: tuple[Runtime, ControlStandIn, str], kube: FakeKube
+) -> None:
+    rt, stand_in, _ = halting
+    # A second pod whose address answers nothing (a closed loopback port stands in).
+    kube.put(_slice({"payouts-executor-0": "127.0.0.1", "payouts-executor-1": "127.0.0.2"}))
+    status = await _flip(rt, _switch(True, "incident 42"))
+    by_pod = {p["pod"]: p for p in status["pods"]}
+    assert by_pod["payouts-executor-0"]["acknowledged"] is True
+    assert by_pod["payouts-executor-1"]["acknowledged"] is False
+    assert by_pod["payouts-executor-1"]["error"]
+    assert status["acknowledged"] == "1/2"
+    assert _ready(status)["reason"] == "Pending"
+    # The pod goes away (rescheduled): the retry timer calls again and completes.
+    kube.put(_slice({"payouts-executor-0": "127.0.0.1"}))
+    body = kube.objects[("HaltSwitch", NS, "stop-payouts")]
+    patch = kopf.Patch()
+    await halt_retry_timer(body=kopf.Body(body), patch=patch, memo=_memo(rt))
+    assert patch["status"]["acknowledged"] == "1/1"
+    assert [c[0] for c in stand_in.calls] == ["halt", "halt"]
+    # All acknowledged: the timer does nothing.
+    kube.objects[("HaltSwitch", NS, "stop-payouts")]["status"] = dict(patch["status"])
+    await halt_retry_timer(
+        body=kopf.Body(kube.objects[("HaltSwitch", NS, "stop-payouts")]),
+        patch=kopf.Patch(),
+        memo=_memo(rt),
+    )
+    assert len(stand_in.calls) == 2
+
+
+async def test_resume_refused_while_the_file_persists_is_not_acknowledged(
+    halting: tuple[Runtime, ControlStandIn, str],
+) -> None:
+    rt, stand_in, _ = halting
+    await _flip(rt, _switch(True, "incident 42"))
+    stand_in.halt_file_blocks_resume = True  # the kubelet has not synced the ConfigMap yet
+    status = await _flip(rt, _switch(False, generation=2))
+    (pod,) = status["pods"]
+    assert pod["acknowledged"] is False
+    assert "HALT_CAUSE_PERSISTS" in pod["error"]
+
+
+async def test_wrong_certificate_is_not_trusted(
+    halting: tuple[Runtime, ControlStandIn, str], kube: FakeKube
+) -> None:
+    rt, stand_in, _ = halting
+    other = TestCA("another CA")
+    impostor = other.issue_server(dns_names=("payouts-executor.payments.svc",), ips=())
+    kube.put(
+        secret(
+            NS,
+            "payouts-executor-tls",
+            {"tls.crt": impostor.cert_pem, "tls.key": impostor.key_pem, "ca.crt": other.cert_pem},
+        )
+    )
+    status = await _flip(rt, _switch(True, "incident 42"))
+    assert stand_in.calls == []
+    assert status["pods"][0]["acknowledged"] is False
+
+
+async def test_invalid_halt_switch_is_permanent(
+    halting: tuple[Runtime, ControlStandIn, str],
+) -> None:
+    rt, _, _ = halting
+    body = _switch(True, "x")
+    body["spec"]["surprise"] = True
+    with pytest.raises(kopf.PermanentError):
+        await _flip(rt, body)
+
+
+def test_bearer_digest_matches(principal_bodies: list[dict[str, Any]]) -> None:
+    assert hashlib.sha256(APPROVER_TOKEN.encode()).hexdigest()
