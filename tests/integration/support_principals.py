@@ -38,11 +38,14 @@ from tests.support.pki import Issued, TestCA, TokenSigner
 
 __all__ = [
     "AUDIENCE",
+    "AUDIT_URI",
     "ISSUER",
     "LEGACY_VARIABLES",
+    "ONCALL_URI",
     "OPERATOR_SCOPES",
     "TENANT",
     "TWO_ACTION_POLICY",
+    "WORKLOAD_SUBJECT",
     "Bearer",
     "Cast",
     "Client",
@@ -185,8 +188,8 @@ class Tls:
     ca_file: Path
 
     @classmethod
-    def make(cls, workspace: Workspace) -> Tls:
-        ca = TestCA("agentsafe listener test CA")
+    def make(cls, workspace: Workspace, *, ca: TestCA | None = None) -> Tls:
+        ca = ca or TestCA("agentsafe listener test CA")
         server = ca.issue_server()
         tls = cls(
             ca=ca,
@@ -400,6 +403,7 @@ class Estate:
         drop: Sequence[str] = (),
         policy: str | None = None,
         principals_mode: int = 0o600,
+        ca: TestCA | None = None,
     ) -> Estate:
         workspace = Workspace(root)
         cast = cast or Cast()
@@ -425,7 +429,7 @@ class Estate:
         )
         material: Tls | None = None
         if tls:
-            material = Tls.make(workspace)
+            material = Tls.make(workspace, ca=ca)
             env.pop("EXECUTOR_ALLOW_PLAINTEXT_LISTENER")
             env.update(
                 {
