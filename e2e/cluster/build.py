@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -36,6 +37,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 KUBERNETES_VERSION = "v1.36.3"
 HELM_VERSION = "v3.21.4"
@@ -60,6 +62,14 @@ def cache_root() -> Path:
 
 
 @dataclasses.dataclass(frozen=True)
+class Tools:
+    """The clients the tests drive a cluster with (local builds, or from PATH for kind)."""
+
+    kubectl: Path
+    helm: Path
+
+
+@dataclasses.dataclass(frozen=True)
 class Binaries:
     """Paths of the built executables; ``kube_controller_manager`` is None when not built."""
 
@@ -71,6 +81,10 @@ class Binaries:
     etcd: Path
     helm: Path
     kube_controller_manager: Path | None
+
+    @property
+    def tools(self) -> Tools:
+        return Tools(kubectl=self.kubectl, helm=self.helm)
 
 
 def _log(message: str) -> None:
@@ -405,6 +419,28 @@ def ensure_binaries(request: BuildRequest = BuildRequest()) -> Binaries:
     cached = cached_binaries(request)
     if cached is not None:
         return cached
+    cache_root().mkdir(parents=True, exist_ok=True)
+    # One build at a time per cache (CI's build step and a test session must not race).
+    with (cache_root() / ".build.lock").open("w") as lock:
+        if _locked(lock):
+            _log("another build holds the lock; waiting for it")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = cached_binaries(request)
+        if cached is not None:
+            return cached
+        return _build(request)
+
+
+def _locked(lock: IO[str]) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    return False
+
+
+def _build(request: BuildRequest) -> Binaries:
     go = go_executable()
     if go is None:
         raise BuildUnavailable("no Go toolchain on PATH to build kube-apiserver, etcd and helm")

@@ -1,0 +1,74 @@
+{{/* Names, labels and the image reference shared by every template. */}}
+
+{{- define "agentsafe.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "agentsafe.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "agentsafe.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "agentsafe.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "agentsafe.operatorName" -}}
+{{- printf "%s-operator" (include "agentsafe.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "agentsafe.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "agentsafe.operatorName" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator's pods carry app.kubernetes.io/name=agentsafe-operator: executors'
+     NetworkPolicies admit the operator's halt calls by that label. */}}
+{{- define "agentsafe.selectorLabels" -}}
+app.kubernetes.io/name: agentsafe-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "agentsafe.labels" -}}
+{{ include "agentsafe.selectorLabels" . }}
+app.kubernetes.io/part-of: agentsafe
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "agentsafe.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "agentsafe.executorImage" -}}
+{{- default (include "agentsafe.image" .) .Values.executor.image -}}
+{{- end -}}
+
+{{/* Restricted Pod Security: the same for the operator and the test pod. */}}
+{{- define "agentsafe.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "agentsafe.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}

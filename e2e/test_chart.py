@@ -1,0 +1,233 @@
+"""The Helm chart ``charts/agentsafe``: lint, render, validate, and install for real.
+
+Rendered objects are validated against the Kubernetes OpenAPI schema of the release the local
+control plane runs (``kubernetes-validate``), checked against Pod Security "restricted" by the
+real API server's PodSecurity admission (server-side dry run in an enforcing namespace), and
+installed with ``helm install`` into the local control plane. There is no kubelet here, so the
+install does not ``--wait`` for the Deployment; the operator's permissions are checked with
+``kubectl auth can-i`` as its ServiceAccount instead.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from cluster.build import KUBERNETES_VERSION, Tools
+from cluster.control_plane import ControlPlane
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "agentsafe"
+SCHEMA_VERSION = KUBERNETES_VERSION.lstrip("v").rsplit(".", 1)[0] + ".0"
+# Kinds with no upstream schema: kopf's peering objects (their CRDs ship in the chart).
+CUSTOM_KINDS = {"ClusterKopfPeering", "KopfPeering"}
+VARIANTS: dict[str, list[str]] = {
+    "defaults": [],
+    "namespaced": [
+        "--set",
+        "operator.watchNamespaces={team-a,team-b}",
+        "--set",
+        "operator.agentNamespaces={agents,team-a}",
+        "--set",
+        "operator.replicas=2",
+    ],
+    "standalone": ["--set", "peering.enabled=false", "--set", "tests.enabled=false"],
+    "digest": ["--set", f"image.digest=sha256:{'a' * 64}", "--set", "executor.image=x/y:1"],
+}
+
+
+def _helm(tools: Tools, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(tools.helm), *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)}: {result.stdout}\n{result.stderr}")
+    return result
+
+
+def _render(tools: Tools, extra: Sequence[str], *, crds: bool = False) -> list[dict[str, Any]]:
+    args = ["template", "agentsafe", str(CHART), "--namespace", "agentsafe-system"]
+    args += ["--kube-version", KUBERNETES_VERSION, *extra]
+    if crds:
+        args.append("--include-crds")
+    text = _helm(tools, *args).stdout
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def test_rbac_rules_are_generated_from_the_operator_table() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "charts" / "generate_rbac.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_helm_lint_passes(k8s_tools: Tools) -> None:
+    result = _helm(k8s_tools, "lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_rendered_object_is_schema_valid(k8s_tools: Tools, variant: str) -> None:
+    objects = _render(k8s_tools, VARIANTS[variant], crds=True)
+    kinds = {obj["kind"] for obj in objects}
+    assert {"Deployment", "ConfigMap", "CustomResourceDefinition"} <= kinds
+    for obj in objects:
+        if obj["kind"] in CUSTOM_KINDS:
+            continue
+        # strict: unknown fields are errors, not silently dropped.
+        kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+
+
+def test_values_schema_refuses_bad_values(k8s_tools: Tools) -> None:
+    bad = [
+        ["--set", "image.pullPolicy=Sometimes"],
+        ["--set", "operator.watchNamespaces={Not_A_Namespace}"],
+        ["--set", "peering.enabled=false", "--set", "operator.replicas=2"],
+        ["--set", "image.digest=latest"],
+        ["--set", "unknownKey=1"],
+    ]
+    for extra in bad:
+        args = ["template", "x", str(CHART), "--kube-version", KUBERNETES_VERSION, *extra]
+        result = _helm(k8s_tools, *args, check=False)
+        assert result.returncode != 0, extra
+        assert "schema" in result.stderr, result.stderr
+
+
+def _deployment(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(obj for obj in objects if obj["kind"] == "Deployment")
+
+
+def test_operator_deployment_posture(k8s_tools: Tools) -> None:
+    deployment = _deployment(_render(k8s_tools, []))
+    spec = deployment["spec"]
+    # kopf's rollout freeze: never run an old and a new operator pod side by side.
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    assert container["args"][0] == "operator"
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert "--peering=agentsafe" in container["args"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    context = container["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    # The executors' NetworkPolicies admit the operator by this label.
+    labels = spec["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "agentsafe-operator"
+    standalone = _deployment(_render(k8s_tools, VARIANTS["standalone"]))
+    args = standalone["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--standalone" in args
+    assert not any(arg.startswith("--peering") for arg in args)
+
+
+def test_namespaced_variant_grants_nothing_cluster_wide(k8s_tools: Tools) -> None:
+    objects = _render(k8s_tools, VARIANTS["namespaced"])
+    cluster_roles = [obj for obj in objects if obj["kind"] == "ClusterRole"]
+    assert len(cluster_roles) == 1
+    cluster_resources = {
+        resource for rule in cluster_roles[0]["rules"] for resource in rule.get("resources", [])
+    }
+    assert cluster_resources == {"namespaces", "customresourcedefinitions", "clusterkopfpeerings"}
+    roles = {obj["metadata"]["namespace"]: obj for obj in objects if obj["kind"] == "Role"}
+    assert set(roles) == {"team-a", "team-b", "agents"}
+    agent_resources = {r for rule in roles["agents"]["rules"] for r in rule["resources"]}
+    assert agent_resources == {"networkpolicies"}
+    peerings = [obj for obj in objects if obj["kind"] == "KopfPeering"]
+    assert {obj["metadata"]["namespace"] for obj in peerings} == {"team-a", "team-b"}
+
+
+# --- against the real API server --------------------------------------------------------------
+
+
+def _restricted_namespace(plane: ControlPlane, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    plane.kubectl("create", "namespace", name)
+    plane.kubectl(
+        "label",
+        "namespace",
+        name,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/warn=restricted",
+    )
+    # Admission looks up the namespace's default ServiceAccount for pods; without
+    # kube-controller-manager nobody else creates it (apply: idempotent if it did).
+    default_sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}
+    plane.kubectl("apply", "-n", name, "-f", "-", input=json.dumps(default_sa))
+    return name
+
+
+def test_rendered_workloads_pass_pod_security_restricted(
+    control_plane: ControlPlane, k8s_tools: Tools
+) -> None:
+    namespace = _restricted_namespace(control_plane, "pss")
+    objects = _render(k8s_tools, ["--namespace", namespace])
+    workloads = [obj for obj in objects if obj["kind"] in {"Deployment", "Pod"}]
+    assert {obj["kind"] for obj in workloads} == {"Deployment", "Pod"}
+    for obj in workloads:
+        obj["metadata"]["namespace"] = namespace
+        result = control_plane.kubectl(
+            "create", "--dry-run=server", "-f", "-", input=json.dumps(obj), check=False
+        )
+        # Pods are refused and workloads warned about by PodSecurity admission on violations.
+        assert result.returncode == 0, result.stderr
+        assert "PodSecurity" not in result.stderr, result.stderr
+
+
+def test_helm_install_into_the_local_control_plane(control_plane: ControlPlane) -> None:
+    namespace = _restricted_namespace(control_plane, "agentsafe-system")
+    release = "agentsafe"
+    control_plane.helm("install", release, str(CHART), "--namespace", namespace)
+    status = json.loads(control_plane.helm("status", release, "-n", namespace, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed"
+    crds = json.loads(control_plane.kubectl("get", "crd", "-o", "json").stdout)["items"]
+    groups = {crd["spec"]["group"] for crd in crds}
+    assert "kopf.dev" in groups
+    for crd in crds:
+        if crd["spec"]["group"] in {"kopf.dev", "agentsafe.io"}:
+            control_plane.kubectl(
+                "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}"
+            )
+    control_plane.kubectl("get", "clusterkopfpeering", "agentsafe")
+    deployment = json.loads(
+        control_plane.kubectl("get", "deploy", "-n", namespace, "-o", "json").stdout
+    )["items"]
+    assert [d["metadata"]["name"] for d in deployment] == ["agentsafe-operator"]
+
+    who = f"system:serviceaccount:{namespace}:agentsafe-operator"
+
+    def can(verb: str, resource: str, where: str | None = "default") -> bool:
+        args = ["auth", "can-i", verb, resource, "--as", who]
+        args += ["-n", where] if where else []
+        return control_plane.kubectl(*args, check=False).stdout.strip() == "yes"
+
+    assert can("watch", "agentpolicies.agentsafe.io")
+    assert can("patch", "haltswitches.agentsafe.io/status")
+    assert can("create", "statefulsets.apps")
+    assert can("patch", "networkpolicies.networking.k8s.io")
+    assert can("get", "secrets")
+    assert can("patch", "clusterkopfpeerings.kopf.dev", None)
+    # Least privilege: no listing or changing Secrets, no pods, no RBAC, no deleting CRDs.
+    assert not can("list", "secrets")
+    assert not can("update", "secrets")
+    assert not can("delete", "secrets")
+    assert not can("create", "pods")
+    assert not can("create", "rolebindings.rbac.authorization.k8s.io")
+    assert not can("delete", "customresourcedefinitions.apiextensions.k8s.io", None)
+
+    control_plane.helm("uninstall", release, "-n", namespace)
+    remaining = control_plane.kubectl("get", "deploy", "-n", namespace, "-o", "name").stdout
+    assert remaining.strip() == ""
