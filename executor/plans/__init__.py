@@ -23,6 +23,7 @@ from .execute import (
     execute_agent_plan_step,
 )
 from .limits import AGENT_SAFETY_HARD_LIMITS
+from .mcp_adapter import McpReadExecutor, create_read_only_mcp_executor
 from .policy import Effect, PlanPolicy, SourcePolicy
 from .receipts import (
     ConsumptionVerifier,
@@ -30,6 +31,7 @@ from .receipts import (
     issue_agent_execution_receipt,
     verify_agent_execution_receipt,
 )
+from .service import ExecutorRegistry, PlanService, status_for
 from .signing import Ed25519Signer, Ed25519Verifier, Signer, Verifier, envelope_digest
 from .snapshot import FrozenDict, thaw
 
@@ -43,8 +45,11 @@ __all__ = [
     "Ed25519Signer",
     "Ed25519Verifier",
     "Effect",
+    "ExecutorRegistry",
     "FrozenDict",
+    "McpReadExecutor",
     "PlanPolicy",
+    "PlanService",
     "Signer",
     "SourcePolicy",
     "StepExecution",
@@ -53,6 +58,7 @@ __all__ = [
     "StepResult",
     "UseConsumer",
     "Verifier",
+    "create_read_only_mcp_executor",
     "dry_run_agent_plan",
     "dry_run_digest",
     "envelope_digest",
@@ -60,6 +66,7 @@ __all__ = [
     "issue_agent_approval",
     "issue_agent_execution_receipt",
     "operation_digest",
+    "status_for",
     "thaw",
     "verify_agent_execution_receipt",
     "verify_agent_step_authorization",

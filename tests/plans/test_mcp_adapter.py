@@ -35,10 +35,12 @@ async def mcp_session(tmp_path: Path) -> AsyncIterator[ClientSession]:
     be entered and left in one task, which a pytest fixture's teardown does not guarantee)."""
     params = StdioServerParameters(command=sys.executable, args=[str(SERVER)], cwd=str(tmp_path))
     with (tmp_path / "server.log").open("w") as errlog:
-        async with stdio_client(params, errlog=errlog) as (read, write):
-            async with ClientSession(read, write) as client:
-                await client.initialize()
-                yield client
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as client,
+        ):
+            await client.initialize()
+            yield client
 
 
 def _rows(result: Any) -> int:
