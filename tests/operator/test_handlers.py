@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import hashlib
 import json
 import ssl
 from collections.abc import AsyncIterator
@@ -530,7 +529,3 @@ async def test_invalid_halt_switch_is_permanent(
     body["spec"]["surprise"] = True
     with pytest.raises(kopf.PermanentError):
         await _flip(rt, body)
-
-
-def test_bearer_digest_matches(principal_bodies: list[dict[str, Any]]) -> None:
-    assert hashlib.sha256(APPROVER_TOKEN.encode()).hexdigest()
