@@ -28,6 +28,7 @@ recovery tokens), ``serve.py`` (construction).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import uuid
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .attestation import claim_token_digest, issue_claim_attestation
 from .canonical import sha256_digest
 from .celexpr import Activation, EvaluationError
 from .clock import Clock
@@ -123,6 +125,7 @@ class Claim:
     expires_at: float
     intent_hash: str
     execution_payload_digest: str
+    attestation: str | None = None  # the authority's signed claim attestation (compact JWS)
 
 
 class Authority(Protocol):
@@ -361,7 +364,7 @@ class LocalAuthority:
         )
         if not claimed:
             raise GrantRefused("GRANT_ALREADY_CLAIMED", "the grant was already claimed")
-        return Claim(
+        claim = Claim(
             grant_id=fields.grant_id,
             decision_id=fields.decision_id,
             dossier_id=fields.dossier_id,
@@ -369,6 +372,10 @@ class LocalAuthority:
             intent_hash=binding["intent_hash"],
             execution_payload_digest=binding["execution_payload_digest"],
         )
+        attestation = issue_claim_attestation(
+            claim, claim_token_digest=claim_token_digest(grant), key=self._key, now=now
+        )
+        return dataclasses.replace(claim, attestation=attestation)
 
     async def finalize(self, claim: Claim, *, outcome: str, executed: bool | None) -> str:
         if self._finalizer is not None:

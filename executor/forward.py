@@ -73,10 +73,13 @@ _RESERVED_HEADERS = frozenset(
         "x-agent-safe-intent-hash",
         "x-agent-safe-dossier-id",
         "x-agent-safe-grant-id",
+        "x-agent-safe-decision-id",
+        "x-agent-safe-claim-attestation",
     }
 )
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _REFERENCE = re.compile(r"^[\x21-\x7e]{1,128}$")
+_COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]{2,2048}\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,512}$")
 _UNKNOWN_4XX = frozenset({408, 409})
 
 
@@ -209,7 +212,10 @@ class ForwardRequestHandler:
             "x-agent-safe-intent-hash": ctx.intent.intent_hash,
             "x-agent-safe-dossier-id": auth.dossier_id,
             "x-agent-safe-grant-id": auth.grant_id,
+            "x-agent-safe-decision-id": auth.decision_id,
         }
+        if ctx.attestation is not None:
+            headers["x-agent-safe-claim-attestation"] = ctx.attestation
         if self._credential is not None:
             extra = await self._credential.headers_for(
                 method="POST",
@@ -219,12 +225,17 @@ class ForwardRequestHandler:
                 intent_hash=ctx.intent.intent_hash,
                 grant_id=auth.grant_id,
                 decision_id=auth.decision_id,
+                attestation=ctx.attestation,
             )
-            if any(name.lower() in _RESERVED_HEADERS for name in extra):
-                raise HandlerError(
-                    "the credential tried to set a reserved header", code="CREDENTIAL_INVALID"
-                )
-            headers.update(extra)
+            for name, value in extra.items():
+                key = name.lower()
+                # A signing credential returns the covered headers beside its signature: they
+                # must be exactly the values sent, and it may set no other reserved header.
+                if key in _RESERVED_HEADERS and headers.get(key) != value:
+                    raise HandlerError(
+                        "the credential tried to set a reserved header", code="CREDENTIAL_INVALID"
+                    )
+                headers[key] = value
 
         async def send(idempotency_key: str) -> HttpResponse:
             timeout = min(self._timeout, ctx.remaining())
@@ -240,6 +251,9 @@ class ForwardRequestHandler:
             reference = _reference(response.body)
             if reference is not None:
                 result["provider_reference"] = reference
+            receipt = response.headers.get("x-agent-safe-effect-receipt")
+            if receipt is not None and _COMPACT_JWS.match(receipt):
+                result["effect_receipt"] = receipt
             return result
         if 400 <= status < 500 and status not in _UNKNOWN_4XX and response.body.strip():
             raise ProviderRefused(provider_reason(status, response.body), status=status)

@@ -451,6 +451,7 @@ class Pipeline:
             authorization=authorization,
             deadline_monotonic=self._clock.monotonic() + max(0.0, remaining),
             clock=self._clock,
+            attestation=claim.attestation,
         )
 
         async def on_claimed(_: ExecutionContext) -> None:
@@ -494,6 +495,7 @@ class Pipeline:
                 "reason_codes": list(report.reason_codes),
                 "finalization": finalization,
                 "caller": principal.id,
+                **_receipt(report.result),
             },
         )
         wire_outcome = outcome.value
@@ -734,6 +736,12 @@ class Pipeline:
                 now=self._clock.now(),
             )
         return answer
+
+
+def _receipt(result: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The provider's signed effect receipt, carried verbatim into the evidence."""
+    receipt = (result or {}).get("effect_receipt")
+    return {"effect_receipt": receipt} if isinstance(receipt, str) else {}
 
 
 _FINAL_OUTCOMES = frozenset(

@@ -128,6 +128,7 @@ class ExecutionContext:
     authorization: Authorization
     deadline_monotonic: float
     clock: Clock
+    attestation: str | None = None  # the authority's claim attestation, for signed dispatches
 
     @classmethod
     def create(

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from agentsafe.executor.attestation import claim_token_digest, verify_claim_attestation
 from agentsafe.executor.authority import (
     ESCALATION_TYP,
     GRANT_TYP,
@@ -474,6 +475,7 @@ async def test_claim_round_trip(
     decision = await authority.evaluate(subject, principal=PROPOSER)
     assert decision.grant is not None
     claim = await authority.claim(decision.grant, intent=subject)
+    assert claim.attestation is not None
     assert claim == Claim(
         grant_id=str(decision.grant_id),
         decision_id=decision.decision_id,
@@ -481,7 +483,15 @@ async def test_claim_round_trip(
         expires_at=clock.now() + 60,
         intent_hash=subject.intent_hash,
         execution_payload_digest=subject.payload_digest,
+        attestation=claim.attestation,
     )
+    # The claim attestation verifies against the published keys and names this claim.
+    attested = verify_claim_attestation(claim.attestation, keys=authority.key_set)
+    assert attested["sub"] == claim.grant_id
+    assert attested["decision_id"] == claim.decision_id
+    assert attested["binding"]["intent_hash"] == subject.intent_hash
+    assert attested["binding"]["execution_payload_digest"] == subject.payload_digest
+    assert attested["claim_token_digest"] == claim_token_digest(decision.grant)
     binding_digest, expires_at, claimed_at = store.claims[claim.grant_id]
     assert binding_digest.startswith("sha256:")
     assert (expires_at, claimed_at) == (claim.expires_at, clock.now())
