@@ -10,11 +10,12 @@ install does not ``--wait`` for the Deployment; the operator's permissions are c
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ import pytest
 import yaml
 from cluster.build import KUBERNETES_VERSION, Tools
 from cluster.control_plane import ControlPlane
+
+from agentsafe.operator.cli import register
+from agentsafe.operator.rbac import render_rbac
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "agentsafe"
@@ -39,7 +43,7 @@ VARIANTS: dict[str, list[str]] = {
         "--set",
         "operator.replicas=2",
     ],
-    "standalone": ["--set", "peering.enabled=false", "--set", "tests.enabled=false"],
+    "minimal": ["--set", "peering.installCRDs=false", "--set", "tests.enabled=false"],
     "digest": ["--set", f"image.digest=sha256:{'a' * 64}", "--set", "executor.image=x/y:1"],
 }
 
@@ -93,7 +97,7 @@ def test_values_schema_refuses_bad_values(k8s_tools: Tools) -> None:
     bad = [
         ["--set", "image.pullPolicy=Sometimes"],
         ["--set", "operator.watchNamespaces={Not_A_Namespace}"],
-        ["--set", "peering.enabled=false", "--set", "operator.replicas=2"],
+        ["--set", "operator.replicas=0"],
         ["--set", "image.digest=latest"],
         ["--set", "unknownKey=1"],
     ]
@@ -118,8 +122,11 @@ def test_operator_deployment_posture(k8s_tools: Tools) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (container,) = pod["containers"]
     assert container["args"][0] == "operator"
-    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
-    assert "--peering=agentsafe" in container["args"]
+    assert container["args"] == ["operator", "--liveness=http://0.0.0.0:8080/healthz"]
+    env = {item["name"]: item for item in container["env"]}
+    # kopf's identity and the operator's distinct peering priority both come from the pod.
+    assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     context = container["securityContext"]
     assert context["readOnlyRootFilesystem"] is True
@@ -128,10 +135,35 @@ def test_operator_deployment_posture(k8s_tools: Tools) -> None:
     # The executors' NetworkPolicies admit the operator by this label.
     labels = spec["template"]["metadata"]["labels"]
     assert labels["app.kubernetes.io/name"] == "agentsafe-operator"
-    standalone = _deployment(_render(k8s_tools, VARIANTS["standalone"]))
-    args = standalone["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--standalone" in args
-    assert not any(arg.startswith("--peering") for arg in args)
+    namespaced = _deployment(_render(k8s_tools, VARIANTS["namespaced"]))
+    args = namespaced["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[2:] == ["--namespace=team-a", "--namespace=team-b"]
+    # The arguments parse as `agentsafe operator` parses them (its own registration).
+    parser = argparse.ArgumentParser(prog="agentsafe")
+    register(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args(args)
+    assert parsed.namespace == ["team-a", "team-b"]
+    assert parsed.liveness == "http://0.0.0.0:8080/healthz"
+
+
+def _permissions(rules: Iterable[Mapping[str, Any]]) -> set[tuple[str, ...]]:
+    """(group, resource, verb) and (url, verb) triples: rule grouping does not matter."""
+    found: set[tuple[str, ...]] = set()
+    for rule in rules:
+        for verb in rule["verbs"]:
+            for url in rule.get("nonResourceURLs", []):
+                found.add(("url", url, verb))
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    found.add((group, resource, verb))
+    return found
+
+
+def test_chart_rbac_equals_the_operators_render_rbac(k8s_tools: Tools) -> None:
+    objects = _render(k8s_tools, [])
+    chart_rules = [rule for obj in objects if obj["kind"] == "ClusterRole" for rule in obj["rules"]]
+    (operator_role,) = [obj for obj in render_rbac() if obj["kind"] == "ClusterRole"]
+    assert _permissions(chart_rules) == _permissions(operator_role["rules"])
 
 
 def test_namespaced_variant_grants_nothing_cluster_wide(k8s_tools: Tools) -> None:
