@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing agentsafe and its development dependencies into $(VENV) ..."
 	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet -e '.[dev,plans,signing]'
+	@$(BIN)/python -m pip install --quiet -e '.[dev,plans,signing,operator]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)

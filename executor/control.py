@@ -31,7 +31,7 @@ class ControlPlane(Protocol):
     metrics: ExecutorMetrics
     streams: Streams
 
-    def status(self) -> dict[str, Any]: ...
+    async def status(self) -> dict[str, Any]: ...
 
     async def open_attempts(self) -> list[dict[str, Any]]: ...
 
@@ -74,7 +74,7 @@ def add_control_routes(app: web.Application, *, plane: ControlPlane, door: Door)
         return handler
 
     async def status(request: web.Request, principal: Principal) -> web.StreamResponse:
-        return web.json_response(plane.status())
+        return web.json_response(await plane.status())
 
     async def halt(request: web.Request, principal: Principal) -> web.StreamResponse:
         reason = await _reason(request)

@@ -147,6 +147,12 @@ class Door:
                 refusal.status, refusal.code, str(refusal), headers=headers
             ) from None
 
+    def record_refusal(self, principal: Principal, code: str) -> None:
+        """A refusal made after the door (an action this principal may not propose, another
+        principal's intent): one AUTH_FAILED line, one count and one spike hit, like the door's."""
+        method = _CREDENTIAL_METHODS.get(principal.credential_kind, "bearer")
+        self._refused(_Attempt(method=method), code)
+
     def _refused(self, attempt: _Attempt, code: str) -> None:
         self._security.emit("AUTH_FAILED", {"method": attempt.method, "code": code})
         if self._metrics is not None:
@@ -275,6 +281,9 @@ class Door:
         if not hmac.compare_digest(presented, expected):
             raise _Refusal(401, "AUTH_FAILED", "the credential is not accepted")
         return legacy.principal
+
+
+_CREDENTIAL_METHODS = {"BEARER": "bearer", "WORKLOAD_JWT": "workload", "MTLS": "mtls"}
 
 
 def _method_hint(authorization: str | None, cert_der: bytes | None) -> str:

@@ -98,6 +98,7 @@ class Pipeline:
         on_clock_skew: Callable[[float], None] = lambda skew: None,
         metrics: ExecutorMetrics | None = None,
         escalation: str = "NONE",
+        on_forbidden: Callable[[Principal, str], None] = lambda principal, code: None,
     ) -> None:
         self.mode = mode
         self._authority = authority
@@ -117,6 +118,7 @@ class Pipeline:
         self._on_clock_skew = on_clock_skew
         self._metrics = metrics
         self.escalation = escalation
+        self._on_forbidden = on_forbidden
 
     def _count_outcome(self, outcome: str) -> None:
         if self._metrics is not None and self.mode == "ENFORCEMENT":
@@ -133,6 +135,7 @@ class Pipeline:
             self._count_outcome(Outcome.BLOCKED.value)
             return halted_answer(self.mode, refusal)
         if not principal.may_propose(proposal.action):
+            self._on_forbidden(principal, "ACTION_NOT_PERMITTED_FOR_PRINCIPAL")
             raise RequestRejected(
                 403,
                 "ACTION_NOT_PERMITTED_FOR_PRINCIPAL",
@@ -563,6 +566,7 @@ class Pipeline:
                 "the presented intent does not match its recovery reference",
             )
         if intent.caller_principal != principal.id:
+            self._on_forbidden(principal, "INTENT_PRINCIPAL_MISMATCH")
             raise RequestRejected(
                 403, "INTENT_PRINCIPAL_MISMATCH", "this intent was proposed by another principal"
             )
@@ -640,6 +644,7 @@ class Pipeline:
                 "the escalation object does not belong to this intent",
             )
         if intent.caller_principal != principal.id:
+            self._on_forbidden(principal, "INTENT_PRINCIPAL_MISMATCH")
             raise RequestRejected(
                 403, "INTENT_PRINCIPAL_MISMATCH", "this intent was proposed by another principal"
             )

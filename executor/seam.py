@@ -240,11 +240,26 @@ def _report(
     )
 
 
+def _strict(schema: Any) -> bool:
+    """``type: object`` and ``additionalProperties: false``, or a union of such schemas."""
+    if not isinstance(schema, Mapping) or schema.get("type") != "object":
+        return False
+    if schema.get("additionalProperties") is False:
+        return True
+    branches = schema.get("anyOf")
+    return (
+        isinstance(branches, list)
+        and bool(branches)
+        and all(_strict(branch) for branch in branches)
+    )
+
+
 def check_parameters_schema(schema: Any) -> Draft202012Validator:
-    """Accept only a strict object schema (``type: object``, ``additionalProperties: false``)."""
+    """Accept only a strict object schema (``type: object``, ``additionalProperties: false``),
+    or ``type: object`` with ``anyOf`` strict schemas (one handler serving several actions)."""
     if not isinstance(schema, Mapping):
         raise HandlerError("a parameter schema must be a JSON object", code="SCHEMA_NOT_STRICT")
-    if schema.get("type") != "object" or schema.get("additionalProperties") is not False:
+    if not _strict(schema):
         raise HandlerError(
             "a parameter schema must be type object with additionalProperties false",
             code="SCHEMA_NOT_STRICT",

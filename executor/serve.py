@@ -168,7 +168,7 @@ class Executor:
         body["ready"] = ready
         return ReadyState(ready=ready, body=body)
 
-    def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:
         door = self.door.door.principals
         summary = door.summary() if hasattr(door, "summary") else []
         out: dict[str, Any] = {
@@ -179,6 +179,7 @@ class Executor:
             "posture": self.posture.as_status(),
             "posture_drift": list(self.posture_monitor.drifted_checks()),
             "unknown_attempts": self.unknown_attempts,
+            "open_attempts": await self.open_attempts(),
             "policy_digest": self.policy.digest,
             "chain_heads": self._heads(),
         }
@@ -226,7 +227,7 @@ class Executor:
         if self.tls is not None:
             out["tls"] = {
                 "file": str(self.config.executor_tls_cert_file),
-                "rotated": self.tls.reload(),
+                "rotated": self.tls.maybe_reload(),
             }
         return out
 
@@ -426,7 +427,7 @@ def _forward_schema(document: PolicyDocument) -> dict[str, Any]:
     schemas = [dict(a.parameters) for a in document.actions if a.handler == "forward_request"]
     if len(schemas) == 1:
         return schemas[0]
-    return {"type": "object", "additionalProperties": True, "anyOf": schemas or [{}]}
+    return {"type": "object", "anyOf": schemas}
 
 
 async def assemble(
@@ -605,6 +606,7 @@ async def assemble(
         on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
         metrics=metrics,
         escalation=config.executor_escalation.value,
+        on_forbidden=door.record_refusal,
     )
     executor = Executor(
         config=config,

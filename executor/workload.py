@@ -226,6 +226,15 @@ class JwksSource:
             data = handle.read(MAX_JWKS_BYTES + 1)
         return parse_jwks(data), stamp
 
+    def is_current(self) -> bool:
+        """Whether the keys in use are those of the file as it is now (False after a refusal)."""
+        try:
+            stamp: tuple[int, int, int, int] | None = self._identity()
+        except OSError:
+            return False
+        with self._lock:
+            return stamp is not None and stamp == self._stamp
+
     def check_file(self) -> bool:
         """Re-read the file if it changed; True when a new set was taken.
 
