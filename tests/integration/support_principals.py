@@ -6,7 +6,7 @@ client CA on a real loopback socket, a real synthetic provider, a principals fil
 BEARER, WORKLOAD_JWT and MTLS principals, a JWKS file whose key signs real workload tokens, and
 an aiohttp client that can present a bearer, a client certificate, or both.
 
-    estate = await Estate.start(tmp_path, provider_url=provider.base_url)
+    estate = await Estate.start(tmp_path, provider=provider)
     reply = await estate.client.propose(estate.cast.agent.token, key="k-1")
     await estate.close()
 
@@ -404,6 +404,7 @@ class Estate:
         policy: str | None = None,
         principals_mode: int = 0o600,
         ca: TestCA | None = None,
+        provider_url: str | None = None,
     ) -> Estate:
         workspace = Workspace(root)
         cast = cast or Cast()
@@ -416,7 +417,9 @@ class Estate:
         )
         jwks = Jwks(root / "jwks.json")
         env = workspace.environment(
-            provider_url=provider.base_url, port=free_port(), policy_file=policy_file
+            provider_url=provider_url or provider.base_url,
+            port=free_port(),
+            policy_file=policy_file,
         )
         for name in LEGACY_VARIABLES:
             env.pop(name)

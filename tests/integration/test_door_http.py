@@ -231,6 +231,7 @@ async def test_a_proven_principal_is_locked_after_repeated_failures(start: Start
     assert estate.security.named("PRINCIPAL_LOCKED") == [
         {"principal": "workload-agent", "lock_seconds": 300}
     ]
+    assert estate.executor.metrics.principals_locked.value() == 1
     mark = estate.mark()
     good = estate.jwks.token()
     reply = await estate.client.propose(good, key="locked")
