@@ -359,15 +359,6 @@ async def test_an_action_outside_the_principals_list_is_refused_before_capture(
     assert estate.provider.received == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "serve._forward_schema merges two forward_request actions into "
-        "{type: object, additionalProperties: true, anyOf: [...]}, which "
-        "seam.check_parameters_schema refuses (HandlerError SCHEMA_NOT_STRICT): no policy with "
-        "two forward_request actions can start"
-    ),
-)
 async def test_an_action_the_policy_has_but_the_principal_may_not_propose(
     start: Starter,
 ) -> None:
@@ -379,14 +370,6 @@ async def test_an_action_the_policy_has_but_the_principal_may_not_propose(
     assert [r.idempotency_key for r in estate.provider.received] == ["y"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "ACTION_NOT_PERMITTED_FOR_PRINCIPAL and INTENT_PRINCIPAL_MISMATCH are raised by the "
-        "pipeline after the door and write no AUTH_FAILED line; issue 3 says each refusal in "
-        "the door's list (these two included) is one AUTH_FAILED line with method and code"
-    ),
-)
 async def test_authorization_refusals_after_the_door_are_auth_failed_lines(
     start: Starter,
 ) -> None:
