@@ -8,6 +8,7 @@ and the OpenMetrics exposition with fixed label names. Every operator action is 
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -216,9 +217,9 @@ async def test_secrets_reload_names_files_and_never_values(start: Starter) -> No
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "reload_secrets reports jwks.ok = JwksSource.check_file(), which is True only when the "
-        "file changed: an unchanged, good JWKS file is reported ok: false (and a refused one "
-        "too), unlike principals.ok, which means 'loaded'"
+        "serve.Executor.reload_secrets reports jwks.ok = JwksSource.check_file(), True only "
+        "when the file changed: an unchanged, good JWKS file is reported ok: false, like a "
+        "refused one (fix: call check_file(), then report ok = is_current())"
     ),
 )
 async def test_an_unchanged_jwks_file_is_reported_ok(start: Starter) -> None:
@@ -232,6 +233,21 @@ async def test_unchanged_tls_material_is_not_reported_rotated(start: Starter) ->
     reply = await estate.client.post("/v1/control/secrets/reload", token=estate.cast.ops.token)
     assert reply.body["tls"]["rotated"] is False
     assert estate.security.named("TLS_CONTEXT_ROTATED") == []
+
+
+async def test_a_broken_jwks_file_on_reload_keeps_the_last_good_keys(start: Starter) -> None:
+    estate = await start()
+    token = estate.jwks.token()
+    estate.jwks.path.write_text('{"keys": "SECRETMARK"}')
+    reply = await estate.client.post("/v1/control/secrets/reload", token=estate.cast.ops.token)
+    assert reply.status == 200, reply.text
+    assert reply.body["jwks"] == {"file": str(estate.jwks.path), "ok": False}
+    assert "SECRETMARK" not in reply.text
+    [refused] = estate.security.named("JWKS_RELOAD_REFUSED")
+    assert refused["file"] == "EXECUTOR_JWKS_FILE"
+    assert "SECRETMARK" not in json.dumps(refused)
+    reply = await estate.client.propose(token, key="still-good")
+    assert reply.status == 200, reply.text
 
 
 async def test_a_refused_secret_file_is_named_in_the_report(start: Starter) -> None:
