@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .canonical import sha256_digest
 from .celexpr import Expression, compile_expression
 from .errors import PolicyError
+from .plans.policy import PlanPolicy
 
 __all__ = [
     "MAX_POLICY_BYTES",
@@ -123,6 +124,10 @@ class PolicyDocument(_Model):
     """``spec.policy`` of an AgentPolicy; the executor's ``EXECUTOR_POLICY_FILE``."""
 
     actions: tuple[ActionPolicy, ...] = Field(min_length=1, max_length=200)
+    plans: PlanPolicy | None = Field(
+        default=None,
+        description="multi-step plans: tools, effects, sources and ceilings (docs/plans.md)",
+    )
 
     @model_validator(mode="after")
     def _unique_action_names(self) -> PolicyDocument:

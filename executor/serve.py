@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -51,6 +51,11 @@ from .halt import HaltState
 from .journal import AttemptJournal
 from .metrics import ExecutorMetrics
 from .pipeline import Pipeline
+from .plan_audit import DurablePlanAudit
+from .plans.execute import StepExecutor
+from .plans.service import ExecutorRegistry, PlanService
+from .plans.signing import Ed25519Signer
+from .plans_http import add_plan_routes
 from .policy import CompiledPolicy, PolicyDocument, compile_policy, load_policy
 from .posture import PostureInputs, PostureMonitor, PostureReport, check_posture
 from .principals import Principal
@@ -121,6 +126,7 @@ class Executor:
     posture_monitor: PostureMonitor
     redactor: Redactor
     chained: ChainedStreams | None = None
+    plans: PlanService | None = None
     app: web.Application = field(init=False)
     reconciling: bool = True
     unknown_attempts: int = 0
@@ -139,6 +145,8 @@ class Executor:
 
     def _routes(self, app: web.Application) -> None:
         add_control_routes(app, plane=self, door=self.door)
+        if self.plans is not None:
+            add_plan_routes(app, service=self.plans, door=self.door, streams=self.streams)
         if self.config.executor_escalation.value == "APPROVAL":
             add_approval_routes(
                 app, door=self.door, store=self.store, streams=self.streams, clock=self.clock
@@ -437,12 +445,16 @@ async def assemble(
     clock: Clock | None = None,
     guard: Guard | None = None,
     chain: tuple[TextIO | LineWriter, TextIO | LineWriter] | None = None,
+    plan_executors: Sequence[StepExecutor] = (),
 ) -> Executor:
     """Build an executor from ``environ`` in the start order; raises on any refusal.
 
     With ``chain`` (where the evidence and security lines go), the two streams are chained and
     their heads persisted under the journal directory; ``streams`` must then be a pair of
     :class:`DeferredSink` that hold what start-up says until the chain is open.
+
+    ``plan_executors`` are the host's step executors for the plan routes (each bound to one tool
+    and effect); the routes exist when the policy has a ``plans`` section.
     """
     config = load_config(environ)
     streams = streams or Streams.standard()
@@ -631,9 +643,56 @@ async def assemble(
         posture_monitor=monitor,
         redactor=redactor,
         chained=chained,
+        plans=_plan_service(
+            config,
+            policy,
+            key,
+            store,
+            streams,
+            clock,
+            journal_dir=config.executor_journal_dir,
+            executors=plan_executors,
+        ),
     )
     holder["executor"] = executor
     return executor
+
+
+def _plan_service(
+    config: ExecutorConfig,
+    policy: CompiledPolicy,
+    key: SigningKey,
+    store: SQLiteUseStore,
+    streams: Streams,
+    clock: Clock,
+    *,
+    journal_dir: Path | None,
+    executors: Sequence[StepExecutor],
+) -> PlanService | None:
+    """The plan service when the policy has a ``plans`` section; it needs the journal for its
+    durable audit."""
+    plans = policy.document.plans
+    if plans is None:
+        return None
+    if journal_dir is None:
+        raise ConfigError("EXECUTOR_JOURNAL_DIR", "is required by the policy's plans section")
+    registry = ExecutorRegistry()
+    for step_executor in executors:
+        registry.register(step_executor)
+    registry.seal()
+    signer = Ed25519Signer(key)
+    return PlanService(
+        policy=plans,
+        approval_signer=signer,
+        approval_verifier=signer.verifier(),
+        receipt_signer=signer,
+        receipt_verifier=signer.verifier(),
+        use_store=store,
+        audit_sink=DurablePlanAudit(Path(journal_dir), clock=clock, evidence=streams.evidence),
+        executors=registry,
+        clock=clock,
+        max_clock_skew_ms=config.executor_max_clock_skew_ms,
+    )
 
 
 def _writable_dirs(environ: Mapping[str, str]) -> list[Path]:
