@@ -1,5 +1,8 @@
 # agentsafe developer commands. `make demo` and `make test` work on a fresh clone:
 # each creates .venv and installs what it needs first.
+#
+# Never run `python -m ...` from this directory: `operator/` here would shadow the standard
+# library's `operator` module for that interpreter. Use the .venv's console scripts instead.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -19,8 +22,8 @@ help:
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing agentsafe and its development dependencies into $(VENV) ..."
-	@$(BIN)/python -m pip install --quiet --upgrade pip
-	@$(BIN)/python -m pip install --quiet -e '.[dev,plans,signing,operator]'
+	@$(BIN)/pip install --quiet --upgrade pip
+	@$(BIN)/pip install --quiet -e '.[dev,plans,signing,operator]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)
@@ -45,7 +48,7 @@ typecheck: $(STAMP)
 	MYPYPATH=build/typecheck $(BIN)/mypy -p agentsafe.executor -p agentsafe.operator
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/pytest -q
 
 test: lint typecheck unit
 

@@ -153,8 +153,15 @@ class _Process:
         out = open(self.stdout_path, "ab")  # noqa: SIM115 - closed in _close_files
         err = open(self.stderr_path, "ab")  # noqa: SIM115
         self._files = [out, err]
+        # Run from the log directory: never from a source checkout, where a directory named
+        # like a standard-library module could shadow it for ``python -m``.
         self.process = subprocess.Popen(
-            self.argv, env=self.env, stdout=out, stderr=err, stdin=subprocess.DEVNULL
+            self.argv,
+            env=self.env,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            cwd=self.stdout_path.parent,
         )
 
     def _close_files(self) -> None:
