@@ -587,6 +587,7 @@ async def assemble(
         metrics=metrics,
         clock=clock,
         halt=halt,
+        jwks_fetch=_jwks_fetch(config, transport),
     )
     tls = build_tls(config, secrets, streams, metrics)
 
@@ -656,6 +657,24 @@ async def assemble(
     )
     holder["executor"] = executor
     return executor
+
+
+def _jwks_fetch(config: ExecutorConfig, transport: Any) -> Any:
+    """Refresh the JWKS from ``EXECUTOR_JWKS_URL`` through the guarded client, or nothing."""
+    url = config.executor_jwks_url
+    if not url:
+        return None
+
+    async def fetch() -> bytes:
+        response = await transport.request(
+            "GET", url, headers={"accept": "application/json"}, body=None, timeout=10.0
+        )
+        if response.status != 200:
+            raise ValueError(f"the JWKS endpoint answered {response.status}")
+        body: bytes = response.body
+        return body
+
+    return fetch
 
 
 def _plan_service(
