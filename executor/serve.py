@@ -228,9 +228,10 @@ class Executor:
                 self.door.door.replace_principals(principals)
                 out["principals"] = {"file": str(self.config.executor_principals_file), "ok": True}
         if self.jwks is not None:
+            self.jwks.check_file()
             out["jwks"] = {
                 "file": str(self.config.executor_jwks_file),
-                "ok": self.jwks.check_file(),
+                "ok": self.jwks.is_current(),
             }
         if self.tls is not None:
             out["tls"] = {

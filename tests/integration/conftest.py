@@ -31,7 +31,12 @@ class Running:
         return self.workspace.caller_token
 
     async def post(
-        self, path: str, body: Any, *, token: str | None = None, headers: dict[str, str] | None = None
+        self,
+        path: str,
+        body: Any,
+        *,
+        token: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, dict[str, Any], aiohttp.typedefs.LooseHeaders]:
         hdrs = {"authorization": f"Bearer {token if token is not None else self.token}"}
         hdrs.update(headers or {})

@@ -214,14 +214,6 @@ async def test_secrets_reload_names_files_and_never_values(start: Starter) -> No
     assert _operator_actions(estate) == [{"principal": "ops", "action": "secrets.reload"}]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "serve.Executor.reload_secrets reports jwks.ok = JwksSource.check_file(), True only "
-        "when the file changed: an unchanged, good JWKS file is reported ok: false, like a "
-        "refused one (fix: call check_file(), then report ok = is_current())"
-    ),
-)
 async def test_an_unchanged_jwks_file_is_reported_ok(start: Starter) -> None:
     estate = await start()
     reply = await estate.client.post("/v1/control/secrets/reload", token=estate.cast.ops.token)

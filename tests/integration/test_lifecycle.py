@@ -266,7 +266,9 @@ async def test_callers_must_present_the_caller_token(
 async def test_body_refusals_echo_nothing(running: Factory) -> None:
     run = await running()
     auth = {"authorization": f"Bearer {run.token}"}
-    big = {"proposal": {"action": "create_payout", "target": "x", "parameters": {"p": "a" * 110_000}}}
+    big = {
+        "proposal": {"action": "create_payout", "target": "x", "parameters": {"p": "a" * 110_000}}
+    }
     async with run.session.post(run.url + "/v1/actions", json=big, headers=auth) as response:
         assert response.status == 413
     async with run.session.post(
