@@ -44,7 +44,7 @@ from .config import ExecutorConfig, load_config
 from .control import add_control_routes
 from .door_http import HttpDoor
 from .errors import AgentSafeError, ConfigError, RequestRejected
-from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, Streams
+from .events import SECURITY_SCHEMA, DeferredSink, EventSink, JsonLinesSink, Streams
 from .forward import ForwardRequestHandler
 from .grants import SigningKey
 from .halt import HaltState
@@ -529,13 +529,14 @@ async def assemble(
                 window_lines=config.executor_evidence_window_lines,
                 redactor=redactor,
             )
-            for deferred, sink in (
-                (streams.evidence, chained.evidence),
-                (streams.security, chained.security),
+            _count_chained(chained, metrics)
+            for deferred, sink, name in (
+                (streams.evidence, chained.evidence, "evidence"),
+                (streams.security, chained.security, "security"),
             ):
                 if not isinstance(deferred, DeferredSink):
                     raise TypeError("chained streams need DeferredSink placeholders")
-                deferred.attach(sink)
+                deferred.attach(_CountingSink(sink, metrics, name))
         store = await SQLiteUseStore.open(state_dir, clock=clock)
     except BaseException:
         secrets.close()
@@ -658,6 +659,32 @@ async def assemble(
     )
     holder["executor"] = executor
     return executor
+
+
+class _CountingSink:
+    """Counts the chained lines each stream writes (``agentsafe_chained_lines_total``)."""
+
+    def __init__(self, sink: EventSink, metrics: ExecutorMetrics, stream: str) -> None:
+        self._sink = sink
+        self._metrics = metrics
+        self._stream = stream
+
+    def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
+        self._sink.emit(event, fields)
+        self._metrics.chained_lines.inc(stream=self._stream)
+
+
+def _count_chained(chained: ChainedStreams, metrics: ExecutorMetrics) -> None:
+    """Every redaction a chained stream makes is counted before LEAK_SUSPECTED is raised."""
+    for sink in (chained.evidence, chained.security):
+        report = sink.on_redaction
+
+        def counted(stream: str, leaks: Any, report: Any = report) -> None:
+            metrics.redactions.inc()
+            if report is not None:
+                report(stream, leaks)
+
+        sink.on_redaction = counted
 
 
 def _jwks_fetch(config: ExecutorConfig, transport: Any) -> Any:

@@ -129,6 +129,11 @@ async def test_evidence_export_and_offline_bundle_verification(tmp_path: Path) -
                 ) as r:
                     assert r.status == 200, await r.text()
                     manifests.append(await r.json())
+            async with session.get(executor.url + "/metrics", headers=headers) as r:
+                assert r.status == 200
+                exposition = await r.text()
+            assert 'agentsafe_chained_lines_total{stream="evidence"}' in exposition
+            assert 'agentsafe_chained_lines_total{stream="security"}' in exposition
         bundles = sorted(p for p in (workspace.root / "evidence").iterdir() if p.is_dir())
         assert len(bundles) == 2, "two exports never overwrite each other"
         for bundle in bundles:
