@@ -498,8 +498,10 @@ async def assemble(
             redactor.set_secret(name, value)
 
     secrets.on_change(rotated)
+    journal: AttemptJournal | None = None
+    chained: ChainedStreams | None = None
+    store: SQLiteUseStore | None = None
     try:
-        journal: AttemptJournal | None = None
         if config.executor_journal_dir is not None:
             try:
                 journal = await AttemptJournal.open(
@@ -518,7 +520,6 @@ async def assemble(
             if config.executor_state_dir
             else Path(tempfile.mkdtemp(prefix="agentsafe-state-"))
         )
-        chained: ChainedStreams | None = None
         if chain is not None:
             chained = open_chained_streams(
                 evidence_out=chain[0],
@@ -538,127 +539,134 @@ async def assemble(
                     raise TypeError("chained streams need DeferredSink placeholders")
                 deferred.attach(_CountingSink(sink, metrics, name))
         store = await SQLiteUseStore.open(state_dir, clock=clock)
-    except BaseException:
-        secrets.close()
-        raise
 
-    halt = HaltState(
-        clock=clock,
-        security=streams.security,
-        halt_file=config.executor_halt_file,
-        metrics=metrics,
-        auth_spike=config.executor_halt_on_auth_failures,
-        egress_spike=config.executor_halt_on_egress_refusals,
-    )
+        halt = HaltState(
+            clock=clock,
+            security=streams.security,
+            halt_file=config.executor_halt_file,
+            metrics=metrics,
+            auth_spike=config.executor_halt_on_auth_failures,
+            egress_spike=config.executor_halt_on_egress_refusals,
+        )
 
-    def egress_refused(code: str) -> None:
-        metrics.egress_refusals.inc(code=code)
-        halt.record_egress_refusal()
+        def egress_refused(code: str) -> None:
+            metrics.egress_refusals.inc(code=code)
+            halt.record_egress_refusal()
 
-    transport = build_transport(config, streams, on_refusal=egress_refused)
-    document = load_policy(config.executor_policy_file)
-    registry = Registry(security=streams.security)
-    registry.register(
-        "forward_request",
-        ForwardRequestHandler(
-            url=config.downstream_url,
-            lookup_url=config.downstream_lookup_url,
-            timeout_ms=config.downstream_timeout_ms,
-            transport=transport,
-            credential=build_credential(config, secrets, transport, clock),
-            parameters_schema=_forward_schema(document),
-        ),
-    )
-    registry.seal()
-    policy = compile_policy(document, registered_handlers=set(registry.names()))
+        transport = build_transport(config, streams, on_refusal=egress_refused)
+        document = load_policy(config.executor_policy_file)
+        registry = Registry(security=streams.security)
+        registry.register(
+            "forward_request",
+            ForwardRequestHandler(
+                url=config.downstream_url,
+                lookup_url=config.downstream_lookup_url,
+                timeout_ms=config.downstream_timeout_ms,
+                transport=transport,
+                credential=build_credential(config, secrets, transport, clock),
+                parameters_schema=_forward_schema(document),
+            ),
+        )
+        registry.seal()
+        policy = compile_policy(document, registered_handlers=set(registry.names()))
 
-    key_handle = secrets.get("EXECUTOR_AUTHORITY_SIGNING_KEY")
-    if key_handle is not None:
-        with key_handle.reveal() as pem:
-            key = SigningKey.from_pem(pem)
-    else:
-        key = SigningKey.generate()
-        streams.security.emit("AUTHORITY_KEY_EPHEMERAL", {"kid": key.kid})
-    authority = LocalAuthority(policy, keys=key, store=store, clock=clock)
+        key_handle = secrets.get("EXECUTOR_AUTHORITY_SIGNING_KEY")
+        if key_handle is not None:
+            with key_handle.reveal() as pem:
+                key = SigningKey.from_pem(pem)
+        else:
+            key = SigningKey.generate()
+            streams.security.emit("AUTHORITY_KEY_EPHEMERAL", {"kid": key.kid})
+        authority = LocalAuthority(policy, keys=key, store=store, clock=clock)
 
-    door, jwks = build_door(
-        config,
-        secrets=secrets,
-        actions=list(policy.actions),
-        streams=streams,
-        metrics=metrics,
-        clock=clock,
-        halt=halt,
-        jwks_fetch=_jwks_fetch(config, transport),
-    )
-    tls = build_tls(config, secrets, streams, metrics)
-
-    ceilings = HostCeilings(
-        single=config.executor_hard_limit_single_minor,
-        window_seconds=config.executor_hard_limit_window_seconds,
-        window_count=config.executor_hard_limit_window_count,
-        window_sum_minor=config.executor_hard_limit_window_sum_minor,
-        clock=clock,
-    )
-    shadow = ShadowReport()
-    holder: dict[str, Executor] = {}
-    pipeline = Pipeline(
-        mode=config.executor_mode.value,
-        authority=authority,
-        signer=authority,
-        catalog=_PolicyCatalog(policy),
-        registry=registry,
-        store=store,
-        journal=journal,
-        ceilings=ceilings if ceilings.configured else None,
-        streams=streams,
-        clock=clock,
-        target=config.downstream_target(),
-        intent_ttl_seconds=config.executor_intent_ttl_seconds,
-        max_clock_skew_ms=config.executor_max_clock_skew_ms,
-        shadow=shadow,
-        refusal=lambda: holder["executor"].refusal(),
-        on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
-        metrics=metrics,
-        escalation=config.executor_escalation.value,
-        on_forbidden=door.record_refusal,
-    )
-    executor = Executor(
-        config=config,
-        environ=environ,
-        streams=streams,
-        clock=clock,
-        secrets=secrets,
-        store=store,
-        journal=journal,
-        authority=authority,
-        registry=registry,
-        transport=transport,
-        pipeline=pipeline,
-        policy=policy,
-        shadow=shadow,
-        metrics=metrics,
-        halt=halt,
-        door=HttpDoor(door),
-        jwks=jwks,
-        tls=tls,
-        posture=posture,
-        posture_monitor=monitor,
-        redactor=redactor,
-        chained=chained,
-        plans=_plan_service(
+        door, jwks = build_door(
             config,
-            policy,
-            key,
-            store,
-            streams,
-            clock,
-            journal_dir=config.executor_journal_dir,
-            executors=plan_executors,
-        ),
-    )
-    holder["executor"] = executor
-    return executor
+            secrets=secrets,
+            actions=list(policy.actions),
+            streams=streams,
+            metrics=metrics,
+            clock=clock,
+            halt=halt,
+            jwks_fetch=_jwks_fetch(config, transport),
+        )
+        tls = build_tls(config, secrets, streams, metrics)
+
+        ceilings = HostCeilings(
+            single=config.executor_hard_limit_single_minor,
+            window_seconds=config.executor_hard_limit_window_seconds,
+            window_count=config.executor_hard_limit_window_count,
+            window_sum_minor=config.executor_hard_limit_window_sum_minor,
+            clock=clock,
+        )
+        shadow = ShadowReport()
+        holder: dict[str, Executor] = {}
+        pipeline = Pipeline(
+            mode=config.executor_mode.value,
+            authority=authority,
+            signer=authority,
+            catalog=_PolicyCatalog(policy),
+            registry=registry,
+            store=store,
+            journal=journal,
+            ceilings=ceilings if ceilings.configured else None,
+            streams=streams,
+            clock=clock,
+            target=config.downstream_target(),
+            intent_ttl_seconds=config.executor_intent_ttl_seconds,
+            max_clock_skew_ms=config.executor_max_clock_skew_ms,
+            shadow=shadow,
+            refusal=lambda: holder["executor"].refusal(),
+            on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
+            metrics=metrics,
+            escalation=config.executor_escalation.value,
+            on_forbidden=door.record_refusal,
+        )
+        executor = Executor(
+            config=config,
+            environ=environ,
+            streams=streams,
+            clock=clock,
+            secrets=secrets,
+            store=store,
+            journal=journal,
+            authority=authority,
+            registry=registry,
+            transport=transport,
+            pipeline=pipeline,
+            policy=policy,
+            shadow=shadow,
+            metrics=metrics,
+            halt=halt,
+            door=HttpDoor(door),
+            jwks=jwks,
+            tls=tls,
+            posture=posture,
+            posture_monitor=monitor,
+            redactor=redactor,
+            chained=chained,
+            plans=_plan_service(
+                config,
+                policy,
+                key,
+                store,
+                streams,
+                clock,
+                journal_dir=config.executor_journal_dir,
+                executors=plan_executors,
+            ),
+        )
+        holder["executor"] = executor
+        return executor
+    except BaseException:
+        # Nothing half-built survives a refusal: close what was opened, in reverse order.
+        if store is not None:
+            await store.close()
+        if journal is not None:
+            await journal.close()
+        secrets.close()
+        if chained is not None:
+            chained.close()
+        raise
 
 
 class _CountingSink:

@@ -1,0 +1,94 @@
+"""Start-up refusals that name their source, the shadow report at stop, and clock skew."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+import yaml
+
+from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.errors import ConfigError
+from agentsafe.executor.events import MemorySink, Streams
+from agentsafe.executor.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
+from agentsafe.executor.serve import assemble
+
+from .conftest import Factory
+
+AGENTSAFE = str(Path(sys.executable).parent / "agentsafe")
+EXAMPLE = Path(__file__).parents[2] / "examples" / "policy.yaml"
+
+
+def test_an_invalid_policy_expression_refuses_to_start_naming_the_rule(tmp_path: Path) -> None:
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["actions"][0]["rules"][1]["when"] = "params.amountMinor <= "
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(document))
+    env = Workspace(tmp_path / "ws").environment(
+        provider_url="http://127.0.0.1:9", port=free_port(), policy_file=policy
+    )
+    result = subprocess.run(
+        [AGENTSAFE, "serve"], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path
+    )
+    assert result.returncode == 78
+    refusal = [line for line in result.stderr.splitlines() if "refused to start" in line]
+    assert len(refusal) == 1
+    assert "actions[0].rules[1].when" in refusal[0]
+
+
+@pytest.mark.slow
+async def test_shadow_prints_its_report_when_it_stops(tmp_path: Path) -> None:
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    env = Workspace(tmp_path / "ws").environment(
+        provider_url=provider.url, port=free_port(), mode="SHADOW"
+    )
+    executor = ExecutorProcess(env, tmp_path, "shadow")
+    try:
+        await executor.start()
+        async with aiohttp.ClientSession() as session:
+            for amount, key in ((100, "a"), (900000, "b")):
+                status, body = await executor.propose(session, amount=amount, key=key)
+                assert status == 200
+                assert body["outcome"] == "OBSERVED"
+        assert executor.terminate() == 0
+    finally:
+        provider.terminate()
+    report = executor.stderr_path.read_text()
+    assert "create_payout" in report
+    assert "EXECUTOR_MODE=ENFORCEMENT" in report
+
+
+async def test_an_authority_clock_beyond_the_skew_bound_halts(
+    running: Factory, tmp_path: Path
+) -> None:
+    run = await running()
+    # A real authority whose clock runs five seconds ahead of this host's.
+    ahead = ManualClock(start=run.executor.clock.now() + 5.0)
+    run.executor.authority._clock = ahead
+    status, body = await run.propose(100, key="skewed")
+    assert status == 503
+    assert body["reason_codes"] == ["AUTHORITY_UNAVAILABLE"]
+    assert run.executor.halt.halted
+    assert [c.cause.value for c in run.executor.halt.causes] == ["CLOCK_SKEW"]
+    assert run.security.named("CLOCK_SKEW_EXCEEDED")
+    status, body = await run.propose(100, key="after")
+    assert status == 503
+    assert body["reason_codes"] == ["EXECUTOR_HALTED"]
+    assert run.provider.received == []
+
+
+async def test_assemble_refuses_a_plans_section_without_a_journal(tmp_path: Path) -> None:
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["plans"] = {"allowedTools": ["query"]}
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump(document))
+    env = Workspace(tmp_path / "ws").environment(
+        provider_url="http://127.0.0.1:9", port=free_port(), mode="SHADOW", policy_file=policy
+    )
+    with pytest.raises(ConfigError) as info:
+        await assemble(env, streams=Streams(evidence=MemorySink(), security=MemorySink()))
+    assert info.value.variable == "EXECUTOR_JOURNAL_DIR"
