@@ -124,7 +124,8 @@ _DELETE = object()
         ("actions/0/parameters/required", "amountMinor", "actions[0].parameters", "invalid"),
         ("actions/0/parameters/$schema", "http://json-schema.org/draft-04/schema#", "", "2020-12"),
         ("actions", [], "actions", ""),
-        ("plans", {}, "plans", "Extra"),
+        ("workflows", {}, "workflows", "Extra"),
+        ("plans", {"allowedEffects": ["teleport"]}, "plans.allowedEffects", ""),
     ],
 )
 def test_refusals_name_the_path(path: str, value: Any, where: str, fragment: str) -> None:
