@@ -1,13 +1,18 @@
-"""forward_request and PlainTransport against real loopback servers.
+"""forward_request through the egress guard against real loopback servers.
 
-Every outcome path runs through the seam, ``PlainTransport`` and the synthetic provider (or, for
-answers the synthetic provider never gives, a small aiohttp server on loopback).
+Every outcome path runs through the seam, ``egress.GuardedClient`` (the executor's one outbound
+client, here with loopback destinations under the development/test allowance
+``allow_insecure_loopback=True``) and the synthetic provider, or, for answers the synthetic
+provider never gives, a small aiohttp server on loopback. The guard's own refusals (the SSRF
+corpus, TLS, pins, body and redirect handling in isolation) are in ``test_egress.py`` and
+``test_egress_ssrf.py``; here they are asserted only as the seam reports them.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,7 +21,9 @@ from aiohttp.test_utils import TestServer
 
 from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.egress import Destination, GuardedClient
 from agentsafe.executor.errors import ConfigError
+from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.forward import (
     ForwardRequestHandler,
     StaticHeaderCredential,
@@ -37,9 +44,7 @@ from agentsafe.executor.secrets import SecretHandle
 from agentsafe.executor.synthetic import SyntheticProvider
 from agentsafe.executor.transport import (
     HttpResponse,
-    PlainTransport,
     Transport,
-    TransportError,
     is_loopback_host,
 )
 
@@ -54,6 +59,39 @@ SCHEMA: dict[str, Any] = {
     },
 }
 TOKEN = "synthetic-downstream-token-0001"
+PATH = "/payouts"
+LOOKUP = "/payouts/{idempotency_key}"
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A guarded client, the security stream it reports to and the refusals it counted."""
+
+    client: GuardedClient
+    security: MemorySink
+    refusals: list[str]
+
+
+def guarded(*prefixes: str, loopback: bool = True) -> Guard:
+    """A :class:`GuardedClient` allowing exactly ``prefixes`` (loopback allowance by default)."""
+    streams = Streams.memory()
+    refusals: list[str] = []
+    client = GuardedClient(
+        [Destination(p, allow_insecure_loopback=loopback) for p in prefixes],
+        streams,
+        on_refusal=refusals.append,
+    )
+    assert isinstance(streams.security, MemorySink)
+    return Guard(client, streams.security, refusals)
+
+
+def guard_for(base: str, *, path: str = PATH, lookup: str | None = LOOKUP) -> Guard:
+    """The destinations the executor's assembly derives for this handler: each configured
+    address up to its first placeholder."""
+    prefixes = [base + path]
+    if lookup is not None:
+        prefixes.append(base + lookup.split("{", 1)[0])
+    return guarded(*prefixes)
 
 
 class RecordingTransport:
@@ -88,10 +126,16 @@ async def provider() -> AsyncIterator[SyntheticProvider]:
 
 
 @pytest.fixture
-async def transport() -> AsyncIterator[PlainTransport]:
-    plain = PlainTransport(allow_insecure_loopback=True)
-    yield plain
-    await plain.close()
+def guard(provider: SyntheticProvider) -> Guard:
+    return guard_for(provider.base_url)
+
+
+async def closed_base() -> str:
+    """The base URL of a synthetic provider that has stopped: its port refuses connections."""
+    synthetic = SyntheticProvider()
+    base = await synthetic.start()
+    await synthetic.stop()
+    return base
 
 
 def secret(value: str = TOKEN) -> SecretHandle:
@@ -117,8 +161,8 @@ def build(
     base: str,
     transport: Transport,
     *,
-    path: str = "/payouts",
-    lookup: str | None = "/payouts/{idempotency_key}",
+    path: str = PATH,
+    lookup: str | None = LOOKUP,
     timeout_ms: int = 5_000,
     handle: SecretHandle | None = None,
 ) -> tuple[Registry, ForwardRequestHandler]:
@@ -154,13 +198,13 @@ async def run(
     return await registry.execute("create_payout", ctx, on_claimed=on_claimed), ctx
 
 
-# -- every outcome through the synthetic provider ------------------------------------------
+# -- every outcome through the guard and the synthetic provider -----------------------------
 
 
 async def test_completed_sends_the_bound_request_once(
-    provider: SyntheticProvider, transport: PlainTransport
+    provider: SyntheticProvider, guard: Guard
 ) -> None:
-    registry, _ = build(provider.base_url, transport)
+    registry, _ = build(provider.base_url, guard.client)
     report, ctx = await run(registry, "payout-1-v1")
     assert report.outcome is Outcome.COMPLETED
     assert report.executed is True
@@ -176,15 +220,20 @@ async def test_completed_sends_the_bound_request_once(
     assert received.headers["x-agent-safe-intent-hash"] == ctx.intent.intent_hash
     assert received.headers["x-agent-safe-dossier-id"] == "dos-1"
     assert received.headers["x-agent-safe-grant-id"] == "grant-payout-1-v1"
+    assert received.headers["x-agent-safe-decision-id"] == "dec-1"
     assert received.headers["x-api-key"] == TOKEN
+    # the guard adds nothing that identifies the client library
+    assert "user-agent" not in received.headers
     assert provider.executed_keys() == ["payout-1-v1"]
+    assert guard.refusals == []
+    assert guard.security.events == []
 
 
 async def test_a_deterministic_refusal_is_definitely_not_executed(
-    provider: SyntheticProvider, transport: PlainTransport
+    provider: SyntheticProvider, guard: Guard
 ) -> None:
     provider.set_mode("refuse")
-    registry, _ = build(provider.base_url, transport)
+    registry, _ = build(provider.base_url, guard.client)
     report, _ = await run(registry, "payout-2")
     assert report.outcome is Outcome.DEFINITELY_NOT_EXECUTED
     assert report.executed is False
@@ -193,10 +242,8 @@ async def test_a_deterministic_refusal_is_definitely_not_executed(
     assert provider.executed_keys() == []
 
 
-async def test_a_500_without_body_is_unknown(
-    provider: SyntheticProvider, transport: PlainTransport
-) -> None:
-    registry, _ = build(provider.base_url, transport)
+async def test_a_500_without_body_is_unknown(provider: SyntheticProvider, guard: Guard) -> None:
+    registry, _ = build(provider.base_url, guard.client)
     report, _ = await run(
         registry, "payout-3", {"amountMinor": 1, "currency": "USD", "synthetic_mode": "error"}
     )
@@ -206,16 +253,21 @@ async def test_a_500_without_body_is_unknown(
 
 
 async def test_a_provider_that_never_answers_is_unknown_within_the_grant(
-    provider: SyntheticProvider, transport: PlainTransport
+    provider: SyntheticProvider, guard: Guard
 ) -> None:
     provider.set_mode("hang")
-    recording = RecordingTransport(transport)
+    recording = RecordingTransport(guard.client)
     registry, handler = build(provider.base_url, recording, timeout_ms=15_000)
     report, _ = await run(registry, "payout-4", grant_seconds=0.3)
     assert report.outcome is Outcome.UNKNOWN_AFTER_DISPATCH
+    assert report.dispatched is True
     assert report.reason_codes == ("EGRESS_TIMEOUT",)
     assert recording.timeouts == [pytest.approx(0.3)]  # the grant, not DOWNSTREAM_TIMEOUT_MS
     assert [r.idempotency_key for r in provider.received] == ["payout-4"]
+    assert guard.refusals == ["EGRESS_TIMEOUT"]
+    assert guard.security.named("EGRESS_REFUSED") == [
+        {"origin": provider.base_url, "code": "EGRESS_TIMEOUT"}
+    ]
     # the provider acted; its lookup says so and reconciliation reads it
     assert await handler.reconcile("payout-4") == ReconcileResult(
         ReconcileStatus.COMPLETED, provider_reference=provider.state.payouts["payout-4"].reference
@@ -223,66 +275,87 @@ async def test_a_provider_that_never_answers_is_unknown_within_the_grant(
 
 
 async def test_a_connection_reset_after_sending_is_unknown(
-    provider: SyntheticProvider, transport: PlainTransport
+    provider: SyntheticProvider, guard: Guard
 ) -> None:
     provider.set_mode("reset")
-    registry, _ = build(provider.base_url, transport)
+    registry, _ = build(provider.base_url, guard.client)
     report, _ = await run(registry, "payout-5")
     assert report.outcome is Outcome.UNKNOWN_AFTER_DISPATCH
     assert report.reason_codes == ("TRANSPORT_CONNECTION_LOST",)
     assert report.dispatched is True
+    assert [r.idempotency_key for r in provider.received] == ["payout-5"]
 
 
-async def test_a_refused_connection_failed_before_dispatch(transport: PlainTransport) -> None:
-    synthetic = SyntheticProvider()
-    base = await synthetic.start()
-    await synthetic.stop()  # the port is closed now
-    registry, _ = build(base, transport)
+async def test_a_refused_connection_failed_before_dispatch() -> None:
+    base = await closed_base()
+    guard = guard_for(base)
+    registry, _ = build(base, guard.client)
     report, _ = await run(registry, "payout-6")
     assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
     assert report.executed is False
     assert report.dispatched is False
     assert report.reason_codes == ("TRANSPORT_CONNECT_FAILED",)
+    assert guard.refusals == []  # an unreachable peer is not a policy refusal
 
 
-async def test_plain_http_without_the_flag_never_leaves(provider: SyntheticProvider) -> None:
-    strict = PlainTransport()
-    try:
-        registry, _ = build(provider.base_url, strict)
-        report, _ = await run(registry, "payout-7")
-    finally:
-        await strict.close()
+async def test_plain_http_to_an_https_destination_never_leaves(
+    provider: SyntheticProvider,
+) -> None:
+    """Without the loopback allowance the destination is https; plain http to it is refused."""
+    https_base = provider.base_url.replace("http://", "https://", 1)
+    guard = guarded(https_base + PATH, loopback=False)
+    registry, _ = build(provider.base_url, guard.client)
+    report, _ = await run(registry, "payout-7")
     assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.dispatched is False
     assert report.reason_codes == ("EGRESS_SCHEME_NOT_ALLOWED",)
+    assert guard.refusals == ["EGRESS_SCHEME_NOT_ALLOWED"]
+    assert provider.received == []
+
+
+async def test_an_address_the_guard_does_not_know_never_leaves(
+    provider: SyntheticProvider,
+) -> None:
+    """A handler pointed at another origin, or outside the path prefix, is refused by the guard."""
+    other = guarded("http://127.0.0.2:9/")
+    outside = guarded(provider.base_url + "/refunds")
+    for guard, code in ((other, "EGRESS_ORIGIN_NOT_ALLOWED"), (outside, "EGRESS_PATH_NOT_ALLOWED")):
+        registry, _ = build(provider.base_url, guard.client)
+        report, _ = await run(registry, "payout-7b")
+        assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+        assert report.reason_codes == (code,)
+        assert guard.refusals == [code]
+        assert guard.security.named("EGRESS_REFUSED") == [
+            {"origin": provider.base_url, "code": code}
+        ]
     assert provider.received == []
 
 
 async def test_a_disposed_credential_fails_before_dispatch(
-    provider: SyntheticProvider, transport: PlainTransport
+    provider: SyntheticProvider, guard: Guard
 ) -> None:
     handle = secret()
     handle.dispose()
-    registry, _ = build(provider.base_url, transport, handle=handle)
+    registry, _ = build(provider.base_url, guard.client, handle=handle)
     report, _ = await run(registry, "payout-8")
     assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
     assert report.reason_codes == ("SECRET_DISPOSED",)
     assert provider.received == []
 
 
-async def test_an_expired_grant_sends_nothing(
-    provider: SyntheticProvider, transport: PlainTransport
-) -> None:
-    registry, _ = build(provider.base_url, transport)
+async def test_an_expired_grant_sends_nothing(provider: SyntheticProvider, guard: Guard) -> None:
+    registry, _ = build(provider.base_url, guard.client)
     report, _ = await run(registry, "payout-9", grant_seconds=-1)
     assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
     assert report.reason_codes == ("GRANT_EXPIRED",)
     assert provider.received == []
+    assert guard.refusals == []  # refused before the guard was asked
 
 
 async def test_the_same_key_twice_executes_once_at_the_provider(
-    provider: SyntheticProvider, transport: PlainTransport
+    provider: SyntheticProvider, guard: Guard
 ) -> None:
-    registry, _ = build(provider.base_url, transport)
+    registry, _ = build(provider.base_url, guard.client)
     first, _ = await run(registry, "payout-10")
     second, _ = await run(registry, "payout-10")
     assert first.result == second.result
@@ -294,9 +367,9 @@ async def test_the_same_key_twice_executes_once_at_the_provider(
 
 
 async def test_reconcile_reads_what_the_provider_did(
-    provider: SyntheticProvider, transport: PlainTransport
+    provider: SyntheticProvider, guard: Guard
 ) -> None:
-    registry, handler = build(provider.base_url, transport)
+    registry, handler = build(provider.base_url, guard.client)
     await run(registry, "payout-11")
     done = await registry.reconcile("create_payout", "payout-11")
     assert done.status is ReconcileStatus.COMPLETED
@@ -309,20 +382,30 @@ async def test_reconcile_reads_what_the_provider_did(
     assert len(provider.received) == 2  # reconciliation sent no payout
 
 
-async def test_reconcile_without_lookup_or_reachable_provider_is_unknown(
-    transport: PlainTransport,
-) -> None:
-    _, no_lookup = build("http://127.0.0.1:9", transport, lookup=None)
+async def test_reconcile_without_lookup_or_reachable_provider_is_unknown() -> None:
+    _, no_lookup = build("http://127.0.0.1:9", guard_for("http://127.0.0.1:9").client, lookup=None)
     assert await no_lookup.reconcile("k") == ReconcileResult(
         ReconcileStatus.UNKNOWN, reason_code="LOOKUP_NOT_CONFIGURED"
     )
-    synthetic = SyntheticProvider()
-    base = await synthetic.start()
-    await synthetic.stop()
-    _, down = build(base, transport)
+    base = await closed_base()
+    _, down = build(base, guard_for(base).client)
     assert await down.reconcile("k") == ReconcileResult(
         ReconcileStatus.UNKNOWN, reason_code="TRANSPORT_CONNECT_FAILED"
     )
+
+
+async def test_a_lookup_outside_the_guard_is_unknown_not_absent(
+    provider: SyntheticProvider,
+) -> None:
+    """Only the payout address is a destination: the lookup is refused, and a refused lookup
+    must never read as "not executed"."""
+    guard = guarded(provider.base_url + PATH)
+    registry, handler = build(provider.base_url, guard.client, lookup="/lookups/{idempotency_key}")
+    await run(registry, "payout-13")
+    assert await handler.reconcile("payout-13") == ReconcileResult(
+        ReconcileStatus.UNKNOWN, reason_code="EGRESS_PATH_NOT_ALLOWED"
+    )
+    assert guard.refusals == ["EGRESS_PATH_NOT_ALLOWED"]
 
 
 # -- answers the synthetic provider never gives --------------------------------------------
@@ -330,10 +413,21 @@ async def test_reconcile_without_lookup_or_reachable_provider_is_unknown(
 
 @pytest.fixture
 async def odd_server() -> AsyncIterator[tuple[str, list[str]]]:
+    """A loopback server with odd answers; yields its base URL and every path it was asked."""
     paths: list[str] = []
+
+    @web.middleware
+    async def record(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        paths.append(request.raw_path)
+        return await handler(request)
 
     async def redirect(request: web.Request) -> web.Response:
         raise web.HTTPFound("/payouts")
+
+    async def choices(request: web.Request) -> web.Response:
+        return web.Response(status=300)
 
     async def conflict(request: web.Request) -> web.Response:
         return web.json_response({"code": "IDEMPOTENCY_IN_PROGRESS"}, status=409)
@@ -360,11 +454,11 @@ async def odd_server() -> AsyncIterator[tuple[str, list[str]]]:
         return response
 
     async def lookup(request: web.Request) -> web.Response:
-        paths.append(request.raw_path)
         return web.Response(status=500 if request.match_info["key"] == "boom" else 404)
 
-    app = web.Application()
+    app = web.Application(middlewares=[record])
     app.router.add_post("/redirect", redirect)
+    app.router.add_post("/choices", choices)
     app.router.add_post("/conflict", conflict)
     app.router.add_post("/empty", empty_4xx)
     app.router.add_post("/odd", odd_reason)
@@ -383,7 +477,10 @@ async def odd_server() -> AsyncIterator[tuple[str, list[str]]]:
 @pytest.mark.parametrize(
     ("path", "outcome", "code"),
     [
-        ("/redirect", Outcome.UNKNOWN_AFTER_DISPATCH, "PROVIDER_REDIRECT"),
+        # a redirect is never followed: the guard refuses it after the request was sent
+        ("/redirect", Outcome.UNKNOWN_AFTER_DISPATCH, "EGRESS_REDIRECT_REFUSED"),
+        # a 3xx that is not a redirect reaches the handler, which infers nothing from it
+        ("/choices", Outcome.UNKNOWN_AFTER_DISPATCH, "PROVIDER_REDIRECT"),
         ("/conflict", Outcome.UNKNOWN_AFTER_DISPATCH, "PROVIDER_ANSWER_INDETERMINATE"),
         ("/empty", Outcome.UNKNOWN_AFTER_DISPATCH, "PROVIDER_ANSWER_INDETERMINATE"),
         ("/odd", Outcome.DEFINITELY_NOT_EXECUTED, "CARD_DECLINED_DO_NOT_HONOUR"),
@@ -394,28 +491,53 @@ async def odd_server() -> AsyncIterator[tuple[str, list[str]]]:
 )
 async def test_odd_answers_are_classified_without_inference(
     odd_server: tuple[str, list[str]],
-    transport: PlainTransport,
     path: str,
     outcome: Outcome,
     code: str,
 ) -> None:
-    base, _ = odd_server
-    registry, _ = build(base, transport, path=path)
+    base, paths = odd_server
+    guard = guard_for(base, path=path, lookup=None)
+    registry, _ = build(base, guard.client, path=path, lookup=None)
     report, _ = await run(registry, "odd-1")
     assert report.outcome is outcome
     assert report.reason_codes == (code,)
+    assert report.dispatched is True
+    assert paths == [path]  # asked once; nothing followed
+    expected = [code] if code.startswith("EGRESS_") else []
+    assert guard.refusals == expected
+
+
+async def test_a_redirect_is_reported_with_whether_it_leaves_the_origin(
+    odd_server: tuple[str, list[str]],
+) -> None:
+    base, _ = odd_server
+    guard = guard_for(base, path="/redirect", lookup=None)
+    registry, _ = build(base, guard.client, path="/redirect", lookup=None)
+    await run(registry, "odd-2")
+    assert guard.security.named("EGRESS_REFUSED") == [
+        {"origin": base, "code": "EGRESS_REDIRECT_REFUSED", "leaves_origin": False}
+    ]
 
 
 async def test_reconcile_quotes_the_key_and_reads_errors_as_unknown(
-    odd_server: tuple[str, list[str]], transport: PlainTransport
+    odd_server: tuple[str, list[str]],
 ) -> None:
     base, paths = odd_server
-    _, handler = build(base, transport, lookup="/lookup/{idempotency_key}")
-    assert (await handler.reconcile("a/b c?d")).status is ReconcileStatus.NOT_EXECUTED
-    assert paths == ["/lookup/a%2Fb%20c%3Fd"]
+    lookup = "/lookup/{idempotency_key}"
+    guard = guard_for(base, lookup=lookup)
+    _, handler = build(base, guard.client, lookup=lookup)
+    assert (await handler.reconcile("a b?c&d=e#f")).status is ReconcileStatus.NOT_EXECUTED
+    assert paths == ["/lookup/a%20b%3Fc%26d%3De%23f"]
     assert await handler.reconcile("boom") == ReconcileResult(
         ReconcileStatus.UNKNOWN, reason_code="LOOKUP_STATUS_500"
     )
+    # A key with a separator quotes to an encoded "/", which the guard refuses (its meaning
+    # could change under normalisation): the lookup never leaves and the answer stays unknown.
+    assert await handler.reconcile("a/b") == ReconcileResult(
+        ReconcileStatus.UNKNOWN, reason_code="EGRESS_PATH_NOT_ALLOWED"
+    )
+    assert paths == ["/lookup/a%20b%3Fc%26d%3De%23f", "/lookup/boom"]
+    assert guard.refusals == ["EGRESS_PATH_NOT_ALLOWED"]
 
 
 # -- units -----------------------------------------------------------------------------------
@@ -450,63 +572,14 @@ async def test_static_header_credential_reads_the_secret_only_when_asked() -> No
     assert "Evil" not in str(err.value)
 
 
-def test_handler_configuration_is_validated(transport: PlainTransport) -> None:
+def test_handler_configuration_is_validated() -> None:
+    transport = guard_for("http://127.0.0.1:1").client
     with pytest.raises(ConfigError) as err:
         build("http://127.0.0.1:1", transport, timeout_ms=15_001)
     assert err.value.variable == "DOWNSTREAM_TIMEOUT_MS"
     with pytest.raises(ConfigError) as lookup:
         build("http://127.0.0.1:1", transport, lookup="/payouts/lookup")
     assert lookup.value.variable == "DOWNSTREAM_LOOKUP_URL"
-
-
-# -- PlainTransport's own refusals ---------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("url", "code"),
-    [
-        ("http://example.com/payouts", "EGRESS_SCHEME_NOT_ALLOWED"),
-        ("http://10.0.0.1/payouts", "EGRESS_SCHEME_NOT_ALLOWED"),
-        ("http://127.0.0.1.nip.io/payouts", "EGRESS_SCHEME_NOT_ALLOWED"),
-        ("ftp://127.0.0.1/payouts", "EGRESS_SCHEME_NOT_ALLOWED"),
-        ("https://user:pw@example.com/payouts", "EGRESS_ORIGIN_NOT_ALLOWED"),
-        ("/relative", "EGRESS_INIT_UNSUPPORTED"),
-    ],
-)
-async def test_plain_transport_refuses_before_any_socket(
-    transport: PlainTransport, url: str, code: str
-) -> None:
-    with pytest.raises(TransportError) as err:
-        await transport.request("POST", url, headers={}, body=b"{}", timeout=1)
-    assert err.value.code == code
-    assert err.value.sent is False
-    assert "pw" not in err.value.message
-
-
-async def test_plain_transport_needs_the_flag_even_for_loopback(
-    provider: SyntheticProvider,
-) -> None:
-    async with PlainTransport() as strict:
-        with pytest.raises(TransportError) as err:
-            await strict.request("GET", provider.base_url + "/", headers={}, body=None, timeout=1)
-    assert (err.value.code, err.value.sent) == ("EGRESS_SCHEME_NOT_ALLOWED", False)
-    async with PlainTransport(allow_insecure_loopback=True) as loose:
-        answer = await loose.request(
-            "GET", provider.base_url + "/", headers={}, body=None, timeout=5
-        )
-    assert answer.status == 200
-    with pytest.raises(TransportError) as closed:
-        await loose.request("GET", provider.base_url + "/", headers={}, body=None, timeout=5)
-    assert (closed.value.code, closed.value.sent) == ("TRANSPORT_CLOSED", False)
-
-
-async def test_plain_transport_returns_redirects_unfollowed(
-    odd_server: tuple[str, list[str]], transport: PlainTransport
-) -> None:
-    base, _ = odd_server
-    answer = await transport.request("POST", base + "/redirect", headers={}, body=b"", timeout=5)
-    assert answer.status == 302
-    assert answer.headers["location"] == "/payouts"
 
 
 def test_loopback_hosts() -> None:
