@@ -18,6 +18,9 @@ OAuth token endpoint are the test's own aiohttp servers.
   verifier written here, the bearer checked by the provider, the token fetched once and reused;
   a token endpoint that fails is FAILED_BEFORE_DISPATCH.
 - The keys of a credential kind not selected are refused at start, naming the variable.
+- Two of these again in a real ``agentsafe serve`` (marked slow), where the audit hook is
+  installed: the token request and the dispatch pass it, and a refusal spike halts the process
+  with chained EGRESS_REFUSED lines (origin and code only) on its stderr.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.harness import Workspace, free_port
+from agentsafe.executor.harness import ExecutorProcess, Workspace, free_port
 from agentsafe.executor.serve import Executor, assemble
 
 from .principals_support import OPERATOR_ID, BearerPrincipals, principals_env
@@ -560,3 +563,93 @@ async def test_keys_of_a_credential_kind_not_selected_are_refused_at_start(
     assert "must be absent" in caught.value.problem
     if stray == "DOWNSTREAM_CREDENTIAL":
         assert env[stray] not in str(caught.value)
+
+
+# ----------------------------------------------------------------------------- a real process
+
+
+@pytest.mark.slow
+async def test_private_key_jwt_in_a_real_serve_under_its_audit_hook(
+    tmp_path: Path, jwt_setup: JwtSetup
+) -> None:
+    """The token request, the dispatch and the refusals all pass the installed audit hook."""
+    oauth = jwt_setup.provider
+    env, principals = environment(
+        tmp_path, provider_url=oauth.server.url, extra=jwt_setup.extra, drop=jwt_setup.drop
+    )
+    process = ExecutorProcess(env, tmp_path)
+    process.token = principals.token(PROPOSER)
+    try:
+        await process.start()
+        async with aiohttp.ClientSession() as session:
+            for key in ("proc-1", "proc-2"):
+                status, body = await process.propose(session, amount=100, key=key)
+                assert status == 200, body
+                assert (body["outcome"], body["executed"]) == ("COMPLETED", True), body
+            assert oauth.assertion_problems == []
+            assert len(oauth.issued) == 1
+            assert oauth.payouts == ["proc-1", "proc-2"]
+
+            oauth.issued.clear()  # the provider now refuses the cached bearer
+            status, body = await process.propose(session, amount=100, key="proc-3")
+            assert status == 200, body
+            assert body["outcome"] == "DEFINITELY_NOT_EXECUTED", body
+            headers = {"authorization": f"Bearer {principals.token(OPERATOR_ID)}"}
+            async with session.get(process.url + "/metrics", headers=headers) as r:
+                exposition = await r.text()
+        assert metric(exposition, "agentsafe_executions_total", outcome="COMPLETED") == 2
+    finally:
+        status = process.terminate()
+    assert status == 0
+    security = process.stderr_events()
+    assert [e for e in security if e["event"] == "EGRESS_REFUSED"] == []
+    text = process.stderr_path.read_text() + process.stdout_path.read_text()
+    assert "PRIVATE KEY" not in text
+    for bearer_value in oauth.bearers:
+        assert bearer_value.removeprefix("Bearer ") not in text
+    for line in text.splitlines():
+        json.loads(line)  # nothing but JSON lines: no traceback, no guard refusal printed
+
+
+@pytest.mark.slow
+async def test_an_egress_refusal_spike_halts_a_real_serve(tmp_path: Path) -> None:
+    listener = ConnectionCounter()
+    await listener.start()
+    env, principals = environment(
+        tmp_path,
+        provider_url=f"https://localhost:{listener.port}",
+        extra={"EXECUTOR_HALT_ON_EGRESS_REFUSALS": "2/60"},
+        drop=("DOWNSTREAM_ALLOW_INSECURE_LOOPBACK",),
+    )
+    process = ExecutorProcess(env, tmp_path)
+    process.token = principals.token(PROPOSER)
+    try:
+        await process.start()
+        async with aiohttp.ClientSession() as session:
+            for key in ("spike-1", "spike-2"):
+                status, body = await process.propose(session, amount=100, key=key)
+                assert status == 200, body
+                assert body["outcome"] == "FAILED_BEFORE_DISPATCH"
+            status, body = await process.propose(session, amount=100, key="spike-3")
+            assert_halted_answer(status, body)
+            async with session.get(process.url + "/ready") as r:
+                assert r.status == 503
+            headers = {"authorization": f"Bearer {principals.token(OPERATOR_ID)}"}
+            async with session.get(process.url + "/metrics", headers=headers) as r:
+                exposition = await r.text()
+        code = "EGRESS_ADDRESS_REFUSED"
+        assert metric(exposition, "agentsafe_egress_refusals_total", code=code) == 2
+        assert metric(exposition, "agentsafe_halts_total", cause="EGRESS_SPIKE") == 1
+    finally:
+        status = process.terminate()
+        await listener.stop()
+    assert status == 0
+    assert listener.connections == 0
+    security = process.stderr_events()
+    refused = [e for e in security if e["event"] == "EGRESS_REFUSED"]
+    chain_fields = {"schema", "event", "at", "seq", "hash", "prev_hash"}
+    assert [{k: v for k, v in e.items() if k not in chain_fields} for e in refused] == [
+        {"origin": f"https://localhost:{listener.port}", "code": "EGRESS_ADDRESS_REFUSED"}
+    ] * 2
+    halted = [e for e in security if e["event"] == "HALTED"]
+    assert [e["cause"] for e in halted] == ["EGRESS_SPIKE"]
