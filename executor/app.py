@@ -69,7 +69,9 @@ class _ProposalModel(BaseModel):
 class _ActionRequest(BaseModel):
     model_config = _Strict
     proposal: _ProposalModel
-    idempotency_key: str = Field(min_length=1, max_length=255, pattern=_TOKEN)
+    idempotency_key: str = Field(
+        min_length=1, max_length=255, pattern=r"^[A-Za-z0-9][A-Za-z0-9._~:=+-]*$"
+    )
     correlation_id: str | None = Field(default=None, min_length=1, max_length=255, pattern=_TOKEN)
 
 

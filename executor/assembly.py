@@ -86,13 +86,18 @@ def build_credential(
 ) -> DownstreamCredential:
     kind = config.downstream_credential_kind
     if kind is CredentialKind.STATIC_HEADER:
-        handle = secrets.get("DOWNSTREAM_CREDENTIAL")
-        if handle is None or config.downstream_credential_header is None:
+        if secrets.get("DOWNSTREAM_CREDENTIAL") is None or not config.downstream_credential_header:
             raise ConfigError("DOWNSTREAM_CREDENTIAL", "is required for STATIC_HEADER")
-        return StaticHeaderCredential(config.downstream_credential_header, handle)
+        return StaticHeaderCredential(
+            config.downstream_credential_header, secrets.current("DOWNSTREAM_CREDENTIAL")
+        )
     if kind is CredentialKind.PRIVATE_KEY_JWT:
-        handle = secrets.get("DOWNSTREAM_PRIVATE_KEY")
-        if handle is None or not config.downstream_token_url or not config.downstream_client_id:
+        handle = secrets.current("DOWNSTREAM_PRIVATE_KEY")
+        if (
+            secrets.get("DOWNSTREAM_PRIVATE_KEY") is None
+            or not config.downstream_token_url
+            or not config.downstream_client_id
+        ):
             raise ConfigError("DOWNSTREAM_PRIVATE_KEY", "is required for PRIVATE_KEY_JWT")
         algorithm = config.downstream_private_key_algorithm
         return PrivateKeyJwtCredential(
@@ -106,8 +111,8 @@ def build_credential(
             scope=config.downstream_token_scope,
             clock=clock,
         )
-    handle = secrets.get("DOWNSTREAM_SIGNING_KEY")
-    if handle is None or not config.downstream_signing_key_id:
+    handle = secrets.current("DOWNSTREAM_SIGNING_KEY")
+    if secrets.get("DOWNSTREAM_SIGNING_KEY") is None or not config.downstream_signing_key_id:
         raise ConfigError("DOWNSTREAM_SIGNING_KEY", "is required for SIGNED_REQUEST")
     algorithm_name = config.downstream_signing_algorithm
     return SignedRequestCredential(
@@ -170,9 +175,13 @@ def build_door(
         for principal_id in principals.bearer_principal_ids():
             streams.security.emit("BEARER_PRINCIPAL_CONFIGURED", {"principal": principal_id})
     else:
-        token = secrets.get("EXECUTOR_CALLER_TOKEN")
+        token = secrets.current("EXECUTOR_CALLER_TOKEN")
         actor = config.legacy_actor
-        if token is None or actor is None or config.executor_tenant_id is None:
+        if (
+            secrets.get("EXECUTOR_CALLER_TOKEN") is None
+            or actor is None
+            or config.executor_tenant_id is None
+        ):
             raise ConfigError("EXECUTOR_CALLER_TOKEN", "legacy mode needs the caller token")
         principals = LegacyCaller(
             legacy_principal(tenant_id=config.executor_tenant_id, actor=actor),

@@ -81,6 +81,7 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _REFERENCE = re.compile(r"^[\x21-\x7e]{1,128}$")
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]{2,2048}\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,512}$")
 _UNKNOWN_4XX = frozenset({408, 409})
+_UNREPRESENTABLE = re.compile(r"[/%\\]")
 
 
 class SecretHandle(Protocol):
@@ -269,6 +270,12 @@ class ForwardRequestHandler:
         """Ask the provider what it did with ``idempotency_key``; never sends the request."""
         if self._lookup_url is None:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="LOOKUP_NOT_CONFIGURED")
+        if _UNREPRESENTABLE.search(idempotency_key) or idempotency_key in (".", ".."):
+            # It would become an encoded separator or a dot segment, which the egress guard
+            # refuses (and counts towards a halt): answer unknown here, without asking.
+            return ReconcileResult(
+                ReconcileStatus.UNKNOWN, reason_code="LOOKUP_KEY_UNREPRESENTABLE"
+            )
         url = self._lookup_url.replace(PLACEHOLDER, quote(idempotency_key, safe=""))
         headers: dict[str, str] = {}
         try:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -145,52 +146,71 @@ class Pipeline:
         if handler is None or handler not in self._registry.names():
             raise RequestRejected(422, "ACTION_NOT_REGISTERED", "no handler runs this action")
         assert principal.tenant_id is not None
-        scope = {"tenant": principal.tenant_id, "principal": principal.id}
-        state = await self._store.idempotency_begin(
-            **scope,
+        return await self._once(
+            tenant=principal.tenant_id,
+            principal=principal,
             key=proposal.idempotency_key,
             payload_digest=proposal.payload_digest(),
-            now=self._clock.now(),
+            conflict="this idempotency key was used with a different proposal",
+            run=lambda: self._propose_new(principal, proposal, handler),
+        )
+
+    async def _once(
+        self,
+        *,
+        tenant: str,
+        principal: Principal,
+        key: str,
+        payload_digest: str,
+        conflict: str,
+        run: Callable[[], Awaitable[Answer]],
+    ) -> Answer:
+        """Run ``run`` at most once per (tenant, principal, key), as payment APIs define it.
+
+        A finished answer is recorded and replayed; a key whose attempt never started (a refusal,
+        an authority that could not answer) is freed so it may be retried. Once an attempt has
+        started (``_attempt_started``), the key is never freed: a retry must not run it again,
+        and an outcome nobody knows stays in flight until reconciliation settles it.
+        """
+        scope = {"tenant": tenant, "principal": principal.id, "key": key}
+        state = await self._store.idempotency_begin(
+            **scope, payload_digest=payload_digest, now=self._clock.now()
         )
         if state.kind == "REPLAY":
             assert state.response is not None
             body = dict(state.response["body"])
             body["replayed"] = True
             self._streams.evidence.emit(
-                "PROPOSAL_REPLAYED",
-                {"caller": principal.id, "intent_id": body.get("intent_id")},
+                "PROPOSAL_REPLAYED", {"caller": principal.id, "intent_id": body.get("intent_id")}
             )
             return Answer(int(state.response["status"]), body)
         if state.kind == "CONFLICT":
-            raise RequestRejected(
-                409,
-                "IDEMPOTENCY_KEY_CONFLICT",
-                "this idempotency key was used with a different proposal",
-            )
+            raise RequestRejected(409, "IDEMPOTENCY_KEY_CONFLICT", conflict)
         if state.kind == "IN_PROGRESS":
             raise RequestRejected(
                 409,
                 "IDEMPOTENCY_IN_PROGRESS",
                 "a request with this idempotency key is still in flight",
             )
+        progress = _Progress()
+        token = _attempt_progress.set(progress)
         try:
-            answer = await self._propose_new(principal, proposal, handler)
+            answer = await run()
         except BaseException:
-            # Nothing was executed on this path (the execute path records its own answer).
-            await asyncio.shield(
-                self._store.idempotency_release(**scope, key=proposal.idempotency_key)
-            )
+            if not progress.started:
+                await asyncio.shield(self._store.idempotency_release(**scope))
             raise
-        if answer.status >= 500 or answer.body.get("outcome") not in _FINAL_OUTCOMES:
-            # Transient (authority unavailable, skew): nothing ran, the key may be retried.
-            await self._store.idempotency_release(**scope, key=proposal.idempotency_key)
-        else:
+        finally:
+            _attempt_progress.reset(token)
+        final = answer.status < 500 and answer.body.get("outcome") in _FINAL_OUTCOMES
+        if final:
             await self._store.idempotency_complete(
                 **scope,
-                key=proposal.idempotency_key,
                 response={"status": answer.status, "body": dict(answer.body)},
                 now=self._clock.now(),
             )
+        elif not progress.started:
+            await self._store.idempotency_release(**scope)
         return answer
 
     async def _propose_new(self, principal: Principal, proposal: Proposal, handler: str) -> Answer:
@@ -401,6 +421,9 @@ class Pipeline:
             reservation = self._ceilings.commit(intent.parameters)
         attempt_id = str(uuid.uuid4())
         journal = self._journal
+        progress = _attempt_progress.get(None)
+        if progress is not None:
+            progress.started = True
         try:
             if journal is not None:
                 await journal.opened(
@@ -699,48 +722,36 @@ class Pipeline:
         handler = self._catalog.handler_for(intent.action)
         if handler is None or handler not in self._registry.names():
             raise RequestRejected(422, "ACTION_NOT_REGISTERED", "no handler runs this action")
-        scope = {
-            "tenant": intent.tenant_id,
-            "principal": principal.id,
-            "key": "approval:" + record.request.request_id,
+        approval = {
+            "decision": "APPROVE",
+            "approver": record.approver,
+            "approver_actor": None,  # checked against the proposer when it was decided
+            "request_id": record.request.request_id,
+            "intent_hash": intent.intent_hash,
         }
-        state = await self._store.idempotency_begin(
-            **scope, payload_digest=intent.intent_hash, now=self._clock.now()
-        )
-        if state.kind == "REPLAY":
-            assert state.response is not None
-            body = dict(state.response["body"])
-            body["replayed"] = True
-            return Answer(int(state.response["status"]), body)
-        if state.kind != "NEW":
-            raise RequestRejected(
-                409, "IDEMPOTENCY_IN_PROGRESS", "this approved intent is already being executed"
-            )
-        try:
-            approval = {
-                "decision": "APPROVE",
-                "approver": record.approver,
-                "approver_actor": None,  # checked against the proposer when decided
-                "request_id": record.request.request_id,
-                "intent_hash": intent.intent_hash,
-            }
+
+        async def run() -> Answer:
             decision = await self._decide(intent, principal, approval)
             if decision is None:
-                answer = self._unavailable(intent, principal)
-            else:
-                answer = await self._act(intent, principal, decision, handler)
-        except BaseException:
-            await asyncio.shield(self._store.idempotency_release(**scope))
-            raise
-        if answer.status >= 500:
-            await self._store.idempotency_release(**scope)
-        else:
-            await self._store.idempotency_complete(
-                **scope,
-                response={"status": answer.status, "body": dict(answer.body)},
-                now=self._clock.now(),
-            )
-        return answer
+                return self._unavailable(intent, principal)
+            return await self._act(intent, principal, decision, handler)
+
+        return await self._once(
+            tenant=intent.tenant_id,
+            principal=principal,
+            key="approval:" + record.request.request_id,
+            payload_digest=intent.intent_hash,
+            conflict="this approval belongs to another intent",
+            run=run,
+        )
+
+
+@dataclass
+class _Progress:
+    started: bool = False
+
+
+_attempt_progress: ContextVar[_Progress] = ContextVar("agentsafe_attempt_progress")
 
 
 def _receipt(result: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -432,6 +432,36 @@ def _digest(value: bytearray) -> str:
 ChangeListener = Callable[[str, SecretHandle], None]
 
 
+class CurrentSecret:
+    """The current version of one secret, looked up at every :meth:`reveal` (see
+    :meth:`SecretStore.current`). Like a handle, it never turns into its value."""
+
+    __slots__ = ("_store", "name")
+
+    def __init__(self, name: str, store: SecretStore) -> None:
+        self.name = name
+        self._store = store
+
+    @contextlib.contextmanager
+    def reveal(self) -> Iterator[bytearray]:
+        handle = self._store.get(self.name)
+        if handle is None:
+            raise SecretUnavailable(f"secret {self.name} is not configured")
+        with handle.reveal() as value:
+            yield value
+
+    def __repr__(self) -> str:
+        return f"<secret {self.name}>"
+
+    __str__ = __repr__
+
+    def __format__(self, format_spec: str) -> str:
+        return format(repr(self), format_spec)
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a secret cannot be pickled")
+
+
 class SecretStore:
     """The process's secrets: current handles by name, rotation, and the redactor's digests."""
 
@@ -533,6 +563,11 @@ class SecretStore:
         """The current handle for ``name``; read it at each request, never keep it."""
         with self._lock:
             return self._handles.get(name)
+
+    def current(self, name: str) -> CurrentSecret:
+        """A handle that is always the current version of ``name``: each :meth:`reveal` looks
+        the secret up anew, so a component built once follows every rotation."""
+        return CurrentSecret(name, self)
 
     def names(self) -> tuple[str, ...]:
         with self._lock:

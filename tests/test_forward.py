@@ -531,13 +531,14 @@ async def test_reconcile_quotes_the_key_and_reads_errors_as_unknown(
     assert await handler.reconcile("boom") == ReconcileResult(
         ReconcileStatus.UNKNOWN, reason_code="LOOKUP_STATUS_500"
     )
-    # A key with a separator quotes to an encoded "/", which the guard refuses (its meaning
-    # could change under normalisation): the lookup never leaves and the answer stays unknown.
-    assert await handler.reconcile("a/b") == ReconcileResult(
-        ReconcileStatus.UNKNOWN, reason_code="EGRESS_PATH_NOT_ALLOWED"
-    )
+    # A key with a separator, a percent sign or a dot segment would reach the guard as an
+    # encoded separator it refuses: the handler answers unknown itself and asks nothing.
+    for key in ("a/b", "50%", "a\\b", ".."):
+        assert await handler.reconcile(key) == ReconcileResult(
+            ReconcileStatus.UNKNOWN, reason_code="LOOKUP_KEY_UNREPRESENTABLE"
+        )
     assert paths == ["/lookup/a%20b%3Fc%26d%3De%23f", "/lookup/boom"]
-    assert guard.refusals == ["EGRESS_PATH_NOT_ALLOWED"]
+    assert guard.refusals == []
 
 
 # -- units -----------------------------------------------------------------------------------

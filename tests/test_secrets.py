@@ -521,3 +521,26 @@ async def test_watch_follows_changes_and_refusals(secrets_dir: Path) -> None:
         with pytest.raises(asyncio.CancelledError):
             await task
         store.close()
+
+
+def test_a_current_secret_follows_every_rotation_and_never_leaks(secrets_dir: Path) -> None:
+    path = put(secrets_dir / "token", "first-value-0123456789")
+    store = load(secrets_dir, grace_seconds=60.0)
+    name = store.names()[0]
+    current = store.current(name)
+    kept = store.get(name)
+    with current.reveal() as value:
+        assert bytes(value) == b"first-value-0123456789"
+    put(path, "second-value-9876543210")
+    store.reload()
+    with current.reveal() as value:
+        assert bytes(value) == b"second-value-9876543210"
+    assert value_of(kept) == "first-value-0123456789", "a kept handle is the old version"
+    for text in (repr(current), str(current), f"{current}", f"{current:>40}"):
+        assert "value" not in text
+    with pytest.raises(TypeError):
+        pickle.dumps(current)
+    missing = store.current("DOWNSTREAM_SIGNING_KEY")
+    with pytest.raises(SecretUnavailable), missing.reveal():
+        pass
+    store.close()

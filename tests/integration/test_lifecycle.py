@@ -322,3 +322,13 @@ async def test_grant_jwks_is_published(running: Factory) -> None:
     assert key["kty"] == "OKP"
     assert key["crv"] == "Ed25519"
     assert "d" not in key
+
+
+@pytest.mark.parametrize("key", ["a/b", "50%", "-leading", "spa ce", "x" * 256])
+async def test_idempotency_keys_are_url_safe_tokens(running: Factory, key: str) -> None:
+    run = await running()
+    status, body = await run.propose(100, key=key)
+    assert status == 400
+    assert body["error"]["code"] == "REQUEST_INVALID"
+    assert "idempotency_key" in body["error"]["message"]
+    assert run.provider.received == []
