@@ -416,16 +416,6 @@ async def test_sighup_rereads_a_rotated_caller_token_file_and_names_only_the_sec
     assert non_json_lines(process.stderr_path) == []
 
 
-ROTATED_TOKEN_BUG = (
-    "assembly.build_door() hands LegacyCaller the SecretHandle current at start "
-    "(secrets.get('EXECUTOR_CALLER_TOKEN')); SecretStore.reload() installs a new handle and "
-    "only retires the old one, so the door keeps comparing against the old value (and after "
-    "the 30 s grace reveal() of the disposed handle raises SecretUnavailable). LegacyCaller "
-    "must look the handle up in the store at each request"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=ROTATED_TOKEN_BUG)
 async def test_after_sighup_the_new_caller_token_is_admitted_and_the_old_refused(
     tmp_path: Path, synthetic: ProviderProcess
 ) -> None:
@@ -467,7 +457,6 @@ async def test_the_secrets_watcher_picks_up_a_rotated_file_without_a_signal(
     rotating.assert_no_value()
 
 
-@pytest.mark.xfail(strict=True, reason=ROTATED_TOKEN_BUG)
 async def test_after_the_watcher_rotates_the_caller_token_the_new_one_is_admitted(
     tmp_path: Path, synthetic: ProviderProcess
 ) -> None:
