@@ -546,3 +546,59 @@ async def test_a_tls_serve_answers_tls_13_with_its_key_from_a_secret_file(
     key_text = server.key_pem.decode()
     for path in (executor.stdout_path, executor.stderr_path):
         assert key_text not in path.read_text()
+
+
+async def test_sigterm_while_the_provider_never_answers_ends_within_the_drain_bound(
+    tmp_path: Path, gated: GatedProvider
+) -> None:
+    """The egress timeout (DOWNSTREAM_TIMEOUT_MS, at most 15 s) is below the drain bound
+    (serve.DRAIN_SECONDS, 20 s): a provider that never answers ends the work as
+    UNKNOWN_AFTER_DISPATCH, the process exits 0 with the attempt left open, and the next start
+    reconciles it by asking the provider."""
+    workspace = Workspace(tmp_path / "ws")
+    env = workspace.environment(
+        provider_url=gated.url, port=free_port(), extra={"DOWNSTREAM_TIMEOUT_MS": "1500"}
+    )
+    first = ExecutorProcess(env, tmp_path, "first")
+    second = ExecutorProcess(env, tmp_path, "second")
+    token = workspace.caller_token
+    try:
+        await first.start()
+        async with aiohttp.ClientSession() as session:
+            stuck = asyncio.ensure_future(post_proposal(session, first.url, token, "stuck"))
+
+            async def arrived() -> bool:
+                return gated.arrived == ["stuck"]
+
+            await wait_until(arrived, timeout=30, what="the provider to receive the payout")
+            assert first.process is not None
+            first.process.send_signal(signal.SIGTERM)
+            status, body = await asyncio.wait_for(stuck, timeout=30)
+        assert status == 200, body
+        assert (body["outcome"], body["executed"]) == ("UNKNOWN_AFTER_DISPATCH", None)
+        assert await wait_exit(first) == 0
+        refused = [e for e in first.stderr_events() if e["event"] == "EGRESS_REFUSED"]
+        assert [e["code"] for e in refused] == ["EGRESS_TIMEOUT"]
+        # Not closed: an unknown outcome stays open for reconciliation.
+        assert [r["record"] for r in journal_records(workspace)] == [
+            "ATTEMPT_OPENED",
+            "GRANT_CLAIMED",
+        ]
+
+        # The provider never executed it; the next start asks and settles the key.
+        await second.start()
+        reconciled = [r for r in journal_records(workspace) if r["record"] == "RECONCILED"]
+        assert [(r["by"], r["status"]) for r in reconciled] == [("RESTART", "NOT_EXECUTED")]
+        async with aiohttp.ClientSession() as session:
+            again_status, again = await post_proposal(session, second.url, token, "stuck")
+            async with session.get(second.url + "/ready") as r:
+                ready = await r.json()
+        assert again_status == 200
+        # The key's first final answer is replayed (the use store never replaces it).
+        assert (again["outcome"], again["replayed"]) == ("UNKNOWN_AFTER_DISPATCH", True)
+        assert ready["unknown_attempts"] == 0
+        assert gated.arrived == ["stuck"], "reconciliation looks up; it never sends again"
+    finally:
+        for process in (first, second):
+            if process.process is not None:
+                process.terminate()
