@@ -161,9 +161,20 @@ class PostureRefused(AgentSafeError):
     code = "REFUSED_TO_START"
 
     def __init__(self, checks: Sequence[str], *, report: PostureReport | None = None) -> None:
-        super().__init__(f"host posture not held: {', '.join(checks)}")
+        named = [_with_variable(check, report) for check in checks]
+        super().__init__(f"host posture not held: {', '.join(named)}")
         self.checks = tuple(checks)
         self.report = report
+
+
+def _with_variable(check: str, report: PostureReport | None) -> str:
+    """A secret-file check names the variable it failed for (its detail holds only names)."""
+    if report is None or not check.startswith(("SECRET_", "PRINCIPALS_FILE_")):
+        return check
+    for result in report.results:
+        if result.name == check and result.detail:
+            return f"{check} ({result.detail})"
+    return check
 
 
 @dataclass(frozen=True)

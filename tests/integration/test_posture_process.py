@@ -189,14 +189,6 @@ def test_a_world_readable_secret_file_is_refused_naming_secret_file_mode(setup: 
     assert refusal.lines[-1] == refusal.line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "posture.PostureRefused's message lists only the failed check names ('host posture not "
-        "held: SECRET_FILE_MODE'); the variable (EXECUTOR_CALLER_TOKEN_FILE) is only in the "
-        "CheckResult detail, which serve.main() never prints and check_posture() never emits"
-    ),
-)
 def test_a_world_readable_secret_file_refusal_names_the_variable(setup: Setup) -> None:
     setup.caller_token_file(mode=0o644)
     refusal = serve(setup.env, setup.cwd)
@@ -222,13 +214,6 @@ def test_a_symlink_escaping_the_secrets_dir_is_refused(setup: Setup, tmp_path: P
     assert_no_value_escaped(setup, refusal)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "same cause as the SECRET_FILE_MODE case: PostureRefused names SECRET_FILE_OUTSIDE_DIR "
-        "but not EXECUTOR_CALLER_TOKEN_FILE, whose name is only in the unprinted detail"
-    ),
-)
 def test_a_symlink_escaping_the_secrets_dir_refusal_names_the_variable(
     setup: Setup, tmp_path: Path
 ) -> None:
