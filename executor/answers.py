@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Answer", "decision_answer", "error_body", "halted_answer"]
+__all__ = ["Answer", "decision_answer", "error_body", "halted_answer", "reconciled_answer"]
 
 
 @dataclass(frozen=True)
@@ -85,3 +85,33 @@ def halted_answer(mode: str, reason_code: str = "EXECUTOR_HALTED") -> Answer:
         executed=False,
     )
     return Answer(503, body, {"Retry-After": "30"})
+
+
+_RECONCILED = {
+    "COMPLETED": ("COMPLETED", True),
+    "NOT_EXECUTED": ("DEFINITELY_NOT_EXECUTED", False),
+}
+
+
+def reconciled_answer(
+    *, mode: str, intent_id: str | None, intent_hash: str, status: str
+) -> dict[str, Any] | None:
+    """What a key's replay says once reconciliation learned the outcome (``None``: still
+    unknown): ``status`` is the provider's COMPLETED or NOT_EXECUTED."""
+    known = _RECONCILED.get(status)
+    if known is None:
+        return None
+    outcome, executed = known
+    return decision_answer(
+        mode=mode,
+        intent_id=intent_id,
+        intent_hash=intent_hash,
+        verdict="ALLOW",
+        decision_id=None,
+        dossier_id=None,
+        reason_codes=[f"RECONCILED_{status}"],
+        fail_closed=False,
+        outcome=outcome,
+        executed=executed,
+        finalization="RECONCILED",
+    )

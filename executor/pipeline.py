@@ -27,7 +27,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .answers import Answer, decision_answer, error_body, halted_answer
+from .answers import Answer, decision_answer, error_body, halted_answer, reconciled_answer
 from .authority import ESCALATION_TYP, Authority, Decision, GrantRefused, Verdict
 from .canonical import sha256_digest
 from .ceilings import HostCeilings
@@ -602,6 +602,21 @@ class Pipeline:
         attempt_id = str(claims.get("attempt_id", ""))
         if self._journal is not None and status in ("COMPLETED", "NOT_EXECUTED") and attempt_id:
             await self._journal.reconciled(attempt_id=attempt_id, status=status, by="CALLER")
+        settled = reconciled_answer(
+            mode=self.mode,
+            intent_id=intent.intent_id,
+            intent_hash=intent.intent_hash,
+            status=status,
+        )
+        if settled is not None:
+            # A replay of the key now says what the provider did, not "unknown".
+            await self._store.idempotency_settle(
+                tenant=intent.tenant_id,
+                principal=principal.id,
+                key=intent.idempotency_key,
+                response={"status": 200, "body": settled},
+                now=self._clock.now(),
+            )
         self._streams.evidence.emit(
             "RECONCILIATION",
             {

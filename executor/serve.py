@@ -31,6 +31,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
+from .answers import reconciled_answer
 from .app import ReadyState, build_app
 from .approvals import add_approval_routes
 from .assembly import build_credential, build_door, build_tls, build_transport, load_principals
@@ -328,36 +329,23 @@ class Executor:
         if key is None or tenant is None or principal is None:
             return
         scope = {"tenant": tenant, "principal": principal, "key": key}
-        binding = resolution.intent_binding
         if resolution.resolution is ResolutionStatus.UNCLAIMED:
             await self.store.idempotency_release(**scope)
             return
-        outcome = {
-            ResolutionStatus.RECONCILED_COMPLETED: ("COMPLETED", True),
-            ResolutionStatus.RECONCILED_NOT_EXECUTED: ("DEFINITELY_NOT_EXECUTED", False),
+        status = {
+            ResolutionStatus.RECONCILED_COMPLETED: "COMPLETED",
+            ResolutionStatus.RECONCILED_NOT_EXECUTED: "NOT_EXECUTED",
         }.get(resolution.resolution)
-        if outcome is None:
+        if status is None:
             return
-        body = {
-            "mode": self.config.executor_mode.value,
-            "intent_id": binding.get("intent_id"),
-            "intent_hash": resolution.intent_hash,
-            "verdict": "ALLOW",
-            "decision_id": None,
-            "dossier_id": None,
-            "reason_codes": [resolution.resolution.value],
-            "fail_closed": False,
-            "outcome": outcome[0],
-            "executed": outcome[1],
-            "authorization": None,
-            "finalization": "RECONCILED",
-            "result": None,
-            "effect": None,
-            "recovery": None,
-            "replayed": False,
-        }
-        with contextlib.suppress(AgentSafeError):
-            await self.store.idempotency_complete(
+        body = reconciled_answer(
+            mode=self.config.executor_mode.value,
+            intent_id=resolution.intent_binding.get("intent_id"),
+            intent_hash=resolution.intent_hash,
+            status=status,
+        )
+        if body is not None:
+            await self.store.idempotency_settle(
                 **scope, response={"status": 200, "body": body}, now=self.clock.now()
             )
 

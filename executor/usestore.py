@@ -165,6 +165,12 @@ class UseStore(Protocol):
         """Forget an in-flight record whose request never reached execution."""
         ...
 
+    async def idempotency_settle(
+        self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
+    ) -> bool:
+        """Record a reconciled answer for a key whose outcome was in flight or unknown."""
+        ...
+
     async def consume(
         self, namespace: str, key: str, *, binding: dict[str, Any], now: float
     ) -> ConsumptionRecord | None:
@@ -343,6 +349,43 @@ class SQLiteUseStore:
                 )
 
         await self._run(work)
+
+    async def idempotency_settle(
+        self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
+    ) -> bool:
+        """Record what reconciliation learned about a key whose outcome was unknown.
+
+        An in-flight key gets ``response`` as its final answer; a finished key is replaced only
+        when its recorded answer was UNKNOWN_AFTER_DISPATCH (nothing else is ever rewritten).
+        True when the record changed.
+        """
+        text = _canonical_or_store_error(response)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            with _immediate(conn):
+                row = conn.execute(
+                    "SELECT state, response FROM idempotency"
+                    " WHERE tenant = ? AND principal = ? AND key = ?",
+                    (tenant, principal, key),
+                ).fetchone()
+                if row is None:
+                    return False
+                if row[0] == "DONE":
+                    recorded = json.loads(row[1]) if row[1] else {}
+                    body = recorded.get("body") if isinstance(recorded, dict) else None
+                    if not isinstance(body, dict) or body.get("outcome") != (
+                        "UNKNOWN_AFTER_DISPATCH"
+                    ):
+                        return False
+                conn.execute(
+                    "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
+                    " WHERE tenant = ? AND principal = ? AND key = ?",
+                    (text, now, tenant, principal, key),
+                )
+                return True
+
+        settled: bool = await self._run(work)
+        return settled
 
     async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
         """Delete an IN_PROGRESS record; a finished record is never deleted here."""

@@ -145,6 +145,12 @@ async def test_provider_error_is_unknown_then_reconciled_not_executed(running: F
     assert answer["status"] == "NOT_EXECUTED"
     assert answer["executed"] is False
     assert len(run.provider.received) == 1
+    # The key's replay now says what the provider did.
+    _, replay = await run.propose(5000, key="err")
+    assert replay["replayed"] is True
+    assert replay["outcome"] == "DEFINITELY_NOT_EXECUTED"
+    assert replay["reason_codes"] == ["RECONCILED_NOT_EXECUTED"]
+    assert len(run.provider.received) == 1
 
 
 async def test_reset_after_sending_is_unknown_then_reconciled_completed(running: Factory) -> None:

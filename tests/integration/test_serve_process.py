@@ -594,8 +594,9 @@ async def test_sigterm_while_the_provider_never_answers_ends_within_the_drain_bo
             async with session.get(second.url + "/ready") as r:
                 ready = await r.json()
         assert again_status == 200
-        # The key's first final answer is replayed (the use store never replaces it).
-        assert (again["outcome"], again["replayed"]) == ("UNKNOWN_AFTER_DISPATCH", True)
+        # The key's "unknown" answer was settled by the restart's reconciliation.
+        assert (again["outcome"], again["replayed"]) == ("DEFINITELY_NOT_EXECUTED", True)
+        assert again["reason_codes"] == ["RECONCILED_NOT_EXECUTED"]
         assert ready["unknown_attempts"] == 0
         assert gated.arrived == ["stuck"], "reconciliation looks up; it never sends again"
     finally:
