@@ -25,27 +25,10 @@ import yaml
 
 from .control_plane import ControlPlane, free_port
 
-# Until the ``agentsafe.commands`` entry point is installed, the same registration is called
-# directly: it is the code ``agentsafe operator`` runs either way.
-_LAUNCHER = (
-    "import argparse, sys\n"
-    "from agentsafe.operator.cli import register\n"
-    "parser = argparse.ArgumentParser(prog='agentsafe')\n"
-    "register(parser.add_subparsers(dest='command', required=True))\n"
-    "args = parser.parse_args(sys.argv[1:])\n"
-    "sys.exit(args.run(args))\n"
-)
-
 
 def operator_command() -> list[str]:
-    script = Path(sys.executable).with_name("agentsafe")
-    if script.exists():
-        probe = subprocess.run(
-            [str(script), "operator", "--help"], capture_output=True, text=True, check=False
-        )
-        if probe.returncode == 0:
-            return [str(script), "operator"]
-    return [sys.executable, "-c", _LAUNCHER, "operator"]
+    """``agentsafe operator`` from this interpreter's environment (the chart's command)."""
+    return [str(Path(sys.executable).with_name("agentsafe")), "operator"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +86,8 @@ def running_operator(
     liveness = f"http://127.0.0.1:{port}/healthz"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "AGENTSAFE_"))}
     env.update(
+        # The pod-network stand-in: names of stand-in pods resolve to loopback (see its module).
+        PYTHONPATH=str(Path(__file__).parent / "podnet"),
         KUBECONFIG=str(kubeconfig),
         AGENTSAFE_OPERATOR_NAMESPACE=namespace,
         POD_ID=f"e2e-operator-{port}",

@@ -156,3 +156,69 @@ def make_pki(directory: Path, *, admin_user: str = "agentsafe-e2e-admin") -> Con
         ),
         sa_private_key=_write(directory / "sa.key", _pem_key(sa_key), private=True),
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingPair:
+    """PEM texts of a throwaway CA and a serving certificate it issued."""
+
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+
+    def write(self, directory: Path, stem: str) -> tuple[Path, Path, Path]:
+        directory.mkdir(parents=True, exist_ok=True)
+        return (
+            _write(directory / f"{stem}-ca.crt", self.ca_pem),
+            _write(directory / f"{stem}.crt", self.cert_pem),
+            _write(directory / f"{stem}.key", self.key_pem, private=True),
+        )
+
+
+def issue_serving_pair(
+    *, common_name: str, dns_names: list[str], ip_addresses: list[str]
+) -> ServingPair:
+    """A new CA and one serving certificate for ``dns_names`` and ``ip_addresses``."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name(f"{common_name} test CA")
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=False,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+    leaf = _leaf(
+        ca_key=ca_key,
+        ca_name=ca_name,
+        subject=_name(common_name),
+        key=key,
+        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        sans=sans,
+    )
+    pem = serialization.Encoding.PEM
+    return ServingPair(
+        ca_pem=ca.public_bytes(pem), cert_pem=leaf.public_bytes(pem), key_pem=_pem_key(key)
+    )
