@@ -227,43 +227,47 @@ def test_helm_install_into_the_local_control_plane(
     namespace = _restricted_namespace(control_plane, "agentsafe-system")
     release = "agentsafe"
     control_plane.helm("install", release, str(CHART), "--namespace", namespace)
-    status = json.loads(control_plane.helm("status", release, "-n", namespace, "-o", "json").stdout)
-    assert status["info"]["status"] == "deployed"
-    crds = json.loads(control_plane.kubectl("get", "crd", "-o", "json").stdout)["items"]
-    groups = {crd["spec"]["group"] for crd in crds}
-    assert "kopf.dev" in groups
-    for crd in crds:
-        if crd["spec"]["group"] in {"kopf.dev", "agentsafe.io"}:
-            control_plane.kubectl(
-                "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}"
-            )
-    control_plane.kubectl("get", "clusterkopfpeering", "agentsafe")
-    deployment = json.loads(
-        control_plane.kubectl("get", "deploy", "-n", namespace, "-o", "json").stdout
-    )["items"]
-    assert [d["metadata"]["name"] for d in deployment] == ["agentsafe-operator"]
+    try:
+        status = json.loads(
+            control_plane.helm("status", release, "-n", namespace, "-o", "json").stdout
+        )
+        assert status["info"]["status"] == "deployed"
+        crds = json.loads(control_plane.kubectl("get", "crd", "-o", "json").stdout)["items"]
+        groups = {crd["spec"]["group"] for crd in crds}
+        assert "kopf.dev" in groups
+        for crd in crds:
+            if crd["spec"]["group"] in {"kopf.dev", "agentsafe.io"}:
+                control_plane.kubectl(
+                    "wait", "--for=condition=Established", f"crd/{crd['metadata']['name']}"
+                )
+        control_plane.kubectl("get", "clusterkopfpeering", "agentsafe")
+        deployment = json.loads(
+            control_plane.kubectl("get", "deploy", "-n", namespace, "-o", "json").stdout
+        )["items"]
+        assert [d["metadata"]["name"] for d in deployment] == ["agentsafe-operator"]
 
-    who = f"system:serviceaccount:{namespace}:agentsafe-operator"
+        who = f"system:serviceaccount:{namespace}:agentsafe-operator"
 
-    def can(verb: str, resource: str, where: str | None = "default") -> bool:
-        args = ["auth", "can-i", verb, resource, "--as", who]
-        args += ["-n", where] if where else []
-        return control_plane.kubectl(*args, check=False).stdout.strip() == "yes"
+        def can(verb: str, resource: str, where: str | None = "default") -> bool:
+            args = ["auth", "can-i", verb, resource, "--as", who]
+            args += ["-n", where] if where else []
+            return control_plane.kubectl(*args, check=False).stdout.strip() == "yes"
 
-    assert can("watch", "agentpolicies.agentsafe.io")
-    assert can("patch", "haltswitches.agentsafe.io/status")
-    assert can("create", "statefulsets.apps")
-    assert can("patch", "networkpolicies.networking.k8s.io")
-    assert can("get", "secrets")
-    assert can("patch", "clusterkopfpeerings.kopf.dev", None)
-    # Least privilege: no listing or changing Secrets, no pods, no RBAC, no deleting CRDs.
-    assert not can("list", "secrets")
-    assert not can("update", "secrets")
-    assert not can("delete", "secrets")
-    assert not can("create", "pods")
-    assert not can("create", "rolebindings.rbac.authorization.k8s.io")
-    assert not can("delete", "customresourcedefinitions.apiextensions.k8s.io", None)
-
-    control_plane.helm("uninstall", release, "-n", namespace)
+        assert can("watch", "agentpolicies.agentsafe.io")
+        assert can("patch", "haltswitches.agentsafe.io/status")
+        assert can("create", "statefulsets.apps")
+        assert can("patch", "networkpolicies.networking.k8s.io")
+        assert can("get", "secrets")
+        assert can("patch", "clusterkopfpeerings.kopf.dev", None)
+        # Least privilege: no listing or changing Secrets, no pods, no RBAC, no deleting CRDs.
+        assert not can("list", "secrets")
+        assert not can("update", "secrets")
+        assert not can("delete", "secrets")
+        assert not can("create", "pods")
+        assert not can("create", "rolebindings.rbac.authorization.k8s.io")
+        assert not can("delete", "customresourcedefinitions.apiextensions.k8s.io", None)
+    finally:
+        # Always: the scenario installs its own release, which shares the peering object.
+        control_plane.helm("uninstall", release, "-n", namespace, check=False)
     remaining = control_plane.kubectl("get", "deploy", "-n", namespace, "-o", "name").stdout
     assert remaining.strip() == ""

@@ -139,7 +139,8 @@ def test_a_crd_can_be_applied_and_served(control_plane: ControlPlane) -> None:
 @pytest.mark.skipif(not _crd_files(), reason="crds/*.yaml not generated yet")
 def test_the_generated_agentsafe_crds_apply(control_plane: ControlPlane) -> None:
     for path in _crd_files():
-        control_plane.kubectl("apply", "--server-side", "-f", str(path))
+        # --force-conflicts: the chart (helm) may have installed the same CRDs already.
+        control_plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
     names = json.loads(control_plane.kubectl("get", "crd", "-o", "json").stdout)
     ours = [
         item["metadata"]["name"]
