@@ -79,7 +79,8 @@ class KubeClient:
 
     def __init__(self, info: kopf.ConnectionInfo) -> None:
         self._server = info.server.rstrip("/")
-        headers = {"Accept": "application/json"}
+        # /openid/v1/jwks answers 406 unless its own media type is acceptable.
+        headers = {"Accept": "application/json, application/jwk-set+json"}
         if info.token:
             headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
         context = ssl.create_default_context()

@@ -107,6 +107,11 @@ def _run_operator(args: argparse.Namespace) -> int:
     )
     memo = kopf.Memo()
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """In a pod, the projected service-account token; elsewhere, the kubeconfig."""
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.name = "agentsafe"

@@ -18,6 +18,7 @@ Callers: ``cli.py`` (``agentsafe crds generate|check``), the tests.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,9 @@ RESOURCES: Final[tuple[CrdResource, ...]] = (
 # Structural schema
 
 
+_MAP_LIMIT = 64  # maxProperties of a keyed map, so the API server can bound its CEL key rule
+
+
 def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The model's validation JSON schema as a Kubernetes structural schema."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
@@ -173,6 +177,20 @@ def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], *, depth: int) ->
             }
         elif key == "items":
             out["items"] = _convert(value, defs, depth=depth + 1)
+        elif key == "patternProperties":
+            # Kubernetes has no patternProperties: the values' schema becomes
+            # additionalProperties and the key pattern a CEL rule (bounded by maxProperties).
+            if len(value) != 1:
+                raise ValueError("only one key pattern per map has a structural form")
+            ((pattern, sub),) = value.items()
+            out["additionalProperties"] = _convert(sub, defs, depth=depth + 1)
+            out.setdefault("maxProperties", schema.get("maxProperties", _MAP_LIMIT))
+            out.setdefault("x-kubernetes-validations", []).append(
+                {
+                    "rule": f"self.all(k, k.matches({json.dumps(pattern)}))",
+                    "message": f"every key must match {pattern}",
+                }
+            )
         elif key == "additionalProperties":
             if isinstance(value, Mapping):
                 if value:
