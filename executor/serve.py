@@ -387,17 +387,23 @@ class Executor:
 
     async def _posture_loop(self) -> None:
         interval = self.config.executor_posture_interval_seconds
-        known: set[str] = set()
         while True:
             await asyncio.sleep(interval)
-            await asyncio.to_thread(self.posture_monitor.check_now)
-            drifted = set(self.posture_monitor.drifted_checks())
-            for check in drifted - known:
-                self.halt.posture_drift(check)
-                self.metrics.posture_drift.inc(check=check)
-            for check in known - drifted:
-                self.halt.posture_restored(check)
-            known = drifted
+            await self.check_posture_now()
+
+    async def check_posture_now(self) -> tuple[str, ...]:
+        """Re-run the drift checks once: a regression halts (POSTURE_DRIFT) and new enforcement
+        work is refused 503 POSTURE_DEGRADED until it holds again (POSTURE_RESTORED); resume is
+        refused while it stands. Returns the checks that drifted."""
+        known = set(self.halt.status()["posture_drift"])
+        await asyncio.to_thread(self.posture_monitor.check_now)
+        drifted = set(self.posture_monitor.drifted_checks())
+        for check in sorted(drifted - known):
+            self.halt.posture_drift(check)
+            self.metrics.posture_drift.inc(check=check)
+        for check in sorted(known - drifted):
+            self.halt.posture_restored(check)
+        return tuple(sorted(drifted))
 
     async def close(self) -> None:
         """Stop accepting, drain in-flight work (bounded), then close every store."""

@@ -15,8 +15,10 @@ from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
 from agentsafe.executor.serve import assemble
+from agentsafe.executor.synthetic import SyntheticProvider
 
 from .conftest import Factory
+from .principals_support import OPERATOR_ID, BearerPrincipals, principals_env
 
 AGENTSAFE = str(Path(sys.executable).parent / "agentsafe")
 EXAMPLE = Path(__file__).parents[2] / "examples" / "policy.yaml"
@@ -92,3 +94,67 @@ async def test_assemble_refuses_a_plans_section_without_a_journal(tmp_path: Path
     with pytest.raises(ConfigError) as info:
         await assemble(env, streams=Streams(evidence=MemorySink(), security=MemorySink()))
     assert info.value.variable == "EXECUTOR_JOURNAL_DIR"
+
+
+async def test_posture_drift_degrades_until_it_is_restored(tmp_path: Path) -> None:
+
+
+    provider = SyntheticProvider()
+    await provider.start()
+    principals = BearerPrincipals()
+    env = principals_env(
+        Workspace(tmp_path / "ws").environment(provider_url=provider.base_url, port=free_port()),
+        principals.write(tmp_path / "principals.json"),
+    )
+    security = MemorySink()
+    executor = await assemble(env, streams=Streams(evidence=MemorySink(), security=security))
+    await executor.reconcile_at_start()
+    await executor.listen()
+    url = f"http://127.0.0.1:{executor.port}"
+    proposal = {
+        "proposal": {
+            "action": "create_payout",
+            "target": "payout:drift",
+            "parameters": {"amountMinor": 100, "currency": "EUR"},
+        },
+        "idempotency_key": "drift-1",
+    }
+    proposer = {"authorization": f"Bearer {principals.token('treasury-workflow')}"}
+    operator = {"authorization": f"Bearer {principals.token(OPERATOR_ID)}"}
+    try:
+        async with aiohttp.ClientSession() as session:
+            # TLS verification switched off in the process's environment while it runs:
+            # a check the development posture never waives.
+            env["PYTHONHTTPSVERIFY"] = "0"
+            assert await executor.check_posture_now() == ("TLS_VERIFY_DISABLED",)
+            assert security.named("POSTURE_DRIFT") == [
+                {
+                    "check": "TLS_VERIFY_DISABLED",
+                    "detail": security.named("POSTURE_DRIFT")[0]["detail"],
+                }
+            ]
+            async with session.post(url + "/v1/actions", json=proposal, headers=proposer) as r:
+                assert r.status == 503
+                assert (await r.json())["reason_codes"] == ["POSTURE_DEGRADED"]
+            async with session.post(
+                url + "/v1/control/resume", json={"reason": "try"}, headers=operator
+            ) as r:
+                assert r.status == 409
+                assert (await r.json())["error"]["code"] == "HALT_CAUSE_PERSISTS"
+            del env["PYTHONHTTPSVERIFY"]
+            assert await executor.check_posture_now() == ()
+            assert [e["check"] for e in security.named("POSTURE_RESTORED")] == [
+                "TLS_VERIFY_DISABLED"
+            ]
+            # Restored is not resumed: the halt the drift caused stays until an operator acts.
+            async with session.post(url + "/v1/actions", json=proposal, headers=proposer) as r:
+                assert (await r.json())["reason_codes"] == ["EXECUTOR_HALTED"]
+            async with session.post(
+                url + "/v1/control/resume", json={"reason": "verified the host"}, headers=operator
+            ) as r:
+                assert r.status == 200
+            async with session.post(url + "/v1/actions", json=proposal, headers=proposer) as r:
+                assert (await r.json())["outcome"] == "COMPLETED"
+    finally:
+        await executor.close()
+        await provider.stop()
