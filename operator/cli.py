@@ -42,7 +42,17 @@ def register(subparsers: Any) -> None:
         default=None,
         help="peering priority (distinct per replica; default derived from the pod)",
     )
-    op.add_argument("--executor-image", default=os.environ.get("AGENTSAFE_OPERATOR_EXECUTOR_IMAGE"))
+    op.add_argument(
+        "--executor-image",
+        default=os.environ.get("AGENTSAFE_OPERATOR_EXECUTOR_IMAGE"),
+        help="default executor image for AgentPolicies that name none",
+    )
+    op.add_argument(
+        "--executor-port",
+        type=int,
+        default=int(os.environ.get("AGENTSAFE_OPERATOR_EXECUTOR_PORT", "8443")),
+        help="the port rendered executors listen on (and the operator calls for halts)",
+    )
     op.add_argument(
         "--operator-namespace",
         default=os.environ.get("AGENTSAFE_OPERATOR_NAMESPACE", "agentsafe-system"),
@@ -101,6 +111,9 @@ def _run_operator(args: argparse.Namespace) -> int:
     settings = OperatorSettings(operator_namespace=args.operator_namespace)
     if args.executor_image:
         settings = replace(settings, executor_image=args.executor_image)
+    if not 1 <= args.executor_port <= 65535:
+        raise SystemExit("agentsafe operator: --executor-port must be 1..65535")
+    settings = replace(settings, port=args.executor_port)
     registry = build_registry(
         reconcile_interval=settings.reconcile_interval_seconds,
         halt_retry=settings.halt_retry_seconds,
