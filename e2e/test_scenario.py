@@ -1,14 +1,20 @@
 """The end-to-end scenario: what a platform team and an agent do, against a real API server.
 
-Local backend (CI): the chart is installed with helm (CRDs, RBAC, the operator's
-ServiceAccount); the operator runs as a process authorized only by that ServiceAccount's RBAC;
-the examples in ``examples/k8s/`` are applied with kubectl (plus the TLS Secret they name, and a
-patch pointing the downstream at a loopback TLS provider and switching to ENFORCEMENT); the
-executor runs exactly as the rendered pod would, through the one kubelet stand-in
-(``cluster/kubelet_standin.py``, whose docstring lists its differences from a pod). An agent's
-TokenRequest token drives it; a HaltSwitch stops it; deleting the AgentPolicy removes its
-children (garbage-collected by kube-controller-manager, or — when it was not built — asserted
-through their owner references).
+One sequence of steps, two backends (``--backend``; :mod:`cluster.scenario_backend` says what a
+backend answers). Common to both: the examples in ``examples/k8s/`` are applied with kubectl,
+plus the executor's TLS Secret and the downstream's CA bundle they name, and a patch points the
+downstream at the backend's TLS provider and switches to ENFORCEMENT; every child is checked for
+its owner reference and field manager; an agent's TokenRequest token drives the executor; a
+HaltSwitch stops it; deleting the AgentPolicy removes its children.
+
+* local (CI, :mod:`cluster.local_backend`): the chart installed with helm; the operator as a
+  process authorized only by the chart's ServiceAccount; the executor run exactly as the
+  rendered pod would, through the one kubelet stand-in (``cluster/kubelet_standin.py``, whose
+  docstring lists its differences from a pod); a loopback TLS provider. Without
+  kube-controller-manager the garbage collection is asserted through owner references.
+* kind (``e2e/kind/run.sh``, :mod:`cluster.kind_backend`): the chart's operator Deployment; the
+  StatefulSet's real pod reached through ``kubectl port-forward`` and restarted by deleting it;
+  the provider a pod in the cluster (``e2e/kind/provider.yaml``).
 
 The tests run in file order and share one module-scoped scenario: each step starts from where
 the previous one left the cluster, as a person following the README would.
@@ -18,9 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import ssl
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,20 +33,19 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from cluster.control_plane import ControlPlane
-from cluster.kubelet_standin import StandInPod, standin_pod
-from cluster.operator_process import OperatorProcess, running_operator
+from cluster.kind_backend import kind_backend
+from cluster.local_backend import local_backend
 from cluster.pki import ServingPair, issue_serving_pair
+from cluster.polling import poll
+from cluster.scenario_backend import ScenarioBackend
 
 REPO = Path(__file__).resolve().parent.parent
-CHART = REPO / "charts" / "agentsafe"
 EXAMPLES = REPO / "examples" / "k8s"
-RELEASE = "scenario"
-OPERATOR_NAMESPACE = "agentsafe-system"
-OPERATOR_SA = f"{RELEASE}-agentsafe-operator"
+OPERATOR_NAMESPACE_ENV = "AGENTSAFE_E2E_NAMESPACE"
 NAMESPACE = "payments"
 AGENTS = "agents"
 POLICY = "payouts"
@@ -49,34 +53,16 @@ EXECUTOR = f"{POLICY}-executor"
 HALT_SWITCH = "stop-payouts"
 AGENT_SA = "payout-agent"
 
-T = TypeVar("T")
-
 pytestmark = pytest.mark.slow
-
-
-def poll(
-    what: str, probe: Callable[[], T | None], *, deadline: float = 60.0, interval: float = 0.2
-) -> T:
-    """``probe()`` until it returns something other than None; fail after ``deadline``."""
-    end = time.monotonic() + deadline
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {deadline:.0f} s waiting for {what}")
-        time.sleep(interval)  # polling interval, not synchronisation
 
 
 @dataclass
 class Scenario:
     plane: ControlPlane
     workdir: Path
-    operator: OperatorProcess
+    backend: ScenarioBackend
     executor_tls: ServingPair
-    provider_url: str
     audience: str = ""
-    pod: StandInPod | None = None
 
     def get(self, kind: str, name: str, namespace: str = NAMESPACE) -> dict[str, Any] | None:
         result = self.plane.kubectl(
@@ -97,14 +83,9 @@ class Scenario:
         return None
 
     def received(self) -> list[str]:
-        context = ssl.create_default_context(cafile=str(self.workdir / "provider-ca.crt"))
-        url = f"{self.provider_url}/_control/received"
-        with urllib.request.urlopen(url, context=context, timeout=5) as reply:
-            body = json.loads(reply.read())
-        return list(body.get("keys") or [])
+        return self.backend.provider.received()
 
     def post_proposal(self, token: str, key: str, amount: int = 1200) -> tuple[int, dict[str, Any]]:
-        assert self.pod is not None
         body = {
             "proposal": {
                 "action": "create_payout",
@@ -125,9 +106,8 @@ def _executor_context(scenario: Scenario) -> ssl.SSLContext:
 def _post(
     scenario: Scenario, path: str, body: dict[str, Any], *, token: str
 ) -> tuple[int, dict[str, Any]]:
-    assert scenario.pod is not None
     request = urllib.request.Request(
-        f"https://localhost:{scenario.pod.plan.port}{path}",
+        f"{scenario.backend.executor_url()}{path}",
         data=json.dumps(body).encode(),
         headers={"content-type": "application/json", "authorization": f"Bearer {token}"},
         method="POST",
@@ -143,85 +123,40 @@ def _post(
 
 
 def _ready(scenario: Scenario) -> bool:
-    assert scenario.pod is not None
-    try:
-        with urllib.request.urlopen(
-            f"https://localhost:{scenario.pod.plan.port}/ready",
-            context=_executor_context(scenario),
-            timeout=2,
-        ) as reply:
-            return bool(reply.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-@contextlib.contextmanager
-def _tls_provider(workdir: Path) -> Iterator[str]:
-    pair = issue_serving_pair(
-        common_name="provider", dns_names=["localhost"], ip_addresses=["127.0.0.1"]
-    )
-    _, cert, key = pair.write(workdir, "provider")
-    port_file = workdir / "provider.port"
-    log = (workdir / "provider.log").open("wb")
-    script = Path(__file__).parent / "cluster" / "tls_provider.py"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(script),
-            "--cert",
-            str(cert),
-            "--key",
-            str(key),
-            "--port-file",
-            str(port_file),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        port = poll(
-            "the TLS provider",
-            lambda: port_file.read_text() if port_file.exists() else None,
-            deadline=30,
-        )
-        yield f"https://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-        log.close()
+    return _ready_status(scenario) == 200
 
 
 def _apply_json(plane: ControlPlane, obj: dict[str, Any]) -> None:
     plane.kubectl("apply", "-f", "-", input=json.dumps(obj))
 
 
+@contextlib.contextmanager
+def _backend(
+    plane: ControlPlane, name: str, workdir: Path, operator_namespace: str
+) -> Iterator[ScenarioBackend]:
+    if name == "kind":
+        with kind_backend(
+            plane,
+            workdir=workdir,
+            operator_namespace=operator_namespace,
+            scenario_namespaces=[NAMESPACE, AGENTS],
+        ) as kind:
+            yield kind
+    else:
+        with local_backend(plane, workdir=workdir, operator_namespace=operator_namespace) as local:
+            yield local
+
+
 @pytest.fixture(scope="module")
 def scenario(
     control_plane: ControlPlane, backend: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Scenario]:
-    if backend != "local":
-        # Not written yet for kind: the operator would be the chart's Deployment, the executor a
-        # real pod reached by port-forward, and the downstream an in-cluster TLS provider.
-        pytest.skip("the scenario's kind variant is not written yet (docs/testing.md)")
     plane = control_plane
     workdir = tmp_path_factory.mktemp("scenario")
-    plane.kubectl("create", "namespace", OPERATOR_NAMESPACE, check=False)
-    plane.helm("install", RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE)
-    with contextlib.ExitStack() as stack:
-        provider_url = stack.enter_context(_tls_provider(workdir))
-        operator = stack.enter_context(
-            running_operator(
-                plane,
-                namespace=OPERATOR_NAMESPACE,
-                service_account=OPERATOR_SA,
-                workdir=workdir / "operator",
-            )
-        )
+    # run.sh installs the chart into $AGENTSAFE_E2E_NAMESPACE; the local backend does it here.
+    operator_namespace = os.environ.get(OPERATOR_NAMESPACE_ENV) or "agentsafe-system"
+    with _backend(plane, backend, workdir, operator_namespace) as chosen:
+        provider = chosen.provider
         # What the examples expect to exist already: the executor's TLS Secret (cert-manager's
         # job in a cluster) and the downstream's CA bundle.
         plane.kubectl("apply", "-f", str(EXAMPLES / "00-namespaces.yaml"))
@@ -250,7 +185,7 @@ def scenario(
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": {"name": "payouts-downstream-ca", "namespace": NAMESPACE},
-                "data": {"ca.pem": (workdir / "provider-ca.crt").read_text()},
+                "data": {"ca.pem": provider.ca_pem},
             },
         )
         plane.kubectl("apply", "-f", str(EXAMPLES))
@@ -258,36 +193,40 @@ def scenario(
             "spec": {
                 "mode": "ENFORCEMENT",
                 "downstream": {
-                    "url": f"{provider_url}/payouts",
-                    "lookupUrl": f"{provider_url}/payouts/{{idempotency_key}}",
+                    "url": f"{provider.url}/payouts",
+                    "lookupUrl": f"{provider.url}/payouts/{{idempotency_key}}",
                     "ca": {"name": "payouts-downstream-ca", "key": "ca.pem"},
-                    "cidrs": ["127.0.0.1/32"],
+                    "cidrs": list(provider.cidrs),
                 },
             }
         }
         plane.kubectl(
             "patch", "agentpolicy", POLICY, "-n", NAMESPACE, "--type=merge", "-p", json.dumps(patch)
         )
-        yield Scenario(
-            plane=plane,
-            workdir=workdir,
-            operator=operator,
-            executor_tls=executor_tls,
-            provider_url=provider_url,
-        )
+        yield Scenario(plane=plane, workdir=workdir, backend=chosen, executor_tls=executor_tls)
 
 
-def _policy_condition(scenario: Scenario, type_: str, *, deadline: float = 120) -> dict[str, Any]:
+def _policy_condition(
+    scenario: Scenario, type_: str, *, deadline: float = 120, current: bool = True
+) -> dict[str, Any]:
+    """Wait for ``type_=True``; with ``current``, set for the AgentPolicy's latest generation
+    (so a condition of the render before the scenario's patch does not count)."""
+
     def true() -> dict[str, Any] | None:
-        condition = scenario.condition("agentpolicy", POLICY, type_)
-        if condition and condition["status"] == "True":
-            return condition
+        policy = scenario.get("agentpolicy", POLICY) or {}
+        generation = (policy.get("metadata") or {}).get("generation")
+        for condition in (policy.get("status") or {}).get("conditions") or []:
+            if condition.get("type") != type_ or condition.get("status") != "True":
+                continue
+            if current and condition.get("observedGeneration") not in (None, generation):
+                return None
+            return dict(condition)
         return None
 
     try:
         return poll(f"AgentPolicy payouts {type_}=True", true, deadline=deadline)
     except BaseException:
-        print(scenario.operator.tail())
+        print(scenario.backend.operator_tail(60))
         policy = scenario.get("agentpolicy", POLICY) or {}
         print(json.dumps(policy.get("status"), indent=1)[:4000])
         raise
@@ -295,7 +234,8 @@ def _policy_condition(scenario: Scenario, type_: str, *, deadline: float = 120) 
 
 def test_the_operator_renders_every_child_with_owner_references(scenario: Scenario) -> None:
     _policy_condition(scenario, "Reconciled")
-    # No executor pod runs yet, so the policy is honestly not ready.
+    # No executor pod is ready yet (none runs locally; on kind it is starting, and the operator
+    # reads readiness on its 60 s timer), so the policy is honestly not ready.
     ready = scenario.condition("agentpolicy", POLICY)
     assert ready is not None
     assert (ready["status"], ready["reason"]) == ("False", "ExecutorsNotReady")
@@ -331,11 +271,10 @@ def test_the_operator_renders_every_child_with_owner_references(scenario: Scenar
     assert sa["automountServiceAccountToken"] is False
 
 
-def test_printer_columns_show_mode_ready_halted(
-    scenario: Scenario, executor_pod: StandInPod
-) -> None:
-    # The stand-in reported its pod ready; the operator's reconcile (timer) sees it.
-    _policy_condition(scenario, "Ready", deadline=150)
+def test_printer_columns_show_mode_ready_halted(scenario: Scenario, executor_pod: None) -> None:
+    # The pod is ready (the stand-in reported it, or the kubelet's probe passed); the
+    # operator's reconcile (timer) sees it.
+    _policy_condition(scenario, "Ready", deadline=scenario.backend.deadlines.policy_ready)
     table = scenario.plane.kubectl("get", "agentpolicies", "-n", NAMESPACE).stdout.splitlines()
     header = table[0].split()
     assert header[:4] == ["NAME", "MODE", "READY", "HALTED"], table[0]
@@ -346,25 +285,14 @@ def test_printer_columns_show_mode_ready_halted(
     assert row["HALTED"] == "false"
 
 
-def _start_pod(scenario: Scenario, root: Path) -> contextlib.AbstractContextManager[StandInPod]:
+@pytest.fixture(scope="module")
+def executor_pod(scenario: Scenario) -> Iterator[None]:
+    """Pod 0 of the operator's StatefulSet, running and answering /ready."""
+    _policy_condition(scenario, "Reconciled")
     statefulset = scenario.get("statefulset", EXECUTOR)
     assert statefulset is not None
-    return standin_pod(scenario.plane, statefulset, root=root)
-
-
-@pytest.fixture(scope="module")
-def executor_pod(scenario: Scenario) -> Iterator[StandInPod]:
-    _policy_condition(scenario, "Reconciled")
-    with _start_pod(scenario, scenario.workdir / "pod-0") as pod:
-        scenario.pod = pod
-        try:
-            poll("the executor's /ready", lambda: True if _ready(scenario) else None, deadline=60)
-        except BaseException:
-            print(pod.tail())
-            raise
-        pod.publish(scenario.plane, ready=True)
-        yield pod
-        scenario.pod = None
+    with scenario.backend.start_executor(statefulset, ready=lambda: _ready(scenario)):
+        yield
 
 
 def _agent_token(scenario: Scenario, service_account: str = AGENT_SA) -> str:
@@ -374,11 +302,11 @@ def _agent_token(scenario: Scenario, service_account: str = AGENT_SA) -> str:
     return scenario.plane.create_token(service_account, namespace=AGENTS, audience=audience)
 
 
-def test_an_agent_proposal_executes_once(scenario: Scenario, executor_pod: StandInPod) -> None:
+def test_an_agent_proposal_executes_once(scenario: Scenario, executor_pod: None) -> None:
     token = _agent_token(scenario)
     key = f"e2e-{uuid.uuid4().hex[:8]}"
     status, body = scenario.post_proposal(token, key)
-    assert status == 200, (body, executor_pod.tail())
+    assert status == 200, (body, scenario.backend.executor_tail())
     assert body["outcome"] == "COMPLETED"
     assert body["executed"] is True
     again_status, again = scenario.post_proposal(token, key)
@@ -387,7 +315,7 @@ def test_an_agent_proposal_executes_once(scenario: Scenario, executor_pod: Stand
     assert scenario.received().count(key) == 1
 
 
-def test_another_service_account_is_refused(scenario: Scenario, executor_pod: StandInPod) -> None:
+def test_another_service_account_is_refused(scenario: Scenario, executor_pod: None) -> None:
     scenario.plane.kubectl("create", "serviceaccount", "intruder", "-n", AGENTS, check=False)
     token = _agent_token(scenario, "intruder")
     status, body = scenario.post_proposal(token, f"intruder-{uuid.uuid4().hex[:8]}")
@@ -416,9 +344,8 @@ def _diagnose(scenario: Scenario) -> None:
     config = scenario.get("configmap", f"{EXECUTOR}-config") or {}
     print("HaltSwitch status:", json.dumps(switch.get("status"), indent=1))
     print("ConfigMap keys:", sorted(config.get("data") or {}))
-    if scenario.pod is not None:
-        print("executor:", scenario.pod.tail(20))
-    print("operator:", scenario.operator.tail(40))
+    print("executor:", scenario.backend.executor_tail(20))
+    print("operator:", scenario.backend.operator_tail(40))
 
 
 def _refusal_code(body: dict[str, Any]) -> str | None:
@@ -432,10 +359,9 @@ def _refusal_code(body: dict[str, Any]) -> str | None:
 
 def _ready_status(scenario: Scenario) -> int | None:
     """The executor's /ready status (503 while halted); None when it does not answer."""
-    assert scenario.pod is not None
     try:
         with urllib.request.urlopen(
-            f"https://localhost:{scenario.pod.plan.port}/ready",
+            f"{scenario.backend.executor_url()}/ready",
             context=_executor_context(scenario),
             timeout=2,
         ) as reply:
@@ -468,8 +394,21 @@ def _wait_halted(scenario: Scenario, token: str) -> float:
     return elapsed
 
 
+def _resumed(scenario: Scenario) -> None:
+    try:
+        poll(
+            "the executor to resume",
+            lambda: True if _ready(scenario) else None,
+            deadline=scenario.backend.deadlines.resume,
+            interval=0.5,
+        )
+    except BaseException:
+        _diagnose(scenario)
+        raise
+
+
 def test_halt_switch_stops_the_executor_and_is_acknowledged(
-    scenario: Scenario, executor_pod: StandInPod
+    scenario: Scenario, executor_pod: None
 ) -> None:
     token = _agent_token(scenario)
     before = len(scenario.received())
@@ -479,12 +418,13 @@ def test_halt_switch_stops_the_executor_and_is_acknowledged(
     # assertions on a shared machine): see docs/testing.md.
     print(f"halt observed {elapsed:.2f} s after kubectl patch returned")
     assert len(scenario.received()) == before
+    pod_name = scenario.backend.pod_name
 
     def acknowledged() -> dict[str, Any] | None:
         switch = scenario.get("haltswitch", HALT_SWITCH) or {}
         pods = (switch.get("status") or {}).get("pods") or []
         for pod in pods:
-            if pod.get("pod") == executor_pod.plan.pod_name and pod.get("acknowledged"):
+            if pod.get("pod") == pod_name and pod.get("acknowledged"):
                 return dict(pod)
         return None
 
@@ -509,16 +449,16 @@ def _policy_column(scenario: Scenario, column: str) -> str | None:
     return dict(zip(table[0].split(), table[1].split(), strict=False)).get(column)
 
 
-def test_unhalt_works_again(scenario: Scenario, executor_pod: StandInPod) -> None:
+def test_unhalt_works_again(scenario: Scenario, executor_pod: None) -> None:
     token = _agent_token(scenario)
     _set_halt(scenario, False)
-    poll("the executor to resume", lambda: True if _ready(scenario) else None, deadline=30)
+    _resumed(scenario)
     status, body = scenario.post_proposal(token, f"resume-{uuid.uuid4().hex[:8]}")
     assert status == 200, body
     assert body["outcome"] == "COMPLETED"
 
 
-def test_a_restart_while_halted_starts_halted(scenario: Scenario, executor_pod: StandInPod) -> None:
+def test_a_restart_while_halted_starts_halted(scenario: Scenario, executor_pod: None) -> None:
     token = _agent_token(scenario)
     _set_halt(scenario, True, "e2e: restart drill")
     _wait_halted(scenario, token)
@@ -526,14 +466,20 @@ def test_a_restart_while_halted_starts_halted(scenario: Scenario, executor_pod: 
     config = scenario.get("configmap", f"{EXECUTOR}-config")
     assert config is not None
     assert "halt" in config["data"]
-    executor_pod.stop()
-    executor_pod.start()
-    poll("the restarted executor to listen", lambda: _ready_status(scenario), deadline=60)
+    # Local: the process is stopped and started again. kind: the pod is deleted and the
+    # StatefulSet controller recreates it from the same template.
+    scenario.backend.restart_executor()
+    poll(
+        "the restarted executor to listen",
+        lambda: _ready_status(scenario),
+        deadline=scenario.backend.deadlines.listening,
+    )
     # Its very first answers: not ready, and proposals refused as halted.
     assert _ready_status(scenario) == 503
-    assert _first_answer(scenario, token) == (503, "EXECUTOR_HALTED"), executor_pod.tail()
+    first = _first_answer(scenario, token)
+    assert first == (503, "EXECUTOR_HALTED"), scenario.backend.executor_tail()
     _set_halt(scenario, False)
-    poll("the executor to resume", lambda: True if _ready(scenario) else None, deadline=30)
+    _resumed(scenario)
 
 
 def _first_answer(scenario: Scenario, token: str) -> tuple[int, str] | None:

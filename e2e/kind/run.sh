@@ -3,7 +3,9 @@
 #   1. create the kind cluster from e2e/kind/cluster.yaml (reused if it exists)
 #   2. build the agentsafe image and load it into the cluster's nodes
 #   3. helm install the chart with that image (pulled never: it is already on the nodes)
-#   4. run the same e2e scenarios with --backend=kind; executors are reached by port-forward
+#   4. run the same e2e scenarios with --backend=kind: the chart's operator Deployment renders
+#      real executor pods (the same image: the chart's executor.image defaults to image.*),
+#      reached by kubectl port-forward; the downstream is e2e/kind/provider.yaml (test-only)
 # Needs: docker, kind, kubectl, helm on PATH. KEEP_CLUSTER=1 keeps the cluster afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,5 +45,6 @@ helm upgrade --install agentsafe charts/agentsafe \
 helm test agentsafe --namespace "$NAMESPACE" --timeout 2m
 
 echo "== running the e2e scenarios against kind"
-AGENTSAFE_E2E=require AGENTSAFE_E2E_NAMESPACE="$NAMESPACE" \
+# AGENTSAFE_E2E_IMAGE: the scenario checks the operator renders exactly the image loaded above.
+AGENTSAFE_E2E=require AGENTSAFE_E2E_NAMESPACE="$NAMESPACE" AGENTSAFE_E2E_IMAGE="$IMAGE" \
   "$PYTHON" -m pytest e2e --backend=kind -p no:cacheprovider "$@"
