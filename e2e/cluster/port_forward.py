@@ -5,11 +5,12 @@ executor pod (and the test reads the in-cluster provider) through a port-forward
 person would debug a pod. kubectl picks a free local port and prints it
 (``Forwarding from 127.0.0.1:NNNNN -> 8443``); :meth:`PortForward.local_port` reads it.
 
-Since kubectl 1.23 a port-forward exits when one forwarded connection fails (for instance a
-connection attempt while the container is not listening yet, or the pod was deleted), so
-:meth:`PortForward.local_port` starts a new one whenever the previous one has exited. Callers
-that poll through it therefore recover on their next attempt; the logs of every attempt are
-kept under ``log_dir`` for diagnosis.
+Since kubectl 1.23 (kubernetes/kubernetes#103526) a port-forward exits when one forwarded
+connection fails (for instance a connection attempt while the container is not listening yet),
+so :meth:`PortForward.local_port` starts a new one whenever the previous one has exited; callers
+that poll through it recover on their next attempt. A forward to a deleted pod may outlive it,
+so whoever replaces the pod calls :meth:`PortForward.restart` or :meth:`PortForward.close`. The
+log of every attempt is kept under ``log_dir`` for diagnosis.
 
 Callers: :mod:`kind_backend`, ``e2e/test_kind_provider.py``.
 """
