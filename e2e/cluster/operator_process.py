@@ -95,7 +95,9 @@ def running_operator(
     log = workdir / "operator.log"
     with log.open("wb") as sink:
         popen = subprocess.Popen(
-            [*operator_command(), f"--liveness={liveness}"],
+            # A free port for the rendered executors: the stand-in binds it on this machine, where
+            # a fixed 8443 could be taken by anything else.
+            [*operator_command(), f"--liveness={liveness}", f"--executor-port={free_port()}"],
             env=env,
             cwd=workdir,
             stdin=subprocess.DEVNULL,
