@@ -98,7 +98,6 @@ async def test_assemble_refuses_a_plans_section_without_a_journal(tmp_path: Path
 
 async def test_posture_drift_degrades_until_it_is_restored(tmp_path: Path) -> None:
 
-
     provider = SyntheticProvider()
     await provider.start()
     principals = BearerPrincipals()
