@@ -167,6 +167,7 @@ class LocalAuthority:
             raise ValueError(f"grant_ttl_seconds must be in (0, {GRANT_TTL_SECONDS}]")
         self._policy = policy
         self._key = keys
+        self._retired: tuple[SigningKey, ...] = tuple(retired_keys)
         self._key_set = KeySet((keys, *retired_keys))
         self._store = store
         self._clock = clock
@@ -180,6 +181,16 @@ class LocalAuthority:
     @property
     def key_set(self) -> KeySet:
         return self._key_set
+
+    def rotate_key(self, key: SigningKey, *, keep_retired: int = 2) -> None:
+        """Sign with ``key`` from now on; the previous keys keep verifying (and stay in the
+        published JWKS) so grants, attestations and hand-outs already issued remain valid."""
+        if key.kid == self._key.kid:
+            return
+        retired = [k for k in self._retired if k.kid != key.kid]
+        self._retired = (self._key, *retired)[:keep_retired]
+        self._key = key
+        self._key_set = KeySet((key, *self._retired))
 
     def jwks(self) -> dict[str, Any]:
         """The public keys, for ``GET /.well-known/agentsafe-grant-jwks.json``."""

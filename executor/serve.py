@@ -573,6 +573,20 @@ async def assemble(
             streams.security.emit("AUTHORITY_KEY_EPHEMERAL", {"kid": key.kid})
         authority = LocalAuthority(policy, keys=key, store=store, clock=clock)
 
+        def authority_key_rotated(name: str, handle: Any) -> None:
+            if name != "EXECUTOR_AUTHORITY_SIGNING_KEY":
+                return
+            try:
+                with handle.reveal() as pem:
+                    fresh = SigningKey.from_pem(pem)
+            except (AgentSafeError, ValueError):
+                streams.security.emit("AUTHORITY_KEY_ROTATION_REFUSED", {"code": "KEY_INVALID"})
+                return
+            authority.rotate_key(fresh)
+            streams.security.emit("AUTHORITY_KEY_ROTATED", {"kid": fresh.kid})
+
+        secrets.on_change(authority_key_rotated)
+
         door, jwks = build_door(
             config,
             secrets=secrets,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import ConfigError
@@ -157,3 +160,39 @@ async def test_posture_drift_degrades_until_it_is_restored(tmp_path: Path) -> No
     finally:
         await executor.close()
         await provider.stop()
+
+
+async def test_a_rotated_authority_key_signs_from_then_on_and_the_old_one_still_verifies(
+    running: Factory,
+) -> None:
+    run = await running()
+    async with run.session.get(run.url + "/.well-known/agentsafe-grant-jwks.json") as r:
+        [old] = (await r.json())["keys"]
+    run.provider.set_mode("error")
+    _, unknown = await run.propose(100, key="before-rotation")
+    recovery = unknown["recovery"]
+    key_file = run.workspace.secrets_dir / "authority-signing-key.pem"
+    staged = key_file.with_name(".rotating")
+    staged.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    staged.chmod(0o600)
+    staged.replace(key_file)
+    await run.executor.reload_secrets()
+    [rotated] = run.security.named("AUTHORITY_KEY_ROTATED")
+    assert rotated["kid"] != old["kid"]
+    async with run.session.get(run.url + "/.well-known/agentsafe-grant-jwks.json") as r:
+        kids = [k["kid"] for k in (await r.json())["keys"]]
+    assert kids == [rotated["kid"], old["kid"]]
+    # A recovery reference signed by the old key still verifies; new work is signed by the new.
+    status, answer, _ = await run.post("/v1/reconciliations", {"recovery": recovery})
+    assert status == 200
+    assert answer["status"] == "NOT_EXECUTED"
+    run.provider.set_mode("normal")
+    _, done = await run.propose(100, key="after-rotation")
+    assert done["outcome"] == "COMPLETED"
+    assert "PRIVATE KEY" not in json.dumps(run.security.events)
