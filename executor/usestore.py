@@ -14,7 +14,15 @@ behind :class:`UseStore`:
 :class:`SQLiteUseStore` is the embedded default: one SQLite database in WAL mode with
 ``synchronous=FULL`` under ``EXECUTOR_STATE_DIR``. Every mutation is a ``BEGIN IMMEDIATE``
 transaction with a busy timeout, so concurrent processes sharing the file serialise instead of
-failing. Blocking work runs on one dedicated thread per store that owns the connection. The
+failing. Blocking work runs on one dedicated thread per store that owns the connection.
+
+Writes are committed in groups, as the attempt journal groups its fsyncs: writes submitted while a
+commit is in progress wait, and the next commit applies all of them, in submission order, in one
+``BEGIN IMMEDIATE ... COMMIT`` -- one fsync for the group. Each write runs inside its own
+``SAVEPOINT``, sees the effects of the writes before it, and when it fails (a refusal such as
+APPROVAL_ALREADY_DECIDED, or an unexpected error) only its own savepoint is rolled back; the others
+in its group commit. No caller is answered before the COMMIT that carries its write has returned,
+and a failed COMMIT fails every write of its group. Reads run one at a time between groups. The
 protocol speaks only in values (no SQL, no connections, timestamps passed in by the caller), so a
 PostgreSQL store can implement it later with the same semantics (``INSERT ... ON CONFLICT DO
 NOTHING`` for claims, ``SELECT ... FOR UPDATE`` for decisions).
@@ -26,6 +34,7 @@ the approval routes and ``POST /v1/escalations`` (approvals), ``serve.py`` (open
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import hmac
@@ -34,10 +43,11 @@ import os
 import secrets
 import sqlite3
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -67,6 +77,9 @@ RETENTION_SECONDS = 24 * 60 * 60
 """Finished idempotency records, grant claims and approvals are kept at least this long."""
 
 _T = TypeVar("_T")
+
+_MAX_GROUP = 256
+"""At most this many writes share one transaction, so a group never holds the lock for long."""
 
 
 class IdempotencyKind(StrEnum):
@@ -228,8 +241,9 @@ class SQLiteUseStore:
     """:class:`UseStore` on one SQLite file (WAL, ``synchronous=FULL``); see the module docstring.
 
     Construct with :meth:`open`. One dedicated thread owns the connection; the async methods hand
-    it their work, so calls from one process run one at a time and processes serialise on the
-    database's write lock (``BEGIN IMMEDIATE`` with a busy timeout).
+    it their work. Writes queue up and are committed in groups (one transaction, one fsync, a
+    savepoint per write); processes serialise on the database's write lock (``BEGIN IMMEDIATE``
+    with a busy timeout).
     """
 
     def __init__(
@@ -246,6 +260,11 @@ class SQLiteUseStore:
         self._secret = secret
         self._clock = clock
         self._closed = False
+        self._pending: list[_Write] = []
+        self._pending_lock = threading.Lock()
+        self._drain_scheduled = False
+        # How a group is committed; tests wrap it to count commits or to make one fail.
+        self._commit: Callable[[sqlite3.Connection], None] = _commit
 
     @property
     def path(self) -> Path:
@@ -273,21 +292,81 @@ class SQLiteUseStore:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._worker, _guarded, self._conn, fn)
 
+    async def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Queue ``fn`` for the next group commit; its result once that commit has returned.
+
+        ``fn`` runs on the store's thread inside the group's transaction and its own savepoint;
+        it must not begin, commit or roll back a transaction itself.
+        """
+        if self._closed:
+            raise StoreError("the use store is closed", code="STORE_CLOSED")
+        write = _Write(fn)
+        with self._pending_lock:
+            self._pending.append(write)
+            if not self._drain_scheduled:
+                try:
+                    self._worker.submit(self._drain)
+                except RuntimeError:  # the executor is shutting down
+                    self._pending.remove(write)
+                    raise StoreError("the use store is closed", code="STORE_CLOSED") from None
+                self._drain_scheduled = True
+        result: _T = await asyncio.wrap_future(write.done)
+        return result
+
+    def _take(self) -> list[_Write]:
+        with self._pending_lock:
+            batch = self._pending[:_MAX_GROUP]
+            del self._pending[:_MAX_GROUP]
+        return [write for write in batch if write.done.set_running_or_notify_cancel()]
+
+    def _drain(self) -> None:
+        """On the store's thread: commit what is pending now, then let queued reads run before
+        the next group (the next drain is queued behind them)."""
+        try:
+            group = self._take()
+            if group:
+                _commit_group(self._conn, group, self._commit)
+        finally:
+            with self._pending_lock:
+                stranded: list[_Write] = []
+                if self._pending:
+                    try:
+                        self._worker.submit(self._drain)
+                    except RuntimeError:  # the executor is shutting down: nobody will drain
+                        stranded, self._pending = self._pending, []
+                        self._drain_scheduled = False
+                else:
+                    self._drain_scheduled = False
+            closed = StoreError("the use store is closed", code="STORE_CLOSED")
+            _fail([w for w in stranded if w.done.set_running_or_notify_cancel()], closed)
+
+    def _close_connection(self) -> None:
+        """On the store's thread: commit every write accepted before :meth:`close`, then close."""
+        try:
+            while True:
+                with self._pending_lock:
+                    if not self._pending:
+                        break
+                group = self._take()
+                if group:
+                    _commit_group(self._conn, group, self._commit)
+        finally:
+            self._conn.close()
+
     # -- grant claims --------------------------------------------------------------------------
 
     async def claim_grant(
         self, grant_id: str, *, binding_digest: str, expires_at: float, now: float
     ) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
-            with _immediate(conn):
-                cur = conn.execute(
-                    "INSERT INTO grant_claims (grant_id, binding_digest, expires_at, claimed_at)"
-                    " VALUES (?, ?, ?, ?) ON CONFLICT (grant_id) DO NOTHING",
-                    (grant_id, binding_digest, expires_at, now),
-                )
-                return cur.rowcount == 1
+            cur = conn.execute(
+                "INSERT INTO grant_claims (grant_id, binding_digest, expires_at, claimed_at)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (grant_id) DO NOTHING",
+                (grant_id, binding_digest, expires_at, now),
+            )
+            return cur.rowcount == 1
 
-        return await self._run(work)
+        return await self._write(work)
 
     # -- idempotency ---------------------------------------------------------------------------
 
@@ -295,19 +374,18 @@ class SQLiteUseStore:
         self, *, tenant: str, principal: str, key: str, payload_digest: str, now: float
     ) -> IdempotencyState:
         def work(conn: sqlite3.Connection) -> IdempotencyState:
-            with _immediate(conn):
-                row = conn.execute(
-                    "SELECT payload_digest, state, response FROM idempotency"
-                    " WHERE tenant = ? AND principal = ? AND key = ?",
-                    (tenant, principal, key),
-                ).fetchone()
-                if row is None:
-                    conn.execute(
-                        "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
-                        " created_at) VALUES (?, ?, ?, ?, 'IN_PROGRESS', ?)",
-                        (tenant, principal, key, payload_digest, now),
-                    )
-                    return IdempotencyState(IdempotencyKind.NEW)
+            row = conn.execute(
+                "SELECT payload_digest, state, response FROM idempotency"
+                " WHERE tenant = ? AND principal = ? AND key = ?",
+                (tenant, principal, key),
+            ).fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
+                    " created_at) VALUES (?, ?, ?, ?, 'IN_PROGRESS', ?)",
+                    (tenant, principal, key, payload_digest, now),
+                )
+                return IdempotencyState(IdempotencyKind.NEW)
             stored_digest, state, response = row
             if not hmac.compare_digest(str(stored_digest), payload_digest):
                 return IdempotencyState(IdempotencyKind.CONFLICT)
@@ -315,7 +393,7 @@ class SQLiteUseStore:
                 return IdempotencyState(IdempotencyKind.IN_PROGRESS)
             return IdempotencyState(IdempotencyKind.REPLAY, response=_load_object(response))
 
-        return await self._run(work)
+        return await self._write(work)
 
     async def idempotency_complete(
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
@@ -326,29 +404,28 @@ class SQLiteUseStore:
         text = _canonical_or_store_error(response)
 
         def work(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
-                row = conn.execute(
-                    "SELECT state, response FROM idempotency"
-                    " WHERE tenant = ? AND principal = ? AND key = ?",
-                    (tenant, principal, key),
-                ).fetchone()
-                if row is None:
-                    raise StoreError(
-                        "no idempotency record for this key", code="IDEMPOTENCY_RECORD_MISSING"
-                    )
-                if row[0] == "DONE":
-                    if row[1] == text:
-                        return
-                    raise StoreError(
-                        "this key already has a final answer", code="IDEMPOTENCY_ALREADY_COMPLETE"
-                    )
-                conn.execute(
-                    "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
-                    " WHERE tenant = ? AND principal = ? AND key = ?",
-                    (text, now, tenant, principal, key),
+            row = conn.execute(
+                "SELECT state, response FROM idempotency"
+                " WHERE tenant = ? AND principal = ? AND key = ?",
+                (tenant, principal, key),
+            ).fetchone()
+            if row is None:
+                raise StoreError(
+                    "no idempotency record for this key", code="IDEMPOTENCY_RECORD_MISSING"
                 )
+            if row[0] == "DONE":
+                if row[1] == text:
+                    return
+                raise StoreError(
+                    "this key already has a final answer", code="IDEMPOTENCY_ALREADY_COMPLETE"
+                )
+            conn.execute(
+                "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
+                " WHERE tenant = ? AND principal = ? AND key = ?",
+                (text, now, tenant, principal, key),
+            )
 
-        await self._run(work)
+        await self._write(work)
 
     async def idempotency_settle(
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
@@ -362,43 +439,39 @@ class SQLiteUseStore:
         text = _canonical_or_store_error(response)
 
         def work(conn: sqlite3.Connection) -> bool:
-            with _immediate(conn):
-                row = conn.execute(
-                    "SELECT state, response FROM idempotency"
-                    " WHERE tenant = ? AND principal = ? AND key = ?",
-                    (tenant, principal, key),
-                ).fetchone()
-                if row is None:
+            row = conn.execute(
+                "SELECT state, response FROM idempotency"
+                " WHERE tenant = ? AND principal = ? AND key = ?",
+                (tenant, principal, key),
+            ).fetchone()
+            if row is None:
+                return False
+            if row[0] == "DONE":
+                recorded = json.loads(row[1]) if row[1] else {}
+                body = recorded.get("body") if isinstance(recorded, dict) else None
+                if not isinstance(body, dict) or body.get("outcome") != ("UNKNOWN_AFTER_DISPATCH"):
                     return False
-                if row[0] == "DONE":
-                    recorded = json.loads(row[1]) if row[1] else {}
-                    body = recorded.get("body") if isinstance(recorded, dict) else None
-                    if not isinstance(body, dict) or body.get("outcome") != (
-                        "UNKNOWN_AFTER_DISPATCH"
-                    ):
-                        return False
-                conn.execute(
-                    "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
-                    " WHERE tenant = ? AND principal = ? AND key = ?",
-                    (text, now, tenant, principal, key),
-                )
-                return True
+            conn.execute(
+                "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
+                " WHERE tenant = ? AND principal = ? AND key = ?",
+                (text, now, tenant, principal, key),
+            )
+            return True
 
-        settled: bool = await self._run(work)
+        settled: bool = await self._write(work)
         return settled
 
     async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
         """Delete an IN_PROGRESS record; a finished record is never deleted here."""
 
         def work(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
-                conn.execute(
-                    "DELETE FROM idempotency WHERE tenant = ? AND principal = ? AND key = ?"
-                    " AND state = 'IN_PROGRESS'",
-                    (tenant, principal, key),
-                )
+            conn.execute(
+                "DELETE FROM idempotency WHERE tenant = ? AND principal = ? AND key = ?"
+                " AND state = 'IN_PROGRESS'",
+                (tenant, principal, key),
+            )
 
-        await self._run(work)
+        await self._write(work)
 
     # -- consumptions --------------------------------------------------------------------------
 
@@ -409,15 +482,14 @@ class SQLiteUseStore:
         nonce = secrets.token_hex(16)
 
         def work(conn: sqlite3.Connection) -> bool:
-            with _immediate(conn):
-                cur = conn.execute(
-                    "INSERT INTO consumptions (namespace, key, nonce, consumed_at, binding_digest)"
-                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, key) DO NOTHING",
-                    (namespace, key, nonce, now, binding_digest),
-                )
-                return cur.rowcount == 1
+            cur = conn.execute(
+                "INSERT INTO consumptions (namespace, key, nonce, consumed_at, binding_digest)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, key) DO NOTHING",
+                (namespace, key, nonce, now, binding_digest),
+            )
+            return cur.rowcount == 1
 
-        if not await self._run(work):
+        if not await self._write(work):
             return None
         token = self._token(namespace, key, nonce, now, binding_digest)
         return ConsumptionRecord(namespace, key, nonce, now, binding_digest, token)
@@ -479,27 +551,26 @@ class SQLiteUseStore:
         approvers_text = canonical_text(list(request.approvers))
 
         def work(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
-                cur = conn.execute(
-                    "INSERT INTO approvals (request_id, intent, intent_hash, approvers,"
-                    " proposer_principal, proposer_actor, expires_at, created_at, state)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'PENDING')"
-                    " ON CONFLICT (request_id) DO NOTHING",
-                    (
-                        request.request_id,
-                        intent_text,
-                        request.intent_hash,
-                        approvers_text,
-                        request.proposer_principal,
-                        request.proposer_actor,
-                        request.expires_at,
-                        request.created_at,
-                    ),
-                )
-                if cur.rowcount != 1:
-                    raise ApprovalError("the request id is taken", code="APPROVAL_EXISTS")
+            cur = conn.execute(
+                "INSERT INTO approvals (request_id, intent, intent_hash, approvers,"
+                " proposer_principal, proposer_actor, expires_at, created_at, state)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'PENDING')"
+                " ON CONFLICT (request_id) DO NOTHING",
+                (
+                    request.request_id,
+                    intent_text,
+                    request.intent_hash,
+                    approvers_text,
+                    request.proposer_principal,
+                    request.proposer_actor,
+                    request.expires_at,
+                    request.created_at,
+                ),
+            )
+            if cur.rowcount != 1:
+                raise ApprovalError("the request id is taken", code="APPROVAL_EXISTS")
 
-        await self._run(work)
+        await self._write(work)
 
     async def approval_get(self, request_id: str) -> ApprovalRecord | None:
         def work(conn: sqlite3.Connection) -> ApprovalRecord | None:
@@ -555,35 +626,34 @@ class SQLiteUseStore:
             raise ApprovalError("the reason is too long", code="APPROVAL_DECISION_INVALID")
 
         def work(conn: sqlite3.Connection) -> ApprovalRecord:
-            with _immediate(conn):
-                row = conn.execute(
-                    f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE request_id = ?",  # noqa: S608
-                    (request_id,),
-                ).fetchone()
-                if row is None:
-                    raise ApprovalError("no such approval request", code="APPROVAL_NOT_FOUND")
-                record = _approval_from_row(row)
-                if (
-                    approver not in record.request.approvers
-                    or approver == record.request.proposer_principal
-                ):
-                    raise ApprovalError(
-                        "this principal may not decide this request", code="APPROVAL_NOT_PERMITTED"
-                    )
-                if record.stored_state is not ApprovalState.PENDING:
-                    raise ApprovalError(
-                        "the request is already decided", code="APPROVAL_ALREADY_DECIDED"
-                    )
-                if record.state_at(now) is ApprovalState.EXPIRED:
-                    raise ApprovalError("the request has expired", code="APPROVAL_EXPIRED")
-                conn.execute(
-                    "UPDATE approvals SET state = ?, approver = ?, reason = ?, decided_at = ?"
-                    " WHERE request_id = ? AND state = 'PENDING'",
-                    (new_state.value, approver, reason, now, request_id),
+            row = conn.execute(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE request_id = ?",  # noqa: S608
+                (request_id,),
+            ).fetchone()
+            if row is None:
+                raise ApprovalError("no such approval request", code="APPROVAL_NOT_FOUND")
+            record = _approval_from_row(row)
+            if (
+                approver not in record.request.approvers
+                or approver == record.request.proposer_principal
+            ):
+                raise ApprovalError(
+                    "this principal may not decide this request", code="APPROVAL_NOT_PERMITTED"
                 )
-                return ApprovalRecord(record.request, new_state, approver, reason, now)
+            if record.stored_state is not ApprovalState.PENDING:
+                raise ApprovalError(
+                    "the request is already decided", code="APPROVAL_ALREADY_DECIDED"
+                )
+            if record.state_at(now) is ApprovalState.EXPIRED:
+                raise ApprovalError("the request has expired", code="APPROVAL_EXPIRED")
+            conn.execute(
+                "UPDATE approvals SET state = ?, approver = ?, reason = ?, decided_at = ?"
+                " WHERE request_id = ? AND state = 'PENDING'",
+                (new_state.value, approver, reason, now, request_id),
+            )
+            return ApprovalRecord(record.request, new_state, approver, reason, now)
 
-        return await self._run(work)
+        return await self._write(work)
 
     # -- housekeeping --------------------------------------------------------------------------
 
@@ -594,19 +664,18 @@ class SQLiteUseStore:
         cutoff = now - RETENTION_SECONDS
 
         def work(conn: sqlite3.Connection) -> int:
-            with _immediate(conn):
-                deleted = conn.execute(
-                    "DELETE FROM idempotency WHERE state = 'DONE' AND completed_at < ?", (cutoff,)
-                ).rowcount
-                deleted += conn.execute(
-                    "DELETE FROM grant_claims WHERE expires_at < ?", (cutoff,)
-                ).rowcount
-                deleted += conn.execute(
-                    "DELETE FROM approvals WHERE expires_at < ?", (cutoff,)
-                ).rowcount
-                return deleted
+            deleted = conn.execute(
+                "DELETE FROM idempotency WHERE state = 'DONE' AND completed_at < ?", (cutoff,)
+            ).rowcount
+            deleted += conn.execute(
+                "DELETE FROM grant_claims WHERE expires_at < ?", (cutoff,)
+            ).rowcount
+            deleted += conn.execute(
+                "DELETE FROM approvals WHERE expires_at < ?", (cutoff,)
+            ).rowcount
+            return deleted
 
-        return await self._run(work)
+        return await self._write(work)
 
     async def close(self) -> None:
         if self._closed:
@@ -614,7 +683,7 @@ class SQLiteUseStore:
         self._closed = True
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._worker, self._conn.close)
+            await loop.run_in_executor(self._worker, self._close_connection)
         finally:
             self._worker.shutdown(wait=True)
 
@@ -638,6 +707,115 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+@dataclass(eq=False)
+class _Write:
+    """One queued write: the work and the future its caller awaits."""
+
+    fn: Callable[[sqlite3.Connection], Any]
+    done: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+
+
+_SAVEPOINT = "agentsafe_write"
+
+
+def _commit(conn: sqlite3.Connection) -> None:
+    conn.execute("COMMIT")
+
+
+def _unavailable(exc: BaseException) -> StoreError:
+    return StoreError(f"the use store failed: {type(exc).__name__}", code="STORE_UNAVAILABLE")
+
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+class _TransactionLost(Exception):
+    """The group's transaction is gone (SQLite rolled it back, or a savepoint failed)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(type(cause).__name__)
+        self.cause = cause
+
+
+def _apply(conn: sqlite3.Connection, write: _Write) -> tuple[bool, Any]:
+    """Run one write in its own savepoint: ``(True, result)`` or ``(False, exception)`` with
+    only this write's changes undone. Raises :class:`_TransactionLost` when the transaction
+    itself did not survive."""
+    try:
+        conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+    except sqlite3.Error as exc:
+        raise _TransactionLost(exc) from None
+    try:
+        value = write.fn(conn)
+    except Exception as exc:  # every failure belongs to this write alone
+        failure: BaseException = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
+        if not conn.in_transaction:
+            raise _TransactionLost(exc) from None
+        try:
+            conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
+            conn.execute(f"RELEASE {_SAVEPOINT}")
+        except sqlite3.Error as rollback_error:
+            raise _TransactionLost(rollback_error) from None
+        return False, failure
+    try:
+        conn.execute(f"RELEASE {_SAVEPOINT}")
+    except sqlite3.Error as exc:
+        raise _TransactionLost(exc) from None
+    return True, value
+
+
+def _commit_group(
+    conn: sqlite3.Connection, group: list[_Write], commit: Callable[[sqlite3.Connection], None]
+) -> None:
+    """Apply ``group`` in order in one ``BEGIN IMMEDIATE`` transaction and commit it once; only
+    then resolve each write's future. A write during which the transaction is lost fails alone
+    and the group is run again without it (nothing was acknowledged yet); a failed BEGIN or
+    COMMIT fails every write of the group."""
+    remaining = list(group)
+    try:
+        while remaining:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                _rollback_quietly(conn)
+                _fail(remaining, _unavailable(exc))
+                return
+            outcomes: list[tuple[bool, Any]] = []
+            try:
+                for write in remaining:
+                    outcomes.append(_apply(conn, write))
+            except _TransactionLost as lost:
+                _rollback_quietly(conn)
+                culprit = remaining[len(outcomes)]
+                culprit.done.set_exception(_unavailable(lost.cause))
+                remaining = [w for w in remaining if w is not culprit]
+                continue
+            try:
+                commit(conn)
+            except Exception as exc:  # nothing of this group is durable
+                _rollback_quietly(conn)
+                _fail(remaining, _unavailable(exc))
+                return
+            for write, (ok, value) in zip(remaining, outcomes, strict=True):
+                if ok:
+                    write.done.set_result(value)
+                else:
+                    write.done.set_exception(value)
+            return
+    except BaseException as exc:
+        _rollback_quietly(conn)
+        _fail([w for w in remaining if not w.done.done()], _unavailable(exc))
+        raise
+
+
+def _fail(writes: list[_Write], error: StoreError) -> None:
+    for write in writes:
+        write.done.set_exception(error)
 
 
 def _guarded(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]) -> _T:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import sqlite3
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,9 @@ from agentsafe.executor.usestore import (
     ApprovalError,
     ApprovalRequest,
     ApprovalState,
+    ConsumptionRecord,
     IdempotencyKind,
+    IdempotencyState,
     SQLiteUseStore,
 )
 
@@ -511,3 +516,393 @@ async def test_settle_replaces_only_an_unknown_answer(tmp_path: Path) -> None:
         assert state.response is not None
         assert state.response["body"]["outcome"] == outcome
     await store.close()
+
+
+# -- group commit ------------------------------------------------------------------------------
+
+
+class CommitCounter:
+    """Wraps the store's commit step and counts group commits (each is one fsync)."""
+
+    def __init__(self, store: SQLiteUseStore) -> None:
+        self.commits = 0
+        self._inner = store._commit
+        store._commit = self
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        self._inner(conn)
+        self.commits += 1
+
+
+class FailingCommit:
+    """Test double for a COMMIT the disk refuses: raises where the commit would happen."""
+
+    def __init__(self, store: SQLiteUseStore) -> None:
+        self.calls = 0
+        self._store = store
+        self._inner = store._commit
+        store._commit = self
+
+    def __call__(self, conn: sqlite3.Connection) -> None:
+        self.calls += 1
+        raise sqlite3.OperationalError("disk I/O error (test double)")
+
+    def restore(self) -> None:
+        self._store._commit = self._inner
+
+
+@contextlib.asynccontextmanager
+async def held_worker(store: SQLiteUseStore) -> AsyncIterator[None]:
+    """Keep the store's one thread busy; writes submitted inside the block queue up and form
+    one group when it ends."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(_conn: sqlite3.Connection) -> None:
+        entered.set()
+        release.wait(timeout=60)
+
+    holder = asyncio.ensure_future(store._run(hold))
+    try:
+        assert await asyncio.to_thread(entered.wait, 60)
+        yield
+    finally:
+        release.set()
+        await holder
+
+
+async def _queued(store: SQLiteUseStore, count: int) -> None:
+    """Poll (deadline, no sleeps) until ``count`` writes wait in the store's queue."""
+    deadline = time.monotonic() + 30
+    while len(store._pending) < count:
+        assert time.monotonic() < deadline, "writes never reached the queue"
+        await asyncio.sleep(0)
+
+
+async def _one_group(store: SQLiteUseStore, operations: list[Awaitable[Any]]) -> list[Any]:
+    """Submit ``operations`` while the worker is held so they share one group; their results
+    (exceptions returned, not raised), in submission order."""
+    async with held_worker(store):
+        tasks = [asyncio.ensure_future(op) for op in operations]
+        await _queued(store, len(tasks))
+    return list(await asyncio.gather(*tasks, return_exceptions=True))
+
+
+def _code(result: object) -> str:
+    assert isinstance(result, StoreError), result
+    return result.code
+
+
+def _rows(state_dir: Path, sql: str) -> list[tuple[Any, ...]]:
+    """What another connection (another process would) sees as committed."""
+    conn = sqlite3.connect(state_dir / DATABASE_NAME)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+async def test_two_hundred_concurrent_begins_share_one_commit(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    store = await SQLiteUseStore.open(state_dir, clock=ManualClock(NOW))
+    try:
+        counter = CommitCounter(store)
+        results = await _one_group(
+            store,
+            [
+                store.idempotency_begin(
+                    tenant="acme", principal="p", key=f"k-{i}", payload_digest="sha256:p", now=NOW
+                )
+                for i in range(200)
+            ],
+        )
+        assert [r.kind for r in results] == [IdempotencyKind.NEW] * 200
+        assert counter.commits == 1  # 200 writes, one fsync
+        assert _rows(state_dir, "SELECT count(*) FROM idempotency") == [(200,)]
+    finally:
+        await store.close()
+
+
+async def test_callers_are_answered_only_after_their_commit_returned(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    store = await SQLiteUseStore.open(state_dir, clock=ManualClock(NOW))
+    in_commit, finish = threading.Event(), threading.Event()
+    inner = store._commit
+
+    def slow_commit(conn: sqlite3.Connection) -> None:
+        in_commit.set()
+        finish.wait(timeout=60)
+        inner(conn)
+
+    store._commit = slow_commit
+    try:
+        tasks = [
+            asyncio.ensure_future(
+                store.claim_grant(f"g-{i}", binding_digest="d", expires_at=NOW + 60, now=NOW)
+            )
+            for i in range(5)
+        ]
+        assert await asyncio.to_thread(in_commit.wait, 60)
+        for _ in range(10):
+            await asyncio.sleep(0)  # give any premature answer the chance to arrive
+        assert not any(task.done() for task in tasks)
+        assert _rows(state_dir, "SELECT count(*) FROM grant_claims") == [(0,)]
+        finish.set()
+        assert await asyncio.gather(*tasks) == [True] * 5
+        assert _rows(state_dir, "SELECT count(*) FROM grant_claims") == [(5,)]
+    finally:
+        finish.set()
+        await store.close()
+
+
+async def test_a_group_applies_its_writes_in_submission_order(store: SQLiteUseStore) -> None:
+    counter = CommitCounter(store)
+    ids = {"tenant": "acme", "principal": "agent-1", "key": "k"}
+    answer = {"outcome": "BLOCKED"}
+    results = await _one_group(
+        store,
+        [
+            store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW),
+            store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW),
+            store.idempotency_complete(**ids, response=answer, now=NOW),
+            store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW),
+            store.idempotency_begin(**ids, payload_digest="sha256:other", now=NOW),
+            store.claim_grant("g", binding_digest="d", expires_at=NOW + 60, now=NOW),
+            store.claim_grant("g", binding_digest="d", expires_at=NOW + 60, now=NOW),
+            store.consume("ns", "c", binding={"b": 1}, now=NOW),
+            store.consume("ns", "c", binding={"b": 1}, now=NOW),
+        ],
+    )
+    assert counter.commits == 1
+    assert results[:5] == [
+        IdempotencyState(IdempotencyKind.NEW),
+        IdempotencyState(IdempotencyKind.IN_PROGRESS),
+        None,
+        IdempotencyState(IdempotencyKind.REPLAY, response=answer),
+        IdempotencyState(IdempotencyKind.CONFLICT),
+    ]
+    assert results[5:7] == [True, False]
+    assert isinstance(results[7], ConsumptionRecord)
+    assert results[8] is None
+    assert await store.verify_consumption(results[7])
+
+
+async def test_a_refused_or_failing_write_leaves_the_rest_of_its_group_alone(
+    tmp_path: Path,
+) -> None:
+    state_dir = tmp_path / "state"
+    store = await SQLiteUseStore.open(state_dir, clock=ManualClock(NOW))
+    try:
+        await store.approval_create(_request("req-1"))
+        await store.approval_create(_request("req-2"))
+        counter = CommitCounter(store)
+
+        def fails_halfway(conn: sqlite3.Connection) -> None:
+            """Test double: an operation that writes, then fails unexpectedly."""
+            conn.execute(
+                "INSERT INTO grant_claims VALUES ('g-halfway', 'd', ?, ?)", (NOW + 60, NOW)
+            )
+            raise RuntimeError("unexpected failure (test double)")
+
+        def bad_sql_after_a_write(conn: sqlite3.Connection) -> None:
+            """Test double: an operation whose second statement SQLite refuses."""
+            conn.execute("INSERT INTO grant_claims VALUES ('g-sql', 'd', ?, ?)", (NOW + 60, NOW))
+            conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+        results = await _one_group(
+            store,
+            [
+                store.approval_decide(
+                    "req-1", decision="APPROVE", approver="lead-a", reason="ok", now=NOW
+                ),
+                store.approval_decide(
+                    "req-1", decision="DENY", approver="lead-b", reason="no", now=NOW
+                ),
+                store.claim_grant("g-1", binding_digest="d", expires_at=NOW + 60, now=NOW),
+                store.idempotency_complete(
+                    tenant="t", principal="p", key="absent", response={"x": 1}, now=NOW
+                ),
+                store._write(fails_halfway),
+                store.consume("ns", "c", binding={"b": 1}, now=NOW),
+                store.approval_create(_request("req-2")),
+                store._write(bad_sql_after_a_write),
+                store.idempotency_begin(
+                    tenant="t", principal="p", key="k", payload_digest="sha256:p", now=NOW
+                ),
+                store.approval_decide(
+                    "req-2", decision="DENY", approver="agent-1", reason="", now=NOW
+                ),
+            ],
+        )
+        assert counter.commits == 1
+        assert results[0].stored_state is ApprovalState.APPROVED
+        assert _code(results[1]) == "APPROVAL_ALREADY_DECIDED"
+        assert results[2] is True
+        assert _code(results[3]) == "IDEMPOTENCY_RECORD_MISSING"
+        assert isinstance(results[4], RuntimeError)
+        assert isinstance(results[5], ConsumptionRecord)
+        assert _code(results[6]) == "APPROVAL_EXISTS"
+        assert _code(results[7]) == "STORE_UNAVAILABLE"
+        assert results[8].kind is IdempotencyKind.NEW
+        assert _code(results[9]) == "APPROVAL_NOT_PERMITTED"
+
+        assert _rows(state_dir, "SELECT grant_id FROM grant_claims") == [("g-1",)]
+        assert _rows(state_dir, "SELECT request_id, state, approver FROM approvals") == [
+            ("req-1", "APPROVED", "lead-a"),
+            ("req-2", "PENDING", None),
+        ]
+        assert await store.verify_consumption(results[5])
+        again = await store.idempotency_begin(
+            tenant="t", principal="p", key="k", payload_digest="sha256:p", now=NOW
+        )
+        assert again.kind is IdempotencyKind.IN_PROGRESS
+    finally:
+        await store.close()
+
+
+async def test_a_write_that_loses_the_transaction_fails_alone(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    store = await SQLiteUseStore.open(state_dir, clock=ManualClock(NOW))
+    try:
+        counter = CommitCounter(store)
+
+        def abandons_the_transaction(conn: sqlite3.Connection) -> None:
+            """Test double: SQLite rolls the whole transaction back under this operation (as it
+            does on some I/O and memory errors)."""
+            conn.execute("ROLLBACK")
+            raise sqlite3.OperationalError("disk I/O error (test double)")
+
+        def claim(grant_id: str) -> Awaitable[bool]:
+            return store.claim_grant(grant_id, binding_digest="d", expires_at=NOW + 60, now=NOW)
+
+        results = await _one_group(
+            store,
+            [
+                claim("before"),
+                claim("before"),
+                store._write(abandons_the_transaction),
+                claim("after"),
+            ],
+        )
+        assert results[0:2] == [True, False]
+        assert _code(results[2]) == "STORE_UNAVAILABLE"
+        assert results[3] is True
+        assert counter.commits == 1
+        assert _rows(state_dir, "SELECT grant_id FROM grant_claims ORDER BY grant_id") == [
+            ("after",),
+            ("before",),
+        ]
+    finally:
+        await store.close()
+
+
+async def test_a_failed_commit_acknowledges_no_write_of_its_group(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    store = await SQLiteUseStore.open(state_dir, clock=ManualClock(NOW))
+    try:
+        await store.approval_create(_request("req-1"))
+        failing = FailingCommit(store)
+        results = await _one_group(
+            store,
+            [
+                store.claim_grant("g", binding_digest="d", expires_at=NOW + 60, now=NOW),
+                store.idempotency_begin(
+                    tenant="t", principal="p", key="k", payload_digest="sha256:p", now=NOW
+                ),
+                store.idempotency_complete(
+                    tenant="t", principal="p", key="absent", response={"x": 1}, now=NOW
+                ),
+                store.consume("ns", "c", binding={"b": 1}, now=NOW),
+                store.approval_decide(
+                    "req-1", decision="APPROVE", approver="lead-a", reason="", now=NOW
+                ),
+            ],
+        )
+        assert failing.calls == 1
+        assert [_code(r) for r in results] == ["STORE_UNAVAILABLE"] * 5
+        failing.restore()
+
+        assert _rows(state_dir, "SELECT count(*) FROM grant_claims") == [(0,)]
+        assert _rows(state_dir, "SELECT count(*) FROM idempotency") == [(0,)]
+        assert _rows(state_dir, "SELECT count(*) FROM consumptions") == [(0,)]
+        assert _rows(state_dir, "SELECT state FROM approvals") == [("PENDING",)]
+        # the store is usable afterwards and nothing of the failed group is remembered
+        assert await store.claim_grant("g", binding_digest="d", expires_at=NOW + 60, now=NOW)
+        begun = await store.idempotency_begin(
+            tenant="t", principal="p", key="k", payload_digest="sha256:p", now=NOW
+        )
+        assert begun.kind is IdempotencyKind.NEW
+    finally:
+        await store.close()
+
+
+async def test_a_group_that_cannot_take_the_lock_fails_every_write(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    store = await SQLiteUseStore.open(state_dir, clock=ManualClock(NOW), busy_timeout_s=0.05)
+    other = sqlite3.connect(state_dir / DATABASE_NAME, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        results = await _one_group(
+            store,
+            [
+                store.claim_grant(f"g-{i}", binding_digest="d", expires_at=NOW + 60, now=NOW)
+                for i in range(3)
+            ],
+        )
+        assert [_code(r) for r in results] == ["STORE_UNAVAILABLE"] * 3
+        other.execute("ROLLBACK")
+        assert await store.claim_grant("g-0", binding_digest="d", expires_at=NOW + 60, now=NOW)
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_a_write_cancelled_while_queued_never_runs(store: SQLiteUseStore) -> None:
+    def begin(key: str) -> Awaitable[IdempotencyState]:
+        return store.idempotency_begin(
+            tenant="t", principal="p", key=key, payload_digest="sha256:p", now=NOW
+        )
+
+    async with held_worker(store):
+        cancelled = asyncio.ensure_future(begin("cancelled"))
+        kept = asyncio.ensure_future(begin("kept"))
+        await _queued(store, 2)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        deadline = time.monotonic() + 30
+        while not store._pending[0].done.cancelled():  # the cancel reaches the queued write
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0)
+    assert (await kept).kind is IdempotencyKind.NEW
+    assert (await begin("cancelled")).kind is IdempotencyKind.NEW
+
+
+async def test_close_commits_the_writes_it_accepted_first(tmp_path: Path) -> None:
+    """More writes than one group holds: close commits the rest before the connection closes."""
+    state_dir = tmp_path / "state"
+    store = await SQLiteUseStore.open(state_dir, clock=ManualClock(NOW))
+    counter = CommitCounter(store)
+    async with held_worker(store):
+        claims = [
+            asyncio.ensure_future(
+                store.claim_grant(f"g-{i}", binding_digest="d", expires_at=NOW + 60, now=NOW)
+            )
+            for i in range(300)
+        ]
+        await _queued(store, 300)
+        closing = asyncio.ensure_future(store.close())
+        await asyncio.sleep(0)  # one loop step: close queues its work behind the first group
+        assert store._closed
+    await closing
+    assert await asyncio.gather(*claims) == [True] * 300
+    assert counter.commits == 2  # groups are bounded
+    assert _rows(state_dir, "SELECT count(*) FROM grant_claims") == [(300,)]
+
+
+def test_grouped_claims_in_five_processes_yield_one_success(tmp_path: Path) -> None:
+    """Each process commits its ten claims of one grant as one group (the racer checks that);
+    across processes exactly one claim wins."""
+    results = _race(tmp_path / "state", "claim-grouped", "grant-raced", processes=5, count=10)
+    assert len(results) == 50
+    assert results.count(True) == 1
+    assert results.count(False) == 49
