@@ -70,8 +70,17 @@ class Kube(Protocol):
     async def get_json(self, path: str) -> Any: ...
 
     async def patch_status(
-        self, kind: str, namespace: str, name: str, status: Mapping[str, Any]
-    ) -> None: ...
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
+    ) -> None:
+        """Merge-patch ``status``; with ``resource_version``, only over that version (else
+        ``ApiError`` 409)."""
+        ...
 
 
 class KubeClient:
@@ -188,13 +197,24 @@ class KubeClient:
         return await self._call("GET", path)
 
     async def patch_status(
-        self, kind: str, namespace: str, name: str, status: Mapping[str, Any]
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> None:
         """Merge-patch the status subresource (for status written outside the object's own
-        handler, e.g. an AgentPolicy re-rendered because a Principal changed)."""
+        handler, e.g. an AgentPolicy re-rendered because a Principal changed). A
+        ``resource_version`` in the patch makes it conditional: the API server answers 409
+        when the object changed since that version."""
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         await self._call(
             "PATCH",
             self._path(kind, namespace, name) + "/status",
-            body={"status": dict(status)},
+            body=body,
             content_type="application/merge-patch+json",
         )

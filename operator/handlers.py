@@ -10,8 +10,12 @@ conditions and posts Events. API errors become ``kopf.TemporaryError`` (409, 429
   delete removes the NetworkPolicies it placed in agent namespaces (owner references cannot
   cross namespaces; everything else is garbage-collected through them).
 - Principal: any change re-renders the AgentPolicies that select it (before and after).
-- HaltSwitch: create/update/resume/delete run :func:`enforce_halt`; a timer retries pods that
-  did not acknowledge.
+- HaltSwitch: create/update/resume/delete run :func:`enforce_halt` (which also refreshes the
+  selected policies' ``Ready``/``halted``); a timer retries pods that did not acknowledge.
+- Executor StatefulSets (the ones the renderer labels): every watch event runs
+  :func:`refresh_ready`, which recomputes the owning AgentPolicy's ``Ready`` with the same
+  decision as the reconcile (``readiness.py``) and patches only that; it never renders or
+  applies (the timer repairs drift).
 
 Everything the handlers need lives in one :class:`Runtime` in kopf's ``memo``; tests build one
 with an in-memory API stand-in and call the handler functions directly.
@@ -22,6 +26,7 @@ Callers: ``cli.py`` (through :func:`build_registry`), the tests.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import secrets
 from collections.abc import Mapping
@@ -44,6 +49,7 @@ from .halt import (
     trust_context,
 )
 from .models import GROUP, VERSION, AgentPolicySpec, HaltSwitchSpec, PrincipalSpec
+from .readiness import executor_readiness, owning_policy, readiness_status, set_ready
 from .render import (
     PolicyRef,
     RenderError,
@@ -55,7 +61,7 @@ from .render import (
     render_children,
     render_operator_token_secret,
 )
-from .render.common import OWNER_LABEL
+from .render.common import EXECUTOR_COMPONENT, MANAGED_BY, OWNER_LABEL
 from .render.config import OPERATOR_TOKEN_KEY
 from .settings import HALT_FIELD_MANAGER, OperatorSettings
 
@@ -67,6 +73,8 @@ __all__ = [
     "enforce_halt",
     "reconcile_policy",
     "refresh_jwks",
+    "refresh_ready",
+    "statefulset_handler",
 ]
 
 
@@ -310,8 +318,7 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
             keep.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
     await _prune_agent_policies(rt.kube, ref, keep)
     halted = await sync_halt(rt, ref, labels)
-    sts = await rt.kube.get("StatefulSet", ref.namespace, names(ref).executor) or {}
-    ready_replicas = int((sts.get("status") or {}).get("readyReplicas") or 0)
+    sts = await rt.kube.get("StatefulSet", ref.namespace, names(ref).executor)
     message = f"{len(rendered.objects)} objects applied; {len(rendered.principals)} principals"
     conditions = set_condition(
         previous,
@@ -321,26 +328,94 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
         message=message,
         generation=ref.generation,
     )
-    if halted:
-        ready, reason, text = False, "Halted", "a HaltSwitch halts this policy's executors"
-    elif ready_replicas >= spec.replicas:
-        ready, reason, text = True, "ExecutorsReady", f"{ready_replicas}/{spec.replicas} ready"
-    else:
-        ready, reason, text = False, "ExecutorsNotReady", f"{ready_replicas}/{spec.replicas} ready"
+    readiness = executor_readiness(desired_replicas=spec.replicas, statefulset=sts, halted=halted)
     status.update(
         halted=halted,
         principals=list(rendered.principals),
         policyDigest=rendered.policy_digest,
-        conditions=set_condition(
-            conditions,
-            type="Ready",
-            status=ready,
-            reason=reason,
-            message=text,
-            generation=ref.generation,
-        ),
+        conditions=set_ready(conditions, readiness, generation=ref.generation),
     )
     return PolicyOutcome(status, "Normal", "Reconciled", message)
+
+
+READY_PATCH_ATTEMPTS = 3
+"""Optimistic-concurrency retries of one readiness patch (409: the policy changed meanwhile)."""
+
+
+async def refresh_ready(
+    rt: Runtime,
+    namespace: str,
+    name: str,
+    *,
+    uid: str | None = None,
+    halted: bool | None = None,
+) -> bool:
+    """Recompute one AgentPolicy's ``Ready`` (and ``halted``) from its executor StatefulSet and
+    the HaltSwitches, and patch only those status fields; ``True`` when it patched.
+
+    Never renders or applies anything: a policy whose children were not applied for its
+    current generation is left to its own handlers (see :func:`.readiness_status`). ``uid``
+    (from a child's owner reference) skips a policy recreated under the same name; ``halted``
+    is given by the HaltSwitch handler, which already knows it. The patch carries the policy's
+    ``resourceVersion``, so it never overwrites a status written meanwhile: on 409 everything
+    is read again.
+    """
+    for attempt in range(READY_PATCH_ATTEMPTS):
+        policy = await rt.kube.get("AgentPolicy", namespace, name)
+        if policy is None or (uid is not None and policy["metadata"].get("uid") != uid):
+            return False
+        try:
+            spec = AgentPolicySpec.model_validate(policy.get("spec") or {})
+        except ValidationError:
+            return False  # its own handler reports SpecInvalid
+        ref = _ref(policy)
+        if halted is None:
+            switches = await rt.kube.list_objects("HaltSwitch", namespace)
+            halting = bool(switches_halting(switches, policy["metadata"].get("labels")))
+        else:
+            halting = halted
+        sts = await rt.kube.get("StatefulSet", namespace, names(ref).executor)
+        readiness = executor_readiness(
+            desired_replicas=spec.replicas, statefulset=sts, halted=halting
+        )
+        status = readiness_status(policy, readiness)
+        if status is None:
+            return False
+        try:
+            await rt.kube.patch_status(
+                "AgentPolicy",
+                namespace,
+                name,
+                status,
+                resource_version=policy["metadata"].get("resourceVersion"),
+            )
+        except ApiError as exc:
+            if exc.status == 409 and attempt + 1 < READY_PATCH_ATTEMPTS:
+                continue
+            raise
+        if _changed(policy, status):
+            rt.events.post(
+                policy,
+                type="Normal" if readiness.ready else "Warning",
+                reason=readiness.reason,
+                message=readiness.message,
+            )
+        return True
+    return False  # pragma: no cover - the loop returns or raises
+
+
+async def statefulset_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Any event of an executor StatefulSet (status included) refreshes its owner's Ready."""
+    rt: Runtime = memo["runtime"]
+    data = dict(body)
+    owner = owning_policy(data)
+    namespace = (data.get("metadata") or {}).get("namespace")
+    if owner is None or not namespace:
+        return
+    try:
+        await refresh_ready(rt, str(namespace), owner.name, uid=owner.uid)
+    except ApiError as exc:
+        raise to_kopf_error(exc) from None
 
 
 def _invalid_status(body: Mapping[str, Any], message: str) -> dict[str, Any]:
@@ -527,10 +602,12 @@ async def enforce_halt(
     pods: list[dict[str, Any]] = []
     selected: list[str] = []
     at = now_rfc3339()
+    halted_now: list[tuple[PolicyRef, bool]] = []
     for policy in await rt.kube.list_objects("AgentPolicy", namespace):
         ref = _ref(policy)
         labels = policy["metadata"].get("labels")
         still_halted = await sync_halt(rt, ref, labels, switches=switches)
+        halted_now.append((ref, still_halted))
         if not spec.policy_selector.matches(labels):
             continue
         selected.append(ref.name)
@@ -551,6 +628,11 @@ async def enforce_halt(
             if result.error:
                 entry["error"] = result.error
             pods.append(entry)
+    # After every control call (a halt must not wait on bookkeeping): each policy's Ready and
+    # Halted now, not at its next reconcile. Best effort: the policy's timer repairs it.
+    for ref, still_halted in halted_now:
+        with contextlib.suppress(ApiError):
+            await refresh_ready(rt, ref.namespace, ref.name, uid=ref.uid, halted=still_halted)
     acked = sum(1 for p in pods if p["acknowledged"])
     previous = list((body.get("status") or {}).get("conditions") or [])
     all_acked = acked == len(pods)
@@ -622,6 +704,13 @@ async def refresh_jwks(rt: Runtime) -> bool:
     return changed
 
 
+EXECUTOR_LABELS: Mapping[str, str] = {
+    "app.kubernetes.io/name": EXECUTOR_COMPONENT,
+    "app.kubernetes.io/managed-by": MANAGED_BY,
+}
+"""Labels of every executor StatefulSet the operator renders (``render.common.policy_labels``)."""
+
+
 def build_registry(
     *, reconcile_interval: float = 60.0, halt_retry: float = 5.0
 ) -> kopf.OperatorRegistry:
@@ -646,6 +735,16 @@ def build_registry(
     )
     kopf.on.delete(GROUP, VERSION, "principals", registry=registry, id="revoke")(principal_handler)
     kopf.on.delete(GROUP, VERSION, "haltswitches", registry=registry, id="release")(halt_handler)
+    # Executor readiness: every event of a StatefulSet the operator rendered (label filter;
+    # the owner reference names the policy). Stateless: no finalizer, no annotations.
+    kopf.on.event(
+        "apps",
+        "v1",
+        "statefulsets",
+        registry=registry,
+        id="readiness",
+        labels=EXECUTOR_LABELS,
+    )(statefulset_handler)
     kopf.timer(
         GROUP,
         VERSION,

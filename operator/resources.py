@@ -82,7 +82,14 @@ RESOURCES: Final[tuple[Resource, ...]] = (
         "ConfigMap", "", "v1", "configmaps", _OWN, why="policy, principals, JWKS and the halt file"
     ),
     Resource("Service", "", "v1", "services", _OWN, why="the executor's address"),
-    Resource("StatefulSet", "apps", "v1", "statefulsets", _OWN, why="the executor pods"),
+    Resource(
+        "StatefulSet",
+        "apps",
+        "v1",
+        "statefulsets",
+        _OWN,
+        why="the executor pods; watched for the policy's Ready",
+    ),
     Resource("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", _OWN),
     Resource(
         "NetworkPolicy",

@@ -21,6 +21,7 @@ from ..settings import OperatorSettings
 
 __all__ = [
     "EXECUTOR_COMPONENT",
+    "MANAGED_BY",
     "PolicyRef",
     "RenderError",
     "RenderInput",
@@ -33,6 +34,8 @@ __all__ = [
 ]
 
 EXECUTOR_COMPONENT: Final = "agentsafe-executor"
+MANAGED_BY: Final = "agentsafe-operator"
+"""``app.kubernetes.io/managed-by`` of every child (the StatefulSet watch filters on it)."""
 POLICY_LABEL: Final = f"{GROUP}/policy"
 OWNER_LABEL: Final = f"{GROUP}/owner"
 
@@ -125,7 +128,7 @@ def policy_labels(policy: PolicyRef) -> dict[str, str]:
     return {
         **selector_labels(policy),
         "app.kubernetes.io/instance": policy.name,
-        "app.kubernetes.io/managed-by": "agentsafe-operator",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
         "app.kubernetes.io/part-of": "agentsafe",
         OWNER_LABEL: policy.owner_key,
     }

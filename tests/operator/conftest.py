@@ -1,4 +1,5 @@
-"""Fixtures for the operator tests: the example objects from examples/k8s, a render input."""
+"""Fixtures for the operator tests: the example objects from examples/k8s, a render input, an
+in-memory API stand-in holding them (``kube``) and the handlers' ``runtime`` over it."""
 
 from __future__ import annotations
 
@@ -7,17 +8,22 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import yaml
 
+from agentsafe.operator.handlers import Runtime
 from agentsafe.operator.models import AgentPolicySpec, PrincipalSpec
 from agentsafe.operator.render import PolicyRef, RenderInput, SelectedPrincipal
 from agentsafe.operator.settings import OperatorSettings
+
+from .fakekube import FakeKube, RecordingEvents
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "k8s"
 APPROVER_TOKEN = "approver-token-value-never-rendered-0123456789"
 OPERATOR_TOKEN = "operator-token-value-never-rendered-9876543210"
+NS = "payments"
 
 
 def load_examples(name: str) -> list[dict[str, Any]]:
@@ -83,3 +89,45 @@ def secret(namespace: str, name: str, data: dict[str, bytes]) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": namespace},
         "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
     }
+
+
+@pytest.fixture
+def kube(policy_body: dict[str, Any], principal_bodies: list[dict[str, Any]]) -> FakeKube:
+    fake = FakeKube()
+    fake.put(policy_body)
+    for body in principal_bodies:
+        fake.put(body)
+    fake.put(secret(NS, "payouts-executor-tls", {"tls.crt": b"-", "tls.key": b"-"}))
+    fake.put(secret(NS, "payouts-downstream", {"token": b"downstream-api-key"}))
+    fake.put(secret(NS, "treasury-lead-token", {"token": APPROVER_TOKEN.encode()}))
+    return fake
+
+
+@pytest.fixture
+def runtime(kube: FakeKube, settings: OperatorSettings) -> Runtime:
+    return Runtime(kube=kube, settings=settings, events=RecordingEvents())
+
+
+def memo_for(rt: Runtime) -> kopf.Memo:
+    """kopf's own Memo holding the runtime, as ``cli.py``'s startup handler leaves it."""
+    memo = kopf.Memo()
+    memo["runtime"] = rt
+    return memo
+
+
+def sts_status(
+    statefulset: dict[str, Any], *, ready: int, replicas: int = 1, updated: int | None = None
+) -> dict[str, Any]:
+    """What the StatefulSet controller reports once it observed ``statefulset``'s spec."""
+    status: dict[str, Any] = {
+        "observedGeneration": statefulset["metadata"]["generation"],
+        "replicas": replicas,
+        "currentReplicas": replicas,
+        "updatedReplicas": replicas if updated is None else updated,
+        "availableReplicas": ready,
+        "currentRevision": "payouts-executor-1",
+        "updateRevision": "payouts-executor-1",
+    }
+    if ready:
+        status["readyReplicas"] = ready  # omitted when zero, as the API server does
+    return status

@@ -3,7 +3,11 @@
 Not a Kubernetes: it stores objects by (kind, namespace, name), implements server-side apply
 as "replace the fields this manager gave" at the top level of ``data`` for ConfigMaps (enough to
 show that two field managers do not clear each other's keys) and as a whole-object replace
-otherwise, and records every call. The real API server is exercised by the end-to-end suite.
+otherwise, and records every call. Like the API server it stamps ``metadata.resourceVersion``
+on every write that changes an object (a status patch given an older one is a 409 Conflict) and
+``metadata.generation`` on objects with a ``spec`` (moved when the spec changes). Tests that
+assign into :attr:`FakeKube.objects` directly bypass both, as an edit the API never saw. The
+real API server is exercised by the end-to-end suite.
 """
 
 from __future__ import annotations
@@ -27,10 +31,17 @@ class FakeKube:
         self.fail_next: ApiError | None = None
         self.json_paths: dict[str, Any] = {}
         self._owned_keys: dict[tuple[Key, str], set[str]] = {}
+        self._version = 0
+
+    def _stamp(self, obj: dict[str, Any]) -> None:
+        self._version += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self._version)
 
     def put(self, obj: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
-        self.objects[(obj["kind"], meta.get("namespace"), meta["name"])] = copy.deepcopy(dict(obj))
+        stored = copy.deepcopy(dict(obj))
+        self._stamp(stored)
+        self.objects[(obj["kind"], meta.get("namespace"), meta["name"])] = stored
 
     def _maybe_fail(self) -> None:
         if self.fail_next is not None:
@@ -67,13 +78,22 @@ class FakeKube:
             for field in ("labels", "ownerReferences"):
                 if field in meta:
                     merged["metadata"][field] = copy.deepcopy(meta[field])
-            self.objects[key] = merged
+            stored = merged
         else:
             stored = copy.deepcopy(dict(obj))
             if current is not None and "status" in current:
                 stored["status"] = current["status"]
-            self.objects[key] = stored
-        return copy.deepcopy(self.objects[key])
+            if "spec" in stored:
+                generation = int((current or {}).get("metadata", {}).get("generation") or 0)
+                if current is None or current.get("spec") != stored["spec"]:
+                    generation += 1
+                stored["metadata"]["generation"] = generation
+        if current is not None:
+            stored["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion")
+        if stored != current:
+            self._stamp(stored)
+        self.objects[key] = stored
+        return copy.deepcopy(stored)
 
     async def get(self, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         self._maybe_fail()
@@ -88,7 +108,9 @@ class FakeKube:
         self.calls.append(("create", obj["kind"], meta.get("namespace"), meta["name"]))
         if key in self.objects:
             return False
-        self.objects[key] = copy.deepcopy(dict(obj))
+        stored = copy.deepcopy(dict(obj))
+        self._stamp(stored)
+        self.objects[key] = stored
         return True
 
     async def list_objects(
@@ -121,13 +143,24 @@ class FakeKube:
         return copy.deepcopy(self.json_paths[path])
 
     async def patch_status(
-        self, kind: str, namespace: str, name: str, status: Mapping[str, Any]
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> None:
         self._maybe_fail()
         self.calls.append(("patch_status", kind, namespace, name))
-        self.objects[(kind, namespace, name)].setdefault("status", {}).update(
-            copy.deepcopy(dict(status))
-        )
+        stored = self.objects.get((kind, namespace, name))
+        if stored is None:
+            raise ApiError(404, "NotFound", f"{kind} {namespace}/{name} not found")
+        current = stored["metadata"].get("resourceVersion")
+        if resource_version is not None and resource_version != current:
+            raise ApiError(409, "Conflict", "the object has been modified")
+        stored.setdefault("status", {}).update(copy.deepcopy(dict(status)))
+        self._stamp(stored)
 
     async def close(self) -> None:
         return None

@@ -35,38 +35,15 @@ from agentsafe.operator.handlers import (
 from agentsafe.operator.settings import HALT_FIELD_MANAGER, OperatorSettings
 from tests.support.pki import Issued, TestCA
 
-from .conftest import APPROVER_TOKEN, secret
+from .conftest import NS, memo_for, secret, sts_status
 from .fakekube import FakeKube, RecordingEvents
 
-NS = "payments"
 CONFIG = (
     "ConfigMap",
     NS,
     "payouts-executor-config",
 )
-
-
-@pytest.fixture
-def kube(policy_body: dict[str, Any], principal_bodies: list[dict[str, Any]]) -> FakeKube:
-    fake = FakeKube()
-    fake.put(policy_body)
-    for body in principal_bodies:
-        fake.put(body)
-    fake.put(secret(NS, "payouts-executor-tls", {"tls.crt": b"-", "tls.key": b"-"}))
-    fake.put(secret(NS, "payouts-downstream", {"token": b"downstream-api-key"}))
-    fake.put(secret(NS, "treasury-lead-token", {"token": APPROVER_TOKEN.encode()}))
-    return fake
-
-
-@pytest.fixture
-def runtime(kube: FakeKube, settings: OperatorSettings) -> Runtime:
-    return Runtime(kube=kube, settings=settings, events=RecordingEvents())
-
-
-def _memo(rt: Runtime) -> kopf.Memo:
-    memo = kopf.Memo()
-    memo["runtime"] = rt
-    return memo
+POLICY = ("AgentPolicy", NS, "payouts")
 
 
 def _ready(status: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +52,7 @@ def _ready(status: dict[str, Any]) -> dict[str, Any]:
 
 async def _reconcile(rt: Runtime, body: dict[str, Any]) -> dict[str, Any]:
     patch = kopf.Patch()
-    await policy_handler(body=kopf.Body(body), patch=patch, memo=_memo(rt))
+    await policy_handler(body=kopf.Body(body), patch=patch, memo=memo_for(rt))
     return dict(patch.get("status") or {})
 
 
@@ -123,10 +100,17 @@ async def test_ready_when_replicas_are_ready(
     runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
 ) -> None:
     await _reconcile(runtime, policy_body)
-    kube.objects[("StatefulSet", NS, "payouts-executor")]["status"] = {"readyReplicas": 1}
+    sts = kube.objects[("StatefulSet", NS, "payouts-executor")]
+    sts["status"] = sts_status(sts, ready=1)
     status = await _reconcile(runtime, policy_body)
     assert _ready(status)["status"] == "True"
     assert _ready(status)["reason"] == "ExecutorsReady"
+    assert _ready(status)["message"] == "1/1 ready"
+    # The same decision as the StatefulSet watch: a spec its controller has not observed yet.
+    sts["status"]["observedGeneration"] = sts["metadata"]["generation"] - 1
+    status = await _reconcile(runtime, policy_body)
+    assert (_ready(status)["status"], _ready(status)["reason"]) == ("False", "ExecutorsNotReady")
+    assert "not yet observed" in _ready(status)["message"]
 
 
 async def test_missing_secret_is_a_condition_naming_it(
@@ -165,7 +149,7 @@ async def test_invalid_stored_object_is_permanent_with_a_condition(
     policy_body["spec"]["replicas"] = 0
     patch = kopf.Patch()
     with pytest.raises(kopf.PermanentError, match=r"spec\.replicas"):
-        await policy_handler(body=kopf.Body(policy_body), patch=patch, memo=_memo(runtime))
+        await policy_handler(body=kopf.Body(policy_body), patch=patch, memo=memo_for(runtime))
     ready = _ready(patch["status"])
     assert (ready["status"], ready["reason"]) == ("False", "SpecInvalid")
 
@@ -198,7 +182,10 @@ async def test_drift_is_repaired(
     ]["securityContext"]["privileged"] = True
     await _reconcile(runtime, policy_body)  # what the timer runs
     assert ("NetworkPolicy", NS, "payouts-executor") in kube.objects
-    assert kube.objects[("StatefulSet", NS, "payouts-executor")] == original
+    repaired = kube.objects[("StatefulSet", NS, "payouts-executor")]
+    assert repaired["spec"] == original["spec"]
+    assert repaired["metadata"]["labels"] == original["metadata"]["labels"]
+    assert repaired["metadata"]["ownerReferences"] == original["metadata"]["ownerReferences"]
 
 
 async def test_agent_namespace_policies_are_pruned_and_deleted(
@@ -212,7 +199,7 @@ async def test_agent_namespace_policies_are_pruned_and_deleted(
     assert agent_policies == [
         ("NetworkPolicy", "robots", "agentsafe-payments-payouts-no-downstream")
     ]
-    await policy_delete_handler(body=kopf.Body(moved), memo=_memo(runtime))
+    await policy_delete_handler(body=kopf.Body(moved), memo=memo_for(runtime))
     assert [k for k in kube.objects if k[0] == "NetworkPolicy" and k[1] != NS] == []
 
 
@@ -226,7 +213,7 @@ async def test_principal_change_rerenders_selecting_policies(
     approver = copy.deepcopy(principal_bodies[1])
     approver["metadata"]["generation"] = 1
     patch = kopf.Patch()
-    await principal_handler(body=kopf.Body(approver), patch=patch, memo=_memo(runtime), old=None)
+    await principal_handler(body=kopf.Body(approver), patch=patch, memo=memo_for(runtime), old=None)
     assert patch["status"]["policies"] == 1
     assert patch["status"]["credential"] == "Bearer"
     assert patch["status"]["selectedBy"] == ["payouts"]
@@ -234,7 +221,7 @@ async def test_principal_change_rerenders_selecting_policies(
     deleting = copy.deepcopy(approver)
     deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     kube.put(deleting)
-    await principal_handler(body=kopf.Body(deleting), patch=kopf.Patch(), memo=_memo(runtime))
+    await principal_handler(body=kopf.Body(deleting), patch=kopf.Patch(), memo=memo_for(runtime))
     principals = json.loads(kube.objects[CONFIG]["data"]["principals.json"])
     assert [p["id"] for p in principals["principals"]] == ["payout-agent", "agentsafe-operator"]
     assert kube.objects[("AgentPolicy", NS, "payouts")]["status"]["principals"] == ["payout-agent"]
@@ -274,6 +261,17 @@ def test_registry_wires_every_handler() -> None:
         ("agentpolicies", "policy_delete_handler", True),
         ("principals", "principal_handler", True),
         ("haltswitches", "halt_handler", True),
+    }
+    watching = {
+        (h.selector.group, h.selector.version, h.selector.any_name, h.fn.__name__)
+        for h in registry._watching.get_all_handlers()
+    }
+    assert watching == {("apps", "v1", "statefulsets", "statefulset_handler")}
+    (watch,) = registry._watching.get_all_handlers()
+    # Only the StatefulSets the renderer labels (the owner reference then names the policy).
+    assert dict(watch.labels or {}) == {
+        "app.kubernetes.io/name": "agentsafe-executor",
+        "app.kubernetes.io/managed-by": "agentsafe-operator",
     }
     timers = {
         (h.selector.any_name, h.fn.__name__, h.interval)
@@ -391,7 +389,7 @@ async def halting(
 async def _flip(rt: Runtime, body: dict[str, Any]) -> dict[str, Any]:
     rt.kube.put(body)  # type: ignore[attr-defined]
     patch = kopf.Patch()
-    await halt_handler(body=kopf.Body(body), patch=patch, memo=_memo(rt))
+    await halt_handler(body=kopf.Body(body), patch=patch, memo=memo_for(rt))
     status = dict(patch.get("status") or {})
     if status:
         rt.kube.objects[("HaltSwitch", NS, "stop-payouts")]["status"] = status  # type: ignore[attr-defined]
@@ -420,6 +418,58 @@ async def test_halt_writes_the_file_key_and_reaches_every_pod(
     assert "halt" in kube.objects[CONFIG]["data"]
     assert policy_status["halted"] is True
     assert _ready(policy_status)["reason"] == "Halted"
+
+
+async def test_a_halt_moves_the_policys_ready_without_a_reconcile(
+    halting: tuple[Runtime, ControlStandIn, str], kube: FakeKube
+) -> None:
+    rt, _, _ = halting
+    # The policy as kopf left it after its reconcile, and its executor ready.
+    await kube.patch_status(
+        "AgentPolicy", NS, "payouts", await _reconcile(rt, kube.objects[POLICY])
+    )
+    sts = kube.objects[("StatefulSet", NS, "payouts-executor")]
+    sts["status"] = sts_status(sts, ready=1)
+    await kube.patch_status(
+        "AgentPolicy", NS, "payouts", await _reconcile(rt, kube.objects[POLICY])
+    )
+    assert _ready(kube.objects[POLICY]["status"])["status"] == "True"
+    mark = len(kube.calls)
+    await _flip(rt, _switch(True, "incident 42"))
+    policy_status = kube.objects[POLICY]["status"]
+    assert (_ready(policy_status)["status"], _ready(policy_status)["reason"]) == (
+        "False",
+        "Halted",
+    )
+    assert policy_status["halted"] is True
+    # Only the halt key was applied: the children were not re-rendered.
+    applied = [c for c in kube.calls[mark:] if c[0].startswith("apply:")]
+    assert applied == [("apply:" + HALT_FIELD_MANAGER, "ConfigMap", NS, "payouts-executor-config")]
+    await _flip(rt, _switch(False, generation=2))
+    policy_status = kube.objects[POLICY]["status"]
+    assert (_ready(policy_status)["status"], _ready(policy_status)["reason"]) == (
+        "True",
+        "ExecutorsReady",
+    )
+    assert policy_status["halted"] is False
+
+
+async def test_a_failed_ready_refresh_does_not_hold_back_the_halt(
+    halting: tuple[Runtime, ControlStandIn, str], kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, stand_in, _ = halting
+    await kube.patch_status(
+        "AgentPolicy", NS, "payouts", await _reconcile(rt, kube.objects[POLICY])
+    )
+
+    async def refuse(*_: Any, **__: Any) -> None:
+        raise ApiError(503, "ServiceUnavailable", "etcd is busy")
+
+    monkeypatch.setattr(kube, "patch_status", refuse)
+    status = await _flip(rt, _switch(True, "incident 42"))
+    assert [c[0] for c in stand_in.calls] == ["halt"]
+    assert status["acknowledged"] == "1/1"
+    assert "halt" in kube.objects[CONFIG]["data"]
 
 
 async def test_unhalt_removes_the_key_and_resumes(
@@ -478,7 +528,7 @@ async def test_unanswered_pods_are_retried(
     kube.put(_slice({"payouts-executor-0": "127.0.0.1"}))
     body = kube.objects[("HaltSwitch", NS, "stop-payouts")]
     patch = kopf.Patch()
-    await halt_retry_timer(body=kopf.Body(body), patch=patch, memo=_memo(rt))
+    await halt_retry_timer(body=kopf.Body(body), patch=patch, memo=memo_for(rt))
     assert patch["status"]["acknowledged"] == "1/1"
     assert [c[0] for c in stand_in.calls] == ["halt", "halt"]
     # All acknowledged: the timer does nothing.
@@ -486,7 +536,7 @@ async def test_unanswered_pods_are_retried(
     await halt_retry_timer(
         body=kopf.Body(kube.objects[("HaltSwitch", NS, "stop-payouts")]),
         patch=kopf.Patch(),
-        memo=_memo(rt),
+        memo=memo_for(rt),
     )
     assert len(stand_in.calls) == 2
 
