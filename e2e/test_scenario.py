@@ -234,8 +234,8 @@ def _policy_condition(
 
 def test_the_operator_renders_every_child_with_owner_references(scenario: Scenario) -> None:
     _policy_condition(scenario, "Reconciled")
-    # No executor pod is ready yet (none runs locally; on kind it is starting, and the operator
-    # reads readiness on its 60 s timer), so the policy is honestly not ready.
+    # No executor pod is ready yet (none runs locally; on kind it is starting), so the policy
+    # is honestly not ready.
     ready = scenario.condition("agentpolicy", POLICY)
     assert ready is not None
     assert (ready["status"], ready["reason"]) == ("False", "ExecutorsNotReady")
@@ -272,8 +272,8 @@ def test_the_operator_renders_every_child_with_owner_references(scenario: Scenar
 
 
 def test_printer_columns_show_mode_ready_halted(scenario: Scenario, executor_pod: None) -> None:
-    # The pod is ready (the stand-in reported it, or the kubelet's probe passed); the
-    # operator's reconcile (timer) sees it.
+    # The pod is ready (the stand-in reported it in the StatefulSet's status, or the kubelet's
+    # probe passed); the operator's StatefulSet watch moves Ready without waiting for its timer.
     _policy_condition(scenario, "Ready", deadline=scenario.backend.deadlines.policy_ready)
     table = scenario.plane.kubectl("get", "agentpolicies", "-n", NAMESPACE).stdout.splitlines()
     header = table[0].split()
@@ -439,7 +439,7 @@ def test_halt_switch_stops_the_executor_and_is_acknowledged(
     poll(
         "the AgentPolicy's Halted column",
         lambda: True if _policy_column(scenario, "HALTED") == "true" else None,
-        deadline=90,
+        deadline=30,  # the HaltSwitch handler writes it (the 60 s timer is the backstop)
     )
     assert row["NAME"] == POLICY
 

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "agentsafe"
 RELEASE = "scenario"
 
-DEADLINES = Deadlines(policy_ready=150, executor_ready=60, listening=60, resume=30)
+DEADLINES = Deadlines(policy_ready=30, executor_ready=60, listening=60, resume=30)
 
 
 class LocalBackend:

@@ -43,7 +43,9 @@ class Deadlines:
     """How long the scenario waits for what a backend does at its own pace (seconds)."""
 
     policy_ready: float
-    """The AgentPolicy's Ready=True: the pod ready, then the operator's 60 s reconcile timer."""
+    """The AgentPolicy's Ready=True once the pod is ready: the operator watches its StatefulSet
+    (the 60 s reconcile timer is only the backstop), so this covers a loaded machine, not the
+    timer."""
     executor_ready: float
     """A started executor answering ``/ready`` with 200."""
     listening: float
