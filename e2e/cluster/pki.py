@@ -90,12 +90,12 @@ def _leaf(
     return builder.sign(ca_key, hashes.SHA256())
 
 
-def make_pki(directory: Path, *, admin_user: str = "agentsafe-e2e-admin") -> ControlPlanePki:
-    """Write a CA, serving and admin certificates and an RSA service-account key pair."""
-    directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
+def _new_ca(
+    common_name: str, now: datetime.datetime
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Name, x509.Certificate]:
+    """A self-signed P-256 CA valid for a day (from five minutes ago)."""
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name("agentsafe-e2e-ca")
+    ca_name = _name(common_name)
     ca = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
@@ -121,6 +121,14 @@ def make_pki(directory: Path, *, admin_user: str = "agentsafe-e2e-admin") -> Con
         )
         .sign(ca_key, hashes.SHA256())
     )
+    return ca_key, ca_name, ca
+
+
+def make_pki(directory: Path, *, admin_user: str = "agentsafe-e2e-admin") -> ControlPlanePki:
+    """Write a CA, serving and admin certificates and an RSA service-account key pair."""
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, ca_name, ca = _new_ca("agentsafe-e2e-ca", now)
     serving_key = ec.generate_private_key(ec.SECP256R1())
     serving = _leaf(
         ca_key=ca_key,
@@ -180,33 +188,7 @@ def issue_serving_pair(
 ) -> ServingPair:
     """A new CA and one serving certificate for ``dns_names`` and ``ip_addresses``."""
     now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name(f"{common_name} test CA")
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_encipherment=False,
-                content_commitment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca_name, ca = _new_ca(f"{common_name} test CA", now)
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
