@@ -50,6 +50,7 @@ from .snapshot import Budget, FrozenDict, envelope_budget, freeze, freeze_object
 
 __all__ = [
     "Authorized",
+    "authorize_step",
     "check_authorization",
     "check_operation",
     "issue_agent_approval",
@@ -414,6 +415,34 @@ _OPERATION_KEYS = frozenset(
 )
 
 
+async def authorize_step(
+    *,
+    loaded: LoadedPolicy,
+    budget: Budget,
+    dry_run: object,
+    approval: object,
+    verifier: CapturedVerifier,
+    step_id: object,
+    context: object,
+    at: float,
+    skew: int,
+    abort: asyncio.Event | None,
+) -> Authorized:
+    """Snapshot the caller's dry run, approval and context into ``budget`` (in that order), then
+    :func:`check_authorization` at ``at``. For public operations that have not snapshotted them."""
+    return await check_authorization(
+        loaded=loaded,
+        dry_run=freeze(dry_run, budget),
+        approval=freeze(approval, budget),
+        verifier=verifier,
+        step_id=step_id,
+        context=freeze(context, budget),
+        at=at,
+        skew=skew,
+        abort=abort,
+    )
+
+
 def check_operation(operation: Any, auth: Authorized) -> FrozenDict:
     """The exact operation must be the approved one; its parameters are bounded by the
     policy's parameter ceilings and must hash to the step's parameters digest."""
@@ -475,13 +504,14 @@ async def verify_agent_step_authorization(
     skew = skew_ms(max_clock_skew_ms)
     budget = envelope_budget()
     loaded = load_plan_policy(policy, budget)
-    auth = await check_authorization(
+    auth = await authorize_step(
         loaded=loaded,
-        dry_run=freeze(dry_run, budget),
-        approval=freeze(approval, budget),
+        budget=budget,
+        dry_run=dry_run,
+        approval=approval,
         verifier=captured,
         step_id=step_id,
-        context=freeze(context, budget),
+        context=context,
         at=now_s,
         skew=skew,
         abort=abort,

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from ..canonical import canonical_json, sha256_digest
 from ..usestore import ConsumptionRecord
-from .approval import Authorized, check_authorization, check_operation, check_window, skew_ms
+from .approval import Authorized, authorize_step, check_operation, check_window, skew_ms
 from .cancel import capture_abort, check_abort, guarded
 from .dryrun import check_binding_fresh
 from .errors import AgentSafetyError
@@ -281,13 +281,14 @@ async def issue_agent_execution_receipt(
     skew = skew_ms(max_clock_skew_ms)
     budget = envelope_budget()
     loaded = load_plan_policy(policy, budget)
-    auth = await check_authorization(
+    auth = await authorize_step(
         loaded=loaded,
-        dry_run=freeze(dry_run, budget),
-        approval=freeze(approval, budget),
+        budget=budget,
+        dry_run=dry_run,
+        approval=approval,
         verifier=verifier,
         step_id=step_id,
-        context=freeze(context, budget),
+        context=context,
         at=now_s,
         skew=skew,
         abort=abort,
@@ -373,13 +374,14 @@ async def verify_agent_execution_receipt(
     obj(payload, "receipt.payload", code="RECEIPT_MALFORMED", required=_RECEIPT_KEYS)
     completed = timestamp(payload["completedAt"], "receipt.completedAt", code="RECEIPT_MALFORMED")
     exec_id = identifier(payload["executionId"], "receipt.executionId", code="RECEIPT_MALFORMED")
-    auth = await check_authorization(
+    auth = await authorize_step(
         loaded=loaded,
-        dry_run=freeze(dry_run, budget),
-        approval=freeze(approval, budget),
+        budget=budget,
+        dry_run=dry_run,
+        approval=approval,
         verifier=a_verifier,
         step_id=payload["stepId"],
-        context=freeze(context, budget),
+        context=context,
         at=completed,
         skew=skew,
         abort=abort,
