@@ -7,13 +7,12 @@ dependency. :class:`KubeClient` is that: one ``aiohttp.ClientSession`` with the 
 found, paths from ``resources.py`` (so RBAC and the client cannot disagree), JSON in and out.
 
 Errors: an answer other than 2xx is :class:`ApiError` (status, reason, the API server's
-message). :func:`to_kopf_error` maps it for handlers: 409, 429 and 5xx are
-``kopf.TemporaryError`` (retried), 400/422 ``kopf.PermanentError``, 401/403/404 temporary with a
-longer delay (RBAC or a namespace may be fixed by a person).
+message); ``handlers.to_kopf_error`` maps it to kopf's errors at the handler boundary.
 
-:class:`Kube` is the protocol handlers depend on; tests pass an in-memory stand-in.
+:class:`Kube` is the protocol the reconcile steps depend on; tests pass an in-memory stand-in.
 
-Callers: ``handlers.py``, ``halt.py``, ``cli.py``.
+Callers: ``cli.py`` (:class:`KubeClient`), ``runtime.py`` and ``reconcile.py`` (:class:`Kube`),
+``handlers.py``, ``halt.py`` and ``readiness.py`` (:class:`ApiError`), the tests.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import kopf
 from .resources import resource_for
 from .settings import FIELD_MANAGER
 
-__all__ = ["ApiError", "Kube", "KubeClient", "to_kopf_error"]
+__all__ = ["ApiError", "Kube", "KubeClient"]
 
 
 class ApiError(Exception):
@@ -39,15 +38,6 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
-
-
-def to_kopf_error(exc: ApiError) -> kopf.TemporaryError | kopf.PermanentError:
-    """409/429/5xx: try again soon; 401/403/404: try again later; other 4xx: give up."""
-    if exc.status in (409, 429) or exc.status >= 500:
-        return kopf.TemporaryError(f"API server: {exc}", delay=5)
-    if exc.status in (401, 403, 404):
-        return kopf.TemporaryError(f"API server: {exc}", delay=60)
-    return kopf.PermanentError(f"API server refused: {exc}")
 
 
 class Kube(Protocol):

@@ -2,17 +2,19 @@
 
 :func:`set_condition` returns a new list with one condition set: ``lastTransitionTime`` moves
 only when the status changes, ``observedGeneration`` is the generation acted on.
+:func:`spec_invalid_status` is the status of any of the three resources whose stored ``spec``
+does not validate: ``Ready=False``, reason ``SpecInvalid``.
 
-Callers: ``handlers.py``.
+Callers: ``reconcile.py``, ``halt.py``, ``readiness.py``, ``handlers.py``, the tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["now_rfc3339", "set_condition"]
+__all__ = ["now_rfc3339", "set_condition", "spec_invalid_status"]
 
 
 def now_rfc3339() -> str:
@@ -46,3 +48,21 @@ def set_condition(
     out = [dict(c) for c in conditions if c.get("type") != type]
     out.append(condition)
     return sorted(out, key=lambda c: str(c.get("type")))
+
+
+def spec_invalid_status(body: Mapping[str, Any], message: str) -> dict[str, Any]:
+    """The status of an object whose stored ``spec`` does not validate (``message`` says where
+    and why, never the value)."""
+    generation = int((body.get("metadata") or {}).get("generation") or 1)
+    previous = list((body.get("status") or {}).get("conditions") or [])
+    return {
+        "observedGeneration": generation,
+        "conditions": set_condition(
+            previous,
+            type="Ready",
+            status=False,
+            reason="SpecInvalid",
+            message=message,
+            generation=generation,
+        ),
+    }

@@ -4,14 +4,16 @@ Group ``agentsafe.io``, version ``v1alpha1``, namespaced. These pydantic models 
 description of each resource's ``spec`` and ``status``: ``crds.py`` turns their JSON schema into
 the CRD's ``openAPIV3Schema`` (so the API server validates what the models validate, as far as a
 structural schema can say it; the cross-field rules are CEL ``x-kubernetes-validations`` carried
-on the models themselves), and the handlers re-validate every stored object through them before
-acting on it.
+on the models themselves), and the reconcile steps re-validate every stored object through them
+before acting on it.
 
 ``spec.policy`` of an AgentPolicy *is* the executor's
 :class:`~agentsafe.executor.policy.PolicyDocument`; the enumerations are the executor's own
 (:mod:`agentsafe.executor.config`). Nothing here copies them.
 
-Callers: ``crds.py`` (schemas), ``handlers.py`` (parsing), ``render/*`` (rendering).
+Callers: ``crds.py`` (schemas); ``reconcile.py``, ``halt.py``, ``readiness.py`` and
+``render/halt.py`` (parsing); ``render/*`` (rendering); ``resources.py`` and ``handlers.py`` (the
+group).
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 Two paths write ``Ready``, and both decide it here:
 
-- the reconcile (create/update/resume and the drift timer, ``handlers.reconcile_policy``), right
-  after it applied the children;
-- the StatefulSet watch and the HaltSwitch handler (``handlers.refresh_ready``), which only
-  recompute ``Ready`` (and ``halted``, which ``Ready`` reports) and never render or apply.
+- the reconcile (create/update/resume and the drift timer, ``reconcile.reconcile_policy``),
+  right after it applied the children;
+- the StatefulSet watch and the HaltSwitch enforcement (:func:`refresh_ready`, called by
+  ``handlers.statefulset_handler`` and ``halt.enforce_halt``), which only recompute ``Ready``
+  (and ``halted``, which ``Ready`` reports) and never render or apply.
 
 :func:`executor_readiness` is the decision, pure: halted first (``Halted``); then the
 StatefulSet as ``kubectl rollout status`` reads it (missing, its controller has not observed its
@@ -21,7 +22,12 @@ would change; otherwise ``halted`` and the conditions with ``Ready`` set (its
 ``lastTransitionTime`` kept while the status stays the same, ``observedGeneration`` the
 policy's).
 
-Callers: ``handlers.py``, the tests.
+:func:`refresh_ready` is the watch path's I/O: it reads the policy, its StatefulSet and the
+HaltSwitches, patches the status with the policy's ``resourceVersion`` (a 409 reads everything
+again, up to :data:`READY_PATCH_ATTEMPTS` times) and posts an Event when ``Ready`` moved
+(:func:`ready_moved`).
+
+Callers: ``reconcile.py``, ``halt.py``, ``handlers.py``, the tests.
 """
 
 from __future__ import annotations
@@ -30,17 +36,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from pydantic import ValidationError
+
+from .apply import ApiError
 from .conditions import set_condition
-from .models import API_VERSION
+from .models import API_VERSION, AgentPolicySpec
+from .render import names
+from .render.halt import switches_halting
+from .runtime import Runtime, policy_ref
 
 __all__ = [
     "READY",
+    "READY_PATCH_ATTEMPTS",
     "RECONCILED",
     "Owner",
     "Readiness",
     "executor_readiness",
     "owning_policy",
     "readiness_status",
+    "ready_moved",
+    "refresh_ready",
     "set_ready",
 ]
 
@@ -169,3 +184,80 @@ def readiness_status(policy: Mapping[str, Any], readiness: Readiness) -> dict[st
     if unchanged and status.get("halted") is halted:
         return None
     return {"halted": halted, "conditions": conditions}
+
+
+def ready_moved(body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """``Ready``'s status differs between the stored ``body`` and the new ``status``: the one
+    change worth a Normal Event (the drift timer runs every minute)."""
+
+    def ready(conditions: Any) -> Any:
+        return next((c.get("status") for c in conditions or [] if c.get("type") == READY), None)
+
+    old = ready((body.get("status") or {}).get("conditions"))
+    return bool(old != ready(status.get("conditions")))
+
+
+READY_PATCH_ATTEMPTS: Final = 3
+"""Optimistic-concurrency retries of one readiness patch (409: the policy changed meanwhile)."""
+
+
+async def refresh_ready(
+    rt: Runtime,
+    namespace: str,
+    name: str,
+    *,
+    uid: str | None = None,
+    halted: bool | None = None,
+) -> bool:
+    """Recompute one AgentPolicy's ``Ready`` (and ``halted``) from its executor StatefulSet and
+    the HaltSwitches, and patch only those status fields; ``True`` when it patched.
+
+    Never renders or applies anything: a policy whose children were not applied for its
+    current generation is left to its own handlers (see :func:`readiness_status`). ``uid``
+    (from a child's owner reference) skips a policy recreated under the same name; ``halted``
+    is given by the HaltSwitch enforcement, which already knows it. The patch carries the
+    policy's ``resourceVersion``, so it never overwrites a status written meanwhile: on 409
+    everything is read again. Other API refusals leave as ``ApiError``.
+    """
+    for attempt in range(READY_PATCH_ATTEMPTS):
+        policy = await rt.kube.get("AgentPolicy", namespace, name)
+        if policy is None or (uid is not None and policy["metadata"].get("uid") != uid):
+            return False
+        try:
+            spec = AgentPolicySpec.model_validate(policy.get("spec") or {})
+        except ValidationError:
+            return False  # its own handler reports SpecInvalid
+        ref = policy_ref(policy)
+        if halted is None:
+            switches = await rt.kube.list_objects("HaltSwitch", namespace)
+            halting = bool(switches_halting(switches, policy["metadata"].get("labels")))
+        else:
+            halting = halted
+        sts = await rt.kube.get("StatefulSet", namespace, names(ref).executor)
+        readiness = executor_readiness(
+            desired_replicas=spec.replicas, statefulset=sts, halted=halting
+        )
+        status = readiness_status(policy, readiness)
+        if status is None:
+            return False
+        try:
+            await rt.kube.patch_status(
+                "AgentPolicy",
+                namespace,
+                name,
+                status,
+                resource_version=policy["metadata"].get("resourceVersion"),
+            )
+        except ApiError as exc:
+            if exc.status == 409 and attempt + 1 < READY_PATCH_ATTEMPTS:
+                continue
+            raise
+        if ready_moved(policy, status):
+            rt.events.post(
+                policy,
+                type="Normal" if readiness.ready else "Warning",
+                reason=readiness.reason,
+                message=readiness.message,
+            )
+        return True
+    return False  # pragma: no cover - the loop returns or raises

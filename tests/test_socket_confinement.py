@@ -179,7 +179,7 @@ ALLOWED: dict[str, Allowance] = {
         KUBE,
         reason="the operator's Kubernetes API client (one session with kopf's credentials)",
     ),
-    "operator/halt.py": allow(
+    "operator/control.py": allow(
         HTTP_CLIENT,
         reason="the operator's calls to executors' halt endpoints over TLS pinned to each "
         "executor's certificate",

@@ -4,10 +4,10 @@ Rendering is pure: :class:`RenderInput` carries everything (the AgentPolicy's id
 spec, the selected Principals with their bearer digests already resolved, the operator's
 settings, the cluster JWKS, the operator's own bearer digest) and each ``render_*`` function
 returns plain manifests. A problem found while rendering is a :class:`RenderError` with the
-condition reason the handler writes (``PolicyInvalid``, ``PrincipalsInvalid``, ``ConfigInvalid``,
+condition reason the reconcile writes (``PolicyInvalid``, ``PrincipalsInvalid``, ``ConfigInvalid``,
 ``SpecInvalid``) and nothing is applied.
 
-Callers: ``render/*``, ``handlers.py``, the tests.
+Callers: ``render/*``, ``reconcile.py`` and ``handlers.py`` (labels), the tests.
 """
 
 from __future__ import annotations

@@ -23,15 +23,14 @@ from aiohttp import web
 from agentsafe.executor.principals_file import parse_principals
 from agentsafe.operator.apply import ApiError
 from agentsafe.operator.handlers import (
-    Runtime,
     build_registry,
     halt_handler,
     halt_retry_timer,
     policy_delete_handler,
     policy_handler,
     principal_handler,
-    refresh_jwks,
 )
+from agentsafe.operator.runtime import Runtime, refresh_jwks
 from agentsafe.operator.settings import HALT_FIELD_MANAGER, OperatorSettings
 from tests.support.pki import Issued, TestCA
 
