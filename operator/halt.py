@@ -24,9 +24,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from .apply import ApiError
-from .conditions import now_rfc3339, set_condition
+from .conditions import now_rfc3339, set_condition, stored_conditions
 from .control import ControlResult, executor_endpoints, trust_context
-from .models import AgentPolicySpec, HaltSwitchSpec
+from .models import (
+    AgentPolicySpec,
+    ConditionReason,
+    ConditionType,
+    HaltPodStatus,
+    HaltSwitchSpec,
+    HaltSwitchStatus,
+)
 from .readiness import refresh_ready
 from .render import PolicyRef, names
 from .render.config import OPERATOR_TOKEN_KEY
@@ -90,7 +97,7 @@ async def _control_policy(
 
 async def enforce_halt(
     rt: Runtime, body: Mapping[str, Any], *, deleting: bool = False
-) -> dict[str, Any]:
+) -> HaltSwitchStatus:
     """Write every policy's halt key from the namespace's HaltSwitches, then call halt or
     resume on each selected policy's executors; returns the HaltSwitch's status.
 
@@ -112,7 +119,7 @@ async def enforce_halt(
     halting_action = spec.halted and not deleting
     action = "halt" if halting_action else "resume"
     reason = spec.reason or f"HaltSwitch {name} released"
-    pods: list[dict[str, Any]] = []
+    pods: list[HaltPodStatus] = []
     selected: list[str] = []
     at = now_rfc3339()
     halted_now: list[tuple[PolicyRef, bool]] = []
@@ -131,47 +138,47 @@ async def enforce_halt(
         if not halting_action and still_halted:
             continue  # another HaltSwitch still holds this policy: no resume
         for result in await _control_policy(rt, ref, pspec, action=action, reason=reason):
-            entry: dict[str, Any] = {
-                "policy": ref.name,
-                "pod": result.pod,
-                "acknowledged": result.acknowledged,
-            }
-            if result.acknowledged:
-                entry["at"] = at
-            if result.error:
-                entry["error"] = result.error
-            pods.append(entry)
+            pods.append(
+                HaltPodStatus(
+                    policy=ref.name,
+                    pod=result.pod,
+                    acknowledged=result.acknowledged,
+                    at=at if result.acknowledged else None,
+                    error=result.error or None,
+                )
+            )
     # After every control call (a halt must not wait on bookkeeping): each policy's Ready and
     # Halted now, not at its next reconcile. Best effort: the policy's timer repairs it.
     for ref, still_halted in halted_now:
         with contextlib.suppress(ApiError):
             await refresh_ready(rt, ref.namespace, ref.name, uid=ref.uid, halted=still_halted)
-    acked = sum(1 for p in pods if p["acknowledged"])
-    previous = list((body.get("status") or {}).get("conditions") or [])
+    acked = sum(1 for p in pods if p.acknowledged)
     all_acked = acked == len(pods)
-    return {
-        "observedGeneration": generation,
-        "halted": halting_action,
-        "policies": sorted(selected),
-        "pods": pods,
-        "acknowledged": f"{acked}/{len(pods)}",
-        "conditions": set_condition(
-            previous,
-            type="Ready",
+    done = ConditionReason.HALTED if halting_action else ConditionReason.RELEASED
+    return HaltSwitchStatus(
+        observed_generation=generation,
+        halted=halting_action,
+        policies=sorted(selected),
+        pods=pods,
+        acknowledged=f"{acked}/{len(pods)}",
+        conditions=set_condition(
+            stored_conditions(body),
+            type=ConditionType.READY,
             status=all_acked,
-            reason=("Halted" if halting_action else "Released") if all_acked else "Pending",
+            reason=done if all_acked else ConditionReason.PENDING,
             message=f"{acked}/{len(pods)} executor pods acknowledged {action}",
             generation=generation,
         ),
-    }
+    )
 
 
 def halt_acknowledged(body: Mapping[str, Any]) -> bool:
     """Every pod acknowledged the switch's current generation: nothing for the timer to retry
     (new pods start halted from the halt key regardless)."""
-    status = body.get("status") or {}
-    pods = status.get("pods") or []
-    return bool(
-        status.get("observedGeneration") == generation_of(body)
-        and all(p.get("acknowledged") for p in pods)
+    try:
+        status = HaltSwitchStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return False  # enforce again: the write replaces it
+    return status.observed_generation == generation_of(body) and all(
+        p.acknowledged for p in status.pods
     )

@@ -35,11 +35,19 @@ import kopf
 from .apply import ApiError
 from .conditions import spec_invalid_status
 from .halt import enforce_halt, halt_acknowledged
-from .models import GROUP, VERSION
+from .models import (
+    GROUP,
+    VERSION,
+    AgentPolicyStatus,
+    ConditionReason,
+    HaltSwitchStatus,
+    PrincipalStatus,
+    ResourceStatus,
+)
 from .readiness import owning_policy, ready_moved, refresh_ready
 from .reconcile import prune_agent_policies, reconcile_policy, reconcile_principal
 from .render.common import EXECUTOR_COMPONENT, MANAGED_BY
-from .runtime import InvalidSpec, Runtime, policy_ref
+from .runtime import EventType, InvalidSpec, Runtime, policy_ref
 
 __all__ = [
     "EXECUTOR_LABELS",
@@ -58,7 +66,7 @@ __all__ = [
 class KopfEvents:
     """Posts Kubernetes Events through kopf's queue (only inside a running operator)."""
 
-    def post(self, body: Mapping[str, Any], *, type: str, reason: str, message: str) -> None:
+    def post(self, body: Mapping[str, Any], *, type: EventType, reason: str, message: str) -> None:
         raw: Any = dict(body)
         kopf.event(kopf.Body(raw), type=type, reason=reason, message=message[:1024])
 
@@ -74,11 +82,17 @@ def to_kopf_error(exc: ApiError) -> kopf.TemporaryError | kopf.PermanentError:
 
 
 def _spec_invalid(
-    rt: Runtime, body: Mapping[str, Any], patch: kopf.Patch, exc: InvalidSpec
+    rt: Runtime,
+    model: type[ResourceStatus],
+    body: Mapping[str, Any],
+    patch: kopf.Patch,
+    exc: InvalidSpec,
 ) -> kopf.PermanentError:
     """Report a stored object that does not validate; the error for the caller to raise."""
-    patch.status.update(spec_invalid_status(body, str(exc)))
-    rt.events.post(body, type="Warning", reason="SpecInvalid", message=str(exc))
+    patch.status.update(spec_invalid_status(model, body, str(exc)).patch())
+    rt.events.post(
+        body, type=EventType.WARNING, reason=ConditionReason.SPEC_INVALID, message=str(exc)
+    )
     return kopf.PermanentError(str(exc))
 
 
@@ -89,11 +103,11 @@ async def policy_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **
     try:
         outcome = await reconcile_policy(rt, data)
     except InvalidSpec as exc:
-        raise _spec_invalid(rt, data, patch, exc) from None
+        raise _spec_invalid(rt, AgentPolicyStatus, data, patch, exc) from None
     except ApiError as exc:
         raise to_kopf_error(exc) from None
-    patch.status.update(outcome.status)
-    if outcome.event_type == "Warning" or ready_moved(data, outcome.status):
+    patch.status.update(outcome.status.patch())
+    if outcome.event_type is EventType.WARNING or ready_moved(data, outcome.status):
         rt.events.post(
             data, type=outcome.event_type, reason=outcome.reason, message=outcome.message
         )
@@ -134,11 +148,11 @@ async def principal_handler(
     try:
         status = await reconcile_principal(rt, data, old_labels=old_labels)
     except InvalidSpec as exc:
-        raise _spec_invalid(rt, data, patch, exc) from None
+        raise _spec_invalid(rt, PrincipalStatus, data, patch, exc) from None
     except ApiError as exc:
         raise to_kopf_error(exc) from None
     if status is not None:
-        patch.status.update(status)
+        patch.status.update(status.patch())
 
 
 async def halt_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
@@ -149,16 +163,16 @@ async def halt_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_:
     try:
         status = await enforce_halt(rt, data, deleting=deleting)
     except InvalidSpec as exc:
-        raise _spec_invalid(rt, data, patch, exc) from None
+        raise _spec_invalid(rt, HaltSwitchStatus, data, patch, exc) from None
     except ApiError as exc:
         raise to_kopf_error(exc) from None
     if not deleting:
-        patch.status.update(status)
+        patch.status.update(status.patch())
     rt.events.post(
         data,
-        type="Warning" if status["halted"] else "Normal",
-        reason="Halted" if status["halted"] else "Released",
-        message=f"{status['acknowledged']} executor pods acknowledged",
+        type=EventType.WARNING if status.halted else EventType.NORMAL,
+        reason=ConditionReason.HALTED if status.halted else ConditionReason.RELEASED,
+        message=f"{status.acknowledged} executor pods acknowledged",
     )
 
 

@@ -42,6 +42,9 @@ __all__ = [
     "AgentPolicySpec",
     "AgentPolicyStatus",
     "Condition",
+    "ConditionReason",
+    "ConditionStatus",
+    "ConditionType",
     "ConfigMapKeyRef",
     "DownstreamCredentialSpec",
     "DownstreamSpec",
@@ -55,6 +58,7 @@ __all__ = [
     "PrincipalRole",
     "PrincipalSpec",
     "PrincipalStatus",
+    "ResourceStatus",
     "SecretKeyRef",
     "TlsSpec",
 ]
@@ -147,8 +151,56 @@ class ConditionStatus(StrEnum):
     UNKNOWN = "Unknown"
 
 
+class ConditionType(StrEnum):
+    """Every ``status.conditions[].type`` the operator writes, and on which resources."""
+
+    READY = "Ready"
+    """All three: AgentPolicy (its executors serve), Principal (rendered into the policies that
+    select it), HaltSwitch (every selected executor acknowledged)."""
+    RECONCILED = "Reconciled"
+    """AgentPolicy: every child was rendered and applied for ``observedGeneration``."""
+
+
+class ConditionReason(StrEnum):
+    """Every ``status.conditions[].reason`` the operator writes, and where."""
+
+    SPEC_INVALID = "SpecInvalid"
+    """All three, ``Ready=False``: the stored ``spec`` does not validate (also a render's
+    refusal of something the schema cannot say, such as a URL's port)."""
+    APPLIED = "Applied"
+    """AgentPolicy, ``Reconciled=True``: every child applied."""
+    POLICY_INVALID = "PolicyInvalid"
+    """AgentPolicy, ``Reconciled``/``Ready=False``: ``spec.policy`` does not compile."""
+    PRINCIPALS_INVALID = "PrincipalsInvalid"
+    """AgentPolicy, ``Reconciled``/``Ready=False``: the selected Principals do not validate or
+    the executor would refuse them (separation of duties, MTLS without a client CA, ...)."""
+    CONFIG_INVALID = "ConfigInvalid"
+    """AgentPolicy, ``Reconciled``/``Ready=False``: the executor would refuse the rendered
+    environment at start."""
+    SECRET_MISSING = "SecretMissing"
+    """AgentPolicy, ``Reconciled``/``Ready=False``: a referenced Secret, ConfigMap or key does
+    not exist."""
+    EXECUTORS_READY = "ExecutorsReady"
+    """AgentPolicy, ``Ready=True``: as many ready, updated executors as ``spec.replicas``."""
+    EXECUTORS_NOT_READY = "ExecutorsNotReady"
+    """AgentPolicy, ``Ready=False``: the StatefulSet is missing, not yet observed, short of
+    ready or updated replicas, or between revisions."""
+    HALTED = "Halted"
+    """AgentPolicy, ``Ready=False``: a HaltSwitch halts it. HaltSwitch, ``Ready=True``: every
+    selected executor acknowledged the halt."""
+    RELEASED = "Released"
+    """HaltSwitch, ``Ready=True``: every selected executor acknowledged the resume."""
+    PENDING = "Pending"
+    """HaltSwitch, ``Ready=False``: an executor has not acknowledged yet (the timer retries)."""
+    RENDERED = "Rendered"
+    """Principal, ``Ready=True``: rendered into every AgentPolicy that selects it."""
+
+
 class Condition(_Model):
     """A condition following the Kubernetes API conventions."""
+
+    # type and reason stay free strings in the schema, as metav1.Condition's do; the operator
+    # writes only ConditionType and ConditionReason values (conditions.set_condition).
 
     type: Annotated[str, Field(min_length=1, max_length=316)]
     status: ConditionStatus
@@ -156,6 +208,26 @@ class Condition(_Model):
     message: Annotated[str, Field(max_length=32768)] = ""
     last_transition_time: str
     observed_generation: Annotated[int, Field(ge=0)] | None = None
+
+
+class ResourceStatus(_Model):
+    """What every resource's ``status`` starts with: the generation acted on, the conditions."""
+
+    observed_generation: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="the metadata.generation this status describes"
+    )
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def patch(self) -> dict[str, Any]:
+        """The fields given when this status was built, as the API server stores them: a merge
+        patch that leaves every other field of the stored status as it was."""
+        data: dict[str, Any] = self.model_dump(
+            mode="json", by_alias=True, exclude_unset=True, exclude_none=True
+        )
+        return data
+
+    def condition(self, type_: ConditionType) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,15 +373,21 @@ class AgentPolicySpec(_Model):
     )
 
 
-class AgentPolicyStatus(_Model):
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    mode: ExecutorMode | None = None
-    halted: bool = False
-    replicas: int | None = None
-    audience: str | None = None
-    principals: list[str] = Field(default_factory=list)
-    policy_digest: str | None = None
+class AgentPolicyStatus(ResourceStatus):
+    """Conditions Reconciled and Ready; what the executors run and for whom."""
+
+    mode: ExecutorMode | None = Field(default=None, description="the executors' mode")
+    halted: bool = Field(default=False, description="a HaltSwitch halts this policy's executors")
+    replicas: int | None = Field(default=None, description="executors asked for")
+    audience: str | None = Field(
+        default=None, description="the audience agents' service-account tokens must carry"
+    )
+    principals: list[str] = Field(
+        default_factory=list, description="the Principals in the executors' principals file"
+    )
+    policy_digest: str | None = Field(
+        default=None, description="digest of the compiled policy the executors load"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,12 +477,12 @@ class PrincipalSpec(_Model):
         return "MTLS"
 
 
-class PrincipalStatus(_Model):
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    credential: str | None = None
-    policies: int = 0
-    selected_by: list[str] = Field(default_factory=list)
+class PrincipalStatus(ResourceStatus):
+    """Condition Ready; how the Principal proves itself and which policies select it."""
+
+    credential: str | None = Field(default=None, description="ServiceAccount, Bearer or MTLS")
+    policies: int = Field(default=0, description="how many AgentPolicies select it")
+    selected_by: list[str] = Field(default_factory=list, description="their names")
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,17 +507,21 @@ class HaltSwitchSpec(_Model):
 
 
 class HaltPodStatus(_Model):
+    """One executor pod's answer to the switch's last control call."""
+
     policy: str
     pod: str
     acknowledged: bool
-    at: str | None = None
-    error: str | None = None
+    at: str | None = Field(default=None, description="when it acknowledged")
+    error: str | None = Field(
+        default=None, description="why not: the HTTP status and error code, or the failure"
+    )
 
 
-class HaltSwitchStatus(_Model):
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    halted: bool = False
+class HaltSwitchStatus(ResourceStatus):
+    """Condition Ready; which executors acknowledged the switch's last call."""
+
+    halted: bool = Field(default=False, description="the last call was a halt (false: resume)")
     acknowledged: str | None = Field(default=None, description="acknowledged pods / pods")
-    policies: list[str] = Field(default_factory=list)
+    policies: list[str] = Field(default_factory=list, description="the AgentPolicies it selects")
     pods: list[HaltPodStatus] = Field(default_factory=list)

@@ -39,16 +39,22 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from .apply import ApiError
-from .conditions import set_condition
-from .models import API_VERSION, AgentPolicySpec
+from .conditions import set_condition, stored_conditions
+from .models import (
+    API_VERSION,
+    AgentPolicySpec,
+    AgentPolicyStatus,
+    Condition,
+    ConditionReason,
+    ConditionStatus,
+    ConditionType,
+)
 from .render import names
 from .render.halt import switches_halting
-from .runtime import Runtime, policy_ref
+from .runtime import EventType, Runtime, policy_ref
 
 __all__ = [
-    "READY",
     "READY_PATCH_ATTEMPTS",
-    "RECONCILED",
     "Owner",
     "Readiness",
     "executor_readiness",
@@ -59,16 +65,13 @@ __all__ = [
     "set_ready",
 ]
 
-READY: Final = "Ready"
-RECONCILED: Final = "Reconciled"
-
 
 @dataclass(frozen=True)
 class Readiness:
     """What the ``Ready`` condition says: status, reason and message."""
 
     ready: bool
-    reason: str
+    reason: ConditionReason
     message: str
     halted: bool = False
 
@@ -90,9 +93,13 @@ def executor_readiness(
 ) -> Readiness:
     """``Ready`` of a policy whose children are applied, from its executor StatefulSet."""
     if halted:
-        return Readiness(False, "Halted", "a HaltSwitch halts this policy's executors", halted=True)
+        return Readiness(
+            False, ConditionReason.HALTED, "a HaltSwitch halts this policy's executors", halted=True
+        )
     if statefulset is None:
-        return Readiness(False, "ExecutorsNotReady", "the executor StatefulSet does not exist")
+        return Readiness(
+            False, ConditionReason.EXECUTORS_NOT_READY, "the executor StatefulSet does not exist"
+        )
     meta = statefulset.get("metadata") or {}
     status = statefulset.get("status") or {}
     generation = _int(meta.get("generation"))
@@ -100,34 +107,38 @@ def executor_readiness(
     if generation is not None and (observed is None or observed < generation):
         return Readiness(
             False,
-            "ExecutorsNotReady",
+            ConditionReason.EXECUTORS_NOT_READY,
             f"StatefulSet generation {generation} not yet observed by its controller",
         )
     ready = _int(status.get("readyReplicas")) or 0  # omitted when zero
     if ready < desired_replicas:
-        return Readiness(False, "ExecutorsNotReady", f"{ready}/{desired_replicas} ready")
+        return Readiness(
+            False, ConditionReason.EXECUTORS_NOT_READY, f"{ready}/{desired_replicas} ready"
+        )
     updated = _int(status.get("updatedReplicas")) or 0
     if updated < desired_replicas:
         return Readiness(
             False,
-            "ExecutorsNotReady",
+            ConditionReason.EXECUTORS_NOT_READY,
             f"rollout in progress: {updated}/{desired_replicas} updated",
         )
     current, update = status.get("currentRevision"), status.get("updateRevision")
     if current and update and current != update:
         return Readiness(
-            False, "ExecutorsNotReady", f"rollout in progress: revision {current} -> {update}"
+            False,
+            ConditionReason.EXECUTORS_NOT_READY,
+            f"rollout in progress: revision {current} -> {update}",
         )
-    return Readiness(True, "ExecutorsReady", f"{ready}/{desired_replicas} ready")
+    return Readiness(True, ConditionReason.EXECUTORS_READY, f"{ready}/{desired_replicas} ready")
 
 
 def set_ready(
-    conditions: Sequence[dict[str, Any]], readiness: Readiness, *, generation: int
-) -> list[dict[str, Any]]:
+    conditions: Sequence[Condition], readiness: Readiness, *, generation: int
+) -> list[Condition]:
     """``conditions`` with ``Ready`` set from ``readiness`` (see :func:`.set_condition`)."""
     return set_condition(
         conditions,
-        type=READY,
+        type=ConditionType.READY,
         status=readiness.ready,
         reason=readiness.reason,
         message=readiness.message,
@@ -149,52 +160,48 @@ def owning_policy(child: Mapping[str, Any]) -> Owner | None:
     return None
 
 
-def _condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == type_), None)
+def _condition(conditions: Sequence[Condition], type_: ConditionType) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)
 
 
-def _comparable(condition: Mapping[str, Any] | None) -> tuple[Any, ...]:
+def _comparable(condition: Condition | None) -> tuple[Any, ...]:
     if condition is None:
         return ()
-    return tuple(condition.get(k) for k in ("status", "reason", "message", "observedGeneration"))
+    return (condition.status, condition.reason, condition.message, condition.observed_generation)
 
 
-def readiness_status(policy: Mapping[str, Any], readiness: Readiness) -> dict[str, Any] | None:
-    """The status patch that makes ``policy``'s ``Ready`` say ``readiness``, or ``None`` when
-    the watch path must leave it (children not applied for this generation) or it already
-    says so."""
+def readiness_status(policy: Mapping[str, Any], readiness: Readiness) -> AgentPolicyStatus | None:
+    """The status patch that makes ``policy``'s ``Ready`` say ``readiness`` (``halted`` and
+    ``conditions`` only), or ``None`` when the watch path must leave it (children not applied
+    for this generation) or it already says so."""
     meta = policy.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None
     generation = _int(meta.get("generation")) or 1
-    status = policy.get("status") or {}
-    previous = [dict(c) for c in status.get("conditions") or [] if isinstance(c, Mapping)]
-    reconciled = _condition(previous, RECONCILED)
+    previous = stored_conditions(policy)
+    reconciled = _condition(previous, ConditionType.RECONCILED)
     if (
         reconciled is None
-        or reconciled.get("status") != "True"
-        or reconciled.get("observedGeneration") != generation
+        or reconciled.status is not ConditionStatus.TRUE
+        or reconciled.observed_generation != generation
     ):
         return None
     conditions = set_ready(previous, readiness, generation=generation)
     halted = readiness.halted
-    unchanged = _comparable(_condition(previous, READY)) == _comparable(
-        _condition(conditions, READY)
+    unchanged = _comparable(_condition(previous, ConditionType.READY)) == _comparable(
+        _condition(conditions, ConditionType.READY)
     )
-    if unchanged and status.get("halted") is halted:
+    if unchanged and (policy.get("status") or {}).get("halted") is halted:
         return None
-    return {"halted": halted, "conditions": conditions}
+    return AgentPolicyStatus(halted=halted, conditions=conditions)
 
 
-def ready_moved(body: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+def ready_moved(body: Mapping[str, Any], status: AgentPolicyStatus) -> bool:
     """``Ready``'s status differs between the stored ``body`` and the new ``status``: the one
     change worth a Normal Event (the drift timer runs every minute)."""
-
-    def ready(conditions: Any) -> Any:
-        return next((c.get("status") for c in conditions or [] if c.get("type") == READY), None)
-
-    old = ready((body.get("status") or {}).get("conditions"))
-    return bool(old != ready(status.get("conditions")))
+    old = _condition(stored_conditions(body), ConditionType.READY)
+    new = status.condition(ConditionType.READY)
+    return (old.status if old else None) != (new.status if new else None)
 
 
 READY_PATCH_ATTEMPTS: Final = 3
@@ -245,7 +252,7 @@ async def refresh_ready(
                 "AgentPolicy",
                 namespace,
                 name,
-                status,
+                status.patch(),
                 resource_version=policy["metadata"].get("resourceVersion"),
             )
         except ApiError as exc:
@@ -255,7 +262,7 @@ async def refresh_ready(
         if ready_moved(policy, status):
             rt.events.post(
                 policy,
-                type="Normal" if readiness.ready else "Warning",
+                type=EventType.NORMAL if readiness.ready else EventType.WARNING,
                 reason=readiness.reason,
                 message=readiness.message,
             )

@@ -36,9 +36,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
 from .apply import Kube
-from .conditions import set_condition, spec_invalid_status
+from .conditions import set_condition, spec_invalid_status, stored_conditions
 from .halt import sync_halt
-from .models import AgentPolicySpec, PrincipalSpec
+from .models import (
+    AgentPolicySpec,
+    AgentPolicyStatus,
+    ConditionReason,
+    ConditionType,
+    PrincipalSpec,
+    PrincipalStatus,
+)
 from .readiness import executor_readiness, set_ready
 from .render import (
     PolicyRef,
@@ -54,6 +61,7 @@ from .render import (
 from .render.common import OWNER_LABEL
 from .render.config import OPERATOR_TOKEN_KEY
 from .runtime import (
+    EventType,
     InvalidSpec,
     Runtime,
     decode_secret_key,
@@ -72,8 +80,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PolicyOutcome:
-    status: dict[str, Any]
-    event_type: str
+    """What one reconcile reports: the status to write and the Event to post."""
+
+    status: AgentPolicyStatus
+    event_type: EventType
     reason: str
     message: str
 
@@ -151,7 +161,9 @@ async def _operator_token(kube: Kube, inp: RenderInput) -> str:
         secret = await kube.get("Secret", inp.policy.namespace, name)
     token = decode_secret_key(secret, OPERATOR_TOKEN_KEY)
     if not token:
-        raise RenderError("SecretMissing", f"Secret {inp.policy.namespace}/{name} has no token")
+        raise RenderError(
+            ConditionReason.SECRET_MISSING, f"Secret {inp.policy.namespace}/{name} has no token"
+        )
     return token.decode("ascii")
 
 
@@ -180,26 +192,21 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
     as ``Ready=False`` with its reason.
     """
     ref = policy_ref(body)
-    previous = list((body.get("status") or {}).get("conditions") or [])
+    previous = stored_conditions(body)
     spec = parse_spec(AgentPolicySpec, body)
     labels = (body.get("metadata") or {}).get("labels")
     inp = RenderInput(policy=ref, spec=spec, settings=rt.settings, jwks=rt.jwks)
-    status: dict[str, Any] = {
-        "observedGeneration": ref.generation,
-        "mode": spec.mode.value,
-        "replicas": spec.replicas,
-        "audience": inp.audience,
-    }
     try:
         check_policy(inp)
         missing = await _check_references(rt.kube, ref.namespace, spec)
         selected, missing_p, invalid = await _select_principals(rt.kube, ref, spec)
         missing += [m for m in missing_p if m not in missing]
         if missing:
-            raise RenderError("SecretMissing", "missing: " + ", ".join(missing))
+            raise RenderError(ConditionReason.SECRET_MISSING, "missing: " + ", ".join(missing))
         if invalid:
             raise RenderError(
-                "PrincipalsInvalid", "Principals that do not validate: " + ", ".join(invalid)
+                ConditionReason.PRINCIPALS_INVALID,
+                "Principals that do not validate: " + ", ".join(invalid),
             )
         inp = replace(inp, principals=tuple(selected))
         await _ensure_authority_key(rt.kube, inp)
@@ -207,24 +214,25 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
         inp = replace(inp, operator_token_sha256=hashlib.sha256(token.encode()).hexdigest())
         rendered = render_children(inp)
     except RenderError as exc:
-        status["halted"] = await sync_halt(rt, ref, labels)
-        conditions = set_condition(
-            previous,
-            type="Reconciled",
-            status=False,
-            reason=exc.reason,
-            message=exc.message,
-            generation=ref.generation,
+        conditions = previous
+        for type_ in (ConditionType.RECONCILED, ConditionType.READY):
+            conditions = set_condition(
+                conditions,
+                type=type_,
+                status=False,
+                reason=exc.reason,
+                message=exc.message,
+                generation=ref.generation,
+            )
+        failed = AgentPolicyStatus(
+            observed_generation=ref.generation,
+            mode=spec.mode,
+            replicas=spec.replicas,
+            audience=inp.audience,
+            halted=await sync_halt(rt, ref, labels),
+            conditions=conditions,
         )
-        status["conditions"] = set_condition(
-            conditions,
-            type="Ready",
-            status=False,
-            reason=exc.reason,
-            message=exc.message,
-            generation=ref.generation,
-        )
-        return PolicyOutcome(status, "Warning", exc.reason, exc.message)
+        return PolicyOutcome(failed, EventType.WARNING, exc.reason, exc.message)
 
     keep: set[tuple[str, str]] = set()
     for obj in rendered.objects:
@@ -237,20 +245,24 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
     message = f"{len(rendered.objects)} objects applied; {len(rendered.principals)} principals"
     conditions = set_condition(
         previous,
-        type="Reconciled",
+        type=ConditionType.RECONCILED,
         status=True,
-        reason="Applied",
+        reason=ConditionReason.APPLIED,
         message=message,
         generation=ref.generation,
     )
     readiness = executor_readiness(desired_replicas=spec.replicas, statefulset=sts, halted=halted)
-    status.update(
+    applied = AgentPolicyStatus(
+        observed_generation=ref.generation,
+        mode=spec.mode,
+        replicas=spec.replicas,
+        audience=inp.audience,
         halted=halted,
         principals=list(rendered.principals),
-        policyDigest=rendered.policy_digest,
+        policy_digest=rendered.policy_digest,
         conditions=set_ready(conditions, readiness, generation=ref.generation),
     )
-    return PolicyOutcome(status, "Normal", "Reconciled", message)
+    return PolicyOutcome(applied, EventType.NORMAL, ConditionType.RECONCILED, message)
 
 
 async def _rereconcile(rt: Runtime, policy: Mapping[str, Any]) -> None:
@@ -258,14 +270,14 @@ async def _rereconcile(rt: Runtime, policy: Mapping[str, Any]) -> None:
     try:
         status = (await reconcile_policy(rt, policy)).status
     except InvalidSpec as exc:
-        status = spec_invalid_status(policy, str(exc))
+        status = spec_invalid_status(AgentPolicyStatus, policy, str(exc))
     meta = policy["metadata"]
-    await rt.kube.patch_status("AgentPolicy", meta["namespace"], meta["name"], status)
+    await rt.kube.patch_status("AgentPolicy", meta["namespace"], meta["name"], status.patch())
 
 
 async def reconcile_principal(
     rt: Runtime, body: Mapping[str, Any], *, old_labels: Mapping[str, str] | None
-) -> dict[str, Any] | None:
+) -> PrincipalStatus | None:
     """Reconcile every AgentPolicy that selected (``old_labels``) or selects the Principal;
     the Principal's status, or ``None`` while it is being deleted (nothing to report).
 
@@ -290,18 +302,17 @@ async def reconcile_principal(
             await _rereconcile(rt, policy)
     if deleting:
         return None
-    previous = list((body.get("status") or {}).get("conditions") or [])
-    return {
-        "observedGeneration": generation,
-        "credential": spec.credential_kind(),
-        "policies": len(selecting),
-        "selectedBy": sorted(selecting),
-        "conditions": set_condition(
-            previous,
-            type="Ready",
+    return PrincipalStatus(
+        observed_generation=generation,
+        credential=spec.credential_kind(),
+        policies=len(selecting),
+        selected_by=sorted(selecting),
+        conditions=set_condition(
+            stored_conditions(body),
+            type=ConditionType.READY,
             status=True,
-            reason="Rendered",
+            reason=ConditionReason.RENDERED,
             message=f"selected by {len(selecting)} AgentPolicies",
             generation=generation,
         ),
-    }
+    )

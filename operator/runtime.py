@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -32,6 +33,7 @@ from .settings import OperatorSettings
 
 __all__ = [
     "EventPoster",
+    "EventType",
     "InvalidSpec",
     "Runtime",
     "decode_secret_key",
@@ -44,10 +46,19 @@ __all__ = [
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
 
-class EventPoster(Protocol):
-    """Posts one Kubernetes Event about ``body`` (``type`` is ``Normal`` or ``Warning``)."""
+class EventType(StrEnum):
+    """A Kubernetes Event's ``type``."""
 
-    def post(self, body: Mapping[str, Any], *, type: str, reason: str, message: str) -> None: ...
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class EventPoster(Protocol):
+    """Posts one Kubernetes Event about ``body``; its reason is a condition reason or type."""
+
+    def post(
+        self, body: Mapping[str, Any], *, type: EventType, reason: str, message: str
+    ) -> None: ...
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any
 from agentsafe.executor.errors import PolicyError
 from agentsafe.executor.policy import CompiledPolicy, compile_policy
 
+from ..models import ConditionReason
 from .common import RenderError, RenderInput
 from .config import render_configmap
 from .network import (
@@ -44,7 +45,7 @@ def check_policy(inp: RenderInput) -> CompiledPolicy:
     try:
         return compile_policy(inp.spec.policy)
     except PolicyError as exc:
-        raise RenderError("PolicyInvalid", str(exc)) from None
+        raise RenderError(ConditionReason.POLICY_INVALID, str(exc)) from None
 
 
 def render_children(inp: RenderInput) -> Rendered:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..models import API_VERSION, GROUP, AgentPolicySpec, PrincipalSpec
+from ..models import API_VERSION, GROUP, AgentPolicySpec, ConditionReason, PrincipalSpec
 from ..settings import OperatorSettings
 
 __all__ = [
@@ -43,7 +43,7 @@ OWNER_LABEL: Final = f"{GROUP}/owner"
 class RenderError(Exception):
     """Nothing can be rendered; ``reason`` is the Ready condition's reason."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: ConditionReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message

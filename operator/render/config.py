@@ -38,7 +38,7 @@ from agentsafe.executor.principals_file import (
     render_principals_file,
 )
 
-from ..models import PrincipalSpec
+from ..models import ConditionReason, PrincipalSpec
 from .common import RenderError, RenderInput, child_meta, names
 
 __all__ = [
@@ -78,7 +78,8 @@ def _entry(
     elif spec.bearer is not None:
         if token_sha256 is None:
             raise RenderError(
-                "SecretMissing", f"Principal {principal_name}: its bearer token was not resolved"
+                ConditionReason.SECRET_MISSING,
+                f"Principal {principal_name}: its bearer token was not resolved",
             )
         credential = BearerCredential(kind="BEARER", token_sha256=token_sha256)
     else:
@@ -108,7 +109,9 @@ def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
     """The selected Principals (by name) plus the operator's OPERATOR principal, checked with
     the executor's own rules; refuses with ``PrincipalsInvalid``."""
     if not inp.operator_token_sha256:
-        raise RenderError("SecretMissing", "the operator's bearer token was not resolved")
+        raise RenderError(
+            ConditionReason.SECRET_MISSING, "the operator's bearer token was not resolved"
+        )
     entries = [
         _entry(p.name, p.spec, issuer=inp.settings.issuer, token_sha256=p.token_sha256)
         for p in sorted(inp.principals, key=lambda p: p.name)
@@ -130,9 +133,11 @@ def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
             client_ca_configured=inp.spec.tls.client_ca is not None,
         )
     except PrincipalsFileError as exc:
-        raise RenderError("PrincipalsInvalid", str(exc)) from None
+        raise RenderError(ConditionReason.PRINCIPALS_INVALID, str(exc)) from None
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        raise RenderError("PrincipalsInvalid", f"principals do not validate: {exc}") from None
+        raise RenderError(
+            ConditionReason.PRINCIPALS_INVALID, f"principals do not validate: {exc}"
+        ) from None
     return document
 
 

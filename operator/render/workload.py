@@ -29,6 +29,7 @@ from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.config import CONFIG_KEYS, CredentialKind, ExecutorConfig, load_config
 from agentsafe.executor.errors import ConfigError
 
+from ..models import ConditionReason
 from .common import RenderError, RenderInput, child_meta, names, policy_labels, selector_labels
 from .config import AUTHORITY_KEY_KEY, HALT_KEY, JWKS_KEY, POLICY_KEY, PRINCIPALS_KEY
 
@@ -155,7 +156,7 @@ def check_environment(env: dict[str, str]) -> ExecutorConfig:
     try:
         return load_config(env)
     except ConfigError as exc:
-        raise RenderError("ConfigInvalid", str(exc)) from None
+        raise RenderError(ConditionReason.CONFIG_INVALID, str(exc)) from None
 
 
 def config_digest(inp: RenderInput, configmap: dict[str, Any]) -> str:
