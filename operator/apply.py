@@ -5,6 +5,8 @@ already knows how to log in (``kopf.login_with_service_account`` /
 ``kopf.login_with_kubeconfig`` give a :class:`kopf.ConnectionInfo`), and aiohttp is already a
 dependency. :class:`KubeClient` is that: one ``aiohttp.ClientSession`` with the credentials kopf
 found, paths from ``resources.py`` (so RBAC and the client cannot disagree), JSON in and out.
+It takes the login as :class:`Credentials`, the fields of ``kopf.ConnectionInfo`` it reads, so
+this module does not import kopf (``cli.py`` logs in, ``handlers.py`` is the kopf boundary).
 
 Errors: an answer other than 2xx is :class:`ApiError` (status, reason, the API server's
 message); ``handlers.to_kopf_error`` maps it to kopf's errors at the handler boundary.
@@ -20,16 +22,18 @@ from __future__ import annotations
 import json
 import ssl
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
-import kopf
 
 from .resources import resource_for
+
+if TYPE_CHECKING:
+    from _typeshed import StrOrBytesPath
 from .settings import FIELD_MANAGER
 
-__all__ = ["ApiError", "Kube", "KubeClient"]
+__all__ = ["ApiError", "Credentials", "Kube", "KubeClient"]
 
 
 class ApiError(Exception):
@@ -73,10 +77,35 @@ class Kube(Protocol):
         ...
 
 
+class Credentials(Protocol):
+    """What the client reads of a login; ``kopf.ConnectionInfo`` is one."""
+
+    @property
+    def server(self) -> str: ...
+    @property
+    def scheme(self) -> str | None: ...
+    @property
+    def token(self) -> str | None: ...
+    @property
+    def username(self) -> str | None: ...
+    @property
+    def password(self) -> str | None: ...
+    @property
+    def insecure(self) -> bool | None: ...
+    @property
+    def ca_path(self) -> StrOrBytesPath | None: ...
+    @property
+    def ca_data(self) -> str | bytes | None: ...
+    @property
+    def certificate_path(self) -> StrOrBytesPath | None: ...
+    @property
+    def private_key_path(self) -> StrOrBytesPath | None: ...
+
+
 class KubeClient:
     """The real client over one aiohttp session (close it with :meth:`close`)."""
 
-    def __init__(self, info: kopf.ConnectionInfo) -> None:
+    def __init__(self, info: Credentials) -> None:
         self._server = info.server.rstrip("/")
         # /openid/v1/jwks answers 406 unless its own media type is acceptable.
         headers = {"Accept": "application/json, application/jwk-set+json"}

@@ -176,7 +176,6 @@ ALLOWED: dict[str, Allowance] = {
     # -- the operator: its own process, which talks to the API server and to executors ----
     "operator/apply.py": allow(
         HTTP_CLIENT,
-        KUBE,
         reason="the operator's Kubernetes API client (one session with kopf's credentials)",
     ),
     "operator/control.py": allow(
