@@ -8,8 +8,13 @@ on the models themselves), and the reconcile steps re-validate every stored obje
 before acting on it.
 
 ``spec.policy`` of an AgentPolicy *is* the executor's
-:class:`~agentsafe.executor.policy.PolicyDocument`; the enumerations are the executor's own
-(:mod:`agentsafe.executor.config`). Nothing here copies them.
+:class:`~agentsafe.executor.policy.PolicyDocument`; the enumerations, the numeric ranges and the
+value rules the executor enforces on what a resource renders into are the executor's own,
+imported: its configuration's (:mod:`agentsafe.executor.config`: modes, credential kinds,
+intent TTL, downstream timeout, host-ceiling windows, currency codes, text length), its
+principals file's (:mod:`agentsafe.executor.principals_file`: roles, operator scopes, how many
+actions and scopes, SAN URIs, digests) and its halt's (the longest reason). Nothing here copies
+them; what stays here is what only the custom resources say (replicas, journal size, names).
 
 Callers: ``crds.py`` (schemas); ``reconcile.py``, ``halt.py``, ``readiness.py`` and
 ``render/halt.py`` (parsing); ``render/*`` (rendering); ``resources.py`` and ``handlers.py`` (the
@@ -22,10 +27,19 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
+from agentsafe.executor.canonical import MAX_SAFE_INTEGER
 from agentsafe.executor.config import (
+    CURRENCY_PATTERN,
+    DOWNSTREAM_TIMEOUT_MS_DEFAULT,
+    DOWNSTREAM_TIMEOUT_MS_MAX,
+    HARD_LIMIT_WINDOW_COUNT_MAX,
+    HARD_LIMIT_WINDOW_SECONDS_MAX,
+    INTENT_TTL_SECONDS_DEFAULT,
+    INTENT_TTL_SECONDS_MAX,
+    MAX_TEXT,
     CredentialKind,
     EscalationMode,
     ExecutorMode,
@@ -33,7 +47,16 @@ from agentsafe.executor.config import (
     SigningAlgorithm,
     TlsMinVersion,
 )
+from agentsafe.executor.halt import MAX_REASON_CHARS
 from agentsafe.executor.policy import PolicyDocument
+from agentsafe.executor.principals import Role
+from agentsafe.executor.principals_file import (
+    MAX_ALLOWED_ACTIONS,
+    MAX_SCOPES,
+    OPERATOR_SCOPES,
+    SanUri,
+    Sha256Hex,
+)
 
 __all__ = [
     "API_VERSION",
@@ -72,11 +95,12 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 _SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 _UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-_CURRENCY = r"^[A-Z]{3}$"
+_CURRENCY = f"^{CURRENCY_PATTERN}$"
 
 DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=_DNS_LABEL)]
 DnsSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)]
-Text = Annotated[str, Field(min_length=1, max_length=512)]
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+MinorUnits = Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
 
 
 class _Model(BaseModel):
@@ -237,12 +261,12 @@ class ResourceStatus(_Model):
 class HostCeilingsSpec(_Model):
     """Host ceilings, enforced by the executor whatever the policy says."""
 
-    single: dict[Annotated[str, Field(pattern=_CURRENCY)], Annotated[int, Field(ge=1)]] = Field(
+    single: dict[Annotated[str, Field(pattern=_CURRENCY)], MinorUnits] = Field(
         default_factory=dict, description="largest single amount per ISO 4217 currency (minor)"
     )
-    window_seconds: Annotated[int, Field(ge=1, le=2_592_000)] | None = None
-    window_count: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = None
-    window_sum_minor: Annotated[int, Field(ge=1, le=9_007_199_254_740_991)] | None = None
+    window_seconds: Annotated[int, Field(ge=1, le=HARD_LIMIT_WINDOW_SECONDS_MAX)] | None = None
+    window_count: Annotated[int, Field(ge=1, le=HARD_LIMIT_WINDOW_COUNT_MAX)] | None = None
+    window_sum_minor: MinorUnits | None = None
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -291,7 +315,9 @@ class DownstreamSpec(_Model):
     system: Text
     operation: Text
     environment: Text | None = None
-    timeout_ms: Annotated[int, Field(ge=1, le=15_000)] = 10_000
+    timeout_ms: Annotated[int, Field(ge=1, le=DOWNSTREAM_TIMEOUT_MS_MAX)] = (
+        DOWNSTREAM_TIMEOUT_MS_DEFAULT
+    )
     credential: DownstreamCredentialSpec
     ca: ConfigMapKeyRef | None = Field(
         default=None, description="CA bundle (PEM) to trust for the downstream"
@@ -342,8 +368,8 @@ class AgentPolicySpec(_Model):
 
     mode: ExecutorMode = ExecutorMode.SHADOW
     policy: PolicyDocument
-    intent_ttl_seconds: Annotated[int, Field(ge=1, le=300)] = Field(
-        default=60, alias="intentTTLSeconds"
+    intent_ttl_seconds: Annotated[int, Field(ge=1, le=INTENT_TTL_SECONDS_MAX)] = Field(
+        default=INTENT_TTL_SECONDS_DEFAULT, alias="intentTTLSeconds"
     )
     host_ceilings: HostCeilingsSpec | None = None
     escalation: EscalationMode = EscalationMode.NONE
@@ -394,10 +420,22 @@ class AgentPolicyStatus(ResourceStatus):
 # Principal
 
 
-class PrincipalRole(StrEnum):
-    PROPOSER = "PROPOSER"
-    OPERATOR = "OPERATOR"
-    APPROVER = "APPROVER"
+PrincipalRole = Role
+"""A Principal's role: the executor's own :class:`~agentsafe.executor.principals.Role`."""
+
+
+def _operator_scope(value: str) -> str:
+    if value not in OPERATOR_SCOPES:
+        raise ValueError("must be one of " + ", ".join(sorted(OPERATOR_SCOPES)))
+    return value
+
+
+OperatorScope = Annotated[
+    str,
+    AfterValidator(_operator_scope),
+    WithJsonSchema({"type": "string", "enum": sorted(OPERATOR_SCOPES)}),
+]
+"""One of the executor's operator scopes (``principals_file.OPERATOR_SCOPES``)."""
 
 
 class ActorSpec(_Model):
@@ -421,24 +459,18 @@ class BearerSpec(_Model):
 
 
 class MtlsSpec(_Model):
-    san_uri: Annotated[
-        str, Field(min_length=3, max_length=2048, pattern=r"^[A-Za-z][A-Za-z0-9+.-]*:")
-    ] = Field(alias="sanURI")
-    cert_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
-        default=None, alias="certSHA256"
-    )
+    san_uri: SanUri = Field(alias="sanURI")
+    cert_sha256: Sha256Hex | None = Field(default=None, alias="certSHA256")
 
 
 class PrincipalSpec(_Model):
     """A caller of the executors whose AgentPolicy selects it (id = the object's name)."""
 
-    role: PrincipalRole
+    role: Role
     tenant_id: Annotated[str, Field(pattern=_UUID)] | None = None
     actor: ActorSpec | None = None
-    allowed_actions: list[Text] | None = Field(default=None, max_length=1000)
-    scopes: list[Literal["halt", "resume", "secrets.reload", "status", "metrics", "evidence"]] | (
-        None
-    ) = Field(default=None, max_length=16)
+    allowed_actions: list[Text] | None = Field(default=None, max_length=MAX_ALLOWED_ACTIONS)
+    scopes: list[OperatorScope] | None = Field(default=None, max_length=MAX_SCOPES)
     rate_limit: RateLimitSpec | None = None
     service_account: ServiceAccountRef | None = None
     bearer: BearerSpec | None = None
@@ -493,7 +525,7 @@ class HaltSwitchSpec(_Model):
     """Stop every selected executor: durable (the halt file) and immediate (the control route)."""
 
     halted: bool
-    reason: Annotated[str, Field(max_length=500)] | None = None
+    reason: Annotated[str, Field(max_length=MAX_REASON_CHARS)] | None = None
     policy_selector: LabelSelector = Field(default_factory=LabelSelector)
 
     model_config = ConfigDict(

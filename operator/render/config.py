@@ -45,7 +45,7 @@ __all__ = [
     "AUTHORITY_KEY_KEY",
     "HALT_KEY",
     "JWKS_KEY",
-    "OPERATOR_SCOPES",
+    "OPERATOR_PRINCIPAL_SCOPES",
     "OPERATOR_TOKEN_KEY",
     "POLICY_KEY",
     "PRINCIPALS_KEY",
@@ -61,7 +61,9 @@ JWKS_KEY: Final = "jwks.json"
 HALT_KEY: Final = "halt"
 OPERATOR_TOKEN_KEY: Final = "token"
 AUTHORITY_KEY_KEY: Final = "signing-key.pem"
-OPERATOR_SCOPES: Final = ("halt", "resume", "status")
+OPERATOR_PRINCIPAL_SCOPES: Final = ("halt", "resume", "status")
+"""What the operator's own principal may do on its executors (of the executor's scopes, the
+ones a HaltSwitch needs and the status read)."""
 
 
 def _entry(
@@ -120,7 +122,7 @@ def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
         PrincipalEntry(
             id=inp.settings.operator_principal_id,
             role="OPERATOR",
-            scopes=list(OPERATOR_SCOPES),
+            scopes=list(OPERATOR_PRINCIPAL_SCOPES),
             credential=BearerCredential(kind="BEARER", token_sha256=inp.operator_token_sha256),
         )
     )
