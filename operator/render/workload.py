@@ -123,7 +123,6 @@ def render_environment(inp: RenderInput) -> dict[str, str]:
         _optional(env, "EXECUTOR_HARD_LIMIT_WINDOW_SUM_MINOR", ceilings.window_sum_minor)
     _optional(env, "DOWNSTREAM_LOOKUP_URL", down.lookup_url)
     _optional(env, "DOWNSTREAM_LOOKUP_BY_REFERENCE_URL", down.lookup_by_reference_url)
-    _optional(env, "DOWNSTREAM_ENVIRONMENT", down.environment)
     if down.ca is not None:
         env["DOWNSTREAM_CA_FILE"] = f"{CONFIG_DIR}/{_DOWNSTREAM_CA}"
     if down.spki_pins:
