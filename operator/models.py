@@ -314,7 +314,6 @@ class DownstreamSpec(_Model):
     lookup_by_reference_url: Annotated[str, Field(max_length=2048)] | None = None
     system: Text
     operation: Text
-    environment: Text | None = None
     timeout_ms: Annotated[int, Field(ge=1, le=DOWNSTREAM_TIMEOUT_MS_MAX)] = (
         DOWNSTREAM_TIMEOUT_MS_DEFAULT
     )
