@@ -5,7 +5,7 @@
 is a ``RenderError`` with reason ``PolicyInvalid`` and the compiler's message, and nothing is
 rendered, so existing children stay as they were.
 
-Callers: ``render/__init__.py`` (``reconcile.py`` calls it from there), the tests.
+Callers: ``render/__init__.py``, which re-exports it; the tests.
 """
 
 from __future__ import annotations
