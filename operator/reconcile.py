@@ -21,7 +21,7 @@ Principal's own status names the policies that select it.
 No kopf here: API refusals leave as :class:`~.apply.ApiError`, a stored object that does not
 validate as :class:`~.runtime.InvalidSpec`; ``handlers.py`` maps both to kopf's errors.
 
-Callers: ``handlers.py``, the tests.
+Callers: ``handlers.py`` (the handler tests drive it through the handlers).
 """
 
 from __future__ import annotations
