@@ -5,15 +5,15 @@ The ConfigMap ``<policy>-executor-config`` holds ``policy.json`` (the executor's
 (an ``agent-safe.principals/1`` :class:`~agentsafe.executor.principals_file.PrincipalsDocument`
 built from the selected Principals plus the operator's own OPERATOR principal) and
 ``jwks.json`` (the cluster's service-account JWKS). The halt key is not rendered here: it is
-rendered by ``render/halt.py`` and applied by ``halt.py`` under its own field manager. No Secret
-value is ever rendered: a bearer Principal contributes the SHA-256 of its token, resolved by
-``reconcile.py``.
+rendered by ``render/halt.py`` and applied by ``operator/halt.py`` under its own field manager.
+No Secret value is ever rendered: a bearer Principal contributes the SHA-256 of its token,
+resolved by ``reconcile.py``.
 
 The principals document is checked with the executor's own rules
 (:func:`~agentsafe.executor.principals_file.build_principal_set`) before anything is applied.
 
 Callers: ``render/children.py``, ``render/workload.py``, ``render/halt.py``, ``reconcile.py``
-and ``halt.py`` (the key names), the tests.
+and ``operator/halt.py`` (the key names), the tests.
 """
 
 from __future__ import annotations

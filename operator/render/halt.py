@@ -8,7 +8,7 @@ switches hold a policy, :func:`halt_document` is the file's content and
 (``agentsafe-operator-halt``), so that re-rendering the ConfigMap never clears the key and a
 policy that fails to render can still be halted. All pure.
 
-Callers: ``halt.py`` (:func:`~..halt.sync_halt`), ``readiness.py``
+Callers: ``operator/halt.py`` (:func:`~..halt.sync_halt`), ``readiness.py``
 (:func:`~..readiness.refresh_ready`), the tests.
 """
 
