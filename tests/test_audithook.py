@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentsafe.executor import audithook
+from agentsafe.executor.host import audithook
 
 CHILD = Path(__file__).parent / "support" / "audithook_child.py"
 CONNECT = "refused:GUARD_CONNECT_REFUSED"

@@ -16,18 +16,6 @@ from typing import Any
 import pytest
 import yaml
 
-from agentsafe.executor.attestation import claim_token_digest, verify_claim_attestation
-from agentsafe.executor.authority import (
-    ESCALATION_TYP,
-    GRANT_TYP,
-    RECOVERY_TYP,
-    Authority,
-    Claim,
-    Decision,
-    GrantRefused,
-    LocalAuthority,
-    Verdict,
-)
 from agentsafe.executor.canonical import canonical_json, sha256_digest
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.grants import (
@@ -39,7 +27,19 @@ from agentsafe.executor.grants import (
     verify_jws,
 )
 from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
-from agentsafe.executor.policy import compile_policy, parse_policy
+from agentsafe.executor.policy.attestation import claim_token_digest, verify_claim_attestation
+from agentsafe.executor.policy.authority import (
+    ESCALATION_TYP,
+    GRANT_TYP,
+    RECOVERY_TYP,
+    Authority,
+    Claim,
+    Decision,
+    GrantRefused,
+    LocalAuthority,
+    Verdict,
+)
+from agentsafe.executor.policy.policy import compile_policy, parse_policy
 from agentsafe.executor.principals import Actor, Principal, Role
 
 REPO = Path(__file__).resolve().parents[1]
@@ -694,7 +694,7 @@ def test_grant_ttl_is_bounded(clock: ManualClock) -> None:
 
 
 async def test_fifty_concurrent_claims_on_sqlite(tmp_path: Path, clock: ManualClock) -> None:
-    from agentsafe.executor.usestore import SQLiteUseStore
+    from agentsafe.executor.state.usestore import SQLiteUseStore
 
     store = await SQLiteUseStore.open(tmp_path / "state", clock=clock)
     try:

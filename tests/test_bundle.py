@@ -15,11 +15,11 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agentsafe.executor import bundle as b
 from agentsafe.executor.canonical import sha256_digest
-from agentsafe.executor.chain import ChainedStreams, open_chained_streams
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.redact import Redactor
+from agentsafe.executor.evidence import bundle as b
+from agentsafe.executor.evidence.chain import ChainedStreams, open_chained_streams
+from agentsafe.executor.evidence.redact import Redactor
 
 SECRET = b"tok-9f8e7d6c5b4a39281706"
 

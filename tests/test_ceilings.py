@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from agentsafe.executor.ceilings import (
+from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.errors import RequestRejected
+from agentsafe.executor.lifecycle.ceilings import (
     HostCeilings,
     Payment,
     parse_single_limits,
     read_payment,
 )
-from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.errors import RequestRejected
 
 
 def refusal(fn: Any, *args: Any) -> str:

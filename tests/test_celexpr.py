@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from agentsafe.executor.celexpr import Activation, EvaluationError, compile_expression
 from agentsafe.executor.errors import PolicyError
+from agentsafe.executor.policy.celexpr import Activation, EvaluationError, compile_expression
 
 NOW = datetime(2026, 8, 14, 10, 30, tzinfo=UTC)
 

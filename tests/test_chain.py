@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
-from agentsafe.executor import chain as chain_module
 from agentsafe.executor.canonical import canonical_text, sha256_digest
-from agentsafe.executor.chain import (
+from agentsafe.executor.clock import ManualClock, format_ms
+from agentsafe.executor.events import EVIDENCE_SCHEMA, SECURITY_SCHEMA, EventSink
+from agentsafe.executor.evidence import chain as chain_module
+from agentsafe.executor.evidence.chain import (
     GENESIS_HASH,
     ChainedSink,
     ChainError,
@@ -23,9 +25,7 @@ from agentsafe.executor.chain import (
     LineWriterHandler,
     open_chained_streams,
 )
-from agentsafe.executor.chainverify import verify_chain
-from agentsafe.executor.clock import ManualClock, format_ms
-from agentsafe.executor.events import EVIDENCE_SCHEMA, SECURITY_SCHEMA, EventSink
+from agentsafe.executor.evidence.chainverify import verify_chain
 
 
 def sink(out: io.StringIO, **kwargs: Any) -> ChainedSink:

@@ -14,8 +14,8 @@ from typing import IO, Any
 
 import pytest
 
-from agentsafe.executor import chainverify as cv
 from agentsafe.executor.events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
+from agentsafe.executor.evidence import chainverify as cv
 
 CHILD = Path(__file__).parent / "support" / "chain_child.py"
 pytestmark = pytest.mark.slow

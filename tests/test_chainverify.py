@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from agentsafe.executor import chainverify as cv
 from agentsafe.executor.canonical import canonical_text, sha256_digest
-from agentsafe.executor.chain import GENESIS_HASH, ChainedSink
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
+from agentsafe.executor.evidence import chainverify as cv
+from agentsafe.executor.evidence.chain import GENESIS_HASH, ChainedSink
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

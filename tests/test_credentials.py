@@ -17,14 +17,14 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.credentials import (
+from agentsafe.executor.egress.credentials import (
     CLIENT_ASSERTION_TYPE,
     CredentialUnavailable,
     PrivateKeyJwtCredential,
     SignedRequestCredential,
     StaticHeaderCredential,
 )
-from agentsafe.executor.egress import Destination, GuardedClient
+from agentsafe.executor.egress.guard import Destination, GuardedClient
 from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.events import Streams
 from agentsafe.executor.grants import b64url_decode
@@ -300,6 +300,6 @@ async def test_signed_request_headers() -> None:
 
 
 def test_static_header_is_the_forward_modules() -> None:
-    from agentsafe.executor import forward
+    from agentsafe.executor.dispatch import forward
 
     assert StaticHeaderCredential is forward.StaticHeaderCredential

@@ -10,22 +10,22 @@ from typing import Any
 import pytest
 
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.door import (
+from agentsafe.executor.door.door import (
     Door,
     LegacyCaller,
     check_action,
     check_intent_owner,
     check_separation,
 )
+from agentsafe.executor.door.principals_file import PrincipalSet, parse_principals
+from agentsafe.executor.door.workload import JwksSource, WorkloadVerifier
 from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.events import MemorySink
+from agentsafe.executor.host.metrics import ExecutorMetrics
+from agentsafe.executor.host.secrets import SecretHandle
 from agentsafe.executor.intent import DownstreamTarget, capture_intent
-from agentsafe.executor.metrics import ExecutorMetrics
 from agentsafe.executor.principals import Actor, Principal, Role, legacy_principal
-from agentsafe.executor.principals_file import PrincipalSet, parse_principals
-from agentsafe.executor.secrets import SecretHandle
 from agentsafe.executor.windows import DoorWindows, LockoutRule, RateRule
-from agentsafe.executor.workload import JwksSource, WorkloadVerifier
 from tests.support.pki import TestCA, TokenSigner
 
 TENANT = "00000000-0000-4000-8000-000000000001"

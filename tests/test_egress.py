@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from agentsafe.executor.egress import Destination, GuardedClient, spki_pin
+from agentsafe.executor.egress.guard import Destination, GuardedClient, spki_pin
+from agentsafe.executor.egress.transport import TransportError
 from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.transport import TransportError
 from tests.support.pki import TestCA
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
-from agentsafe.executor.egress import Destination, GuardedClient, address_refusal
+from agentsafe.executor.egress.guard import Destination, GuardedClient, address_refusal
+from agentsafe.executor.egress.transport import TransportError
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.transport import TransportError
 
 
 @dataclass

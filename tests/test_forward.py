@@ -21,17 +21,12 @@ from aiohttp.test_utils import TestServer
 
 from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.egress import Destination, GuardedClient
-from agentsafe.executor.errors import ConfigError
-from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.forward import (
+from agentsafe.executor.dispatch.forward import (
     ForwardRequestHandler,
     StaticHeaderCredential,
     provider_reason,
 )
-from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
-from agentsafe.executor.principals import Actor, legacy_principal
-from agentsafe.executor.seam import (
+from agentsafe.executor.dispatch.seam import (
     Authorization,
     ExecutionContext,
     ExecutionReport,
@@ -40,13 +35,18 @@ from agentsafe.executor.seam import (
     ReconcileStatus,
     Registry,
 )
-from agentsafe.executor.secrets import SecretHandle
-from agentsafe.executor.synthetic import SyntheticProvider
-from agentsafe.executor.transport import (
+from agentsafe.executor.egress.guard import Destination, GuardedClient
+from agentsafe.executor.egress.transport import (
     HttpResponse,
     Transport,
     is_loopback_host,
 )
+from agentsafe.executor.errors import ConfigError
+from agentsafe.executor.events import MemorySink, Streams
+from agentsafe.executor.host.secrets import SecretHandle
+from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
+from agentsafe.executor.principals import Actor, legacy_principal
+from agentsafe.executor.tools.synthetic import SyntheticProvider
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -10,8 +10,8 @@ import pytest
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.events import MemorySink
-from agentsafe.executor.halt import MAX_REASON_CHARS, HaltCause, HaltState
-from agentsafe.executor.metrics import ExecutorMetrics
+from agentsafe.executor.host.halt import MAX_REASON_CHARS, HaltCause, HaltState
+from agentsafe.executor.host.metrics import ExecutorMetrics
 from agentsafe.executor.windows import RateRule
 
 

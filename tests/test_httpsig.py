@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from http_message_signatures import algorithms
 
 from agentsafe.executor.clock import SystemClock
-from agentsafe.executor.credentials import SignedRequestCredential
-from agentsafe.executor.httpsig import (
+from agentsafe.executor.egress.credentials import SignedRequestCredential
+from agentsafe.executor.egress.httpsig import (
     SignatureError,
     SignatureParams,
     content_digest,

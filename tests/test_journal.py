@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from agentsafe.executor import journal as journal_module
 from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.clock import ManualClock, parse_ms
 from agentsafe.executor.errors import JournalError
 from agentsafe.executor.intent import CapturedIntent, intent_hash
-from agentsafe.executor.journal import (
+from agentsafe.executor.state import journal as journal_module
+from agentsafe.executor.state.journal import (
     MAX_RECORD_BYTES,
     AttemptJournal,
     ReconciledStatus,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from agentsafe.executor.metrics import ExecutorMetrics
+from agentsafe.executor.host.metrics import ExecutorMetrics
 
 
 def test_two_instances_do_not_share_counts() -> None:

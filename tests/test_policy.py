@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from agentsafe.executor.errors import PolicyError
-from agentsafe.executor.policy import (
+from agentsafe.executor.policy.policy import (
     PolicyDocument,
     Verdict,
     compile_policy,

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from agentsafe.executor.events import MemorySink
-from agentsafe.executor.posture import (
+from agentsafe.executor.host.posture import (
     ALL_CHECKS,
     NEVER_WAIVED,
     WAIVABLE_CHECKS,
@@ -34,7 +34,7 @@ from agentsafe.executor.posture import (
     check_posture,
     evaluate_posture,
 )
-from agentsafe.executor.secrets import inspect_sources
+from agentsafe.executor.host.secrets import inspect_sources
 
 CHILD = Path(__file__).parent / "support" / "posture_child.py"
 VALUE = "do-not-echo-3f9a"

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from agentsafe.executor.errors import ConfigError
-from agentsafe.executor.principals import Role
-from agentsafe.executor.principals_file import (
+from agentsafe.executor.door.principals_file import (
     PrincipalsDocument,
     PrincipalsFileError,
     load_principals_file,
     parse_principals,
     render_principals_file,
 )
+from agentsafe.executor.errors import ConfigError
+from agentsafe.executor.principals import Role
 
 TENANT = "00000000-0000-4000-8000-000000000001"
 TOKEN = "batch-runner-token-0123456789"

@@ -15,13 +15,13 @@ from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import JournalError
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.intent import CapturedIntent, intent_hash
-from agentsafe.executor.journal import AttemptJournal
-from agentsafe.executor.reconcile import (
+from agentsafe.executor.lifecycle.reconcile import (
     ReconcileResult,
     ReconcileStatus,
     ResolutionStatus,
     reconcile_open_attempts,
 )
+from agentsafe.executor.state.journal import AttemptJournal
 
 NOW = 1_800_000_000.0
 DAY = "2027-01-15"

@@ -17,10 +17,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentsafe.executor.chain import ChainedStreams, open_chained_streams
-from agentsafe.executor.chainverify import verify_chain
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.redact import RedactingLogFilter, Redaction, Redactor
+from agentsafe.executor.evidence.chain import ChainedStreams, open_chained_streams
+from agentsafe.executor.evidence.chainverify import verify_chain
+from agentsafe.executor.evidence.redact import RedactingLogFilter, Redaction, Redactor
 
 
 def pem_keys() -> list[str]:

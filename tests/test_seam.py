@@ -8,11 +8,7 @@ from typing import Any
 import pytest
 
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.errors import AgentSafeError, HandlerError, JournalError, RequestRejected
-from agentsafe.executor.events import MemorySink
-from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
-from agentsafe.executor.principals import Actor, legacy_principal
-from agentsafe.executor.seam import (
+from agentsafe.executor.dispatch.seam import (
     Authorization,
     Dispatch,
     ExecutionContext,
@@ -22,7 +18,11 @@ from agentsafe.executor.seam import (
     ReconcileStatus,
     Registry,
 )
-from agentsafe.executor.transport import TransportError
+from agentsafe.executor.egress.transport import TransportError
+from agentsafe.executor.errors import AgentSafeError, HandlerError, JournalError, RequestRejected
+from agentsafe.executor.events import MemorySink
+from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
+from agentsafe.executor.principals import Actor, legacy_principal
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -18,7 +18,7 @@ import pytest
 
 from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.events import MemorySink
-from agentsafe.executor.secrets import (
+from agentsafe.executor.host.secrets import (
     SECRET_NAMES,
     SecretHandle,
     SecretStore,

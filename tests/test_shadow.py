@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from agentsafe.executor.shadow import ShadowReport
+from agentsafe.executor.lifecycle.shadow import ShadowReport
 
 
 def test_counts_by_action_verdict_and_observation() -> None:

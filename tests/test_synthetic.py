@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from agentsafe.executor.synthetic import SyntheticProvider
+from agentsafe.executor.tools.synthetic import SyntheticProvider
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ async def test_it_says_it_is_synthetic(
         body = await response.json()
     assert body["synthetic"] is True
     assert "SYNTHETIC" in body["description"]
-    assert SyntheticProvider.__module__ == "agentsafe.executor.synthetic"
+    assert SyntheticProvider.__module__ == "agentsafe.executor.tools.synthetic"
     assert "SYNTHETIC" in (sys.modules[SyntheticProvider.__module__].__doc__ or "")
 
 
@@ -123,7 +123,7 @@ async def test_the_module_runs_and_prints_its_url(http: aiohttp.ClientSession) -
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "agentsafe.executor.synthetic",
+        "agentsafe.executor.tools.synthetic",
         "--port",
         "0",
         stdout=asyncio.subprocess.PIPE,
@@ -148,7 +148,7 @@ async def test_the_module_refuses_a_non_loopback_host() -> None:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "agentsafe.executor.synthetic",
+        "agentsafe.executor.tools.synthetic",
         "--host",
         "0.0.0.0",
         stdout=asyncio.subprocess.PIPE,

@@ -16,14 +16,13 @@ import pytest
 from aiohttp import web
 
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.door import Door
+from agentsafe.executor.door.door import Door
+from agentsafe.executor.door.principals_file import parse_principals
 from agentsafe.executor.errors import ConfigError, RequestRejected
 from agentsafe.executor.events import MemorySink
-from agentsafe.executor.metrics import ExecutorMetrics
-from agentsafe.executor.principals import Role
-from agentsafe.executor.principals_file import parse_principals
-from agentsafe.executor.secrets import SecretHandle
-from agentsafe.executor.tlsctx import (
+from agentsafe.executor.host.metrics import ExecutorMetrics
+from agentsafe.executor.host.secrets import SecretHandle
+from agentsafe.executor.host.tlsctx import (
     ReloadingTlsContext,
     TlsSettings,
     build_server_context,
@@ -31,6 +30,7 @@ from agentsafe.executor.tlsctx import (
     peer_certificate_der,
     peer_san_uris,
 )
+from agentsafe.executor.principals import Role
 from agentsafe.executor.windows import DoorWindows
 from tests.support.pki import Issued, TestCA
 

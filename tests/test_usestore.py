@@ -21,7 +21,7 @@ import pytest
 from agentsafe.executor.canonical import sha256_digest
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import StoreError
-from agentsafe.executor.usestore import (
+from agentsafe.executor.state.usestore import (
     DATABASE_NAME,
     RETENTION_SECONDS,
     ApprovalError,

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.errors import ConfigError
-from agentsafe.executor.events import MemorySink
-from agentsafe.executor.principals_file import PrincipalSet, parse_principals
-from agentsafe.executor.workload import (
+from agentsafe.executor.door.principals_file import PrincipalSet, parse_principals
+from agentsafe.executor.door.workload import (
     JwksSource,
     JwtRefused,
     WorkloadVerifier,
     looks_like_jwt,
     parse_jwks,
 )
+from agentsafe.executor.errors import ConfigError
+from agentsafe.executor.events import MemorySink
 from tests.support.pki import TokenSigner, unsigned_token
 
 ISSUER = "https://kubernetes.default.svc.cluster.example"

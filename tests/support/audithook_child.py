@@ -21,8 +21,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from agentsafe.executor import audithook
-from agentsafe.executor.audithook import GuardError, GuardRefused, allowed_egress, install_guard
+from agentsafe.executor.host import audithook
+from agentsafe.executor.host.audithook import (
+    GuardError,
+    GuardRefused,
+    allowed_egress,
+    install_guard,
+)
 
 
 def attempt(fn: Callable[[], Any]) -> str:

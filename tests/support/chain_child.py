@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from agentsafe.executor.chain import open_chained_streams
 from agentsafe.executor.clock import SystemClock
+from agentsafe.executor.evidence.chain import open_chained_streams
 
 
 def main() -> int:

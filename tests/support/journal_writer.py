@@ -13,8 +13,8 @@ from pathlib import Path
 
 from agentsafe.executor.clock import SystemClock
 from agentsafe.executor.intent import DownstreamTarget, capture_intent
-from agentsafe.executor.journal import AttemptJournal
 from agentsafe.executor.principals import Actor, legacy_principal
+from agentsafe.executor.state.journal import AttemptJournal
 
 
 async def main(directory: Path) -> None:

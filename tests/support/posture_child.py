@@ -19,9 +19,9 @@ import types
 from pathlib import Path
 from typing import Any
 
-from agentsafe.executor.audithook import install_guard
 from agentsafe.executor.events import MemorySink
-from agentsafe.executor.posture import (
+from agentsafe.executor.host.audithook import install_guard
+from agentsafe.executor.host.posture import (
     PostureInputs,
     PostureMode,
     PostureRefused,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from agentsafe.executor.clock import SystemClock
 from agentsafe.executor.errors import StoreError
-from agentsafe.executor.usestore import SQLiteUseStore
+from agentsafe.executor.state.usestore import SQLiteUseStore
 
 NOW = 1_800_000_000.0
 
