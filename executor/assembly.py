@@ -15,11 +15,15 @@ from typing import Any
 
 from .clock import Clock
 from .config import CredentialKind, ExecutorConfig
-from .dispatch.forward import DownstreamCredential, StaticHeaderCredential
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.workload import JwksSource, WorkloadVerifier
-from .egress.credentials import PrivateKeyJwtCredential, SignedRequestCredential
+from .egress.credentials import (
+    DownstreamCredential,
+    PrivateKeyJwtCredential,
+    SignedRequestCredential,
+    StaticHeaderCredential,
+)
 from .egress.guard import Destination, GuardedClient
 from .errors import ConfigError
 from .events import Streams

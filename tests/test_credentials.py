@@ -299,7 +299,11 @@ async def test_signed_request_headers() -> None:
             await credential.headers_for(**args)
 
 
-def test_static_header_is_the_forward_modules() -> None:
+def test_the_credential_contract_lives_beside_the_credentials() -> None:
+    """The handler uses the credential contract; the credentials never import the handler."""
     from agentsafe.executor.dispatch import forward
+    from agentsafe.executor.egress import credentials
 
-    assert StaticHeaderCredential is forward.StaticHeaderCredential
+    assert StaticHeaderCredential.__module__ == "agentsafe.executor.egress.credentials"
+    assert not hasattr(forward, "StaticHeaderCredential")
+    assert forward.DownstreamCredential is credentials.DownstreamCredential

@@ -21,11 +21,7 @@ from aiohttp.test_utils import TestServer
 
 from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.dispatch.forward import (
-    ForwardRequestHandler,
-    StaticHeaderCredential,
-    provider_reason,
-)
+from agentsafe.executor.dispatch.forward import ForwardRequestHandler, provider_reason
 from agentsafe.executor.dispatch.seam import (
     Authorization,
     ExecutionContext,
@@ -35,6 +31,7 @@ from agentsafe.executor.dispatch.seam import (
     ReconcileStatus,
     Registry,
 )
+from agentsafe.executor.egress.credentials import StaticHeaderCredential
 from agentsafe.executor.egress.guard import Destination, GuardedClient
 from agentsafe.executor.egress.transport import (
     HttpResponse,

@@ -1,4 +1,4 @@
-"""The reference ``forward_request`` handler, and the static-header downstream credential.
+"""The reference ``forward_request`` handler.
 
 :class:`ForwardRequestHandler` POSTs the verified parameters, as RFC 8785 canonical JSON, to
 ``DOWNSTREAM_URL`` inside ``dispatch.run`` with ``content-type: application/json``,
@@ -28,8 +28,9 @@ is a short printable string; never the body. A refusal's reason comes from a JSO
 :meth:`ForwardRequestHandler.reconcile` GETs ``DOWNSTREAM_LOOKUP_URL`` with ``{idempotency_key}``
 replaced by the URL-quoted key: 404 is NOT_EXECUTED, 2xx COMPLETED, anything else UNKNOWN.
 
-:class:`StaticHeaderCredential` is ``DOWNSTREAM_CREDENTIAL_KIND=STATIC_HEADER``: one header whose
-value is read from a secret handle at the moment it is asked for.
+The credential (:class:`~agentsafe.executor.egress.credentials.DownstreamCredential`) and the
+headers no credential may set (``RESERVED_HEADERS``) come from the egress wing, which knows nothing
+of handlers.
 
 Callers: handler registration in ``serve.py``/``app.py``; the demo; the integration tests.
 """
@@ -39,11 +40,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote
 
 from ..canonical import canonical_json
+from ..egress.credentials import RESERVED_HEADERS, DownstreamCredential
 from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import ConfigError, HandlerError
 from .seam import (
@@ -56,89 +57,16 @@ from .seam import (
 
 __all__ = [
     "MAX_TIMEOUT_MS",
-    "DownstreamCredential",
     "ForwardRequestHandler",
-    "StaticHeaderCredential",
     "provider_reason",
 ]
 
 MAX_TIMEOUT_MS = 15_000
 PLACEHOLDER = "{idempotency_key}"
-_RESERVED_HEADERS = frozenset(
-    {
-        "content-type",
-        "content-length",
-        "host",
-        "idempotency-key",
-        "x-agent-safe-intent-hash",
-        "x-agent-safe-dossier-id",
-        "x-agent-safe-grant-id",
-        "x-agent-safe-decision-id",
-        "x-agent-safe-claim-attestation",
-    }
-)
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _REFERENCE = re.compile(r"^[\x21-\x7e]{1,128}$")
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]{2,2048}\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,512}$")
 _UNKNOWN_4XX = frozenset({408, 409})
 _UNREPRESENTABLE = re.compile(r"[/%\\]")
-
-
-class SecretHandle(Protocol):
-    """The ``secrets.py`` handle contract, restated structurally so this module stands alone."""
-
-    name: str
-
-    def reveal(self) -> AbstractContextManager[bytearray]: ...
-
-
-class DownstreamCredential(Protocol):
-    async def headers_for(
-        self,
-        *,
-        method: str,
-        url: str,
-        body: bytes,
-        idempotency_key: str,
-        intent_hash: str,
-        grant_id: str | None = None,
-        decision_id: str | None = None,
-        attestation: str | None = None,
-    ) -> dict[str, str]: ...
-
-
-class StaticHeaderCredential:
-    """One fixed header (``DOWNSTREAM_CREDENTIAL_HEADER``) carrying a secret's value."""
-
-    def __init__(self, header: str, secret: SecretHandle) -> None:
-        if not _TOKEN.match(header) or header.lower() in _RESERVED_HEADERS:
-            raise ConfigError("DOWNSTREAM_CREDENTIAL_HEADER", "not a usable header name")
-        self._header = header.lower()
-        self._secret = secret
-
-    def __repr__(self) -> str:
-        return f"StaticHeaderCredential(header={self._header!r})"
-
-    async def headers_for(
-        self,
-        *,
-        method: str,
-        url: str,
-        body: bytes,
-        idempotency_key: str,
-        intent_hash: str,
-        grant_id: str | None = None,
-        decision_id: str | None = None,
-        attestation: str | None = None,
-    ) -> dict[str, str]:
-        with self._secret.reveal() as value:
-            try:
-                text = bytes(value).decode("ascii")
-            except UnicodeDecodeError:
-                text = ""
-        if not text or any(ch in text for ch in "\r\n\0") or text != text.strip():
-            raise HandlerError("the downstream credential is unusable", code="CREDENTIAL_INVALID")
-        return {self._header: text}
 
 
 def provider_reason(status: int, body: bytes) -> str:
@@ -232,7 +160,7 @@ class ForwardRequestHandler:
                 key = name.lower()
                 # A signing credential returns the covered headers beside its signature: they
                 # must be exactly the values sent, and it may set no other reserved header.
-                if key in _RESERVED_HEADERS and headers.get(key) != value:
+                if key in RESERVED_HEADERS and headers.get(key) != value:
                     raise HandlerError(
                         "the credential tried to set a reserved header", code="CREDENTIAL_INVALID"
                     )
@@ -284,7 +212,7 @@ class ForwardRequestHandler:
                     method="GET", url=url, body=b"", idempotency_key=idempotency_key, intent_hash=""
                 )
                 headers.update(
-                    (k, v) for k, v in extra.items() if k.lower() not in _RESERVED_HEADERS
+                    (k, v) for k, v in extra.items() if k.lower() not in RESERVED_HEADERS
                 )
             response = await self._transport.request(
                 "GET", url, headers=headers, body=None, timeout=self._timeout

@@ -3,7 +3,8 @@
 Role: ``DOWNSTREAM_CREDENTIAL_KIND`` selects one :class:`DownstreamCredential`; a handler asks it
 for headers at the moment of dispatch (before the point of no return) and never holds a value.
 
-* STATIC_HEADER: :class:`StaticHeaderCredential` (defined in ``forward.py``, re-exported here).
+* STATIC_HEADER: :class:`StaticHeaderCredential`, one header (``DOWNSTREAM_CREDENTIAL_HEADER``)
+  whose value is read from a secret handle at the moment it is asked for.
 * PRIVATE_KEY_JWT: :class:`PrivateKeyJwtCredential`, OAuth 2.0 client credentials with a
   ``private_key_jwt`` client assertion (ES256 or PS256) posted through the egress guard; the
   access token is held in a secret handle until thirty seconds before it expires, one refresh in
@@ -11,6 +12,8 @@ for headers at the moment of dispatch (before the point of no return) and never 
 * SIGNED_REQUEST: :class:`SignedRequestCredential`, an RFC 9421 signature (label ``agentsafe``)
   with an RFC 9530 ``content-digest`` over method, path, body, idempotency key, intent hash and,
   on a dispatch, grant, decision and the authority's claim attestation.
+
+:data:`RESERVED_HEADERS` are the headers a handler sets itself; no credential may supply one.
 
 A credential that cannot produce headers raises :class:`CredentialUnavailable`; the handler maps it
 to FAILED_BEFORE_DISPATCH (nothing was sent). Callers: ``serve.py`` (construction from the
@@ -24,7 +27,8 @@ import base64
 import json
 import re
 import uuid
-from typing import Any, Literal
+from contextlib import AbstractContextManager
+from typing import Any, Final, Literal, Protocol
 from urllib.parse import urlencode
 
 from cryptography.hazmat.primitives import hashes, serialization
@@ -35,8 +39,7 @@ from yarl import URL
 
 from ..canonical import canonical_json
 from ..clock import Clock, SystemClock
-from ..dispatch.forward import DownstreamCredential, SecretHandle, StaticHeaderCredential
-from ..errors import AgentSafeError, ConfigError
+from ..errors import AgentSafeError, ConfigError, HandlerError
 from ..grants import b64url_encode
 from ..host.secrets import SecretHandle as HeldSecret
 from .httpsig import (
@@ -51,6 +54,7 @@ from .transport import Transport, TransportError
 
 __all__ = [
     "CLIENT_ASSERTION_TYPE",
+    "RESERVED_HEADERS",
     "CredentialUnavailable",
     "DownstreamCredential",
     "PrivateKeyJwtCredential",
@@ -63,6 +67,80 @@ ASSERTION_LIFETIME_S = 60
 REFRESH_MARGIN_S = 30
 _TOKEN68 = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
 _MAX_TOKEN_LENGTH = 8192
+
+
+RESERVED_HEADERS: Final = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "host",
+        "idempotency-key",
+        "x-agent-safe-intent-hash",
+        "x-agent-safe-dossier-id",
+        "x-agent-safe-grant-id",
+        "x-agent-safe-decision-id",
+        "x-agent-safe-claim-attestation",
+    }
+)
+"""Headers the handler sets itself: no credential (and no configured header) may supply one."""
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+class SecretHandle(Protocol):
+    """The ``secrets.py`` handle contract, restated structurally so this module stands alone."""
+
+    name: str
+
+    def reveal(self) -> AbstractContextManager[bytearray]: ...
+
+
+class DownstreamCredential(Protocol):
+    async def headers_for(
+        self,
+        *,
+        method: str,
+        url: str,
+        body: bytes,
+        idempotency_key: str,
+        intent_hash: str,
+        grant_id: str | None = None,
+        decision_id: str | None = None,
+        attestation: str | None = None,
+    ) -> dict[str, str]: ...
+
+
+class StaticHeaderCredential:
+    """One fixed header (``DOWNSTREAM_CREDENTIAL_HEADER``) carrying a secret's value."""
+
+    def __init__(self, header: str, secret: SecretHandle) -> None:
+        if not _HEADER_NAME.match(header) or header.lower() in RESERVED_HEADERS:
+            raise ConfigError("DOWNSTREAM_CREDENTIAL_HEADER", "not a usable header name")
+        self._header = header.lower()
+        self._secret = secret
+
+    def __repr__(self) -> str:
+        return f"StaticHeaderCredential(header={self._header!r})"
+
+    async def headers_for(
+        self,
+        *,
+        method: str,
+        url: str,
+        body: bytes,
+        idempotency_key: str,
+        intent_hash: str,
+        grant_id: str | None = None,
+        decision_id: str | None = None,
+        attestation: str | None = None,
+    ) -> dict[str, str]:
+        with self._secret.reveal() as value:
+            try:
+                text = bytes(value).decode("ascii")
+            except UnicodeDecodeError:
+                text = ""
+        if not text or any(ch in text for ch in "\r\n\0") or text != text.strip():
+            raise HandlerError("the downstream credential is unusable", code="CREDENTIAL_INVALID")
+        return {self._header: text}
 
 
 class CredentialUnavailable(AgentSafeError):
