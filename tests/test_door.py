@@ -14,8 +14,6 @@ from agentsafe.executor.door.door import (
     Door,
     LegacyCaller,
     check_action,
-    check_intent_owner,
-    check_separation,
 )
 from agentsafe.executor.door.principals_file import PrincipalSet, parse_principals
 from agentsafe.executor.door.workload import JwksSource, WorkloadVerifier
@@ -23,7 +21,12 @@ from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.events import MemorySink
 from agentsafe.executor.host.metrics import ExecutorMetrics
 from agentsafe.executor.host.secrets import SecretHandle
-from agentsafe.executor.intent import DownstreamTarget, capture_intent
+from agentsafe.executor.intent import (
+    DownstreamTarget,
+    capture_intent,
+    check_intent_owner,
+    check_separation,
+)
 from agentsafe.executor.principals import Actor, Principal, Role, legacy_principal
 from agentsafe.executor.windows import DoorWindows, LockoutRule, RateRule
 from tests.support.pki import TestCA, TokenSigner

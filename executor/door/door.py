@@ -28,10 +28,11 @@ token, read from its secret handle on every request (so a rotated token applies 
 request) and compared as SHA-256 digests in constant time. With a client CA configured, legacy
 mode requires a certificate (verified by the TLS handshake) together with the token.
 
-Also here, the request-time checks the pipeline and routes use after the door:
-:func:`check_action`, :func:`check_intent_owner`, :func:`check_separation`.
+Also here, the request-time check of an authenticated principal before any intent is captured:
+:func:`check_action`. The checks on a captured intent (owner, separation of duties) are in
+``intent.py``: the door runs before any intent exists and never imports it.
 
-Callers: ``app.py`` (every non-public route), the pipeline (action, owner and separation checks).
+Callers: ``app.py`` (every non-public route), the pipeline (the action check).
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ from ..errors import RequestRejected
 from ..events import EventSink
 from ..host.metrics import ExecutorMetrics
 from ..host.tlsctx import certificate_sha256, peer_san_uris
-from ..intent import CapturedIntent
 from ..principals import Principal, Role
 from ..windows import DoorWindows, RateRule
 from .principals_file import MtlsCredential, PrincipalRecord, PrincipalSet
@@ -59,8 +59,6 @@ __all__ = [
     "LegacyCaller",
     "TokenHandle",
     "check_action",
-    "check_intent_owner",
-    "check_separation",
 ]
 
 
@@ -311,30 +309,4 @@ def check_action(principal: Principal, action: str) -> None:
             403,
             "ACTION_NOT_PERMITTED_FOR_PRINCIPAL",
             "the caller may not propose this action",
-        )
-
-
-def check_intent_owner(principal: Principal, intent: CapturedIntent) -> None:
-    """A reconciliation or escalation may present only the caller's own intent (403)."""
-    owner = intent.caller_principal
-    if owner is None or not hmac.compare_digest(owner.encode(), principal.id.encode()):
-        raise RequestRejected(
-            403, "INTENT_PRINCIPAL_MISMATCH", "the intent belongs to another principal"
-        )
-
-
-def check_separation(approver: Principal, intent: CapturedIntent) -> None:
-    """An approver may never decide an intent its own actor (or id) proposed (422)."""
-    proposer_actor = intent.binding.get("actor")
-    proposer_actor_id = proposer_actor.get("id") if isinstance(proposer_actor, dict) else None
-    names = {approver.id}
-    if approver.actor is not None:
-        names.add(approver.actor.id)
-    if approver.role is not Role.APPROVER:
-        raise RequestRejected(403, "ROLE_FORBIDDEN", "only an approver may decide")
-    if proposer_actor_id in names or intent.caller_principal in names:
-        raise RequestRejected(
-            422,
-            "SEPARATION_OF_DUTIES_VIOLATED",
-            "an approver may not decide an intent it proposed",
         )
