@@ -4,8 +4,8 @@ Every outcome path runs through the seam, ``egress.GuardedClient`` (the executor
 client, here with loopback destinations under the development/test allowance
 ``allow_insecure_loopback=True``) and the synthetic provider, or, for answers the synthetic
 provider never gives, a small aiohttp server on loopback. The guard's own refusals (the SSRF
-corpus, TLS, pins, body and redirect handling in isolation) are in ``test_egress.py`` and
-``test_egress_ssrf.py``; here they are asserted only as the seam reports them.
+corpus, TLS, pins, body and redirect handling in isolation) are in ``tests/egress/test_guard.py``
+and ``test_guard_ssrf.py``; here they are asserted only as the seam reports them.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import pytest
 from agentsafe.executor.events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
 from agentsafe.executor.evidence import chainverify as cv
 
-CHILD = Path(__file__).parent / "support" / "chain_child.py"
+CHILD = Path(__file__).resolve().parents[1] / "support" / "chain_child.py"
 pytestmark = pytest.mark.slow
 
 

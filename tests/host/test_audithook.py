@@ -17,7 +17,7 @@ import pytest
 
 from agentsafe.executor.host import audithook
 
-CHILD = Path(__file__).parent / "support" / "audithook_child.py"
+CHILD = Path(__file__).resolve().parents[1] / "support" / "audithook_child.py"
 CONNECT = "refused:GUARD_CONNECT_REFUSED"
 CHILD_PROC = "refused:GUARD_CHILD_PROCESS_REFUSED"
 WRITE = "refused:GUARD_FS_WRITE_REFUSED"

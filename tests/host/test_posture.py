@@ -36,7 +36,7 @@ from agentsafe.executor.host.posture import (
 )
 from agentsafe.executor.host.secrets import inspect_sources
 
-CHILD = Path(__file__).parent / "support" / "posture_child.py"
+CHILD = Path(__file__).resolve().parents[1] / "support" / "posture_child.py"
 VALUE = "do-not-echo-3f9a"
 GUARD_OK = {
     "SOCKET_GUARD_ABSENT": True,

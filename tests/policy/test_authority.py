@@ -42,7 +42,7 @@ from agentsafe.executor.policy.authority import (
 from agentsafe.executor.policy.policy import compile_policy, parse_policy
 from agentsafe.executor.principals import Actor, Principal, Role
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE: dict[str, Any] = yaml.safe_load((REPO / "examples" / "policy.yaml").read_text())
 TARGET = DownstreamTarget(system="bank", operation="payout", endpoint="https://bank.test/p")
 PROPOSER = Principal(

@@ -19,7 +19,7 @@ from agentsafe.executor.policy.policy import (
     parse_policy,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "policy.yaml"
 
 

@@ -33,7 +33,7 @@ from agentsafe.executor.state.journal import (
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 DAY = "2027-01-15"
-WRITER_SCRIPT = Path(__file__).parent / "support" / "journal_writer.py"
+WRITER_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "journal_writer.py"
 
 
 def make_intent(number: int = 1, *, padding: str = "") -> CapturedIntent:

@@ -34,7 +34,7 @@ from agentsafe.executor.state.usestore import (
 )
 
 NOW = 1_800_000_000.0
-RACE_SCRIPT = Path(__file__).parent / "support" / "usestore_race.py"
+RACE_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "usestore_race.py"
 
 
 @pytest.fixture

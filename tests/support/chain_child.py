@@ -1,4 +1,4 @@
-"""A tiny process that writes chained evidence, for tests/test_chain_process.py.
+"""A tiny process that writes chained evidence, for tests/evidence/test_chain_process.py.
 
 Usage: chain_child.py <journal_dir> <count> <checkpoint_lines> <then>
 Writes <count> events on the evidence stream (stdout) and, every fifth, one on the security stream

@@ -1,4 +1,4 @@
-"""A separate process racing on a shared use store (tests/test_usestore.py).
+"""A separate process racing on a shared use store (tests/state/test_usestore.py).
 
 Usage: ``python usestore_race.py STATE_DIR MODE COUNT ARG...``. The process opens the store, prints
 ``READY``, then blocks reading one line from standard input so the parent can release every

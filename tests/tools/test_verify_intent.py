@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-VECTORS = Path(__file__).parent / "conformance" / "agent-safe-intent"
+VECTORS = Path(__file__).resolve().parents[1] / "conformance" / "agent-safe-intent"
 AGENTSAFE = str(Path(sys.executable).parent / "agentsafe")
 
 
