@@ -8,7 +8,7 @@ on the models themselves), and the handlers re-validate every stored object thro
 acting on it.
 
 ``spec.policy`` of an AgentPolicy *is* the executor's
-:class:`~agentsafe.executor.policy.PolicyDocument`; the enumerations are the executor's own
+:class:`~agentsafe.executor.policy.policy.PolicyDocument`; the enumerations are the executor's own
 (:mod:`agentsafe.executor.config`). Nothing here copies them.
 
 Callers: ``crds.py`` (schemas), ``handlers.py`` (parsing), ``render/*`` (rendering).
@@ -31,7 +31,7 @@ from agentsafe.executor.config import (
     SigningAlgorithm,
     TlsMinVersion,
 )
-from agentsafe.executor.policy import PolicyDocument
+from agentsafe.executor.policy.policy import PolicyDocument
 
 __all__ = [
     "API_VERSION",
