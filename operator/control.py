@@ -9,8 +9,9 @@ present, else the certificate itself, pinned). Each pod's answer is one
 :class:`ControlResult`; a refusal carries the HTTP status and the executor's error code, never
 the body.
 
-The reason is cut to the executor's own bound (:data:`~agentsafe.executor.halt.MAX_REASON_CHARS`)
-so that a long HaltSwitch reason is never a refused call.
+The reason is cut to the executor's own bound
+(:data:`~agentsafe.executor.host.halt.MAX_REASON_CHARS`) so that a long HaltSwitch reason is
+never a refused call.
 
 Callers: ``halt.py`` (:func:`~.halt.enforce_halt`), ``runtime.py`` (the default client), the tests.
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from agentsafe.executor.halt import MAX_REASON_CHARS
+from agentsafe.executor.host.halt import MAX_REASON_CHARS
 
 __all__ = [
     "ControlClient",

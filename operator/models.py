@@ -8,13 +8,14 @@ on the models themselves), and the reconcile steps re-validate every stored obje
 before acting on it.
 
 ``spec.policy`` of an AgentPolicy *is* the executor's
-:class:`~agentsafe.executor.policy.PolicyDocument`; the enumerations, the numeric ranges and the
-value rules the executor enforces on what a resource renders into are the executor's own,
+:class:`~agentsafe.executor.policy.policy.PolicyDocument`; the enumerations, the numeric ranges
+and the value rules the executor enforces on what a resource renders into are the executor's own,
 imported: its configuration's (:mod:`agentsafe.executor.config`: modes, credential kinds,
 intent TTL, downstream timeout, host-ceiling windows, currency codes, text length), its
-principals file's (:mod:`agentsafe.executor.principals_file`: roles, operator scopes, how many
-actions and scopes, SAN URIs, digests) and its halt's (the longest reason). Nothing here copies
-them; what stays here is what only the custom resources say (replicas, journal size, names).
+principals file's (:mod:`agentsafe.executor.door.principals_file`: roles, operator scopes, how
+many actions and scopes, SAN URIs, digests) and its halt's (the longest reason). Nothing here
+copies them; what stays here is what only the custom resources say (replicas, journal size,
+names).
 
 Callers: ``crds.py`` (schemas); ``reconcile.py``, ``halt.py``, ``readiness.py`` and
 ``render/halt.py`` (parsing); ``render/*`` (rendering); ``resources.py`` and ``handlers.py`` (the
@@ -47,16 +48,16 @@ from agentsafe.executor.config import (
     SigningAlgorithm,
     TlsMinVersion,
 )
-from agentsafe.executor.halt import MAX_REASON_CHARS
-from agentsafe.executor.policy import PolicyDocument
-from agentsafe.executor.principals import Role
-from agentsafe.executor.principals_file import (
+from agentsafe.executor.door.principals_file import (
     MAX_ALLOWED_ACTIONS,
     MAX_SCOPES,
     OPERATOR_SCOPES,
     SanUri,
     Sha256Hex,
 )
+from agentsafe.executor.host.halt import MAX_REASON_CHARS
+from agentsafe.executor.policy.policy import PolicyDocument
+from agentsafe.executor.principals import Role
 
 __all__ = [
     "API_VERSION",

@@ -2,7 +2,7 @@
 
 Role: the downstream of the end-to-end scenario. An AgentPolicy's downstream is ``https``
 (the operator renders a production environment, which refuses plain ``http``), so the
-synthetic provider's own application (:class:`agentsafe.executor.synthetic.SyntheticProvider`)
+synthetic provider's own application (:class:`agentsafe.executor.tools.synthetic.SyntheticProvider`)
 is served here behind a certificate for ``127.0.0.1`` made by the scenario. It moves no money.
 
 Usage: ``python tls_provider.py --cert C --key K --port-file F``; writes the port to ``F`` once
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from agentsafe.executor.synthetic import SyntheticProvider
+from agentsafe.executor.tools.synthetic import SyntheticProvider
 
 
 async def _serve(cert: Path, key: Path, port_file: Path) -> None:

@@ -1,8 +1,8 @@
 """Everything one AgentPolicy becomes, in the order it is applied.
 
 :func:`render_children` compiles the policy first (the executor's
-:func:`~agentsafe.executor.policy.compile_policy`): an invalid CEL expression or parameter schema
-is a ``RenderError`` with reason ``PolicyInvalid`` and the compiler's message, and nothing is
+:func:`~agentsafe.executor.policy.policy.compile_policy`): an invalid CEL expression or parameter
+schema is a ``RenderError`` with reason ``PolicyInvalid`` and the compiler's message, and nothing is
 rendered, so existing children stay as they were.
 
 Callers: ``render/__init__.py``, which re-exports it; the tests.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentsafe.executor.errors import PolicyError
-from agentsafe.executor.policy import CompiledPolicy, compile_policy
+from agentsafe.executor.policy.policy import CompiledPolicy, compile_policy
 
 from ..models import ConditionReason
 from .common import RenderError, RenderInput

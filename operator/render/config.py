@@ -1,16 +1,16 @@
 """The policy ConfigMap, the principals file in it, and the Secrets the operator generates.
 
 The ConfigMap ``<policy>-executor-config`` holds ``policy.json`` (the executor's
-:class:`~agentsafe.executor.policy.PolicyDocument`, exactly ``spec.policy``), ``principals.json``
-(an ``agent-safe.principals/1`` :class:`~agentsafe.executor.principals_file.PrincipalsDocument`
-built from the selected Principals plus the operator's own OPERATOR principal) and
-``jwks.json`` (the cluster's service-account JWKS). The halt key is not rendered here: it is
-rendered by ``render/halt.py`` and applied by ``operator/halt.py`` under its own field manager.
-No Secret value is ever rendered: a bearer Principal contributes the SHA-256 of its token,
-resolved by ``reconcile.py``.
+:class:`~agentsafe.executor.policy.policy.PolicyDocument`, exactly ``spec.policy``),
+``principals.json`` (an ``agent-safe.principals/1``
+:class:`~agentsafe.executor.door.principals_file.PrincipalsDocument` built from the selected
+Principals plus the operator's own OPERATOR principal) and ``jwks.json`` (the cluster's
+service-account JWKS). The halt key is not rendered here: it is rendered by ``render/halt.py``
+and applied by ``operator/halt.py`` under its own field manager. No Secret value is ever
+rendered: a bearer Principal contributes the SHA-256 of its token, resolved by ``reconcile.py``.
 
 The principals document is checked with the executor's own rules
-(:func:`~agentsafe.executor.principals_file.build_principal_set`) before anything is applied.
+(:func:`~agentsafe.executor.door.principals_file.build_principal_set`) before anything is applied.
 
 Callers: ``render/children.py``, ``render/workload.py``, ``render/halt.py``, ``reconcile.py``
 and ``operator/halt.py`` (the key names), the tests.
@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agentsafe.executor.canonical import canonical_json
-from agentsafe.executor.principals_file import (
+from agentsafe.executor.door.principals_file import (
     ActorModel,
     BearerCredential,
     MtlsCredential,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentsafe.executor.harness import DEMO_TENANT
+from agentsafe.executor.tools.harness import DEMO_TENANT
 
 OPERATOR_ID = "ops-oncall"
 

@@ -31,9 +31,9 @@ from typing import Any
 import aiohttp
 
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.harness import Workspace, free_port
 from agentsafe.executor.serve import Executor, assemble
-from agentsafe.executor.synthetic import SyntheticProvider
+from agentsafe.executor.tools.harness import Workspace, free_port
+from agentsafe.executor.tools.synthetic import SyntheticProvider
 from tests.support.pki import Issued, TestCA, TokenSigner
 
 __all__ = [

@@ -20,7 +20,7 @@ import kopf
 import pytest
 from aiohttp import web
 
-from agentsafe.executor.principals_file import parse_principals
+from agentsafe.executor.door.principals_file import parse_principals
 from agentsafe.operator.apply import ApiError
 from agentsafe.operator.handlers import (
     build_registry,

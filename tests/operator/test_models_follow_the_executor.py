@@ -15,9 +15,9 @@ import pytest
 from pydantic import BaseModel
 
 from agentsafe.executor.config import ExecutorConfig
-from agentsafe.executor.halt import MAX_REASON_CHARS
+from agentsafe.executor.door.principals_file import OPERATOR_SCOPES, PrincipalEntry
+from agentsafe.executor.host.halt import MAX_REASON_CHARS
 from agentsafe.executor.principals import Role
-from agentsafe.executor.principals_file import OPERATOR_SCOPES, PrincipalEntry
 from agentsafe.operator.crds import structural_schema
 from agentsafe.operator.models import AgentPolicySpec, HaltSwitchSpec, PrincipalSpec
 

@@ -13,8 +13,8 @@ import kubernetes_validate
 import pytest
 
 from agentsafe.executor.config import load_config
-from agentsafe.executor.policy import load_policy
-from agentsafe.executor.principals_file import load_principals_file, parse_principals
+from agentsafe.executor.door.principals_file import load_principals_file, parse_principals
+from agentsafe.executor.policy.policy import load_policy
 from agentsafe.operator.models import AgentPolicySpec, PrincipalSpec
 from agentsafe.operator.podsecurity import restricted_violations
 from agentsafe.operator.render import (
