@@ -14,7 +14,7 @@
 
 ``Pipeline.reconcile`` is the stateless, read-only ``POST /v1/reconciliations``.
 
-Callers: ``app.py`` (HTTP), ``serve.py`` (assembly), tests.
+Callers: ``routes/app.py`` (HTTP), ``serve.py`` (assembly), tests.
 """
 
 from __future__ import annotations
