@@ -6,10 +6,11 @@ a :class:`~agentsafe.executor.errors.ConfigError` that names the variable and ne
 (exit status 78). ``CONFIG_KEYS`` is the list of every variable; ``docs/configuration.md`` is its
 table for people.
 
-Callers: ``serve.py`` (start order: configuration comes second, after the audit hook),
-``cli.py`` (``agentsafe config`` through :func:`describe_config` and :func:`render_config_table`),
-``secrets.py`` (which secrets were given and how, through :meth:`ExecutorConfig.secret_source`),
-and the operator, which renders an executor's environment from the same list.
+Callers: ``serve.py`` (start order: configuration comes second, after the audit hook) and
+``assembly.py``, ``cli.py`` (``agentsafe config`` through :func:`describe_config` and
+:func:`render_config_table`), ``host/secrets.py`` (which secrets were given and how, through
+:meth:`ExecutorConfig.secret_source`), ``host/posture.py``, and the operator, which renders an
+executor's environment from the same list.
 
 Why a plain pydantic model and not pydantic-settings: the environment is taken as an explicit
 mapping (tests and ``agentsafe config`` pass their own), every ``EXECUTOR_*``/``DOWNSTREAM_*``
