@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: help venv demo test lint format typecheck unit e2e e2e-build e2e-kind bench clean
+.PHONY: help venv demo test lint format typecheck unit e2e e2e-build e2e-kind bench clean policy-test
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
@@ -17,6 +17,7 @@ help:
 	@echo "make format     ruff format and ruff check --fix"
 	@echo "make typecheck  mypy --strict on executor/ and operator/"
 	@echo "make unit       the test suite only (tests/)"
+	@echo "make policy-test  the examples' policy tests (agentsafe policy test examples)"
 	@echo "make e2e        the end-to-end suite against a real kube-apiserver (builds it once)"
 	@echo "make e2e-kind   the same scenarios on kind (needs docker, kind, kubectl, helm)"
 	@echo "make bench      benchmarks/ (prints ratios to a raw aiohttp baseline)"
@@ -65,7 +66,11 @@ e2e-build: $(STAMP)
 e2e-kind: $(STAMP)
 	bash e2e/kind/run.sh
 
-test: lint typecheck unit e2e
+# issue 23: the policies under examples/ ship with <policy>.test.yaml files (docs/policy-testing.md).
+policy-test: $(STAMP)
+	$(BIN)/agentsafe policy test examples
+
+test: lint typecheck unit policy-test e2e
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/lifecycle.py

@@ -51,9 +51,11 @@ __all__ = [
     "PolicyDocument",
     "Rule",
     "Verdict",
+    "build_validator",
     "compile_policy",
     "load_policy",
     "parse_policy",
+    "read_document",
 ]
 
 MAX_POLICY_BYTES = 1024 * 1024
@@ -189,24 +191,37 @@ def parse_policy(data: Any) -> PolicyDocument:
 
 def load_policy(path: str | Path) -> PolicyDocument:
     """Read a policy from a YAML or JSON file (``.json`` parsed strictly as JSON)."""
+    return parse_policy(read_document(path, code="POLICY_INVALID", what="policy file"))
+
+
+def read_document(path: str | Path, *, code: str, what: str) -> Any:
+    """Read one YAML or JSON document the way a policy is read (at most
+    :data:`MAX_POLICY_BYTES`, UTF-8, duplicate keys refused, ``.json`` parsed strictly as JSON);
+    refusals carry ``code`` (``policy/trial.py`` reads test files with it)."""
     file = Path(path)
     try:
         with file.open("rb") as handle:
             raw = handle.read(MAX_POLICY_BYTES + 1)
     except OSError:
         raise PolicyError(
-            f"cannot read policy file {file.name}", code="POLICY_FILE_UNREADABLE"
+            f"cannot read {what} {file.name}", code="POLICY_FILE_UNREADABLE"
         ) from None
     if len(raw) > MAX_POLICY_BYTES:
-        raise PolicyError(
-            f"policy file is larger than {MAX_POLICY_BYTES} bytes", code="POLICY_INVALID"
-        )
+        raise PolicyError(f"{what} is larger than {MAX_POLICY_BYTES} bytes", code=code)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise PolicyError("policy file is not UTF-8", code="POLICY_INVALID") from None
-    data = _load_json(text) if file.suffix.lower() == ".json" else _load_yaml(text)
-    return parse_policy(data)
+        raise PolicyError(f"{what} is not UTF-8", code=code) from None
+    try:
+        data = _load_json(text) if file.suffix.lower() == ".json" else _load_yaml(text)
+        _check_json_types(data, "")
+    except PolicyError as exc:
+        if exc.code == code:
+            raise
+        refusal = PolicyError(str(exc), code=code)
+        refusal.path = exc.path
+        raise refusal from None
+    return data
 
 
 def compile_policy(
@@ -226,7 +241,7 @@ def compile_policy(
                 path=f"{base}.handler",
                 code="POLICY_HANDLER_UNKNOWN",
             )
-        validator = _build_validator(action.parameters, path=f"{base}.parameters")
+        validator = build_validator(action.parameters, path=f"{base}.parameters")
         rules = tuple(
             CompiledRule(
                 name=rule.name,
@@ -244,7 +259,7 @@ def compile_policy(
     return CompiledPolicy(document=doc, actions=actions, digest=sha256_digest(doc.as_json()))
 
 
-def _build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
+def build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
     validator_class = jsonschema.Draft202012Validator
     declared = schema.get("$schema")
     if declared is not None and declared != "https://json-schema.org/draft/2020-12/schema":
