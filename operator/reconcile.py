@@ -7,8 +7,8 @@ grant signing key once, renders every child with the pure ``render`` package and
 with server-side apply, prunes the agent-namespace NetworkPolicies it no longer renders,
 writes the halt key (``halt.sync_halt``) and decides ``Ready`` (``readiness.py``). A
 ``RenderError`` (invalid policy, a failing case of ``spec.tests``, missing Secret, Principals
-or configuration the executor would refuse) leaves every child untouched and is reported as ``Reconciled=False`` and
-``Ready=False`` with its reason. The result is a :class:`PolicyOutcome`: the status and the
+or configuration the executor would refuse) leaves every child untouched and is reported as
+``Reconciled=False`` and ``Ready=False`` with its reason. The result is a :class:`PolicyOutcome`: the status and the
 Event to post.
 
 :func:`reconcile_principal` is a Principal's side: every AgentPolicy that selected it (old
@@ -188,8 +188,8 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
 
     Raises :class:`InvalidSpec` for a stored object that does not validate, ``ApiError`` for
     the API server's refusals. A ``RenderError`` (invalid policy, a failing case of
-    ``spec.tests``, missing Secret, principals or configuration the executor would refuse) leaves every child untouched and is reported
-    as ``Ready=False`` with its reason.
+    ``spec.tests``, missing Secret, principals or configuration the executor would refuse)
+    leaves every child untouched and is reported as ``Ready=False`` with its reason.
     """
     ref = policy_ref(body)
     previous = stored_conditions(body)
