@@ -8,8 +8,8 @@ with server-side apply, prunes the agent-namespace NetworkPolicies it no longer 
 writes the halt key (``halt.sync_halt``) and decides ``Ready`` (``readiness.py``). A
 ``RenderError`` (invalid policy, a failing case of ``spec.tests``, missing Secret, Principals
 or configuration the executor would refuse) leaves every child untouched and is reported as
-``Reconciled=False`` and ``Ready=False`` with its reason. The result is a :class:`PolicyOutcome`: the status and the
-Event to post.
+``Reconciled=False`` and ``Ready=False`` with its reason. The result is a
+:class:`PolicyOutcome`: the status and the Event to post.
 
 :func:`reconcile_principal` is a Principal's side: every AgentPolicy that selected it (old
 labels) or selects it (new labels) is reconciled again and its status written, and the
