@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: help venv demo test lint format typecheck unit e2e e2e-build e2e-kind bench clean policy-test
+.PHONY: help venv demo test lint format typecheck unit e2e e2e-build e2e-kind bench clean policy-test fuzz-smoke fuzz
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
@@ -18,6 +18,8 @@ help:
 	@echo "make typecheck  mypy --strict on executor/ and operator/"
 	@echo "make unit       the test suite only (tests/)"
 	@echo "make policy-test  the examples' policy tests (agentsafe policy test examples)"
+	@echo "make fuzz-smoke   a few seconds of every atheris fuzz target (tests/fuzz/)"
+	@echo "make fuzz       FUZZ_TARGET=name FUZZ_RUNS=1000000: one target at length (docs/fuzzing.md)"
 	@echo "make e2e        the end-to-end suite against a real kube-apiserver (builds it once)"
 	@echo "make e2e-kind   the same scenarios on kind (needs docker, kind, kubectl, helm)"
 	@echo "make bench      benchmarks/ (prints ratios to a raw aiohttp baseline)"
@@ -70,7 +72,18 @@ e2e-kind: $(STAMP)
 policy-test: $(STAMP)
 	$(BIN)/agentsafe policy test examples
 
-test: lint typecheck unit policy-test e2e
+# issue 23: one atheris target per parser of untrusted input (docs/fuzzing.md). The corpus in
+# tests/fuzz/corpus/ is replayed by `make unit`; fuzz-smoke fuzzes each target briefly.
+FUZZ_SECONDS ?= 3
+FUZZ_TARGET  ?= body
+FUZZ_RUNS    ?= 1000000
+fuzz-smoke: $(STAMP)
+	$(BIN)/python tests/fuzz/run.py --smoke $(FUZZ_SECONDS)
+
+fuzz: $(STAMP)
+	nice $(BIN)/python tests/fuzz/run.py $(FUZZ_TARGET) -runs=$(FUZZ_RUNS) -print_final_stats=1
+
+test: lint typecheck unit policy-test fuzz-smoke e2e
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/lifecycle.py

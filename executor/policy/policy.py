@@ -349,6 +349,11 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     out: dict[Any, Any] = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, str | int | float | bool | None):  # [1]: x, {a: 1}: x
+            raise PolicyError(
+                f"keys must be strings (line {key_node.start_mark.line + 1})",
+                code="POLICY_INVALID",
+            )
         if key in out:
             raise PolicyError(
                 f"key {key!r} appears twice (line {key_node.start_mark.line + 1})",
@@ -368,3 +373,9 @@ def _load_yaml(text: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise PolicyError(f"not valid YAML{where}", code="POLICY_INVALID") from None
+    except (ValueError, OverflowError):  # a scalar YAML resolves but cannot build: 2001-13-01
+        raise PolicyError(
+            "not valid YAML (a value cannot be read)", code="POLICY_INVALID"
+        ) from None
+    except RecursionError:
+        raise PolicyError("not valid YAML (nested too deeply)", code="POLICY_INVALID") from None
