@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: help venv demo test lint format typecheck unit e2e e2e-build e2e-kind bench clean policy-test fuzz-smoke fuzz
+.PHONY: help venv demo test lint format typecheck unit e2e e2e-build e2e-kind bench clean policy-test fuzz-smoke fuzz mutation
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
@@ -20,6 +20,7 @@ help:
 	@echo "make policy-test  the examples' policy tests (agentsafe policy test examples)"
 	@echo "make fuzz-smoke   a few seconds of every atheris fuzz target (tests/fuzz/)"
 	@echo "make fuzz       FUZZ_TARGET=name FUZZ_RUNS=1000000: one target at length (docs/fuzzing.md)"
+	@echo "make mutation   nightly: mutmut over the core, scores per module (docs/mutation.md)"
 	@echo "make e2e        the end-to-end suite against a real kube-apiserver (builds it once)"
 	@echo "make e2e-kind   the same scenarios on kind (needs docker, kind, kubectl, helm)"
 	@echo "make bench      benchmarks/ (prints ratios to a raw aiohttp baseline)"
@@ -82,6 +83,10 @@ fuzz-smoke: $(STAMP)
 
 fuzz: $(STAMP)
 	nice $(BIN)/python tests/fuzz/run.py $(FUZZ_TARGET) -runs=$(FUZZ_RUNS) -print_final_stats=1
+
+# issue 23, nightly-style and CPU-heavy, never part of `make test`: MUTATION_MODULES=executor/x.py
+mutation: $(STAMP)
+	nice $(BIN)/python tests/mutation/run.py $(MUTATION_MODULES)
 
 test: lint typecheck unit policy-test fuzz-smoke e2e
 
