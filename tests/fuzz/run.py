@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/fuzz/run.py TARGET [libFuzzer flags...]   # e.g. -runs=1000000
     .venv/bin/python tests/fuzz/run.py --smoke SECONDS               # every target, briefly
+    .venv/bin/python tests/fuzz/run.py --merge TARGET DIR...          # keep new coverage
 
 A target's corpus is ``tests/fuzz/corpus/<target>/`` (seeds and found inputs, replayed by
 ``tests/fuzz/test_corpus.py`` in the suite). New interesting inputs libFuzzer finds go to a
@@ -23,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
 
 
-def fuzz(name: str, flags: list[str]) -> None:
+def fuzz(name: str, flags: list[str], merge: list[str] | None = None) -> None:
     import atheris
 
     with atheris.instrument_imports(include=["agentsafe"]):
@@ -42,7 +43,10 @@ def fuzz(name: str, flags: list[str]) -> None:
     target = TARGETS[name]
     scratch = tempfile.mkdtemp(prefix=f"agentsafe-fuzz-{name}-")
     seeds = CORPUS / name
-    argv = [sys.argv[0], *flags, f"-artifact_prefix={scratch}/", scratch, str(seeds)]
+    if merge:  # keep in the corpus only the found inputs that reach new coverage
+        argv = [sys.argv[0], "-merge=1", f"-artifact_prefix={scratch}/", str(seeds), *merge]
+    else:
+        argv = [sys.argv[0], *flags, f"-artifact_prefix={scratch}/", scratch, str(seeds)]
     print(f"fuzzing {name}: new inputs in {scratch}, seeds from {seeds}", flush=True)
     atheris.Setup(argv, target)
     atheris.Fuzz()
@@ -80,6 +84,9 @@ def main() -> int:
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         return 2
+    if args[0] == "--merge" and len(args) >= 3:
+        fuzz(args[1], [], merge=args[2:])
+        return 0
     if args[0] == "--smoke":
         return smoke(int(args[1]) if len(args) > 1 else 3)
     fuzz(args[0], args[1:])
