@@ -117,3 +117,11 @@ def test_timestamps_round_trip() -> None:
     assert parse_ms(format_ms(1_800_000_000.123)) == pytest.approx(1_800_000_000.123)
     with pytest.raises(ValueError):
         parse_ms("2026-08-14T10:00:00Z")
+
+
+def test_the_limits_are_the_public_contract() -> None:
+    # The bounds are part of the wire contract (413/400 answers), not tunables: a changed value
+    # must fail here, not only move the boundary the tests above probe (docs/mutation.md).
+    from agentsafe.executor.intent import MAX_BODY_BYTES
+
+    assert (MAX_BODY_BYTES, MAX_DEPTH, MAX_ENTRIES, MAX_ARRAY_LENGTH) == (102_400, 20, 5000, 1000)
