@@ -266,6 +266,7 @@ class Code(StrEnum):
     GRANT_BINDING_MISMATCH = "GRANT_BINDING_MISMATCH", None, "the grant is bound to another intent"
     GRANT_EXPIRED = "GRANT_EXPIRED", None, "the grant is not valid now"
     GRANT_MALFORMED = "GRANT_MALFORMED", None, "the grant is not a grant"
+    GRANT_SIGNATURE_INVALID = "GRANT_SIGNATURE_INVALID", None, "the grant's signature fails"
     JWS_ALGORITHM_REFUSED = "JWS_ALGORITHM_REFUSED", None, "a token's algorithm is not EdDSA"
     JWS_KEY_UNKNOWN = "JWS_KEY_UNKNOWN", None, "a token names an unknown key"
     JWS_MALFORMED = "JWS_MALFORMED", None, "a token is not a canonical compact JWS"
@@ -282,6 +283,13 @@ class Code(StrEnum):
     DISPATCH_REFUSED = "DISPATCH_REFUSED", None, "dispatch would not start"
     DISPATCH_TWICE = "DISPATCH_TWICE", None, "dispatch runs once per execution"
     PROVIDER_REFUSED = "PROVIDER_REFUSED", None, "the provider refused deterministically"
+    PROVIDER_REDIRECT = "PROVIDER_REDIRECT", None, "the provider answered a redirect"
+    PROVIDER_ERROR = "PROVIDER_ERROR", None, "the provider answered 5xx; the outcome is unknown"
+    PROVIDER_ANSWER_INDETERMINATE = (
+        "PROVIDER_ANSWER_INDETERMINATE",
+        None,
+        "the provider's answer does not say what happened",
+    )
     CREDENTIAL_INVALID = "CREDENTIAL_INVALID", None, "a credential set a reserved header"
 
     # -- egress and downstream credentials -------------------------------------------------------
@@ -407,9 +415,9 @@ class Code(StrEnum):
     CHAIN_UNAVAILABLE = "CHAIN_UNAVAILABLE", None, "the chain cannot continue safely"
     EVENT_RESERVED = "EVENT_RESERVED", None, "the event name is the chain's own"
     FIELD_RESERVED = "FIELD_RESERVED", None, "a field name is the chain's own"
-    EVIDENCE_DIR = "EVIDENCE_DIR", None, "the evidence directory is unusable"
-    EVIDENCE_EXPORT_FAILED = "EVIDENCE_EXPORT_FAILED", None, "the bundle could not be written"
-    EVIDENCE_REASON_INVALID = "EVIDENCE_REASON_INVALID", None, "the export reason is invalid"
+    EVIDENCE_DIR = "EVIDENCE_DIR", 409, "the evidence directory is unusable"
+    EVIDENCE_EXPORT_FAILED = "EVIDENCE_EXPORT_FAILED", 409, "the bundle could not be written"
+    EVIDENCE_REASON_INVALID = "EVIDENCE_REASON_INVALID", 409, "the export reason is invalid"
     EVIDENCE_NOT_CONFIGURED = "EVIDENCE_NOT_CONFIGURED", 409, "export needs EXECUTOR_EVIDENCE_DIR"
     EVIDENCE_NOT_CHAINED = "EVIDENCE_NOT_CHAINED", 409, "this process writes no chained streams"
     EVIDENCE_KEY_INVALID = "EVIDENCE_KEY_INVALID", 409, "the evidence signing key is not Ed25519"
@@ -493,6 +501,7 @@ class Code(StrEnum):
     APPROVAL_CLOCK_SKEW = "APPROVAL_CLOCK_SKEW", 422, "issuedAt is too far from now"
     APPROVAL_NOT_YET_VALID = "APPROVAL_NOT_YET_VALID", 403, "the approval is not yet valid"
     APPROVAL_SIGNATURE_INVALID = "APPROVAL_SIGNATURE_INVALID", 403, "the approval's signature fails"
+    APPROVAL_KEY_MISMATCH = "APPROVAL_KEY_MISMATCH", 403, "the approval was signed by another key"
     APPROVAL_ALREADY_USED = "APPROVAL_ALREADY_USED", 409, "this approval already ran this step"
     APPROVER_MISMATCH = "APPROVER_MISMATCH", 403, "the request names another approver"
     CONTEXT_INVALID = "CONTEXT_INVALID", 400, "the source context is malformed"
@@ -531,6 +540,7 @@ class Code(StrEnum):
     RECEIPT_MISMATCH = "RECEIPT_MISMATCH", 422, "the receipt is for another approval or step"
     RECEIPT_REFUSED = "RECEIPT_REFUSED", 500, "the step ran but no receipt could be signed"
     RECEIPT_SIGNATURE_INVALID = "RECEIPT_SIGNATURE_INVALID", 422, "the receipt's signature fails"
+    RECEIPT_KEY_MISMATCH = "RECEIPT_KEY_MISMATCH", 422, "the receipt was signed by another key"
     CONSUMPTION_INVALID = "CONSUMPTION_INVALID", 400, "the consumption record is malformed"
     CONSUMPTION_MISMATCH = "CONSUMPTION_MISMATCH", 422, "the consumption is for another use"
     CONSUMPTION_UNVERIFIED = "CONSUMPTION_UNVERIFIED", 422, "the consumption is not authentic"

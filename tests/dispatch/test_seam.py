@@ -23,6 +23,7 @@ from agentsafe.executor.errors import AgentSafeError, HandlerError, JournalError
 from agentsafe.executor.events import MemorySink
 from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
 from agentsafe.executor.principals import Actor, legacy_principal
+from agentsafe.executor.routes.refusals import status_of
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -199,7 +200,7 @@ def test_get_unknown_action_is_422_action_not_registered() -> None:
     registry = sealed(ScriptedHandler("ok"))
     with pytest.raises(RequestRejected) as err:
         registry.get("delete_everything")
-    assert (err.value.status, err.value.code) == (422, "ACTION_NOT_REGISTERED")
+    assert (status_of(err.value.code), err.value.code) == (422, "ACTION_NOT_REGISTERED")
 
 
 async def test_an_unsealed_registry_executes_nothing() -> None:
