@@ -5,8 +5,9 @@ RFC 9421 signature the ``SIGNED_REQUEST`` credential put on a request, then the 
 attestation inside it, then that the attestation is presented once within its lease
 (``docs/verifying-provider.md`` states the procedure and ``tests/vectors/provider`` holds vectors).
 
-This module imports only the standard library, ``cryptography`` and agentsafe's own ``canonical``
-and ``httpsig`` modules, never aiohttp or the server, so a provider can use (or vendor) it alone.
+This module imports only the standard library, ``cryptography`` and agentsafe's own ``canonical``,
+``httpsig``, ``errors`` and ``codes`` modules (the refusal codes are the registry's), never aiohttp
+or the server, so a provider can use (or vendor) it alone.
 
 Callers: providers; ``synthetic.py`` (the demo provider); the CLI
 ``agentsafe verify provider-request <vector>`` (:func:`main`).

@@ -3,7 +3,7 @@
 ``EXECUTOR_HARD_LIMIT_SINGLE_MINOR`` (``CHF:2500000000,EUR:1000000``) bounds one action per ISO 4217
 code in minor units; ``EXECUTOR_HARD_LIMIT_WINDOW_SECONDS`` with ``_WINDOW_COUNT`` and/or
 ``_WINDOW_SUM_MINOR`` bound how many actions, and how much value, pass in a sliding window.
-Ceilings only ever refuse; every refusal is ``RequestRejected(422, code)`` with one of
+Ceilings only ever refuse; every refusal is ``RequestRejected(code)`` (422) with one of
 HARD_LIMIT_EXCEEDED, HARD_LIMIT_CURRENCY_UNKNOWN, HARD_LIMIT_AMOUNT_INVALID,
 HARD_LIMIT_WINDOW_COUNT_EXCEEDED, HARD_LIMIT_WINDOW_SUM_EXCEEDED.
 
