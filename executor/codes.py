@@ -18,7 +18,7 @@ supplied by the host may refuse with its own code; the plan routes answer such a
 :data:`HOST_CODE_STATUS`.
 
 Ground floor: imports nothing of agentsafe. Callers: ``errors.py`` and every module that raises
-or answers a code; ``routes/`` maps a code to its HTTP status.
+or answers a code; ``routes/refusals.py`` maps a code to its HTTP status.
 """
 
 from __future__ import annotations

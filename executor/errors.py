@@ -38,8 +38,9 @@ registry gives its code. Messages never contain request data or secret values.
         ├── AgentSafetyAborted      the caller's abort event fired
         └── AgentExecutionError     a step ran (or may have) and a receipt was signed for it
 
-Callers: every module that raises; ``routes/`` answers :class:`RequestRejected` and the plan
-boundary's errors; ``serve.py`` turns a :class:`ConfigError` into exit status 78.
+Callers: every module that raises; ``routes/app.py`` answers :class:`RequestRejected` (the
+plan routes answer the plan boundary's errors); ``serve.py`` turns a :class:`ConfigError` into
+exit status 78.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ This module imports only the standard library, ``cryptography`` and agentsafe's 
 ``httpsig``, ``errors`` and ``codes`` modules (the refusal codes are the registry's), never aiohttp
 or the server, so a provider can use (or vendor) it alone.
 
-Callers: providers; ``synthetic.py`` (the demo provider); the CLI
-``agentsafe verify provider-request <vector>`` (:func:`main`).
+Callers: providers; ``cli.py`` (``agentsafe verify provider-request <vector>``, through
+:func:`main`).
 """
 
 from __future__ import annotations

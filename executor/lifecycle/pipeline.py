@@ -14,7 +14,7 @@
 
 ``Pipeline.reconcile`` is the stateless, read-only ``POST /v1/reconciliations``.
 
-Callers: ``app.py`` (HTTP), ``serve.py`` (assembly), tests.
+Callers: ``routes/app.py`` (HTTP), ``serve.py`` (assembly), tests.
 """
 
 from __future__ import annotations
@@ -523,14 +523,11 @@ class Pipeline:
                 **_receipt(report.result),
             },
         )
-        wire_outcome = outcome.value
-        if outcome is Outcome.DEFINITELY_NOT_EXECUTED:
-            wire_outcome = Outcome.DEFINITELY_NOT_EXECUTED.value
         body = decision_answer(
             **common,
             reason_codes=[*decision.reason_codes, *report.reason_codes],
             fail_closed=outcome is Outcome.FAILED_BEFORE_DISPATCH,
-            outcome=wire_outcome,
+            outcome=outcome.value,
             executed=report.executed,
             authorization=authorization.as_wire(),
             finalization=finalization,

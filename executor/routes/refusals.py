@@ -9,7 +9,8 @@ registry code with no HTTP status of its own that a plan refusal carries.
 aiohttp's own HTTP errors (no route, wrong method, body too large) keep aiohttp's status and
 take the registry code with that status, else ``REQUEST_REFUSED``.
 
-Callers: ``app.py`` (the error middleware), ``approvals.py``, ``plans.py``.
+Callers: ``routes/app.py`` (the error middleware, for every route that raises
+:class:`~agentsafe.executor.errors.RequestRejected`), ``routes/plans.py``.
 """
 
 from __future__ import annotations
