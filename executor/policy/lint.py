@@ -32,6 +32,7 @@ from typing import Any
 
 import cel
 
+from ..codes import Code
 from ..errors import PolicyError
 from .celexpr import VARIABLES, compile_expression
 from .policy import ActionPolicy, PolicyDocument, build_validator, parse_policy
@@ -44,7 +45,7 @@ class Finding:
     """One problem: ``severity`` is ``error`` (the policy would be refused) or ``warning``."""
 
     severity: str
-    code: str
+    code: str  # a Code, or the code of the PolicyError that was found
     path: str
     message: str
 
@@ -173,7 +174,7 @@ def _reachability(action: ActionPolicy, base: str) -> list[Finding]:
             findings.append(
                 Finding(
                     "warning",
-                    "RULE_UNREACHABLE",
+                    Code.RULE_UNREACHABLE,
                     path,
                     f"rule {rule.name!r} never decides: rule {always!r} before it always matches",
                 )
@@ -185,7 +186,7 @@ def _reachability(action: ActionPolicy, base: str) -> list[Finding]:
             findings.append(
                 Finding(
                     "warning",
-                    "RULE_UNREACHABLE",
+                    Code.RULE_UNREACHABLE,
                     path,
                     f"rule {rule.name!r} never decides: its 'when' can never be true"
                     + ("" if constant is False else " for parameters the schema accepts"),
@@ -197,7 +198,7 @@ def _reachability(action: ActionPolicy, base: str) -> list[Finding]:
             findings.append(
                 Finding(
                     "warning",
-                    "RULE_SHADOWED",
+                    Code.RULE_SHADOWED,
                     path,
                     f"rule {rule.name!r} never decides: whenever it matches, "
                     f"the earlier rule {shadow!r} matches too",

@@ -38,6 +38,7 @@ from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..canonical import sha256_digest
+from ..codes import Code
 from ..errors import PolicyError
 from ..plans.policy import PlanPolicy
 from .celexpr import Expression, compile_expression
@@ -186,15 +187,15 @@ def parse_policy(data: Any) -> PolicyDocument:
         error = exc.errors(include_url=False, include_input=False)[0]
         path = _format_path(error["loc"])
         message = str(error["msg"]).removeprefix("Value error, ")
-        raise PolicyError(message, path=path or "policy", code="POLICY_INVALID") from None
+        raise PolicyError(message, path=path or "policy", code=Code.POLICY_INVALID) from None
 
 
 def load_policy(path: str | Path) -> PolicyDocument:
     """Read a policy from a YAML or JSON file (``.json`` parsed strictly as JSON)."""
-    return parse_policy(read_document(path, code="POLICY_INVALID", what="policy file"))
+    return parse_policy(read_document(path, code=Code.POLICY_INVALID, what="policy file"))
 
 
-def read_document(path: str | Path, *, code: str, what: str) -> Any:
+def read_document(path: str | Path, *, code: Code, what: str) -> Any:
     """Read one YAML or JSON document the way a policy is read (at most
     :data:`MAX_POLICY_BYTES`, UTF-8, duplicate keys refused, ``.json`` parsed strictly as JSON);
     refusals carry ``code`` (``policy/trial.py`` reads test files with it)."""
@@ -204,7 +205,7 @@ def read_document(path: str | Path, *, code: str, what: str) -> Any:
             raw = handle.read(MAX_POLICY_BYTES + 1)
     except OSError:
         raise PolicyError(
-            f"cannot read {what} {file.name}", code="POLICY_FILE_UNREADABLE"
+            f"cannot read {what} {file.name}", code=Code.POLICY_FILE_UNREADABLE
         ) from None
     if len(raw) > MAX_POLICY_BYTES:
         raise PolicyError(f"{what} is larger than {MAX_POLICY_BYTES} bytes", code=code)
@@ -239,7 +240,7 @@ def compile_policy(
             raise PolicyError(
                 f"no registered handler is named {action.handler!r}",
                 path=f"{base}.handler",
-                code="POLICY_HANDLER_UNKNOWN",
+                code=Code.POLICY_HANDLER_UNKNOWN,
             )
         validator = build_validator(action.parameters, path=f"{base}.parameters")
         rules = tuple(
@@ -264,11 +265,11 @@ def build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
     declared = schema.get("$schema")
     if declared is not None and declared != "https://json-schema.org/draft/2020-12/schema":
         raise PolicyError(
-            "parameter schemas are JSON Schema Draft 2020-12", path=path, code="POLICY_INVALID"
+            "parameter schemas are JSON Schema Draft 2020-12", path=path, code=Code.POLICY_INVALID
         )
     if schema.get("type") != "object":
         raise PolicyError(
-            "the parameter schema must declare type: object", path=path, code="POLICY_INVALID"
+            "the parameter schema must declare type: object", path=path, code=Code.POLICY_INVALID
         )
     try:
         validator_class.check_schema(schema)
@@ -276,7 +277,7 @@ def build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
         where = _format_path(tuple(exc.absolute_path))
         detail = f" at {where}" if where else ""
         raise PolicyError(
-            f"invalid JSON Schema{detail}: {exc.message}", path=path, code="POLICY_INVALID"
+            f"invalid JSON Schema{detail}: {exc.message}", path=path, code=Code.POLICY_INVALID
         ) from None
     return validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)
 
@@ -318,7 +319,7 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise PolicyError(f"key {key!r} appears twice", code="POLICY_INVALID")
+            raise PolicyError(f"key {key!r} appears twice", code=Code.POLICY_INVALID)
         out[key] = value
     return out
 
@@ -332,12 +333,12 @@ def _load_json(text: str) -> Any:
         )
     except json.JSONDecodeError as exc:
         raise PolicyError(
-            f"not valid JSON (line {exc.lineno}, column {exc.colno})", code="POLICY_INVALID"
+            f"not valid JSON (line {exc.lineno}, column {exc.colno})", code=Code.POLICY_INVALID
         ) from None
 
 
 def _refuse_constant(name: str) -> Any:
-    raise PolicyError("numbers must be finite", code="POLICY_INVALID")
+    raise PolicyError("numbers must be finite", code=Code.POLICY_INVALID)
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -352,12 +353,12 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
         if not isinstance(key, str | int | float | bool | None):  # [1]: x, {a: 1}: x
             raise PolicyError(
                 f"keys must be strings (line {key_node.start_mark.line + 1})",
-                code="POLICY_INVALID",
+                code=Code.POLICY_INVALID,
             )
         if key in out:
             raise PolicyError(
                 f"key {key!r} appears twice (line {key_node.start_mark.line + 1})",
-                code="POLICY_INVALID",
+                code=Code.POLICY_INVALID,
             )
         out[key] = loader.construct_object(value_node, deep=True)
     return out
@@ -372,10 +373,10 @@ def _load_yaml(text: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise PolicyError(f"not valid YAML{where}", code="POLICY_INVALID") from None
+        raise PolicyError(f"not valid YAML{where}", code=Code.POLICY_INVALID) from None
     except (ValueError, OverflowError):  # a scalar YAML resolves but cannot build: 2001-13-01
         raise PolicyError(
-            "not valid YAML (a value cannot be read)", code="POLICY_INVALID"
+            "not valid YAML (a value cannot be read)", code=Code.POLICY_INVALID
         ) from None
     except RecursionError:
-        raise PolicyError("not valid YAML (nested too deeply)", code="POLICY_INVALID") from None
+        raise PolicyError("not valid YAML (nested too deeply)", code=Code.POLICY_INVALID) from None

@@ -58,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from ..clock import parse_ms
+from ..codes import Code
 from ..errors import PolicyError
 from ..intent import CapturedIntent, DownstreamTarget, capture_intent
 from ..principals import Actor, Principal, Role
@@ -208,7 +209,7 @@ class CaseResult:
 
 def load_test_file(path: str | Path) -> PolicyTestFile:
     """Read and validate a test file; refuses with ``POLICY_TEST_INVALID`` and the field's path."""
-    data = read_document(path, code="POLICY_TEST_INVALID", what="policy test file")
+    data = read_document(path, code=Code.POLICY_TEST_INVALID, what="policy test file")
     return parse_test_file(data)
 
 
@@ -222,7 +223,9 @@ def parse_test_file(data: Any) -> PolicyTestFile:
 def parse_cases(data: Any) -> tuple[PolicyTestCase, ...]:
     """Validate a list of cases (``spec.tests`` of an AgentPolicy)."""
     if not isinstance(data, list | tuple):
-        raise PolicyError("the tests are a list of cases", path="tests", code="POLICY_TEST_INVALID")
+        raise PolicyError(
+            "the tests are a list of cases", path="tests", code=Code.POLICY_TEST_INVALID
+        )
     cases = []
     for index, item in enumerate(data):
         try:
@@ -243,7 +246,7 @@ def policy_for(test_path: Path, test_file: PolicyTestFile) -> Path:
     raise PolicyError(
         "cannot tell which policy this file tests: name it <policy>.test.yaml or set 'policy'",
         path="policy",
-        code="POLICY_TEST_INVALID",
+        code=Code.POLICY_TEST_INVALID,
     )
 
 
@@ -409,4 +412,4 @@ def _refusal(exc: ValidationError, *, prefix: str = "") -> PolicyError:
         else:
             path += f".{part}" if path else str(part)
     message = str(error["msg"]).removeprefix("Value error, ")
-    return PolicyError(message, path=path or "test file", code="POLICY_TEST_INVALID")
+    return PolicyError(message, path=path or "test file", code=Code.POLICY_TEST_INVALID)

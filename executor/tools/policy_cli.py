@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..codes import Code
 from ..errors import PolicyError
 from ..policy.lint import lint_policy
 from ..policy.policy import CompiledPolicy, read_document
@@ -174,7 +175,7 @@ def _run_lint(args: argparse.Namespace) -> int:
     total = 0
     for path in args.paths:
         try:
-            data = read_document(path, code="POLICY_INVALID", what="policy file")
+            data = read_document(path, code=Code.POLICY_INVALID, what="policy file")
         except PolicyError as exc:
             return _invalid(args, path, exc)
         findings = lint_policy(data)
@@ -236,7 +237,7 @@ class _Usage(Exception):
 
 
 def _explain_inputs(args: argparse.Namespace) -> tuple[PolicyTestCase, CompiledPolicy]:
-    data = read_document(args.case, code="POLICY_TEST_INVALID", what="case file")
+    data = read_document(args.case, code=Code.POLICY_TEST_INVALID, what="case file")
     if isinstance(data, dict) and "tests" in data:
         test_file = load_test_file(args.case)
         cases = list(test_file.tests)
