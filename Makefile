@@ -17,7 +17,7 @@ help:
 	@echo "make format     ruff format and ruff check --fix"
 	@echo "make typecheck  mypy --strict on executor/ and operator/"
 	@echo "make unit       the test suite only (tests/)"
-	@echo "make policy-test  the examples' policy tests (agentsafe policy test examples)"
+	@echo "make policy-test  lint the example policy and run its tests (agentsafe policy)"
 	@echo "make fuzz-smoke   a few seconds of every atheris fuzz target (tests/fuzz/)"
 	@echo "make fuzz       FUZZ_TARGET=name FUZZ_RUNS=1000000: one target at length (docs/fuzzing.md)"
 	@echo "make mutation   nightly: mutmut over the core, scores per module (docs/mutation.md)"
@@ -71,6 +71,7 @@ e2e-kind: $(STAMP)
 
 # issue 23: the policies under examples/ ship with <policy>.test.yaml files (docs/policy-testing.md).
 policy-test: $(STAMP)
+	$(BIN)/agentsafe policy lint examples/policy.yaml
 	$(BIN)/agentsafe policy test examples
 
 # issue 23: one atheris target per parser of untrusted input (docs/fuzzing.md). The corpus in
