@@ -1,28 +1,33 @@
-"""Mutation testing of the core with mutmut (issue 23): ``make mutation``, nightly, never in
-``make test``.
+"""Mutation testing of the core (issue 23): ``make mutation``, nightly, never in ``make test``.
 
-For each module of :data:`MODULES` it mutates a scratch copy of the committed tree (``git
-archive HEAD``; the working tree is never touched), runs the tests that guard that module
-against every mutant, and prints the score: killed / (killed + survived + timed out +
-suspicious). A mutant "survives" when every test still passes with it. Surviving mutants are
-listed with ``mutmut show`` in the scratch directory, which is kept and printed at the end.
+For each module of :data:`MODULES` it copies the committed tree (``git archive HEAD``) to a
+scratch directory, so the working tree is never touched, and for every mutant mutmut's engine
+generates for that module (``mutmut.list_mutations`` / ``mutmut.mutate``: numbers, strings,
+operators, keywords, arguments, decorators...) it writes the mutant into the copy and runs the
+tests that guard the module. A mutant is *killed* when those tests fail (or cannot even import
+it), *survived* when they all pass. The score is killed / mutants.
 
-    .venv/bin/python tests/mutation/run.py [MODULE...]     # default: all of MODULES
+    .venv/bin/python tests/mutation/run.py [MODULE...] [--json FILE]   # default: all MODULES
     .venv/bin/python tests/mutation/run.py --list
 
-mutmut 2 (it mutates in place, which works with this repository's ``package-dir`` layout; the
-scratch copy is imported through a symlink tree on ``PYTHONPATH``). docs/mutation.md has the
-last scores and why each remaining survivor is equivalent.
+Why a driver and not ``mutmut run``: mutmut 2's runner keeps its results in a pony/SQLite cache
+that lost track of lines here (``Attribute Mutant.line is required``) and recorded mutants its
+own single-mutant rerun kills as survivors; and mutmut 3 imports a copied ``src`` tree, which
+this repository's ``package-dir`` layout (``executor/`` is ``agentsafe.executor``) does not have.
+The copy is imported through a symlink tree on ``PYTHONPATH``; only the plugins the suite needs
+are loaded, which halves the cost of each run. Survivors are printed as unified diffs.
+docs/mutation.md has the scores and why each remaining survivor is equivalent.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +41,8 @@ MODULES: dict[str, list[str]] = {
     "executor/state/usestore.py": ["tests/state"],
     "executor/state/journal.py": ["tests/state"],
 }
+PLUGINS = ["-p", "asyncio", "-p", "pytest_timeout", "-p", "pytest_aiohttp"]
+PLUGINS += ["-p", "hypothesis.extra.pytestplugin"]
 
 
 def scratch_copy() -> Path:
@@ -51,56 +58,80 @@ def scratch_copy() -> Path:
     return root
 
 
-def run_module(root: Path, module: str, tests: list[str]) -> dict[str, int]:
-    # Only the plugins the suite uses: autoloading every installed one doubles each run's cost.
-    plugins = "-p asyncio -p pytest_timeout -p pytest_aiohttp -p hypothesis.extra.pytestplugin"
-    runner = f"{BIN}/pytest -x -q -p no:cacheprovider {plugins} --timeout=120 {' '.join(tests)}"
+def mutants(source: str, filename: str) -> list[tuple[int, str]]:
+    from mutmut import ALL, Context, list_mutations, mutate
+
+    ids = list_mutations(Context(source=source, mutation_id=ALL, filename=filename))
+    out = []
+    for mutation_id in ids:
+        mutated, count = mutate(Context(source=source, mutation_id=mutation_id, filename=filename))
+        if count:
+            out.append((mutation_id.line_number + 1, mutated))
+    return out
+
+
+def tests_pass(root: Path, tests: list[str], timeout: float) -> bool | None:
     env = {
         **os.environ,
         "PYTHONPATH": f"{root}/build/mut",
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
     }
-    cache = root / ".mutmut-cache"
-    cache.unlink(missing_ok=True)
-    print(f"mutation: {module} against {' '.join(tests)}", flush=True)
-    subprocess.run(
-        [
-            str(BIN / "mutmut"),
-            "run",
-            "--paths-to-mutate",
-            module,
-            "--runner",
-            runner,
-            "--no-progress",
-            "--simple-output",
-        ],
-        cwd=root,
-        env=env,
-        check=False,
-    )
-    results = subprocess.run(
-        [str(BIN / "mutmut"), "junitxml"], cwd=root, capture_output=True, text=True, check=False
-    ).stdout
-    total = int(_attr(results, "tests"))
-    failures = int(_attr(results, "failures"))
-    errors = int(_attr(results, "errors"))
-    skipped = int(_attr(results, "skipped"))
-    if total == 0:
-        raise SystemExit(f"mutation: mutmut produced no results for {module}; see its output")
-    survived = failures + errors
-    killed = total - survived - skipped
-    (root / f"survivors-{module.replace('/', '_')}.txt").write_text(
-        subprocess.run(
-            [str(BIN / "mutmut"), "results"], cwd=root, capture_output=True, text=True, check=False
-        ).stdout
-    )
-    cache.rename(root / f".mutmut-cache-{module.replace('/', '_')}")
-    return {"mutants": total - skipped, "killed": killed, "survived": survived}
+    command = [str(BIN / "pytest"), "-x", "-q", "-p", "no:cacheprovider", *PLUGINS, *tests]
+    try:
+        result = subprocess.run(
+            command, cwd=root, env=env, capture_output=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    return result.returncode == 0
 
 
-def _attr(xml: str, name: str) -> str:
-    match = re.search(rf'<testsuite[^>]*\b{name}="(\d+)"', xml)
-    return match.group(1) if match else "0"
+def run_module(root: Path, module: str, tests: list[str]) -> dict[str, object]:
+    path = root / module
+    original = path.read_text()
+    start = time.monotonic()
+    if not tests_pass(root, tests, timeout=600):
+        raise SystemExit(f"mutation: the tests of {module} fail without any mutant")
+    baseline = time.monotonic() - start
+    found = mutants(original, module)
+    print(f"mutation: {module}: {len(found)} mutants, baseline {baseline:.1f}s", flush=True)
+    killed = timed_out = 0
+    survivors: list[str] = []
+    try:
+        for index, (line, mutated) in enumerate(found, start=1):
+            path.write_text(mutated)
+            verdict = tests_pass(root, tests, timeout=max(30.0, baseline * 10))
+            if verdict is None:
+                timed_out += 1  # the suite hangs on it: noticed, counted as killed
+            elif verdict:
+                diff = "".join(
+                    difflib.unified_diff(
+                        original.splitlines(keepends=True),
+                        mutated.splitlines(keepends=True),
+                        f"{module}:{line}",
+                        "mutant",
+                        n=0,
+                    )
+                )
+                survivors.append(diff)
+                print(f"mutation: SURVIVED {module}:{line}\n{diff}", flush=True)
+            else:
+                killed += 1
+            if index % 20 == 0:
+                print(f"mutation: {module}: {index}/{len(found)} tried", flush=True)
+    finally:
+        path.write_text(original)
+    total = len(found)
+    detected = killed + timed_out
+    return {
+        "mutants": total,
+        "killed": detected,
+        "timed_out": timed_out,
+        "survived": len(survivors),
+        "score": round(100.0 * detected / total, 1) if total else 100.0,
+        "survivors": survivors,
+    }
 
 
 def main() -> int:
@@ -108,22 +139,31 @@ def main() -> int:
     if args == ["--list"]:
         print("\n".join(MODULES))
         return 0
+    report_file = None
+    if "--json" in args:
+        at = args.index("--json")
+        report_file = Path(args[at + 1])
+        del args[at : at + 2]
     chosen = args or list(MODULES)
     unknown = [m for m in chosen if m not in MODULES]
     if unknown:
         print(f"unknown module(s): {', '.join(unknown)}; see --list", file=sys.stderr)
         return 2
     root = scratch_copy()
-    scores: dict[str, dict[str, int]] = {}
+    scores = {}
     for module in chosen:
         scores[module] = run_module(root, module, MODULES[module])
         s = scores[module]
-        pct = 100.0 * s["killed"] / s["mutants"] if s["mutants"] else 100.0
-        print(f"mutation: {module}: {s['killed']}/{s['mutants']} killed ({pct:.1f}%)", flush=True)
-    killed = sum(s["killed"] for s in scores.values())
-    mutants = sum(s["mutants"] for s in scores.values())
-    print(json.dumps({"modules": scores, "killed": killed, "mutants": mutants}, indent=2))
-    print(f"mutation: scratch copy kept in {root} (survivors-*.txt; mutmut show ID there)")
+        print(
+            f"mutation: {module}: {s['killed']}/{s['mutants']} killed ({s['score']}%), "
+            f"{s['survived']} survived",
+            flush=True,
+        )
+        if report_file is not None:
+            report_file.write_text(json.dumps(scores, indent=2))
+    killed = sum(int(str(s["killed"])) for s in scores.values())
+    total = sum(int(str(s["mutants"])) for s in scores.values())
+    print(f"mutation: total {killed}/{total} killed ({100.0 * killed / max(total, 1):.1f}%)")
     return 0
 
 
