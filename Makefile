@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
-	@echo "make test       lint, type-check (mypy --strict) and run the whole test suite"
+	@echo "make test       $(TEST_STAGES), in this order, each timed"
 	@echo "make lint       ruff check and ruff format --check"
 	@echo "make format     ruff format and ruff check --fix"
 	@echo "make typecheck  mypy --strict on executor/ and operator/"
