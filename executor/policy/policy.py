@@ -279,6 +279,14 @@ def build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
         raise PolicyError(
             f"invalid JSON Schema{detail}: {exc.message}", path=path, code=Code.POLICY_INVALID
         ) from None
+    except (OverflowError, RecursionError, MemoryError):
+        # The meta-schema's regex format compiles each "pattern": re raises OverflowError for a
+        # repeat count it cannot hold ("[A-Z]{99999999999999999999}"; found by fuzzing).
+        raise PolicyError(
+            "invalid JSON Schema: a pattern or nesting is beyond what can be compiled",
+            path=path,
+            code=Code.POLICY_INVALID,
+        ) from None
     return validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)
 
 
