@@ -126,3 +126,43 @@ def test_the_limits_are_the_public_contract() -> None:
     from agentsafe.executor.intent import MAX_BODY_BYTES
 
     assert (MAX_BODY_BYTES, MAX_DEPTH, MAX_ENTRIES, MAX_ARRAY_LENGTH) == (102_400, 20, 5000, 1000)
+
+
+def test_every_view_of_a_captured_intent() -> None:
+    # Found by mutation testing: the views other modules read were checked only through them.
+    import dataclasses
+
+    from agentsafe.executor.intent import CapturedIntent, execution_payload_digest
+
+    intent = _capture(intent_id="11111111-2222-4333-8444-555555555555")
+    assert isinstance(intent, CapturedIntent)
+    assert TARGET.as_binding() == {
+        "system": "synthetic-bank",
+        "operation": "payout",
+        "endpoint": "POST /payouts",
+    }
+    assert intent.binding["downstream_target"] == {
+        "system": "synthetic-bank",
+        "operation": "payout",
+        "endpoint": "POST /payouts",
+    }
+    assert intent.intent_id == "11111111-2222-4333-8444-555555555555"
+    assert intent.tenant_id == TENANT
+    assert intent.idempotency_key == "payout-1-v1"
+    assert intent.action == "create_payout"
+    assert intent.resource == "payout:beneficiary-1"
+    assert intent.parameters == {"amountMinor": 5000, "currency": "USD"}
+    assert intent.caller_principal == "legacy-caller"
+    assert intent.captured_at == 1_800_000_000.0
+    assert intent.expires_at == 1_800_000_060.0
+    assert intent.expires_at_text == "2027-01-15T08:01:00.000Z"
+    assert intent.payload_digest == execution_payload_digest(intent.parameters)
+    assert intent.payload_digest == (
+        "sha256:"
+        + __import__("hashlib").sha256(b'{"amountMinor":5000,"currency":"USD"}').hexdigest()
+    )
+    no_context = CapturedIntent(binding={**intent.binding, "context": {}}, intent_hash="x")
+    assert no_context.caller_principal is None
+    for frozen in (intent, TARGET):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            frozen.intent_hash = "x"  # type: ignore[misc,union-attr]
