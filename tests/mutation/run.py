@@ -9,6 +9,7 @@ it), *survived* when they all pass. The score is killed / mutants.
 
     .venv/bin/python tests/mutation/run.py [MODULE...] [--json FILE]   # default: all MODULES
     .venv/bin/python tests/mutation/run.py --list
+    .venv/bin/python tests/mutation/run.py --recheck OLD.json [--json NEW.json]  # survivors only
 
 Why a driver and not ``mutmut run``: mutmut 2's runner keeps its results in a pony/SQLite cache
 that lost track of lines here (``Attribute Mutant.line is required``) and recorded mutants its
@@ -87,7 +88,23 @@ def tests_pass(root: Path, tests: list[str], timeout: float) -> bool | None:
     return result.returncode == 0
 
 
-def run_module(root: Path, module: str, tests: list[str]) -> dict[str, object]:
+def _diff(module: str, original: str, mutated: str, line: int) -> str:
+    return "".join(
+        difflib.unified_diff(
+            original.splitlines(keepends=True),
+            mutated.splitlines(keepends=True),
+            f"{module}:{line}",
+            "mutant",
+            n=0,
+        )
+    )
+
+
+def run_module(
+    root: Path, module: str, tests: list[str], only: set[str] | None = None
+) -> dict[str, object]:
+    """Try every mutant of ``module``; with ``only`` (survivor diffs of an earlier report on the
+    same source), only those, counting every other mutant as killed as it was then."""
     path = root / module
     original = path.read_text()
     start = time.monotonic()
@@ -100,20 +117,15 @@ def run_module(root: Path, module: str, tests: list[str]) -> dict[str, object]:
     survivors: list[str] = []
     try:
         for index, (line, mutated) in enumerate(found, start=1):
+            if only is not None and _diff(module, original, mutated, line) not in only:
+                killed += 1
+                continue
             path.write_text(mutated)
             verdict = tests_pass(root, tests, timeout=max(30.0, baseline * 10))
             if verdict is None:
                 timed_out += 1  # the suite hangs on it: noticed, counted as killed
             elif verdict:
-                diff = "".join(
-                    difflib.unified_diff(
-                        original.splitlines(keepends=True),
-                        mutated.splitlines(keepends=True),
-                        f"{module}:{line}",
-                        "mutant",
-                        n=0,
-                    )
-                )
+                diff = _diff(module, original, mutated, line)
                 survivors.append(diff)
                 print(f"mutation: SURVIVED {module}:{line}\n{diff}", flush=True)
             else:
@@ -144,6 +156,13 @@ def main() -> int:
         at = args.index("--json")
         report_file = Path(args[at + 1])
         del args[at : at + 2]
+    earlier: dict[str, set[str]] = {}
+    if "--recheck" in args:  # re-try only an earlier report's survivors (tests changed since)
+        at = args.index("--recheck")
+        previous = json.loads(Path(args[at + 1]).read_text())
+        earlier = {module: set(s["survivors"]) for module, s in previous.items()}
+        del args[at : at + 2]
+        args = args or list(earlier)
     chosen = args or list(MODULES)
     unknown = [m for m in chosen if m not in MODULES]
     if unknown:
@@ -152,7 +171,7 @@ def main() -> int:
     root = scratch_copy()
     scores = {}
     for module in chosen:
-        scores[module] = run_module(root, module, MODULES[module])
+        scores[module] = run_module(root, module, MODULES[module], earlier.get(module))
         s = scores[module]
         print(
             f"mutation: {module}: {s['killed']}/{s['mutants']} killed ({s['score']}%), "
