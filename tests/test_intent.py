@@ -166,3 +166,50 @@ def test_every_view_of_a_captured_intent() -> None:
     for frozen in (intent, TARGET):
         with pytest.raises(dataclasses.FrozenInstanceError):
             frozen.intent_hash = "x"  # type: ignore[misc,union-attr]
+
+
+def _code(value: object) -> str:
+    with pytest.raises(RequestRejected) as info:
+        check_json_bounds(value)
+    return str(info.value.code)
+
+
+def test_bounds_count_and_nest_across_lists_and_objects() -> None:
+    # Found by mutation testing: entries add up over every container, lists nest like objects,
+    # and scalars inside lists and at the top are checked too.
+    half = MAX_ENTRIES // 2 + 1
+    assert _code([{str(i): i for i in range(half)}, {str(i): i for i in range(half)}]) == (
+        "REQUEST_TOO_LARGE"
+    )
+    check_json_bounds([{str(i): i for i in range(half - 2)}, {str(i): i for i in range(half - 2)}])
+    listed: object = 1
+    for _ in range(MAX_DEPTH):
+        listed = [listed]
+    check_json_bounds(listed)
+    assert _code([listed]) == "REQUEST_TOO_DEEP"
+    mixed: object = 1
+    for level in range(MAX_DEPTH):
+        mixed = [mixed] if level % 2 else {"a": mixed}
+    check_json_bounds(mixed)
+    assert _code({"a": mixed}) == "REQUEST_TOO_DEEP"
+    for scalar in (float("nan"), 2**53):
+        assert _code([scalar]) == "REQUEST_INVALID"
+        assert _code(scalar) == "REQUEST_INVALID"
+    assert _code({"a": {"constructor": 1}}) == "REQUEST_INVALID"
+
+
+def test_the_largest_exact_integer_is_accepted() -> None:
+    from agentsafe.executor.canonical import MAX_SAFE_INTEGER
+
+    check_json_bounds({"n": MAX_SAFE_INTEGER, "m": -MAX_SAFE_INTEGER})
+    assert _code({"n": MAX_SAFE_INTEGER + 1}) == "REQUEST_INVALID"
+
+
+@pytest.mark.parametrize("missing", ["tenant_id", "actor"])
+def test_a_principal_without_tenant_or_actor_cannot_propose(missing: str) -> None:
+    import dataclasses
+
+    principal = dataclasses.replace(PRINCIPAL, **{missing: None})
+    with pytest.raises(RequestRejected) as info:
+        _capture(principal=principal)
+    assert info.value.code == "ROLE_FORBIDDEN"
