@@ -11,9 +11,11 @@ atheris; ``tests/fuzz/test_corpus.py`` replays ``tests/fuzz/corpus/<target>/`` i
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import json
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +25,13 @@ __all__ = ["TARGETS"]
 
 Target = Callable[[bytes], None]
 _SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None  # file-backed targets: use memory
+
+
+def _scratch(prefix: str) -> Path:
+    """A directory for a file-backed target, removed when the process ends."""
+    directory = Path(tempfile.mkdtemp(dir=_SCRATCH, prefix=prefix))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return directory
 
 
 def _text(data: bytes) -> str:
@@ -152,7 +161,7 @@ def jwt(data: bytes) -> None:
         )
         x = base64.urlsafe_b64encode(public).rstrip(b"=").decode()
         jwks = {"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": "k1", "alg": "EdDSA"}]}
-        directory = Path(tempfile.mkdtemp(dir=_SCRATCH, prefix="agentsafe-fuzz-jwt-"))
+        directory = _scratch("agentsafe-fuzz-jwt-")
         (directory / "jwks.json").write_text(json.dumps(jwks))
         principals = parse_principals(
             {
@@ -234,7 +243,7 @@ def policy(data: bytes) -> None:
     from agentsafe.executor.policy.policy import compile_policy, load_policy
 
     if not _policy_dir:
-        _policy_dir.append(Path(tempfile.mkdtemp(dir=_SCRATCH, prefix="agentsafe-fuzz-policy-")))
+        _policy_dir.append(_scratch("agentsafe-fuzz-policy-"))
     # The last byte picks the reader, so both the YAML and the strict JSON path see every shape
     # of input at half the cost per input.
     name = "policy.json" if data and data[-1] % 2 else "policy.yaml"
@@ -257,7 +266,7 @@ def journal(data: bytes) -> None:
     from agentsafe.executor.state.journal import ATTEMPTS_DIR, scan_journal
 
     if not _journal_dir:
-        root = Path(tempfile.mkdtemp(dir=_SCRATCH, prefix="agentsafe-fuzz-journal-"))
+        root = _scratch("agentsafe-fuzz-journal-")
         (root / ATTEMPTS_DIR).mkdir()
         _journal_dir.append(root)
     root = _journal_dir[0]
