@@ -213,3 +213,55 @@ def test_a_principal_without_tenant_or_actor_cannot_propose(missing: str) -> Non
     with pytest.raises(RequestRejected) as info:
         _capture(principal=principal)
     assert info.value.code == "ROLE_FORBIDDEN"
+
+
+def test_a_presented_intent_passes_the_json_bounds() -> None:
+    binding = copy.deepcopy(dict(_capture().binding))  # type: ignore[attr-defined]
+    deep: object = 1
+    for _ in range(MAX_DEPTH):
+        deep = {"a": deep}
+    binding["action"]["parameters"] = {"deep": deep}
+    with pytest.raises(RequestRejected) as info:
+        intent_from_binding(binding)
+    assert info.value.code == "REQUEST_TOO_DEEP"
+
+
+def test_only_the_proposer_may_present_its_intent() -> None:
+    import dataclasses
+
+    from agentsafe.executor.intent import CapturedIntent, check_intent_owner
+
+    intent = _capture()
+    check_intent_owner(PRINCIPAL, intent)  # type: ignore[arg-type]
+    other = dataclasses.replace(PRINCIPAL, id="someone-else")
+    for principal, presented in (
+        (other, intent),
+        (PRINCIPAL, CapturedIntent(binding={**intent.binding, "context": {}}, intent_hash="x")),  # type: ignore[attr-defined]
+    ):
+        with pytest.raises(RequestRejected) as info:
+            check_intent_owner(principal, presented)  # type: ignore[arg-type]
+        assert info.value.code == "INTENT_PRINCIPAL_MISMATCH"
+
+
+def test_separation_of_duties_on_a_captured_intent() -> None:
+    from agentsafe.executor.intent import check_separation
+    from agentsafe.executor.principals import Principal, Role
+
+    intent = _capture()
+
+    def approver(pid: str, actor: str | None = None, role: Role = Role.APPROVER) -> Principal:
+        return Principal(id=pid, role=role, actor=Actor(actor, "HUMAN") if actor else None)
+
+    check_separation(approver("lead"), intent)  # type: ignore[arg-type]
+    check_separation(approver("lead", actor="person-1"), intent)  # type: ignore[arg-type]
+    refusals = [
+        (approver("lead", role=Role.OPERATOR), "ROLE_FORBIDDEN"),
+        (approver("lead", role=Role.PROPOSER), "ROLE_FORBIDDEN"),
+        (approver("legacy-caller"), "SEPARATION_OF_DUTIES_VIOLATED"),  # the proposer's id
+        (approver("agent-1"), "SEPARATION_OF_DUTIES_VIOLATED"),  # id is the proposer's actor
+        (approver("lead", actor="agent-1"), "SEPARATION_OF_DUTIES_VIOLATED"),  # same actor
+    ]
+    for who, code in refusals:
+        with pytest.raises(RequestRejected) as info:
+            check_separation(who, intent)  # type: ignore[arg-type]
+        assert info.value.code == code, who
