@@ -210,3 +210,13 @@ def test_sha256_digest_form() -> None:
     assert sha256_digest({}) == (
         "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
     )
+
+
+def test_objects_nest_to_the_same_bound_as_arrays() -> None:
+    deep: object = {}
+    for _ in range(MAX_DEPTH):
+        deep = {"a": deep}
+    assert canonical_json(deep) == b'{"a":' * MAX_DEPTH + b"{}" + b"}" * MAX_DEPTH
+    with pytest.raises(CanonicalizationError) as info:
+        canonical_json({"a": deep})
+    assert info.value.code == "JSON_TOO_DEEP"
