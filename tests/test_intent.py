@@ -265,3 +265,10 @@ def test_separation_of_duties_on_a_captured_intent() -> None:
         with pytest.raises(RequestRejected) as info:
             check_separation(who, intent)  # type: ignore[arg-type]
         assert info.value.code == code, who
+
+
+def test_array_items_add_up_across_arrays() -> None:
+    per = MAX_ARRAY_LENGTH - 1
+    count = MAX_ENTRIES // per + 1  # every array is within bounds, together they are not
+    assert _code({f"k{i}": [0] * per for i in range(count)}) == "REQUEST_TOO_LARGE"
+    check_json_bounds({f"k{i}": [0] * per for i in range(MAX_ENTRIES // per - 1)})
