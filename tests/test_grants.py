@@ -277,3 +277,39 @@ def test_thumbprint_is_sha256_of_required_members(key: SigningKey) -> None:
         json.dumps(members, separators=(",", ":"), sort_keys=True).encode()
     ).digest()
     assert key.kid == b64url_encode(expected)
+
+
+# Found by mutation testing (docs/mutation.md).
+
+
+def test_base64url_round_trips_every_byte_and_length() -> None:
+    for length in range(0, 7):
+        for first in range(256):
+            data = bytes([first]) * length
+            text = b64url_encode(data)
+            assert "=" not in text
+            assert b64url_decode(text) == data
+    assert b64url_decode("AAAA") == b"\0\0\0"
+    for bad in ("A", "AAAAA", "AA=A", "AA+/", "AB"):
+        with pytest.raises(TokenRefused) as info:
+            b64url_decode(bad)
+        assert info.value.code == "JWS_MALFORMED"
+
+
+def test_token_length_is_bounded_at_16_kib(key: SigningKey, keys: KeySet) -> None:
+    from agentsafe.executor.grants import MAX_TOKEN_LENGTH
+
+    assert MAX_TOKEN_LENGTH == 16 * 1024
+    token = sign_jws({"pad": "x" * 11_000}, typ=TYP, key=key)
+    assert len(token) <= MAX_TOKEN_LENGTH
+    assert verify_jws(token, typ=TYP, keys=keys)["pad"] == "x" * 11_000
+    long = sign_jws({"pad": "x" * 13_000}, typ=TYP, key=key)
+    assert len(long) > MAX_TOKEN_LENGTH
+    assert refused(long, keys) == "JWS_MALFORMED"
+
+
+def test_a_token_refusal_defaults_to_malformed_and_a_key_shows_only_its_kid(
+    key: SigningKey,
+) -> None:
+    assert TokenRefused("x").code == "JWS_MALFORMED"
+    assert repr(key) == f"SigningKey(kid={key.kid!r}, ephemeral={key.ephemeral})"
