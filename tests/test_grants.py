@@ -313,3 +313,53 @@ def test_a_token_refusal_defaults_to_malformed_and_a_key_shows_only_its_kid(
 ) -> None:
     assert TokenRefused("x").code == "JWS_MALFORMED"
     assert repr(key) == f"SigningKey(kid={key.kid!r}, ephemeral={key.ephemeral})"
+
+
+@pytest.mark.parametrize(
+    "change", [{"alg": "HS256"}, {"kty": "EC"}, {"crv": "X25519"}, {"kty": None}]
+)
+def test_a_real_key_with_one_wrong_member_is_refused(
+    key: SigningKey, change: dict[str, Any]
+) -> None:
+    jwk: dict[str, Any] = {**key.public_jwk(), **change}
+    with pytest.raises(AgentSafeError) as info:
+        KeySet.from_jwks({"keys": [jwk]})
+    assert info.value.code == "JWKS_INVALID"
+    assert KeySet.from_jwks({"keys": [key.public_jwk()]}).get(key.kid) is not None
+
+
+def test_a_token_exactly_at_the_bound_verifies(key: SigningKey, keys: KeySet) -> None:
+    from agentsafe.executor.grants import MAX_TOKEN_LENGTH
+
+    size = 12_000
+    while len(sign_jws({"pad": "x" * size}, typ=TYP, key=key)) < MAX_TOKEN_LENGTH:
+        size += 1
+    token = sign_jws({"pad": "x" * size}, typ=TYP, key=key)
+    if len(token) > MAX_TOKEN_LENGTH:  # base64 grows in steps of 4: step back to the bound
+        size -= 1
+        token = sign_jws({"pad": "x" * size}, typ=TYP, key=key)
+    assert len(token) <= MAX_TOKEN_LENGTH
+    assert len(token) > MAX_TOKEN_LENGTH - 4
+    assert verify_jws(token, typ=TYP, keys=keys)["pad"] == "x" * size
+
+
+@pytest.mark.parametrize("token", [b"a.b.c", "", None, 7])
+def test_a_token_that_is_not_text_is_malformed(keys: KeySet, token: object) -> None:
+    with pytest.raises(TokenRefused) as info:
+        verify_jws(token, typ=TYP, keys=keys)  # type: ignore[arg-type]
+    assert info.value.code == "JWS_MALFORMED"
+
+
+def test_the_algorithm_is_checked_before_the_header_form(key: SigningKey, keys: KeySet) -> None:
+    header = b64url_encode(b'{ "alg": "none", "typ": "agentsafe-grant+jwt", "kid": "k" }')
+    payload = b64url_encode(canonical_json(PAYLOAD))
+    assert refused(f"{header}.{payload}.", keys) == "JWS_ALGORITHM_REFUSED"
+
+
+def test_a_signed_payload_without_a_canonical_form_is_malformed(
+    key: SigningKey, keys: KeySet
+) -> None:
+    header = b64url_encode(canonical_json({"alg": "EdDSA", "kid": key.kid, "typ": TYP}))
+    payload = b64url_encode(b'{"n":9007199254740993}')  # no exact double: no RFC 8785 form
+    signature = b64url_encode(key.sign(f"{header}.{payload}".encode()))
+    assert refused(f"{header}.{payload}.{signature}", keys) == "JWS_MALFORMED"
