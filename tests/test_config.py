@@ -1059,7 +1059,18 @@ def test_other_kinds_keys_must_be_absent(kind: str, variable: str, value: str) -
 
 
 @pytest.mark.parametrize(
-    "header", ["Idempotency-Key", "x-agent-safe-intent-hash", "Host", "bad header", "a:b"]
+    "header",
+    [
+        "Idempotency-Key",
+        "x-agent-safe-intent-hash",
+        "X-Agent-Safe-Other",
+        "Host",
+        "Upgrade",
+        "Signature",
+        "content-digest",
+        "bad header",
+        "a:b",
+    ],
 )
 def test_credential_header_must_be_a_free_header_name(header: str) -> None:
     refused(legacy_env(DOWNSTREAM_CREDENTIAL_HEADER=header), "DOWNSTREAM_CREDENTIAL_HEADER", header)
