@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -35,7 +34,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ..canonical import canonical_json, canonical_text, sha256_digest, sha256_hex
+from ..canonical import canonical_json, canonical_text, parse_json, sha256_digest, sha256_hex
 from ..clock import Clock, format_ms
 from ..errors import AgentSafeError, CanonicalizationError
 from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
@@ -323,8 +322,8 @@ def verify_bundle(
     except OSError:
         return fail(MANIFEST, "FILE_READABLE", "the manifest cannot be read")
     try:
-        document = json.loads(raw_manifest.decode("utf-8"), parse_constant=_refuse)
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        document = parse_json(raw_manifest)
+    except (ValueError, CanonicalizationError, RecursionError):
         return fail(MANIFEST, "MANIFEST_PARSE", "the manifest is not JSON")
     if not isinstance(document, dict) or document.get("schema") != MANIFEST_SCHEMA:
         return fail(MANIFEST, "MANIFEST_SCHEMA", f"the manifest is not {MANIFEST_SCHEMA}")
@@ -415,10 +414,6 @@ def verify_bundle(
     if problems:
         return BundleReport(tuple(problems), None, chains)
     return BundleReport((), level, chains)
-
-
-def _refuse(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _signature_verifies(

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import RequestRejected
+from ..canonical import DuplicateKeyError, parse_json
+from ..errors import CanonicalizationError, RequestRejected
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer, error_body
 from ..lifecycle.pipeline import Pipeline, Proposal
@@ -96,19 +97,6 @@ def _schema_error(exc: ValidationError) -> RequestRejected:
     )
 
 
-def _refuse_constant(name: str) -> Any:
-    raise RequestRejected(400, "REQUEST_INVALID", "numbers must be finite")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise RequestRejected(400, "REQUEST_INVALID", "a key appears twice in one object")
-        out[key] = value
-    return out
-
-
 async def read_json(request: web.Request) -> Any:
     """Read a bounded JSON body or raise the right refusal."""
     if request.content_type != "application/json":
@@ -122,8 +110,16 @@ async def read_json(request: web.Request) -> Any:
     if len(raw) > MAX_BODY_BYTES:
         raise RequestRejected(413, "REQUEST_TOO_LARGE", "the body is larger than 100 KiB")
     try:
-        text = raw.decode("utf-8")
-        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicates)
+        value = parse_json(raw)
+    except DuplicateKeyError:
+        raise RequestRejected(400, "REQUEST_INVALID", "a key appears twice in one object") from None
+    except CanonicalizationError as exc:
+        message = (
+            "numbers must be finite"
+            if exc.code == "NUMBER_NOT_FINITE"
+            else "an integer is outside the exact range"
+        )
+        raise RequestRejected(400, "REQUEST_INVALID", message) from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise RequestRejected(400, "REQUEST_MALFORMED", "the body is not valid JSON") from None
     check_json_bounds(value)

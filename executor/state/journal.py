@@ -36,7 +36,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
-import json
 import os
 import queue
 import re
@@ -48,9 +47,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from ..canonical import canonical_json, sha256_digest
+from ..canonical import DuplicateKeyError, canonical_json, parse_json, sha256_digest
 from ..clock import Clock, format_ms
-from ..errors import AgentSafeError, JournalError
+from ..errors import AgentSafeError, CanonicalizationError, JournalError
 
 __all__ = [
     "ATTEMPTS_DIR",
@@ -541,23 +540,16 @@ class _Damaged(Exception):
     pass
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Damaged("a key appears twice")
-        out[key] = value
-    return out
-
-
-def _refuse_constant(_: str) -> Any:
-    raise _Damaged("a non-finite number")
-
-
 def _parse_line(line: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(line, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
-    except ValueError:
+        value = parse_json(line)
+    except DuplicateKeyError:
+        raise _Damaged("a key appears twice") from None
+    except CanonicalizationError as exc:
+        raise _Damaged(
+            "a non-finite number" if exc.code == "NUMBER_NOT_FINITE" else "a number out of range"
+        ) from None
+    except (ValueError, RecursionError):
         raise _Damaged("not valid JSON") from None
     if not isinstance(value, dict):
         raise _Damaged("not a JSON object")
