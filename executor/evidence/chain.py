@@ -22,8 +22,8 @@ with ``gap: true``. A line is never written more than ``checkpoint_lines`` past 
 head, so that bound holds even when a checkpoint fails (the sink then refuses to write).
 
 Callers: ``serve.py`` builds the streams with :func:`open_chained_streams` and closes them on
-SIGTERM; ``bundle.export_bundle`` reads :meth:`ChainedSink.snapshot`; ``/v1/control/status``
-reads the heads. The format is documented in ``docs/evidence.md``.
+SIGTERM; ``evidence/bundle.py`` (``export_bundle``) reads :meth:`ChainedSink.snapshot`;
+``/v1/control/status`` reads the heads. The format is documented in ``docs/evidence.md``.
 """
 
 from __future__ import annotations

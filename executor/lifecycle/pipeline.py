@@ -14,7 +14,7 @@
 
 ``Pipeline.reconcile`` is the stateless, read-only ``POST /v1/reconciliations``.
 
-Callers: ``app.py`` (HTTP), ``serve.py`` (assembly), tests.
+Callers: ``routes/app.py`` (HTTP), ``serve.py`` (assembly), tests.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ..policy.authority import ESCALATION_TYP, Authority, Decision, GrantRefused
 from ..principals import Principal
 from ..state.journal import AttemptJournal
 from ..state.usestore import ApprovalRecord, ApprovalRequest, ApprovalState, UseStore
-from .answers import Answer, decision_answer, error_body, halted_answer, reconciled_answer
+from .answers import Answer, decision_answer, halted_answer, reconciled_answer
 from .ceilings import HostCeilings
 from .shadow import ShadowReport
 
@@ -524,14 +524,11 @@ class Pipeline:
                 **_receipt(report.result),
             },
         )
-        wire_outcome = outcome.value
-        if outcome is Outcome.DEFINITELY_NOT_EXECUTED:
-            wire_outcome = Outcome.DEFINITELY_NOT_EXECUTED.value
         body = decision_answer(
             **common,
             reason_codes=[*decision.reason_codes, *report.reason_codes],
             fail_closed=outcome is Outcome.FAILED_BEFORE_DISPATCH,
-            outcome=wire_outcome,
+            outcome=outcome.value,
             executed=report.executed,
             authorization=authorization.as_wire(),
             finalization=finalization,
@@ -793,7 +790,3 @@ _RECONCILED: dict[str, tuple[str, bool | None]] = {
     "NOT_EXECUTED": ("DEFINITELY_NOT_EXECUTED", False),
     "UNKNOWN": ("UNKNOWN_AFTER_DISPATCH", None),
 }
-
-
-def error_answer(exc: RequestRejected) -> Answer:
-    return Answer(exc.status, error_body(exc.code, exc.message), exc.headers)

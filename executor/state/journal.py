@@ -25,9 +25,10 @@ last line (a crash mid-write; never acknowledged) is tolerated and reported, and
 the file is appended to again; any other damaged line is an error naming the file and line.
 Attempts opened before the retention window are not read.
 
-Callers: the pipeline (opened, closed), the seam's GRANT_CLAIMED decorator (grant_claimed),
-``reconcile.py`` (scan, reconciled), ``POST /v1/reconciliations`` (reconciled by CALLER),
-``GET /v1/control/open-attempts``, ``serve.py`` (open, close).
+Callers: ``lifecycle/pipeline.py`` (opened, closed; ``POST /v1/reconciliations`` records
+reconciled by CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``serve.py`` (open, close,
+``GET /v1/control/open-attempts``); the seam's GRANT_CLAIMED decorator (grant_claimed) is handed
+the journal.
 """
 
 from __future__ import annotations
