@@ -26,7 +26,7 @@ from ..errors import CanonicalizationError, RequestRejected
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer, error_body
 from ..lifecycle.pipeline import Pipeline, Proposal
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 
 __all__ = ["Door", "ReadyState", "build_app"]
 
@@ -44,7 +44,7 @@ class Door(Protocol):
     """Authenticates a request for a route's role and scope, or raises ``RequestRejected``."""
 
     async def authenticate(
-        self, request: web.Request, *, role: Role, scope: str | None
+        self, request: web.Request, *, role: Role, scope: Scope | None
     ) -> Principal: ...
 
 

@@ -24,7 +24,7 @@ from ..events import Streams
 from ..lifecycle.answers import error_body
 from ..plans.errors import AgentExecutionError, AgentSafetyError
 from ..plans.service import PlanService, status_for
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 from .app import Door, read_json
 
 __all__ = ["add_plan_routes"]
@@ -35,7 +35,7 @@ def add_plan_routes(
 ) -> None:
     def route(
         role: Role,
-        scope: str | None,
+        scope: Scope | None,
         event: str,
         run: Callable[[Any, Principal], Awaitable[dict[str, Any]]],
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -78,7 +78,7 @@ def add_plan_routes(
     app.router.add_post("/v1/plans/steps", route(Role.PROPOSER, None, "PLAN_STEP", step))
     app.router.add_post(
         "/v1/plans/receipts/verify",
-        route(Role.OPERATOR, "evidence", "PLAN_RECEIPT_VERIFIED", verify),
+        route(Role.OPERATOR, Scope.EVIDENCE, "PLAN_RECEIPT_VERIFIED", verify),
     )
 
 
