@@ -38,6 +38,7 @@ from ..canonical import canonical_json, parse_json, sha256_digest, sha256_hex
 from ..clock import Clock, format_ms
 from ..errors import AgentSafeError, CanonicalizationError
 from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
+from ..host.durable import fsync_directory, write_all
 from .chain import ChainedSink, ChainHead
 from .chainverify import ChainReport, verify_chain
 from .redact import Redactor
@@ -199,7 +200,7 @@ def export_bundle(
         for filename, data in files.items():
             _write_new(directory / filename, data)
         _write_new(directory / MANIFEST, _manifest_bytes(document))
-        _fsync_dir(directory)
+        fsync_directory(directory)
     except OSError as exc:
         raise BundleError("the bundle could not be written") from exc
     return Manifest(directory, document)
@@ -283,18 +284,7 @@ def _sign(document: Mapping[str, Any], key: Ed25519PrivateKey) -> dict[str, str]
 def _write_new(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

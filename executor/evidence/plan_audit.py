@@ -23,6 +23,7 @@ from ..canonical import canonical_text
 from ..clock import Clock
 from ..errors import JournalError
 from ..events import EventSink
+from ..host.durable import fsync_directory, write_all
 
 __all__ = ["DurablePlanAudit"]
 
@@ -51,16 +52,12 @@ class DurablePlanAudit:
             created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                os.write(fd, line.encode("utf-8"))
+                write_all(fd, line.encode("utf-8"))
                 os.fsync(fd)
             finally:
                 os.close(fd)
             if created:
-                dir_fd = os.open(self._dir, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
+                fsync_directory(self._dir)
 
 
 def _day(epoch: float) -> str:

@@ -51,6 +51,7 @@ from typing import Any
 from ..canonical import DuplicateKeyError, canonical_json, parse_json, sha256_digest
 from ..clock import Clock, format_ms
 from ..errors import AgentSafeError, CanonicalizationError, JournalError
+from ..host.durable import fsync_directory, write_all
 
 __all__ = [
     "ATTEMPTS_DIR",
@@ -392,7 +393,7 @@ class _Writer(threading.Thread):
                 continue
             try:
                 fd = self._file_for(day)
-                _write_all(fd, b"".join(p.data for p in segment))
+                write_all(fd, b"".join(p.data for p in segment))
                 os.fsync(fd)
             except OSError:
                 # After a failed write or fsync the file's state is unknowable: stop for good.
@@ -413,7 +414,7 @@ class _Writer(threading.Thread):
         try:
             os.fchmod(fd, 0o600)
             if created:
-                _fsync_directory(self._root)
+                fsync_directory(self._root)
             else:
                 torn = _cut_torn_tail(fd, f"{ATTEMPTS_DIR}/{path.name}")
                 if torn is not None:
@@ -433,21 +434,6 @@ class _Writer(threading.Thread):
 def _fail(segment: list[_Pending], message: str) -> None:
     for pending in segment:
         pending.done.set_exception(JournalError(message, code="JOURNAL_UNAVAILABLE"))
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _cut_torn_tail(fd: int, name: str) -> TornLine | None:
@@ -479,7 +465,7 @@ def _prepare_directory(directory: Path, root: Path) -> int:
         os.close(lock_fd)
         raise JournalError("another process holds this journal", code="JOURNAL_LOCKED") from None
     with contextlib.suppress(OSError):
-        _fsync_directory(directory)
+        fsync_directory(directory)
     return lock_fd
 
 
