@@ -21,6 +21,7 @@ from typing import Any, Protocol, TextIO
 
 __all__ = [
     "EVIDENCE_SCHEMA",
+    "GENESIS_HASH",
     "SECURITY_SCHEMA",
     "DeferredSink",
     "EventSink",
@@ -31,6 +32,9 @@ __all__ = [
 
 EVIDENCE_SCHEMA = "agent-safe.executor-evidence/1"
 SECURITY_SCHEMA = "agent-safe.security/1"
+GENESIS_HASH = "sha256:" + "0" * 64
+"""The ``prev_hash`` of a chain's first line (``evidence/chain.py`` writes it, ``chainverify.py``
+checks it)."""
 
 
 class EventSink(Protocol):

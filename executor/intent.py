@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import MAX_SAFE_INTEGER, canonical_json, sha256_digest, sha256_hex
+from .canonical import MAX_SAFE_INTEGER, sha256_digest
 from .clock import format_ms, parse_ms
 from .errors import RequestRejected
 from .principals import Principal, Role
@@ -130,7 +130,7 @@ def intent_hash(binding: Mapping[str, Any]) -> str:
 
 
 def execution_payload_digest(parameters: Mapping[str, Any]) -> str:
-    return "sha256:" + sha256_hex(canonical_json(parameters))
+    return sha256_digest(parameters)
 
 
 def check_json_bounds(value: Any) -> None:

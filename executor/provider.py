@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .canonical import canonical_json, parse_json, sha256_hex
+from .canonical import canonical_json, parse_json, sha256_digest
 from .egress.httpsig import (
     ATTESTATION_COMPONENT,
     SignatureError,
@@ -380,8 +380,7 @@ def _verify_attestation(
 def _payload_digest(body: bytes) -> str | None:
     """``sha256:`` + hex of the RFC 8785 form of the received body, or None if it is not JSON."""
     try:
-        value = parse_json(body)
-        return "sha256:" + sha256_hex(canonical_json(value))
+        return sha256_digest(parse_json(body))
     except (UnicodeDecodeError, ValueError, CanonicalizationError, RecursionError):
         return None
 

@@ -44,7 +44,7 @@ from typing import Any, ClassVar, TextIO
 from ..canonical import MAX_SAFE_INTEGER, canonical_text, sha256_digest
 from ..clock import Clock, format_ms
 from ..errors import AgentSafeError
-from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA, Streams
+from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, SECURITY_SCHEMA, Streams
 from ..host.durable import fsync_directory, write_all
 from .redact import Redaction, Redactor
 
@@ -66,7 +66,6 @@ __all__ = [
     "open_chained_streams",
 ]
 
-GENESIS_HASH = "sha256:" + "0" * 64
 CHAIN_RESUMED = "CHAIN_RESUMED"
 LEAK_SUSPECTED = "LEAK_SUSPECTED"
 DEFAULT_CHECKPOINT_LINES = 100

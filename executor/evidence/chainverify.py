@@ -25,7 +25,7 @@ from typing import Any
 
 from ..canonical import canonical_text, parse_json, sha256_digest
 from ..errors import CanonicalizationError
-from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
+from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, SECURITY_SCHEMA
 
 __all__ = [
     "ALTERED",
@@ -47,7 +47,6 @@ __all__ = [
     "verify_chain_file",
 ]
 
-GENESIS_HASH = "sha256:" + "0" * 64
 KNOWN_SCHEMAS = (EVIDENCE_SCHEMA, SECURITY_SCHEMA)
 
 ALTERED = "ALTERED"
