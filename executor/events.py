@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
+from .clock import format_ms
+
 __all__ = [
     "EVIDENCE_SCHEMA",
     "GENESIS_HASH",
@@ -52,7 +54,12 @@ class JsonLinesSink:
         self._lock = threading.Lock()
 
     def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
-        line = {"schema": self._schema, "event": event, "at": _now_iso(), **(fields or {})}
+        line = {
+            "schema": self._schema,
+            "event": event,
+            "at": format_ms(time.time()),
+            **(fields or {}),
+        }
         text = json.dumps(line, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
         with self._lock:
             self._stream.write(text)
@@ -89,11 +96,6 @@ class Streams:
     @classmethod
     def memory(cls) -> Streams:
         return cls(evidence=MemorySink(), security=MemorySink())
-
-
-def _now_iso() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
 
 
 class DeferredSink:

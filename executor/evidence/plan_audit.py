@@ -14,13 +14,12 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..canonical import canonical_text
-from ..clock import Clock
+from ..clock import Clock, utc_day
 from ..errors import JournalError
 from ..events import EventSink
 from ..host.durable import fsync_directory, write_all
@@ -47,7 +46,7 @@ class DurablePlanAudit:
         self._evidence.emit("PLAN_AUDIT", {"plan_event": dict(event)})
 
     def _write(self, line: str) -> None:
-        path = self._dir / ("audit-" + _day(self._clock.now()) + ".jsonl")
+        path = self._dir / ("audit-" + utc_day(self._clock.now()) + ".jsonl")
         with self._lock:
             created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -58,7 +57,3 @@ class DurablePlanAudit:
                 os.close(fd)
             if created:
                 fsync_directory(self._dir)
-
-
-def _day(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(epoch))

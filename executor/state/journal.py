@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ..canonical import DuplicateKeyError, canonical_json, parse_json, sha256_digest
-from ..clock import Clock, format_ms
+from ..clock import Clock, format_ms, utc_day
 from ..errors import AgentSafeError, CanonicalizationError, JournalError
 from ..host.durable import fsync_directory, write_all
 
@@ -339,7 +339,7 @@ class AttemptJournal:
                 f"a journal record may not exceed {MAX_RECORD_BYTES} bytes",
                 code="JOURNAL_RECORD_TOO_LARGE",
             )
-        day = datetime.fromtimestamp(now, tz=UTC).date().isoformat()
+        day = utc_day(now)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._writer.submit(_Pending(day, data + b"\n", done))
         self._submitted += 1
