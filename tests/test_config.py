@@ -475,6 +475,9 @@ def test_lockout_rule_refusals(text: str) -> None:
         "SWISS:100",
         f"CHF:{MAX_SAFE_INTEGER + 1}",
         "CHF:-100",
+        "CHF:1.5",
+        "CHF:\u0665",
+        "CHF:100\n",
     ],
 )
 def test_ceiling_refusals(text: str) -> None:
