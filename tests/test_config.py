@@ -475,6 +475,9 @@ def test_lockout_rule_refusals(text: str) -> None:
         "SWISS:100",
         f"CHF:{MAX_SAFE_INTEGER + 1}",
         "CHF:-100",
+        "CHF:1.5",
+        "CHF:\u0665",
+        "CHF:100\n",
     ],
 )
 def test_ceiling_refusals(text: str) -> None:
@@ -1059,7 +1062,18 @@ def test_other_kinds_keys_must_be_absent(kind: str, variable: str, value: str) -
 
 
 @pytest.mark.parametrize(
-    "header", ["Idempotency-Key", "x-agent-safe-intent-hash", "Host", "bad header", "a:b"]
+    "header",
+    [
+        "Idempotency-Key",
+        "x-agent-safe-intent-hash",
+        "X-Agent-Safe-Other",
+        "Host",
+        "Upgrade",
+        "Signature",
+        "content-digest",
+        "bad header",
+        "a:b",
+    ],
 )
 def test_credential_header_must_be_a_free_header_name(header: str) -> None:
     refused(legacy_env(DOWNSTREAM_CREDENTIAL_HEADER=header), "DOWNSTREAM_CREDENTIAL_HEADER", header)

@@ -21,7 +21,7 @@ from ..errors import RequestRejected
 from ..events import Streams
 from ..host.halt import HaltCause, HaltState
 from ..host.metrics import ExecutorMetrics
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 from .app import Door, read_json
 
 __all__ = ["ControlPlane", "add_control_routes"]
@@ -61,7 +61,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def add_control_routes(app: web.Application, *, plane: ControlPlane, door: Door) -> None:
     def operator(
-        scope: str, action: str, run: Callable[..., Awaitable[web.StreamResponse]]
+        scope: Scope, action: str, run: Callable[..., Awaitable[web.StreamResponse]]
     ) -> Handler:
         async def handler(request: web.Request) -> web.StreamResponse:
             principal = await door.authenticate(request, role=Role.OPERATOR, scope=scope)
@@ -103,14 +103,14 @@ def add_control_routes(app: web.Application, *, plane: ControlPlane, door: Door)
         reason = await _reason(request)
         return web.json_response(await plane.export_evidence(reason=reason, principal=principal))
 
-    app.router.add_get("/v1/control/status", operator("status", "status", status))
-    app.router.add_post("/v1/control/halt", operator("halt", "halt", halt))
-    app.router.add_post("/v1/control/resume", operator("resume", "resume", resume))
+    app.router.add_get("/v1/control/status", operator(Scope.STATUS, "status", status))
+    app.router.add_post("/v1/control/halt", operator(Scope.HALT, "halt", halt))
+    app.router.add_post("/v1/control/resume", operator(Scope.RESUME, "resume", resume))
     app.router.add_get(
-        "/v1/control/open-attempts", operator("status", "open-attempts", open_attempts)
+        "/v1/control/open-attempts", operator(Scope.STATUS, "open-attempts", open_attempts)
     )
     app.router.add_post(
-        "/v1/control/secrets/reload", operator("secrets.reload", "secrets.reload", reload)
+        "/v1/control/secrets/reload", operator(Scope.SECRETS_RELOAD, "secrets.reload", reload)
     )
-    app.router.add_get("/metrics", operator("metrics", "metrics", metrics))
-    app.router.add_post("/v1/control/evidence-export", operator("evidence", "evidence", export))
+    app.router.add_get("/metrics", operator(Scope.METRICS, "metrics", metrics))
+    app.router.add_post("/v1/control/evidence-export", operator(Scope.EVIDENCE, "evidence", export))

@@ -23,7 +23,7 @@ from aiohttp import web
 from ..events import Streams
 from ..plans.errors import AgentExecutionError, AgentSafetyError
 from ..plans.service import PlanService
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 from .app import Door, read_json
 from .refusals import refusal
 
@@ -35,7 +35,7 @@ def add_plan_routes(
 ) -> None:
     def route(
         role: Role,
-        scope: str | None,
+        scope: Scope | None,
         event: str,
         run: Callable[[Any, Principal], Awaitable[dict[str, Any]]],
     ) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -74,7 +74,7 @@ def add_plan_routes(
     app.router.add_post("/v1/plans/steps", route(Role.PROPOSER, None, "PLAN_STEP", step))
     app.router.add_post(
         "/v1/plans/receipts/verify",
-        route(Role.OPERATOR, "evidence", "PLAN_RECEIPT_VERIFIED", verify),
+        route(Role.OPERATOR, Scope.EVIDENCE, "PLAN_RECEIPT_VERIFIED", verify),
     )
 
 
