@@ -300,7 +300,6 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "DOWNSTREAM_LOOKUP_BY_REFERENCE_URL",
     "DOWNSTREAM_SYSTEM",
     "DOWNSTREAM_OPERATION",
-    "DOWNSTREAM_ENVIRONMENT",
     "DOWNSTREAM_TIMEOUT_MS",
     "DOWNSTREAM_CA_FILE",
     "DOWNSTREAM_SPKI_PINS",
@@ -511,7 +510,6 @@ _TEXT_FIELDS: Final = (
     "banking_adapter_version",
     "downstream_system",
     "downstream_operation",
-    "downstream_environment",
     "downstream_client_id",
     "downstream_private_key_id",
     "downstream_token_audience",
@@ -656,7 +654,6 @@ class ExecutorConfig(BaseModel):
     downstream_lookup_by_reference_url: str | None = None
     downstream_system: str
     downstream_operation: str
-    downstream_environment: str | None = None
     downstream_timeout_ms: int = Field(
         default=DOWNSTREAM_TIMEOUT_MS_DEFAULT, ge=1, le=DOWNSTREAM_TIMEOUT_MS_MAX
     )
