@@ -7,8 +7,10 @@ outside the repository). When they cannot be had (no Go toolchain, build failed)
 skipped with one reason line — unless ``AGENTSAFE_E2E=require`` (set by ``.ci/run``), which
 turns that into a failure.
 
-``--backend=local`` (default) is the loopback control plane; ``--backend=kind`` uses the cluster
-the current kubeconfig points at (see ``e2e/kind/``) and is not run on this machine.
+``--backend=local`` (default) is the loopback control plane; ``--backend=node`` is the real
+one-node cluster of :mod:`cluster.node` (``make cluster-up``; brought up here when none runs,
+and then brought down after) with the chart installed from ``agentsafe:dev``;
+``--backend=kind`` uses the cluster the current kubeconfig points at (see ``e2e/kind/``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from cluster.build import Binaries, BuildRequest, BuildUnavailable, Tools, ensure_binaries
+from cluster.chart_install import install_chart
 from cluster.control_plane import (
     ControlPlane,
     ControlPlaneError,
@@ -31,12 +34,32 @@ from cluster.control_plane import (
 REQUIRE_ENV = "AGENTSAFE_E2E"
 
 
+@contextlib.contextmanager
+def node_cluster(config: pytest.Config) -> Iterator[Path]:
+    """The node's admin kubeconfig: a running node is reused (and left running); otherwise one
+    is brought up for the session and brought down after it."""
+    from cluster import node
+
+    before = node.status()
+    try:
+        cluster = node.up()
+    except (node.NodeError, BuildUnavailable) as error:
+        _unavailable(f"the one-node cluster cannot start here: {str(error).splitlines()[0]}")
+        raise  # unreachable: _unavailable always raises
+    try:
+        yield cluster.kubeconfig
+    finally:
+        if not before.get("running") and os.environ.get("AGENTSAFE_E2E_KEEP_NODE") != "1":
+            node.down()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--backend",
-        choices=("local", "kind"),
+        choices=("local", "node", "kind"),
         default="local",
-        help="local: loopback etcd+kube-apiserver (CI); kind: the current kubeconfig's cluster",
+        help="local: loopback etcd+kube-apiserver; node: a real one-node cluster on this "
+        "machine (make cluster-up); kind: the current kubeconfig's cluster",
     )
 
 
@@ -70,8 +93,8 @@ def backend(pytestconfig: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def k8s_binaries(pytestconfig: pytest.Config, backend: str) -> Binaries:
     """kube-apiserver, kubectl, etcd, helm (built into the cache on first use)."""
-    if backend != "local":
-        pytest.skip("locally built Kubernetes binaries belong to --backend=local")
+    if backend == "kind":
+        pytest.skip("locally built Kubernetes binaries belong to --backend=local and node")
     try:
         with _uncaptured(pytestconfig):
             return ensure_binaries(_build_request())
@@ -84,7 +107,7 @@ def k8s_binaries(pytestconfig: pytest.Config, backend: str) -> Binaries:
 @pytest.fixture(scope="session")
 def k8s_tools(request: pytest.FixtureRequest, backend: str) -> Tools:
     """kubectl and helm: the local builds, or (kind) the ones on PATH."""
-    if backend == "local":
+    if backend in ("local", "node"):
         binaries: Binaries = request.getfixturevalue("k8s_binaries")
         return binaries.tools
     found = {name: shutil.which(name) for name in ("kubectl", "helm")}
@@ -104,6 +127,14 @@ def control_plane(request: pytest.FixtureRequest, backend: str) -> Iterator[Cont
         tools: Tools = request.getfixturevalue("k8s_tools")
         with attached_cluster(Path(str(kubeconfig)), tools) as attached:
             yield attached
+        return
+    if backend == "node":
+        with _uncaptured(request.config), node_cluster(request.config) as kubeconfig_path:
+            tools = request.getfixturevalue("k8s_tools")
+            with attached_cluster(kubeconfig_path, tools) as attached:
+                with _uncaptured(request.config):
+                    install_chart(attached)
+                yield attached
         return
     binaries: Binaries = request.getfixturevalue("k8s_binaries")
     try:

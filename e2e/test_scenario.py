@@ -12,7 +12,8 @@ HaltSwitch stops it; deleting the AgentPolicy removes its children.
   rendered pod would, through the one kubelet stand-in (``cluster/kubelet_standin.py``, whose
   docstring lists its differences from a pod); a loopback TLS provider. Without
   kube-controller-manager the garbage collection is asserted through owner references.
-* kind (``e2e/kind/run.sh``, :mod:`cluster.kind_backend`): the chart's operator Deployment; the
+* node and kind (:mod:`cluster.kind_backend`; ``make e2e-node`` on the real one-node cluster of
+  :mod:`cluster.node`, ``e2e/kind/run.sh`` on kind): the chart's operator Deployment; the
   StatefulSet's real pod reached through ``kubectl port-forward`` and restarted by deleting it;
   the provider a pod in the cluster (``e2e/kind/provider.yaml``).
 
@@ -134,7 +135,7 @@ def _apply_json(plane: ControlPlane, obj: dict[str, Any]) -> None:
 def _backend(
     plane: ControlPlane, name: str, workdir: Path, operator_namespace: str
 ) -> Iterator[ScenarioBackend]:
-    if name == "kind":
+    if name in ("kind", "node"):
         with kind_backend(
             plane,
             workdir=workdir,
