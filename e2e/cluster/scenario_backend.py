@@ -36,6 +36,9 @@ class Provider:
     """The CA that issued the provider's certificate (``spec.downstream.ca``)."""
     received: Callable[[], list[str]]
     """The idempotency keys of the payout requests that reached the provider."""
+    set_mode: Callable[[str], None] | None = None
+    """Switch the provider's mode (``normal``, ``hang``, ...; ``POST /_control/mode``), where
+    the backend can reach it (the in-cluster provider)."""
 
 
 @dataclasses.dataclass(frozen=True)
