@@ -29,7 +29,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from agentsafe.executor.harness import (
+from agentsafe.executor.tools.harness import (
     ExecutorProcess,
     ProviderProcess,
     Workspace,

@@ -15,20 +15,24 @@ from typing import Any
 
 from .clock import Clock
 from .config import CredentialKind, ExecutorConfig
-from .credentials import PrivateKeyJwtCredential, SignedRequestCredential
-from .door import Door, LegacyCaller
-from .egress import Destination, GuardedClient
+from .door.door import Door, LegacyCaller
+from .door.principals_file import PrincipalSet, load_principals_file
+from .door.workload import JwksSource, WorkloadVerifier
+from .egress.credentials import (
+    DownstreamCredential,
+    PrivateKeyJwtCredential,
+    SignedRequestCredential,
+    StaticHeaderCredential,
+)
+from .egress.guard import Destination, GuardedClient
 from .errors import ConfigError
 from .events import Streams
-from .forward import DownstreamCredential, StaticHeaderCredential
-from .halt import HaltState
-from .metrics import ExecutorMetrics
+from .host.halt import HaltState
+from .host.metrics import ExecutorMetrics
+from .host.secrets import SecretStore
+from .host.tlsctx import ReloadingTlsContext, TlsSettings
 from .principals import legacy_principal
-from .principals_file import PrincipalSet, load_principals_file
-from .secrets import SecretStore
-from .tlsctx import ReloadingTlsContext, TlsSettings
 from .windows import DoorWindows
-from .workload import JwksSource, WorkloadVerifier
 
 __all__ = [
     "build_credential",

@@ -29,7 +29,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import main as demo_main
+    from .tools.demo import main as demo_main
 
     return demo_main(keep_serving=not args.no_wait)
 
@@ -50,19 +50,19 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def _verify_intent(args: argparse.Namespace) -> int:
-    from .verify_intent import run
+    from .tools.verify_intent import run
 
     return run(Path(args.path))
 
 
 def _verify_chain(args: argparse.Namespace) -> int:
-    from .chainverify import main as chain_main
+    from .evidence.chainverify import main as chain_main
 
     return chain_main([args.path])
 
 
 def _verify_bundle(args: argparse.Namespace) -> int:
-    from .bundle import main as bundle_main
+    from .evidence.bundle import main as bundle_main
 
     return bundle_main([args.path])
 
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     vp.add_argument("path", help="a provider request vector (JSON)")
     vp.set_defaults(run=_verify_provider)
 
-    from .approvals_cli import add_parser as add_approvals
+    from .tools.approvals_cli import add_parser as add_approvals
 
     add_approvals(sub)
 

@@ -6,13 +6,18 @@ authenticated principal), never from the request; the principal's id travels ins
 intent as ``context.caller_principal``. ``intent_hash = "sha256:" + hex(sha256(JCS(binding)))``.
 
 Also here: the structural bounds every request body passes before any other work
-(:func:`check_json_bounds`).
+(:func:`check_json_bounds`), and the checks on a captured intent after the door: a reconciliation
+or escalation presents only the caller's own intent (:func:`check_intent_owner`), and an approver
+never decides an intent it proposed (:func:`check_separation`).
 
-Callers: the HTTP layer (``app.py``), the pipeline, reconciliation, ``agentsafe verify intent``.
+Callers: the HTTP layer (``routes/app.py``), ``lifecycle/pipeline.py``,
+``lifecycle/reconcile.py``, ``dispatch/seam.py``, ``policy/authority.py``, ``config.py``
+(:class:`DownstreamTarget`).
 """
 
 from __future__ import annotations
 
+import hmac
 import math
 import re
 import uuid
@@ -23,7 +28,7 @@ from typing import Any
 from .canonical import MAX_SAFE_INTEGER, canonical_json, sha256_digest, sha256_hex
 from .clock import format_ms, parse_ms
 from .errors import RequestRejected
-from .principals import Principal
+from .principals import Principal, Role
 
 __all__ = [
     "FORBIDDEN_KEYS",
@@ -35,7 +40,9 @@ __all__ = [
     "CapturedIntent",
     "DownstreamTarget",
     "capture_intent",
+    "check_intent_owner",
     "check_json_bounds",
+    "check_separation",
     "execution_payload_digest",
     "intent_from_binding",
     "intent_hash",
@@ -243,3 +250,29 @@ def intent_from_binding(binding: Any) -> CapturedIntent:
         raise RequestRejected(400, "REQUEST_INVALID", "the intent is not an agent-safe.intent/1")
     check_json_bounds(binding)
     return CapturedIntent(binding=binding, intent_hash=intent_hash(binding))
+
+
+def check_intent_owner(principal: Principal, intent: CapturedIntent) -> None:
+    """A reconciliation or escalation may present only the caller's own intent (403)."""
+    owner = intent.caller_principal
+    if owner is None or not hmac.compare_digest(owner.encode(), principal.id.encode()):
+        raise RequestRejected(
+            403, "INTENT_PRINCIPAL_MISMATCH", "the intent belongs to another principal"
+        )
+
+
+def check_separation(approver: Principal, intent: CapturedIntent) -> None:
+    """An approver may never decide an intent its own actor (or id) proposed (422)."""
+    proposer_actor = intent.binding.get("actor")
+    proposer_actor_id = proposer_actor.get("id") if isinstance(proposer_actor, dict) else None
+    names = {approver.id}
+    if approver.actor is not None:
+        names.add(approver.actor.id)
+    if approver.role is not Role.APPROVER:
+        raise RequestRejected(403, "ROLE_FORBIDDEN", "only an approver may decide")
+    if proposer_actor_id in names or intent.caller_principal in names:
+        raise RequestRejected(
+            422,
+            "SEPARATION_OF_DUTIES_VIOLATED",
+            "an approver may not decide an intent it proposed",
+        )

@@ -8,8 +8,8 @@ attestation inside it, then that the attestation is presented once within its le
 This module imports only the standard library, ``cryptography`` and agentsafe's own ``canonical``
 and ``httpsig`` modules, never aiohttp or the server, so a provider can use (or vendor) it alone.
 
-Callers: providers; ``synthetic.py`` (the demo provider); the CLI
-``agentsafe verify provider-request <vector>`` (:func:`main`).
+Callers: providers; ``cli.py`` (``agentsafe verify provider-request <vector>``, through
+:func:`main`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .canonical import canonical_json, sha256_hex
-from .errors import CanonicalizationError
-from .httpsig import (
+from .egress.httpsig import (
     ATTESTATION_COMPONENT,
     SignatureError,
     parse_content_digest,
@@ -40,6 +39,7 @@ from .httpsig import (
     signature_base,
     verify_base,
 )
+from .errors import CanonicalizationError
 
 __all__ = [
     "ALL_COMPONENTS",

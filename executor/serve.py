@@ -31,43 +31,43 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from .answers import reconciled_answer
-from .app import ReadyState, build_app
-from .approvals import add_approval_routes
 from .assembly import build_credential, build_door, build_tls, build_transport, load_principals
-from .audithook import Guard, install_guard
-from .authority import LocalAuthority
-from .bundle import BundleError, export_bundle
-from .ceilings import HostCeilings
-from .chain import ChainedStreams, LineWriter, LineWriterHandler, open_chained_streams
 from .clock import Clock, SystemClock
 from .config import ExecutorConfig, load_config
-from .control import add_control_routes
-from .door_http import HttpDoor
+from .dispatch.forward import ForwardRequestHandler
+from .dispatch.seam import ReconcileResult, ReconcileStatus, Registry
+from .door.workload import JwksSource
 from .errors import AgentSafeError, ConfigError, RequestRejected
 from .events import SECURITY_SCHEMA, DeferredSink, EventSink, JsonLinesSink, Streams
-from .forward import ForwardRequestHandler
+from .evidence.bundle import BundleError, export_bundle
+from .evidence.chain import ChainedStreams, LineWriter, LineWriterHandler, open_chained_streams
+from .evidence.plan_audit import DurablePlanAudit
+from .evidence.redact import RedactingLogFilter, Redactor
 from .grants import SigningKey
-from .halt import HaltState
-from .journal import AttemptJournal
-from .metrics import ExecutorMetrics
-from .pipeline import Pipeline
-from .plan_audit import DurablePlanAudit
+from .host.audithook import Guard, install_guard
+from .host.halt import HaltState
+from .host.metrics import ExecutorMetrics
+from .host.posture import PostureInputs, PostureMonitor, PostureReport, check_posture
+from .host.secrets import SecretStore, inspect_sources
+from .host.tlsctx import ReloadingTlsContext
+from .lifecycle.answers import reconciled_answer
+from .lifecycle.ceilings import HostCeilings
+from .lifecycle.pipeline import Pipeline
+from .lifecycle.reconcile import Resolution, ResolutionStatus, reconcile_open_attempts
+from .lifecycle.shadow import ShadowReport
 from .plans.execute import StepExecutor
 from .plans.service import ExecutorRegistry, PlanService
 from .plans.signing import Ed25519Signer
-from .plans_http import add_plan_routes
-from .policy import CompiledPolicy, PolicyDocument, compile_policy, load_policy
-from .posture import PostureInputs, PostureMonitor, PostureReport, check_posture
+from .policy.authority import LocalAuthority
+from .policy.policy import CompiledPolicy, PolicyDocument, compile_policy, load_policy
 from .principals import Principal
-from .reconcile import Resolution, ResolutionStatus, reconcile_open_attempts
-from .redact import RedactingLogFilter, Redactor
-from .seam import ReconcileResult, ReconcileStatus, Registry
-from .secrets import SecretStore, inspect_sources
-from .shadow import ShadowReport
-from .tlsctx import ReloadingTlsContext
-from .usestore import SQLiteUseStore
-from .workload import JwksSource
+from .routes.app import ReadyState, build_app
+from .routes.approvals import add_approval_routes
+from .routes.control import add_control_routes
+from .routes.door import HttpDoor
+from .routes.plans import add_plan_routes
+from .state.journal import AttemptJournal
+from .state.usestore import SQLiteUseStore
 
 __all__ = ["Executor", "assemble", "main"]
 

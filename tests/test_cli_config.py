@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentsafe.executor.harness import Workspace
+from agentsafe.executor.tools.harness import Workspace
 
 AGENTSAFE = str(Path(sys.executable).parent / "agentsafe")
 

@@ -18,11 +18,11 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from agentsafe.executor import provider
-from agentsafe.executor.attestation import issue_claim_attestation, verify_claim_attestation
 from agentsafe.executor.canonical import canonical_json, sha256_digest
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.credentials import SignedRequestCredential
+from agentsafe.executor.egress.credentials import SignedRequestCredential
 from agentsafe.executor.grants import KeySet, SigningKey, b64url_decode, verify_jws
+from agentsafe.executor.policy.attestation import issue_claim_attestation, verify_claim_attestation
 from agentsafe.executor.provider import (
     ALL_COMPONENTS,
     EFFECT_RECEIPT_TYP,

@@ -9,7 +9,7 @@ longer uses (so the list never drifts into a blanket permission).
 It is a review control, not a runtime guarantee. It reads source; it cannot see a connection
 opened through a C extension, ``ctypes``, a third-party library that connects on its own, a name
 built at run time for ``importlib``, or a subprocess. The runtime guarantee in the executor
-process is the audit hook in ``executor/audithook.py`` (every ``socket.connect`` outside the
+process is the audit hook in ``executor/host/audithook.py`` (every ``socket.connect`` outside the
 guarded client's ``allowed_egress`` is refused), and below it the container's network policy.
 What this rule buys is that a second outbound client cannot be added to the product by accident:
 anyone who needs one must add a line here, with a reason, where a reviewer sees it. The modules
@@ -132,14 +132,14 @@ def allow(*kinds: str, reason: str) -> Allowance:
 
 ALLOWED: dict[str, Allowance] = {
     # -- the executor process -------------------------------------------------------------
-    "executor/egress.py": allow(
+    "executor/egress/guard.py": allow(
         SOCKET,
         HTTP_CLIENT,
         RESOLVE,
         reason="the guarded client: the executor's one outbound path (connects inside "
         "allowed_egress, resolves once per request, pins the answer)",
     ),
-    "executor/audithook.py": allow(
+    "executor/host/audithook.py": allow(
         SOCKET,
         CONNECT,
         reason="the audit hook's self-test probe: a connect to a closed loopback port that the "
@@ -149,26 +149,26 @@ ALLOWED: dict[str, Allowance] = {
         LISTEN,
         reason="the executor's listener (server side, accepts only; no outbound connection)",
     ),
-    # Not listed because they use none of the APIs: app.py (builds the aiohttp application;
-    # serve.py binds it), tlsctx.py and posture.py (build and inspect SSLContexts only).
+    # Not listed because they use none of the APIs: routes/app.py (builds the aiohttp application;
+    # serve.py binds it), host/tlsctx.py and host/posture.py (build and inspect SSLContexts only).
     # -- outside the executor process -----------------------------------------------------
-    "executor/synthetic.py": allow(
+    "executor/tools/synthetic.py": allow(
         LISTEN,
         reason="the synthetic provider: a test double that listens on loopback only, in tests "
         "or its own process, never inside the executor",
     ),
-    "executor/harness.py": allow(
+    "executor/tools/harness.py": allow(
         SOCKET,
         HTTP_CLIENT,
         reason="developer tooling that starts and drives provider and executor subprocesses "
         "on loopback (free ports, readiness polls); not part of the executor process",
     ),
-    "executor/demo.py": allow(
+    "executor/tools/demo.py": allow(
         HTTP_CLIENT,
         reason="`agentsafe demo`: drives loopback subprocesses as a caller would; not part of "
         "the executor process",
     ),
-    "executor/approvals_cli.py": allow(
+    "executor/tools/approvals_cli.py": allow(
         HTTP_CLIENT,
         reason="a person's command line calling an executor's approval routes; runs in its "
         "own short-lived process, not in the executor",
@@ -176,10 +176,9 @@ ALLOWED: dict[str, Allowance] = {
     # -- the operator: its own process, which talks to the API server and to executors ----
     "operator/apply.py": allow(
         HTTP_CLIENT,
-        KUBE,
         reason="the operator's Kubernetes API client (one session with kopf's credentials)",
     ),
-    "operator/halt.py": allow(
+    "operator/control.py": allow(
         HTTP_CLIENT,
         reason="the operator's calls to executors' halt endpoints over TLS pinned to each "
         "executor's certificate",
@@ -287,10 +286,10 @@ def findings_by_module() -> dict[str, list[Finding]]:
 
 OUTSIDE_THE_EXECUTOR = frozenset(
     {
-        "executor/synthetic.py",
-        "executor/harness.py",
-        "executor/demo.py",
-        "executor/approvals_cli.py",
+        "executor/tools/synthetic.py",
+        "executor/tools/harness.py",
+        "executor/tools/demo.py",
+        "executor/tools/approvals_cli.py",
     }
 )
 """Modules of the executor package that never run inside ``agentsafe serve`` (checked below)."""
@@ -362,7 +361,7 @@ def test_network_use_is_confined_to_the_allowed_modules() -> None:
     ]
     assert violations == [], (
         "network use outside the allowed modules (route outbound HTTP through "
-        "executor/egress.py's GuardedClient, or add an entry to ALLOWED with a reason):\n"
+        "executor/egress/guard.py's GuardedClient, or add an entry to ALLOWED with a reason):\n"
         + "\n".join(violations)
     )
 
@@ -392,7 +391,11 @@ def test_the_executor_process_has_one_outbound_client() -> None:
     is reachable from ``executor/serve.py`` by its imports (lazy ones included).
     """
     loaded = import_closure("executor/serve.py")
-    assert {"executor/egress.py", "executor/audithook.py", "executor/app.py"} <= loaded
+    assert {
+        "executor/egress/guard.py",
+        "executor/host/audithook.py",
+        "executor/routes/app.py",
+    } <= loaded
     assert sorted(OUTSIDE_THE_EXECUTOR & loaded) == []
     found = findings_by_module()
     outbound = {
@@ -400,20 +403,20 @@ def test_the_executor_process_has_one_outbound_client() -> None:
         for path in sorted(loaded)
     }
     assert {path: kinds for path, kinds in outbound.items() if kinds} == {
-        "executor/egress.py": [HTTP_CLIENT, RESOLVE],
-        "executor/audithook.py": [CONNECT],  # the probe the installed hook must refuse
+        "executor/egress/guard.py": [HTTP_CLIENT, RESOLVE],
+        "executor/host/audithook.py": [CONNECT],  # the probe the installed hook must refuse
     }
 
 
 def test_every_client_outside_the_guard_is_outside_the_executor() -> None:
     for path, allowance in ALLOWED.items():
-        if allowance.kinds & {HTTP_CLIENT, RESOLVE, KUBE} and path != "executor/egress.py":
+        if allowance.kinds & {HTTP_CLIENT, RESOLVE, KUBE} and path != "executor/egress/guard.py":
             assert path in OUTSIDE_THE_EXECUTOR or path.startswith("operator/"), path
 
 
 def test_every_module_is_scanned() -> None:
     scanned = set(findings_by_module())
-    assert "executor/egress.py" in scanned
+    assert "executor/egress/guard.py" in scanned
     assert "executor/plans/execute.py" in scanned  # subpackages too
     assert "operator/render/network.py" in scanned
     assert len(scanned) > 50

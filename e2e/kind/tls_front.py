@@ -1,7 +1,7 @@
 """A TLS front for a loopback-only service in the same pod (test-only, kind backend).
 
 Role: the kind scenario's downstream is agentsafe's SYNTHETIC provider
-(``python -m agentsafe.executor.synthetic``), which binds loopback only by design and moves no
+(``python -m agentsafe.executor.tools.synthetic``), which binds loopback only by design and moves no
 money. In the provider pod of ``e2e/kind/provider.yaml`` it keeps doing exactly that — it binds
 the pod's own ``127.0.0.1`` — and this script, the pod's second container, terminates TLS on
 the pod's address with a certificate the test made, and relays each connection's bytes to the

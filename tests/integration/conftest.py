@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.harness import Workspace, free_port
 from agentsafe.executor.serve import Executor, assemble
-from agentsafe.executor.synthetic import SyntheticProvider
+from agentsafe.executor.tools.harness import Workspace, free_port
+from agentsafe.executor.tools.synthetic import SyntheticProvider
 
 
 @dataclass

@@ -15,16 +15,16 @@ import pytest
 
 from agentsafe.executor.clock import Clock, ManualClock
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.harness import (
+from agentsafe.executor.serve import Executor, assemble
+from agentsafe.executor.tools.harness import (
     ExecutorProcess,
     ProviderProcess,
     Workspace,
     free_port,
 )
-from agentsafe.executor.serve import Executor, assemble
-from agentsafe.executor.synthetic import SyntheticProvider
+from agentsafe.executor.tools.synthetic import SyntheticProvider
 
-from .principals_support import BearerPrincipals, principals_env
+from .bearer_principals import BearerPrincipals, principals_env
 
 PROPOSER, APPROVER, OTHER_APPROVER, OPERATOR = (
     "treasury-workflow",

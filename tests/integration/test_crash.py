@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agentsafe.executor.harness import (
+from agentsafe.executor.tools.harness import (
     ExecutorProcess,
     ProviderProcess,
     Workspace,

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from agentsafe.executor.harness import wait_until
+from agentsafe.executor.tools.harness import wait_until
 
 from .conftest import Factory
 

@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.harness import Workspace, free_port
 from agentsafe.executor.serve import Executor, assemble
+from agentsafe.executor.tools.harness import Workspace, free_port
 from tests.plans import support as s
 
-from .principals_support import OPERATOR_ID, BearerPrincipals, principals_env
+from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "policy.yaml"
 

@@ -1,10 +1,10 @@
 """Start order and refusals of a real ``agentsafe serve`` (issue 9).
 
 Each test starts the executor as a subprocess with an environment rendered by
-:class:`~agentsafe.executor.harness.Workspace` and one thing wrong, and checks what the process
-says: a non-zero exit, exactly one human line naming the variable or the check (never a value),
-and the security lines said before the refusal kept on stderr rather than lost. The order of the
-steps is observable: a host that fails its posture is reported as such even when the journal
+:class:`~agentsafe.executor.tools.harness.Workspace` and one thing wrong, and checks what the
+process says: a non-zero exit, exactly one human line naming the variable or the check (never a
+value), and the security lines said before the refusal kept on stderr rather than lost. The order of
+the steps is observable: a host that fails its posture is reported as such even when the journal
 directory is also unusable, because posture comes first.
 
 We run as root on this machine, which is itself a real condition: ``EXECUTOR_POSTURE=ENFORCED``
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from agentsafe.executor.audithook import GUARD_CHECKS
-from agentsafe.executor.harness import Workspace, free_port
+from agentsafe.executor.host.audithook import GUARD_CHECKS
+from agentsafe.executor.tools.harness import Workspace, free_port
 
 pytestmark = pytest.mark.slow
 

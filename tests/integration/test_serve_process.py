@@ -1,7 +1,7 @@
 """A real ``agentsafe serve`` running: the audit hook, signals, secret rotation, TLS (issue 9).
 
 Every test here starts the executor as a subprocess (``python -m agentsafe.executor.cli serve``)
-through :mod:`agentsafe.executor.harness`, so the PEP 578 audit hook is really installed first
+through :mod:`agentsafe.executor.tools.harness`, so the PEP 578 audit hook is really installed first
 and everything after it (the listener, the guarded egress client, the journal, the TLS key
 loading, the secret watcher) runs under it:
 
@@ -33,9 +33,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agentsafe.executor import chainverify
-from agentsafe.executor.audithook import GUARD_CHECKS
-from agentsafe.executor.harness import (
+from agentsafe.executor.evidence import chainverify
+from agentsafe.executor.host.audithook import GUARD_CHECKS
+from agentsafe.executor.tools.harness import (
     ExecutorProcess,
     ProviderProcess,
     Workspace,
@@ -44,8 +44,8 @@ from agentsafe.executor.harness import (
 )
 from tests.support.pki import TestCA
 
-from .principals_support import OPERATOR_ID, BearerPrincipals, principals_env
-from .support_principals import write_private
+from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
+from .estate import write_private
 
 pytestmark = pytest.mark.slow
 

@@ -20,13 +20,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.harness import Workspace, free_port
 from agentsafe.executor.provider import (
     MemorySeenStore,
     sign_effect_receipt,
     verify_provider_request,
 )
 from agentsafe.executor.serve import assemble
+from agentsafe.executor.tools.harness import Workspace, free_port
 
 
 class StrictProvider:

@@ -16,12 +16,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
 from agentsafe.executor.serve import assemble
-from agentsafe.executor.synthetic import SyntheticProvider
+from agentsafe.executor.tools.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
+from agentsafe.executor.tools.synthetic import SyntheticProvider
 
+from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
 from .conftest import Factory
-from .principals_support import OPERATOR_ID, BearerPrincipals, principals_env
 
 AGENTSAFE = str(Path(sys.executable).parent / "agentsafe")
 EXAMPLE = Path(__file__).parents[2] / "examples" / "policy.yaml"

@@ -18,10 +18,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agentsafe.executor.harness import wait_until
+from agentsafe.executor.tools.harness import wait_until
 from tests.support.pki import TestCA
 
-from .support_principals import (
+from .estate import (
     AUDIT_URI,
     ONCALL_URI,
     Cast,

@@ -12,7 +12,7 @@ from agentsafe.executor.plans import (
     execute_agent_plan_step,
     issue_agent_approval,
 )
-from agentsafe.executor.usestore import SQLiteUseStore
+from agentsafe.executor.state.usestore import SQLiteUseStore
 
 from . import support as s
 

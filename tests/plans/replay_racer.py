@@ -21,7 +21,7 @@ from agentsafe.executor.plans import (
     StepResult,
     execute_agent_plan_step,
 )
-from agentsafe.executor.usestore import SQLiteUseStore
+from agentsafe.executor.state.usestore import SQLiteUseStore
 
 
 class Executor:

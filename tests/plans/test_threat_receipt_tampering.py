@@ -60,7 +60,7 @@ async def test_receipt_checked_against_another_approval(world: World) -> None:
 
 
 async def test_receipt_requires_the_issuing_store(world: World, tmp_path: Any) -> None:
-    from agentsafe.executor.usestore import SQLiteUseStore
+    from agentsafe.executor.state.usestore import SQLiteUseStore
 
     receipt = (await world.execute()).receipt
     other = await SQLiteUseStore.open(tmp_path / "elsewhere", clock=s.manual_clock())

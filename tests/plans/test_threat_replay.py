@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 
 from agentsafe.executor.plans import AgentSafetyError, thaw
-from agentsafe.executor.usestore import SQLiteUseStore
+from agentsafe.executor.state.usestore import SQLiteUseStore
 
 from . import support as s
 from .conftest import World

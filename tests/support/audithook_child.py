@@ -1,4 +1,4 @@
-"""Run in a subprocess by tests/test_audithook.py: install the process guard, try everything.
+"""Run in a subprocess by tests/host/test_audithook.py: install the process guard, try everything.
 
 The guard is permanent for the process that installs it, so it must never be installed in the
 pytest process. Usage: ``python audithook_child.py <scenario> <outside_dir> <allowed_dir>...``;
@@ -21,8 +21,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from agentsafe.executor import audithook
-from agentsafe.executor.audithook import GuardError, GuardRefused, allowed_egress, install_guard
+from agentsafe.executor.host import audithook
+from agentsafe.executor.host.audithook import (
+    GuardError,
+    GuardRefused,
+    allowed_egress,
+    install_guard,
+)
 
 
 def attempt(fn: Callable[[], Any]) -> str:

@@ -1,4 +1,4 @@
-"""A tiny process that writes chained evidence, for tests/test_chain_process.py.
+"""A tiny process that writes chained evidence, for tests/evidence/test_chain_process.py.
 
 Usage: chain_child.py <journal_dir> <count> <checkpoint_lines> <then>
 Writes <count> events on the evidence stream (stdout) and, every fifth, one on the security stream
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from agentsafe.executor.chain import open_chained_streams
 from agentsafe.executor.clock import SystemClock
+from agentsafe.executor.evidence.chain import open_chained_streams
 
 
 def main() -> int:

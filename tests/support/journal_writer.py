@@ -1,4 +1,4 @@
-"""A process that appends to the attempt journal until it is killed (tests/test_journal.py).
+"""A process that appends to the attempt journal until it is killed (tests/state/test_journal.py).
 
 Usage: ``python journal_writer.py JOURNAL_DIR``. Appends ATTEMPT_OPENED and GRANT_CLAIMED records
 four at a time, concurrently, forever; after each append *returns* it prints ``ACK <attempt_id>
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from agentsafe.executor.clock import SystemClock
 from agentsafe.executor.intent import DownstreamTarget, capture_intent
-from agentsafe.executor.journal import AttemptJournal
 from agentsafe.executor.principals import Actor, legacy_principal
+from agentsafe.executor.state.journal import AttemptJournal
 
 
 async def main(directory: Path) -> None:

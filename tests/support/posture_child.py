@@ -1,4 +1,4 @@
-"""Run in a subprocess by tests/test_posture.py: a condition the test process must not have.
+"""Run in a subprocess by tests/host/test_posture.py: a condition the test process must not have.
 
 Usage: ``python posture_child.py <scenario>``; prints one JSON object with the posture's view.
 Scenarios: ``trace`` (a trace function), ``profile``, ``thread-trace``, ``debugger`` (a
@@ -19,9 +19,9 @@ import types
 from pathlib import Path
 from typing import Any
 
-from agentsafe.executor.audithook import install_guard
 from agentsafe.executor.events import MemorySink
-from agentsafe.executor.posture import (
+from agentsafe.executor.host.audithook import install_guard
+from agentsafe.executor.host.posture import (
     PostureInputs,
     PostureMode,
     PostureRefused,

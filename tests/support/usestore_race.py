@@ -1,4 +1,4 @@
-"""A separate process racing on a shared use store (tests/test_usestore.py).
+"""A separate process racing on a shared use store (tests/state/test_usestore.py).
 
 Usage: ``python usestore_race.py STATE_DIR MODE COUNT ARG...``. The process opens the store, prints
 ``READY``, then blocks reading one line from standard input so the parent can release every
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from agentsafe.executor.clock import SystemClock
 from agentsafe.executor.errors import StoreError
-from agentsafe.executor.usestore import SQLiteUseStore
+from agentsafe.executor.state.usestore import SQLiteUseStore
 
 NOW = 1_800_000_000.0
 

@@ -26,11 +26,11 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agentsafe.executor.attestation import issue_claim_attestation
 from agentsafe.executor.canonical import canonical_json, sha256_digest
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.credentials import SignedRequestCredential
+from agentsafe.executor.egress.credentials import SignedRequestCredential
 from agentsafe.executor.grants import SigningKey, b64url_encode
+from agentsafe.executor.policy.attestation import issue_claim_attestation
 from agentsafe.executor.provider import ALL_COMPONENTS
 
 HERE = Path(__file__).resolve().parent

@@ -1,0 +1,230 @@
+"""The reference ``forward_request`` handler.
+
+:class:`ForwardRequestHandler` POSTs the verified parameters, as RFC 8785 canonical JSON, to
+``DOWNSTREAM_URL`` inside ``dispatch.run`` with ``content-type: application/json``,
+``idempotency-key``, ``x-agent-safe-intent-hash``, ``x-agent-safe-dossier-id``,
+``x-agent-safe-grant-id`` and the credential's headers, asked of the credential just before
+dispatch and never kept. Its timeout is ``DOWNSTREAM_TIMEOUT_MS`` and never more than the grant
+has left (monotonic). The provider's answer is mapped without inference:
+
+===========================================  =========================================
+the provider says                             the seam reports
+===========================================  =========================================
+2xx                                           COMPLETED, ``{"status", "accepted": true}``
+4xx with a body (except 408 and 409)          DEFINITELY_NOT_EXECUTED, the provider's code
+3xx, 5xx, 408, 409, a 4xx with no body        UNKNOWN_AFTER_DISPATCH
+timeout or reset after the request was sent   UNKNOWN_AFTER_DISPATCH
+nothing sent (refused, connection refused)    FAILED_BEFORE_DISPATCH
+===========================================  =========================================
+
+408 and 409 are held unknown on purpose: for an idempotent API they can mean "a request with
+this key is still in progress", which is not a refusal.
+
+The result carries the status, ``accepted`` and the provider's ``reference`` (or ``id``) when it
+is a short printable string; never the body. A refusal's reason comes from a JSON body's ``code``
+(or ``reason``), reduced to UPPER_SNAKE of at most 64 characters, else
+``PROVIDER_REFUSED_<status>``.
+
+:meth:`ForwardRequestHandler.reconcile` GETs ``DOWNSTREAM_LOOKUP_URL`` with ``{idempotency_key}``
+replaced by the URL-quoted key: 404 is NOT_EXECUTED, 2xx COMPLETED, anything else UNKNOWN.
+
+The credential (:class:`~agentsafe.executor.egress.credentials.DownstreamCredential`) and the
+headers no credential may set (``RESERVED_HEADERS``) come from the egress wing, which knows nothing
+of handlers.
+
+Callers: ``serve.py`` (registers it as the ``forward_request`` handler); the integration tests.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from ..canonical import canonical_json
+from ..egress.credentials import RESERVED_HEADERS, DownstreamCredential
+from ..egress.transport import HttpResponse, Transport, TransportError
+from ..errors import ConfigError, HandlerError
+from .seam import (
+    Dispatch,
+    ExecutionContext,
+    ProviderRefused,
+    ReconcileResult,
+    ReconcileStatus,
+)
+
+__all__ = [
+    "MAX_TIMEOUT_MS",
+    "ForwardRequestHandler",
+    "provider_reason",
+]
+
+MAX_TIMEOUT_MS = 15_000
+PLACEHOLDER = "{idempotency_key}"
+_REFERENCE = re.compile(r"^[\x21-\x7e]{1,128}$")
+_COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]{2,2048}\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,512}$")
+_UNKNOWN_4XX = frozenset({408, 409})
+_UNREPRESENTABLE = re.compile(r"[/%\\]")
+
+
+def provider_reason(status: int, body: bytes) -> str:
+    """The provider's refusal code as UPPER_SNAKE (<= 64 chars), else PROVIDER_REFUSED_<status>."""
+    fallback = f"PROVIDER_REFUSED_{status}"
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return fallback
+    if not isinstance(payload, dict):
+        return fallback
+    for key in ("code", "reason"):
+        value = payload.get(key)
+        if isinstance(value, str):
+            snake = re.sub(r"[^A-Z0-9]+", "_", value.upper()).strip("_")[:64].rstrip("_")
+            if snake and snake[0].isalpha():
+                return snake
+    return fallback
+
+
+def _reference(body: bytes) -> str | None:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(payload, dict):
+        return None
+    for key in ("reference", "id"):
+        value = payload.get(key)
+        if isinstance(value, str) and _REFERENCE.match(value):
+            return value
+    return None
+
+
+class ForwardRequestHandler:
+    """The reference handler (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        lookup_url: str | None,
+        timeout_ms: int,
+        transport: Transport,
+        credential: DownstreamCredential | None,
+        parameters_schema: Mapping[str, Any],
+    ) -> None:
+        if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
+            raise ConfigError("DOWNSTREAM_TIMEOUT_MS", f"must be 1..{MAX_TIMEOUT_MS}")
+        if lookup_url is not None and PLACEHOLDER not in lookup_url:
+            raise ConfigError("DOWNSTREAM_LOOKUP_URL", f"must contain {PLACEHOLDER}")
+        self._url = url
+        self._lookup_url = lookup_url
+        self._timeout = timeout_ms / 1000
+        self._transport = transport
+        self._credential = credential
+        self._schema = dict(parameters_schema)
+
+    def __repr__(self) -> str:
+        return "ForwardRequestHandler()"
+
+    @property
+    def parameters_schema(self) -> Mapping[str, Any]:
+        return self._schema
+
+    async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+        body = canonical_json(dict(ctx.parameters))
+        auth = ctx.authorization
+        headers = {
+            "content-type": "application/json",
+            "idempotency-key": ctx.idempotency_key,
+            "x-agent-safe-intent-hash": ctx.intent.intent_hash,
+            "x-agent-safe-dossier-id": auth.dossier_id,
+            "x-agent-safe-grant-id": auth.grant_id,
+            "x-agent-safe-decision-id": auth.decision_id,
+        }
+        if ctx.attestation is not None:
+            headers["x-agent-safe-claim-attestation"] = ctx.attestation
+        if self._credential is not None:
+            extra = await self._credential.headers_for(
+                method="POST",
+                url=self._url,
+                body=body,
+                idempotency_key=ctx.idempotency_key,
+                intent_hash=ctx.intent.intent_hash,
+                grant_id=auth.grant_id,
+                decision_id=auth.decision_id,
+                attestation=ctx.attestation,
+            )
+            for name, value in extra.items():
+                key = name.lower()
+                # A signing credential returns the covered headers beside its signature: they
+                # must be exactly the values sent, and it may set no other reserved header.
+                if key in RESERVED_HEADERS and headers.get(key) != value:
+                    raise HandlerError(
+                        "the credential tried to set a reserved header", code="CREDENTIAL_INVALID"
+                    )
+                headers[key] = value
+
+        async def send(idempotency_key: str) -> HttpResponse:
+            timeout = min(self._timeout, ctx.remaining())
+            sent_headers = {**headers, "idempotency-key": idempotency_key}
+            return await self._transport.request(
+                "POST", self._url, headers=sent_headers, body=body, timeout=timeout
+            )
+
+        response = await dispatch.run(send)
+        status = response.status
+        if 200 <= status < 300:
+            result: dict[str, Any] = {"status": status, "accepted": True}
+            reference = _reference(response.body)
+            if reference is not None:
+                result["provider_reference"] = reference
+            receipt = response.headers.get("x-agent-safe-effect-receipt")
+            if receipt is not None and _COMPACT_JWS.match(receipt):
+                result["effect_receipt"] = receipt
+            return result
+        if 400 <= status < 500 and status not in _UNKNOWN_4XX and response.body.strip():
+            raise ProviderRefused(provider_reason(status, response.body), status=status)
+        if 300 <= status < 400:
+            code = "PROVIDER_REDIRECT"
+        elif status >= 500:
+            code = "PROVIDER_ERROR"
+        else:
+            code = "PROVIDER_ANSWER_INDETERMINATE"
+        raise HandlerError("the provider's answer does not say what happened", code=code)
+
+    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
+        """Ask the provider what it did with ``idempotency_key``; never sends the request."""
+        if self._lookup_url is None:
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="LOOKUP_NOT_CONFIGURED")
+        if _UNREPRESENTABLE.search(idempotency_key) or idempotency_key in (".", ".."):
+            # It would become an encoded separator or a dot segment, which the egress guard
+            # refuses (and counts towards a halt): answer unknown here, without asking.
+            return ReconcileResult(
+                ReconcileStatus.UNKNOWN, reason_code="LOOKUP_KEY_UNREPRESENTABLE"
+            )
+        url = self._lookup_url.replace(PLACEHOLDER, quote(idempotency_key, safe=""))
+        headers: dict[str, str] = {}
+        try:
+            if self._credential is not None:
+                extra = await self._credential.headers_for(
+                    method="GET", url=url, body=b"", idempotency_key=idempotency_key, intent_hash=""
+                )
+                headers.update(
+                    (k, v) for k, v in extra.items() if k.lower() not in RESERVED_HEADERS
+                )
+            response = await self._transport.request(
+                "GET", url, headers=headers, body=None, timeout=self._timeout
+            )
+        except (TransportError, HandlerError) as exc:
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=exc.code)
+        if response.status == 404:
+            return ReconcileResult(ReconcileStatus.NOT_EXECUTED)
+        if 200 <= response.status < 300:
+            return ReconcileResult(
+                ReconcileStatus.COMPLETED, provider_reference=_reference(response.body)
+            )
+        return ReconcileResult(
+            ReconcileStatus.UNKNOWN, reason_code=f"LOOKUP_STATUS_{response.status}"
+        )

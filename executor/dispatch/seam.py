@@ -1,0 +1,408 @@
+"""The handler seam: what may run, and how its outcome is classified.
+
+A handler is registered under an action name with a strict parameter schema, performs its side
+effect inside :meth:`Dispatch.run` (the point of no return) and answers a read-only
+:meth:`Handler.reconcile`. The :class:`Registry` is sealed once registration is over and wraps
+every execution in the same steps, so an ordinary handler gets them without knowing:
+
+1. the parameters are validated against the handler's schema and checked against the intent's
+   execution payload digest (nothing runs on a mismatch);
+2. the journal decorator: ``on_claimed(ctx)`` (the pipeline's GRANT_CLAIMED append) is awaited
+   before the handler body; if it raises, the handler never runs and the attempt is
+   FAILED_BEFORE_DISPATCH with JOURNAL_UNAVAILABLE;
+3. the handler runs, and its end is classified:
+
+   ======================================  ===========================  ==========
+   what happened                            outcome                      executed
+   ======================================  ===========================  ==========
+   returned a mapping after dispatching     COMPLETED                    True
+   raised before ``dispatch.run``           FAILED_BEFORE_DISPATCH       False
+   ``TransportError`` with ``sent=False``   FAILED_BEFORE_DISPATCH       False
+   raised ``ProviderRefused``               DEFINITELY_NOT_EXECUTED      False
+   raised anything else after dispatching   UNKNOWN_AFTER_DISPATCH       None
+   returned without ever dispatching        FAILED_BEFORE_DISPATCH       False
+   ======================================  ===========================  ==========
+
+   (The last row is a handler breaking its contract, reported HANDLER_CONTRACT_VIOLATED.)
+
+Deadlines are monotonic: the context carries ``deadline_monotonic`` (never later than the grant's
+expiry), :meth:`ExecutionContext.remaining` is what a handler may give its provider, and
+:meth:`Dispatch.run` refuses to start once it has passed (GRANT_EXPIRED). Correcting the wall
+clock cannot extend a call. The seam does not shield a handler from cancellation: the pipeline
+must not cancel an execution in flight; if it is cancelled anyway no report is produced and the
+attempt stays open for reconciliation.
+
+``ReconcileStatus``/``ReconcileResult`` live here (the handler contract returns them);
+``reconcile.py`` imports them.
+
+Callers: the pipeline (execute), startup and caller reconciliation (reconcile, the read path
+only), ``dispatch/forward.py`` and every other handler.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol, TypeVar
+
+import jsonschema
+from jsonschema import Draft202012Validator
+
+from ..canonical import canonical_json
+from ..clock import Clock, format_ms
+from ..egress.transport import TransportError
+from ..errors import AgentSafeError, CanonicalizationError, HandlerError, RequestRejected
+from ..events import EventSink
+from ..intent import CapturedIntent, execution_payload_digest
+
+__all__ = [
+    "Authorization",
+    "Dispatch",
+    "DispatchRefused",
+    "ExecutionContext",
+    "ExecutionReport",
+    "Handler",
+    "Outcome",
+    "ProviderRefused",
+    "ReconcileResult",
+    "ReconcileStatus",
+    "Registry",
+    "check_parameters_schema",
+]
+
+T = TypeVar("T")
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,127}$")
+
+
+class Outcome(StrEnum):
+    COMPLETED = "COMPLETED"
+    BLOCKED = "BLOCKED"
+    FAILED_BEFORE_DISPATCH = "FAILED_BEFORE_DISPATCH"
+    UNKNOWN_AFTER_DISPATCH = "UNKNOWN_AFTER_DISPATCH"
+    DEFINITELY_NOT_EXECUTED = "DEFINITELY_NOT_EXECUTED"
+    ESCALATE_PENDING = "ESCALATE_PENDING"
+
+
+class ReconcileStatus(StrEnum):
+    COMPLETED = "COMPLETED"
+    NOT_EXECUTED = "NOT_EXECUTED"
+    UNKNOWN = "UNKNOWN"
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    """What a provider said about an idempotency key (never a provider body)."""
+
+    status: ReconcileStatus
+    reason_code: str | None = None
+    provider_reference: str | None = None
+
+
+@dataclass(frozen=True)
+class Authorization:
+    """The consumed binding kept as evidence; the grant token itself never appears here."""
+
+    decision_id: str
+    dossier_id: str
+    grant_id: str
+    expires_at: float
+
+    def as_wire(self) -> dict[str, str]:
+        return {
+            "decision_id": self.decision_id,
+            "dossier_id": self.dossier_id,
+            "grant_id": self.grant_id,
+            "expires_at": format_ms(self.expires_at),
+        }
+
+
+@dataclass(frozen=True)
+class ExecutionContext:
+    """Everything a handler is given for one execution."""
+
+    intent: CapturedIntent
+    parameters: Mapping[str, Any]
+    authorization: Authorization
+    deadline_monotonic: float
+    clock: Clock
+    attestation: str | None = None  # the authority's claim attestation, for signed dispatches
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        intent: CapturedIntent,
+        authorization: Authorization,
+        clock: Clock,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> ExecutionContext:
+        """A context whose deadline is the grant's expiry, moved onto the monotonic clock now."""
+        left = authorization.expires_at - clock.now()
+        return cls(
+            intent=intent,
+            parameters=intent.parameters if parameters is None else parameters,
+            authorization=authorization,
+            deadline_monotonic=clock.monotonic() + left,
+            clock=clock,
+        )
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.intent.idempotency_key
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline on the monotonic clock (never negative)."""
+        return max(0.0, self.deadline_monotonic - self.clock.monotonic())
+
+
+class DispatchRefused(AgentSafeError):
+    """:meth:`Dispatch.run` would not start (the deadline passed, or it already ran)."""
+
+    code = "DISPATCH_REFUSED"
+
+
+class ProviderRefused(AgentSafeError):
+    """The provider was reached and refused deterministically: nothing was effected.
+
+    ``reason`` is the provider's reason code (UPPER_SNAKE), reported among the reason codes.
+    """
+
+    code = "PROVIDER_REFUSED"
+
+    def __init__(self, reason: str, *, status: int | None = None) -> None:
+        super().__init__("the provider refused the request", code="PROVIDER_REFUSED")
+        self.reason = reason
+        self.status = status
+
+
+class Dispatch:
+    """The point of no return for one execution; :meth:`run` may be called once."""
+
+    def __init__(self, ctx: ExecutionContext) -> None:
+        self._ctx = ctx
+        self._started = False
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    async def run(self, fn: Callable[[str], Awaitable[T]]) -> T:
+        """Await ``fn(idempotency_key)``; from here on a failure is an unknown outcome."""
+        if self._started:
+            raise DispatchRefused("dispatch runs once per execution", code="DISPATCH_TWICE")
+        if self._ctx.remaining() <= 0:
+            raise DispatchRefused("the grant expired before dispatch", code="GRANT_EXPIRED")
+        self._started = True
+        return await fn(self._ctx.idempotency_key)
+
+
+class Handler(Protocol):
+    @property
+    def parameters_schema(self) -> Mapping[str, Any]: ...
+
+    async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]: ...
+
+    async def reconcile(self, idempotency_key: str) -> ReconcileResult: ...
+
+
+@dataclass(frozen=True)
+class ExecutionReport:
+    outcome: Outcome
+    executed: bool | None
+    result: Mapping[str, Any] | None = None
+    reason_codes: tuple[str, ...] = ()
+    dispatched: bool = False
+
+
+_EXECUTED: dict[Outcome, bool | None] = {
+    Outcome.COMPLETED: True,
+    Outcome.FAILED_BEFORE_DISPATCH: False,
+    Outcome.DEFINITELY_NOT_EXECUTED: False,
+    Outcome.UNKNOWN_AFTER_DISPATCH: None,
+}
+
+
+def _report(
+    outcome: Outcome,
+    *codes: str,
+    dispatched: bool,
+    result: Mapping[str, Any] | None = None,
+) -> ExecutionReport:
+    return ExecutionReport(
+        outcome=outcome,
+        executed=_EXECUTED[outcome],
+        result=result,
+        reason_codes=tuple(dict.fromkeys(codes)),
+        dispatched=dispatched,
+    )
+
+
+def _strict(schema: Any) -> bool:
+    """``type: object`` and ``additionalProperties: false``, or a union of such schemas."""
+    if not isinstance(schema, Mapping) or schema.get("type") != "object":
+        return False
+    if schema.get("additionalProperties") is False:
+        return True
+    branches = schema.get("anyOf")
+    return (
+        isinstance(branches, list)
+        and bool(branches)
+        and all(_strict(branch) for branch in branches)
+    )
+
+
+def check_parameters_schema(schema: Any) -> Draft202012Validator:
+    """Accept only a strict object schema (``type: object``, ``additionalProperties: false``),
+    or ``type: object`` with ``anyOf`` strict schemas (one handler serving several actions)."""
+    if not isinstance(schema, Mapping):
+        raise HandlerError("a parameter schema must be a JSON object", code="SCHEMA_NOT_STRICT")
+    if not _strict(schema):
+        raise HandlerError(
+            "a parameter schema must be type object with additionalProperties false",
+            code="SCHEMA_NOT_STRICT",
+        )
+    try:
+        Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError:
+        raise HandlerError(
+            "the parameter schema is not valid JSON Schema", code="SCHEMA_INVALID"
+        ) from None
+    return Draft202012Validator(schema)
+
+
+def _code_of(exc: BaseException, default: str) -> str:
+    return exc.code if isinstance(exc, AgentSafeError) else default
+
+
+class Registry:
+    """The sealed set of handlers this process can run."""
+
+    def __init__(self, *, security: EventSink | None = None) -> None:
+        self._handlers: dict[str, tuple[Handler, Draft202012Validator]] = {}
+        self._sealed = False
+        self._security = security
+
+    @property
+    def sealed(self) -> bool:
+        return self._sealed
+
+    def register(self, name: str, handler: Handler) -> None:
+        if self._sealed:
+            raise HandlerError("the registry is sealed", code="REGISTRY_SEALED")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise HandlerError("an action name must be a short identifier", code="NAME_INVALID")
+        if name in self._handlers:
+            raise HandlerError("an action is registered once", code="ACTION_ALREADY_REGISTERED")
+        validator = check_parameters_schema(handler.parameters_schema)
+        self._handlers[name] = (handler, validator)
+
+    def seal(self) -> None:
+        self._sealed = True
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._handlers)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._handlers
+
+    def get(self, name: str) -> Handler:
+        """The handler for ``name``; an unknown name is 422 ACTION_NOT_REGISTERED."""
+        entry = self._handlers.get(name)
+        if entry is None:
+            raise RequestRejected(
+                422, "ACTION_NOT_REGISTERED", "this action is not registered in this process"
+            )
+        return entry[0]
+
+    async def execute(
+        self,
+        name: str,
+        ctx: ExecutionContext,
+        *,
+        on_claimed: Callable[[ExecutionContext], Awaitable[None]],
+    ) -> ExecutionReport:
+        """Run one execution through the seam and classify how it ended (see module docs)."""
+        failed = Outcome.FAILED_BEFORE_DISPATCH
+        if not self._sealed:
+            return _report(failed, "REGISTRY_NOT_SEALED", dispatched=False)
+        entry = self._handlers.get(name)
+        if entry is None:
+            return _report(failed, "ACTION_NOT_REGISTERED", dispatched=False)
+        handler, validator = entry
+        if not validator.is_valid(ctx.parameters):
+            return _report(failed, "PARAMETERS_INVALID", dispatched=False)
+        try:
+            digest = execution_payload_digest(ctx.parameters)
+        except CanonicalizationError:
+            return _report(failed, "PARAMETERS_INVALID", dispatched=False)
+        if digest != ctx.intent.payload_digest:
+            return _report(failed, "GRANT_BINDING_MISMATCH", dispatched=False)
+
+        # The journal decorator: the durable claim precedes the handler's own body.
+        try:
+            await on_claimed(ctx)
+        except Exception:
+            return _report(failed, "JOURNAL_UNAVAILABLE", dispatched=False)
+
+        dispatch = Dispatch(ctx)
+        try:
+            result = await handler.execute(ctx, dispatch)
+        except ProviderRefused as refused:
+            if not dispatch.started:
+                return _report(failed, refused.reason, dispatched=False)
+            self._emit_refused(name, refused)
+            return _report(Outcome.DEFINITELY_NOT_EXECUTED, refused.reason, dispatched=True)
+        except TransportError as exc:
+            if not exc.sent:
+                return _report(failed, exc.code, dispatched=False)
+            return _report(Outcome.UNKNOWN_AFTER_DISPATCH, exc.code, dispatched=True)
+        except Exception as exc:
+            if not dispatch.started:
+                return _report(failed, _code_of(exc, "HANDLER_FAILED"), dispatched=False)
+            return _report(
+                Outcome.UNKNOWN_AFTER_DISPATCH,
+                _code_of(exc, "HANDLER_FAILED"),
+                dispatched=True,
+            )
+        if not dispatch.started:
+            return _report(failed, "HANDLER_CONTRACT_VIOLATED", dispatched=False)
+        if not _json_mapping(result):
+            return _report(
+                Outcome.UNKNOWN_AFTER_DISPATCH, "HANDLER_CONTRACT_VIOLATED", dispatched=True
+            )
+        return _report(Outcome.COMPLETED, dispatched=True, result=dict(result))
+
+    async def reconcile(self, action: str, idempotency_key: str) -> ReconcileResult:
+        """Ask the handler what the provider did with a key; the read path, never execute."""
+        entry = self._handlers.get(action)
+        if entry is None:
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="ACTION_NOT_REGISTERED")
+        try:
+            answer: object = await entry[0].reconcile(idempotency_key)
+        except Exception as exc:
+            return ReconcileResult(
+                ReconcileStatus.UNKNOWN, reason_code=_code_of(exc, "RECONCILE_FAILED")
+            )
+        if not isinstance(answer, ReconcileResult):
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="HANDLER_CONTRACT_VIOLATED")
+        return answer
+
+    def _emit_refused(self, name: str, refused: ProviderRefused) -> None:
+        if self._security is not None:
+            fields: dict[str, Any] = {"action": name, "reason_code": refused.reason}
+            if refused.status is not None:
+                fields["status"] = refused.status
+            self._security.emit("PROVIDER_REFUSED", fields)
+
+
+def _json_mapping(value: Any) -> bool:
+    if not isinstance(value, Mapping):
+        return False
+    try:
+        canonical_json(dict(value))
+    except (CanonicalizationError, TypeError, ValueError):
+        return False
+    return True

@@ -1,0 +1,659 @@
+"""The egress guard: the one outbound HTTP client, with its policy sealed at construction.
+
+Role: every connection the executor opens (the forward handler and its lookup, the JWKS refresh,
+the token endpoint) goes through :class:`GuardedClient`, which implements the
+``transport.Transport`` contract. The policy is a list of :class:`Destination` — the origin and
+path prefix of each configured address, its trust anchor and optional SPKI pins — and nothing
+else. ``docs/egress.md`` describes the checks in order.
+
+Refused before any socket exists (``sent=False``): a malformed request (EGRESS_INIT_UNSUPPORTED),
+credentials in the URL or another origin (EGRESS_ORIGIN_NOT_ALLOWED), plain HTTP except to a
+loopback answer of a destination that explicitly allows it (EGRESS_SCHEME_NOT_ALLOWED), a path
+outside the prefix or one with dot segments or encoded separators (EGRESS_PATH_NOT_ALLOWED), a
+non-canonical numeric host or an answer that is this host, link-local, multicast, unspecified,
+reserved or empty (EGRESS_ADDRESS_REFUSED). The name is resolved once per request and the
+connection goes to exactly the checked address: the per-request connector's resolver can only
+return that answer, so DNS rebinding has nothing to rebind.
+
+Then TLS 1.2+ against the destination's anchor with hostname verification (EGRESS_TLS_REJECTED)
+and the pins over the presented chain (EGRESS_TLS_PIN_MISMATCH, checked before a request byte is
+written); a redirect is refused, never followed (EGRESS_REDIRECT_REFUSED, reported with whether
+it leaves the origin); the body is read whole up to ``max_response_bytes``
+(EGRESS_BODY_TOO_LARGE); the total time is bounded (EGRESS_TIMEOUT); a malformed response is
+EGRESS_RESPONSE_INVALID.
+
+Each refusal raises ``TransportError(code, sent)``, emits EGRESS_REFUSED on the security stream
+with the origin and code (never the path or query) and calls ``on_refusal(code)``, through which
+the caller counts refusals and halts on a spike (EXECUTOR_HALT_ON_EGRESS_REFUSALS).
+
+Callers: ``assembly.py`` builds one from the configuration; the process hands it to every
+component that reaches out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import ipaddress
+import re
+import socket
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from yarl import URL
+
+from ..errors import ConfigError
+from ..events import Streams
+from ..host.audithook import allowed_egress
+from .transport import DEFAULT_MAX_RESPONSE_BYTES, HttpResponse, TransportError
+
+__all__ = [
+    "MAX_RESPONSE_BYTES_RANGE",
+    "Destination",
+    "GuardedClient",
+    "ResolvedAddress",
+    "address_refusal",
+    "spki_pin",
+]
+
+MAX_RESPONSE_BYTES_RANGE = (1024, 16 * 1024 * 1024)
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_FORBIDDEN_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer"}
+)
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_HEADER_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")
+_PIN = re.compile(r"^sha256/([A-Za-z0-9+/]{43}=)$")
+_NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_CHUNK = 64 * 1024
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
+_BROADCAST = ipaddress.ip_address("255.255.255.255")
+_ENCODING_DER = getattr(getattr(ssl, "_ssl", None), "ENCODING_DER", 1)
+
+Resolve = Callable[[str, int], Awaitable[Sequence[str]]]
+"""Resolve ``(host, port)`` to IP address strings (the default uses the loop's getaddrinfo)."""
+
+
+@dataclass(frozen=True)
+class Destination:
+    """One configured address the executor may reach.
+
+    ``url_prefix`` fixes the origin (scheme, host, port) and the path prefix. ``ca_file`` is the
+    trust anchor (None: the platform store). ``spki_pins`` are ``sha256/<base64>`` of a
+    SubjectPublicKeyInfo; when given, some certificate in the presented chain must match one.
+    ``allow_insecure_loopback`` is a development/test allowance, never for production: the
+    destination may answer with a loopback address, and plain ``http`` is allowed when it does.
+    """
+
+    url_prefix: str
+    ca_file: str | None = None
+    spki_pins: tuple[str, ...] = ()
+    allow_insecure_loopback: bool = False
+
+
+@dataclass(frozen=True)
+class ResolvedAddress:
+    """The one answer a request was checked against and will connect to."""
+
+    host: str
+    port: int
+    ip: str
+    family: int
+
+
+@dataclass(frozen=True)
+class _Rule:
+    scheme: str
+    host: str
+    port: int
+    prefix: str
+    ssl_context: ssl.SSLContext | None
+    pins: frozenset[bytes]
+    allow_loopback: bool
+    origin: str
+
+
+@dataclass
+class _Progress:
+    connected: bool = False
+
+
+class _Refusal(Exception):
+    def __init__(self, code: str, *, sent: bool = False, **extra: Any) -> None:
+        super().__init__(code)
+        self.code = code
+        self.sent = sent
+        self.extra = extra
+
+
+def spki_pin(certificate_der: bytes) -> str:
+    """``sha256/<base64>`` of the certificate's SubjectPublicKeyInfo (the pin format)."""
+    cert = x509.load_der_x509_certificate(certificate_der)
+    spki = cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    return "sha256/" + base64.b64encode(hashlib.sha256(spki).digest()).decode("ascii")
+
+
+def _spki_digest(certificate_der: bytes) -> bytes:
+    cert = x509.load_der_x509_certificate(certificate_der)
+    spki = cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(spki).digest()
+
+
+def _unwrap(
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped
+        if ip in ipaddress.ip_network("::/96") and int(ip) > 1:  # IPv4-compatible (deprecated)
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip
+
+
+def address_refusal(
+    address: str, *, allow_loopback: bool, local_addresses: frozenset[str] = frozenset()
+) -> str | None:
+    """Why ``address`` may not be connected to (a short reason), or None when it may.
+
+    Refused: loopback (unless allowed), this host's own addresses, link-local, multicast,
+    unspecified, reserved, ``0.0.0.0/8`` and broadcast. Private ranges are allowed.
+    """
+    try:
+        ip = _unwrap(ipaddress.ip_address(address.split("%", 1)[0]))
+    except ValueError:
+        return "not an address"
+    if ip.is_loopback:
+        return None if allow_loopback else "loopback"
+    if str(ip) in local_addresses:
+        return "this host"
+    if ip.is_link_local:
+        return "link-local"
+    if ip.is_multicast:
+        return "multicast"
+    if ip.is_unspecified or ip in _THIS_NETWORK or ip == _BROADCAST:
+        return "unspecified"
+    if ip.is_reserved:
+        return "reserved"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
+        return "site-local"
+    return None
+
+
+def local_interface_addresses() -> frozenset[str]:
+    """This host's own interface addresses (Linux ``/proc``; empty elsewhere)."""
+    found: set[str] = set()
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+        for index, line in enumerate(lines):
+            if "/32 host LOCAL" in line and index > 0:
+                candidate = lines[index - 1].strip().lstrip("|-+ ").strip()
+                with contextlib.suppress(ValueError):
+                    found.add(str(ipaddress.IPv4Address(candidate)))
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            raw = line.split()[0] if line.split() else ""
+            if len(raw) == 32:
+                with contextlib.suppress(ValueError):
+                    found.add(str(ipaddress.IPv6Address(int(raw, 16))))
+    return frozenset(found)
+
+
+def _non_canonical_numeric(host: str) -> bool:
+    """True for numeric host spellings other than a canonical dotted quad or compressed IPv6."""
+    if ":" in host:
+        try:
+            ip6 = ipaddress.IPv6Address(host)
+        except ValueError:
+            return True
+        return str(ip6) != host or _unwrap(ip6) != ip6
+    labels = host.rstrip(".").split(".")
+    if all(_NUMERIC_LABEL.match(label) for label in labels) or (
+        labels and _NUMERIC_LABEL.match(labels[-1]) and labels[-1].isdigit()
+    ):
+        try:
+            return str(ipaddress.IPv4Address(host)) != host
+        except ValueError:
+            return True
+    return False
+
+
+def _check_path(raw_path: str) -> str:
+    """Refuse paths whose meaning could change under normalisation; return the path."""
+    if not raw_path.startswith("/") or "\\" in raw_path:
+        raise _Refusal("EGRESS_PATH_NOT_ALLOWED")
+    lowered = raw_path.lower()
+    if any(enc in lowered for enc in ("%2f", "%5c", "%00", "%25")):
+        raise _Refusal("EGRESS_PATH_NOT_ALLOWED")
+    for segment in raw_path.split("/"):
+        if unquote(segment) in (".", ".."):
+            raise _Refusal("EGRESS_PATH_NOT_ALLOWED")
+    if "//" in raw_path:
+        raise _Refusal("EGRESS_PATH_NOT_ALLOWED")
+    return raw_path
+
+
+def _under_prefix(path: str, prefix: str) -> bool:
+    if prefix in ("", "/"):
+        return True
+    base = prefix.rstrip("/")
+    return path == base or path.startswith(base + "/")
+
+
+def _origin(url: URL) -> str:
+    host = url.raw_host or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{url.scheme}://{host}:{url.port}"
+
+
+def _ssl_context(ca_file: str | None, variable: str) -> ssl.SSLContext:
+    try:
+        context = ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(variable, "the CA file cannot be read as PEM certificates") from exc
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = True
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+class _PinnedResolver(AbstractResolver):
+    """Answers only the address the guard checked; never asks DNS."""
+
+    def __init__(self, answer: ResolvedAddress) -> None:
+        self._answer = answer
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        if host.lower() != self._answer.host or port != self._answer.port:
+            raise OSError("the guard resolved no such name for this request")
+        return [
+            ResolveResult(
+                hostname=host,
+                host=self._answer.ip,
+                port=self._answer.port,
+                family=self._answer.family,
+                proto=0,
+                flags=socket.AI_NUMERICHOST,
+            )
+        ]
+
+    async def close(self) -> None:
+        return None
+
+
+class _GuardedConnector(aiohttp.TCPConnector):
+    """A one-request connector: connects only to the checked answer, then checks the pins."""
+
+    def __init__(
+        self, *, answer: ResolvedAddress, pins: frozenset[bytes], progress: _Progress
+    ) -> None:
+        super().__init__(
+            resolver=_PinnedResolver(answer),
+            use_dns_cache=False,
+            force_close=True,
+            limit=1,
+            happy_eyeballs_delay=None,
+        )
+        self._pins = pins
+        self._progress = progress
+
+    async def _wrap_create_connection(
+        self, *args: Any, **kwargs: Any
+    ) -> tuple[asyncio.Transport, Any]:
+        with allowed_egress():
+            transport, protocol = await super()._wrap_create_connection(*args, **kwargs)
+        if self._pins and not _chain_matches(transport, self._pins):
+            transport.abort()
+            raise _Refusal("EGRESS_TLS_PIN_MISMATCH")
+        self._progress.connected = True
+        return transport, protocol
+
+
+def _chain_matches(transport: asyncio.BaseTransport, pins: frozenset[bytes]) -> bool:
+    """True when some certificate of the verified chain (at least the leaf) has a pinned SPKI.
+
+    Python 3.11 has no public API for the chain; the private ``get_verified_chain`` of the
+    underlying ``_ssl`` object (public from 3.13) is used when present, else only the leaf.
+    """
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return False
+    ders: list[bytes] = []
+    inner = getattr(ssl_object, "_sslobj", None)
+    chain_fn = getattr(ssl_object, "get_verified_chain", None) or getattr(
+        inner, "get_verified_chain", None
+    )
+    if callable(chain_fn):
+        with contextlib.suppress(Exception):
+            for cert in chain_fn() or ():
+                ders.append(cert.public_bytes(_ENCODING_DER))
+    if not ders:
+        leaf = ssl_object.getpeercert(binary_form=True)
+        if leaf:
+            ders.append(leaf)
+    return any(_spki_digest(der) in pins for der in ders)
+
+
+async def _system_resolve(host: str, port: int) -> Sequence[str]:
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return [str(info[4][0]) for info in infos]
+
+
+@dataclass
+class GuardedClient:
+    """The ``Transport`` every component uses; see the module docstring for the policy.
+
+    ``resolve`` replaces the system resolver (tests use a stand-in DNS); ``local_addresses``
+    replaces the discovered interface addresses of this host.
+    """
+
+    destinations: Sequence[Destination]
+    streams: Streams
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    on_refusal: Callable[[str], None] | None = None
+    resolve: Resolve | None = None
+    local_addresses: Iterable[str] | None = None
+    _rules: tuple[_Rule, ...] = field(init=False, repr=False)
+    _local: frozenset[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        low, high = MAX_RESPONSE_BYTES_RANGE
+        if not low <= self.max_response_bytes <= high:
+            raise ConfigError("EXECUTOR_EGRESS_MAX_RESPONSE_BYTES", "must be 1 KiB to 16 MiB")
+        self._rules = tuple(_seal(d) for d in self.destinations)
+        local = (
+            local_interface_addresses() if self.local_addresses is None else self.local_addresses
+        )
+        self._local = frozenset(str(ipaddress.ip_address(a)) for a in local)
+
+    def __repr__(self) -> str:
+        return f"GuardedClient(origins={sorted({r.origin for r in self._rules})})"
+
+    async def close(self) -> None:
+        """Nothing is pooled between requests; kept for the ``Transport`` lifecycle."""
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout: float,
+    ) -> HttpResponse:
+        origin = "invalid"
+        progress = _Progress()
+        try:
+            origin = _safe_origin(url)
+            parsed, origin = _parse(url)
+            rule = self._match(method, parsed, headers)
+            if not timeout > 0:
+                raise _Refusal("EGRESS_TIMEOUT")
+            async with asyncio.timeout(timeout):
+                answer = await self._resolve_once(parsed, rule)
+                return await self._exchange(method, parsed, rule, answer, headers, body, progress)
+        except _Refusal as refusal:
+            raise self._refused(refusal, origin) from None
+        except TimeoutError:
+            raise self._refused(
+                _Refusal("EGRESS_TIMEOUT", sent=progress.connected), origin
+            ) from None
+        except TransportError:
+            raise
+        except aiohttp.ClientConnectorCertificateError:
+            raise self._refused(_Refusal("EGRESS_TLS_REJECTED"), origin) from None
+        except aiohttp.ClientSSLError:
+            raise self._refused(_Refusal("EGRESS_TLS_REJECTED"), origin) from None
+        except aiohttp.ClientConnectorError as exc:
+            if isinstance(exc.__cause__, _Refusal):
+                raise self._refused(exc.__cause__, origin) from None
+            raise TransportError(
+                "TRANSPORT_CONNECT_FAILED", False, "the peer could not be reached"
+            ) from None
+        except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError):
+            raise self._refused(_Refusal("EGRESS_RESPONSE_INVALID", sent=True), origin) from None
+        except (aiohttp.ClientError, OSError):
+            raise TransportError(
+                "TRANSPORT_CONNECTION_LOST",
+                progress.connected,
+                "the connection failed during the exchange",
+            ) from None
+
+    # -- policy -----------------------------------------------------------------------------
+
+    def _match(self, method: str, url: URL, headers: Mapping[str, str]) -> _Rule:
+        if method not in _METHODS:
+            raise _Refusal("EGRESS_INIT_UNSUPPORTED")
+        for name, value in headers.items():
+            if (
+                not _TOKEN.match(name)
+                or name.lower() in _FORBIDDEN_HEADERS
+                or not isinstance(value, str)
+                or not _HEADER_VALUE.match(value)
+            ):
+                raise _Refusal("EGRESS_INIT_UNSUPPORTED")
+        host = (url.raw_host or "").lower()
+        same_origin = [
+            r for r in self._rules if (r.scheme, r.host, r.port) == (url.scheme, host, url.port)
+        ]
+        if not same_origin:
+            if url.scheme == "http" and any(r.host == host for r in self._rules):
+                raise _Refusal("EGRESS_SCHEME_NOT_ALLOWED")
+            raise _Refusal("EGRESS_ORIGIN_NOT_ALLOWED")
+        path = _check_path(url.raw_path)
+        for rule in sorted(same_origin, key=lambda r: len(r.prefix), reverse=True):
+            if _under_prefix(path, rule.prefix):
+                return rule
+        raise _Refusal("EGRESS_PATH_NOT_ALLOWED")
+
+    async def _resolve_once(self, url: URL, rule: _Rule) -> ResolvedAddress:
+        host = rule.host
+        literal = host.strip("[]")
+        try:
+            ipaddress.ip_address(literal)
+            answers: Sequence[str] = [literal]
+        except ValueError:
+            resolver = self.resolve or _system_resolve
+            try:
+                answers = list(await resolver(host, rule.port))
+            except (OSError, UnicodeError):
+                answers = []
+        if not answers:
+            raise _Refusal("EGRESS_ADDRESS_REFUSED", reason="nowhere")
+        for answer in answers:
+            reason = address_refusal(
+                answer, allow_loopback=rule.allow_loopback, local_addresses=self._local
+            )
+            if reason is not None:
+                raise _Refusal("EGRESS_ADDRESS_REFUSED", reason=reason)
+        chosen = answers[0].split("%", 1)[0]
+        ip = ipaddress.ip_address(chosen)
+        if rule.scheme == "http" and not _unwrap(ip).is_loopback:
+            raise _Refusal("EGRESS_SCHEME_NOT_ALLOWED")
+        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        return ResolvedAddress(host=host, port=rule.port, ip=str(ip), family=family)
+
+    # -- the exchange -----------------------------------------------------------------------
+
+    async def _exchange(
+        self,
+        method: str,
+        url: URL,
+        rule: _Rule,
+        answer: ResolvedAddress,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        progress: _Progress,
+    ) -> HttpResponse:
+        async with (
+            self._session(answer, rule, progress) as session,
+            session.request(
+                method,
+                url,
+                headers=dict(headers),
+                data=body,
+                allow_redirects=False,
+                ssl=rule.ssl_context or False,
+            ) as response,
+        ):
+            if response.status in _REDIRECTS:
+                raise _Refusal(
+                    "EGRESS_REDIRECT_REFUSED",
+                    sent=True,
+                    leaves_origin=_leaves_origin(url, response.headers.get("Location")),
+                )
+            data = await self._read_body(response)
+            joined: dict[str, str] = {}
+            for name, value in response.headers.items():
+                key = name.lower()
+                joined[key] = f"{joined[key]}, {value}" if key in joined else value
+            return HttpResponse(status=response.status, headers=joined, body=data)
+
+    @contextlib.asynccontextmanager
+    async def _session(
+        self, answer: ResolvedAddress, rule: _Rule, progress: _Progress
+    ) -> AsyncIterator[aiohttp.ClientSession]:
+        connector = _GuardedConnector(answer=answer, pins=rule.pins, progress=progress)
+        async with aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            raise_for_status=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+            trust_env=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+        ) as session:
+            yield session
+
+    async def _read_body(self, response: aiohttp.ClientResponse) -> bytes:
+        limit = self.max_response_bytes
+        declared = response.content_length
+        if declared is not None and declared > limit:
+            raise _Refusal("EGRESS_BODY_TOO_LARGE", sent=True)
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = await response.content.read(_CHUNK)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:
+                raise _Refusal("EGRESS_BODY_TOO_LARGE", sent=True)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _refused(self, refusal: _Refusal, origin: str) -> TransportError:
+        fields: dict[str, Any] = {"origin": origin, "code": refusal.code}
+        if "leaves_origin" in refusal.extra:
+            fields["leaves_origin"] = refusal.extra["leaves_origin"]
+        self.streams.security.emit("EGRESS_REFUSED", fields)
+        if self.on_refusal is not None:
+            self.on_refusal(refusal.code)
+        return TransportError(refusal.code, refusal.sent)
+
+
+def _safe_origin(url: str) -> str:
+    """The origin to report for ``url`` (credentials, path and query left out), or "invalid"."""
+    try:
+        parsed = URL(url, encoded=True)
+        if parsed.scheme and parsed.raw_host and parsed.port is not None:
+            return _origin(parsed)
+    except (TypeError, ValueError):
+        pass
+    return "invalid"
+
+
+def _parse(url: str) -> tuple[URL, str]:
+    if not isinstance(url, str) or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+        raise _Refusal("EGRESS_INIT_UNSUPPORTED")
+    try:
+        parsed = URL(url, encoded=True)
+    except (TypeError, ValueError):
+        raise _Refusal("EGRESS_INIT_UNSUPPORTED") from None
+    if not parsed.is_absolute() or not parsed.raw_host:
+        raise _Refusal("EGRESS_INIT_UNSUPPORTED")
+    origin = _origin(parsed) if parsed.port is not None else f"{parsed.scheme}://invalid"
+    if parsed.user is not None or parsed.password is not None or "@" in url.split("/")[2]:
+        raise _Refusal("EGRESS_ORIGIN_NOT_ALLOWED")
+    if parsed.scheme not in ("https", "http"):
+        raise _Refusal("EGRESS_SCHEME_NOT_ALLOWED")
+    if _non_canonical_numeric(parsed.raw_host.lower()):
+        raise _Refusal("EGRESS_ADDRESS_REFUSED", reason="non-canonical numeric host")
+    if parsed.port is None or not 0 < parsed.port < 65536:
+        raise _Refusal("EGRESS_INIT_UNSUPPORTED")
+    return parsed, origin
+
+
+def _leaves_origin(url: URL, location: str | None) -> bool:
+    if not location:
+        return False
+    try:
+        target = url.join(URL(location, encoded=True))
+    except (TypeError, ValueError):
+        return True
+    return (target.scheme, (target.raw_host or "").lower(), target.port) != (
+        url.scheme,
+        (url.raw_host or "").lower(),
+        url.port,
+    )
+
+
+def _seal(destination: Destination) -> _Rule:
+    variable = "EGRESS_DESTINATION"
+    try:
+        parsed = URL(destination.url_prefix, encoded=True)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(variable, "not a URL") from exc
+    host = (parsed.raw_host or "").lower()
+    if not parsed.is_absolute() or not host or parsed.port is None:
+        raise ConfigError(variable, "not an absolute URL")
+    if parsed.user is not None or parsed.password is not None:
+        raise ConfigError(variable, "credentials in the URL")
+    if parsed.raw_query_string or parsed.fragment:
+        raise ConfigError(variable, "a destination is an origin and a path prefix only")
+    if _non_canonical_numeric(host):
+        raise ConfigError(variable, "a non-canonical numeric host")
+    if parsed.scheme == "http":
+        if not destination.allow_insecure_loopback:
+            raise ConfigError(variable, "plain http needs the explicit loopback allowance")
+    elif parsed.scheme != "https":
+        raise ConfigError(variable, "scheme must be https")
+    try:
+        prefix = _check_path(parsed.raw_path or "/")
+    except _Refusal as exc:
+        raise ConfigError(variable, "path prefix has dot segments or encoded separators") from exc
+    pins: set[bytes] = set()
+    for pin in destination.spki_pins:
+        match = _PIN.match(pin)
+        if not match:
+            raise ConfigError("DOWNSTREAM_SPKI_PINS", "each pin is sha256/<base64 of 32 bytes>")
+        pins.add(base64.b64decode(match.group(1)))
+    context = (
+        _ssl_context(destination.ca_file, "DOWNSTREAM_CA_FILE")
+        if parsed.scheme == "https"
+        else None
+    )
+    return _Rule(
+        scheme=parsed.scheme,
+        host=host,
+        port=parsed.port,
+        prefix=prefix,
+        ssl_context=context,
+        pins=frozenset(pins),
+        allow_loopback=destination.allow_insecure_loopback,
+        origin=_origin(parsed),
+    )

@@ -1,0 +1,595 @@
+"""The chained, redacted evidence streams: what the executor writes to stdout and stderr.
+
+:class:`ChainedSink` implements ``events.EventSink``. Every emitted event becomes one line::
+
+    {"at": "...", "event": "...", ...fields, "prev_hash": "sha256:...", "schema": "...", "seq": n,
+     "hash": "sha256:..."}
+
+written as RFC 8785 canonical JSON plus ``"\\n"``, where ``hash`` is ``canonical.sha256_digest``
+of the line without ``hash`` and ``prev_hash`` is the previous line's ``hash``. The first line of
+a fresh chain has ``seq`` 1, ``prev_hash`` :data:`GENESIS_HASH` and ``"genesis": true``.
+
+Every string field (keys and values, recursively) passes the :class:`~.redact.Redactor` before it
+is hashed; each redaction is reported to ``on_redaction`` with the field path and kind, so the
+streams can raise ``LEAK_SUSPECTED`` (see :func:`open_chained_streams`).
+
+With a ``journal_dir`` the head is persisted atomically to
+``<journal_dir>/chain/<stream>.head.json`` after the first line a process writes, every
+``checkpoint_lines`` lines after that, and at :meth:`ChainedSink.close` (``clean: true``). A sink
+opened over an existing head continues the chain with a ``CHAIN_RESUMED`` line: seamlessly after
+a clean stop, or after a crash beyond any sequence number the dead process could have written,
+with ``gap: true``. A line is never written more than ``checkpoint_lines`` past the persisted
+head, so that bound holds even when a checkpoint fails (the sink then refuses to write).
+
+Callers: ``serve.py`` builds the streams with :func:`open_chained_streams` and closes them on
+SIGTERM; ``evidence/bundle.py`` (``export_bundle``) reads :meth:`ChainedSink.snapshot`;
+``/v1/control/status`` reads the heads. The format is documented in ``docs/evidence.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TextIO
+
+from ..canonical import MAX_SAFE_INTEGER, canonical_text, sha256_digest
+from ..clock import Clock, format_ms
+from ..errors import AgentSafeError
+from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA, Streams
+from .redact import Redaction, Redactor
+
+__all__ = [
+    "CHAIN_RESUMED",
+    "DEFAULT_CHECKPOINT_LINES",
+    "DEFAULT_WINDOW_LINES",
+    "GENESIS_HASH",
+    "LEAK_SUSPECTED",
+    "RESERVED_FIELDS",
+    "ChainError",
+    "ChainHead",
+    "ChainSnapshot",
+    "ChainedSink",
+    "ChainedStreams",
+    "Leak",
+    "LineWriter",
+    "LineWriterHandler",
+    "open_chained_streams",
+]
+
+GENESIS_HASH = "sha256:" + "0" * 64
+CHAIN_RESUMED = "CHAIN_RESUMED"
+LEAK_SUSPECTED = "LEAK_SUSPECTED"
+DEFAULT_CHECKPOINT_LINES = 100
+DEFAULT_WINDOW_LINES = 5000
+HEAD_SCHEMA = "agent-safe.chain-head/1"
+
+#: Fields the sink writes itself; a caller passing one is a programming error.
+RESERVED_FIELDS = frozenset(
+    {"schema", "seq", "at", "event", "prev_hash", "hash", "genesis", "resumed_from", "gap"}
+)
+_RESERVED_EVENTS = frozenset({CHAIN_RESUMED})
+
+_log = logging.getLogger(__name__)
+
+
+class ChainError(AgentSafeError):
+    """The chain cannot continue safely (head unreadable, journal in use, checkpoint failed)."""
+
+    code = "CHAIN_UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class ChainHead:
+    """The last line of a stream: what a checkpoint persists and a bundle's manifest claims."""
+
+    stream: str
+    schema: str
+    seq: int
+    hash: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stream": self.stream, "schema": self.schema, "seq": self.seq, "hash": self.hash}
+
+
+@dataclass(frozen=True)
+class ChainSnapshot:
+    """The window of lines (without newlines) and the head they end at, taken atomically."""
+
+    lines: tuple[str, ...]
+    head: ChainHead | None
+
+
+@dataclass(frozen=True)
+class Leak:
+    """A redaction in a chained line: where (``field`` path) and what kind; never the value."""
+
+    field: str
+    kind: str
+    secret: str | None
+
+
+@dataclass(frozen=True)
+class _Resumption:
+    resumed_from: ChainHead
+    gap: bool
+    seq: int
+
+
+class LineWriter:
+    """Writes whole lines to a text stream: one ``write`` and a ``flush`` under a lock.
+
+    Share one writer per underlying stream (:meth:`for_stream`) between the chained sink and the
+    operational log handler so their lines can never interleave inside a line.
+    """
+
+    _registry: ClassVar[dict[int, LineWriter]] = {}
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+
+    @classmethod
+    def for_stream(cls, stream: TextIO) -> LineWriter:
+        with cls._registry_lock:
+            writer = cls._registry.get(id(stream))
+            if writer is None or writer.stream is not stream:
+                writer = cls(stream)
+                cls._registry[id(stream)] = writer
+            return writer
+
+    def write_line(self, text: str) -> None:
+        data = text if text.endswith("\n") else text + "\n"
+        with self.lock:
+            self.stream.write(data)
+            self.stream.flush()
+
+
+class LineWriterHandler(logging.Handler):
+    """A logging handler that writes each formatted record as whole lines through a LineWriter.
+
+    Put a ``RedactingLogFilter`` on it. Embedded newlines in a record are kept as one write, so a
+    multi-line traceback still never splits a chained line.
+    """
+
+    def __init__(self, writer: LineWriter) -> None:
+        super().__init__()
+        self._writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._writer.write_line(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+
+class ChainedSink:
+    """One chained, redacted stream. Thread-safe; see the module docstring for the format."""
+
+    def __init__(
+        self,
+        out: TextIO | LineWriter,
+        *,
+        stream: str,
+        schema: str,
+        clock: Clock,
+        journal_dir: str | os.PathLike[str] | None = None,
+        checkpoint_lines: int = DEFAULT_CHECKPOINT_LINES,
+        window_lines: int = DEFAULT_WINDOW_LINES,
+        redactor: Redactor | None = None,
+        on_redaction: Callable[[str, tuple[Leak, ...]], None] | None = None,
+    ) -> None:
+        if checkpoint_lines < 1:
+            raise ValueError("checkpoint_lines must be at least 1")
+        if window_lines < 1:
+            raise ValueError("window_lines must be at least 1")
+        if not stream.replace("-", "").replace("_", "").isalnum():
+            raise ValueError("stream names are letters, digits, '-' and '_'")
+        self._writer = out if isinstance(out, LineWriter) else LineWriter.for_stream(out)
+        self.stream = stream
+        self.schema = schema
+        self._clock = clock
+        self._checkpoint_lines = checkpoint_lines
+        self._window: deque[str] = deque(maxlen=window_lines)
+        self._redactor = redactor
+        self.on_redaction = on_redaction
+        self._lock = threading.Lock()
+        self._head: ChainHead | None = None
+        self._persisted_seq: int | None = None
+        self._closed = False
+        self._lines_written = 0
+        self._lock_fd: int | None = None
+        self._head_path: Path | None = None
+        self.resumption: _Resumption | None = None
+        if journal_dir is not None:
+            self._open_journal(Path(journal_dir))
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
+        """Write one chained line for ``event``; reserved names are a programming error."""
+        if event in _RESERVED_EVENTS:
+            raise ChainError(f"event {event} is written by the chain itself", code="EVENT_RESERVED")
+        given = dict(fields or {})
+        clash = RESERVED_FIELDS.intersection(given)
+        if clash:
+            raise ChainError(
+                f"fields {sorted(clash)} are written by the chain itself", code="FIELD_RESERVED"
+            )
+        self._write(event, given)
+
+    def head(self) -> ChainHead | None:
+        with self._lock:
+            return self._head
+
+    def lines(self) -> list[str]:
+        """The last ``window_lines`` lines this process wrote, oldest first, without newlines."""
+        with self._lock:
+            return list(self._window)
+
+    def snapshot(self) -> ChainSnapshot:
+        with self._lock:
+            return ChainSnapshot(tuple(self._window), self._head)
+
+    def checkpoint(self) -> None:
+        """Persist the head now (not marked clean)."""
+        with self._lock:
+            self._persist(clean=False)
+
+    def close(self) -> None:
+        """Persist the head marked ``clean`` and release the journal; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._persist(clean=True)
+            finally:
+                if self._lock_fd is not None:
+                    os.close(self._lock_fd)
+                    self._lock_fd = None
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _write(self, event: str, fields: dict[str, Any], *, resumption: bool = False) -> None:
+        leaks: list[Leak] = []
+        clean_fields: dict[str, Any] = {}
+        for raw_key, raw_value in fields.items():
+            key = self._redact_key(raw_key, leaks, "")
+            clean_fields[key] = self._normalise(raw_value, leaks, key)
+        with self._lock:
+            if self._closed:
+                raise ChainError("the stream is closed", code="CHAIN_CLOSED")
+            seq, prev_hash = self._next_position()
+            if (
+                not resumption
+                and self._head_path is not None
+                and self._head is not None
+                and (
+                    self._persisted_seq is None
+                    or seq > self._persisted_seq + self._checkpoint_lines
+                )
+            ):
+                # An earlier checkpoint failed; writing on unpersisted would break the bound a
+                # crash resumption relies on, so persist first or refuse the line (raises).
+                self._persist(clean=False)
+            line: dict[str, Any] = {
+                **clean_fields,
+                "schema": self.schema,
+                "seq": seq,
+                "at": format_ms(self._clock.now()),
+                "event": event,
+                "prev_hash": prev_hash,
+            }
+            if self._head is None and self.resumption is None and not resumption:
+                line["genesis"] = True
+            line["hash"] = sha256_digest(line)
+            text = canonical_text(line)
+            self._writer.write_line(text)
+            self._window.append(text)
+            self._head = ChainHead(self.stream, self.schema, seq, line["hash"])
+            self._lines_written += 1
+            if self._head_path is not None and (
+                self._persisted_seq is None
+                or seq >= self._persisted_seq + self._checkpoint_lines
+                or resumption
+            ):
+                try:
+                    self._persist(clean=False)
+                except ChainError:
+                    _log.exception("chain checkpoint failed for stream %s", self.stream)
+        if leaks and self.on_redaction is not None:
+            self.on_redaction(self.stream, tuple(leaks))
+
+    def _next_position(self) -> tuple[int, str]:
+        if self._head is not None:
+            return self._head.seq + 1, self._head.hash
+        return 1, GENESIS_HASH
+
+    def _redact_key(self, key: Any, leaks: list[Leak], path: str) -> str:
+        text = _safe_text(str(key))
+        if self._redactor is None:
+            return text
+        redacted, found = self._redactor.redact(text)
+        leaks.extend(Leak(_join(path, "<key>"), f.kind, f.secret) for f in found)
+        return redacted
+
+    def _normalise(self, value: Any, leaks: list[Leak], path: str) -> Any:
+        """A JSON-able, redacted copy of ``value``; never raises on content."""
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, int):
+            return value if abs(value) <= MAX_SAFE_INTEGER else str(value)
+        if isinstance(value, float):
+            return value if math.isfinite(value) else str(value)
+        if isinstance(value, Mapping):
+            out: dict[str, Any] = {}
+            for k, v in value.items():
+                key = self._redact_key(k, leaks, path)
+                child = _join(path, key)
+                if self._redactor is not None and self._redactor.is_credential_field(key):
+                    out[key] = "[REDACTED:CREDENTIAL_HEADER]"
+                    leaks.append(Leak(child, "CREDENTIAL_HEADER", None))
+                else:
+                    out[key] = self._normalise(v, leaks, child)
+            return out
+        if isinstance(value, list | tuple | set | frozenset):
+            items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
+            return [self._normalise(v, leaks, f"{path}[{i}]") for i, v in enumerate(items)]
+        text = _safe_text(value if isinstance(value, str) else str(value))
+        if self._redactor is None:
+            return text
+        redacted, found = self._redactor.redact(text)
+        leaks.extend(Leak(path, f.kind, f.secret) for f in found)
+        return redacted
+
+    # -- persistence --------------------------------------------------------------------------
+
+    def _open_journal(self, journal_dir: Path) -> None:
+        chain_dir = journal_dir / "chain"
+        try:
+            chain_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._lock_fd = os.open(
+                chain_dir / f"{self.stream}.lock", os.O_RDWR | os.O_CREAT, 0o600
+            )
+        except OSError as exc:
+            raise ChainError(
+                f"chain journal for stream {self.stream} cannot be opened", code="CHAIN_JOURNAL"
+            ) from exc
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise ChainError(
+                f"chain journal for stream {self.stream} is held by another process",
+                code="CHAIN_JOURNAL_IN_USE",
+            ) from exc
+        self._head_path = chain_dir / f"{self.stream}.head.json"
+        try:
+            self._resume()
+        except BaseException:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise
+
+    def _resume(self) -> None:
+        stored = self._read_head()
+        if stored is None:
+            return
+        head, clean, stored_interval = stored
+        # After a crash the dead process may have written up to `stored_interval` lines past its
+        # last checkpoint; continue strictly beyond them, so the gap is visible.
+        seq = head.seq + 1 if clean else head.seq + stored_interval + 1
+        self.resumption = _Resumption(resumed_from=head, gap=not clean, seq=seq)
+        self._head = ChainHead(self.stream, self.schema, seq - 1, head.hash)
+        self._write(
+            CHAIN_RESUMED,
+            {
+                "resumed_from": {"seq": head.seq, "hash": head.hash},
+                "gap": not clean,
+                "checkpoint_lines": self._checkpoint_lines,
+            },
+            resumption=True,
+        )
+        if self._persisted_seq != seq:
+            raise ChainError(
+                f"chain head for stream {self.stream} could not be persisted", code="CHAIN_JOURNAL"
+            )
+
+    def _read_head(self) -> tuple[ChainHead, bool, int] | None:
+        assert self._head_path is not None
+        try:
+            raw = self._head_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ChainError(
+                f"chain head for stream {self.stream} cannot be read", code="CHAIN_HEAD_UNREADABLE"
+            ) from exc
+        try:
+            data = json.loads(raw)
+            head = ChainHead(self.stream, self.schema, data["seq"], data["hash"])
+            clean = data["clean"]
+            interval = data["checkpoint_lines"]
+            valid = (
+                data.get("schema") == HEAD_SCHEMA
+                and data.get("stream") == self.stream
+                and data.get("stream_schema") == self.schema
+                and isinstance(head.seq, int)
+                and not isinstance(head.seq, bool)
+                and head.seq >= 1
+                and isinstance(head.hash, str)
+                and head.hash.startswith("sha256:")
+                and isinstance(clean, bool)
+                and isinstance(interval, int)
+                and not isinstance(interval, bool)
+                and interval >= 1
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ChainError(
+                f"chain head for stream {self.stream} is unreadable", code="CHAIN_HEAD_UNREADABLE"
+            ) from exc
+        if not valid:
+            raise ChainError(
+                f"chain head for stream {self.stream} is unreadable", code="CHAIN_HEAD_UNREADABLE"
+            )
+        return head, clean, interval
+
+    def _persist(self, *, clean: bool) -> None:
+        """Atomically replace the head file (temp, fsync, rename, fsync dir). Lock held."""
+        if self._head_path is None or self._head is None:
+            return
+        record = {
+            "schema": HEAD_SCHEMA,
+            "stream": self.stream,
+            "stream_schema": self.schema,
+            "seq": self._head.seq,
+            "hash": self._head.hash,
+            "clean": clean,
+            "checkpoint_lines": self._checkpoint_lines,
+            "at": format_ms(self._clock.now()),
+        }
+        data = (canonical_text(record) + "\n").encode("utf-8")
+        tmp = self._head_path.with_name(self._head_path.name + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._head_path)
+            dir_fd = os.open(self._head_path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise ChainError(
+                f"chain head for stream {self.stream} could not be persisted", code="CHAIN_JOURNAL"
+            ) from exc
+        self._persisted_seq = self._head.seq
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _safe_text(text: str) -> str:
+    """Replace lone surrogates, which have no UTF-8 form and no canonical JSON."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+@dataclass
+class ChainedStreams:
+    """The two chained sinks of a process, wired so redactions raise ``LEAK_SUSPECTED``."""
+
+    evidence: ChainedSink
+    security: ChainedSink
+
+    def __post_init__(self) -> None:
+        self._reporting = threading.local()
+
+    @property
+    def streams(self) -> Streams:
+        return Streams(evidence=self.evidence, security=self.security)
+
+    def sinks(self) -> dict[str, ChainedSink]:
+        return {"evidence": self.evidence, "security": self.security}
+
+    def heads(self) -> dict[str, ChainHead | None]:
+        return {name: sink.head() for name, sink in self.sinks().items()}
+
+    def report_leaks(self, stream: str, leaks: tuple[Leak, ...]) -> None:
+        """Raise LEAK_SUSPECTED on the security stream, once per leak; never recursive."""
+        if getattr(self._reporting, "active", False):
+            return
+        self._reporting.active = True
+        try:
+            for leak in dict.fromkeys(leaks):
+                fields: dict[str, Any] = {"stream": stream, "field": leak.field, "kind": leak.kind}
+                if leak.secret is not None:
+                    fields["secret_name"] = leak.secret
+                self.security.emit(LEAK_SUSPECTED, fields)
+        finally:
+            self._reporting.active = False
+
+    def report_log_redactions(self, found: tuple[Redaction, ...]) -> None:
+        """The ``on_redaction`` callback for ``RedactingLogFilter``."""
+        self.report_leaks("log", tuple(Leak("message", f.kind, f.secret) for f in found))
+
+    def close(self) -> None:
+        try:
+            self.evidence.close()
+        finally:
+            self.security.close()
+
+
+def open_chained_streams(
+    *,
+    evidence_out: TextIO | LineWriter,
+    security_out: TextIO | LineWriter,
+    clock: Clock,
+    journal_dir: str | os.PathLike[str] | None = None,
+    checkpoint_lines: int = DEFAULT_CHECKPOINT_LINES,
+    window_lines: int = DEFAULT_WINDOW_LINES,
+    redactor: Redactor | None = None,
+) -> ChainedStreams:
+    """Open (or resume) both streams; the security stream also records evidence's resumption."""
+    security = ChainedSink(
+        security_out,
+        stream="security",
+        schema=SECURITY_SCHEMA,
+        clock=clock,
+        journal_dir=journal_dir,
+        checkpoint_lines=checkpoint_lines,
+        window_lines=window_lines,
+        redactor=redactor,
+    )
+    try:
+        evidence = ChainedSink(
+            evidence_out,
+            stream="evidence",
+            schema=EVIDENCE_SCHEMA,
+            clock=clock,
+            journal_dir=journal_dir,
+            checkpoint_lines=checkpoint_lines,
+            window_lines=window_lines,
+            redactor=redactor,
+        )
+    except BaseException:
+        with contextlib.suppress(ChainError):
+            security.close()
+        raise
+    streams = ChainedStreams(evidence=evidence, security=security)
+    evidence.on_redaction = streams.report_leaks
+    security.on_redaction = streams.report_leaks
+    if evidence.resumption is not None:
+        r = evidence.resumption
+        security._write(  # a record *about* another stream: not a resumption of this one
+            CHAIN_RESUMED,
+            {
+                "stream": "evidence",
+                "resumption": {
+                    "seq": r.seq,
+                    "gap": r.gap,
+                    "from_seq": r.resumed_from.seq,
+                    "from_hash": r.resumed_from.hash,
+                },
+            },
+        )
+    return streams

@@ -1,0 +1,348 @@
+"""The redactor every line passes before it leaves the process.
+
+It holds no secret value. For each current secret it keeps keyed SHA-256 digests (HMAC-SHA256
+under a random per-process key) of the value and of its natural token forms; a line is scanned by
+hashing its tokens and comparing digests, so a whole secret value that reaches a line is found
+without the redactor ever being able to print one. Independently of the secrets it knows, it
+recognises credentials by shape: ``Bearer <token>``, PEM blocks, compact JWS and the configured
+downstream credential header (``<name>: <value>``).
+
+A redaction replaces the value with ``[REDACTED:<kind>]`` and never stops the line; the caller
+reports it (``LEAK_SUSPECTED`` on the security stream) naming the kind and where, never the value.
+
+Callers: ``evidence/chain.py`` (``ChainedSink``: every string field of every chained line,
+before hashing), ``evidence/bundle.py`` (``export_bundle``: free text), ``serve.py`` (installs
+:class:`RedactingLogFilter` on the operational logs, and has the secret store call
+:meth:`Redactor.set_secret` on load and on rotation).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import re
+import secrets
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+__all__ = [
+    "KIND_BEARER",
+    "KIND_CREDENTIAL_HEADER",
+    "KIND_JWS",
+    "KIND_PEM",
+    "KIND_SECRET",
+    "RedactingLogFilter",
+    "Redaction",
+    "Redactor",
+]
+
+KIND_SECRET = "SECRET"
+KIND_BEARER = "BEARER"
+KIND_PEM = "PEM"
+KIND_JWS = "JWS"
+KIND_CREDENTIAL_HEADER = "CREDENTIAL_HEADER"
+
+# When two recognisers claim overlapping text, the merged span is labelled with the earliest here.
+_PRIORITY = (KIND_SECRET, KIND_PEM, KIND_CREDENTIAL_HEADER, KIND_JWS, KIND_BEARER)
+
+# Token forms shorter than this are not registered on their own (a secret's words like "Bearer"
+# would otherwise redact every occurrence of the word); the whole value is always registered.
+MIN_TOKEN_LENGTH = 8
+
+_INNER_DELIMITERS = frozenset("=:@/?&#")
+_MAX_CUTS = 16
+
+_SCHEMES = ("bearer", "basic", "token", "apikey", "api-key")
+
+_COARSE = re.compile(r"[^\s\"'`,;()<>\[\]{}&?|]+")
+_FINE = re.compile(r"[^\s\"'`,;()<>\[\]{}=:&?/@|\\]+")
+_BEARER = re.compile(r"(?i)(?<![A-Za-z0-9])bearer\s+([A-Za-z0-9\-._~+/]+=*)")
+_PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]{1,64})-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
+_JWS = re.compile(
+    r"(?<![A-Za-z0-9_\-.])([A-Za-z0-9_-]{4,})\.([A-Za-z0-9_-]{2,})\.([A-Za-z0-9_-]*)"
+    r"(?![A-Za-z0-9_\-.])"
+)
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """One thing the redactor replaced: its kind and, for a known secret, the secret's name."""
+
+    kind: str
+    secret: str | None = None
+
+
+@dataclass(frozen=True)
+class _Span:
+    start: int
+    end: int
+    kind: str
+    secret: str | None
+
+
+class Redactor:
+    """Recognises secrets by digest and credentials by shape; thread-safe.
+
+    ``credential_headers`` are header names (case-insensitive) whose values are credentials,
+    typically ``DOWNSTREAM_CREDENTIAL_HEADER``.
+    """
+
+    def __init__(self, *, credential_headers: Iterable[str] = ()) -> None:
+        self._key = secrets.token_bytes(32)
+        self._lock = threading.Lock()
+        self._digests: dict[bytes, str] = {}
+        self._by_name: dict[str, frozenset[bytes]] = {}
+        self._word_counts: dict[str, frozenset[int]] = {}
+        self._headers: frozenset[str] = frozenset()
+        self._header_re: re.Pattern[str] | None = None
+        self.set_credential_headers(credential_headers)
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def set_credential_headers(self, names: Iterable[str]) -> None:
+        cleaned = frozenset(n.strip().lower() for n in names if n and n.strip())
+        pattern = None
+        if cleaned:
+            alternatives = "|".join(re.escape(n) for n in sorted(cleaned, key=len, reverse=True))
+            pattern = re.compile(
+                rf"(?i)(?<![A-Za-z0-9_-])(?:{alternatives})"
+                rf"[\"']?[ \t]*[:=][ \t]*[\"']?([^\"'\r\n]+)"
+            )
+        with self._lock:
+            self._headers = cleaned
+            self._header_re = pattern
+
+    def set_secret(self, name: str, value: bytes | bytearray) -> None:
+        """Register (or, on rotation, replace) the digests of secret ``name``; keeps no value."""
+        forms: set[bytes] = set()
+        word_counts: set[int] = set()
+        raw = bytes(value)
+        if raw:
+            forms.add(self._digest(raw))
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None:
+            for form, words in _natural_forms(text):
+                forms.add(self._digest(form.encode("utf-8")))
+                if words > 1:
+                    word_counts.add(words)
+        with self._lock:
+            self._drop(name)
+            frozen = frozenset(forms)
+            self._by_name[name] = frozen
+            self._word_counts[name] = frozenset(word_counts)
+            for d in frozen:
+                self._digests[d] = name
+
+    def remove_secret(self, name: str) -> None:
+        with self._lock:
+            self._drop(name)
+
+    def secret_names(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(sorted(self._by_name))
+
+    def is_credential_field(self, key: str) -> bool:
+        """True when a mapping key names the configured credential header."""
+        return key.strip().lower() in self._headers
+
+    # -- scanning -----------------------------------------------------------------------------
+
+    def redact(self, text: str) -> tuple[str, tuple[Redaction, ...]]:
+        """Return ``text`` with every recognised credential replaced, and what was replaced."""
+        if not text:
+            return text, ()
+        with self._lock:
+            digests = dict(self._digests)
+            word_counts = sorted({n for counts in self._word_counts.values() for n in counts})
+            header_re = self._header_re
+        spans: list[_Span] = []
+        if digests:
+            spans.extend(self._secret_spans(text, digests, word_counts))
+        spans.extend(_shape_spans(text, header_re))
+        if not spans:
+            return text, ()
+        merged = _merge(spans)
+        out: list[str] = []
+        cursor = 0
+        for span in merged:
+            out.append(text[cursor : span.start])
+            out.append(f"[REDACTED:{span.kind}]")
+            cursor = span.end
+        out.append(text[cursor:])
+        found = tuple(dict.fromkeys(Redaction(s.kind, s.secret) for s in merged))
+        return "".join(out), found
+
+    def _secret_spans(
+        self, text: str, digests: dict[bytes, str], word_counts: list[int]
+    ) -> Iterator[_Span]:
+        for start, end in _candidates(text, word_counts):
+            candidate = text[start:end]
+            forms = [candidate]
+            if any(ch.isspace() for ch in candidate):
+                # A secret of several words is registered single-spaced.
+                forms.append(" ".join(candidate.split()))
+            for form in forms:
+                name = digests.get(self._digest(form.encode("utf-8", "surrogatepass")))
+                if name is not None:
+                    yield _Span(start, end, KIND_SECRET, name)
+                    break
+
+    def _digest(self, data: bytes) -> bytes:
+        return hmac.new(self._key, data, hashlib.sha256).digest()
+
+    def _drop(self, name: str) -> None:
+        for d in self._by_name.pop(name, frozenset()):
+            if self._digests.get(d) == name:
+                del self._digests[d]
+        self._word_counts.pop(name, None)
+
+
+def _natural_forms(text: str) -> Iterator[tuple[str, int]]:
+    """The forms a secret takes in a line: whole, trimmed, without a scheme, its long tokens.
+
+    Each long form is also registered without base64 padding, which URL and header encodings drop.
+    """
+    forms: list[tuple[str, int]] = [(text, 1)]
+    stripped = text.strip()
+    if stripped:
+        forms.append((stripped, 1))
+    words = stripped.split()
+    if len(words) > 1:
+        forms.append((" ".join(words), len(words)))
+        if words[0].lower() in _SCHEMES:
+            forms.append((" ".join(words[1:]), len(words) - 1))
+        forms.extend(
+            (word, 1)
+            for word in words
+            if len(word) >= MIN_TOKEN_LENGTH and word.lower() not in _SCHEMES
+        )
+    for form, count in forms:
+        yield form, count
+        unpadded = form.rstrip("=")
+        if unpadded != form and len(unpadded) >= MIN_TOKEN_LENGTH:
+            yield unpadded, count
+
+
+def _candidates(text: str, word_counts: list[int]) -> Iterator[tuple[int, int]]:
+    seen: set[tuple[int, int]] = set()
+
+    def once(start: int, end: int) -> Iterator[tuple[int, int]]:
+        if end > start and (start, end) not in seen:
+            seen.add((start, end))
+            yield start, end
+
+    stripped_start = len(text) - len(text.lstrip())
+    yield from once(stripped_start, len(text.rstrip()))
+    for match in _COARSE.finditer(text):
+        start, end = match.span()
+        yield from once(start, end)
+        # Every stretch between two delimiters of a URL/assignment-like token: the value in
+        # `key=VALUE`, `user:VALUE@host`, `/path/VALUE/more` — bounded to keep scanning linear.
+        cuts = [start + i for i, ch in enumerate(match.group()) if ch in _INNER_DELIMITERS]
+        cuts = cuts[:_MAX_CUTS]
+        starts = [start, *(c + 1 for c in cuts)]
+        ends = [*cuts, end]
+        for s in starts:
+            for e in ends:
+                yield from once(s, e)
+    for match in _FINE.finditer(text):
+        yield from once(*match.span())
+    if word_counts:
+        # Windows of consecutive tokens; the slice is whitespace-normalised before hashing.
+        words = [m.span() for m in _COARSE.finditer(text)]
+        for count in word_counts:
+            for i in range(len(words) - count + 1):
+                # Compare the whitespace-normalised window: join its words with single spaces.
+                yield from once(words[i][0], words[i + count - 1][1])
+
+
+def _shape_spans(text: str, header_re: re.Pattern[str] | None) -> Iterator[_Span]:
+    if "-----BEGIN " in text:
+        for match in _PEM.finditer(text):
+            yield _Span(match.start(), match.end(), KIND_PEM, None)
+    if header_re is not None:
+        for match in header_re.finditer(text):
+            start = match.start(1)
+            value = match.group(1).rstrip()
+            if value:
+                yield _Span(start, start + len(value), KIND_CREDENTIAL_HEADER, None)
+    for match in _BEARER.finditer(text):
+        yield _Span(*match.span(1), KIND_BEARER, None)
+    if "." in text:
+        for match in _JWS.finditer(text):
+            if _is_jws_header(match.group(1)):
+                yield _Span(match.start(), match.end(), KIND_JWS, None)
+
+
+def _is_jws_header(segment: str) -> bool:
+    try:
+        decoded = base64.urlsafe_b64decode(segment + "=" * (-len(segment) % 4))
+        header = json.loads(decoded)
+    except (binascii.Error, ValueError):
+        return False
+    return isinstance(header, dict) and "alg" in header
+
+
+def _merge(spans: list[_Span]) -> list[_Span]:
+    ordered = sorted(spans, key=lambda s: (s.start, -s.end))
+    merged: list[_Span] = []
+    for span in ordered:
+        if merged and span.start < merged[-1].end:
+            last = merged[-1]
+            kind = min(last.kind, span.kind, key=_PRIORITY.index)
+            secret = last.secret if last.kind == kind else span.secret
+            merged[-1] = _Span(last.start, max(last.end, span.end), kind, secret)
+        else:
+            merged.append(span)
+    return merged
+
+
+class RedactingLogFilter(logging.Filter):
+    """Applies a :class:`Redactor` to operational log records; never drops a record.
+
+    Attach it to the *handler* (not a logger) so records from every logger pass it. The message
+    is formatted with its arguments, redacted, and stored back without arguments; exception and
+    stack text are formatted and redacted too. ``on_redaction`` (typically raising
+    ``LEAK_SUSPECTED`` on the security stream) receives what was found, never the value.
+    """
+
+    def __init__(
+        self,
+        redactor: Redactor,
+        *,
+        on_redaction: Callable[[tuple[Redaction, ...]], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self._redactor = redactor
+        self._on_redaction = on_redaction
+        self._formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        found: list[Redaction] = []
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: keep the template only
+            message = str(record.msg)
+        redacted, hits = self._redactor.redact(message)
+        found.extend(hits)
+        record.msg = redacted
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text, hits = self._redactor.redact(record.exc_text)
+            found.extend(hits)
+        if record.stack_info:
+            record.stack_info, hits = self._redactor.redact(record.stack_info)
+            found.extend(hits)
+        if found and self._on_redaction is not None:
+            self._on_redaction(tuple(dict.fromkeys(found)))
+        return True

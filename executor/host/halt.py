@@ -1,0 +1,215 @@
+"""The halt: easy to reach, hard to leave.
+
+:class:`HaltState` is one flag with the causes that set it. Any cause halts; only an operator's
+:meth:`HaltState.resume` (with a reason) clears it, and that is refused with
+``409 HALT_CAUSE_PERSISTS`` while the halt file still exists or a posture drift still stands.
+
+Causes: ``OPERATOR`` (with a reason and the principal), ``FILE`` (``EXECUTOR_HALT_FILE`` exists;
+:meth:`watch` polls it and a state built while it exists starts halted), ``AUTH_SPIKE``
+(``EXECUTOR_HALT_ON_AUTH_FAILURES`` door refusals inside the window), ``EGRESS_SPIKE``
+(``EXECUTOR_HALT_ON_EGRESS_REFUSALS``), ``POSTURE_DRIFT`` (stands until
+:meth:`posture_restored`), ``CLOCK_SKEW``.
+
+Each new cause is one ``HALTED`` line on the security stream (cause, reason, by) and each resume
+one ``RESUMED`` line; an operator's reason is their own words, kept but bounded in length and
+stripped of control characters. Listeners are called with the new halted flag on every change.
+
+Callers: ``serve.py`` builds it, and with ``assembly.py`` wires what feeds it (the door's
+refusal spikes, the egress guard, the posture monitor, the authority client's skew) and what
+reads it (503 EXECUTOR_HALTED while halted, ``/ready`` 503); ``routes/control.py`` (the control
+routes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from ..clock import Clock, format_ms
+from ..errors import RequestRejected
+from ..events import EventSink
+from ..windows import RateRule, SpikeDetector
+from .metrics import ExecutorMetrics
+
+__all__ = ["MAX_REASON_CHARS", "HaltCause", "HaltRecord", "HaltState", "bound_reason"]
+
+MAX_REASON_CHARS = 500
+
+
+class HaltCause(StrEnum):
+    OPERATOR = "OPERATOR"
+    FILE = "FILE"
+    AUTH_SPIKE = "AUTH_SPIKE"
+    EGRESS_SPIKE = "EGRESS_SPIKE"
+    POSTURE_DRIFT = "POSTURE_DRIFT"
+    CLOCK_SKEW = "CLOCK_SKEW"
+
+
+@dataclass(frozen=True)
+class HaltRecord:
+    cause: HaltCause
+    reason: str
+    by: str | None
+    at: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause.value,
+            "reason": self.reason,
+            "by": self.by,
+            "at": format_ms(self.at),
+        }
+
+
+def bound_reason(text: object) -> str:
+    """An operator's reason kept in their words: control characters dropped, length bounded."""
+    if not isinstance(text, str):
+        return ""
+    cleaned = "".join(ch if ch.isprintable() else " " for ch in text).strip()
+    return cleaned[:MAX_REASON_CHARS]
+
+
+class HaltState:
+    """Whether the executor takes new work, and why not."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        security: EventSink,
+        halt_file: str | Path | None = None,
+        metrics: ExecutorMetrics | None = None,
+        auth_spike: RateRule | None = RateRule(50, 60),
+        egress_spike: RateRule | None = RateRule(5, 60),
+    ) -> None:
+        self._clock = clock
+        self._security = security
+        self._metrics = metrics
+        self.halt_file = Path(halt_file) if halt_file is not None else None
+        self._auth_spike = SpikeDetector(auth_spike, clock=clock) if auth_spike else None
+        self._egress_spike = SpikeDetector(egress_spike, clock=clock) if egress_spike else None
+        self._causes: dict[HaltCause, HaltRecord] = {}
+        self._posture_checks: set[str] = set()
+        self._listeners: list[Callable[[bool], None]] = []
+        self._lock = threading.RLock()
+        self.check_file()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    @property
+    def halted(self) -> bool:
+        with self._lock:
+            return bool(self._causes)
+
+    @property
+    def causes(self) -> tuple[HaltRecord, ...]:
+        with self._lock:
+            return tuple(self._causes.values())
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "halted": bool(self._causes),
+                "causes": [r.as_dict() for r in self._causes.values()],
+                "halt_file_present": self._file_present(),
+                "posture_drift": sorted(self._posture_checks),
+            }
+
+    def add_listener(self, listener: Callable[[bool], None]) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    # -- halting ------------------------------------------------------------------------------
+
+    def halt(self, cause: HaltCause, *, reason: str, by: str | None = None) -> bool:
+        """Add a cause; True when it is new. An operator's halt needs a non-empty reason."""
+        text = bound_reason(reason)
+        if cause is HaltCause.OPERATOR and not text:
+            raise RequestRejected(422, "REASON_REQUIRED", "a halt needs a reason")
+        with self._lock:
+            if cause in self._causes:
+                return False
+            was_halted = bool(self._causes)
+            self._causes[cause] = HaltRecord(cause=cause, reason=text, by=by, at=self._clock.now())
+            listeners = list(self._listeners)
+        self._security.emit("HALTED", {"cause": cause.value, "reason": text, "by": by})
+        if self._metrics is not None:
+            self._metrics.halts.inc(cause=cause.value)
+        if not was_halted:
+            for listener in listeners:
+                listener(True)
+        return True
+
+    def resume(self, *, reason: str, by: str) -> None:
+        """An operator takes work again; refused while the halt file or a posture drift stands."""
+        text = bound_reason(reason)
+        if not text:
+            raise RequestRejected(422, "REASON_REQUIRED", "a resume needs a reason")
+        with self._lock:
+            if self._file_present() or self._posture_checks:
+                raise RequestRejected(
+                    409, "HALT_CAUSE_PERSISTS", "the cause of the halt still stands"
+                )
+            if not self._causes:
+                return
+            cleared = [c.value for c in self._causes]
+            self._causes.clear()
+            if self._auth_spike is not None:
+                self._auth_spike.reset()
+            if self._egress_spike is not None:
+                self._egress_spike.reset()
+            listeners = list(self._listeners)
+        self._security.emit("RESUMED", {"reason": text, "by": by, "causes": cleared})
+        for listener in listeners:
+            listener(False)
+
+    # -- automatic causes ---------------------------------------------------------------------
+
+    def record_auth_refusal(self) -> None:
+        """One refusal at the door; a spike halts (``AUTH_SPIKE``)."""
+        if self._auth_spike is not None and self._auth_spike.hit():
+            self.halt(HaltCause.AUTH_SPIKE, reason="door refusals crossed the threshold")
+
+    def record_egress_refusal(self) -> None:
+        """One refused outbound request; a spike halts (``EGRESS_SPIKE``)."""
+        if self._egress_spike is not None and self._egress_spike.hit():
+            self.halt(HaltCause.EGRESS_SPIKE, reason="egress refusals crossed the threshold")
+
+    def posture_drift(self, check: str) -> None:
+        """A posture check regressed; halts, and resume is refused until it is restored."""
+        with self._lock:
+            self._posture_checks.add(check)
+        self.halt(HaltCause.POSTURE_DRIFT, reason=f"posture check {check} drifted")
+
+    def posture_restored(self, check: str | None = None) -> None:
+        """A drifted check (or, with None, every check) holds again; the halt itself stays."""
+        with self._lock:
+            if check is None:
+                self._posture_checks.clear()
+            else:
+                self._posture_checks.discard(check)
+
+    def clock_skew(self, skew_ms: float) -> None:
+        self.halt(HaltCause.CLOCK_SKEW, reason=f"authority clock skew of {int(skew_ms)} ms")
+
+    # -- the halt file ------------------------------------------------------------------------
+
+    def _file_present(self) -> bool:
+        return self.halt_file is not None and self.halt_file.exists()
+
+    def check_file(self) -> bool:
+        """Poll the halt file once; halts (``FILE``) when it exists. True when newly halted."""
+        if self._file_present():
+            return self.halt(HaltCause.FILE, reason="the halt file exists")
+        return False
+
+    async def watch(self, *, interval: float = 1.0) -> None:
+        """Poll the halt file every ``interval`` seconds until cancelled."""
+        while True:
+            await asyncio.to_thread(self.check_file)
+            await asyncio.sleep(interval)

@@ -1,0 +1,3 @@
+"""The lifecycle of one proposal: the pipeline, its wire answers, host ceilings, shadow
+reports and startup reconciliation.
+"""

@@ -1,0 +1,224 @@
+"""Host ceilings: the most this host lets pass, whatever the policy allows.
+
+``EXECUTOR_HARD_LIMIT_SINGLE_MINOR`` (``CHF:2500000000,EUR:1000000``) bounds one action per ISO 4217
+code in minor units; ``EXECUTOR_HARD_LIMIT_WINDOW_SECONDS`` with ``_WINDOW_COUNT`` and/or
+``_WINDOW_SUM_MINOR`` bound how many actions, and how much value, pass in a sliding window.
+Ceilings only ever refuse; every refusal is ``RequestRejected(422, code)`` with one of
+HARD_LIMIT_EXCEEDED, HARD_LIMIT_CURRENCY_UNKNOWN, HARD_LIMIT_AMOUNT_INVALID,
+HARD_LIMIT_WINDOW_COUNT_EXCEEDED, HARD_LIMIT_WINDOW_SUM_EXCEEDED.
+
+The amount is read from the intent's parameters: an integer ``amountMinor`` (not a boolean,
+``>= 0``) and a three-letter upper-case ``currency``. Neither present: not a payment, bounded by
+the count window alone. One without the other, or either malformed: HARD_LIMIT_AMOUNT_INVALID.
+A currency the single-limit configuration never named: HARD_LIMIT_CURRENCY_UNKNOWN (only when
+single limits are configured at all). A host with no ceiling configured refuses nothing.
+
+Decisions this module makes, stated plainly:
+
+* **The window sum is one total across currencies**, in minor units as given. Summing ``100`` yen
+  and ``100`` cents is unit-mixing, but it is the only reading of a single
+  ``_WINDOW_SUM_MINOR`` that never widens: a per-currency sum would let N currencies move N times
+  the bound. Operators running several currencies should set the bound for the smallest unit they
+  care about; the per-currency bound is ``EXECUTOR_HARD_LIMIT_SINGLE_MINOR``.
+* **The window is process memory on the monotonic clock**: a restart forgets it, two replicas each
+  keep their own, and changing the wall clock cannot reopen it. It is a backstop against a policy
+  mistake, not a treasury control.
+* :meth:`HostCeilings.check` runs before the authority and reserves nothing;
+  :meth:`HostCeilings.commit` runs after an ALLOW and before the grant is claimed, re-checks and
+  reserves under one lock, so racing requests cannot cross the window.
+* A :class:`Reservation` may be released (idempotently) when the executor *knows* nothing was
+  dispatched: the claim was refused, the journal refused, the handler failed before dispatch.
+  Anything dispatched, including a provider's refusal or an unknown outcome, keeps its place:
+  unknown may have moved value, and a refusal still consumed an attempt.
+
+Callers: ``lifecycle/pipeline.py`` (check, commit, release), ``serve.py`` (builds it from the
+configuration).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..clock import Clock
+from ..errors import RequestRejected
+
+__all__ = ["HostCeilings", "Payment", "Reservation", "parse_single_limits", "read_payment"]
+
+_CURRENCY = re.compile(r"^[A-Z]{3}$")
+
+
+@dataclass(frozen=True)
+class Payment:
+    amount_minor: int
+    currency: str
+
+
+def _refuse(code: str, message: str) -> RequestRejected:
+    return RequestRejected(422, code, message)
+
+
+def read_payment(parameters: Mapping[str, Any]) -> Payment | None:
+    """The payment an action carries, ``None`` for none; a half or malformed one is refused."""
+    has_amount = "amountMinor" in parameters
+    has_currency = "currency" in parameters
+    if not has_amount and not has_currency:
+        return None
+    if not (has_amount and has_currency):
+        raise _refuse("HARD_LIMIT_AMOUNT_INVALID", "an amount needs both amountMinor and currency")
+    amount = parameters["amountMinor"]
+    currency = parameters["currency"]
+    if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
+        raise _refuse("HARD_LIMIT_AMOUNT_INVALID", "amountMinor must be a non-negative integer")
+    if not isinstance(currency, str) or not _CURRENCY.match(currency):
+        raise _refuse("HARD_LIMIT_AMOUNT_INVALID", "currency must be a three-letter ISO 4217 code")
+    return Payment(amount_minor=amount, currency=currency)
+
+
+def parse_single_limits(text: str) -> dict[str, int]:
+    """Parse ``CHF:2500000000,EUR:1000000``; raises ``ValueError`` (without echoing the text)."""
+    limits: dict[str, int] = {}
+    for part in text.split(","):
+        item = part.strip()
+        if not item:
+            continue
+        code, sep, amount = item.partition(":")
+        code = code.strip()
+        amount = amount.strip()
+        if not sep or not _CURRENCY.match(code) or not amount.isascii() or not amount.isdigit():
+            raise ValueError("expected CUR:amount pairs separated by commas")
+        if code in limits:
+            raise ValueError("a currency is named twice")
+        limits[code] = int(amount)
+    if not limits:
+        raise ValueError("no currency limits given")
+    return limits
+
+
+class Reservation:
+    """A place in the window taken by :meth:`HostCeilings.commit`."""
+
+    def __init__(self, owner: HostCeilings | None, entry: _Entry | None) -> None:
+        self._owner = owner
+        self._entry = entry
+
+    @property
+    def released(self) -> bool:
+        return self._entry is None
+
+    def release(self) -> None:
+        """Give the place back (nothing was dispatched). Releasing twice is harmless."""
+        owner, entry = self._owner, self._entry
+        self._owner = self._entry = None
+        if owner is not None and entry is not None:
+            owner._release(entry)
+
+
+@dataclass(eq=False)
+class _Entry:
+    at: float
+    amount_minor: int
+
+
+class HostCeilings:
+    """The configured ceilings and the sliding window (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        single: Mapping[str, int] | None = None,
+        window_seconds: float | None = None,
+        window_count: int | None = None,
+        window_sum_minor: int | None = None,
+        clock: Clock,
+    ) -> None:
+        if (window_count is not None or window_sum_minor is not None) and not window_seconds:
+            raise ValueError("a window count or sum needs window_seconds")
+        if window_seconds is not None and window_seconds <= 0:
+            raise ValueError("window_seconds must be positive")
+        for value in (window_count, window_sum_minor, *(single or {}).values()):
+            if value is not None and (isinstance(value, bool) or value < 0):
+                raise ValueError("ceilings are non-negative integers")
+        self._single = dict(single or {})
+        self._window_seconds = window_seconds
+        self._window_count = window_count
+        self._window_sum = window_sum_minor
+        self._clock = clock
+        self._entries: deque[_Entry] = deque()
+        self._sum = 0
+        self._lock = threading.Lock()
+
+    @property
+    def configured(self) -> bool:
+        return bool(self._single) or self._window_count is not None or self._window_sum is not None
+
+    def check(self, parameters: Mapping[str, Any]) -> None:
+        """Refuse what would not pass now; reserves nothing (before the authority is asked)."""
+        payment = self._single_check(parameters)
+        with self._lock:
+            self._window_check(payment)
+
+    def commit(self, parameters: Mapping[str, Any]) -> Reservation:
+        """Re-check and take a place in the window atomically (after ALLOW, before the claim)."""
+        payment = self._single_check(parameters)
+        with self._lock:
+            self._window_check(payment)
+            if self._window_seconds is None:
+                return Reservation(None, None)
+            entry = _Entry(self._clock.monotonic(), payment.amount_minor if payment else 0)
+            self._entries.append(entry)
+            self._sum += entry.amount_minor
+            return Reservation(self, entry)
+
+    def window_usage(self) -> tuple[int, int]:
+        """``(count, sum_minor)`` currently inside the window."""
+        with self._lock:
+            self._expire()
+            return len(self._entries), self._sum
+
+    def _single_check(self, parameters: Mapping[str, Any]) -> Payment | None:
+        if not self.configured:
+            return None  # no ceiling exists to refuse on this host's behalf
+        payment = read_payment(parameters)
+        if payment is None or not self._single:
+            return payment
+        limit = self._single.get(payment.currency)
+        if limit is None:
+            raise _refuse(
+                "HARD_LIMIT_CURRENCY_UNKNOWN", "this host names no limit for the currency"
+            )
+        if payment.amount_minor > limit:
+            raise _refuse("HARD_LIMIT_EXCEEDED", "the amount is above this host's single limit")
+        return payment
+
+    def _window_check(self, payment: Payment | None) -> None:
+        if self._window_seconds is None:
+            return
+        self._expire()
+        if self._window_count is not None and len(self._entries) + 1 > self._window_count:
+            raise _refuse(
+                "HARD_LIMIT_WINDOW_COUNT_EXCEEDED", "this host's action count window is full"
+            )
+        amount = payment.amount_minor if payment else 0
+        if self._window_sum is not None and self._sum + amount > self._window_sum:
+            raise _refuse("HARD_LIMIT_WINDOW_SUM_EXCEEDED", "this host's value window is full")
+
+    def _expire(self) -> None:
+        assert self._window_seconds is not None or not self._entries
+        if self._window_seconds is None:
+            return
+        horizon = self._clock.monotonic() - self._window_seconds
+        while self._entries and self._entries[0].at <= horizon:
+            self._sum -= self._entries.popleft().amount_minor
+
+    def _release(self, entry: _Entry) -> None:
+        with self._lock:
+            try:
+                self._entries.remove(entry)
+            except ValueError:  # already expired out of the window
+                return
+            self._sum -= entry.amount_minor

@@ -1,0 +1,792 @@
+"""The lifecycle of one proposal, from an authenticated caller to a journaled outcome.
+
+``Pipeline.propose`` is the heart of the executor:
+
+1. refuse while halted or degraded (nothing asked of the authority);
+2. refuse an action this principal may not propose, or that no handler runs;
+3. idempotency: replay a finished answer, refuse a conflicting or in-flight key;
+4. capture the intent (tenant, actor and target from configuration) and hash it;
+5. check the host ceilings, then ask the authority (skew measured);
+6. in shadow, record and stop; on BLOCK or ESCALATE, answer;
+7. on ALLOW: commit the ceilings, journal ATTEMPT_OPENED, claim the single-use grant, run the
+   handler once (the registry journals GRANT_CLAIMED before its body), journal ATTEMPT_CLOSED
+   unless the outcome is unknown, finalize with the authority, record the answer.
+
+``Pipeline.reconcile`` is the stateless, read-only ``POST /v1/reconciliations``.
+
+Callers: ``routes/app.py`` (HTTP), ``serve.py`` (assembly), tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..canonical import sha256_digest
+from ..clock import Clock, format_ms
+from ..dispatch.seam import Authorization, ExecutionContext, Outcome, Registry
+from ..errors import AgentSafeError, RequestRejected
+from ..events import Streams
+from ..host.metrics import ExecutorMetrics
+from ..intent import CapturedIntent, DownstreamTarget, capture_intent, intent_from_binding
+from ..policy.authority import ESCALATION_TYP, Authority, Decision, GrantRefused, Verdict
+from ..principals import Principal
+from ..state.journal import AttemptJournal
+from ..state.usestore import ApprovalRecord, ApprovalRequest, ApprovalState, UseStore
+from .answers import Answer, decision_answer, halted_answer, reconciled_answer
+from .ceilings import HostCeilings
+from .shadow import ShadowReport
+
+__all__ = ["ActionCatalog", "Pipeline", "Proposal"]
+
+log = logging.getLogger(__name__)
+
+RECOVERY_TYP = "agentsafe-recovery+jwt"
+
+
+class ActionCatalog(Protocol):
+    """Which registered handler runs a policy action (``None``: no such action)."""
+
+    def handler_for(self, action: str) -> str | None: ...
+
+
+class TokenSigner(Protocol):
+    def sign_token(self, payload: Mapping[str, Any], *, typ: str) -> str: ...
+
+    def verify_token(self, token: str, *, typ: str) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The agent's part of ``POST /v1/actions``, already schema-checked."""
+
+    action: str
+    target: str
+    parameters: Mapping[str, Any]
+    idempotency_key: str
+    correlation_id: str | None = None
+
+    def payload_digest(self) -> str:
+        return sha256_digest(
+            {"action": self.action, "target": self.target, "parameters": dict(self.parameters)}
+        )
+
+
+class Pipeline:
+    def __init__(
+        self,
+        *,
+        mode: str,
+        authority: Authority,
+        signer: TokenSigner,
+        catalog: ActionCatalog,
+        registry: Registry,
+        store: UseStore,
+        journal: AttemptJournal | None,
+        ceilings: HostCeilings | None,
+        streams: Streams,
+        clock: Clock,
+        target: DownstreamTarget,
+        intent_ttl_seconds: int,
+        max_clock_skew_ms: int,
+        shadow: ShadowReport | None = None,
+        refusal: Callable[[], str | None] = lambda: None,
+        on_clock_skew: Callable[[float], None] = lambda skew: None,
+        metrics: ExecutorMetrics | None = None,
+        escalation: str = "NONE",
+        on_forbidden: Callable[[Principal, str], None] = lambda principal, code: None,
+    ) -> None:
+        self.mode = mode
+        self._authority = authority
+        self._signer = signer
+        self._catalog = catalog
+        self._registry = registry
+        self._store = store
+        self._journal = journal
+        self._ceilings = ceilings
+        self._streams = streams
+        self._clock = clock
+        self._target = target
+        self._ttl = intent_ttl_seconds
+        self._max_skew = max_clock_skew_ms / 1000.0
+        self.shadow = shadow or ShadowReport()
+        self._refusal = refusal
+        self._on_clock_skew = on_clock_skew
+        self._metrics = metrics
+        self.escalation = escalation
+        self._on_forbidden = on_forbidden
+
+    def _count_outcome(self, outcome: str) -> None:
+        if self._metrics is not None and self.mode == "ENFORCEMENT":
+            self._metrics.executions.inc(outcome=outcome)
+
+    # ------------------------------------------------------------------ proposals
+
+    async def propose(self, principal: Principal, proposal: Proposal) -> Answer:
+        refusal = self._refusal()
+        if refusal is not None:
+            self._streams.evidence.emit(
+                "EXECUTION_BLOCKED", {"caller": principal.id, "reason_codes": [refusal]}
+            )
+            self._count_outcome(Outcome.BLOCKED.value)
+            return halted_answer(self.mode, refusal)
+        if not principal.may_propose(proposal.action):
+            self._on_forbidden(principal, "ACTION_NOT_PERMITTED_FOR_PRINCIPAL")
+            raise RequestRejected(
+                403,
+                "ACTION_NOT_PERMITTED_FOR_PRINCIPAL",
+                "this principal may not propose this action",
+            )
+        handler = self._catalog.handler_for(proposal.action)
+        if handler is None or handler not in self._registry.names():
+            raise RequestRejected(422, "ACTION_NOT_REGISTERED", "no handler runs this action")
+        assert principal.tenant_id is not None
+        return await self._once(
+            tenant=principal.tenant_id,
+            principal=principal,
+            key=proposal.idempotency_key,
+            payload_digest=proposal.payload_digest(),
+            conflict="this idempotency key was used with a different proposal",
+            run=lambda: self._propose_new(principal, proposal, handler),
+        )
+
+    async def _once(
+        self,
+        *,
+        tenant: str,
+        principal: Principal,
+        key: str,
+        payload_digest: str,
+        conflict: str,
+        run: Callable[[], Awaitable[Answer]],
+    ) -> Answer:
+        """Run ``run`` at most once per (tenant, principal, key), as payment APIs define it.
+
+        A finished answer is recorded and replayed; a key whose attempt never started (a refusal,
+        an authority that could not answer) is freed so it may be retried. Once an attempt has
+        started (``_attempt_started``), the key is never freed: a retry must not run it again,
+        and an outcome nobody knows stays in flight until reconciliation settles it.
+        """
+        scope = {"tenant": tenant, "principal": principal.id, "key": key}
+        state = await self._store.idempotency_begin(
+            **scope, payload_digest=payload_digest, now=self._clock.now()
+        )
+        if state.kind == "REPLAY":
+            assert state.response is not None
+            body = dict(state.response["body"])
+            body["replayed"] = True
+            self._streams.evidence.emit(
+                "PROPOSAL_REPLAYED", {"caller": principal.id, "intent_id": body.get("intent_id")}
+            )
+            return Answer(int(state.response["status"]), body)
+        if state.kind == "CONFLICT":
+            raise RequestRejected(409, "IDEMPOTENCY_KEY_CONFLICT", conflict)
+        if state.kind == "IN_PROGRESS":
+            raise RequestRejected(
+                409,
+                "IDEMPOTENCY_IN_PROGRESS",
+                "a request with this idempotency key is still in flight",
+            )
+        progress = _Progress()
+        token = _attempt_progress.set(progress)
+        try:
+            answer = await run()
+        except BaseException:
+            if not progress.started:
+                await asyncio.shield(self._store.idempotency_release(**scope))
+            raise
+        finally:
+            _attempt_progress.reset(token)
+        final = answer.status < 500 and answer.body.get("outcome") in _FINAL_OUTCOMES
+        if final:
+            await self._store.idempotency_complete(
+                **scope,
+                response={"status": answer.status, "body": dict(answer.body)},
+                now=self._clock.now(),
+            )
+        elif not progress.started:
+            await self._store.idempotency_release(**scope)
+        return answer
+
+    async def _propose_new(self, principal: Principal, proposal: Proposal, handler: str) -> Answer:
+        intent = capture_intent(
+            principal=principal,
+            action=proposal.action,
+            resource=proposal.target,
+            parameters=proposal.parameters,
+            idempotency_key=proposal.idempotency_key,
+            target=self._target,
+            now=self._clock.now(),
+            ttl_seconds=self._ttl,
+            correlation_id=proposal.correlation_id,
+        )
+        self._streams.evidence.emit(
+            "PROPOSAL_RECEIVED",
+            {
+                "intent_id": intent.intent_id,
+                "intent_hash": intent.intent_hash,
+                "action": intent.action,
+                "caller": principal.id,
+                "payload_digest": intent.payload_digest,
+            },
+        )
+        if self._ceilings is not None:
+            self._ceilings.check(intent.parameters)
+        decision = await self._decide(intent, principal)
+        if decision is None:
+            return self._unavailable(intent, principal)
+        return await self._act(intent, principal, decision, handler)
+
+    async def _decide(
+        self,
+        intent: CapturedIntent,
+        principal: Principal,
+        approval: Mapping[str, Any] | None = None,
+    ) -> Decision | None:
+        asked = self._clock.now()
+        try:
+            decision = await self._authority.evaluate(
+                intent, principal=principal, approval=approval
+            )
+        except AgentSafeError:
+            log.exception("the authority could not answer")
+            return None
+        skew = abs(decision.authority_time - (asked + self._clock.now()) / 2)
+        if skew > self._max_skew:
+            self._streams.security.emit("CLOCK_SKEW_EXCEEDED", {"skew_ms": int(skew * 1000)})
+            self._on_clock_skew(skew)
+            return None
+        if self._metrics is not None:
+            self._metrics.proposals.inc(verdict=decision.verdict.value)
+        self._streams.evidence.emit(
+            "DECISION",
+            {
+                "intent_id": intent.intent_id,
+                "intent_hash": intent.intent_hash,
+                "decision_id": decision.decision_id,
+                "dossier_id": decision.dossier_id,
+                "verdict": decision.verdict.value,
+                "reason_codes": list(decision.reason_codes),
+                "caller": principal.id,
+            },
+        )
+        return decision
+
+    def _unavailable(self, intent: CapturedIntent, principal: Principal) -> Answer:
+        if self.mode == "SHADOW":
+            self.shadow.record(intent.action, None, "UNAVAILABLE")
+            outcome = "UNAVAILABLE"
+        else:
+            outcome = Outcome.BLOCKED.value
+        self._streams.evidence.emit(
+            "EXECUTION_BLOCKED",
+            {
+                "intent_id": intent.intent_id,
+                "caller": principal.id,
+                "reason_codes": ["AUTHORITY_UNAVAILABLE"],
+            },
+        )
+        body = decision_answer(
+            mode=self.mode,
+            intent_id=intent.intent_id,
+            intent_hash=intent.intent_hash,
+            verdict="BLOCK",
+            decision_id=None,
+            dossier_id=None,
+            reason_codes=["AUTHORITY_UNAVAILABLE"],
+            fail_closed=True,
+            outcome=outcome,
+            executed=False,
+        )
+        return Answer(503, body)
+
+    async def _act(
+        self, intent: CapturedIntent, principal: Principal, decision: Decision, handler: str
+    ) -> Answer:
+        common: dict[str, Any] = {
+            "mode": self.mode,
+            "intent_id": intent.intent_id,
+            "intent_hash": intent.intent_hash,
+            "verdict": decision.verdict.value,
+            "decision_id": decision.decision_id,
+            "dossier_id": decision.dossier_id,
+        }
+        if self.mode == "SHADOW":
+            status = "INVALID" if "PARAMETERS_INVALID" in decision.reason_codes else "OBSERVED"
+            self.shadow.record(intent.action, decision.verdict.value, status)
+            body = decision_answer(
+                **common,
+                reason_codes=decision.reason_codes,
+                fail_closed=False,
+                outcome=status,
+                executed=False,
+            )
+            return Answer(200, body)
+        if decision.verdict is Verdict.BLOCK:
+            self._streams.evidence.emit(
+                "EXECUTION_BLOCKED",
+                {
+                    "intent_id": intent.intent_id,
+                    "decision_id": decision.decision_id,
+                    "caller": principal.id,
+                    "reason_codes": list(decision.reason_codes),
+                },
+            )
+            self._count_outcome(Outcome.BLOCKED.value)
+            body = decision_answer(
+                **common,
+                reason_codes=decision.reason_codes,
+                fail_closed=False,
+                outcome=Outcome.BLOCKED.value,
+                executed=False,
+            )
+            return Answer(200, body)
+        if decision.verdict is Verdict.ESCALATE:
+            self._count_outcome(Outcome.ESCALATE_PENDING.value)
+            body = decision_answer(
+                **common,
+                reason_codes=decision.reason_codes,
+                fail_closed=False,
+                outcome=Outcome.ESCALATE_PENDING.value,
+                executed=False,
+                escalation=await self._escalation_object(intent, principal, decision),
+            )
+            return Answer(200, body)
+        return await self._execute(intent, principal, decision, handler, common)
+
+    async def _escalation_object(
+        self, intent: CapturedIntent, principal: Principal, decision: Decision
+    ) -> Mapping[str, Any] | None:
+        """With ``EXECUTOR_ESCALATION=APPROVAL``: a durable approval request, and the signed
+        object the proposer presents back. Otherwise the hold is the answer."""
+        if self.escalation != "APPROVAL":
+            return None
+        request_id = str(uuid.uuid4())
+        actor = principal.actor.id if principal.actor is not None else principal.id
+        await self._store.approval_create(
+            ApprovalRequest(
+                request_id=request_id,
+                intent=dict(intent.binding),
+                intent_hash=intent.intent_hash,
+                approvers=tuple(decision.approvers),
+                proposer_principal=principal.id,
+                proposer_actor=actor,
+                expires_at=intent.expires_at,
+                created_at=self._clock.now(),
+            )
+        )
+        token = self._signer.sign_token(
+            {
+                "request_id": request_id,
+                "intent_hash": intent.intent_hash,
+                "exp": int(intent.expires_at),
+            },
+            typ=ESCALATION_TYP,
+        )
+        self._streams.evidence.emit(
+            "APPROVAL_REQUESTED",
+            {
+                "intent_id": intent.intent_id,
+                "intent_hash": intent.intent_hash,
+                "decision_id": decision.decision_id,
+                "request_id": request_id,
+                "approvers": list(decision.approvers),
+                "caller": principal.id,
+            },
+        )
+        return {
+            "mode": "APPROVAL",
+            "intent": dict(intent.binding),
+            "request_id": request_id,
+            "expires_at": intent.expires_at_text,
+            "token": token,
+        }
+
+    async def _execute(
+        self,
+        intent: CapturedIntent,
+        principal: Principal,
+        decision: Decision,
+        handler: str,
+        common: dict[str, Any],
+    ) -> Answer:
+        assert decision.grant is not None
+        reservation = None
+        if self._ceilings is not None:
+            reservation = self._ceilings.commit(intent.parameters)
+        attempt_id = str(uuid.uuid4())
+        journal = self._journal
+        progress = _attempt_progress.get(None)
+        if progress is not None:
+            progress.started = True
+        try:
+            if journal is not None:
+                await journal.opened(
+                    attempt_id=attempt_id,
+                    intent_id=intent.intent_id,
+                    intent_hash=intent.intent_hash,
+                    decision_id=decision.decision_id,
+                    dossier_id=decision.dossier_id,
+                    caller=principal.id,
+                    action=intent.action,
+                    binding=intent.binding,
+                )
+        except AgentSafeError:
+            log.exception("the journal refused ATTEMPT_OPENED")
+            if reservation is not None:
+                reservation.release()
+            return self._failed_before_dispatch(common, ["JOURNAL_UNAVAILABLE"], None)
+        try:
+            claim = await self._authority.claim(decision.grant, intent=intent)
+        except GrantRefused as exc:
+            if journal is not None:
+                await journal.closed(
+                    attempt_id=attempt_id,
+                    outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
+                    executed=False,
+                    finalization="NOT_CLAIMED",
+                )
+            if reservation is not None:
+                reservation.release()
+            return self._failed_before_dispatch(common, [exc.code], None)
+        authorization = Authorization(
+            decision_id=claim.decision_id,
+            dossier_id=claim.dossier_id,
+            grant_id=claim.grant_id,
+            expires_at=claim.expires_at,
+        )
+        self._streams.evidence.emit(
+            "GRANT_CLAIMED",
+            {
+                "intent_id": intent.intent_id,
+                "decision_id": claim.decision_id,
+                "grant_id": claim.grant_id,
+                "payload_digest": claim.execution_payload_digest,
+                "caller": principal.id,
+            },
+        )
+        remaining = claim.expires_at - self._clock.now()
+        ctx = ExecutionContext(
+            intent=intent,
+            parameters=intent.parameters,
+            authorization=authorization,
+            deadline_monotonic=self._clock.monotonic() + max(0.0, remaining),
+            clock=self._clock,
+            attestation=claim.attestation,
+        )
+
+        async def on_claimed(_: ExecutionContext) -> None:
+            if journal is not None:
+                await journal.grant_claimed(
+                    attempt_id=attempt_id,
+                    grant_id=claim.grant_id,
+                    expires_at=claim.expires_at,
+                    payload_digest=claim.execution_payload_digest,
+                )
+            self._streams.evidence.emit(
+                "DISPATCH", {"intent_id": intent.intent_id, "grant_id": claim.grant_id}
+            )
+
+        report = await self._registry.execute(handler, ctx, on_claimed=on_claimed)
+        outcome = Outcome(report.outcome)
+        if outcome is not Outcome.COMPLETED and not report.dispatched and reservation is not None:
+            reservation.release()
+        finalization = await self._authority.finalize(
+            claim, outcome=outcome.value, executed=report.executed
+        )
+        recovery = None
+        if outcome is Outcome.UNKNOWN_AFTER_DISPATCH:
+            recovery = self._recovery_object(intent, attempt_id, claim.grant_id)
+        elif journal is not None:
+            await journal.closed(
+                attempt_id=attempt_id,
+                outcome=outcome.value,
+                executed=report.executed,
+                finalization=finalization,
+            )
+        self._count_outcome(outcome.value)
+        self._streams.evidence.emit(
+            "OUTCOME",
+            {
+                "intent_id": intent.intent_id,
+                "decision_id": claim.decision_id,
+                "grant_id": claim.grant_id,
+                "outcome": outcome.value,
+                "executed": report.executed,
+                "reason_codes": list(report.reason_codes),
+                "finalization": finalization,
+                "caller": principal.id,
+                **_receipt(report.result),
+            },
+        )
+        body = decision_answer(
+            **common,
+            reason_codes=[*decision.reason_codes, *report.reason_codes],
+            fail_closed=outcome is Outcome.FAILED_BEFORE_DISPATCH,
+            outcome=outcome.value,
+            executed=report.executed,
+            authorization=authorization.as_wire(),
+            finalization=finalization,
+            result=report.result if outcome is Outcome.COMPLETED else None,
+            recovery=recovery,
+        )
+        return Answer(200, body)
+
+    def _failed_before_dispatch(
+        self, common: dict[str, Any], reasons: list[str], authorization: Mapping[str, Any] | None
+    ) -> Answer:
+        self._count_outcome(Outcome.FAILED_BEFORE_DISPATCH.value)
+        body = decision_answer(
+            **common,
+            reason_codes=reasons,
+            fail_closed=True,
+            outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
+            executed=False,
+            authorization=authorization,
+        )
+        return Answer(200, body)
+
+    def _recovery_object(
+        self, intent: CapturedIntent, attempt_id: str, grant_id: str
+    ) -> dict[str, Any]:
+        reference = self._signer.sign_token(
+            {
+                "attempt_id": attempt_id,
+                "intent_hash": intent.intent_hash,
+                "grant_id": grant_id,
+                "iat": int(self._clock.now()),
+            },
+            typ=RECOVERY_TYP,
+        )
+        return {"intent": dict(intent.binding), "reference": reference}
+
+    # ------------------------------------------------------------------ reconciliation
+
+    async def reconcile(self, principal: Principal, recovery: Mapping[str, Any]) -> Answer:
+        """Read-only: ask the provider what it did with an attempt whose answer was lost."""
+        intent = intent_from_binding(recovery.get("intent"))
+        reference = recovery.get("reference")
+        if not isinstance(reference, str):
+            raise RequestRejected(400, "REQUEST_INVALID", "the recovery object has no reference")
+        try:
+            claims = self._signer.verify_token(reference, typ=RECOVERY_TYP)
+        except AgentSafeError:
+            raise RequestRejected(
+                409, "RECOVERY_BINDING_MISMATCH", "the recovery reference does not verify"
+            ) from None
+        if claims.get("intent_hash") != intent.intent_hash:
+            raise RequestRejected(
+                409,
+                "RECOVERY_BINDING_MISMATCH",
+                "the presented intent does not match its recovery reference",
+            )
+        if intent.caller_principal != principal.id:
+            self._on_forbidden(principal, "INTENT_PRINCIPAL_MISMATCH")
+            raise RequestRejected(
+                403, "INTENT_PRINCIPAL_MISMATCH", "this intent was proposed by another principal"
+            )
+        handler = self._catalog.handler_for(intent.action)
+        if handler is None or handler not in self._registry.names():
+            raise RequestRejected(422, "ACTION_NOT_REGISTERED", "no handler runs this action")
+        result = await self._registry.reconcile(handler, intent.idempotency_key)
+        status = result.status.value
+        outcome, executed = _RECONCILED.get(status, ("UNKNOWN_AFTER_DISPATCH", None))
+        attempt_id = str(claims.get("attempt_id", ""))
+        if self._journal is not None and status in ("COMPLETED", "NOT_EXECUTED") and attempt_id:
+            await self._journal.reconciled(attempt_id=attempt_id, status=status, by="CALLER")
+        settled = reconciled_answer(
+            mode=self.mode,
+            intent_id=intent.intent_id,
+            intent_hash=intent.intent_hash,
+            status=status,
+        )
+        if settled is not None:
+            # A replay of the key now says what the provider did, not "unknown".
+            await self._store.idempotency_settle(
+                tenant=intent.tenant_id,
+                principal=principal.id,
+                key=intent.idempotency_key,
+                response={"status": 200, "body": settled},
+                now=self._clock.now(),
+            )
+        self._streams.evidence.emit(
+            "RECONCILIATION",
+            {
+                "intent_id": intent.intent_id,
+                "intent_hash": intent.intent_hash,
+                "attempt_id": attempt_id,
+                "status": status,
+                "by": "CALLER",
+                "caller": principal.id,
+            },
+        )
+        body: dict[str, Any] = {
+            "intent_id": intent.intent_id,
+            "intent_hash": intent.intent_hash,
+            "status": status,
+            "outcome": outcome,
+            "executed": executed,
+            "result": (
+                {"provider_reference": result.provider_reference}
+                if result.provider_reference is not None
+                else None
+            ),
+            "reason_codes": [result.reason_code] if result.reason_code else [],
+            "reconciled_at": format_ms(self._clock.now()),
+        }
+        return Answer(200, body)
+
+    # ------------------------------------------------------------------ escalations
+
+    async def resume_escalation(
+        self, principal: Principal, escalation: Mapping[str, Any]
+    ) -> Answer:
+        """``POST /v1/escalations``: one lookup; a fresh decision once the person answered."""
+        if self.escalation != "APPROVAL":
+            raise RequestRejected(
+                409,
+                "ESCALATION_NOT_CONFIGURED",
+                "this executor resolves no escalations (EXECUTOR_ESCALATION=NONE); "
+                "the hold is the answer",
+            )
+        refusal = self._refusal()
+        if refusal is not None:
+            self._streams.evidence.emit(
+                "EXECUTION_BLOCKED", {"caller": principal.id, "reason_codes": [refusal]}
+            )
+            self._count_outcome(Outcome.BLOCKED.value)
+            return halted_answer(self.mode, refusal)
+        intent = intent_from_binding(escalation.get("intent"))
+        token = escalation.get("token")
+        request_id = escalation.get("request_id")
+        try:
+            claims = self._signer.verify_token(str(token), typ=ESCALATION_TYP)
+        except AgentSafeError:
+            claims = {}
+        if (
+            not isinstance(token, str)
+            or claims.get("intent_hash") != intent.intent_hash
+            or claims.get("request_id") != request_id
+        ):
+            raise RequestRejected(
+                409,
+                "ESCALATION_BINDING_MISMATCH",
+                "the escalation object does not belong to this intent",
+            )
+        if intent.caller_principal != principal.id:
+            self._on_forbidden(principal, "INTENT_PRINCIPAL_MISMATCH")
+            raise RequestRejected(
+                403, "INTENT_PRINCIPAL_MISMATCH", "this intent was proposed by another principal"
+            )
+        if self._clock.now() >= intent.expires_at:
+            raise RequestRejected(
+                409, "INTENT_EXPIRED", "the intent has expired; an approval cannot revive it"
+            )
+        record = await self._store.approval_get(str(request_id))
+        if record is None:
+            raise RequestRejected(404, "APPROVAL_NOT_FOUND", "no such approval request")
+        state = record.state_at(self._clock.now())
+        common: dict[str, Any] = {
+            "mode": self.mode,
+            "intent_id": intent.intent_id,
+            "intent_hash": intent.intent_hash,
+            "decision_id": None,
+            "dossier_id": None,
+        }
+        if state is ApprovalState.PENDING:
+            body = decision_answer(
+                **common,
+                verdict="ESCALATE",
+                reason_codes=["APPROVAL_PENDING"],
+                fail_closed=False,
+                outcome=Outcome.ESCALATE_PENDING.value,
+                executed=False,
+                escalation=dict(escalation),
+            )
+            return Answer(200, body)
+        if state is not ApprovalState.APPROVED:
+            reason = "APPROVAL_DENIED" if state is ApprovalState.DENIED else "APPROVAL_EXPIRED"
+            self._count_outcome(Outcome.BLOCKED.value)
+            self._streams.evidence.emit(
+                "EXECUTION_BLOCKED",
+                {"intent_id": intent.intent_id, "caller": principal.id, "reason_codes": [reason]},
+            )
+            body = decision_answer(
+                **common,
+                verdict="BLOCK",
+                reason_codes=[reason],
+                fail_closed=False,
+                outcome=Outcome.BLOCKED.value,
+                executed=False,
+            )
+            return Answer(200, body)
+        return await self._execute_approved(principal, intent, record)
+
+    async def _execute_approved(
+        self, principal: Principal, intent: CapturedIntent, record: ApprovalRecord
+    ) -> Answer:
+        """An approved intent runs once: the request id is its own idempotency key."""
+        handler = self._catalog.handler_for(intent.action)
+        if handler is None or handler not in self._registry.names():
+            raise RequestRejected(422, "ACTION_NOT_REGISTERED", "no handler runs this action")
+        approval = {
+            "decision": "APPROVE",
+            "approver": record.approver,
+            "approver_actor": None,  # checked against the proposer when it was decided
+            "request_id": record.request.request_id,
+            "intent_hash": intent.intent_hash,
+        }
+
+        async def run() -> Answer:
+            decision = await self._decide(intent, principal, approval)
+            if decision is None:
+                return self._unavailable(intent, principal)
+            return await self._act(intent, principal, decision, handler)
+
+        return await self._once(
+            tenant=intent.tenant_id,
+            principal=principal,
+            key="approval:" + record.request.request_id,
+            payload_digest=intent.intent_hash,
+            conflict="this approval belongs to another intent",
+            run=run,
+        )
+
+
+@dataclass
+class _Progress:
+    started: bool = False
+
+
+_attempt_progress: ContextVar[_Progress] = ContextVar("agentsafe_attempt_progress")
+
+
+def _receipt(result: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The provider's signed effect receipt, carried verbatim into the evidence."""
+    receipt = (result or {}).get("effect_receipt")
+    return {"effect_receipt": receipt} if isinstance(receipt, str) else {}
+
+
+_FINAL_OUTCOMES = frozenset(
+    {
+        "COMPLETED",
+        "BLOCKED",
+        "FAILED_BEFORE_DISPATCH",
+        "UNKNOWN_AFTER_DISPATCH",
+        "DEFINITELY_NOT_EXECUTED",
+        "ESCALATE_PENDING",
+        "OBSERVED",
+        "INVALID",
+    }
+)
+
+_RECONCILED: dict[str, tuple[str, bool | None]] = {
+    "COMPLETED": ("COMPLETED", True),
+    "NOT_EXECUTED": ("DEFINITELY_NOT_EXECUTED", False),
+    "UNKNOWN": ("UNKNOWN_AFTER_DISPATCH", None),
+}

@@ -1,0 +1,1 @@
+"""Policy: the policy document, CEL rules, the built-in authority and its claim attestations."""

@@ -1,0 +1,486 @@
+"""The policy authority: ALLOW / BLOCK / ESCALATE for a captured intent, and single-use grants.
+
+:class:`Authority` is the contract the pipeline speaks to (a remote authority can implement it
+later); :class:`LocalAuthority` is the built-in one, evaluating the compiled policy document of
+``EXECUTOR_POLICY_FILE`` in process:
+
+1. the intent's action must be in the policy (else ``BLOCK POLICY_ACTION_UNKNOWN``);
+2. its parameters must satisfy the action's JSON Schema (else ``BLOCK PARAMETERS_INVALID``; the
+   answer says nothing about which value failed);
+3. the rules are tried in order, the first whose CEL ``when`` is true decides (none:
+   ``BLOCK POLICY_NO_MATCH``; an expression that fails or yields a non-boolean:
+   ``BLOCK POLICY_EVALUATION_ERROR`` -- fail closed);
+4. an ``ESCALATE`` names the rule's approvers. Evaluated again with ``approval=`` evidence, an
+   approval by one of those approvers for this exact intent hash becomes ``ALLOW``
+   (``APPROVED_BY_APPROVER``), a denial ``BLOCK APPROVAL_DENIED``, anything else
+   ``BLOCK APPROVAL_BINDING_MISMATCH``;
+5. an ``ALLOW`` carries a grant: a compact EdDSA JWS (``typ: agentsafe-grant+jwt``) bound to the
+   intent hash and the digest of the exact parameters, valid at most :data:`GRANT_TTL_SECONDS`
+   and never past the intent's expiry. The grant never leaves the process.
+
+:meth:`LocalAuthority.claim` verifies a grant against the presented intent and consumes it once,
+atomically, in the use store. :meth:`LocalAuthority.sign_token` / :meth:`verify_token` sign the
+executor's other hand-outs (escalation objects, recovery references) under the same key.
+
+Callers: ``lifecycle/pipeline.py`` (evaluate, claim, finalize; escalation and recovery
+tokens), ``serve.py`` (construction, and the key set of the JWKS route).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..canonical import sha256_digest
+from ..clock import Clock
+from ..errors import AgentSafeError
+from ..grants import KeySet, SigningKey, TokenRefused, sign_jws, verify_jws
+from ..intent import CapturedIntent
+from ..principals import Principal
+from .attestation import claim_token_digest, issue_claim_attestation
+from .celexpr import Activation, EvaluationError
+from .policy import CompiledAction, CompiledPolicy, CompiledRule, Verdict
+
+if TYPE_CHECKING:
+    from ..state.usestore import UseStore
+
+__all__ = [
+    "ESCALATION_TYP",
+    "GRANT_TTL_SECONDS",
+    "GRANT_TYP",
+    "PAYLOAD_CANONICALIZATION_PROFILE",
+    "RECOVERY_TYP",
+    "Authority",
+    "Claim",
+    "Decision",
+    "GrantRefused",
+    "LocalAuthority",
+    "Verdict",
+]
+
+GRANT_TYP = "agentsafe-grant+jwt"
+ESCALATION_TYP = "agentsafe-escalation+jwt"
+RECOVERY_TYP = "agentsafe-recovery+jwt"
+PAYLOAD_CANONICALIZATION_PROFILE = "RFC8785/JCS"
+GRANT_TTL_SECONDS = 60.0
+"""The longest a grant lives; it is also cut to the intent's expiry."""
+
+_TOKEN_TYP = re.compile(r"^agentsafe-[a-z][a-z0-9-]*\+jwt$")
+_UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+_BINDING_KEYS = frozenset(
+    {"intent_hash", "execution_payload_digest", "execution_payload_canonicalization_profile"}
+)
+
+# Reason codes a rule without ``reasonCode`` reports.
+_DEFAULT_REASON = {
+    Verdict.ALLOW: "POLICY_ALLOWED",
+    Verdict.BLOCK: "POLICY_BLOCKED",
+    Verdict.ESCALATE: "APPROVAL_REQUIRED",
+}
+
+
+class GrantRefused(AgentSafeError):
+    """A grant that must not execute. Codes: GRANT_SIGNATURE_INVALID, GRANT_EXPIRED,
+    GRANT_BINDING_MISMATCH, GRANT_ALREADY_CLAIMED, GRANT_MALFORMED."""
+
+    code = "GRANT_MALFORMED"
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message, code=code)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    decision_id: str
+    dossier_id: str
+    reason_codes: tuple[str, ...]
+    rule: str | None
+    approvers: tuple[str, ...]
+    grant: str | None  # compact JWS, ALLOW only; never leaves the process
+    grant_id: str | None
+    grant_expires_at: float | None
+    authority_time: float  # the authority's clock when it answered (skew measurement)
+
+    def __repr__(self) -> str:  # keep the grant out of logs and tracebacks
+        return (
+            f"Decision(verdict={self.verdict.value}, decision_id={self.decision_id!r}, "
+            f"reason_codes={self.reason_codes!r}, rule={self.rule!r}, grant_id={self.grant_id!r})"
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A consumed grant."""
+
+    grant_id: str
+    decision_id: str
+    dossier_id: str
+    expires_at: float
+    intent_hash: str
+    execution_payload_digest: str
+    attestation: str | None = None  # the authority's signed claim attestation (compact JWS)
+
+
+class Authority(Protocol):
+    async def evaluate(
+        self,
+        intent: CapturedIntent,
+        *,
+        principal: Principal,
+        approval: Mapping[str, Any] | None = None,
+    ) -> Decision: ...
+
+    async def claim(self, grant: str, *, intent: CapturedIntent) -> Claim:
+        """Consume ``grant`` for ``intent``; raises :class:`GrantRefused`."""
+        ...
+
+    async def finalize(self, claim: Claim, *, outcome: str, executed: bool | None) -> str:
+        """Record how a claimed attempt ended; returns ``"RECORDED"``."""
+        ...
+
+
+Finalizer = Callable[[Claim, str, bool | None], Awaitable[None]]
+
+
+class LocalAuthority:
+    """The built-in authority: the compiled policy, an Ed25519 key and the use store."""
+
+    def __init__(
+        self,
+        policy: CompiledPolicy,
+        *,
+        keys: SigningKey,
+        store: UseStore,
+        clock: Clock,
+        retired_keys: tuple[SigningKey, ...] = (),
+        grant_ttl_seconds: float = GRANT_TTL_SECONDS,
+        finalizer: Finalizer | None = None,
+    ) -> None:
+        if not 0 < grant_ttl_seconds <= GRANT_TTL_SECONDS:
+            raise ValueError(f"grant_ttl_seconds must be in (0, {GRANT_TTL_SECONDS}]")
+        self._policy = policy
+        self._key = keys
+        self._retired: tuple[SigningKey, ...] = tuple(retired_keys)
+        self._key_set = KeySet((keys, *retired_keys))
+        self._store = store
+        self._clock = clock
+        self._grant_ttl = grant_ttl_seconds
+        self._finalizer = finalizer
+
+    @property
+    def policy(self) -> CompiledPolicy:
+        return self._policy
+
+    @property
+    def key_set(self) -> KeySet:
+        return self._key_set
+
+    def rotate_key(self, key: SigningKey, *, keep_retired: int = 2) -> None:
+        """Sign with ``key`` from now on; the previous keys keep verifying (and stay in the
+        published JWKS) so grants, attestations and hand-outs already issued remain valid."""
+        if key.kid == self._key.kid:
+            return
+        retired = [k for k in self._retired if k.kid != key.kid]
+        self._retired = (self._key, *retired)[:keep_retired]
+        self._key = key
+        self._key_set = KeySet((key, *self._retired))
+
+    def jwks(self) -> dict[str, Any]:
+        """The public keys, for ``GET /.well-known/agentsafe-grant-jwks.json``."""
+        return self._key_set.jwks()
+
+    # -- evaluate ------------------------------------------------------------------------------
+
+    async def evaluate(
+        self,
+        intent: CapturedIntent,
+        *,
+        principal: Principal,
+        approval: Mapping[str, Any] | None = None,
+    ) -> Decision:
+        return self.decide(intent, principal=principal, approval=approval)
+
+    def decide(
+        self,
+        intent: CapturedIntent,
+        *,
+        principal: Principal,
+        approval: Mapping[str, Any] | None = None,
+    ) -> Decision:
+        """:meth:`evaluate` without the coroutine: pure CPU, no I/O."""
+        now = self._clock.now()
+        if now >= intent.expires_at:
+            return self._answer(Verdict.BLOCK, ("INTENT_EXPIRED",), now=now)
+        action = self._policy.actions.get(intent.action)
+        if action is None:
+            return self._answer(Verdict.BLOCK, ("POLICY_ACTION_UNKNOWN",), now=now)
+        checked = _check_parameters(action, intent.parameters)
+        if checked is not None:
+            return self._answer(Verdict.BLOCK, (checked,), now=now)
+        activation = Activation(_variables(intent, principal=principal, now=now))
+        matched: CompiledRule | None = None
+        for rule in action.rules:
+            try:
+                hit = rule.expression.evaluate(activation)
+            except EvaluationError:
+                return self._answer(
+                    Verdict.BLOCK, ("POLICY_EVALUATION_ERROR",), rule=rule.name, now=now
+                )
+            if hit:
+                matched = rule
+                break
+        if matched is None:
+            return self._answer(Verdict.BLOCK, ("POLICY_NO_MATCH",), now=now)
+        reasons = (matched.reason_code or _DEFAULT_REASON[matched.verdict],)
+        if matched.verdict is Verdict.ALLOW:
+            return self._allow(intent, reasons, rule=matched.name, now=now)
+        if matched.verdict is Verdict.BLOCK:
+            return self._answer(Verdict.BLOCK, reasons, rule=matched.name, now=now)
+        if approval is None:
+            return self._answer(
+                Verdict.ESCALATE,
+                reasons,
+                rule=matched.name,
+                approvers=matched.approvers,
+                now=now,
+            )
+        return self._resolve_approval(intent, principal, matched, approval, now=now)
+
+    def _resolve_approval(
+        self,
+        intent: CapturedIntent,
+        principal: Principal,
+        rule: CompiledRule,
+        approval: Mapping[str, Any],
+        *,
+        now: float,
+    ) -> Decision:
+        decision = approval.get("decision")
+        approver = approval.get("approver")
+        approver_actor = approval.get("approver_actor")
+        request_id = approval.get("request_id")
+        if (
+            decision not in ("APPROVE", "DENY")
+            or not isinstance(approver, str)
+            or approver not in rule.approvers
+            or not isinstance(request_id, str)
+            or not request_id
+            or approval.get("intent_hash") != intent.intent_hash
+        ):
+            return self._answer(
+                Verdict.BLOCK, ("APPROVAL_BINDING_MISMATCH",), rule=rule.name, now=now
+            )
+        proposer_actor = (intent.binding.get("actor") or {}).get("id")
+        if approver == principal.id or (
+            approver_actor is not None and approver_actor in (proposer_actor, _actor_id(principal))
+        ):
+            return self._answer(
+                Verdict.BLOCK, ("SEPARATION_OF_DUTIES_VIOLATED",), rule=rule.name, now=now
+            )
+        if decision == "DENY":
+            return self._answer(Verdict.BLOCK, ("APPROVAL_DENIED",), rule=rule.name, now=now)
+        return self._allow(intent, ("APPROVED_BY_APPROVER",), rule=rule.name, now=now)
+
+    def _allow(
+        self, intent: CapturedIntent, reasons: tuple[str, ...], *, rule: str, now: float
+    ) -> Decision:
+        decision_id = str(uuid.uuid4())
+        dossier_id = str(uuid.uuid4())
+        grant_id = str(uuid.uuid4())
+        issued = _floor_ms(now)
+        expires = _floor_ms(min(now + self._grant_ttl, intent.expires_at))
+        if expires <= now:
+            return self._answer(Verdict.BLOCK, ("INTENT_EXPIRED",), rule=rule, now=now)
+        payload = {
+            "sub": grant_id,
+            "decision_id": decision_id,
+            "dossier_id": dossier_id,
+            "iat": issued,
+            "nbf": issued,
+            "exp": expires,
+            "binding": {
+                "intent_hash": intent.intent_hash,
+                "execution_payload_digest": intent.payload_digest,
+                "execution_payload_canonicalization_profile": PAYLOAD_CANONICALIZATION_PROFILE,
+            },
+        }
+        grant = sign_jws(payload, typ=GRANT_TYP, key=self._key)
+        return Decision(
+            verdict=Verdict.ALLOW,
+            decision_id=decision_id,
+            dossier_id=dossier_id,
+            reason_codes=reasons,
+            rule=rule,
+            approvers=(),
+            grant=grant,
+            grant_id=grant_id,
+            grant_expires_at=expires,
+            authority_time=now,
+        )
+
+    @staticmethod
+    def _answer(
+        verdict: Verdict,
+        reasons: tuple[str, ...],
+        *,
+        now: float,
+        rule: str | None = None,
+        approvers: tuple[str, ...] = (),
+    ) -> Decision:
+        return Decision(
+            verdict=verdict,
+            decision_id=str(uuid.uuid4()),
+            dossier_id=str(uuid.uuid4()),
+            reason_codes=reasons,
+            rule=rule,
+            approvers=approvers,
+            grant=None,
+            grant_id=None,
+            grant_expires_at=None,
+            authority_time=now,
+        )
+
+    # -- claim ---------------------------------------------------------------------------------
+
+    async def claim(self, grant: str, *, intent: CapturedIntent) -> Claim:
+        try:
+            payload = verify_jws(grant, typ=GRANT_TYP, keys=self._key_set)
+        except TokenRefused as exc:
+            code = "GRANT_MALFORMED" if exc.code == "JWS_MALFORMED" else "GRANT_SIGNATURE_INVALID"
+            raise GrantRefused(code, "the grant does not verify") from None
+        fields = _grant_fields(payload)
+        binding = fields.binding
+        now = self._clock.now()
+        if now < fields.not_before or now >= fields.expires_at:
+            raise GrantRefused("GRANT_EXPIRED", "the grant is not valid now")
+        if (
+            binding["intent_hash"] != intent.intent_hash
+            or binding["execution_payload_digest"] != intent.payload_digest
+            or binding["execution_payload_canonicalization_profile"]
+            != PAYLOAD_CANONICALIZATION_PROFILE
+        ):
+            raise GrantRefused("GRANT_BINDING_MISMATCH", "the grant is bound to another intent")
+        claimed = await self._store.claim_grant(
+            fields.grant_id,
+            binding_digest=sha256_digest(binding),
+            expires_at=fields.expires_at,
+            now=now,
+        )
+        if not claimed:
+            raise GrantRefused("GRANT_ALREADY_CLAIMED", "the grant was already claimed")
+        claim = Claim(
+            grant_id=fields.grant_id,
+            decision_id=fields.decision_id,
+            dossier_id=fields.dossier_id,
+            expires_at=fields.expires_at,
+            intent_hash=binding["intent_hash"],
+            execution_payload_digest=binding["execution_payload_digest"],
+        )
+        attestation = issue_claim_attestation(
+            claim, claim_token_digest=claim_token_digest(grant), key=self._key, now=now
+        )
+        return dataclasses.replace(claim, attestation=attestation)
+
+    async def finalize(self, claim: Claim, *, outcome: str, executed: bool | None) -> str:
+        if self._finalizer is not None:
+            await self._finalizer(claim, outcome, executed)
+        return "RECORDED"
+
+    # -- other signed tokens -------------------------------------------------------------------
+
+    def sign_token(self, payload: Mapping[str, Any], *, typ: str) -> str:
+        """Sign an executor hand-out (``ESCALATION_TYP``, ``RECOVERY_TYP``, ...); never a grant.
+
+        Put what the token is bound to (the intent hash, a request id, an expiry) in ``payload``
+        and compare it on the way back in: the signature makes it unforgeable, the comparison
+        keeps it from being re-bound.
+        """
+        _check_token_typ(typ)
+        return sign_jws(payload, typ=typ, key=self._key)
+
+    def verify_token(self, token: str, *, typ: str) -> dict[str, Any]:
+        """Verify a token from :meth:`sign_token`; raises ``grants.TokenRefused``."""
+        _check_token_typ(typ)
+        return verify_jws(token, typ=typ, keys=self._key_set)
+
+
+def _check_token_typ(typ: str) -> None:
+    if typ == GRANT_TYP or not _TOKEN_TYP.match(typ):
+        raise ValueError("not a token type this authority signs on request")
+
+
+@dataclass(frozen=True)
+class _GrantFields:
+    grant_id: str
+    decision_id: str
+    dossier_id: str
+    not_before: float
+    expires_at: float
+    binding: dict[str, str]
+
+
+def _grant_fields(payload: Mapping[str, Any]) -> _GrantFields:
+    """The grant's payload checked for shape; anything else is ``GRANT_MALFORMED``."""
+    ids = [payload.get(name) for name in ("sub", "decision_id", "dossier_id")]
+    times = [payload.get(name) for name in ("iat", "nbf", "exp")]
+    binding = payload.get("binding")
+    id_values = [value for value in ids if isinstance(value, str) and _UUID4.match(value)]
+    time_values = [
+        float(value)
+        for value in times
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    ]
+    if (
+        len(id_values) != 3
+        or len(time_values) != 3
+        or not isinstance(binding, dict)
+        or set(binding) != _BINDING_KEYS
+        or not all(isinstance(value, str) for value in binding.values())
+    ):
+        raise GrantRefused("GRANT_MALFORMED", "the grant's payload is not a grant")
+    return _GrantFields(
+        grant_id=id_values[0],
+        decision_id=id_values[1],
+        dossier_id=id_values[2],
+        not_before=time_values[1],
+        expires_at=time_values[2],
+        binding=binding,
+    )
+
+
+def _check_parameters(action: CompiledAction, parameters: Mapping[str, Any]) -> str | None:
+    """None when the parameters satisfy the schema, else the reason code to BLOCK with."""
+    try:
+        valid = action.validator.is_valid(parameters)
+    except Exception:  # an unresolvable $ref or a validator bug: refuse, never allow
+        return "POLICY_EVALUATION_ERROR"
+    return None if valid else "PARAMETERS_INVALID"
+
+
+def _variables(intent: CapturedIntent, *, principal: Principal, now: float) -> dict[str, Any]:
+    binding = intent.binding
+    action = binding.get("action") or {}
+    return {
+        "action": {"type": action.get("type"), "resource": action.get("resource")},
+        "target": dict(binding.get("downstream_target") or {}),
+        "params": intent.parameters,
+        "principal": principal.view(),
+        "tenant": intent.tenant_id,
+        "context": dict(binding.get("context") or {}),
+        "now": datetime.fromtimestamp(now, tz=UTC),
+    }
+
+
+def _actor_id(principal: Principal) -> str | None:
+    return principal.actor.id if principal.actor else None
+
+
+def _floor_ms(seconds: float) -> float:
+    return math.floor(seconds * 1000) / 1000

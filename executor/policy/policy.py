@@ -1,0 +1,355 @@
+"""The policy document: what may run, with which parameters, under which rules.
+
+The document is modelled once here, in pydantic, and is exactly what a Kubernetes ``AgentPolicy``
+carries in ``spec.policy`` (the operator imports :class:`PolicyDocument` to generate the CRD
+schema and :func:`compile_policy` to refuse an invalid policy before rendering anything)::
+
+    actions:
+      - name: create_payout            # the proposal's action
+        handler: forward_request       # the registered handler that runs it
+        parameters: {type: object, ...}  # JSON Schema (Draft 2020-12)
+        rules:                         # first match wins; no match -> BLOCK POLICY_NO_MATCH
+          - {name: small, when: "params.amountMinor <= 5000", verdict: ALLOW}
+          - {name: medium, when: "params.amountMinor <= 50000", verdict: ESCALATE,
+             approvers: [treasury-lead]}
+          - {name: large, when: "true", verdict: BLOCK, reasonCode: AMOUNT_ABOVE_POLICY}
+
+:func:`load_policy` reads YAML or JSON (duplicate keys refused); :func:`compile_policy` checks
+every parameter schema and compiles every CEL ``when`` so that evaluation is pure and fast. Every
+refusal is a :class:`~agentsafe.executor.errors.PolicyError` whose message starts with the path of
+the offending field (``actions[0].rules[1].when``).
+
+Callers: ``serve.py`` (``EXECUTOR_POLICY_FILE``), ``authority.py``, the operator.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import jsonschema
+import yaml
+from jsonschema.protocols import Validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..canonical import sha256_digest
+from ..errors import PolicyError
+from ..plans.policy import PlanPolicy
+from .celexpr import Expression, compile_expression
+
+__all__ = [
+    "MAX_POLICY_BYTES",
+    "ActionPolicy",
+    "CompiledAction",
+    "CompiledPolicy",
+    "CompiledRule",
+    "PolicyDocument",
+    "Rule",
+    "Verdict",
+    "compile_policy",
+    "load_policy",
+    "parse_policy",
+]
+
+MAX_POLICY_BYTES = 1024 * 1024
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+_REASON_CODE = r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*$"
+
+Name = Annotated[str, Field(pattern=_NAME)]
+
+
+class Verdict(StrEnum):
+    ALLOW = "ALLOW"
+    BLOCK = "BLOCK"
+    ESCALATE = "ESCALATE"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Rule(_Model):
+    """One rule of an action: when ``when`` is true, the verdict is ``verdict``."""
+
+    name: Name
+    when: str = Field(min_length=1, max_length=4096, description="CEL; must evaluate to a bool")
+    verdict: Verdict
+    reason_code: str | None = Field(
+        default=None,
+        alias="reasonCode",
+        pattern=_REASON_CODE,
+        max_length=64,
+        description="UPPER_SNAKE code reported with the verdict",
+    )
+    approvers: tuple[Name, ...] = Field(
+        default=(), max_length=50, description="principal ids that may approve (ESCALATE only)"
+    )
+
+    @model_validator(mode="after")
+    def _approvers_match_verdict(self) -> Rule:
+        if self.verdict is Verdict.ESCALATE and not self.approvers:
+            raise ValueError("an ESCALATE rule names at least one approver")
+        if self.verdict is not Verdict.ESCALATE and self.approvers:
+            raise ValueError("only an ESCALATE rule has approvers")
+        if len(set(self.approvers)) != len(self.approvers):
+            raise ValueError("approvers are listed twice")
+        return self
+
+
+class ActionPolicy(_Model):
+    """An action the executor may run: its handler, its parameter schema and its rules."""
+
+    name: Name
+    handler: Name
+    parameters: dict[str, Any] = Field(description="JSON Schema (Draft 2020-12) of the parameters")
+    rules: tuple[Rule, ...] = Field(min_length=1, max_length=100)
+
+    @model_validator(mode="after")
+    def _unique_rule_names(self) -> ActionPolicy:
+        seen: set[str] = set()
+        for rule in self.rules:
+            if rule.name in seen:
+                raise ValueError(f"rule name {rule.name!r} is used twice")
+            seen.add(rule.name)
+        return self
+
+
+class PolicyDocument(_Model):
+    """``spec.policy`` of an AgentPolicy; the executor's ``EXECUTOR_POLICY_FILE``."""
+
+    actions: tuple[ActionPolicy, ...] = Field(min_length=1, max_length=200)
+    plans: PlanPolicy | None = Field(
+        default=None,
+        description="multi-step plans: tools, effects, sources and ceilings (docs/plans.md)",
+    )
+
+    @model_validator(mode="after")
+    def _unique_action_names(self) -> PolicyDocument:
+        seen: set[str] = set()
+        for action in self.actions:
+            if action.name in seen:
+                raise ValueError(f"action name {action.name!r} is used twice")
+            seen.add(action.name)
+        return self
+
+    def as_json(self) -> dict[str, Any]:
+        """The document as plain JSON with its wire (camelCase) names."""
+        data: dict[str, Any] = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return data
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    name: str
+    path: str
+    expression: Expression
+    verdict: Verdict
+    reason_code: str | None
+    approvers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CompiledAction:
+    name: str
+    handler: str
+    validator: Validator
+    rules: tuple[CompiledRule, ...]
+
+
+@dataclass(frozen=True)
+class CompiledPolicy:
+    """A policy ready to evaluate: schemas built and expressions compiled, once."""
+
+    document: PolicyDocument
+    actions: Mapping[str, CompiledAction]
+    digest: str
+
+    @property
+    def handlers(self) -> frozenset[str]:
+        return frozenset(action.handler for action in self.actions.values())
+
+
+def parse_policy(data: Any) -> PolicyDocument:
+    """Validate a parsed document; refuses with the path of the first problem."""
+    _check_json_types(data, "")
+    try:
+        return PolicyDocument.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False, include_input=False)[0]
+        path = _format_path(error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise PolicyError(message, path=path or "policy", code="POLICY_INVALID") from None
+
+
+def load_policy(path: str | Path) -> PolicyDocument:
+    """Read a policy from a YAML or JSON file (``.json`` parsed strictly as JSON)."""
+    file = Path(path)
+    try:
+        with file.open("rb") as handle:
+            raw = handle.read(MAX_POLICY_BYTES + 1)
+    except OSError:
+        raise PolicyError(
+            f"cannot read policy file {file.name}", code="POLICY_FILE_UNREADABLE"
+        ) from None
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyError(
+            f"policy file is larger than {MAX_POLICY_BYTES} bytes", code="POLICY_INVALID"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PolicyError("policy file is not UTF-8", code="POLICY_INVALID") from None
+    data = _load_json(text) if file.suffix.lower() == ".json" else _load_yaml(text)
+    return parse_policy(data)
+
+
+def compile_policy(
+    doc: PolicyDocument, *, registered_handlers: set[str] | frozenset[str] | None = None
+) -> CompiledPolicy:
+    """Check every parameter schema and compile every rule; refuses with the field's path.
+
+    With ``registered_handlers``, an action whose handler is not among them is refused as well
+    (the operator compiles without it; the executor with its sealed registry's names).
+    """
+    actions: dict[str, CompiledAction] = {}
+    for index, action in enumerate(doc.actions):
+        base = f"actions[{index}]"
+        if registered_handlers is not None and action.handler not in registered_handlers:
+            raise PolicyError(
+                f"no registered handler is named {action.handler!r}",
+                path=f"{base}.handler",
+                code="POLICY_HANDLER_UNKNOWN",
+            )
+        validator = _build_validator(action.parameters, path=f"{base}.parameters")
+        rules = tuple(
+            CompiledRule(
+                name=rule.name,
+                path=f"{base}.rules[{position}]",
+                expression=compile_expression(rule.when, path=f"{base}.rules[{position}].when"),
+                verdict=rule.verdict,
+                reason_code=rule.reason_code,
+                approvers=rule.approvers,
+            )
+            for position, rule in enumerate(action.rules)
+        )
+        actions[action.name] = CompiledAction(
+            name=action.name, handler=action.handler, validator=validator, rules=rules
+        )
+    return CompiledPolicy(document=doc, actions=actions, digest=sha256_digest(doc.as_json()))
+
+
+def _build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
+    validator_class = jsonschema.Draft202012Validator
+    declared = schema.get("$schema")
+    if declared is not None and declared != "https://json-schema.org/draft/2020-12/schema":
+        raise PolicyError(
+            "parameter schemas are JSON Schema Draft 2020-12", path=path, code="POLICY_INVALID"
+        )
+    if schema.get("type") != "object":
+        raise PolicyError(
+            "the parameter schema must declare type: object", path=path, code="POLICY_INVALID"
+        )
+    try:
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = _format_path(tuple(exc.absolute_path))
+        detail = f" at {where}" if where else ""
+        raise PolicyError(
+            f"invalid JSON Schema{detail}: {exc.message}", path=path, code="POLICY_INVALID"
+        ) from None
+    return validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)
+
+
+def _format_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _check_json_types(value: Any, path: str) -> None:
+    """Refuse what YAML can express and JSON cannot (dates, non-string keys, NaN)."""
+    if value is None or isinstance(value, bool | int | str):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise PolicyError("numbers must be finite", path=path or "policy")
+        return
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_json_types(item, f"{path}[{index}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PolicyError("keys must be strings", path=path or "policy")
+            _check_json_types(item, f"{path}.{key}" if path else key)
+        return
+    raise PolicyError(
+        f"a {type(value).__name__} value has no JSON form (quote it)", path=path or "policy"
+    )
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise PolicyError(f"key {key!r} appears twice", code="POLICY_INVALID")
+        out[key] = value
+    return out
+
+
+def _load_json(text: str) -> Any:
+    try:
+        return json.loads(
+            text,
+            object_pairs_hook=_refuse_duplicates,
+            parse_constant=_refuse_constant,
+        )
+    except json.JSONDecodeError as exc:
+        raise PolicyError(
+            f"not valid JSON (line {exc.lineno}, column {exc.colno})", code="POLICY_INVALID"
+        ) from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise PolicyError("numbers must be finite", code="POLICY_INVALID")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys instead of keeping the last one."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    out: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in out:
+            raise PolicyError(
+                f"key {key!r} appears twice (line {key_node.start_mark.line + 1})",
+                code="POLICY_INVALID",
+            )
+        out[key] = loader.construct_object(value_node, deep=True)
+    return out
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _load_yaml(text: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise PolicyError(f"not valid YAML{where}", code="POLICY_INVALID") from None

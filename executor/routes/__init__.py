@@ -1,0 +1,1 @@
+"""HTTP routes (aiohttp): actions, control, approvals, plans and the door's HTTP adapter."""

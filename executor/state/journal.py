@@ -1,0 +1,642 @@
+"""The attempt journal: what this process was about to do, on disk before it does it.
+
+Role: an execution nobody can reconcile afterwards is worse than a refusal, so every attempt is
+written down at each step and flushed to the device before the step continues:
+
+=================  =============================================================================
+ATTEMPT_OPENED     after the authority allows, before execution: identifiers, the caller, action
+                   and the captured intent binding verbatim
+GRANT_CLAIMED      after the grant is consumed, before the provider is touched: grant id, expiry,
+                   digest of what is about to be sent (written by the seam's decorator)
+ATTEMPT_CLOSED     once the outcome is known: outcome, executed, finalization
+RECONCILED         when a lost outcome is resolved: status, and RESTART or CALLER
+=================  =============================================================================
+
+Layout: ``<EXECUTOR_JOURNAL_DIR>/attempts/YYYY-MM-DD.jsonl`` (UTC day of the record), one line of
+RFC 8785 canonical JSON per record, directory 0700, files 0600, append-only. One writer thread
+drains a queue: it writes every pending line, fsyncs once and only then resolves the appends it
+wrote (group commit), so an ``await journal.opened(...)`` that returned is on the device. A record
+over 256 KiB is refused, never truncated. A directory lock keeps a second process out.
+
+Reading back (:func:`scan_journal`) lists the attempts still open: opened, and neither closed nor
+resolved by a closing RECONCILED (COMPLETED, NOT_EXECUTED, UNCLAIMED). An ATTEMPT_CLOSED whose
+outcome is UNKNOWN_AFTER_DISPATCH does not close: an unknown outcome must be asked again. A torn
+last line (a crash mid-write; never acknowledged) is tolerated and reported, and cut off before
+the file is appended to again; any other damaged line is an error naming the file and line.
+Attempts opened before the retention window are not read.
+
+Callers: ``lifecycle/pipeline.py`` (opened, closed; ``POST /v1/reconciliations`` records
+reconciled by CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``serve.py`` (open, close,
+``GET /v1/control/open-attempts``); the seam's GRANT_CLAIMED decorator (grant_claimed) is handed
+the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import fcntl
+import json
+import os
+import queue
+import re
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from ..canonical import canonical_json, sha256_digest
+from ..clock import Clock, format_ms
+from ..errors import AgentSafeError, JournalError
+
+__all__ = [
+    "ATTEMPTS_DIR",
+    "CLOSING_STATUSES",
+    "MAX_RECORD_BYTES",
+    "AttemptJournal",
+    "JournalScan",
+    "OpenAttempt",
+    "ReconciledBy",
+    "ReconciledStatus",
+    "RecordType",
+    "TornLine",
+    "scan_journal",
+]
+
+ATTEMPTS_DIR = "attempts"
+MAX_RECORD_BYTES = 256 * 1024
+_DAY_FILE = re.compile(r"^(\d{4}-\d{2}-\d{2})\.jsonl$")
+_LOCK_FILE = ".lock"
+_UNKNOWN_OUTCOME = "UNKNOWN_AFTER_DISPATCH"
+
+
+class RecordType(StrEnum):
+    ATTEMPT_OPENED = "ATTEMPT_OPENED"
+    GRANT_CLAIMED = "GRANT_CLAIMED"
+    ATTEMPT_CLOSED = "ATTEMPT_CLOSED"
+    RECONCILED = "RECONCILED"
+
+
+class ReconciledStatus(StrEnum):
+    COMPLETED = "COMPLETED"
+    NOT_EXECUTED = "NOT_EXECUTED"
+    STILL_UNKNOWN = "STILL_UNKNOWN"
+    UNCLAIMED = "UNCLAIMED"
+    BINDING_MISMATCH = "BINDING_MISMATCH"
+
+
+class ReconciledBy(StrEnum):
+    RESTART = "RESTART"
+    CALLER = "CALLER"
+
+
+CLOSING_STATUSES = frozenset(
+    {ReconciledStatus.COMPLETED, ReconciledStatus.NOT_EXECUTED, ReconciledStatus.UNCLAIMED}
+)
+"""RECONCILED statuses that close an attempt; STILL_UNKNOWN and BINDING_MISMATCH keep it open."""
+
+# What the writer insists on and the reader checks: the two must agree.
+_REQUIRED: dict[RecordType, tuple[str, ...]] = {
+    RecordType.ATTEMPT_OPENED: ("attempt_id", "intent_hash"),
+    RecordType.GRANT_CLAIMED: ("attempt_id", "grant_id", "grant_expires_at", "payload_digest"),
+    RecordType.ATTEMPT_CLOSED: ("attempt_id", "outcome"),
+    RecordType.RECONCILED: ("attempt_id", "status", "by"),
+}
+_OPTIONAL: dict[RecordType, tuple[str, ...]] = {
+    RecordType.ATTEMPT_OPENED: ("intent_id", "decision_id", "dossier_id", "caller", "action"),
+    RecordType.GRANT_CLAIMED: (),
+    RecordType.ATTEMPT_CLOSED: ("finalization",),
+    RecordType.RECONCILED: (),
+}
+
+
+@dataclass(frozen=True)
+class TornLine:
+    """An unterminated last line: a write the crash interrupted (never acknowledged)."""
+
+    file: str  # e.g. "attempts/2026-08-14.jsonl"
+    line: int  # 1-based line number
+    length: int  # bytes
+
+
+@dataclass(frozen=True)
+class OpenAttempt:
+    """An attempt the journal cannot call finished, with what was recorded about it."""
+
+    attempt_id: str
+    intent_id: str | None
+    intent_hash: str
+    decision_id: str | None
+    dossier_id: str | None
+    principal: str | None  # the caller recorded in ATTEMPT_OPENED
+    action: str | None
+    binding: Mapping[str, Any]  # the captured intent binding as stored (not trusted: re-hash)
+    opened_at: str
+    file: str
+    grant_claimed: bool = False
+    grant_id: str | None = None
+    grant_expires_at: str | None = None
+    payload_digest: str | None = None
+    last_status: str | None = None  # the last non-closing RECONCILED status, if any
+
+    @property
+    def tenant(self) -> str | None:
+        value = self.binding.get("tenant_id")
+        return value if isinstance(value, str) else None
+
+    @property
+    def idempotency_key(self) -> str | None:
+        value = self.binding.get("idempotency_key")
+        return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class JournalScan:
+    open_attempts: tuple[OpenAttempt, ...]
+    torn_lines: tuple[TornLine, ...]
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pending:
+    day: str
+    data: bytes  # the line, newline included
+    done: concurrent.futures.Future[None]
+
+
+_STOP = object()
+
+
+class AttemptJournal:
+    """The append side of the journal, plus reading back. Construct with :meth:`open`."""
+
+    def __init__(
+        self, root: Path, *, retain_days: int, clock: Clock, lock_fd: int, writer: _Writer
+    ) -> None:
+        self._root = root
+        self._retain_days = retain_days
+        self._clock = clock
+        self._lock_fd = lock_fd
+        self._writer = writer
+        self._closed = False
+        self._submitted = 0
+
+    @classmethod
+    async def open(cls, directory: Path, *, retain_days: int, clock: Clock) -> AttemptJournal:
+        """Create ``directory/attempts`` (0700) if needed, take its lock, start the writer."""
+        if retain_days < 1:
+            raise JournalError("retain_days must be at least 1", code="JOURNAL_CONFIG_INVALID")
+        root = directory / ATTEMPTS_DIR
+        lock_fd = await asyncio.to_thread(_prepare_directory, directory, root)
+        writer = _Writer(root)
+        writer.start()
+        return cls(root, retain_days=retain_days, clock=clock, lock_fd=lock_fd, writer=writer)
+
+    @property
+    def path(self) -> Path:
+        """The ``attempts/`` directory."""
+        return self._root
+
+    @property
+    def submitted(self) -> int:
+        """How many records were handed to the writer (monitoring and tests)."""
+        return self._submitted
+
+    @property
+    def repaired_torn_lines(self) -> tuple[TornLine, ...]:
+        """Torn last lines this process cut off before appending to their file."""
+        return tuple(self._writer.repaired)
+
+    async def opened(
+        self,
+        *,
+        attempt_id: str,
+        intent_id: str,
+        intent_hash: str,
+        decision_id: str,
+        dossier_id: str,
+        caller: str,
+        action: str,
+        binding: Mapping[str, Any],
+    ) -> None:
+        """ATTEMPT_OPENED. ``binding`` must hash to ``intent_hash`` (refused otherwise, so the
+        journal never holds an attempt that reconciliation would call a mismatch)."""
+        try:
+            consistent = sha256_digest(binding) == intent_hash
+        except AgentSafeError:
+            consistent = False
+        if not consistent:
+            raise JournalError(
+                "the binding does not hash to the intent hash", code="JOURNAL_RECORD_INVALID"
+            )
+        await self._append(
+            RecordType.ATTEMPT_OPENED,
+            {
+                "attempt_id": attempt_id,
+                "intent_id": intent_id,
+                "intent_hash": intent_hash,
+                "decision_id": decision_id,
+                "dossier_id": dossier_id,
+                "caller": caller,
+                "action": action,
+                "intent": binding,
+            },
+        )
+
+    async def grant_claimed(
+        self, *, attempt_id: str, grant_id: str, expires_at: float, payload_digest: str
+    ) -> None:
+        """GRANT_CLAIMED: written by the seam's decorator before the handler body runs."""
+        await self._append(
+            RecordType.GRANT_CLAIMED,
+            {
+                "attempt_id": attempt_id,
+                "grant_id": grant_id,
+                "grant_expires_at": format_ms(expires_at),
+                "payload_digest": payload_digest,
+            },
+        )
+
+    async def closed(
+        self, *, attempt_id: str, outcome: str, executed: bool | None, finalization: str | None
+    ) -> None:
+        """Record the outcome. UNKNOWN_AFTER_DISPATCH is recorded but leaves the attempt open."""
+        if not isinstance(executed, bool | None):
+            raise JournalError(
+                "field executed must be a boolean or null", code="JOURNAL_RECORD_INVALID"
+            )
+        await self._append(
+            RecordType.ATTEMPT_CLOSED,
+            {
+                "attempt_id": attempt_id,
+                "outcome": outcome,
+                "executed": executed,
+                "finalization": finalization,
+            },
+        )
+
+    async def reconciled(self, *, attempt_id: str, status: str, by: str) -> None:
+        try:
+            status, by = ReconciledStatus(status).value, ReconciledBy(by).value
+        except ValueError:
+            raise JournalError(
+                "unknown reconciliation status or source", code="JOURNAL_RECORD_INVALID"
+            ) from None
+        await self._append(
+            RecordType.RECONCILED, {"attempt_id": attempt_id, "status": status, "by": by}
+        )
+
+    async def scan(self) -> JournalScan:
+        """Read the retention window back (see :func:`scan_journal`)."""
+        return await asyncio.to_thread(
+            scan_journal,
+            self._root.parent,
+            retain_days=self._retain_days,
+            now=self._clock.now(),
+        )
+
+    async def open_attempts(self) -> list[OpenAttempt]:
+        return list((await self.scan()).open_attempts)
+
+    async def close(self) -> None:
+        """Finish every append already submitted, stop the writer and release the lock."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.submit(_STOP)
+        await asyncio.to_thread(self._writer.join)
+        os.close(self._lock_fd)
+
+    async def _append(self, kind: RecordType, fields: Mapping[str, Any]) -> None:
+        if self._closed:
+            raise JournalError("the journal is closed", code="JOURNAL_CLOSED")
+        for name in _REQUIRED[kind]:
+            if not isinstance(fields.get(name), str) or not fields[name]:
+                raise JournalError(
+                    f"field {name} must be a non-empty string", code="JOURNAL_RECORD_INVALID"
+                )
+        for name in _OPTIONAL[kind]:
+            if not isinstance(fields.get(name), str | None):
+                raise JournalError(
+                    f"field {name} must be a string or null", code="JOURNAL_RECORD_INVALID"
+                )
+        now = self._clock.now()
+        record = {"record": kind.value, "at": format_ms(now), **fields}
+        try:
+            data = canonical_json(record)
+        except AgentSafeError:
+            raise JournalError(
+                "the record has no canonical JSON form", code="JOURNAL_RECORD_INVALID"
+            ) from None
+        if len(data) > MAX_RECORD_BYTES:
+            raise JournalError(
+                f"a journal record may not exceed {MAX_RECORD_BYTES} bytes",
+                code="JOURNAL_RECORD_TOO_LARGE",
+            )
+        day = datetime.fromtimestamp(now, tz=UTC).date().isoformat()
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._writer.submit(_Pending(day, data + b"\n", done))
+        self._submitted += 1
+        await asyncio.wrap_future(done)
+
+
+class _Writer(threading.Thread):
+    """The one thread that touches the day files: drain, write, fsync once, acknowledge."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(name="agentsafe-journal", daemon=True)
+        self._root = root
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._fd: int | None = None
+        self._day: str | None = None
+        self._failed = False
+        self.repaired: list[TornLine] = []
+
+    def submit(self, item: object) -> None:
+        self._queue.put(item)
+
+    def run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch: list[_Pending] = []
+            item = self._queue.get()
+            while True:
+                if item is _STOP:
+                    stopping = True
+                elif isinstance(item, _Pending):
+                    batch.append(item)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._commit(batch)
+        self._close_file()
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        index = 0
+        while index < len(batch):
+            day = batch[index].day
+            end = index
+            while end < len(batch) and batch[end].day == day:
+                end += 1
+            segment = batch[index:end]
+            index = end
+            if self._failed:
+                _fail(segment, "the journal failed earlier and takes no more records")
+                continue
+            try:
+                fd = self._file_for(day)
+                _write_all(fd, b"".join(p.data for p in segment))
+                os.fsync(fd)
+            except OSError:
+                # After a failed write or fsync the file's state is unknowable: stop for good.
+                self._failed = True
+                _fail(segment, "the journal could not write a record")
+                continue
+            for pending in segment:
+                pending.done.set_result(None)
+
+    def _file_for(self, day: str) -> int:
+        if self._fd is not None and self._day == day:
+            return self._fd
+        self._close_file()
+        path = self._root / f"{day}.jsonl"
+        created = not path.exists()
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            if created:
+                _fsync_directory(self._root)
+            else:
+                torn = _cut_torn_tail(fd, f"{ATTEMPTS_DIR}/{path.name}")
+                if torn is not None:
+                    self.repaired.append(torn)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._day = fd, day
+        return fd
+
+    def _close_file(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd, self._day = None, None
+
+
+def _fail(segment: list[_Pending], message: str) -> None:
+    for pending in segment:
+        pending.done.set_exception(JournalError(message, code="JOURNAL_UNAVAILABLE"))
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _cut_torn_tail(fd: int, name: str) -> TornLine | None:
+    """If the file does not end with a newline, truncate it after its last complete line."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return None
+    content = os.pread(fd, size, 0)
+    keep = content.rfind(b"\n") + 1
+    line = content.count(b"\n", 0, keep) + 1
+    os.ftruncate(fd, keep)
+    os.fsync(fd)
+    return TornLine(file=name, line=line, length=size - keep)
+
+
+def _prepare_directory(directory: Path, root: Path) -> int:
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(root, 0o700)
+        lock_fd = os.open(root / _LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise JournalError(
+            f"the journal directory is unusable: {exc.strerror}", code="JOURNAL_UNAVAILABLE"
+        ) from None
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock_fd)
+        raise JournalError("another process holds this journal", code="JOURNAL_LOCKED") from None
+    with contextlib.suppress(OSError):
+        _fsync_directory(directory)
+    return lock_fd
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def scan_journal(directory: Path, *, retain_days: int, now: float) -> JournalScan:
+    """Read ``directory/attempts`` for the last ``retain_days`` UTC days (as of ``now``).
+
+    Raises :class:`JournalError` ``JOURNAL_CORRUPT`` naming the file and line of a damaged
+    record; a torn last line is returned in ``torn_lines`` instead.
+    """
+    root = directory / ATTEMPTS_DIR
+    first_day = datetime.fromtimestamp(now, tz=UTC).date() - timedelta(days=retain_days - 1)
+    try:
+        names = sorted(
+            name
+            for name in os.listdir(root)
+            if (match := _DAY_FILE.match(name)) and _day_of(match.group(1)) >= first_day
+        )
+    except FileNotFoundError:
+        return JournalScan((), ())
+    except OSError as exc:
+        raise JournalError(
+            f"the journal cannot be read: {exc.strerror}", code="JOURNAL_UNAVAILABLE"
+        ) from None
+    builder = _Builder()
+    torn: list[TornLine] = []
+    for name in names:
+        label = f"{ATTEMPTS_DIR}/{name}"
+        try:
+            content = (root / name).read_bytes()
+        except OSError as exc:
+            raise JournalError(
+                f"{label} cannot be read: {exc.strerror}", code="JOURNAL_UNAVAILABLE"
+            ) from None
+        lines = content.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline
+        if tail:
+            torn.append(TornLine(file=label, line=len(lines) + 1, length=len(tail)))
+        for number, line in enumerate(lines, start=1):
+            try:
+                builder.add(_parse_line(line), label)
+            except _Damaged as damaged:
+                raise JournalError(
+                    f"{label} line {number}: {damaged}", code="JOURNAL_CORRUPT"
+                ) from None
+    return JournalScan(builder.open_attempts(), tuple(torn))
+
+
+def _day_of(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        return date.min
+
+
+class _Damaged(Exception):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Damaged("a key appears twice")
+        out[key] = value
+    return out
+
+
+def _refuse_constant(_: str) -> Any:
+    raise _Damaged("a non-finite number")
+
+
+def _parse_line(line: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(line, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
+    except ValueError:
+        raise _Damaged("not valid JSON") from None
+    if not isinstance(value, dict):
+        raise _Damaged("not a JSON object")
+    return value
+
+
+def _text(record: Mapping[str, Any], name: str, *, optional: bool = False) -> str | None:
+    """A required field is a non-empty string; an optional one is a string or null."""
+    value = record.get(name)
+    if optional and (value is None or isinstance(value, str)):
+        return value
+    if not isinstance(value, str) or not value:
+        raise _Damaged(f"field {name} is missing or not a string")
+    return value
+
+
+class _Builder:
+    """Folds records, in file order, into the set of open attempts."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, dict[str, Any]] = {}
+        self._seen: set[str] = set()
+
+    def add(self, record: dict[str, Any], label: str) -> None:
+        try:
+            kind = RecordType(str(record.get("record")))
+        except ValueError:
+            raise _Damaged("unknown record type") from None
+        _text(record, "at")
+        for name in _REQUIRED[kind]:
+            _text(record, name)
+        for name in _OPTIONAL[kind]:
+            _text(record, name, optional=True)
+        attempt_id: str = record["attempt_id"]
+        if kind is RecordType.ATTEMPT_OPENED:
+            self._opened(attempt_id, record, label)
+            return
+        state = self._open.get(attempt_id)
+        if kind is RecordType.GRANT_CLAIMED:
+            if state is not None:
+                state["grant_claimed"] = True
+                for name in ("grant_id", "grant_expires_at", "payload_digest"):
+                    state[name] = record[name]
+        elif kind is RecordType.ATTEMPT_CLOSED:
+            if not isinstance(record.get("executed"), bool | None):
+                raise _Damaged("field executed is not a boolean or null")
+            if record["outcome"] != _UNKNOWN_OUTCOME:
+                self._open.pop(attempt_id, None)
+        else:
+            try:
+                status = ReconciledStatus(str(record.get("status")))
+                ReconciledBy(str(record.get("by")))
+            except ValueError:
+                raise _Damaged("unknown reconciliation status or source") from None
+            if status in CLOSING_STATUSES:
+                self._open.pop(attempt_id, None)
+            elif state is not None:
+                state["last_status"] = status.value
+
+    def _opened(self, attempt_id: str, record: dict[str, Any], label: str) -> None:
+        if attempt_id in self._seen:
+            raise _Damaged("the attempt was opened twice")
+        binding = record.get("intent")
+        if not isinstance(binding, dict):
+            raise _Damaged("field intent is not an object")
+        self._seen.add(attempt_id)
+        self._open[attempt_id] = {
+            "intent_id": record.get("intent_id"),
+            "decision_id": record.get("decision_id"),
+            "dossier_id": record.get("dossier_id"),
+            "principal": record.get("caller"),
+            "action": record.get("action"),
+            "attempt_id": attempt_id,
+            "intent_hash": record["intent_hash"],
+            "binding": binding,
+            "opened_at": record["at"],
+            "file": label,
+        }
+
+    def open_attempts(self) -> tuple[OpenAttempt, ...]:
+        return tuple(OpenAttempt(**state) for state in self._open.values())

@@ -1,0 +1,958 @@
+"""The use store: the durable, shared memory of what may happen only once.
+
+Role: everything the executor must remember across requests, restarts and sibling processes sits
+behind :class:`UseStore`:
+
+* **grant claims** -- a grant id is claimed exactly once, whichever process asks first;
+* **idempotency records** keyed by ``(tenant, principal, idempotency_key)``: the request's payload
+  digest while it is in flight, then its final answer, kept at least 24 hours;
+* **consumptions** -- generic single-use markers (a plan approval, a presented escalation), each
+  returned as a :class:`ConsumptionRecord` authenticated under a secret that never leaves the
+  database;
+* **approval requests** -- escalations waiting for a person (issue 3), decided exactly once.
+
+:class:`SQLiteUseStore` is the embedded default: one SQLite database in WAL mode with
+``synchronous=FULL`` under ``EXECUTOR_STATE_DIR``. Every mutation is a ``BEGIN IMMEDIATE``
+transaction with a busy timeout, so concurrent processes sharing the file serialise instead of
+failing. Blocking work runs on one dedicated thread per store that owns the connection.
+
+Writes are committed in groups, as the attempt journal groups its fsyncs: writes submitted while a
+commit is in progress wait, and the next commit applies all of them, in submission order, in one
+``BEGIN IMMEDIATE ... COMMIT`` -- one fsync for the group. Each write runs inside its own
+``SAVEPOINT``, sees the effects of the writes before it, and when it fails (a refusal such as
+APPROVAL_ALREADY_DECIDED, or an unexpected error) only its own savepoint is rolled back; the others
+in its group commit. No caller is answered before the COMMIT that carries its write has returned,
+and a failed COMMIT fails every write of its group. Reads run one at a time between groups. The
+protocol speaks only in values (no SQL, no connections, timestamps passed in by the caller), so a
+PostgreSQL store can implement it later with the same semantics (``INSERT ... ON CONFLICT DO
+NOTHING`` for claims, ``SELECT ... FOR UPDATE`` for decisions).
+
+Callers: the authority (grant claims), the pipeline (idempotency), plan approvals (consumptions),
+the approval routes and ``POST /v1/escalations`` (approvals), ``serve.py`` (open, purge, close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from ..canonical import canonical_text, sha256_digest
+from ..clock import Clock
+from ..errors import AgentSafeError, StoreError
+
+__all__ = [
+    "DATABASE_NAME",
+    "RETENTION_SECONDS",
+    "SCHEMA_VERSION",
+    "ApprovalError",
+    "ApprovalRecord",
+    "ApprovalRequest",
+    "ApprovalState",
+    "ConsumptionRecord",
+    "IdempotencyKind",
+    "IdempotencyState",
+    "SQLiteUseStore",
+    "UseStore",
+]
+
+DATABASE_NAME = "usestore.sqlite3"
+SCHEMA_VERSION = 1
+RETENTION_SECONDS = 24 * 60 * 60
+"""Finished idempotency records, grant claims and approvals are kept at least this long."""
+
+_T = TypeVar("_T")
+
+_MAX_GROUP = 256
+"""At most this many writes share one transaction, so a group never holds the lock for long."""
+
+
+class IdempotencyKind(StrEnum):
+    NEW = "NEW"  # a record was created IN_PROGRESS and this call owns it
+    IN_PROGRESS = "IN_PROGRESS"  # another request holds the key and has not finished
+    CONFLICT = "CONFLICT"  # the key was used with a different payload
+    REPLAY = "REPLAY"  # the key finished; ``response`` is the recorded final answer
+
+
+@dataclass(frozen=True)
+class IdempotencyState:
+    kind: IdempotencyKind
+    response: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ConsumptionRecord:
+    """Proof that ``(namespace, key)`` was consumed once, bound to ``binding_digest``.
+
+    ``token`` is an HMAC-SHA256 over the other fields under the store's secret; only the store
+    that issued it can verify it (:meth:`UseStore.verify_consumption`).
+    """
+
+    namespace: str
+    key: str
+    nonce: str
+    consumed_at: float
+    binding_digest: str
+    token: str
+
+
+class ApprovalState(StrEnum):
+    PENDING = "PENDING"
+    APPROVED = "APPROVED"
+    DENIED = "DENIED"
+    EXPIRED = "EXPIRED"  # never stored: a PENDING request read at or after its expiry
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """An escalation waiting for a person: the intent, who may decide, and until when."""
+
+    request_id: str
+    intent: Mapping[str, Any]  # the intent binding exactly as hashed
+    intent_hash: str
+    approvers: tuple[str, ...]  # principal ids allowed to decide
+    proposer_principal: str
+    proposer_actor: str
+    expires_at: float
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ApprovalRecord:
+    """An approval request and, once decided, its one decision."""
+
+    request: ApprovalRequest
+    stored_state: ApprovalState  # PENDING, APPROVED or DENIED
+    approver: str | None = None
+    reason: str | None = None
+    decided_at: float | None = None
+
+    def state_at(self, now: float) -> ApprovalState:
+        """The state a caller should act on: a PENDING request past its expiry is EXPIRED."""
+        if self.stored_state is ApprovalState.PENDING and now >= self.request.expires_at:
+            return ApprovalState.EXPIRED
+        return self.stored_state
+
+
+class ApprovalError(StoreError):
+    """An approval operation refused. Codes: APPROVAL_NOT_FOUND, APPROVAL_ALREADY_DECIDED,
+    APPROVAL_EXPIRED, APPROVAL_NOT_PERMITTED, APPROVAL_DECISION_INVALID, APPROVAL_EXISTS,
+    APPROVAL_BINDING_MISMATCH."""
+
+    code = "APPROVAL_INVALID"
+
+
+class UseStore(Protocol):
+    """Durable single-use and idempotency state shared by every executor process on a store."""
+
+    async def claim_grant(
+        self, grant_id: str, *, binding_digest: str, expires_at: float, now: float
+    ) -> bool:
+        """True exactly once per ``grant_id``, across every process sharing the store."""
+        ...
+
+    async def idempotency_begin(
+        self, *, tenant: str, principal: str, key: str, payload_digest: str, now: float
+    ) -> IdempotencyState: ...
+
+    async def idempotency_complete(
+        self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
+    ) -> None: ...
+
+    async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
+        """Forget an in-flight record whose request never reached execution."""
+        ...
+
+    async def idempotency_settle(
+        self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
+    ) -> bool:
+        """Record a reconciled answer for a key whose outcome was in flight or unknown."""
+        ...
+
+    async def consume(
+        self, namespace: str, key: str, *, binding: dict[str, Any], now: float
+    ) -> ConsumptionRecord | None:
+        """Consume ``(namespace, key)`` once; ``None`` if it was consumed before."""
+        ...
+
+    async def verify_consumption(self, record: ConsumptionRecord) -> bool: ...
+
+    async def approval_create(self, request: ApprovalRequest) -> None: ...
+
+    async def approval_get(self, request_id: str) -> ApprovalRecord | None: ...
+
+    async def approval_list(
+        self, *, state: ApprovalState, now: float, approver: str | None = None
+    ) -> list[ApprovalRecord]: ...
+
+    async def approval_decide(
+        self, request_id: str, *, decision: str, approver: str, reason: str, now: float
+    ) -> ApprovalRecord: ...
+
+    async def purge(self, now: float) -> int: ...
+
+    async def close(self) -> None: ...
+
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS meta (
+        name TEXT PRIMARY KEY, value BLOB NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS grant_claims (
+        grant_id TEXT PRIMARY KEY, binding_digest TEXT NOT NULL,
+        expires_at REAL NOT NULL, claimed_at REAL NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS idempotency (
+        tenant TEXT NOT NULL, principal TEXT NOT NULL, key TEXT NOT NULL,
+        payload_digest TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('IN_PROGRESS', 'DONE')),
+        response TEXT, created_at REAL NOT NULL, completed_at REAL,
+        PRIMARY KEY (tenant, principal, key))""",
+    """CREATE TABLE IF NOT EXISTS consumptions (
+        namespace TEXT NOT NULL, key TEXT NOT NULL, nonce TEXT NOT NULL,
+        consumed_at REAL NOT NULL, binding_digest TEXT NOT NULL,
+        PRIMARY KEY (namespace, key))""",
+    """CREATE TABLE IF NOT EXISTS approvals (
+        request_id TEXT PRIMARY KEY, intent TEXT NOT NULL, intent_hash TEXT NOT NULL,
+        approvers TEXT NOT NULL, proposer_principal TEXT NOT NULL,
+        proposer_actor TEXT NOT NULL, expires_at REAL NOT NULL, created_at REAL NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('PENDING', 'APPROVED', 'DENIED')),
+        approver TEXT, reason TEXT, decided_at REAL)""",
+)
+
+_DECISIONS = {"APPROVE": ApprovalState.APPROVED, "DENY": ApprovalState.DENIED}
+_MAX_REASON = 1000
+
+
+class SQLiteUseStore:
+    """:class:`UseStore` on one SQLite file (WAL, ``synchronous=FULL``); see the module docstring.
+
+    Construct with :meth:`open`. One dedicated thread owns the connection; the async methods hand
+    it their work. Writes queue up and are committed in groups (one transaction, one fsync, a
+    savepoint per write); processes serialise on the database's write lock (``BEGIN IMMEDIATE``
+    with a busy timeout).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        connection: sqlite3.Connection,
+        worker: ThreadPoolExecutor,
+        secret: bytes,
+        clock: Clock,
+    ) -> None:
+        self._path = path
+        self._conn = connection
+        self._worker = worker
+        self._secret = secret
+        self._clock = clock
+        self._closed = False
+        self._pending: list[_Write] = []
+        self._pending_lock = threading.Lock()
+        self._drain_scheduled = False
+        # How a group is committed; tests wrap it to count commits or to make one fail.
+        self._commit: Callable[[sqlite3.Connection], None] = _commit
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @classmethod
+    async def open(
+        cls, state_dir: Path, *, clock: Clock, busy_timeout_s: float = 30.0
+    ) -> SQLiteUseStore:
+        """Open (creating if needed) the store under ``state_dir``, private to this user."""
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsafe-usestore")
+        loop = asyncio.get_running_loop()
+        try:
+            path, conn, secret = await loop.run_in_executor(
+                worker, _open_database, state_dir, busy_timeout_s
+            )
+        except BaseException:
+            worker.shutdown(wait=True)
+            raise
+        return cls(path, conn, worker, secret, clock)
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        if self._closed:
+            raise StoreError("the use store is closed", code="STORE_CLOSED")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, _guarded, self._conn, fn)
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Queue ``fn`` for the next group commit; its result once that commit has returned.
+
+        ``fn`` runs on the store's thread inside the group's transaction and its own savepoint;
+        it must not begin, commit or roll back a transaction itself.
+        """
+        if self._closed:
+            raise StoreError("the use store is closed", code="STORE_CLOSED")
+        write = _Write(fn)
+        with self._pending_lock:
+            self._pending.append(write)
+            if not self._drain_scheduled:
+                try:
+                    self._worker.submit(self._drain)
+                except RuntimeError:  # the executor is shutting down
+                    self._pending.remove(write)
+                    raise StoreError("the use store is closed", code="STORE_CLOSED") from None
+                self._drain_scheduled = True
+        result: _T = await asyncio.wrap_future(write.done)
+        return result
+
+    def _take(self) -> list[_Write]:
+        with self._pending_lock:
+            batch = self._pending[:_MAX_GROUP]
+            del self._pending[:_MAX_GROUP]
+        return [write for write in batch if write.done.set_running_or_notify_cancel()]
+
+    def _drain(self) -> None:
+        """On the store's thread: commit what is pending now, then let queued reads run before
+        the next group (the next drain is queued behind them)."""
+        try:
+            group = self._take()
+            if group:
+                _commit_group(self._conn, group, self._commit)
+        finally:
+            with self._pending_lock:
+                stranded: list[_Write] = []
+                if self._pending:
+                    try:
+                        self._worker.submit(self._drain)
+                    except RuntimeError:  # the executor is shutting down: nobody will drain
+                        stranded, self._pending = self._pending, []
+                        self._drain_scheduled = False
+                else:
+                    self._drain_scheduled = False
+            closed = StoreError("the use store is closed", code="STORE_CLOSED")
+            _fail([w for w in stranded if w.done.set_running_or_notify_cancel()], closed)
+
+    def _close_connection(self) -> None:
+        """On the store's thread: commit every write accepted before :meth:`close`, then close."""
+        try:
+            while True:
+                with self._pending_lock:
+                    if not self._pending:
+                        break
+                group = self._take()
+                if group:
+                    _commit_group(self._conn, group, self._commit)
+        finally:
+            self._conn.close()
+
+    # -- grant claims --------------------------------------------------------------------------
+
+    async def claim_grant(
+        self, grant_id: str, *, binding_digest: str, expires_at: float, now: float
+    ) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "INSERT INTO grant_claims (grant_id, binding_digest, expires_at, claimed_at)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (grant_id) DO NOTHING",
+                (grant_id, binding_digest, expires_at, now),
+            )
+            return cur.rowcount == 1
+
+        return await self._write(work)
+
+    # -- idempotency ---------------------------------------------------------------------------
+
+    async def idempotency_begin(
+        self, *, tenant: str, principal: str, key: str, payload_digest: str, now: float
+    ) -> IdempotencyState:
+        def work(conn: sqlite3.Connection) -> IdempotencyState:
+            row = conn.execute(
+                "SELECT payload_digest, state, response FROM idempotency"
+                " WHERE tenant = ? AND principal = ? AND key = ?",
+                (tenant, principal, key),
+            ).fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
+                    " created_at) VALUES (?, ?, ?, ?, 'IN_PROGRESS', ?)",
+                    (tenant, principal, key, payload_digest, now),
+                )
+                return IdempotencyState(IdempotencyKind.NEW)
+            stored_digest, state, response = row
+            if not hmac.compare_digest(str(stored_digest), payload_digest):
+                return IdempotencyState(IdempotencyKind.CONFLICT)
+            if state == "IN_PROGRESS":
+                return IdempotencyState(IdempotencyKind.IN_PROGRESS)
+            return IdempotencyState(IdempotencyKind.REPLAY, response=_load_object(response))
+
+        return await self._write(work)
+
+    async def idempotency_complete(
+        self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
+    ) -> None:
+        """Record the final answer of an in-flight key. The first final answer is never replaced:
+        completing a finished key raises ``IDEMPOTENCY_ALREADY_COMPLETE`` unless the answer is
+        identical, and a key with no record raises ``IDEMPOTENCY_RECORD_MISSING``."""
+        text = _canonical_or_store_error(response)
+
+        def work(conn: sqlite3.Connection) -> None:
+            row = conn.execute(
+                "SELECT state, response FROM idempotency"
+                " WHERE tenant = ? AND principal = ? AND key = ?",
+                (tenant, principal, key),
+            ).fetchone()
+            if row is None:
+                raise StoreError(
+                    "no idempotency record for this key", code="IDEMPOTENCY_RECORD_MISSING"
+                )
+            if row[0] == "DONE":
+                if row[1] == text:
+                    return
+                raise StoreError(
+                    "this key already has a final answer", code="IDEMPOTENCY_ALREADY_COMPLETE"
+                )
+            conn.execute(
+                "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
+                " WHERE tenant = ? AND principal = ? AND key = ?",
+                (text, now, tenant, principal, key),
+            )
+
+        await self._write(work)
+
+    async def idempotency_settle(
+        self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
+    ) -> bool:
+        """Record what reconciliation learned about a key whose outcome was unknown.
+
+        An in-flight key gets ``response`` as its final answer; a finished key is replaced only
+        when its recorded answer was UNKNOWN_AFTER_DISPATCH (nothing else is ever rewritten).
+        True when the record changed.
+        """
+        text = _canonical_or_store_error(response)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT state, response FROM idempotency"
+                " WHERE tenant = ? AND principal = ? AND key = ?",
+                (tenant, principal, key),
+            ).fetchone()
+            if row is None:
+                return False
+            if row[0] == "DONE":
+                recorded = json.loads(row[1]) if row[1] else {}
+                body = recorded.get("body") if isinstance(recorded, dict) else None
+                if not isinstance(body, dict) or body.get("outcome") != ("UNKNOWN_AFTER_DISPATCH"):
+                    return False
+            conn.execute(
+                "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
+                " WHERE tenant = ? AND principal = ? AND key = ?",
+                (text, now, tenant, principal, key),
+            )
+            return True
+
+        settled: bool = await self._write(work)
+        return settled
+
+    async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
+        """Delete an IN_PROGRESS record; a finished record is never deleted here."""
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "DELETE FROM idempotency WHERE tenant = ? AND principal = ? AND key = ?"
+                " AND state = 'IN_PROGRESS'",
+                (tenant, principal, key),
+            )
+
+        await self._write(work)
+
+    # -- consumptions --------------------------------------------------------------------------
+
+    async def consume(
+        self, namespace: str, key: str, *, binding: dict[str, Any], now: float
+    ) -> ConsumptionRecord | None:
+        binding_digest = _digest_or_store_error(binding)
+        nonce = secrets.token_hex(16)
+
+        def work(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "INSERT INTO consumptions (namespace, key, nonce, consumed_at, binding_digest)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (namespace, key) DO NOTHING",
+                (namespace, key, nonce, now, binding_digest),
+            )
+            return cur.rowcount == 1
+
+        if not await self._write(work):
+            return None
+        token = self._token(namespace, key, nonce, now, binding_digest)
+        return ConsumptionRecord(namespace, key, nonce, now, binding_digest, token)
+
+    async def verify_consumption(self, record: ConsumptionRecord) -> bool:
+        """True if ``record`` was issued by this store and its row still says exactly that."""
+        try:
+            expected = self._token(
+                record.namespace,
+                record.key,
+                record.nonce,
+                record.consumed_at,
+                record.binding_digest,
+            )
+        except AgentSafeError:
+            return False
+        if not isinstance(record.token, str) or not hmac.compare_digest(
+            expected.encode(), record.token.encode()
+        ):
+            return False
+
+        def work(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT nonce, consumed_at, binding_digest FROM consumptions"
+                " WHERE namespace = ? AND key = ?",
+                (record.namespace, record.key),
+            ).fetchone()
+            return row is not None and (row[0], row[1], row[2]) == (
+                record.nonce,
+                record.consumed_at,
+                record.binding_digest,
+            )
+
+        return await self._run(work)
+
+    def _token(
+        self, namespace: str, key: str, nonce: str, consumed_at: float, binding_digest: str
+    ) -> str:
+        message = canonical_text(
+            {
+                "namespace": namespace,
+                "key": key,
+                "nonce": nonce,
+                "consumed_at": consumed_at,
+                "binding_digest": binding_digest,
+            }
+        ).encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    # -- approvals -----------------------------------------------------------------------------
+
+    async def approval_create(self, request: ApprovalRequest) -> None:
+        """Store a new PENDING request; its ``intent_hash`` must be the hash of its intent."""
+        if _digest_or_store_error(request.intent) != request.intent_hash:
+            raise ApprovalError(
+                "the intent does not hash to its intent_hash", code="APPROVAL_BINDING_MISMATCH"
+            )
+        intent_text = canonical_text(dict(request.intent))
+        approvers_text = canonical_text(list(request.approvers))
+
+        def work(conn: sqlite3.Connection) -> None:
+            cur = conn.execute(
+                "INSERT INTO approvals (request_id, intent, intent_hash, approvers,"
+                " proposer_principal, proposer_actor, expires_at, created_at, state)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'PENDING')"
+                " ON CONFLICT (request_id) DO NOTHING",
+                (
+                    request.request_id,
+                    intent_text,
+                    request.intent_hash,
+                    approvers_text,
+                    request.proposer_principal,
+                    request.proposer_actor,
+                    request.expires_at,
+                    request.created_at,
+                ),
+            )
+            if cur.rowcount != 1:
+                raise ApprovalError("the request id is taken", code="APPROVAL_EXISTS")
+
+        await self._write(work)
+
+    async def approval_get(self, request_id: str) -> ApprovalRecord | None:
+        def work(conn: sqlite3.Connection) -> ApprovalRecord | None:
+            row = conn.execute(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE request_id = ?",  # noqa: S608
+                (request_id,),
+            ).fetchone()
+            return None if row is None else _approval_from_row(row)
+
+        return await self._run(work)
+
+    async def approval_list(
+        self, *, state: ApprovalState, now: float, approver: str | None = None
+    ) -> list[ApprovalRecord]:
+        """Requests in ``state`` as of ``now`` (PENDING excludes expired ones, EXPIRED lists
+        them), oldest first; with ``approver``, only those that principal may decide."""
+
+        def work(conn: sqlite3.Connection) -> list[ApprovalRecord]:
+            args: tuple[object, ...]
+            if state is ApprovalState.PENDING:
+                where, args = "state = 'PENDING' AND expires_at > ?", (now,)
+            elif state is ApprovalState.EXPIRED:
+                where, args = "state = 'PENDING' AND expires_at <= ?", (now,)
+            else:
+                where, args = "state = ?", (state.value,)
+            rows = conn.execute(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE {where}"  # noqa: S608
+                " ORDER BY created_at, request_id",
+                args,
+            ).fetchall()
+            records = [_approval_from_row(row) for row in rows]
+            if approver is not None:
+                records = [
+                    r
+                    for r in records
+                    if approver in r.request.approvers and approver != r.request.proposer_principal
+                ]
+            return records
+
+        return await self._run(work)
+
+    async def approval_decide(
+        self, request_id: str, *, decision: str, approver: str, reason: str, now: float
+    ) -> ApprovalRecord:
+        """Record the one decision on a request. The approver must be one the request names and
+        never its proposer (separation of duties); exactly one decider wins a race."""
+        new_state = _DECISIONS.get(decision)
+        if new_state is None:
+            raise ApprovalError(
+                "decision must be APPROVE or DENY", code="APPROVAL_DECISION_INVALID"
+            )
+        if not isinstance(reason, str) or len(reason) > _MAX_REASON:
+            raise ApprovalError("the reason is too long", code="APPROVAL_DECISION_INVALID")
+
+        def work(conn: sqlite3.Connection) -> ApprovalRecord:
+            row = conn.execute(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE request_id = ?",  # noqa: S608
+                (request_id,),
+            ).fetchone()
+            if row is None:
+                raise ApprovalError("no such approval request", code="APPROVAL_NOT_FOUND")
+            record = _approval_from_row(row)
+            if (
+                approver not in record.request.approvers
+                or approver == record.request.proposer_principal
+            ):
+                raise ApprovalError(
+                    "this principal may not decide this request", code="APPROVAL_NOT_PERMITTED"
+                )
+            if record.stored_state is not ApprovalState.PENDING:
+                raise ApprovalError(
+                    "the request is already decided", code="APPROVAL_ALREADY_DECIDED"
+                )
+            if record.state_at(now) is ApprovalState.EXPIRED:
+                raise ApprovalError("the request has expired", code="APPROVAL_EXPIRED")
+            conn.execute(
+                "UPDATE approvals SET state = ?, approver = ?, reason = ?, decided_at = ?"
+                " WHERE request_id = ? AND state = 'PENDING'",
+                (new_state.value, approver, reason, now, request_id),
+            )
+            return ApprovalRecord(record.request, new_state, approver, reason, now)
+
+        return await self._write(work)
+
+    # -- housekeeping --------------------------------------------------------------------------
+
+    async def purge(self, now: float) -> int:
+        """Delete what is older than the retention: finished idempotency records, claims of
+        grants expired that long ago, and approval requests expired that long ago. In-flight
+        idempotency records and consumptions are never purged. Returns rows deleted."""
+        cutoff = now - RETENTION_SECONDS
+
+        def work(conn: sqlite3.Connection) -> int:
+            deleted = conn.execute(
+                "DELETE FROM idempotency WHERE state = 'DONE' AND completed_at < ?", (cutoff,)
+            ).rowcount
+            deleted += conn.execute(
+                "DELETE FROM grant_claims WHERE expires_at < ?", (cutoff,)
+            ).rowcount
+            deleted += conn.execute(
+                "DELETE FROM approvals WHERE expires_at < ?", (cutoff,)
+            ).rowcount
+            return deleted
+
+        return await self._write(work)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._worker, self._close_connection)
+        finally:
+            self._worker.shutdown(wait=True)
+
+
+# -- helpers (run on the store's thread) -----------------------------------------------------
+
+_APPROVAL_COLUMNS = (
+    "request_id, intent, intent_hash, approvers, proposer_principal, proposer_actor,"
+    " expires_at, created_at, state, approver, reason, decided_at"
+)
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """A ``BEGIN IMMEDIATE`` transaction: the write lock is taken up front, so two processes
+    never both read a row and then both try to write it."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+@dataclass(eq=False)
+class _Write:
+    """One queued write: the work and the future its caller awaits."""
+
+    fn: Callable[[sqlite3.Connection], Any]
+    done: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+
+
+_SAVEPOINT = "agentsafe_write"
+
+
+def _commit(conn: sqlite3.Connection) -> None:
+    conn.execute("COMMIT")
+
+
+def _unavailable(exc: BaseException) -> StoreError:
+    return StoreError(f"the use store failed: {type(exc).__name__}", code="STORE_UNAVAILABLE")
+
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+class _TransactionLost(Exception):
+    """The group's transaction is gone (SQLite rolled it back, or a savepoint failed)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(type(cause).__name__)
+        self.cause = cause
+
+
+def _apply(conn: sqlite3.Connection, write: _Write) -> tuple[bool, Any]:
+    """Run one write in its own savepoint: ``(True, result)`` or ``(False, exception)`` with
+    only this write's changes undone. Raises :class:`_TransactionLost` when the transaction
+    itself did not survive."""
+    try:
+        conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+    except sqlite3.Error as exc:
+        raise _TransactionLost(exc) from None
+    try:
+        value = write.fn(conn)
+    except Exception as exc:  # every failure belongs to this write alone
+        failure: BaseException = _unavailable(exc) if isinstance(exc, sqlite3.Error) else exc
+        if not conn.in_transaction:
+            raise _TransactionLost(exc) from None
+        try:
+            conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
+            conn.execute(f"RELEASE {_SAVEPOINT}")
+        except sqlite3.Error as rollback_error:
+            raise _TransactionLost(rollback_error) from None
+        return False, failure
+    try:
+        conn.execute(f"RELEASE {_SAVEPOINT}")
+    except sqlite3.Error as exc:
+        raise _TransactionLost(exc) from None
+    return True, value
+
+
+def _commit_group(
+    conn: sqlite3.Connection, group: list[_Write], commit: Callable[[sqlite3.Connection], None]
+) -> None:
+    """Apply ``group`` in order in one ``BEGIN IMMEDIATE`` transaction and commit it once; only
+    then resolve each write's future. A write during which the transaction is lost fails alone
+    and the group is run again without it (nothing was acknowledged yet); a failed BEGIN or
+    COMMIT fails every write of the group."""
+    remaining = list(group)
+    try:
+        while remaining:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                _rollback_quietly(conn)
+                _fail(remaining, _unavailable(exc))
+                return
+            outcomes: list[tuple[bool, Any]] = []
+            try:
+                for write in remaining:
+                    outcomes.append(_apply(conn, write))
+            except _TransactionLost as lost:
+                _rollback_quietly(conn)
+                culprit = remaining[len(outcomes)]
+                culprit.done.set_exception(_unavailable(lost.cause))
+                remaining = [w for w in remaining if w is not culprit]
+                continue
+            try:
+                commit(conn)
+            except Exception as exc:  # nothing of this group is durable
+                _rollback_quietly(conn)
+                _fail(remaining, _unavailable(exc))
+                return
+            for write, (ok, value) in zip(remaining, outcomes, strict=True):
+                if ok:
+                    write.done.set_result(value)
+                else:
+                    write.done.set_exception(value)
+            return
+    except BaseException as exc:
+        _rollback_quietly(conn)
+        _fail([w for w in remaining if not w.done.done()], _unavailable(exc))
+        raise
+
+
+def _fail(writes: list[_Write], error: StoreError) -> None:
+    for write in writes:
+        write.done.set_exception(error)
+
+
+def _guarded(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+    try:
+        return fn(conn)
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise StoreError(
+            f"the use store failed: {type(exc).__name__}", code="STORE_UNAVAILABLE"
+        ) from None
+
+
+def _open_database(
+    state_dir: Path, busy_timeout_s: float
+) -> tuple[Path, sqlite3.Connection, bytes]:
+    try:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(state_dir, 0o700)
+        path = state_dir / DATABASE_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StoreError("the store path is not a file", code="STORE_UNAVAILABLE")
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise StoreError(
+            f"the state directory is unusable: {exc.strerror}", code="STORE_UNAVAILABLE"
+        ) from None
+    try:
+        conn = sqlite3.connect(
+            path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=True
+        )
+    except sqlite3.Error:
+        raise StoreError("the use store cannot be opened", code="STORE_UNAVAILABLE") from None
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        _set_wal(conn, busy_timeout_s)
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        secret = _migrate(conn)
+    except BaseException as exc:
+        conn.close()
+        if isinstance(exc, sqlite3.Error):
+            raise StoreError("the use store cannot be opened", code="STORE_UNAVAILABLE") from None
+        raise
+    return path, conn, secret
+
+
+def _set_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
+    # Switching a fresh database to WAL needs a moment of exclusive access; a sibling process
+    # opening at the same instant can make it report "locked" without the busy handler.
+    deadline = time.monotonic() + busy_timeout_s
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
+            continue
+        if str(mode).lower() != "wal":
+            raise StoreError("the use store cannot use WAL", code="STORE_UNAVAILABLE")
+        return
+
+
+def _migrate(conn: sqlite3.Connection) -> bytes:
+    with _immediate(conn):
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                "the use store was written by a newer agentsafe", code="STORE_SCHEMA_UNSUPPORTED"
+            )
+        if version < SCHEMA_VERSION:
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.execute(
+            "INSERT INTO meta (name, value) VALUES ('consumption_key', ?)"
+            " ON CONFLICT (name) DO NOTHING",
+            (secrets.token_bytes(32),),
+        )
+        row = conn.execute("SELECT value FROM meta WHERE name = 'consumption_key'").fetchone()
+    secret = bytes(row[0])
+    if len(secret) < 32:
+        raise StoreError("the use store's key is damaged", code="STORE_UNAVAILABLE")
+    return secret
+
+
+def _approval_from_row(row: tuple[Any, ...]) -> ApprovalRecord:
+    intent = _load_object(row[1])
+    approvers = json.loads(row[3])
+    request = ApprovalRequest(
+        request_id=row[0],
+        intent=intent,
+        intent_hash=row[2],
+        approvers=tuple(str(a) for a in approvers),
+        proposer_principal=row[4],
+        proposer_actor=row[5],
+        expires_at=float(row[6]),
+        created_at=float(row[7]),
+    )
+    return ApprovalRecord(
+        request=request,
+        stored_state=ApprovalState(row[8]),
+        approver=row[9],
+        reason=row[10],
+        decided_at=None if row[11] is None else float(row[11]),
+    )
+
+
+def _load_object(text: Any) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        raise StoreError("a stored record is damaged", code="STORE_RECORD_DAMAGED") from None
+    if not isinstance(value, dict):
+        raise StoreError("a stored record is damaged", code="STORE_RECORD_DAMAGED")
+    return value
+
+
+def _canonical_or_store_error(value: Mapping[str, Any]) -> str:
+    try:
+        return canonical_text(value)
+    except AgentSafeError:
+        raise StoreError(
+            "the value has no canonical JSON form", code="STORE_VALUE_INVALID"
+        ) from None
+
+
+def _digest_or_store_error(value: Mapping[str, Any]) -> str:
+    try:
+        return sha256_digest(value)
+    except AgentSafeError:
+        raise StoreError(
+            "the value has no canonical JSON form", code="STORE_VALUE_INVALID"
+        ) from None

@@ -1,0 +1,231 @@
+"""``agentsafe demo``: the whole lifecycle, on loopback, in one command.
+
+It starts a SYNTHETIC provider and an executor (real processes, embedded defaults, the bundled
+example policy) and drives a scripted agent through the cases a platform team asks about first:
+
+1. an ALLOW executed once;
+2. the same idempotency key again: the recorded answer, nothing executed twice;
+3. an amount over policy: BLOCK;
+4. an amount that needs a person: ESCALATE, held;
+5. the same proposals in shadow: decisions recorded, nothing reaches the provider;
+6. a provider that takes the request and never answers; the executor is killed with SIGKILL,
+   restarted, and its startup reconciliation resolves the attempt without sending it again.
+
+Then it leaves the executor serving, prints how to call it with curl, and waits for Ctrl-C.
+
+Callers: ``cli.py`` (``agentsafe demo``); the integration tests run that command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from .harness import ExecutorProcess, ProviderProcess, Workspace, free_port, wait_until
+
+__all__ = ["main", "run_demo"]
+
+
+@dataclass(frozen=True)
+class Step:
+    case: str
+    expected: str
+    observed: str
+    provider_requests: int
+    ok: bool
+
+
+async def _count(provider: ProviderProcess) -> int:
+    received = await provider.received()
+    return int(received.get("count", 0))
+
+
+async def run_demo(
+    root: Path,
+    *,
+    console: Console,
+    keep_serving: bool,
+    progress: Callable[[str], None] | None = None,
+) -> list[Step]:
+    say = progress or (lambda text: console.print(f"[dim]… {text}[/dim]"))
+    steps: list[Step] = []
+    logs = root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    provider = ProviderProcess(logs)
+    say("starting the synthetic provider")
+    await provider.start()
+    workspace = Workspace(root / "enforcement")
+    port = free_port()
+    env = workspace.environment(provider_url=provider.url, port=port)
+    executor = ExecutorProcess(env, logs, "executor")
+    shadow: ExecutorProcess | None = None
+    try:
+        say("starting the executor in ENFORCEMENT (development posture, plaintext loopback)")
+        await executor.start()
+        async with aiohttp.ClientSession() as session:
+            _status, body = await executor.propose(session, amount=5000, key="payout-1-v1")
+            count = await _count(provider)
+            steps.append(
+                Step(
+                    "ALLOW 50.00 USD",
+                    "COMPLETED, executed once",
+                    f"{body.get('verdict')} / {body.get('outcome')}",
+                    count,
+                    body.get("outcome") == "COMPLETED" and count == 1,
+                )
+            )
+            _status, body = await executor.propose(session, amount=5000, key="payout-1-v1")
+            count = await _count(provider)
+            steps.append(
+                Step(
+                    "same idempotency key again",
+                    "recorded answer, replayed, not executed again",
+                    f"{body.get('outcome')} replayed={body.get('replayed')}",
+                    count,
+                    body.get("replayed") is True and count == 1,
+                )
+            )
+            _status, body = await executor.propose(session, amount=900000, key="payout-2-v1")
+            count = await _count(provider)
+            steps.append(
+                Step(
+                    "9,000.00 USD (over policy)",
+                    "BLOCK AMOUNT_ABOVE_POLICY",
+                    f"{body.get('verdict')} {','.join(body.get('reason_codes') or [])}",
+                    count,
+                    body.get("verdict") == "BLOCK" and count == 1,
+                )
+            )
+            _status, body = await executor.propose(session, amount=20000, key="payout-3-v1")
+            count = await _count(provider)
+            steps.append(
+                Step(
+                    "200.00 USD (needs a person)",
+                    "ESCALATE, held",
+                    f"{body.get('verdict')} / {body.get('outcome')}",
+                    count,
+                    body.get("outcome") == "ESCALATE_PENDING" and count == 1,
+                )
+            )
+
+            say("starting a second executor in SHADOW against the same provider")
+            shadow_ws = Workspace(root / "shadow")
+            shadow_env = shadow_ws.environment(
+                provider_url=provider.url, port=free_port(), mode="SHADOW"
+            )
+            shadow = ExecutorProcess(shadow_env, logs, "shadow-executor")
+            await shadow.start()
+            verdicts = []
+            for amount, key in ((5000, "shadow-1"), (900000, "shadow-2"), (20000, "shadow-3")):
+                _status, body = await shadow.propose(session, amount=amount, key=key)
+                verdicts.append(f"{body.get('verdict')}:{body.get('outcome')}")
+            count = await _count(provider)
+            steps.append(
+                Step(
+                    "the same three in SHADOW",
+                    "decided and recorded, nothing executed",
+                    " ".join(verdicts),
+                    count,
+                    count == 1 and all(v.endswith(":OBSERVED") for v in verdicts),
+                )
+            )
+            shadow.terminate()
+            shadow = None
+
+            say("the provider will now take requests and never answer")
+            await provider.set_mode("hang")
+            proposal = asyncio.ensure_future(
+                executor.propose(session, amount=4000, key="payout-4-v1")
+            )
+
+            async def arrived() -> bool:
+                return await _count(provider) == 2
+
+            await wait_until(arrived, timeout=30, what="the provider to receive the payout")
+            say("the provider has the request; killing the executor with SIGKILL")
+            executor.kill()
+            with contextlib.suppress(aiohttp.ClientError, asyncio.CancelledError):
+                await proposal
+            await provider.set_mode("normal")
+            say("restarting the executor; startup reconciliation runs before it listens")
+            executor = ExecutorProcess(env, logs, "executor")
+            await executor.start()
+            resolutions = [
+                e.get("resolution")
+                for e in executor.stdout_events()
+                if e.get("event") == "RECONCILIATION"
+            ]
+            count = await _count(provider)
+            steps.append(
+                Step(
+                    "provider never answers; SIGKILL; restart",
+                    "RECONCILED_COMPLETED, not sent again",
+                    ", ".join(str(r) for r in resolutions) or "no reconciliation",
+                    count,
+                    "RECONCILED_COMPLETED" in resolutions and count == 2,
+                )
+            )
+        _print_table(console, steps)
+        if keep_serving:
+            console.print(
+                "\nThe executor is serving. Try it:\n"
+                f"  curl -s -X POST {executor.url}/v1/actions "
+                f"-H 'authorization: Bearer {workspace.caller_token}' "
+                "-H 'content-type: application/json' "
+                """-d '{"proposal":{"action":"create_payout","target":"payout:b-1","""
+                """"parameters":{"amountMinor":1200,"currency":"EUR"}},"idempotency_key":"try-1"}'"""
+                "\nPress Ctrl-C to stop.",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+    finally:
+        if shadow is not None:
+            shadow.terminate()
+        executor.terminate()
+        provider.terminate()
+    return steps
+
+
+def _print_table(console: Console, steps: list[Step]) -> None:
+    table = Table(title="agentsafe demo: one scripted agent, one synthetic provider")
+    table.add_column("case")
+    table.add_column("expected")
+    table.add_column("observed")
+    table.add_column("provider requests", justify="right")
+    table.add_column("", justify="center")
+    for step in steps:
+        mark = "[green]✓[/green]" if step.ok else "[red]✗[/red]"
+        table.add_row(step.case, step.expected, step.observed, str(step.provider_requests), mark)
+    console.print(table)
+
+
+def main(*, keep_serving: bool = True, workdir: Path | None = None) -> int:
+    console = Console()
+    root = workdir or Path(tempfile.mkdtemp(prefix="agentsafe-demo-"))
+    console.print(f"[bold]agentsafe demo[/bold] (working directory {root})")
+    try:
+        steps = asyncio.run(run_demo(root, console=console, keep_serving=keep_serving))
+    except KeyboardInterrupt:
+        console.print("stopped.")
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        console.print(f"[red]demo failed:[/red] {exc}")
+        return 1
+    ok = all(step.ok for step in steps) and len(steps) == 6
+    if ok and workdir is None:
+        shutil.rmtree(root, ignore_errors=True)
+    elif not ok:
+        console.print(f"[red]some cases did not behave as expected; logs are in {root}/logs[/red]")
+    return 0 if ok else 1

@@ -1,0 +1,264 @@
+"""A SYNTHETIC loopback payment provider, for the demo and the tests. It moves no money.
+
+It behaves the way a payment API does where that matters to the executor, and nothing more:
+
+* ``POST /payouts`` takes a JSON body and an ``idempotency-key`` header. The first request with a
+  key is recorded and answered; a later request with the same key and the same body gets the first
+  answer again (nothing happens twice); the same key with a different body is
+  ``409 {"code": "IDEMPOTENCY_KEY_REUSED"}``. A missing key is
+  ``400 {"code": "IDEMPOTENCY_KEY_MISSING"}``.
+* The behaviour of a new request is its mode: the provider's current mode (``POST /_control/mode``
+  with ``{"mode": ...}``), overridden per request by a ``mode`` query parameter or a top-level
+  ``synthetic_mode`` body field:
+
+  ==========  ==============================================================  ==============
+  mode        answer                                                          lookup says
+  ==========  ==============================================================  ==============
+  normal      ``202 {"reference": "syn_..."}``                                executed (200)
+  refuse      ``422 {"code": "INSUFFICIENT_FUNDS"}``                          not found (404)
+  error       ``500`` with no body (it failed before acting)                  not found (404)
+  hang        reads the request, acts on it, never answers                    executed (200)
+  reset       reads the request, acts on it, drops the connection             executed (200)
+  ==========  ==============================================================  ==============
+
+* ``GET /payouts/{idempotency_key}``: ``200 {"reference", "status": "executed"}`` for a key it
+  acted on, ``404 {"code": "NOT_FOUND"}`` otherwise.
+* ``GET /_control/received``: how many payout requests arrived and their keys, so a test or the
+  demo can assert that nothing reached the provider (shadow mode, refusals).
+* ``GET /``: says that this is a synthetic provider.
+
+Run it alone with ``python -m agentsafe.executor.tools.synthetic --port N``; it binds loopback only
+and prints its base URL on standard output once it is listening. Tests use
+:class:`SyntheticProvider` in-process (``await provider.start()``, ``await provider.stop()``).
+
+Callers: ``e2e/cluster/tls_provider.py``, the integration tests; the harness (so the demo, the
+crash tests and the benchmarks) starts it as its own process,
+``python -m agentsafe.executor.tools.synthetic``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from ..egress.transport import is_loopback_host
+
+__all__ = ["MODES", "ReceivedRequest", "SyntheticProvider", "main"]
+
+MODES = ("normal", "refuse", "error", "hang", "reset")
+_BANNER = "agentsafe SYNTHETIC provider: loopback only, moves no money, for demos and tests"
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    """One payout request as it arrived (tests read headers; the control API never shows them)."""
+
+    idempotency_key: str | None
+    headers: Mapping[str, str]
+    body: bytes
+    mode: str
+
+
+@dataclass
+class _Payout:
+    body: bytes
+    executed: bool
+    reference: str
+    answer: tuple[int, bytes | None] | None  # None: it never answered (hang, reset)
+
+
+@dataclass
+class _State:
+    mode: str = "normal"
+    payouts: dict[str, _Payout] = field(default_factory=dict)
+    received: list[ReceivedRequest] = field(default_factory=list)
+
+
+class SyntheticProvider:
+    """The synthetic provider as an object a test or the demo can start and inspect."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        if not is_loopback_host(host):
+            raise ValueError("the synthetic provider binds loopback only")
+        self.host = host
+        self.port = port
+        self.state = _State()
+        self._release = asyncio.Event()
+        self._runner: web.AppRunner | None = None
+        self.app = self._build_app()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> str:
+        self._release = asyncio.Event()
+        self._runner = web.AppRunner(
+            self.app, handle_signals=False, access_log=None, shutdown_timeout=1.0
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        return self.base_url
+
+    async def stop(self) -> None:
+        self._release.set()
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    # -- inspection ------------------------------------------------------------------------
+    @property
+    def received(self) -> list[ReceivedRequest]:
+        return list(self.state.received)
+
+    def executed_keys(self) -> list[str]:
+        return [key for key, payout in self.state.payouts.items() if payout.executed]
+
+    def set_mode(self, mode: str) -> None:
+        if mode not in MODES:
+            raise ValueError("unknown mode")
+        self.state.mode = mode
+
+    # -- the application -------------------------------------------------------------------
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024)
+        app.router.add_get("/", self._index)
+        app.router.add_post("/payouts", self._create)
+        app.router.add_get("/payouts/{key}", self._lookup)
+        app.router.add_post("/_control/mode", self._set_mode)
+        app.router.add_get("/_control/received", self._received)
+        app.on_shutdown.append(self._on_shutdown)
+        return app
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        self._release.set()
+
+    async def _index(self, request: web.Request) -> web.Response:
+        return _json(200, {"synthetic": True, "description": _BANNER, "modes": list(MODES)})
+
+    async def _set_mode(self, request: web.Request) -> web.Response:
+        try:
+            payload = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _json(400, {"code": "REQUEST_INVALID"})
+        mode = payload.get("mode") if isinstance(payload, dict) else None
+        if mode not in MODES:
+            return _json(400, {"code": "MODE_UNKNOWN"})
+        self.state.mode = mode
+        return _json(200, {"mode": mode})
+
+    async def _received(self, request: web.Request) -> web.Response:
+        keys = [r.idempotency_key for r in self.state.received]
+        return _json(200, {"count": len(keys), "keys": keys, "mode": self.state.mode})
+
+    async def _lookup(self, request: web.Request) -> web.Response:
+        payout = self.state.payouts.get(request.match_info["key"])
+        if payout is None or not payout.executed:
+            return _json(404, {"code": "NOT_FOUND"})
+        return _json(200, {"reference": payout.reference, "status": "executed"})
+
+    async def _create(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        key = request.headers.get("idempotency-key")
+        mode = self._mode_for(request, body)
+        self.state.received.append(
+            ReceivedRequest(
+                idempotency_key=key,
+                headers={k.lower(): v for k, v in request.headers.items()},
+                body=body,
+                mode=mode,
+            )
+        )
+        if not key:
+            return _json(400, {"code": "IDEMPOTENCY_KEY_MISSING"})
+        earlier = self.state.payouts.get(key)
+        if earlier is not None:
+            if earlier.body != body:
+                return _json(409, {"code": "IDEMPOTENCY_KEY_REUSED"})
+            if earlier.answer is None:  # it acted and never answered; answer now, as APIs do
+                return _json(202, {"reference": earlier.reference})
+            status, answer = earlier.answer
+            return web.Response(status=status, body=answer, content_type=_ct(answer))
+        reference = "syn_" + uuid.uuid4().hex[:20]
+        if mode == "refuse":
+            answer = json.dumps({"code": "INSUFFICIENT_FUNDS"}).encode()
+            self.state.payouts[key] = _Payout(body, False, reference, (422, answer))
+            return web.Response(status=422, body=answer, content_type="application/json")
+        if mode == "error":
+            self.state.payouts[key] = _Payout(body, False, reference, (500, None))
+            return web.Response(status=500)
+        self.state.payouts[key] = _Payout(body, True, reference, None)
+        if mode == "hang":
+            await self._release.wait()
+            raise web.HTTPServiceUnavailable()
+        if mode == "reset":
+            if request.transport is not None:
+                request.transport.abort()
+            raise web.HTTPServiceUnavailable()
+        answer = json.dumps({"reference": reference}).encode()
+        self.state.payouts[key].answer = (202, answer)
+        return web.Response(status=202, body=answer, content_type="application/json")
+
+    def _mode_for(self, request: web.Request, body: bytes) -> str:
+        mode = request.query.get("mode")
+        if mode in MODES:
+            return mode
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            payload = json.loads(body)
+            if isinstance(payload, dict) and payload.get("synthetic_mode") in MODES:
+                return str(payload["synthetic_mode"])
+        return self.state.mode
+
+
+def _ct(body: bytes | None) -> str | None:
+    return "application/json" if body else None
+
+
+def _json(status: int, payload: Any) -> web.Response:
+    return web.json_response(payload, status=status)
+
+
+async def _serve(host: str, port: int) -> None:
+    provider = SyntheticProvider(host=host, port=port)
+    url = await provider.start()
+    print(url, flush=True)
+    print(_BANNER, file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await provider.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m agentsafe.executor.tools.synthetic", description=_BANNER
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="a loopback address")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    args = parser.parse_args(argv)
+    if not is_loopback_host(args.host):
+        parser.error("the synthetic provider binds loopback only")
+    asyncio.run(_serve(args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

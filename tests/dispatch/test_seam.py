@@ -1,0 +1,366 @@
+"""The handler seam: registration rules and how every way a handler can end is classified."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.dispatch.seam import (
+    Authorization,
+    Dispatch,
+    ExecutionContext,
+    Outcome,
+    ProviderRefused,
+    ReconcileResult,
+    ReconcileStatus,
+    Registry,
+)
+from agentsafe.executor.egress.transport import TransportError
+from agentsafe.executor.errors import AgentSafeError, HandlerError, JournalError, RequestRejected
+from agentsafe.executor.events import MemorySink
+from tests.support.intents import make_intent
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["amountMinor", "currency"],
+    "properties": {
+        "amountMinor": {"type": "integer", "minimum": 1},
+        "currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
+    },
+}
+
+
+def make_ctx(clock: ManualClock, *, grant_seconds: float = 30.0) -> ExecutionContext:
+    intent = make_intent(now=clock.now())
+    auth = Authorization("dec-1", "dos-1", "grant-1", expires_at=clock.now() + grant_seconds)
+    return ExecutionContext.create(intent=intent, authorization=auth, clock=clock)
+
+
+class ScriptedHandler:
+    """A handler whose behaviour each test scripts; it records what the seam let it do."""
+
+    def __init__(self, script: str, *, schema: Mapping[str, Any] = SCHEMA) -> None:
+        self.script = script
+        self.parameters_schema = schema
+        self.ran = False
+        self.sent_keys: list[str] = []
+        self.order: list[str] | None = None
+
+    async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+        self.ran = True
+        if self.order is not None:
+            self.order.append("handler")
+        if self.script == "raise_before":
+            raise RuntimeError("broke before dispatch")
+        if self.script == "agentsafe_before":
+            raise HandlerError("nope", code="CREDENTIAL_INVALID")
+        if self.script == "no_dispatch":
+            return {"ok": True}
+
+        async def send(key: str) -> str:
+            self.sent_keys.append(key)
+            if self.script == "raise_inside":
+                raise ConnectionResetError("reset after send")
+            if self.script == "not_sent":
+                raise TransportError("TRANSPORT_CONNECT_FAILED", False)
+            if self.script == "maybe_sent":
+                raise TransportError("EGRESS_TIMEOUT", True)
+            return "sent"
+
+        await dispatch.run(send)
+        if self.script == "raise_after":
+            raise HandlerError("provider said 500", code="PROVIDER_ERROR")
+        if self.script == "refused":
+            raise ProviderRefused("INSUFFICIENT_FUNDS", status=422)
+        if self.script == "twice":
+            await dispatch.run(send)
+        if self.script == "bad_result":
+            return {"value": float("nan")}
+        return {"status": 202, "accepted": True}
+
+    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
+        if self.script == "reconcile_raises":
+            raise OSError("lookup failed")
+        return ReconcileResult(ReconcileStatus.COMPLETED, provider_reference=idempotency_key)
+
+
+async def _noop(_: ExecutionContext) -> None:
+    return None
+
+
+def sealed(handler: ScriptedHandler, *, security: MemorySink | None = None) -> Registry:
+    registry = Registry(security=security)
+    registry.register("create_payout", handler)
+    registry.seal()
+    return registry
+
+
+# -- value objects ---------------------------------------------------------------------------
+
+
+def test_outcomes_are_the_contract_names() -> None:
+    assert [o.value for o in Outcome] == [
+        "COMPLETED",
+        "BLOCKED",
+        "FAILED_BEFORE_DISPATCH",
+        "UNKNOWN_AFTER_DISPATCH",
+        "DEFINITELY_NOT_EXECUTED",
+        "ESCALATE_PENDING",
+    ]
+
+
+def test_authorization_wire_form_uses_millisecond_timestamps() -> None:
+    auth = Authorization("dec-1", "dos-1", "grant-1", expires_at=1_800_000_030.5)
+    assert auth.as_wire() == {
+        "decision_id": "dec-1",
+        "dossier_id": "dos-1",
+        "grant_id": "grant-1",
+        "expires_at": "2027-01-15T08:00:30.500Z",
+    }
+
+
+def test_remaining_follows_the_monotonic_clock_only() -> None:
+    clock = ManualClock()
+    ctx = make_ctx(clock, grant_seconds=10)
+    assert ctx.remaining() == pytest.approx(10)
+    clock._now -= 3600  # the wall clock is set back an hour: the deadline does not move
+    assert ctx.remaining() == pytest.approx(10)
+    clock.advance(4)
+    assert ctx.remaining() == pytest.approx(6)
+    clock.advance(7)
+    assert ctx.remaining() == 0.0
+
+
+# -- registration ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object"},
+        {"type": "object", "additionalProperties": True},
+        {"type": "object", "additionalProperties": {"type": "string"}},
+        {"type": "array", "additionalProperties": False},
+        {"type": "object", "additionalProperties": False, "properties": {"a": {"type": 7}}},
+        ["not", "a", "schema"],
+    ],
+)
+def test_register_requires_a_strict_valid_schema(schema: Any) -> None:
+    registry = Registry()
+    with pytest.raises(HandlerError) as err:
+        registry.register("create_payout", ScriptedHandler("ok", schema=schema))
+    assert err.value.code in {"SCHEMA_NOT_STRICT", "SCHEMA_INVALID"}
+    assert registry.names() == ()
+
+
+def test_register_refuses_duplicates_bad_names_and_anything_after_seal() -> None:
+    registry = Registry()
+    registry.register("create_payout", ScriptedHandler("ok"))
+    registry.register("forward_request", ScriptedHandler("ok"))
+    with pytest.raises(HandlerError) as dup:
+        registry.register("create_payout", ScriptedHandler("ok"))
+    assert dup.value.code == "ACTION_ALREADY_REGISTERED"
+    for bad in ("", "has space", "9starts-with-digit", "x" * 200):
+        with pytest.raises(HandlerError) as name:
+            registry.register(bad, ScriptedHandler("ok"))
+        assert name.value.code == "NAME_INVALID"
+    registry.seal()
+    with pytest.raises(HandlerError) as late:
+        registry.register("late_action", ScriptedHandler("ok"))
+    assert late.value.code == "REGISTRY_SEALED"
+    assert registry.names() == ("create_payout", "forward_request")
+    assert "create_payout" in registry
+    assert "late_action" not in registry
+
+
+def test_get_unknown_action_is_422_action_not_registered() -> None:
+    registry = sealed(ScriptedHandler("ok"))
+    with pytest.raises(RequestRejected) as err:
+        registry.get("delete_everything")
+    assert (err.value.status, err.value.code) == (422, "ACTION_NOT_REGISTERED")
+
+
+async def test_an_unsealed_registry_executes_nothing() -> None:
+    handler = ScriptedHandler("ok")
+    registry = Registry()
+    registry.register("create_payout", handler)
+    report = await registry.execute("create_payout", make_ctx(ManualClock()), on_claimed=_noop)
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.reason_codes == ("REGISTRY_NOT_SEALED",)
+    assert not handler.ran
+
+
+# -- classification --------------------------------------------------------------------------
+
+
+async def test_completed_after_dispatch_passes_the_idempotency_key() -> None:
+    handler = ScriptedHandler("ok")
+    report = await sealed(handler).execute(
+        "create_payout", make_ctx(ManualClock()), on_claimed=_noop
+    )
+    assert report.outcome is Outcome.COMPLETED
+    assert report.executed is True
+    assert report.dispatched is True
+    assert report.result == {"status": 202, "accepted": True}
+    assert report.reason_codes == ()
+    assert handler.sent_keys == ["payout-1-v1"]
+
+
+@pytest.mark.parametrize(
+    ("script", "outcome", "executed", "dispatched", "code"),
+    [
+        ("raise_before", Outcome.FAILED_BEFORE_DISPATCH, False, False, "HANDLER_FAILED"),
+        ("agentsafe_before", Outcome.FAILED_BEFORE_DISPATCH, False, False, "CREDENTIAL_INVALID"),
+        ("not_sent", Outcome.FAILED_BEFORE_DISPATCH, False, False, "TRANSPORT_CONNECT_FAILED"),
+        ("raise_inside", Outcome.UNKNOWN_AFTER_DISPATCH, None, True, "HANDLER_FAILED"),
+        ("maybe_sent", Outcome.UNKNOWN_AFTER_DISPATCH, None, True, "EGRESS_TIMEOUT"),
+        ("raise_after", Outcome.UNKNOWN_AFTER_DISPATCH, None, True, "PROVIDER_ERROR"),
+        ("twice", Outcome.UNKNOWN_AFTER_DISPATCH, None, True, "DISPATCH_TWICE"),
+        ("bad_result", Outcome.UNKNOWN_AFTER_DISPATCH, None, True, "HANDLER_CONTRACT_VIOLATED"),
+        ("no_dispatch", Outcome.FAILED_BEFORE_DISPATCH, False, False, "HANDLER_CONTRACT_VIOLATED"),
+        ("refused", Outcome.DEFINITELY_NOT_EXECUTED, False, True, "INSUFFICIENT_FUNDS"),
+    ],
+)
+async def test_how_a_handler_ends_decides_the_outcome(
+    script: str, outcome: Outcome, executed: bool | None, dispatched: bool, code: str
+) -> None:
+    report = await sealed(ScriptedHandler(script)).execute(
+        "create_payout", make_ctx(ManualClock()), on_claimed=_noop
+    )
+    assert report.outcome is outcome
+    assert report.executed is executed
+    assert report.dispatched is dispatched
+    assert code in report.reason_codes
+    assert report.result is None
+
+
+async def test_provider_refusal_is_reported_on_the_security_stream() -> None:
+    security = MemorySink()
+    await sealed(ScriptedHandler("refused"), security=security).execute(
+        "create_payout", make_ctx(ManualClock()), on_claimed=_noop
+    )
+    assert security.named("PROVIDER_REFUSED") == [
+        {"action": "create_payout", "reason_code": "INSUFFICIENT_FUNDS", "status": 422}
+    ]
+
+
+async def test_the_claim_is_journaled_before_the_handler_body() -> None:
+    handler = ScriptedHandler("ok")
+    order: list[str] = []
+    handler.order = order
+
+    async def on_claimed(ctx: ExecutionContext) -> None:
+        assert ctx.authorization.grant_id == "grant-1"
+        order.append("claimed")
+
+    report = await sealed(handler).execute(
+        "create_payout", make_ctx(ManualClock()), on_claimed=on_claimed
+    )
+    assert report.outcome is Outcome.COMPLETED
+    assert order == ["claimed", "handler"]
+
+
+async def test_a_journal_that_refuses_the_claim_stops_the_handler() -> None:
+    handler = ScriptedHandler("ok")
+
+    async def on_claimed(_: ExecutionContext) -> None:
+        raise JournalError("disk full")
+
+    report = await sealed(handler).execute(
+        "create_payout", make_ctx(ManualClock()), on_claimed=on_claimed
+    )
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.executed is False
+    assert report.reason_codes == ("JOURNAL_UNAVAILABLE",)
+    assert not handler.ran
+    assert handler.sent_keys == []
+
+
+async def test_invalid_parameters_never_reach_the_journal_or_the_handler() -> None:
+    clock = ManualClock()
+    bad = {"amountMinor": 5000, "currency": "USD", "beneficiary": "attacker"}
+    intent = make_intent(now=clock.now(), parameters=bad)
+    auth = Authorization("dec-1", "dos-1", "grant-1", expires_at=clock.now() + 30)
+    ctx = ExecutionContext.create(intent=intent, authorization=auth, clock=clock)
+    claimed: list[str] = []
+
+    async def on_claimed(_: ExecutionContext) -> None:
+        claimed.append("x")
+
+    handler = ScriptedHandler("ok")
+    report = await sealed(handler).execute("create_payout", ctx, on_claimed=on_claimed)
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.reason_codes == ("PARAMETERS_INVALID",)
+    assert claimed == []
+    assert not handler.ran
+
+
+async def test_parameters_that_differ_from_the_bound_intent_are_refused() -> None:
+    clock = ManualClock()
+    ctx = make_ctx(clock)
+    swapped = ExecutionContext(
+        intent=ctx.intent,
+        parameters={"amountMinor": 4999, "currency": "USD"},
+        authorization=ctx.authorization,
+        deadline_monotonic=ctx.deadline_monotonic,
+        clock=clock,
+    )
+    handler = ScriptedHandler("ok")
+    report = await sealed(handler).execute("create_payout", swapped, on_claimed=_noop)
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.reason_codes == ("GRANT_BINDING_MISMATCH",)
+    assert not handler.ran
+
+
+async def test_dispatch_refuses_once_the_grant_has_expired() -> None:
+    clock = ManualClock()
+    ctx = make_ctx(clock, grant_seconds=5)
+    handler = ScriptedHandler("ok")
+
+    async def slow_claim(_: ExecutionContext) -> None:
+        clock.advance(5.001)  # the journal's fsync took the rest of the grant
+
+    report = await sealed(handler).execute("create_payout", ctx, on_claimed=slow_claim)
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.reason_codes == ("GRANT_EXPIRED",)
+    assert handler.ran
+    assert handler.sent_keys == []
+
+
+async def test_unknown_action_at_execute_fails_before_dispatch() -> None:
+    report = await sealed(ScriptedHandler("ok")).execute(
+        "other", make_ctx(ManualClock()), on_claimed=_noop
+    )
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.reason_codes == ("ACTION_NOT_REGISTERED",)
+
+
+def test_provider_refused_is_an_agentsafe_error_with_the_reason() -> None:
+    refused = ProviderRefused("INSUFFICIENT_FUNDS", status=422)
+    assert isinstance(refused, AgentSafeError)
+    assert refused.code == "PROVIDER_REFUSED"
+    assert refused.reason == "INSUFFICIENT_FUNDS"
+
+
+# -- the read path ---------------------------------------------------------------------------
+
+
+async def test_reconcile_reads_and_never_executes() -> None:
+    handler = ScriptedHandler("ok")
+    registry = sealed(handler)
+    result = await registry.reconcile("create_payout", "payout-1-v1")
+    assert result == ReconcileResult(ReconcileStatus.COMPLETED, provider_reference="payout-1-v1")
+    assert not handler.ran
+
+
+async def test_reconcile_failures_are_unknown() -> None:
+    registry = sealed(ScriptedHandler("reconcile_raises"))
+    result = await registry.reconcile("create_payout", "k")
+    assert result.status is ReconcileStatus.UNKNOWN
+    assert result.reason_code == "RECONCILE_FAILED"
+    missing = await registry.reconcile("nope", "k")
+    assert missing == ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="ACTION_NOT_REGISTERED")

@@ -1,0 +1,74 @@
+"""Counters: fixed label names, bounded label values, OpenMetrics exposition."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from agentsafe.executor.host.metrics import ExecutorMetrics
+
+
+def test_two_instances_do_not_share_counts() -> None:
+    a, b = ExecutorMetrics(), ExecutorMetrics()
+    a.proposals.inc(verdict="ALLOW")
+    assert a.proposals.value(verdict="ALLOW") == 1
+    assert b.proposals.value(verdict="ALLOW") == 0
+
+
+def test_unknown_label_values_collapse_to_other() -> None:
+    metrics = ExecutorMetrics()
+    for i in range(100):
+        metrics.door_refusals.inc(method="bearer", code=f"ATTACKER_{i}")
+    metrics.door_refusals.inc(method="telepathy", code="AUTH_FAILED")
+    assert metrics.door_refusals.value(method="bearer", code="OTHER") == 100
+    assert metrics.door_refusals.value(method="OTHER", code="AUTH_FAILED") == 1
+
+
+def test_open_label_sets_are_capped() -> None:
+    metrics = ExecutorMetrics()
+    for i in range(40):
+        metrics.secret_rotations.inc(name=f"SECRET_{i}")
+    metrics.secret_rotations.inc(name="has spaces and <html>")
+    assert metrics.secret_rotations.value(name="SECRET_0") == 1
+    assert metrics.secret_rotations.value(name="OTHER") == 40 - 32 + 1
+
+
+def test_label_names_are_fixed() -> None:
+    metrics = ExecutorMetrics()
+    with pytest.raises(TypeError):
+        metrics.halts.inc(cause="FILE", extra="x")
+    with pytest.raises(TypeError):
+        metrics.halts.inc()
+
+
+def test_render_is_parseable_openmetrics() -> None:
+    metrics = ExecutorMetrics()
+    metrics.proposals.inc(verdict="BLOCK")
+    metrics.executions.inc(outcome="COMPLETED")
+    metrics.door_refusals.inc(method="workload", code="JWT_EXPIRED")
+    metrics.egress_refusals.inc(code="EGRESS_TIMEOUT")
+    metrics.halts.inc(cause="OPERATOR")
+    metrics.principals_locked.inc()
+    metrics.operator_actions.inc(action="halt")
+    metrics.posture_drift.inc(check="ROOT_WRITABLE")
+    metrics.redactions.inc()
+    metrics.tls_rotations.inc()
+    metrics.chained_lines.inc(stream="security")
+    body, content_type = metrics.render()
+    assert content_type.startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
+    assert samples[("agentsafe_proposals_total", (("verdict", "BLOCK"),))] == 1
+    assert (
+        samples[
+            ("agentsafe_door_refusals_total", (("code", "JWT_EXPIRED"), ("method", "workload")))
+        ]
+        == 1
+    )
+    assert samples[("agentsafe_principals_locked_total", ())] == 1
+    assert samples[("agentsafe_tls_context_rotations_total", ())] == 1
+    assert samples[("agentsafe_chained_lines_total", (("stream", "security"),))] == 1
