@@ -1,10 +1,11 @@
 """A real one-node Kubernetes cluster on this machine, with no Docker: ``make cluster-up``.
 
 Role: the Docker-free twin of ``kind create cluster``. ``up`` starts etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, containerd, kubelet, kube-proxy (nftables mode) and
+kube-controller-manager, kube-scheduler, containerd, kubelet, kube-proxy (nftables mode),
 kube-router (NetworkPolicy firewall only) and a local-volume provisioner (:mod:`provisioner`)
-as host processes, then CoreDNS as a pod, a default StorageClass, and the images pods run (``agentsafe:dev``
-built from the Dockerfile, the pause and CoreDNS images), and writes an admin kubeconfig to
+as host processes, then CoreDNS as a pod and a default StorageClass; it imports the images
+pods run (``agentsafe:dev`` built from the Dockerfile, the pause and CoreDNS images) and
+writes an admin kubeconfig to
 ``.cluster/kubeconfig``. ``down`` stops all of it and restores the host. Callers: ``make
 cluster-up`` / ``make cluster-down`` (``cd e2e && python -m cluster.node up|down|status``) and
 the e2e suite's ``--backend=node`` fixture.
