@@ -564,7 +564,9 @@ def _without_policy(scenario: Scenario, namespace: str, name: str, check: Callab
     return opened
 
 
-def test_network_policies_hold_by_traffic(scenario: Scenario, executor_pod: None) -> None:
+def test_network_policies_hold_by_traffic(
+    scenario: Scenario, executor_pod: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     plane = scenario.plane
     image = str(_executor_container(scenario)["image"])
     port = _executor_port(scenario)
@@ -639,7 +641,8 @@ def test_network_policies_hold_by_traffic(scenario: Scenario, executor_pod: None
         with _operator_paused(scenario):
             for what, namespace, name, check in checks:
                 assert _without_policy(scenario, namespace, name, check) == "open"
-                print(f"NetworkPolicy {namespace}/{name}: '{what}' blocked; open without it")
+                with capsys.disabled():
+                    print(f"\nNetworkPolicy {namespace}/{name}: {what}: blocked; open without it")
     finally:
         agent.stop()
         outsider.stop()
@@ -911,7 +914,9 @@ print(json.dumps({"first_503": first, "refusals": refusals}), flush=True)
 """
 
 
-def test_a_halt_switch_stops_every_executor_pod(scenario: Scenario, executor_pod: None) -> None:
+def test_a_halt_switch_stops_every_executor_pod(
+    scenario: Scenario, executor_pod: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Two executor pods; a probe pod beside the agent polls both every 10 ms. The latency is
     from just before ``kubectl patch`` starts to the last pod's first 503 (host and pods share
     one clock: it is one machine). Recorded, not asserted (docs/testing.md)."""
@@ -987,7 +992,9 @@ def test_a_halt_switch_stops_every_executor_pod(scenario: Scenario, executor_pod
         "kubectl_patch_seconds": round(patched - started, 3),
     }
     (scenario.workdir / "halt-latency.json").write_text(json.dumps(record))
-    print(f"halt: every executor pod refused {latency:.3f} s after kubectl patch started {record}")
+    with capsys.disabled():
+        print(f"\nhalt: every executor pod refused {latency:.3f} s after kubectl patch started")
+        print(f"halt: {json.dumps(record)}")
     _set_halt(scenario, False)
     _resumed(scenario)
 
