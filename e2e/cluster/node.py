@@ -46,9 +46,11 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -719,9 +721,6 @@ def _wait(what: str, probe: Any, *, deadline: float, state: State, names: Sequen
 
 
 def _https_ok(url: str, *, ca: Path, cert: Path, key: Path) -> bool:
-    import ssl
-    import urllib.request
-
     context = ssl.create_default_context(cafile=str(ca))
     context.load_cert_chain(str(cert), str(key))
     with urllib.request.urlopen(url, context=context, timeout=5) as reply:
@@ -729,8 +728,6 @@ def _https_ok(url: str, *, ca: Path, cert: Path, key: Path) -> bool:
 
 
 def _http_ok(url: str) -> bool:
-    import urllib.request
-
     with urllib.request.urlopen(url, timeout=5) as reply:
         return bool(reply.status == 200)
 
