@@ -13,18 +13,19 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
-	@echo "make test       lint, type-check (mypy --strict) and run the whole test suite"
+	@echo "make test       $(TEST_STAGES), in this order, each timed"
 	@echo "make lint       ruff check, ruff format --check and the layer contracts (lint-imports)"
 	@echo "make format     ruff format and ruff check --fix"
 	@echo "make typecheck  mypy --strict on executor/ and operator/"
-	@echo "make unit       the test suite only (tests/)"
-	@echo "make e2e        the end-to-end suite against a real kube-apiserver (builds it once)"
+	@echo "make unit       the test suite only (tests/), in parallel (UNIT_WORKERS=$(UNIT_WORKERS))"
+	@echo "make e2e-build  build (or find, cached by version) every binary the e2e suite needs"
+	@echo "make e2e        e2e-build, then the end-to-end suite against a real kube-apiserver"
 	@echo "make e2e-kind   the same scenarios on kind (needs docker, kind, kubectl, helm)"
 	@echo "make bench      benchmarks/ (prints ratios to a raw aiohttp baseline)"
 	@echo "make cluster-up    a real one-node cluster here, no Docker (kubeconfig: .cluster/kubeconfig)"
 	@echo "make cluster-down  stop it and restore the host (idempotent)"
 	@echo "make cluster-status  is a node running (-o json: make cluster-status OUTPUT=json)"
-	@echo "make e2e-node   the e2e scenarios on that node (brings it up first)"
+	@echo "make e2e-node   the scenario on that node (brings it up first, down after)"
 	@echo "make image      build agentsafe:dev with buildah (no Docker)"
 
 $(STAMP): pyproject.toml
@@ -35,6 +36,7 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)
+	@:
 
 demo: $(STAMP)
 	$(BIN)/agentsafe demo
@@ -56,21 +58,29 @@ typecheck: $(STAMP)
 	@ln -sfn ../../../operator build/typecheck/agentsafe/operator
 	MYPYPATH=build/typecheck $(BIN)/mypy -p agentsafe.executor -p agentsafe.operator
 
-unit: $(STAMP)
-	$(BIN)/pytest -q
+# pytest-xdist workers for tests/. Most tests wait on sockets and subprocesses, so more workers
+# than cores still pays off; tests that cannot share the machine carry an xdist_group mark.
+UNIT_WORKERS ?= 4
 
-# The end-to-end suite builds kube-apiserver, etcd, kubectl, kube-controller-manager and helm
-# from the Go module proxy on first use (cached under ~/.cache/agentsafe); without Go it skips
-# with one line, unless AGENTSAFE_E2E=require (set by .ci/run) makes that a failure.
+unit: $(STAMP)
+	$(BIN)/pytest -q -n $(UNIT_WORKERS) --dist loadgroup --durations=10
+
+# Every binary the suites need (kube-apiserver, kubectl, kube-controller-manager, etcd, helm),
+# built from the Go module proxy with progress lines, or found in the cache (~/.cache/agentsafe,
+# by version). A new binary is a new step in e2e/cluster/build.py, which stays the one entry point.
+# Without Go it builds nothing and the suite skips with one line, unless AGENTSAFE_E2E=require
+# (set by .ci/run) makes that a failure. The suite's fixtures never build: no test timeout ever
+# covers a build.
+e2e-build: $(STAMP)
+	$(BIN)/python e2e/cluster/build.py
+	$(BIN)/python e2e/cluster/node_build.py
+
 # Two parts: the loopback control plane (chart, CRDs, tokens; no kubelet), then the scenario on
 # the real one-node cluster (`cluster.node run`: up, pytest, down even on failure; a node that
 # cannot start skips with one line, or fails under AGENTSAFE_E2E=require as in CI).
-e2e: $(STAMP)
+e2e: e2e-build
 	$(BIN)/pytest -q e2e
 	$(NODE_CLI) run -- $(abspath $(BIN))/pytest -q test_scenario.py --backend=node -p no:cacheprovider
-
-e2e-build: $(STAMP)
-	$(BIN)/python e2e/cluster/build.py
 
 e2e-kind: $(STAMP)
 	bash e2e/kind/run.sh
@@ -78,7 +88,7 @@ e2e-kind: $(STAMP)
 # The one-node cluster (e2e/cluster/node.py): control plane, containerd, kubelet, kube-proxy,
 # kube-router, CoreDNS and storage as host processes and pods; root and Debian packages needed
 # (docs/cluster.md). Run from e2e/ so that the repository root never reaches sys.path.
-NODE_CLI := cd e2e && $(abspath $(BIN))/python -m cluster.node
+NODE_CLI = cd e2e && $(abspath $(BIN))/python -m cluster.node
 OUTPUT ?= text
 
 image: $(STAMP)
@@ -96,10 +106,17 @@ cluster-down: $(STAMP)
 cluster-status: $(STAMP)
 	$(NODE_CLI) status -o $(OUTPUT)
 
-e2e-node: $(STAMP)
+e2e-node: e2e-build
 	$(NODE_CLI) run -- $(abspath $(BIN))/pytest -q test_scenario.py --backend=node -p no:cacheprovider
 
-test: lint typecheck unit e2e
+# `make test` runs these targets in this order, each timed by .ci/stage (.ci/run prints the
+# summary). e2e-build comes before any pytest starts.
+TEST_STAGES := venv lint typecheck e2e-build unit e2e
+
+test:
+	@for stage in $(TEST_STAGES); do \
+	  bash .ci/stage $$stage $(MAKE) --no-print-directory $$stage || exit $$?; \
+	done
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/lifecycle.py

@@ -2,27 +2,39 @@
 
 Role: give every e2e test a running ``etcd`` + ``kube-apiserver`` (and
 ``kube-controller-manager`` for garbage collection when it was built) on loopback, with an
-admin kubeconfig. The binaries come from :mod:`cluster.build` (built once into the cache
-outside the repository). When they cannot be had (no Go toolchain, build failed) the suite is
-skipped with one reason line — unless ``AGENTSAFE_E2E=require`` (set by ``.ci/run``), which
-turns that into a failure.
+admin kubeconfig. The binaries come from :mod:`cluster.build`, which ``make e2e-build`` (a
+prerequisite of ``make e2e`` and ``make test``) runs before pytest starts: no test timeout ever
+covers a build. This module only finds them. When one is missing the session fails at once,
+naming it and the command that builds it; only where they cannot be built at all (no Go
+toolchain) is the suite skipped with one reason line — unless ``AGENTSAFE_E2E=require`` (set by
+``.ci/run``), which turns that into a failure too.
 
 ``--backend=local`` (default) is the loopback control plane; ``--backend=node`` is the real
-one-node cluster of :mod:`cluster.node` (``make cluster-up``; brought up here when none runs,
-and then brought down after) with the chart installed from ``agentsafe:dev``;
-``--backend=kind`` uses the cluster the current kubeconfig points at (see ``e2e/kind/``).
+one-node cluster of :mod:`cluster.node`, which must be running (``make cluster-up``, or ``make
+e2e-node``/``make e2e``, which bring it up before pytest and down after), with the chart
+installed here from ``agentsafe:dev``; ``--backend=kind`` uses the cluster the current
+kubeconfig points at (see ``e2e/kind/``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster.build import Binaries, BuildRequest, BuildUnavailable, Tools, ensure_binaries
+from cluster.build import (
+    BUILD_COMMAND,
+    REQUIRE_ENV,
+    Binaries,
+    BuildRequest,
+    Tools,
+    cached_binaries,
+    e2e_required,
+    go_executable,
+    missing_binaries,
+)
 from cluster.chart_install import install_chart
 from cluster.control_plane import (
     ControlPlane,
@@ -31,58 +43,32 @@ from cluster.control_plane import (
     running_control_plane,
 )
 
-REQUIRE_ENV = "AGENTSAFE_E2E"
-
-
-@contextlib.contextmanager
-def node_cluster(config: pytest.Config) -> Iterator[Path]:
-    """The node's admin kubeconfig: a running node is reused (and left running); otherwise one
-    is brought up for the session and brought down after it."""
-    from cluster import node
-
-    before = node.status()
-    try:
-        cluster = node.up()
-    except (node.NodeError, BuildUnavailable) as error:
-        _unavailable(f"the one-node cluster cannot start here: {str(error).splitlines()[0]}")
-        raise  # unreachable: _unavailable always raises
-    try:
-        yield cluster.kubeconfig
-    finally:
-        if not before.get("running") and os.environ.get("AGENTSAFE_E2E_KEEP_NODE") != "1":
-            node.down()
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--backend",
         choices=("local", "node", "kind"),
         default="local",
-        help="local: loopback etcd+kube-apiserver; node: a real one-node cluster on this "
+        help="local: loopback etcd+kube-apiserver; node: the real one-node cluster on this "
         "machine (make cluster-up); kind: the current kubeconfig's cluster",
     )
 
 
 def _unavailable(message: str) -> None:
-    if os.environ.get(REQUIRE_ENV, "").lower() == "require":
+    if e2e_required():
         pytest.fail(f"{REQUIRE_ENV}=require and {message}", pytrace=False)
     pytest.skip(f"e2e suite skipped: {message} (set {REQUIRE_ENV}=require to fail instead)")
 
 
-@contextlib.contextmanager
-def _uncaptured(config: pytest.Config) -> Iterator[None]:
-    """Let build progress reach the terminal: a cold build takes many minutes."""
-    capture = config.pluginmanager.getplugin("capturemanager")
-    if capture is None:
-        yield
-        return
-    with capture.global_and_fixture_disabled():
-        yield
+def _running_node() -> Path:
+    """The running node's admin kubeconfig. The suite never brings a node up itself (that
+    builds images and takes minutes): ``make e2e-node`` does, before pytest starts."""
+    from cluster import node
 
-
-def _build_request() -> BuildRequest:
-    gc = os.environ.get("AGENTSAFE_E2E_GC", "1") != "0"
-    return BuildRequest(controller_manager=gc)
+    info = node.status()
+    if not info.get("running") or not info.get("ready"):
+        _unavailable("no one-node cluster is running here (make cluster-up, or make e2e-node)")
+    return Path(str(info["kubeconfig"]))
 
 
 @pytest.fixture(scope="session")
@@ -91,17 +77,22 @@ def backend(pytestconfig: pytest.Config) -> str:
 
 
 @pytest.fixture(scope="session")
-def k8s_binaries(pytestconfig: pytest.Config, backend: str) -> Binaries:
-    """kube-apiserver, kubectl, etcd, helm (built into the cache on first use)."""
+def k8s_binaries(backend: str) -> Binaries:
+    """kube-apiserver, kubectl, etcd, helm from the cache; never builds (see BUILD_COMMAND)."""
     if backend == "kind":
         pytest.skip("locally built Kubernetes binaries belong to --backend=local and node")
-    try:
-        with _uncaptured(pytestconfig):
-            return ensure_binaries(_build_request())
-    except BuildUnavailable as error:
-        first_line = str(error).splitlines()[0]
-        _unavailable(f"the Kubernetes binaries cannot be built here: {first_line}")
-        raise  # unreachable: _unavailable always raises
+    request = BuildRequest.from_environment()
+    found = cached_binaries(request)
+    if found is not None:
+        return found
+    if go_executable() is None:
+        _unavailable(f"no Go toolchain to build the Kubernetes binaries ({BUILD_COMMAND} needs go)")
+    missing = "\n  ".join(missing_binaries(request))
+    pytest.fail(
+        f"the e2e binaries are not built; run `{BUILD_COMMAND}` first"
+        f" (or `.venv/bin/python e2e/cluster/build.py`). Missing:\n  {missing}",
+        pytrace=False,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -129,12 +120,9 @@ def control_plane(request: pytest.FixtureRequest, backend: str) -> Iterator[Cont
             yield attached
         return
     if backend == "node":
-        with _uncaptured(request.config), node_cluster(request.config) as kubeconfig_path:
-            tools = request.getfixturevalue("k8s_tools")
-            with attached_cluster(kubeconfig_path, tools) as attached:
-                with _uncaptured(request.config):
-                    install_chart(attached)
-                yield attached
+        with attached_cluster(_running_node(), request.getfixturevalue("k8s_tools")) as attached:
+            install_chart(attached)
+            yield attached
         return
     binaries: Binaries = request.getfixturevalue("k8s_binaries")
     try:
