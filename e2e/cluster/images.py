@@ -30,7 +30,6 @@ Every build prints a progress line per step; the images land in buildah's local 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import os
 import re
@@ -324,11 +323,6 @@ def export_archive(name: str, target: Path) -> Path:
         what=f"export {name}",
     )
     return target
-
-
-@dataclasses.dataclass(frozen=True)
-class Archives:
-    paths: dict[str, Path]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
