@@ -35,7 +35,7 @@ from .assembly import build_credential, build_door, build_tls, build_transport, 
 from .clock import Clock, SystemClock
 from .config import ExecutorConfig, load_config
 from .dispatch.forward import ForwardRequestHandler
-from .dispatch.seam import ReconcileResult, ReconcileStatus, Registry
+from .dispatch.seam import Registry
 from .door.workload import JwksSource
 from .errors import AgentSafeError, ConfigError, RequestRejected
 from .events import SECURITY_SCHEMA, DeferredSink, EventSink, JsonLinesSink, Streams
@@ -51,6 +51,7 @@ from .host.posture import PostureInputs, PostureMonitor, PostureReport, check_po
 from .host.secrets import SecretStore, inspect_sources
 from .host.tlsctx import ReloadingTlsContext
 from .lifecycle.answers import reconciled_answer
+from .lifecycle.catalog import ActionReconciler, PolicyCatalog
 from .lifecycle.ceilings import HostCeilings
 from .lifecycle.pipeline import Pipeline
 from .lifecycle.reconcile import Resolution, ResolutionStatus, reconcile_open_attempts
@@ -76,29 +77,6 @@ log = logging.getLogger("agentsafe.executor")
 DRAIN_SECONDS = 20.0
 HALT_FILE_POLL_SECONDS = 0.5
 SECRETS_POLL_SECONDS = 5.0
-
-
-class _PolicyCatalog:
-    def __init__(self, policy: CompiledPolicy) -> None:
-        self._policy = policy
-
-    def handler_for(self, action: str) -> str | None:
-        compiled = self._policy.actions.get(action)
-        return compiled.handler if compiled is not None else None
-
-
-class _ActionReconciler:
-    """The read path for startup reconciliation: a policy action's handler, asked by key."""
-
-    def __init__(self, catalog: _PolicyCatalog, registry: Registry) -> None:
-        self._catalog = catalog
-        self._registry = registry
-
-    async def reconcile(self, action: str, idempotency_key: str) -> ReconcileResult:
-        handler = self._catalog.handler_for(action)
-        if handler is None:
-            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="ACTION_NOT_REGISTERED")
-        return await self._registry.reconcile(handler, idempotency_key)
 
 
 @dataclass
@@ -301,7 +279,9 @@ class Executor:
         if self.journal is not None:
             resolutions = await reconcile_open_attempts(
                 self.journal,
-                reconciler=_ActionReconciler(_PolicyCatalog(self.policy), self.registry),
+                reconciler=ActionReconciler(
+                    PolicyCatalog(self.policy, self.registry), self.registry
+                ),
                 streams=self.streams,
             )
             for resolution in resolutions:
@@ -609,10 +589,10 @@ async def assemble(
         shadow = ShadowReport()
         holder: dict[str, Executor] = {}
         pipeline = Pipeline(
-            mode=config.executor_mode.value,
+            mode=config.executor_mode,
             authority=authority,
             signer=authority,
-            catalog=_PolicyCatalog(policy),
+            catalog=PolicyCatalog(policy, registry),
             registry=registry,
             store=store,
             journal=journal,
@@ -626,7 +606,7 @@ async def assemble(
             refusal=lambda: holder["executor"].refusal(),
             on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
             metrics=metrics,
-            escalation=config.executor_escalation.value,
+            escalation=config.executor_escalation,
             on_forbidden=door.record_refusal,
         )
         executor = Executor(

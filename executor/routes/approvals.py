@@ -8,9 +8,10 @@ listed by the rule lists what they may decide and decides it once:
 - ``GET /v1/approvals/{request_id}``: one of them, with the intent it would release;
 - ``POST /v1/approvals/{request_id}`` ``{"decision": "APPROVE"|"DENY", "reason": "..."}``.
 
-An approver can never decide an intent its own actor proposed (422
-SEPARATION_OF_DUTIES_VIOLATED); a second decision is 409 APPROVAL_ALREADY_DECIDED. The proposer
-then presents its escalation object to ``POST /v1/escalations`` (``pipeline.py``).
+An approver can never decide an intent its own actor or id proposed (422
+SEPARATION_OF_DUTIES_VIOLATED, :func:`~agentsafe.executor.intent.check_separation`); a second
+decision is 409 APPROVAL_ALREADY_DECIDED. The proposer then presents its escalation object to
+``POST /v1/escalations`` (``pipeline.py``).
 
 Callers: ``serve.py`` adds these routes.
 """
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..clock import Clock, format_ms
 from ..errors import RequestRejected
 from ..events import Streams
+from ..intent import CapturedIntent, check_separation
 from ..principals import Principal, Role
 from ..state.usestore import ApprovalError, ApprovalRecord, ApprovalState, UseStore
 from .app import Door, read_json
@@ -111,15 +113,10 @@ def add_approval_routes(
                 'the body must be {"decision": "APPROVE"|"DENY", "reason": "..."}',
             ) from None
         record = _visible(await store.approval_get(request.match_info["request_id"]), approver)
-        actor = approver.actor.id if approver.actor is not None else None
-        if approver.id == record.request.proposer_principal or (
-            actor is not None and actor == record.request.proposer_actor
-        ):
-            raise RequestRejected(
-                422,
-                "SEPARATION_OF_DUTIES_VIOLATED",
-                "an approver cannot decide an intent its own actor proposed",
-            )
+        check_separation(
+            approver,
+            CapturedIntent(binding=record.request.intent, intent_hash=record.request.intent_hash),
+        )
         try:
             decided = await store.approval_decide(
                 record.request.request_id,
