@@ -11,7 +11,7 @@ Each refusal is a :class:`TokenRefused` with its own code.
 No JWT library: the format is small and the strictness is the point.
 
 Callers: ``authority.py`` (grants and other signed tokens), ``app.py`` (the JWKS route
-``GET /.well-known/agentsafe-grant-jwks.json``), ``serve.py`` (loading the signing key).
+``GET /.well-known/agentsafe-grant-jwks.json``), ``assembly.py`` (loading the signing key).
 """
 
 from __future__ import annotations

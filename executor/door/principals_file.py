@@ -17,7 +17,8 @@ The result is a :class:`PrincipalSet`, the door's lookup table: bearer tokens by
 in constant time against every bearer principal, workload tokens by (issuer, subject),
 certificates by SAN URI. Reloading is loading again and swapping the set.
 
-Callers: ``serve.py`` at start and on ``POST /v1/control/secrets/reload``, ``door.py``,
+Callers: ``assembly.py`` (at start, and the loader the control plane runs on
+``POST /v1/control/secrets/reload``), ``door.py``,
 the operator (renders the same :class:`PrincipalsDocument`).
 """
 

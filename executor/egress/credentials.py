@@ -16,7 +16,7 @@ for headers at the moment of dispatch (before the point of no return) and never 
 :data:`RESERVED_HEADERS` are the headers a handler sets itself; no credential may supply one.
 
 A credential that cannot produce headers raises :class:`CredentialUnavailable`; the handler maps it
-to FAILED_BEFORE_DISPATCH (nothing was sent). Callers: ``serve.py`` (construction from the
+to FAILED_BEFORE_DISPATCH (nothing was sent). Callers: ``assembly.py`` (construction from the
 configuration), ``forward.py`` (``headers_for``).
 """
 

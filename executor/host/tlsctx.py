@@ -22,7 +22,7 @@ key's value changed; connections already open keep the context they negotiated. 
 fails (a half-written file, a key that does not match the certificate) keeps the previous
 context and is ``TLS_RELOAD_REFUSED``; a success is ``TLS_CONTEXT_ROTATED``.
 
-Callers: ``serve.py`` (builds and watches), the door (:func:`peer_san_uris`,
+Callers: ``assembly.py`` (builds), ``plane.py`` (watches), the door (:func:`peer_san_uris`,
 :func:`certificate_sha256`), ``app.py`` (:func:`peer_certificate_der`).
 """
 

@@ -23,7 +23,7 @@ atomically, in the use store. :meth:`LocalAuthority.sign_token` / :meth:`verify_
 executor's other hand-outs (escalation objects, recovery references) under the same key.
 
 Callers: ``pipeline.py`` (evaluate, claim, finalize), ``app.py`` (the JWKS route, escalation and
-recovery tokens), ``serve.py`` (construction).
+recovery tokens), ``assembly.py`` (construction).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ unknown or forbidden fields (tenant, actor, credentials) with 400 REQUEST_INVALI
 is ``{"error": {"code", "message"}}`` and echoes nothing from the request.
 
 The order inside a route: the door (authentication, role, scope), then the body, then the
-pipeline. Callers: ``serve.py`` builds the application; tests drive it over real sockets.
+pipeline. Callers: ``plane.py`` builds the application; tests drive it over real sockets.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ SEPARATION_OF_DUTIES_VIOLATED, :func:`~agentsafe.executor.intent.check_separatio
 decision is 409 APPROVAL_ALREADY_DECIDED. The proposer then presents its escalation object to
 ``POST /v1/escalations`` (``pipeline.py``).
 
-Callers: ``serve.py`` adds these routes.
+Callers: ``plane.py`` adds these routes.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 Every route passes the door as an OPERATOR with the route's scope; every action is one
 ``OPERATOR_ACTION`` line on the security stream with the principal and the action, and one count.
-The work itself is done by the :class:`ControlPlane` (``serve.Executor``); this module is only the
+The work itself is done by the :class:`ControlPlane` (``plane.Executor``); this module is only the
 HTTP shape.
 
-Callers: ``serve.py`` adds these routes to the application.
+Callers: ``plane.py`` adds these routes to the application.
 """
 
 from __future__ import annotations

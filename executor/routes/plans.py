@@ -10,7 +10,7 @@
 Refusals keep the plan library's stable codes; an execution failure that produced a receipt
 answers with the receipt beside the error so the host can reconcile.
 
-Callers: ``serve.py`` adds these routes when the policy has a ``plans`` section.
+Callers: ``plane.py`` adds these routes when the policy has a ``plans`` section.
 """
 
 from __future__ import annotations

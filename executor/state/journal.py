@@ -27,7 +27,7 @@ Attempts opened before the retention window are not read.
 
 Callers: the pipeline (opened, closed), the seam's GRANT_CLAIMED decorator (grant_claimed),
 ``reconcile.py`` (scan, reconciled), ``POST /v1/reconciliations`` (reconciled by CALLER),
-``GET /v1/control/open-attempts``, ``serve.py`` (open, close).
+``GET /v1/control/open-attempts``, ``assembly.py`` (open), ``plane.py`` (close).
 """
 
 from __future__ import annotations
