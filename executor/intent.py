@@ -10,7 +10,9 @@ Also here: the structural bounds every request body passes before any other work
 or escalation presents only the caller's own intent (:func:`check_intent_owner`), and an approver
 never decides an intent it proposed (:func:`check_separation`).
 
-Callers: the HTTP layer (``app.py``), the pipeline, reconciliation, ``agentsafe verify intent``.
+Callers: the HTTP layer (``routes/app.py``), ``lifecycle/pipeline.py``,
+``lifecycle/reconcile.py``, ``dispatch/seam.py``, ``policy/authority.py``, ``config.py``
+(:class:`DownstreamTarget`).
 """
 
 from __future__ import annotations

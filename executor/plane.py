@@ -7,8 +7,8 @@ secret files, posture drift, TLS material, JWKS), and closes everything in rever
 :class:`WorkGate` is why new enforcement work is refused right now (a posture regression, a halt):
 the pipeline asks it before anything else, without knowing the control plane.
 
-Callers: ``assembly.py`` (builds both), ``serve.py`` (the process), tests. The control routes
-know it only through their ``ControlPlane`` protocol.
+Callers: ``assembly.py`` (builds both), tests; the process runs what ``assemble`` returns. The
+control routes know it only through their ``ControlPlane`` protocol.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ attestation inside it, then that the attestation is presented once within its le
 This module imports only the standard library, ``cryptography`` and agentsafe's own ``canonical``
 and ``httpsig`` modules, never aiohttp or the server, so a provider can use (or vendor) it alone.
 
-Callers: providers; ``synthetic.py`` (the demo provider); the CLI
-``agentsafe verify provider-request <vector>`` (:func:`main`).
+Callers: providers; ``cli.py`` (``agentsafe verify provider-request <vector>``, through
+:func:`main`).
 """
 
 from __future__ import annotations

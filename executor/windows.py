@@ -5,10 +5,11 @@ correction can neither open nor close a window. Memory is bounded: every keyed s
 most ``max_keys`` keys (least recently touched evicted first) and at most ``count`` timestamps
 per key, which is all a sliding window of ``count`` events needs.
 
-Callers: ``door.py`` (the unauthenticated window ``EXECUTOR_RATE_LIMIT_UNAUTHENTICATED``, the
-per-principal lockout ``EXECUTOR_AUTH_LOCKOUT`` and each principal's ``rate_limit``), ``halt.py``
-(the spike detectors ``EXECUTOR_HALT_ON_AUTH_FAILURES`` / ``EXECUTOR_HALT_ON_EGRESS_REFUSALS``),
-``principals_file.py`` (parsing a principal's ``rate_limit``).
+Callers: ``door/door.py`` (the unauthenticated window ``EXECUTOR_RATE_LIMIT_UNAUTHENTICATED``,
+the per-principal lockout ``EXECUTOR_AUTH_LOCKOUT`` and each principal's ``rate_limit``),
+``host/halt.py`` (the spike detectors ``EXECUTOR_HALT_ON_AUTH_FAILURES`` /
+``EXECUTOR_HALT_ON_EGRESS_REFUSALS``), ``door/principals_file.py`` (parsing a principal's
+``rate_limit``), ``config.py`` (parsing the rules), ``assembly.py``.
 """
 
 from __future__ import annotations

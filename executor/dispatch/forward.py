@@ -32,7 +32,7 @@ The credential (:class:`~agentsafe.executor.egress.credentials.DownstreamCredent
 headers no credential may set (``RESERVED_HEADERS``) come from the egress wing, which knows nothing
 of handlers.
 
-Callers: handler registration in ``assembly.py``; the demo; the integration tests.
+Callers: ``assembly.py`` (registers it as the ``forward_request`` handler); the integration tests.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ attempt stays open for reconciliation.
 ``reconcile.py`` imports them.
 
 Callers: the pipeline (execute), startup and caller reconciliation (reconcile, the read path
-only), ``forward.py`` and every other handler.
+only), ``dispatch/forward.py`` and every other handler.
 """
 
 from __future__ import annotations

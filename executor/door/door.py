@@ -32,7 +32,8 @@ Also here, the request-time check of an authenticated principal before any inten
 :func:`check_action`. The checks on a captured intent (owner, separation of duties) are in
 ``intent.py``: the door runs before any intent exists and never imports it.
 
-Callers: ``app.py`` (every non-public route), the pipeline (the action check).
+Callers: ``assembly.py`` (builds it), ``routes/door.py`` (adapts it to aiohttp for every
+non-public route).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ for headers at the moment of dispatch (before the point of no return) and never 
 
 A credential that cannot produce headers raises :class:`CredentialUnavailable`; the handler maps it
 to FAILED_BEFORE_DISPATCH (nothing was sent). Callers: ``assembly.py`` (construction from the
-configuration), ``forward.py`` (``headers_for``).
+configuration), ``dispatch/forward.py`` (the :class:`DownstreamCredential` contract and
+``headers_for`` at dispatch).
 """
 
 from __future__ import annotations

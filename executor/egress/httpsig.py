@@ -12,7 +12,8 @@ Why not ``http-message-signatures``/``http-sfv``: this module is imported by
 only, so a provider can vendor it; see ``docs/egress.md``. The tests cross-check our bases against
 the ``http-message-signatures`` package.
 
-Callers: ``credentials.SignedRequestCredential`` (signing), ``provider.verify_provider_request``.
+Callers: ``egress/credentials.py`` (``SignedRequestCredential``, signing), ``provider.py``
+(``verify_provider_request``).
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ the handler seam reports as UNKNOWN_AFTER_DISPATCH rather than guessing "not exe
 uses to refuse binding anywhere else; :data:`DEFAULT_MAX_RESPONSE_BYTES` is the guard's default
 body limit (``EXECUTOR_EGRESS_MAX_RESPONSE_BYTES``).
 
-Callers: ``egress.py`` (implements the protocol), ``forward.py`` and ``credentials.py`` (use it),
-``seam.py`` (maps ``sent`` to an outcome), ``synthetic.py`` (``is_loopback_host``).
+Callers: ``egress/guard.py`` (implements the protocol), ``dispatch/forward.py`` and
+``egress/credentials.py`` (use it), ``dispatch/seam.py`` (maps ``sent`` to an outcome),
+``tools/synthetic.py`` (``is_loopback_host``).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ..canonical import canonical_json, canonical_text, sha256_digest, sha256_hex
+from ..canonical import canonical_json, sha256_digest, sha256_hex
 from ..clock import Clock, format_ms
 from ..errors import AgentSafeError, CanonicalizationError
 from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
@@ -484,8 +484,3 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     report = verify_bundle(args[0], public_key=key)
     print(format_report(report))
     return 0 if report.ok else 1
-
-
-def manifest_text(manifest: Manifest) -> str:
-    """The manifest as written (the route's response body)."""
-    return canonical_text(manifest.document)

@@ -11,7 +11,8 @@ DUPLICATE, TRUNCATED_MIDDLE, MALFORMED. Findings that are not: RESUMPTION_GAP (a
 crash, announced by a ``CHAIN_RESUMED`` line with ``gap: true``), TRUNCATED_TAIL (a torn last
 line), CHAIN_RESTARTED (a new genesis, as after a restart without a journal directory).
 
-Callers: the CLI (``agentsafe verify chain``), ``bundle.verify_bundle``, tests.
+Callers: ``cli.py`` (``agentsafe verify chain``), ``evidence/bundle.py`` (``verify_bundle``),
+tests.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ downstream credential header (``<name>: <value>``).
 A redaction replaces the value with ``[REDACTED:<kind>]`` and never stops the line; the caller
 reports it (``LEAK_SUSPECTED`` on the security stream) naming the kind and where, never the value.
 
-Callers: ``chain.ChainedSink`` (every string field of every chained line, before hashing),
-:class:`RedactingLogFilter` (operational logs), ``bundle.export_bundle`` (free text), and the
-secret store, which calls :meth:`Redactor.set_secret` on load and on rotation.
+Callers: ``evidence/chain.py`` (``ChainedSink``: every string field of every chained line,
+before hashing), ``evidence/bundle.py`` (``export_bundle``: free text), ``serve.py`` (installs
+:class:`RedactingLogFilter` on the operational logs, and has the secret store call
+:meth:`Redactor.set_secret` on load and on rotation).
 """
 
 from __future__ import annotations

@@ -160,17 +160,11 @@ class Guard:
 
 _installed: Guard | None = None
 _install_lock = threading.Lock()
-_refusals: dict[str, int] = {}
 
 
 def installed_guard() -> Guard | None:
     """The guard this process installed, if any."""
     return _installed
-
-
-def refusal_counts() -> dict[str, int]:
-    """How many operations the guard refused, by code (self-test refusals included)."""
-    return dict(_refusals)
 
 
 def install_guard(
@@ -216,7 +210,6 @@ def _make_hook(
     realpath = os.path.realpath
     fspath = os.fspath
     fsdecode = os.fsdecode
-    refusals = _refusals
 
     def inside(path: Any, dir_fd: Any = None) -> bool:
         if isinstance(path, int):  # an already-open descriptor: its creation was checked
@@ -232,7 +225,6 @@ def _make_hook(
         return real in always or real in dirset or real.startswith(prefixes)
 
     def refuse(code: str, event: str) -> None:
-        refusals[code] = refusals.get(code, 0) + 1
         raise GuardRefused(code, event)
 
     def hook(event: str, args: tuple[Any, ...]) -> None:

@@ -6,9 +6,11 @@ distinct values) is counted as ``OTHER``, so no caller can grow the exposition w
 The registry is this object's own :class:`prometheus_client.CollectorRegistry`, never the global
 one, so two executors in one test process never share a count.
 
-Callers: the door (refusals, locks), the pipeline (proposals, executions), the egress guard,
-the halt, the secret store, the posture monitor, the redactor, the TLS context, the chained
-sinks, the control routes (operator actions); ``app.py`` serves :meth:`ExecutorMetrics.render`.
+Callers: ``door/door.py`` (refusals, locks), ``lifecycle/pipeline.py`` (proposals,
+executions), ``host/halt.py``, ``host/tlsctx.py``, ``routes/control.py`` (operator actions, and
+``GET /metrics`` serves :meth:`ExecutorMetrics.render`); ``assembly.py`` builds it and hands its
+counters to the egress guard, the secret store, the posture monitor, the redactor
+and the chained sinks.
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ key's value changed; connections already open keep the context they negotiated. 
 fails (a half-written file, a key that does not match the certificate) keeps the previous
 context and is ``TLS_RELOAD_REFUSED``; a success is ``TLS_CONTEXT_ROTATED``.
 
-Callers: ``assembly.py`` (builds), ``plane.py`` (watches), the door (:func:`peer_san_uris`,
-:func:`certificate_sha256`), ``app.py`` (:func:`peer_certificate_der`).
+Callers: ``assembly.py`` (builds), ``plane.py`` (watches), ``door/door.py``
+(:func:`peer_san_uris`, :func:`certificate_sha256`), ``routes/door.py``
+(:func:`peer_certificate_der`).
 """
 
 from __future__ import annotations

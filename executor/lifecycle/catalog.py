@@ -5,8 +5,8 @@ that handler is registered in this process (``None`` otherwise: the caller refus
 ACTION_NOT_REGISTERED). :class:`ActionReconciler` is the read path startup reconciliation uses:
 a journaled action's handler, asked what the provider did with an idempotency key.
 
-Callers: ``pipeline.py`` (through its ``ActionCatalog`` protocol), ``assembly.py`` and
-``plane.py``.
+Callers: ``assembly.py`` (the pipeline's catalog, which the pipeline sees through its
+``ActionCatalog`` protocol) and ``plane.py`` (startup reconciliation).
 """
 
 from __future__ import annotations

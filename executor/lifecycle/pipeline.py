@@ -18,7 +18,8 @@ checks are the door's and the intent's own (``check_action``, ``check_intent_own
 
 ``Pipeline.reconcile`` is the stateless, read-only ``POST /v1/reconciliations``.
 
-Callers: ``app.py`` (HTTP), ``assembly.py`` (construction), ``plane.py`` (holds it), tests.
+Callers: ``routes/app.py`` (HTTP), ``assembly.py`` (construction), ``plane.py`` (holds it),
+tests.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ turned into a zero-row receipt. A tool error is ``MCP_TOOL_ERROR`` (no server te
 The value handed back is the tool's ``structuredContent`` when present, else the list of its
 text blocks.
 
-Callers: hosts binding MCP read tools; the executor's plan routes.
+Callers: hosts binding MCP read tools, through the package's public API.
 """
 
 from __future__ import annotations

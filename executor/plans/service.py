@@ -13,7 +13,8 @@ receipt) with a stable code; :func:`status_for` suggests the HTTP status. The se
 state beyond what it is given: the policy, signers/verifiers, the use store, the audit sink, the
 executor registry and the clock.
 
-Callers: ``app.py`` (the plan routes).
+Callers: ``routes/plans.py`` (the plan routes), ``assembly.py`` (construction), the package's
+public API.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ with the grant signing key (``grants.sign_jws``) and verifiable against the auth
      "binding": {"intent_hash": ..., "execution_payload_digest": ...,
                  "execution_payload_canonicalization_profile": "RFC8785/JCS"}}
 
-Callers: ``authority.LocalAuthority.claim`` (issuing), tests and the demo provider (verifying).
+Callers: ``policy/authority.py`` (issuing, in ``LocalAuthority.claim``), tests (verifying).
+
+A provider verifies it with ``provider.py``, which stands alone.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ The variables a rule sees (:data:`VARIABLES`) are built by the authority from th
 ``principal`` (``{id, role, actor}``), ``tenant`` (string), ``context`` (the intent's context
 map) and ``now`` (a CEL ``timestamp``, the authority's clock). Integers are CEL ``int`` (int64).
 
-Callers: ``policy.py`` (compilation), ``authority.py`` (evaluation), ``benchmarks/cel_engines.py``.
+Callers: ``policy/policy.py`` (compilation), ``policy/authority.py`` (evaluation).
+
+``benchmarks/cel_engines.py`` times the two CEL engines this module could use.
 """
 
 from __future__ import annotations

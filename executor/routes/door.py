@@ -5,7 +5,8 @@ to the routes: it reads the ``Authorization`` header and the peer certificate of
 Failed attempts that never became a principal share one window, as the specification says, so the
 ``source`` is one constant rather than the peer address.
 
-Callers: ``app.py`` (through the ``Door`` protocol there), ``assembly.py``, ``plane.py``.
+Callers: ``assembly.py`` (builds it and hands it to every route, which sees it through the
+application's ``Door`` protocol), ``plane.py``.
 """
 
 from __future__ import annotations

@@ -25,9 +25,10 @@ last line (a crash mid-write; never acknowledged) is tolerated and reported, and
 the file is appended to again; any other damaged line is an error naming the file and line.
 Attempts opened before the retention window are not read.
 
-Callers: the pipeline (opened, closed), the seam's GRANT_CLAIMED decorator (grant_claimed),
-``reconcile.py`` (scan, reconciled), ``POST /v1/reconciliations`` (reconciled by CALLER),
-``GET /v1/control/open-attempts``, ``assembly.py`` (open), ``plane.py`` (close).
+Callers: ``lifecycle/attempt.py`` (opened, grant_claimed through the seam's GRANT_CLAIMED
+decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records reconciled by
+CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open), ``plane.py``
+(close, ``GET /v1/control/open-attempts``).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ example policy) and drives a scripted agent through the cases a platform team as
 
 Then it leaves the executor serving, prints how to call it with curl, and waits for Ctrl-C.
 
-Callers: ``cli.py`` (``agentsafe demo``), ``tests/test_demo.py``.
+Callers: ``cli.py`` (``agentsafe demo``); the integration tests run that command.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The demo, the crash tests and the benchmarks all need the same thing: a provider
 an ``agentsafe serve`` subprocess with a clean environment, a private working directory, and a way
 to wait for readiness (polling with a deadline, never sleeping blindly), SIGKILL and restart.
 
-Callers: ``demo.py``, tests, ``benchmarks/``.
+Callers: ``tools/demo.py``, tests, ``benchmarks/lifecycle.py``.
 """
 
 from __future__ import annotations

@@ -31,7 +31,9 @@ Run it alone with ``python -m agentsafe.executor.tools.synthetic --port N``; it 
 and prints its base URL on standard output once it is listening. Tests use
 :class:`SyntheticProvider` in-process (``await provider.start()``, ``await provider.stop()``).
 
-Callers: ``demo.py``, the integration tests.
+Callers: ``e2e/cluster/tls_provider.py``, the integration tests; the harness (so the demo, the
+crash tests and the benchmarks) starts it as its own process,
+``python -m agentsafe.executor.tools.synthetic``.
 """
 
 from __future__ import annotations

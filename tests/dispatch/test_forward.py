@@ -41,9 +41,8 @@ from agentsafe.executor.egress.transport import (
 from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.host.secrets import SecretHandle
-from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
-from agentsafe.executor.principals import Actor, legacy_principal
 from agentsafe.executor.tools.synthetic import SyntheticProvider
+from tests.support.intents import PAYOUT_PARAMETERS, make_intent
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -139,21 +138,6 @@ def secret(value: str = TOKEN) -> SecretHandle:
     return SecretHandle("DOWNSTREAM_CREDENTIAL", bytearray(value.encode()))
 
 
-def make_intent(clock: ManualClock, key: str, params: Mapping[str, Any]) -> CapturedIntent:
-    return capture_intent(
-        principal=legacy_principal(
-            tenant_id="7d1f4a52-3f0e-4d4b-9a57-0c3f7f2f9b11", actor=Actor("agent-1", "ai_agent")
-        ),
-        action="create_payout",
-        resource="payout:synthetic-beneficiary-1",
-        parameters=params,
-        idempotency_key=key,
-        target=DownstreamTarget("synthetic", "payouts.create", "http://127.0.0.1/payouts"),
-        now=clock.now(),
-        ttl_seconds=60,
-    )
-
-
 def build(
     base: str,
     transport: Transport,
@@ -185,7 +169,9 @@ async def run(
     grant_seconds: float = 30.0,
 ) -> tuple[ExecutionReport, ExecutionContext]:
     clock = ManualClock()
-    intent = make_intent(clock, key, params or {"amountMinor": 5000, "currency": "USD"})
+    intent = make_intent(
+        now=clock.now(), idempotency_key=key, parameters=params or PAYOUT_PARAMETERS
+    )
     auth = Authorization("dec-1", "dos-1", "grant-" + key, expires_at=clock.now() + grant_seconds)
     ctx = ExecutionContext.create(intent=intent, authorization=auth, clock=clock)
 

@@ -21,8 +21,7 @@ from agentsafe.executor.dispatch.seam import (
 from agentsafe.executor.egress.transport import TransportError
 from agentsafe.executor.errors import AgentSafeError, HandlerError, JournalError, RequestRejected
 from agentsafe.executor.events import MemorySink
-from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
-from agentsafe.executor.principals import Actor, legacy_principal
+from tests.support.intents import make_intent
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -33,27 +32,10 @@ SCHEMA: dict[str, Any] = {
         "currency": {"type": "string", "pattern": "^[A-Z]{3}$"},
     },
 }
-PARAMS = {"amountMinor": 5000, "currency": "USD"}
-
-
-def make_intent(clock: ManualClock, parameters: Mapping[str, Any] = PARAMS) -> CapturedIntent:
-    principal = legacy_principal(
-        tenant_id="7d1f4a52-3f0e-4d4b-9a57-0c3f7f2f9b11", actor=Actor("agent-1", "ai_agent")
-    )
-    return capture_intent(
-        principal=principal,
-        action="create_payout",
-        resource="payout:synthetic-beneficiary-1",
-        parameters=parameters,
-        idempotency_key="payout-1-v1",
-        target=DownstreamTarget("synthetic", "payouts.create", "http://127.0.0.1/payouts"),
-        now=clock.now(),
-        ttl_seconds=60,
-    )
 
 
 def make_ctx(clock: ManualClock, *, grant_seconds: float = 30.0) -> ExecutionContext:
-    intent = make_intent(clock)
+    intent = make_intent(now=clock.now())
     auth = Authorization("dec-1", "dos-1", "grant-1", expires_at=clock.now() + grant_seconds)
     return ExecutionContext.create(intent=intent, authorization=auth, clock=clock)
 
@@ -301,7 +283,7 @@ async def test_a_journal_that_refuses_the_claim_stops_the_handler() -> None:
 async def test_invalid_parameters_never_reach_the_journal_or_the_handler() -> None:
     clock = ManualClock()
     bad = {"amountMinor": 5000, "currency": "USD", "beneficiary": "attacker"}
-    intent = make_intent(clock, bad)
+    intent = make_intent(now=clock.now(), parameters=bad)
     auth = Authorization("dec-1", "dos-1", "grant-1", expires_at=clock.now() + 30)
     ctx = ExecutionContext.create(intent=intent, authorization=auth, clock=clock)
     claimed: list[str] = []

@@ -23,12 +23,12 @@ from agentsafe.executor.host.metrics import ExecutorMetrics
 from agentsafe.executor.host.secrets import SecretHandle
 from agentsafe.executor.intent import (
     DownstreamTarget,
-    capture_intent,
     check_intent_owner,
     check_separation,
 )
 from agentsafe.executor.principals import Actor, Principal, Role, legacy_principal
 from agentsafe.executor.windows import DoorWindows, LockoutRule, RateRule
+from tests.support.intents import make_intent
 from tests.support.pki import TestCA, TokenSigner
 
 TENANT = "00000000-0000-4000-8000-000000000001"
@@ -346,19 +346,6 @@ def test_legacy_mode_with_a_client_ca_needs_both(world: World) -> None:
     assert world.auth(bearer="the-token", cert=world.ops_cert.der).id == "legacy-caller"
 
 
-def intent_for(principal: Principal) -> Any:
-    return capture_intent(
-        principal=principal,
-        action="forward_request",
-        resource="payments/1",
-        parameters={"amountMinor": 100, "currency": "EUR"},
-        idempotency_key="k-1",
-        target=DownstreamTarget(system="core", operation="pay", endpoint="https://x/pay"),
-        now=NOW,
-        ttl_seconds=60,
-    )
-
-
 def test_request_time_checks(world: World) -> None:
     batch = world.auth(bearer=BATCH_TOKEN)
     treasury = world.auth(bearer=world.token())
@@ -370,7 +357,15 @@ def test_request_time_checks(world: World) -> None:
     with pytest.raises(RequestRejected) as info:
         check_action(alice, "forward_request")
     assert info.value.code == "ACTION_NOT_PERMITTED_FOR_PRINCIPAL"
-    intent = intent_for(batch)
+    intent = make_intent(
+        now=NOW,
+        principal=batch,
+        action="forward_request",
+        resource="payments/1",
+        parameters={"amountMinor": 100, "currency": "EUR"},
+        idempotency_key="k-1",
+        target=DownstreamTarget(system="core", operation="pay", endpoint="https://x/pay"),
+    )
     check_intent_owner(batch, intent)
     with pytest.raises(RequestRejected) as info:
         check_intent_owner(treasury, intent)

@@ -25,7 +25,7 @@ from agentsafe.executor.tools.harness import (
 )
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 
-from .principals_support import BearerPrincipals, principals_env
+from .bearer_principals import BearerPrincipals, principals_env
 
 PROPOSER, APPROVER, OTHER_APPROVER, OPERATOR = (
     "treasury-workflow",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from .support_principals import (
+from .estate import (
     Estate,
     Starter,
     estates,

@@ -24,7 +24,7 @@ import pytest
 from agentsafe.executor.errors import ConfigError
 from tests.support.pki import TokenSigner, unsigned_token
 
-from .support_principals import (
+from .estate import (
     ISSUER,
     ONCALL_URI,
     TENANT,

@@ -50,8 +50,8 @@ from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.plane import Executor
 from agentsafe.executor.tools.harness import ExecutorProcess, Workspace, free_port
 
-from .principals_support import OPERATOR_ID, BearerPrincipals, principals_env
-from .support_principals import write_private
+from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
+from .estate import write_private
 
 PROPOSER = "treasury-workflow"
 JWT_BEARER = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agentsafe.executor.tools.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
 
-from .principals_support import OPERATOR_ID, BearerPrincipals, principals_env
+from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from aiohttp import web
 from agentsafe.executor.tools.harness import ExecutorProcess, Workspace, free_port, wait_until
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 
-from .support_principals import (
+from .estate import (
     LEGACY_VARIABLES,
     Cast,
     Estate,

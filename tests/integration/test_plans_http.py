@@ -18,7 +18,7 @@ from agentsafe.executor.plane import Executor
 from agentsafe.executor.tools.harness import Workspace, free_port
 from tests.plans import support as s
 
-from .principals_support import OPERATOR_ID, BearerPrincipals, principals_env
+from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "policy.yaml"
 

@@ -44,8 +44,8 @@ from agentsafe.executor.tools.harness import (
 )
 from tests.support.pki import TestCA
 
-from .principals_support import OPERATOR_ID, BearerPrincipals, principals_env
-from .support_principals import write_private
+from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
+from .estate import write_private
 
 pytestmark = pytest.mark.slow
 

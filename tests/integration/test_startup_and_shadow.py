@@ -20,8 +20,8 @@ from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.tools.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 
+from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
 from .conftest import Factory
-from .principals_support import OPERATOR_ID, BearerPrincipals, principals_env
 
 AGENTSAFE = str(Path(sys.executable).parent / "agentsafe")
 EXAMPLE = Path(__file__).parents[2] / "examples" / "policy.yaml"

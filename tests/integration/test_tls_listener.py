@@ -21,7 +21,7 @@ import pytest
 from agentsafe.executor.tools.harness import wait_until
 from tests.support.pki import TestCA
 
-from .support_principals import (
+from .estate import (
     AUDIT_URI,
     ONCALL_URI,
     Cast,

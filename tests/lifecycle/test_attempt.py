@@ -29,21 +29,18 @@ from agentsafe.executor.dispatch.seam import (
 from agentsafe.executor.egress.transport import TransportError
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.grants import SigningKey
-from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
+from agentsafe.executor.intent import CapturedIntent
 from agentsafe.executor.lifecycle.attempt import Attempt, Progress
 from agentsafe.executor.lifecycle.ceilings import HostCeilings
 from agentsafe.executor.policy.authority import RECOVERY_TYP, Decision, LocalAuthority, Verdict
 from agentsafe.executor.policy.policy import compile_policy, parse_policy
-from agentsafe.executor.principals import Actor, Principal, Role
 from agentsafe.executor.state.journal import AttemptJournal
 from agentsafe.executor.state.usestore import SQLiteUseStore
+from tests.support.intents import PAYOUT_PRINCIPAL, make_intent
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE: dict[str, Any] = yaml.safe_load((REPO / "examples" / "policy.yaml").read_text())
-PROPOSER = Principal(
-    id="agent-1", role=Role.PROPOSER, tenant_id="acme", actor=Actor(id="bot-1", type="agent")
-)
-TARGET = DownstreamTarget(system="bank", operation="payout", endpoint="https://bank.test/p")
+PROPOSER = PAYOUT_PRINCIPAL
 
 
 class ScriptedHandler:
@@ -94,14 +91,10 @@ class World:
         )
 
     def intent(self, amount: int = 4200) -> CapturedIntent:
-        return capture_intent(
-            principal=PROPOSER,
-            action="create_payout",
-            resource="res-1",
+        return make_intent(
+            now=self.clock.now(),
             parameters={"amountMinor": amount, "currency": "EUR"},
             idempotency_key=str(uuid.uuid4()),
-            target=TARGET,
-            now=self.clock.now(),
             ttl_seconds=120,
         )
 

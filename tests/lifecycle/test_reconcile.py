@@ -14,7 +14,6 @@ from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import JournalError
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.intent import CapturedIntent, intent_hash
 from agentsafe.executor.lifecycle.reconcile import (
     ReconcileResult,
     ReconcileStatus,
@@ -22,6 +21,7 @@ from agentsafe.executor.lifecycle.reconcile import (
     reconcile_open_attempts,
 )
 from agentsafe.executor.state.journal import AttemptJournal
+from tests.support.intents import numbered_intent
 
 NOW = 1_800_000_000.0
 DAY = "2027-01-15"
@@ -47,24 +47,8 @@ class FakeReconcilerDouble:
         return answer
 
 
-def make_intent(number: int) -> CapturedIntent:
-    binding = {
-        "protocol_version": "agent-safe.intent/1",
-        "tenant_id": "tenant-1",
-        "intent_id": f"00000000-0000-4000-8000-{number:012d}",
-        "idempotency_key": f"key-{number}",
-        "action": {
-            "type": "create_payout",
-            "resource": "payout:1",
-            "parameters": {"amountMinor": 1000 + number, "currency": "USD"},
-        },
-        "context": {"caller_principal": "agent-1"},
-    }
-    return CapturedIntent(binding=binding, intent_hash=intent_hash(binding))
-
-
 async def write_attempt(journal: AttemptJournal, number: int, *, claimed: bool = True) -> None:
-    intent = make_intent(number)
+    intent = numbered_intent(number)
     await journal.opened(
         attempt_id=f"a-{number}",
         intent_id=intent.intent_id,
@@ -177,8 +161,8 @@ async def test_all_five_resolutions(tmp_path: Path, clock: ManualClock, streams:
 
     completed = next(r for r in resolutions if r.attempt_id == "a-2")
     assert completed.closed
-    assert completed.intent_binding == make_intent(2).binding
-    assert completed.intent_hash == make_intent(2).intent_hash
+    assert completed.intent_binding == numbered_intent(2).binding
+    assert completed.intent_hash == numbered_intent(2).intent_hash
     assert (completed.idempotency_key, completed.principal, completed.tenant) == (
         "key-2",
         "agent-1",
@@ -192,7 +176,7 @@ async def test_all_five_resolutions(tmp_path: Path, clock: ManualClock, streams:
         (r.attempt_id, r.resolution.value) for r in resolutions
     ]
     assert all(e["by"] == "RESTART" for e in events)
-    assert events[1]["intent_hash"] == make_intent(2).intent_hash
+    assert events[1]["intent_hash"] == numbered_intent(2).intent_hash
     assert events[3]["reason_code"] == "LOOKUP_5XX"
     text = json.dumps(events)
     assert "amountMinor" not in text

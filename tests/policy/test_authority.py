@@ -26,7 +26,7 @@ from agentsafe.executor.grants import (
     b64url_encode,
     verify_jws,
 )
-from agentsafe.executor.intent import CapturedIntent, DownstreamTarget, capture_intent
+from agentsafe.executor.intent import CapturedIntent, DownstreamTarget
 from agentsafe.executor.policy.attestation import claim_token_digest, verify_claim_attestation
 from agentsafe.executor.policy.authority import (
     ESCALATION_TYP,
@@ -41,6 +41,7 @@ from agentsafe.executor.policy.authority import (
 )
 from agentsafe.executor.policy.policy import compile_policy, parse_policy
 from agentsafe.executor.principals import Actor, Principal, Role
+from tests.support.intents import make_intent
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE: dict[str, Any] = yaml.safe_load((REPO / "examples" / "policy.yaml").read_text())
@@ -158,7 +159,8 @@ def intent(
     principal: Principal = PROPOSER,
     ttl: int = TTL,
 ) -> CapturedIntent:
-    return capture_intent(
+    return make_intent(
+        now=clock.now(),
         principal=principal,
         action=action,
         resource="res-1",
@@ -167,7 +169,6 @@ def intent(
         else {"amountMinor": amount, "currency": "EUR"},
         idempotency_key=str(uuid.uuid4()),
         target=TARGET,
-        now=clock.now(),
         ttl_seconds=ttl,
     )
 

@@ -22,7 +22,7 @@ import pytest
 from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.clock import ManualClock, parse_ms
 from agentsafe.executor.errors import JournalError
-from agentsafe.executor.intent import CapturedIntent, intent_hash
+from agentsafe.executor.intent import CapturedIntent
 from agentsafe.executor.state import journal as journal_module
 from agentsafe.executor.state.journal import (
     MAX_RECORD_BYTES,
@@ -30,25 +30,11 @@ from agentsafe.executor.state.journal import (
     ReconciledStatus,
     scan_journal,
 )
+from tests.support.intents import numbered_intent
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 DAY = "2027-01-15"
 WRITER_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "journal_writer.py"
-
-
-def make_intent(number: int = 1, *, padding: str = "") -> CapturedIntent:
-    parameters: dict[str, Any] = {"amountMinor": number, "currency": "USD"}
-    if padding:
-        parameters["memo"] = padding
-    binding = {
-        "protocol_version": "agent-safe.intent/1",
-        "tenant_id": "tenant-1",
-        "intent_id": f"00000000-0000-4000-8000-{number:012d}",
-        "idempotency_key": f"key-{number}",
-        "action": {"type": "create_payout", "resource": "payout:1", "parameters": parameters},
-        "context": {"caller_principal": "agent-1"},
-    }
-    return CapturedIntent(binding=binding, intent_hash=intent_hash(binding))
 
 
 def intent_fields(intent: CapturedIntent) -> dict[str, Any]:
@@ -61,7 +47,7 @@ def intent_fields(intent: CapturedIntent) -> dict[str, Any]:
 
 
 async def open_attempt(journal: AttemptJournal, number: int, *, claimed: bool = False) -> None:
-    intent = make_intent(number)
+    intent = numbered_intent(number)
     await journal.opened(
         attempt_id=f"a-{number}",
         decision_id=f"dec-{number}",
@@ -105,7 +91,7 @@ async def poll(condition: Callable[[], bool], *, deadline_s: float = 30.0) -> No
 
 
 async def test_each_record_is_one_canonical_line(journal: AttemptJournal) -> None:
-    intent = make_intent(7)
+    intent = numbered_intent(7)
     await open_attempt(journal, 7, claimed=True)
     await journal.closed(attempt_id="a-7", outcome="COMPLETED", executed=True, finalization="OK")
     await journal.reconciled(attempt_id="a-7", status="COMPLETED", by="CALLER")
@@ -201,12 +187,15 @@ async def test_a_record_over_256_kib_is_refused_and_one_at_the_limit_is_kept(
     path = journal.path / f"{DAY}.jsonl"
 
     async def append(padding: int) -> None:
+        memo = {"memo": "x" * padding} if padding else {}
         await journal.opened(
             attempt_id="a-big",
             decision_id="dec",
             dossier_id="dos",
             caller="agent-1",
-            **intent_fields(make_intent(1, padding="x" * padding)),
+            **intent_fields(
+                numbered_intent(1, parameters={"amountMinor": 1, "currency": "USD"} | memo)
+            ),
         )
 
     await append(0)
@@ -252,10 +241,10 @@ async def test_open_attempts_follow_the_records(journal: AttemptJournal) -> None
     assert unknown.grant_claimed
     assert unknown.grant_id == "g-3"
     assert unknown.grant_expires_at == "2027-01-15T08:00:30.000Z"
-    assert unknown.payload_digest == make_intent(3).payload_digest
+    assert unknown.payload_digest == numbered_intent(3).payload_digest
     assert unknown.last_status is None
     assert still.last_status == ReconciledStatus.STILL_UNKNOWN
-    intent = make_intent(4)
+    intent = numbered_intent(4)
     assert still.binding == intent.binding
     assert still.intent_hash == intent.intent_hash
     assert (still.tenant, still.idempotency_key) == ("tenant-1", "key-4")
@@ -498,8 +487,8 @@ async def test_records_the_reader_would_refuse_are_refused_on_write(
 async def test_an_opened_record_whose_binding_does_not_hash_is_refused(
     journal: AttemptJournal,
 ) -> None:
-    fields = intent_fields(make_intent(1))
-    fields["intent_hash"] = make_intent(2).intent_hash
+    fields = intent_fields(numbered_intent(1))
+    fields["intent_hash"] = numbered_intent(2).intent_hash
     with pytest.raises(JournalError) as caught:
         await journal.opened(
             attempt_id="a-1", decision_id="d", dossier_id="s", caller="agent-1", **fields
