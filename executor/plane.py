@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from .clock import Clock
-from .config import ExecutorConfig
+from .config import EscalationMode, ExecutorConfig
 from .dispatch.seam import Registry
 from .door.principals_file import PrincipalSet
 from .door.workload import JwksSource
@@ -47,11 +47,9 @@ from .plans.service import PlanService
 from .policy.authority import LocalAuthority
 from .policy.policy import CompiledPolicy
 from .principals import Principal
-from .routes.app import ReadyState, build_app
-from .routes.approvals import add_approval_routes
-from .routes.control import add_control_routes
+from .routes.app import ReadyState, Route, build_app
 from .routes.door import HttpDoor
-from .routes.plans import add_plan_routes
+from .routes.table import Approvals, route_table
 from .state.journal import AttemptJournal
 from .state.usestore import SQLiteUseStore
 
@@ -106,6 +104,7 @@ class Executor:
     """Re-reads ``EXECUTOR_PRINCIPALS_FILE`` (``assembly.load_principals``, bound at start)."""
     chained: ChainedStreams | None = None
     plans: PlanService | None = None
+    routes: tuple[Route, ...] = field(init=False)
     app: web.Application = field(init=False)
     reconciling: bool = True
     unknown_attempts: int = 0
@@ -114,22 +113,18 @@ class Executor:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.app = build_app(
+        approvals = None
+        if self.config.executor_escalation is EscalationMode.APPROVAL:
+            approvals = Approvals(store=self.store, streams=self.streams, clock=self.clock)
+        self.routes = route_table(
             pipeline=self.pipeline,
-            door=self.door,
             readiness=self.readiness,
             jwks=self.authority.jwks,
-            extra_routes=self._routes,
+            plane=self,
+            plans=self.plans,
+            approvals=approvals,
         )
-
-    def _routes(self, app: web.Application) -> None:
-        add_control_routes(app, plane=self, door=self.door)
-        if self.plans is not None:
-            add_plan_routes(app, service=self.plans, door=self.door, streams=self.streams)
-        if self.config.executor_escalation.value == "APPROVAL":
-            add_approval_routes(
-                app, door=self.door, store=self.store, streams=self.streams, clock=self.clock
-            )
+        self.app = build_app(self.routes, door=self.door)
 
     # -------------------------------------------------------------- what routes ask
 
