@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from .clock import Clock
-from .config import EscalationMode, ExecutorConfig
+from .config import EscalationMode, ExecutorConfig, ExecutorMode
 from .dispatch.seam import Registry
 from .door.principals_file import PrincipalSet
 from .door.workload import JwksSource
@@ -157,7 +157,7 @@ class Executor:
             "policy_digest": self.policy.digest,
             "chain_heads": self._heads(),
         }
-        if self.config.executor_mode.value == "SHADOW":
+        if self.config.executor_mode is ExecutorMode.SHADOW:
             out["shadow_report"] = self.shadow.as_dict()
         return out
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .assembly import assemble
+from .config import ExecutorMode
 from .errors import AgentSafeError, ConfigError
 from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, Streams
 from .evidence.chain import ChainedStreams, LineWriter, LineWriterHandler
@@ -79,7 +80,7 @@ async def _run(environ: Mapping[str, str], guard: Guard) -> int:
         executor.streams.security.emit("STOPPING", {"signal": "SIGTERM"})
     finally:
         await executor.close()
-        if executor.config.executor_mode.value == "SHADOW":
+        if executor.config.executor_mode is ExecutorMode.SHADOW:
             sys.stderr.write(executor.shadow.render() + "\n")
     return 0
 
