@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .clock import Clock, SystemClock
+from .codes import Code
 from .config import CredentialKind, ExecutorConfig, load_config
 from .dispatch.forward import ForwardRequestHandler
 from .dispatch.seam import Registry
@@ -345,7 +346,7 @@ async def assemble(
                 raise ConfigError(
                     "EXECUTOR_JOURNAL_DIR",
                     "cannot be opened for appending",
-                    code="JOURNAL_UNAVAILABLE",
+                    code=Code.JOURNAL_UNAVAILABLE,
                 ) from exc
         state_dir = (
             Path(config.executor_state_dir)
@@ -418,7 +419,7 @@ async def assemble(
                 with handle.reveal() as pem:
                     fresh = SigningKey.from_pem(pem)
             except (AgentSafeError, ValueError):
-                streams.security.emit("AUTHORITY_KEY_ROTATION_REFUSED", {"code": "KEY_INVALID"})
+                streams.security.emit("AUTHORITY_KEY_ROTATION_REFUSED", {"code": Code.KEY_INVALID})
                 return
             authority.rotate_key(fresh)
             streams.security.emit("AUTHORITY_KEY_ROTATED", {"kid": fresh.kid})

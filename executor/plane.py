@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from .clock import Clock
+from .codes import Code
 from .config import EscalationMode, ExecutorConfig, ExecutorMode
 from .dispatch.seam import Registry
 from .door.principals_file import PrincipalSet
@@ -217,11 +218,11 @@ class Executor:
     async def export_evidence(self, *, reason: str, principal: Principal) -> dict[str, Any]:
         if self.config.executor_evidence_dir is None:
             raise RequestRejected(
-                409, "EVIDENCE_NOT_CONFIGURED", "evidence export needs EXECUTOR_EVIDENCE_DIR"
+                Code.EVIDENCE_NOT_CONFIGURED, "evidence export needs EXECUTOR_EVIDENCE_DIR"
             )
         if self.chained is None:
             raise RequestRejected(
-                409, "EVIDENCE_NOT_CHAINED", "this process writes no chained evidence streams"
+                Code.EVIDENCE_NOT_CHAINED, "this process writes no chained evidence streams"
             )
         signing_key: Ed25519PrivateKey | None = None
         handle = self.secrets.get("EXECUTOR_EVIDENCE_SIGNING_KEY")
@@ -230,7 +231,7 @@ class Executor:
                 loaded = load_pem_private_key(bytes(pem), password=None)
             if not isinstance(loaded, Ed25519PrivateKey):
                 raise RequestRejected(
-                    409, "EVIDENCE_KEY_INVALID", "EXECUTOR_EVIDENCE_SIGNING_KEY is not Ed25519"
+                    Code.EVIDENCE_KEY_INVALID, "EXECUTOR_EVIDENCE_SIGNING_KEY is not Ed25519"
                 )
             signing_key = loaded
         attempts = await self.open_attempts()
@@ -250,7 +251,7 @@ class Executor:
                 redactor=self.redactor,
             )
         except BundleError as exc:
-            raise RequestRejected(409, exc.code, exc.message) from None
+            raise RequestRejected(exc.code, exc.message) from None
         self.streams.security.emit(
             "EVIDENCE_EXPORTED", {"principal": principal.id, "signed": signing_key is not None}
         )

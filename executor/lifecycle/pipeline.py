@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from ..canonical import sha256_digest
 from ..clock import Clock, format_ms
+from ..codes import Code
 from ..config import EscalationMode, ExecutorMode
 from ..dispatch.seam import Outcome, ReconcileStatus, Registry
 from ..door.door import check_action
@@ -110,7 +111,7 @@ class Pipeline:
         on_clock_skew: Callable[[float], None] = lambda skew: None,
         metrics: ExecutorMetrics | None = None,
         escalation: EscalationMode = EscalationMode.NONE,
-        on_forbidden: Callable[[Principal, str], None] = lambda principal, code: None,
+        on_forbidden: Callable[[Principal, Code], None] = lambda principal, code: None,
     ) -> None:
         self.mode = mode
         self._authority = authority
@@ -150,7 +151,7 @@ class Pipeline:
         """The registered handler that runs ``action``, or 422 ACTION_NOT_REGISTERED."""
         handler = self._catalog.handler_for(action)
         if handler is None:
-            raise RequestRejected(422, "ACTION_NOT_REGISTERED", "no handler runs this action")
+            raise RequestRejected(Code.ACTION_NOT_REGISTERED, "no handler runs this action")
         return handler
 
     def _check(self, principal: Principal, check: Callable[[], None]) -> None:
@@ -221,11 +222,10 @@ class Pipeline:
             )
             return Answer(int(state.response["status"]), body)
         if state.kind is IdempotencyKind.CONFLICT:
-            raise RequestRejected(409, "IDEMPOTENCY_KEY_CONFLICT", conflict)
+            raise RequestRejected(Code.IDEMPOTENCY_KEY_CONFLICT, conflict)
         if state.kind is IdempotencyKind.IN_PROGRESS:
             raise RequestRejected(
-                409,
-                "IDEMPOTENCY_IN_PROGRESS",
+                Code.IDEMPOTENCY_IN_PROGRESS,
                 "a request with this idempotency key is still in flight",
             )
         progress = Progress()
@@ -461,17 +461,16 @@ class Pipeline:
         intent = intent_from_binding(recovery.get("intent"))
         reference = recovery.get("reference")
         if not isinstance(reference, str):
-            raise RequestRejected(400, "REQUEST_INVALID", "the recovery object has no reference")
+            raise RequestRejected(Code.REQUEST_INVALID, "the recovery object has no reference")
         try:
             claims = self._signer.verify_token(reference, typ=RECOVERY_TYP)
         except AgentSafeError:
             raise RequestRejected(
-                409, "RECOVERY_BINDING_MISMATCH", "the recovery reference does not verify"
+                Code.RECOVERY_BINDING_MISMATCH, "the recovery reference does not verify"
             ) from None
         if claims.get("intent_hash") != intent.intent_hash:
             raise RequestRejected(
-                409,
-                "RECOVERY_BINDING_MISMATCH",
+                Code.RECOVERY_BINDING_MISMATCH,
                 "the presented intent does not match its recovery reference",
             )
         self._check(principal, lambda: check_intent_owner(principal, intent))
@@ -533,8 +532,7 @@ class Pipeline:
         """``POST /v1/escalations``: one lookup; a fresh decision once the person answered."""
         if self.escalation is not EscalationMode.APPROVAL:
             raise RequestRejected(
-                409,
-                "ESCALATION_NOT_CONFIGURED",
+                Code.ESCALATION_NOT_CONFIGURED,
                 "this executor resolves no escalations (EXECUTOR_ESCALATION=NONE); "
                 "the hold is the answer",
             )
@@ -554,18 +552,17 @@ class Pipeline:
             or claims.get("request_id") != request_id
         ):
             raise RequestRejected(
-                409,
-                "ESCALATION_BINDING_MISMATCH",
+                Code.ESCALATION_BINDING_MISMATCH,
                 "the escalation object does not belong to this intent",
             )
         self._check(principal, lambda: check_intent_owner(principal, intent))
         if self._clock.now() >= intent.expires_at:
             raise RequestRejected(
-                409, "INTENT_EXPIRED", "the intent has expired; an approval cannot revive it"
+                Code.INTENT_EXPIRED, "the intent has expired; an approval cannot revive it"
             )
         record = await self._store.approval_get(str(request_id))
         if record is None:
-            raise RequestRejected(404, "APPROVAL_NOT_FOUND", "no such approval request")
+            raise RequestRejected(Code.APPROVAL_NOT_FOUND, "no such approval request")
         state = record.state_at(self._clock.now())
         common: dict[str, Any] = {
             "mode": self.mode.value,

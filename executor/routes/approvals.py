@@ -24,6 +24,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..clock import Clock, format_ms
+from ..codes import Code
 from ..errors import RequestRejected
 from ..events import Streams
 from ..intent import CapturedIntent, check_separation
@@ -32,14 +33,6 @@ from ..state.usestore import ApprovalError, ApprovalRecord, ApprovalState, UseSt
 from .app import Call, Route
 
 __all__ = ["approval_routes", "describe_record"]
-
-_STATUS = {
-    "APPROVAL_NOT_FOUND": 404,
-    "APPROVAL_ALREADY_DECIDED": 409,
-    "APPROVAL_EXPIRED": 409,
-    "APPROVAL_NOT_PERMITTED": 403,
-    "APPROVAL_DECISION_INVALID": 400,
-}
 
 
 class DecisionRequest(BaseModel):
@@ -82,7 +75,7 @@ def describe_record(record: ApprovalRecord, *, now: float) -> dict[str, Any]:
 def _visible(record: ApprovalRecord | None, approver: Principal) -> ApprovalRecord:
     if record is None or approver.id not in record.request.approvers:
         # Not listed: indistinguishable from absent, so ids are no oracle.
-        raise RequestRejected(404, "APPROVAL_NOT_FOUND", "no such approval request for you")
+        raise RequestRejected(Code.APPROVAL_NOT_FOUND, "no such approval request for you")
     return record
 
 
@@ -92,7 +85,7 @@ def approval_routes(*, store: UseStore, streams: Streams, clock: Clock) -> tuple
             state = ApprovalState(call.request.query.get("state", "PENDING"))
         except ValueError:
             raise RequestRejected(
-                400, "REQUEST_INVALID", "state must be PENDING, APPROVED, DENIED or EXPIRED"
+                Code.REQUEST_INVALID, "state must be PENDING, APPROVED, DENIED or EXPIRED"
             ) from None
         now = clock.now()
         records = await store.approval_list(state=state, now=now, approver=call.caller.id)
@@ -121,7 +114,7 @@ def approval_routes(*, store: UseStore, streams: Streams, clock: Clock) -> tuple
                 now=clock.now(),
             )
         except ApprovalError as exc:
-            raise RequestRejected(_STATUS.get(exc.code, 409), exc.code, exc.message) from None
+            raise RequestRejected(exc.code, exc.message) from None
         streams.evidence.emit(
             "APPROVAL_DECIDED",
             {

@@ -17,12 +17,13 @@ from agentsafe.executor.lifecycle.ceilings import (
     parse_single_limits,
     read_payment,
 )
+from agentsafe.executor.routes.refusals import status_of
 
 
 def refusal(fn: Any, *args: Any) -> str:
     with pytest.raises(RequestRejected) as err:
         fn(*args)
-    assert err.value.status == 422
+    assert status_of(err.value.code) == 422
     assert "999" not in err.value.message  # the amount is never echoed
     return err.value.code
 

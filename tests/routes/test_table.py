@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestServer
 from pydantic import BaseModel
 
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.codes import Code
 from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.events import Streams
 from agentsafe.executor.principals import Principal, Role
@@ -113,7 +114,7 @@ class RecordingDoor:
     ) -> Principal:
         self.asked.append((role, scope))
         if "Authorization" not in request.headers:
-            raise RequestRejected(401, "AUTH_REQUIRED", "a credential is required")
+            raise RequestRejected(Code.AUTH_REQUIRED, "a credential is required")
         return Principal(id="caller-1", role=role, scopes=frozenset({scope} if scope else ()))
 
 
