@@ -63,6 +63,7 @@ async def test_same_key_with_another_payload_conflicts(running: Factory) -> None
     assert len(run.provider.received) == 1
 
 
+@pytest.mark.slow  # waits out the 3 s downstream timeout
 async def test_key_in_flight_is_refused(running: Factory) -> None:
     run = await running(DOWNSTREAM_TIMEOUT_MS="3000")
     run.provider.set_mode("hang")
