@@ -28,12 +28,13 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
+from ..canonical import DuplicateKeyError, parse_json
 from ..codes import Code
-from ..errors import RequestRejected
+from ..errors import CanonicalizationError, RequestRejected
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import Pipeline, Proposal
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 from .refusals import code_for_http_error, refusal
 
 __all__ = [
@@ -62,7 +63,7 @@ class Door(Protocol):
     """Authenticates a request for a route's role and scope, or raises ``RequestRejected``."""
 
     async def authenticate(
-        self, request: web.Request, *, role: Role, scope: str | None
+        self, request: web.Request, *, role: Role, scope: Scope | None
     ) -> Principal: ...
 
 
@@ -104,7 +105,7 @@ class Route:
     path: str
     role: Role | None
     """The role the door requires; ``None``: open to anyone, the door is not asked."""
-    scope: str | None
+    scope: Scope | None
     """The operator scope the door requires as well (OPERATOR routes)."""
     body: type[BaseModel] | None
     """The strict model the JSON body must match; ``None``: the route reads no body."""
@@ -156,19 +157,6 @@ def _schema_error(exc: ValidationError) -> RequestRejected:
     )
 
 
-def _refuse_constant(name: str) -> Any:
-    raise RequestRejected(Code.REQUEST_INVALID, "numbers must be finite")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise RequestRejected(Code.REQUEST_INVALID, "a key appears twice in one object")
-        out[key] = value
-    return out
-
-
 async def read_json(request: web.Request) -> Any:
     """Read a bounded JSON body or raise the right refusal."""
     if request.content_type != "application/json":
@@ -182,8 +170,16 @@ async def read_json(request: web.Request) -> Any:
     if len(raw) > MAX_BODY_BYTES:
         raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB")
     try:
-        text = raw.decode("utf-8")
-        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicates)
+        value = parse_json(raw)
+    except DuplicateKeyError:
+        raise RequestRejected(Code.REQUEST_INVALID, "a key appears twice in one object") from None
+    except CanonicalizationError as exc:
+        message = (
+            "numbers must be finite"
+            if exc.code == Code.NUMBER_NOT_FINITE
+            else "an integer is outside the exact range"
+        )
+        raise RequestRejected(Code.REQUEST_INVALID, message) from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise RequestRejected(Code.REQUEST_MALFORMED, "the body is not valid JSON") from None
     check_json_bounds(value)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..events import Streams
 from ..host.halt import HaltCause, HaltState
 from ..host.metrics import ExecutorMetrics
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 from .app import Call, Route, RouteHandler
 
 __all__ = ["ControlPlane", "control_routes"]
@@ -95,15 +95,21 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
 
     op = Role.OPERATOR
     return (
-        Route("GET", "/v1/control/status", op, "status", None, operator("status", status)),
+        Route("GET", "/v1/control/status", op, Scope.STATUS, None, operator("status", status)),
         Route(
-            "POST", "/v1/control/halt", op, "halt", Reason, operator("halt", halt), REASON_INVALID
+            "POST",
+            "/v1/control/halt",
+            op,
+            Scope.HALT,
+            Reason,
+            operator("halt", halt),
+            REASON_INVALID,
         ),
         Route(
             "POST",
             "/v1/control/resume",
             op,
-            "resume",
+            Scope.RESUME,
             Reason,
             operator("resume", resume),
             REASON_INVALID,
@@ -112,7 +118,7 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             "GET",
             "/v1/control/open-attempts",
             op,
-            "status",
+            Scope.STATUS,
             None,
             operator("open-attempts", open_attempts),
         ),
@@ -120,16 +126,16 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             "POST",
             "/v1/control/secrets/reload",
             op,
-            "secrets.reload",
+            Scope.SECRETS_RELOAD,
             None,
             operator("secrets.reload", reload),
         ),
-        Route("GET", "/metrics", op, "metrics", None, operator("metrics", metrics)),
+        Route("GET", "/metrics", op, Scope.METRICS, None, operator("metrics", metrics)),
         Route(
             "POST",
             "/v1/control/evidence-export",
             op,
-            "evidence",
+            Scope.EVIDENCE,
             Reason,
             operator("evidence", export),
             REASON_INVALID,

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ..door.door import Door
 from ..host.tlsctx import peer_certificate_der
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 
 __all__ = ["UNAUTHENTICATED_SOURCE", "HttpDoor"]
 
@@ -27,7 +27,7 @@ class HttpDoor:
         self.door = door
 
     async def authenticate(
-        self, request: web.Request, *, role: Role, scope: str | None
+        self, request: web.Request, *, role: Role, scope: Scope | None
     ) -> Principal:
         return self.door.authenticate(
             authorization_header=request.headers.get("Authorization"),

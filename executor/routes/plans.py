@@ -24,7 +24,7 @@ from aiohttp import web
 from ..events import Streams
 from ..plans.errors import AgentExecutionError, AgentSafetyError
 from ..plans.service import PlanService
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 from .app import AnyJson, Call, Route, RouteHandler
 from .refusals import refusal
 
@@ -81,7 +81,7 @@ def plan_routes(*, service: PlanService, streams: Streams) -> tuple[Route, ...]:
             "POST",
             "/v1/plans/receipts/verify",
             operator,
-            "evidence",
+            Scope.EVIDENCE,
             AnyJson,
             run("PLAN_RECEIPT_VERIFIED", verify),
         ),

@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.events import Streams
-from agentsafe.executor.principals import Actor, Principal, Role
+from agentsafe.executor.principals import Actor, Principal, Role, Scope
 from agentsafe.executor.routes.app import build_app
 from agentsafe.executor.routes.approvals import approval_routes
 from agentsafe.executor.state.usestore import ApprovalRequest, SQLiteUseStore
@@ -36,7 +36,7 @@ class NamedDoor:
     approver = Principal(id="treasury-lead", role=Role.APPROVER)
 
     async def authenticate(
-        self, request: web.Request, *, role: Role, scope: str | None
+        self, request: web.Request, *, role: Role, scope: Scope | None
     ) -> Principal:
         assert (role, scope) == (Role.APPROVER, None)
         return self.approver

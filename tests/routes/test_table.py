@@ -24,7 +24,7 @@ from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.codes import Code
 from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.events import Streams
-from agentsafe.executor.principals import Principal, Role
+from agentsafe.executor.principals import Principal, Role, Scope
 from agentsafe.executor.routes.app import AnyJson, Call, ReadyState, Route, build_app
 from agentsafe.executor.routes.table import Approvals, route_table
 
@@ -60,7 +60,8 @@ def readme_rows() -> list[tuple[str, str, str, str | None]]:
 
 
 def contract(route: Route) -> tuple[str, str, str, str | None]:
-    return (route.method, route.path, route.role.value if route.role else "anyone", route.scope)
+    role = route.role.value if route.role else "anyone"
+    return (route.method, route.path, role, route.scope.value if route.scope else None)
 
 
 def test_the_readme_lists_exactly_the_routes_the_table_serves() -> None:
@@ -107,10 +108,10 @@ class RecordingDoor:
     """Records what each route asks of the door; refuses a caller without a bearer token."""
 
     def __init__(self) -> None:
-        self.asked: list[tuple[Role, str | None]] = []
+        self.asked: list[tuple[Role, Scope | None]] = []
 
     async def authenticate(
-        self, request: web.Request, *, role: Role, scope: str | None
+        self, request: web.Request, *, role: Role, scope: Scope | None
     ) -> Principal:
         self.asked.append((role, scope))
         if "Authorization" not in request.headers:
@@ -131,7 +132,7 @@ async def echo(call: Call) -> web.StreamResponse:
 
 ROWS = (
     Route("GET", "/open", None, None, None, echo),
-    Route("POST", "/guarded", Role.OPERATOR, "halt", Body, echo, "the body must be a reason"),
+    Route("POST", "/guarded", Role.OPERATOR, Scope.HALT, Body, echo, "the body must be a reason"),
     Route("POST", "/located", Role.PROPOSER, None, Body, echo),
 )
 
@@ -167,7 +168,7 @@ async def test_the_door_is_asked_for_the_rows_role_and_scope_before_the_body(
     url, door = served
     status, body = await call(url, "/guarded", {"nonsense": 1}, token=False)
     assert (status, body["error"]["code"]) == (401, "AUTH_REQUIRED")  # the body was never read
-    assert door.asked == [(Role.OPERATOR, "halt")]
+    assert door.asked == [(Role.OPERATOR, Scope.HALT)]
     status, body = await call(url, "/guarded", {"reason": "drill"})
     assert (status, body) == (200, {"principal": "caller-1", "body": {"reason": "drill"}})
 
