@@ -6,8 +6,8 @@ a :class:`~agentsafe.executor.errors.ConfigError` that names the variable and ne
 (exit status 78). ``CONFIG_KEYS`` is the list of every variable; ``docs/configuration.md`` is its
 table for people.
 
-Callers: ``serve.py`` (start order: configuration comes second, after the audit hook) and
-``assembly.py``, ``cli.py`` (``agentsafe config`` through :func:`describe_config` and
+Callers: ``assembly.py`` (start order: configuration comes second, after the audit hook),
+``plane.py``, ``cli.py`` (``agentsafe config`` through :func:`describe_config` and
 :func:`render_config_table`), ``host/secrets.py`` (which secrets were given and how, through
 :meth:`ExecutorConfig.secret_source`), ``host/posture.py``, and the operator, which renders an
 executor's environment from the same list.

@@ -11,8 +11,9 @@ Each refusal is a :class:`TokenRefused` with its own code.
 No JWT library: the format is small and the strictness is the point.
 
 Callers: ``policy/authority.py`` (grants and other signed tokens), ``policy/attestation.py``,
-``plans/signing.py``, ``egress/credentials.py`` (``b64url_encode``), ``serve.py`` (loading the
-signing key, and the key set the route ``GET /.well-known/agentsafe-grant-jwks.json`` serves).
+``plans/signing.py``, ``egress/credentials.py`` (``b64url_encode``), ``assembly.py`` (loading the
+signing key; the route ``GET /.well-known/agentsafe-grant-jwks.json`` serves the authority's key
+set).
 """
 
 from __future__ import annotations

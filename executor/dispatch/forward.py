@@ -33,7 +33,7 @@ the egress wing, which knows nothing of handlers; the headers it may not replace
 floor's one list (:mod:`agentsafe.executor.headers`): it may add only its signature headers and
 headers nobody else writes.
 
-Callers: ``serve.py`` (registers it as the ``forward_request`` handler); the integration tests.
+Callers: ``assembly.py`` (registers it as the ``forward_request`` handler); the integration tests.
 """
 
 from __future__ import annotations

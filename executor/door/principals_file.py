@@ -17,9 +17,9 @@ The result is a :class:`PrincipalSet`, the door's lookup table: bearer tokens by
 in constant time against every bearer principal, workload tokens by (issuer, subject),
 certificates by SAN URI. Reloading is loading again and swapping the set.
 
-Callers: ``assembly.py`` (loads the file at start and on ``POST /v1/control/secrets/reload``),
-``door/door.py``, ``door/workload.py``, the operator (renders the same
-:class:`PrincipalsDocument`).
+Callers: ``assembly.py`` (loads the file at start, and binds the loader the control plane runs
+on ``POST /v1/control/secrets/reload``), ``door/door.py``, ``door/workload.py``, the operator
+(renders the same :class:`PrincipalsDocument`).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ any failed re-read or refresh keeps the last good set and is reported on the sec
 (``JWKS_RELOAD_REFUSED`` / ``JWKS_REFRESH_FAILED``). The keys in use are the union of the file's
 last good set and the URL's last good set, so a cluster key rotation picked up by either works.
 
-Callers: ``door/door.py``, ``assembly.py``; ``serve.py`` builds the source and runs
+Callers: ``door/door.py``, ``assembly.py`` (builds the source); ``plane.py`` runs
 :meth:`JwksSource.run_refresh`.
 """
 

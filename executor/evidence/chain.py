@@ -21,8 +21,9 @@ a clean stop, or after a crash beyond any sequence number the dead process could
 with ``gap: true``. A line is never written more than ``checkpoint_lines`` past the persisted
 head, so that bound holds even when a checkpoint fails (the sink then refuses to write).
 
-Callers: ``serve.py`` builds the streams with :func:`open_chained_streams` and closes them on
-SIGTERM; ``evidence/bundle.py`` (``export_bundle``) reads :meth:`ChainedSink.snapshot`;
+Callers: ``assembly.py`` builds the streams with :func:`open_chained_streams`; ``plane.py``
+closes them on SIGTERM; ``serve.py`` writes operational logs through their writer;
+``evidence/bundle.py`` (``export_bundle``) reads :meth:`ChainedSink.snapshot`;
 ``/v1/control/status`` reads the heads. The format is documented in ``docs/evidence.md``.
 """
 

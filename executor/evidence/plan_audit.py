@@ -6,7 +6,7 @@ line per event to ``<journal>/plans/audit-YYYY-MM-DD.jsonl`` (directory 0700, fi
 write, a flush and an ``fsync`` in a worker thread, then mirrors the event on the evidence stream.
 The events carry only the pseudonymous digests the plan library puts in them.
 
-Callers: ``serve.py`` (the plan service).
+Callers: ``assembly.py`` (the plan service).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ key's value changed; connections already open keep the context they negotiated. 
 fails (a half-written file, a key that does not match the certificate) keeps the previous
 context and is ``TLS_RELOAD_REFUSED``; a success is ``TLS_CONTEXT_ROTATED``.
 
-Callers: ``assembly.py`` and ``serve.py`` (build and watch), ``door/door.py``
+Callers: ``assembly.py`` (builds), ``plane.py`` (watches), ``door/door.py``
 (:func:`peer_san_uris`, :func:`certificate_sha256`), ``routes/door.py``
 (:func:`peer_certificate_der`).
 """

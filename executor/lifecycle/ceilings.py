@@ -31,8 +31,8 @@ Decisions this module makes, stated plainly:
   Anything dispatched, including a provider's refusal or an unknown outcome, keeps its place:
   unknown may have moved value, and a refusal still consumed an attempt.
 
-Callers: ``lifecycle/pipeline.py`` (check, commit, release), ``serve.py`` (builds it from the
-configuration).
+Callers: ``lifecycle/pipeline.py`` (check), ``lifecycle/attempt.py`` (commit, release),
+``assembly.py`` (builds it from the configuration).
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ later); :class:`LocalAuthority` is the built-in one, evaluating the compiled pol
 atomically, in the use store. :meth:`LocalAuthority.sign_token` / :meth:`verify_token` sign the
 executor's other hand-outs (escalation objects, recovery references) under the same key.
 
-Callers: ``lifecycle/pipeline.py`` (evaluate, claim, finalize; escalation and recovery
-tokens), ``serve.py`` (construction, and the key set of the JWKS route).
+Callers: ``lifecycle/pipeline.py`` (evaluate; escalation and recovery tokens),
+``lifecycle/attempt.py`` (claim, finalize, recovery tokens), ``assembly.py`` (construction),
+``plane.py`` (the key set of the JWKS route).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ every parameter schema and compiles every CEL ``when`` so that evaluation is pur
 refusal is a :class:`~agentsafe.executor.errors.PolicyError` whose message starts with the path of
 the offending field (``actions[0].rules[1].when``).
 
-Callers: ``serve.py`` (``EXECUTOR_POLICY_FILE``), ``authority.py``, the operator.
+Callers: ``assembly.py`` (``EXECUTOR_POLICY_FILE``), ``authority.py``, the operator.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ to the routes: it reads the ``Authorization`` header and the peer certificate of
 Failed attempts that never became a principal share one window, as the specification says, so the
 ``source`` is one constant rather than the peer address.
 
-Callers: ``serve.py`` (builds it and hands it to every route, which sees it through the
-application's ``Door`` protocol).
+Callers: ``assembly.py`` (builds it and hands it to every route, which sees it through the
+application's ``Door`` protocol), ``plane.py``.
 """
 
 from __future__ import annotations

@@ -25,10 +25,10 @@ last line (a crash mid-write; never acknowledged) is tolerated and reported, and
 the file is appended to again; any other damaged line is an error naming the file and line.
 Attempts opened before the retention window are not read.
 
-Callers: ``lifecycle/pipeline.py`` (opened, closed; ``POST /v1/reconciliations`` records
-reconciled by CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``serve.py`` (open, close,
-``GET /v1/control/open-attempts``); the seam's GRANT_CLAIMED decorator (grant_claimed) is handed
-the journal.
+Callers: ``lifecycle/attempt.py`` (opened, grant_claimed through the seam's GRANT_CLAIMED
+decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records reconciled by
+CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open), ``plane.py``
+(close, ``GET /v1/control/open-attempts``).
 """
 
 from __future__ import annotations
