@@ -25,7 +25,7 @@ asked again next start) and says so on the security stream; a torn journal line 
 reading is reported there too. A journal with a damaged line raises ``JOURNAL_CORRUPT``: the
 caller decides whether to start.
 
-Callers: ``serve.py`` at start (then it updates idempotency records from the returned
+Callers: ``plane.py`` at start (then it updates idempotency records from the returned
 :class:`Resolution` list), ``GET /ready`` counts (through the journal).
 """
 

@@ -57,11 +57,13 @@ class _Request:
 
 def body(data: bytes) -> None:
     """``routes/app.read_json`` on the body, then each route's strict schema: only
-    ``RequestRejected`` (``REQUEST_INVALID`` for a schema refusal)."""
+    ``RequestRejected`` (``REQUEST_INVALID`` for a schema refusal). The models are the body
+    models of the route table's ``POST`` rows (``routes/app.py``, ``routes/approvals.py``)."""
     from pydantic import ValidationError
 
     from agentsafe.executor.errors import RequestRejected
     from agentsafe.executor.routes import app
+    from agentsafe.executor.routes.approvals import DecisionRequest
 
     reading = app.read_json(_Request(data))  # type: ignore[arg-type]
     try:
@@ -73,7 +75,8 @@ def body(data: bytes) -> None:
     else:  # pragma: no cover - read() never suspends here
         reading.close()
         raise AssertionError("read_json waited for nothing")
-    for model in (app._ActionRequest, app._RecoveryRequest, app._EscalationRequest):
+    models = (app.ActionRequest, app.RecoveryRequest, app.EscalationRequest, DecisionRequest)
+    for model in models:
         try:
             model.model_validate(value)
         except ValidationError as exc:
