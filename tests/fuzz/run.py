@@ -2,12 +2,13 @@
 
     .venv/bin/python tests/fuzz/run.py TARGET [libFuzzer flags...]   # e.g. -runs=1000000
     .venv/bin/python tests/fuzz/run.py --smoke SECONDS               # every target, briefly
-    .venv/bin/python tests/fuzz/run.py --merge TARGET DIR...          # keep new coverage
 
 A target's corpus is ``tests/fuzz/corpus/<target>/`` (seeds and found inputs, replayed by
 ``tests/fuzz/test_corpus.py`` in the suite). New interesting inputs libFuzzer finds go to a
 scratch directory, never into the repository; a crash writes ``crash-*`` there and exits
-non-zero: minimise it, add it to the corpus, fix the parser. ``--smoke`` runs each target in
+non-zero: minimise it, add it to the corpus as ``found-<what>``, fix the parser. The scratch
+directory's other files (the inputs that reached new coverage) may be copied into the corpus
+too; libFuzzer's ``-merge=1`` is not available, as it re-executes ``argv[0]``. ``--smoke`` runs each target in
 its own process for SECONDS (``make fuzz-smoke``, part of ``make test``) and fails if any
 target crashes. Run from the repository root with the venv's python: this script's directory,
 not the repository root, is what lands on ``sys.path``.
@@ -24,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 CORPUS = HERE / "corpus"
 
 
-def fuzz(name: str, flags: list[str], merge: list[str] | None = None) -> None:
+def fuzz(name: str, flags: list[str]) -> None:
     import atheris
 
     with atheris.instrument_imports(include=["agentsafe"]):
@@ -43,10 +44,7 @@ def fuzz(name: str, flags: list[str], merge: list[str] | None = None) -> None:
     target = TARGETS[name]
     scratch = tempfile.mkdtemp(prefix=f"agentsafe-fuzz-{name}-")
     seeds = CORPUS / name
-    if merge:  # keep in the corpus only the found inputs that reach new coverage
-        argv = [sys.argv[0], "-merge=1", f"-artifact_prefix={scratch}/", str(seeds), *merge]
-    else:
-        argv = [sys.argv[0], *flags, f"-artifact_prefix={scratch}/", scratch, str(seeds)]
+    argv = [sys.argv[0], *flags, f"-artifact_prefix={scratch}/", scratch, str(seeds)]
     print(f"fuzzing {name}: new inputs in {scratch}, seeds from {seeds}", flush=True)
     atheris.Setup(argv, target)
     atheris.Fuzz()
@@ -84,9 +82,6 @@ def main() -> int:
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         return 2
-    if args[0] == "--merge" and len(args) >= 3:
-        fuzz(args[1], [], merge=args[2:])
-        return 0
     if args[0] == "--smoke":
         return smoke(int(args[1]) if len(args) > 1 else 3)
     fuzz(args[0], args[1:])
