@@ -9,9 +9,9 @@ scratch directory, never into the repository; a crash writes ``crash-*`` there a
 non-zero: minimise it, add it to the corpus as ``found-<what>``, fix the parser. The scratch
 directory's other files (the inputs that reached new coverage) may be copied into the corpus
 too; libFuzzer's ``-merge=1`` is not available, as it re-executes ``argv[0]``. ``--smoke``
-runs each target in its own process for SECONDS (``make fuzz-smoke``, part of ``make test``) and fails if any
-target crashes. Run from the repository root with the venv's python: this script's directory,
-not the repository root, is what lands on ``sys.path``.
+runs each target in its own process for SECONDS (``make fuzz-smoke``, part of ``make test``)
+and fails if any target crashes. Run from the repository root with the venv's python: this
+script's directory, not the repository root, is what lands on ``sys.path``.
 """
 
 from __future__ import annotations
