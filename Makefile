@@ -9,7 +9,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 
 .PHONY: help venv demo test lint format typecheck unit e2e e2e-build e2e-kind bench clean \
-        image node-build cluster-up cluster-down cluster-status e2e-node
+        image node-build cluster-up cluster-down cluster-status e2e-node \
+        policy-test fuzz-smoke fuzz mutation
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
@@ -18,6 +19,10 @@ help:
 	@echo "make format     ruff format and ruff check --fix"
 	@echo "make typecheck  mypy --strict on executor/ and operator/"
 	@echo "make unit       the test suite only (tests/), in parallel (UNIT_WORKERS=$(UNIT_WORKERS))"
+	@echo "make policy-test  lint the example policy and run its tests (agentsafe policy)"
+	@echo "make fuzz-smoke   a few seconds of every atheris fuzz target (tests/fuzz/)"
+	@echo "make fuzz       FUZZ_TARGET=name FUZZ_RUNS=1000000: one target at length (docs/fuzzing.md)"
+	@echo "make mutation   nightly: mutmut over the core, scores per module (docs/mutation.md)"
 	@echo "make e2e-build  build (or find, cached by version) every binary the e2e suite needs"
 	@echo "make e2e        e2e-build, then the end-to-end suite against a real kube-apiserver"
 	@echo "make e2e-kind   the same scenarios on kind (needs docker, kind, kubectl, helm)"
@@ -85,6 +90,26 @@ e2e: e2e-build
 e2e-kind: $(STAMP)
 	bash e2e/kind/run.sh
 
+# issue 23: the policies under examples/ ship with <policy>.test.yaml files (docs/policy-testing.md).
+policy-test: $(STAMP)
+	$(BIN)/agentsafe policy lint examples/policy.yaml
+	$(BIN)/agentsafe policy test examples
+
+# issue 23: one atheris target per parser of untrusted input (docs/fuzzing.md). The corpus in
+# tests/fuzz/corpus/ is replayed by `make unit`; fuzz-smoke fuzzes each target briefly.
+FUZZ_SECONDS ?= 3
+FUZZ_TARGET  ?= body
+FUZZ_RUNS    ?= 1000000
+fuzz-smoke: $(STAMP)
+	$(BIN)/python tests/fuzz/run.py --smoke $(FUZZ_SECONDS)
+
+fuzz: $(STAMP)
+	nice $(BIN)/python tests/fuzz/run.py $(FUZZ_TARGET) -runs=$(FUZZ_RUNS) -print_final_stats=1
+
+# issue 23, nightly-style and CPU-heavy, never part of `make test`: MUTATION_MODULES=executor/x.py
+mutation: $(STAMP)
+	nice $(BIN)/python tests/mutation/run.py $(MUTATION_MODULES)
+
 # The one-node cluster (e2e/cluster/node.py): control plane, containerd, kubelet, kube-proxy,
 # kube-router, CoreDNS and storage as host processes and pods; root and Debian packages needed
 # (docs/cluster.md). Run from e2e/ so that the repository root never reaches sys.path.
@@ -111,7 +136,7 @@ e2e-node: e2e-build
 
 # `make test` runs these targets in this order, each timed by .ci/stage (.ci/run prints the
 # summary). e2e-build comes before any pytest starts.
-TEST_STAGES := venv lint typecheck e2e-build unit e2e
+TEST_STAGES := venv lint typecheck e2e-build unit policy-test fuzz-smoke e2e
 
 test:
 	@for stage in $(TEST_STAGES); do \

@@ -258,6 +258,21 @@ class Code(StrEnum):
         None,
         "the policy names an unregistered handler",
     )
+    POLICY_TEST_INVALID = (
+        "POLICY_TEST_INVALID",
+        None,
+        "a policy test file (agent-safe.policy-test/1) is not valid",
+    )
+    RULE_SHADOWED = (
+        "RULE_SHADOWED",
+        None,
+        "lint: whenever the rule matches, an earlier rule matches too",
+    )
+    RULE_UNREACHABLE = (
+        "RULE_UNREACHABLE",
+        None,
+        "lint: an earlier rule always matches, or the rule can never be true",
+    )
     GRANT_ALREADY_CLAIMED = (
         "GRANT_ALREADY_CLAIMED",
         None,

@@ -56,6 +56,7 @@ from agentsafe.executor.door.principals_file import (
 )
 from agentsafe.executor.host.halt import MAX_REASON_CHARS
 from agentsafe.executor.policy.policy import PolicyDocument
+from agentsafe.executor.policy.trial import MAX_TEST_CASES, PolicyTestCase
 from agentsafe.executor.principals import Role, Scope
 
 __all__ = [
@@ -195,6 +196,9 @@ class ConditionReason(StrEnum):
     """AgentPolicy, ``Reconciled=True``: every child applied."""
     POLICY_INVALID = "PolicyInvalid"
     """AgentPolicy, ``Reconciled``/``Ready=False``: ``spec.policy`` does not compile."""
+    POLICY_TESTS_FAILED = "PolicyTestsFailed"
+    """AgentPolicy, ``Reconciled``/``Ready=False``: a case of ``spec.tests`` does not get the
+    answer it expects from ``spec.policy`` (``agentsafe policy test``, docs/policy-testing.md)."""
     PRINCIPALS_INVALID = "PrincipalsInvalid"
     """AgentPolicy, ``Reconciled``/``Ready=False``: the selected Principals do not validate or
     the executor would refuse them (separation of duties, MTLS without a client CA, ...)."""
@@ -367,6 +371,12 @@ class AgentPolicySpec(_Model):
 
     mode: ExecutorMode = ExecutorMode.SHADOW
     policy: PolicyDocument
+    tests: list[PolicyTestCase] = Field(
+        default_factory=list,
+        max_length=MAX_TEST_CASES,
+        description="policy test cases (agent-safe.policy-test/1); all must pass before "
+        "anything is rendered (docs/policy-testing.md)",
+    )
     intent_ttl_seconds: Annotated[int, Field(ge=1, le=INTENT_TTL_SECONDS_MAX)] = Field(
         default=INTENT_TTL_SECONDS_DEFAULT, alias="intentTTLSeconds"
     )

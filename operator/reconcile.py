@@ -6,10 +6,10 @@ tokens to their SHA-256, never copying them), generates the operator's bearer to
 grant signing key once, renders every child with the pure ``render`` package and applies them
 with server-side apply, prunes the agent-namespace NetworkPolicies it no longer renders,
 writes the halt key (``halt.sync_halt``) and decides ``Ready`` (``readiness.py``). A
-``RenderError`` (invalid policy, missing Secret, Principals or configuration the executor
-would refuse) leaves every child untouched and is reported as ``Reconciled=False`` and
-``Ready=False`` with its reason. The result is a :class:`PolicyOutcome`: the status and the
-Event to post.
+``RenderError`` (invalid policy, a failing case of ``spec.tests``, missing Secret, Principals
+or configuration the executor would refuse) leaves every child untouched and is reported as
+``Reconciled=False`` and ``Ready=False`` with its reason. The result is a
+:class:`PolicyOutcome`: the status and the Event to post.
 
 :func:`reconcile_principal` is a Principal's side: every AgentPolicy that selected it (old
 labels) or selects it (new labels) is reconciled again and its status written, and the
@@ -187,9 +187,9 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
     """Render and apply everything one AgentPolicy becomes; the status to write.
 
     Raises :class:`InvalidSpec` for a stored object that does not validate, ``ApiError`` for
-    the API server's refusals. A ``RenderError`` (invalid policy, missing Secret, principals
-    or configuration the executor would refuse) leaves every child untouched and is reported
-    as ``Ready=False`` with its reason.
+    the API server's refusals. A ``RenderError`` (invalid policy, a failing case of
+    ``spec.tests``, missing Secret, principals or configuration the executor would refuse)
+    leaves every child untouched and is reported as ``Ready=False`` with its reason.
     """
     ref = policy_ref(body)
     previous = stored_conditions(body)
@@ -243,6 +243,8 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
     halted = await sync_halt(rt, ref, labels)
     sts = await rt.kube.get("StatefulSet", ref.namespace, names(ref).executor)
     message = f"{len(rendered.objects)} objects applied; {len(rendered.principals)} principals"
+    if spec.tests:
+        message += f"; {len(spec.tests)} policy tests passed"
     conditions = set_condition(
         previous,
         type=ConditionType.RECONCILED,

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentsafe.executor.canonical import (
+    MAX_DEPTH,
     DuplicateKeyError,
     canonical_json,
     format_number,
@@ -115,6 +116,112 @@ def test_canonical_form_is_json_that_round_trips(value: object) -> None:
     reparsed = json.loads(text)
     # Canonicalising the parsed form again is a fixed point.
     assert canonical_json(reparsed) == text
+
+
+# Found by mutation testing (docs/mutation.md): each escape and boundary pinned exactly.
+
+
+def test_every_short_escape_is_exact() -> None:
+    text = '"\\\b\f\n\r\t'
+    assert canonical_json(text) == b'"\\"\\\\\\b\\f\\n\\r\\t"'
+    assert canonical_json({text: 1}) == b'{"\\"\\\\\\b\\f\\n\\r\\t":1}'
+
+
+def test_other_control_characters_use_lower_case_u_escapes() -> None:
+    assert canonical_json("\x00\x1f\x1b\x7f ") == b'"\\u0000\\u001f\\u001b\x7f "'
+
+
+@pytest.mark.parametrize("value", [chr(0xD800), chr(0xDFFF), "a" + chr(0xDC00) + "b"])
+def test_lone_surrogates_at_either_bound_are_refused(value: str) -> None:
+    with pytest.raises(CanonicalizationError) as info:
+        canonical_json(value)
+    assert info.value.code == "JSON_INVALID"
+    with pytest.raises(CanonicalizationError):
+        canonical_json({value: 1})
+
+
+def test_the_characters_beside_the_surrogate_range_are_kept() -> None:
+    assert canonical_json("\ud7ff\ue000") == '"\ud7ff\ue000"'.encode()
+
+
+def test_the_exact_integer_range_ends_at_2_53_minus_1() -> None:
+    assert canonical_json([2**53 - 1, -(2**53 - 1)]) == b"[9007199254740991,-9007199254740991]"
+    for value in (2**53, -(2**53)):
+        with pytest.raises(CanonicalizationError) as info:
+            canonical_json(value)
+        assert info.value.code == "NUMBER_OUT_OF_RANGE"
+
+
+def test_refusal_codes_are_stable() -> None:
+    cases = [(math.nan, "NUMBER_NOT_FINITE"), (True, None), ({1: 2}, "JSON_INVALID")]
+    for value, code in cases:
+        if code is None:
+            continue
+        with pytest.raises(CanonicalizationError) as info:
+            canonical_json(value)
+        assert info.value.code == code
+    with pytest.raises(CanonicalizationError) as info:
+        format_number(True)
+    assert info.value.code == "JSON_INVALID"
+    with pytest.raises(CanonicalizationError) as info:
+        canonical_json(b"x")
+    assert info.value.code == "JSON_INVALID"
+
+
+def test_nesting_is_bounded_below_the_recursion_limit() -> None:
+    assert MAX_DEPTH == 500  # the contract, not only the edge the rest of the test probes
+    deep: object = []
+    for _ in range(MAX_DEPTH):
+        deep = [deep]
+    assert canonical_json(deep) == b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1)
+    with pytest.raises(CanonicalizationError) as info:
+        canonical_json([deep])
+    assert info.value.code == "JSON_TOO_DEEP"
+
+
+def test_separators_and_literals() -> None:
+    assert canonical_json({"b": [None, True, False], "a": (1, 2.5)}) == (
+        b'{"a":[1,2.5],"b":[null,true,false]}'
+    )
+    assert canonical_json(-0.0) == b"0"
+    assert canonical_json(0.0) == b"0"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (1e21, "1e+21"),
+        (1e20, "100000000000000000000"),
+        (1.5e21, "1.5e+21"),
+        (123.456, "123.456"),
+        (-123.456, "-123.456"),
+        (0.000001, "0.000001"),
+        (0.0000015, "0.0000015"),
+        (1.5e-7, "1.5e-7"),
+        (12e-7, "0.0000012"),
+        (100.0, "100"),
+        (-5.0, "-5"),
+        (2.0**60, "1152921504606847000"),
+    ],
+)
+def test_number_form_at_every_branch(value: float, expected: str) -> None:
+    assert format_number(value) == expected
+
+
+def test_sha256_digest_form() -> None:
+    assert sha256_digest({}) == (
+        "sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+    )
+
+
+def test_objects_nest_to_the_same_bound_as_arrays() -> None:
+    deep: object = {}
+    for _ in range(MAX_DEPTH):
+        deep = {"a": deep}
+    assert canonical_json(deep) == b'{"a":' * MAX_DEPTH + b"{}" + b"}" * MAX_DEPTH
+    with pytest.raises(CanonicalizationError) as info:
+        canonical_json({"a": deep})
+    assert info.value.code == "JSON_TOO_DEEP"
 
 
 # -- the one strict reader ------------------------------------------------------------------

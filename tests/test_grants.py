@@ -277,3 +277,94 @@ def test_thumbprint_is_sha256_of_required_members(key: SigningKey) -> None:
         json.dumps(members, separators=(",", ":"), sort_keys=True).encode()
     ).digest()
     assert key.kid == b64url_encode(expected)
+
+
+# Found by mutation testing (docs/mutation.md).
+
+
+def test_base64url_round_trips_every_byte_and_length() -> None:
+    for length in range(0, 7):
+        for first in range(256):
+            data = bytes([first]) * length
+            text = b64url_encode(data)
+            assert "=" not in text
+            assert b64url_decode(text) == data
+    assert b64url_decode("AAAA") == b"\0\0\0"
+    for bad in ("A", "AAAAA", "AA=A", "AA+/", "AB"):
+        with pytest.raises(TokenRefused) as info:
+            b64url_decode(bad)
+        assert info.value.code == "JWS_MALFORMED"
+
+
+def test_token_length_is_bounded_at_16_kib(key: SigningKey, keys: KeySet) -> None:
+    from agentsafe.executor.grants import MAX_TOKEN_LENGTH
+
+    assert MAX_TOKEN_LENGTH == 16 * 1024
+    token = sign_jws({"pad": "x" * 11_000}, typ=TYP, key=key)
+    assert len(token) <= MAX_TOKEN_LENGTH
+    assert verify_jws(token, typ=TYP, keys=keys)["pad"] == "x" * 11_000
+    long = sign_jws({"pad": "x" * 13_000}, typ=TYP, key=key)
+    assert len(long) > MAX_TOKEN_LENGTH
+    assert refused(long, keys) == "JWS_MALFORMED"
+
+
+def test_a_token_refusal_defaults_to_malformed_and_a_key_shows_only_its_kid(
+    key: SigningKey,
+) -> None:
+    assert TokenRefused("x").code == "JWS_MALFORMED"
+    assert repr(key) == f"SigningKey(kid={key.kid!r}, ephemeral={key.ephemeral})"
+
+
+@pytest.mark.parametrize(
+    "change", [{"alg": "HS256"}, {"kty": "EC"}, {"crv": "X25519"}, {"kty": None}]
+)
+def test_a_real_key_with_one_wrong_member_is_refused(
+    key: SigningKey, change: dict[str, Any]
+) -> None:
+    jwk: dict[str, Any] = {**key.public_jwk(), **change}
+    with pytest.raises(AgentSafeError) as info:
+        KeySet.from_jwks({"keys": [jwk]})
+    assert info.value.code == "JWKS_INVALID"
+    assert KeySet.from_jwks({"keys": [key.public_jwk()]}).get(key.kid) is not None
+
+
+def test_a_token_exactly_at_the_bound_verifies(key: SigningKey, keys: KeySet) -> None:
+    from agentsafe.executor.grants import MAX_TOKEN_LENGTH
+
+    def token_of(size: int, typ: str) -> str:
+        return sign_jws({"pad": "x" * size}, typ=typ, key=key)
+
+    # Unpadded base64 never has a length of 1 mod 4, so the payload alone may step over the
+    # bound: a type name of another length moves the header, and one of them lands on it.
+    typs = [f"agentsafe-t{'y' * k}+jwt" for k in range(4)]
+    size, typ = next(
+        (size, typ)
+        for typ in typs
+        for size in range(12_000, 12_400)
+        if len(token_of(size, typ)) == MAX_TOKEN_LENGTH
+    )
+    token = token_of(size, typ)
+    assert len(token) == MAX_TOKEN_LENGTH
+    assert verify_jws(token, typ=typ, keys=keys)["pad"] == "x" * size
+
+
+@pytest.mark.parametrize("token", [b"a.b.c", "", None, 7])
+def test_a_token_that_is_not_text_is_malformed(keys: KeySet, token: object) -> None:
+    with pytest.raises(TokenRefused) as info:
+        verify_jws(token, typ=TYP, keys=keys)  # type: ignore[arg-type]
+    assert info.value.code == "JWS_MALFORMED"
+
+
+def test_the_algorithm_is_checked_before_the_header_form(key: SigningKey, keys: KeySet) -> None:
+    header = b64url_encode(b'{ "alg": "none", "typ": "agentsafe-grant+jwt", "kid": "k" }')
+    payload = b64url_encode(canonical_json(PAYLOAD))
+    assert refused(f"{header}.{payload}.", keys) == "JWS_ALGORITHM_REFUSED"
+
+
+def test_a_signed_payload_without_a_canonical_form_is_malformed(
+    key: SigningKey, keys: KeySet
+) -> None:
+    header = b64url_encode(canonical_json({"alg": "EdDSA", "kid": key.kid, "typ": TYP}))
+    payload = b64url_encode(b'{"n":9007199254740993}')  # no exact double: no RFC 8785 form
+    signature = b64url_encode(key.sign(f"{header}.{payload}".encode()))
+    assert refused(f"{header}.{payload}.{signature}", keys) == "JWS_MALFORMED"

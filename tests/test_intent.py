@@ -120,3 +120,157 @@ def test_timestamps_round_trip() -> None:
     assert parse_ms(format_ms(1_800_000_000.123)) == pytest.approx(1_800_000_000.123)
     with pytest.raises(ValueError):
         parse_ms("2026-08-14T10:00:00Z")
+
+
+def test_the_limits_are_the_public_contract() -> None:
+    # The bounds are part of the wire contract (413/400 answers), not tunables: a changed value
+    # must fail here, not only move the boundary the tests above probe (docs/mutation.md).
+    from agentsafe.executor.intent import MAX_BODY_BYTES
+
+    assert (MAX_BODY_BYTES, MAX_DEPTH, MAX_ENTRIES, MAX_ARRAY_LENGTH) == (102_400, 20, 5000, 1000)
+
+
+def test_every_view_of_a_captured_intent() -> None:
+    # Found by mutation testing: the views other modules read were checked only through them.
+    import dataclasses
+
+    from agentsafe.executor.intent import CapturedIntent, execution_payload_digest
+
+    intent = _capture(intent_id="11111111-2222-4333-8444-555555555555")
+    assert isinstance(intent, CapturedIntent)
+    assert TARGET.as_binding() == {
+        "system": "synthetic-bank",
+        "operation": "payout",
+        "endpoint": "POST /payouts",
+    }
+    assert intent.binding["downstream_target"] == {
+        "system": "synthetic-bank",
+        "operation": "payout",
+        "endpoint": "POST /payouts",
+    }
+    assert intent.intent_id == "11111111-2222-4333-8444-555555555555"
+    assert intent.tenant_id == TENANT
+    assert intent.idempotency_key == "payout-1-v1"
+    assert intent.action == "create_payout"
+    assert intent.resource == "payout:beneficiary-1"
+    assert intent.parameters == {"amountMinor": 5000, "currency": "USD"}
+    assert intent.caller_principal == "legacy-caller"
+    assert intent.captured_at == 1_800_000_000.0
+    assert intent.expires_at == 1_800_000_060.0
+    assert intent.expires_at_text == "2027-01-15T08:01:00.000Z"
+    assert intent.payload_digest == execution_payload_digest(intent.parameters)
+    assert intent.payload_digest == (
+        "sha256:"
+        + __import__("hashlib").sha256(b'{"amountMinor":5000,"currency":"USD"}').hexdigest()
+    )
+    no_context = CapturedIntent(binding={**intent.binding, "context": {}}, intent_hash="x")
+    assert no_context.caller_principal is None
+    for frozen in (intent, TARGET):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            frozen.intent_hash = "x"  # type: ignore[misc,union-attr]
+
+
+def _code(value: object) -> str:
+    with pytest.raises(RequestRejected) as info:
+        check_json_bounds(value)
+    return str(info.value.code)
+
+
+def test_bounds_count_and_nest_across_lists_and_objects() -> None:
+    # Found by mutation testing: entries add up over every container, lists nest like objects,
+    # and scalars inside lists and at the top are checked too.
+    half = MAX_ENTRIES // 2 + 1
+    assert _code([{str(i): i for i in range(half)}, {str(i): i for i in range(half)}]) == (
+        "REQUEST_TOO_LARGE"
+    )
+    check_json_bounds([{str(i): i for i in range(half - 2)}, {str(i): i for i in range(half - 2)}])
+    listed: object = 1
+    for _ in range(MAX_DEPTH):
+        listed = [listed]
+    check_json_bounds(listed)
+    assert _code([listed]) == "REQUEST_TOO_DEEP"
+    mixed: object = 1
+    for level in range(MAX_DEPTH):
+        mixed = [mixed] if level % 2 else {"a": mixed}
+    check_json_bounds(mixed)
+    assert _code({"a": mixed}) == "REQUEST_TOO_DEEP"
+    for scalar in (float("nan"), 2**53):
+        assert _code([scalar]) == "REQUEST_INVALID"
+        assert _code(scalar) == "REQUEST_INVALID"
+    assert _code({"a": {"constructor": 1}}) == "REQUEST_INVALID"
+
+
+def test_the_largest_exact_integer_is_accepted() -> None:
+    from agentsafe.executor.canonical import MAX_SAFE_INTEGER
+
+    check_json_bounds({"n": MAX_SAFE_INTEGER, "m": -MAX_SAFE_INTEGER})
+    assert _code({"n": MAX_SAFE_INTEGER + 1}) == "REQUEST_INVALID"
+
+
+@pytest.mark.parametrize("missing", ["tenant_id", "actor"])
+def test_a_principal_without_tenant_or_actor_cannot_propose(missing: str) -> None:
+    import dataclasses
+
+    principal = dataclasses.replace(PRINCIPAL, **{missing: None})
+    with pytest.raises(RequestRejected) as info:
+        _capture(principal=principal)
+    assert info.value.code == "ROLE_FORBIDDEN"
+
+
+def test_a_presented_intent_passes_the_json_bounds() -> None:
+    binding = copy.deepcopy(dict(_capture().binding))  # type: ignore[attr-defined]
+    deep: object = 1
+    for _ in range(MAX_DEPTH):
+        deep = {"a": deep}
+    binding["action"]["parameters"] = {"deep": deep}
+    with pytest.raises(RequestRejected) as info:
+        intent_from_binding(binding)
+    assert info.value.code == "REQUEST_TOO_DEEP"
+
+
+def test_only_the_proposer_may_present_its_intent() -> None:
+    import dataclasses
+
+    from agentsafe.executor.intent import CapturedIntent, check_intent_owner
+
+    intent = _capture()
+    check_intent_owner(PRINCIPAL, intent)  # type: ignore[arg-type]
+    other = dataclasses.replace(PRINCIPAL, id="someone-else")
+    for principal, presented in (
+        (other, intent),
+        (PRINCIPAL, CapturedIntent(binding={**intent.binding, "context": {}}, intent_hash="x")),  # type: ignore[attr-defined]
+    ):
+        with pytest.raises(RequestRejected) as info:
+            check_intent_owner(principal, presented)  # type: ignore[arg-type]
+        assert info.value.code == "INTENT_PRINCIPAL_MISMATCH"
+
+
+def test_separation_of_duties_on_a_captured_intent() -> None:
+    from agentsafe.executor.intent import check_separation
+    from agentsafe.executor.principals import Principal, Role
+
+    intent = _capture()
+
+    def approver(pid: str, actor: str | None = None, role: Role = Role.APPROVER) -> Principal:
+        return Principal(id=pid, role=role, actor=Actor(actor, "HUMAN") if actor else None)
+
+    check_separation(approver("lead"), intent)  # type: ignore[arg-type]
+    check_separation(approver("lead", actor="person-1"), intent)  # type: ignore[arg-type]
+    refusals = [
+        (approver("lead", role=Role.OPERATOR), "ROLE_FORBIDDEN"),
+        (approver("lead", role=Role.PROPOSER), "ROLE_FORBIDDEN"),
+        (approver("legacy-caller"), "SEPARATION_OF_DUTIES_VIOLATED"),  # the proposer's id
+        (approver("agent-1"), "SEPARATION_OF_DUTIES_VIOLATED"),  # id is the proposer's actor
+        (approver("lead", actor="agent-1"), "SEPARATION_OF_DUTIES_VIOLATED"),  # same actor
+    ]
+    for who, code in refusals:
+        with pytest.raises(RequestRejected) as info:
+            check_separation(who, intent)  # type: ignore[arg-type]
+        assert info.value.code == code, who
+
+
+def test_array_items_add_up_across_arrays() -> None:
+    per = MAX_ARRAY_LENGTH - 1
+    count = MAX_ENTRIES // per + 1  # every array is within bounds, together they are not
+    assert _code({f"k{i}": [0] * per for i in range(count)}) == "REQUEST_TOO_LARGE"
+    check_json_bounds({f"k{i}": [0] * per for i in range(MAX_ENTRIES // per - 1)})

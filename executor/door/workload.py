@@ -318,6 +318,8 @@ def _reason(exc: BaseException) -> str:
 
 def looks_like_jwt(token: str) -> bool:
     """Three base64url segments (the signature may be empty): worth trying as a workload token."""
+    if not token.isascii():  # a str from anywhere may carry surrogates; base64url is ASCII
+        return False
     parts = token.split(".")
     return (
         len(parts) == 3

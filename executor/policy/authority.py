@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..canonical import sha256_digest
@@ -61,9 +62,13 @@ __all__ = [
     "Authority",
     "Claim",
     "Decision",
+    "Evaluation",
     "GrantRefused",
     "LocalAuthority",
+    "RuleTrial",
+    "Stage",
     "Verdict",
+    "evaluate_policy",
 ]
 
 GRANT_TYP = "agentsafe-grant+jwt"
@@ -217,77 +222,18 @@ class LocalAuthority:
     ) -> Decision:
         """:meth:`evaluate` without the coroutine: pure CPU, no I/O."""
         now = self._clock.now()
-        if now >= intent.expires_at:
-            return self._answer(Verdict.BLOCK, ("INTENT_EXPIRED",), now=now)
-        action = self._policy.actions.get(intent.action)
-        if action is None:
-            return self._answer(Verdict.BLOCK, ("POLICY_ACTION_UNKNOWN",), now=now)
-        checked = _check_parameters(action, intent.parameters)
-        if checked is not None:
-            return self._answer(Verdict.BLOCK, (checked,), now=now)
-        activation = Activation(_variables(intent, principal=principal, now=now))
-        matched: CompiledRule | None = None
-        for rule in action.rules:
-            try:
-                hit = rule.expression.evaluate(activation)
-            except EvaluationError:
-                return self._answer(
-                    Verdict.BLOCK, ("POLICY_EVALUATION_ERROR",), rule=rule.name, now=now
-                )
-            if hit:
-                matched = rule
-                break
-        if matched is None:
-            return self._answer(Verdict.BLOCK, ("POLICY_NO_MATCH",), now=now)
-        reasons = (matched.reason_code or _DEFAULT_REASON[matched.verdict],)
-        if matched.verdict is Verdict.ALLOW:
-            return self._allow(intent, reasons, rule=matched.name, now=now)
-        if matched.verdict is Verdict.BLOCK:
-            return self._answer(Verdict.BLOCK, reasons, rule=matched.name, now=now)
-        if approval is None:
-            return self._answer(
-                Verdict.ESCALATE,
-                reasons,
-                rule=matched.name,
-                approvers=matched.approvers,
-                now=now,
-            )
-        return self._resolve_approval(intent, principal, matched, approval, now=now)
-
-    def _resolve_approval(
-        self,
-        intent: CapturedIntent,
-        principal: Principal,
-        rule: CompiledRule,
-        approval: Mapping[str, Any],
-        *,
-        now: float,
-    ) -> Decision:
-        decision = approval.get("decision")
-        approver = approval.get("approver")
-        approver_actor = approval.get("approver_actor")
-        request_id = approval.get("request_id")
-        if (
-            decision not in ("APPROVE", "DENY")
-            or not isinstance(approver, str)
-            or approver not in rule.approvers
-            or not isinstance(request_id, str)
-            or not request_id
-            or approval.get("intent_hash") != intent.intent_hash
-        ):
-            return self._answer(
-                Verdict.BLOCK, ("APPROVAL_BINDING_MISMATCH",), rule=rule.name, now=now
-            )
-        proposer_actor = (intent.binding.get("actor") or {}).get("id")
-        if approver == principal.id or (
-            approver_actor is not None and approver_actor in (proposer_actor, _actor_id(principal))
-        ):
-            return self._answer(
-                Verdict.BLOCK, ("SEPARATION_OF_DUTIES_VIOLATED",), rule=rule.name, now=now
-            )
-        if decision == "DENY":
-            return self._answer(Verdict.BLOCK, ("APPROVAL_DENIED",), rule=rule.name, now=now)
-        return self._allow(intent, ("APPROVED_BY_APPROVER",), rule=rule.name, now=now)
+        result = evaluate_policy(
+            self._policy, intent, principal=principal, approval=approval, now=now
+        )
+        if result.verdict is Verdict.ALLOW and result.rule is not None:
+            return self._allow(intent, result.reason_codes, rule=result.rule, now=now)
+        return self._answer(
+            result.verdict,
+            result.reason_codes,
+            rule=result.rule,
+            approvers=result.approvers,
+            now=now,
+        )
 
     def _allow(
         self, intent: CapturedIntent, reasons: tuple[str, ...], *, rule: str, now: float
@@ -458,6 +404,124 @@ def _grant_fields(payload: Mapping[str, Any]) -> _GrantFields:
         expires_at=time_values[2],
         binding=binding,
     )
+
+
+class Stage(StrEnum):
+    """Where :func:`evaluate_policy` reached its verdict (``agentsafe policy explain``)."""
+
+    EXPIRY = "EXPIRY"
+    ACTION = "ACTION"
+    PARAMETERS = "PARAMETERS"
+    RULES = "RULES"
+    NO_MATCH = "NO_MATCH"
+    APPROVAL = "APPROVAL"
+
+
+@dataclass(frozen=True)
+class RuleTrial:
+    """One rule tried: ``matched`` is ``None`` when its expression failed to evaluate."""
+
+    rule: str
+    path: str
+    when: str
+    matched: bool | None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The policy's answer before any grant is signed, and how it was reached."""
+
+    verdict: Verdict
+    reason_codes: tuple[str, ...]
+    rule: str | None
+    approvers: tuple[str, ...]
+    stage: Stage
+    trials: tuple[RuleTrial, ...] = ()
+
+
+def evaluate_policy(
+    policy: CompiledPolicy,
+    intent: CapturedIntent,
+    *,
+    principal: Principal,
+    now: float,
+    approval: Mapping[str, Any] | None = None,
+) -> Evaluation:
+    """Steps 1-4 of the module docstring: pure, no key and no I/O.
+
+    :meth:`LocalAuthority.decide` signs a grant on the ``ALLOW`` this returns; ``agentsafe policy
+    test`` and ``explain`` (``policy/trial.py``) call it directly, so a policy test exercises
+    exactly the code that decides in ``serve``.
+    """
+    if now >= intent.expires_at:
+        return Evaluation(Verdict.BLOCK, ("INTENT_EXPIRED",), None, (), Stage.EXPIRY)
+    action = policy.actions.get(intent.action)
+    if action is None:
+        return Evaluation(Verdict.BLOCK, ("POLICY_ACTION_UNKNOWN",), None, (), Stage.ACTION)
+    checked = _check_parameters(action, intent.parameters)
+    if checked is not None:
+        return Evaluation(Verdict.BLOCK, (checked,), None, (), Stage.PARAMETERS)
+    activation = Activation(_variables(intent, principal=principal, now=now))
+    trials: list[RuleTrial] = []
+    matched: CompiledRule | None = None
+    for rule in action.rules:
+        try:
+            hit = rule.expression.evaluate(activation)
+        except EvaluationError:
+            trials.append(RuleTrial(rule.name, rule.path, rule.expression.source, None))
+            return Evaluation(
+                Verdict.BLOCK,
+                ("POLICY_EVALUATION_ERROR",),
+                rule.name,
+                (),
+                Stage.RULES,
+                tuple(trials),
+            )
+        trials.append(RuleTrial(rule.name, rule.path, rule.expression.source, hit))
+        if hit:
+            matched = rule
+            break
+    tried = tuple(trials)
+    if matched is None:
+        return Evaluation(Verdict.BLOCK, ("POLICY_NO_MATCH",), None, (), Stage.NO_MATCH, tried)
+    reasons = (matched.reason_code or _DEFAULT_REASON[matched.verdict],)
+    if matched.verdict is not Verdict.ESCALATE:
+        return Evaluation(matched.verdict, reasons, matched.name, (), Stage.RULES, tried)
+    if approval is None:
+        return Evaluation(
+            Verdict.ESCALATE, reasons, matched.name, matched.approvers, Stage.RULES, tried
+        )
+    verdict, reason = _resolve_approval(intent, principal, matched, approval)
+    return Evaluation(verdict, (reason,), matched.name, (), Stage.APPROVAL, tried)
+
+
+def _resolve_approval(
+    intent: CapturedIntent,
+    principal: Principal,
+    rule: CompiledRule,
+    approval: Mapping[str, Any],
+) -> tuple[Verdict, str]:
+    decision = approval.get("decision")
+    approver = approval.get("approver")
+    approver_actor = approval.get("approver_actor")
+    request_id = approval.get("request_id")
+    if (
+        decision not in ("APPROVE", "DENY")
+        or not isinstance(approver, str)
+        or approver not in rule.approvers
+        or not isinstance(request_id, str)
+        or not request_id
+        or approval.get("intent_hash") != intent.intent_hash
+    ):
+        return Verdict.BLOCK, "APPROVAL_BINDING_MISMATCH"
+    proposer_actor = (intent.binding.get("actor") or {}).get("id")
+    if approver == principal.id or (
+        approver_actor is not None and approver_actor in (proposer_actor, _actor_id(principal))
+    ):
+        return Verdict.BLOCK, "SEPARATION_OF_DUTIES_VIOLATED"
+    if decision == "DENY":
+        return Verdict.BLOCK, "APPROVAL_DENIED"
+    return Verdict.ALLOW, "APPROVED_BY_APPROVER"
 
 
 def _check_parameters(action: CompiledAction, parameters: Mapping[str, Any]) -> str | None:

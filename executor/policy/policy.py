@@ -52,9 +52,11 @@ __all__ = [
     "PolicyDocument",
     "Rule",
     "Verdict",
+    "build_validator",
     "compile_policy",
     "load_policy",
     "parse_policy",
+    "read_document",
 ]
 
 MAX_POLICY_BYTES = 1024 * 1024
@@ -190,24 +192,37 @@ def parse_policy(data: Any) -> PolicyDocument:
 
 def load_policy(path: str | Path) -> PolicyDocument:
     """Read a policy from a YAML or JSON file (``.json`` parsed strictly as JSON)."""
+    return parse_policy(read_document(path, code=Code.POLICY_INVALID, what="policy file"))
+
+
+def read_document(path: str | Path, *, code: Code, what: str) -> Any:
+    """Read one YAML or JSON document the way a policy is read (at most
+    :data:`MAX_POLICY_BYTES`, UTF-8, duplicate keys refused, ``.json`` parsed strictly as JSON);
+    refusals carry ``code`` (``policy/trial.py`` reads test files with it)."""
     file = Path(path)
     try:
         with file.open("rb") as handle:
             raw = handle.read(MAX_POLICY_BYTES + 1)
     except OSError:
         raise PolicyError(
-            f"cannot read policy file {file.name}", code=Code.POLICY_FILE_UNREADABLE
+            f"cannot read {what} {file.name}", code=Code.POLICY_FILE_UNREADABLE
         ) from None
     if len(raw) > MAX_POLICY_BYTES:
-        raise PolicyError(
-            f"policy file is larger than {MAX_POLICY_BYTES} bytes", code=Code.POLICY_INVALID
-        )
+        raise PolicyError(f"{what} is larger than {MAX_POLICY_BYTES} bytes", code=code)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise PolicyError("policy file is not UTF-8", code=Code.POLICY_INVALID) from None
-    data = _load_json(text) if file.suffix.lower() == ".json" else _load_yaml(text)
-    return parse_policy(data)
+        raise PolicyError(f"{what} is not UTF-8", code=code) from None
+    try:
+        data = _load_json(text) if file.suffix.lower() == ".json" else _load_yaml(text)
+        _check_json_types(data, "")
+    except PolicyError as exc:
+        if exc.code == code:
+            raise
+        refusal = PolicyError(str(exc), code=code)
+        refusal.path = exc.path
+        raise refusal from None
+    return data
 
 
 def compile_policy(
@@ -227,7 +242,7 @@ def compile_policy(
                 path=f"{base}.handler",
                 code=Code.POLICY_HANDLER_UNKNOWN,
             )
-        validator = _build_validator(action.parameters, path=f"{base}.parameters")
+        validator = build_validator(action.parameters, path=f"{base}.parameters")
         rules = tuple(
             CompiledRule(
                 name=rule.name,
@@ -245,7 +260,7 @@ def compile_policy(
     return CompiledPolicy(document=doc, actions=actions, digest=sha256_digest(doc.as_json()))
 
 
-def _build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
+def build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
     validator_class = jsonschema.Draft202012Validator
     declared = schema.get("$schema")
     if declared is not None and declared != "https://json-schema.org/draft/2020-12/schema":
@@ -263,6 +278,14 @@ def _build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
         detail = f" at {where}" if where else ""
         raise PolicyError(
             f"invalid JSON Schema{detail}: {exc.message}", path=path, code=Code.POLICY_INVALID
+        ) from None
+    except (OverflowError, RecursionError, MemoryError):
+        # The meta-schema's regex format compiles each "pattern": re raises OverflowError for a
+        # repeat count it cannot hold ("[A-Z]{99999999999999999999}"; found by fuzzing).
+        raise PolicyError(
+            "invalid JSON Schema: a pattern or nesting is beyond what can be compiled",
+            path=path,
+            code=Code.POLICY_INVALID,
         ) from None
     return validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)
 
@@ -323,6 +346,11 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
     out: dict[Any, Any] = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
+        if not isinstance(key, str | int | float | bool | None):  # [1]: x, {a: 1}: x
+            raise PolicyError(
+                f"keys must be strings (line {key_node.start_mark.line + 1})",
+                code=Code.POLICY_INVALID,
+            )
         if key in out:
             raise PolicyError(
                 f"key {key!r} appears twice (line {key_node.start_mark.line + 1})",
@@ -342,3 +370,9 @@ def _load_yaml(text: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise PolicyError(f"not valid YAML{where}", code=Code.POLICY_INVALID) from None
+    except (ValueError, OverflowError):  # a scalar YAML resolves but cannot build: 2001-13-01
+        raise PolicyError(
+            "not valid YAML (a value cannot be read)", code=Code.POLICY_INVALID
+        ) from None
+    except RecursionError:
+        raise PolicyError("not valid YAML (nested too deeply)", code=Code.POLICY_INVALID) from None

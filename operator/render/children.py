@@ -3,7 +3,8 @@
 :func:`render_children` compiles the policy first (the executor's
 :func:`~agentsafe.executor.policy.policy.compile_policy`): an invalid CEL expression or parameter
 schema is a ``RenderError`` with reason ``PolicyInvalid`` and the compiler's message, and nothing is
-rendered, so existing children stay as they were.
+rendered, so existing children stay as they were; so is a case of ``spec.tests`` the policy does
+not answer as expected (reason ``PolicyTestsFailed``).
 
 Callers: ``render/__init__.py``, which re-exports it; the tests.
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from agentsafe.executor.errors import PolicyError
 from agentsafe.executor.policy.policy import CompiledPolicy, compile_policy
+from agentsafe.executor.policy.trial import run_cases
 
 from ..models import ConditionReason
 from .common import RenderError, RenderInput
@@ -40,12 +42,22 @@ class Rendered:
 
 
 def check_policy(inp: RenderInput) -> CompiledPolicy:
-    """Compile ``spec.policy`` as the executor will; ``PolicyInvalid`` with the compiler's
-    message if it does not compile."""
+    """Compile ``spec.policy`` as the executor will (``PolicyInvalid`` with the compiler's
+    message if it does not compile), then run ``spec.tests`` through the authority's evaluation
+    as ``agentsafe policy test`` does (``PolicyTestsFailed`` naming the failing cases)."""
     try:
-        return compile_policy(inp.spec.policy)
+        compiled = compile_policy(inp.spec.policy)
     except PolicyError as exc:
         raise RenderError(ConditionReason.POLICY_INVALID, str(exc)) from None
+    failed = [result for result in run_cases(compiled, inp.spec.tests) if not result.passed]
+    if failed:
+        shown = "; ".join(f"{r.name!r}: {', '.join(r.failures)}" for r in failed[:5])
+        more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+        raise RenderError(
+            ConditionReason.POLICY_TESTS_FAILED,
+            f"{len(failed)} of {len(inp.spec.tests)} policy tests failed: {shown}{more}",
+        )
+    return compiled
 
 
 def render_children(inp: RenderInput) -> Rendered:

@@ -239,6 +239,9 @@ def test_malformed_tokens(jwks_path: Path) -> None:
         assert refused(v, f"e30.{part}.AA").code == "JWT_MALFORMED"
     assert not looks_like_jwt("opaque-bearer-token")
     assert looks_like_jwt("e30.e30.")
+    # a str may carry lone surrogates (surrogateescape); found by fuzzing, refused not raised
+    assert not looks_like_jwt("e30.e30.\udcbd")
+    assert refused(v, "e30.e30.\udcbd").code == "JWT_MALFORMED"
 
 
 def test_kid_selects_the_key_and_unknown_kid_fails(tmp_path: Path) -> None:

@@ -144,6 +144,29 @@ async def test_invalid_cel_leaves_children_untouched(
     assert kube.objects == before
 
 
+async def test_failing_policy_tests_render_nothing(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    status = await _reconcile(runtime, policy_body)
+    reconciled = next(c for c in status["conditions"] if c["type"] == "Reconciled")
+    assert reconciled["message"].endswith("; 3 policy tests passed")
+    before = copy.deepcopy(kube.objects)
+    changed = copy.deepcopy(policy_body)
+    changed["metadata"]["generation"] = 2
+    # Widen "small" so the large payout case no longer gets its BLOCK.
+    changed["spec"]["policy"]["actions"][0]["rules"][0]["when"] = "params.amountMinor <= 90000"
+    status = await _reconcile(runtime, changed)
+    for type_ in ("Reconciled", "Ready"):
+        condition = next(c for c in status["conditions"] if c["type"] == type_)
+        assert (condition["status"], condition["reason"]) == ("False", "PolicyTestsFailed")
+        assert condition["observedGeneration"] == 2
+    message = _ready(status)["message"]
+    assert "2 of 3 policy tests failed" in message
+    assert "'a large payout is blocked': verdict: expected BLOCK, got ALLOW" in message
+    assert kube.objects == before
+    assert runtime.events.posted[-1][:2] == ("Warning", "PolicyTestsFailed")  # type: ignore[attr-defined]
+
+
 async def test_invalid_stored_object_is_permanent_with_a_condition(
     runtime: Runtime, policy_body: dict[str, Any]
 ) -> None:

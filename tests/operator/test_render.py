@@ -254,6 +254,19 @@ def test_invalid_cel_is_policy_invalid_and_renders_nothing(render_input: RenderI
     assert "actions[0].rules[0].when" in info.value.message
 
 
+def test_spec_tests_run_before_anything_renders(render_input: RenderInput) -> None:
+    assert render_input.spec.tests, "the example AgentPolicy carries tests"
+    case = render_input.spec.tests[0].model_dump(mode="json", by_alias=True, exclude_none=True)
+    wrong = [{**case, "name": f"case {n}", "expect": {"verdict": "BLOCK"}} for n in range(7)]
+    inp = _with_spec(render_input, tests=[case, *wrong])
+    with pytest.raises(RenderError) as info:
+        render_children(inp)
+    assert info.value.reason == "PolicyTestsFailed"
+    assert info.value.message.startswith("7 of 8 policy tests failed: 'case 0': verdict: expected")
+    assert info.value.message.endswith("(and 2 more)")
+    assert render_children(_with_spec(render_input, tests=[case])).policy_digest
+
+
 def test_mtls_principal_needs_a_client_ca(render_input: RenderInput) -> None:
     mtls = SelectedPrincipal(
         name="oncall",
@@ -352,7 +365,7 @@ def test_policy_change_rolls_pods_but_jwks_does_not(render_input: RenderInput) -
     base = digest(render_input)
     assert digest(dataclasses.replace(render_input, jwks={"keys": []})) == base
     policy = render_input.spec.policy.as_json()
-    policy["actions"][0]["rules"][0]["when"] = "params.amountMinor <= 4000"
+    policy["actions"][0]["rules"][0]["when"] = "params.amountMinor <= 4500"  # its tests still pass
     assert digest(_with_spec(render_input, policy=policy)) != base
 
 

@@ -174,6 +174,38 @@ def test_json_duplicate_keys_are_refused(tmp_path: Path) -> None:
         load_policy(path)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "d: 2001-13-14\n",  # resolves as a timestamp, cannot be built (found by fuzzing)
+        "[1]: 2\n",  # an unhashable key
+        "? {a: 1}\n: 2\n",
+        "[" * 3000 + "]" * 3000,
+    ],
+)
+def test_yaml_that_cannot_be_built_is_policy_invalid(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    assert info.value.code == "POLICY_INVALID"
+
+
+def test_a_pattern_re_cannot_compile_is_policy_invalid(tmp_path: Path) -> None:
+    # Found by fuzzing: re raises OverflowError, not re.error, for a huge repeat count.
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "actions:\n  - name: a\n    handler: h\n"
+        "    parameters: {type: object, properties: {c: {type: string,"
+        " pattern: '^[A-Z]{99999999999999999999999999}$'}}}\n"
+        "    rules: [{name: r, when: 'true', verdict: ALLOW}]\n"
+    )
+    with pytest.raises(PolicyError) as info:
+        compile_policy(load_policy(path))
+    assert info.value.code == "POLICY_INVALID"
+    assert info.value.path == "actions[0].parameters"
+
+
 def test_yaml_values_without_json_form_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_text(
