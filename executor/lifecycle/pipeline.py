@@ -236,7 +236,7 @@ class Pipeline:
             },
         )
         if self._ceilings is not None:
-            self._ceilings.check(intent.parameters)
+            await self._ceilings.check(intent.parameters)
         decision = await self._decide(intent, principal)
         if decision is None:
             return self._unavailable(intent, principal)
@@ -418,7 +418,7 @@ class Pipeline:
         assert decision.grant is not None
         reservation = None
         if self._ceilings is not None:
-            reservation = self._ceilings.commit(intent.parameters)
+            reservation = await self._ceilings.commit(intent.parameters)
         attempt_id = str(uuid.uuid4())
         journal = self._journal
         progress = _attempt_progress.get(None)
@@ -439,7 +439,7 @@ class Pipeline:
         except AgentSafeError:
             log.exception("the journal refused ATTEMPT_OPENED")
             if reservation is not None:
-                reservation.release()
+                await reservation.release()
             return self._failed_before_dispatch(common, ["JOURNAL_UNAVAILABLE"], None)
         try:
             claim = await self._authority.claim(decision.grant, intent=intent)
@@ -452,7 +452,7 @@ class Pipeline:
                     finalization="NOT_CLAIMED",
                 )
             if reservation is not None:
-                reservation.release()
+                await reservation.release()
             return self._failed_before_dispatch(common, [exc.code], None)
         authorization = Authorization(
             decision_id=claim.decision_id,
@@ -495,7 +495,7 @@ class Pipeline:
         report = await self._registry.execute(handler, ctx, on_claimed=on_claimed)
         outcome = Outcome(report.outcome)
         if outcome is not Outcome.COMPLETED and not report.dispatched and reservation is not None:
-            reservation.release()
+            await reservation.release()
         finalization = await self._authority.finalize(
             claim, outcome=outcome.value, executed=report.executed
         )
