@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +51,7 @@ from .host.secrets import SecretStore, inspect_sources
 from .host.tlsctx import ReloadingTlsContext
 from .lifecycle.answers import reconciled_answer
 from .lifecycle.ceilings import HostCeilings
+from .lifecycle.leases import LeaseKeeper
 from .lifecycle.pipeline import Pipeline
 from .lifecycle.reconcile import Resolution, ResolutionStatus, reconcile_open_attempts
 from .lifecycle.shadow import ShadowReport
@@ -67,7 +67,8 @@ from .routes.control import add_control_routes
 from .routes.door import HttpDoor
 from .routes.plans import add_plan_routes
 from .state.journal import AttemptJournal
-from .state.usestore import SQLiteUseStore
+from .state.pgstore import PostgresStore, SharedAttemptMirror, check_store_url
+from .state.usestore import SQLiteUseStore, UseStore
 
 __all__ = ["Executor", "assemble", "main"]
 
@@ -75,6 +76,7 @@ log = logging.getLogger("agentsafe.executor")
 
 DRAIN_SECONDS = 20.0
 HALT_FILE_POLL_SECONDS = 0.5
+STORE_PING_SECONDS = 1.0
 SECRETS_POLL_SECONDS = 5.0
 
 
@@ -110,7 +112,7 @@ class Executor:
     streams: Streams
     clock: Clock
     secrets: SecretStore
-    store: SQLiteUseStore
+    store: UseStore
     journal: AttemptJournal | None
     authority: LocalAuthority
     registry: Registry
@@ -128,6 +130,9 @@ class Executor:
     redactor: Redactor
     chained: ChainedStreams | None = None
     plans: PlanService | None = None
+    shared: PostgresStore | None = None  # EXECUTOR_STORE_URL: the store every replica shares
+    leases: LeaseKeeper | None = None
+    store_available: bool = True
     app: web.Application = field(init=False)
     reconciling: bool = True
     unknown_attempts: int = 0
@@ -161,6 +166,8 @@ class Executor:
             return "POSTURE_DEGRADED"
         if self.halt.halted:
             return "EXECUTOR_HALTED"
+        if not self.store_available:
+            return "STORE_UNAVAILABLE"
         return None
 
     def readiness(self) -> ReadyState:
@@ -170,8 +177,10 @@ class Executor:
             "unknown_attempts": self.unknown_attempts,
             "reconciling": self.reconciling,
             "halted": self.halt.halted,
+            "store": "postgresql" if self.shared is not None else "sqlite",
+            "store_available": self.store_available,
         }
-        ready = not self.reconciling and not self.halt.halted
+        ready = not self.reconciling and not self.halt.halted and self.store_available
         if self.config.executor_ready_requires_no_unknown_attempts and self.unknown_attempts:
             ready = False
         body["ready"] = ready
@@ -303,9 +312,10 @@ class Executor:
                 self.journal,
                 reconciler=_ActionReconciler(_PolicyCatalog(self.policy), self.registry),
                 streams=self.streams,
+                gate=self.leases.gate if self.leases is not None else None,
             )
             for resolution in resolutions:
-                await self._settle_idempotency(resolution)
+                await self.settle_idempotency(resolution)
             self.unknown_attempts = sum(
                 1
                 for r in resolutions
@@ -315,7 +325,7 @@ class Executor:
         self.reconciling = False
         return resolutions
 
-    async def _settle_idempotency(self, resolution: Resolution) -> None:
+    async def settle_idempotency(self, resolution: Resolution) -> None:
         """Give a reconciled key its final answer; a key that never reached the provider is freed.
 
         A key whose outcome is still unknown stays in flight (409 IDEMPOTENCY_IN_PROGRESS): the
@@ -381,6 +391,23 @@ class Executor:
             self._spawn(self.tls.watch())
         if self.jwks is not None and self.config.executor_jwks_url:
             self._spawn(self.jwks.run_refresh())
+        if self.shared is not None:
+            self._spawn(self._store_health_loop())
+        if self.leases is not None:
+            self._spawn(self.leases.run())
+
+    async def _store_health_loop(self) -> None:
+        """Ask the shared store once a second: while it does not answer, new proposals get 503
+        STORE_UNAVAILABLE and ``/ready`` is 503; both resume by themselves when it answers."""
+        assert self.shared is not None
+        while True:
+            available = await self.shared.ping()
+            if available != self.store_available:
+                self.store_available = available
+                self.streams.security.emit(
+                    "STORE_AVAILABLE" if available else "STORE_UNAVAILABLE", {}
+                )
+            await asyncio.sleep(STORE_PING_SECONDS)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coro))
@@ -494,14 +521,28 @@ async def assemble(
     secrets.on_change(rotated)
     journal: AttemptJournal | None = None
     chained: ChainedStreams | None = None
-    store: SQLiteUseStore | None = None
+    store: UseStore | None = None
+    shared: PostgresStore | None = None
+    mirror: SharedAttemptMirror | None = None
     try:
+        if config.executor_store_url.given:
+            shared = await open_shared_store(secrets)
+            streams.security.emit(
+                "STORE_OPENED",
+                {"backend": "postgresql", "schema_version": shared.schema_version},
+            )
+            mirror = SharedAttemptMirror(
+                shared.attempts,
+                owner=config.replica_id,
+                lease_seconds=config.executor_attempt_lease_seconds,
+            )
         if config.executor_journal_dir is not None:
             try:
                 journal = await AttemptJournal.open(
                     Path(config.executor_journal_dir),
                     retain_days=config.executor_journal_retain_days,
                     clock=clock,
+                    mirror=mirror,
                 )
             except (OSError, AgentSafeError) as exc:
                 raise ConfigError(
@@ -509,11 +550,6 @@ async def assemble(
                     "cannot be opened for appending",
                     code="JOURNAL_UNAVAILABLE",
                 ) from exc
-        state_dir = (
-            Path(config.executor_state_dir)
-            if config.executor_state_dir
-            else Path(tempfile.mkdtemp(prefix="agentsafe-state-"))
-        )
         if chain is not None:
             chained = open_chained_streams(
                 evidence_out=chain[0],
@@ -532,7 +568,11 @@ async def assemble(
                 if not isinstance(deferred, DeferredSink):
                     raise TypeError("chained streams need DeferredSink placeholders")
                 deferred.attach(_CountingSink(sink, metrics, name))
-        store = await SQLiteUseStore.open(state_dir, clock=clock)
+        if shared is not None:
+            store = shared.use_store
+        else:
+            assert config.executor_state_dir is not None  # the configuration requires it
+            store = await SQLiteUseStore.open(Path(config.executor_state_dir), clock=clock)
 
         halt = HaltState(
             clock=clock,
@@ -605,6 +645,7 @@ async def assemble(
             window_count=config.executor_hard_limit_window_count,
             window_sum_minor=config.executor_hard_limit_window_sum_minor,
             clock=clock,
+            window=shared.window if shared is not None else None,
         )
         shadow = ShadowReport()
         holder: dict[str, Executor] = {}
@@ -662,19 +703,42 @@ async def assemble(
                 journal_dir=config.executor_journal_dir,
                 executors=plan_executors,
             ),
+            shared=shared,
         )
+        if mirror is not None and journal is not None:
+            executor.leases = LeaseKeeper(
+                mirror,
+                journal,
+                reconciler=_ActionReconciler(_PolicyCatalog(policy), registry),
+                streams=streams,
+                on_resolution=executor.settle_idempotency,
+            )
         holder["executor"] = executor
         return executor
     except BaseException:
         # Nothing half-built survives a refusal: close what was opened, in reverse order.
         if store is not None:
             await store.close()
+        if shared is not None:
+            await shared.close()
         if journal is not None:
             await journal.close()
         secrets.close()
         if chained is not None:
             chained.close()
         raise
+
+
+async def open_shared_store(secrets: SecretStore) -> PostgresStore:
+    """Open (and migrate) the shared store named by ``EXECUTOR_STORE_URL``; ``ConfigError``
+    naming the variable, never the URL, when it is not a PostgreSQL URL; ``StoreError`` when the
+    database does not answer or its schema is newer than this agentsafe."""
+    handle = secrets.get("EXECUTOR_STORE_URL")
+    if handle is None:
+        raise ConfigError("EXECUTOR_STORE_URL", "is set but could not be read")
+    with handle.reveal() as value:
+        url = bytes(value).decode("utf-8", errors="replace").strip()
+    return await PostgresStore.open(check_store_url(url))
 
 
 class _CountingSink:
@@ -725,7 +789,7 @@ def _plan_service(
     config: ExecutorConfig,
     policy: CompiledPolicy,
     key: SigningKey,
-    store: SQLiteUseStore,
+    store: UseStore,
     streams: Streams,
     clock: Clock,
     *,

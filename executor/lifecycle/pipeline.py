@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from ..canonical import sha256_digest
 from ..clock import Clock, format_ms
 from ..dispatch.seam import Authorization, ExecutionContext, Outcome, Registry
-from ..errors import AgentSafeError, RequestRejected
+from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
 from ..host.metrics import ExecutorMetrics
 from ..intent import CapturedIntent, DownstreamTarget, capture_intent, intent_from_binding
@@ -204,11 +204,18 @@ class Pipeline:
             _attempt_progress.reset(token)
         final = answer.status < 500 and answer.body.get("outcome") in _FINAL_OUTCOMES
         if final:
-            await self._store.idempotency_complete(
-                **scope,
-                response={"status": answer.status, "body": dict(answer.body)},
-                now=self._clock.now(),
-            )
+            try:
+                await self._store.idempotency_complete(
+                    **scope,
+                    response={"status": answer.status, "body": dict(answer.body)},
+                    now=self._clock.now(),
+                )
+            except StoreError as exc:
+                if not progress.started:
+                    raise
+                # The outcome is known and journaled; the caller gets it. The key stays in
+                # flight until reconciliation settles it, so a retry never runs it again.
+                log.warning("the final answer was not recorded (%s)", exc.code)
         elif not progress.started:
             await self._store.idempotency_release(**scope)
         return answer
@@ -443,7 +450,7 @@ class Pipeline:
             return self._failed_before_dispatch(common, ["JOURNAL_UNAVAILABLE"], None)
         try:
             claim = await self._authority.claim(decision.grant, intent=intent)
-        except GrantRefused as exc:
+        except (GrantRefused, StoreError) as exc:  # a store that failed claimed nothing we use
             if journal is not None:
                 await journal.closed(
                     attempt_id=attempt_id,

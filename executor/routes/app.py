@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import RequestRejected
+from ..errors import RequestRejected, StoreError
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer, error_body
 from ..lifecycle.pipeline import Pipeline, Proposal
@@ -157,17 +157,33 @@ async def _errors(
         response = web.json_response(error_body(exc.code, exc.message), status=exc.status)
         response.headers.update(exc.headers)
         return response
+    except StoreError as exc:
+        if exc.code != "STORE_UNAVAILABLE":
+            return _internal_error(request)
+        # Raised only before an attempt starts: the pipeline answers for what it dispatched.
+        return web.json_response(
+            error_body(
+                "STORE_UNAVAILABLE",
+                "the shared store is unreachable; nothing was executed; retry later",
+            ),
+            status=503,
+            headers={"Retry-After": "5"},
+        )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = _STATUS_CODES.get(exc.status, "REQUEST_REFUSED")
         return web.json_response(error_body(code, exc.reason), status=exc.status)
     except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return web.json_response(
-            error_body("INTERNAL_ERROR", "the executor failed; the request was not executed"),
-            status=500,
-        )
+        return _internal_error(request)
+
+
+def _internal_error(request: web.Request) -> web.Response:
+    log.exception("unhandled error in %s %s", request.method, request.path)
+    return web.json_response(
+        error_body("INTERNAL_ERROR", "the executor failed; the request was not executed"),
+        status=500,
+    )
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -56,7 +56,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..canonical import canonical_text
-from ..errors import AgentSafeError, StoreError
+from ..errors import AgentSafeError, ConfigError, StoreError
 from .journal import CLOSING_STATUSES, RecordType
 from .pgschema import SCHEMA_VERSION, migrate
 from .usestore import (
@@ -85,6 +85,7 @@ __all__ = [
     "PostgresUseStore",
     "PostgresWindow",
     "SharedAttemptMirror",
+    "check_store_url",
     "migrate_url",
 ]
 
@@ -95,6 +96,14 @@ MAX_RETRIES: Final = 20
 """Serialization failures re-run a transaction at most this many times before STORE_CONTENDED."""
 _RETRY_STATES: Final = frozenset({"40001", "40P01"})
 _NOW: Final = "extract(epoch from clock_timestamp())::double precision"
+
+
+def check_store_url(url: str) -> str:
+    """``url`` if it is a ``postgresql://`` (or ``postgres://``) URL; ``ConfigError`` naming
+    ``EXECUTOR_STORE_URL`` otherwise (the value is never echoed)."""
+    if not url.startswith(("postgresql://", "postgres://")) or any(c in url for c in "\r\n"):
+        raise ConfigError("EXECUTOR_STORE_URL", "must be a postgresql:// URL")
+    return url
 
 
 def _unavailable(exc: BaseException) -> StoreError:
@@ -787,17 +796,28 @@ async def _move(conn: _Conn, attempt_id: str, owner: str, lease_seconds: float) 
 
 class SharedAttemptMirror:
     """The journal's :class:`~agentsafe.executor.state.journal.AttemptMirror` on the shared
-    store: every step of an attempt this replica journals, owned by ``owner`` under a lease."""
+    store: every step of an attempt this replica journals, owned by ``owner`` under a lease.
+
+    ATTEMPT_OPENED and GRANT_CLAIMED must reach the store (a failure fails the append, before
+    dispatch). A close or reconciliation that cannot be written is never allowed to turn a known
+    outcome into an error: it is kept and written again by :meth:`flush` (the lease keeper calls
+    it), and until then the attempt stays open, renewed by this replica.
+    """
 
     def __init__(self, attempts: PostgresAttempts, *, owner: str, lease_seconds: float) -> None:
-        self._attempts = attempts
+        self.attempts = attempts
         self.owner = owner
         self.lease_seconds = lease_seconds
+        self._backlog: list[tuple[str, bool, str]] = []
+
+    @property
+    def backlog(self) -> int:
+        return len(self._backlog)
 
     async def record(self, kind: RecordType, record: Mapping[str, Any]) -> None:
         attempt_id = str(record["attempt_id"])
         if kind is RecordType.ATTEMPT_OPENED:
-            await self._attempts.opened(
+            await self.attempts.opened(
                 owner=self.owner,
                 lease_seconds=self.lease_seconds,
                 attempt_id=attempt_id,
@@ -806,7 +826,7 @@ class SharedAttemptMirror:
                 opened_at=str(record["at"]),
             )
         elif kind is RecordType.GRANT_CLAIMED:
-            await self._attempts.grant_claimed(
+            await self.attempts.grant_claimed(
                 attempt_id=attempt_id,
                 grant_id=str(record["grant_id"]),
                 grant_expires_at=str(record["grant_expires_at"]),
@@ -814,11 +834,24 @@ class SharedAttemptMirror:
             )
         elif kind is RecordType.ATTEMPT_CLOSED:
             outcome = str(record["outcome"])
-            await self._attempts.settle(
-                attempt_id=attempt_id, closed=outcome != "UNKNOWN_AFTER_DISPATCH", status=outcome
-            )
+            await self._settle(attempt_id, outcome != "UNKNOWN_AFTER_DISPATCH", outcome)
         else:
             status = str(record["status"])
-            await self._attempts.settle(
-                attempt_id=attempt_id, closed=status in CLOSING_STATUSES, status=status
-            )
+            await self._settle(attempt_id, status in CLOSING_STATUSES, status)
+
+    async def _settle(self, attempt_id: str, closed: bool, status: str) -> None:
+        try:
+            await self.attempts.settle(attempt_id=attempt_id, closed=closed, status=status)
+        except StoreError:
+            self._backlog.append((attempt_id, closed, status))
+
+    async def flush(self) -> int:
+        """Write the kept closes again, in order; returns how many are still kept."""
+        while self._backlog:
+            attempt_id, closed, status = self._backlog[0]
+            try:
+                await self.attempts.settle(attempt_id=attempt_id, closed=closed, status=status)
+            except StoreError:
+                break
+            self._backlog.pop(0)
+        return len(self._backlog)
