@@ -20,7 +20,7 @@ ceiling_window      the reservations inside the host-ceiling window
 attempts            the attempt journal's open-attempt state, with its owner and lease
 ==================  ==============================================================================
 
-Callers: ``state/pgstore.py`` (open, migrate), ``cli.py`` (``agentsafe store migrate``).
+Callers: ``state/pgstore.py`` (at open, and for ``agentsafe store migrate``).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ async def migrate(conn: psycopg.AsyncConnection[object]) -> tuple[int, int]:
         )
         cur = await conn.execute("SELECT version FROM agentsafe_schema")
         row = await cur.fetchone()
-        before = 0 if row is None else int(row[0])  # type: ignore[index, call-overload]
+        before = 0 if row is None else int(row[0])  # type: ignore[index]
         if before > SCHEMA_VERSION:
             raise StoreError(
                 f"the store's schema is version {before}; this agentsafe knows up to"
@@ -104,7 +104,7 @@ async def migrate(conn: psycopg.AsyncConnection[object]) -> tuple[int, int]:
             )
         for statements in MIGRATIONS[before:]:
             for statement in statements:
-                await conn.execute(statement)  # type: ignore[arg-type]
+                await conn.execute(statement)
         if before < SCHEMA_VERSION:
             await conn.execute(
                 "INSERT INTO agentsafe_schema (singleton, version) VALUES (true, %s)"

@@ -35,8 +35,8 @@ The database failing is its own state: a connection that cannot be had within
 connection before lending it, so service resumes by itself when the database returns.
 
 Callers: ``serve.py`` (opens one :class:`PostgresStore` when ``EXECUTOR_STORE_URL`` is set and hands
-its three faces to the authority, the pipeline, the ceilings and the journal), ``cli.py``
-(``agentsafe store migrate``).
+its three faces to the authority, the pipeline, the ceilings and the journal),
+``tools/store_cli.py`` (``agentsafe store migrate``), ``lifecycle/leases.py`` (the mirror).
 """
 
 from __future__ import annotations
@@ -520,7 +520,7 @@ class PostgresUseStore:
                 "DELETE FROM approvals WHERE expires_at < %s",
                 "DELETE FROM attempts WHERE state = 'CLOSED' AND closed_at < %s",
             ):
-                cur = await conn.execute(statement, (cutoff,))  # type: ignore[arg-type]
+                cur = await conn.execute(statement, (cutoff,))
                 deleted += cur.rowcount
             return deleted
 

@@ -118,7 +118,8 @@ async def test_an_approval_is_decided_once_whichever_replica_decides(pg_url: str
         results = await asyncio.gather(decide(a, "approver-1"), decide(b, "approver-2"))
         assert sorted(results) == ["APPROVAL_ALREADY_DECIDED", "DECIDED"]
         record = await a.use_store.approval_get("req-1")
-        assert record is not None and record.stored_state is ApprovalState.APPROVED
+        assert record is not None
+        assert record.stored_state is ApprovalState.APPROVED
     finally:
         await a.close()
         await b.close()
