@@ -37,8 +37,8 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import os
 import re
-import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, StrEnum
@@ -1020,7 +1020,7 @@ class ExecutorConfig(BaseModel):
     @property
     def replica_id(self) -> str:
         """``EXECUTOR_REPLICA_ID``, or this host's name (the pod name on Kubernetes)."""
-        return self.executor_replica_id or socket.gethostname()
+        return self.executor_replica_id or os.uname().nodename
 
     @property
     def production(self) -> bool:

@@ -10,7 +10,7 @@ import base64
 import hashlib
 import io
 import json
-import socket
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -959,7 +959,7 @@ def test_the_state_dir_is_required_without_a_shared_store(mode: str) -> None:
 def test_replica_id_and_lease() -> None:
     config = load_config(legacy_env())
     assert config.executor_attempt_lease_seconds == 30
-    assert config.replica_id == socket.gethostname()
+    assert config.replica_id == os.uname().nodename
     named = load_config(legacy_env(EXECUTOR_REPLICA_ID="executor-7d9f-abcde"))
     assert named.replica_id == "executor-7d9f-abcde"
     refused(legacy_env(EXECUTOR_REPLICA_ID="a b"), "EXECUTOR_REPLICA_ID")
