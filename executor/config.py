@@ -69,6 +69,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_KEYS",
+    "CURRENCY_PATTERN",
+    "DOWNSTREAM_TIMEOUT_MS_DEFAULT",
+    "DOWNSTREAM_TIMEOUT_MS_MAX",
+    "HARD_LIMIT_WINDOW_COUNT_MAX",
+    "HARD_LIMIT_WINDOW_SECONDS_MAX",
+    "INTENT_TTL_SECONDS_DEFAULT",
+    "INTENT_TTL_SECONDS_MAX",
+    "MAX_TEXT",
     "PRODUCTION",
     "SECRET_FILE_SUFFIX",
     "SECRET_NAMES",
@@ -94,6 +102,18 @@ __all__ = [
 
 PRODUCTION: Final = "production"
 SECRET_FILE_SUFFIX: Final = "_FILE"
+
+# Rules the operator's AgentPolicy schema states too: it imports these, never copies them.
+INTENT_TTL_SECONDS_DEFAULT: Final = 60
+INTENT_TTL_SECONDS_MAX: Final = 300
+DOWNSTREAM_TIMEOUT_MS_DEFAULT: Final = 10_000
+DOWNSTREAM_TIMEOUT_MS_MAX: Final = 15_000
+HARD_LIMIT_WINDOW_SECONDS_MAX: Final = 2_592_000
+HARD_LIMIT_WINDOW_COUNT_MAX: Final = 1_000_000_000
+CURRENCY_PATTERN: Final = "[A-Z]{3}"
+"""An ISO 4217 alphabetic code, as ``EXECUTOR_HARD_LIMIT_SINGLE_MINOR`` names a currency."""
+MAX_TEXT: Final = 512
+"""The longest text value (an actor, a downstream system or operation name, ...)."""
 
 # --------------------------------------------------------------------------------------------
 # Enumerations
@@ -359,13 +379,12 @@ _RESERVED_HEADERS: Final = frozenset(
 
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_CURRENCY = re.compile(r"[A-Z]{3}")
+_CURRENCY = re.compile(CURRENCY_PATTERN)
 _HEADER_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _REPLICA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _OCI_DIGEST = re.compile(
     r"(?:[^\s@]+@)?[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-fA-F]{32,128}",
 )
-_MAX_TEXT = 512
 
 
 def _parse_bool(value: object) -> object:
@@ -390,8 +409,8 @@ def _parse_int(value: object) -> object:
 
 def _check_text(value: object) -> object:
     if isinstance(value, str):
-        if len(value) > _MAX_TEXT:
-            raise ValueError(f"must be at most {_MAX_TEXT} characters")
+        if len(value) > MAX_TEXT:
+            raise ValueError(f"must be at most {MAX_TEXT} characters")
         if value != value.strip():
             raise ValueError("must not begin or end with white space")
         if not value.isprintable():
@@ -580,7 +599,9 @@ class ExecutorConfig(BaseModel):
     executor_state_dir: Path | None = None
     executor_bind_address: str = "127.0.0.1"
     port: int = Field(default=8443, ge=0, le=65535)
-    executor_intent_ttl_seconds: int = Field(default=60, ge=1, le=300)
+    executor_intent_ttl_seconds: int = Field(
+        default=INTENT_TTL_SECONDS_DEFAULT, ge=1, le=INTENT_TTL_SECONDS_MAX
+    )
     executor_authority_signing_key: SecretSource = SecretSource("EXECUTOR_AUTHORITY_SIGNING_KEY")
 
     # callers
@@ -636,8 +657,12 @@ class ExecutorConfig(BaseModel):
 
     # host ceilings
     executor_hard_limit_single_minor: dict[str, int] = Field(default_factory=dict)
-    executor_hard_limit_window_seconds: int | None = Field(default=None, ge=1, le=2_592_000)
-    executor_hard_limit_window_count: int | None = Field(default=None, ge=1, le=1_000_000_000)
+    executor_hard_limit_window_seconds: int | None = Field(
+        default=None, ge=1, le=HARD_LIMIT_WINDOW_SECONDS_MAX
+    )
+    executor_hard_limit_window_count: int | None = Field(
+        default=None, ge=1, le=HARD_LIMIT_WINDOW_COUNT_MAX
+    )
     executor_hard_limit_window_sum_minor: int | None = Field(
         default=None, ge=1, le=MAX_SAFE_INTEGER
     )
@@ -663,7 +688,9 @@ class ExecutorConfig(BaseModel):
     downstream_system: str
     downstream_operation: str
     downstream_environment: str | None = None
-    downstream_timeout_ms: int = Field(default=10_000, ge=1, le=15_000)
+    downstream_timeout_ms: int = Field(
+        default=DOWNSTREAM_TIMEOUT_MS_DEFAULT, ge=1, le=DOWNSTREAM_TIMEOUT_MS_MAX
+    )
     downstream_ca_file: Path | None = None
     downstream_spki_pins: tuple[str, ...] | None = None
     downstream_credential_kind: CredentialKind = CredentialKind.STATIC_HEADER

@@ -5,15 +5,16 @@ already knows how to log in (``kopf.login_with_service_account`` /
 ``kopf.login_with_kubeconfig`` give a :class:`kopf.ConnectionInfo`), and aiohttp is already a
 dependency. :class:`KubeClient` is that: one ``aiohttp.ClientSession`` with the credentials kopf
 found, paths from ``resources.py`` (so RBAC and the client cannot disagree), JSON in and out.
+It takes the login as :class:`Credentials`, the fields of ``kopf.ConnectionInfo`` it reads, so
+this module does not import kopf (``cli.py`` logs in, ``handlers.py`` is the kopf boundary).
 
 Errors: an answer other than 2xx is :class:`ApiError` (status, reason, the API server's
-message). :func:`to_kopf_error` maps it for handlers: 409, 429 and 5xx are
-``kopf.TemporaryError`` (retried), 400/422 ``kopf.PermanentError``, 401/403/404 temporary with a
-longer delay (RBAC or a namespace may be fixed by a person).
+message); ``handlers.to_kopf_error`` maps it to kopf's errors at the handler boundary.
 
-:class:`Kube` is the protocol handlers depend on; tests pass an in-memory stand-in.
+:class:`Kube` is the protocol the reconcile steps depend on; tests pass an in-memory stand-in.
 
-Callers: ``handlers.py``, ``halt.py``, ``cli.py``.
+Callers: ``cli.py`` (:class:`KubeClient`), ``runtime.py`` and ``reconcile.py`` (:class:`Kube`),
+``handlers.py``, ``halt.py`` and ``readiness.py`` (:class:`ApiError`), the tests.
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ from __future__ import annotations
 import json
 import ssl
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
-import kopf
 
 from .resources import resource_for
+
+if TYPE_CHECKING:
+    from _typeshed import StrOrBytesPath
 from .settings import FIELD_MANAGER
 
-__all__ = ["ApiError", "Kube", "KubeClient", "to_kopf_error"]
+__all__ = ["ApiError", "Credentials", "Kube", "KubeClient"]
 
 
 class ApiError(Exception):
@@ -39,15 +42,6 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
-
-
-def to_kopf_error(exc: ApiError) -> kopf.TemporaryError | kopf.PermanentError:
-    """409/429/5xx: try again soon; 401/403/404: try again later; other 4xx: give up."""
-    if exc.status in (409, 429) or exc.status >= 500:
-        return kopf.TemporaryError(f"API server: {exc}", delay=5)
-    if exc.status in (401, 403, 404):
-        return kopf.TemporaryError(f"API server: {exc}", delay=60)
-    return kopf.PermanentError(f"API server refused: {exc}")
 
 
 class Kube(Protocol):
@@ -83,10 +77,35 @@ class Kube(Protocol):
         ...
 
 
+class Credentials(Protocol):
+    """What the client reads of a login; ``kopf.ConnectionInfo`` is one."""
+
+    @property
+    def server(self) -> str: ...
+    @property
+    def scheme(self) -> str | None: ...
+    @property
+    def token(self) -> str | None: ...
+    @property
+    def username(self) -> str | None: ...
+    @property
+    def password(self) -> str | None: ...
+    @property
+    def insecure(self) -> bool | None: ...
+    @property
+    def ca_path(self) -> StrOrBytesPath | None: ...
+    @property
+    def ca_data(self) -> str | bytes | None: ...
+    @property
+    def certificate_path(self) -> StrOrBytesPath | None: ...
+    @property
+    def private_key_path(self) -> StrOrBytesPath | None: ...
+
+
 class KubeClient:
     """The real client over one aiohttp session (close it with :meth:`close`)."""
 
-    def __init__(self, info: kopf.ConnectionInfo) -> None:
+    def __init__(self, info: Credentials) -> None:
         self._server = info.server.rstrip("/")
         # /openid/v1/jwks answers 406 unless its own media type is acceptable.
         headers = {"Accept": "application/json, application/jwk-set+json"}

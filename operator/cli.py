@@ -105,7 +105,8 @@ def _run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from .apply import ApiError, KubeClient
-    from .handlers import Runtime, build_registry, refresh_jwks
+    from .handlers import KopfEvents, build_registry
+    from .runtime import Runtime, refresh_jwks
     from .settings import OperatorSettings
 
     settings = OperatorSettings(operator_namespace=args.operator_namespace)
@@ -157,7 +158,7 @@ def _run_operator(args: argparse.Namespace) -> int:
                     "agentsafe operator: issuer discovery failed; using the default",
                     file=sys.stderr,
                 )
-        runtime = Runtime(kube=kube, settings=operator_settings)
+        runtime = Runtime(kube=kube, settings=operator_settings, events=KopfEvents())
         await refresh_jwks(runtime)
         memo["runtime"] = runtime
         memo["jwks_task"] = asyncio.create_task(_jwks_loop(runtime))
@@ -186,7 +187,7 @@ def _run_operator(args: argparse.Namespace) -> int:
 
 
 async def _jwks_loop(runtime: Any) -> None:
-    from .handlers import refresh_jwks
+    from .runtime import refresh_jwks
 
     while True:
         await asyncio.sleep(runtime.settings.jwks_refresh_seconds)

@@ -32,6 +32,7 @@ from .models import (
     VERSION,
     AgentPolicySpec,
     AgentPolicyStatus,
+    ConditionType,
     HaltSwitchSpec,
     HaltSwitchStatus,
     PrincipalSpec,
@@ -53,7 +54,7 @@ __all__ = [
 CATEGORY: Final = "agentsafe"
 CRD_DIRECTORIES: Final = ("crds", "charts/agentsafe/crds")
 
-_READY = '.status.conditions[?(@.type=="Ready")].status'
+_READY = f'.status.conditions[?(@.type=="{ConditionType.READY}")].status'
 _DROP: Final = frozenset({"title", "examples", "discriminator", "$schema", "$id", "$comment"})
 
 

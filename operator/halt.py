@@ -1,175 +1,184 @@
-"""HaltSwitch mechanics: the durable halt key and the immediate control call.
+"""HaltSwitch enforcement: the durable halt key and the immediate control call, applied.
 
-A halt reaches an executor twice. Durably: the key ``halt`` of the policy's ConfigMap, which
-``EXECUTOR_HALT_FILE`` points at, exists while any HaltSwitch that selects the policy is halted
-(a pod that restarts starts halted; the executor refuses to resume while the file exists). It
-is applied under its own field manager (``agentsafe-operator-halt``) so that re-rendering the
-ConfigMap never clears it and a policy that fails to render can still be halted. At once:
-``POST /v1/control/halt`` (``/resume``) with the reason on every executor endpoint, as the
-operator's OPERATOR principal, over TLS verified against the executor's own certificate
-(``ca.crt`` of its TLS Secret when present, else the certificate itself, pinned).
+A halt reaches an executor twice. Durably: :func:`sync_halt` applies the policy's halt key
+(``render/halt.py`` decides it from the namespace's HaltSwitches) under its own field manager,
+so a pod that restarts starts halted and the executor refuses to resume while the key exists.
+At once: :func:`enforce_halt` calls halt or resume on every executor of each policy the switch
+selects (``control.py``), then refreshes each policy's ``Ready``/``halted``
+(:func:`~.readiness.refresh_ready`) after every control call, so that a halt never waits on
+bookkeeping. A resume is not sent to a policy another HaltSwitch still holds.
 
-:func:`halt_document`, :func:`render_halt_configmap` and :func:`executor_endpoints` are pure;
-:class:`ControlClient` does the HTTP.
+:func:`halt_acknowledged` tells the retry timer when there is nothing left to retry.
 
-Callers: ``handlers.py``, the tests.
+No kopf here (``handlers.py`` is the boundary).
+
+Callers: ``handlers.py``, ``reconcile.py`` (:func:`sync_halt`), the tests.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import ssl
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+import contextlib
+from collections.abc import Mapping
+from typing import Any
 
-import aiohttp
+from pydantic import ValidationError
 
-from .models import HaltSwitchSpec
-from .render.common import PolicyRef, names
-from .render.config import HALT_KEY
+from .apply import ApiError
+from .conditions import now_rfc3339, set_condition, stored_conditions
+from .control import ControlResult, executor_endpoints, trust_context
+from .models import (
+    AgentPolicySpec,
+    ConditionReason,
+    ConditionType,
+    HaltPodStatus,
+    HaltSwitchSpec,
+    HaltSwitchStatus,
+)
+from .readiness import refresh_ready
+from .render import PolicyRef, names
+from .render.config import OPERATOR_TOKEN_KEY
+from .render.halt import halt_document, render_halt_configmap, switches_halting
+from .runtime import Runtime, decode_secret_key, generation_of, parse_spec, policy_ref
+from .settings import HALT_FIELD_MANAGER
 
-__all__ = [
-    "ControlClient",
-    "ControlResult",
-    "Endpoint",
-    "executor_endpoints",
-    "halt_document",
-    "render_halt_configmap",
-    "switches_halting",
-    "trust_context",
-]
-
-MAX_REASON: Final = 500
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    pod: str
-    address: str
-    ready: bool
+__all__ = ["enforce_halt", "halt_acknowledged", "sync_halt"]
 
 
-@dataclass(frozen=True)
-class ControlResult:
-    pod: str
-    acknowledged: bool
-    error: str | None = None
+async def sync_halt(
+    rt: Runtime,
+    ref: PolicyRef,
+    labels: Mapping[str, str] | None,
+    *,
+    switches: list[dict[str, Any]] | None = None,
+) -> bool:
+    """Apply (or remove) the policy's halt key from the HaltSwitches; returns halted."""
+    if switches is None:
+        switches = await rt.kube.list_objects("HaltSwitch", ref.namespace)
+    halting = switches_halting(switches, labels)
+    await rt.kube.apply(
+        render_halt_configmap(ref, halt_document(halting)), field_manager=HALT_FIELD_MANAGER
+    )
+    return bool(halting)
 
 
-def switches_halting(
-    switches: Iterable[Mapping[str, Any]], policy_labels: Mapping[str, str] | None
-) -> list[tuple[str, str]]:
-    """(name, reason) of every halted HaltSwitch (not being deleted) selecting the policy."""
-    out: list[tuple[str, str]] = []
-    for switch in switches:
-        if switch.get("metadata", {}).get("deletionTimestamp"):
+async def _control_policy(
+    rt: Runtime, ref: PolicyRef, spec: AgentPolicySpec, *, action: str, reason: str
+) -> list[ControlResult]:
+    n = names(ref)
+    slices = await rt.kube.list_objects(
+        "EndpointSlice", ref.namespace, label_selector=f"kubernetes.io/service-name={n.service}"
+    )
+    endpoints = executor_endpoints(slices)
+    if not endpoints:
+        return []
+    token_secret = await rt.kube.get("Secret", ref.namespace, n.operator_token)
+    tls_secret = await rt.kube.get("Secret", ref.namespace, spec.tls.secret_name)
+    token = decode_secret_key(token_secret, OPERATOR_TOKEN_KEY)
+    ca = decode_secret_key(tls_secret, "ca.crt")
+    cert = decode_secret_key(tls_secret, "tls.crt")
+    if not token or not (ca or cert):
+        return [
+            ControlResult(e.pod, False, "operator token or executor certificate missing")
+            for e in endpoints
+        ]
+    context = trust_context(
+        ca_pem=ca.decode() if ca else None, certificate_pem=cert.decode() if cert else None
+    )
+    return await rt.control.call_all(
+        endpoints,
+        action=action,
+        reason=reason,
+        token=token.decode("ascii"),
+        port=rt.settings.port,
+        server_hostname=f"{n.service}.{ref.namespace}.svc",
+        context=context,
+    )
+
+
+async def enforce_halt(
+    rt: Runtime, body: Mapping[str, Any], *, deleting: bool = False
+) -> HaltSwitchStatus:
+    """Write every policy's halt key from the namespace's HaltSwitches, then call halt or
+    resume on each selected policy's executors; returns the HaltSwitch's status.
+
+    Raises :class:`~.runtime.InvalidSpec` for a stored HaltSwitch that does not validate,
+    ``ApiError`` for the API server's refusals (a failed ``Ready`` refresh is not one: the
+    policy's timer repairs it).
+    """
+    meta = body["metadata"]
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    generation = generation_of(body)
+    spec = parse_spec(HaltSwitchSpec, body)
+    switches = [
+        s
+        for s in await rt.kube.list_objects("HaltSwitch", namespace)
+        if s["metadata"]["name"] != name
+    ]
+    if not deleting:
+        switches.append(dict(body))
+    halting_action = spec.halted and not deleting
+    action = "halt" if halting_action else "resume"
+    reason = spec.reason or f"HaltSwitch {name} released"
+    pods: list[HaltPodStatus] = []
+    selected: list[str] = []
+    at = now_rfc3339()
+    halted_now: list[tuple[PolicyRef, bool]] = []
+    for policy in await rt.kube.list_objects("AgentPolicy", namespace):
+        ref = policy_ref(policy)
+        labels = policy["metadata"].get("labels")
+        still_halted = await sync_halt(rt, ref, labels, switches=switches)
+        halted_now.append((ref, still_halted))
+        if not spec.policy_selector.matches(labels):
             continue
+        selected.append(ref.name)
         try:
-            spec = HaltSwitchSpec.model_validate(switch.get("spec") or {})
-        except ValueError:
-            continue  # an invalid stored switch halts nothing; its own handler reports it
-        if spec.halted and spec.policy_selector.matches(dict(policy_labels or {})):
-            out.append((str(switch["metadata"]["name"]), spec.reason or ""))
-    return sorted(out)
+            pspec = AgentPolicySpec.model_validate(policy.get("spec") or {})
+        except ValidationError:
+            continue
+        if not halting_action and still_halted:
+            continue  # another HaltSwitch still holds this policy: no resume
+        for result in await _control_policy(rt, ref, pspec, action=action, reason=reason):
+            pods.append(
+                HaltPodStatus(
+                    policy=ref.name,
+                    pod=result.pod,
+                    acknowledged=result.acknowledged,
+                    at=at if result.acknowledged else None,
+                    error=result.error or None,
+                )
+            )
+    # After every control call (a halt must not wait on bookkeeping): each policy's Ready and
+    # Halted now, not at its next reconcile. Best effort: the policy's timer repairs it.
+    for ref, still_halted in halted_now:
+        with contextlib.suppress(ApiError):
+            await refresh_ready(rt, ref.namespace, ref.name, uid=ref.uid, halted=still_halted)
+    acked = sum(1 for p in pods if p.acknowledged)
+    all_acked = acked == len(pods)
+    done = ConditionReason.HALTED if halting_action else ConditionReason.RELEASED
+    return HaltSwitchStatus(
+        observed_generation=generation,
+        halted=halting_action,
+        policies=sorted(selected),
+        pods=pods,
+        acknowledged=f"{acked}/{len(pods)}",
+        conditions=set_condition(
+            stored_conditions(body),
+            type=ConditionType.READY,
+            status=all_acked,
+            reason=done if all_acked else ConditionReason.PENDING,
+            message=f"{acked}/{len(pods)} executor pods acknowledged {action}",
+            generation=generation,
+        ),
+    )
 
 
-def halt_document(halting: Sequence[tuple[str, str]]) -> str | None:
-    """The halt file's content, or ``None`` when nothing halts the policy."""
-    if not halting:
-        return None
-    body = {"haltedBy": [{"haltSwitch": name, "reason": reason} for name, reason in halting]}
-    return json.dumps(body, sort_keys=True) + "\n"
-
-
-def render_halt_configmap(policy: PolicyRef, document: str | None) -> dict[str, Any]:
-    """What the halt field manager applies: the halt key, or no key at all (which removes the
-    one it applied before)."""
-    body: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": names(policy).config, "namespace": policy.namespace},
-    }
-    if document is not None:
-        body["data"] = {HALT_KEY: document}
-    return body
-
-
-def executor_endpoints(slices: Iterable[Mapping[str, Any]]) -> list[Endpoint]:
-    """Every executor pod address in the Service's EndpointSlices, ready or not (a halted
-    executor is not ready and must still be reachable for the resume)."""
-    seen: dict[str, Endpoint] = {}
-    for piece in slices:
-        for endpoint in piece.get("endpoints") or []:
-            addresses = endpoint.get("addresses") or []
-            target = endpoint.get("targetRef") or {}
-            if not addresses:
-                continue
-            pod = str(target.get("name") or addresses[0])
-            ready = bool((endpoint.get("conditions") or {}).get("ready", False))
-            seen.setdefault(pod, Endpoint(pod=pod, address=str(addresses[0]), ready=ready))
-    return sorted(seen.values(), key=lambda e: e.pod)
-
-
-def trust_context(*, ca_pem: str | None, certificate_pem: str | None) -> ssl.SSLContext:
-    """Trust the executor's CA, or pin its certificate when no CA is given."""
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=ca_pem or certificate_pem)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    if not ca_pem:
-        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
-    return context
-
-
-class ControlClient:
-    """Calls the executors' control routes as the operator's OPERATOR principal."""
-
-    def __init__(self, *, timeout: float = 2.0) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
-
-    async def call_all(
-        self,
-        endpoints: Sequence[Endpoint],
-        *,
-        action: str,
-        reason: str,
-        token: str,
-        port: int,
-        server_hostname: str,
-        context: ssl.SSLContext,
-    ) -> list[ControlResult]:
-        """``POST /v1/control/<action>`` on every endpoint at once; one result per pod."""
-        if action not in ("halt", "resume"):
-            raise ValueError("action is halt or resume")
-        body = {"reason": reason[:MAX_REASON]}
-        headers = {"Authorization": f"Bearer {token}"}
-        connector = aiohttp.TCPConnector(ssl=context, force_close=True)
-        async with aiohttp.ClientSession(connector=connector, timeout=self._timeout) as session:
-
-            async def one(endpoint: Endpoint) -> ControlResult:
-                host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
-                url = f"https://{host}:{port}/v1/control/{action}"
-                try:
-                    async with session.post(
-                        url, json=body, headers=headers, server_hostname=server_hostname
-                    ) as response:
-                        if response.status == 200:
-                            return ControlResult(endpoint.pod, True)
-                        code = await _error_code(response)
-                        return ControlResult(endpoint.pod, False, f"HTTP {response.status} {code}")
-                except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                    return ControlResult(endpoint.pod, False, type(exc).__name__)
-
-            return list(await asyncio.gather(*(one(e) for e in endpoints)))
-
-
-async def _error_code(response: aiohttp.ClientResponse) -> str:
+def halt_acknowledged(body: Mapping[str, Any]) -> bool:
+    """Every pod acknowledged the switch's current generation: nothing for the timer to retry
+    (new pods start halted from the halt key regardless)."""
     try:
-        data = await response.json(content_type=None)
-    except (ValueError, aiohttp.ClientError):
-        return ""
-    error = data.get("error") if isinstance(data, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    if code is None and isinstance(data, dict):
-        code = data.get("code")
-    return str(code)[:64] if isinstance(code, str) else ""
+        status = HaltSwitchStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return False  # enforce again: the write replaces it
+    return status.observed_generation == generation_of(body) and all(
+        p.acknowledged for p in status.pods
+    )

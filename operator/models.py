@@ -4,14 +4,22 @@ Group ``agentsafe.io``, version ``v1alpha1``, namespaced. These pydantic models 
 description of each resource's ``spec`` and ``status``: ``crds.py`` turns their JSON schema into
 the CRD's ``openAPIV3Schema`` (so the API server validates what the models validate, as far as a
 structural schema can say it; the cross-field rules are CEL ``x-kubernetes-validations`` carried
-on the models themselves), and the handlers re-validate every stored object through them before
-acting on it.
+on the models themselves), and the reconcile steps re-validate every stored object through them
+before acting on it.
 
 ``spec.policy`` of an AgentPolicy *is* the executor's
-:class:`~agentsafe.executor.policy.policy.PolicyDocument`; the enumerations are the executor's own
-(:mod:`agentsafe.executor.config`). Nothing here copies them.
+:class:`~agentsafe.executor.policy.policy.PolicyDocument`; the enumerations, the numeric ranges
+and the value rules the executor enforces on what a resource renders into are the executor's own,
+imported: its configuration's (:mod:`agentsafe.executor.config`: modes, credential kinds,
+intent TTL, downstream timeout, host-ceiling windows, currency codes, text length), its
+principals file's (:mod:`agentsafe.executor.door.principals_file`: roles, operator scopes, how
+many actions and scopes, SAN URIs, digests) and its halt's (the longest reason). Nothing here
+copies them; what stays here is what only the custom resources say (replicas, journal size,
+names).
 
-Callers: ``crds.py`` (schemas), ``handlers.py`` (parsing), ``render/*`` (rendering).
+Callers: ``crds.py`` (schemas); ``reconcile.py``, ``halt.py``, ``readiness.py`` and
+``render/halt.py`` (parsing); ``render/*`` (rendering); ``resources.py`` and ``handlers.py`` (the
+group).
 """
 
 from __future__ import annotations
@@ -20,10 +28,19 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
+from agentsafe.executor.canonical import MAX_SAFE_INTEGER
 from agentsafe.executor.config import (
+    CURRENCY_PATTERN,
+    DOWNSTREAM_TIMEOUT_MS_DEFAULT,
+    DOWNSTREAM_TIMEOUT_MS_MAX,
+    HARD_LIMIT_WINDOW_COUNT_MAX,
+    HARD_LIMIT_WINDOW_SECONDS_MAX,
+    INTENT_TTL_SECONDS_DEFAULT,
+    INTENT_TTL_SECONDS_MAX,
+    MAX_TEXT,
     CredentialKind,
     EscalationMode,
     ExecutorMode,
@@ -31,7 +48,16 @@ from agentsafe.executor.config import (
     SigningAlgorithm,
     TlsMinVersion,
 )
+from agentsafe.executor.door.principals_file import (
+    MAX_ALLOWED_ACTIONS,
+    MAX_SCOPES,
+    OPERATOR_SCOPES,
+    SanUri,
+    Sha256Hex,
+)
+from agentsafe.executor.host.halt import MAX_REASON_CHARS
 from agentsafe.executor.policy.policy import PolicyDocument
+from agentsafe.executor.principals import Role
 
 __all__ = [
     "API_VERSION",
@@ -40,6 +66,9 @@ __all__ = [
     "AgentPolicySpec",
     "AgentPolicyStatus",
     "Condition",
+    "ConditionReason",
+    "ConditionStatus",
+    "ConditionType",
     "ConfigMapKeyRef",
     "DownstreamCredentialSpec",
     "DownstreamSpec",
@@ -53,6 +82,7 @@ __all__ = [
     "PrincipalRole",
     "PrincipalSpec",
     "PrincipalStatus",
+    "ResourceStatus",
     "SecretKeyRef",
     "TlsSpec",
 ]
@@ -66,11 +96,12 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 _SECRET_KEY = r"^[-._a-zA-Z0-9]+$"
 _QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 _UUID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
-_CURRENCY = r"^[A-Z]{3}$"
+_CURRENCY = f"^{CURRENCY_PATTERN}$"
 
 DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=_DNS_LABEL)]
 DnsSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)]
-Text = Annotated[str, Field(min_length=1, max_length=512)]
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+MinorUnits = Annotated[int, Field(ge=1, le=MAX_SAFE_INTEGER)]
 
 
 class _Model(BaseModel):
@@ -145,8 +176,56 @@ class ConditionStatus(StrEnum):
     UNKNOWN = "Unknown"
 
 
+class ConditionType(StrEnum):
+    """Every ``status.conditions[].type`` the operator writes, and on which resources."""
+
+    READY = "Ready"
+    """All three: AgentPolicy (its executors serve), Principal (rendered into the policies that
+    select it), HaltSwitch (every selected executor acknowledged)."""
+    RECONCILED = "Reconciled"
+    """AgentPolicy: every child was rendered and applied for ``observedGeneration``."""
+
+
+class ConditionReason(StrEnum):
+    """Every ``status.conditions[].reason`` the operator writes, and where."""
+
+    SPEC_INVALID = "SpecInvalid"
+    """All three, ``Ready=False``: the stored ``spec`` does not validate (also a render's
+    refusal of something the schema cannot say, such as a URL's port)."""
+    APPLIED = "Applied"
+    """AgentPolicy, ``Reconciled=True``: every child applied."""
+    POLICY_INVALID = "PolicyInvalid"
+    """AgentPolicy, ``Reconciled``/``Ready=False``: ``spec.policy`` does not compile."""
+    PRINCIPALS_INVALID = "PrincipalsInvalid"
+    """AgentPolicy, ``Reconciled``/``Ready=False``: the selected Principals do not validate or
+    the executor would refuse them (separation of duties, MTLS without a client CA, ...)."""
+    CONFIG_INVALID = "ConfigInvalid"
+    """AgentPolicy, ``Reconciled``/``Ready=False``: the executor would refuse the rendered
+    environment at start."""
+    SECRET_MISSING = "SecretMissing"
+    """AgentPolicy, ``Reconciled``/``Ready=False``: a referenced Secret, ConfigMap or key does
+    not exist."""
+    EXECUTORS_READY = "ExecutorsReady"
+    """AgentPolicy, ``Ready=True``: as many ready, updated executors as ``spec.replicas``."""
+    EXECUTORS_NOT_READY = "ExecutorsNotReady"
+    """AgentPolicy, ``Ready=False``: the StatefulSet is missing, not yet observed, short of
+    ready or updated replicas, or between revisions."""
+    HALTED = "Halted"
+    """AgentPolicy, ``Ready=False``: a HaltSwitch halts it. HaltSwitch, ``Ready=True``: every
+    selected executor acknowledged the halt."""
+    RELEASED = "Released"
+    """HaltSwitch, ``Ready=True``: every selected executor acknowledged the resume."""
+    PENDING = "Pending"
+    """HaltSwitch, ``Ready=False``: an executor has not acknowledged yet (the timer retries)."""
+    RENDERED = "Rendered"
+    """Principal, ``Ready=True``: rendered into every AgentPolicy that selects it."""
+
+
 class Condition(_Model):
     """A condition following the Kubernetes API conventions."""
+
+    # type and reason stay free strings in the schema, as metav1.Condition's do; the operator
+    # writes only ConditionType and ConditionReason values (conditions.set_condition).
 
     type: Annotated[str, Field(min_length=1, max_length=316)]
     status: ConditionStatus
@@ -156,6 +235,26 @@ class Condition(_Model):
     observed_generation: Annotated[int, Field(ge=0)] | None = None
 
 
+class ResourceStatus(_Model):
+    """What every resource's ``status`` starts with: the generation acted on, the conditions."""
+
+    observed_generation: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="the metadata.generation this status describes"
+    )
+    conditions: list[Condition] = Field(default_factory=list)
+
+    def patch(self) -> dict[str, Any]:
+        """The fields given when this status was built, as the API server stores them: a merge
+        patch that leaves every other field of the stored status as it was."""
+        data: dict[str, Any] = self.model_dump(
+            mode="json", by_alias=True, exclude_unset=True, exclude_none=True
+        )
+        return data
+
+    def condition(self, type_: ConditionType) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
 # --------------------------------------------------------------------------------------------
 # AgentPolicy
 
@@ -163,12 +262,12 @@ class Condition(_Model):
 class HostCeilingsSpec(_Model):
     """Host ceilings, enforced by the executor whatever the policy says."""
 
-    single: dict[Annotated[str, Field(pattern=_CURRENCY)], Annotated[int, Field(ge=1)]] = Field(
+    single: dict[Annotated[str, Field(pattern=_CURRENCY)], MinorUnits] = Field(
         default_factory=dict, description="largest single amount per ISO 4217 currency (minor)"
     )
-    window_seconds: Annotated[int, Field(ge=1, le=2_592_000)] | None = None
-    window_count: Annotated[int, Field(ge=1, le=1_000_000_000)] | None = None
-    window_sum_minor: Annotated[int, Field(ge=1, le=9_007_199_254_740_991)] | None = None
+    window_seconds: Annotated[int, Field(ge=1, le=HARD_LIMIT_WINDOW_SECONDS_MAX)] | None = None
+    window_count: Annotated[int, Field(ge=1, le=HARD_LIMIT_WINDOW_COUNT_MAX)] | None = None
+    window_sum_minor: MinorUnits | None = None
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -216,8 +315,9 @@ class DownstreamSpec(_Model):
     lookup_by_reference_url: Annotated[str, Field(max_length=2048)] | None = None
     system: Text
     operation: Text
-    environment: Text | None = None
-    timeout_ms: Annotated[int, Field(ge=1, le=15_000)] = 10_000
+    timeout_ms: Annotated[int, Field(ge=1, le=DOWNSTREAM_TIMEOUT_MS_MAX)] = (
+        DOWNSTREAM_TIMEOUT_MS_DEFAULT
+    )
     credential: DownstreamCredentialSpec
     ca: ConfigMapKeyRef | None = Field(
         default=None, description="CA bundle (PEM) to trust for the downstream"
@@ -268,8 +368,8 @@ class AgentPolicySpec(_Model):
 
     mode: ExecutorMode = ExecutorMode.SHADOW
     policy: PolicyDocument
-    intent_ttl_seconds: Annotated[int, Field(ge=1, le=300)] = Field(
-        default=60, alias="intentTTLSeconds"
+    intent_ttl_seconds: Annotated[int, Field(ge=1, le=INTENT_TTL_SECONDS_MAX)] = Field(
+        default=INTENT_TTL_SECONDS_DEFAULT, alias="intentTTLSeconds"
     )
     host_ceilings: HostCeilingsSpec | None = None
     escalation: EscalationMode = EscalationMode.NONE
@@ -299,25 +399,43 @@ class AgentPolicySpec(_Model):
     )
 
 
-class AgentPolicyStatus(_Model):
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    mode: ExecutorMode | None = None
-    halted: bool = False
-    replicas: int | None = None
-    audience: str | None = None
-    principals: list[str] = Field(default_factory=list)
-    policy_digest: str | None = None
+class AgentPolicyStatus(ResourceStatus):
+    """Conditions Reconciled and Ready; what the executors run and for whom."""
+
+    mode: ExecutorMode | None = Field(default=None, description="the executors' mode")
+    halted: bool = Field(default=False, description="a HaltSwitch halts this policy's executors")
+    replicas: int | None = Field(default=None, description="executors asked for")
+    audience: str | None = Field(
+        default=None, description="the audience agents' service-account tokens must carry"
+    )
+    principals: list[str] = Field(
+        default_factory=list, description="the Principals in the executors' principals file"
+    )
+    policy_digest: str | None = Field(
+        default=None, description="digest of the compiled policy the executors load"
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # Principal
 
 
-class PrincipalRole(StrEnum):
-    PROPOSER = "PROPOSER"
-    OPERATOR = "OPERATOR"
-    APPROVER = "APPROVER"
+PrincipalRole = Role
+"""A Principal's role: the executor's own :class:`~agentsafe.executor.principals.Role`."""
+
+
+def _operator_scope(value: str) -> str:
+    if value not in OPERATOR_SCOPES:
+        raise ValueError("must be one of " + ", ".join(sorted(OPERATOR_SCOPES)))
+    return value
+
+
+OperatorScope = Annotated[
+    str,
+    AfterValidator(_operator_scope),
+    WithJsonSchema({"type": "string", "enum": sorted(OPERATOR_SCOPES)}),
+]
+"""One of the executor's operator scopes (``principals_file.OPERATOR_SCOPES``)."""
 
 
 class ActorSpec(_Model):
@@ -341,24 +459,18 @@ class BearerSpec(_Model):
 
 
 class MtlsSpec(_Model):
-    san_uri: Annotated[
-        str, Field(min_length=3, max_length=2048, pattern=r"^[A-Za-z][A-Za-z0-9+.-]*:")
-    ] = Field(alias="sanURI")
-    cert_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
-        default=None, alias="certSHA256"
-    )
+    san_uri: SanUri = Field(alias="sanURI")
+    cert_sha256: Sha256Hex | None = Field(default=None, alias="certSHA256")
 
 
 class PrincipalSpec(_Model):
     """A caller of the executors whose AgentPolicy selects it (id = the object's name)."""
 
-    role: PrincipalRole
+    role: Role
     tenant_id: Annotated[str, Field(pattern=_UUID)] | None = None
     actor: ActorSpec | None = None
-    allowed_actions: list[Text] | None = Field(default=None, max_length=1000)
-    scopes: list[Literal["halt", "resume", "secrets.reload", "status", "metrics", "evidence"]] | (
-        None
-    ) = Field(default=None, max_length=16)
+    allowed_actions: list[Text] | None = Field(default=None, max_length=MAX_ALLOWED_ACTIONS)
+    scopes: list[OperatorScope] | None = Field(default=None, max_length=MAX_SCOPES)
     rate_limit: RateLimitSpec | None = None
     service_account: ServiceAccountRef | None = None
     bearer: BearerSpec | None = None
@@ -397,12 +509,12 @@ class PrincipalSpec(_Model):
         return "MTLS"
 
 
-class PrincipalStatus(_Model):
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    credential: str | None = None
-    policies: int = 0
-    selected_by: list[str] = Field(default_factory=list)
+class PrincipalStatus(ResourceStatus):
+    """Condition Ready; how the Principal proves itself and which policies select it."""
+
+    credential: str | None = Field(default=None, description="ServiceAccount, Bearer or MTLS")
+    policies: int = Field(default=0, description="how many AgentPolicies select it")
+    selected_by: list[str] = Field(default_factory=list, description="their names")
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,7 +525,7 @@ class HaltSwitchSpec(_Model):
     """Stop every selected executor: durable (the halt file) and immediate (the control route)."""
 
     halted: bool
-    reason: Annotated[str, Field(max_length=500)] | None = None
+    reason: Annotated[str, Field(max_length=MAX_REASON_CHARS)] | None = None
     policy_selector: LabelSelector = Field(default_factory=LabelSelector)
 
     model_config = ConfigDict(
@@ -427,17 +539,21 @@ class HaltSwitchSpec(_Model):
 
 
 class HaltPodStatus(_Model):
+    """One executor pod's answer to the switch's last control call."""
+
     policy: str
     pod: str
     acknowledged: bool
-    at: str | None = None
-    error: str | None = None
+    at: str | None = Field(default=None, description="when it acknowledged")
+    error: str | None = Field(
+        default=None, description="why not: the HTTP status and error code, or the failure"
+    )
 
 
-class HaltSwitchStatus(_Model):
-    observed_generation: int | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    halted: bool = False
+class HaltSwitchStatus(ResourceStatus):
+    """Condition Ready; which executors acknowledged the switch's last call."""
+
+    halted: bool = Field(default=False, description="the last call was a halt (false: resume)")
     acknowledged: str | None = Field(default=None, description="acknowledged pods / pods")
-    policies: list[str] = Field(default_factory=list)
+    policies: list[str] = Field(default_factory=list, description="the AgentPolicies it selects")
     pods: list[HaltPodStatus] = Field(default_factory=list)

@@ -7,7 +7,8 @@ live in any watched namespace and agent-namespace NetworkPolicies land in other 
 Nothing is granted that the table does not name: no ``update`` (everything is server-side
 apply, i.e. ``patch``), no ``delete`` on Secrets, no Pods, no ``*``.
 
-Callers: the chart (issue 6 places the output there), the tests.
+Callers: the tests and ``e2e/test_chart.py``, which checks that the chart's rules (generated
+from the same table) equal these.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 Two paths write ``Ready``, and both decide it here:
 
-- the reconcile (create/update/resume and the drift timer, ``handlers.reconcile_policy``), right
-  after it applied the children;
-- the StatefulSet watch and the HaltSwitch handler (``handlers.refresh_ready``), which only
-  recompute ``Ready`` (and ``halted``, which ``Ready`` reports) and never render or apply.
+- the reconcile (create/update/resume and the drift timer, ``reconcile.reconcile_policy``),
+  right after it applied the children;
+- the StatefulSet watch and the HaltSwitch enforcement (:func:`refresh_ready`, called by
+  ``handlers.statefulset_handler`` and ``halt.enforce_halt``), which only recompute ``Ready``
+  (and ``halted``, which ``Ready`` reports) and never render or apply.
 
 :func:`executor_readiness` is the decision, pure: halted first (``Halted``); then the
 StatefulSet as ``kubectl rollout status`` reads it (missing, its controller has not observed its
@@ -21,7 +22,12 @@ would change; otherwise ``halted`` and the conditions with ``Ready`` set (its
 ``lastTransitionTime`` kept while the status stays the same, ``observedGeneration`` the
 policy's).
 
-Callers: ``handlers.py``, the tests.
+:func:`refresh_ready` is the watch path's I/O: it reads the policy, its StatefulSet and the
+HaltSwitches, patches the status with the policy's ``resourceVersion`` (a 409 reads everything
+again, up to :data:`READY_PATCH_ATTEMPTS` times) and posts an Event when ``Ready`` moved
+(:func:`ready_moved`).
+
+Callers: ``reconcile.py``, ``halt.py``, ``handlers.py``, the tests.
 """
 
 from __future__ import annotations
@@ -30,22 +36,34 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .conditions import set_condition
-from .models import API_VERSION
+from pydantic import ValidationError
+
+from .apply import ApiError
+from .conditions import set_condition, stored_conditions
+from .models import (
+    API_VERSION,
+    AgentPolicySpec,
+    AgentPolicyStatus,
+    Condition,
+    ConditionReason,
+    ConditionStatus,
+    ConditionType,
+)
+from .render import names
+from .render.halt import switches_halting
+from .runtime import EventType, Runtime, policy_ref
 
 __all__ = [
-    "READY",
-    "RECONCILED",
+    "READY_PATCH_ATTEMPTS",
     "Owner",
     "Readiness",
     "executor_readiness",
     "owning_policy",
     "readiness_status",
+    "ready_moved",
+    "refresh_ready",
     "set_ready",
 ]
-
-READY: Final = "Ready"
-RECONCILED: Final = "Reconciled"
 
 
 @dataclass(frozen=True)
@@ -53,7 +71,7 @@ class Readiness:
     """What the ``Ready`` condition says: status, reason and message."""
 
     ready: bool
-    reason: str
+    reason: ConditionReason
     message: str
     halted: bool = False
 
@@ -75,9 +93,13 @@ def executor_readiness(
 ) -> Readiness:
     """``Ready`` of a policy whose children are applied, from its executor StatefulSet."""
     if halted:
-        return Readiness(False, "Halted", "a HaltSwitch halts this policy's executors", halted=True)
+        return Readiness(
+            False, ConditionReason.HALTED, "a HaltSwitch halts this policy's executors", halted=True
+        )
     if statefulset is None:
-        return Readiness(False, "ExecutorsNotReady", "the executor StatefulSet does not exist")
+        return Readiness(
+            False, ConditionReason.EXECUTORS_NOT_READY, "the executor StatefulSet does not exist"
+        )
     meta = statefulset.get("metadata") or {}
     status = statefulset.get("status") or {}
     generation = _int(meta.get("generation"))
@@ -85,34 +107,38 @@ def executor_readiness(
     if generation is not None and (observed is None or observed < generation):
         return Readiness(
             False,
-            "ExecutorsNotReady",
+            ConditionReason.EXECUTORS_NOT_READY,
             f"StatefulSet generation {generation} not yet observed by its controller",
         )
     ready = _int(status.get("readyReplicas")) or 0  # omitted when zero
     if ready < desired_replicas:
-        return Readiness(False, "ExecutorsNotReady", f"{ready}/{desired_replicas} ready")
+        return Readiness(
+            False, ConditionReason.EXECUTORS_NOT_READY, f"{ready}/{desired_replicas} ready"
+        )
     updated = _int(status.get("updatedReplicas")) or 0
     if updated < desired_replicas:
         return Readiness(
             False,
-            "ExecutorsNotReady",
+            ConditionReason.EXECUTORS_NOT_READY,
             f"rollout in progress: {updated}/{desired_replicas} updated",
         )
     current, update = status.get("currentRevision"), status.get("updateRevision")
     if current and update and current != update:
         return Readiness(
-            False, "ExecutorsNotReady", f"rollout in progress: revision {current} -> {update}"
+            False,
+            ConditionReason.EXECUTORS_NOT_READY,
+            f"rollout in progress: revision {current} -> {update}",
         )
-    return Readiness(True, "ExecutorsReady", f"{ready}/{desired_replicas} ready")
+    return Readiness(True, ConditionReason.EXECUTORS_READY, f"{ready}/{desired_replicas} ready")
 
 
 def set_ready(
-    conditions: Sequence[dict[str, Any]], readiness: Readiness, *, generation: int
-) -> list[dict[str, Any]]:
+    conditions: Sequence[Condition], readiness: Readiness, *, generation: int
+) -> list[Condition]:
     """``conditions`` with ``Ready`` set from ``readiness`` (see :func:`.set_condition`)."""
     return set_condition(
         conditions,
-        type=READY,
+        type=ConditionType.READY,
         status=readiness.ready,
         reason=readiness.reason,
         message=readiness.message,
@@ -134,38 +160,111 @@ def owning_policy(child: Mapping[str, Any]) -> Owner | None:
     return None
 
 
-def _condition(conditions: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
-    return next((c for c in conditions if c.get("type") == type_), None)
+def _condition(conditions: Sequence[Condition], type_: ConditionType) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)
 
 
-def _comparable(condition: Mapping[str, Any] | None) -> tuple[Any, ...]:
+def _comparable(condition: Condition | None) -> tuple[Any, ...]:
     if condition is None:
         return ()
-    return tuple(condition.get(k) for k in ("status", "reason", "message", "observedGeneration"))
+    return (condition.status, condition.reason, condition.message, condition.observed_generation)
 
 
-def readiness_status(policy: Mapping[str, Any], readiness: Readiness) -> dict[str, Any] | None:
-    """The status patch that makes ``policy``'s ``Ready`` say ``readiness``, or ``None`` when
-    the watch path must leave it (children not applied for this generation) or it already
-    says so."""
+def readiness_status(policy: Mapping[str, Any], readiness: Readiness) -> AgentPolicyStatus | None:
+    """The status patch that makes ``policy``'s ``Ready`` say ``readiness`` (``halted`` and
+    ``conditions`` only), or ``None`` when the watch path must leave it (children not applied
+    for this generation) or it already says so."""
     meta = policy.get("metadata") or {}
     if meta.get("deletionTimestamp"):
         return None
     generation = _int(meta.get("generation")) or 1
-    status = policy.get("status") or {}
-    previous = [dict(c) for c in status.get("conditions") or [] if isinstance(c, Mapping)]
-    reconciled = _condition(previous, RECONCILED)
+    previous = stored_conditions(policy)
+    reconciled = _condition(previous, ConditionType.RECONCILED)
     if (
         reconciled is None
-        or reconciled.get("status") != "True"
-        or reconciled.get("observedGeneration") != generation
+        or reconciled.status is not ConditionStatus.TRUE
+        or reconciled.observed_generation != generation
     ):
         return None
     conditions = set_ready(previous, readiness, generation=generation)
     halted = readiness.halted
-    unchanged = _comparable(_condition(previous, READY)) == _comparable(
-        _condition(conditions, READY)
+    unchanged = _comparable(_condition(previous, ConditionType.READY)) == _comparable(
+        _condition(conditions, ConditionType.READY)
     )
-    if unchanged and status.get("halted") is halted:
+    if unchanged and (policy.get("status") or {}).get("halted") is halted:
         return None
-    return {"halted": halted, "conditions": conditions}
+    return AgentPolicyStatus(halted=halted, conditions=conditions)
+
+
+def ready_moved(body: Mapping[str, Any], status: AgentPolicyStatus) -> bool:
+    """``Ready``'s status differs between the stored ``body`` and the new ``status``: the one
+    change worth a Normal Event (the drift timer runs every minute)."""
+    old = _condition(stored_conditions(body), ConditionType.READY)
+    new = status.condition(ConditionType.READY)
+    return (old.status if old else None) != (new.status if new else None)
+
+
+READY_PATCH_ATTEMPTS: Final = 3
+"""Optimistic-concurrency retries of one readiness patch (409: the policy changed meanwhile)."""
+
+
+async def refresh_ready(
+    rt: Runtime,
+    namespace: str,
+    name: str,
+    *,
+    uid: str | None = None,
+    halted: bool | None = None,
+) -> bool:
+    """Recompute one AgentPolicy's ``Ready`` (and ``halted``) from its executor StatefulSet and
+    the HaltSwitches, and patch only those status fields; ``True`` when it patched.
+
+    Never renders or applies anything: a policy whose children were not applied for its
+    current generation is left to its own handlers (see :func:`readiness_status`). ``uid``
+    (from a child's owner reference) skips a policy recreated under the same name; ``halted``
+    is given by the HaltSwitch enforcement, which already knows it. The patch carries the
+    policy's ``resourceVersion``, so it never overwrites a status written meanwhile: on 409
+    everything is read again. Other API refusals leave as ``ApiError``.
+    """
+    for attempt in range(READY_PATCH_ATTEMPTS):
+        policy = await rt.kube.get("AgentPolicy", namespace, name)
+        if policy is None or (uid is not None and policy["metadata"].get("uid") != uid):
+            return False
+        try:
+            spec = AgentPolicySpec.model_validate(policy.get("spec") or {})
+        except ValidationError:
+            return False  # its own handler reports SpecInvalid
+        ref = policy_ref(policy)
+        if halted is None:
+            switches = await rt.kube.list_objects("HaltSwitch", namespace)
+            halting = bool(switches_halting(switches, policy["metadata"].get("labels")))
+        else:
+            halting = halted
+        sts = await rt.kube.get("StatefulSet", namespace, names(ref).executor)
+        readiness = executor_readiness(
+            desired_replicas=spec.replicas, statefulset=sts, halted=halting
+        )
+        status = readiness_status(policy, readiness)
+        if status is None:
+            return False
+        try:
+            await rt.kube.patch_status(
+                "AgentPolicy",
+                namespace,
+                name,
+                status.patch(),
+                resource_version=policy["metadata"].get("resourceVersion"),
+            )
+        except ApiError as exc:
+            if exc.status == 409 and attempt + 1 < READY_PATCH_ATTEMPTS:
+                continue
+            raise
+        if ready_moved(policy, status):
+            rt.events.post(
+                policy,
+                type=EventType.NORMAL if readiness.ready else EventType.WARNING,
+                reason=readiness.reason,
+                message=readiness.message,
+            )
+        return True
+    return False  # pragma: no cover - the loop returns or raises

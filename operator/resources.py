@@ -4,7 +4,7 @@ One table (:data:`RESOURCES`) drives both the API client's paths (``apply.py``) 
 operator's RBAC (``rbac.py``): a resource the operator uses without listing it here has no path
 and no permission, so the two cannot drift apart.
 
-Callers: ``apply.py``, ``rbac.py``, ``handlers.py``, ``halt.py``.
+Callers: ``apply.py``, ``rbac.py``, ``charts/generate_rbac.py``, the tests.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ Every module docstring says its role and its callers. A caller that is a module 
 repository is named by its path in double backticks (````serve.py````, ````routes/app.py````,
 ````tests/integration/test_demo.py````), and this test checks that the named module really
 imports the one whose docstring names it (a lazy import inside a function counts; ``from pkg
-import module`` counts). A path is read relative to the module's own folder first, then to the
-package root (``executor/``), then to the repository root. Prose callers ("the operator",
-"tests", "providers") are not checked.
+import module`` counts). A path is read relative to the module's own folder first, then to its
+package root (``executor/`` or ``operator/``), then to the repository root. Prose callers ("the
+operator", "tests", "providers") are not checked.
 
-Only ``executor/`` is scanned. It parses source (``ast``); nothing is imported.
+``executor/`` and ``operator/`` are scanned. It parses source (``ast``); nothing is imported.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = {"executor": "agentsafe.executor"}
+PACKAGES = {"executor": "agentsafe.executor", "operator": "agentsafe.operator"}
 _CALLERS = re.compile(r"Callers?:(.*?)(?:\n\s*\n|\Z)", re.S)
 _PATH = re.compile(r"``([\w./-]+\.py)``")
 
@@ -91,6 +91,7 @@ def test_a_named_caller_imports_the_module(module: str, caller: str) -> None:
 def test_the_claims_are_found() -> None:
     found = claims()
     assert ("executor/assembly.py", "serve.py") in found
+    assert ("operator/reconcile.py", "handlers.py") in found
     assert len(found) > 40
 
 

@@ -176,10 +176,9 @@ ALLOWED: dict[str, Allowance] = {
     # -- the operator: its own process, which talks to the API server and to executors ----
     "operator/apply.py": allow(
         HTTP_CLIENT,
-        KUBE,
         reason="the operator's Kubernetes API client (one session with kopf's credentials)",
     ),
-    "operator/halt.py": allow(
+    "operator/control.py": allow(
         HTTP_CLIENT,
         reason="the operator's calls to executors' halt endpoints over TLS pinned to each "
         "executor's certificate",

@@ -31,7 +31,7 @@ import os
 import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -40,7 +40,9 @@ from ..principals import Actor, Principal, Role
 from ..windows import RateRule
 
 __all__ = [
+    "MAX_ALLOWED_ACTIONS",
     "MAX_PRINCIPALS",
+    "MAX_SCOPES",
     "OPERATOR_SCOPES",
     "PRINCIPALS_VERSION",
     "ActorModel",
@@ -51,6 +53,8 @@ __all__ = [
     "PrincipalSet",
     "PrincipalsDocument",
     "PrincipalsFileError",
+    "SanUri",
+    "Sha256Hex",
     "WorkloadJwtCredential",
     "load_principals_file",
     "parse_principals",
@@ -65,8 +69,14 @@ VARIABLE = "EXECUTOR_PRINCIPALS_FILE"
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 _UUID = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+MAX_ALLOWED_ACTIONS: Final = 1000
+MAX_SCOPES: Final = 16
 _HEX64 = r"^[0-9a-f]{64}$"
 _Text = Annotated[str, Field(min_length=1, max_length=512)]
+Sha256Hex = Annotated[str, Field(pattern=_HEX64)]
+"""A SHA-256 digest in lower-case hex (a bearer token's, a certificate's)."""
+SanUri = Annotated[str, Field(min_length=3, max_length=2048, pattern=r"^[A-Za-z][A-Za-z0-9+.-]*:")]
+"""The URI SAN an MTLS principal's client certificate carries."""
 _ClaimValue = str | int | bool
 
 
@@ -91,7 +101,7 @@ class ActorModel(_Strict):
 
 class BearerCredential(_Strict):
     kind: Literal["BEARER"]
-    token_sha256: Annotated[str, Field(pattern=_HEX64)]
+    token_sha256: Sha256Hex
 
 
 class WorkloadJwtCredential(_Strict):
@@ -104,10 +114,8 @@ class WorkloadJwtCredential(_Strict):
 
 class MtlsCredential(_Strict):
     kind: Literal["MTLS"]
-    san_uri: Annotated[
-        str, Field(min_length=3, max_length=2048, pattern=r"^[A-Za-z][A-Za-z0-9+.-]*:")
-    ]
-    cert_sha256: Annotated[str, Field(pattern=_HEX64)] | None = None
+    san_uri: SanUri
+    cert_sha256: Sha256Hex | None = None
 
 
 Credential = Annotated[
@@ -120,8 +128,8 @@ class PrincipalEntry(_Strict):
     role: Literal["PROPOSER", "OPERATOR", "APPROVER"]
     tenant_id: Annotated[str, Field(pattern=_UUID)] | None = None
     actor: ActorModel | None = None
-    allowed_actions: Annotated[list[_Text], Field(max_length=1000)] | None = None
-    scopes: Annotated[list[_Text], Field(max_length=16)] | None = None
+    allowed_actions: Annotated[list[_Text], Field(max_length=MAX_ALLOWED_ACTIONS)] | None = None
+    scopes: Annotated[list[_Text], Field(max_length=MAX_SCOPES)] | None = None
     credential: Credential
     rate_limit: Annotated[str, Field(max_length=64)] | None = None
 

@@ -1,6 +1,6 @@
 """Pure render functions: an AgentPolicy (and what it selects) -> Kubernetes manifests.
 
-Callers: ``handlers.py``, the tests.
+Callers: ``reconcile.py``, ``operator/halt.py``, ``readiness.py``, ``runtime.py``, the tests.
 """
 
 from .children import Rendered, check_policy, render_children

@@ -5,7 +5,7 @@
 schema is a ``RenderError`` with reason ``PolicyInvalid`` and the compiler's message, and nothing is
 rendered, so existing children stay as they were.
 
-Callers: ``handlers.py``, the tests.
+Callers: ``render/__init__.py``, which re-exports it; the tests.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from agentsafe.executor.errors import PolicyError
 from agentsafe.executor.policy.policy import CompiledPolicy, compile_policy
 
+from ..models import ConditionReason
 from .common import RenderError, RenderInput
 from .config import render_configmap
 from .network import (
@@ -44,7 +45,7 @@ def check_policy(inp: RenderInput) -> CompiledPolicy:
     try:
         return compile_policy(inp.spec.policy)
     except PolicyError as exc:
-        raise RenderError("PolicyInvalid", str(exc)) from None
+        raise RenderError(ConditionReason.POLICY_INVALID, str(exc)) from None
 
 
 def render_children(inp: RenderInput) -> Rendered:

@@ -4,10 +4,10 @@ Rendering is pure: :class:`RenderInput` carries everything (the AgentPolicy's id
 spec, the selected Principals with their bearer digests already resolved, the operator's
 settings, the cluster JWKS, the operator's own bearer digest) and each ``render_*`` function
 returns plain manifests. A problem found while rendering is a :class:`RenderError` with the
-condition reason the handler writes (``PolicyInvalid``, ``PrincipalsInvalid``, ``ConfigInvalid``,
+condition reason the reconcile writes (``PolicyInvalid``, ``PrincipalsInvalid``, ``ConfigInvalid``,
 ``SpecInvalid``) and nothing is applied.
 
-Callers: ``render/*``, ``handlers.py``, the tests.
+Callers: ``render/*``, ``reconcile.py`` and ``handlers.py`` (labels), the tests.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from ..models import API_VERSION, GROUP, AgentPolicySpec, PrincipalSpec
+from ..models import API_VERSION, GROUP, AgentPolicySpec, ConditionReason, PrincipalSpec
 from ..settings import OperatorSettings
 
 __all__ = [
@@ -43,7 +43,7 @@ OWNER_LABEL: Final = f"{GROUP}/owner"
 class RenderError(Exception):
     """Nothing can be rendered; ``reason`` is the Ready condition's reason."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: ConditionReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message

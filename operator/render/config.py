@@ -5,14 +5,15 @@ The ConfigMap ``<policy>-executor-config`` holds ``policy.json`` (the executor's
 ``principals.json`` (an ``agent-safe.principals/1``
 :class:`~agentsafe.executor.door.principals_file.PrincipalsDocument` built from the selected
 Principals plus the operator's own OPERATOR principal) and ``jwks.json`` (the cluster's
-service-account JWKS). The halt key is not rendered here: it is applied by ``halt.py`` under its
-own field manager. No Secret value is ever rendered: a bearer Principal contributes the SHA-256
-of its token, resolved by the handler.
+service-account JWKS). The halt key is not rendered here: it is rendered by ``render/halt.py``
+and applied by ``operator/halt.py`` under its own field manager. No Secret value is ever
+rendered: a bearer Principal contributes the SHA-256 of its token, resolved by ``reconcile.py``.
 
 The principals document is checked with the executor's own rules
 (:func:`~agentsafe.executor.door.principals_file.build_principal_set`) before anything is applied.
 
-Callers: ``render/children.py``, ``handlers.py``, the tests.
+Callers: ``render/children.py``, ``render/workload.py``, ``render/halt.py``, ``reconcile.py``
+and ``operator/halt.py`` (the key names), the tests.
 """
 
 from __future__ import annotations
@@ -37,14 +38,14 @@ from agentsafe.executor.door.principals_file import (
     render_principals_file,
 )
 
-from ..models import PrincipalSpec
+from ..models import ConditionReason, PrincipalSpec
 from .common import RenderError, RenderInput, child_meta, names
 
 __all__ = [
     "AUTHORITY_KEY_KEY",
     "HALT_KEY",
     "JWKS_KEY",
-    "OPERATOR_SCOPES",
+    "OPERATOR_PRINCIPAL_SCOPES",
     "OPERATOR_TOKEN_KEY",
     "POLICY_KEY",
     "PRINCIPALS_KEY",
@@ -60,7 +61,9 @@ JWKS_KEY: Final = "jwks.json"
 HALT_KEY: Final = "halt"
 OPERATOR_TOKEN_KEY: Final = "token"
 AUTHORITY_KEY_KEY: Final = "signing-key.pem"
-OPERATOR_SCOPES: Final = ("halt", "resume", "status")
+OPERATOR_PRINCIPAL_SCOPES: Final = ("halt", "resume", "status")
+"""What the operator's own principal may do on its executors (of the executor's scopes, the
+ones a HaltSwitch needs and the status read)."""
 
 
 def _entry(
@@ -77,7 +80,8 @@ def _entry(
     elif spec.bearer is not None:
         if token_sha256 is None:
             raise RenderError(
-                "SecretMissing", f"Principal {principal_name}: its bearer token was not resolved"
+                ConditionReason.SECRET_MISSING,
+                f"Principal {principal_name}: its bearer token was not resolved",
             )
         credential = BearerCredential(kind="BEARER", token_sha256=token_sha256)
     else:
@@ -107,7 +111,9 @@ def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
     """The selected Principals (by name) plus the operator's OPERATOR principal, checked with
     the executor's own rules; refuses with ``PrincipalsInvalid``."""
     if not inp.operator_token_sha256:
-        raise RenderError("SecretMissing", "the operator's bearer token was not resolved")
+        raise RenderError(
+            ConditionReason.SECRET_MISSING, "the operator's bearer token was not resolved"
+        )
     entries = [
         _entry(p.name, p.spec, issuer=inp.settings.issuer, token_sha256=p.token_sha256)
         for p in sorted(inp.principals, key=lambda p: p.name)
@@ -116,7 +122,7 @@ def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
         PrincipalEntry(
             id=inp.settings.operator_principal_id,
             role="OPERATOR",
-            scopes=list(OPERATOR_SCOPES),
+            scopes=list(OPERATOR_PRINCIPAL_SCOPES),
             credential=BearerCredential(kind="BEARER", token_sha256=inp.operator_token_sha256),
         )
     )
@@ -129,9 +135,11 @@ def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
             client_ca_configured=inp.spec.tls.client_ca is not None,
         )
     except PrincipalsFileError as exc:
-        raise RenderError("PrincipalsInvalid", str(exc)) from None
+        raise RenderError(ConditionReason.PRINCIPALS_INVALID, str(exc)) from None
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
-        raise RenderError("PrincipalsInvalid", f"principals do not validate: {exc}") from None
+        raise RenderError(
+            ConditionReason.PRINCIPALS_INVALID, f"principals do not validate: {exc}"
+        ) from None
     return document
 
 

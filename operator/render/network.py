@@ -19,6 +19,7 @@ import ipaddress
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..models import ConditionReason
 from .common import RenderError, RenderInput, child_meta, names, selector_labels
 
 __all__ = [
@@ -75,12 +76,13 @@ def downstream_networks(
             network = ipaddress.ip_network(text, strict=True)
         except ValueError:
             raise RenderError(
-                "SpecInvalid",
+                ConditionReason.SPEC_INVALID,
                 "spec.downstream.cidrs: each entry must be a CIDR with host bits clear",
             ) from None
         if network.prefixlen == 0:
             raise RenderError(
-                "SpecInvalid", "spec.downstream.cidrs: a /0 would put the whole internet off limits"
+                ConditionReason.SPEC_INVALID,
+                "spec.downstream.cidrs: a /0 would put the whole internet off limits",
             )
         (v4 if isinstance(network, ipaddress.IPv4Network) else v6).append(network)  # type: ignore[arg-type]
     return v4, v6
@@ -97,7 +99,9 @@ def _downstream_ports(inp: RenderInput) -> list[int]:
             parts = urlsplit(url.replace("{", "").replace("}", ""))
             port = parts.port
         except ValueError:
-            raise RenderError("SpecInvalid", "spec.downstream: a URL has an invalid port") from None
+            raise RenderError(
+                ConditionReason.SPEC_INVALID, "spec.downstream: a URL has an invalid port"
+            ) from None
         ports.add(port or (443 if parts.scheme == "https" else 80))
     return sorted(ports)
 

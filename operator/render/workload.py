@@ -29,6 +29,7 @@ from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.config import CONFIG_KEYS, CredentialKind, ExecutorConfig, load_config
 from agentsafe.executor.errors import ConfigError
 
+from ..models import ConditionReason
 from .common import RenderError, RenderInput, child_meta, names, policy_labels, selector_labels
 from .config import AUTHORITY_KEY_KEY, HALT_KEY, JWKS_KEY, POLICY_KEY, PRINCIPALS_KEY
 
@@ -122,7 +123,6 @@ def render_environment(inp: RenderInput) -> dict[str, str]:
         _optional(env, "EXECUTOR_HARD_LIMIT_WINDOW_SUM_MINOR", ceilings.window_sum_minor)
     _optional(env, "DOWNSTREAM_LOOKUP_URL", down.lookup_url)
     _optional(env, "DOWNSTREAM_LOOKUP_BY_REFERENCE_URL", down.lookup_by_reference_url)
-    _optional(env, "DOWNSTREAM_ENVIRONMENT", down.environment)
     if down.ca is not None:
         env["DOWNSTREAM_CA_FILE"] = f"{CONFIG_DIR}/{_DOWNSTREAM_CA}"
     if down.spki_pins:
@@ -155,7 +155,7 @@ def check_environment(env: dict[str, str]) -> ExecutorConfig:
     try:
         return load_config(env)
     except ConfigError as exc:
-        raise RenderError("ConfigInvalid", str(exc)) from None
+        raise RenderError(ConditionReason.CONFIG_INVALID, str(exc)) from None
 
 
 def config_digest(inp: RenderInput, configmap: dict[str, Any]) -> str:

@@ -12,9 +12,9 @@ import kopf
 import pytest
 import yaml
 
-from agentsafe.operator.handlers import Runtime
 from agentsafe.operator.models import AgentPolicySpec, PrincipalSpec
 from agentsafe.operator.render import PolicyRef, RenderInput, SelectedPrincipal
+from agentsafe.operator.runtime import Runtime
 from agentsafe.operator.settings import OperatorSettings
 
 from .fakekube import FakeKube, RecordingEvents

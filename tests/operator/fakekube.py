@@ -5,7 +5,9 @@ as "replace the fields this manager gave" at the top level of ``data`` for Confi
 show that two field managers do not clear each other's keys) and as a whole-object replace
 otherwise, and records every call. Like the API server it stamps ``metadata.resourceVersion``
 on every write that changes an object (a status patch given an older one is a 409 Conflict) and
-``metadata.generation`` on objects with a ``spec`` (moved when the spec changes). Tests that
+``metadata.generation`` on objects with a ``spec`` (moved when the spec changes), and it refuses
+a status write its resource's status model does not validate, or whose conditions carry a type or
+reason outside the operator's registry (:func:`check_status`). Tests that
 assign into :attr:`FakeKube.objects` directly bypass both, as an edit the API never saw. The
 real API server is exercised by the end-to-end suite.
 """
@@ -16,10 +18,34 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import BaseModel
+
 from agentsafe.operator.apply import ApiError
+from agentsafe.operator.models import (
+    AgentPolicyStatus,
+    ConditionReason,
+    ConditionType,
+    HaltSwitchStatus,
+    PrincipalStatus,
+)
 from agentsafe.operator.settings import FIELD_MANAGER
 
 Key = tuple[str, str | None, str]
+
+STATUS_MODELS: dict[str, type[BaseModel]] = {
+    "AgentPolicy": AgentPolicyStatus,
+    "Principal": PrincipalStatus,
+    "HaltSwitch": HaltSwitchStatus,
+}
+
+
+def check_status(kind: str, status: Mapping[str, Any]) -> None:
+    """``status`` (a whole status or a merge patch of one) is what ``kind``'s status model
+    accepts, and every condition's type and reason is one the operator registers."""
+    STATUS_MODELS[kind].model_validate(status)
+    for condition in status.get("conditions") or []:
+        assert condition["type"] in set(ConditionType), condition
+        assert condition["reason"] in set(ConditionReason), condition
 
 
 class FakeKube:
@@ -152,6 +178,7 @@ class FakeKube:
         resource_version: str | None = None,
     ) -> None:
         self._maybe_fail()
+        check_status(kind, status)
         self.calls.append(("patch_status", kind, namespace, name))
         stored = self.objects.get((kind, namespace, name))
         if stored is None:

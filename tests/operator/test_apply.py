@@ -15,7 +15,8 @@ import kopf
 import pytest
 from aiohttp import web
 
-from agentsafe.operator.apply import ApiError, KubeClient, to_kopf_error
+from agentsafe.operator.apply import ApiError, KubeClient
+from agentsafe.operator.handlers import to_kopf_error
 from agentsafe.operator.settings import FIELD_MANAGER
 
 

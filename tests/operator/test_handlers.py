@@ -23,20 +23,19 @@ from aiohttp import web
 from agentsafe.executor.door.principals_file import parse_principals
 from agentsafe.operator.apply import ApiError
 from agentsafe.operator.handlers import (
-    Runtime,
     build_registry,
     halt_handler,
     halt_retry_timer,
     policy_delete_handler,
     policy_handler,
     principal_handler,
-    refresh_jwks,
 )
+from agentsafe.operator.runtime import Runtime, refresh_jwks
 from agentsafe.operator.settings import HALT_FIELD_MANAGER, OperatorSettings
 from tests.support.pki import Issued, TestCA
 
 from .conftest import NS, memo_for, secret, sts_status
-from .fakekube import FakeKube, RecordingEvents
+from .fakekube import FakeKube, RecordingEvents, check_status
 
 CONFIG = (
     "ConfigMap",
@@ -53,7 +52,9 @@ def _ready(status: dict[str, Any]) -> dict[str, Any]:
 async def _reconcile(rt: Runtime, body: dict[str, Any]) -> dict[str, Any]:
     patch = kopf.Patch()
     await policy_handler(body=kopf.Body(body), patch=patch, memo=memo_for(rt))
-    return dict(patch.get("status") or {})
+    status = dict(patch.get("status") or {})
+    check_status("AgentPolicy", status)
+    return status
 
 
 async def test_reconcile_applies_every_child_and_generates_secrets_once(
@@ -150,8 +151,35 @@ async def test_invalid_stored_object_is_permanent_with_a_condition(
     patch = kopf.Patch()
     with pytest.raises(kopf.PermanentError, match=r"spec\.replicas"):
         await policy_handler(body=kopf.Body(policy_body), patch=patch, memo=memo_for(runtime))
+    check_status("AgentPolicy", patch["status"])
+    # A merge patch of these two fields only: what the last good reconcile reported stays.
+    assert set(patch["status"]) == {"observedGeneration", "conditions"}
     ready = _ready(patch["status"])
     assert (ready["status"], ready["reason"]) == ("False", "SpecInvalid")
+
+
+async def test_invalid_principal_is_permanent_and_touches_no_policy(
+    runtime: Runtime, kube: FakeKube, principal_bodies: list[dict[str, Any]]
+) -> None:
+    broken = copy.deepcopy(principal_bodies[1])
+    broken["metadata"]["generation"] = 2
+    broken["spec"]["role"] = "SUPERUSER"
+    patch = kopf.Patch()
+    with pytest.raises(kopf.PermanentError, match=r"spec\.role"):
+        await principal_handler(body=kopf.Body(broken), patch=patch, memo=memo_for(runtime))
+    check_status("Principal", patch["status"])
+    assert patch["status"]["observedGeneration"] == 2
+    ready = _ready(patch["status"])
+    assert (ready["status"], ready["reason"], ready["observedGeneration"]) == (
+        "False",
+        "SpecInvalid",
+        2,
+    )
+    assert "SUPERUSER" not in ready["message"]  # where and why, never the value
+    assert kube.calls == []  # refused before anything was read or written
+    assert runtime.events.posted == [  # type: ignore[attr-defined]
+        ("Warning", "SpecInvalid", ready["message"])
+    ]
 
 
 @pytest.mark.parametrize(
@@ -214,6 +242,7 @@ async def test_principal_change_rerenders_selecting_policies(
     approver["metadata"]["generation"] = 1
     patch = kopf.Patch()
     await principal_handler(body=kopf.Body(approver), patch=patch, memo=memo_for(runtime), old=None)
+    check_status("Principal", patch["status"])
     assert patch["status"]["policies"] == 1
     assert patch["status"]["credential"] == "Bearer"
     assert patch["status"]["selectedBy"] == ["payouts"]
@@ -391,6 +420,7 @@ async def _flip(rt: Runtime, body: dict[str, Any]) -> dict[str, Any]:
     patch = kopf.Patch()
     await halt_handler(body=kopf.Body(body), patch=patch, memo=memo_for(rt))
     status = dict(patch.get("status") or {})
+    check_status("HaltSwitch", status)
     if status:
         rt.kube.objects[("HaltSwitch", NS, "stop-payouts")]["status"] = status  # type: ignore[attr-defined]
     return status

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agentsafe.operator.models import ConditionReason
 from agentsafe.operator.readiness import (
     Owner,
     Readiness,
@@ -174,9 +175,17 @@ def _policy(
     }
 
 
-READY = Readiness(True, "ExecutorsReady", "1/1 ready")
-NOT_YET = Readiness(False, NOT_READY, "0/1 ready")
-HALTED = Readiness(False, "Halted", "a HaltSwitch halts this policy's executors", halted=True)
+READY = Readiness(True, ConditionReason.EXECUTORS_READY, "1/1 ready")
+NOT_YET = Readiness(False, ConditionReason.EXECUTORS_NOT_READY, "0/1 ready")
+HALTED = Readiness(
+    False, ConditionReason.HALTED, "a HaltSwitch halts this policy's executors", halted=True
+)
+
+
+def _patch(policy: dict[str, Any], readiness: Readiness) -> dict[str, Any] | None:
+    """The watch path's status patch as the API server receives it."""
+    status = readiness_status(policy, readiness)
+    return None if status is None else status.patch()
 
 
 def _by_type(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -185,7 +194,7 @@ def _by_type(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_not_ready_to_ready_moves_the_transition_time() -> None:
     policy = _policy()
-    patch = readiness_status(policy, READY)
+    patch = _patch(policy, READY)
     assert patch is not None
     assert set(patch) == {"halted", "conditions"}  # nothing else of the status is written
     assert patch["halted"] is False
@@ -203,7 +212,7 @@ def test_not_ready_to_ready_moves_the_transition_time() -> None:
 
 def test_ready_to_not_ready_and_back() -> None:
     ready_policy = _policy(ready=("True", "ExecutorsReady", "1/1 ready"))
-    patch = readiness_status(ready_policy, NOT_YET)
+    patch = _patch(ready_policy, NOT_YET)
     assert patch is not None
     ready = _by_type(patch)["Ready"]
     assert (ready["status"], ready["reason"]) == ("False", NOT_READY)
@@ -212,7 +221,7 @@ def test_ready_to_not_ready_and_back() -> None:
 
 def test_a_new_message_with_the_same_status_keeps_the_transition_time() -> None:
     policy = _policy(ready=("False", NOT_READY, "0/2 ready"))
-    patch = readiness_status(policy, Readiness(False, NOT_READY, "1/2 ready"))
+    patch = _patch(policy, Readiness(False, ConditionReason.EXECUTORS_NOT_READY, "1/2 ready"))
     assert patch is not None
     ready = _by_type(patch)["Ready"]
     assert ready["message"] == "1/2 ready"
@@ -220,14 +229,14 @@ def test_a_new_message_with_the_same_status_keeps_the_transition_time() -> None:
 
 
 def test_nothing_to_change_is_no_patch() -> None:
-    assert readiness_status(_policy(), NOT_YET) is None
+    assert _patch(_policy(), NOT_YET) is None
     ready_policy = _policy(ready=("True", "ExecutorsReady", "1/1 ready"))
-    assert readiness_status(ready_policy, READY) is None
+    assert _patch(ready_policy, READY) is None
 
 
 def test_halt_and_release() -> None:
     ready_policy = _policy(ready=("True", "ExecutorsReady", "1/1 ready"))
-    patch = readiness_status(ready_policy, HALTED)
+    patch = _patch(ready_policy, HALTED)
     assert patch is not None
     assert patch["halted"] is True
     assert (_by_type(patch)["Ready"]["status"], _by_type(patch)["Ready"]["reason"]) == (
@@ -236,8 +245,8 @@ def test_halt_and_release() -> None:
     )
     halted_policy = copy.deepcopy(ready_policy)
     halted_policy["status"].update(patch)
-    assert readiness_status(halted_policy, HALTED) is None
-    released = readiness_status(halted_policy, READY)
+    assert _patch(halted_policy, HALTED) is None
+    released = _patch(halted_policy, READY)
     assert released is not None
     assert released["halted"] is False
     assert _by_type(released)["Ready"]["reason"] == "ExecutorsReady"
@@ -245,7 +254,7 @@ def test_halt_and_release() -> None:
 
 def test_a_stale_halted_field_alone_is_patched() -> None:
     policy = _policy(halted=True)
-    assert readiness_status(policy, NOT_YET) == {
+    assert _patch(policy, NOT_YET) == {
         "halted": False,
         "conditions": policy["status"]["conditions"],
     }
@@ -266,19 +275,19 @@ def test_a_stale_halted_field_alone_is_patched() -> None:
     ],
 )
 def test_the_watch_leaves_a_policy_whose_children_are_not_current(policy: dict[str, Any]) -> None:
-    assert readiness_status(policy, READY) is None
-    assert readiness_status(policy, HALTED) is None
+    assert _patch(policy, READY) is None
+    assert _patch(policy, HALTED) is None
 
 
 def test_a_policy_being_deleted_is_left_alone() -> None:
     policy = _policy()
     policy["metadata"]["deletionTimestamp"] = EARLIER
-    assert readiness_status(policy, READY) is None
+    assert _patch(policy, READY) is None
 
 
 def test_set_ready_is_the_reconcile_paths_condition() -> None:
     conditions = set_ready([], READY, generation=4)
-    (ready,) = conditions
+    (ready,) = (c.wire() for c in conditions)
     assert ready["type"] == "Ready"
     assert (ready["status"], ready["reason"], ready["observedGeneration"]) == (
         "True",

@@ -146,6 +146,14 @@ def test_environment_is_what_the_executor_accepts(render_input: RenderInput) -> 
         assert source.origin.value in ("file", "absent")
     assert config.downstream_credential.variable == "DOWNSTREAM_CREDENTIAL_FILE"
     assert config.executor_tls_key.variable == "EXECUTOR_TLS_KEY_FILE"
+    assert "DOWNSTREAM_ENVIRONMENT" not in env  # nothing in the executor reads it
+
+
+def test_downstream_environment_is_refused_because_it_would_configure_nothing(
+    render_input: RenderInput,
+) -> None:
+    with pytest.raises(ValueError, match=r"downstream\.environment"):
+        _with_spec(render_input, **{"downstream.environment": "production"})
 
 
 def test_environment_the_executor_would_refuse_is_config_invalid(render_input: RenderInput) -> None:

@@ -15,7 +15,8 @@ import kopf
 import pytest
 
 from agentsafe.operator.apply import ApiError
-from agentsafe.operator.handlers import Runtime, policy_handler, statefulset_handler
+from agentsafe.operator.handlers import policy_handler, statefulset_handler
+from agentsafe.operator.runtime import Runtime
 from agentsafe.operator.settings import OperatorSettings
 
 from .conftest import NS, memo_for, sts_status

@@ -1,0 +1,318 @@
+"""The reconcile: what one AgentPolicy becomes, applied, and the status it reports.
+
+:func:`reconcile_policy` re-validates the stored AgentPolicy, checks that every Secret and
+ConfigMap it references exists (with its keys), selects its Principals (resolving bearer
+tokens to their SHA-256, never copying them), generates the operator's bearer token and the
+grant signing key once, renders every child with the pure ``render`` package and applies them
+with server-side apply, prunes the agent-namespace NetworkPolicies it no longer renders,
+writes the halt key (``halt.sync_halt``) and decides ``Ready`` (``readiness.py``). A
+``RenderError`` (invalid policy, missing Secret, Principals or configuration the executor
+would refuse) leaves every child untouched and is reported as ``Reconciled=False`` and
+``Ready=False`` with its reason. The result is a :class:`PolicyOutcome`: the status and the
+Event to post.
+
+:func:`reconcile_principal` is a Principal's side: every AgentPolicy that selected it (old
+labels) or selects it (new labels) is reconciled again and its status written, and the
+Principal's own status names the policies that select it.
+
+:func:`prune_agent_policies` removes the NetworkPolicies a policy placed in agent namespaces
+(owner references cannot cross namespaces; everything else is garbage-collected through them).
+
+No kopf here: API refusals leave as :class:`~.apply.ApiError`, a stored object that does not
+validate as :class:`~.runtime.InvalidSpec`; ``handlers.py`` maps both to kopf's errors.
+
+Callers: ``handlers.py`` (the handler tests drive it through the handlers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from pydantic import ValidationError
+
+from .apply import Kube
+from .conditions import set_condition, spec_invalid_status, stored_conditions
+from .halt import sync_halt
+from .models import (
+    AgentPolicySpec,
+    AgentPolicyStatus,
+    ConditionReason,
+    ConditionType,
+    PrincipalSpec,
+    PrincipalStatus,
+)
+from .readiness import executor_readiness, set_ready
+from .render import (
+    PolicyRef,
+    RenderError,
+    RenderInput,
+    SelectedPrincipal,
+    check_policy,
+    names,
+    render_authority_key_secret,
+    render_children,
+    render_operator_token_secret,
+)
+from .render.common import OWNER_LABEL
+from .render.config import OPERATOR_TOKEN_KEY
+from .runtime import (
+    EventType,
+    InvalidSpec,
+    Runtime,
+    decode_secret_key,
+    generation_of,
+    parse_spec,
+    policy_ref,
+)
+
+__all__ = [
+    "PolicyOutcome",
+    "prune_agent_policies",
+    "reconcile_policy",
+    "reconcile_principal",
+]
+
+
+@dataclass(frozen=True)
+class PolicyOutcome:
+    """What one reconcile reports: the status to write and the Event to post."""
+
+    status: AgentPolicyStatus
+    event_type: EventType
+    reason: str
+    message: str
+
+
+async def _check_references(kube: Kube, namespace: str, spec: AgentPolicySpec) -> list[str]:
+    """Referenced Secrets and ConfigMaps (and keys) that do not exist, by name."""
+    missing: list[str] = []
+    wanted: list[tuple[str, str, str]] = [
+        ("Secret", spec.tls.secret_name, "tls.crt"),
+        ("Secret", spec.tls.secret_name, "tls.key"),
+        (
+            "Secret",
+            spec.downstream.credential.secret_key_ref.name,
+            spec.downstream.credential.secret_key_ref.key,
+        ),
+    ]
+    if spec.downstream.ca is not None:
+        wanted.append(("ConfigMap", spec.downstream.ca.name, spec.downstream.ca.key))
+    if spec.tls.client_ca is not None:
+        wanted.append(("ConfigMap", spec.tls.client_ca.name, spec.tls.client_ca.key))
+    cache: dict[tuple[str, str], dict[str, Any] | None] = {}
+    for kind, name, key in wanted:
+        if (kind, name) not in cache:
+            cache[(kind, name)] = await kube.get(kind, namespace, name)
+        found = cache[(kind, name)]
+        if found is None:
+            text = f"{kind} {namespace}/{name}"
+        elif key not in (found.get("data") or {}):
+            text = f"{kind} {namespace}/{name} (key {key})"
+        else:
+            continue
+        if text not in missing:
+            missing.append(text)
+    return missing
+
+
+async def _select_principals(
+    kube: Kube, ref: PolicyRef, spec: AgentPolicySpec
+) -> tuple[list[SelectedPrincipal], list[str], list[str]]:
+    """(selected principals, missing references, invalid principal names)."""
+    selected: list[SelectedPrincipal] = []
+    missing: list[str] = []
+    invalid: list[str] = []
+    for item in await kube.list_objects("Principal", ref.namespace):
+        meta = item.get("metadata") or {}
+        if meta.get("deletionTimestamp"):
+            continue
+        if not spec.principal_selector.matches(meta.get("labels")):
+            continue
+        name = str(meta["name"])
+        try:
+            pspec = PrincipalSpec.model_validate(item.get("spec") or {})
+        except ValidationError:
+            invalid.append(name)
+            continue
+        digest: str | None = None
+        if pspec.bearer is not None:
+            sref = pspec.bearer.secret_key_ref
+            secret = await kube.get("Secret", ref.namespace, sref.name)
+            token = decode_secret_key(secret, sref.key)
+            if not token:
+                missing.append(f"Secret {ref.namespace}/{sref.name} (key {sref.key})")
+                continue
+            digest = hashlib.sha256(token).hexdigest()
+        selected.append(SelectedPrincipal(name=name, spec=pspec, token_sha256=digest))
+    return selected, missing, invalid
+
+
+async def _operator_token(kube: Kube, inp: RenderInput) -> str:
+    """The operator's bearer token for this policy: generated once, then read back."""
+    name = names(inp.policy).operator_token
+    secret = await kube.get("Secret", inp.policy.namespace, name)
+    if secret is None:
+        await kube.create(render_operator_token_secret(inp, secrets.token_urlsafe(32)))
+        secret = await kube.get("Secret", inp.policy.namespace, name)
+    token = decode_secret_key(secret, OPERATOR_TOKEN_KEY)
+    if not token:
+        raise RenderError(
+            ConditionReason.SECRET_MISSING, f"Secret {inp.policy.namespace}/{name} has no token"
+        )
+    return token.decode("ascii")
+
+
+async def _ensure_authority_key(kube: Kube, inp: RenderInput) -> None:
+    name = names(inp.policy).authority_key
+    if await kube.get("Secret", inp.policy.namespace, name) is None:
+        await kube.create(render_authority_key_secret(inp, Ed25519PrivateKey.generate()))
+
+
+async def prune_agent_policies(kube: Kube, ref: PolicyRef, keep: set[tuple[str, str]]) -> None:
+    """Delete the policy's agent-namespace NetworkPolicies other than ``keep`` (namespace,
+    name); ``keep=set()`` removes them all (the policy is being deleted)."""
+    selector = f"{OWNER_LABEL}={ref.owner_key}"
+    for item in await kube.list_objects("NetworkPolicy", None, label_selector=selector):
+        meta = item["metadata"]
+        if (meta["namespace"], meta["name"]) not in keep:
+            await kube.delete("NetworkPolicy", meta["namespace"], meta["name"])
+
+
+async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcome:
+    """Render and apply everything one AgentPolicy becomes; the status to write.
+
+    Raises :class:`InvalidSpec` for a stored object that does not validate, ``ApiError`` for
+    the API server's refusals. A ``RenderError`` (invalid policy, missing Secret, principals
+    or configuration the executor would refuse) leaves every child untouched and is reported
+    as ``Ready=False`` with its reason.
+    """
+    ref = policy_ref(body)
+    previous = stored_conditions(body)
+    spec = parse_spec(AgentPolicySpec, body)
+    labels = (body.get("metadata") or {}).get("labels")
+    inp = RenderInput(policy=ref, spec=spec, settings=rt.settings, jwks=rt.jwks)
+    try:
+        check_policy(inp)
+        missing = await _check_references(rt.kube, ref.namespace, spec)
+        selected, missing_p, invalid = await _select_principals(rt.kube, ref, spec)
+        missing += [m for m in missing_p if m not in missing]
+        if missing:
+            raise RenderError(ConditionReason.SECRET_MISSING, "missing: " + ", ".join(missing))
+        if invalid:
+            raise RenderError(
+                ConditionReason.PRINCIPALS_INVALID,
+                "Principals that do not validate: " + ", ".join(invalid),
+            )
+        inp = replace(inp, principals=tuple(selected))
+        await _ensure_authority_key(rt.kube, inp)
+        token = await _operator_token(rt.kube, inp)
+        inp = replace(inp, operator_token_sha256=hashlib.sha256(token.encode()).hexdigest())
+        rendered = render_children(inp)
+    except RenderError as exc:
+        conditions = previous
+        for type_ in (ConditionType.RECONCILED, ConditionType.READY):
+            conditions = set_condition(
+                conditions,
+                type=type_,
+                status=False,
+                reason=exc.reason,
+                message=exc.message,
+                generation=ref.generation,
+            )
+        failed = AgentPolicyStatus(
+            observed_generation=ref.generation,
+            mode=spec.mode,
+            replicas=spec.replicas,
+            audience=inp.audience,
+            halted=await sync_halt(rt, ref, labels),
+            conditions=conditions,
+        )
+        return PolicyOutcome(failed, EventType.WARNING, exc.reason, exc.message)
+
+    keep: set[tuple[str, str]] = set()
+    for obj in rendered.objects:
+        await rt.kube.apply(obj)
+        if obj["kind"] == "NetworkPolicy":
+            keep.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
+    await prune_agent_policies(rt.kube, ref, keep)
+    halted = await sync_halt(rt, ref, labels)
+    sts = await rt.kube.get("StatefulSet", ref.namespace, names(ref).executor)
+    message = f"{len(rendered.objects)} objects applied; {len(rendered.principals)} principals"
+    conditions = set_condition(
+        previous,
+        type=ConditionType.RECONCILED,
+        status=True,
+        reason=ConditionReason.APPLIED,
+        message=message,
+        generation=ref.generation,
+    )
+    readiness = executor_readiness(desired_replicas=spec.replicas, statefulset=sts, halted=halted)
+    applied = AgentPolicyStatus(
+        observed_generation=ref.generation,
+        mode=spec.mode,
+        replicas=spec.replicas,
+        audience=inp.audience,
+        halted=halted,
+        principals=list(rendered.principals),
+        policy_digest=rendered.policy_digest,
+        conditions=set_ready(conditions, readiness, generation=ref.generation),
+    )
+    return PolicyOutcome(applied, EventType.NORMAL, ConditionType.RECONCILED, message)
+
+
+async def _rereconcile(rt: Runtime, policy: Mapping[str, Any]) -> None:
+    """Re-render a policy from another object's handler and write its status directly."""
+    try:
+        status = (await reconcile_policy(rt, policy)).status
+    except InvalidSpec as exc:
+        status = spec_invalid_status(AgentPolicyStatus, policy, str(exc))
+    meta = policy["metadata"]
+    await rt.kube.patch_status("AgentPolicy", meta["namespace"], meta["name"], status.patch())
+
+
+async def reconcile_principal(
+    rt: Runtime, body: Mapping[str, Any], *, old_labels: Mapping[str, str] | None
+) -> PrincipalStatus | None:
+    """Reconcile every AgentPolicy that selected (``old_labels``) or selects the Principal;
+    the Principal's status, or ``None`` while it is being deleted (nothing to report).
+
+    Raises :class:`InvalidSpec` for a stored Principal that does not validate (no policy is
+    touched), ``ApiError`` for the API server's refusals.
+    """
+    meta = body["metadata"]
+    deleting = bool(meta.get("deletionTimestamp"))
+    generation = generation_of(body)
+    spec = parse_spec(PrincipalSpec, body)
+    selecting: list[str] = []
+    for policy in await rt.kube.list_objects("AgentPolicy", meta["namespace"]):
+        try:
+            pspec = AgentPolicySpec.model_validate(policy.get("spec") or {})
+        except ValidationError:
+            continue
+        now_selected = pspec.principal_selector.matches(meta.get("labels"))
+        was_selected = old_labels is not None and pspec.principal_selector.matches(old_labels)
+        if now_selected and not deleting:
+            selecting.append(policy["metadata"]["name"])
+        if now_selected or was_selected:
+            await _rereconcile(rt, policy)
+    if deleting:
+        return None
+    return PrincipalStatus(
+        observed_generation=generation,
+        credential=spec.credential_kind(),
+        policies=len(selecting),
+        selected_by=sorted(selecting),
+        conditions=set_condition(
+            stored_conditions(body),
+            type=ConditionType.READY,
+            status=True,
+            reason=ConditionReason.RENDERED,
+            message=f"selected by {len(selecting)} AgentPolicies",
+            generation=generation,
+        ),
+    )
