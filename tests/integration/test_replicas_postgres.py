@@ -7,6 +7,7 @@ import contextlib
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -19,6 +20,10 @@ from agentsafe.executor.tools.harness import (
     wait_until,
 )
 from tests.support.postgres import PostgresServer
+
+from .bearer_principals import BearerPrincipals, principals_env
+
+PROPOSER, APPROVER = "treasury-workflow", "treasury-lead"
 
 pytestmark = pytest.mark.slow
 
@@ -247,3 +252,84 @@ async def _outage(
         return all(status == 200 for status, _ in answers)
 
     await wait_until(all_ready, timeout=30, what="/ready to be 200 again")
+
+
+async def test_an_approval_created_on_one_replica_is_decided_on_a_second_and_resumed_on_a_third(
+    tmp_path: Path, pg_url: str
+) -> None:
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    principals = BearerPrincipals()
+    principals_file = principals.write(tmp_path / "principals.json")
+    workspace = Workspace(tmp_path / "ws")
+    replicas = [
+        ExecutorProcess(
+            principals_env(
+                _replica_env(workspace, provider, pg_url, f"r{i}"),
+                principals_file,
+                EXECUTOR_ESCALATION="APPROVAL",
+            ),
+            tmp_path,
+            f"r{i}",
+        )
+        for i in range(3)
+    ]
+    await asyncio.gather(*(r.start() for r in replicas))
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def call(
+                proc: ExecutorProcess, method: str, path: str, who: str, body: object = None
+            ) -> tuple[int, Any]:
+                headers = {"authorization": f"Bearer {principals.token(who)}"}
+                async with session.request(
+                    method, proc.url + path, json=body, headers=headers
+                ) as r:
+                    return r.status, await r.json()
+
+            proposal = {
+                "proposal": {
+                    "action": "create_payout",
+                    "target": "payout:shared",
+                    "parameters": {"amountMinor": 20000, "currency": "EUR"},
+                },
+                "idempotency_key": "approve-across",
+            }
+            status, held = await call(replicas[0], "POST", "/v1/actions", PROPOSER, proposal)
+            assert status == 200
+            assert held["outcome"] == "ESCALATE_PENDING"
+            escalation = held["escalation"]
+            _, listing = await call(replicas[1], "GET", "/v1/approvals?state=PENDING", APPROVER)
+            assert [x["request_id"] for x in listing["approvals"]] == [escalation["request_id"]]
+            status, decided = await call(
+                replicas[1],
+                "POST",
+                f"/v1/approvals/{escalation['request_id']}",
+                APPROVER,
+                {"decision": "APPROVE", "reason": "approved on the second replica"},
+            )
+            assert status == 200
+            assert decided["state"] == "APPROVED"
+            status, again = await call(
+                replicas[0],
+                "POST",
+                f"/v1/approvals/{escalation['request_id']}",
+                APPROVER,
+                {"decision": "DENY", "reason": "too late, and on another replica"},
+            )
+            assert status == 409
+            assert again["error"]["code"] == "APPROVAL_ALREADY_DECIDED"
+            assert int((await provider.received())["count"]) == 0
+            body = {"escalation": escalation}
+            status, done = await call(replicas[2], "POST", "/v1/escalations", PROPOSER, body)
+            assert status == 200
+            assert done["outcome"] == "COMPLETED"
+            assert "APPROVED_BY_APPROVER" in done["reason_codes"]
+            for replica in replicas:
+                _, replay = await call(replica, "POST", "/v1/escalations", PROPOSER, body)
+                assert replay["replayed"] is True
+            assert int((await provider.received())["count"]) == 1
+    finally:
+        for replica in replicas:
+            replica.terminate()
+        provider.terminate()
