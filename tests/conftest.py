@@ -6,14 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.postgres import PostgresServer, postgres_server
+from tests.support.postgres import PostgresServer, running_postgres
 
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer]:
     """One PostgreSQL server for the session (skipped, or failed under CI, without binaries)."""
-    with postgres_server() as server:
-        yield server
+    yield from running_postgres()
 
 
 @pytest.fixture

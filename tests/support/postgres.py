@@ -1,168 +1,28 @@
-"""A real PostgreSQL server for tests: initdb into a temporary directory, a free loopback port.
+"""The real PostgreSQL server the shared-store tests use (``tools/pgserver.py``).
 
-The binaries come from the Debian ``postgresql`` package (``/usr/lib/postgresql/<v>/bin``).
-Without them the tests that need a server are skipped with one line, unless
+Without the binaries the tests that need a server are skipped with one line, unless
 ``AGENTSAFE_E2E=require`` or ``CI`` is set (``.ci/run`` installs the package), when they fail.
-PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` user.
 
 Callers: ``tests/conftest.py`` (the session fixture).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
-import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-__all__ = ["PostgresServer", "find_binaries", "postgres_server"]
+from agentsafe.executor.tools.pgserver import PostgresServer, PostgresUnavailable, postgres_server
+
+__all__ = ["PostgresServer", "running_postgres"]
 
 
-def find_binaries() -> Path | None:
-    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), reverse=True)
-    for initdb in candidates:
-        if (initdb.parent / "pg_ctl").exists():
-            return initdb.parent
-    found = shutil.which("initdb")
-    return Path(found).resolve().parent if found else None
-
-
-def _required() -> bool:
-    return os.environ.get("AGENTSAFE_E2E") == "require" or bool(os.environ.get("CI"))
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@dataclass
-class PostgresServer:
-    """One running cluster; :meth:`stop` and :meth:`start` simulate the database going away."""
-
-    bindir: Path
-    datadir: Path
-    port: int
-    user: str | None  # run as this user (when the tests run as root)
-
-    def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        command = list(argv)
-        if self.user is not None:
-            command = ["runuser", "-u", self.user, "--", *command]
-        return subprocess.run(command, check=check, capture_output=True, text=True, timeout=120)
-
-    def initdb(self) -> None:
-        self._run(
-            str(self.bindir / "initdb"),
-            "-D",
-            str(self.datadir / "data"),
-            "-U",
-            "agentsafe",
-            "--auth=trust",
-            "--no-sync",
-            "-E",
-            "UTF8",
-        )
-
-    def start(self) -> None:
-        options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories="
-            f"{self.datadir} -c fsync=off -c max_connections=200"
-        )
-        self._run(
-            str(self.bindir / "pg_ctl"),
-            "-D",
-            str(self.datadir / "data"),
-            "-o",
-            options,
-            "-l",
-            str(self.datadir / "server.log"),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        )
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run(
-            str(self.bindir / "pg_ctl"), "-D", str(self.datadir / "data"), "-m", mode, "-w", "stop"
-        )
-
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql://agentsafe@127.0.0.1:{self.port}/{database}"
-
-    def create_database(self) -> str:
-        """A fresh, empty database; returns its URL."""
-        name = "t_" + uuid.uuid4().hex[:16]
-        self.psql("postgres", f"CREATE DATABASE {name}")
-        return self.url(name)
-
-    def psql(self, database: str, sql: str) -> str:
-        result = self._run(
-            str(self.bindir / "psql"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-U",
-            "agentsafe",
-            "-d",
-            database,
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-At",
-            "-c",
-            sql,
-        )
-        return result.stdout
-
-
-@contextlib.contextmanager
-def postgres_server() -> Iterator[PostgresServer]:
-    bindir = find_binaries()
-    if bindir is None:
-        message = "PostgreSQL binaries absent (apt-get install -y postgresql)"
-        if _required():
-            pytest.fail(message + " and AGENTSAFE_E2E=require or CI is set")
-        pytest.skip(message)
-    user: str | None = None
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.fail("running as root needs the postgres user the Debian package creates")
-        user = "postgres"
-    # Not under pytest's tmp_path: its parents are private to root, and the server runs as
-    # postgres.
-    datadir = Path(tempfile.mkdtemp(prefix="agentsafe-pg-"))
-    if user is not None:
-        entry = pwd.getpwnam(user)
-        os.chown(datadir, entry.pw_uid, entry.pw_gid)
-    os.chmod(datadir, 0o700)
-    server = PostgresServer(bindir=bindir, datadir=datadir, port=_free_port(), user=user)
+def running_postgres() -> Iterator[PostgresServer]:
     try:
-        server.initdb()
-        server.start()
-        yield server
-    finally:
-        with contextlib.suppress(Exception):
-            server.stop("immediate")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                shutil.rmtree(datadir)
-                break
-            except OSError:
-                time.sleep(0.1)
+        with postgres_server() as server:
+            yield server
+    except PostgresUnavailable as exc:
+        if os.environ.get("AGENTSAFE_E2E") == "require" or os.environ.get("CI"):
+            pytest.fail(f"{exc}; AGENTSAFE_E2E=require or CI is set")
+        pytest.skip(str(exc))
