@@ -31,8 +31,9 @@ an attempt has one reconciler    ``SELECT ... FOR UPDATE SKIP LOCKED`` of a laps
 
 The database failing is its own state: a connection that cannot be had within
 ``connect_timeout`` seconds, a dropped connection or a failed COMMIT raise
-``StoreError(STORE_UNAVAILABLE)``; nothing is retried that might have committed. The pool checks a
-connection before lending it, so service resumes by itself when the database returns.
+``StoreError(STORE_UNAVAILABLE)``; nothing is retried that might have committed. A pooled
+connection the server dropped fails before COMMIT and is replaced once, and the pool reconnects
+for ever, so service resumes by itself when the database returns.
 
 Callers: ``serve.py`` (opens one :class:`PostgresStore` when ``EXECUTOR_STORE_URL`` is set and hands
 its three faces to the authority, the pipeline, the ceilings and the journal),
@@ -180,7 +181,6 @@ class PostgresStore:
             max_size=max_connections,
             open=False,
             configure=configure,
-            check=AsyncConnectionPool.check_connection,
             kwargs={"connect_timeout": max(1, int(connect_timeout))},
             timeout=connect_timeout,
             reconnect_timeout=0,  # never give up: the database may come back at any time
@@ -198,19 +198,30 @@ class PostgresStore:
         if self._closed:
             raise StoreError("the shared store is closed", code="STORE_CLOSED")
         delay = 0.002
+        stale_retried = False
         for _ in range(MAX_RETRIES):
+            committing = False
             try:
-                async with (
-                    self._pool.connection(timeout=self._timeout) as conn,
-                    conn.transaction(),
-                ):
-                    return await fn(conn)
+                async with self._pool.connection(timeout=self._timeout) as conn:
+                    async with conn.transaction():
+                        result = await fn(conn)
+                        committing = True
+                    return result
             except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.1)
             except psycopg.Error as exc:
                 if exc.sqlstate in _RETRY_STATES:
                     await asyncio.sleep(delay)
+                    continue
+                if (
+                    isinstance(exc, psycopg.OperationalError)
+                    and not committing
+                    and not stale_retried
+                ):
+                    # A pooled connection the server dropped (a restart) fails before COMMIT:
+                    # nothing was committed, so the work runs once more on a fresh connection.
+                    stale_retried = True
                     continue
                 raise _unavailable(exc) from None
             except PoolTimeout as exc:
