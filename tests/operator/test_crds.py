@@ -155,6 +155,29 @@ def test_approval_escalation_is_not_for_shadow() -> None:
     assert _passes("AgentPolicy", "spec", {"mode": "SHADOW", "escalation": "NONE"})
 
 
+def test_more_than_one_replica_needs_a_shared_store() -> None:
+    store = {"secretKeyRef": {"name": "pg-app", "key": "uri"}, "podSelector": {}}
+    assert _passes("AgentPolicy", "spec", {"mode": "SHADOW", "escalation": "NONE", "replicas": 1})
+    assert not _passes(
+        "AgentPolicy", "spec", {"mode": "SHADOW", "escalation": "NONE", "replicas": 2}
+    )
+    assert _passes(
+        "AgentPolicy",
+        "spec",
+        {"mode": "SHADOW", "escalation": "NONE", "replicas": 3, "store": store},
+    )
+
+
+def test_the_store_says_where_the_database_is() -> None:
+    ref = {"secretKeyRef": {"name": "pg-app", "key": "uri"}}
+    assert not _passes("AgentPolicy", "spec.store", ref)
+    assert _passes("AgentPolicy", "spec.store", {**ref, "cidrs": ["10.0.0.0/24"]})
+    assert _passes("AgentPolicy", "spec.store", {**ref, "podSelector": {}, "namespace": "db"})
+    assert not _passes(
+        "AgentPolicy", "spec.store", {**ref, "cidrs": ["10.0.0.0/24"], "namespace": "db"}
+    )
+
+
 def test_static_header_credential_needs_a_header() -> None:
     path = "spec.downstream.credential"
     ref = {"secretKeyRef": {"name": "s", "key": "k"}}
