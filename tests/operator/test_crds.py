@@ -193,3 +193,19 @@ def test_policy_name_is_bounded() -> None:
 def test_models_refuse_unknown_fields() -> None:
     with pytest.raises(ValueError, match="extra"):
         AgentPolicySpec.model_validate({"mode": "SHADOW", "surprise": 1})
+
+
+def test_the_cloudnativepg_example_is_a_valid_replicated_policy() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    path = (
+        Path(__file__).resolve().parents[2] / "examples" / "cloudnativepg" / "20-agentpolicy.yaml"
+    )
+    body = yaml.safe_load(path.read_text())
+    spec = AgentPolicySpec.model_validate(body["spec"])
+    assert spec.replicas == 3
+    assert spec.store is not None
+    assert _passes("AgentPolicy", "spec", spec.wire())
+    assert _passes("AgentPolicy", "spec.store", spec.store.wire())
