@@ -333,3 +333,28 @@ async def test_an_approval_created_on_one_replica_is_decided_on_a_second_and_res
         for replica in replicas:
             replica.terminate()
         provider.terminate()
+
+
+async def test_serve_refuses_to_start_on_a_schema_newer_than_it_knows(
+    tmp_path: Path, postgres: PostgresServer, pg_url: str
+) -> None:
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    workspace = Workspace(tmp_path / "ws")
+    try:
+        first = ExecutorProcess(_replica_env(workspace, provider, pg_url, "r0"), tmp_path, "r0")
+        await first.start()  # migrates
+        assert first.terminate() == 0
+        database = pg_url.rsplit("/", 1)[1]
+        postgres.psql(database, "UPDATE agentsafe_schema SET version = version + 1")
+        newer = ExecutorProcess(_replica_env(workspace, provider, pg_url, "r1"), tmp_path, "r1")
+        newer.spawn()
+
+        async def exited() -> bool:
+            return not newer.running
+
+        await wait_until(exited, timeout=60, what="the executor to refuse")
+        assert newer.terminate() == 78
+        assert "STORE_SCHEMA_UNSUPPORTED" in newer.stderr_path.read_text()
+    finally:
+        provider.terminate()
