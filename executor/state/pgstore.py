@@ -183,7 +183,9 @@ class PostgresStore:
             configure=configure,
             kwargs={"connect_timeout": max(1, int(connect_timeout))},
             timeout=connect_timeout,
-            reconnect_timeout=0,  # never give up: the database may come back at any time
+            # A failed connect is not retried in the background: the next request that needs a
+            # connection tries again, so a returning database is used at once.
+            reconnect_timeout=0,
             name="agentsafe-store",
         )
         await pool.open(wait=False)
