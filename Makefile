@@ -12,12 +12,13 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
-	@echo "make test       lint, type-check (mypy --strict) and run the whole test suite"
+	@echo "make test       $(TEST_STAGES), in this order, each timed"
 	@echo "make lint       ruff check, ruff format --check and the layer contracts (lint-imports)"
 	@echo "make format     ruff format and ruff check --fix"
 	@echo "make typecheck  mypy --strict on executor/ and operator/"
-	@echo "make unit       the test suite only (tests/)"
-	@echo "make e2e        the end-to-end suite against a real kube-apiserver (builds it once)"
+	@echo "make unit       the test suite only (tests/), in parallel (UNIT_WORKERS=$(UNIT_WORKERS))"
+	@echo "make e2e-build  build (or find, cached by version) every binary the e2e suite needs"
+	@echo "make e2e        e2e-build, then the end-to-end suite against a real kube-apiserver"
 	@echo "make e2e-kind   the same scenarios on kind (needs docker, kind, kubectl, helm)"
 	@echo "make bench      benchmarks/ (prints ratios to a raw aiohttp baseline)"
 
@@ -29,6 +30,7 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)
+	@:
 
 demo: $(STAMP)
 	$(BIN)/agentsafe demo
@@ -50,22 +52,36 @@ typecheck: $(STAMP)
 	@ln -sfn ../../../operator build/typecheck/agentsafe/operator
 	MYPYPATH=build/typecheck $(BIN)/mypy -p agentsafe.executor -p agentsafe.operator
 
+# pytest-xdist workers for tests/. Most tests wait on sockets and subprocesses, so more workers
+# than cores still pays off; tests that cannot share the machine carry an xdist_group mark.
+UNIT_WORKERS ?= 4
+
 unit: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(UNIT_WORKERS) --dist loadgroup --durations=10
 
-# The end-to-end suite builds kube-apiserver, etcd, kubectl, kube-controller-manager and helm
-# from the Go module proxy on first use (cached under ~/.cache/agentsafe); without Go it skips
-# with one line, unless AGENTSAFE_E2E=require (set by .ci/run) makes that a failure.
-e2e: $(STAMP)
-	$(BIN)/pytest -q e2e
-
+# Every binary the suites need (kube-apiserver, kubectl, kube-controller-manager, etcd, helm),
+# built from the Go module proxy with progress lines, or found in the cache (~/.cache/agentsafe,
+# by version). A new binary is a new step in e2e/cluster/build.py, which stays the one entry point.
+# Without Go it builds nothing and the suite skips with one line, unless AGENTSAFE_E2E=require
+# (set by .ci/run) makes that a failure. The suite's fixtures never build: no test timeout ever
+# covers a build.
 e2e-build: $(STAMP)
 	$(BIN)/python e2e/cluster/build.py
+
+e2e: e2e-build
+	$(BIN)/pytest -q e2e
 
 e2e-kind: $(STAMP)
 	bash e2e/kind/run.sh
 
-test: lint typecheck unit e2e
+# `make test` runs these targets in this order, each timed by .ci/stage (.ci/run prints the
+# summary). e2e-build comes before any pytest starts.
+TEST_STAGES := venv lint typecheck e2e-build unit e2e
+
+test:
+	@for stage in $(TEST_STAGES); do \
+	  bash .ci/stage $$stage $(MAKE) --no-print-directory $$stage || exit $$?; \
+	done
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/lifecycle.py

@@ -2,10 +2,12 @@
 
 Role: give every e2e test a running ``etcd`` + ``kube-apiserver`` (and
 ``kube-controller-manager`` for garbage collection when it was built) on loopback, with an
-admin kubeconfig. The binaries come from :mod:`cluster.build` (built once into the cache
-outside the repository). When they cannot be had (no Go toolchain, build failed) the suite is
-skipped with one reason line — unless ``AGENTSAFE_E2E=require`` (set by ``.ci/run``), which
-turns that into a failure.
+admin kubeconfig. The binaries come from :mod:`cluster.build`, which ``make e2e-build`` (a
+prerequisite of ``make e2e`` and ``make test``) runs before pytest starts: no test timeout ever
+covers a build. This module only finds them. When one is missing the session fails at once,
+naming it and the command that builds it; only where they cannot be built at all (no Go
+toolchain) is the suite skipped with one reason line — unless ``AGENTSAFE_E2E=require`` (set by
+``.ci/run``), which turns that into a failure too.
 
 ``--backend=local`` (default) is the loopback control plane; ``--backend=kind`` uses the cluster
 the current kubeconfig points at (see ``e2e/kind/``) and is not run on this machine.
@@ -13,22 +15,29 @@ the current kubeconfig points at (see ``e2e/kind/``) and is not run on this mach
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster.build import Binaries, BuildRequest, BuildUnavailable, Tools, ensure_binaries
+from cluster.build import (
+    BUILD_COMMAND,
+    REQUIRE_ENV,
+    Binaries,
+    BuildRequest,
+    Tools,
+    cached_binaries,
+    e2e_required,
+    go_executable,
+    missing_binaries,
+)
 from cluster.control_plane import (
     ControlPlane,
     ControlPlaneError,
     attached_cluster,
     running_control_plane,
 )
-
-REQUIRE_ENV = "AGENTSAFE_E2E"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,25 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _unavailable(message: str) -> None:
-    if os.environ.get(REQUIRE_ENV, "").lower() == "require":
+    if e2e_required():
         pytest.fail(f"{REQUIRE_ENV}=require and {message}", pytrace=False)
     pytest.skip(f"e2e suite skipped: {message} (set {REQUIRE_ENV}=require to fail instead)")
-
-
-@contextlib.contextmanager
-def _uncaptured(config: pytest.Config) -> Iterator[None]:
-    """Let build progress reach the terminal: a cold build takes many minutes."""
-    capture = config.pluginmanager.getplugin("capturemanager")
-    if capture is None:
-        yield
-        return
-    with capture.global_and_fixture_disabled():
-        yield
-
-
-def _build_request() -> BuildRequest:
-    gc = os.environ.get("AGENTSAFE_E2E_GC", "1") != "0"
-    return BuildRequest(controller_manager=gc)
 
 
 @pytest.fixture(scope="session")
@@ -68,17 +61,22 @@ def backend(pytestconfig: pytest.Config) -> str:
 
 
 @pytest.fixture(scope="session")
-def k8s_binaries(pytestconfig: pytest.Config, backend: str) -> Binaries:
-    """kube-apiserver, kubectl, etcd, helm (built into the cache on first use)."""
+def k8s_binaries(backend: str) -> Binaries:
+    """kube-apiserver, kubectl, etcd, helm from the cache; never builds (see BUILD_COMMAND)."""
     if backend != "local":
         pytest.skip("locally built Kubernetes binaries belong to --backend=local")
-    try:
-        with _uncaptured(pytestconfig):
-            return ensure_binaries(_build_request())
-    except BuildUnavailable as error:
-        first_line = str(error).splitlines()[0]
-        _unavailable(f"the Kubernetes binaries cannot be built here: {first_line}")
-        raise  # unreachable: _unavailable always raises
+    request = BuildRequest.from_environment()
+    found = cached_binaries(request)
+    if found is not None:
+        return found
+    if go_executable() is None:
+        _unavailable(f"no Go toolchain to build the Kubernetes binaries ({BUILD_COMMAND} needs go)")
+    missing = "\n  ".join(missing_binaries(request))
+    pytest.fail(
+        f"the e2e binaries are not built; run `{BUILD_COMMAND}` first"
+        f" (or `.venv/bin/python e2e/cluster/build.py`). Missing:\n  {missing}",
+        pytrace=False,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
+from .codes import Code
 from .errors import CanonicalizationError
 
 __all__ = [
@@ -57,7 +58,7 @@ def _escape_string(value: str) -> str:
         elif code < 0x20:
             out.append(f"\\u{code:04x}")
         elif 0xD800 <= code <= 0xDFFF:
-            raise CanonicalizationError("string contains a lone surrogate", code="JSON_INVALID")
+            raise CanonicalizationError("string contains a lone surrogate", code=Code.JSON_INVALID)
         else:
             out.append(ch)
     out.append('"')
@@ -67,15 +68,15 @@ def _escape_string(value: str) -> str:
 def format_number(value: int | float) -> str:
     """Format a number as ECMAScript's ``Number.prototype.toString`` would."""
     if isinstance(value, bool):
-        raise CanonicalizationError("a boolean is not a number", code="JSON_INVALID")
+        raise CanonicalizationError("a boolean is not a number", code=Code.JSON_INVALID)
     if isinstance(value, int):
         if abs(value) > MAX_SAFE_INTEGER:
             raise CanonicalizationError(
-                "integer outside the exactly representable range", code="NUMBER_OUT_OF_RANGE"
+                "integer outside the exactly representable range", code=Code.NUMBER_OUT_OF_RANGE
             )
         return str(value)
     if not math.isfinite(value):
-        raise CanonicalizationError("non-finite number", code="NUMBER_NOT_FINITE")
+        raise CanonicalizationError("non-finite number", code=Code.NUMBER_NOT_FINITE)
     if value == 0:
         return "0"
     sign = "-" if value < 0 else ""
@@ -103,12 +104,14 @@ def _utf16_key(key: str) -> bytes:
     try:
         return key.encode("utf-16-be")
     except UnicodeEncodeError as exc:
-        raise CanonicalizationError("key contains a lone surrogate", code="JSON_INVALID") from exc
+        raise CanonicalizationError(
+            "key contains a lone surrogate", code=Code.JSON_INVALID
+        ) from exc
 
 
 def _write(value: Any, out: list[str], depth: int) -> None:
     if depth > 1000:
-        raise CanonicalizationError("value nested too deeply", code="JSON_TOO_DEEP")
+        raise CanonicalizationError("value nested too deeply", code=Code.JSON_TOO_DEEP)
     if value is None:
         out.append("null")
     elif value is True:
@@ -123,7 +126,7 @@ def _write(value: Any, out: list[str], depth: int) -> None:
         items = []
         for key, item in value.items():
             if not isinstance(key, str):
-                raise CanonicalizationError("object key is not a string", code="JSON_INVALID")
+                raise CanonicalizationError("object key is not a string", code=Code.JSON_INVALID)
             items.append((_utf16_key(key), key, item))
         items.sort(key=lambda triple: triple[0])
         out.append("{")
@@ -143,7 +146,7 @@ def _write(value: Any, out: list[str], depth: int) -> None:
         out.append("]")
     else:
         raise CanonicalizationError(
-            f"value of type {type(value).__name__} has no JSON form", code="JSON_INVALID"
+            f"value of type {type(value).__name__} has no JSON form", code=Code.JSON_INVALID
         )
 
 

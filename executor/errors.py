@@ -1,28 +1,73 @@
-"""The executor's exception hierarchy.
+"""The executor's exception hierarchy: one root, and a stable code on every error.
 
-Every error the executor raises on purpose derives from :class:`AgentSafeError` and carries a
-stable, machine-readable ``code`` that operators script against. Messages never contain request
-data or secret values.
+Every error agentsafe raises on purpose derives from :class:`AgentSafeError` and carries a
+stable, machine-readable ``code`` from the one registry, :class:`~agentsafe.executor.codes.Code`
+(``codes.py``: code -> HTTP status and meaning). Domain code raises by code and never chooses an
+HTTP status: the HTTP edge (``routes/``) answers a :class:`RequestRejected` with the status the
+registry gives its code. Messages never contain request data or secret values.
 
-    AgentSafeError
-    ├── ConfigError            a configuration value is missing or invalid (exit status 78)
-    ├── CanonicalizationError  a value cannot be expressed as RFC 8785 canonical JSON
-    ├── RequestRejected        an HTTP request refused with a status and a code
-    ├── PolicyError            the policy document cannot be loaded or compiled
-    ├── StoreError             the use store could not answer; the caller fails closed
-    ├── JournalError           the attempt journal could not take a record
-    └── HandlerError           a handler broke its contract
+    AgentSafeError                  root; ``code`` is stable
+    ├── ConfigError                 a configuration value is missing or invalid (exit status 78)
+    │   └── PrincipalsFileError     the principals file is refused (door/principals_file.py)
+    ├── CanonicalizationError       a value cannot be expressed as RFC 8785 canonical JSON
+    ├── RequestRejected             a request refused with a code; the edge gives the status
+    ├── PolicyError                 the policy document cannot be loaded or compiled
+    ├── EvaluationError             a policy rule did not evaluate (policy/celexpr.py)
+    ├── StoreError                  the use store could not answer; the caller fails closed
+    │   └── ApprovalError           an escalation approval operation refused (state/usestore.py)
+    ├── JournalError                the attempt journal could not take a record
+    ├── HandlerError                a handler broke its contract
+    ├── DispatchRefused             dispatch would not start (dispatch/seam.py)
+    ├── ProviderRefused             the provider refused deterministically (dispatch/seam.py)
+    ├── TokenRefused                a compact JWS failed verification (grants.py)
+    ├── GrantRefused                a grant that must not execute (policy/authority.py)
+    ├── JwtRefused                  a workload token is refused (door/workload.py)
+    ├── TransportError              an outbound request failed (egress/transport.py)
+    ├── CredentialUnavailable       a downstream credential produced no headers
+    │                               (egress/credentials.py)
+    ├── SignatureError              an RFC 9421 signature is malformed; also a ValueError
+    │                               (egress/httpsig.py)
+    ├── SecretUnavailable           a secret handle cannot be revealed (host/secrets.py)
+    ├── PostureRefused              the host does not hold the posture (host/posture.py)
+    ├── GuardError                  the process guard cannot be installed (host/audithook.py)
+    ├── GuardRefused                an operation the process guard forbids; also a
+    │                               PermissionError (host/audithook.py)
+    ├── ChainError                  an evidence chain cannot continue (evidence/chain.py)
+    ├── BundleError                 an incident bundle cannot be written (evidence/bundle.py)
+    └── AgentSafetyError            a refusal of the plan boundary (plans/errors.py)
+        ├── AgentSafetyAborted      the caller's abort event fired
+        └── AgentExecutionError     a step ran (or may have) and a receipt was signed for it
+
+Callers: every module that raises; ``routes/app.py`` answers :class:`RequestRejected` (the
+plan routes answer the plan boundary's errors); ``serve.py`` turns a :class:`ConfigError` into
+exit status 78.
 """
 
 from __future__ import annotations
 
+from .codes import Code
+
+__all__ = [
+    "AgentSafeError",
+    "CanonicalizationError",
+    "ConfigError",
+    "HandlerError",
+    "JournalError",
+    "PolicyError",
+    "RequestRejected",
+    "StoreError",
+]
+
 
 class AgentSafeError(Exception):
-    """Root of every error agentsafe raises deliberately; ``code`` is stable."""
+    """Root of every error agentsafe raises deliberately; ``code`` is stable.
 
-    code: str = "AGENTSAFE_ERROR"
+    ``code`` is a :class:`Code` member, except on an :class:`AgentExecutionError` whose failure
+    is a host step executor's own code (the plan boundary passes it through)."""
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    code: str = Code.AGENTSAFE_ERROR
+
+    def __init__(self, message: str, *, code: Code | None = None) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code
@@ -35,50 +80,52 @@ class AgentSafeError(Exception):
 class ConfigError(AgentSafeError):
     """A configuration variable is missing or invalid; names the variable, never its value."""
 
-    code = "CONFIG_INVALID"
+    code = Code.CONFIG_INVALID
     exit_status = 78
 
-    def __init__(self, variable: str, problem: str, *, code: str | None = None) -> None:
+    def __init__(self, variable: str, problem: str, *, code: Code | None = None) -> None:
         super().__init__(f"{variable}: {problem}", code=code)
         self.variable = variable
         self.problem = problem
 
 
 class CanonicalizationError(AgentSafeError):
-    code = "CANONICALIZATION_FAILED"
+    code = Code.CANONICALIZATION_FAILED
 
 
 class RequestRejected(AgentSafeError):
-    """A request refused with an HTTP status and a stable code (the wire's error body)."""
+    """A request refused with a stable code (the wire's error body). The HTTP edge answers it
+    with ``code.status``; every code raised this way has a status in the registry."""
+
+    code: Code
 
     def __init__(
         self,
-        status: int,
-        code: str,
+        code: Code,
         message: str,
         *,
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message, code=code)
-        self.status = status
+        self.code = code
         self.headers = dict(headers or {})
 
 
 class PolicyError(AgentSafeError):
-    code = "POLICY_INVALID"
+    code = Code.POLICY_INVALID
 
-    def __init__(self, message: str, *, path: str | None = None, code: str | None = None) -> None:
+    def __init__(self, message: str, *, path: str | None = None, code: Code | None = None) -> None:
         super().__init__(f"{path}: {message}" if path else message, code=code)
         self.path = path
 
 
 class StoreError(AgentSafeError):
-    code = "STORE_UNAVAILABLE"
+    code = Code.STORE_UNAVAILABLE
 
 
 class JournalError(AgentSafeError):
-    code = "JOURNAL_UNAVAILABLE"
+    code = Code.JOURNAL_UNAVAILABLE
 
 
 class HandlerError(AgentSafeError):
-    code = "HANDLER_CONTRACT_VIOLATED"
+    code = Code.HANDLER_CONTRACT_VIOLATED

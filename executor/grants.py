@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from .canonical import canonical_json, sha256_hex
+from .codes import Code
 from .errors import AgentSafeError, CanonicalizationError
 
 __all__ = [
@@ -57,7 +58,7 @@ class TokenRefused(AgentSafeError):
     """A token failed verification. Codes: JWS_MALFORMED, JWS_ALGORITHM_REFUSED,
     JWS_TYPE_MISMATCH, JWS_KEY_UNKNOWN, JWS_SIGNATURE_INVALID."""
 
-    code = "JWS_MALFORMED"
+    code = Code.JWS_MALFORMED
 
 
 def b64url_encode(data: bytes) -> str:
@@ -67,13 +68,13 @@ def b64url_encode(data: bytes) -> str:
 def b64url_decode(text: str) -> bytes:
     """Decode unpadded base64url, refusing any other spelling of the same bytes."""
     if not _B64URL.match(text) or len(text) % 4 == 1:
-        raise TokenRefused("segment is not unpadded base64url", code="JWS_MALFORMED")
+        raise TokenRefused("segment is not unpadded base64url", code=Code.JWS_MALFORMED)
     try:
         data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (binascii.Error, ValueError):
-        raise TokenRefused("segment is not base64url", code="JWS_MALFORMED") from None
+        raise TokenRefused("segment is not base64url", code=Code.JWS_MALFORMED) from None
     if b64url_encode(data) != text:  # non-zero trailing bits: a second spelling
-        raise TokenRefused("segment is not canonical base64url", code="JWS_MALFORMED")
+        raise TokenRefused("segment is not canonical base64url", code=Code.JWS_MALFORMED)
     return data
 
 
@@ -106,12 +107,12 @@ class SigningKey:
             key = serialization.load_pem_private_key(bytes(data), password=None)
         except (ValueError, TypeError):
             raise AgentSafeError(
-                "not an unencrypted PKCS#8 PEM private key", code="KEY_INVALID"
+                "not an unencrypted PKCS#8 PEM private key", code=Code.KEY_INVALID
             ) from None
         except Exception:  # cryptography's UnsupportedAlgorithm and friends
-            raise AgentSafeError("unsupported private key", code="KEY_INVALID") from None
+            raise AgentSafeError("unsupported private key", code=Code.KEY_INVALID) from None
         if not isinstance(key, Ed25519PrivateKey):
-            raise AgentSafeError("the signing key must be Ed25519", code="KEY_INVALID")
+            raise AgentSafeError("the signing key must be Ed25519", code=Code.KEY_INVALID)
         return cls(key)
 
     @classmethod
@@ -157,7 +158,7 @@ class KeySet:
         """Build from a JWKS; every key must be an Ed25519 OKP key whose kid is its thumbprint."""
         keys = document.get("keys") if isinstance(document, Mapping) else None
         if not isinstance(keys, list):
-            raise AgentSafeError("a JWKS has a keys array", code="JWKS_INVALID")
+            raise AgentSafeError("a JWKS has a keys array", code=Code.JWKS_INVALID)
         publics: list[Ed25519PublicKey] = []
         for jwk in keys:
             if (
@@ -167,16 +168,16 @@ class KeySet:
                 or jwk.get("alg", ALGORITHM) != ALGORITHM
                 or not isinstance(jwk.get("x"), str)
             ):
-                raise AgentSafeError("only Ed25519 OKP keys are accepted", code="JWKS_INVALID")
+                raise AgentSafeError("only Ed25519 OKP keys are accepted", code=Code.JWKS_INVALID)
             try:
                 raw = b64url_decode(jwk["x"])
                 public = Ed25519PublicKey.from_public_bytes(raw)
             except (TokenRefused, ValueError):
                 raise AgentSafeError(
-                    "a key's x is not an Ed25519 key", code="JWKS_INVALID"
+                    "a key's x is not an Ed25519 key", code=Code.JWKS_INVALID
                 ) from None
             if jwk.get("kid", jwk_thumbprint(public)) != jwk_thumbprint(public):
-                raise AgentSafeError("a key's kid is not its thumbprint", code="JWKS_INVALID")
+                raise AgentSafeError("a key's kid is not its thumbprint", code=Code.JWKS_INVALID)
             publics.append(public)
         return cls(publics)
 
@@ -205,32 +206,32 @@ def sign_jws(payload: Mapping[str, Any], *, typ: str, key: SigningKey) -> str:
 def verify_jws(token: str, *, typ: str, keys: KeySet) -> dict[str, Any]:
     """Verify a compact JWS and return its payload; raises :class:`TokenRefused`."""
     if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
-        raise TokenRefused("token is not a compact JWS", code="JWS_MALFORMED")
+        raise TokenRefused("token is not a compact JWS", code=Code.JWS_MALFORMED)
     parts = token.split(".")
     if len(parts) != 3:
-        raise TokenRefused("token is not a compact JWS", code="JWS_MALFORMED")
+        raise TokenRefused("token is not a compact JWS", code=Code.JWS_MALFORMED)
     header_b64, payload_b64, signature_b64 = parts
     header_bytes = b64url_decode(header_b64)
     header = _parse_object(header_bytes, what="header", canonical=False)
     if header.get("alg") != ALGORITHM:
-        raise TokenRefused("only EdDSA is accepted", code="JWS_ALGORITHM_REFUSED")
+        raise TokenRefused("only EdDSA is accepted", code=Code.JWS_ALGORITHM_REFUSED)
     if set(header) != _HEADER_KEYS:
-        raise TokenRefused("header carries unexpected fields", code="JWS_MALFORMED")
+        raise TokenRefused("header carries unexpected fields", code=Code.JWS_MALFORMED)
     _require_canonical(header, header_bytes, what="header")
     if header.get("typ") != typ:
-        raise TokenRefused("token is of another type", code="JWS_TYPE_MISMATCH")
+        raise TokenRefused("token is of another type", code=Code.JWS_TYPE_MISMATCH)
     kid = header.get("kid")
     public = keys.get(kid) if isinstance(kid, str) else None
     if public is None:
-        raise TokenRefused("token names an unknown key", code="JWS_KEY_UNKNOWN")
+        raise TokenRefused("token names an unknown key", code=Code.JWS_KEY_UNKNOWN)
     signature = b64url_decode(signature_b64)
     payload_bytes = b64url_decode(payload_b64)
     if len(signature) != 64:
-        raise TokenRefused("signature has the wrong length", code="JWS_SIGNATURE_INVALID")
+        raise TokenRefused("signature has the wrong length", code=Code.JWS_SIGNATURE_INVALID)
     try:
         public.verify(signature, f"{header_b64}.{payload_b64}".encode("ascii"))
     except InvalidSignature:
-        raise TokenRefused("signature does not verify", code="JWS_SIGNATURE_INVALID") from None
+        raise TokenRefused("signature does not verify", code=Code.JWS_SIGNATURE_INVALID) from None
     return _parse_object(payload_bytes, what="payload")
 
 
@@ -243,9 +244,9 @@ def _parse_object(data: bytes, *, what: str, canonical: bool = True) -> dict[str
             parse_constant=_no_constant,
         )
     except (UnicodeDecodeError, ValueError):
-        raise TokenRefused(f"{what} is not a JSON object", code="JWS_MALFORMED") from None
+        raise TokenRefused(f"{what} is not a JSON object", code=Code.JWS_MALFORMED) from None
     if not isinstance(value, dict):
-        raise TokenRefused(f"{what} is not a JSON object", code="JWS_MALFORMED")
+        raise TokenRefused(f"{what} is not a JSON object", code=Code.JWS_MALFORMED)
     if canonical:
         _require_canonical(value, data, what=what)
     result: dict[str, Any] = value
@@ -258,7 +259,7 @@ def _require_canonical(value: dict[str, Any], data: bytes, *, what: str) -> None
     except CanonicalizationError:
         same = False
     if not same:
-        raise TokenRefused(f"{what} is not canonical JSON", code="JWS_MALFORMED")
+        raise TokenRefused(f"{what} is not canonical JSON", code=Code.JWS_MALFORMED)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 
 from .canonical import MAX_SAFE_INTEGER, canonical_json, sha256_digest, sha256_hex
 from .clock import format_ms, parse_ms
+from .codes import Code
 from .errors import RequestRejected
 from .principals import Principal, Role
 
@@ -141,12 +142,12 @@ def check_json_bounds(value: Any) -> None:
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise RequestRejected(400, "REQUEST_TOO_DEEP", f"JSON nests deeper than {MAX_DEPTH}")
+            raise RequestRejected(Code.REQUEST_TOO_DEEP, f"JSON nests deeper than {MAX_DEPTH}")
         if isinstance(node, dict):
             entries += len(node)
             for key, item in node.items():
                 if key in FORBIDDEN_KEYS:
-                    raise RequestRejected(400, "REQUEST_INVALID", "a forbidden key was supplied")
+                    raise RequestRejected(Code.REQUEST_INVALID, "a forbidden key was supplied")
                 if isinstance(item, dict | list):
                     stack.append((item, depth + 1))
                 else:
@@ -154,7 +155,7 @@ def check_json_bounds(value: Any) -> None:
         elif isinstance(node, list):
             if len(node) > MAX_ARRAY_LENGTH:
                 raise RequestRejected(
-                    400, "REQUEST_TOO_LARGE", f"an array holds more than {MAX_ARRAY_LENGTH} items"
+                    Code.REQUEST_TOO_LARGE, f"an array holds more than {MAX_ARRAY_LENGTH} items"
                 )
             entries += len(node)
             for item in node:
@@ -166,15 +167,15 @@ def check_json_bounds(value: Any) -> None:
             _check_scalar(node)
         if entries > MAX_ENTRIES:
             raise RequestRejected(
-                400, "REQUEST_TOO_LARGE", f"JSON holds more than {MAX_ENTRIES} entries"
+                Code.REQUEST_TOO_LARGE, f"JSON holds more than {MAX_ENTRIES} entries"
             )
 
 
 def _check_scalar(item: Any) -> None:
     if isinstance(item, float) and not math.isfinite(item):
-        raise RequestRejected(400, "REQUEST_INVALID", "numbers must be finite")
+        raise RequestRejected(Code.REQUEST_INVALID, "numbers must be finite")
     if isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_SAFE_INTEGER:
-        raise RequestRejected(400, "REQUEST_INVALID", "an integer is outside the exact range")
+        raise RequestRejected(Code.REQUEST_INVALID, "an integer is outside the exact range")
 
 
 def capture_intent(
@@ -192,7 +193,7 @@ def capture_intent(
 ) -> CapturedIntent:
     """Build the binding for a proposal from the principal and configuration, and hash it."""
     if principal.tenant_id is None or principal.actor is None:
-        raise RequestRejected(403, "ROLE_FORBIDDEN", "this principal cannot propose")
+        raise RequestRejected(Code.ROLE_FORBIDDEN, "this principal cannot propose")
     context: dict[str, Any] = {"caller_principal": principal.id}
     if correlation_id is not None:
         context["correlation_id"] = correlation_id
@@ -228,16 +229,16 @@ _REQUIRED = (
 def intent_from_binding(binding: Any) -> CapturedIntent:
     """Re-hash a presented binding (reconciliations, escalations); refuses a malformed one."""
     if not isinstance(binding, dict) or set(binding) != set(_REQUIRED):
-        raise RequestRejected(400, "REQUEST_INVALID", "the intent is not an agent-safe.intent/1")
+        raise RequestRejected(Code.REQUEST_INVALID, "the intent is not an agent-safe.intent/1")
     if binding["protocol_version"] != PROTOCOL_VERSION:
-        raise RequestRejected(400, "REQUEST_INVALID", "unknown intent protocol version")
+        raise RequestRejected(Code.REQUEST_INVALID, "unknown intent protocol version")
     if not isinstance(binding["intent_id"], str) or not _UUID4.match(binding["intent_id"]):
-        raise RequestRejected(400, "REQUEST_INVALID", "intent_id is not a UUIDv4")
+        raise RequestRejected(Code.REQUEST_INVALID, "intent_id is not a UUIDv4")
     try:
         parse_ms(binding["captured_at"])
         parse_ms(binding["expires_at"])
     except (TypeError, ValueError):
-        raise RequestRejected(400, "REQUEST_INVALID", "intent timestamps are malformed") from None
+        raise RequestRejected(Code.REQUEST_INVALID, "intent timestamps are malformed") from None
     action = binding["action"]
     if (
         not isinstance(action, dict)
@@ -247,7 +248,7 @@ def intent_from_binding(binding: Any) -> CapturedIntent:
         or not isinstance(binding["actor"], dict)
         or not isinstance(binding["downstream_target"], dict)
     ):
-        raise RequestRejected(400, "REQUEST_INVALID", "the intent is not an agent-safe.intent/1")
+        raise RequestRejected(Code.REQUEST_INVALID, "the intent is not an agent-safe.intent/1")
     check_json_bounds(binding)
     return CapturedIntent(binding=binding, intent_hash=intent_hash(binding))
 
@@ -257,7 +258,7 @@ def check_intent_owner(principal: Principal, intent: CapturedIntent) -> None:
     owner = intent.caller_principal
     if owner is None or not hmac.compare_digest(owner.encode(), principal.id.encode()):
         raise RequestRejected(
-            403, "INTENT_PRINCIPAL_MISMATCH", "the intent belongs to another principal"
+            Code.INTENT_PRINCIPAL_MISMATCH, "the intent belongs to another principal"
         )
 
 
@@ -269,10 +270,9 @@ def check_separation(approver: Principal, intent: CapturedIntent) -> None:
     if approver.actor is not None:
         names.add(approver.actor.id)
     if approver.role is not Role.APPROVER:
-        raise RequestRejected(403, "ROLE_FORBIDDEN", "only an approver may decide")
+        raise RequestRejected(Code.ROLE_FORBIDDEN, "only an approver may decide")
     if proposer_actor_id in names or intent.caller_principal in names:
         raise RequestRejected(
-            422,
-            "SEPARATION_OF_DUTIES_VIOLATED",
+            Code.SEPARATION_OF_DUTIES_VIOLATED,
             "an approver may not decide an intent it proposed",
         )

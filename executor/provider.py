@@ -5,8 +5,9 @@ RFC 9421 signature the ``SIGNED_REQUEST`` credential put on a request, then the 
 attestation inside it, then that the attestation is presented once within its lease
 (``docs/verifying-provider.md`` states the procedure and ``tests/vectors/provider`` holds vectors).
 
-This module imports only the standard library, ``cryptography`` and agentsafe's own ``canonical``
-and ``httpsig`` modules, never aiohttp or the server, so a provider can use (or vendor) it alone.
+This module imports only the standard library, ``cryptography`` and agentsafe's own ``canonical``,
+``httpsig``, ``errors`` and ``codes`` modules (the refusal codes are the registry's), never aiohttp
+or the server, so a provider can use (or vendor) it alone.
 
 Callers: providers; ``cli.py`` (``agentsafe verify provider-request <vector>``, through
 :func:`main`).
@@ -30,6 +31,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .canonical import canonical_json, sha256_hex
+from .codes import Code
 from .egress.httpsig import (
     ATTESTATION_COMPONENT,
     SignatureError,
@@ -120,7 +122,7 @@ class ProviderVerdict:
 
 
 class _Refused(Exception):
-    def __init__(self, code: str) -> None:
+    def __init__(self, code: Code) -> None:
         super().__init__(code)
         self.code = code
 
@@ -170,12 +172,12 @@ def _headers_lower(headers: Mapping[str, str] | Iterable[tuple[str, str]]) -> di
     return out
 
 
-def _single(headers: dict[str, list[str]], name: str, missing: str) -> str:
+def _single(headers: dict[str, list[str]], name: str, missing: Code) -> str:
     values = headers.get(name)
     if not values:
         raise _Refused(missing)
     if len(values) != 1:
-        raise _Refused("HEADER_DUPLICATED")
+        raise _Refused(Code.HEADER_DUPLICATED)
     return values[0]
 
 
@@ -231,44 +233,44 @@ def _verify(
     required: tuple[str, ...],
 ) -> ProviderVerdict:
     # 1. the content digest matches the body received.
-    digest_header = _single(headers, "content-digest", "CONTENT_DIGEST_MISSING")
+    digest_header = _single(headers, "content-digest", Code.CONTENT_DIGEST_MISSING)
     try:
         digests = parse_content_digest(digest_header)
     except SignatureError as exc:
-        raise _Refused("CONTENT_DIGEST_MALFORMED") from exc
+        raise _Refused(Code.CONTENT_DIGEST_MALFORMED) from exc
     if "sha-256" not in digests:
-        raise _Refused("CONTENT_DIGEST_MALFORMED")
+        raise _Refused(Code.CONTENT_DIGEST_MALFORMED)
     if digests["sha-256"] != hashlib.sha256(body).digest():
-        raise _Refused("CONTENT_DIGEST_MISMATCH")
+        raise _Refused(Code.CONTENT_DIGEST_MISMATCH)
 
     # 2. the signature input and its parameters.
     try:
-        params = parse_signature_input(_single(headers, "signature-input", "SIGNATURE_MISSING"))
-        signature = parse_signature(_single(headers, "signature", "SIGNATURE_MISSING"))
+        params = parse_signature_input(_single(headers, "signature-input", Code.SIGNATURE_MISSING))
+        signature = parse_signature(_single(headers, "signature", Code.SIGNATURE_MISSING))
     except SignatureError as exc:
         raise _Refused(exc.code) from exc
 
     # 3. every required component is covered.
     if any(name not in params.components for name in required):
-        raise _Refused("COMPONENT_NOT_COVERED")
+        raise _Refused(Code.COMPONENT_NOT_COVERED)
 
     # 4. every covered header is present once; the base carries exactly the received values.
     covered: dict[str, str] = {}
     for name in params.components:
         if not name.startswith("@"):
-            covered[name] = _single(headers, name, "HEADER_MISSING")
+            covered[name] = _single(headers, name, Code.HEADER_MISSING)
 
     # 5. created is inside the clock window.
     if abs(now - params.created) > clock_window_s:
-        raise _Refused("CREATED_OUT_OF_WINDOW")
+        raise _Refused(Code.CREATED_OUT_OF_WINDOW)
 
     # 6. the key id names a key issued to the executor, of the algorithm the input names.
     if params.keyid not in keys:
-        raise _Refused("KEY_UNKNOWN")
+        raise _Refused(Code.KEY_UNKNOWN)
     try:
         key = _signing_key(params.alg, keys[params.keyid])
     except ValueError as exc:
-        raise _Refused("SIGNATURE_ALGORITHM_MISMATCH") from exc
+        raise _Refused(Code.SIGNATURE_ALGORITHM_MISMATCH) from exc
 
     # 7. the signature over the base.
     try:
@@ -277,7 +279,7 @@ def _verify(
     except SignatureError as exc:
         raise _Refused(exc.code) from exc
     if not valid:
-        raise _Refused("SIGNATURE_INVALID")
+        raise _Refused(Code.SIGNATURE_INVALID)
 
     grant_id = covered.get("x-agent-safe-grant-id")
     decision_id = covered.get("x-agent-safe-decision-id")
@@ -293,10 +295,10 @@ def _verify(
         )
     elif ATTESTATION_COMPONENT in headers:
         # Present but not signed over: never ignore it, never trust it.
-        raise _Refused("COMPONENT_NOT_COVERED")
+        raise _Refused(Code.COMPONENT_NOT_COVERED)
     return ProviderVerdict(
         accepted=True,
-        code="VERIFIED",
+        code=Code.VERIFIED,
         keyid=params.keyid,
         components=params.components,
         grant_id=grant_id,
@@ -307,16 +309,16 @@ def _verify(
 
 def _decode_jws(token: str) -> tuple[dict[str, Any], dict[str, Any], bytes, bytes]:
     if len(token) > _MAX_TOKEN or token.count(".") != 2:
-        raise _Refused("ATTESTATION_MALFORMED")
+        raise _Refused(Code.ATTESTATION_MALFORMED)
     head_b64, payload_b64, sig_b64 = token.split(".")
     try:
         header = json.loads(_b64url_decode(head_b64), object_pairs_hook=_no_duplicates)
         payload = json.loads(_b64url_decode(payload_b64), object_pairs_hook=_no_duplicates)
         signature = _b64url_decode(sig_b64)
     except (ValueError, binascii.Error) as exc:
-        raise _Refused("ATTESTATION_MALFORMED") from exc
+        raise _Refused(Code.ATTESTATION_MALFORMED) from exc
     if not isinstance(header, dict) or not isinstance(payload, dict):
-        raise _Refused("ATTESTATION_MALFORMED")
+        raise _Refused(Code.ATTESTATION_MALFORMED)
     return header, payload, signature, f"{head_b64}.{payload_b64}".encode("ascii")
 
 
@@ -336,14 +338,14 @@ def _reject_constant(name: str) -> Any:
 def _authority_key(jwks: Mapping[str, Any], kid: Any) -> Ed25519PublicKey:
     keys = jwks.get("keys")
     if not isinstance(kid, str) or not isinstance(keys, list):
-        raise _Refused("ATTESTATION_KEY_UNKNOWN")
+        raise _Refused(Code.ATTESTATION_KEY_UNKNOWN)
     for jwk in keys:
         if isinstance(jwk, Mapping) and jwk.get("kid") == kid:
             try:
                 return _ed25519_from_jwk(jwk)
             except ValueError as exc:
-                raise _Refused("ATTESTATION_KEY_UNKNOWN") from exc
-    raise _Refused("ATTESTATION_KEY_UNKNOWN")
+                raise _Refused(Code.ATTESTATION_KEY_UNKNOWN) from exc
+    raise _Refused(Code.ATTESTATION_KEY_UNKNOWN)
 
 
 def _verify_attestation(
@@ -357,36 +359,36 @@ def _verify_attestation(
 ) -> Mapping[str, Any]:
     header, payload, signature, signing_input = _decode_jws(token)
     if header.get("alg") != "EdDSA":
-        raise _Refused("ATTESTATION_ALGORITHM_INVALID")
+        raise _Refused(Code.ATTESTATION_ALGORITHM_INVALID)
     if header.get("typ") != ATTESTATION_TYP:
-        raise _Refused("ATTESTATION_TYPE_INVALID")
+        raise _Refused(Code.ATTESTATION_TYPE_INVALID)
     key = _authority_key(authority_jwks, header.get("kid"))
     try:
         key.verify(signature, signing_input)
     except InvalidSignature as exc:
-        raise _Refused("ATTESTATION_SIGNATURE_INVALID") from exc
+        raise _Refused(Code.ATTESTATION_SIGNATURE_INVALID) from exc
 
     binding = payload.get("binding")
     if not isinstance(binding, dict):
-        raise _Refused("ATTESTATION_MALFORMED")
+        raise _Refused(Code.ATTESTATION_MALFORMED)
     sub = payload.get("sub")
     if not isinstance(sub, str) or sub != covered.get("x-agent-safe-grant-id"):
-        raise _Refused("ATTESTATION_GRANT_MISMATCH")
+        raise _Refused(Code.ATTESTATION_GRANT_MISMATCH)
     if payload.get("decision_id") != covered.get("x-agent-safe-decision-id"):
-        raise _Refused("ATTESTATION_DECISION_MISMATCH")
+        raise _Refused(Code.ATTESTATION_DECISION_MISMATCH)
     if binding.get("intent_hash") != covered.get("x-agent-safe-intent-hash"):
-        raise _Refused("ATTESTATION_INTENT_MISMATCH")
+        raise _Refused(Code.ATTESTATION_INTENT_MISMATCH)
     if binding.get("execution_payload_canonicalization_profile") != CANONICALIZATION_PROFILE:
-        raise _Refused("ATTESTATION_PROFILE_UNSUPPORTED")
+        raise _Refused(Code.ATTESTATION_PROFILE_UNSUPPORTED)
     if binding.get("execution_payload_digest") != _payload_digest(body):
-        raise _Refused("ATTESTATION_PAYLOAD_MISMATCH")
+        raise _Refused(Code.ATTESTATION_PAYLOAD_MISMATCH)
     exp = payload.get("exp")
     if isinstance(exp, bool) or not isinstance(exp, int | float):
-        raise _Refused("ATTESTATION_MALFORMED")
+        raise _Refused(Code.ATTESTATION_MALFORMED)
     if now >= exp:
-        raise _Refused("ATTESTATION_EXPIRED")
+        raise _Refused(Code.ATTESTATION_EXPIRED)
     if not seen_store.first_presentation(sub, until=float(exp), now=now):
-        raise _Refused("ATTESTATION_REPLAYED")
+        raise _Refused(Code.ATTESTATION_REPLAYED)
     return payload
 
 

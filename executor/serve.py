@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from .assembly import build_credential, build_door, build_tls, build_transport, load_principals
 from .clock import Clock, SystemClock
+from .codes import Code
 from .config import ExecutorConfig, load_config
 from .dispatch.forward import ForwardRequestHandler
 from .dispatch.seam import ReconcileResult, ReconcileStatus, Registry
@@ -261,11 +262,11 @@ class Executor:
     async def export_evidence(self, *, reason: str, principal: Principal) -> dict[str, Any]:
         if self.config.executor_evidence_dir is None:
             raise RequestRejected(
-                409, "EVIDENCE_NOT_CONFIGURED", "evidence export needs EXECUTOR_EVIDENCE_DIR"
+                Code.EVIDENCE_NOT_CONFIGURED, "evidence export needs EXECUTOR_EVIDENCE_DIR"
             )
         if self.chained is None:
             raise RequestRejected(
-                409, "EVIDENCE_NOT_CHAINED", "this process writes no chained evidence streams"
+                Code.EVIDENCE_NOT_CHAINED, "this process writes no chained evidence streams"
             )
         signing_key: Ed25519PrivateKey | None = None
         handle = self.secrets.get("EXECUTOR_EVIDENCE_SIGNING_KEY")
@@ -274,7 +275,7 @@ class Executor:
                 loaded = load_pem_private_key(bytes(pem), password=None)
             if not isinstance(loaded, Ed25519PrivateKey):
                 raise RequestRejected(
-                    409, "EVIDENCE_KEY_INVALID", "EXECUTOR_EVIDENCE_SIGNING_KEY is not Ed25519"
+                    Code.EVIDENCE_KEY_INVALID, "EXECUTOR_EVIDENCE_SIGNING_KEY is not Ed25519"
                 )
             signing_key = loaded
         attempts = await self.open_attempts()
@@ -294,7 +295,7 @@ class Executor:
                 redactor=self.redactor,
             )
         except BundleError as exc:
-            raise RequestRejected(409, exc.code, exc.message) from None
+            raise RequestRejected(exc.code, exc.message) from None
         self.streams.security.emit(
             "EVIDENCE_EXPORTED", {"principal": principal.id, "signed": signing_key is not None}
         )
@@ -548,7 +549,7 @@ async def assemble(
                 raise ConfigError(
                     "EXECUTOR_JOURNAL_DIR",
                     "cannot be opened for appending",
-                    code="JOURNAL_UNAVAILABLE",
+                    code=Code.JOURNAL_UNAVAILABLE,
                 ) from exc
         if chain is not None:
             chained = open_chained_streams(
@@ -620,7 +621,7 @@ async def assemble(
                 with handle.reveal() as pem:
                     fresh = SigningKey.from_pem(pem)
             except (AgentSafeError, ValueError):
-                streams.security.emit("AUTHORITY_KEY_ROTATION_REFUSED", {"code": "KEY_INVALID"})
+                streams.security.emit("AUTHORITY_KEY_ROTATION_REFUSED", {"code": Code.KEY_INVALID})
                 return
             authority.rotate_key(fresh)
             streams.security.emit("AUTHORITY_KEY_ROTATED", {"kid": fresh.kid})

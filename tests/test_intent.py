@@ -19,6 +19,7 @@ from agentsafe.executor.intent import (
     intent_hash,
 )
 from agentsafe.executor.principals import Actor, legacy_principal
+from agentsafe.executor.routes.refusals import status_of
 
 TENANT = "00000000-0000-4000-8000-000000000001"
 PRINCIPAL = legacy_principal(tenant_id=TENANT, actor=Actor("agent-1", "AI_AGENT", "demo"))
@@ -77,7 +78,7 @@ def test_malformed_presented_intent_is_refused(mutate: object) -> None:
     mutate(binding)  # type: ignore[operator]
     with pytest.raises(RequestRejected) as info:
         intent_from_binding(binding)
-    assert info.value.status == 400
+    assert status_of(info.value.code) == 400
 
 
 def _nested(depth: int) -> object:

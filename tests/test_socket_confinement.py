@@ -40,6 +40,7 @@ The kinds of use, each matched by the names below wherever they appear in a modu
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -292,6 +293,7 @@ def modules() -> Iterator[Path]:
         yield from sorted((ROOT / top).rglob("*.py"))
 
 
+@functools.cache  # four tests read it; parsing every module once is enough
 def findings_by_module() -> dict[str, list[Finding]]:
     out: dict[str, list[Finding]] = {}
     for path in modules():

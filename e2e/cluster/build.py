@@ -2,8 +2,12 @@
 
 Role: turn pinned releases from the Go module proxy into executables under a cache outside the
 repository (``~/.cache/agentsafe/k8s/<version>/`` and siblings), so only a cold machine pays the
-build. Callers: ``python e2e/cluster/build.py`` (CI, developers: prints progress while building)
-and the session fixture in ``e2e/conftest.py`` through :func:`ensure_binaries`.
+build. Callers: ``make e2e-build`` (:data:`BUILD_COMMAND`; a prerequisite of ``make e2e`` and
+``make test``, so every build finishes before pytest starts and no test timeout ever covers one)
+runs :func:`main`, which prints progress while building; the session fixture in
+``e2e/conftest.py`` only looks binaries up with :func:`cached_binaries` and, when one is missing,
+fails at once naming it (:func:`missing_binaries`) and this command. A new binary for the suites
+is one more step in :func:`_build_missing` and one more field of :class:`Binaries`.
 
 What is built and how:
 
@@ -46,6 +50,17 @@ ETCD_VERSION: str | None = None
 
 KUBE_COMMANDS = ("kube-apiserver", "kubectl")
 CONTROLLER_MANAGER = "kube-controller-manager"
+
+#: What builds (or finds) every binary the suites need; printed wherever one is missing.
+BUILD_COMMAND = "make e2e-build"
+#: ``require`` (set by ``.ci/run``): no Go toolchain is a failure, never a skipped suite.
+REQUIRE_ENV = "AGENTSAFE_E2E"
+#: ``0``: no kube-controller-manager (owner references are then asserted, not collected).
+GC_ENV = "AGENTSAFE_E2E_GC"
+
+
+def e2e_required() -> bool:
+    return os.environ.get(REQUIRE_ENV, "").lower() == "require"
 
 
 class BuildUnavailable(RuntimeError):
@@ -380,6 +395,11 @@ class BuildRequest:
     controller_manager: bool = True
     gomaxprocs: int | None = None
 
+    @classmethod
+    def from_environment(cls) -> BuildRequest:
+        """The suites' request: the pins, kube-controller-manager unless ``AGENTSAFE_E2E_GC=0``."""
+        return cls(controller_manager=os.environ.get(GC_ENV, "1") != "0")
+
 
 def _etcd_version_cached(kubernetes_version: str) -> str | None:
     manifest = cache_root() / "k8s" / kubernetes_version / "manifest.json"
@@ -392,7 +412,7 @@ def _etcd_version_cached(kubernetes_version: str) -> str | None:
 def cached_binaries(request: BuildRequest = BuildRequest()) -> Binaries | None:
     """The cached binaries for ``request`` if every one is present; never builds."""
     etcd_version = request.etcd_version or _etcd_version_cached(request.kubernetes_version)
-    if etcd_version is None:
+    if etcd_version is None or missing_binaries(request):
         return None
     paths = _paths(request.kubernetes_version, etcd_version, request.helm_version)
     kcm = paths.kube_dir / CONTROLLER_MANAGER
@@ -406,12 +426,26 @@ def cached_binaries(request: BuildRequest = BuildRequest()) -> Binaries | None:
         helm=paths.helm_dir / "helm",
         kube_controller_manager=kcm if _executable(kcm) else None,
     )
-    required = [found.kube_apiserver, found.kubectl, found.etcd, found.helm]
-    if not all(_executable(path) for path in required):
-        return None
-    if request.controller_manager and found.kube_controller_manager is None:
-        return None
     return found
+
+
+def missing_binaries(request: BuildRequest = BuildRequest()) -> list[str]:
+    """What :func:`cached_binaries` lacks for ``request``, one ``"<name> <version> (<path>)"`` each.
+
+    etcd's version is the one the Kubernetes release pins, recorded by the first build; before
+    that its path is unknown and the entry says so.
+    """
+    etcd_version = request.etcd_version or _etcd_version_cached(request.kubernetes_version)
+    paths = _paths(request.kubernetes_version, etcd_version or "?", request.helm_version)
+    kube = [*KUBE_COMMANDS, *([CONTROLLER_MANAGER] if request.controller_manager else [])]
+    wanted = [(name, request.kubernetes_version, paths.kube_dir / name) for name in kube]
+    wanted.append(("helm", request.helm_version, paths.helm_dir / "helm"))
+    missing = [f"{name} {version} ({at})" for name, version, at in wanted if not _executable(at)]
+    if etcd_version is None:
+        missing.append(f"etcd (the version {request.kubernetes_version} pins; not built yet)")
+    elif not _executable(paths.etcd_dir / "etcd"):
+        missing.append(f"etcd {etcd_version} ({paths.etcd_dir / 'etcd'})")
+    return missing
 
 
 def ensure_binaries(request: BuildRequest = BuildRequest()) -> Binaries:
@@ -504,7 +538,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-controller-manager",
         action="store_true",
-        help="skip kube-controller-manager (owner references are then asserted, not collected)",
+        default=not BuildRequest.from_environment().controller_manager,
+        help="skip kube-controller-manager (owner references are then asserted, not collected;"
+        f" the default when {GC_ENV}=0)",
     )
     parser.add_argument("--gomaxprocs", type=int, default=None)
     args = parser.parse_args(argv)
@@ -515,11 +551,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         controller_manager=not args.no_controller_manager,
         gomaxprocs=args.gomaxprocs,
     )
+    started = time.monotonic()
+    missing = missing_binaries(request)
+    if missing and go_executable() is None and not e2e_required():
+        _log(
+            "no Go toolchain on PATH: nothing built, the e2e suite will skip"
+            f" ({REQUIRE_ENV}=require makes this a failure)"
+        )
+        return 0
+    if missing:
+        _log(f"cache {cache_root()}: building {len(missing)} missing: {'; '.join(missing)}")
     try:
         binaries = ensure_binaries(request)
     except BuildUnavailable as error:
         _log(f"cannot provide the Kubernetes binaries: {error}")
         return 1
+    if not missing:
+        _log(f"all binaries cached under {cache_root()} ({time.monotonic() - started:.1f} s)")
     for field in dataclasses.fields(binaries):
         print(f"{field.name}: {getattr(binaries, field.name)}")
     return 0

@@ -44,6 +44,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..canonical import canonical_json
+from ..codes import Code
 from ..egress.credentials import RESERVED_HEADERS, DownstreamCredential
 from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import ConfigError, HandlerError
@@ -162,7 +163,8 @@ class ForwardRequestHandler:
                 # must be exactly the values sent, and it may set no other reserved header.
                 if key in RESERVED_HEADERS and headers.get(key) != value:
                     raise HandlerError(
-                        "the credential tried to set a reserved header", code="CREDENTIAL_INVALID"
+                        "the credential tried to set a reserved header",
+                        code=Code.CREDENTIAL_INVALID,
                     )
                 headers[key] = value
 
@@ -187,11 +189,11 @@ class ForwardRequestHandler:
         if 400 <= status < 500 and status not in _UNKNOWN_4XX and response.body.strip():
             raise ProviderRefused(provider_reason(status, response.body), status=status)
         if 300 <= status < 400:
-            code = "PROVIDER_REDIRECT"
+            code = Code.PROVIDER_REDIRECT
         elif status >= 500:
-            code = "PROVIDER_ERROR"
+            code = Code.PROVIDER_ERROR
         else:
-            code = "PROVIDER_ANSWER_INDETERMINATE"
+            code = Code.PROVIDER_ANSWER_INDETERMINATE
         raise HandlerError("the provider's answer does not say what happened", code=code)
 
     async def reconcile(self, idempotency_key: str) -> ReconcileResult:

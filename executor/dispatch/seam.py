@@ -52,6 +52,7 @@ from jsonschema import Draft202012Validator
 
 from ..canonical import canonical_json
 from ..clock import Clock, format_ms
+from ..codes import Code
 from ..egress.transport import TransportError
 from ..errors import AgentSafeError, CanonicalizationError, HandlerError, RequestRejected
 from ..events import EventSink
@@ -161,7 +162,7 @@ class ExecutionContext:
 class DispatchRefused(AgentSafeError):
     """:meth:`Dispatch.run` would not start (the deadline passed, or it already ran)."""
 
-    code = "DISPATCH_REFUSED"
+    code = Code.DISPATCH_REFUSED
 
 
 class ProviderRefused(AgentSafeError):
@@ -170,10 +171,10 @@ class ProviderRefused(AgentSafeError):
     ``reason`` is the provider's reason code (UPPER_SNAKE), reported among the reason codes.
     """
 
-    code = "PROVIDER_REFUSED"
+    code = Code.PROVIDER_REFUSED
 
     def __init__(self, reason: str, *, status: int | None = None) -> None:
-        super().__init__("the provider refused the request", code="PROVIDER_REFUSED")
+        super().__init__("the provider refused the request", code=Code.PROVIDER_REFUSED)
         self.reason = reason
         self.status = status
 
@@ -192,9 +193,9 @@ class Dispatch:
     async def run(self, fn: Callable[[str], Awaitable[T]]) -> T:
         """Await ``fn(idempotency_key)``; from here on a failure is an unknown outcome."""
         if self._started:
-            raise DispatchRefused("dispatch runs once per execution", code="DISPATCH_TWICE")
+            raise DispatchRefused("dispatch runs once per execution", code=Code.DISPATCH_TWICE)
         if self._ctx.remaining() <= 0:
-            raise DispatchRefused("the grant expired before dispatch", code="GRANT_EXPIRED")
+            raise DispatchRefused("the grant expired before dispatch", code=Code.GRANT_EXPIRED)
         self._started = True
         return await fn(self._ctx.idempotency_key)
 
@@ -258,17 +259,17 @@ def check_parameters_schema(schema: Any) -> Draft202012Validator:
     """Accept only a strict object schema (``type: object``, ``additionalProperties: false``),
     or ``type: object`` with ``anyOf`` strict schemas (one handler serving several actions)."""
     if not isinstance(schema, Mapping):
-        raise HandlerError("a parameter schema must be a JSON object", code="SCHEMA_NOT_STRICT")
+        raise HandlerError("a parameter schema must be a JSON object", code=Code.SCHEMA_NOT_STRICT)
     if not _strict(schema):
         raise HandlerError(
             "a parameter schema must be type object with additionalProperties false",
-            code="SCHEMA_NOT_STRICT",
+            code=Code.SCHEMA_NOT_STRICT,
         )
     try:
         Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError:
         raise HandlerError(
-            "the parameter schema is not valid JSON Schema", code="SCHEMA_INVALID"
+            "the parameter schema is not valid JSON Schema", code=Code.SCHEMA_INVALID
         ) from None
     return Draft202012Validator(schema)
 
@@ -291,11 +292,11 @@ class Registry:
 
     def register(self, name: str, handler: Handler) -> None:
         if self._sealed:
-            raise HandlerError("the registry is sealed", code="REGISTRY_SEALED")
+            raise HandlerError("the registry is sealed", code=Code.REGISTRY_SEALED)
         if not isinstance(name, str) or not _NAME.match(name):
-            raise HandlerError("an action name must be a short identifier", code="NAME_INVALID")
+            raise HandlerError("an action name must be a short identifier", code=Code.NAME_INVALID)
         if name in self._handlers:
-            raise HandlerError("an action is registered once", code="ACTION_ALREADY_REGISTERED")
+            raise HandlerError("an action is registered once", code=Code.ACTION_ALREADY_REGISTERED)
         validator = check_parameters_schema(handler.parameters_schema)
         self._handlers[name] = (handler, validator)
 
@@ -313,7 +314,7 @@ class Registry:
         entry = self._handlers.get(name)
         if entry is None:
             raise RequestRejected(
-                422, "ACTION_NOT_REGISTERED", "this action is not registered in this process"
+                Code.ACTION_NOT_REGISTERED, "this action is not registered in this process"
             )
         return entry[0]
 

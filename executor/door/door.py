@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ..clock import Clock
+from ..codes import Code
 from ..errors import RequestRejected
 from ..events import EventSink
 from ..host.metrics import ExecutorMetrics
@@ -87,9 +88,8 @@ class _Attempt:
 
 
 class _Refusal(Exception):
-    def __init__(self, status: int, code: str, message: str, *, retry_after: int | None = None):
+    def __init__(self, code: Code, message: str, *, retry_after: int | None = None):
         super().__init__(message)
-        self.status = status
         self.code = code
         self.retry_after = retry_after
 
@@ -142,17 +142,15 @@ class Door:
         except _Refusal as refusal:
             self._refused(attempt, refusal.code)
             headers = {"Retry-After": str(refusal.retry_after)} if refusal.retry_after else None
-            raise RequestRejected(
-                refusal.status, refusal.code, str(refusal), headers=headers
-            ) from None
+            raise RequestRejected(refusal.code, str(refusal), headers=headers) from None
 
-    def record_refusal(self, principal: Principal, code: str) -> None:
+    def record_refusal(self, principal: Principal, code: Code) -> None:
         """A refusal made after the door (an action this principal may not propose, another
         principal's intent): one AUTH_FAILED line, one count and one spike hit, like the door's."""
         method = _CREDENTIAL_METHODS.get(principal.credential_kind, "bearer")
         self._refused(_Attempt(method=method), code)
 
-    def _refused(self, attempt: _Attempt, code: str) -> None:
+    def _refused(self, attempt: _Attempt, code: Code) -> None:
         self._security.emit("AUTH_FAILED", {"method": attempt.method, "code": code})
         if self._metrics is not None:
             self._metrics.door_refusals.inc(method=attempt.method, code=code)
@@ -171,8 +169,7 @@ class Door:
         unauth = self._windows.unauthenticated
         if unauth.full(source):
             raise _Refusal(
-                429,
-                "RATE_LIMITED",
+                Code.RATE_LIMITED,
                 "too many failed attempts",
                 retry_after=unauth.retry_after(source),
             )
@@ -194,20 +191,19 @@ class Door:
             raise refusal
         principal = record
         if self._windows.lockout.locked(principal.id):
-            raise _Refusal(423, "PRINCIPAL_LOCKED", "the principal is locked")
+            raise _Refusal(Code.PRINCIPAL_LOCKED, "the principal is locked")
         if rate_rule is not None:
             window = self._windows.principal_window(principal.id, rate_rule)
             if not window.admit("requests"):
                 raise _Refusal(
-                    429,
-                    "RATE_LIMITED",
+                    Code.RATE_LIMITED,
                     "the principal's rate limit is reached",
                     retry_after=window.retry_after("requests"),
                 )
         if principal.role is not route_role:
-            raise _Refusal(403, "ROLE_FORBIDDEN", "this route is not for the caller's role")
+            raise _Refusal(Code.ROLE_FORBIDDEN, "this route is not for the caller's role")
         if route_scope is not None and route_scope not in principal.scopes:
-            raise _Refusal(403, "SCOPE_FORBIDDEN", "the caller lacks this route's scope")
+            raise _Refusal(Code.SCOPE_FORBIDDEN, "the caller lacks this route's scope")
         return principal
 
     def _identify(
@@ -215,17 +211,17 @@ class Door:
     ) -> tuple[Principal, RateRule | None]:
         token = _bearer_token(authorization) if authorization is not None else None
         if authorization is not None and token is None:
-            raise _Refusal(401, "AUTH_FAILED", "the credential is not accepted")
+            raise _Refusal(Code.AUTH_FAILED, "the credential is not accepted")
         principals = self._principals
         if isinstance(principals, LegacyCaller):
             return self._identify_legacy(attempt, principals, token, cert_der), None
         if cert_der is not None and token is not None:
-            raise _Refusal(401, "AUTH_AMBIGUOUS", "present one credential, not two")
+            raise _Refusal(Code.AUTH_AMBIGUOUS, "present one credential, not two")
         if cert_der is not None:
             record = self._by_certificate(attempt, principals, cert_der)
             return record.principal, record.rate_limit
         if token is None:
-            raise _Refusal(401, "AUTH_REQUIRED", "a credential is required")
+            raise _Refusal(Code.AUTH_REQUIRED, "a credential is required")
         record_or_none = principals.match_bearer(token)
         if record_or_none is not None:
             return record_or_none.principal, record_or_none.rate_limit
@@ -235,10 +231,10 @@ class Door:
                 record = self._workload.verify(token, principals)
             except JwtRefused as refused:
                 attempt.principal_id = refused.principal_id
-                code = refused.code if refused.code != "JWT_MALFORMED" else "AUTH_FAILED"
-                raise _Refusal(401, code, "the workload token is not accepted") from None
+                code = refused.code if refused.code != Code.JWT_MALFORMED else Code.AUTH_FAILED
+                raise _Refusal(code, "the workload token is not accepted") from None
             return record.principal, record.rate_limit
-        raise _Refusal(401, "AUTH_FAILED", "the credential is not accepted")
+        raise _Refusal(Code.AUTH_FAILED, "the credential is not accepted")
 
     def _by_certificate(
         self, attempt: _Attempt, principals: PrincipalSet, cert_der: bytes
@@ -246,12 +242,12 @@ class Door:
         try:
             uris = peer_san_uris(cert_der)
         except ValueError:
-            raise _Refusal(401, "AUTH_FAILED", "the certificate is not accepted") from None
+            raise _Refusal(Code.AUTH_FAILED, "the certificate is not accepted") from None
         matches = {r.id: r for r in (principals.by_san_uri(u) for u in uris) if r is not None}
         if len(matches) > 1:
-            raise _Refusal(401, "AUTH_AMBIGUOUS", "the certificate names more than one principal")
+            raise _Refusal(Code.AUTH_AMBIGUOUS, "the certificate names more than one principal")
         if not matches:
-            raise _Refusal(401, "AUTH_FAILED", "the certificate is not accepted")
+            raise _Refusal(Code.AUTH_FAILED, "the certificate is not accepted")
         record = next(iter(matches.values()))
         credential = record.credential
         assert isinstance(credential, MtlsCredential)
@@ -259,7 +255,7 @@ class Door:
             certificate_sha256(cert_der), credential.cert_sha256
         ):
             attempt.principal_id = record.id
-            raise _Refusal(401, "AUTH_FAILED", "the certificate is not accepted")
+            raise _Refusal(Code.AUTH_FAILED, "the certificate is not accepted")
         return record
 
     def _identify_legacy(
@@ -271,14 +267,14 @@ class Door:
     ) -> Principal:
         if legacy.require_client_certificate and cert_der is None:
             attempt.method = "mtls" if token is None else attempt.method
-            raise _Refusal(401, "AUTH_REQUIRED", "a client certificate and the token are required")
+            raise _Refusal(Code.AUTH_REQUIRED, "a client certificate and the token are required")
         if token is None:
-            raise _Refusal(401, "AUTH_REQUIRED", "a credential is required")
+            raise _Refusal(Code.AUTH_REQUIRED, "a credential is required")
         presented = hashlib.sha256(token.encode("utf-8")).digest()
         with legacy.token.reveal() as value:
             expected = hashlib.sha256(value).digest()
         if not hmac.compare_digest(presented, expected):
-            raise _Refusal(401, "AUTH_FAILED", "the credential is not accepted")
+            raise _Refusal(Code.AUTH_FAILED, "the credential is not accepted")
         return legacy.principal
 
 
@@ -307,7 +303,6 @@ def check_action(principal: Principal, action: str) -> None:
     """Before capture: may this principal propose ``action``? (403 otherwise)."""
     if not principal.may_propose(action):
         raise RequestRejected(
-            403,
-            "ACTION_NOT_PERMITTED_FOR_PRINCIPAL",
+            Code.ACTION_NOT_PERMITTED_FOR_PRINCIPAL,
             "the caller may not propose this action",
         )

@@ -35,6 +35,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..codes import Code
 from ..errors import ConfigError
 from ..principals import Actor, Principal, Role
 from ..windows import RateRule
@@ -83,7 +84,7 @@ _ClaimValue = str | int | bool
 class PrincipalsFileError(ConfigError):
     """An unusable principals file; ``principal_id`` names the culprit when there is one."""
 
-    def __init__(self, code: str, problem: str, *, principal_id: str | None = None) -> None:
+    def __init__(self, code: Code, problem: str, *, principal_id: str | None = None) -> None:
         where = f"principal {principal_id!r}: " if principal_id is not None else ""
         super().__init__(VARIABLE, where + problem, code=code)
         self.principal_id = principal_id
@@ -252,27 +253,27 @@ def load_principals_file(
         fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         raise PrincipalsFileError(
-            "PRINCIPALS_FILE_UNREADABLE", "the file cannot be opened"
+            Code.PRINCIPALS_FILE_UNREADABLE, "the file cannot be opened"
         ) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise PrincipalsFileError(
-                "PRINCIPALS_FILE_MODE",
+                Code.PRINCIPALS_FILE_MODE,
                 "must be a regular file that neither group nor others can write",
             )
         if check_owner and info.st_uid not in (os.geteuid(), 0):
             raise PrincipalsFileError(
-                "PRINCIPALS_FILE_OWNER", "must be owned by the executor's user or by root"
+                Code.PRINCIPALS_FILE_OWNER, "must be owned by the executor's user or by root"
             )
         if info.st_size > MAX_FILE_BYTES:
-            raise PrincipalsFileError("PRINCIPALS_FILE_TOO_LARGE", "larger than 1 MiB")
+            raise PrincipalsFileError(Code.PRINCIPALS_FILE_TOO_LARGE, "larger than 1 MiB")
         with os.fdopen(os.dup(fd), "rb") as handle:
             data = handle.read(MAX_FILE_BYTES + 1)
     finally:
         os.close(fd)
     if len(data) > MAX_FILE_BYTES:
-        raise PrincipalsFileError("PRINCIPALS_FILE_TOO_LARGE", "larger than 1 MiB")
+        raise PrincipalsFileError(Code.PRINCIPALS_FILE_TOO_LARGE, "larger than 1 MiB")
     return parse_principals(
         data,
         registered_actions=registered_actions,
@@ -293,7 +294,7 @@ def parse_principals(
         try:
             raw: Any = json.loads(data)
         except (ValueError, UnicodeDecodeError):
-            raise PrincipalsFileError("PRINCIPALS_FILE_INVALID", "not valid JSON") from None
+            raise PrincipalsFileError(Code.PRINCIPALS_FILE_INVALID, "not valid JSON") from None
     else:
         raw = data
     if (
@@ -301,7 +302,7 @@ def parse_principals(
         and isinstance(raw.get("principals"), list)
         and len(raw["principals"]) > MAX_PRINCIPALS
     ):
-        raise PrincipalsFileError("PRINCIPALS_TOO_MANY", f"at most {MAX_PRINCIPALS} principals")
+        raise PrincipalsFileError(Code.PRINCIPALS_TOO_MANY, f"at most {MAX_PRINCIPALS} principals")
     try:
         document = PrincipalsDocument.model_validate(raw)
     except ValidationError as exc:
@@ -329,13 +330,13 @@ def build_principal_set(
     for entry in document.principals:
         if entry.id in seen_ids:
             raise PrincipalsFileError(
-                "PRINCIPALS_DUPLICATE_ID", "the id appears twice", principal_id=entry.id
+                Code.PRINCIPALS_DUPLICATE_ID, "the id appears twice", principal_id=entry.id
             )
         seen_ids.add(entry.id)
         identity = _credential_identity(entry.credential)
         if identity in identities:
             raise PrincipalsFileError(
-                "PRINCIPALS_CREDENTIAL_SHARED",
+                Code.PRINCIPALS_CREDENTIAL_SHARED,
                 f"its credential identity is already claimed by {identities[identity]!r}",
                 principal_id=entry.id,
             )
@@ -343,13 +344,13 @@ def build_principal_set(
         cred = entry.credential
         if isinstance(cred, WorkloadJwtCredential) and not jwt_configured:
             raise PrincipalsFileError(
-                "PRINCIPALS_JWT_UNCONFIGURED",
+                Code.PRINCIPALS_JWT_UNCONFIGURED,
                 "a WORKLOAD_JWT credential needs EXECUTOR_JWT_AUDIENCE and EXECUTOR_JWKS_FILE",
                 principal_id=entry.id,
             )
         if isinstance(cred, MtlsCredential) and not client_ca_configured:
             raise PrincipalsFileError(
-                "PRINCIPALS_MTLS_UNCONFIGURED",
+                Code.PRINCIPALS_MTLS_UNCONFIGURED,
                 "an MTLS credential needs EXECUTOR_TLS_CLIENT_CA_FILE",
                 principal_id=entry.id,
             )
@@ -359,7 +360,7 @@ def build_principal_set(
                 rule = RateRule.parse(entry.rate_limit)
             except ValueError:
                 raise PrincipalsFileError(
-                    "PRINCIPALS_RATE_LIMIT_INVALID",
+                    Code.PRINCIPALS_RATE_LIMIT_INVALID,
                     "rate_limit must be <count>/<seconds> with positive integers",
                     principal_id=entry.id,
                 ) from None
@@ -376,7 +377,7 @@ def _principal(entry: PrincipalEntry, registered: frozenset[str]) -> Principal:
     pid = entry.id
 
     def refuse(problem: str) -> PrincipalsFileError:
-        return PrincipalsFileError("PRINCIPALS_ROLE_INVALID", problem, principal_id=pid)
+        return PrincipalsFileError(Code.PRINCIPALS_ROLE_INVALID, problem, principal_id=pid)
 
     actor = (
         Actor(id=entry.actor.id, type=entry.actor.type, runtime=entry.actor.runtime)
@@ -394,7 +395,7 @@ def _principal(entry: PrincipalEntry, registered: frozenset[str]) -> Principal:
         unknown = [a for a in entry.allowed_actions if a not in registered]
         if unknown:
             raise PrincipalsFileError(
-                "PRINCIPALS_ACTION_UNKNOWN",
+                Code.PRINCIPALS_ACTION_UNKNOWN,
                 f"allowed_actions names {len(unknown)} action(s) no handler registered",
                 principal_id=pid,
             )
@@ -451,7 +452,7 @@ def _check_separation(records: list[PrincipalRecord]) -> None:
             or (actor_id is not None and actor_id in operator_actors)
         ):
             raise PrincipalsFileError(
-                "SEPARATION_OF_DUTIES_VIOLATED",
+                Code.SEPARATION_OF_DUTIES_VIOLATED,
                 "a proposer may not share its id or actor with an approver, "
                 "nor its actor with an operator",
                 principal_id=p.id,
@@ -483,7 +484,7 @@ def _schema_error(exc: ValidationError, raw: Any) -> PrincipalsFileError:
     where = ".".join(str(part) for part in loc if not isinstance(part, int)) or "document"
     # pydantic adds the union member's tag to locations; keep only field names.
     problem = f"{where}: {first.get('type', 'invalid')}"
-    return PrincipalsFileError("PRINCIPALS_FILE_INVALID", problem, principal_id=principal_id)
+    return PrincipalsFileError(Code.PRINCIPALS_FILE_INVALID, problem, principal_id=principal_id)
 
 
 def render_principals_file(document: PrincipalsDocument) -> str:

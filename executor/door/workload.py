@@ -52,6 +52,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from ..clock import Clock
+from ..codes import Code
 from ..errors import AgentSafeError, ConfigError
 from ..events import EventSink
 from .principals_file import PrincipalRecord, PrincipalSet, WorkloadJwtCredential
@@ -81,8 +82,11 @@ FetchJwks = Callable[[], Awaitable[bytes]]
 class JwtRefused(AgentSafeError):
     """A workload token refused; ``principal_id`` is set once the signature named a principal."""
 
-    def __init__(self, code: str, message: str, *, principal_id: str | None = None) -> None:
+    code: Code
+
+    def __init__(self, code: Code, message: str, *, principal_id: str | None = None) -> None:
         super().__init__(message, code=code)
+        self.code = code
         self.principal_id = principal_id
 
 
@@ -214,7 +218,7 @@ class JwksSource:
             self._file_keys, self._stamp = self._read_file()
         except (OSError, ValueError) as exc:
             raise ConfigError(
-                "EXECUTOR_JWKS_FILE", f"cannot be used: {_reason(exc)}", code="JWKS_INVALID"
+                "EXECUTOR_JWKS_FILE", f"cannot be used: {_reason(exc)}", code=Code.JWKS_INVALID
             ) from None
 
     def _identity(self) -> tuple[int, int, int, int]:
@@ -343,23 +347,23 @@ class WorkloadVerifier:
         header, claims, signed, signature = self._parse(token)
         alg = header.get("alg")
         if not isinstance(alg, str) or alg not in ALLOWED_ALGORITHMS:
-            raise JwtRefused("JWT_ALGORITHM_REFUSED", "the token's algorithm is not accepted")
+            raise JwtRefused(Code.JWT_ALGORITHM_REFUSED, "the token's algorithm is not accepted")
         if "crit" in header:
-            raise JwtRefused("JWT_MALFORMED", "critical header parameters are not supported")
+            raise JwtRefused(Code.JWT_MALFORMED, "critical header parameters are not supported")
         kid = header.get("kid")
         candidates = [
             k for k in self._jwks.current() if k.alg == alg and (kid is None or k.kid == kid)
         ]
         if not any(k.verify(signature, signed) for k in candidates):
-            raise JwtRefused("JWT_SIGNATURE_INVALID", "the token's signature does not verify")
+            raise JwtRefused(Code.JWT_SIGNATURE_INVALID, "the token's signature does not verify")
         issuer, subject = claims.get("iss"), claims.get("sub")
         if not isinstance(issuer, str) or not principals.knows_issuer(issuer):
-            raise JwtRefused("JWT_ISSUER_UNKNOWN", "no principal accepts the token's issuer")
+            raise JwtRefused(Code.JWT_ISSUER_UNKNOWN, "no principal accepts the token's issuer")
         if not isinstance(subject, str):
-            raise JwtRefused("JWT_SUBJECT_UNKNOWN", "the token names no subject")
+            raise JwtRefused(Code.JWT_SUBJECT_UNKNOWN, "the token names no subject")
         record = principals.by_workload(issuer, subject)
         if record is None:
-            raise JwtRefused("JWT_SUBJECT_UNKNOWN", "no principal has the token's subject")
+            raise JwtRefused(Code.JWT_SUBJECT_UNKNOWN, "no principal has the token's subject")
         credential = record.credential
         assert isinstance(credential, WorkloadJwtCredential)
         pid = record.id
@@ -370,16 +374,16 @@ class WorkloadVerifier:
 
     def _parse(self, token: str) -> tuple[dict[str, Any], dict[str, Any], bytes, bytes]:
         if len(token) > MAX_TOKEN_BYTES or not looks_like_jwt(token):
-            raise JwtRefused("JWT_MALFORMED", "the token is not a compact JWS")
+            raise JwtRefused(Code.JWT_MALFORMED, "the token is not a compact JWS")
         head, body, sig = token.split(".")
         try:
             header = json.loads(_b64url_decode(head))
             claims = json.loads(_b64url_decode(body))
             signature = _b64url_decode(sig) if sig else b""
         except (ValueError, UnicodeDecodeError):
-            raise JwtRefused("JWT_MALFORMED", "the token is not a compact JWS") from None
+            raise JwtRefused(Code.JWT_MALFORMED, "the token is not a compact JWS") from None
         if not isinstance(header, dict) or not isinstance(claims, dict):
-            raise JwtRefused("JWT_MALFORMED", "the token is not a compact JWS")
+            raise JwtRefused(Code.JWT_MALFORMED, "the token is not a compact JWS")
         return header, claims, f"{head}.{body}".encode("ascii"), signature
 
     def _check_times(self, claims: Mapping[str, Any], pid: str) -> None:
@@ -389,14 +393,14 @@ class WorkloadVerifier:
         nbf = _number(claims.get("nbf")) if "nbf" in claims else 0.0
         if exp is None or iat is None or nbf is None:
             raise JwtRefused(
-                "JWT_CLAIM_MISMATCH", "exp and iat are required numbers", principal_id=pid
+                Code.JWT_CLAIM_MISMATCH, "exp and iat are required numbers", principal_id=pid
             )
         if now > exp + tol:
-            raise JwtRefused("JWT_EXPIRED", "the token has expired", principal_id=pid)
+            raise JwtRefused(Code.JWT_EXPIRED, "the token has expired", principal_id=pid)
         if iat > now + tol or nbf > now + tol:
-            raise JwtRefused("JWT_EXPIRED", "the token is not valid yet", principal_id=pid)
+            raise JwtRefused(Code.JWT_EXPIRED, "the token is not valid yet", principal_id=pid)
         if now - iat > MAX_TOKEN_AGE_SECONDS + tol:
-            raise JwtRefused("JWT_EXPIRED", "the token is more than a day old", principal_id=pid)
+            raise JwtRefused(Code.JWT_EXPIRED, "the token is more than a day old", principal_id=pid)
 
     def _check_audience(
         self, claims: Mapping[str, Any], credential: WorkloadJwtCredential, pid: str
@@ -410,7 +414,7 @@ class WorkloadVerifier:
             accepted.add(credential.audience)
         if not any(isinstance(a, str) and a in accepted for a in audiences):
             raise JwtRefused(
-                "JWT_AUDIENCE_MISMATCH",
+                Code.JWT_AUDIENCE_MISMATCH,
                 "the token is not meant for this executor",
                 principal_id=pid,
             )
@@ -422,7 +426,7 @@ class WorkloadVerifier:
             found, value = _claim(claims, name)
             if not found or type(value) is not type(expected) or value != expected:
                 raise JwtRefused(
-                    "JWT_CLAIM_MISMATCH", "a required claim does not match", principal_id=pid
+                    Code.JWT_CLAIM_MISMATCH, "a required claim does not match", principal_id=pid
                 )
 
 

@@ -40,6 +40,7 @@ from yarl import URL
 
 from ..canonical import canonical_json
 from ..clock import Clock, SystemClock
+from ..codes import Code
 from ..errors import AgentSafeError, ConfigError, HandlerError
 from ..grants import b64url_encode
 from ..host.secrets import SecretHandle as HeldSecret
@@ -140,14 +141,16 @@ class StaticHeaderCredential:
             except UnicodeDecodeError:
                 text = ""
         if not text or any(ch in text for ch in "\r\n\0") or text != text.strip():
-            raise HandlerError("the downstream credential is unusable", code="CREDENTIAL_INVALID")
+            raise HandlerError(
+                "the downstream credential is unusable", code=Code.CREDENTIAL_INVALID
+            )
         return {self._header: text}
 
 
 class CredentialUnavailable(AgentSafeError):
     """The credential could not produce headers; nothing was sent (FAILED_BEFORE_DISPATCH)."""
 
-    code = "DOWNSTREAM_CREDENTIAL_UNAVAILABLE"
+    code = Code.DOWNSTREAM_CREDENTIAL_UNAVAILABLE
 
 
 def _load_private_key(secret: SecretHandle, variable: str) -> Any:
@@ -284,7 +287,7 @@ class PrivateKeyJwtCredential:
             )
         except TransportError as exc:
             raise CredentialUnavailable(
-                "the token endpoint could not be reached", code="DOWNSTREAM_TOKEN_UNAVAILABLE"
+                "the token endpoint could not be reached", code=Code.DOWNSTREAM_TOKEN_UNAVAILABLE
             ) from exc
         token, lifetime = _parse_token_response(response.status, response.body)
         issued = self._clock.now()
@@ -316,7 +319,7 @@ def _parse_token_response(status: int, body: bytes) -> tuple[str, float]:
     def refused(problem: str) -> CredentialUnavailable:
         return CredentialUnavailable(
             f"the token endpoint's answer is unusable: {problem}",
-            code="DOWNSTREAM_TOKEN_UNAVAILABLE",
+            code=Code.DOWNSTREAM_TOKEN_UNAVAILABLE,
         )
 
     if status != 200:
@@ -392,11 +395,12 @@ class SignedRequestCredential:
     ) -> dict[str, str]:
         if (grant_id is None) != (decision_id is None):
             raise CredentialUnavailable(
-                "a dispatch names both the grant and the decision", code="SIGNATURE_INPUT_INVALID"
+                "a dispatch names both the grant and the decision",
+                code=Code.SIGNATURE_INPUT_INVALID,
             )
         if attestation is not None and grant_id is None:
             raise CredentialUnavailable(
-                "an attestation belongs to a dispatch", code="SIGNATURE_INPUT_INVALID"
+                "an attestation belongs to a dispatch", code=Code.SIGNATURE_INPUT_INVALID
             )
         covered: dict[str, str] = {
             "content-digest": content_digest(body),
@@ -422,7 +426,7 @@ class SignedRequestCredential:
             signature = self._sign(base)
         except (SignatureError, ValueError, TypeError):
             raise CredentialUnavailable(
-                "the request cannot be signed as given", code="SIGNATURE_INPUT_INVALID"
+                "the request cannot be signed as given", code=Code.SIGNATURE_INPUT_INVALID
             ) from None
         return {
             **covered,

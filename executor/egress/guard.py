@@ -52,6 +52,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from yarl import URL
 
+from ..codes import Code
 from ..errors import ConfigError
 from ..events import Streams
 from ..host.audithook import allowed_egress
@@ -130,7 +131,7 @@ class _Progress:
 
 
 class _Refusal(Exception):
-    def __init__(self, code: str, *, sent: bool = False, **extra: Any) -> None:
+    def __init__(self, code: Code, *, sent: bool = False, **extra: Any) -> None:
         super().__init__(code)
         self.code = code
         self.sent = sent
@@ -231,15 +232,15 @@ def _non_canonical_numeric(host: str) -> bool:
 def _check_path(raw_path: str) -> str:
     """Refuse paths whose meaning could change under normalisation; return the path."""
     if not raw_path.startswith("/") or "\\" in raw_path:
-        raise _Refusal("EGRESS_PATH_NOT_ALLOWED")
+        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
     lowered = raw_path.lower()
     if any(enc in lowered for enc in ("%2f", "%5c", "%00", "%25")):
-        raise _Refusal("EGRESS_PATH_NOT_ALLOWED")
+        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
     for segment in raw_path.split("/"):
         if unquote(segment) in (".", ".."):
-            raise _Refusal("EGRESS_PATH_NOT_ALLOWED")
+            raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
     if "//" in raw_path:
-        raise _Refusal("EGRESS_PATH_NOT_ALLOWED")
+        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
     return raw_path
 
 
@@ -317,7 +318,7 @@ class _GuardedConnector(aiohttp.TCPConnector):
             transport, protocol = await super()._wrap_create_connection(*args, **kwargs)
         if self._pins and not _chain_matches(transport, self._pins):
             transport.abort()
-            raise _Refusal("EGRESS_TLS_PIN_MISMATCH")
+            raise _Refusal(Code.EGRESS_TLS_PIN_MISMATCH)
         self._progress.connected = True
         return transport, protocol
 
@@ -402,7 +403,7 @@ class GuardedClient:
             parsed, origin = _parse(url)
             rule = self._match(method, parsed, headers)
             if not timeout > 0:
-                raise _Refusal("EGRESS_TIMEOUT")
+                raise _Refusal(Code.EGRESS_TIMEOUT)
             async with asyncio.timeout(timeout):
                 answer = await self._resolve_once(parsed, rule)
                 return await self._exchange(method, parsed, rule, answer, headers, body, progress)
@@ -410,25 +411,25 @@ class GuardedClient:
             raise self._refused(refusal, origin) from None
         except TimeoutError:
             raise self._refused(
-                _Refusal("EGRESS_TIMEOUT", sent=progress.connected), origin
+                _Refusal(Code.EGRESS_TIMEOUT, sent=progress.connected), origin
             ) from None
         except TransportError:
             raise
         except aiohttp.ClientConnectorCertificateError:
-            raise self._refused(_Refusal("EGRESS_TLS_REJECTED"), origin) from None
+            raise self._refused(_Refusal(Code.EGRESS_TLS_REJECTED), origin) from None
         except aiohttp.ClientSSLError:
-            raise self._refused(_Refusal("EGRESS_TLS_REJECTED"), origin) from None
+            raise self._refused(_Refusal(Code.EGRESS_TLS_REJECTED), origin) from None
         except aiohttp.ClientConnectorError as exc:
             if isinstance(exc.__cause__, _Refusal):
                 raise self._refused(exc.__cause__, origin) from None
             raise TransportError(
-                "TRANSPORT_CONNECT_FAILED", False, "the peer could not be reached"
+                Code.TRANSPORT_CONNECT_FAILED, False, "the peer could not be reached"
             ) from None
         except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError):
-            raise self._refused(_Refusal("EGRESS_RESPONSE_INVALID", sent=True), origin) from None
+            raise self._refused(_Refusal(Code.EGRESS_RESPONSE_INVALID, sent=True), origin) from None
         except (aiohttp.ClientError, OSError):
             raise TransportError(
-                "TRANSPORT_CONNECTION_LOST",
+                Code.TRANSPORT_CONNECTION_LOST,
                 progress.connected,
                 "the connection failed during the exchange",
             ) from None
@@ -437,7 +438,7 @@ class GuardedClient:
 
     def _match(self, method: str, url: URL, headers: Mapping[str, str]) -> _Rule:
         if method not in _METHODS:
-            raise _Refusal("EGRESS_INIT_UNSUPPORTED")
+            raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
         for name, value in headers.items():
             if (
                 not _TOKEN.match(name)
@@ -445,20 +446,20 @@ class GuardedClient:
                 or not isinstance(value, str)
                 or not _HEADER_VALUE.match(value)
             ):
-                raise _Refusal("EGRESS_INIT_UNSUPPORTED")
+                raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
         host = (url.raw_host or "").lower()
         same_origin = [
             r for r in self._rules if (r.scheme, r.host, r.port) == (url.scheme, host, url.port)
         ]
         if not same_origin:
             if url.scheme == "http" and any(r.host == host for r in self._rules):
-                raise _Refusal("EGRESS_SCHEME_NOT_ALLOWED")
-            raise _Refusal("EGRESS_ORIGIN_NOT_ALLOWED")
+                raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
+            raise _Refusal(Code.EGRESS_ORIGIN_NOT_ALLOWED)
         path = _check_path(url.raw_path)
         for rule in sorted(same_origin, key=lambda r: len(r.prefix), reverse=True):
             if _under_prefix(path, rule.prefix):
                 return rule
-        raise _Refusal("EGRESS_PATH_NOT_ALLOWED")
+        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
 
     async def _resolve_once(self, url: URL, rule: _Rule) -> ResolvedAddress:
         host = rule.host
@@ -473,17 +474,17 @@ class GuardedClient:
             except (OSError, UnicodeError):
                 answers = []
         if not answers:
-            raise _Refusal("EGRESS_ADDRESS_REFUSED", reason="nowhere")
+            raise _Refusal(Code.EGRESS_ADDRESS_REFUSED, reason="nowhere")
         for answer in answers:
             reason = address_refusal(
                 answer, allow_loopback=rule.allow_loopback, local_addresses=self._local
             )
             if reason is not None:
-                raise _Refusal("EGRESS_ADDRESS_REFUSED", reason=reason)
+                raise _Refusal(Code.EGRESS_ADDRESS_REFUSED, reason=reason)
         chosen = answers[0].split("%", 1)[0]
         ip = ipaddress.ip_address(chosen)
         if rule.scheme == "http" and not _unwrap(ip).is_loopback:
-            raise _Refusal("EGRESS_SCHEME_NOT_ALLOWED")
+            raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
         family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
         return ResolvedAddress(host=host, port=rule.port, ip=str(ip), family=family)
 
@@ -512,7 +513,7 @@ class GuardedClient:
         ):
             if response.status in _REDIRECTS:
                 raise _Refusal(
-                    "EGRESS_REDIRECT_REFUSED",
+                    Code.EGRESS_REDIRECT_REFUSED,
                     sent=True,
                     leaves_origin=_leaves_origin(url, response.headers.get("Location")),
                 )
@@ -543,7 +544,7 @@ class GuardedClient:
         limit = self.max_response_bytes
         declared = response.content_length
         if declared is not None and declared > limit:
-            raise _Refusal("EGRESS_BODY_TOO_LARGE", sent=True)
+            raise _Refusal(Code.EGRESS_BODY_TOO_LARGE, sent=True)
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -552,7 +553,7 @@ class GuardedClient:
                 break
             total += len(chunk)
             if total > limit:
-                raise _Refusal("EGRESS_BODY_TOO_LARGE", sent=True)
+                raise _Refusal(Code.EGRESS_BODY_TOO_LARGE, sent=True)
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -579,22 +580,22 @@ def _safe_origin(url: str) -> str:
 
 def _parse(url: str) -> tuple[URL, str]:
     if not isinstance(url, str) or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
-        raise _Refusal("EGRESS_INIT_UNSUPPORTED")
+        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
     try:
         parsed = URL(url, encoded=True)
     except (TypeError, ValueError):
-        raise _Refusal("EGRESS_INIT_UNSUPPORTED") from None
+        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED) from None
     if not parsed.is_absolute() or not parsed.raw_host:
-        raise _Refusal("EGRESS_INIT_UNSUPPORTED")
+        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
     origin = _origin(parsed) if parsed.port is not None else f"{parsed.scheme}://invalid"
     if parsed.user is not None or parsed.password is not None or "@" in url.split("/")[2]:
-        raise _Refusal("EGRESS_ORIGIN_NOT_ALLOWED")
+        raise _Refusal(Code.EGRESS_ORIGIN_NOT_ALLOWED)
     if parsed.scheme not in ("https", "http"):
-        raise _Refusal("EGRESS_SCHEME_NOT_ALLOWED")
+        raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
     if _non_canonical_numeric(parsed.raw_host.lower()):
-        raise _Refusal("EGRESS_ADDRESS_REFUSED", reason="non-canonical numeric host")
+        raise _Refusal(Code.EGRESS_ADDRESS_REFUSED, reason="non-canonical numeric host")
     if parsed.port is None or not 0 < parsed.port < 65536:
-        raise _Refusal("EGRESS_INIT_UNSUPPORTED")
+        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
     return parsed, origin
 
 

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ..codes import Code
+from ..errors import AgentSafeError
+
 __all__ = [
     "ALGORITHMS",
     "BASE_COMPONENTS",
@@ -67,11 +70,14 @@ _INTEGER = re.compile(r"-?[0-9]{1,15}")
 _VALUE_CHARS = re.compile(r"^[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?$")
 
 
-class SignatureError(ValueError):
-    """A signature header, parameter or value is malformed; ``code`` says which check failed."""
+class SignatureError(AgentSafeError, ValueError):
+    """A signature header, parameter or value is malformed; ``code`` says which check failed.
+    Also a ``ValueError``, so a parser's caller may treat it as malformed input."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
+    code: Code
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message, code=code)
         self.code = code
 
 
@@ -90,18 +96,18 @@ class SignatureParams:
 
     def validate(self) -> None:
         if not self.components:
-            raise SignatureError("SIGNATURE_MALFORMED", "no covered components")
+            raise SignatureError(Code.SIGNATURE_MALFORMED, "no covered components")
         if len(set(self.components)) != len(self.components):
-            raise SignatureError("SIGNATURE_MALFORMED", "a component is covered twice")
+            raise SignatureError(Code.SIGNATURE_MALFORMED, "a component is covered twice")
         for name in self.components:
             if not _COMPONENT_NAME.match(name) or (name.startswith("@") and name not in _DERIVED):
-                raise SignatureError("SIGNATURE_MALFORMED", "unsupported covered component")
+                raise SignatureError(Code.SIGNATURE_MALFORMED, "unsupported covered component")
         if self.alg not in ALGORITHMS:
-            raise SignatureError("SIGNATURE_ALGORITHM_UNSUPPORTED", "unsupported algorithm")
+            raise SignatureError(Code.SIGNATURE_ALGORITHM_UNSUPPORTED, "unsupported algorithm")
         if not self.keyid or not _SF_STRING_CHARS.match(self.keyid):
-            raise SignatureError("SIGNATURE_MALFORMED", "key id is not a structured string")
+            raise SignatureError(Code.SIGNATURE_MALFORMED, "key id is not a structured string")
         if self.created < 0:
-            raise SignatureError("SIGNATURE_MALFORMED", "created is negative")
+            raise SignatureError(Code.SIGNATURE_MALFORMED, "created is negative")
 
 
 _DERIVED = frozenset({"@method", "@path"})
@@ -115,7 +121,8 @@ def content_digest(body: bytes) -> str:
 def _check_value(name: str, value: str) -> str:
     if not _VALUE_CHARS.match(value):
         raise SignatureError(
-            "SIGNATURE_MALFORMED", f"value of {name} is empty or has characters a base cannot carry"
+            Code.SIGNATURE_MALFORMED,
+            f"value of {name} is empty or has characters a base cannot carry",
         )
     return value
 
@@ -133,15 +140,15 @@ def signature_base(
     for name in params.components:
         if name == "@method":
             if not _TOKEN_METHOD.match(method):
-                raise SignatureError("SIGNATURE_MALFORMED", "method is not an upper-case token")
+                raise SignatureError(Code.SIGNATURE_MALFORMED, "method is not an upper-case token")
             value = method
         elif name == "@path":
             if not path.startswith("/") or not _VALUE_CHARS.match(path) or "?" in path:
-                raise SignatureError("SIGNATURE_MALFORMED", "path is not an absolute path")
+                raise SignatureError(Code.SIGNATURE_MALFORMED, "path is not an absolute path")
             value = path
         else:
             if name not in headers:
-                raise SignatureError("HEADER_MISSING", f"covered header {name} is absent")
+                raise SignatureError(Code.HEADER_MISSING, f"covered header {name} is absent")
             value = _check_value(name, headers[name])
         lines.append(f'"{name}": {value}')
     lines.append(f'"@signature-params": {params.serialize()}')
@@ -153,7 +160,7 @@ def sign_base(alg: str, key: Ed25519PrivateKey | bytes, base: bytes) -> bytes:
         return key.sign(base)
     if alg == "hmac-sha256" and isinstance(key, bytes | bytearray):
         return hmac.new(bytes(key), base, hashlib.sha256).digest()
-    raise SignatureError("SIGNATURE_ALGORITHM_MISMATCH", "key does not match the algorithm")
+    raise SignatureError(Code.SIGNATURE_ALGORITHM_MISMATCH, "key does not match the algorithm")
 
 
 def verify_base(alg: str, key: Ed25519PublicKey | bytes, base: bytes, signature: bytes) -> bool:
@@ -166,7 +173,7 @@ def verify_base(alg: str, key: Ed25519PublicKey | bytes, base: bytes, signature:
     if alg == "hmac-sha256" and isinstance(key, bytes | bytearray):
         expected = hmac.new(bytes(key), base, hashlib.sha256).digest()
         return hmac.compare_digest(expected, signature)
-    raise SignatureError("SIGNATURE_ALGORITHM_MISMATCH", "key does not match the algorithm")
+    raise SignatureError(Code.SIGNATURE_ALGORITHM_MISMATCH, "key does not match the algorithm")
 
 
 # --- a strict reader for the RFC 8941 dictionaries these headers carry -----------------------
@@ -183,7 +190,7 @@ class _Reader:
         return self.text[self.pos] if self.pos < len(self.text) else ""
 
     def fail(self, what: str) -> SignatureError:
-        return SignatureError("SIGNATURE_MALFORMED", f"malformed structured field: {what}")
+        return SignatureError(Code.SIGNATURE_MALFORMED, f"malformed structured field: {what}")
 
     def skip_ows(self) -> None:
         while self.peek() in (" ", "\t"):
@@ -319,15 +326,15 @@ def parse_signature_input(value: str, label: str = LABEL) -> SignatureParams:
     """Read the member ``label`` of a ``signature-input`` header into :class:`SignatureParams`."""
     members = _Reader(value.strip()).dictionary()
     if label not in members:
-        raise SignatureError("SIGNATURE_MISSING", f"no {label} signature")
+        raise SignatureError(Code.SIGNATURE_MISSING, f"no {label} signature")
     inner, params = members[label]
     if not isinstance(inner, tuple):
-        raise SignatureError("SIGNATURE_MALFORMED", "signature input is not an inner list")
+        raise SignatureError(Code.SIGNATURE_MALFORMED, "signature input is not an inner list")
     if set(params) != {"created", "keyid", "alg"}:
-        raise SignatureError("SIGNATURE_MALFORMED", "parameters must be created, keyid and alg")
+        raise SignatureError(Code.SIGNATURE_MALFORMED, "parameters must be created, keyid and alg")
     created, keyid, alg = params["created"], params["keyid"], params["alg"]
     if not isinstance(created, int) or not isinstance(keyid, str) or not isinstance(alg, str):
-        raise SignatureError("SIGNATURE_MALFORMED", "parameter of the wrong type")
+        raise SignatureError(Code.SIGNATURE_MALFORMED, "parameter of the wrong type")
     result = SignatureParams(components=inner, created=created, keyid=keyid, alg=alg)
     result.validate()
     return result
@@ -337,10 +344,10 @@ def parse_signature(value: str, label: str = LABEL) -> bytes:
     """The signature bytes of member ``label`` of a ``signature`` header."""
     members = _Reader(value.strip()).dictionary()
     if label not in members:
-        raise SignatureError("SIGNATURE_MISSING", f"no {label} signature")
+        raise SignatureError(Code.SIGNATURE_MISSING, f"no {label} signature")
     item, params = members[label]
     if not isinstance(item, bytes) or params:
-        raise SignatureError("SIGNATURE_MALFORMED", "signature is not a byte sequence")
+        raise SignatureError(Code.SIGNATURE_MALFORMED, "signature is not a byte sequence")
     return item
 
 
@@ -350,7 +357,7 @@ def parse_content_digest(value: str) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for name, (item, _params) in members.items():
         if not isinstance(item, bytes):
-            raise SignatureError("CONTENT_DIGEST_MALFORMED", "digest is not a byte sequence")
+            raise SignatureError(Code.CONTENT_DIGEST_MALFORMED, "digest is not a byte sequence")
         out[name] = item
     return out
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..codes import Code
 from ..errors import AgentSafeError
 
 __all__ = [
@@ -56,9 +57,9 @@ class TransportError(AgentSafeError):
     attempt FAILED_BEFORE_DISPATCH); True means bytes may have arrived (UNKNOWN_AFTER_DISPATCH).
     """
 
-    code = "TRANSPORT_FAILED"
+    code = Code.TRANSPORT_FAILED
 
-    def __init__(self, code: str, sent: bool, message: str | None = None) -> None:
+    def __init__(self, code: Code, sent: bool, message: str | None = None) -> None:
         super().__init__(message or code.replace("_", " ").lower(), code=code)
         self.sent = sent
 

@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from ..canonical import canonical_json, sha256_digest, sha256_hex
 from ..clock import Clock, format_ms
+from ..codes import Code
 from ..errors import AgentSafeError, CanonicalizationError
 from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
 from .chain import ChainedSink, ChainHead
@@ -95,7 +96,10 @@ ATTEMPT_FIELDS = frozenset(
 
 
 class BundleError(AgentSafeError):
-    code = "EVIDENCE_EXPORT_FAILED"
+    code: Code = Code.EVIDENCE_EXPORT_FAILED
+
+    def __init__(self, message: str, *, code: Code | None = None) -> None:
+        super().__init__(message, code=code)
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,7 @@ def export_bundle(
 ) -> Manifest:
     """Write a new bundle directory; raises :class:`BundleError` and leaves no partial manifest."""
     if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_LENGTH:
-        raise BundleError("reason must be 1..1024 characters", code="EVIDENCE_REASON_INVALID")
+        raise BundleError("reason must be 1..1024 characters", code=Code.EVIDENCE_REASON_INVALID)
     if set(streams) != set(STREAM_FILES):
         raise BundleError("both evidence and security streams are required")
     if redactor is not None:
@@ -209,7 +213,7 @@ def export_bundle(
 def _new_directory(root: Path, created_at: str) -> Path:
     base = created_at.replace(":", "-").replace(".", "-")
     if not root.is_dir():
-        raise BundleError("the evidence directory is not a directory", code="EVIDENCE_DIR")
+        raise BundleError("the evidence directory is not a directory", code=Code.EVIDENCE_DIR)
     for attempt in range(1000):
         candidate = root / (base if attempt == 0 else f"{base}-{attempt}")
         try:
@@ -218,10 +222,10 @@ def _new_directory(root: Path, created_at: str) -> Path:
             continue
         except OSError as exc:
             raise BundleError(
-                "the evidence directory is not writable", code="EVIDENCE_DIR"
+                "the evidence directory is not writable", code=Code.EVIDENCE_DIR
             ) from exc
         return candidate
-    raise BundleError("too many bundles for one instant", code="EVIDENCE_DIR")
+    raise BundleError("too many bundles for one instant", code=Code.EVIDENCE_DIR)
 
 
 def _head(head: ChainHead | None) -> dict[str, Any] | None:

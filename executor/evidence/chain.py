@@ -43,6 +43,7 @@ from typing import Any, ClassVar, TextIO
 
 from ..canonical import MAX_SAFE_INTEGER, canonical_text, sha256_digest
 from ..clock import Clock, format_ms
+from ..codes import Code
 from ..errors import AgentSafeError
 from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA, Streams
 from .redact import Redaction, Redactor
@@ -84,7 +85,7 @@ _log = logging.getLogger(__name__)
 class ChainError(AgentSafeError):
     """The chain cannot continue safely (head unreadable, journal in use, checkpoint failed)."""
 
-    code = "CHAIN_UNAVAILABLE"
+    code = Code.CHAIN_UNAVAILABLE
 
 
 @dataclass(frozen=True)
@@ -218,12 +219,14 @@ class ChainedSink:
     def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
         """Write one chained line for ``event``; reserved names are a programming error."""
         if event in _RESERVED_EVENTS:
-            raise ChainError(f"event {event} is written by the chain itself", code="EVENT_RESERVED")
+            raise ChainError(
+                f"event {event} is written by the chain itself", code=Code.EVENT_RESERVED
+            )
         given = dict(fields or {})
         clash = RESERVED_FIELDS.intersection(given)
         if clash:
             raise ChainError(
-                f"fields {sorted(clash)} are written by the chain itself", code="FIELD_RESERVED"
+                f"fields {sorted(clash)} are written by the chain itself", code=Code.FIELD_RESERVED
             )
         self._write(event, given)
 
@@ -268,7 +271,7 @@ class ChainedSink:
             clean_fields[key] = self._normalise(raw_value, leaks, key)
         with self._lock:
             if self._closed:
-                raise ChainError("the stream is closed", code="CHAIN_CLOSED")
+                raise ChainError("the stream is closed", code=Code.CHAIN_CLOSED)
             seq, prev_hash = self._next_position()
             if (
                 not resumption
@@ -363,7 +366,7 @@ class ChainedSink:
             )
         except OSError as exc:
             raise ChainError(
-                f"chain journal for stream {self.stream} cannot be opened", code="CHAIN_JOURNAL"
+                f"chain journal for stream {self.stream} cannot be opened", code=Code.CHAIN_JOURNAL
             ) from exc
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -372,7 +375,7 @@ class ChainedSink:
             self._lock_fd = None
             raise ChainError(
                 f"chain journal for stream {self.stream} is held by another process",
-                code="CHAIN_JOURNAL_IN_USE",
+                code=Code.CHAIN_JOURNAL_IN_USE,
             ) from exc
         self._head_path = chain_dir / f"{self.stream}.head.json"
         try:
@@ -403,7 +406,8 @@ class ChainedSink:
         )
         if self._persisted_seq != seq:
             raise ChainError(
-                f"chain head for stream {self.stream} could not be persisted", code="CHAIN_JOURNAL"
+                f"chain head for stream {self.stream} could not be persisted",
+                code=Code.CHAIN_JOURNAL,
             )
 
     def _read_head(self) -> tuple[ChainHead, bool, int] | None:
@@ -414,7 +418,8 @@ class ChainedSink:
             return None
         except OSError as exc:
             raise ChainError(
-                f"chain head for stream {self.stream} cannot be read", code="CHAIN_HEAD_UNREADABLE"
+                f"chain head for stream {self.stream} cannot be read",
+                code=Code.CHAIN_HEAD_UNREADABLE,
             ) from exc
         try:
             data = json.loads(raw)
@@ -437,11 +442,13 @@ class ChainedSink:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ChainError(
-                f"chain head for stream {self.stream} is unreadable", code="CHAIN_HEAD_UNREADABLE"
+                f"chain head for stream {self.stream} is unreadable",
+                code=Code.CHAIN_HEAD_UNREADABLE,
             ) from exc
         if not valid:
             raise ChainError(
-                f"chain head for stream {self.stream} is unreadable", code="CHAIN_HEAD_UNREADABLE"
+                f"chain head for stream {self.stream} is unreadable",
+                code=Code.CHAIN_HEAD_UNREADABLE,
             )
         return head, clean, interval
 
@@ -476,7 +483,8 @@ class ChainedSink:
                 os.close(dir_fd)
         except OSError as exc:
             raise ChainError(
-                f"chain head for stream {self.stream} could not be persisted", code="CHAIN_JOURNAL"
+                f"chain head for stream {self.stream} could not be persisted",
+                code=Code.CHAIN_JOURNAL,
             ) from exc
         self._persisted_seq = self._head.seq
 

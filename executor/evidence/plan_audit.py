@@ -21,6 +21,7 @@ from typing import Any
 
 from ..canonical import canonical_text
 from ..clock import Clock
+from ..codes import Code
 from ..errors import JournalError
 from ..events import EventSink
 
@@ -41,7 +42,9 @@ class DurablePlanAudit:
     async def append(self, event: Mapping[str, Any]) -> None:
         line = canonical_text(dict(event)) + "\n"
         if len(line.encode("utf-8")) > MAX_EVENT_BYTES:
-            raise JournalError("a plan audit event is too large", code="JOURNAL_RECORD_TOO_LARGE")
+            raise JournalError(
+                "a plan audit event is too large", code=Code.JOURNAL_RECORD_TOO_LARGE
+            )
         await asyncio.to_thread(self._write, line)
         self._evidence.emit("PLAN_AUDIT", {"plan_event": dict(event)})
 

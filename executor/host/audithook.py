@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from ..codes import Code
 from ..errors import AgentSafeError
 
 __all__ = [
@@ -52,9 +53,9 @@ __all__ = [
     "installed_guard",
 ]
 
-GUARD_CONNECT_REFUSED: Final = "GUARD_CONNECT_REFUSED"
-GUARD_CHILD_PROCESS_REFUSED: Final = "GUARD_CHILD_PROCESS_REFUSED"
-GUARD_FS_WRITE_REFUSED: Final = "GUARD_FS_WRITE_REFUSED"
+GUARD_CONNECT_REFUSED: Final = Code.GUARD_CONNECT_REFUSED
+GUARD_CHILD_PROCESS_REFUSED: Final = Code.GUARD_CHILD_PROCESS_REFUSED
+GUARD_FS_WRITE_REFUSED: Final = Code.GUARD_FS_WRITE_REFUSED
 
 SOCKET_GUARD_ABSENT: Final = "SOCKET_GUARD_ABSENT"
 CHILD_PROCESS_ALLOWED: Final = "CHILD_PROCESS_ALLOWED"
@@ -116,15 +117,15 @@ _WATCHED: Final = frozenset({"socket.connect", "open", "sqlite3.connect"} | _CHI
 class GuardError(AgentSafeError):
     """The guard could not be installed (a second install, or bad writable directories)."""
 
-    code = "GUARD_INVALID"
+    code = Code.GUARD_INVALID
 
 
-class GuardRefused(PermissionError):
-    """An operation the guard forbids; ``code`` says which kind, ``event`` the audit event."""
+class GuardRefused(AgentSafeError, PermissionError):
+    """An operation the guard forbids; ``code`` says which kind, ``event`` the audit event.
+    Also a ``PermissionError``, so the refused operation fails as the OS would refuse it."""
 
-    def __init__(self, code: str, event: str) -> None:
-        super().__init__(f"{code}: {event} refused by the process guard")
-        self.code = code
+    def __init__(self, code: Code, event: str) -> None:
+        super().__init__(f"{code}: {event} refused by the process guard", code=code)
         self.event = event
 
 
@@ -188,7 +189,7 @@ def install_guard(
     with _install_lock:
         if _installed is not None:
             raise GuardError(
-                "the process guard is already installed", code="GUARD_ALREADY_INSTALLED"
+                "the process guard is already installed", code=Code.GUARD_ALREADY_INSTALLED
             )
         hook = _make_hook(tuple(dirs), allow_connect)
         sys.addaudithook(hook)
@@ -224,7 +225,7 @@ def _make_hook(
         real = realpath(text)
         return real in always or real in dirset or real.startswith(prefixes)
 
-    def refuse(code: str, event: str) -> None:
+    def refuse(code: Code, event: str) -> None:
         raise GuardRefused(code, event)
 
     def hook(event: str, args: tuple[Any, ...]) -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..clock import Clock, format_ms
+from ..codes import Code
 from ..errors import RequestRejected
 from ..events import EventSink
 from ..windows import RateRule, SpikeDetector
@@ -130,7 +131,7 @@ class HaltState:
         """Add a cause; True when it is new. An operator's halt needs a non-empty reason."""
         text = bound_reason(reason)
         if cause is HaltCause.OPERATOR and not text:
-            raise RequestRejected(422, "REASON_REQUIRED", "a halt needs a reason")
+            raise RequestRejected(Code.REASON_REQUIRED, "a halt needs a reason")
         with self._lock:
             if cause in self._causes:
                 return False
@@ -149,11 +150,11 @@ class HaltState:
         """An operator takes work again; refused while the halt file or a posture drift stands."""
         text = bound_reason(reason)
         if not text:
-            raise RequestRejected(422, "REASON_REQUIRED", "a resume needs a reason")
+            raise RequestRejected(Code.REASON_REQUIRED, "a resume needs a reason")
         with self._lock:
             if self._file_present() or self._posture_checks:
                 raise RequestRejected(
-                    409, "HALT_CAUSE_PERSISTS", "the cause of the halt still stands"
+                    Code.HALT_CAUSE_PERSISTS, "the cause of the halt still stands"
                 )
             if not self._causes:
                 return

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from ..codes import Code
 from ..config import PostureMode
 from ..errors import AgentSafeError
 from ..events import EventSink
@@ -158,7 +159,7 @@ _SECRET_CODES: Final[Mapping[str, str]] = {
 class PostureRefused(AgentSafeError):
     """The host does not hold the posture; names the checks (or the variable), never a value."""
 
-    code = "REFUSED_TO_START"
+    code = Code.REFUSED_TO_START
 
     def __init__(self, checks: Sequence[str], *, report: PostureReport | None = None) -> None:
         named = [_with_variable(check, report) for check in checks]

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, NoReturn, final
 
+from ..codes import Code
 from ..config import SECRET_NAMES
 from ..errors import AgentSafeError, ConfigError
 from ..events import EventSink
@@ -60,23 +61,23 @@ MAX_SECRET_BYTES: Final = 1024 * 1024
 _READ_ATTEMPTS: Final = 3
 
 # Finding codes. The first four are posture checks of the same name.
-SECRET_IN_ENV: Final = "SECRET_IN_ENV"
-SECRET_FILE_OUTSIDE_DIR: Final = "SECRET_FILE_OUTSIDE_DIR"
-SECRET_FILE_MODE: Final = "SECRET_FILE_MODE"
-SECRET_FILE_OWNER: Final = "SECRET_FILE_OWNER"
-SECRET_BOTH_GIVEN: Final = "SECRET_BOTH_GIVEN"
-SECRET_DIR_REQUIRED: Final = "SECRET_DIR_REQUIRED"
-SECRET_DIR_INVALID: Final = "SECRET_DIR_INVALID"
-SECRET_FILE_UNREADABLE: Final = "SECRET_FILE_UNREADABLE"
-SECRET_FILE_TOO_LARGE: Final = "SECRET_FILE_TOO_LARGE"
-SECRET_FILE_UNSTABLE: Final = "SECRET_FILE_UNSTABLE"
-SECRET_EMPTY: Final = "SECRET_EMPTY"
+SECRET_IN_ENV: Final = Code.SECRET_IN_ENV
+SECRET_FILE_OUTSIDE_DIR: Final = Code.SECRET_FILE_OUTSIDE_DIR
+SECRET_FILE_MODE: Final = Code.SECRET_FILE_MODE
+SECRET_FILE_OWNER: Final = Code.SECRET_FILE_OWNER
+SECRET_BOTH_GIVEN: Final = Code.SECRET_BOTH_GIVEN
+SECRET_DIR_REQUIRED: Final = Code.SECRET_DIR_REQUIRED
+SECRET_DIR_INVALID: Final = Code.SECRET_DIR_INVALID
+SECRET_FILE_UNREADABLE: Final = Code.SECRET_FILE_UNREADABLE
+SECRET_FILE_TOO_LARGE: Final = Code.SECRET_FILE_TOO_LARGE
+SECRET_FILE_UNSTABLE: Final = Code.SECRET_FILE_UNSTABLE
+SECRET_EMPTY: Final = Code.SECRET_EMPTY
 
 
 class SecretUnavailable(AgentSafeError):
     """A handle was revealed after disposal (it was rotated out and its grace ran out)."""
 
-    code = "SECRET_DISPOSED"
+    code = Code.SECRET_DISPOSED
 
 
 @final
@@ -168,7 +169,7 @@ class SecretFinding:
 
     secret: str
     variable: str
-    code: str
+    code: Code
     problem: str
 
     def as_error(self) -> ConfigError:
@@ -325,12 +326,12 @@ def _check_file(
 
 
 def _fail(
-    name: str, variable: str, path: Path, code: str, problem: str
+    name: str, variable: str, path: Path, code: Code, problem: str
 ) -> tuple[SecretSource, SecretFinding]:
     return SecretSource(name, variable, path), SecretFinding(name, variable, code, problem)
 
 
-def _stat_problem(st: os.stat_result, ident: _Identity) -> tuple[str, str] | None:
+def _stat_problem(st: os.stat_result, ident: _Identity) -> tuple[Code, str] | None:
     """Why a file's type, owner or mode make it unfit to hold a secret; ``None`` if it is fit."""
     if not stat.S_ISREG(st.st_mode):
         return SECRET_FILE_MODE, "is not a regular file"
@@ -370,7 +371,7 @@ def _fingerprint(path: Path) -> _Fingerprint | None:
 
 
 class _ReadRefused(Exception):
-    def __init__(self, code: str, problem: str) -> None:
+    def __init__(self, code: Code, problem: str) -> None:
         super().__init__(problem)
         self.code = code
         self.problem = problem

@@ -45,6 +45,7 @@ from typing import Any, Literal, Protocol
 
 from cryptography import x509
 
+from ..codes import Code
 from ..errors import ConfigError
 from ..events import EventSink
 from .metrics import ExecutorMetrics
@@ -106,7 +107,7 @@ def build_server_context(settings: TlsSettings) -> ssl.SSLContext:
             ctx.load_verify_locations(cafile=os.fspath(settings.client_ca_file))
         except (OSError, ssl.SSLError):
             raise ConfigError(
-                "EXECUTOR_TLS_CLIENT_CA_FILE", "cannot be loaded", code="TLS_CLIENT_CA_INVALID"
+                "EXECUTOR_TLS_CLIENT_CA_FILE", "cannot be loaded", code=Code.TLS_CLIENT_CA_INVALID
             ) from None
         ctx.verify_mode = ssl.CERT_OPTIONAL
     else:
@@ -124,7 +125,7 @@ def _load_chain(
         return ConfigError(
             "EXECUTOR_TLS_CERT_FILE",
             "the certificate chain or the EXECUTOR_TLS_KEY key cannot be loaded, or they differ",
-            code="TLS_MATERIAL_INVALID",
+            code=Code.TLS_MATERIAL_INVALID,
         )
 
     memfd_create = getattr(os, "memfd_create", None)
@@ -237,7 +238,7 @@ class ReloadingTlsContext:
             return False
         except Exception:
             if self._security is not None:
-                self._security.emit("TLS_RELOAD_REFUSED", {"code": "TLS_MATERIAL_INVALID"})
+                self._security.emit("TLS_RELOAD_REFUSED", {"code": Code.TLS_MATERIAL_INVALID})
             return False
         with self._lock:
             self._current = fresh

@@ -3,7 +3,7 @@
 ``EXECUTOR_HARD_LIMIT_SINGLE_MINOR`` (``CHF:2500000000,EUR:1000000``) bounds one action per ISO 4217
 code in minor units; ``EXECUTOR_HARD_LIMIT_WINDOW_SECONDS`` with ``_WINDOW_COUNT`` and/or
 ``_WINDOW_SUM_MINOR`` bound how many actions, and how much value, pass in a sliding window.
-Ceilings only ever refuse; every refusal is ``RequestRejected(422, code)`` with one of
+Ceilings only ever refuse; every refusal is ``RequestRejected(code)`` (422) with one of
 HARD_LIMIT_EXCEEDED, HARD_LIMIT_CURRENCY_UNKNOWN, HARD_LIMIT_AMOUNT_INVALID,
 HARD_LIMIT_WINDOW_COUNT_EXCEEDED, HARD_LIMIT_WINDOW_SUM_EXCEEDED.
 
@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..clock import Clock
+from ..codes import Code
 from ..errors import RequestRejected
 
 __all__ = [
@@ -68,8 +69,8 @@ class Payment:
     currency: str
 
 
-def _refuse(code: str, message: str) -> RequestRejected:
-    return RequestRejected(422, code, message)
+def _refuse(code: Code, message: str) -> RequestRejected:
+    return RequestRejected(code, message)
 
 
 def read_payment(parameters: Mapping[str, Any]) -> Payment | None:
@@ -79,13 +80,17 @@ def read_payment(parameters: Mapping[str, Any]) -> Payment | None:
     if not has_amount and not has_currency:
         return None
     if not (has_amount and has_currency):
-        raise _refuse("HARD_LIMIT_AMOUNT_INVALID", "an amount needs both amountMinor and currency")
+        raise _refuse(
+            Code.HARD_LIMIT_AMOUNT_INVALID, "an amount needs both amountMinor and currency"
+        )
     amount = parameters["amountMinor"]
     currency = parameters["currency"]
     if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
-        raise _refuse("HARD_LIMIT_AMOUNT_INVALID", "amountMinor must be a non-negative integer")
+        raise _refuse(Code.HARD_LIMIT_AMOUNT_INVALID, "amountMinor must be a non-negative integer")
     if not isinstance(currency, str) or not _CURRENCY.match(currency):
-        raise _refuse("HARD_LIMIT_AMOUNT_INVALID", "currency must be a three-letter ISO 4217 code")
+        raise _refuse(
+            Code.HARD_LIMIT_AMOUNT_INVALID, "currency must be a three-letter ISO 4217 code"
+        )
     return Payment(amount_minor=amount, currency=currency)
 
 
@@ -269,16 +274,16 @@ class HostCeilings:
         limit = self._single.get(payment.currency)
         if limit is None:
             raise _refuse(
-                "HARD_LIMIT_CURRENCY_UNKNOWN", "this host names no limit for the currency"
+                Code.HARD_LIMIT_CURRENCY_UNKNOWN, "this host names no limit for the currency"
             )
         if payment.amount_minor > limit:
-            raise _refuse("HARD_LIMIT_EXCEEDED", "the amount is above this host's single limit")
+            raise _refuse(Code.HARD_LIMIT_EXCEEDED, "the amount is above this host's single limit")
         return payment
 
 
 def _full(which: str) -> RequestRejected:
     if which == "COUNT":
         return _refuse(
-            "HARD_LIMIT_WINDOW_COUNT_EXCEEDED", "this host's action count window is full"
+            Code.HARD_LIMIT_WINDOW_COUNT_EXCEEDED, "this host's action count window is full"
         )
-    return _refuse("HARD_LIMIT_WINDOW_SUM_EXCEEDED", "this host's value window is full")
+    return _refuse(Code.HARD_LIMIT_WINDOW_SUM_EXCEEDED, "this host's value window is full")

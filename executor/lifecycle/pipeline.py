@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from ..canonical import sha256_digest
 from ..clock import Clock, format_ms
+from ..codes import Code
 from ..dispatch.seam import Authorization, ExecutionContext, Outcome, Registry
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
@@ -99,7 +100,7 @@ class Pipeline:
         on_clock_skew: Callable[[float], None] = lambda skew: None,
         metrics: ExecutorMetrics | None = None,
         escalation: str = "NONE",
-        on_forbidden: Callable[[Principal, str], None] = lambda principal, code: None,
+        on_forbidden: Callable[[Principal, Code], None] = lambda principal, code: None,
     ) -> None:
         self.mode = mode
         self._authority = authority
@@ -136,15 +137,14 @@ class Pipeline:
             self._count_outcome(Outcome.BLOCKED.value)
             return halted_answer(self.mode, refusal)
         if not principal.may_propose(proposal.action):
-            self._on_forbidden(principal, "ACTION_NOT_PERMITTED_FOR_PRINCIPAL")
+            self._on_forbidden(principal, Code.ACTION_NOT_PERMITTED_FOR_PRINCIPAL)
             raise RequestRejected(
-                403,
-                "ACTION_NOT_PERMITTED_FOR_PRINCIPAL",
+                Code.ACTION_NOT_PERMITTED_FOR_PRINCIPAL,
                 "this principal may not propose this action",
             )
         handler = self._catalog.handler_for(proposal.action)
         if handler is None or handler not in self._registry.names():
-            raise RequestRejected(422, "ACTION_NOT_REGISTERED", "no handler runs this action")
+            raise RequestRejected(Code.ACTION_NOT_REGISTERED, "no handler runs this action")
         assert principal.tenant_id is not None
         return await self._once(
             tenant=principal.tenant_id,
@@ -185,11 +185,10 @@ class Pipeline:
             )
             return Answer(int(state.response["status"]), body)
         if state.kind == "CONFLICT":
-            raise RequestRejected(409, "IDEMPOTENCY_KEY_CONFLICT", conflict)
+            raise RequestRejected(Code.IDEMPOTENCY_KEY_CONFLICT, conflict)
         if state.kind == "IN_PROGRESS":
             raise RequestRejected(
-                409,
-                "IDEMPOTENCY_IN_PROGRESS",
+                Code.IDEMPOTENCY_IN_PROGRESS,
                 "a request with this idempotency key is still in flight",
             )
         progress = _Progress()
@@ -579,27 +578,26 @@ class Pipeline:
         intent = intent_from_binding(recovery.get("intent"))
         reference = recovery.get("reference")
         if not isinstance(reference, str):
-            raise RequestRejected(400, "REQUEST_INVALID", "the recovery object has no reference")
+            raise RequestRejected(Code.REQUEST_INVALID, "the recovery object has no reference")
         try:
             claims = self._signer.verify_token(reference, typ=RECOVERY_TYP)
         except AgentSafeError:
             raise RequestRejected(
-                409, "RECOVERY_BINDING_MISMATCH", "the recovery reference does not verify"
+                Code.RECOVERY_BINDING_MISMATCH, "the recovery reference does not verify"
             ) from None
         if claims.get("intent_hash") != intent.intent_hash:
             raise RequestRejected(
-                409,
-                "RECOVERY_BINDING_MISMATCH",
+                Code.RECOVERY_BINDING_MISMATCH,
                 "the presented intent does not match its recovery reference",
             )
         if intent.caller_principal != principal.id:
-            self._on_forbidden(principal, "INTENT_PRINCIPAL_MISMATCH")
+            self._on_forbidden(principal, Code.INTENT_PRINCIPAL_MISMATCH)
             raise RequestRejected(
-                403, "INTENT_PRINCIPAL_MISMATCH", "this intent was proposed by another principal"
+                Code.INTENT_PRINCIPAL_MISMATCH, "this intent was proposed by another principal"
             )
         handler = self._catalog.handler_for(intent.action)
         if handler is None or handler not in self._registry.names():
-            raise RequestRejected(422, "ACTION_NOT_REGISTERED", "no handler runs this action")
+            raise RequestRejected(Code.ACTION_NOT_REGISTERED, "no handler runs this action")
         result = await self._registry.reconcile(handler, intent.idempotency_key)
         status = result.status.value
         outcome, executed = _RECONCILED.get(status, ("UNKNOWN_AFTER_DISPATCH", None))
@@ -656,8 +654,7 @@ class Pipeline:
         """``POST /v1/escalations``: one lookup; a fresh decision once the person answered."""
         if self.escalation != "APPROVAL":
             raise RequestRejected(
-                409,
-                "ESCALATION_NOT_CONFIGURED",
+                Code.ESCALATION_NOT_CONFIGURED,
                 "this executor resolves no escalations (EXECUTOR_ESCALATION=NONE); "
                 "the hold is the answer",
             )
@@ -681,22 +678,21 @@ class Pipeline:
             or claims.get("request_id") != request_id
         ):
             raise RequestRejected(
-                409,
-                "ESCALATION_BINDING_MISMATCH",
+                Code.ESCALATION_BINDING_MISMATCH,
                 "the escalation object does not belong to this intent",
             )
         if intent.caller_principal != principal.id:
-            self._on_forbidden(principal, "INTENT_PRINCIPAL_MISMATCH")
+            self._on_forbidden(principal, Code.INTENT_PRINCIPAL_MISMATCH)
             raise RequestRejected(
-                403, "INTENT_PRINCIPAL_MISMATCH", "this intent was proposed by another principal"
+                Code.INTENT_PRINCIPAL_MISMATCH, "this intent was proposed by another principal"
             )
         if self._clock.now() >= intent.expires_at:
             raise RequestRejected(
-                409, "INTENT_EXPIRED", "the intent has expired; an approval cannot revive it"
+                Code.INTENT_EXPIRED, "the intent has expired; an approval cannot revive it"
             )
         record = await self._store.approval_get(str(request_id))
         if record is None:
-            raise RequestRejected(404, "APPROVAL_NOT_FOUND", "no such approval request")
+            raise RequestRejected(Code.APPROVAL_NOT_FOUND, "no such approval request")
         state = record.state_at(self._clock.now())
         common: dict[str, Any] = {
             "mode": self.mode,
@@ -740,7 +736,7 @@ class Pipeline:
         """An approved intent runs once: the request id is its own idempotency key."""
         handler = self._catalog.handler_for(intent.action)
         if handler is None or handler not in self._registry.names():
-            raise RequestRejected(422, "ACTION_NOT_REGISTERED", "no handler runs this action")
+            raise RequestRejected(Code.ACTION_NOT_REGISTERED, "no handler runs this action")
         approval = {
             "decision": "APPROVE",
             "approver": record.approver,

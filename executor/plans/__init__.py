@@ -31,7 +31,7 @@ from .receipts import (
     issue_agent_execution_receipt,
     verify_agent_execution_receipt,
 )
-from .service import ExecutorRegistry, PlanService, status_for
+from .service import ExecutorRegistry, PlanService
 from .signing import Ed25519Signer, Ed25519Verifier, Signer, Verifier, envelope_digest
 from .snapshot import FrozenDict, thaw
 
@@ -66,7 +66,6 @@ __all__ = [
     "issue_agent_approval",
     "issue_agent_execution_receipt",
     "operation_digest",
-    "status_for",
     "thaw",
     "verify_agent_execution_receipt",
     "verify_agent_step_authorization",

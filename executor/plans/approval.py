@@ -23,6 +23,7 @@ from typing import Any
 
 from ..canonical import canonical_json, sha256_digest
 from ..clock import format_ms
+from ..codes import Code
 from .cancel import capture_abort, check_abort, guarded
 from .dryrun import (
     binding_digest,
@@ -58,13 +59,17 @@ __all__ = [
     "verify_agent_step_authorization",
 ]
 
-_REQUEST = "APPROVAL_REQUEST_INVALID"
-_MALFORMED = "APPROVAL_MALFORMED"
+_REQUEST = Code.APPROVAL_REQUEST_INVALID
+_MALFORMED = Code.APPROVAL_MALFORMED
 
 
 def skew_ms(value: object) -> int:
     return integer(
-        value, "max_clock_skew_ms", code="SKEW_INVALID", minimum=0, maximum=HARD["maxClockSkewMs"]
+        value,
+        "max_clock_skew_ms",
+        code=Code.SKEW_INVALID,
+        minimum=0,
+        maximum=HARD["maxClockSkewMs"],
     )
 
 
@@ -73,24 +78,24 @@ def revalidate_dry_run(dry_run: Any, loaded: LoadedPolicy) -> FrozenDict:
     root = obj(
         dry_run,
         "dryRun",
-        code="DRY_RUN_MISMATCH",
+        code=Code.DRY_RUN_MISMATCH,
         required=frozenset(
             {"version", "evaluatedAt", "planDigest", "policyDigest", "plan", "steps", "budget"}
         ),
     )
     if root["policyDigest"] != loaded.digest:
         raise AgentSafetyError(
-            "the dry run was made under another policy", code="POLICY_DIGEST_MISMATCH"
+            "the dry run was made under another policy", code=Code.POLICY_DIGEST_MISMATCH
         )
-    at = timestamp(root["evaluatedAt"], "dryRun.evaluatedAt", code="DRY_RUN_MISMATCH")
+    at = timestamp(root["evaluatedAt"], "dryRun.evaluatedAt", code=Code.DRY_RUN_MISMATCH)
     try:
         again = evaluate_plan(root["plan"], loaded, at)
     except AgentSafetyError as exc:
         raise AgentSafetyError(
-            f"the dry run no longer validates ({exc.code})", code="DRY_RUN_MISMATCH"
+            f"the dry run no longer validates ({exc.code})", code=Code.DRY_RUN_MISMATCH
         ) from None
     if again != root:
-        raise AgentSafetyError("the dry run was altered", code="DRY_RUN_MISMATCH")
+        raise AgentSafetyError("the dry run was altered", code=Code.DRY_RUN_MISMATCH)
     return root
 
 
@@ -98,7 +103,7 @@ def _plan_step(dry_run: FrozenDict, step_id: str) -> tuple[FrozenDict, FrozenDic
     for entry, step in zip(dry_run["steps"], dry_run["plan"]["steps"], strict=True):
         if entry["stepId"] == step_id:
             return entry, step
-    raise AgentSafetyError("the step is not in the plan", code="STEP_UNKNOWN")
+    raise AgentSafetyError("the step is not in the plan", code=Code.STEP_UNKNOWN)
 
 
 def _allocations(dry_run: FrozenDict, request: FrozenDict) -> list[dict[str, Any]]:
@@ -107,7 +112,7 @@ def _allocations(dry_run: FrozenDict, request: FrozenDict) -> list[dict[str, Any
     per_step = "stepLimits" in request
     if aggregate and (len(entries) > 1 or per_step):
         raise AgentSafetyError(
-            "narrow a multi-step plan with stepLimits only", code="APPROVAL_AMBIGUOUS_NARROWING"
+            "narrow a multi-step plan with stepLimits only", code=Code.APPROVAL_AMBIGUOUS_NARROWING
         )
     limits: dict[str, tuple[int | None, int | None]] = {}
     if aggregate:
@@ -131,7 +136,7 @@ def _allocations(dry_run: FrozenDict, request: FrozenDict) -> list[dict[str, Any
             limits[step_id] = (limit.get("maxRows"), limit.get("maxBytes"))
     known = {entry["stepId"] for entry in entries}
     if not set(limits) <= known:
-        raise AgentSafetyError("stepLimits names a step not in the plan", code="STEP_UNKNOWN")
+        raise AgentSafetyError("stepLimits names a step not in the plan", code=Code.STEP_UNKNOWN)
     out: list[dict[str, Any]] = []
     for entry in entries:
         rows, size = limits.get(entry["stepId"], (None, None))
@@ -141,7 +146,7 @@ def _allocations(dry_run: FrozenDict, request: FrozenDict) -> list[dict[str, Any
         integer(max_bytes, "request maxBytes", code=_REQUEST, minimum=1, maximum=HARD["maxBytes"])
         if max_rows > entry["maxRows"] or max_bytes > entry["maxBytes"]:
             raise AgentSafetyError(
-                "an approval may narrow limits, never widen them", code="APPROVAL_WIDENS"
+                "an approval may narrow limits, never widen them", code=Code.APPROVAL_WIDENS
             )
         out.append(
             {
@@ -161,7 +166,7 @@ def _check_fresh(dry_run: FrozenDict, loaded: LoadedPolicy, now: float) -> None:
     for index, step in enumerate(dry_run["plan"]["steps"]):
         binding = step["source"]
         source = loaded.model.sources[binding["id"]]
-        observed = timestamp(binding["observedAt"], "observedAt", code="TIMESTAMP_INVALID")
+        observed = timestamp(binding["observedAt"], "observedAt", code=Code.TIMESTAMP_INVALID)
         check_binding_fresh(observed, source, now, f"plan.steps[{index}].source")
 
 
@@ -196,13 +201,13 @@ async def issue_agent_approval(
     issued = timestamp(req["issuedAt"], "request.issuedAt", code=_REQUEST)
     expires = timestamp(req["expiresAt"], "request.expiresAt", code=_REQUEST)
     if abs(round((issued - now_s) * 1000)) > skew:
-        raise AgentSafetyError("issuedAt is too far from now", code="APPROVAL_CLOCK_SKEW")
+        raise AgentSafetyError("issuedAt is too far from now", code=Code.APPROVAL_CLOCK_SKEW)
     lifetime = round((expires - issued) * 1000)
     if lifetime <= 0 or expires <= now_s:
         raise AgentSafetyError("the approval would expire before it is used", code=_REQUEST)
     if lifetime > loaded.model.max_approval_lifetime_ms:
         raise AgentSafetyError(
-            "the approval lives longer than the policy allows", code="APPROVAL_LIFETIME_EXCEEDED"
+            "the approval lives longer than the policy allows", code=Code.APPROVAL_LIFETIME_EXCEEDED
         )
     _check_fresh(dry, loaded, now_s)
     payload = {
@@ -223,8 +228,8 @@ async def issue_agent_approval(
     except (AgentSafetyError, asyncio.CancelledError):
         raise
     except Exception:
-        raise AgentSafetyError("the signer failed", code="SIGNER_FAILED") from None
-    check_signature_bytes(signature, "SIGNER_FAILED")
+        raise AgentSafetyError("the signer failed", code=Code.SIGNER_FAILED) from None
+    check_signature_bytes(signature, Code.SIGNER_FAILED)
     envelope = freeze_object({**content, "signature": encode_signature(signature)}, budget)
     check_abort(abort)
     return envelope
@@ -290,9 +295,9 @@ def check_window(payload: FrozenDict, at: float, skew: int) -> None:
     issued = timestamp(payload["issuedAt"], "approval.issuedAt", code=_MALFORMED)
     expires = timestamp(payload["expiresAt"], "approval.expiresAt", code=_MALFORMED)
     if at * 1000 < issued * 1000 - skew:
-        raise AgentSafetyError("the approval is not yet valid", code="APPROVAL_NOT_YET_VALID")
+        raise AgentSafetyError("the approval is not yet valid", code=Code.APPROVAL_NOT_YET_VALID)
     if at >= expires:
-        raise AgentSafetyError("the approval has expired", code="APPROVAL_EXPIRED")
+        raise AgentSafetyError("the approval has expired", code=Code.APPROVAL_EXPIRED)
 
 
 def check_context(
@@ -300,32 +305,36 @@ def check_context(
 ) -> tuple[FrozenDict, SourcePolicy]:
     """The current context's binding of one source: same as the plan's but ``observedAt``,
     which must be fresh at ``at``."""
-    root = obj(context, "context", code="CONTEXT_INVALID", required=frozenset({"sources"}))
+    root = obj(context, "context", code=Code.CONTEXT_INVALID, required=frozenset({"sources"}))
     sources = root["sources"]
     if type(sources) is not FrozenDict or len(sources) > HARD["maxSources"]:
-        raise AgentSafetyError("context.sources must be a bounded object", code="CONTEXT_INVALID")
+        raise AgentSafetyError(
+            "context.sources must be a bounded object", code=Code.CONTEXT_INVALID
+        )
     source_id = plan_binding["id"]
     if source_id not in sources:
-        raise AgentSafetyError("the context lacks the step's source", code="CONTEXT_MISMATCH")
+        raise AgentSafetyError("the context lacks the step's source", code=Code.CONTEXT_MISMATCH)
     try:
         binding, source, observed = read_binding(
-            sources[source_id], "context.sources[]", loaded.model, code="CONTEXT_INVALID"
+            sources[source_id], "context.sources[]", loaded.model, code=Code.CONTEXT_INVALID
         )
     except AgentSafetyError as exc:
-        code = "CONTEXT_MISMATCH" if exc.code != "CONTEXT_INVALID" else exc.code
+        code = Code.CONTEXT_MISMATCH if exc.code != Code.CONTEXT_INVALID else exc.code
         raise AgentSafetyError(f"the context binding is refused ({exc.code})", code=code) from None
     if binding["id"] != source_id:
-        raise AgentSafetyError("the context binding names another source", code="CONTEXT_MISMATCH")
+        raise AgentSafetyError(
+            "the context binding names another source", code=Code.CONTEXT_MISMATCH
+        )
     for key in binding:
         if key != "observedAt" and binding[key] != plan_binding[key]:
             raise AgentSafetyError(
-                "the current source context drifted from the plan", code="CONTEXT_MISMATCH"
+                "the current source context drifted from the plan", code=Code.CONTEXT_MISMATCH
             )
     try:
         check_binding_fresh(observed, source, at, "context")
     except AgentSafetyError as exc:
         raise AgentSafetyError(
-            "the current source context is not fresh", code="CONTEXT_STALE"
+            "the current source context is not fresh", code=Code.CONTEXT_STALE
         ) from exc
     return binding, source
 
@@ -352,10 +361,10 @@ async def check_authorization(
     except (AgentSafetyError, asyncio.CancelledError):
         raise
     except Exception:
-        raise AgentSafetyError("the verifier failed", code="VERIFIER_FAILED") from None
+        raise AgentSafetyError("the verifier failed", code=Code.VERIFIER_FAILED) from None
     if valid is not True:
         raise AgentSafetyError(
-            "the approval signature does not verify", code="APPROVAL_SIGNATURE_INVALID"
+            "the approval signature does not verify", code=Code.APPROVAL_SIGNATURE_INVALID
         )
     obj(payload, "approval.payload", code=_MALFORMED, required=_PAYLOAD_KEYS)
     if (
@@ -365,21 +374,22 @@ async def check_authorization(
         or payload["planId"] != dry["plan"]["id"]
     ):
         raise AgentSafetyError(
-            "the approval is for another plan, policy or dry run", code="APPROVAL_BINDING_MISMATCH"
+            "the approval is for another plan, policy or dry run",
+            code=Code.APPROVAL_BINDING_MISMATCH,
         )
     allocations = seq(
         payload["steps"], "approval.steps", code=_MALFORMED, max_length=HARD["maxSteps"]
     )
     if len(allocations) != len(dry["steps"]):
         raise AgentSafetyError(
-            "the approval does not allocate every step", code="APPROVAL_BINDING_MISMATCH"
+            "the approval does not allocate every step", code=Code.APPROVAL_BINDING_MISMATCH
         )
     for allocation, entry in zip(allocations, dry["steps"], strict=True):
         obj(allocation, "approval.steps[]", code=_MALFORMED, required=_ALLOCATION_KEYS)
         for key in ("stepId", "tool", "effect", "operationDigest", "bindingDigest"):
             if allocation[key] != entry[key]:
                 raise AgentSafetyError(
-                    "an approval step does not match the plan", code="APPROVAL_BINDING_MISMATCH"
+                    "an approval step does not match the plan", code=Code.APPROVAL_BINDING_MISMATCH
                 )
         rows = integer(
             allocation["maxRows"], "maxRows", code=_MALFORMED, minimum=0, maximum=HARD["maxRows"]
@@ -388,10 +398,10 @@ async def check_authorization(
             allocation["maxBytes"], "maxBytes", code=_MALFORMED, minimum=1, maximum=HARD["maxBytes"]
         )
         if rows > entry["maxRows"] or size > entry["maxBytes"]:
-            raise AgentSafetyError("an approval step widens the plan", code="APPROVAL_WIDENS")
+            raise AgentSafetyError("an approval step widens the plan", code=Code.APPROVAL_WIDENS)
     check_window(payload, at, skew)
     if type(step_id) is not str:
-        raise AgentSafetyError("the step id must be a string", code="STEP_UNKNOWN")
+        raise AgentSafetyError("the step id must be a string", code=Code.STEP_UNKNOWN)
     entry, plan_step = _plan_step(dry, step_id)
     allocation = next(a for a in allocations if a["stepId"] == step_id)
     binding, source = check_context(context, plan_step["source"], loaded, at)
@@ -446,7 +456,7 @@ async def authorize_step(
 def check_operation(operation: Any, auth: Authorized) -> FrozenDict:
     """The exact operation must be the approved one; its parameters are bounded by the
     policy's parameter ceilings and must hash to the step's parameters digest."""
-    op = obj(operation, "operation", code="OPERATION_INVALID", required=_OPERATION_KEYS)
+    op = obj(operation, "operation", code=Code.OPERATION_INVALID, required=_OPERATION_KEYS)
     policy = auth.loaded.model
     limits = Budget(
         nodes=policy.max_operation_parameter_nodes,
@@ -459,17 +469,17 @@ def check_operation(operation: Any, auth: Authorized) -> FrozenDict:
     except AgentSafetyError as exc:
         raise AgentSafetyError(
             f"the operation parameters exceed the policy ({exc.code})",
-            code="OPERATION_PARAMETERS_EXCEEDED",
+            code=Code.OPERATION_PARAMETERS_EXCEEDED,
         ) from None
     step = auth.plan_step
     fields = op["fields"]
     if type(fields) is not tuple or not all(type(f) is str for f in fields):
-        raise AgentSafetyError("operation.fields must be strings", code="OPERATION_INVALID")
+        raise AgentSafetyError("operation.fields must be strings", code=Code.OPERATION_INVALID)
     for key in ("tool", "effect", "queryPlanFingerprint"):
         if type(op[key]) is not str:
-            raise AgentSafetyError(f"operation.{key} must be a string", code="OPERATION_INVALID")
+            raise AgentSafetyError(f"operation.{key} must be a string", code=Code.OPERATION_INVALID)
     if type(op["sourceId"]) is not str:
-        raise AgentSafetyError("operation.sourceId must be a string", code="OPERATION_INVALID")
+        raise AgentSafetyError("operation.sourceId must be a string", code=Code.OPERATION_INVALID)
     recomputed = operation_digest(
         tool=op["tool"],
         effect=op["effect"],
@@ -479,7 +489,9 @@ def check_operation(operation: Any, auth: Authorized) -> FrozenDict:
         parameters_digest=sha256_digest(op["parameters"]),
     )
     if recomputed != step["operationDigest"]:
-        raise AgentSafetyError("the operation is not the approved one", code="OPERATION_MISMATCH")
+        raise AgentSafetyError(
+            "the operation is not the approved one", code=Code.OPERATION_MISMATCH
+        )
     return op
 
 

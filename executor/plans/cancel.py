@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from ..codes import Code
 from .errors import AgentSafetyAborted, AgentSafetyError
 
 __all__ = ["capture_abort", "check_abort", "guarded"]
@@ -26,7 +27,7 @@ def capture_abort(cancel: object) -> asyncio.Event | None:
     if cancel is None:
         return None
     if not isinstance(cancel, asyncio.Event):
-        raise AgentSafetyError("cancel must be an asyncio.Event", code="CANCEL_INVALID")
+        raise AgentSafetyError("cancel must be an asyncio.Event", code=Code.CANCEL_INVALID)
     return cancel
 
 

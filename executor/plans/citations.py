@@ -23,6 +23,7 @@ import unicodedata
 from collections.abc import Iterable
 from urllib.parse import quote, unquote, urlsplit
 
+from ..codes import Code
 from .errors import AgentSafetyError
 from .limits import AGENT_SAFETY_HARD_LIMITS
 
@@ -43,7 +44,7 @@ _SAFE = "/-._~!$&'()*+,;=:@"
 
 
 def _refuse(message: str) -> AgentSafetyError:
-    return AgentSafetyError(message, code="CITATION_REFUSED")
+    return AgentSafetyError(message, code=Code.CITATION_REFUSED)
 
 
 def _split_origin(text: str) -> tuple[str, str]:

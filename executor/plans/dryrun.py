@@ -28,6 +28,7 @@ from typing import Any
 
 from ..canonical import sha256_digest
 from ..clock import format_ms
+from ..codes import Code
 from .citations import canonical_citation, citation_allowed
 from .errors import AgentSafetyError
 from .limits import AGENT_SAFETY_HARD_LIMITS as HARD
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 DRY_RUN_VERSION = "agentsafe.plan-dry-run/1"
-_PLAN = "PLAN_INVALID"
+_PLAN = Code.PLAN_INVALID
 _EFFECTS = frozenset(e.value for e in Effect)
 
 
@@ -96,7 +97,7 @@ _BINDING_KEYS = frozenset(
 
 
 def read_binding(
-    value: Any, where: str, policy: PlanPolicy, *, code: str
+    value: Any, where: str, policy: PlanPolicy, *, code: Code
 ) -> tuple[FrozenDict, SourcePolicy, float]:
     """Validate one source binding against its source policy (not its freshness). Returns the
     normalised binding (canonical citations), its source policy and its observation time."""
@@ -104,12 +105,12 @@ def read_binding(
     source_id = identifier(binding["id"], f"{where}.id", code=code)
     source = policy.sources.get(source_id)
     if source is None:
-        raise AgentSafetyError(f"{where}.id names an unknown source", code="PLAN_SOURCE_UNKNOWN")
+        raise AgentSafetyError(f"{where}.id names an unknown source", code=Code.PLAN_SOURCE_UNKNOWN)
     schema_version = identifier(binding["schemaVersion"], f"{where}.schemaVersion", code=code)
     source_version = identifier(binding["sourceVersion"], f"{where}.sourceVersion", code=code)
     if schema_version not in source.schema_versions or source_version not in source.source_versions:
         raise AgentSafetyError(
-            f"{where} has a version the policy does not allow", code="PLAN_BINDING_DRIFT"
+            f"{where} has a version the policy does not allow", code=Code.PLAN_BINDING_DRIFT
         )
     scopes = seq(
         binding["authorizationScope"],
@@ -121,15 +122,17 @@ def read_binding(
     for index, scope in enumerate(scopes):
         identifier(scope, f"{where}.authorizationScope[{index}]", code=code)
     if len(set(scopes)) != len(scopes):
-        raise AgentSafetyError(f"{where}.authorizationScope has duplicates", code="PLAN_DUPLICATE")
+        raise AgentSafetyError(
+            f"{where}.authorizationScope has duplicates", code=Code.PLAN_DUPLICATE
+        )
     if not set(scopes) <= set(source.authorization_scope):
         raise AgentSafetyError(
-            f"{where}.authorizationScope is outside the policy", code="PLAN_BINDING_DRIFT"
+            f"{where}.authorizationScope is outside the policy", code=Code.PLAN_BINDING_DRIFT
         )
     mode = identifier(binding["dataMode"], f"{where}.dataMode", code=code)
     if mode not in source.data_modes:
-        raise AgentSafetyError(f"{where}.dataMode is not allowed", code="PLAN_BINDING_DRIFT")
-    observed = timestamp(binding["observedAt"], f"{where}.observedAt", code="TIMESTAMP_INVALID")
+        raise AgentSafetyError(f"{where}.dataMode is not allowed", code=Code.PLAN_BINDING_DRIFT)
+    observed = timestamp(binding["observedAt"], f"{where}.observedAt", code=Code.TIMESTAMP_INVALID)
     attribution = text(binding["attribution"], f"{where}.attribution", code=code)
     citations = seq(
         binding["citations"],
@@ -148,11 +151,11 @@ def read_binding(
             prefixes=source.citation_resource_prefixes,
         ):
             raise AgentSafetyError(
-                f"{where}.citations[{index}] is outside the allowlist", code="CITATION_REFUSED"
+                f"{where}.citations[{index}] is outside the allowlist", code=Code.CITATION_REFUSED
             )
         canonical.append(url)
     if len(set(canonical)) != len(canonical):
-        raise AgentSafetyError(f"{where}.citations has duplicates", code="PLAN_DUPLICATE")
+        raise AgentSafetyError(f"{where}.citations has duplicates", code=Code.PLAN_DUPLICATE)
     normalised = freeze(
         {
             "id": source_id,
@@ -172,10 +175,10 @@ def read_binding(
 def check_binding_fresh(observed: float, source: SourcePolicy, now: float, where: str) -> None:
     if observed > now:
         raise AgentSafetyError(
-            f"{where}.observedAt is in the future", code="PLAN_PROVENANCE_INVALID"
+            f"{where}.observedAt is in the future", code=Code.PLAN_PROVENANCE_INVALID
         )
     if round((now - observed) * 1000) > source.max_provenance_age_ms:
-        raise AgentSafetyError(f"{where} provenance is stale", code="PLAN_PROVENANCE_STALE")
+        raise AgentSafetyError(f"{where} provenance is stale", code=Code.PLAN_PROVENANCE_STALE)
 
 
 def _free() -> Budget:
@@ -219,7 +222,7 @@ def evaluate_plan(plan: Any, loaded: LoadedPolicy, now: float) -> FrozenDict:
     steps = seq(root["steps"], "plan.steps", code=_PLAN, min_length=1, max_length=HARD["maxSteps"])
     if len(steps) > policy.max_steps:
         raise AgentSafetyError(
-            "the plan has more steps than the policy allows", code="PLAN_LIMIT_EXCEEDED"
+            "the plan has more steps than the policy allows", code=Code.PLAN_LIMIT_EXCEEDED
         )
     allowed_tools = set(policy.allowed_tools)
     allowed_effects = {e.value for e in policy.allowed_effects}
@@ -234,16 +237,18 @@ def evaluate_plan(plan: Any, loaded: LoadedPolicy, now: float) -> FrozenDict:
         step = obj(raw, where, code=_PLAN, required=_STEP_KEYS)
         step_id = identifier(step["id"], f"{where}.id", code=_PLAN)
         if step_id in seen_ids:
-            raise AgentSafetyError(f"{where}.id repeats a step id", code="PLAN_DUPLICATE")
+            raise AgentSafetyError(f"{where}.id repeats a step id", code=Code.PLAN_DUPLICATE)
         seen_ids.add(step_id)
         tool = identifier(step["tool"], f"{where}.tool", code=_PLAN)
         if tool not in allowed_tools:
-            raise AgentSafetyError(f"{where}.tool is not allowed", code="PLAN_TOOL_NOT_ALLOWED")
+            raise AgentSafetyError(f"{where}.tool is not allowed", code=Code.PLAN_TOOL_NOT_ALLOWED)
         effect = step["effect"]
         if type(effect) is not str or effect not in _EFFECTS:
             raise AgentSafetyError(f"{where}.effect is not an effect", code=_PLAN)
         if effect not in allowed_effects:
-            raise AgentSafetyError(f"{where}.effect is not allowed", code="PLAN_EFFECT_NOT_ALLOWED")
+            raise AgentSafetyError(
+                f"{where}.effect is not allowed", code=Code.PLAN_EFFECT_NOT_ALLOWED
+            )
         binding, source, observed = read_binding(
             step["source"], f"{where}.source", policy, code=_PLAN
         )
@@ -252,7 +257,7 @@ def evaluate_plan(plan: Any, loaded: LoadedPolicy, now: float) -> FrozenDict:
         previous = bindings.get(source_id)
         if previous is not None and previous != binding:
             raise AgentSafetyError(
-                f"{where}.source conflicts with an earlier binding", code="PLAN_BINDING_CONFLICT"
+                f"{where}.source conflicts with an earlier binding", code=Code.PLAN_BINDING_CONFLICT
             )
         bindings[source_id] = binding
         fields = seq(
@@ -264,16 +269,16 @@ def evaluate_plan(plan: Any, loaded: LoadedPolicy, now: float) -> FrozenDict:
         )
         if len(fields) > policy.max_fields_per_step:
             raise AgentSafetyError(
-                f"{where}.fields exceeds the policy ceiling", code="PLAN_LIMIT_EXCEEDED"
+                f"{where}.fields exceeds the policy ceiling", code=Code.PLAN_LIMIT_EXCEEDED
             )
         for f_index, field in enumerate(fields):
             identifier(field, f"{where}.fields[{f_index}]", code=_PLAN)
         if len(set(fields)) != len(fields):
-            raise AgentSafetyError(f"{where}.fields has duplicates", code="PLAN_DUPLICATE")
+            raise AgentSafetyError(f"{where}.fields has duplicates", code=Code.PLAN_DUPLICATE)
         if not set(fields) <= set(source.fields):
             raise AgentSafetyError(
                 f"{where}.fields names a field the policy does not allow",
-                code="PLAN_FIELD_NOT_ALLOWED",
+                code=Code.PLAN_FIELD_NOT_ALLOWED,
             )
         max_rows = integer(
             step["maxRows"], f"{where}.maxRows", code=_PLAN, minimum=0, maximum=HARD["maxRows"]
@@ -284,7 +289,7 @@ def evaluate_plan(plan: Any, loaded: LoadedPolicy, now: float) -> FrozenDict:
         if max_rows > policy.max_rows or max_bytes > policy.max_bytes:
             raise AgentSafetyError(
                 f"{where} asks for more rows or bytes than the policy allows",
-                code="PLAN_LIMIT_EXCEEDED",
+                code=Code.PLAN_LIMIT_EXCEEDED,
             )
         total_rows += max_rows
         total_bytes += max_bytes
@@ -304,7 +309,7 @@ def evaluate_plan(plan: Any, loaded: LoadedPolicy, now: float) -> FrozenDict:
         if claimed != expected:
             raise AgentSafetyError(
                 f"{where}.operationDigest does not match its visible fields",
-                code="PLAN_OPERATION_DIGEST_MISMATCH",
+                code=Code.PLAN_OPERATION_DIGEST_MISMATCH,
             )
         normalised_steps.append(
             {
@@ -335,7 +340,7 @@ def evaluate_plan(plan: Any, loaded: LoadedPolicy, now: float) -> FrozenDict:
     if total_rows > policy.max_rows or total_bytes > policy.max_bytes:
         raise AgentSafetyError(
             "the plan's steps together exceed the policy's rows or bytes",
-            code="PLAN_LIMIT_EXCEEDED",
+            code=Code.PLAN_LIMIT_EXCEEDED,
         )
     normalised_plan["steps"] = normalised_steps
     plan_snapshot = freeze(normalised_plan, _free())

@@ -17,21 +17,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..codes import Code
 from ..errors import AgentSafeError
 
 __all__ = ["AgentExecutionError", "AgentSafetyAborted", "AgentSafetyError"]
 
 
 class AgentSafetyError(AgentSafeError):
-    """A refusal of the plan boundary. Nothing partially validated escapes with it."""
+    """A refusal of the plan boundary. Nothing partially validated escapes with it.
 
-    code = "AGENT_SAFETY_REFUSED"
+    agentsafe's own refusals carry a :class:`~agentsafe.executor.codes.Code`; a host step
+    executor may raise this with its own UPPER_SNAKE code, which the boundary passes through."""
+
+    code: str = Code.AGENT_SAFETY_REFUSED
+
+    def __init__(self, message: str, *, code: Code | str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
 
 
 class AgentSafetyAborted(AgentSafetyError):
     """The caller's abort event was set; no usable approval or receipt was produced."""
 
-    code = "OPERATION_ABORTED"
+    code = Code.OPERATION_ABORTED
 
 
 class AgentExecutionError(AgentSafetyError):
@@ -39,8 +48,8 @@ class AgentExecutionError(AgentSafetyError):
     the executor failed, its result broke a ceiling, or the terminal audit event could not be
     written. ``receipt`` is the signed receipt so the host can reconcile."""
 
-    code = "EXECUTION_FAILED"
+    code = Code.EXECUTION_FAILED
 
-    def __init__(self, message: str, *, code: str, receipt: Mapping[str, Any]) -> None:
+    def __init__(self, message: str, *, code: Code | str, receipt: Mapping[str, Any]) -> None:
         super().__init__(message, code=code)
         self.receipt = receipt

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from ..canonical import canonical_json, sha256_digest, sha256_hex
 from ..clock import format_ms
+from ..codes import Code
 from ..state.usestore import ConsumptionRecord
 from .approval import Authorized, check_authorization, check_operation, skew_ms
 from .cancel import capture_abort, check_abort, guarded
@@ -158,16 +159,16 @@ def _capture_executor(executor: object) -> tuple[str, str, Callable[[StepRequest
         execute = executor.execute  # type: ignore[attr-defined]
     except Exception:
         raise AgentSafetyError(
-            "the executor is not a step executor", code="EXECUTOR_INVALID"
+            "the executor is not a step executor", code=Code.EXECUTOR_INVALID
         ) from None
     if type(tool) is not str or type(effect) is not str or not callable(execute):
         raise AgentSafetyError(
-            "the executor must name one tool and one effect", code="EXECUTOR_INVALID"
+            "the executor must name one tool and one effect", code=Code.EXECUTOR_INVALID
         )
     return tool, effect, execute
 
 
-def _method(holder: object, name: str, code: str) -> Callable[..., Any]:
+def _method(holder: object, name: str, code: Code) -> Callable[..., Any]:
     method: Callable[..., Any] | None = getattr(holder, name, None)
     if method is None or not callable(method):
         raise AgentSafetyError(f"the host object lacks {name}", code=code)
@@ -176,22 +177,26 @@ def _method(holder: object, name: str, code: str) -> Callable[..., Any]:
 
 def _read_result(result: object, auth: Authorized) -> tuple[Any, int, int, str]:
     if type(result) is not StepResult:
-        raise AgentSafetyError("the executor did not return a StepResult", code="RESULT_INVALID")
+        raise AgentSafetyError("the executor did not return a StepResult", code=Code.RESULT_INVALID)
     rows = result.rows
     if type(rows) is not int or rows < 0:
-        raise AgentSafetyError("the executor did not count its rows", code="RESULT_UNCOUNTED")
+        raise AgentSafetyError("the executor did not count its rows", code=Code.RESULT_UNCOUNTED)
     if rows > auth.allocation["maxRows"]:
         raise AgentSafetyError(
-            "the result has more rows than approved", code="RESULT_ROWS_EXCEEDED"
+            "the result has more rows than approved", code=Code.RESULT_ROWS_EXCEEDED
         )
     try:
         value = freeze(result.value, result_budget(auth.allocation["maxBytes"]))
     except AgentSafetyError as exc:
-        code = "RESULT_BYTES_EXCEEDED" if exc.code == "JSON_TOO_LARGE" else "RESULT_INVALID"
+        code = (
+            Code.RESULT_BYTES_EXCEEDED if exc.code == Code.JSON_TOO_LARGE else Code.RESULT_INVALID
+        )
         raise AgentSafetyError("the result is not a bounded plain JSON value", code=code) from None
     encoded = canonical_json(value)
     if len(encoded) > auth.allocation["maxBytes"]:
-        raise AgentSafetyError("the result is larger than approved", code="RESULT_BYTES_EXCEEDED")
+        raise AgentSafetyError(
+            "the result is larger than approved", code=Code.RESULT_BYTES_EXCEEDED
+        )
     return value, rows, len(encoded), "sha256:" + sha256_hex(encoded)
 
 
@@ -223,25 +228,25 @@ async def execute_agent_plan_step(
     approval_snap = freeze(approval, budget)
     context_snap = freeze(context, budget)
     operation_snap = freeze(operation, budget)
-    exec_id = identifier(execution_id, "execution_id", code="EXECUTION_ID_INVALID")
+    exec_id = identifier(execution_id, "execution_id", code=Code.EXECUTION_ID_INVALID)
     skew = skew_ms(max_clock_skew_ms)
     verifier = capture_verifier(approval_verifier, "approval verifier")
     signer = capture_signer(receipt_signer, "receipt signer")
-    consume = _method(use_consumer, "consume", "USE_STORE_INVALID")
-    verify_consumption = _method(use_consumer, "verify_consumption", "USE_STORE_INVALID")
-    append = _method(audit_sink, "append", "AUDIT_SINK_INVALID")
-    clock_now = _method(clock, "now", "CLOCK_INVALID")
+    consume = _method(use_consumer, "consume", Code.USE_STORE_INVALID)
+    verify_consumption = _method(use_consumer, "verify_consumption", Code.USE_STORE_INVALID)
+    append = _method(audit_sink, "append", Code.AUDIT_SINK_INVALID)
+    clock_now = _method(clock, "now", Code.CLOCK_INVALID)
     tool, effect, execute = _capture_executor(executor)
 
     def now() -> float:
         value = clock_now()
         if type(value) not in (int, float):
-            raise AgentSafetyError("the clock returned no time", code="CLOCK_INVALID")
+            raise AgentSafetyError("the clock returned no time", code=Code.CLOCK_INVALID)
         return now_text(value)[0]
 
     # -- refuse a mismatched executor before anything is consumed -----------------------------
     if type(step_id) is not str:
-        raise AgentSafetyError("the step id must be a string", code="STEP_UNKNOWN")
+        raise AgentSafetyError("the step id must be a string", code=Code.STEP_UNKNOWN)
     started_at = now()
     auth = await check_authorization(
         loaded=loaded,
@@ -256,7 +261,7 @@ async def execute_agent_plan_step(
     )
     if tool != auth.entry["tool"] or effect != auth.entry["effect"]:
         raise AgentSafetyError(
-            "the executor is bound to another tool or effect", code="EXECUTOR_MISMATCH"
+            "the executor is bound to another tool or effect", code=Code.EXECUTOR_MISMATCH
         )
     op = check_operation(operation_snap, auth)
 
@@ -274,11 +279,13 @@ async def execute_agent_plan_step(
     except (AgentSafetyError, asyncio.CancelledError):
         raise
     except Exception:
-        raise AgentSafetyError("the use store failed", code="USE_STORE_FAILED") from None
+        raise AgentSafetyError("the use store failed", code=Code.USE_STORE_FAILED) from None
     if record is None:
-        raise AgentSafetyError("this approval already ran this step", code="APPROVAL_ALREADY_USED")
+        raise AgentSafetyError(
+            "this approval already ran this step", code=Code.APPROVAL_ALREADY_USED
+        )
     if type(record) is not ConsumptionRecord:
-        raise AgentSafetyError("the use store returned no record", code="USE_STORE_FAILED")
+        raise AgentSafetyError("the use store returned no record", code=Code.USE_STORE_FAILED)
     consumption, _ = await verify_use(
         freeze(consumption_json(record), budget), auth, verify_consumption, abort
     )
@@ -294,7 +301,7 @@ async def execute_agent_plan_step(
     except Exception:
         raise AgentSafetyError(
             "the started audit event was not persisted; the approval is spent",
-            code="AUDIT_START_FAILED",
+            code=Code.AUDIT_START_FAILED,
         ) from None
 
     async def complete(
@@ -334,10 +341,10 @@ async def execute_agent_plan_step(
         await _complete_cancelled(complete)
         raise
     except AgentSafetyError as exc:  # a host executor's own stable refusal
-        failure = exc.code if _CODE.match(exc.code) else "EXECUTOR_FAILED"
+        failure = exc.code if _CODE.match(exc.code) else Code.EXECUTOR_FAILED
         raw = None
     except Exception:
-        failure = "EXECUTOR_FAILED"
+        failure = Code.EXECUTOR_FAILED
         raw = None
     value: Any = None
     evidence: dict[str, Any]
@@ -381,7 +388,7 @@ async def execute_agent_plan_step(
     except AgentSafetyError as exc:
         await _complete_quietly(complete, "failed", exc.code)
         raise AgentSafetyError(
-            "the step ran but no receipt could be signed", code="RECEIPT_REFUSED"
+            "the step ran but no receipt could be signed", code=Code.RECEIPT_REFUSED
         ) from None
     receipt_digest = envelope_digest(receipt)
     try:
@@ -400,7 +407,7 @@ async def execute_agent_plan_step(
     except Exception:
         raise AgentExecutionError(
             "the completed audit event was not persisted",
-            code="AUDIT_COMPLETE_FAILED",
+            code=Code.AUDIT_COMPLETE_FAILED,
             receipt=receipt,
         ) from None
     if failure is not None:
@@ -417,7 +424,7 @@ async def execute_agent_plan_step(
 
 
 async def _complete_cancelled(complete: Callable[..., Awaitable[None]]) -> None:
-    await _complete_quietly(complete, "cancelled", "OPERATION_CANCELLED")
+    await _complete_quietly(complete, "cancelled", Code.OPERATION_CANCELLED)
 
 
 async def _complete_quietly(

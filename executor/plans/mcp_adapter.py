@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..codes import Code
 from .errors import AgentSafetyError
 from .execute import StepRequest, StepResult
 from .snapshot import thaw
@@ -69,13 +70,13 @@ class McpReadExecutor:
         arguments = thaw(request.parameters)
         if type(arguments) is not dict:
             raise AgentSafetyError(
-                "MCP tool arguments must be an object", code="MCP_ARGUMENTS_INVALID"
+                "MCP tool arguments must be an object", code=Code.MCP_ARGUMENTS_INVALID
             )
         result = await self._session.call_tool(
             self._tool_name, arguments, read_timeout_seconds=self._timeout_s
         )
         if getattr(result, "is_error", True) is not False:
-            raise AgentSafetyError("the MCP tool reported an error", code="MCP_TOOL_ERROR")
+            raise AgentSafetyError("the MCP tool reported an error", code=Code.MCP_TOOL_ERROR)
         structured = getattr(result, "structured_content", None)
         if structured is not None:
             value = structured
@@ -88,9 +89,9 @@ class McpReadExecutor:
         try:
             rows = self._count_rows(value)
         except Exception:
-            raise AgentSafetyError("count_rows failed", code="MCP_RESULT_UNCOUNTED") from None
+            raise AgentSafetyError("count_rows failed", code=Code.MCP_RESULT_UNCOUNTED) from None
         if type(rows) is not int or rows < 0:
-            raise AgentSafetyError("the result was not counted", code="MCP_RESULT_UNCOUNTED")
+            raise AgentSafetyError("the result was not counted", code=Code.MCP_RESULT_UNCOUNTED)
         return StepResult(value=value, rows=rows)
 
 
@@ -107,21 +108,21 @@ async def create_read_only_mcp_executor(
     ``MCP_TOOL_UNKNOWN`` or ``MCP_TOOL_NOT_READ_ONLY``."""
     if type(tool_name) is not str or not _TOOL_NAME.match(tool_name):
         raise AgentSafetyError(
-            "the MCP tool name must be an exact identifier", code="MCP_TOOL_NAME_INVALID"
+            "the MCP tool name must be an exact identifier", code=Code.MCP_TOOL_NAME_INVALID
         )
     step_tool = tool_name if tool is None else tool
     if type(step_tool) is not str or not _STEP_TOOL.match(step_tool):
         raise AgentSafetyError(
-            "the plan tool name must be an identifier", code="MCP_TOOL_NAME_INVALID"
+            "the plan tool name must be an identifier", code=Code.MCP_TOOL_NAME_INVALID
         )
     if not callable(count_rows):
-        raise AgentSafetyError("count_rows is required", code="MCP_COUNT_ROWS_REQUIRED")
+        raise AgentSafetyError("count_rows is required", code=Code.MCP_COUNT_ROWS_REQUIRED)
     if type(timeout_s) not in (int, float) or not 0 < timeout_s <= 600:
-        raise AgentSafetyError("timeout_s must be in (0, 600]", code="MCP_TIMEOUT_INVALID")
+        raise AgentSafetyError("timeout_s must be in (0, 600]", code=Code.MCP_TIMEOUT_INVALID)
     listed = await session.list_tools()
     matches = [t for t in getattr(listed, "tools", []) if getattr(t, "name", None) == tool_name]
     if len(matches) != 1:
-        raise AgentSafetyError("the MCP server has no such tool", code="MCP_TOOL_UNKNOWN")
+        raise AgentSafetyError("the MCP server has no such tool", code=Code.MCP_TOOL_UNKNOWN)
     annotations = getattr(matches[0], "annotations", None)
     if (
         annotations is None
@@ -129,7 +130,7 @@ async def create_read_only_mcp_executor(
         or getattr(annotations, "destructive_hint", None) is True
     ):
         raise AgentSafetyError(
-            "the MCP tool is not declared read-only", code="MCP_TOOL_NOT_READ_ONLY"
+            "the MCP tool is not declared read-only", code=Code.MCP_TOOL_NOT_READ_ONLY
         )
     return McpReadExecutor(
         session,

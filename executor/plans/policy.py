@@ -22,6 +22,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ..canonical import canonical_json, sha256_digest
+from ..codes import Code
 from .citations import canonical_origin, canonical_resource_prefix
 from .errors import AgentSafetyError
 from .limits import AGENT_SAFETY_HARD_LIMITS as HARD
@@ -201,18 +202,18 @@ def load_plan_policy(policy: object, budget: Budget) -> LoadedPolicy:
         source = policy
     else:
         raise AgentSafetyError(
-            "the policy must be a PlanPolicy or a plain JSON object", code="POLICY_INVALID"
+            "the policy must be a PlanPolicy or a plain JSON object", code=Code.POLICY_INVALID
         )
     try:
         snapshot = freeze(source, budget)
     except AgentSafetyError as exc:
         raise AgentSafetyError(
-            f"the policy is not plain bounded JSON ({exc.code})", code="POLICY_INVALID"
+            f"the policy is not plain bounded JSON ({exc.code})", code=Code.POLICY_INVALID
         ) from None
     try:
         model = PlanPolicy.model_validate_json(canonical_json(snapshot), strict=True)
     except ValidationError as exc:
         first = exc.errors(include_input=False, include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"]) or "policy"
-        raise AgentSafetyError(f"{where}: {first['msg']}", code="POLICY_INVALID") from None
+        raise AgentSafetyError(f"{where}: {first['msg']}", code=Code.POLICY_INVALID) from None
     return LoadedPolicy(model)

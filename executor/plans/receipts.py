@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from ..canonical import canonical_json, sha256_digest
+from ..codes import Code
 from ..state.usestore import ConsumptionRecord
 from .approval import Authorized, authorize_step, check_operation, check_window, skew_ms
 from .cancel import capture_abort, check_abort, guarded
@@ -103,20 +104,22 @@ async def verify_use(
 ) -> tuple[FrozenDict, float]:
     """The consumption record must be for this approval and step, bound to this input, and
     verified by the store that issued it. Returns the record and its consumption time."""
-    rec = obj(record, "consumption", code="CONSUMPTION_INVALID", required=_RECORD_KEYS)
+    rec = obj(record, "consumption", code=Code.CONSUMPTION_INVALID, required=_RECORD_KEYS)
     for key in ("namespace", "key", "nonce", "token"):
-        text(rec[key], f"consumption.{key}", code="CONSUMPTION_INVALID", max_length=512)
-    digest(rec["bindingDigest"], "consumption.bindingDigest", code="CONSUMPTION_INVALID")
+        text(rec[key], f"consumption.{key}", code=Code.CONSUMPTION_INVALID, max_length=512)
+    digest(rec["bindingDigest"], "consumption.bindingDigest", code=Code.CONSUMPTION_INVALID)
     consumed_at = rec["consumedAt"]
     if type(consumed_at) not in (int, float) or consumed_at < 0:
-        raise AgentSafetyError("consumption.consumedAt is not a time", code="CONSUMPTION_INVALID")
+        raise AgentSafetyError(
+            "consumption.consumedAt is not a time", code=Code.CONSUMPTION_INVALID
+        )
     if (
         rec["namespace"] != USE_NAMESPACE
         or rec["key"] != use_key(auth.approval_digest, auth.entry["stepId"])
         or rec["bindingDigest"] != sha256_digest(use_binding(auth))
     ):
         raise AgentSafetyError(
-            "the consumption record is for another use", code="CONSUMPTION_MISMATCH"
+            "the consumption record is for another use", code=Code.CONSUMPTION_MISMATCH
         )
     typed = ConsumptionRecord(
         rec["namespace"],
@@ -131,10 +134,12 @@ async def verify_use(
     except (AgentSafetyError, asyncio.CancelledError):
         raise
     except Exception:
-        raise AgentSafetyError("the use store could not verify", code="USE_STORE_FAILED") from None
+        raise AgentSafetyError(
+            "the use store could not verify", code=Code.USE_STORE_FAILED
+        ) from None
     if valid is not True:
         raise AgentSafetyError(
-            "the consumption record is not authentic", code="CONSUMPTION_UNVERIFIED"
+            "the consumption record is not authentic", code=Code.CONSUMPTION_UNVERIFIED
         )
     return rec, float(consumed_at)
 
@@ -148,36 +153,37 @@ def read_evidence(evidence: Any, auth: Authorized) -> dict[str, Any]:
     ev = obj(
         evidence,
         "evidence",
-        code="EVIDENCE_INVALID",
+        code=Code.EVIDENCE_INVALID,
         required=_EVIDENCE_KEYS,
         optional=_EVIDENCE_OPTIONAL,
     )
     outcome = ev["outcome"]
     if outcome not in _OUTCOMES:
-        raise AgentSafetyError("evidence.outcome is not an outcome", code="EVIDENCE_INVALID")
+        raise AgentSafetyError("evidence.outcome is not an outcome", code=Code.EVIDENCE_INVALID)
     if outcome == "succeeded":
         if set(ev) != {"outcome", "rows", "bytes", "resultDigest"}:
             raise AgentSafetyError(
-                "success evidence needs rows, bytes and resultDigest", code="EVIDENCE_INVALID"
+                "success evidence needs rows, bytes and resultDigest", code=Code.EVIDENCE_INVALID
             )
         rows = integer(
             ev["rows"],
             "evidence.rows",
-            code="EVIDENCE_INVALID",
+            code=Code.EVIDENCE_INVALID,
             minimum=0,
             maximum=HARD["maxRows"] * 16,
         )
         size = integer(
             ev["bytes"],
             "evidence.bytes",
-            code="EVIDENCE_INVALID",
+            code=Code.EVIDENCE_INVALID,
             minimum=0,
             maximum=HARD["maxBytes"] * 16,
         )
-        result = digest(ev["resultDigest"], "evidence.resultDigest", code="EVIDENCE_INVALID")
+        result = digest(ev["resultDigest"], "evidence.resultDigest", code=Code.EVIDENCE_INVALID)
         if rows > auth.allocation["maxRows"] or size > auth.allocation["maxBytes"]:
             raise AgentSafetyError(
-                "the evidence exceeds the approved rows or bytes", code="EVIDENCE_EXCEEDS_APPROVAL"
+                "the evidence exceeds the approved rows or bytes",
+                code=Code.EVIDENCE_EXCEEDS_APPROVAL,
             )
         return {
             "outcome": outcome,
@@ -188,9 +194,9 @@ def read_evidence(evidence: Any, auth: Authorized) -> dict[str, Any]:
         }
     if set(ev) != {"outcome", "errorCode"}:
         raise AgentSafetyError(
-            "failure evidence carries an errorCode only", code="EVIDENCE_INVALID"
+            "failure evidence carries an errorCode only", code=Code.EVIDENCE_INVALID
         )
-    code = identifier(ev["errorCode"], "evidence.errorCode", code="EVIDENCE_INVALID")
+    code = identifier(ev["errorCode"], "evidence.errorCode", code=Code.EVIDENCE_INVALID)
     return {
         "outcome": outcome,
         "rows": None,
@@ -229,11 +235,13 @@ def receipt_payload(
 def recheck_at(auth: Authorized, at: float, skew: int) -> None:
     """The approval window and context freshness at a later time (same snapshots)."""
     check_window(auth.payload, at, skew)
-    observed = timestamp(auth.binding["observedAt"], "context.observedAt", code="CONTEXT_INVALID")
+    observed = timestamp(
+        auth.binding["observedAt"], "context.observedAt", code=Code.CONTEXT_INVALID
+    )
     try:
         check_binding_fresh(observed, auth.source, at, "context")
     except AgentSafetyError as exc:
-        raise AgentSafetyError("the source context is not fresh", code="CONTEXT_STALE") from exc
+        raise AgentSafetyError("the source context is not fresh", code=Code.CONTEXT_STALE) from exc
 
 
 async def sign_receipt(
@@ -246,8 +254,8 @@ async def sign_receipt(
     except (AgentSafetyError, asyncio.CancelledError):
         raise
     except Exception:
-        raise AgentSafetyError("the receipt signer failed", code="SIGNER_FAILED") from None
-    check_signature_bytes(signature, "SIGNER_FAILED")
+        raise AgentSafetyError("the receipt signer failed", code=Code.SIGNER_FAILED) from None
+    check_signature_bytes(signature, Code.SIGNER_FAILED)
     return freeze_object({**content, "signature": encode_signature(signature)}, budget)
 
 
@@ -276,7 +284,7 @@ async def issue_agent_execution_receipt(
     captured = capture_signer(signer, "receipt signer")
     verify_use_fn = getattr(use_verifier, "verify_consumption", None)
     if not callable(verify_use_fn):
-        raise AgentSafetyError("a consumption verifier is required", code="USE_STORE_INVALID")
+        raise AgentSafetyError("a consumption verifier is required", code=Code.USE_STORE_INVALID)
     now_s, now_str = now_text(now)
     skew = skew_ms(max_clock_skew_ms)
     budget = envelope_budget()
@@ -294,12 +302,12 @@ async def issue_agent_execution_receipt(
         abort=abort,
     )
     check_operation(freeze(operation, budget), auth)
-    exec_id = identifier(execution_id, "execution_id", code="EXECUTION_ID_INVALID")
+    exec_id = identifier(execution_id, "execution_id", code=Code.EXECUTION_ID_INVALID)
     ev = read_evidence(freeze(evidence, budget), auth)
     record, consumed_at = await verify_use(freeze(consumption, budget), auth, verify_use_fn, abort)
     if consumed_at > now_s + skew / 1000:
         raise AgentSafetyError(
-            "the step completed before it was consumed", code="CONSUMPTION_MISMATCH"
+            "the step completed before it was consumed", code=Code.CONSUMPTION_MISMATCH
         )
     payload = receipt_payload(
         auth=auth, execution_id=exec_id, consumption=record, evidence=ev, completed_at=now_str
@@ -354,7 +362,7 @@ async def verify_agent_execution_receipt(
     r_verifier = capture_verifier(receipt_verifier, "receipt verifier")
     verify_use_fn = getattr(use_verifier, "verify_consumption", None)
     if not callable(verify_use_fn):
-        raise AgentSafetyError("a consumption verifier is required", code="USE_STORE_INVALID")
+        raise AgentSafetyError("a consumption verifier is required", code=Code.USE_STORE_INVALID)
     skew = skew_ms(max_clock_skew_ms)
     budget = envelope_budget()
     loaded = load_plan_policy(policy, budget)
@@ -366,14 +374,16 @@ async def verify_agent_execution_receipt(
     except (AgentSafetyError, asyncio.CancelledError):
         raise
     except Exception:
-        raise AgentSafetyError("the verifier failed", code="VERIFIER_FAILED") from None
+        raise AgentSafetyError("the verifier failed", code=Code.VERIFIER_FAILED) from None
     if valid is not True:
         raise AgentSafetyError(
-            "the receipt signature does not verify", code="RECEIPT_SIGNATURE_INVALID"
+            "the receipt signature does not verify", code=Code.RECEIPT_SIGNATURE_INVALID
         )
-    obj(payload, "receipt.payload", code="RECEIPT_MALFORMED", required=_RECEIPT_KEYS)
-    completed = timestamp(payload["completedAt"], "receipt.completedAt", code="RECEIPT_MALFORMED")
-    exec_id = identifier(payload["executionId"], "receipt.executionId", code="RECEIPT_MALFORMED")
+    obj(payload, "receipt.payload", code=Code.RECEIPT_MALFORMED, required=_RECEIPT_KEYS)
+    completed = timestamp(
+        payload["completedAt"], "receipt.completedAt", code=Code.RECEIPT_MALFORMED
+    )
+    exec_id = identifier(payload["executionId"], "receipt.executionId", code=Code.RECEIPT_MALFORMED)
     auth = await authorize_step(
         loaded=loaded,
         budget=budget,
@@ -387,18 +397,18 @@ async def verify_agent_execution_receipt(
         abort=abort,
     )
     if payload["approvalDigest"] != auth.approval_digest:
-        raise AgentSafetyError("the receipt is for another approval", code="RECEIPT_MISMATCH")
+        raise AgentSafetyError("the receipt is for another approval", code=Code.RECEIPT_MISMATCH)
     evidence = {k: payload[k] for k in ("outcome", "rows", "bytes", "resultDigest", "errorCode")}
     compact = {k: v for k, v in evidence.items() if v is not None}
     try:
         ev = read_evidence(freeze(compact, budget), auth)
     except AgentSafetyError as exc:
-        code = exc.code if exc.code == "EVIDENCE_EXCEEDS_APPROVAL" else "RECEIPT_MISMATCH"
+        code = exc.code if exc.code == Code.EVIDENCE_EXCEEDS_APPROVAL else Code.RECEIPT_MISMATCH
         raise AgentSafetyError("the receipt's evidence is refused", code=code) from None
     record, consumed_at = await verify_use(payload["consumption"], auth, verify_use_fn, abort)
     if consumed_at > completed + skew / 1000:
         raise AgentSafetyError(
-            "the receipt completes before its consumption", code="RECEIPT_MISMATCH"
+            "the receipt completes before its consumption", code=Code.RECEIPT_MISMATCH
         )
     expected = receipt_payload(
         auth=auth,
@@ -408,7 +418,7 @@ async def verify_agent_execution_receipt(
         completed_at=payload["completedAt"],
     )
     if freeze(expected, budget) != payload:
-        raise AgentSafetyError("a receipt field does not match", code="RECEIPT_MISMATCH")
+        raise AgentSafetyError("a receipt field does not match", code=Code.RECEIPT_MISMATCH)
     result = freeze_object({**payload, "receiptDigest": envelope_digest(envelope)}, budget)
     check_abort(abort)
     return result

@@ -9,7 +9,8 @@ The executor's HTTP layer authenticates the caller, parses the body and calls:
   :meth:`PlanService.verify_receipt`
 
 Every refusal is an :class:`AgentSafetyError` (or :class:`AgentExecutionError`, which carries a
-receipt) with a stable code; :func:`status_for` suggests the HTTP status. The service owns no
+receipt) with a stable code; the routes answer it with the code's status from the registry
+(``codes.py``), so nothing here knows HTTP. The service owns no
 state beyond what it is given: the policy, signers/verifiers, the use store, the audit sink, the
 executor registry and the clock.
 
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..clock import Clock
+from ..codes import Code
 from .approval import issue_agent_approval
 from .dryrun import dry_run_agent_plan, dry_run_digest
 from .errors import AgentSafetyError
@@ -33,7 +35,7 @@ from .shapes import obj, text
 from .signing import Signer, Verifier, envelope_digest
 from .snapshot import FrozenDict, envelope_budget, freeze, thaw
 
-__all__ = ["ExecutorRegistry", "PlanService", "status_for"]
+__all__ = ["ExecutorRegistry", "PlanService"]
 
 
 class ExecutorRegistry:
@@ -45,16 +47,16 @@ class ExecutorRegistry:
 
     def register(self, executor: StepExecutor) -> None:
         if self._sealed:
-            raise AgentSafetyError("the executor registry is sealed", code="REGISTRY_SEALED")
+            raise AgentSafetyError("the executor registry is sealed", code=Code.REGISTRY_SEALED)
         tool, effect = executor.tool, executor.effect
         if type(tool) is not str or type(effect) is not str:
             raise AgentSafetyError(
-                "an executor names one tool and one effect", code="EXECUTOR_INVALID"
+                "an executor names one tool and one effect", code=Code.EXECUTOR_INVALID
             )
         if (tool, effect) in self._executors:
             raise AgentSafetyError(
                 "an executor is already registered for this tool and effect",
-                code="EXECUTOR_DUPLICATE",
+                code=Code.EXECUTOR_DUPLICATE,
             )
         self._executors[(tool, effect)] = executor
 
@@ -63,40 +65,6 @@ class ExecutorRegistry:
 
     def get(self, tool: str, effect: str) -> StepExecutor | None:
         return self._executors.get((tool, effect))
-
-
-_STATUS = {
-    "APPROVAL_ALREADY_USED": 409,
-    "APPROVAL_EXPIRED": 403,
-    "APPROVAL_NOT_YET_VALID": 403,
-    "APPROVAL_SIGNATURE_INVALID": 403,
-    "APPROVAL_KEY_MISMATCH": 403,
-    "RECEIPT_SIGNATURE_INVALID": 422,
-    "RECEIPT_KEY_MISMATCH": 422,
-    "RECEIPT_MISMATCH": 422,
-    "CONSUMPTION_UNVERIFIED": 422,
-    "APPROVER_MISMATCH": 403,
-    "EXECUTOR_NOT_REGISTERED": 422,
-    "OPERATION_ABORTED": 499,
-    "USE_STORE_FAILED": 503,
-    "AUDIT_START_FAILED": 503,
-    "AUDIT_COMPLETE_FAILED": 503,
-    "SIGNER_FAILED": 503,
-    "VERIFIER_FAILED": 503,
-    "EXECUTOR_FAILED": 502,
-    "RECEIPT_REFUSED": 500,
-}
-
-
-def status_for(code: str) -> int:
-    """A suggested HTTP status for a refusal code (400 for malformed input, 422 otherwise)."""
-    if code in _STATUS:
-        return _STATUS[code]
-    if code.startswith(("RESULT_", "MCP_")):
-        return 502
-    if code.startswith("JSON_") or code.endswith(("_INVALID", "_MALFORMED")):
-        return 400
-    return 422
 
 
 class PlanService:
@@ -133,7 +101,7 @@ class PlanService:
         return obj(
             freeze(body, envelope_budget()),
             "body",
-            code="REQUEST_INVALID",
+            code=Code.REQUEST_INVALID,
             required=required,
             optional=optional,
         )
@@ -151,10 +119,12 @@ class PlanService:
         req = self._body(body, frozenset({"dryRun", "request"}))
         request = req["request"]
         if type(request) is not FrozenDict:
-            raise AgentSafetyError("request must be an object", code="APPROVAL_REQUEST_INVALID")
-        text(approver, "approver", code="APPROVER_MISMATCH")
+            raise AgentSafetyError("request must be an object", code=Code.APPROVAL_REQUEST_INVALID)
+        text(approver, "approver", code=Code.APPROVER_MISMATCH)
         if request.get("approver", approver) != approver:
-            raise AgentSafetyError("the request names another approver", code="APPROVER_MISMATCH")
+            raise AgentSafetyError(
+                "the request names another approver", code=Code.APPROVER_MISMATCH
+            )
         full = {**thaw(request), "approver": approver}
         approval = await issue_agent_approval(
             req["dryRun"],
@@ -209,9 +179,9 @@ class PlanService:
                         if found is not None:
                             return found
                     raise AgentSafetyError(
-                        "no executor is registered for this step", code="EXECUTOR_NOT_REGISTERED"
+                        "no executor is registered for this step", code=Code.EXECUTOR_NOT_REGISTERED
                     )
-        raise AgentSafetyError("the step is not in the plan", code="STEP_UNKNOWN")
+        raise AgentSafetyError("the step is not in the plan", code=Code.STEP_UNKNOWN)
 
     async def verify_receipt(self, body: object) -> dict[str, Any]:
         """``{"receipt", "dryRun", "approval", "context"}`` -> ``{"valid": true, "receipt":

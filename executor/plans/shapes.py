@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..clock import format_ms, parse_ms
+from ..codes import Code
 from .errors import AgentSafetyError
 from .limits import AGENT_SAFETY_HARD_LIMITS as HARD
 from .snapshot import FrozenDict
@@ -35,7 +36,7 @@ def obj(
     value: Any,
     where: str,
     *,
-    code: str,
+    code: Code,
     required: frozenset[str],
     optional: frozenset[str] = frozenset(),
 ) -> FrozenDict:
@@ -55,7 +56,7 @@ def optional(value: Mapping[str, Any], key: str) -> Any:
 
 
 def seq(
-    value: Any, where: str, *, code: str, min_length: int = 0, max_length: int
+    value: Any, where: str, *, code: Code, min_length: int = 0, max_length: int
 ) -> tuple[Any, ...]:
     if type(value) is not tuple:
         raise AgentSafetyError(f"{where} must be an array", code=code)
@@ -64,7 +65,7 @@ def seq(
     return value
 
 
-def text(value: Any, where: str, *, code: str, max_length: int = HARD["maxTextLength"]) -> str:
+def text(value: Any, where: str, *, code: Code, max_length: int = HARD["maxTextLength"]) -> str:
     if type(value) is not str or not value or len(value) > max_length:
         raise AgentSafetyError(f"{where} must be a non-empty bounded string", code=code)
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
@@ -72,19 +73,19 @@ def text(value: Any, where: str, *, code: str, max_length: int = HARD["maxTextLe
     return value
 
 
-def identifier(value: Any, where: str, *, code: str) -> str:
+def identifier(value: Any, where: str, *, code: Code) -> str:
     if type(value) is not str or not _IDENTIFIER.match(value):
         raise AgentSafetyError(f"{where} must be an identifier", code=code)
     return value
 
 
-def digest(value: Any, where: str, *, code: str) -> str:
+def digest(value: Any, where: str, *, code: Code) -> str:
     if type(value) is not str or not DIGEST_PATTERN.match(value):
         raise AgentSafetyError(f"{where} must be a sha256 digest", code=code)
     return value
 
 
-def integer(value: Any, where: str, *, code: str, minimum: int, maximum: int) -> int:
+def integer(value: Any, where: str, *, code: Code, minimum: int, maximum: int) -> int:
     if type(value) is not int:
         raise AgentSafetyError(f"{where} must be an integer", code=code)
     if not minimum <= value <= maximum:
@@ -92,7 +93,7 @@ def integer(value: Any, where: str, *, code: str, minimum: int, maximum: int) ->
     return value
 
 
-def timestamp(value: Any, where: str, *, code: str) -> float:
+def timestamp(value: Any, where: str, *, code: Code) -> float:
     """A canonical millisecond UTC timestamp (``2026-07-10T20:00:00.000Z``) in epoch seconds."""
     if type(value) is not str:
         raise AgentSafetyError(f"{where} must be a timestamp", code=code)
@@ -108,12 +109,12 @@ def timestamp(value: Any, where: str, *, code: str) -> float:
 def now_text(now: object) -> tuple[float, str]:
     """Accept ``now`` as a canonical timestamp string or finite epoch seconds."""
     if type(now) is str:
-        seconds = timestamp(now, "now", code="TIME_INVALID")
+        seconds = timestamp(now, "now", code=Code.TIME_INVALID)
         return seconds, now
     if type(now) in (int, float):
         assert isinstance(now, int | float)
         if now != now or now in (float("inf"), float("-inf")) or now < 0:
-            raise AgentSafetyError("now is not a finite time", code="TIME_INVALID")
+            raise AgentSafetyError("now is not a finite time", code=Code.TIME_INVALID)
         text_form = format_ms(float(now))
         return parse_ms(text_form), text_form
-    raise AgentSafetyError("now must be a timestamp or epoch seconds", code="TIME_INVALID")
+    raise AgentSafetyError("now must be a timestamp or epoch seconds", code=Code.TIME_INVALID)

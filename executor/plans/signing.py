@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from ..canonical import canonical_json, sha256_digest
+from ..codes import Code
 from ..grants import (
     ALGORITHM,
     SigningKey,
@@ -133,7 +134,7 @@ class CapturedVerifier:
     verify: Callable[[bytes, bytes], Awaitable[bool]]
 
 
-def _key_identity(holder: object, what: str, code: str) -> tuple[str, str]:
+def _key_identity(holder: object, what: str, code: Code) -> tuple[str, str]:
     try:
         algorithm = holder.algorithm  # type: ignore[attr-defined]
         key_id = holder.key_id  # type: ignore[attr-defined]
@@ -145,18 +146,18 @@ def _key_identity(holder: object, what: str, code: str) -> tuple[str, str]:
 
 
 def capture_signer(signer: object, what: str = "signer") -> CapturedSigner:
-    algorithm, key_id = _key_identity(signer, what, "SIGNER_INVALID")
+    algorithm, key_id = _key_identity(signer, what, Code.SIGNER_INVALID)
     sign = getattr(signer, "sign", None)
     if not callable(sign):
-        raise AgentSafetyError(f"the {what} cannot sign", code="SIGNER_INVALID")
+        raise AgentSafetyError(f"the {what} cannot sign", code=Code.SIGNER_INVALID)
     return CapturedSigner(algorithm, key_id, sign)
 
 
 def capture_verifier(verifier: object, what: str = "verifier") -> CapturedVerifier:
-    algorithm, key_id = _key_identity(verifier, what, "VERIFIER_INVALID")
+    algorithm, key_id = _key_identity(verifier, what, Code.VERIFIER_INVALID)
     verify = getattr(verifier, "verify", None)
     if not callable(verify):
-        raise AgentSafetyError(f"the {what} cannot verify", code="VERIFIER_INVALID")
+        raise AgentSafetyError(f"the {what} cannot verify", code=Code.VERIFIER_INVALID)
     return CapturedVerifier(algorithm, key_id, verify)
 
 
@@ -174,19 +175,25 @@ def envelope_digest(envelope: Any) -> str:
     return sha256_digest({k: v for k, v in envelope.items() if k != "signature"})
 
 
-def check_signature_bytes(signature: object, code: str) -> bytes:
+def check_signature_bytes(signature: object, code: Code) -> bytes:
     if type(signature) is not bytes or not 0 < len(signature) <= MAX_SIGNATURE_BYTES:
         raise AgentSafetyError("the signer returned no usable signature", code=code)
     return signature
 
 
+_ENVELOPE_CODES = {
+    "APPROVAL": (Code.APPROVAL_MALFORMED, Code.APPROVAL_KEY_MISMATCH),
+    "RECEIPT": (Code.RECEIPT_MALFORMED, Code.RECEIPT_KEY_MISMATCH),
+}
+
+
 def read_envelope(
-    value: Any, *, type_: str, verifier: CapturedVerifier, prefix: str
+    value: Any, *, type_: str, verifier: CapturedVerifier, prefix: Literal["APPROVAL", "RECEIPT"]
 ) -> tuple[FrozenDict, FrozenDict, bytes, bytes]:
     """Check an envelope's shape and key identity; return (envelope, payload, message,
     signature). ``prefix`` is ``APPROVAL`` or ``RECEIPT`` (codes ``<prefix>_MALFORMED``,
     ``<prefix>_KEY_MISMATCH``)."""
-    malformed = f"{prefix}_MALFORMED"
+    malformed, key_mismatch = _ENVELOPE_CODES[prefix]
     envelope = obj(
         value,
         prefix.lower(),
@@ -200,7 +207,7 @@ def read_envelope(
     if algorithm != verifier.algorithm or key_id != verifier.key_id:
         raise AgentSafetyError(
             f"the {prefix.lower()} was signed with another algorithm or key",
-            code=f"{prefix}_KEY_MISMATCH",
+            code=key_mismatch,
         )
     raw_signature = envelope["signature"]
     if type(raw_signature) is not str or len(raw_signature) > 2 * MAX_SIGNATURE_BYTES:

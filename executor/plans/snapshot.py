@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, final
 
 from ..canonical import MAX_SAFE_INTEGER, format_number
+from ..codes import Code
 from .errors import AgentSafetyError
 from .limits import AGENT_SAFETY_HARD_LIMITS
 
@@ -111,19 +112,19 @@ class Budget:
     def spend_node(self) -> None:
         self.nodes -= 1
         if self.nodes < 0:
-            raise AgentSafetyError("the value has too many nodes", code="JSON_TOO_MANY_NODES")
+            raise AgentSafetyError("the value has too many nodes", code=Code.JSON_TOO_MANY_NODES)
 
     def spend_container(self) -> None:
         self.containers -= 1
         if self.containers < 0:
             raise AgentSafetyError(
-                "the value has too many objects and arrays", code="JSON_TOO_MANY_CONTAINERS"
+                "the value has too many objects and arrays", code=Code.JSON_TOO_MANY_CONTAINERS
             )
 
     def spend_bytes(self, count: int) -> None:
         self.bytes -= count
         if self.bytes < 0:
-            raise AgentSafetyError("the value is too large", code="JSON_TOO_LARGE")
+            raise AgentSafetyError("the value is too large", code=Code.JSON_TOO_LARGE)
 
 
 def envelope_budget() -> Budget:
@@ -156,16 +157,18 @@ def freeze(value: object, budget: Budget) -> Any:
 
 def _text_bytes(text: str, budget: Budget) -> None:
     if len(text) > budget.bytes:  # every character is at least one byte: refuse before encoding
-        raise AgentSafetyError("the value is too large", code="JSON_TOO_LARGE")
+        raise AgentSafetyError("the value is too large", code=Code.JSON_TOO_LARGE)
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise AgentSafetyError("a string has no UTF-8 form", code="JSON_INVALID") from None
+        raise AgentSafetyError("a string has no UTF-8 form", code=Code.JSON_INVALID) from None
     budget.spend_bytes(size)
 
 
 def _freeze(value: object, budget: Budget, depth: int) -> Any:
     budget.spend_node()
+    if type(value) is Code:  # agentsafe's own stable code: its plain string
+        value = value.value
     kind = type(value)
     if value is None or kind is bool:
         budget.spend_bytes(4)
@@ -177,30 +180,30 @@ def _freeze(value: object, budget: Budget, depth: int) -> Any:
     if kind is int:
         assert isinstance(value, int)
         if abs(value) > MAX_SAFE_INTEGER:
-            raise AgentSafetyError("an integer is out of range", code="JSON_NUMBER_INVALID")
+            raise AgentSafetyError("an integer is out of range", code=Code.JSON_NUMBER_INVALID)
         budget.spend_bytes(len(format_number(value)))
         return value
     if kind is float:
         assert isinstance(value, float)
         if not math.isfinite(value):
-            raise AgentSafetyError("a number is not finite", code="JSON_NUMBER_INVALID")
+            raise AgentSafetyError("a number is not finite", code=Code.JSON_NUMBER_INVALID)
         budget.spend_bytes(len(format_number(value)))
         return value
     if kind is dict or kind is FrozenDict:
         return _freeze_object(value, budget, depth)
     if kind is list or kind is tuple:
         return _freeze_array(value, budget, depth)
-    raise AgentSafetyError("a value is not plain JSON data", code="JSON_TYPE_REFUSED")
+    raise AgentSafetyError("a value is not plain JSON data", code=Code.JSON_TYPE_REFUSED)
 
 
 def _enter(budget: Budget, depth: int, length: int) -> None:
     if depth + 1 > budget.depth:
-        raise AgentSafetyError("the value is nested too deeply", code="JSON_TOO_DEEP")
+        raise AgentSafetyError("the value is nested too deeply", code=Code.JSON_TOO_DEEP)
     budget.spend_container()
     if length > budget.width:
-        raise AgentSafetyError("a collection is too long", code="JSON_COLLECTION_TOO_LONG")
+        raise AgentSafetyError("a collection is too long", code=Code.JSON_COLLECTION_TOO_LONG)
     if length > budget.nodes:
-        raise AgentSafetyError("the value has too many nodes", code="JSON_TOO_MANY_NODES")
+        raise AgentSafetyError("the value has too many nodes", code=Code.JSON_TOO_MANY_NODES)
 
 
 def _freeze_object(value: object, budget: Budget, depth: int) -> FrozenDict:
@@ -208,7 +211,7 @@ def _freeze_object(value: object, budget: Budget, depth: int) -> FrozenDict:
     if type(value) is FrozenDict:
         source = object.__getattribute__(value, "_data")
     if type(source) is not dict:
-        raise AgentSafetyError("a value is not plain JSON data", code="JSON_TYPE_REFUSED")
+        raise AgentSafetyError("a value is not plain JSON data", code=Code.JSON_TYPE_REFUSED)
     length = dict.__len__(source)
     _enter(budget, depth, length)
     items = list(dict.items(source))
@@ -216,7 +219,7 @@ def _freeze_object(value: object, budget: Budget, depth: int) -> FrozenDict:
     copied: dict[str, Any] = {}
     for key, item in items:
         if type(key) is not str:
-            raise AgentSafetyError("an object key is not a string", code="JSON_TYPE_REFUSED")
+            raise AgentSafetyError("an object key is not a string", code=Code.JSON_TYPE_REFUSED)
         _text_bytes(key, budget)
         copied[key] = _freeze(item, budget, depth + 1)
     return FrozenDict._adopt(copied)
@@ -249,5 +252,5 @@ def freeze_object(value: object, budget: Budget) -> FrozenDict:
     """:func:`freeze` for a value that must be a JSON object."""
     frozen = freeze(value, budget)
     if type(frozen) is not FrozenDict:
-        raise AgentSafetyError("the value must be an object", code="JSON_TYPE_REFUSED")
+        raise AgentSafetyError("the value must be an object", code=Code.JSON_TYPE_REFUSED)
     return frozen

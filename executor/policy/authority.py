@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..canonical import sha256_digest
 from ..clock import Clock
+from ..codes import Code
 from ..errors import AgentSafeError
 from ..grants import KeySet, SigningKey, TokenRefused, sign_jws, verify_jws
 from ..intent import CapturedIntent
@@ -89,9 +90,9 @@ class GrantRefused(AgentSafeError):
     """A grant that must not execute. Codes: GRANT_SIGNATURE_INVALID, GRANT_EXPIRED,
     GRANT_BINDING_MISMATCH, GRANT_ALREADY_CLAIMED, GRANT_MALFORMED."""
 
-    code = "GRANT_MALFORMED"
+    code = Code.GRANT_MALFORMED
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: Code, message: str) -> None:
         super().__init__(message, code=code)
 
 
@@ -353,20 +354,24 @@ class LocalAuthority:
         try:
             payload = verify_jws(grant, typ=GRANT_TYP, keys=self._key_set)
         except TokenRefused as exc:
-            code = "GRANT_MALFORMED" if exc.code == "JWS_MALFORMED" else "GRANT_SIGNATURE_INVALID"
+            code = (
+                Code.GRANT_MALFORMED
+                if exc.code == Code.JWS_MALFORMED
+                else Code.GRANT_SIGNATURE_INVALID
+            )
             raise GrantRefused(code, "the grant does not verify") from None
         fields = _grant_fields(payload)
         binding = fields.binding
         now = self._clock.now()
         if now < fields.not_before or now >= fields.expires_at:
-            raise GrantRefused("GRANT_EXPIRED", "the grant is not valid now")
+            raise GrantRefused(Code.GRANT_EXPIRED, "the grant is not valid now")
         if (
             binding["intent_hash"] != intent.intent_hash
             or binding["execution_payload_digest"] != intent.payload_digest
             or binding["execution_payload_canonicalization_profile"]
             != PAYLOAD_CANONICALIZATION_PROFILE
         ):
-            raise GrantRefused("GRANT_BINDING_MISMATCH", "the grant is bound to another intent")
+            raise GrantRefused(Code.GRANT_BINDING_MISMATCH, "the grant is bound to another intent")
         claimed = await self._store.claim_grant(
             fields.grant_id,
             binding_digest=sha256_digest(binding),
@@ -374,7 +379,7 @@ class LocalAuthority:
             now=now,
         )
         if not claimed:
-            raise GrantRefused("GRANT_ALREADY_CLAIMED", "the grant was already claimed")
+            raise GrantRefused(Code.GRANT_ALREADY_CLAIMED, "the grant was already claimed")
         claim = Claim(
             grant_id=fields.grant_id,
             decision_id=fields.decision_id,
@@ -444,7 +449,7 @@ def _grant_fields(payload: Mapping[str, Any]) -> _GrantFields:
         or set(binding) != _BINDING_KEYS
         or not all(isinstance(value, str) for value in binding.values())
     ):
-        raise GrantRefused("GRANT_MALFORMED", "the grant's payload is not a grant")
+        raise GrantRefused(Code.GRANT_MALFORMED, "the grant's payload is not a grant")
     return _GrantFields(
         grant_id=id_values[0],
         decision_id=id_values[1],

@@ -27,6 +27,7 @@ from typing import Any
 
 import cel
 
+from ..codes import Code
 from ..errors import AgentSafeError, PolicyError
 
 __all__ = [
@@ -83,7 +84,7 @@ _BINDER = re.compile(
 class EvaluationError(AgentSafeError):
     """A rule could not be evaluated to a boolean; the message never carries activation values."""
 
-    code = "POLICY_EVALUATION_ERROR"
+    code = Code.POLICY_EVALUATION_ERROR
 
 
 class Activation:
@@ -116,12 +117,12 @@ class Expression:
         except BaseException as exc:  # the Rust engine's panics derive from BaseException
             # The engine's message can quote activation values (request data): name the kind only.
             raise EvaluationError(
-                f"evaluation failed ({type(exc).__name__})", code="POLICY_EVALUATION_ERROR"
+                f"evaluation failed ({type(exc).__name__})", code=Code.POLICY_EVALUATION_ERROR
             ) from None
         if result is not True and result is not False:
             raise EvaluationError(
                 f"expression produced {type(result).__name__}, not bool",
-                code="POLICY_EVALUATION_ERROR",
+                code=Code.POLICY_EVALUATION_ERROR,
             )
         return result
 
@@ -132,12 +133,12 @@ def compile_expression(text: str, *, path: str | None = None) -> Expression:
     ``path`` (``actions[0].rules[1].when``) prefixes the message so an operator can find the rule.
     """
     if not isinstance(text, str) or not text.strip():
-        raise PolicyError("expression is empty", path=path, code="POLICY_EXPRESSION_INVALID")
+        raise PolicyError("expression is empty", path=path, code=Code.POLICY_EXPRESSION_INVALID)
     if len(text) > MAX_EXPRESSION_LENGTH:
         raise PolicyError(
             f"expression longer than {MAX_EXPRESSION_LENGTH} characters",
             path=path,
-            code="POLICY_EXPRESSION_INVALID",
+            code=Code.POLICY_EXPRESSION_INVALID,
         )
     try:
         program = cel.compile(text)
@@ -146,7 +147,7 @@ def compile_expression(text: str, *, path: str | None = None) -> Expression:
         raise
     except BaseException as exc:
         raise PolicyError(
-            _compiler_message(exc), path=path, code="POLICY_EXPRESSION_INVALID"
+            _compiler_message(exc), path=path, code=Code.POLICY_EXPRESSION_INVALID
         ) from None
     bound = set(_BINDER.findall(text))
     unknown_variables = sorted(set(references["variables"]) - VARIABLES - bound)
@@ -155,7 +156,7 @@ def compile_expression(text: str, *, path: str | None = None) -> Expression:
             f"undeclared reference to {', '.join(unknown_variables)} "
             f"(available: {', '.join(sorted(VARIABLES))})",
             path=path,
-            code="POLICY_EXPRESSION_INVALID",
+            code=Code.POLICY_EXPRESSION_INVALID,
         )
     unknown_functions = sorted(
         name for name in references["functions"] if not _is_operator(name) and name not in FUNCTIONS
@@ -164,7 +165,7 @@ def compile_expression(text: str, *, path: str | None = None) -> Expression:
         raise PolicyError(
             f"unknown function {', '.join(unknown_functions)}",
             path=path,
-            code="POLICY_EXPRESSION_INVALID",
+            code=Code.POLICY_EXPRESSION_INVALID,
         )
     return Expression(source=text, _program=program)
 

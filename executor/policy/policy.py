@@ -38,6 +38,7 @@ from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..canonical import sha256_digest
+from ..codes import Code
 from ..errors import PolicyError
 from ..plans.policy import PlanPolicy
 from .celexpr import Expression, compile_expression
@@ -184,7 +185,7 @@ def parse_policy(data: Any) -> PolicyDocument:
         error = exc.errors(include_url=False, include_input=False)[0]
         path = _format_path(error["loc"])
         message = str(error["msg"]).removeprefix("Value error, ")
-        raise PolicyError(message, path=path or "policy", code="POLICY_INVALID") from None
+        raise PolicyError(message, path=path or "policy", code=Code.POLICY_INVALID) from None
 
 
 def load_policy(path: str | Path) -> PolicyDocument:
@@ -195,16 +196,16 @@ def load_policy(path: str | Path) -> PolicyDocument:
             raw = handle.read(MAX_POLICY_BYTES + 1)
     except OSError:
         raise PolicyError(
-            f"cannot read policy file {file.name}", code="POLICY_FILE_UNREADABLE"
+            f"cannot read policy file {file.name}", code=Code.POLICY_FILE_UNREADABLE
         ) from None
     if len(raw) > MAX_POLICY_BYTES:
         raise PolicyError(
-            f"policy file is larger than {MAX_POLICY_BYTES} bytes", code="POLICY_INVALID"
+            f"policy file is larger than {MAX_POLICY_BYTES} bytes", code=Code.POLICY_INVALID
         )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise PolicyError("policy file is not UTF-8", code="POLICY_INVALID") from None
+        raise PolicyError("policy file is not UTF-8", code=Code.POLICY_INVALID) from None
     data = _load_json(text) if file.suffix.lower() == ".json" else _load_yaml(text)
     return parse_policy(data)
 
@@ -224,7 +225,7 @@ def compile_policy(
             raise PolicyError(
                 f"no registered handler is named {action.handler!r}",
                 path=f"{base}.handler",
-                code="POLICY_HANDLER_UNKNOWN",
+                code=Code.POLICY_HANDLER_UNKNOWN,
             )
         validator = _build_validator(action.parameters, path=f"{base}.parameters")
         rules = tuple(
@@ -249,11 +250,11 @@ def _build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
     declared = schema.get("$schema")
     if declared is not None and declared != "https://json-schema.org/draft/2020-12/schema":
         raise PolicyError(
-            "parameter schemas are JSON Schema Draft 2020-12", path=path, code="POLICY_INVALID"
+            "parameter schemas are JSON Schema Draft 2020-12", path=path, code=Code.POLICY_INVALID
         )
     if schema.get("type") != "object":
         raise PolicyError(
-            "the parameter schema must declare type: object", path=path, code="POLICY_INVALID"
+            "the parameter schema must declare type: object", path=path, code=Code.POLICY_INVALID
         )
     try:
         validator_class.check_schema(schema)
@@ -261,7 +262,7 @@ def _build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
         where = _format_path(tuple(exc.absolute_path))
         detail = f" at {where}" if where else ""
         raise PolicyError(
-            f"invalid JSON Schema{detail}: {exc.message}", path=path, code="POLICY_INVALID"
+            f"invalid JSON Schema{detail}: {exc.message}", path=path, code=Code.POLICY_INVALID
         ) from None
     return validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)
 
@@ -303,7 +304,7 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise PolicyError(f"key {key!r} appears twice", code="POLICY_INVALID")
+            raise PolicyError(f"key {key!r} appears twice", code=Code.POLICY_INVALID)
         out[key] = value
     return out
 
@@ -317,12 +318,12 @@ def _load_json(text: str) -> Any:
         )
     except json.JSONDecodeError as exc:
         raise PolicyError(
-            f"not valid JSON (line {exc.lineno}, column {exc.colno})", code="POLICY_INVALID"
+            f"not valid JSON (line {exc.lineno}, column {exc.colno})", code=Code.POLICY_INVALID
         ) from None
 
 
 def _refuse_constant(name: str) -> Any:
-    raise PolicyError("numbers must be finite", code="POLICY_INVALID")
+    raise PolicyError("numbers must be finite", code=Code.POLICY_INVALID)
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -337,7 +338,7 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[An
         if key in out:
             raise PolicyError(
                 f"key {key!r} appears twice (line {key_node.start_mark.line + 1})",
-                code="POLICY_INVALID",
+                code=Code.POLICY_INVALID,
             )
         out[key] = loader.construct_object(value_node, deep=True)
     return out
@@ -352,4 +353,4 @@ def _load_yaml(text: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise PolicyError(f"not valid YAML{where}", code="POLICY_INVALID") from None
+        raise PolicyError(f"not valid YAML{where}", code=Code.POLICY_INVALID) from None

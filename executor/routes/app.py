@@ -21,11 +21,13 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..codes import Code
 from ..errors import RequestRejected, StoreError
 from ..intent import MAX_BODY_BYTES, check_json_bounds
-from ..lifecycle.answers import Answer, error_body
+from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import Pipeline, Proposal
 from ..principals import Principal, Role
+from .refusals import code_for_http_error, refusal
 
 __all__ = ["Door", "ReadyState", "build_app"]
 
@@ -88,23 +90,23 @@ class _EscalationRequest(BaseModel):
 def _schema_error(exc: ValidationError) -> RequestRejected:
     for error in exc.errors():
         if error["type"] == "extra_forbidden":
-            return RequestRejected(400, "REQUEST_INVALID", "the request carries a field it may not")
+            return RequestRejected(Code.REQUEST_INVALID, "the request carries a field it may not")
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"] if isinstance(part, str))
     return RequestRejected(
-        400, "REQUEST_INVALID", f"the request does not match the schema at '{where}'"
+        Code.REQUEST_INVALID, f"the request does not match the schema at '{where}'"
     )
 
 
 def _refuse_constant(name: str) -> Any:
-    raise RequestRejected(400, "REQUEST_INVALID", "numbers must be finite")
+    raise RequestRejected(Code.REQUEST_INVALID, "numbers must be finite")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise RequestRejected(400, "REQUEST_INVALID", "a key appears twice in one object")
+            raise RequestRejected(Code.REQUEST_INVALID, "a key appears twice in one object")
         out[key] = value
     return out
 
@@ -112,20 +114,20 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 async def read_json(request: web.Request) -> Any:
     """Read a bounded JSON body or raise the right refusal."""
     if request.content_type != "application/json":
-        raise RequestRejected(415, "UNSUPPORTED_MEDIA_TYPE", "the body must be application/json")
+        raise RequestRejected(Code.UNSUPPORTED_MEDIA_TYPE, "the body must be application/json")
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise RequestRejected(413, "REQUEST_TOO_LARGE", "the body is larger than 100 KiB")
+        raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB")
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise RequestRejected(413, "REQUEST_TOO_LARGE", "the body is larger than 100 KiB") from None
+        raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB") from None
     if len(raw) > MAX_BODY_BYTES:
-        raise RequestRejected(413, "REQUEST_TOO_LARGE", "the body is larger than 100 KiB")
+        raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB")
     try:
         text = raw.decode("utf-8")
         value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicates)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        raise RequestRejected(400, "REQUEST_MALFORMED", "the body is not valid JSON") from None
+        raise RequestRejected(Code.REQUEST_MALFORMED, "the body is not valid JSON") from None
     check_json_bounds(value)
     return value
 
@@ -139,14 +141,6 @@ def _respond(answer: Answer) -> web.Response:
 # ---------------------------------------------------------------------- middleware
 
 
-_STATUS_CODES = {
-    404: "NOT_FOUND",
-    405: "METHOD_NOT_ALLOWED",
-    413: "REQUEST_TOO_LARGE",
-    415: "UNSUPPORTED_MEDIA_TYPE",
-}
-
-
 @web.middleware
 async def _errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -154,36 +148,27 @@ async def _errors(
     try:
         return await handler(request)
     except RequestRejected as exc:
-        response = web.json_response(error_body(exc.code, exc.message), status=exc.status)
-        response.headers.update(exc.headers)
-        return response
+        return refusal(exc.code, exc.message, headers=exc.headers)
     except StoreError as exc:
-        if exc.code != "STORE_UNAVAILABLE":
+        if exc.code != Code.STORE_UNAVAILABLE:
             return _internal_error(request)
         # Raised only before an attempt starts: the pipeline answers for what it dispatched.
-        return web.json_response(
-            error_body(
-                "STORE_UNAVAILABLE",
-                "the shared store is unreachable; nothing was executed; retry later",
-            ),
-            status=503,
+        return refusal(
+            Code.STORE_UNAVAILABLE,
+            "the shared store is unreachable; nothing was executed; retry later",
             headers={"Retry-After": "5"},
         )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = _STATUS_CODES.get(exc.status, "REQUEST_REFUSED")
-        return web.json_response(error_body(code, exc.reason), status=exc.status)
+        return refusal(code_for_http_error(exc.status), exc.reason, status=exc.status)
     except Exception:
         return _internal_error(request)
 
 
 def _internal_error(request: web.Request) -> web.Response:
     log.exception("unhandled error in %s %s", request.method, request.path)
-    return web.json_response(
-        error_body("INTERNAL_ERROR", "the executor failed; the request was not executed"),
-        status=500,
-    )
+    return refusal(Code.INTERNAL_ERROR, "the executor failed; the request was not executed")
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -23,6 +23,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..clock import Clock, format_ms
+from ..codes import Code
 from ..errors import RequestRejected
 from ..events import Streams
 from ..principals import Principal, Role
@@ -30,14 +31,6 @@ from ..state.usestore import ApprovalError, ApprovalRecord, ApprovalState, UseSt
 from .app import Door, read_json
 
 __all__ = ["add_approval_routes", "describe_record"]
-
-_STATUS = {
-    "APPROVAL_NOT_FOUND": 404,
-    "APPROVAL_ALREADY_DECIDED": 409,
-    "APPROVAL_EXPIRED": 409,
-    "APPROVAL_NOT_PERMITTED": 403,
-    "APPROVAL_DECISION_INVALID": 400,
-}
 
 
 class _Decision(BaseModel):
@@ -75,7 +68,7 @@ def describe_record(record: ApprovalRecord, *, now: float) -> dict[str, Any]:
 def _visible(record: ApprovalRecord | None, approver: Principal) -> ApprovalRecord:
     if record is None or approver.id not in record.request.approvers:
         # Not listed: indistinguishable from absent, so ids are no oracle.
-        raise RequestRejected(404, "APPROVAL_NOT_FOUND", "no such approval request for you")
+        raise RequestRejected(Code.APPROVAL_NOT_FOUND, "no such approval request for you")
     return record
 
 
@@ -88,7 +81,7 @@ def add_approval_routes(
             state = ApprovalState(request.query.get("state", "PENDING"))
         except ValueError:
             raise RequestRejected(
-                400, "REQUEST_INVALID", "state must be PENDING, APPROVED, DENIED or EXPIRED"
+                Code.REQUEST_INVALID, "state must be PENDING, APPROVED, DENIED or EXPIRED"
             ) from None
         now = clock.now()
         records = await store.approval_list(state=state, now=now, approver=approver.id)
@@ -106,8 +99,7 @@ def add_approval_routes(
             parsed = _Decision.model_validate(body)
         except ValidationError:
             raise RequestRejected(
-                400,
-                "REQUEST_INVALID",
+                Code.REQUEST_INVALID,
                 'the body must be {"decision": "APPROVE"|"DENY", "reason": "..."}',
             ) from None
         record = _visible(await store.approval_get(request.match_info["request_id"]), approver)
@@ -116,8 +108,7 @@ def add_approval_routes(
             actor is not None and actor == record.request.proposer_actor
         ):
             raise RequestRejected(
-                422,
-                "SEPARATION_OF_DUTIES_VIOLATED",
+                Code.SEPARATION_OF_DUTIES_VIOLATED,
                 "an approver cannot decide an intent its own actor proposed",
             )
         try:
@@ -129,7 +120,7 @@ def add_approval_routes(
                 now=clock.now(),
             )
         except ApprovalError as exc:
-            raise RequestRejected(_STATUS.get(exc.code, 409), exc.code, exc.message) from None
+            raise RequestRejected(exc.code, exc.message) from None
         streams.evidence.emit(
             "APPROVAL_DECIDED",
             {

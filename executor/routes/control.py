@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..codes import Code
 from ..errors import RequestRejected
 from ..events import Streams
 from ..host.halt import HaltCause, HaltState
@@ -51,7 +52,7 @@ async def _reason(request: web.Request) -> str:
         return _Reason.model_validate(body).reason
     except ValidationError:
         raise RequestRejected(
-            400, "REQUEST_INVALID", 'the body must be {"reason": "..."} (1-500 characters)'
+            Code.REQUEST_INVALID, 'the body must be {"reason": "..."} (1-500 characters)'
         ) from None
 
 

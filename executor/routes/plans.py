@@ -21,11 +21,11 @@ from typing import Any
 from aiohttp import web
 
 from ..events import Streams
-from ..lifecycle.answers import error_body
 from ..plans.errors import AgentExecutionError, AgentSafetyError
-from ..plans.service import PlanService, status_for
+from ..plans.service import PlanService
 from ..principals import Principal, Role
 from .app import Door, read_json
+from .refusals import refusal
 
 __all__ = ["add_plan_routes"]
 
@@ -46,14 +46,10 @@ def add_plan_routes(
                 result = await run(body, principal)
             except AgentExecutionError as exc:
                 streams.evidence.emit(event, {"caller": principal.id, "code": exc.code})
-                payload = error_body(exc.code, exc.message)
-                payload["receipt"] = _plain(exc.receipt)
-                return web.json_response(payload, status=status_for(exc.code))
+                return refusal(exc.code, exc.message, extra={"receipt": _plain(exc.receipt)})
             except AgentSafetyError as exc:
                 streams.evidence.emit(event, {"caller": principal.id, "code": exc.code})
-                return web.json_response(
-                    error_body(exc.code, exc.message), status=status_for(exc.code)
-                )
+                return refusal(exc.code, exc.message)
             streams.evidence.emit(event, {"caller": principal.id, "code": "OK"})
             return web.json_response(result)
 

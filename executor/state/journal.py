@@ -57,6 +57,7 @@ from typing import Any, Protocol
 
 from ..canonical import canonical_json, sha256_digest
 from ..clock import Clock, format_ms
+from ..codes import Code
 from ..errors import AgentSafeError, JournalError
 
 __all__ = [
@@ -219,7 +220,7 @@ class AttemptJournal:
     ) -> AttemptJournal:
         """Create ``directory/attempts`` (0700) if needed, take its lock, start the writer."""
         if retain_days < 1:
-            raise JournalError("retain_days must be at least 1", code="JOURNAL_CONFIG_INVALID")
+            raise JournalError("retain_days must be at least 1", code=Code.JOURNAL_CONFIG_INVALID)
         root = directory / ATTEMPTS_DIR
         lock_fd = await asyncio.to_thread(_prepare_directory, directory, root)
         writer = _Writer(root)
@@ -268,7 +269,7 @@ class AttemptJournal:
             consistent = False
         if not consistent:
             raise JournalError(
-                "the binding does not hash to the intent hash", code="JOURNAL_RECORD_INVALID"
+                "the binding does not hash to the intent hash", code=Code.JOURNAL_RECORD_INVALID
             )
         await self._append(
             RecordType.ATTEMPT_OPENED,
@@ -304,7 +305,7 @@ class AttemptJournal:
         """Record the outcome. UNKNOWN_AFTER_DISPATCH is recorded but leaves the attempt open."""
         if not isinstance(executed, bool | None):
             raise JournalError(
-                "field executed must be a boolean or null", code="JOURNAL_RECORD_INVALID"
+                "field executed must be a boolean or null", code=Code.JOURNAL_RECORD_INVALID
             )
         await self._append(
             RecordType.ATTEMPT_CLOSED,
@@ -321,7 +322,7 @@ class AttemptJournal:
             status, by = ReconciledStatus(status).value, ReconciledBy(by).value
         except ValueError:
             raise JournalError(
-                "unknown reconciliation status or source", code="JOURNAL_RECORD_INVALID"
+                "unknown reconciliation status or source", code=Code.JOURNAL_RECORD_INVALID
             ) from None
         await self._append(
             RecordType.RECONCILED, {"attempt_id": attempt_id, "status": status, "by": by}
@@ -350,16 +351,16 @@ class AttemptJournal:
 
     async def _append(self, kind: RecordType, fields: Mapping[str, Any]) -> None:
         if self._closed:
-            raise JournalError("the journal is closed", code="JOURNAL_CLOSED")
+            raise JournalError("the journal is closed", code=Code.JOURNAL_CLOSED)
         for name in _REQUIRED[kind]:
             if not isinstance(fields.get(name), str) or not fields[name]:
                 raise JournalError(
-                    f"field {name} must be a non-empty string", code="JOURNAL_RECORD_INVALID"
+                    f"field {name} must be a non-empty string", code=Code.JOURNAL_RECORD_INVALID
                 )
         for name in _OPTIONAL[kind]:
             if not isinstance(fields.get(name), str | None):
                 raise JournalError(
-                    f"field {name} must be a string or null", code="JOURNAL_RECORD_INVALID"
+                    f"field {name} must be a string or null", code=Code.JOURNAL_RECORD_INVALID
                 )
         now = self._clock.now()
         record = {"record": kind.value, "at": format_ms(now), **fields}
@@ -367,12 +368,12 @@ class AttemptJournal:
             data = canonical_json(record)
         except AgentSafeError:
             raise JournalError(
-                "the record has no canonical JSON form", code="JOURNAL_RECORD_INVALID"
+                "the record has no canonical JSON form", code=Code.JOURNAL_RECORD_INVALID
             ) from None
         if len(data) > MAX_RECORD_BYTES:
             raise JournalError(
                 f"a journal record may not exceed {MAX_RECORD_BYTES} bytes",
-                code="JOURNAL_RECORD_TOO_LARGE",
+                code=Code.JOURNAL_RECORD_TOO_LARGE,
             )
         day = datetime.fromtimestamp(now, tz=UTC).date().isoformat()
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -385,7 +386,7 @@ class AttemptJournal:
             except AgentSafeError as exc:
                 raise JournalError(
                     f"the shared store did not take the record ({exc.code})",
-                    code="JOURNAL_UNAVAILABLE",
+                    code=Code.JOURNAL_UNAVAILABLE,
                 ) from None
 
 
@@ -476,7 +477,7 @@ class _Writer(threading.Thread):
 
 def _fail(segment: list[_Pending], message: str) -> None:
     for pending in segment:
-        pending.done.set_exception(JournalError(message, code="JOURNAL_UNAVAILABLE"))
+        pending.done.set_exception(JournalError(message, code=Code.JOURNAL_UNAVAILABLE))
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -515,13 +516,13 @@ def _prepare_directory(directory: Path, root: Path) -> int:
         lock_fd = os.open(root / _LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise JournalError(
-            f"the journal directory is unusable: {exc.strerror}", code="JOURNAL_UNAVAILABLE"
+            f"the journal directory is unusable: {exc.strerror}", code=Code.JOURNAL_UNAVAILABLE
         ) from None
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(lock_fd)
-        raise JournalError("another process holds this journal", code="JOURNAL_LOCKED") from None
+        raise JournalError("another process holds this journal", code=Code.JOURNAL_LOCKED) from None
     with contextlib.suppress(OSError):
         _fsync_directory(directory)
     return lock_fd
@@ -548,7 +549,7 @@ def scan_journal(directory: Path, *, retain_days: int, now: float) -> JournalSca
         return JournalScan((), ())
     except OSError as exc:
         raise JournalError(
-            f"the journal cannot be read: {exc.strerror}", code="JOURNAL_UNAVAILABLE"
+            f"the journal cannot be read: {exc.strerror}", code=Code.JOURNAL_UNAVAILABLE
         ) from None
     builder = _Builder()
     torn: list[TornLine] = []
@@ -558,7 +559,7 @@ def scan_journal(directory: Path, *, retain_days: int, now: float) -> JournalSca
             content = (root / name).read_bytes()
         except OSError as exc:
             raise JournalError(
-                f"{label} cannot be read: {exc.strerror}", code="JOURNAL_UNAVAILABLE"
+                f"{label} cannot be read: {exc.strerror}", code=Code.JOURNAL_UNAVAILABLE
             ) from None
         lines = content.split(b"\n")
         tail = lines.pop()  # b"" when the file ends with a newline
@@ -569,7 +570,7 @@ def scan_journal(directory: Path, *, retain_days: int, now: float) -> JournalSca
                 builder.add(_parse_line(line), label)
             except _Damaged as damaged:
                 raise JournalError(
-                    f"{label} line {number}: {damaged}", code="JOURNAL_CORRUPT"
+                    f"{label} line {number}: {damaged}", code=Code.JOURNAL_CORRUPT
                 ) from None
     return JournalScan(builder.open_attempts(), tuple(torn))
 

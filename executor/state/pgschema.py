@@ -29,6 +29,7 @@ from typing import Final
 
 import psycopg
 
+from ..codes import Code
 from ..errors import StoreError
 
 __all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
@@ -100,7 +101,7 @@ async def migrate(conn: psycopg.AsyncConnection[object]) -> tuple[int, int]:
             raise StoreError(
                 f"the store's schema is version {before}; this agentsafe knows up to"
                 f" {SCHEMA_VERSION}: upgrade agentsafe before starting it on this database",
-                code="STORE_SCHEMA_UNSUPPORTED",
+                code=Code.STORE_SCHEMA_UNSUPPORTED,
             )
         for statements in MIGRATIONS[before:]:
             for statement in statements:

@@ -57,6 +57,7 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..canonical import canonical_text
+from ..codes import Code
 from ..errors import AgentSafeError, ConfigError, StoreError
 from .journal import CLOSING_STATUSES, RecordType
 from .pgschema import SCHEMA_VERSION, migrate
@@ -108,7 +109,7 @@ def check_store_url(url: str) -> str:
 
 
 def _unavailable(exc: BaseException) -> StoreError:
-    return StoreError(f"the shared store failed: {type(exc).__name__}", code="STORE_UNAVAILABLE")
+    return StoreError(f"the shared store failed: {type(exc).__name__}", code=Code.STORE_UNAVAILABLE)
 
 
 async def _connect(url: str, *, connect_timeout: float) -> _Conn:
@@ -169,7 +170,7 @@ class PostgresStore:
             await conn.close()
         secret = bytes(row[0]) if row is not None else b""
         if len(secret) < 32:
-            raise StoreError("the shared store's key is damaged", code="STORE_UNAVAILABLE")
+            raise StoreError("the shared store's key is damaged", code=Code.STORE_UNAVAILABLE)
 
         async def configure(conn: _Conn) -> None:
             await conn.set_autocommit(True)
@@ -198,7 +199,7 @@ class PostgresStore:
     async def transaction(self, fn: Callable[[_Conn], Awaitable[_T]]) -> _T:
         """Run ``fn`` in one SERIALIZABLE transaction, re-run on 40001/40P01."""
         if self._closed:
-            raise StoreError("the shared store is closed", code="STORE_CLOSED")
+            raise StoreError("the shared store is closed", code=Code.STORE_CLOSED)
         delay = 0.002
         stale_retried = False
         for _ in range(MAX_RETRIES):
@@ -228,7 +229,9 @@ class PostgresStore:
                 raise _unavailable(exc) from None
             except PoolTimeout as exc:
                 raise _unavailable(exc) from None
-        raise StoreError("the shared store stayed contended; try again", code="STORE_UNAVAILABLE")
+        raise StoreError(
+            "the shared store stayed contended; try again", code=Code.STORE_UNAVAILABLE
+        )
 
     async def ping(self) -> bool:
         """True when a connection answers now (``GET /ready``)."""
@@ -336,13 +339,13 @@ class PostgresUseStore:
             row = await _locked_key(conn, tenant, principal, key)
             if row is None:
                 raise StoreError(
-                    "no idempotency record for this key", code="IDEMPOTENCY_RECORD_MISSING"
+                    "no idempotency record for this key", code=Code.IDEMPOTENCY_RECORD_MISSING
                 )
             if row[0] == "DONE":
                 if row[1] == text:
                     return
                 raise StoreError(
-                    "this key already has a final answer", code="IDEMPOTENCY_ALREADY_COMPLETE"
+                    "this key already has a final answer", code=Code.IDEMPOTENCY_ALREADY_COMPLETE
                 )
             await conn.execute(
                 "UPDATE idempotency SET state = 'DONE', response = %s, completed_at = %s"
@@ -432,7 +435,7 @@ class PostgresUseStore:
     async def approval_create(self, request: ApprovalRequest) -> None:
         if _digest_or_store_error(request.intent) != request.intent_hash:
             raise ApprovalError(
-                "the intent does not hash to its intent_hash", code="APPROVAL_BINDING_MISMATCH"
+                "the intent does not hash to its intent_hash", code=Code.APPROVAL_BINDING_MISMATCH
             )
         intent_text = canonical_text(dict(request.intent))
         approvers_text = canonical_text(list(request.approvers))
@@ -455,7 +458,7 @@ class PostgresUseStore:
                 ),
             )
             if cur.rowcount != 1:
-                raise ApprovalError("the request id is taken", code="APPROVAL_EXISTS")
+                raise ApprovalError("the request id is taken", code=Code.APPROVAL_EXISTS)
 
         await self._store.transaction(work)
 
@@ -510,7 +513,7 @@ class PostgresUseStore:
             )
             row = await cur.fetchone()
             if row is None:
-                raise ApprovalError("no such approval request", code="APPROVAL_NOT_FOUND")
+                raise ApprovalError("no such approval request", code=Code.APPROVAL_NOT_FOUND)
             record = _approval_from_row(tuple(row))
             check_decidable(record, approver=approver, now=now)
             await conn.execute(
@@ -712,7 +715,9 @@ class PostgresAttempts:
                 (grant_id, grant_expires_at, payload_digest, attempt_id),
             )
             if cur.rowcount != 1:
-                raise StoreError("the attempt is not in the shared store", code="STORE_UNAVAILABLE")
+                raise StoreError(
+                    "the attempt is not in the shared store", code=Code.STORE_UNAVAILABLE
+                )
 
         await self._store.transaction(work)
 

@@ -54,6 +54,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..canonical import canonical_text, sha256_digest
 from ..clock import Clock
+from ..codes import Code
 from ..errors import AgentSafeError, StoreError
 
 __all__ = [
@@ -154,16 +155,19 @@ class ApprovalError(StoreError):
     APPROVAL_EXPIRED, APPROVAL_NOT_PERMITTED, APPROVAL_DECISION_INVALID, APPROVAL_EXISTS,
     APPROVAL_BINDING_MISMATCH."""
 
-    code = "APPROVAL_INVALID"
+    code: Code = Code.APPROVAL_INVALID
+
+    def __init__(self, message: str, *, code: Code | None = None) -> None:
+        super().__init__(message, code=code)
 
 
 def decision_state(decision: str, reason: str) -> ApprovalState:
     """The state a valid decision records; APPROVAL_DECISION_INVALID otherwise (every store)."""
     new_state = _DECISIONS.get(decision)
     if new_state is None:
-        raise ApprovalError("decision must be APPROVE or DENY", code="APPROVAL_DECISION_INVALID")
+        raise ApprovalError("decision must be APPROVE or DENY", code=Code.APPROVAL_DECISION_INVALID)
     if not isinstance(reason, str) or len(reason) > _MAX_REASON:
-        raise ApprovalError("the reason is too long", code="APPROVAL_DECISION_INVALID")
+        raise ApprovalError("the reason is too long", code=Code.APPROVAL_DECISION_INVALID)
     return new_state
 
 
@@ -172,12 +176,12 @@ def check_decidable(record: ApprovalRecord, *, approver: str, now: float) -> Non
     proposer (separation of duties), a decided request, an expired one (every store)."""
     if approver not in record.request.approvers or approver == record.request.proposer_principal:
         raise ApprovalError(
-            "this principal may not decide this request", code="APPROVAL_NOT_PERMITTED"
+            "this principal may not decide this request", code=Code.APPROVAL_NOT_PERMITTED
         )
     if record.stored_state is not ApprovalState.PENDING:
-        raise ApprovalError("the request is already decided", code="APPROVAL_ALREADY_DECIDED")
+        raise ApprovalError("the request is already decided", code=Code.APPROVAL_ALREADY_DECIDED)
     if record.state_at(now) is ApprovalState.EXPIRED:
-        raise ApprovalError("the request has expired", code="APPROVAL_EXPIRED")
+        raise ApprovalError("the request has expired", code=Code.APPROVAL_EXPIRED)
 
 
 def settles(recorded: object) -> bool:
@@ -318,7 +322,7 @@ class SQLiteUseStore:
 
     async def _run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         if self._closed:
-            raise StoreError("the use store is closed", code="STORE_CLOSED")
+            raise StoreError("the use store is closed", code=Code.STORE_CLOSED)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._worker, _guarded, self._conn, fn)
 
@@ -329,7 +333,7 @@ class SQLiteUseStore:
         it must not begin, commit or roll back a transaction itself.
         """
         if self._closed:
-            raise StoreError("the use store is closed", code="STORE_CLOSED")
+            raise StoreError("the use store is closed", code=Code.STORE_CLOSED)
         write = _Write(fn)
         with self._pending_lock:
             self._pending.append(write)
@@ -338,7 +342,7 @@ class SQLiteUseStore:
                     self._worker.submit(self._drain)
                 except RuntimeError:  # the executor is shutting down
                     self._pending.remove(write)
-                    raise StoreError("the use store is closed", code="STORE_CLOSED") from None
+                    raise StoreError("the use store is closed", code=Code.STORE_CLOSED) from None
                 self._drain_scheduled = True
         result: _T = await asyncio.wrap_future(write.done)
         return result
@@ -367,7 +371,7 @@ class SQLiteUseStore:
                         self._drain_scheduled = False
                 else:
                     self._drain_scheduled = False
-            closed = StoreError("the use store is closed", code="STORE_CLOSED")
+            closed = StoreError("the use store is closed", code=Code.STORE_CLOSED)
             _fail([w for w in stranded if w.done.set_running_or_notify_cancel()], closed)
 
     def _close_connection(self) -> None:
@@ -441,13 +445,13 @@ class SQLiteUseStore:
             ).fetchone()
             if row is None:
                 raise StoreError(
-                    "no idempotency record for this key", code="IDEMPOTENCY_RECORD_MISSING"
+                    "no idempotency record for this key", code=Code.IDEMPOTENCY_RECORD_MISSING
                 )
             if row[0] == "DONE":
                 if row[1] == text:
                     return
                 raise StoreError(
-                    "this key already has a final answer", code="IDEMPOTENCY_ALREADY_COMPLETE"
+                    "this key already has a final answer", code=Code.IDEMPOTENCY_ALREADY_COMPLETE
                 )
             conn.execute(
                 "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
@@ -572,7 +576,7 @@ class SQLiteUseStore:
         """Store a new PENDING request; its ``intent_hash`` must be the hash of its intent."""
         if _digest_or_store_error(request.intent) != request.intent_hash:
             raise ApprovalError(
-                "the intent does not hash to its intent_hash", code="APPROVAL_BINDING_MISMATCH"
+                "the intent does not hash to its intent_hash", code=Code.APPROVAL_BINDING_MISMATCH
             )
         intent_text = canonical_text(dict(request.intent))
         approvers_text = canonical_text(list(request.approvers))
@@ -595,7 +599,7 @@ class SQLiteUseStore:
                 ),
             )
             if cur.rowcount != 1:
-                raise ApprovalError("the request id is taken", code="APPROVAL_EXISTS")
+                raise ApprovalError("the request id is taken", code=Code.APPROVAL_EXISTS)
 
         await self._write(work)
 
@@ -652,7 +656,7 @@ class SQLiteUseStore:
                 (request_id,),
             ).fetchone()
             if row is None:
-                raise ApprovalError("no such approval request", code="APPROVAL_NOT_FOUND")
+                raise ApprovalError("no such approval request", code=Code.APPROVAL_NOT_FOUND)
             record = _approval_from_row(row)
             check_decidable(record, approver=approver, now=now)
             conn.execute(
@@ -734,7 +738,7 @@ def _commit(conn: sqlite3.Connection) -> None:
 
 
 def _unavailable(exc: BaseException) -> StoreError:
-    return StoreError(f"the use store failed: {type(exc).__name__}", code="STORE_UNAVAILABLE")
+    return StoreError(f"the use store failed: {type(exc).__name__}", code=Code.STORE_UNAVAILABLE)
 
 
 def _rollback_quietly(conn: sqlite3.Connection) -> None:
@@ -835,7 +839,7 @@ def _guarded(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]) -
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
         raise StoreError(
-            f"the use store failed: {type(exc).__name__}", code="STORE_UNAVAILABLE"
+            f"the use store failed: {type(exc).__name__}", code=Code.STORE_UNAVAILABLE
         ) from None
 
 
@@ -850,19 +854,19 @@ def _open_database(
         try:
             os.fchmod(fd, 0o600)
             if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise StoreError("the store path is not a file", code="STORE_UNAVAILABLE")
+                raise StoreError("the store path is not a file", code=Code.STORE_UNAVAILABLE)
         finally:
             os.close(fd)
     except OSError as exc:
         raise StoreError(
-            f"the state directory is unusable: {exc.strerror}", code="STORE_UNAVAILABLE"
+            f"the state directory is unusable: {exc.strerror}", code=Code.STORE_UNAVAILABLE
         ) from None
     try:
         conn = sqlite3.connect(
             path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=True
         )
     except sqlite3.Error:
-        raise StoreError("the use store cannot be opened", code="STORE_UNAVAILABLE") from None
+        raise StoreError("the use store cannot be opened", code=Code.STORE_UNAVAILABLE) from None
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         _set_wal(conn, busy_timeout_s)
@@ -872,7 +876,9 @@ def _open_database(
     except BaseException as exc:
         conn.close()
         if isinstance(exc, sqlite3.Error):
-            raise StoreError("the use store cannot be opened", code="STORE_UNAVAILABLE") from None
+            raise StoreError(
+                "the use store cannot be opened", code=Code.STORE_UNAVAILABLE
+            ) from None
         raise
     return path, conn, secret
 
@@ -890,7 +896,7 @@ def _set_wal(conn: sqlite3.Connection, busy_timeout_s: float) -> None:
             time.sleep(0.01)
             continue
         if str(mode).lower() != "wal":
-            raise StoreError("the use store cannot use WAL", code="STORE_UNAVAILABLE")
+            raise StoreError("the use store cannot use WAL", code=Code.STORE_UNAVAILABLE)
         return
 
 
@@ -899,7 +905,7 @@ def _migrate(conn: sqlite3.Connection) -> bytes:
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         if version > SCHEMA_VERSION:
             raise StoreError(
-                "the use store was written by a newer agentsafe", code="STORE_SCHEMA_UNSUPPORTED"
+                "the use store was written by a newer agentsafe", code=Code.STORE_SCHEMA_UNSUPPORTED
             )
         if version < SCHEMA_VERSION:
             for statement in _SCHEMA:
@@ -913,7 +919,7 @@ def _migrate(conn: sqlite3.Connection) -> bytes:
         row = conn.execute("SELECT value FROM meta WHERE name = 'consumption_key'").fetchone()
     secret = bytes(row[0])
     if len(secret) < 32:
-        raise StoreError("the use store's key is damaged", code="STORE_UNAVAILABLE")
+        raise StoreError("the use store's key is damaged", code=Code.STORE_UNAVAILABLE)
     return secret
 
 
@@ -943,9 +949,9 @@ def _load_object(text: Any) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except (TypeError, ValueError):
-        raise StoreError("a stored record is damaged", code="STORE_RECORD_DAMAGED") from None
+        raise StoreError("a stored record is damaged", code=Code.STORE_RECORD_DAMAGED) from None
     if not isinstance(value, dict):
-        raise StoreError("a stored record is damaged", code="STORE_RECORD_DAMAGED")
+        raise StoreError("a stored record is damaged", code=Code.STORE_RECORD_DAMAGED)
     return value
 
 
@@ -954,7 +960,7 @@ def _canonical_or_store_error(value: Mapping[str, Any]) -> str:
         return canonical_text(value)
     except AgentSafeError:
         raise StoreError(
-            "the value has no canonical JSON form", code="STORE_VALUE_INVALID"
+            "the value has no canonical JSON form", code=Code.STORE_VALUE_INVALID
         ) from None
 
 
@@ -963,5 +969,5 @@ def _digest_or_store_error(value: Mapping[str, Any]) -> str:
         return sha256_digest(value)
     except AgentSafeError:
         raise StoreError(
-            "the value has no canonical JSON form", code="STORE_VALUE_INVALID"
+            "the value has no canonical JSON form", code=Code.STORE_VALUE_INVALID
         ) from None

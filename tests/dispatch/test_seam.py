@@ -21,6 +21,7 @@ from agentsafe.executor.dispatch.seam import (
 from agentsafe.executor.egress.transport import TransportError
 from agentsafe.executor.errors import AgentSafeError, HandlerError, JournalError, RequestRejected
 from agentsafe.executor.events import MemorySink
+from agentsafe.executor.routes.refusals import status_of
 from tests.support.intents import make_intent
 
 SCHEMA: dict[str, Any] = {
@@ -181,7 +182,7 @@ def test_get_unknown_action_is_422_action_not_registered() -> None:
     registry = sealed(ScriptedHandler("ok"))
     with pytest.raises(RequestRejected) as err:
         registry.get("delete_everything")
-    assert (err.value.status, err.value.code) == (422, "ACTION_NOT_REGISTERED")
+    assert (status_of(err.value.code), err.value.code) == (422, "ACTION_NOT_REGISTERED")
 
 
 async def test_an_unsealed_registry_executes_nothing() -> None:

@@ -27,6 +27,7 @@ from agentsafe.executor.intent import (
     check_separation,
 )
 from agentsafe.executor.principals import Actor, Principal, Role, legacy_principal
+from agentsafe.executor.routes.refusals import status_of
 from agentsafe.executor.windows import DoorWindows, LockoutRule, RateRule
 from tests.support.intents import make_intent
 from tests.support.pki import TestCA, TokenSigner
@@ -164,7 +165,7 @@ class World:
         before = len(self.security.named("AUTH_FAILED"))
         with pytest.raises(RequestRejected) as info:
             self.auth(**kw)
-        assert (info.value.status, info.value.code) == (status, code)
+        assert (status_of(info.value.code), info.value.code) == (status, code)
         failed = self.security.named("AUTH_FAILED")
         assert len(failed) == before + 1
         assert set(failed[-1]) == {"method", "code"}
@@ -353,7 +354,10 @@ def test_request_time_checks(world: World) -> None:
     check_action(batch, "forward_request")
     with pytest.raises(RequestRejected) as info:
         check_action(batch, "delete_everything")
-    assert (info.value.status, info.value.code) == (403, "ACTION_NOT_PERMITTED_FOR_PRINCIPAL")
+    assert (status_of(info.value.code), info.value.code) == (
+        403,
+        "ACTION_NOT_PERMITTED_FOR_PRINCIPAL",
+    )
     with pytest.raises(RequestRejected) as info:
         check_action(alice, "forward_request")
     assert info.value.code == "ACTION_NOT_PERMITTED_FOR_PRINCIPAL"
@@ -369,12 +373,12 @@ def test_request_time_checks(world: World) -> None:
     check_intent_owner(batch, intent)
     with pytest.raises(RequestRejected) as info:
         check_intent_owner(treasury, intent)
-    assert (info.value.status, info.value.code) == (403, "INTENT_PRINCIPAL_MISMATCH")
+    assert (status_of(info.value.code), info.value.code) == (403, "INTENT_PRINCIPAL_MISMATCH")
     check_separation(alice, intent)
     selfish = Principal(id="bob", role=Role.APPROVER, actor=Actor(id="batch-agent", type="HUMAN"))
     with pytest.raises(RequestRejected) as info:
         check_separation(selfish, intent)
-    assert (info.value.status, info.value.code) == (422, "SEPARATION_OF_DUTIES_VIOLATED")
+    assert (status_of(info.value.code), info.value.code) == (422, "SEPARATION_OF_DUTIES_VIOLATED")
     with pytest.raises(RequestRejected) as info:
         check_separation(batch, intent)
     assert info.value.code == "ROLE_FORBIDDEN"

@@ -12,6 +12,7 @@ from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.events import MemorySink
 from agentsafe.executor.host.halt import MAX_REASON_CHARS, HaltCause, HaltState
 from agentsafe.executor.host.metrics import ExecutorMetrics
+from agentsafe.executor.routes.refusals import status_of
 from agentsafe.executor.windows import RateRule
 
 
@@ -57,7 +58,7 @@ def test_reasons_are_required_and_bounded(tmp_path: Path) -> None:
     state, security, _ = make(tmp_path)
     with pytest.raises(RequestRejected) as info:
         state.halt(HaltCause.OPERATOR, reason="  ", by="ops")
-    assert (info.value.status, info.value.code) == (422, "REASON_REQUIRED")
+    assert (status_of(info.value.code), info.value.code) == (422, "REASON_REQUIRED")
     assert not state.halted
     state.halt(HaltCause.OPERATOR, reason="x" * 5000 + "\x1b[31m", by="ops")
     assert len(security.named("HALTED")[0]["reason"]) == MAX_REASON_CHARS
@@ -76,7 +77,7 @@ def test_halt_file_halts_and_resume_is_refused_while_it_exists(tmp_path: Path) -
     assert not state.check_file()  # one HALTED line, not one per poll
     with pytest.raises(RequestRejected) as info:
         state.resume(reason="try", by="ops")
-    assert (info.value.status, info.value.code) == (409, "HALT_CAUSE_PERSISTS")
+    assert (status_of(info.value.code), info.value.code) == (409, "HALT_CAUSE_PERSISTS")
     assert state.halted
     (tmp_path / "HALT").unlink()
     assert state.halted  # removing the file does not resume by itself

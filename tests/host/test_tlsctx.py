@@ -31,6 +31,7 @@ from agentsafe.executor.host.tlsctx import (
     peer_san_uris,
 )
 from agentsafe.executor.principals import Role
+from agentsafe.executor.routes.refusals import status_of
 from agentsafe.executor.windows import DoorWindows
 from tests.support.pki import Issued, TestCA
 
@@ -108,7 +109,7 @@ async def serve(context: ssl.SSLContext, door: Door | None = None) -> AsyncItera
                 )
                 body["principal"] = principal.id
             except RequestRejected as exc:
-                return web.json_response({"code": exc.code}, status=exc.status)
+                return web.json_response({"code": exc.code}, status=status_of(exc.code))
         return web.json_response(body)
 
     app = web.Application()

@@ -12,7 +12,7 @@ import pytest
 
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.serve import Executor, assemble
-from agentsafe.executor.tools.harness import Workspace, free_port
+from agentsafe.executor.tools.harness import Workspace
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 
 
@@ -73,9 +73,9 @@ async def running(tmp_path: Path) -> AsyncIterator[Factory]:
 
     async def start(mode: str = "ENFORCEMENT", **extra: str) -> Running:
         workspace = Workspace(tmp_path / f"ws{len(started)}")
-        env = workspace.environment(
-            provider_url=provider.base_url, port=free_port(), mode=mode, extra=extra
-        )
+        # Port 0: the listener takes a free port itself, so no other test (or xdist worker)
+        # can take it between choosing and binding.
+        env = workspace.environment(provider_url=provider.base_url, port=0, mode=mode, extra=extra)
         evidence, security = MemorySink(), MemorySink()
         executor = await assemble(env, streams=Streams(evidence=evidence, security=security))
         await executor.reconcile_at_start()
@@ -86,7 +86,7 @@ async def running(tmp_path: Path) -> AsyncIterator[Factory]:
             provider=provider,
             workspace=workspace,
             session=session,
-            url=f"http://127.0.0.1:{executor.config.port}",
+            url=f"http://127.0.0.1:{executor.port}",
             evidence=evidence,
             security=security,
         )

@@ -63,6 +63,7 @@ async def test_same_key_with_another_payload_conflicts(running: Factory) -> None
     assert len(run.provider.received) == 1
 
 
+@pytest.mark.slow  # waits out the 3 s downstream timeout
 async def test_key_in_flight_is_refused(running: Factory) -> None:
     run = await running(DOWNSTREAM_TIMEOUT_MS="3000")
     run.provider.set_mode("hang")
@@ -291,6 +292,16 @@ async def test_body_refusals_echo_nothing(running: Factory) -> None:
         text = await response.text()
         assert "SECRET" not in text
         assert '"REQUEST_MALFORMED"' in text
+    # A JSON bound (here an array's length) is the same REQUEST_TOO_LARGE as the byte limit,
+    # with the same status: one code, one status (executor/codes.py).
+    wide = {
+        "proposal": {"action": "create_payout", "target": "x", "parameters": {"p": [0] * 1001}},
+        "idempotency_key": "wide-1",
+    }
+    async with run.session.post(run.url + "/v1/actions", json=wide, headers=auth) as response:
+        assert response.status == 413
+        assert (await response.json())["error"]["code"] == "REQUEST_TOO_LARGE"
+    assert run.provider.received == []
 
 
 @pytest.mark.parametrize("field", ["tenant_id", "actor", "credentials", "SNEAKY_FIELD"])

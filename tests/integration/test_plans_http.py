@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 import yaml
 
+from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.serve import Executor, assemble
 from agentsafe.executor.tools.harness import Workspace, free_port
@@ -139,3 +140,30 @@ async def test_a_plan_outside_the_policy_is_refused_with_its_code(node: PlanNode
     assert status >= 400
     assert body["error"]["code"]
     assert "delete" not in body["error"]["message"]
+
+
+async def test_an_expired_plan_approval_is_409_as_on_every_route(node: PlanNode) -> None:
+    # One code, one status (executor/codes.py): APPROVAL_EXPIRED is 409 on /v1/plans/steps as
+    # on /v1/approvals, never the 403 the plan routes used to answer.
+    status, dry = await node.post("/v1/plans/dry-run", "treasury-workflow", {"plan": s.plan()})
+    assert status == 200
+    request = s.request()
+    del request["approver"]
+    status, approved = await node.post(
+        "/v1/plans/approvals", "treasury-lead", {"dryRun": dry["dryRun"], "request": request}
+    )
+    assert status == 200, approved
+    clock = node.executor.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(301)  # past the request's expiresAt (issuedAt + 5 minutes)
+    step = {
+        "dryRun": dry["dryRun"],
+        "approval": approved["approval"],
+        "context": s.context(),
+        "stepId": "query-incidents",
+        "operation": s.operation(),
+        "executionId": "exec-late",
+    }
+    status, body = await node.post("/v1/plans/steps", "treasury-workflow", step)
+    assert (status, body["error"]["code"]) == (409, "APPROVAL_EXPIRED")
+    assert node.step_executor.calls == []

@@ -25,7 +25,8 @@ from .bearer_principals import BearerPrincipals, principals_env
 
 PROPOSER, APPROVER = "treasury-workflow", "treasury-lead"
 
-pytestmark = pytest.mark.slow
+# One worker runs every test on the one PostgreSQL server its session starts.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
 
 
 def _replica_env(
@@ -155,6 +156,13 @@ async def test_a_replica_killed_mid_dispatch_is_reconciled_by_another_after_its_
                 if e.get("event") == "ATTEMPT_TAKEN_OVER"
             ]
             assert len(taken) == 1
+
+            async def settled() -> bool:
+                # The key stays in flight (409) until the reconciled answer is recorded.
+                status, _ = await replicas[2].propose(session, amount=4000, key="kill-1")
+                return status != 409
+
+            await wait_until(settled, timeout=30, what="the reconciled answer to be recorded")
             for replica in (replicas[1], replicas[2], replicas[1]):
                 status, body = await replica.propose(session, amount=4000, key="kill-1")
                 assert status == 200

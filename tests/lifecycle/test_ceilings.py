@@ -15,6 +15,7 @@ from agentsafe.executor.lifecycle.ceilings import (
     parse_single_limits,
     read_payment,
 )
+from agentsafe.executor.routes.refusals import status_of
 
 
 def refusal(fn: Any, *args: Any) -> str:
@@ -30,7 +31,7 @@ async def arefusal(fn: Any, *args: Any) -> str:
 
 
 def _checked(exc: RequestRejected) -> str:
-    assert exc.status == 422
+    assert status_of(exc.code) == 422
     assert "999" not in exc.message  # the amount is never echoed
     return exc.code
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from agentsafe.executor.plans import AgentSafetyError
-from agentsafe.executor.plans.service import ExecutorRegistry, PlanService, status_for
+from agentsafe.executor.plans.service import ExecutorRegistry, PlanService
+from agentsafe.executor.routes.refusals import status_of
 
 from . import support as s
 
@@ -61,7 +62,7 @@ async def test_routes_round_trip(store, approver, receipt_signer) -> None:
     with pytest.raises(AgentSafetyError) as caught:
         await service.execute_step(body)
     assert caught.value.code == "APPROVAL_ALREADY_USED"
-    assert status_for(caught.value.code) == 409
+    assert status_of(caught.value.code) == 409
     verified = await service.verify_receipt(
         {
             "receipt": ran["receipt"],

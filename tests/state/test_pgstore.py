@@ -20,7 +20,8 @@ from agentsafe.executor.state.usestore import (
 from tests.support.intents import make_intent
 from tests.support.postgres import PostgresServer
 
-pytestmark = pytest.mark.slow
+# One worker runs every test on the one PostgreSQL server its session starts.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
 
 
 async def test_three_replicas_migrating_at_once_apply_each_migration_once(pg_url: str) -> None:

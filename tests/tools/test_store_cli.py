@@ -13,7 +13,8 @@ import pytest
 
 from agentsafe.executor.state.pgschema import SCHEMA_VERSION
 
-pytestmark = pytest.mark.slow
+# One worker runs every test on the one PostgreSQL server its session starts.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
 
 AGENTSAFE = str(Path(sys.executable).parent / "agentsafe")
 

@@ -1,0 +1,564 @@
+"""The one registry of agentsafe's stable codes: code -> (HTTP status, one-line meaning).
+
+Every error agentsafe raises on purpose carries one of these codes (``AgentSafeError.code``), and
+every refusal on the wire is ``{"error": {"code", "message"}}`` with one of them. Domain code
+raises by member (``RequestRejected(Code.INTENT_EXPIRED, "...")``, ``StoreError("...",
+code=Code.STORE_CLOSED)``), never by a bare string and never with a status; the HTTP edge
+(``routes/``) answers a refusal with ``code.status``. ``status`` is ``None`` for a code that is
+never an HTTP answer of its own: a start-up refusal (exit status 78), an internal fault the edge
+answers as 500 ``INTERNAL_ERROR``, an outbound failure reported among an answer's reason codes,
+or a verdict of an offline verifier. ``docs/error-codes.md`` lists every code and
+``tests/test_codes.py`` checks it against this table.
+
+:class:`Code` is a :class:`~enum.StrEnum`: a member is its own name as a string, so it serializes
+to JSON and compares with ``==`` as the plain code does. Decision reason codes (the
+``reason_codes`` of a verdict, such as ``POLICY_NO_MATCH`` or a policy's own
+``AMOUNT_ABOVE_POLICY``) are another vocabulary and are not listed here. A plan step executor
+supplied by the host may refuse with its own code; the plan routes answer such a code with
+:data:`HOST_CODE_STATUS`.
+
+Ground floor: imports nothing of agentsafe. Callers: ``errors.py`` and every module that raises
+or answers a code; ``routes/refusals.py`` maps a code to its HTTP status.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+__all__ = ["HOST_CODE_STATUS", "Code"]
+
+HOST_CODE_STATUS: Final = 422
+"""The status of a code not in the registry: only a host plan step executor's own refusal."""
+
+
+class Code(StrEnum):
+    """A stable code with its HTTP status (``None``: never an HTTP answer) and its meaning."""
+
+    status: int | None
+    meaning: str
+
+    def __new__(cls, value: str, status: int | None, meaning: str) -> Code:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.status = status
+        member.meaning = meaning
+        return member
+
+    # -- the hierarchy's defaults ----------------------------------------------------------------
+    AGENTSAFE_ERROR = "AGENTSAFE_ERROR", None, "an agentsafe error that names no more precise code"
+    CANONICALIZATION_FAILED = "CANONICALIZATION_FAILED", None, "a value has no RFC 8785 form"
+    CONFIG_INVALID = "CONFIG_INVALID", None, "a configuration variable is missing or invalid"
+    HANDLER_CONTRACT_VIOLATED = "HANDLER_CONTRACT_VIOLATED", None, "a handler broke its contract"
+    JOURNAL_UNAVAILABLE = "JOURNAL_UNAVAILABLE", None, "the attempt journal cannot take a record"
+    POLICY_INVALID = "POLICY_INVALID", 400, "the policy document is not valid"
+    STORE_UNAVAILABLE = (
+        "STORE_UNAVAILABLE",
+        503,
+        "the use store cannot answer (the shared database is unreachable); nothing was executed",
+    )
+
+    # -- the HTTP edge ---------------------------------------------------------------------------
+    REQUEST_INVALID = "REQUEST_INVALID", 400, "the request does not match the route's schema"
+    REQUEST_MALFORMED = "REQUEST_MALFORMED", 400, "the body is not valid JSON"
+    REQUEST_TOO_DEEP = "REQUEST_TOO_DEEP", 400, "the JSON body nests too deeply"
+    REQUEST_TOO_LARGE = (
+        "REQUEST_TOO_LARGE",
+        413,
+        "the body, an array or the entry count is too large",
+    )
+    UNSUPPORTED_MEDIA_TYPE = "UNSUPPORTED_MEDIA_TYPE", 415, "the body is not application/json"
+    NOT_FOUND = "NOT_FOUND", 404, "no such route"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED", 405, "the route does not take this method"
+    REQUEST_REFUSED = (
+        "REQUEST_REFUSED",
+        None,
+        "the HTTP server refused the request itself; the answer keeps its status",
+    )
+    INTERNAL_ERROR = "INTERNAL_ERROR", 500, "the executor failed; the request was not executed"
+
+    # -- the door: authentication and authorization ----------------------------------------------
+    RATE_LIMITED = "RATE_LIMITED", 429, "too many attempts; retry after Retry-After seconds"
+    AUTH_REQUIRED = "AUTH_REQUIRED", 401, "no credential was presented"
+    AUTH_FAILED = "AUTH_FAILED", 401, "the credential is not accepted"
+    AUTH_AMBIGUOUS = "AUTH_AMBIGUOUS", 401, "more than one credential or principal was presented"
+    PRINCIPAL_LOCKED = "PRINCIPAL_LOCKED", 423, "the principal is locked after repeated failures"
+    ROLE_FORBIDDEN = "ROLE_FORBIDDEN", 403, "the route is not for the caller's role"
+    SCOPE_FORBIDDEN = "SCOPE_FORBIDDEN", 403, "the caller lacks the route's scope"
+    ACTION_NOT_PERMITTED_FOR_PRINCIPAL = (
+        "ACTION_NOT_PERMITTED_FOR_PRINCIPAL",
+        403,
+        "the caller may not propose this action",
+    )
+    JWT_ALGORITHM_REFUSED = "JWT_ALGORITHM_REFUSED", 401, "the workload token's alg is refused"
+    JWT_AUDIENCE_MISMATCH = (
+        "JWT_AUDIENCE_MISMATCH",
+        401,
+        "the workload token is for another audience",
+    )
+    JWT_CLAIM_MISMATCH = "JWT_CLAIM_MISMATCH", 401, "a required claim of the workload token differs"
+    JWT_EXPIRED = "JWT_EXPIRED", 401, "the workload token is expired, not yet valid or too old"
+    JWT_ISSUER_UNKNOWN = "JWT_ISSUER_UNKNOWN", 401, "no principal accepts the token's issuer"
+    JWT_MALFORMED = (
+        "JWT_MALFORMED",
+        None,
+        "the workload token is not a usable JWS (answered as AUTH_FAILED)",
+    )
+    JWT_SIGNATURE_INVALID = "JWT_SIGNATURE_INVALID", 401, "the workload token's signature fails"
+    JWT_SUBJECT_UNKNOWN = "JWT_SUBJECT_UNKNOWN", 401, "no principal has the token's subject"
+    JWKS_INVALID = "JWKS_INVALID", None, "a JWKS cannot be used"
+
+    # -- the principals file (start-up and reload) -----------------------------------------------
+    PRINCIPALS_ACTION_UNKNOWN = (
+        "PRINCIPALS_ACTION_UNKNOWN",
+        None,
+        "an allowed action has no handler",
+    )
+    PRINCIPALS_CREDENTIAL_SHARED = (
+        "PRINCIPALS_CREDENTIAL_SHARED",
+        None,
+        "two principals claim the same credential",
+    )
+    PRINCIPALS_DUPLICATE_ID = "PRINCIPALS_DUPLICATE_ID", None, "a principal id appears twice"
+    PRINCIPALS_FILE_INVALID = (
+        "PRINCIPALS_FILE_INVALID",
+        None,
+        "the file is not agent-safe.principals/1",
+    )
+    PRINCIPALS_FILE_MODE = "PRINCIPALS_FILE_MODE", None, "the file is writable by group or others"
+    PRINCIPALS_FILE_OWNER = "PRINCIPALS_FILE_OWNER", None, "the file has an unexpected owner"
+    PRINCIPALS_FILE_TOO_LARGE = "PRINCIPALS_FILE_TOO_LARGE", None, "the file is larger than 1 MiB"
+    PRINCIPALS_FILE_UNREADABLE = "PRINCIPALS_FILE_UNREADABLE", None, "the file cannot be read"
+    PRINCIPALS_JWT_UNCONFIGURED = (
+        "PRINCIPALS_JWT_UNCONFIGURED",
+        None,
+        "a workload principal needs EXECUTOR_JWT_AUDIENCE and EXECUTOR_JWKS_FILE",
+    )
+    PRINCIPALS_MTLS_UNCONFIGURED = (
+        "PRINCIPALS_MTLS_UNCONFIGURED",
+        None,
+        "an MTLS principal needs EXECUTOR_TLS_CLIENT_CA_FILE",
+    )
+    PRINCIPALS_RATE_LIMIT_INVALID = (
+        "PRINCIPALS_RATE_LIMIT_INVALID",
+        None,
+        "a rate_limit is not <count>/<seconds>",
+    )
+    PRINCIPALS_ROLE_INVALID = (
+        "PRINCIPALS_ROLE_INVALID",
+        None,
+        "a principal's role or scopes are invalid",
+    )
+    PRINCIPALS_TOO_MANY = "PRINCIPALS_TOO_MANY", None, "the file lists too many principals"
+
+    # -- intent capture and the lifecycle of a proposal ------------------------------------------
+    INTENT_PRINCIPAL_MISMATCH = (
+        "INTENT_PRINCIPAL_MISMATCH",
+        403,
+        "the intent was proposed by another principal",
+    )
+    SEPARATION_OF_DUTIES_VIOLATED = (
+        "SEPARATION_OF_DUTIES_VIOLATED",
+        422,
+        "a principal would approve its own proposal",
+    )
+    ACTION_NOT_REGISTERED = "ACTION_NOT_REGISTERED", 422, "no handler runs this action here"
+    IDEMPOTENCY_KEY_CONFLICT = (
+        "IDEMPOTENCY_KEY_CONFLICT",
+        409,
+        "the idempotency key was used for another proposal",
+    )
+    IDEMPOTENCY_IN_PROGRESS = "IDEMPOTENCY_IN_PROGRESS", 409, "a request with this key is in flight"
+    INTENT_EXPIRED = "INTENT_EXPIRED", 409, "the intent is past its TTL; nothing revives it"
+    RECOVERY_BINDING_MISMATCH = (
+        "RECOVERY_BINDING_MISMATCH",
+        409,
+        "the recovery reference does not verify for this intent",
+    )
+    ESCALATION_NOT_CONFIGURED = (
+        "ESCALATION_NOT_CONFIGURED",
+        409,
+        "this executor resolves no escalations (EXECUTOR_ESCALATION=NONE)",
+    )
+    ESCALATION_BINDING_MISMATCH = (
+        "ESCALATION_BINDING_MISMATCH",
+        409,
+        "the escalation object belongs to another intent",
+    )
+
+    # -- host ceilings ---------------------------------------------------------------------------
+    HARD_LIMIT_AMOUNT_INVALID = (
+        "HARD_LIMIT_AMOUNT_INVALID",
+        422,
+        "the amount or currency is malformed",
+    )
+    HARD_LIMIT_CURRENCY_UNKNOWN = (
+        "HARD_LIMIT_CURRENCY_UNKNOWN",
+        422,
+        "this host names no limit for the currency",
+    )
+    HARD_LIMIT_EXCEEDED = "HARD_LIMIT_EXCEEDED", 422, "the amount is above this host's single limit"
+    HARD_LIMIT_WINDOW_COUNT_EXCEEDED = (
+        "HARD_LIMIT_WINDOW_COUNT_EXCEEDED",
+        422,
+        "this host's action count window is full",
+    )
+    HARD_LIMIT_WINDOW_SUM_EXCEEDED = (
+        "HARD_LIMIT_WINDOW_SUM_EXCEEDED",
+        422,
+        "this host's value window is full",
+    )
+
+    # -- escalation approvals (/v1/approvals) and the use store ----------------------------------
+    APPROVAL_NOT_FOUND = "APPROVAL_NOT_FOUND", 404, "no such approval request for this caller"
+    APPROVAL_ALREADY_DECIDED = "APPROVAL_ALREADY_DECIDED", 409, "the request is already decided"
+    APPROVAL_EXPIRED = "APPROVAL_EXPIRED", 409, "the approval request or plan approval has expired"
+    APPROVAL_NOT_PERMITTED = "APPROVAL_NOT_PERMITTED", 403, "this principal may not decide it"
+    APPROVAL_DECISION_INVALID = (
+        "APPROVAL_DECISION_INVALID",
+        400,
+        "the decision or reason is invalid",
+    )
+    APPROVAL_EXISTS = "APPROVAL_EXISTS", None, "the approval request id is taken"
+    APPROVAL_INVALID = "APPROVAL_INVALID", None, "an approval operation was refused"
+    APPROVAL_BINDING_MISMATCH = (
+        "APPROVAL_BINDING_MISMATCH",
+        422,
+        "the approval is bound to another intent, plan, policy or dry run",
+    )
+    IDEMPOTENCY_ALREADY_COMPLETE = (
+        "IDEMPOTENCY_ALREADY_COMPLETE",
+        None,
+        "the key already has its final answer",
+    )
+    IDEMPOTENCY_RECORD_MISSING = "IDEMPOTENCY_RECORD_MISSING", None, "no record for this key"
+    STORE_CLOSED = "STORE_CLOSED", None, "the use store is closed"
+    STORE_RECORD_DAMAGED = "STORE_RECORD_DAMAGED", None, "a stored record is damaged"
+    STORE_SCHEMA_UNSUPPORTED = "STORE_SCHEMA_UNSUPPORTED", None, "a newer agentsafe wrote the store"
+    STORE_VALUE_INVALID = "STORE_VALUE_INVALID", None, "a value has no canonical JSON form"
+
+    # -- the attempt journal ---------------------------------------------------------------------
+    JOURNAL_CLOSED = "JOURNAL_CLOSED", None, "the journal is closed"
+    JOURNAL_CONFIG_INVALID = "JOURNAL_CONFIG_INVALID", None, "the journal's settings are invalid"
+    JOURNAL_CORRUPT = "JOURNAL_CORRUPT", None, "a journal line is damaged"
+    JOURNAL_LOCKED = "JOURNAL_LOCKED", None, "another process holds this journal"
+    JOURNAL_RECORD_INVALID = "JOURNAL_RECORD_INVALID", None, "a record does not bind its intent"
+    JOURNAL_RECORD_TOO_LARGE = "JOURNAL_RECORD_TOO_LARGE", None, "a record is over 256 KiB"
+
+    # -- policy, the authority and grants --------------------------------------------------------
+    POLICY_EVALUATION_ERROR = (
+        "POLICY_EVALUATION_ERROR",
+        None,
+        "a rule did not evaluate to a boolean",
+    )
+    POLICY_EXPRESSION_INVALID = (
+        "POLICY_EXPRESSION_INVALID",
+        None,
+        "a CEL expression does not compile",
+    )
+    POLICY_FILE_UNREADABLE = "POLICY_FILE_UNREADABLE", None, "the policy file cannot be read"
+    POLICY_HANDLER_UNKNOWN = (
+        "POLICY_HANDLER_UNKNOWN",
+        None,
+        "the policy names an unregistered handler",
+    )
+    GRANT_ALREADY_CLAIMED = (
+        "GRANT_ALREADY_CLAIMED",
+        None,
+        "the single-use grant was already claimed",
+    )
+    GRANT_BINDING_MISMATCH = "GRANT_BINDING_MISMATCH", None, "the grant is bound to another intent"
+    GRANT_EXPIRED = "GRANT_EXPIRED", None, "the grant is not valid now"
+    GRANT_MALFORMED = "GRANT_MALFORMED", None, "the grant is not a grant"
+    GRANT_SIGNATURE_INVALID = "GRANT_SIGNATURE_INVALID", None, "the grant's signature fails"
+    JWS_ALGORITHM_REFUSED = "JWS_ALGORITHM_REFUSED", None, "a token's algorithm is not EdDSA"
+    JWS_KEY_UNKNOWN = "JWS_KEY_UNKNOWN", None, "a token names an unknown key"
+    JWS_MALFORMED = "JWS_MALFORMED", None, "a token is not a canonical compact JWS"
+    JWS_SIGNATURE_INVALID = "JWS_SIGNATURE_INVALID", None, "a token's signature does not verify"
+    JWS_TYPE_MISMATCH = "JWS_TYPE_MISMATCH", None, "a token is of another type"
+    KEY_INVALID = "KEY_INVALID", None, "a signing key is not a usable Ed25519 key"
+
+    # -- dispatch: the handler seam --------------------------------------------------------------
+    ACTION_ALREADY_REGISTERED = "ACTION_ALREADY_REGISTERED", None, "an action is registered twice"
+    NAME_INVALID = "NAME_INVALID", None, "an action name is not a short identifier"
+    REGISTRY_SEALED = "REGISTRY_SEALED", 422, "the registry is sealed"
+    SCHEMA_INVALID = "SCHEMA_INVALID", None, "a parameter schema is not valid JSON Schema"
+    SCHEMA_NOT_STRICT = "SCHEMA_NOT_STRICT", None, "a parameter schema is not strict"
+    DISPATCH_REFUSED = "DISPATCH_REFUSED", None, "dispatch would not start"
+    DISPATCH_TWICE = "DISPATCH_TWICE", None, "dispatch runs once per execution"
+    PROVIDER_REFUSED = "PROVIDER_REFUSED", None, "the provider refused deterministically"
+    PROVIDER_REDIRECT = "PROVIDER_REDIRECT", None, "the provider answered a redirect"
+    PROVIDER_ERROR = "PROVIDER_ERROR", None, "the provider answered 5xx; the outcome is unknown"
+    PROVIDER_ANSWER_INDETERMINATE = (
+        "PROVIDER_ANSWER_INDETERMINATE",
+        None,
+        "the provider's answer does not say what happened",
+    )
+    CREDENTIAL_INVALID = "CREDENTIAL_INVALID", None, "a credential set a reserved header"
+
+    # -- egress and downstream credentials -------------------------------------------------------
+    EGRESS_ADDRESS_REFUSED = "EGRESS_ADDRESS_REFUSED", None, "the destination address is refused"
+    EGRESS_BODY_TOO_LARGE = "EGRESS_BODY_TOO_LARGE", None, "the response body is too large"
+    EGRESS_INIT_UNSUPPORTED = (
+        "EGRESS_INIT_UNSUPPORTED",
+        None,
+        "the request uses something unsupported",
+    )
+    EGRESS_ORIGIN_NOT_ALLOWED = "EGRESS_ORIGIN_NOT_ALLOWED", None, "the origin is not allowed"
+    EGRESS_PATH_NOT_ALLOWED = "EGRESS_PATH_NOT_ALLOWED", None, "the path is not allowed"
+    EGRESS_REDIRECT_REFUSED = "EGRESS_REDIRECT_REFUSED", None, "a redirect is refused, not followed"
+    EGRESS_RESPONSE_INVALID = "EGRESS_RESPONSE_INVALID", None, "the response is not valid HTTP"
+    EGRESS_SCHEME_NOT_ALLOWED = "EGRESS_SCHEME_NOT_ALLOWED", None, "the scheme is not allowed"
+    EGRESS_TIMEOUT = "EGRESS_TIMEOUT", None, "the outbound request timed out"
+    EGRESS_TLS_PIN_MISMATCH = "EGRESS_TLS_PIN_MISMATCH", None, "the peer's key matches no pin"
+    EGRESS_TLS_REJECTED = "EGRESS_TLS_REJECTED", None, "the TLS handshake failed"
+    TRANSPORT_CONNECTION_LOST = (
+        "TRANSPORT_CONNECTION_LOST",
+        None,
+        "the connection failed mid-exchange",
+    )
+    TRANSPORT_CONNECT_FAILED = "TRANSPORT_CONNECT_FAILED", None, "the peer could not be reached"
+    TRANSPORT_FAILED = "TRANSPORT_FAILED", None, "an outbound request failed"
+    DOWNSTREAM_CREDENTIAL_UNAVAILABLE = (
+        "DOWNSTREAM_CREDENTIAL_UNAVAILABLE",
+        None,
+        "the credential produced no headers; nothing was sent",
+    )
+    DOWNSTREAM_TOKEN_UNAVAILABLE = (
+        "DOWNSTREAM_TOKEN_UNAVAILABLE",
+        None,
+        "the token endpoint's answer is unusable",
+    )
+    SIGNATURE_INPUT_INVALID = (
+        "SIGNATURE_INPUT_INVALID",
+        None,
+        "a signed request cannot be built from this dispatch",
+    )
+
+    # -- RFC 9421 signatures and the provider's verifier -----------------------------------------
+    SIGNATURE_ALGORITHM_MISMATCH = (
+        "SIGNATURE_ALGORITHM_MISMATCH",
+        None,
+        "the key does not match the algorithm",
+    )
+    SIGNATURE_ALGORITHM_UNSUPPORTED = (
+        "SIGNATURE_ALGORITHM_UNSUPPORTED",
+        None,
+        "unsupported algorithm",
+    )
+    SIGNATURE_INVALID = "SIGNATURE_INVALID", None, "the request signature does not verify"
+    SIGNATURE_MALFORMED = (
+        "SIGNATURE_MALFORMED",
+        None,
+        "a signature header or parameter is malformed",
+    )
+    SIGNATURE_MISSING = "SIGNATURE_MISSING", None, "the request carries no signature"
+    CONTENT_DIGEST_MALFORMED = "CONTENT_DIGEST_MALFORMED", None, "Content-Digest is malformed"
+    CONTENT_DIGEST_MISMATCH = (
+        "CONTENT_DIGEST_MISMATCH",
+        None,
+        "Content-Digest differs from the body",
+    )
+    CONTENT_DIGEST_MISSING = "CONTENT_DIGEST_MISSING", None, "Content-Digest is missing"
+    COMPONENT_NOT_COVERED = (
+        "COMPONENT_NOT_COVERED",
+        None,
+        "the signature leaves a component uncovered",
+    )
+    CREATED_OUT_OF_WINDOW = (
+        "CREATED_OUT_OF_WINDOW",
+        None,
+        "the signature's created is out of window",
+    )
+    HEADER_DUPLICATED = "HEADER_DUPLICATED", None, "a covered header appears twice"
+    HEADER_MISSING = "HEADER_MISSING", None, "a covered header is absent"
+    KEY_UNKNOWN = "KEY_UNKNOWN", None, "the signature names an unknown key"
+    ATTESTATION_ALGORITHM_INVALID = (
+        "ATTESTATION_ALGORITHM_INVALID",
+        None,
+        "the claim attestation's alg is not EdDSA",
+    )
+    ATTESTATION_DECISION_MISMATCH = (
+        "ATTESTATION_DECISION_MISMATCH",
+        None,
+        "the attestation names another decision",
+    )
+    ATTESTATION_EXPIRED = "ATTESTATION_EXPIRED", None, "the attestation's lease is over"
+    ATTESTATION_GRANT_MISMATCH = "ATTESTATION_GRANT_MISMATCH", None, "it names another grant"
+    ATTESTATION_INTENT_MISMATCH = "ATTESTATION_INTENT_MISMATCH", None, "it names another intent"
+    ATTESTATION_KEY_UNKNOWN = "ATTESTATION_KEY_UNKNOWN", None, "it names an unknown authority key"
+    ATTESTATION_MALFORMED = "ATTESTATION_MALFORMED", None, "the attestation is malformed"
+    ATTESTATION_PAYLOAD_MISMATCH = (
+        "ATTESTATION_PAYLOAD_MISMATCH",
+        None,
+        "the body is not the attested payload",
+    )
+    ATTESTATION_PROFILE_UNSUPPORTED = (
+        "ATTESTATION_PROFILE_UNSUPPORTED",
+        None,
+        "its canonicalization profile is unsupported",
+    )
+    ATTESTATION_REPLAYED = "ATTESTATION_REPLAYED", None, "the attestation was presented before"
+    ATTESTATION_SIGNATURE_INVALID = (
+        "ATTESTATION_SIGNATURE_INVALID",
+        None,
+        "the attestation's signature does not verify",
+    )
+    ATTESTATION_TYPE_INVALID = (
+        "ATTESTATION_TYPE_INVALID",
+        None,
+        "its typ is not a claim attestation",
+    )
+    VERIFIED = "VERIFIED", None, "the provider request verified (the verifier's acceptance)"
+
+    # -- evidence --------------------------------------------------------------------------------
+    CHAIN_CLOSED = "CHAIN_CLOSED", None, "the evidence stream is closed"
+    CHAIN_HEAD_UNREADABLE = "CHAIN_HEAD_UNREADABLE", None, "a stream's chain head is unreadable"
+    CHAIN_JOURNAL = "CHAIN_JOURNAL", None, "a chain head cannot be persisted"
+    CHAIN_JOURNAL_IN_USE = "CHAIN_JOURNAL_IN_USE", None, "another process holds the chain journal"
+    CHAIN_UNAVAILABLE = "CHAIN_UNAVAILABLE", None, "the chain cannot continue safely"
+    EVENT_RESERVED = "EVENT_RESERVED", None, "the event name is the chain's own"
+    FIELD_RESERVED = "FIELD_RESERVED", None, "a field name is the chain's own"
+    EVIDENCE_DIR = "EVIDENCE_DIR", 409, "the evidence directory is unusable"
+    EVIDENCE_EXPORT_FAILED = "EVIDENCE_EXPORT_FAILED", 409, "the bundle could not be written"
+    EVIDENCE_REASON_INVALID = "EVIDENCE_REASON_INVALID", 409, "the export reason is invalid"
+    EVIDENCE_NOT_CONFIGURED = "EVIDENCE_NOT_CONFIGURED", 409, "export needs EXECUTOR_EVIDENCE_DIR"
+    EVIDENCE_NOT_CHAINED = "EVIDENCE_NOT_CHAINED", 409, "this process writes no chained streams"
+    EVIDENCE_KEY_INVALID = "EVIDENCE_KEY_INVALID", 409, "the evidence signing key is not Ed25519"
+
+    # -- the host: secrets, posture, the process guard, TLS, the halt ----------------------------
+    SECRET_BOTH_GIVEN = "SECRET_BOTH_GIVEN", None, "a secret is given both inline and as a file"
+    SECRET_DIR_INVALID = "SECRET_DIR_INVALID", None, "EXECUTOR_SECRETS_DIR is not a directory"
+    SECRET_DIR_REQUIRED = "SECRET_DIR_REQUIRED", None, "secret files need EXECUTOR_SECRETS_DIR"
+    SECRET_DISPOSED = "SECRET_DISPOSED", None, "a rotated-out secret handle was revealed"
+    SECRET_EMPTY = "SECRET_EMPTY", None, "a secret is empty"
+    SECRET_FILE_MODE = "SECRET_FILE_MODE", None, "a secret file is readable beyond its owner"
+    SECRET_FILE_OUTSIDE_DIR = "SECRET_FILE_OUTSIDE_DIR", None, "a secret file is outside the dir"
+    SECRET_FILE_OWNER = "SECRET_FILE_OWNER", None, "a secret file has an unexpected owner"
+    SECRET_FILE_TOO_LARGE = "SECRET_FILE_TOO_LARGE", None, "a secret file is larger than 1 MiB"
+    SECRET_FILE_UNREADABLE = "SECRET_FILE_UNREADABLE", None, "a secret file cannot be read"
+    SECRET_FILE_UNSTABLE = "SECRET_FILE_UNSTABLE", None, "a secret file kept changing while read"
+    SECRET_IN_ENV = "SECRET_IN_ENV", None, "a secret is in the environment in production"
+    REFUSED_TO_START = "REFUSED_TO_START", None, "the host does not hold the required posture"
+    GUARD_ALREADY_INSTALLED = "GUARD_ALREADY_INSTALLED", None, "the process guard is installed"
+    GUARD_INVALID = "GUARD_INVALID", None, "the process guard cannot be installed"
+    GUARD_CONNECT_REFUSED = "GUARD_CONNECT_REFUSED", None, "the guard refused a connection"
+    GUARD_CHILD_PROCESS_REFUSED = "GUARD_CHILD_PROCESS_REFUSED", None, "the guard refused a process"
+    GUARD_FS_WRITE_REFUSED = "GUARD_FS_WRITE_REFUSED", None, "the guard refused a file write"
+    TLS_CLIENT_CA_INVALID = "TLS_CLIENT_CA_INVALID", None, "the client CA file cannot be loaded"
+    TLS_MATERIAL_INVALID = "TLS_MATERIAL_INVALID", None, "the TLS certificate or key is unusable"
+    REASON_REQUIRED = "REASON_REQUIRED", 422, "a halt or resume needs a reason"
+    HALT_CAUSE_PERSISTS = "HALT_CAUSE_PERSISTS", 409, "the cause of the halt still stands"
+
+    # -- canonical JSON --------------------------------------------------------------------------
+    NUMBER_NOT_FINITE = "NUMBER_NOT_FINITE", None, "a number is not finite"
+    NUMBER_OUT_OF_RANGE = "NUMBER_OUT_OF_RANGE", None, "an integer is outside the exact range"
+    JSON_INVALID = "JSON_INVALID", 400, "a value is not valid JSON data"
+    JSON_TOO_DEEP = "JSON_TOO_DEEP", 400, "a value nests too deeply"
+
+    # -- the plan boundary -----------------------------------------------------------------------
+    AGENT_SAFETY_REFUSED = "AGENT_SAFETY_REFUSED", 422, "the plan boundary refused"
+    OPERATION_ABORTED = "OPERATION_ABORTED", 499, "the caller's abort event fired"
+    OPERATION_CANCELLED = "OPERATION_CANCELLED", None, "a step was cancelled (audit errorCode)"
+    EXECUTION_FAILED = "EXECUTION_FAILED", 422, "a step ran and failed; the receipt is beside it"
+    JSON_COLLECTION_TOO_LONG = "JSON_COLLECTION_TOO_LONG", 400, "an array or object is too long"
+    JSON_NUMBER_INVALID = "JSON_NUMBER_INVALID", 400, "a number is out of range or not finite"
+    JSON_TOO_LARGE = "JSON_TOO_LARGE", 400, "a value is too large"
+    JSON_TOO_MANY_CONTAINERS = "JSON_TOO_MANY_CONTAINERS", 400, "a value has too many containers"
+    JSON_TOO_MANY_NODES = "JSON_TOO_MANY_NODES", 400, "a value has too many nodes"
+    JSON_TYPE_REFUSED = "JSON_TYPE_REFUSED", 400, "a value is not plain JSON data"
+    TIME_INVALID = "TIME_INVALID", 400, "a time is not a timestamp or epoch seconds"
+    TIMESTAMP_INVALID = "TIMESTAMP_INVALID", 400, "a timestamp is malformed"
+    POLICY_DIGEST_MISMATCH = (
+        "POLICY_DIGEST_MISMATCH",
+        422,
+        "the dry run was made under another policy",
+    )
+    PLAN_INVALID = "PLAN_INVALID", 400, "the plan is malformed"
+    PLAN_BINDING_CONFLICT = "PLAN_BINDING_CONFLICT", 422, "a step's source binding conflicts"
+    PLAN_BINDING_DRIFT = "PLAN_BINDING_DRIFT", 422, "a source version the policy does not allow"
+    PLAN_DUPLICATE = "PLAN_DUPLICATE", 422, "a plan list has duplicates"
+    PLAN_EFFECT_NOT_ALLOWED = "PLAN_EFFECT_NOT_ALLOWED", 422, "a step's effect is not allowed"
+    PLAN_FIELD_NOT_ALLOWED = "PLAN_FIELD_NOT_ALLOWED", 422, "a step reads a field not allowed"
+    PLAN_LIMIT_EXCEEDED = "PLAN_LIMIT_EXCEEDED", 422, "the plan exceeds a policy limit"
+    PLAN_OPERATION_DIGEST_MISMATCH = (
+        "PLAN_OPERATION_DIGEST_MISMATCH",
+        422,
+        "a step's operationDigest does not match its fields",
+    )
+    PLAN_PROVENANCE_INVALID = "PLAN_PROVENANCE_INVALID", 400, "a source's provenance is malformed"
+    PLAN_PROVENANCE_STALE = "PLAN_PROVENANCE_STALE", 422, "a source's provenance is stale"
+    PLAN_SOURCE_UNKNOWN = "PLAN_SOURCE_UNKNOWN", 422, "a step names an unknown source"
+    PLAN_TOOL_NOT_ALLOWED = "PLAN_TOOL_NOT_ALLOWED", 422, "a step's tool is not allowed"
+    CITATION_REFUSED = "CITATION_REFUSED", 422, "a citation is outside the allowlist"
+    STEP_UNKNOWN = "STEP_UNKNOWN", 422, "the step is not in the plan"
+    DRY_RUN_MISMATCH = "DRY_RUN_MISMATCH", 422, "the dry run no longer validates"
+    APPROVAL_REQUEST_INVALID = "APPROVAL_REQUEST_INVALID", 400, "the approval request is malformed"
+    APPROVAL_MALFORMED = "APPROVAL_MALFORMED", 400, "the approval is malformed"
+    APPROVAL_AMBIGUOUS_NARROWING = (
+        "APPROVAL_AMBIGUOUS_NARROWING",
+        422,
+        "narrow a multi-step plan with stepLimits only",
+    )
+    APPROVAL_WIDENS = "APPROVAL_WIDENS", 422, "an approval may narrow limits, never widen them"
+    APPROVAL_LIFETIME_EXCEEDED = "APPROVAL_LIFETIME_EXCEEDED", 422, "the approval lives too long"
+    APPROVAL_CLOCK_SKEW = "APPROVAL_CLOCK_SKEW", 422, "issuedAt is too far from now"
+    APPROVAL_NOT_YET_VALID = "APPROVAL_NOT_YET_VALID", 403, "the approval is not yet valid"
+    APPROVAL_SIGNATURE_INVALID = "APPROVAL_SIGNATURE_INVALID", 403, "the approval's signature fails"
+    APPROVAL_KEY_MISMATCH = "APPROVAL_KEY_MISMATCH", 403, "the approval was signed by another key"
+    APPROVAL_ALREADY_USED = "APPROVAL_ALREADY_USED", 409, "this approval already ran this step"
+    APPROVER_MISMATCH = "APPROVER_MISMATCH", 403, "the request names another approver"
+    CONTEXT_INVALID = "CONTEXT_INVALID", 400, "the source context is malformed"
+    CONTEXT_MISMATCH = "CONTEXT_MISMATCH", 422, "the context does not bind the step's source"
+    CONTEXT_STALE = "CONTEXT_STALE", 422, "the source context is not fresh"
+    OPERATION_INVALID = "OPERATION_INVALID", 400, "the operation is malformed"
+    OPERATION_MISMATCH = "OPERATION_MISMATCH", 422, "the operation is not the approved one"
+    OPERATION_PARAMETERS_EXCEEDED = (
+        "OPERATION_PARAMETERS_EXCEEDED",
+        422,
+        "the operation parameters exceed the policy",
+    )
+    EXECUTION_ID_INVALID = "EXECUTION_ID_INVALID", 400, "the execution id is not an identifier"
+    EXECUTOR_INVALID = "EXECUTOR_INVALID", 400, "a step executor names no single tool and effect"
+    EXECUTOR_DUPLICATE = "EXECUTOR_DUPLICATE", 422, "a step executor is registered twice"
+    EXECUTOR_MISMATCH = "EXECUTOR_MISMATCH", 422, "the executor is bound to another tool or effect"
+    EXECUTOR_NOT_REGISTERED = "EXECUTOR_NOT_REGISTERED", 422, "no executor runs this step"
+    EXECUTOR_FAILED = "EXECUTOR_FAILED", 502, "the step executor failed"
+    RESULT_BYTES_EXCEEDED = "RESULT_BYTES_EXCEEDED", 502, "the result is larger than approved"
+    RESULT_INVALID = "RESULT_INVALID", 502, "the executor did not return a valid StepResult"
+    RESULT_ROWS_EXCEEDED = "RESULT_ROWS_EXCEEDED", 502, "the result has more rows than approved"
+    RESULT_UNCOUNTED = "RESULT_UNCOUNTED", 502, "the executor did not count its rows"
+    USE_STORE_INVALID = "USE_STORE_INVALID", 400, "the use store lacks a required method"
+    USE_STORE_FAILED = "USE_STORE_FAILED", 503, "the use store failed"
+    AUDIT_SINK_INVALID = "AUDIT_SINK_INVALID", 400, "the audit sink lacks append"
+    AUDIT_START_FAILED = "AUDIT_START_FAILED", 503, "the started event was not persisted"
+    AUDIT_COMPLETE_FAILED = "AUDIT_COMPLETE_FAILED", 503, "the completed event was not persisted"
+    CLOCK_INVALID = "CLOCK_INVALID", 400, "the clock lacks now"
+    CANCEL_INVALID = "CANCEL_INVALID", 400, "cancel is not an asyncio.Event"
+    SKEW_INVALID = "SKEW_INVALID", 400, "max_clock_skew_ms is out of range"
+    SIGNER_INVALID = "SIGNER_INVALID", 400, "the signer cannot sign"
+    VERIFIER_INVALID = "VERIFIER_INVALID", 400, "the verifier cannot verify"
+    SIGNER_FAILED = "SIGNER_FAILED", 503, "the signer failed"
+    VERIFIER_FAILED = "VERIFIER_FAILED", 503, "the verifier failed"
+    RECEIPT_MALFORMED = "RECEIPT_MALFORMED", 400, "the receipt is malformed"
+    RECEIPT_MISMATCH = "RECEIPT_MISMATCH", 422, "the receipt is for another approval or step"
+    RECEIPT_REFUSED = "RECEIPT_REFUSED", 500, "the step ran but no receipt could be signed"
+    RECEIPT_SIGNATURE_INVALID = "RECEIPT_SIGNATURE_INVALID", 422, "the receipt's signature fails"
+    RECEIPT_KEY_MISMATCH = "RECEIPT_KEY_MISMATCH", 422, "the receipt was signed by another key"
+    CONSUMPTION_INVALID = "CONSUMPTION_INVALID", 400, "the consumption record is malformed"
+    CONSUMPTION_MISMATCH = "CONSUMPTION_MISMATCH", 422, "the consumption is for another use"
+    CONSUMPTION_UNVERIFIED = "CONSUMPTION_UNVERIFIED", 422, "the consumption is not authentic"
+    EVIDENCE_INVALID = "EVIDENCE_INVALID", 400, "the receipt's evidence is malformed"
+    EVIDENCE_EXCEEDS_APPROVAL = (
+        "EVIDENCE_EXCEEDS_APPROVAL",
+        422,
+        "the evidence exceeds the approved rows or bytes",
+    )
+    MCP_ARGUMENTS_INVALID = "MCP_ARGUMENTS_INVALID", 502, "MCP tool arguments are not an object"
+    MCP_COUNT_ROWS_REQUIRED = "MCP_COUNT_ROWS_REQUIRED", 502, "an MCP executor needs count_rows"
+    MCP_RESULT_UNCOUNTED = "MCP_RESULT_UNCOUNTED", 502, "count_rows could not count the result"
+    MCP_TIMEOUT_INVALID = "MCP_TIMEOUT_INVALID", 502, "the MCP timeout is out of range"
+    MCP_TOOL_ERROR = "MCP_TOOL_ERROR", 502, "the MCP tool reported an error"
+    MCP_TOOL_NAME_INVALID = "MCP_TOOL_NAME_INVALID", 502, "the MCP tool name is not exact"
+    MCP_TOOL_NOT_READ_ONLY = "MCP_TOOL_NOT_READ_ONLY", 502, "the MCP tool is not read-only"
+    MCP_TOOL_UNKNOWN = "MCP_TOOL_UNKNOWN", 502, "the MCP server has no such tool"
