@@ -19,6 +19,7 @@ from agentsafe.executor.tools.harness import (
     free_port,
     wait_until,
 )
+from tests.support.pki import TestCA
 from tests.support.postgres import PostgresServer
 
 from .bearer_principals import BearerPrincipals, principals_env
@@ -365,4 +366,37 @@ async def test_serve_refuses_to_start_on_a_schema_newer_than_it_knows(
         assert newer.terminate() == 78
         assert "STORE_SCHEMA_UNSUPPORTED" in newer.stderr_path.read_text()
     finally:
+        provider.terminate()
+
+
+async def test_a_tls_replica_without_a_state_dir_starts_under_the_guard(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The listener's key is staged in a directory the audit hook allows (the journal's)."""
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    workspace = Workspace(tmp_path / "ws")
+    server = TestCA("agentsafe replica test CA").issue_server()
+    cert_file = workspace.root / "listener.crt"
+    cert_file.write_bytes(server.cert_pem)
+    key_file = workspace.secrets_dir / "listener.key"
+    key_file.write_bytes(server.key_pem)
+    key_file.chmod(0o600)
+    env = _replica_env(workspace, provider, pg_url, "tls-0")
+    env.pop("EXECUTOR_ALLOW_PLAINTEXT_LISTENER")
+    env.update({"EXECUTOR_TLS_CERT_FILE": str(cert_file), "EXECUTOR_TLS_KEY_FILE": str(key_file)})
+    replica = ExecutorProcess(env, tmp_path, "tls-0")
+    replica.spawn()
+    try:
+
+        async def listening() -> bool:
+            if not replica.running:
+                raise AssertionError(replica.stderr_path.read_text()[-2000:])
+            return any(e.get("event") == "LISTENING" for e in replica.stderr_events())
+
+        await wait_until(listening, timeout=60, what="the TLS replica to listen")
+        [event] = [e for e in replica.stderr_events() if e.get("event") == "LISTENING"]
+        assert event["tls"] is True
+    finally:
+        assert replica.terminate() == 0
         provider.terminate()
