@@ -5,12 +5,20 @@
 # No configuration inside: every setting comes from the environment and mounted files at run
 # time. The final stage is distroless (no shell, no package manager), runs as a non-root user
 # and writes nothing to its root filesystem, so readOnlyRootFilesystem: true holds.
+#
+# Without Docker (`make image`): e2e/cluster/images.py tags a debootstrap base under both base
+# names below and runs `buildah bud --isolation chroot --pull=never`.
+# Behind a TLS-inspecting proxy, pass its CA bundle as a build secret (never copied into a
+# layer):  --secret id=pip_cert,src=/etc/ssl/certs/ca-certificates.crt
 
 # --- build: a virtual environment with agentsafe and its dependencies, byte-compiled ---------
 FROM debian:12-slim AS build
+# PYTHONSAFEPATH: in WORKDIR /src, `python3 -m venv` and pip would otherwise put /src first on
+# sys.path, and the repository's operator/ would shadow the standard library's operator module.
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONSAFEPATH=1
 # Debian 12's python3 is the interpreter the distroless runtime below ships (3.11, /usr/bin).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
@@ -19,7 +27,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY executor/ executor/
 COPY operator/ operator/
-RUN python3 -m venv /opt/agentsafe \
+RUN --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+ && python3 -m venv /opt/agentsafe \
  && /opt/agentsafe/bin/pip install --no-compile ".[operator]" \
  && /opt/agentsafe/bin/pip uninstall -y pip setuptools wheel \
  && /opt/agentsafe/bin/python -m compileall -q --invalidation-mode unchecked-hash /opt/agentsafe

@@ -8,7 +8,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: help venv demo test lint format typecheck unit e2e e2e-build e2e-kind bench clean
+.PHONY: help venv demo test lint format typecheck unit e2e e2e-build e2e-kind bench clean \
+        image node-build cluster-up cluster-down cluster-status e2e-node
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
@@ -21,6 +22,11 @@ help:
 	@echo "make e2e        e2e-build, then the end-to-end suite against a real kube-apiserver"
 	@echo "make e2e-kind   the same scenarios on kind (needs docker, kind, kubectl, helm)"
 	@echo "make bench      benchmarks/ (prints ratios to a raw aiohttp baseline)"
+	@echo "make cluster-up    a real one-node cluster here, no Docker (kubeconfig: .cluster/kubeconfig)"
+	@echo "make cluster-down  stop it and restore the host (idempotent)"
+	@echo "make cluster-status  is a node running (-o json: make cluster-status OUTPUT=json)"
+	@echo "make e2e-node   the scenario on that node (brings it up first, down after)"
+	@echo "make image      build agentsafe:dev with buildah (no Docker)"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -67,12 +73,41 @@ unit: $(STAMP)
 # covers a build.
 e2e-build: $(STAMP)
 	$(BIN)/python e2e/cluster/build.py
+	$(BIN)/python e2e/cluster/node_build.py
 
+# Two parts: the loopback control plane (chart, CRDs, tokens; no kubelet), then the scenario on
+# the real one-node cluster (`cluster.node run`: up, pytest, down even on failure; a node that
+# cannot start skips with one line, or fails under AGENTSAFE_E2E=require as in CI).
 e2e: e2e-build
 	$(BIN)/pytest -q e2e
+	$(NODE_CLI) run -- $(abspath $(BIN))/pytest -q test_scenario.py --backend=node -p no:cacheprovider
 
 e2e-kind: $(STAMP)
 	bash e2e/kind/run.sh
+
+# The one-node cluster (e2e/cluster/node.py): control plane, containerd, kubelet, kube-proxy,
+# kube-router, CoreDNS and storage as host processes and pods; root and Debian packages needed
+# (docs/cluster.md). Run from e2e/ so that the repository root never reaches sys.path.
+NODE_CLI = cd e2e && $(abspath $(BIN))/python -m cluster.node
+OUTPUT ?= text
+
+image: $(STAMP)
+	$(BIN)/python e2e/cluster/images.py
+
+node-build: $(STAMP)
+	$(BIN)/python e2e/cluster/node_build.py
+
+cluster-up: $(STAMP)
+	$(NODE_CLI) up
+
+cluster-down: $(STAMP)
+	$(NODE_CLI) down
+
+cluster-status: $(STAMP)
+	$(NODE_CLI) status -o $(OUTPUT)
+
+e2e-node: e2e-build
+	$(NODE_CLI) run -- $(abspath $(BIN))/pytest -q test_scenario.py --backend=node -p no:cacheprovider
 
 # `make test` runs these targets in this order, each timed by .ci/stage (.ci/run prints the
 # summary). e2e-build comes before any pytest starts.

@@ -9,8 +9,11 @@ naming it and the command that builds it; only where they cannot be built at all
 toolchain) is the suite skipped with one reason line — unless ``AGENTSAFE_E2E=require`` (set by
 ``.ci/run``), which turns that into a failure too.
 
-``--backend=local`` (default) is the loopback control plane; ``--backend=kind`` uses the cluster
-the current kubeconfig points at (see ``e2e/kind/``) and is not run on this machine.
+``--backend=local`` (default) is the loopback control plane; ``--backend=node`` is the real
+one-node cluster of :mod:`cluster.node`, which must be running (``make cluster-up``, or ``make
+e2e-node``/``make e2e``, which bring it up before pytest and down after), with the chart
+installed here from ``agentsafe:dev``; ``--backend=kind`` uses the cluster the current
+kubeconfig points at (see ``e2e/kind/``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from cluster.build import (
     go_executable,
     missing_binaries,
 )
+from cluster.chart_install import install_chart
 from cluster.control_plane import (
     ControlPlane,
     ControlPlaneError,
@@ -43,9 +47,10 @@ from cluster.control_plane import (
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--backend",
-        choices=("local", "kind"),
+        choices=("local", "node", "kind"),
         default="local",
-        help="local: loopback etcd+kube-apiserver (CI); kind: the current kubeconfig's cluster",
+        help="local: loopback etcd+kube-apiserver; node: the real one-node cluster on this "
+        "machine (make cluster-up); kind: the current kubeconfig's cluster",
     )
 
 
@@ -53,6 +58,17 @@ def _unavailable(message: str) -> None:
     if e2e_required():
         pytest.fail(f"{REQUIRE_ENV}=require and {message}", pytrace=False)
     pytest.skip(f"e2e suite skipped: {message} (set {REQUIRE_ENV}=require to fail instead)")
+
+
+def _running_node() -> Path:
+    """The running node's admin kubeconfig. The suite never brings a node up itself (that
+    builds images and takes minutes): ``make e2e-node`` does, before pytest starts."""
+    from cluster import node
+
+    info = node.status()
+    if not info.get("running") or not info.get("ready"):
+        _unavailable("no one-node cluster is running here (make cluster-up, or make e2e-node)")
+    return Path(str(info["kubeconfig"]))
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +79,8 @@ def backend(pytestconfig: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def k8s_binaries(backend: str) -> Binaries:
     """kube-apiserver, kubectl, etcd, helm from the cache; never builds (see BUILD_COMMAND)."""
-    if backend != "local":
-        pytest.skip("locally built Kubernetes binaries belong to --backend=local")
+    if backend == "kind":
+        pytest.skip("locally built Kubernetes binaries belong to --backend=local and node")
     request = BuildRequest.from_environment()
     found = cached_binaries(request)
     if found is not None:
@@ -82,7 +98,7 @@ def k8s_binaries(backend: str) -> Binaries:
 @pytest.fixture(scope="session")
 def k8s_tools(request: pytest.FixtureRequest, backend: str) -> Tools:
     """kubectl and helm: the local builds, or (kind) the ones on PATH."""
-    if backend == "local":
+    if backend in ("local", "node"):
         binaries: Binaries = request.getfixturevalue("k8s_binaries")
         return binaries.tools
     found = {name: shutil.which(name) for name in ("kubectl", "helm")}
@@ -101,6 +117,11 @@ def control_plane(request: pytest.FixtureRequest, backend: str) -> Iterator[Cont
             _unavailable("--backend=kind needs KUBECONFIG (e2e/kind/run.sh sets it)")
         tools: Tools = request.getfixturevalue("k8s_tools")
         with attached_cluster(Path(str(kubeconfig)), tools) as attached:
+            yield attached
+        return
+    if backend == "node":
+        with attached_cluster(_running_node(), request.getfixturevalue("k8s_tools")) as attached:
+            install_chart(attached)
             yield attached
         return
     binaries: Binaries = request.getfixturevalue("k8s_binaries")

@@ -1,20 +1,23 @@
 """The end-to-end scenario: what a platform team and an agent do, against a real API server.
 
-One sequence of steps, two backends (``--backend``; :mod:`cluster.scenario_backend` says what a
-backend answers). Common to both: the examples in ``examples/k8s/`` are applied with kubectl,
-plus the executor's TLS Secret and the downstream's CA bundle they name, and a patch points the
-downstream at the backend's TLS provider and switches to ENFORCEMENT; every child is checked for
-its owner reference and field manager; an agent's TokenRequest token drives the executor; a
-HaltSwitch stops it; deleting the AgentPolicy removes its children.
+One sequence of steps on a cluster with a real kubelet, two backends sharing one
+implementation (:mod:`cluster.kind_backend`; :mod:`cluster.scenario_backend` says what a backend
+answers): ``--backend=node``, the one-node cluster of :mod:`cluster.node` on this machine
+(``make e2e`` and ``make e2e-node``; what CI runs), and ``--backend=kind`` (``e2e/kind/run.sh``,
+for machines with Docker). Nothing is stood in: the chart is installed with ``helm --wait``
+from ``agentsafe:dev``, the operator is that pod, the executors are the StatefulSet's pods
+under the ENFORCED posture, the provider is a pod (``e2e/kind/provider.yaml``), and every
+NetworkPolicy check is traffic between pods. The loopback control plane (``--backend=local``)
+has no kubelet, so this module skips there.
 
-* local (CI, :mod:`cluster.local_backend`): the chart installed with helm; the operator as a
-  process authorized only by the chart's ServiceAccount; the executor run exactly as the
-  rendered pod would, through the one kubelet stand-in (``cluster/kubelet_standin.py``, whose
-  docstring lists its differences from a pod); a loopback TLS provider. Without
-  kube-controller-manager the garbage collection is asserted through owner references.
-* kind (``e2e/kind/run.sh``, :mod:`cluster.kind_backend`): the chart's operator Deployment; the
-  StatefulSet's real pod reached through ``kubectl port-forward`` and restarted by deleting it;
-  the provider a pod in the cluster (``e2e/kind/provider.yaml``).
+The steps: the examples in ``examples/k8s/`` applied with kubectl, plus the executor's TLS
+Secret and the downstream's CA bundle they name, and a patch pointing the downstream at the
+provider in ENFORCEMENT mode; every child checked for its owner reference and field manager;
+an agent's TokenRequest token, and then an agent pod's projected token, execute once; the
+posture proved both ways (ROOT_WRITABLE); NetworkPolicies proved by traffic, each check
+failing once while its policy is deleted; a HaltSwitch stops the executor and a restart
+while halted starts halted; a pod force-deleted mid-dispatch reconciles on its own volume;
+a halt reaches every pod (latency recorded); deleting the AgentPolicy removes its children.
 
 The tests run in file order and share one module-scoped scenario: each step starts from where
 the previous one left the cluster, as a person following the README would.
@@ -26,6 +29,7 @@ import contextlib
 import json
 import os
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster import pods
 from cluster.control_plane import ControlPlane
-from cluster.kind_backend import kind_backend
-from cluster.local_backend import local_backend
+from cluster.kind_backend import KindBackend, kind_backend
 from cluster.pki import ServingPair, issue_serving_pair
 from cluster.polling import poll
 from cluster.scenario_backend import ScenarioBackend
@@ -52,6 +56,7 @@ POLICY = "payouts"
 EXECUTOR = f"{POLICY}-executor"
 HALT_SWITCH = "stop-payouts"
 AGENT_SA = "payout-agent"
+REAL_POD_BACKENDS = ("node", "kind")
 
 pytestmark = pytest.mark.slow
 
@@ -134,17 +139,17 @@ def _apply_json(plane: ControlPlane, obj: dict[str, Any]) -> None:
 def _backend(
     plane: ControlPlane, name: str, workdir: Path, operator_namespace: str
 ) -> Iterator[ScenarioBackend]:
-    if name == "kind":
-        with kind_backend(
-            plane,
-            workdir=workdir,
-            operator_namespace=operator_namespace,
-            scenario_namespaces=[NAMESPACE, AGENTS],
-        ) as kind:
-            yield kind
-    else:
-        with local_backend(plane, workdir=workdir, operator_namespace=operator_namespace) as local:
-            yield local
+    if name not in REAL_POD_BACKENDS:
+        pytest.skip(
+            "the scenario needs a kubelet: --backend=node (make e2e runs it) or --backend=kind"
+        )
+    with kind_backend(
+        plane,
+        workdir=workdir,
+        operator_namespace=operator_namespace,
+        scenario_namespaces=[NAMESPACE, AGENTS],
+    ) as kind:
+        yield kind
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +158,7 @@ def scenario(
 ) -> Iterator[Scenario]:
     plane = control_plane
     workdir = tmp_path_factory.mktemp("scenario")
-    # run.sh installs the chart into $AGENTSAFE_E2E_NAMESPACE; the local backend does it here.
+    # run.sh installs the chart into $AGENTSAFE_E2E_NAMESPACE; the node fixture into this one.
     operator_namespace = os.environ.get(OPERATOR_NAMESPACE_ENV) or "agentsafe-system"
     with _backend(plane, backend, workdir, operator_namespace) as chosen:
         provider = chosen.provider
@@ -234,11 +239,12 @@ def _policy_condition(
 
 def test_the_operator_renders_every_child_with_owner_references(scenario: Scenario) -> None:
     _policy_condition(scenario, "Reconciled")
-    # No executor pod is ready yet (none runs locally; on kind it is starting), so the policy
-    # is honestly not ready.
+    # The executor pod is starting: until it is ready the policy is honestly not ready (on a
+    # fast node the pod may already be ready by now; then Ready is True).
     ready = scenario.condition("agentpolicy", POLICY)
     assert ready is not None
-    assert (ready["status"], ready["reason"]) == ("False", "ExecutorsNotReady")
+    if ready["status"] != "True":
+        assert (ready["status"], ready["reason"]) == ("False", "ExecutorsNotReady")
     policy = scenario.get("agentpolicy", POLICY)
     assert policy is not None
     uid = policy["metadata"]["uid"]
@@ -272,8 +278,8 @@ def test_the_operator_renders_every_child_with_owner_references(scenario: Scenar
 
 
 def test_printer_columns_show_mode_ready_halted(scenario: Scenario, executor_pod: None) -> None:
-    # The pod is ready (the stand-in reported it in the StatefulSet's status, or the kubelet's
-    # probe passed); the operator's StatefulSet watch moves Ready without waiting for its timer.
+    # The pod is ready (the kubelet's probe passed); the operator's StatefulSet watch moves
+    # Ready without waiting for its timer.
     _policy_condition(scenario, "Ready", deadline=scenario.backend.deadlines.policy_ready)
     table = scenario.plane.kubectl("get", "agentpolicies", "-n", NAMESPACE).stdout.splitlines()
     header = table[0].split()
@@ -321,6 +327,326 @@ def test_another_service_account_is_refused(scenario: Scenario, executor_pod: No
     status, body = scenario.post_proposal(token, f"intruder-{uuid.uuid4().hex[:8]}")
     assert status == 401, body
     assert "intruder" not in json.dumps(body)
+
+
+# --- what only real pods can show -------------------------------------------------------------
+
+OUTSIDER = "agentsafe-e2e-outsider"
+AGENT_SCRIPT = """\
+import json, os, ssl, urllib.error, urllib.request
+token = open("/var/run/agent/token").read().strip()
+context = ssl.create_default_context(cafile="/var/run/executor-ca/ca.pem")
+body = {
+    "proposal": {
+        "action": "create_payout",
+        "target": "payout:beneficiary-1",
+        "parameters": {"amountMinor": 1200, "currency": "EUR"},
+    },
+    "idempotency_key": os.environ["KEY"],
+}
+request = urllib.request.Request(
+    os.environ["URL"] + "/v1/actions",
+    data=json.dumps(body).encode(),
+    headers={"content-type": "application/json", "authorization": "Bearer " + token},
+    method="POST",
+)
+try:
+    with urllib.request.urlopen(request, context=context, timeout=30) as reply:
+        print(json.dumps({"status": reply.status, "body": json.loads(reply.read())}))
+except urllib.error.HTTPError as error:
+    print(json.dumps({"status": error.code, "body": json.loads(error.read() or b"{}")}))
+"""
+
+
+def _executor_container(scenario: Scenario) -> dict[str, Any]:
+    statefulset = scenario.get("statefulset", EXECUTOR)
+    assert statefulset is not None
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def _executor_port(scenario: Scenario) -> int:
+    return int(_executor_container(scenario)["ports"][0]["containerPort"])
+
+
+def _agent_pod(scenario: Scenario, name: str, script: str, env: dict[str, str]) -> dict[str, Any]:
+    """A pod in the agents' namespace, as the agent's ServiceAccount, with a projected token
+    of the AgentPolicy's audience (and the executor's CA), running ``script``."""
+    _apply_json(
+        scenario.plane,
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "executor-ca", "namespace": AGENTS},
+            "data": {"ca.pem": scenario.executor_tls.ca_pem.decode()},
+        },
+    )
+    container = pods.restricted_container(
+        "agent", str(_executor_container(scenario)["image"]), ["python", "-c", script]
+    )
+    container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+    container["volumeMounts"] = [
+        {"name": "token", "mountPath": "/var/run/agent", "readOnly": True},
+        {"name": "executor-ca", "mountPath": "/var/run/executor-ca", "readOnly": True},
+    ]
+    volumes = [
+        {
+            "name": "token",
+            "projected": {
+                "sources": [
+                    {
+                        "serviceAccountToken": {
+                            "audience": scenario.audience,
+                            "expirationSeconds": 600,
+                            "path": "token",
+                        }
+                    }
+                ]
+            },
+        },
+        {"name": "executor-ca", "configMap": {"name": "executor-ca"}},
+    ]
+    return pods.pod_manifest(name, AGENTS, container, service_account=AGENT_SA, volumes=volumes)
+
+
+def test_executor_pods_run_from_the_image_under_the_enforced_posture(
+    scenario: Scenario, executor_pod: None
+) -> None:
+    container = _executor_container(scenario)
+    env = {item["name"]: item.get("value") for item in container.get("env") or []}
+    assert env.get("EXECUTOR_POSTURE", "ENFORCED") == "ENFORCED", env
+    pod = scenario.get("pod", f"{EXECUTOR}-0")
+    assert pod is not None
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["ready"] is True
+    security = pod["spec"]["containers"][0]["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["runAsNonRoot"] is True
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    # DEVELOPMENT appears nowhere on the cluster path: no pod spec and no executor log has it.
+    everything = scenario.plane.kubectl("get", "pods", "-A", "-o", "json").stdout
+    assert "DEVELOPMENT" not in everything
+    assert "DEVELOPMENT" not in scenario.backend.executor_tail(400)
+
+
+def test_a_writable_root_filesystem_refuses_to_start(
+    scenario: Scenario, executor_pod: None
+) -> None:
+    """Both sides of ROOT_WRITABLE on a real container root. A non-root process cannot write
+    to the image's root-owned ``/`` even when the filesystem is writable, so both pods run as
+    uid 0 (refused as ROOT_UID in any case); the one difference between them is
+    ``readOnlyRootFilesystem``, and only the writable one is refused naming ROOT_WRITABLE."""
+    statefulset = scenario.get("statefulset", EXECUTOR)
+    assert statefulset is not None
+    results = {}
+    for name, read_only in (("posture-writable-root", False), ("posture-readonly-root", True)):
+        manifest = pods.pod_from_template(
+            statefulset["spec"]["template"],
+            name=name,
+            namespace=NAMESPACE,
+            labels={"app.kubernetes.io/part-of": "agentsafe-e2e"},
+        )
+        spec = manifest["spec"]
+        spec["securityContext"].update({"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0})
+        (container,) = spec["containers"]
+        container["securityContext"].update(
+            {"readOnlyRootFilesystem": read_only, "runAsNonRoot": False, "runAsUser": 0}
+        )
+        container.pop("readinessProbe", None)
+        container.pop("livenessProbe", None)
+        container.pop("startupProbe", None)
+        phase, log = pods.run_to_completion(scenario.plane, manifest, deadline=120)
+        results[name] = (phase, log)
+    phase, log = results["posture-writable-root"]
+    assert phase == "Failed", log
+    assert "REFUSED_TO_START" in log, log
+    assert "ROOT_WRITABLE" in log, log
+    phase, log = results["posture-readonly-root"]
+    assert phase == "Failed", log
+    assert "REFUSED_TO_START" in log, log
+    assert "ROOT_UID" in log, log
+    assert "ROOT_WRITABLE" not in log, log
+
+
+def test_an_agent_pod_with_a_projected_token_executes_once(
+    scenario: Scenario, executor_pod: None
+) -> None:
+    key = f"agent-pod-{uuid.uuid4().hex[:8]}"
+    url = f"https://{EXECUTOR}.{NAMESPACE}.svc:{_executor_port(scenario)}"
+    manifest = _agent_pod(scenario, "agent-proposes", AGENT_SCRIPT, {"URL": url, "KEY": key})
+    phase, log = pods.run_to_completion(scenario.plane, manifest)
+    assert phase == "Succeeded", log
+    answer = json.loads(log.strip().splitlines()[-1])
+    assert answer["status"] == 200, answer
+    assert answer["body"]["outcome"] == "COMPLETED"
+    assert answer["body"]["executed"] is True
+    assert scenario.received().count(key) == 1
+
+
+@contextlib.contextmanager
+def _operator_paused(scenario: Scenario) -> Iterator[None]:
+    """Scale the operator to zero, so a NetworkPolicy the test deletes stays deleted until the
+    test puts it back (the operator would re-render it)."""
+    from cluster.chart_install import NAMESPACE as OPERATOR_NAMESPACE
+
+    deployment = "deployment/agentsafe-operator"
+    plane = scenario.plane
+    plane.kubectl("scale", deployment, "-n", OPERATOR_NAMESPACE, "--replicas=0")
+    poll(
+        "the operator's pods to stop",
+        lambda: (
+            True
+            if not json.loads(
+                plane.kubectl(
+                    "get",
+                    "pods",
+                    "-n",
+                    OPERATOR_NAMESPACE,
+                    "-l",
+                    "app.kubernetes.io/name=agentsafe-operator",
+                    "-o",
+                    "json",
+                ).stdout
+            )["items"]
+            else None
+        ),
+        deadline=60,
+    )
+    try:
+        yield
+    finally:
+        plane.kubectl("scale", deployment, "-n", OPERATOR_NAMESPACE, "--replicas=1")
+        plane.kubectl(
+            "rollout",
+            "status",
+            deployment,
+            "-n",
+            OPERATOR_NAMESPACE,
+            "--timeout=120s",
+            timeout=150,
+        )
+
+
+def _without_policy(scenario: Scenario, namespace: str, name: str, check: Callable[[], str]) -> str:
+    """Delete NetworkPolicy ``name``, wait for ``check`` to see the traffic pass, put the
+    policy back exactly as it was, and wait for ``check`` to be blocked again."""
+    plane = scenario.plane
+    saved = json.loads(
+        plane.kubectl("get", "networkpolicy", name, "-n", namespace, "-o", "json").stdout
+    )
+    metadata = saved["metadata"]
+    restored = {
+        "apiVersion": saved["apiVersion"],
+        "kind": saved["kind"],
+        "metadata": {
+            key: metadata[key]
+            for key in ("name", "namespace", "labels", "annotations", "ownerReferences")
+            if key in metadata
+        },
+        "spec": saved["spec"],
+    }
+    plane.kubectl("delete", "networkpolicy", name, "-n", namespace)
+    try:
+        opened = poll(
+            f"traffic to pass without NetworkPolicy {namespace}/{name}",
+            lambda: "open" if check() == "open" else None,
+            deadline=30,
+            interval=0.5,
+        )
+    finally:
+        plane.kubectl("create", "-f", "-", input=json.dumps(restored))
+    poll(
+        f"traffic to be blocked again with NetworkPolicy {namespace}/{name}",
+        lambda: True if check() == "blocked" else None,
+        deadline=30,
+        interval=0.5,
+    )
+    return opened
+
+
+def test_network_policies_hold_by_traffic(
+    scenario: Scenario, executor_pod: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plane = scenario.plane
+    image = str(_executor_container(scenario)["image"])
+    port = _executor_port(scenario)
+    plane.kubectl("create", "namespace", OUTSIDER, check=False)
+    agent = pods.Prober.start(plane, name="probe-agent", namespace=AGENTS, image=image)
+    outsider = pods.Prober.start(plane, name="probe-outsider", namespace=OUTSIDER, image=image)
+    try:
+        executor_ip = pods.pod_ip(plane, f"{EXECUTOR}-0", NAMESPACE)
+        provider_ip = scenario.backend.provider.cidrs[0].split("/")[0]
+        provider_port = int(scenario.backend.provider.url.rsplit(":", 1)[1])
+        dns = json.loads(
+            plane.kubectl(
+                "get", "pods", "-n", "kube-system", "-l", "k8s-app=kube-dns", "-o", "json"
+            ).stdout
+        )["items"]
+        dns_ip = next(p["status"]["podIP"] for p in dns if p["status"].get("podIP"))
+
+        def from_executor(host: str, port_: int) -> str:
+            return pods.exec_connect(plane, f"{EXECUTOR}-0", NAMESPACE, host, port_)
+
+        # What must pass (so a "blocked" below is the policy, not a dead network).
+        assert agent.connect(executor_ip, port) == "open"
+        assert outsider.connect(provider_ip, provider_port) == "open"
+        assert from_executor(provider_ip, provider_port) == "open"
+        resolved = plane.kubectl(
+            "exec",
+            f"{EXECUTOR}-0",
+            "-n",
+            NAMESPACE,
+            "--",
+            "python",
+            "-c",
+            "import socket,sys; print(socket.gethostbyname(sys.argv[1]))",
+            scenario.backend.provider.url.split("//")[1].split(":")[0],
+        ).stdout.strip()
+        assert resolved == provider_ip
+        agent_policy = next(
+            p["metadata"]["name"]
+            for p in json.loads(
+                plane.kubectl("get", "networkpolicy", "-n", AGENTS, "-o", "json").stdout
+            )["items"]
+            if p["metadata"]["name"].endswith(f"{POLICY}-no-downstream")
+        )
+        checks = [
+            (
+                "an agent pod connects straight to the downstream",
+                AGENTS,
+                agent_policy,
+                lambda: agent.connect(provider_ip, provider_port),
+            ),
+            (
+                "a pod in a namespace no policy names connects to the executor",
+                NAMESPACE,
+                EXECUTOR,
+                lambda: outsider.connect(executor_ip, port),
+            ),
+            (
+                "the executor connects to CoreDNS on a port that is not DNS",
+                NAMESPACE,
+                EXECUTOR,
+                lambda: from_executor(dns_ip, 8080),
+            ),
+            (
+                "the executor connects to the API server (it does not need it)",
+                NAMESPACE,
+                EXECUTOR,
+                lambda: from_executor("10.96.0.1", 443),
+            ),
+        ]
+        for what, _, _, check in checks:
+            assert check() == "blocked", what
+        with _operator_paused(scenario):
+            for what, namespace, name, check in checks:
+                assert _without_policy(scenario, namespace, name, check) == "open"
+                with capsys.disabled():
+                    print(f"\nNetworkPolicy {namespace}/{name}: {what}: blocked; open without it")
+    finally:
+        agent.stop()
+        outsider.stop()
+        plane.kubectl("delete", "namespace", OUTSIDER, "--wait=false", check=False)
 
 
 def _set_halt(scenario: Scenario, halted: bool, reason: str = "") -> None:
@@ -478,6 +804,197 @@ def test_a_restart_while_halted_starts_halted(scenario: Scenario, executor_pod: 
     assert _ready_status(scenario) == 503
     first = _first_answer(scenario, token)
     assert first == (503, "EXECUTOR_HALTED"), scenario.backend.executor_tail()
+    _set_halt(scenario, False)
+    _resumed(scenario)
+
+
+def test_a_pod_killed_mid_dispatch_reconciles_and_sends_nothing_twice(
+    scenario: Scenario, executor_pod: None
+) -> None:
+    """The provider acts on the request and holds the answer; the pod is force-deleted
+    meanwhile. Its replacement mounts the same claim, reconciles the open attempt at start
+    (the provider's lookup says it acted: RECONCILED_COMPLETED) and never sends it again."""
+    backend = scenario.backend
+    assert isinstance(backend, KindBackend)
+    provider = backend.provider
+    assert provider.set_mode is not None
+    token = _agent_token(scenario)
+    claims = json.loads(scenario.plane.kubectl("get", "pvc", "-n", NAMESPACE, "-o", "json").stdout)[
+        "items"
+    ]
+    (before,) = [c for c in claims if c["metadata"]["name"].endswith(f"{EXECUTOR}-0")]
+    claim = before["metadata"]["name"]
+    key = f"killed-{uuid.uuid4().hex[:8]}"
+    provider.set_mode("hang")
+    answers: list[Any] = []
+
+    def propose() -> None:
+        try:
+            answers.append(scenario.post_proposal(token, key))
+        except (urllib.error.URLError, OSError) as error:
+            answers.append(error)  # the pod vanished under the request: no answer at all
+
+    thread = threading.Thread(target=propose, daemon=True)
+    try:
+        thread.start()
+        poll(
+            "the provider to hold the request",
+            lambda: True if key in provider.received() else None,
+            deadline=30,
+        )
+        backend.restart_executor(force=True)
+    finally:
+        provider.set_mode("normal")
+    thread.join(timeout=60)
+    poll(
+        "the replacement to answer /ready",
+        lambda: True if _ready(scenario) else None,
+        deadline=scenario.backend.deadlines.executor_ready,
+    )
+    after = scenario.get("pvc", claim)
+    assert after is not None
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["spec"]["volumeName"] == before["spec"]["volumeName"]
+    events = [
+        json.loads(line)
+        for line in backend.executor_tail(400).splitlines()
+        if line.startswith("{") and "RECONCILIATION" in line
+    ]
+    assert any(e.get("resolution") == "RECONCILED_COMPLETED" for e in events), events
+    status, body = scenario.post_proposal(token, key)
+    assert status == 200, body
+    assert body["outcome"] == "COMPLETED"
+    assert provider.received().count(key) == 1
+
+
+HALT_PROBE = """\
+import json, os, ssl, sys, time, urllib.error, urllib.request
+context = ssl.create_default_context(cafile="/var/run/executor-ca/ca.pem")
+context.check_hostname = False  # pods by IP; the chain is still verified
+ips = os.environ["IPS"].split(",")
+port = os.environ["PORT"]
+
+def ready(ip):
+    try:
+        with urllib.request.urlopen(f"https://{ip}:{port}/ready", context=context, timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return None
+
+deadline = time.time() + 60
+while not all(ready(ip) == 200 for ip in ips):
+    if time.time() > deadline:
+        sys.exit("executors not ready")
+    time.sleep(0.2)
+print("polling", flush=True)
+first = {}
+deadline = time.time() + 60
+while len(first) < len(ips) and time.time() < deadline:
+    for ip in ips:
+        if ip not in first and ready(ip) == 503:
+            first[ip] = time.time()
+    time.sleep(0.01)
+token = open("/var/run/agent/token").read().strip()
+refusals = {}
+for ip in ips:
+    body = {"proposal": {"action": "create_payout", "target": "payout:beneficiary-1",
+            "parameters": {"amountMinor": 1200, "currency": "EUR"}},
+            "idempotency_key": "halted-" + ip.replace(".", "-") + "-" + str(int(time.time()))}
+    request = urllib.request.Request(f"https://{ip}:{port}/v1/actions",
+        data=json.dumps(body).encode(), method="POST",
+        headers={"content-type": "application/json", "authorization": "Bearer " + token})
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as reply:
+            refusals[ip] = [reply.status, json.loads(reply.read())]
+    except urllib.error.HTTPError as error:
+        refusals[ip] = [error.code, json.loads(error.read() or b"{}")]
+print(json.dumps({"first_503": first, "refusals": refusals}), flush=True)
+"""
+
+
+def test_a_halt_switch_stops_every_executor_pod(
+    scenario: Scenario, executor_pod: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two executor pods; a probe pod beside the agent polls both every 10 ms. The latency is
+    from just before ``kubectl patch`` starts to the last pod's first 503 (host and pods share
+    one clock: it is one machine). Recorded, not asserted (docs/testing.md)."""
+    plane = scenario.plane
+    plane.kubectl(
+        "patch",
+        "agentpolicy",
+        POLICY,
+        "-n",
+        NAMESPACE,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"replicas": 2}}),
+    )
+    plane.kubectl(
+        "rollout",
+        "status",
+        f"statefulset/{EXECUTOR}",
+        "-n",
+        NAMESPACE,
+        "--timeout=240s",
+        timeout=270,
+    )
+    poll(
+        "two ready executor pods",
+        lambda: (
+            True
+            if (scenario.get("statefulset", EXECUTOR) or {}).get("status", {}).get("readyReplicas")
+            == 2
+            else None
+        ),
+        deadline=240,
+        interval=0.5,
+    )
+    ips = [pods.pod_ip(plane, f"{EXECUTOR}-{i}", NAMESPACE) for i in (0, 1)]
+    manifest = _agent_pod(
+        scenario,
+        "halt-probe",
+        HALT_PROBE,
+        {"IPS": ",".join(ips), "PORT": str(_executor_port(scenario))},
+    )
+    pods.create(plane, manifest)
+    try:
+        poll(
+            "the halt probe to see both pods ready",
+            lambda: (
+                True
+                if "polling"
+                in plane.kubectl("logs", "halt-probe", "-n", AGENTS, check=False).stdout
+                else None
+            ),
+            deadline=120,
+            interval=0.5,
+        )
+        started = time.time()
+        _set_halt(scenario, True, "e2e: every pod")
+        patched = time.time()
+        phase = pods.wait_finished(plane, "halt-probe", AGENTS, deadline=120)
+        log = pods.logs(plane, "halt-probe", AGENTS)
+    finally:
+        plane.kubectl("delete", "pod", "halt-probe", "-n", AGENTS, "--wait=false", check=False)
+    assert phase == "Succeeded", log
+    result = json.loads(log.strip().splitlines()[-1])
+    assert sorted(result["first_503"]) == sorted(ips), result
+    for ip in ips:
+        status, body = result["refusals"][ip]
+        assert (status, _refusal_code(body)) == (503, "EXECUTOR_HALTED"), (ip, body)
+        assert body["executed"] is False
+    latency = max(result["first_503"].values()) - started
+    record = {
+        "pods": len(ips),
+        "patch_to_last_refusal_seconds": round(latency, 3),
+        "kubectl_patch_seconds": round(patched - started, 3),
+    }
+    (scenario.workdir / "halt-latency.json").write_text(json.dumps(record))
+    with capsys.disabled():
+        print(f"\nhalt: every executor pod refused {latency:.3f} s after kubectl patch started")
+        print(f"halt: {json.dumps(record)}")
     _set_halt(scenario, False)
     _resumed(scenario)
 

@@ -1,20 +1,30 @@
-"""Builders that turn a checked configuration into the executor's components.
+"""Assembly: turn a checked configuration into a running executor's components, in start order.
 
-Each function here is small and pure-ish: it takes the configuration and what it needs, and
-returns one component or raises :class:`~agentsafe.executor.errors.ConfigError` naming the
-variable. ``serve.py`` calls them in the start order.
+:func:`assemble` builds an :class:`~agentsafe.executor.plane.Executor` from an environment without
+a process around it and without the audit hook (``serve.py`` installs that): posture, secrets,
+the journal, the chained evidence streams, the use store, the halt state, egress, the handler
+registry, the compiled policy and the authority, the door, TLS, the host ceilings, the pipeline
+and the plan service. Anything it opened is closed again if a later step refuses.
 
-Callers: ``serve.py``.
+The builders it calls are small and pure-ish: each takes the configuration and what it needs,
+and returns one component or raises :class:`~agentsafe.executor.errors.ConfigError` naming the
+variable.
+
+Callers: ``serve.py`` (the process), tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from .clock import Clock
-from .config import CredentialKind, ExecutorConfig
+from .clock import Clock, SystemClock
+from .codes import Code
+from .config import CredentialKind, ExecutorConfig, load_config
+from .dispatch.forward import ForwardRequestHandler
+from .dispatch.seam import Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.workload import JwksSource, WorkloadVerifier
@@ -25,16 +35,38 @@ from .egress.credentials import (
     StaticHeaderCredential,
 )
 from .egress.guard import Destination, GuardedClient
-from .errors import ConfigError
-from .events import Streams
+from .errors import AgentSafeError, ConfigError
+from .events import DeferredSink, EventSink, Streams
+from .evidence.chain import ChainedStreams, LineWriter, open_chained_streams
+from .evidence.plan_audit import DurablePlanAudit
+from .evidence.redact import Redactor
+from .grants import SigningKey
+from .host.audithook import Guard
 from .host.halt import HaltState
 from .host.metrics import ExecutorMetrics
-from .host.secrets import SecretStore
+from .host.posture import PostureInputs, PostureMonitor, check_posture
+from .host.secrets import SecretStore, inspect_sources
 from .host.tlsctx import ReloadingTlsContext, TlsSettings
+from .lifecycle.catalog import ActionReconciler, PolicyCatalog
+from .lifecycle.ceilings import HostCeilings
+from .lifecycle.leases import LeaseKeeper
+from .lifecycle.pipeline import Pipeline
+from .lifecycle.shadow import ShadowReport
+from .plane import Executor, StoreHealth, WorkGate
+from .plans.execute import StepExecutor
+from .plans.service import ExecutorRegistry, PlanService
+from .plans.signing import Ed25519Signer
+from .policy.authority import LocalAuthority
+from .policy.policy import CompiledPolicy, PolicyDocument, compile_policy, load_policy
 from .principals import legacy_principal
+from .routes.door import HttpDoor
+from .state.journal import AttemptJournal
+from .state.pgstore import PostgresStore, SharedAttemptMirror, check_store_url
+from .state.usestore import SQLiteUseStore, UseStore
 from .windows import DoorWindows
 
 __all__ = [
+    "assemble",
     "build_credential",
     "build_door",
     "build_tls",
@@ -132,6 +164,8 @@ def build_credential(
 
 
 def load_principals(config: ExecutorConfig, actions: Sequence[str]) -> PrincipalSet:
+    """``EXECUTOR_PRINCIPALS_FILE``, checked against the policy's actions and the credential
+    methods this process can verify (at start, and again on every reload)."""
     assert config.executor_principals_file is not None
     return load_principals_file(
         config.executor_principals_file,
@@ -229,3 +263,374 @@ def build_tls(
         key_dir=Path(config.executor_state_dir) if config.executor_state_dir else None,
     )
     return ReloadingTlsContext(settings, security=streams.security, metrics=metrics)
+
+
+def _forward_schema(document: PolicyDocument) -> dict[str, Any]:
+    """The forward handler accepts exactly what the policy's actions it runs accept."""
+    schemas = [dict(a.parameters) for a in document.actions if a.handler == "forward_request"]
+    if len(schemas) == 1:
+        return schemas[0]
+    return {"type": "object", "anyOf": schemas}
+
+
+async def assemble(
+    environ: Mapping[str, str],
+    *,
+    streams: Streams | None = None,
+    clock: Clock | None = None,
+    guard: Guard | None = None,
+    chain: tuple[TextIO | LineWriter, TextIO | LineWriter] | None = None,
+    plan_executors: Sequence[StepExecutor] = (),
+) -> Executor:
+    """Build an executor from ``environ`` in the start order; raises on any refusal.
+
+    With ``chain`` (where the evidence and security lines go), the two streams are chained and
+    their heads persisted under the journal directory; ``streams`` must then be a pair of
+    :class:`DeferredSink` that hold what start-up says until the chain is open.
+
+    ``plan_executors`` are the host's step executors for the plan routes (each bound to one tool
+    and effect); the routes exist when the policy has a ``plans`` section.
+    """
+    config = load_config(environ)
+    streams = streams or Streams.standard()
+    clock = clock or SystemClock()
+    secrets_dir = Path(config.executor_secrets_dir) if config.executor_secrets_dir else None
+
+    # Posture: what this process can see of its host, before any secret is read.
+    findings = inspect_sources(environ, production=config.production, secrets_dir=secrets_dir)
+    inputs = PostureInputs(
+        mode=config.executor_posture,
+        production=config.production,
+        environ=environ,
+        principals_file=config.executor_principals_file,
+        secret_findings=findings.findings,
+        guard_results=guard.self_test() if guard is not None else None,
+    )
+    posture = check_posture(inputs, security=streams.security)
+    monitor = PostureMonitor(
+        inputs, security=streams.security, interval=config.executor_posture_interval_seconds
+    )
+
+    secrets = SecretStore.load(
+        environ, production=config.production, secrets_dir=secrets_dir, security=streams.security
+    )
+    metrics = ExecutorMetrics()
+    redactor = Redactor(
+        credential_headers=[config.downstream_credential_header]
+        if config.downstream_credential_header
+        else []
+    )
+    for name in secrets.names():
+        handle_ = secrets.get(name)
+        if handle_ is not None:
+            with handle_.reveal() as value:
+                redactor.set_secret(name, value)
+
+    def rotated(name: str, handle: Any) -> None:
+        metrics.secret_rotations.inc(name=name)
+        with handle.reveal() as value:
+            redactor.set_secret(name, value)
+
+    secrets.on_change(rotated)
+    journal: AttemptJournal | None = None
+    chained: ChainedStreams | None = None
+    store: UseStore | None = None
+    shared: PostgresStore | None = None
+    mirror: SharedAttemptMirror | None = None
+    try:
+        if config.executor_store_url.given:
+            shared = await open_shared_store(secrets)
+            streams.security.emit(
+                "STORE_OPENED",
+                {"backend": "postgresql", "schema_version": shared.schema_version},
+            )
+            mirror = SharedAttemptMirror(
+                shared.attempts,
+                owner=config.replica_id,
+                lease_seconds=config.executor_attempt_lease_seconds,
+            )
+        if config.executor_journal_dir is not None:
+            try:
+                journal = await AttemptJournal.open(
+                    Path(config.executor_journal_dir),
+                    retain_days=config.executor_journal_retain_days,
+                    clock=clock,
+                    mirror=mirror,
+                )
+            except (OSError, AgentSafeError) as exc:
+                raise ConfigError(
+                    "EXECUTOR_JOURNAL_DIR",
+                    "cannot be opened for appending",
+                    code=Code.JOURNAL_UNAVAILABLE,
+                ) from exc
+        if chain is not None:
+            chained = open_chained_streams(
+                evidence_out=chain[0],
+                security_out=chain[1],
+                clock=clock,
+                journal_dir=config.executor_journal_dir,
+                checkpoint_lines=config.executor_audit_checkpoint_lines,
+                window_lines=config.executor_evidence_window_lines,
+                redactor=redactor,
+            )
+            _count_chained(chained, metrics)
+            for deferred, sink, name in (
+                (streams.evidence, chained.evidence, "evidence"),
+                (streams.security, chained.security, "security"),
+            ):
+                if not isinstance(deferred, DeferredSink):
+                    raise TypeError("chained streams need DeferredSink placeholders")
+                deferred.attach(_CountingSink(sink, metrics, name))
+        if shared is not None:
+            store = shared.use_store
+        else:
+            assert config.executor_state_dir is not None  # the configuration requires it
+            store = await SQLiteUseStore.open(Path(config.executor_state_dir), clock=clock)
+
+        halt = HaltState(
+            clock=clock,
+            security=streams.security,
+            halt_file=config.executor_halt_file,
+            metrics=metrics,
+            auth_spike=config.executor_halt_on_auth_failures,
+            egress_spike=config.executor_halt_on_egress_refusals,
+        )
+
+        def egress_refused(code: str) -> None:
+            metrics.egress_refusals.inc(code=code)
+            halt.record_egress_refusal()
+
+        transport = build_transport(config, streams, on_refusal=egress_refused)
+        document = load_policy(config.executor_policy_file)
+        registry = Registry(security=streams.security)
+        registry.register(
+            "forward_request",
+            ForwardRequestHandler(
+                url=config.downstream_url,
+                lookup_url=config.downstream_lookup_url,
+                timeout_ms=config.downstream_timeout_ms,
+                transport=transport,
+                credential=build_credential(config, secrets, transport, clock),
+                parameters_schema=_forward_schema(document),
+            ),
+        )
+        registry.seal()
+        policy = compile_policy(document, registered_handlers=set(registry.names()))
+
+        key_handle = secrets.get("EXECUTOR_AUTHORITY_SIGNING_KEY")
+        if key_handle is not None:
+            with key_handle.reveal() as pem:
+                key = SigningKey.from_pem(pem)
+        else:
+            key = SigningKey.generate()
+            streams.security.emit("AUTHORITY_KEY_EPHEMERAL", {"kid": key.kid})
+        authority = LocalAuthority(policy, keys=key, store=store, clock=clock)
+
+        def authority_key_rotated(name: str, handle: Any) -> None:
+            if name != "EXECUTOR_AUTHORITY_SIGNING_KEY":
+                return
+            try:
+                with handle.reveal() as pem:
+                    fresh = SigningKey.from_pem(pem)
+            except (AgentSafeError, ValueError):
+                streams.security.emit("AUTHORITY_KEY_ROTATION_REFUSED", {"code": Code.KEY_INVALID})
+                return
+            authority.rotate_key(fresh)
+            streams.security.emit("AUTHORITY_KEY_ROTATED", {"kid": fresh.kid})
+
+        secrets.on_change(authority_key_rotated)
+
+        door, jwks = build_door(
+            config,
+            secrets=secrets,
+            actions=list(policy.actions),
+            streams=streams,
+            metrics=metrics,
+            clock=clock,
+            halt=halt,
+            jwks_fetch=_jwks_fetch(config, transport),
+        )
+        tls = build_tls(config, secrets, streams, metrics)
+
+        ceilings = HostCeilings(
+            single=config.executor_hard_limit_single_minor,
+            window_seconds=config.executor_hard_limit_window_seconds,
+            window_count=config.executor_hard_limit_window_count,
+            window_sum_minor=config.executor_hard_limit_window_sum_minor,
+            clock=clock,
+            window=shared.window if shared is not None else None,
+        )
+        shadow = ShadowReport()
+        store_health = StoreHealth()
+        pipeline = Pipeline(
+            mode=config.executor_mode,
+            authority=authority,
+            signer=authority,
+            catalog=PolicyCatalog(policy, registry),
+            registry=registry,
+            store=store,
+            journal=journal,
+            ceilings=ceilings if ceilings.configured else None,
+            streams=streams,
+            clock=clock,
+            target=config.downstream_target(),
+            intent_ttl_seconds=config.executor_intent_ttl_seconds,
+            max_clock_skew_ms=config.executor_max_clock_skew_ms,
+            shadow=shadow,
+            refusal=WorkGate(halt, monitor, store_health).refusal,
+            on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
+            metrics=metrics,
+            escalation=config.executor_escalation,
+            on_forbidden=door.record_refusal,
+        )
+        executor = Executor(
+            config=config,
+            environ=environ,
+            streams=streams,
+            clock=clock,
+            secrets=secrets,
+            store=store,
+            journal=journal,
+            authority=authority,
+            registry=registry,
+            transport=transport,
+            pipeline=pipeline,
+            policy=policy,
+            shadow=shadow,
+            metrics=metrics,
+            halt=halt,
+            door=HttpDoor(door),
+            jwks=jwks,
+            tls=tls,
+            posture=posture,
+            posture_monitor=monitor,
+            redactor=redactor,
+            load_principals=functools.partial(load_principals, config, list(policy.actions)),
+            chained=chained,
+            plans=_plan_service(
+                config,
+                policy,
+                key,
+                store,
+                streams,
+                clock,
+                journal_dir=config.executor_journal_dir,
+                executors=plan_executors,
+            ),
+            shared=shared,
+            store_health=store_health,
+        )
+        if mirror is not None and journal is not None:
+            executor.leases = LeaseKeeper(
+                mirror,
+                journal,
+                reconciler=ActionReconciler(PolicyCatalog(policy, registry), registry),
+                streams=streams,
+                on_resolution=executor.settle_idempotency,
+            )
+        return executor
+    except BaseException:
+        # Nothing half-built survives a refusal: close what was opened, in reverse order.
+        if store is not None:
+            await store.close()
+        if shared is not None:
+            await shared.close()
+        if journal is not None:
+            await journal.close()
+        secrets.close()
+        if chained is not None:
+            chained.close()
+        raise
+
+
+class _CountingSink:
+    """Counts the chained lines each stream writes (``agentsafe_chained_lines_total``)."""
+
+    def __init__(self, sink: EventSink, metrics: ExecutorMetrics, stream: str) -> None:
+        self._sink = sink
+        self._metrics = metrics
+        self._stream = stream
+
+    def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
+        self._sink.emit(event, fields)
+        self._metrics.chained_lines.inc(stream=self._stream)
+
+
+def _count_chained(chained: ChainedStreams, metrics: ExecutorMetrics) -> None:
+    """Every redaction a chained stream makes is counted before LEAK_SUSPECTED is raised."""
+    for sink in (chained.evidence, chained.security):
+        report = sink.on_redaction
+
+        def counted(stream: str, leaks: Any, report: Any = report) -> None:
+            metrics.redactions.inc()
+            if report is not None:
+                report(stream, leaks)
+
+        sink.on_redaction = counted
+
+
+def _jwks_fetch(config: ExecutorConfig, transport: Any) -> Any:
+    """Refresh the JWKS from ``EXECUTOR_JWKS_URL`` through the guarded client, or nothing."""
+    url = config.executor_jwks_url
+    if not url:
+        return None
+
+    async def fetch() -> bytes:
+        response = await transport.request(
+            "GET", url, headers={"accept": "application/json"}, body=None, timeout=10.0
+        )
+        if response.status != 200:
+            raise ValueError(f"the JWKS endpoint answered {response.status}")
+        body: bytes = response.body
+        return body
+
+    return fetch
+
+
+def _plan_service(
+    config: ExecutorConfig,
+    policy: CompiledPolicy,
+    key: SigningKey,
+    store: UseStore,
+    streams: Streams,
+    clock: Clock,
+    *,
+    journal_dir: Path | None,
+    executors: Sequence[StepExecutor],
+) -> PlanService | None:
+    """The plan service when the policy has a ``plans`` section; it needs the journal for its
+    durable audit."""
+    plans = policy.document.plans
+    if plans is None:
+        return None
+    if journal_dir is None:
+        raise ConfigError("EXECUTOR_JOURNAL_DIR", "is required by the policy's plans section")
+    registry = ExecutorRegistry()
+    for step_executor in executors:
+        registry.register(step_executor)
+    registry.seal()
+    signer = Ed25519Signer(key)
+    return PlanService(
+        policy=plans,
+        approval_signer=signer,
+        approval_verifier=signer.verifier(),
+        receipt_signer=signer,
+        receipt_verifier=signer.verifier(),
+        use_store=store,
+        audit_sink=DurablePlanAudit(Path(journal_dir), clock=clock, evidence=streams.evidence),
+        executors=registry,
+        clock=clock,
+        max_clock_skew_ms=config.executor_max_clock_skew_ms,
+    )
+
+
+async def open_shared_store(secrets: SecretStore) -> PostgresStore:
+    """Open (and migrate) the shared store named by ``EXECUTOR_STORE_URL``; ``ConfigError``
+    naming the variable, never the URL, when it is not a PostgreSQL URL; ``StoreError`` when the
+    database does not answer or its schema is newer than this agentsafe."""
+    handle = secrets.get("EXECUTOR_STORE_URL")
+    if handle is None:
+        raise ConfigError("EXECUTOR_STORE_URL", "is set but could not be read")
+    with handle.reveal() as value:
+        url = bytes(value).decode("utf-8", errors="replace").strip()
+    return await PostgresStore.open(check_store_url(url))

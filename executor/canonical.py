@@ -13,12 +13,20 @@ IEEE-754 exact range (|n| > 2**53 - 1) are refused rather than silently rounded;
 infinities are refused; lone surrogates are refused (they have no UTF-8 form); only ``dict`` with
 ``str`` keys, ``list``/``tuple``, ``str``, ``int``, ``float``, ``bool`` and ``None`` are accepted.
 
-Callers: intent capture, grants, the journal, evidence chains, plans.
+The canonical form is defined for I-JSON (RFC 7493) only, so :func:`parse_json` is the one strict
+reader every JSON input we hash, sign or trust goes through: UTF-8 only; a key named twice in one
+object (:class:`DuplicateKeyError`) and numbers that are not finite (``NaN``, ``Infinity``,
+``1e999``: ``NUMBER_NOT_FINITE``) are refused, where Python's ``json`` would keep the last value
+and read infinities. Each caller maps the refusal to its own code.
+
+Callers: intent capture, grants, the journal, evidence chains and bundles, plans, the policy
+loader, the request body reader (``routes/app.py``), the provider's verifier.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -29,14 +37,78 @@ from .errors import CanonicalizationError
 
 __all__ = [
     "MAX_SAFE_INTEGER",
+    "DuplicateKeyError",
     "canonical_json",
     "canonical_text",
     "format_number",
+    "parse_json",
     "sha256_digest",
     "sha256_hex",
 ]
 
 MAX_SAFE_INTEGER = 2**53 - 1
+
+
+class DuplicateKeyError(CanonicalizationError):
+    """A JSON text names one key twice in an object. ``key`` is for an operator's own files; a
+    caller's request never has it echoed."""
+
+    code = Code.JSON_DUPLICATE_KEY
+
+    def __init__(self, key: str) -> None:
+        super().__init__("a key appears twice in one object")
+        self.key = key
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+def _refuse_constant(name: str) -> Any:
+    raise CanonicalizationError(f"{name} is not a JSON number", code=Code.NUMBER_NOT_FINITE)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 overflows to infinity
+        raise CanonicalizationError("a number overflows a double", code=Code.NUMBER_NOT_FINITE)
+    return value
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # more digits than the interpreter converts (sys.get_int_max_str_digits)
+        raise CanonicalizationError(
+            "an integer has too many digits", code=Code.NUMBER_OUT_OF_RANGE
+        ) from None
+
+
+def parse_json(text: str | bytes) -> Any:
+    """Parse I-JSON: the one strict JSON reader (see the module docstring).
+
+    Raises :class:`DuplicateKeyError`, or :class:`CanonicalizationError` for a number that is
+    not finite (``NUMBER_NOT_FINITE``: ``NaN``, ``Infinity``, ``1e999``) or has more digits than
+    Python converts (``NUMBER_OUT_OF_RANGE``); ``UnicodeDecodeError`` (bytes that are not UTF-8)
+    or ``json.JSONDecodeError`` (not JSON), both ``ValueError``; ``RecursionError`` for nesting
+    deeper than the interpreter's limit. Integers beyond 2**53 - 1 are read; hashing them is
+    refused later (:func:`canonical_json`).
+    """
+    if isinstance(text, bytes | bytearray):
+        text = bytes(text).decode("utf-8")
+    return json.loads(
+        text,
+        object_pairs_hook=_refuse_duplicates,
+        parse_constant=_refuse_constant,
+        parse_float=_finite_float,
+        parse_int=_integer,
+    )
+
 
 _ESCAPES = {
     '"': '\\"',

@@ -9,7 +9,7 @@ import time
 from datetime import UTC, datetime
 from typing import Protocol
 
-__all__ = ["Clock", "ManualClock", "SystemClock", "format_ms", "parse_ms"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "format_ms", "parse_ms", "utc_day"]
 
 
 class Clock(Protocol):
@@ -53,6 +53,11 @@ def format_ms(epoch_seconds: float) -> str:
     millis = round(epoch_seconds * 1000)
     dt = datetime.fromtimestamp(millis // 1000, tz=UTC)
     return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{millis % 1000:03d}Z"
+
+
+def utc_day(epoch_seconds: float) -> str:
+    """The UTC day an instant falls on, ``2026-08-14``: the name of a day's journal file."""
+    return datetime.fromtimestamp(epoch_seconds, tz=UTC).date().isoformat()
 
 
 def parse_ms(text: str) -> float:

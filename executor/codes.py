@@ -455,6 +455,7 @@ class Code(StrEnum):
     NUMBER_OUT_OF_RANGE = "NUMBER_OUT_OF_RANGE", None, "an integer is outside the exact range"
     JSON_INVALID = "JSON_INVALID", 400, "a value is not valid JSON data"
     JSON_TOO_DEEP = "JSON_TOO_DEEP", 400, "a value nests too deeply"
+    JSON_DUPLICATE_KEY = "JSON_DUPLICATE_KEY", None, "a JSON text names one key twice in an object"
 
     # -- the plan boundary -----------------------------------------------------------------------
     AGENT_SAFETY_REFUSED = "AGENT_SAFETY_REFUSED", 422, "the plan boundary refused"

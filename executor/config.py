@@ -6,8 +6,8 @@ a :class:`~agentsafe.executor.errors.ConfigError` that names the variable and ne
 (exit status 78). ``CONFIG_KEYS`` is the list of every variable; ``docs/configuration.md`` is its
 table for people.
 
-Callers: ``serve.py`` (start order: configuration comes second, after the audit hook) and
-``assembly.py``, ``cli.py`` (``agentsafe config`` through :func:`describe_config` and
+Callers: ``assembly.py`` (start order: configuration comes second, after the audit hook),
+``plane.py``, ``cli.py`` (``agentsafe config`` through :func:`describe_config` and
 :func:`render_config_table`), ``host/secrets.py`` (which secrets were given and how, through
 :meth:`ExecutorConfig.secret_source`), ``host/posture.py``, and the operator, which renders an
 executor's environment from the same list.
@@ -60,6 +60,7 @@ from pydantic import (
 
 from .canonical import MAX_SAFE_INTEGER, sha256_digest
 from .errors import ConfigError
+from .headers import HEADER_NAME, is_reserved
 from .intent import DownstreamTarget
 from .principals import Actor
 from .windows import LockoutRule, RateRule
@@ -306,7 +307,6 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "DOWNSTREAM_LOOKUP_BY_REFERENCE_URL",
     "DOWNSTREAM_SYSTEM",
     "DOWNSTREAM_OPERATION",
-    "DOWNSTREAM_ENVIRONMENT",
     "DOWNSTREAM_TIMEOUT_MS",
     "DOWNSTREAM_CA_FILE",
     "DOWNSTREAM_SPKI_PINS",
@@ -359,28 +359,12 @@ _KIND_REQUIRED: Final[Mapping[CredentialKind, tuple[str, ...]]] = {
     CredentialKind.SIGNED_REQUEST: ("DOWNSTREAM_SIGNING_KEY", "DOWNSTREAM_SIGNING_KEY_ID"),
 }
 
-# Header names the executor sets itself; the static credential may not take their place.
-_RESERVED_HEADERS: Final = frozenset(
-    {
-        "host",
-        "content-length",
-        "content-type",
-        "content-digest",
-        "transfer-encoding",
-        "connection",
-        "idempotency-key",
-        "signature",
-        "signature-input",
-    }
-)
-
 # --------------------------------------------------------------------------------------------
 # Parsing helpers (messages are ours; they never repeat the input)
 
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _CURRENCY = re.compile(CURRENCY_PATTERN)
-_HEADER_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _REPLICA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _OCI_DIGEST = re.compile(
     r"(?:[^\s@]+@)?[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-fA-F]{32,128}",
@@ -536,7 +520,6 @@ _TEXT_FIELDS: Final = (
     "banking_adapter_version",
     "downstream_system",
     "downstream_operation",
-    "downstream_environment",
     "downstream_client_id",
     "downstream_private_key_id",
     "downstream_token_audience",
@@ -687,7 +670,6 @@ class ExecutorConfig(BaseModel):
     downstream_lookup_by_reference_url: str | None = None
     downstream_system: str
     downstream_operation: str
-    downstream_environment: str | None = None
     downstream_timeout_ms: int = Field(
         default=DOWNSTREAM_TIMEOUT_MS_DEFAULT, ge=1, le=DOWNSTREAM_TIMEOUT_MS_MAX
     )
@@ -819,10 +801,9 @@ class ExecutorConfig(BaseModel):
     def _header(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if not _HEADER_TOKEN.fullmatch(value) or len(value) > 128:
+        if not HEADER_NAME.fullmatch(value) or len(value) > 128:
             raise ValueError("must be an HTTP header name")
-        lowered = value.lower()
-        if lowered in _RESERVED_HEADERS or lowered.startswith("x-agent-safe-"):
+        if is_reserved(value):
             raise ValueError("names a header the executor sets itself")
         return value
 

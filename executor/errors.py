@@ -10,6 +10,7 @@ registry gives its code. Messages never contain request data or secret values.
     ├── ConfigError                 a configuration value is missing or invalid (exit status 78)
     │   └── PrincipalsFileError     the principals file is refused (door/principals_file.py)
     ├── CanonicalizationError       a value cannot be expressed as RFC 8785 canonical JSON
+    │   └── DuplicateKeyError       a JSON text names a key twice in one object (canonical.py)
     ├── RequestRejected             a request refused with a code; the edge gives the status
     ├── PolicyError                 the policy document cannot be loaded or compiled
     ├── EvaluationError             a policy rule did not evaluate (policy/celexpr.py)

@@ -19,8 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
+from .clock import format_ms
+
 __all__ = [
     "EVIDENCE_SCHEMA",
+    "GENESIS_HASH",
     "SECURITY_SCHEMA",
     "DeferredSink",
     "EventSink",
@@ -31,6 +34,9 @@ __all__ = [
 
 EVIDENCE_SCHEMA = "agent-safe.executor-evidence/1"
 SECURITY_SCHEMA = "agent-safe.security/1"
+GENESIS_HASH = "sha256:" + "0" * 64
+"""The ``prev_hash`` of a chain's first line (``evidence/chain.py`` writes it, ``chainverify.py``
+checks it)."""
 
 
 class EventSink(Protocol):
@@ -48,7 +54,12 @@ class JsonLinesSink:
         self._lock = threading.Lock()
 
     def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
-        line = {"schema": self._schema, "event": event, "at": _now_iso(), **(fields or {})}
+        line = {
+            "schema": self._schema,
+            "event": event,
+            "at": format_ms(time.time()),
+            **(fields or {}),
+        }
         text = json.dumps(line, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
         with self._lock:
             self._stream.write(text)
@@ -85,11 +96,6 @@ class Streams:
     @classmethod
     def memory(cls) -> Streams:
         return cls(evidence=MemorySink(), security=MemorySink())
-
-
-def _now_iso() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
 
 
 class DeferredSink:

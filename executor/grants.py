@@ -11,15 +11,15 @@ Each refusal is a :class:`TokenRefused` with its own code.
 No JWT library: the format is small and the strictness is the point.
 
 Callers: ``policy/authority.py`` (grants and other signed tokens), ``policy/attestation.py``,
-``plans/signing.py``, ``egress/credentials.py`` (``b64url_encode``), ``serve.py`` (loading the
-signing key, and the key set the route ``GET /.well-known/agentsafe-grant-jwks.json`` serves).
+``plans/signing.py``, ``egress/credentials.py`` (``b64url_encode``), ``assembly.py`` (loading the
+signing key; the route ``GET /.well-known/agentsafe-grant-jwks.json`` serves the authority's key
+set).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from .canonical import canonical_json, sha256_hex
+from .canonical import canonical_json, parse_json, sha256_hex
 from .codes import Code
 from .errors import AgentSafeError, CanonicalizationError
 
@@ -238,12 +238,8 @@ def verify_jws(token: str, *, typ: str, keys: KeySet) -> dict[str, Any]:
 def _parse_object(data: bytes, *, what: str, canonical: bool = True) -> dict[str, Any]:
     """Parse a JSON object (no duplicate keys); by default it must be RFC 8785 canonical."""
     try:
-        value = json.loads(
-            data.decode("utf-8"),
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constant,
-        )
-    except (UnicodeDecodeError, ValueError):
+        value = parse_json(data)
+    except (ValueError, CanonicalizationError, RecursionError):
         raise TokenRefused(f"{what} is not a JSON object", code=Code.JWS_MALFORMED) from None
     if not isinstance(value, dict):
         raise TokenRefused(f"{what} is not a JSON object", code=Code.JWS_MALFORMED)
@@ -260,16 +256,3 @@ def _require_canonical(value: dict[str, Any], data: bytes, *, what: str) -> None
         same = False
     if not same:
         raise TokenRefused(f"{what} is not canonical JSON", code=Code.JWS_MALFORMED)
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError("duplicate key")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError("non-finite number")

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .canonical import MAX_SAFE_INTEGER, canonical_json, sha256_digest, sha256_hex
+from .canonical import MAX_SAFE_INTEGER, sha256_digest
 from .clock import format_ms, parse_ms
 from .codes import Code
 from .errors import RequestRejected
@@ -38,6 +38,7 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_ENTRIES",
     "PROTOCOL_VERSION",
+    "UUID4",
     "CapturedIntent",
     "DownstreamTarget",
     "capture_intent",
@@ -55,7 +56,8 @@ MAX_DEPTH = 20
 MAX_ENTRIES = 5000
 MAX_ARRAY_LENGTH = 1000
 FORBIDDEN_KEYS = frozenset({"__proto__", "prototype", "constructor"})
-_UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+UUID4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+"""A lower-case UUIDv4 (intent, grant, decision and dossier ids); use ``fullmatch``."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def intent_hash(binding: Mapping[str, Any]) -> str:
 
 
 def execution_payload_digest(parameters: Mapping[str, Any]) -> str:
-    return "sha256:" + sha256_hex(canonical_json(parameters))
+    return sha256_digest(parameters)
 
 
 def check_json_bounds(value: Any) -> None:
@@ -232,7 +234,7 @@ def intent_from_binding(binding: Any) -> CapturedIntent:
         raise RequestRejected(Code.REQUEST_INVALID, "the intent is not an agent-safe.intent/1")
     if binding["protocol_version"] != PROTOCOL_VERSION:
         raise RequestRejected(Code.REQUEST_INVALID, "unknown intent protocol version")
-    if not isinstance(binding["intent_id"], str) or not _UUID4.match(binding["intent_id"]):
+    if not isinstance(binding["intent_id"], str) or not UUID4.fullmatch(binding["intent_id"]):
         raise RequestRejected(Code.REQUEST_INVALID, "intent_id is not a UUIDv4")
     try:
         parse_ms(binding["captured_at"])

@@ -1,6 +1,7 @@
 """Who may call the executor: principals, their roles and what they may do.
 
-This module holds the :class:`Principal` model every other component sees. Loading
+This module holds the :class:`Principal` model every other component sees, and the one
+vocabulary of roles (:class:`Role`) and operator scopes (:class:`Scope`). Loading
 ``agent-safe.principals/1`` files lives in ``principals_file.py``; legacy mode synthesises one
 PROPOSER from the ``EXECUTOR_TENANT_ID``/``EXECUTOR_ACTOR_*`` variables (:func:`legacy_principal`).
 """
@@ -10,15 +11,32 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["LEGACY_PRINCIPAL_ID", "Actor", "Principal", "Role", "legacy_principal"]
+__all__ = ["LEGACY_PRINCIPAL_ID", "Actor", "Principal", "Role", "Scope", "legacy_principal"]
 
 LEGACY_PRINCIPAL_ID = "legacy-caller"
 
 
+# What a principal is: every route admits one role (the door's route-role check). No docstring:
+# pydantic would put it into the Principal CRD's description of ``spec.role``.
 class Role(StrEnum):
     PROPOSER = "PROPOSER"
     OPERATOR = "OPERATOR"
     APPROVER = "APPROVER"
+
+
+class Scope(StrEnum):
+    """What an OPERATOR may do: each operator route requires one (the door's route-scope check).
+
+    The one list of scopes: the principals file draws an OPERATOR's scopes from it, the routes
+    name theirs with it, and the operator's Principal schema imports it.
+    """
+
+    HALT = "halt"
+    RESUME = "resume"
+    SECRETS_RELOAD = "secrets.reload"
+    STATUS = "status"
+    METRICS = "metrics"
+    EVIDENCE = "evidence"
 
 
 @dataclass(frozen=True)
@@ -43,7 +61,7 @@ class Principal:
     tenant_id: str | None = None
     actor: Actor | None = None
     allowed_actions: frozenset[str] | None = None
-    scopes: frozenset[str] = field(default_factory=frozenset)
+    scopes: frozenset[Scope] = field(default_factory=frozenset)
     credential_kind: str = "BEARER"
 
     def may_propose(self, action: str) -> bool:

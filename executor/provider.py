@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .canonical import canonical_json, sha256_hex
+from .canonical import canonical_json, parse_json, sha256_digest
 from .codes import Code
 from .egress.httpsig import (
     ATTESTATION_COMPONENT,
@@ -312,27 +312,14 @@ def _decode_jws(token: str) -> tuple[dict[str, Any], dict[str, Any], bytes, byte
         raise _Refused(Code.ATTESTATION_MALFORMED)
     head_b64, payload_b64, sig_b64 = token.split(".")
     try:
-        header = json.loads(_b64url_decode(head_b64), object_pairs_hook=_no_duplicates)
-        payload = json.loads(_b64url_decode(payload_b64), object_pairs_hook=_no_duplicates)
+        header = parse_json(_b64url_decode(head_b64))
+        payload = parse_json(_b64url_decode(payload_b64))
         signature = _b64url_decode(sig_b64)
-    except (ValueError, binascii.Error) as exc:
+    except (ValueError, binascii.Error, CanonicalizationError, RecursionError) as exc:
         raise _Refused(Code.ATTESTATION_MALFORMED) from exc
     if not isinstance(header, dict) or not isinstance(payload, dict):
         raise _Refused(Code.ATTESTATION_MALFORMED)
     return header, payload, signature, f"{head_b64}.{payload_b64}".encode("ascii")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError("duplicate key")
-        out[key] = value
-    return out
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _authority_key(jwks: Mapping[str, Any], kid: Any) -> Ed25519PublicKey:
@@ -395,12 +382,7 @@ def _verify_attestation(
 def _payload_digest(body: bytes) -> str | None:
     """``sha256:`` + hex of the RFC 8785 form of the received body, or None if it is not JSON."""
     try:
-        value = json.loads(
-            body.decode("utf-8"),
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_reject_constant,
-        )
-        return "sha256:" + sha256_hex(canonical_json(value))
+        return sha256_digest(parse_json(body))
     except (UnicodeDecodeError, ValueError, CanonicalizationError, RecursionError):
         return None
 

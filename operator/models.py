@@ -51,13 +51,12 @@ from agentsafe.executor.config import (
 from agentsafe.executor.door.principals_file import (
     MAX_ALLOWED_ACTIONS,
     MAX_SCOPES,
-    OPERATOR_SCOPES,
     SanUri,
     Sha256Hex,
 )
 from agentsafe.executor.host.halt import MAX_REASON_CHARS
 from agentsafe.executor.policy.policy import PolicyDocument
-from agentsafe.executor.principals import Role
+from agentsafe.executor.principals import Role, Scope
 
 __all__ = [
     "API_VERSION",
@@ -465,17 +464,17 @@ PrincipalRole = Role
 
 
 def _operator_scope(value: str) -> str:
-    if value not in OPERATOR_SCOPES:
-        raise ValueError("must be one of " + ", ".join(sorted(OPERATOR_SCOPES)))
+    if value not in frozenset(Scope):
+        raise ValueError("must be one of " + ", ".join(sorted(Scope)))
     return value
 
 
 OperatorScope = Annotated[
     str,
     AfterValidator(_operator_scope),
-    WithJsonSchema({"type": "string", "enum": sorted(OPERATOR_SCOPES)}),
+    WithJsonSchema({"type": "string", "enum": sorted(scope.value for scope in Scope)}),
 ]
-"""One of the executor's operator scopes (``principals_file.OPERATOR_SCOPES``)."""
+"""One of the executor's operator scopes (:class:`~agentsafe.executor.principals.Scope`)."""
 
 
 class ActorSpec(_Model):

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentsafe.executor.canonical import canonical_json, format_number, sha256_digest
+from agentsafe.executor.canonical import (
+    DuplicateKeyError,
+    canonical_json,
+    format_number,
+    parse_json,
+    sha256_digest,
+)
 from agentsafe.executor.errors import CanonicalizationError
 
 VECTORS = sorted((Path(__file__).parent / "conformance" / "agent-safe-intent").glob("*.json"))
@@ -109,3 +115,40 @@ def test_canonical_form_is_json_that_round_trips(value: object) -> None:
     reparsed = json.loads(text)
     # Canonicalising the parsed form again is a fixed point.
     assert canonical_json(reparsed) == text
+
+
+# -- the one strict reader ------------------------------------------------------------------
+
+
+def test_parse_json_reads_i_json() -> None:
+    assert parse_json(b'{"a": [1, 2.5, "x", null, true]}') == {"a": [1, 2.5, "x", None, True]}
+    assert parse_json('{"a": {"a": 1}}') == {"a": {"a": 1}}  # one key per object, not per text
+
+
+def test_parse_json_refuses_a_key_twice_and_names_it() -> None:
+    with pytest.raises(DuplicateKeyError) as info:
+        parse_json('{"x": {"amount": 1, "amount": 1000000}}')
+    assert (info.value.code, info.value.key) == ("JSON_DUPLICATE_KEY", "amount")
+    assert "amount" not in str(info.value)  # the message echoes nothing
+
+
+@pytest.mark.parametrize(
+    ("text", "code"),
+    [
+        ('{"n": NaN}', "NUMBER_NOT_FINITE"),
+        ("[Infinity]", "NUMBER_NOT_FINITE"),
+        ("-Infinity", "NUMBER_NOT_FINITE"),
+        ("[1e999]", "NUMBER_NOT_FINITE"),
+        ("9" * 5000, "NUMBER_OUT_OF_RANGE"),
+    ],
+)
+def test_parse_json_refuses_numbers_that_are_not_finite(text: str, code: str) -> None:
+    with pytest.raises(CanonicalizationError) as info:
+        parse_json(text)
+    assert info.value.code == code
+
+
+@pytest.mark.parametrize("data", [b"{not json", b'"\xff"', b"", "[1,]"])
+def test_parse_json_refuses_what_is_not_json_as_a_value_error(data: bytes | str) -> None:
+    with pytest.raises(ValueError):
+        parse_json(data)

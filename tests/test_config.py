@@ -208,7 +208,6 @@ def test_defaults() -> None:
         "executor_evidence_dir",
         "executor_jwks_url",
         "downstream_lookup_url",
-        "downstream_environment",
         "executor_image_digest",
     ):
         assert getattr(config, attribute) is None, attribute
@@ -244,7 +243,6 @@ def test_parsed_values() -> None:
             EXECUTOR_HARD_LIMIT_WINDOW_SUM_MINOR="500000",
             EXECUTOR_ON_EFFECT_MISMATCH="ALERT",
             EXECUTOR_IMAGE_DIGEST="sha256:" + "ab" * 32,
-            DOWNSTREAM_ENVIRONMENT="sandbox",
             DOWNSTREAM_TIMEOUT_MS="15000",
             DOWNSTREAM_SPKI_PINS=f"{_pin('a')},{_pin('b')}",
         )
@@ -262,11 +260,15 @@ def test_parsed_values() -> None:
     assert config.executor_hard_limit_window_count == 10
     assert config.executor_hard_limit_window_sum_minor == 500_000
     assert config.executor_on_effect_mismatch is EffectMismatchAction.ALERT
-    assert config.downstream_environment == "sandbox"
     assert config.downstream_timeout_ms == 15_000
     assert config.downstream_spki_pins == (_pin("a"), _pin("b"))
     assert config.legacy_actor == Actor("synthetic-payout-agent", "AI_AGENT", "workflow-runner")
     assert isinstance(config.executor_policy_file, Path)
+
+
+def test_downstream_environment_is_refused_since_nothing_reads_it() -> None:
+    error = refused(legacy_env(DOWNSTREAM_ENVIRONMENT="sandbox"), "DOWNSTREAM_ENVIRONMENT")
+    assert "not a variable the executor knows" in error.problem
 
 
 def test_the_model_is_frozen() -> None:
@@ -477,6 +479,9 @@ def test_lockout_rule_refusals(text: str) -> None:
         "SWISS:100",
         f"CHF:{MAX_SAFE_INTEGER + 1}",
         "CHF:-100",
+        "CHF:1.5",
+        "CHF:\u0665",
+        "CHF:100\n",
     ],
 )
 def test_ceiling_refusals(text: str) -> None:
@@ -1096,7 +1101,18 @@ def test_other_kinds_keys_must_be_absent(kind: str, variable: str, value: str) -
 
 
 @pytest.mark.parametrize(
-    "header", ["Idempotency-Key", "x-agent-safe-intent-hash", "Host", "bad header", "a:b"]
+    "header",
+    [
+        "Idempotency-Key",
+        "x-agent-safe-intent-hash",
+        "X-Agent-Safe-Other",
+        "Host",
+        "Upgrade",
+        "Signature",
+        "content-digest",
+        "bad header",
+        "a:b",
+    ],
 )
 def test_credential_header_must_be_a_free_header_name(header: str) -> None:
     refused(legacy_env(DOWNSTREAM_CREDENTIAL_HEADER=header), "DOWNSTREAM_CREDENTIAL_HEADER", header)

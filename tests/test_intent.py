@@ -68,6 +68,8 @@ def test_presented_intent_is_rehashed_and_changes_are_visible() -> None:
         lambda b: b.pop("tenant_id"),
         lambda b: b.update(extra=1),
         lambda b: b.update(intent_id="not-a-uuid"),
+        lambda b: b.update(intent_id=b["intent_id"] + "\n"),
+        lambda b: b.update(intent_id=b["intent_id"].upper()),
         lambda b: b.update(captured_at="2026-01-01T00:00:00Z"),
         lambda b: b.update(protocol_version="agent-safe.intent/2"),
         lambda b: b["action"].update(extra=1),

@@ -156,15 +156,16 @@ class KindBackend:
         pod: dict[str, Any] = json.loads(result.stdout)
         return pod
 
-    def restart_executor(self) -> None:
+    def restart_executor(self, *, force: bool = False) -> None:
+        """Delete pod 0 (``force``: at once, no grace period: the container is killed
+        mid-whatever-it-does) and wait for the StatefulSet to run its replacement."""
         before = self._pod()
         assert before is not None, f"pod {self.pod_name} is gone before its restart"
         old_uid = before["metadata"]["uid"]
         if self._forward is not None:
             self._forward.close()  # the next executor_url() forwards to the new pod
-        self.plane.kubectl(
-            "delete", "pod", self.pod_name, "-n", self.namespace, "--wait=true", "--timeout=120s"
-        )
+        how = ["--force", "--grace-period=0"] if force else ["--wait=true", "--timeout=120s"]
+        self.plane.kubectl("delete", "pod", self.pod_name, "-n", self.namespace, *how)
 
         def recreated_and_running() -> bool | None:
             pod = self._pod()
@@ -375,12 +376,29 @@ def _in_cluster_provider(plane: ControlPlane, *, workdir: Path, image: str) -> I
     def received() -> list[str]:
         return poll("the provider's /_control/received", read_received, deadline=30)
 
+    def post_mode(mode: str) -> bool | None:
+        request = urllib.request.Request(
+            f"https://localhost:{forward.local_port()}/_control/mode",
+            data=json.dumps({"mode": mode}).encode(),
+            headers={"content-type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=5) as reply:
+                return True if reply.status == 200 else None
+        except (urllib.error.URLError, OSError):
+            return None  # the forward heals on the next attempt
+
+    def set_mode(mode: str) -> None:
+        poll(f"the provider's mode to become {mode}", lambda: post_mode(mode), deadline=30)
+
     try:
         yield Provider(
             url=f"https://{host}:{PROVIDER_PORT}",
             cidrs=(f"{pod['status']['podIP']}/32",),
             ca_pem=pair.ca_pem.decode(),
             received=received,
+            set_mode=set_mode,
         )
     finally:
         forward.close()

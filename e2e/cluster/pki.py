@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import ipaddress
+from collections.abc import Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -124,8 +125,17 @@ def _new_ca(
     return ca_key, ca_name, ca
 
 
-def make_pki(directory: Path, *, admin_user: str = "agentsafe-e2e-admin") -> ControlPlanePki:
-    """Write a CA, serving and admin certificates and an RSA service-account key pair."""
+def make_pki(
+    directory: Path,
+    *,
+    admin_user: str = "agentsafe-e2e-admin",
+    extra_ips: Sequence[str] = (),
+    extra_dns_names: Sequence[str] = (),
+) -> ControlPlanePki:
+    """Write a CA, serving and admin certificates and an RSA service-account key pair.
+
+    ``extra_ips``/``extra_dns_names`` join the serving certificate's names (the one-node
+    cluster's API server is also reached at the node IP and the ``kubernetes`` Service)."""
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     ca_key, ca_name, ca = _new_ca("agentsafe-e2e-ca", now)
@@ -140,6 +150,8 @@ def make_pki(directory: Path, *, admin_user: str = "agentsafe-e2e-admin") -> Con
             x509.DNSName("localhost"),
             x509.DNSName("kubernetes.default.svc"),
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+            *(x509.DNSName(name) for name in extra_dns_names),
+            *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
         ],
     )
     admin_key = ec.generate_private_key(ec.SECP256R1())

@@ -1,19 +1,19 @@
 """What the end-to-end scenario needs from a backend, and nothing more.
 
 Role: ``e2e/test_scenario.py`` runs one sequence of steps (render, execute once, refuse another
-ServiceAccount, halt, unhalt, restart while halted, delete) on two backends. The steps talk to
-the cluster through kubectl themselves; a backend only answers the questions whose answers
-differ between a loopback control plane and a real cluster:
+ServiceAccount, halt, unhalt, restart while halted, delete, and what only real pods show) on a
+real cluster. The steps talk to the cluster through kubectl themselves; a backend only answers
+the questions whose answers depend on where the cluster runs:
 
 * where the operator runs and how to read its log;
 * where the downstream provider is, as the executor reaches it (``url``, ``cidrs``) and as the
   test reads it (``received``);
 * how to run, reach and restart the executor pod the operator rendered.
 
-Implementations: :mod:`local_backend` (``--backend=local``: the operator as a process, the
-kubelet stand-in, a loopback TLS provider) and :mod:`kind_backend` (``--backend=kind``: the
-chart's Deployment, real StatefulSet pods through ``kubectl port-forward``, an in-cluster TLS
-provider).
+Implementation: :mod:`kind_backend`, for both ``--backend=node`` (the one-node cluster of
+:mod:`node`) and ``--backend=kind``: the chart's Deployment, real StatefulSet pods through
+``kubectl port-forward``, an in-cluster TLS provider. (The loopback control plane had a kubelet
+stand-in and a pod-network stand-in here; the real node replaced both.)
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ class Provider:
     """The CA that issued the provider's certificate (``spec.downstream.ca``)."""
     received: Callable[[], list[str]]
     """The idempotency keys of the payout requests that reached the provider."""
+    set_mode: Callable[[str], None] | None = None
+    """Switch the provider's mode (``normal``, ``hang``, ...; ``POST /_control/mode``), where
+    the backend can reach it (the in-cluster provider)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,11 +28,12 @@ is a short printable string; never the body. A refusal's reason comes from a JSO
 :meth:`ForwardRequestHandler.reconcile` GETs ``DOWNSTREAM_LOOKUP_URL`` with ``{idempotency_key}``
 replaced by the URL-quoted key: 404 is NOT_EXECUTED, 2xx COMPLETED, anything else UNKNOWN.
 
-The credential (:class:`~agentsafe.executor.egress.credentials.DownstreamCredential`) and the
-headers no credential may set (``RESERVED_HEADERS``) come from the egress wing, which knows nothing
-of handlers.
+The credential (:class:`~agentsafe.executor.egress.credentials.DownstreamCredential`) comes from
+the egress wing, which knows nothing of handlers; the headers it may not replace are the ground
+floor's one list (:mod:`agentsafe.executor.headers`): it may add only its signature headers and
+headers nobody else writes.
 
-Callers: ``serve.py`` (registers it as the ``forward_request`` handler); the integration tests.
+Callers: ``assembly.py`` (registers it as the ``forward_request`` handler); the integration tests.
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ from urllib.parse import quote
 
 from ..canonical import canonical_json
 from ..codes import Code
-from ..egress.credentials import RESERVED_HEADERS, DownstreamCredential
+from ..egress.credentials import DownstreamCredential
 from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import ConfigError, HandlerError
+from ..headers import SIGNATURE_HEADERS, is_reserved
 from .seam import (
     Dispatch,
     ExecutionContext,
@@ -86,6 +88,11 @@ def provider_reason(status: int, body: bytes) -> str:
             if snake and snake[0].isalpha():
                 return snake
     return fallback
+
+
+def _replaces_reserved(name: str) -> bool:
+    """A header the executor writes itself, other than the ones a signing credential adds."""
+    return is_reserved(name) and name.lower() not in SIGNATURE_HEADERS
 
 
 def _reference(body: bytes) -> str | None:
@@ -161,7 +168,7 @@ class ForwardRequestHandler:
                 key = name.lower()
                 # A signing credential returns the covered headers beside its signature: they
                 # must be exactly the values sent, and it may set no other reserved header.
-                if key in RESERVED_HEADERS and headers.get(key) != value:
+                if _replaces_reserved(key) and headers.get(key) != value:
                     raise HandlerError(
                         "the credential tried to set a reserved header",
                         code=Code.CREDENTIAL_INVALID,
@@ -213,9 +220,7 @@ class ForwardRequestHandler:
                 extra = await self._credential.headers_for(
                     method="GET", url=url, body=b"", idempotency_key=idempotency_key, intent_hash=""
                 )
-                headers.update(
-                    (k, v) for k, v in extra.items() if k.lower() not in RESERVED_HEADERS
-                )
+                headers.update((k, v) for k, v in extra.items() if not _replaces_reserved(k))
             response = await self._transport.request(
                 "GET", url, headers=headers, body=None, timeout=self._timeout
             )

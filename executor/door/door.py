@@ -51,7 +51,7 @@ from ..errors import RequestRejected
 from ..events import EventSink
 from ..host.metrics import ExecutorMetrics
 from ..host.tlsctx import certificate_sha256, peer_san_uris
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 from ..windows import DoorWindows, RateRule
 from .principals_file import MtlsCredential, PrincipalRecord, PrincipalSet
 from .workload import JwtRefused, WorkloadVerifier, looks_like_jwt
@@ -130,7 +130,7 @@ class Door:
         authorization_header: str | None,
         peer_cert_der: bytes | None,
         route_role: Role,
-        route_scope: str | None = None,
+        route_scope: Scope | None = None,
         source: str = "",
     ) -> Principal:
         """The principal behind this request, or :class:`RequestRejected` (one AUTH_FAILED)."""
@@ -163,7 +163,7 @@ class Door:
         authorization: str | None,
         cert_der: bytes | None,
         route_role: Role,
-        route_scope: str | None,
+        route_scope: Scope | None,
         source: str,
     ) -> Principal:
         unauth = self._windows.unauthenticated

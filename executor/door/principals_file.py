@@ -17,9 +17,9 @@ The result is a :class:`PrincipalSet`, the door's lookup table: bearer tokens by
 in constant time against every bearer principal, workload tokens by (issuer, subject),
 certificates by SAN URI. Reloading is loading again and swapping the set.
 
-Callers: ``assembly.py`` (loads the file at start and on ``POST /v1/control/secrets/reload``),
-``door/door.py``, ``door/workload.py``, the operator (renders the same
-:class:`PrincipalsDocument`).
+Callers: ``assembly.py`` (loads the file at start, and binds the loader the control plane runs
+on ``POST /v1/control/secrets/reload``), ``door/door.py``, ``door/workload.py``, the operator
+(renders the same :class:`PrincipalsDocument`).
 """
 
 from __future__ import annotations
@@ -37,14 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..codes import Code
 from ..errors import ConfigError
-from ..principals import Actor, Principal, Role
+from ..principals import Actor, Principal, Role, Scope
 from ..windows import RateRule
 
 __all__ = [
     "MAX_ALLOWED_ACTIONS",
     "MAX_PRINCIPALS",
     "MAX_SCOPES",
-    "OPERATOR_SCOPES",
     "PRINCIPALS_VERSION",
     "ActorModel",
     "BearerCredential",
@@ -65,7 +64,6 @@ __all__ = [
 PRINCIPALS_VERSION = "agent-safe.principals/1"
 MAX_PRINCIPALS = 200
 MAX_FILE_BYTES = 1024 * 1024
-OPERATOR_SCOPES = frozenset({"halt", "resume", "secrets.reload", "status", "metrics", "evidence"})
 VARIABLE = "EXECUTOR_PRINCIPALS_FILE"
 
 _ID = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
@@ -126,7 +124,7 @@ Credential = Annotated[
 
 class PrincipalEntry(_Strict):
     id: Annotated[str, Field(pattern=_ID)]
-    role: Literal["PROPOSER", "OPERATOR", "APPROVER"]
+    role: Annotated[Role, Field(strict=False)]  # the file's text names the member
     tenant_id: Annotated[str, Field(pattern=_UUID)] | None = None
     actor: ActorModel | None = None
     allowed_actions: Annotated[list[_Text], Field(max_length=MAX_ALLOWED_ACTIONS)] | None = None
@@ -385,7 +383,7 @@ def _principal(entry: PrincipalEntry, registered: frozenset[str]) -> Principal:
         else None
     )
     kind = entry.credential.kind
-    if entry.role == "PROPOSER":
+    if entry.role is Role.PROPOSER:
         if entry.tenant_id is None or actor is None or entry.allowed_actions is None:
             raise refuse("a PROPOSER needs tenant_id, actor and allowed_actions")
         if entry.scopes is not None:
@@ -407,18 +405,18 @@ def _principal(entry: PrincipalEntry, registered: frozenset[str]) -> Principal:
             allowed_actions=frozenset(entry.allowed_actions),
             credential_kind=kind,
         )
-    if entry.role == "OPERATOR":
+    if entry.role is Role.OPERATOR:
         if entry.tenant_id is not None or entry.allowed_actions is not None:
             raise refuse("an OPERATOR carries no tenant_id or allowed_actions")
         if not entry.scopes:
             raise refuse("an OPERATOR needs at least one scope")
-        if not set(entry.scopes) <= OPERATOR_SCOPES:
-            raise refuse("scopes must be drawn from " + ", ".join(sorted(OPERATOR_SCOPES)))
+        if not set(entry.scopes) <= frozenset(Scope):
+            raise refuse("scopes must be drawn from " + ", ".join(sorted(Scope)))
         return Principal(
             id=pid,
             role=Role.OPERATOR,
             actor=actor,
-            scopes=frozenset(entry.scopes),
+            scopes=frozenset(Scope(scope) for scope in entry.scopes),
             credential_kind=kind,
         )
     # APPROVER: a person who may approve escalations; ``actor`` names the person.

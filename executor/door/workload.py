@@ -29,7 +29,7 @@ any failed re-read or refresh keeps the last good set and is reported on the sec
 (``JWKS_RELOAD_REFUSED`` / ``JWKS_REFRESH_FAILED``). The keys in use are the union of the file's
 last good set and the URL's last good set, so a cluster key rotation picked up by either works.
 
-Callers: ``door/door.py``, ``assembly.py``; ``serve.py`` builds the source and runs
+Callers: ``door/door.py``, ``assembly.py`` (builds the source); ``plane.py`` runs
 :meth:`JwksSource.run_refresh`.
 """
 
@@ -51,9 +51,10 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from ..canonical import parse_json
 from ..clock import Clock
 from ..codes import Code
-from ..errors import AgentSafeError, ConfigError
+from ..errors import AgentSafeError, CanonicalizationError, ConfigError
 from ..events import EventSink
 from .principals_file import PrincipalRecord, PrincipalSet, WorkloadJwtCredential
 
@@ -377,10 +378,10 @@ class WorkloadVerifier:
             raise JwtRefused(Code.JWT_MALFORMED, "the token is not a compact JWS")
         head, body, sig = token.split(".")
         try:
-            header = json.loads(_b64url_decode(head))
-            claims = json.loads(_b64url_decode(body))
+            header = parse_json(_b64url_decode(head))
+            claims = parse_json(_b64url_decode(body))
             signature = _b64url_decode(sig) if sig else b""
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, CanonicalizationError, RecursionError):
             raise JwtRefused(Code.JWT_MALFORMED, "the token is not a compact JWS") from None
         if not isinstance(header, dict) or not isinstance(claims, dict):
             raise JwtRefused(Code.JWT_MALFORMED, "the token is not a compact JWS")

@@ -13,7 +13,8 @@ for headers at the moment of dispatch (before the point of no return) and never 
   with an RFC 9530 ``content-digest`` over method, path, body, idempotency key, intent hash and,
   on a dispatch, grant, decision and the authority's claim attestation.
 
-:data:`RESERVED_HEADERS` are the headers a handler sets itself; no credential may supply one.
+:mod:`agentsafe.executor.headers` lists the headers the executor writes itself; the static header
+credential may name none of them.
 
 A credential that cannot produce headers raises :class:`CredentialUnavailable`; the handler maps it
 to FAILED_BEFORE_DISPATCH (nothing was sent). Callers: ``assembly.py`` (construction from the
@@ -29,7 +30,7 @@ import json
 import re
 import uuid
 from contextlib import AbstractContextManager
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Literal, Protocol
 from urllib.parse import urlencode
 
 from cryptography.hazmat.primitives import hashes, serialization
@@ -43,6 +44,7 @@ from ..clock import Clock, SystemClock
 from ..codes import Code
 from ..errors import AgentSafeError, ConfigError, HandlerError
 from ..grants import b64url_encode
+from ..headers import HEADER_NAME, is_reserved
 from ..host.secrets import SecretHandle as HeldSecret
 from .httpsig import (
     SignatureError,
@@ -56,7 +58,6 @@ from .transport import Transport, TransportError
 
 __all__ = [
     "CLIENT_ASSERTION_TYPE",
-    "RESERVED_HEADERS",
     "CredentialUnavailable",
     "DownstreamCredential",
     "PrivateKeyJwtCredential",
@@ -69,23 +70,6 @@ ASSERTION_LIFETIME_S = 60
 REFRESH_MARGIN_S = 30
 _TOKEN68 = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
 _MAX_TOKEN_LENGTH = 8192
-
-
-RESERVED_HEADERS: Final = frozenset(
-    {
-        "content-type",
-        "content-length",
-        "host",
-        "idempotency-key",
-        "x-agent-safe-intent-hash",
-        "x-agent-safe-dossier-id",
-        "x-agent-safe-grant-id",
-        "x-agent-safe-decision-id",
-        "x-agent-safe-claim-attestation",
-    }
-)
-"""Headers the handler sets itself: no credential (and no configured header) may supply one."""
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 
 class SecretHandle(Protocol):
@@ -115,7 +99,7 @@ class StaticHeaderCredential:
     """One fixed header (``DOWNSTREAM_CREDENTIAL_HEADER``) carrying a secret's value."""
 
     def __init__(self, header: str, secret: SecretHandle) -> None:
-        if not _HEADER_NAME.match(header) or header.lower() in RESERVED_HEADERS:
+        if not HEADER_NAME.fullmatch(header) or is_reserved(header):
             raise ConfigError("DOWNSTREAM_CREDENTIAL_HEADER", "not a usable header name")
         self._header = header.lower()
         self._secret = secret

@@ -55,6 +55,7 @@ from yarl import URL
 from ..codes import Code
 from ..errors import ConfigError
 from ..events import Streams
+from ..headers import HEADER_NAME, TRANSPORT_HEADERS
 from ..host.audithook import allowed_egress
 from .transport import DEFAULT_MAX_RESPONSE_BYTES, HttpResponse, TransportError
 
@@ -69,11 +70,7 @@ __all__ = [
 
 MAX_RESPONSE_BYTES_RANGE = (1024, 16 * 1024 * 1024)
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-_FORBIDDEN_HEADERS = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te", "trailer"}
-)
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_HEADER_VALUE = re.compile(r"^[\t\x20-\x7e\x80-\xff]*$")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 _PIN = re.compile(r"^sha256/([A-Za-z0-9+/]{43}=)$")
 _NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
@@ -441,10 +438,10 @@ class GuardedClient:
             raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
         for name, value in headers.items():
             if (
-                not _TOKEN.match(name)
-                or name.lower() in _FORBIDDEN_HEADERS
+                not HEADER_NAME.fullmatch(name)
+                or name.lower() in TRANSPORT_HEADERS
                 or not isinstance(value, str)
-                or not _HEADER_VALUE.match(value)
+                or not _HEADER_VALUE.fullmatch(value)
             ):
                 raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
         host = (url.raw_host or "").lower()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -35,11 +34,12 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from ..canonical import canonical_json, sha256_digest, sha256_hex
+from ..canonical import canonical_json, parse_json, sha256_digest, sha256_hex
 from ..clock import Clock, format_ms
 from ..codes import Code
 from ..errors import AgentSafeError, CanonicalizationError
 from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
+from ..host.durable import fsync_directory, write_all
 from .chain import ChainedSink, ChainHead
 from .chainverify import ChainReport, verify_chain
 from .redact import Redactor
@@ -204,7 +204,7 @@ def export_bundle(
         for filename, data in files.items():
             _write_new(directory / filename, data)
         _write_new(directory / MANIFEST, _manifest_bytes(document))
-        _fsync_dir(directory)
+        fsync_directory(directory)
     except OSError as exc:
         raise BundleError("the bundle could not be written") from exc
     return Manifest(directory, document)
@@ -288,18 +288,7 @@ def _sign(document: Mapping[str, Any], key: Ed25519PrivateKey) -> dict[str, str]
 def _write_new(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -327,8 +316,8 @@ def verify_bundle(
     except OSError:
         return fail(MANIFEST, "FILE_READABLE", "the manifest cannot be read")
     try:
-        document = json.loads(raw_manifest.decode("utf-8"), parse_constant=_refuse)
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        document = parse_json(raw_manifest)
+    except (ValueError, CanonicalizationError, RecursionError):
         return fail(MANIFEST, "MANIFEST_PARSE", "the manifest is not JSON")
     if not isinstance(document, dict) or document.get("schema") != MANIFEST_SCHEMA:
         return fail(MANIFEST, "MANIFEST_SCHEMA", f"the manifest is not {MANIFEST_SCHEMA}")
@@ -419,10 +408,6 @@ def verify_bundle(
     if problems:
         return BundleReport(tuple(problems), None, chains)
     return BundleReport((), level, chains)
-
-
-def _refuse(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _signature_verifies(

@@ -21,8 +21,9 @@ a clean stop, or after a crash beyond any sequence number the dead process could
 with ``gap: true``. A line is never written more than ``checkpoint_lines`` past the persisted
 head, so that bound holds even when a checkpoint fails (the sink then refuses to write).
 
-Callers: ``serve.py`` builds the streams with :func:`open_chained_streams` and closes them on
-SIGTERM; ``evidence/bundle.py`` (``export_bundle``) reads :meth:`ChainedSink.snapshot`;
+Callers: ``assembly.py`` builds the streams with :func:`open_chained_streams`; ``plane.py``
+closes them on SIGTERM; ``serve.py`` writes operational logs through their writer;
+``evidence/bundle.py`` (``export_bundle``) reads :meth:`ChainedSink.snapshot`;
 ``/v1/control/status`` reads the heads. The format is documented in ``docs/evidence.md``.
 """
 
@@ -45,7 +46,8 @@ from ..canonical import MAX_SAFE_INTEGER, canonical_text, sha256_digest
 from ..clock import Clock, format_ms
 from ..codes import Code
 from ..errors import AgentSafeError
-from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA, Streams
+from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, SECURITY_SCHEMA, Streams
+from ..host.durable import fsync_directory, write_all
 from .redact import Redaction, Redactor
 
 __all__ = [
@@ -66,7 +68,6 @@ __all__ = [
     "open_chained_streams",
 ]
 
-GENESIS_HASH = "sha256:" + "0" * 64
 CHAIN_RESUMED = "CHAIN_RESUMED"
 LEAK_SUSPECTED = "LEAK_SUSPECTED"
 DEFAULT_CHECKPOINT_LINES = 100
@@ -471,16 +472,12 @@ class ChainedSink:
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.write(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, self._head_path)
-            dir_fd = os.open(self._head_path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            fsync_directory(self._head_path.parent)
         except OSError as exc:
             raise ChainError(
                 f"chain head for stream {self.stream} could not be persisted",

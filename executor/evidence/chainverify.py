@@ -17,16 +17,15 @@ tests.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..canonical import canonical_text, sha256_digest
+from ..canonical import canonical_text, parse_json, sha256_digest
 from ..errors import CanonicalizationError
-from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
+from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, SECURITY_SCHEMA
 
 __all__ = [
     "ALTERED",
@@ -48,7 +47,6 @@ __all__ = [
     "verify_chain_file",
 ]
 
-GENESIS_HASH = "sha256:" + "0" * 64
 KNOWN_SCHEMAS = (EVIDENCE_SCHEMA, SECURITY_SCHEMA)
 
 ALTERED = "ALTERED"
@@ -193,8 +191,8 @@ def verify_chain(lines: Iterable[str], *, require_genesis: bool = False) -> Chai
 
 def _classify(number: int, raw: str) -> _Item | None:
     try:
-        obj = json.loads(raw, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError):
+        obj = parse_json(raw)
+    except (ValueError, CanonicalizationError, RecursionError):
         if _looks_like_chain(raw):
             schema = next((s for s in KNOWN_SCHEMAS if s in raw), None)
             return _Item(number, raw, None, schema, "unparsable")
@@ -206,10 +204,6 @@ def _classify(number: int, raw: str) -> _Item | None:
     if known is None and "prev_hash" not in obj and "hash" not in obj:
         return None
     return _Item(number, raw, obj, known)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _looks_like_chain(raw: str) -> bool:

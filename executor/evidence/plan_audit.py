@@ -6,7 +6,7 @@ line per event to ``<journal>/plans/audit-YYYY-MM-DD.jsonl`` (directory 0700, fi
 write, a flush and an ``fsync`` in a worker thread, then mirrors the event on the evidence stream.
 The events carry only the pseudonymous digests the plan library puts in them.
 
-Callers: ``serve.py`` (the plan service).
+Callers: ``assembly.py`` (the plan service).
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..canonical import canonical_text
-from ..clock import Clock
+from ..clock import Clock, utc_day
 from ..codes import Code
 from ..errors import JournalError
 from ..events import EventSink
+from ..host.durable import fsync_directory, write_all
 
 __all__ = ["DurablePlanAudit"]
 
@@ -49,22 +49,14 @@ class DurablePlanAudit:
         self._evidence.emit("PLAN_AUDIT", {"plan_event": dict(event)})
 
     def _write(self, line: str) -> None:
-        path = self._dir / ("audit-" + _day(self._clock.now()) + ".jsonl")
+        path = self._dir / ("audit-" + utc_day(self._clock.now()) + ".jsonl")
         with self._lock:
             created = not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
-                os.write(fd, line.encode("utf-8"))
+                write_all(fd, line.encode("utf-8"))
                 os.fsync(fd)
             finally:
                 os.close(fd)
             if created:
-                dir_fd = os.open(self._dir, os.O_RDONLY)
-                try:
-                    os.fsync(dir_fd)
-                finally:
-                    os.close(dir_fd)
-
-
-def _day(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(epoch))
+                fsync_directory(self._dir)

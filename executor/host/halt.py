@@ -14,7 +14,7 @@ Each new cause is one ``HALTED`` line on the security stream (cause, reason, by)
 one ``RESUMED`` line; an operator's reason is their own words, kept but bounded in length and
 stripped of control characters. Listeners are called with the new halted flag on every change.
 
-Callers: ``serve.py`` builds it, and with ``assembly.py`` wires what feeds it (the door's
+Callers: ``assembly.py`` builds it and wires what feeds it (the door's
 refusal spikes, the egress guard, the posture monitor, the authority client's skew) and what
 reads it (503 EXECUTOR_HALTED while halted, ``/ready`` 503); ``routes/control.py`` (the control
 routes).

@@ -8,8 +8,8 @@ one, so two executors in one test process never share a count.
 
 Callers: ``door/door.py`` (refusals, locks), ``lifecycle/pipeline.py`` (proposals,
 executions), ``host/halt.py``, ``host/tlsctx.py``, ``routes/control.py`` (operator actions, and
-``GET /metrics`` serves :meth:`ExecutorMetrics.render`); ``assembly.py`` and ``serve.py`` build it
-and hand its counters to the egress guard, the secret store, the posture monitor, the redactor
+``GET /metrics`` serves :meth:`ExecutorMetrics.render`); ``assembly.py`` builds it and hands its
+counters to the egress guard, the secret store, the posture monitor, the redactor
 and the chained sinks.
 """
 

@@ -34,7 +34,13 @@ from ..config import PostureMode
 from ..errors import AgentSafeError
 from ..events import EventSink
 from .audithook import GUARD_CHECKS
-from .secrets import SecretFinding
+from .secrets import (
+    SECRET_FILE_MODE,
+    SECRET_FILE_OUTSIDE_DIR,
+    SECRET_FILE_OWNER,
+    SECRET_IN_ENV,
+    SecretFinding,
+)
 
 __all__ = [
     "ALL_CHECKS",
@@ -71,10 +77,10 @@ ALL_CHECKS: Final[tuple[str, ...]] = (
     "NO_NEW_PRIVS_ABSENT",
     "SECCOMP_ABSENT",
     "CAPABILITIES_PRESENT",
-    "SECRET_IN_ENV",
-    "SECRET_FILE_OUTSIDE_DIR",
-    "SECRET_FILE_MODE",
-    "SECRET_FILE_OWNER",
+    SECRET_IN_ENV,
+    SECRET_FILE_OUTSIDE_DIR,
+    SECRET_FILE_MODE,
+    SECRET_FILE_OWNER,
     "PRINCIPALS_FILE_MODE",
     "PRINCIPALS_FILE_OWNER",
     *GUARD_CHECKS,
@@ -85,7 +91,7 @@ NEVER_WAIVED: Final[frozenset[str]] = frozenset({"SA_TOKEN_PRESENT", "TLS_VERIFY
 # posture (a value another user can read is not a secret on any machine), so waiving the check
 # here would only move the refusal from the posture to the store.
 SECRET_CHECKS: Final[frozenset[str]] = frozenset(
-    {"SECRET_IN_ENV", "SECRET_FILE_OUTSIDE_DIR", "SECRET_FILE_MODE", "SECRET_FILE_OWNER"}
+    {SECRET_IN_ENV, SECRET_FILE_OUTSIDE_DIR, SECRET_FILE_MODE, SECRET_FILE_OWNER}
 )
 # What the development posture waives: everything else. Each is a fact about the machine the
 # process runs on (its user, its mounts, the kernel's confinement, the guard, the developer's
@@ -96,22 +102,9 @@ WAIVABLE_CHECKS: Final[frozenset[str]] = frozenset(ALL_CHECKS) - NEVER_WAIVED - 
 # Repeated while running: everything that can change under a live process. The guard checks are
 # not repeated (the hook cannot be removed), nor AGENTSAFE_ENV, USER_SITE_ENABLED and the secret
 # checks (the store's watcher re-checks every secret file and refuses a bad one on reload).
-DRIFT_CHECKS: Final[tuple[str, ...]] = (
-    "ROOT_UID",
-    "ROOT_WRITABLE",
-    "CWD_WRITABLE",
-    "SA_TOKEN_PRESENT",
-    "PROXY_ENV",
-    "PYTHON_ENV_INJECTION",
-    "EXTRA_CA",
-    "KEYLOG",
-    "TLS_VERIFY_DISABLED",
-    "TRACER_ACTIVE",
-    "NO_NEW_PRIVS_ABSENT",
-    "SECCOMP_ABSENT",
-    "CAPABILITIES_PRESENT",
-    "PRINCIPALS_FILE_MODE",
-    "PRINCIPALS_FILE_OWNER",
+_NOT_REPEATED: Final = frozenset({*GUARD_CHECKS, "AGENTSAFE_ENV", "USER_SITE_ENABLED"})
+DRIFT_CHECKS: Final[tuple[str, ...]] = tuple(
+    check for check in ALL_CHECKS if check not in _NOT_REPEATED | SECRET_CHECKS
 )
 
 PROXY_VARIABLES: Final = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"})

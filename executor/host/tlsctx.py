@@ -22,7 +22,7 @@ key's value changed; connections already open keep the context they negotiated. 
 fails (a half-written file, a key that does not match the certificate) keeps the previous
 context and is ``TLS_RELOAD_REFUSED``; a success is ``TLS_CONTEXT_ROTATED``.
 
-Callers: ``assembly.py`` and ``serve.py`` (build and watch), ``door/door.py``
+Callers: ``assembly.py`` (builds), ``plane.py`` (watches), ``door/door.py``
 (:func:`peer_san_uris`, :func:`certificate_sha256`), ``routes/door.py``
 (:func:`peer_certificate_der`).
 """
@@ -48,6 +48,7 @@ from cryptography import x509
 from ..codes import Code
 from ..errors import ConfigError
 from ..events import EventSink
+from .durable import write_all
 from .metrics import ExecutorMetrics
 
 __all__ = [
@@ -132,7 +133,7 @@ def _load_chain(
     if memfd_create is not None and os.path.isdir("/proc/self/fd"):
         fd = memfd_create("agentsafe-tls-key", getattr(os, "MFD_CLOEXEC", 0))
         try:
-            _write_all(fd, key_pem)
+            write_all(fd, key_pem)
             try:
                 ctx.load_cert_chain(os.fspath(cert_file), f"/proc/self/fd/{fd}")
             except (OSError, ssl.SSLError):
@@ -147,7 +148,7 @@ def _load_chain(
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            _write_all(fd, key_pem)
+            write_all(fd, key_pem)
         finally:
             os.close(fd)
         try:
@@ -158,21 +159,11 @@ def _load_chain(
         with contextlib.suppress(OSError):
             fd = os.open(path, os.O_WRONLY)
             try:
-                _write_all(fd, bytearray(len(key_pem)))
+                write_all(fd, bytearray(len(key_pem)))
                 os.fsync(fd)
             finally:
                 os.close(fd)
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def _write_all(fd: int, data: bytearray) -> None:
-    view = memoryview(data)
-    try:
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-    finally:
-        view.release()
 
 
 class ReloadingTlsContext:

@@ -4,7 +4,8 @@ One place builds every ``/v1/actions``-style answer so that an ALLOW, a BLOCK, a
 all look the same to a caller's parser. Error bodies are ``{"error": {"code", "message"}}`` and
 never echo request data.
 
-Callers: ``lifecycle/pipeline.py``, ``routes/app.py``, ``routes/refusals.py``, ``serve.py``.
+Callers: ``lifecycle/pipeline.py``, ``lifecycle/attempt.py``, ``routes/app.py``,
+``routes/refusals.py``, ``plane.py``.
 """
 
 from __future__ import annotations

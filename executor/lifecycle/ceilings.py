@@ -33,8 +33,9 @@ Decisions this module makes, stated plainly:
   Anything dispatched, including a provider's refusal or an unknown outcome, keeps its place:
   unknown may have moved value, and a refusal still consumed an attempt.
 
-Callers: ``lifecycle/pipeline.py`` (check, commit, release), ``serve.py`` (builds it from the
-configuration, with the shared window when there is a shared store).
+Callers: ``lifecycle/pipeline.py`` (check), ``lifecycle/attempt.py`` (commit, release),
+``assembly.py`` (builds it from the configuration, with the shared window when there is a shared
+store).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from typing import Any, Protocol
 
 from ..clock import Clock
 from ..codes import Code
+from ..config import CURRENCY_PATTERN
 from ..errors import RequestRejected
 
 __all__ = [
@@ -56,11 +58,10 @@ __all__ = [
     "MemoryWindow",
     "Payment",
     "Reservation",
-    "parse_single_limits",
     "read_payment",
 ]
 
-_CURRENCY = re.compile(r"^[A-Z]{3}$")
+_CURRENCY = re.compile(CURRENCY_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -87,31 +88,11 @@ def read_payment(parameters: Mapping[str, Any]) -> Payment | None:
     currency = parameters["currency"]
     if not isinstance(amount, int) or isinstance(amount, bool) or amount < 0:
         raise _refuse(Code.HARD_LIMIT_AMOUNT_INVALID, "amountMinor must be a non-negative integer")
-    if not isinstance(currency, str) or not _CURRENCY.match(currency):
+    if not isinstance(currency, str) or not _CURRENCY.fullmatch(currency):
         raise _refuse(
             Code.HARD_LIMIT_AMOUNT_INVALID, "currency must be a three-letter ISO 4217 code"
         )
     return Payment(amount_minor=amount, currency=currency)
-
-
-def parse_single_limits(text: str) -> dict[str, int]:
-    """Parse ``CHF:2500000000,EUR:1000000``; raises ``ValueError`` (without echoing the text)."""
-    limits: dict[str, int] = {}
-    for part in text.split(","):
-        item = part.strip()
-        if not item:
-            continue
-        code, sep, amount = item.partition(":")
-        code = code.strip()
-        amount = amount.strip()
-        if not sep or not _CURRENCY.match(code) or not amount.isascii() or not amount.isdigit():
-            raise ValueError("expected CUR:amount pairs separated by commas")
-        if code in limits:
-            raise ValueError("a currency is named twice")
-        limits[code] = int(amount)
-    if not limits:
-        raise ValueError("no currency limits given")
-    return limits
 
 
 class CeilingWindow(Protocol):

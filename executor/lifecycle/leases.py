@@ -18,8 +18,8 @@ reconciled, and leaves alone one another replica holds under a live lease or alr
 A database that fails makes a tick do nothing; the next tick tries again. An attempt taken over
 and still unknown stays open under the new owner's lease, renewed while it lives.
 
-Callers: ``serve.py`` (builds one with a shared store, runs :meth:`LeaseKeeper.run`, passes
-:meth:`LeaseKeeper.gate` to startup reconciliation).
+Callers: ``assembly.py`` (builds one with a shared store), ``plane.py`` (runs
+:meth:`LeaseKeeper.run`, passes :meth:`LeaseKeeper.gate` to startup reconciliation).
 """
 
 from __future__ import annotations

@@ -8,13 +8,18 @@
 4. capture the intent (tenant, actor and target from configuration) and hash it;
 5. check the host ceilings, then ask the authority (skew measured);
 6. in shadow, record and stop; on BLOCK or ESCALATE, answer;
-7. on ALLOW: commit the ceilings, journal ATTEMPT_OPENED, claim the single-use grant, run the
-   handler once (the registry journals GRANT_CLAIMED before its body), journal ATTEMPT_CLOSED
-   unless the outcome is unknown, finalize with the authority, record the answer.
+7. on ALLOW: the attempt (``attempt.py``): commit the ceilings, journal ATTEMPT_OPENED, claim
+   the single-use grant, run the handler once (the registry journals GRANT_CLAIMED before its
+   body), finalize with the authority, journal ATTEMPT_CLOSED unless the outcome is unknown;
+   then record the answer.
+
+Which handler runs an action is asked once per request (``_handler``); the owner and action
+checks are the door's and the intent's own (``check_action``, ``check_intent_owner``).
 
 ``Pipeline.reconcile`` is the stateless, read-only ``POST /v1/reconciliations``.
 
-Callers: ``routes/app.py`` (HTTP), ``serve.py`` (assembly), tests.
+Callers: ``routes/app.py`` (HTTP), ``assembly.py`` (construction), ``plane.py`` (holds it),
+tests.
 """
 
 from __future__ import annotations
@@ -23,23 +28,37 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..canonical import sha256_digest
 from ..clock import Clock, format_ms
 from ..codes import Code
-from ..dispatch.seam import Authorization, ExecutionContext, Outcome, Registry
+from ..config import EscalationMode, ExecutorMode
+from ..dispatch.seam import Outcome, ReconcileStatus, Registry
+from ..door.door import check_action
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
 from ..host.metrics import ExecutorMetrics
-from ..intent import CapturedIntent, DownstreamTarget, capture_intent, intent_from_binding
-from ..policy.authority import ESCALATION_TYP, Authority, Decision, GrantRefused, Verdict
+from ..intent import (
+    CapturedIntent,
+    DownstreamTarget,
+    capture_intent,
+    check_intent_owner,
+    intent_from_binding,
+)
+from ..policy.authority import ESCALATION_TYP, RECOVERY_TYP, Authority, Decision, Verdict
 from ..principals import Principal
 from ..state.journal import AttemptJournal
-from ..state.usestore import ApprovalRecord, ApprovalRequest, ApprovalState, UseStore
+from ..state.usestore import (
+    ApprovalRecord,
+    ApprovalRequest,
+    ApprovalState,
+    IdempotencyKind,
+    UseStore,
+)
 from .answers import Answer, decision_answer, halted_answer, reconciled_answer
+from .attempt import Attempt, Progress, TokenSigner
 from .ceilings import HostCeilings
 from .shadow import ShadowReport
 
@@ -47,19 +66,11 @@ __all__ = ["ActionCatalog", "Pipeline", "Proposal"]
 
 log = logging.getLogger(__name__)
 
-RECOVERY_TYP = "agentsafe-recovery+jwt"
-
 
 class ActionCatalog(Protocol):
-    """Which registered handler runs a policy action (``None``: no such action)."""
+    """Which registered handler runs a policy action (``None``: none does)."""
 
     def handler_for(self, action: str) -> str | None: ...
-
-
-class TokenSigner(Protocol):
-    def sign_token(self, payload: Mapping[str, Any], *, typ: str) -> str: ...
-
-    def verify_token(self, token: str, *, typ: str) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -82,7 +93,7 @@ class Pipeline:
     def __init__(
         self,
         *,
-        mode: str,
+        mode: ExecutorMode,
         authority: Authority,
         signer: TokenSigner,
         catalog: ActionCatalog,
@@ -99,7 +110,7 @@ class Pipeline:
         refusal: Callable[[], str | None] = lambda: None,
         on_clock_skew: Callable[[float], None] = lambda skew: None,
         metrics: ExecutorMetrics | None = None,
-        escalation: str = "NONE",
+        escalation: EscalationMode = EscalationMode.NONE,
         on_forbidden: Callable[[Principal, Code], None] = lambda principal, code: None,
     ) -> None:
         self.mode = mode
@@ -121,30 +132,55 @@ class Pipeline:
         self._metrics = metrics
         self.escalation = escalation
         self._on_forbidden = on_forbidden
+        self._attempt = Attempt(
+            authority=authority,
+            signer=signer,
+            registry=registry,
+            journal=journal,
+            ceilings=ceilings,
+            streams=streams,
+            clock=clock,
+            count_outcome=self._count_outcome,
+        )
 
-    def _count_outcome(self, outcome: str) -> None:
-        if self._metrics is not None and self.mode == "ENFORCEMENT":
-            self._metrics.executions.inc(outcome=outcome)
+    def _count_outcome(self, outcome: Outcome) -> None:
+        if self._metrics is not None and self.mode is ExecutorMode.ENFORCEMENT:
+            self._metrics.executions.inc(outcome=outcome.value)
+
+    def _handler(self, action: str) -> str:
+        """The registered handler that runs ``action``, or 422 ACTION_NOT_REGISTERED."""
+        handler = self._catalog.handler_for(action)
+        if handler is None:
+            raise RequestRejected(Code.ACTION_NOT_REGISTERED, "no handler runs this action")
+        return handler
+
+    def _check(self, principal: Principal, check: Callable[[], None]) -> None:
+        """Run one of the door's checks; a refusal counts toward the principal's window."""
+        try:
+            check()
+        except RequestRejected as exc:
+            self._on_forbidden(principal, exc.code)
+            raise
+
+    def _halted(self, principal: Principal) -> Answer | None:
+        """While halted or degraded, the 503 answer (nothing asked of the authority)."""
+        refusal = self._refusal()
+        if refusal is None:
+            return None
+        self._streams.evidence.emit(
+            "EXECUTION_BLOCKED", {"caller": principal.id, "reason_codes": [refusal]}
+        )
+        self._count_outcome(Outcome.BLOCKED)
+        return halted_answer(self.mode.value, refusal)
 
     # ------------------------------------------------------------------ proposals
 
     async def propose(self, principal: Principal, proposal: Proposal) -> Answer:
-        refusal = self._refusal()
-        if refusal is not None:
-            self._streams.evidence.emit(
-                "EXECUTION_BLOCKED", {"caller": principal.id, "reason_codes": [refusal]}
-            )
-            self._count_outcome(Outcome.BLOCKED.value)
-            return halted_answer(self.mode, refusal)
-        if not principal.may_propose(proposal.action):
-            self._on_forbidden(principal, Code.ACTION_NOT_PERMITTED_FOR_PRINCIPAL)
-            raise RequestRejected(
-                Code.ACTION_NOT_PERMITTED_FOR_PRINCIPAL,
-                "this principal may not propose this action",
-            )
-        handler = self._catalog.handler_for(proposal.action)
-        if handler is None or handler not in self._registry.names():
-            raise RequestRejected(Code.ACTION_NOT_REGISTERED, "no handler runs this action")
+        halted = self._halted(principal)
+        if halted is not None:
+            return halted
+        self._check(principal, lambda: check_action(principal, proposal.action))
+        handler = self._handler(proposal.action)
         assert principal.tenant_id is not None
         return await self._once(
             tenant=principal.tenant_id,
@@ -152,7 +188,7 @@ class Pipeline:
             key=proposal.idempotency_key,
             payload_digest=proposal.payload_digest(),
             conflict="this idempotency key was used with a different proposal",
-            run=lambda: self._propose_new(principal, proposal, handler),
+            run=lambda progress: self._propose_new(principal, proposal, handler, progress),
         )
 
     async def _once(
@@ -163,20 +199,21 @@ class Pipeline:
         key: str,
         payload_digest: str,
         conflict: str,
-        run: Callable[[], Awaitable[Answer]],
+        run: Callable[[Progress], Awaitable[Answer]],
     ) -> Answer:
         """Run ``run`` at most once per (tenant, principal, key), as payment APIs define it.
 
         A finished answer is recorded and replayed; a key whose attempt never started (a refusal,
         an authority that could not answer) is freed so it may be retried. Once an attempt has
-        started (``_attempt_started``), the key is never freed: a retry must not run it again,
-        and an outcome nobody knows stays in flight until reconciliation settles it.
+        started (``run`` sets the :class:`Progress` it is given), the key is never freed: a retry
+        must not run it again, and an outcome nobody knows stays in flight until reconciliation
+        settles it.
         """
         scope = {"tenant": tenant, "principal": principal.id, "key": key}
         state = await self._store.idempotency_begin(
             **scope, payload_digest=payload_digest, now=self._clock.now()
         )
-        if state.kind == "REPLAY":
+        if state.kind is IdempotencyKind.REPLAY:
             assert state.response is not None
             body = dict(state.response["body"])
             body["replayed"] = True
@@ -184,23 +221,20 @@ class Pipeline:
                 "PROPOSAL_REPLAYED", {"caller": principal.id, "intent_id": body.get("intent_id")}
             )
             return Answer(int(state.response["status"]), body)
-        if state.kind == "CONFLICT":
+        if state.kind is IdempotencyKind.CONFLICT:
             raise RequestRejected(Code.IDEMPOTENCY_KEY_CONFLICT, conflict)
-        if state.kind == "IN_PROGRESS":
+        if state.kind is IdempotencyKind.IN_PROGRESS:
             raise RequestRejected(
                 Code.IDEMPOTENCY_IN_PROGRESS,
                 "a request with this idempotency key is still in flight",
             )
-        progress = _Progress()
-        token = _attempt_progress.set(progress)
+        progress = Progress()
         try:
-            answer = await run()
+            answer = await run(progress)
         except BaseException:
             if not progress.started:
                 await asyncio.shield(self._store.idempotency_release(**scope))
             raise
-        finally:
-            _attempt_progress.reset(token)
         final = answer.status < 500 and answer.body.get("outcome") in _FINAL_OUTCOMES
         if final:
             try:
@@ -219,7 +253,9 @@ class Pipeline:
             await self._store.idempotency_release(**scope)
         return answer
 
-    async def _propose_new(self, principal: Principal, proposal: Proposal, handler: str) -> Answer:
+    async def _propose_new(
+        self, principal: Principal, proposal: Proposal, handler: str, progress: Progress
+    ) -> Answer:
         intent = capture_intent(
             principal=principal,
             action=proposal.action,
@@ -246,7 +282,7 @@ class Pipeline:
         decision = await self._decide(intent, principal)
         if decision is None:
             return self._unavailable(intent, principal)
-        return await self._act(intent, principal, decision, handler)
+        return await self._act(intent, principal, decision, handler, progress)
 
     async def _decide(
         self,
@@ -284,7 +320,7 @@ class Pipeline:
         return decision
 
     def _unavailable(self, intent: CapturedIntent, principal: Principal) -> Answer:
-        if self.mode == "SHADOW":
+        if self.mode is ExecutorMode.SHADOW:
             self.shadow.record(intent.action, None, "UNAVAILABLE")
             outcome = "UNAVAILABLE"
         else:
@@ -298,10 +334,10 @@ class Pipeline:
             },
         )
         body = decision_answer(
-            mode=self.mode,
+            mode=self.mode.value,
             intent_id=intent.intent_id,
             intent_hash=intent.intent_hash,
-            verdict="BLOCK",
+            verdict=Verdict.BLOCK.value,
             decision_id=None,
             dossier_id=None,
             reason_codes=["AUTHORITY_UNAVAILABLE"],
@@ -312,17 +348,22 @@ class Pipeline:
         return Answer(503, body)
 
     async def _act(
-        self, intent: CapturedIntent, principal: Principal, decision: Decision, handler: str
+        self,
+        intent: CapturedIntent,
+        principal: Principal,
+        decision: Decision,
+        handler: str,
+        progress: Progress,
     ) -> Answer:
         common: dict[str, Any] = {
-            "mode": self.mode,
+            "mode": self.mode.value,
             "intent_id": intent.intent_id,
             "intent_hash": intent.intent_hash,
             "verdict": decision.verdict.value,
             "decision_id": decision.decision_id,
             "dossier_id": decision.dossier_id,
         }
-        if self.mode == "SHADOW":
+        if self.mode is ExecutorMode.SHADOW:
             status = "INVALID" if "PARAMETERS_INVALID" in decision.reason_codes else "OBSERVED"
             self.shadow.record(intent.action, decision.verdict.value, status)
             body = decision_answer(
@@ -343,7 +384,7 @@ class Pipeline:
                     "reason_codes": list(decision.reason_codes),
                 },
             )
-            self._count_outcome(Outcome.BLOCKED.value)
+            self._count_outcome(Outcome.BLOCKED)
             body = decision_answer(
                 **common,
                 reason_codes=decision.reason_codes,
@@ -353,7 +394,7 @@ class Pipeline:
             )
             return Answer(200, body)
         if decision.verdict is Verdict.ESCALATE:
-            self._count_outcome(Outcome.ESCALATE_PENDING.value)
+            self._count_outcome(Outcome.ESCALATE_PENDING)
             body = decision_answer(
                 **common,
                 reason_codes=decision.reason_codes,
@@ -363,14 +404,21 @@ class Pipeline:
                 escalation=await self._escalation_object(intent, principal, decision),
             )
             return Answer(200, body)
-        return await self._execute(intent, principal, decision, handler, common)
+        return await self._attempt.run(
+            intent=intent,
+            principal=principal,
+            decision=decision,
+            handler=handler,
+            common=common,
+            progress=progress,
+        )
 
     async def _escalation_object(
         self, intent: CapturedIntent, principal: Principal, decision: Decision
     ) -> Mapping[str, Any] | None:
         """With ``EXECUTOR_ESCALATION=APPROVAL``: a durable approval request, and the signed
         object the proposer presents back. Otherwise the hold is the answer."""
-        if self.escalation != "APPROVAL":
+        if self.escalation is not EscalationMode.APPROVAL:
             return None
         request_id = str(uuid.uuid4())
         actor = principal.actor.id if principal.actor is not None else principal.id
@@ -413,164 +461,6 @@ class Pipeline:
             "token": token,
         }
 
-    async def _execute(
-        self,
-        intent: CapturedIntent,
-        principal: Principal,
-        decision: Decision,
-        handler: str,
-        common: dict[str, Any],
-    ) -> Answer:
-        assert decision.grant is not None
-        reservation = None
-        if self._ceilings is not None:
-            reservation = await self._ceilings.commit(intent.parameters)
-        attempt_id = str(uuid.uuid4())
-        journal = self._journal
-        progress = _attempt_progress.get(None)
-        if progress is not None:
-            progress.started = True
-        try:
-            if journal is not None:
-                await journal.opened(
-                    attempt_id=attempt_id,
-                    intent_id=intent.intent_id,
-                    intent_hash=intent.intent_hash,
-                    decision_id=decision.decision_id,
-                    dossier_id=decision.dossier_id,
-                    caller=principal.id,
-                    action=intent.action,
-                    binding=intent.binding,
-                )
-        except AgentSafeError:
-            log.exception("the journal refused ATTEMPT_OPENED")
-            if reservation is not None:
-                await reservation.release()
-            return self._failed_before_dispatch(common, ["JOURNAL_UNAVAILABLE"], None)
-        try:
-            claim = await self._authority.claim(decision.grant, intent=intent)
-        except (GrantRefused, StoreError) as exc:  # a store that failed claimed nothing we use
-            if journal is not None:
-                await journal.closed(
-                    attempt_id=attempt_id,
-                    outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
-                    executed=False,
-                    finalization="NOT_CLAIMED",
-                )
-            if reservation is not None:
-                await reservation.release()
-            return self._failed_before_dispatch(common, [exc.code], None)
-        authorization = Authorization(
-            decision_id=claim.decision_id,
-            dossier_id=claim.dossier_id,
-            grant_id=claim.grant_id,
-            expires_at=claim.expires_at,
-        )
-        self._streams.evidence.emit(
-            "GRANT_CLAIMED",
-            {
-                "intent_id": intent.intent_id,
-                "decision_id": claim.decision_id,
-                "grant_id": claim.grant_id,
-                "payload_digest": claim.execution_payload_digest,
-                "caller": principal.id,
-            },
-        )
-        remaining = claim.expires_at - self._clock.now()
-        ctx = ExecutionContext(
-            intent=intent,
-            parameters=intent.parameters,
-            authorization=authorization,
-            deadline_monotonic=self._clock.monotonic() + max(0.0, remaining),
-            clock=self._clock,
-            attestation=claim.attestation,
-        )
-
-        async def on_claimed(_: ExecutionContext) -> None:
-            if journal is not None:
-                await journal.grant_claimed(
-                    attempt_id=attempt_id,
-                    grant_id=claim.grant_id,
-                    expires_at=claim.expires_at,
-                    payload_digest=claim.execution_payload_digest,
-                )
-            self._streams.evidence.emit(
-                "DISPATCH", {"intent_id": intent.intent_id, "grant_id": claim.grant_id}
-            )
-
-        report = await self._registry.execute(handler, ctx, on_claimed=on_claimed)
-        outcome = Outcome(report.outcome)
-        if outcome is not Outcome.COMPLETED and not report.dispatched and reservation is not None:
-            await reservation.release()
-        finalization = await self._authority.finalize(
-            claim, outcome=outcome.value, executed=report.executed
-        )
-        recovery = None
-        if outcome is Outcome.UNKNOWN_AFTER_DISPATCH:
-            recovery = self._recovery_object(intent, attempt_id, claim.grant_id)
-        elif journal is not None:
-            await journal.closed(
-                attempt_id=attempt_id,
-                outcome=outcome.value,
-                executed=report.executed,
-                finalization=finalization,
-            )
-        self._count_outcome(outcome.value)
-        self._streams.evidence.emit(
-            "OUTCOME",
-            {
-                "intent_id": intent.intent_id,
-                "decision_id": claim.decision_id,
-                "grant_id": claim.grant_id,
-                "outcome": outcome.value,
-                "executed": report.executed,
-                "reason_codes": list(report.reason_codes),
-                "finalization": finalization,
-                "caller": principal.id,
-                **_receipt(report.result),
-            },
-        )
-        body = decision_answer(
-            **common,
-            reason_codes=[*decision.reason_codes, *report.reason_codes],
-            fail_closed=outcome is Outcome.FAILED_BEFORE_DISPATCH,
-            outcome=outcome.value,
-            executed=report.executed,
-            authorization=authorization.as_wire(),
-            finalization=finalization,
-            result=report.result if outcome is Outcome.COMPLETED else None,
-            recovery=recovery,
-        )
-        return Answer(200, body)
-
-    def _failed_before_dispatch(
-        self, common: dict[str, Any], reasons: list[str], authorization: Mapping[str, Any] | None
-    ) -> Answer:
-        self._count_outcome(Outcome.FAILED_BEFORE_DISPATCH.value)
-        body = decision_answer(
-            **common,
-            reason_codes=reasons,
-            fail_closed=True,
-            outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
-            executed=False,
-            authorization=authorization,
-        )
-        return Answer(200, body)
-
-    def _recovery_object(
-        self, intent: CapturedIntent, attempt_id: str, grant_id: str
-    ) -> dict[str, Any]:
-        reference = self._signer.sign_token(
-            {
-                "attempt_id": attempt_id,
-                "intent_hash": intent.intent_hash,
-                "grant_id": grant_id,
-                "iat": int(self._clock.now()),
-            },
-            typ=RECOVERY_TYP,
-        )
-        return {"intent": dict(intent.binding), "reference": reference}
-
     # ------------------------------------------------------------------ reconciliation
 
     async def reconcile(self, principal: Principal, recovery: Mapping[str, Any]) -> Answer:
@@ -590,22 +480,17 @@ class Pipeline:
                 Code.RECOVERY_BINDING_MISMATCH,
                 "the presented intent does not match its recovery reference",
             )
-        if intent.caller_principal != principal.id:
-            self._on_forbidden(principal, Code.INTENT_PRINCIPAL_MISMATCH)
-            raise RequestRejected(
-                Code.INTENT_PRINCIPAL_MISMATCH, "this intent was proposed by another principal"
-            )
-        handler = self._catalog.handler_for(intent.action)
-        if handler is None or handler not in self._registry.names():
-            raise RequestRejected(Code.ACTION_NOT_REGISTERED, "no handler runs this action")
+        self._check(principal, lambda: check_intent_owner(principal, intent))
+        handler = self._handler(intent.action)
         result = await self._registry.reconcile(handler, intent.idempotency_key)
         status = result.status.value
-        outcome, executed = _RECONCILED.get(status, ("UNKNOWN_AFTER_DISPATCH", None))
+        outcome, executed = _RECONCILED[result.status]
         attempt_id = str(claims.get("attempt_id", ""))
-        if self._journal is not None and status in ("COMPLETED", "NOT_EXECUTED") and attempt_id:
+        known = result.status is not ReconcileStatus.UNKNOWN
+        if self._journal is not None and known and attempt_id:
             await self._journal.reconciled(attempt_id=attempt_id, status=status, by="CALLER")
         settled = reconciled_answer(
-            mode=self.mode,
+            mode=self.mode.value,
             intent_id=intent.intent_id,
             intent_hash=intent.intent_hash,
             status=status,
@@ -634,7 +519,7 @@ class Pipeline:
             "intent_id": intent.intent_id,
             "intent_hash": intent.intent_hash,
             "status": status,
-            "outcome": outcome,
+            "outcome": outcome.value,
             "executed": executed,
             "result": (
                 {"provider_reference": result.provider_reference}
@@ -652,19 +537,15 @@ class Pipeline:
         self, principal: Principal, escalation: Mapping[str, Any]
     ) -> Answer:
         """``POST /v1/escalations``: one lookup; a fresh decision once the person answered."""
-        if self.escalation != "APPROVAL":
+        if self.escalation is not EscalationMode.APPROVAL:
             raise RequestRejected(
                 Code.ESCALATION_NOT_CONFIGURED,
                 "this executor resolves no escalations (EXECUTOR_ESCALATION=NONE); "
                 "the hold is the answer",
             )
-        refusal = self._refusal()
-        if refusal is not None:
-            self._streams.evidence.emit(
-                "EXECUTION_BLOCKED", {"caller": principal.id, "reason_codes": [refusal]}
-            )
-            self._count_outcome(Outcome.BLOCKED.value)
-            return halted_answer(self.mode, refusal)
+        halted = self._halted(principal)
+        if halted is not None:
+            return halted
         intent = intent_from_binding(escalation.get("intent"))
         token = escalation.get("token")
         request_id = escalation.get("request_id")
@@ -681,11 +562,7 @@ class Pipeline:
                 Code.ESCALATION_BINDING_MISMATCH,
                 "the escalation object does not belong to this intent",
             )
-        if intent.caller_principal != principal.id:
-            self._on_forbidden(principal, Code.INTENT_PRINCIPAL_MISMATCH)
-            raise RequestRejected(
-                Code.INTENT_PRINCIPAL_MISMATCH, "this intent was proposed by another principal"
-            )
+        self._check(principal, lambda: check_intent_owner(principal, intent))
         if self._clock.now() >= intent.expires_at:
             raise RequestRejected(
                 Code.INTENT_EXPIRED, "the intent has expired; an approval cannot revive it"
@@ -695,7 +572,7 @@ class Pipeline:
             raise RequestRejected(Code.APPROVAL_NOT_FOUND, "no such approval request")
         state = record.state_at(self._clock.now())
         common: dict[str, Any] = {
-            "mode": self.mode,
+            "mode": self.mode.value,
             "intent_id": intent.intent_id,
             "intent_hash": intent.intent_hash,
             "decision_id": None,
@@ -704,7 +581,7 @@ class Pipeline:
         if state is ApprovalState.PENDING:
             body = decision_answer(
                 **common,
-                verdict="ESCALATE",
+                verdict=Verdict.ESCALATE.value,
                 reason_codes=["APPROVAL_PENDING"],
                 fail_closed=False,
                 outcome=Outcome.ESCALATE_PENDING.value,
@@ -714,29 +591,26 @@ class Pipeline:
             return Answer(200, body)
         if state is not ApprovalState.APPROVED:
             reason = "APPROVAL_DENIED" if state is ApprovalState.DENIED else "APPROVAL_EXPIRED"
-            self._count_outcome(Outcome.BLOCKED.value)
+            self._count_outcome(Outcome.BLOCKED)
             self._streams.evidence.emit(
                 "EXECUTION_BLOCKED",
                 {"intent_id": intent.intent_id, "caller": principal.id, "reason_codes": [reason]},
             )
             body = decision_answer(
                 **common,
-                verdict="BLOCK",
+                verdict=Verdict.BLOCK.value,
                 reason_codes=[reason],
                 fail_closed=False,
                 outcome=Outcome.BLOCKED.value,
                 executed=False,
             )
             return Answer(200, body)
-        return await self._execute_approved(principal, intent, record)
+        return await self._execute_approved(principal, intent, record, self._handler(intent.action))
 
     async def _execute_approved(
-        self, principal: Principal, intent: CapturedIntent, record: ApprovalRecord
+        self, principal: Principal, intent: CapturedIntent, record: ApprovalRecord, handler: str
     ) -> Answer:
         """An approved intent runs once: the request id is its own idempotency key."""
-        handler = self._catalog.handler_for(intent.action)
-        if handler is None or handler not in self._registry.names():
-            raise RequestRejected(Code.ACTION_NOT_REGISTERED, "no handler runs this action")
         approval = {
             "decision": "APPROVE",
             "approver": record.approver,
@@ -745,11 +619,11 @@ class Pipeline:
             "intent_hash": intent.intent_hash,
         }
 
-        async def run() -> Answer:
+        async def run(progress: Progress) -> Answer:
             decision = await self._decide(intent, principal, approval)
             if decision is None:
                 return self._unavailable(intent, principal)
-            return await self._act(intent, principal, decision, handler)
+            return await self._act(intent, principal, decision, handler, progress)
 
         return await self._once(
             tenant=intent.tenant_id,
@@ -761,35 +635,17 @@ class Pipeline:
         )
 
 
-@dataclass
-class _Progress:
-    started: bool = False
-
-
-_attempt_progress: ContextVar[_Progress] = ContextVar("agentsafe_attempt_progress")
-
-
-def _receipt(result: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The provider's signed effect receipt, carried verbatim into the evidence."""
-    receipt = (result or {}).get("effect_receipt")
-    return {"effect_receipt": receipt} if isinstance(receipt, str) else {}
-
-
 _FINAL_OUTCOMES = frozenset(
     {
-        "COMPLETED",
-        "BLOCKED",
-        "FAILED_BEFORE_DISPATCH",
-        "UNKNOWN_AFTER_DISPATCH",
-        "DEFINITELY_NOT_EXECUTED",
-        "ESCALATE_PENDING",
+        *(outcome.value for outcome in Outcome),
         "OBSERVED",
         "INVALID",
     }
 )
+"""Answers recorded for a key and replayed; anything else (a 5xx, a shadow UNAVAILABLE) frees it."""
 
-_RECONCILED: dict[str, tuple[str, bool | None]] = {
-    "COMPLETED": ("COMPLETED", True),
-    "NOT_EXECUTED": ("DEFINITELY_NOT_EXECUTED", False),
-    "UNKNOWN": ("UNKNOWN_AFTER_DISPATCH", None),
+_RECONCILED: dict[ReconcileStatus, tuple[Outcome, bool | None]] = {
+    ReconcileStatus.COMPLETED: (Outcome.COMPLETED, True),
+    ReconcileStatus.NOT_EXECUTED: (Outcome.DEFINITELY_NOT_EXECUTED, False),
+    ReconcileStatus.UNKNOWN: (Outcome.UNKNOWN_AFTER_DISPATCH, None),
 }

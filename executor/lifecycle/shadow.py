@@ -9,7 +9,8 @@ Counting is guarded by a lock, so request handlers on the event loop and threads
 concurrently. Nothing here holds a parameter, an identifier or a caller: only action names and
 counts.
 
-Callers: the pipeline (``record``), ``serve.py`` (``render`` at shutdown), ``/metrics``.
+Callers: the pipeline (``record``), ``assembly.py`` (builds it), ``plane.py`` (holds it; the
+process prints ``render`` at shutdown), ``/metrics``.
 """
 
 from __future__ import annotations

@@ -25,12 +25,12 @@ from typing import Any, Protocol
 from ..codes import Code
 from .errors import AgentSafetyError
 from .execute import StepRequest, StepResult
+from .policy import IDENTIFIER_PATTERN
 from .snapshot import thaw
 
 __all__ = ["McpReadExecutor", "McpSession", "create_read_only_mcp_executor"]
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-_STEP_TOOL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,127}$")
 
 
 class McpSession(Protocol):
@@ -111,7 +111,7 @@ async def create_read_only_mcp_executor(
             "the MCP tool name must be an exact identifier", code=Code.MCP_TOOL_NAME_INVALID
         )
     step_tool = tool_name if tool is None else tool
-    if type(step_tool) is not str or not _STEP_TOOL.match(step_tool):
+    if type(step_tool) is not str or not re.fullmatch(IDENTIFIER_PATTERN, step_tool):
         raise AgentSafetyError(
             "the plan tool name must be an identifier", code=Code.MCP_TOOL_NAME_INVALID
         )

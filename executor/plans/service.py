@@ -14,7 +14,7 @@ receipt) with a stable code; the routes answer it with the code's status from th
 state beyond what it is given: the policy, signers/verifiers, the use store, the audit sink, the
 executor registry and the clock.
 
-Callers: ``routes/plans.py`` (the plan routes), ``serve.py`` (construction), the package's
+Callers: ``routes/plans.py`` (the plan routes), ``assembly.py`` (construction), the package's
 public API.
 """
 

@@ -22,8 +22,9 @@ later); :class:`LocalAuthority` is the built-in one, evaluating the compiled pol
 atomically, in the use store. :meth:`LocalAuthority.sign_token` / :meth:`verify_token` sign the
 executor's other hand-outs (escalation objects, recovery references) under the same key.
 
-Callers: ``lifecycle/pipeline.py`` (evaluate, claim, finalize; escalation and recovery
-tokens), ``serve.py`` (construction, and the key set of the JWKS route).
+Callers: ``lifecycle/pipeline.py`` (evaluate; escalation and recovery tokens),
+``lifecycle/attempt.py`` (claim, finalize, recovery tokens), ``assembly.py`` (construction),
+``plane.py`` (the key set of the JWKS route).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from ..clock import Clock
 from ..codes import Code
 from ..errors import AgentSafeError
 from ..grants import KeySet, SigningKey, TokenRefused, sign_jws, verify_jws
-from ..intent import CapturedIntent
+from ..intent import UUID4, CapturedIntent
 from ..principals import Principal
 from .attestation import claim_token_digest, issue_claim_attestation
 from .celexpr import Activation, EvaluationError
@@ -73,7 +74,6 @@ GRANT_TTL_SECONDS = 60.0
 """The longest a grant lives; it is also cut to the intent's expiry."""
 
 _TOKEN_TYP = re.compile(r"^agentsafe-[a-z][a-z0-9-]*\+jwt$")
-_UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 _BINDING_KEYS = frozenset(
     {"intent_hash", "execution_payload_digest", "execution_payload_canonicalization_profile"}
 )
@@ -436,7 +436,7 @@ def _grant_fields(payload: Mapping[str, Any]) -> _GrantFields:
     ids = [payload.get(name) for name in ("sub", "decision_id", "dossier_id")]
     times = [payload.get(name) for name in ("iat", "nbf", "exp")]
     binding = payload.get("binding")
-    id_values = [value for value in ids if isinstance(value, str) and _UUID4.match(value)]
+    id_values = [value for value in ids if isinstance(value, str) and UUID4.fullmatch(value)]
     time_values = [
         float(value)
         for value in times

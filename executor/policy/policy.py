@@ -19,7 +19,7 @@ every parameter schema and compiles every CEL ``when`` so that evaluation is pur
 refusal is a :class:`~agentsafe.executor.errors.PolicyError` whose message starts with the path of
 the offending field (``actions[0].rules[1].when``).
 
-Callers: ``serve.py`` (``EXECUTOR_POLICY_FILE``), ``authority.py``, the operator.
+Callers: ``assembly.py`` (``EXECUTOR_POLICY_FILE``), ``authority.py``, the operator.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import yaml
 from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..canonical import sha256_digest
+from ..canonical import DuplicateKeyError, parse_json, sha256_digest
 from ..codes import Code
-from ..errors import PolicyError
+from ..errors import CanonicalizationError, PolicyError
 from ..plans.policy import PlanPolicy
 from .celexpr import Expression, compile_expression
 
@@ -300,30 +300,18 @@ def _check_json_types(value: Any, path: str) -> None:
     )
 
 
-def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise PolicyError(f"key {key!r} appears twice", code=Code.POLICY_INVALID)
-        out[key] = value
-    return out
-
-
 def _load_json(text: str) -> Any:
     try:
-        return json.loads(
-            text,
-            object_pairs_hook=_refuse_duplicates,
-            parse_constant=_refuse_constant,
-        )
+        return parse_json(text)
+    except DuplicateKeyError as exc:
+        raise PolicyError(f"key {exc.key!r} appears twice", code=Code.POLICY_INVALID) from None
+    except CanonicalizationError as exc:
+        problem = "numbers must be finite" if exc.code == Code.NUMBER_NOT_FINITE else exc.message
+        raise PolicyError(problem, code=Code.POLICY_INVALID) from None
     except json.JSONDecodeError as exc:
         raise PolicyError(
             f"not valid JSON (line {exc.lineno}, column {exc.colno})", code=Code.POLICY_INVALID
         ) from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise PolicyError("numbers must be finite", code=Code.POLICY_INVALID)
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -6,30 +6,48 @@ Every response, refusals and aiohttp's own errors included, carries the four sec
 unknown or forbidden fields (tenant, actor, credentials) with 400 REQUEST_INVALID. An error body
 is ``{"error": {"code", "message"}}`` and echoes nothing from the request.
 
-The order inside a route: the door (authentication, role, scope), then the body, then the
-pipeline. Callers: ``serve.py`` builds the application; tests drive it over real sockets.
+Every route is one row of a declarative table (:class:`Route`: method, path, role, scope, body
+model, handler); :func:`build_app` builds the application from the rows ``routes/table.py``
+assembles, so the order inside a route is fixed in one place: the door (authentication, the
+row's role and scope), then the body (read, bounded, checked against the row's strict model),
+then the handler. This module holds the rows of the agent's own routes (:func:`core_routes`).
+
+Callers: ``plane.py`` builds the application; ``routes/table.py`` gathers the rows;
+``routes/control.py``, ``routes/approvals.py`` and ``routes/plans.py`` write theirs with
+:class:`Route`; tests drive it over real sockets.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
+from ..canonical import DuplicateKeyError, parse_json
 from ..codes import Code
-from ..errors import RequestRejected, StoreError
+from ..errors import CanonicalizationError, RequestRejected, StoreError
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import Pipeline, Proposal
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 from .refusals import code_for_http_error, refusal
 
-__all__ = ["Door", "ReadyState", "build_app"]
+__all__ = [
+    "AnyJson",
+    "Call",
+    "Door",
+    "ReadyState",
+    "Route",
+    "RouteHandler",
+    "build_app",
+    "core_routes",
+    "read_json",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +63,7 @@ class Door(Protocol):
     """Authenticates a request for a route's role and scope, or raises ``RequestRejected``."""
 
     async def authenticate(
-        self, request: web.Request, *, role: Role, scope: str | None
+        self, request: web.Request, *, role: Role, scope: Scope | None
     ) -> Principal: ...
 
 
@@ -55,34 +73,75 @@ class ReadyState:
     body: Mapping[str, Any]
 
 
+@dataclass(frozen=True)
+class Call:
+    """One request as a route's handler receives it: past the door and the body check."""
+
+    request: web.Request
+    principal: Principal | None
+    """The authenticated caller; ``None`` only on a route open to anyone."""
+    body: Any
+    """The request body as the row's model parsed it; ``None`` when the row reads no body."""
+
+    @property
+    def caller(self) -> Principal:
+        if self.principal is None:
+            raise RuntimeError("a route open to anyone has no caller")
+        return self.principal
+
+
+RouteHandler = Callable[[Call], Awaitable[web.StreamResponse]]
+
+
+class AnyJson(RootModel[Any]):
+    """A bounded JSON body that the route's own library checks (the plan routes)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """One row of the wire contract."""
+
+    method: str
+    path: str
+    role: Role | None
+    """The role the door requires; ``None``: open to anyone, the door is not asked."""
+    scope: Scope | None
+    """The operator scope the door requires as well (OPERATOR routes)."""
+    body: type[BaseModel] | None
+    """The strict model the JSON body must match; ``None``: the route reads no body."""
+    handler: RouteHandler
+    invalid: str | None = None
+    """The REQUEST_INVALID message when the body does not match; ``None``: name where."""
+
+
 # ---------------------------------------------------------------------- request schemas
 
 _Strict = ConfigDict(extra="forbid", strict=True, frozen=True)
 _TOKEN = r"^[\x21-\x7e]+$"
 
 
-class _ProposalModel(BaseModel):
+class ProposalModel(BaseModel):
     model_config = _Strict
     action: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
     target: str = Field(min_length=1, max_length=512)
     parameters: dict[str, Any]
 
 
-class _ActionRequest(BaseModel):
+class ActionRequest(BaseModel):
     model_config = _Strict
-    proposal: _ProposalModel
+    proposal: ProposalModel
     idempotency_key: str = Field(
         min_length=1, max_length=255, pattern=r"^[A-Za-z0-9][A-Za-z0-9._~:=+-]*$"
     )
     correlation_id: str | None = Field(default=None, min_length=1, max_length=255, pattern=_TOKEN)
 
 
-class _RecoveryRequest(BaseModel):
+class RecoveryRequest(BaseModel):
     model_config = _Strict
     recovery: dict[str, Any]
 
 
-class _EscalationRequest(BaseModel):
+class EscalationRequest(BaseModel):
     model_config = _Strict
     escalation: dict[str, Any]
 
@@ -98,19 +157,6 @@ def _schema_error(exc: ValidationError) -> RequestRejected:
     )
 
 
-def _refuse_constant(name: str) -> Any:
-    raise RequestRejected(Code.REQUEST_INVALID, "numbers must be finite")
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise RequestRejected(Code.REQUEST_INVALID, "a key appears twice in one object")
-        out[key] = value
-    return out
-
-
 async def read_json(request: web.Request) -> Any:
     """Read a bounded JSON body or raise the right refusal."""
     if request.content_type != "application/json":
@@ -124,8 +170,16 @@ async def read_json(request: web.Request) -> Any:
     if len(raw) > MAX_BODY_BYTES:
         raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB")
     try:
-        text = raw.decode("utf-8")
-        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_no_duplicates)
+        value = parse_json(raw)
+    except DuplicateKeyError:
+        raise RequestRejected(Code.REQUEST_INVALID, "a key appears twice in one object") from None
+    except CanonicalizationError as exc:
+        message = (
+            "numbers must be finite"
+            if exc.code == Code.NUMBER_NOT_FINITE
+            else "an integer is outside the exact range"
+        )
+        raise RequestRejected(Code.REQUEST_INVALID, message) from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise RequestRejected(Code.REQUEST_MALFORMED, "the body is not valid JSON") from None
     check_json_bounds(value)
@@ -178,35 +232,60 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
 # ---------------------------------------------------------------------- application
 
 
-def build_app(
-    *,
-    pipeline: Pipeline,
-    door: Door,
-    readiness: Callable[[], ReadyState],
-    jwks: Callable[[], Mapping[str, Any]],
-    extra_routes: Callable[[web.Application], None] | None = None,
-) -> web.Application:
-    """The executor's aiohttp application."""
+def build_app(routes: Sequence[Route], *, door: Door) -> web.Application:
+    """The executor's aiohttp application, one handler per row of ``routes``."""
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
     app.on_response_prepare.append(_security_headers)
+    for route in routes:
+        handler = _bind(route, door)
+        if route.method == "GET":
+            app.router.add_get(route.path, handler)
+        else:
+            app.router.add_route(route.method, route.path, handler)
+    return app
 
-    async def health(request: web.Request) -> web.Response:
+
+def _bind(route: Route, door: Door) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The door, then the body, then the row's handler."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        principal = None
+        if route.role is not None:
+            principal = await door.authenticate(request, role=route.role, scope=route.scope)
+        body = None
+        if route.body is not None:
+            raw = await read_json(request)
+            try:
+                body = route.body.model_validate(raw)
+            except ValidationError as exc:
+                if route.invalid is not None:
+                    raise RequestRejected(Code.REQUEST_INVALID, route.invalid) from None
+                raise _schema_error(exc) from None
+        return await route.handler(Call(request, principal, body))
+
+    return handle
+
+
+def core_routes(
+    *,
+    pipeline: Pipeline,
+    readiness: Callable[[], ReadyState],
+    jwks: Callable[[], Mapping[str, Any]],
+) -> tuple[Route, ...]:
+    """The probes, the authority's keys, and the agent's proposal, reconciliation and escalation."""
+
+    async def health(call: Call) -> web.StreamResponse:
         return web.json_response({"status": "ok"})
 
-    async def ready(request: web.Request) -> web.Response:
+    async def ready(call: Call) -> web.StreamResponse:
         state = readiness()
         return web.json_response(dict(state.body), status=200 if state.ready else 503)
 
-    async def grant_jwks(request: web.Request) -> web.Response:
+    async def grant_jwks(call: Call) -> web.StreamResponse:
         return web.json_response(dict(jwks()))
 
-    async def actions(request: web.Request) -> web.Response:
-        principal = await door.authenticate(request, role=Role.PROPOSER, scope=None)
-        body = await read_json(request)
-        try:
-            parsed = _ActionRequest.model_validate(body)
-        except ValidationError as exc:
-            raise _schema_error(exc) from None
+    async def actions(call: Call) -> web.StreamResponse:
+        parsed: ActionRequest = call.body
         proposal = Proposal(
             action=parsed.proposal.action,
             target=parsed.proposal.target,
@@ -214,32 +293,22 @@ def build_app(
             idempotency_key=parsed.idempotency_key,
             correlation_id=parsed.correlation_id,
         )
-        return _respond(await pipeline.propose(principal, proposal))
+        return _respond(await pipeline.propose(call.caller, proposal))
 
-    async def reconciliations(request: web.Request) -> web.Response:
-        principal = await door.authenticate(request, role=Role.PROPOSER, scope=None)
-        body = await read_json(request)
-        try:
-            parsed = _RecoveryRequest.model_validate(body)
-        except ValidationError as exc:
-            raise _schema_error(exc) from None
-        return _respond(await pipeline.reconcile(principal, parsed.recovery))
+    async def reconciliations(call: Call) -> web.StreamResponse:
+        parsed: RecoveryRequest = call.body
+        return _respond(await pipeline.reconcile(call.caller, parsed.recovery))
 
-    async def escalations(request: web.Request) -> web.Response:
-        principal = await door.authenticate(request, role=Role.PROPOSER, scope=None)
-        body = await read_json(request)
-        try:
-            parsed = _EscalationRequest.model_validate(body)
-        except ValidationError as exc:
-            raise _schema_error(exc) from None
-        return _respond(await pipeline.resume_escalation(principal, parsed.escalation))
+    async def escalations(call: Call) -> web.StreamResponse:
+        parsed: EscalationRequest = call.body
+        return _respond(await pipeline.resume_escalation(call.caller, parsed.escalation))
 
-    app.router.add_get("/health", health)
-    app.router.add_get("/ready", ready)
-    app.router.add_get("/.well-known/agentsafe-grant-jwks.json", grant_jwks)
-    app.router.add_post("/v1/actions", actions)
-    app.router.add_post("/v1/reconciliations", reconciliations)
-    app.router.add_post("/v1/escalations", escalations)
-    if extra_routes is not None:
-        extra_routes(app)
-    return app
+    proposer = Role.PROPOSER
+    return (
+        Route("GET", "/health", None, None, None, health),
+        Route("GET", "/ready", None, None, None, ready),
+        Route("GET", "/.well-known/agentsafe-grant-jwks.json", None, None, None, grant_jwks),
+        Route("POST", "/v1/actions", proposer, None, ActionRequest, actions),
+        Route("POST", "/v1/reconciliations", proposer, None, RecoveryRequest, reconciliations),
+        Route("POST", "/v1/escalations", proposer, None, EscalationRequest, escalations),
+    )

@@ -8,11 +8,12 @@ listed by the rule lists what they may decide and decides it once:
 - ``GET /v1/approvals/{request_id}``: one of them, with the intent it would release;
 - ``POST /v1/approvals/{request_id}`` ``{"decision": "APPROVE"|"DENY", "reason": "..."}``.
 
-An approver can never decide an intent its own actor proposed (422
-SEPARATION_OF_DUTIES_VIOLATED); a second decision is 409 APPROVAL_ALREADY_DECIDED. The proposer
-then presents its escalation object to ``POST /v1/escalations`` (``pipeline.py``).
+An approver can never decide an intent its own actor or id proposed (422
+SEPARATION_OF_DUTIES_VIOLATED, :func:`~agentsafe.executor.intent.check_separation`); a second
+decision is 409 APPROVAL_ALREADY_DECIDED. The proposer then presents its escalation object to
+``POST /v1/escalations`` (``pipeline.py``).
 
-Callers: ``serve.py`` adds these routes.
+Callers: ``routes/table.py`` gathers these rows (:func:`approval_routes`).
 """
 
 from __future__ import annotations
@@ -20,23 +21,29 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..clock import Clock, format_ms
 from ..codes import Code
 from ..errors import RequestRejected
 from ..events import Streams
+from ..intent import CapturedIntent, check_separation
 from ..principals import Principal, Role
 from ..state.usestore import ApprovalError, ApprovalRecord, ApprovalState, UseStore
-from .app import Door, read_json
+from .app import Call, Route
 
-__all__ = ["add_approval_routes", "describe_record"]
+__all__ = ["approval_routes", "describe_record"]
 
 
-class _Decision(BaseModel):
+class DecisionRequest(BaseModel):
+    """The body of ``POST /v1/approvals/{request_id}``."""
+
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     decision: str = Field(pattern=r"^(APPROVE|DENY)$")
     reason: str = Field(min_length=1, max_length=500)
+
+
+DECISION_INVALID = 'the body must be {"decision": "APPROVE"|"DENY", "reason": "..."}'
 
 
 def describe_record(record: ApprovalRecord, *, now: float) -> dict[str, Any]:
@@ -72,45 +79,32 @@ def _visible(record: ApprovalRecord | None, approver: Principal) -> ApprovalReco
     return record
 
 
-def add_approval_routes(
-    app: web.Application, *, door: Door, store: UseStore, streams: Streams, clock: Clock
-) -> None:
-    async def listing(request: web.Request) -> web.Response:
-        approver = await door.authenticate(request, role=Role.APPROVER, scope=None)
+def approval_routes(*, store: UseStore, streams: Streams, clock: Clock) -> tuple[Route, ...]:
+    async def listing(call: Call) -> web.StreamResponse:
         try:
-            state = ApprovalState(request.query.get("state", "PENDING"))
+            state = ApprovalState(call.request.query.get("state", "PENDING"))
         except ValueError:
             raise RequestRejected(
                 Code.REQUEST_INVALID, "state must be PENDING, APPROVED, DENIED or EXPIRED"
             ) from None
         now = clock.now()
-        records = await store.approval_list(state=state, now=now, approver=approver.id)
+        records = await store.approval_list(state=state, now=now, approver=call.caller.id)
         return web.json_response({"approvals": [describe_record(r, now=now) for r in records]})
 
-    async def one(request: web.Request) -> web.Response:
-        approver = await door.authenticate(request, role=Role.APPROVER, scope=None)
-        record = _visible(await store.approval_get(request.match_info["request_id"]), approver)
+    async def one(call: Call) -> web.StreamResponse:
+        request_id = call.request.match_info["request_id"]
+        record = _visible(await store.approval_get(request_id), call.caller)
         return web.json_response(describe_record(record, now=clock.now()))
 
-    async def decide(request: web.Request) -> web.Response:
-        approver = await door.authenticate(request, role=Role.APPROVER, scope=None)
-        body = await read_json(request)
-        try:
-            parsed = _Decision.model_validate(body)
-        except ValidationError:
-            raise RequestRejected(
-                Code.REQUEST_INVALID,
-                'the body must be {"decision": "APPROVE"|"DENY", "reason": "..."}',
-            ) from None
-        record = _visible(await store.approval_get(request.match_info["request_id"]), approver)
-        actor = approver.actor.id if approver.actor is not None else None
-        if approver.id == record.request.proposer_principal or (
-            actor is not None and actor == record.request.proposer_actor
-        ):
-            raise RequestRejected(
-                Code.SEPARATION_OF_DUTIES_VIOLATED,
-                "an approver cannot decide an intent its own actor proposed",
-            )
+    async def decide(call: Call) -> web.StreamResponse:
+        approver = call.caller
+        parsed: DecisionRequest = call.body
+        request_id = call.request.match_info["request_id"]
+        record = _visible(await store.approval_get(request_id), approver)
+        check_separation(
+            approver,
+            CapturedIntent(binding=record.request.intent, intent_hash=record.request.intent_hash),
+        )
         try:
             decided = await store.approval_decide(
                 record.request.request_id,
@@ -132,6 +126,10 @@ def add_approval_routes(
         )
         return web.json_response(describe_record(decided, now=clock.now()))
 
-    app.router.add_get("/v1/approvals", listing)
-    app.router.add_get("/v1/approvals/{request_id}", one)
-    app.router.add_post("/v1/approvals/{request_id}", decide)
+    approver = Role.APPROVER
+    one_path = "/v1/approvals/{request_id}"
+    return (
+        Route("GET", "/v1/approvals", approver, None, None, listing),
+        Route("GET", one_path, approver, None, None, one),
+        Route("POST", one_path, approver, None, DecisionRequest, decide, DECISION_INVALID),
+    )

@@ -2,29 +2,26 @@
 
 Every route passes the door as an OPERATOR with the route's scope; every action is one
 ``OPERATOR_ACTION`` line on the security stream with the principal and the action, and one count.
-The work itself is done by the :class:`ControlPlane` (``serve.Executor``); this module is only the
+The work itself is done by the :class:`ControlPlane` (``plane.Executor``); this module is only the
 HTTP shape.
 
-Callers: ``serve.py`` adds these routes to the application.
+Callers: ``routes/table.py`` gathers these rows (:func:`control_routes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from ..codes import Code
-from ..errors import RequestRejected
 from ..events import Streams
 from ..host.halt import HaltCause, HaltState
 from ..host.metrics import ExecutorMetrics
-from ..principals import Principal, Role
-from .app import Door, read_json
+from ..principals import Principal, Role, Scope
+from .app import Call, Route, RouteHandler
 
-__all__ = ["ControlPlane", "add_control_routes"]
+__all__ = ["ControlPlane", "control_routes"]
 
 
 class ControlPlane(Protocol):
@@ -41,76 +38,106 @@ class ControlPlane(Protocol):
     async def export_evidence(self, *, reason: str, principal: Principal) -> dict[str, Any]: ...
 
 
-class _Reason(BaseModel):
+class Reason(BaseModel):
+    """The body of halt, resume and evidence export."""
+
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     reason: str = Field(min_length=1, max_length=500)
 
 
-async def _reason(request: web.Request) -> str:
-    body = await read_json(request)
-    try:
-        return _Reason.model_validate(body).reason
-    except ValidationError:
-        raise RequestRejected(
-            Code.REQUEST_INVALID, 'the body must be {"reason": "..."} (1-500 characters)'
-        ) from None
+REASON_INVALID = 'the body must be {"reason": "..."} (1-500 characters)'
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
+    def operator(action: str, run: RouteHandler) -> RouteHandler:
+        """After the work: one OPERATOR_ACTION line and one count."""
 
-
-def add_control_routes(app: web.Application, *, plane: ControlPlane, door: Door) -> None:
-    def operator(
-        scope: str, action: str, run: Callable[..., Awaitable[web.StreamResponse]]
-    ) -> Handler:
-        async def handler(request: web.Request) -> web.StreamResponse:
-            principal = await door.authenticate(request, role=Role.OPERATOR, scope=scope)
-            response = await run(request, principal)
+        async def handler(call: Call) -> web.StreamResponse:
+            response = await run(call)
             plane.streams.security.emit(
-                "OPERATOR_ACTION", {"principal": principal.id, "action": action}
+                "OPERATOR_ACTION", {"principal": call.caller.id, "action": action}
             )
             plane.metrics.operator_actions.inc(action=action)
             return response
 
         return handler
 
-    async def status(request: web.Request, principal: Principal) -> web.StreamResponse:
+    async def status(call: Call) -> web.StreamResponse:
         return web.json_response(await plane.status())
 
-    async def halt(request: web.Request, principal: Principal) -> web.StreamResponse:
-        reason = await _reason(request)
-        plane.halt.halt(HaltCause.OPERATOR, reason=reason, by=principal.id)
+    async def halt(call: Call) -> web.StreamResponse:
+        body: Reason = call.body
+        plane.halt.halt(HaltCause.OPERATOR, reason=body.reason, by=call.caller.id)
         return web.json_response(plane.halt.status())
 
-    async def resume(request: web.Request, principal: Principal) -> web.StreamResponse:
-        reason = await _reason(request)
-        plane.halt.resume(reason=reason, by=principal.id)  # 409 HALT_CAUSE_PERSISTS
+    async def resume(call: Call) -> web.StreamResponse:
+        body: Reason = call.body
+        plane.halt.resume(reason=body.reason, by=call.caller.id)  # 409 HALT_CAUSE_PERSISTS
         return web.json_response(plane.halt.status())
 
-    async def open_attempts(request: web.Request, principal: Principal) -> web.StreamResponse:
+    async def open_attempts(call: Call) -> web.StreamResponse:
         return web.json_response({"open_attempts": await plane.open_attempts()})
 
-    async def reload(request: web.Request, principal: Principal) -> web.StreamResponse:
+    async def reload(call: Call) -> web.StreamResponse:
         return web.json_response(await plane.reload_secrets())
 
-    async def metrics(request: web.Request, principal: Principal) -> web.StreamResponse:
+    async def metrics(call: Call) -> web.StreamResponse:
         body, content_type = plane.metrics.render()
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
 
-    async def export(request: web.Request, principal: Principal) -> web.StreamResponse:
-        reason = await _reason(request)
-        return web.json_response(await plane.export_evidence(reason=reason, principal=principal))
+    async def export(call: Call) -> web.StreamResponse:
+        body: Reason = call.body
+        return web.json_response(
+            await plane.export_evidence(reason=body.reason, principal=call.caller)
+        )
 
-    app.router.add_get("/v1/control/status", operator("status", "status", status))
-    app.router.add_post("/v1/control/halt", operator("halt", "halt", halt))
-    app.router.add_post("/v1/control/resume", operator("resume", "resume", resume))
-    app.router.add_get(
-        "/v1/control/open-attempts", operator("status", "open-attempts", open_attempts)
+    op = Role.OPERATOR
+    return (
+        Route("GET", "/v1/control/status", op, Scope.STATUS, None, operator("status", status)),
+        Route(
+            "POST",
+            "/v1/control/halt",
+            op,
+            Scope.HALT,
+            Reason,
+            operator("halt", halt),
+            REASON_INVALID,
+        ),
+        Route(
+            "POST",
+            "/v1/control/resume",
+            op,
+            Scope.RESUME,
+            Reason,
+            operator("resume", resume),
+            REASON_INVALID,
+        ),
+        Route(
+            "GET",
+            "/v1/control/open-attempts",
+            op,
+            Scope.STATUS,
+            None,
+            operator("open-attempts", open_attempts),
+        ),
+        Route(
+            "POST",
+            "/v1/control/secrets/reload",
+            op,
+            Scope.SECRETS_RELOAD,
+            None,
+            operator("secrets.reload", reload),
+        ),
+        Route("GET", "/metrics", op, Scope.METRICS, None, operator("metrics", metrics)),
+        Route(
+            "POST",
+            "/v1/control/evidence-export",
+            op,
+            Scope.EVIDENCE,
+            Reason,
+            operator("evidence", export),
+            REASON_INVALID,
+        ),
     )
-    app.router.add_post(
-        "/v1/control/secrets/reload", operator("secrets.reload", "secrets.reload", reload)
-    )
-    app.router.add_get("/metrics", operator("metrics", "metrics", metrics))
-    app.router.add_post("/v1/control/evidence-export", operator("evidence", "evidence", export))

@@ -5,8 +5,8 @@ to the routes: it reads the ``Authorization`` header and the peer certificate of
 Failed attempts that never became a principal share one window, as the specification says, so the
 ``source`` is one constant rather than the peer address.
 
-Callers: ``serve.py`` (builds it and hands it to every route, which sees it through the
-application's ``Door`` protocol).
+Callers: ``assembly.py`` (builds it and hands it to every route, which sees it through the
+application's ``Door`` protocol), ``plane.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from aiohttp import web
 
 from ..door.door import Door
 from ..host.tlsctx import peer_certificate_der
-from ..principals import Principal, Role
+from ..principals import Principal, Role, Scope
 
 __all__ = ["UNAUTHENTICATED_SOURCE", "HttpDoor"]
 
@@ -27,7 +27,7 @@ class HttpDoor:
         self.door = door
 
     async def authenticate(
-        self, request: web.Request, *, role: Role, scope: str | None
+        self, request: web.Request, *, role: Role, scope: Scope | None
     ) -> Principal:
         return self.door.authenticate(
             authorization_header=request.headers.get("Authorization"),

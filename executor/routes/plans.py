@@ -10,7 +10,8 @@
 Refusals keep the plan library's stable codes; an execution failure that produced a receipt
 answers with the receipt beside the error so the host can reconcile.
 
-Callers: ``serve.py`` adds these routes when the policy has a ``plans`` section.
+Callers: ``routes/table.py`` gathers these rows (:func:`plan_routes`) when the policy has a
+``plans`` section.
 """
 
 from __future__ import annotations
@@ -23,27 +24,24 @@ from aiohttp import web
 from ..events import Streams
 from ..plans.errors import AgentExecutionError, AgentSafetyError
 from ..plans.service import PlanService
-from ..principals import Principal, Role
-from .app import Door, read_json
+from ..principals import Principal, Role, Scope
+from .app import AnyJson, Call, Route, RouteHandler
 from .refusals import refusal
 
-__all__ = ["add_plan_routes"]
+__all__ = ["plan_routes"]
 
 
-def add_plan_routes(
-    app: web.Application, *, service: PlanService, door: Door, streams: Streams
-) -> None:
-    def route(
-        role: Role,
-        scope: str | None,
-        event: str,
-        run: Callable[[Any, Principal], Awaitable[dict[str, Any]]],
-    ) -> Callable[[web.Request], Awaitable[web.Response]]:
-        async def handler(request: web.Request) -> web.Response:
-            principal = await door.authenticate(request, role=role, scope=scope)
-            body = await read_json(request)
+def plan_routes(*, service: PlanService, streams: Streams) -> tuple[Route, ...]:
+    """The plan library checks its own shapes, so each row reads any bounded JSON body."""
+
+    def run(
+        event: str, work: Callable[[Any, Principal], Awaitable[dict[str, Any]]]
+    ) -> RouteHandler:
+        async def handler(call: Call) -> web.StreamResponse:
+            principal = call.caller
+            body: AnyJson = call.body
             try:
-                result = await run(body, principal)
+                result = await work(body.root, principal)
             except AgentExecutionError as exc:
                 streams.evidence.emit(event, {"caller": principal.id, "code": exc.code})
                 return refusal(exc.code, exc.message, extra={"receipt": _plain(exc.receipt)})
@@ -67,14 +65,26 @@ def add_plan_routes(
     async def verify(body: Any, principal: Principal) -> dict[str, Any]:
         return await service.verify_receipt(body)
 
-    app.router.add_post("/v1/plans/dry-run", route(Role.PROPOSER, None, "PLAN_DRY_RUN", dry_run))
-    app.router.add_post(
-        "/v1/plans/approvals", route(Role.APPROVER, None, "PLAN_APPROVAL_ISSUED", approve)
-    )
-    app.router.add_post("/v1/plans/steps", route(Role.PROPOSER, None, "PLAN_STEP", step))
-    app.router.add_post(
-        "/v1/plans/receipts/verify",
-        route(Role.OPERATOR, "evidence", "PLAN_RECEIPT_VERIFIED", verify),
+    proposer, approver, operator = Role.PROPOSER, Role.APPROVER, Role.OPERATOR
+    return (
+        Route("POST", "/v1/plans/dry-run", proposer, None, AnyJson, run("PLAN_DRY_RUN", dry_run)),
+        Route(
+            "POST",
+            "/v1/plans/approvals",
+            approver,
+            None,
+            AnyJson,
+            run("PLAN_APPROVAL_ISSUED", approve),
+        ),
+        Route("POST", "/v1/plans/steps", proposer, None, AnyJson, run("PLAN_STEP", step)),
+        Route(
+            "POST",
+            "/v1/plans/receipts/verify",
+            operator,
+            Scope.EVIDENCE,
+            AnyJson,
+            run("PLAN_RECEIPT_VERIFIED", verify),
+        ),
     )
 
 

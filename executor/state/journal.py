@@ -31,10 +31,10 @@ and lease there), and the append returns only once both hold; a mirror that fail
 (JOURNAL_UNAVAILABLE), so a GRANT_CLAIMED that cannot be made durable in the shared store stops the
 seam before dispatch.
 
-Callers: ``lifecycle/pipeline.py`` (opened, closed; ``POST /v1/reconciliations`` records
-reconciled by CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``serve.py`` (open, close,
-``GET /v1/control/open-attempts``); the seam's GRANT_CLAIMED decorator (grant_claimed) is handed
-the journal.
+Callers: ``lifecycle/attempt.py`` (opened, grant_claimed through the seam's GRANT_CLAIMED
+decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records reconciled by
+CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open), ``plane.py``
+(close, ``GET /v1/control/open-attempts``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
-import json
 import os
 import queue
 import re
@@ -55,10 +54,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..canonical import canonical_json, sha256_digest
-from ..clock import Clock, format_ms
+from ..canonical import DuplicateKeyError, canonical_json, parse_json, sha256_digest
+from ..clock import Clock, format_ms, utc_day
 from ..codes import Code
-from ..errors import AgentSafeError, JournalError
+from ..errors import AgentSafeError, CanonicalizationError, JournalError
+from ..host.durable import fsync_directory, write_all
 
 __all__ = [
     "ATTEMPTS_DIR",
@@ -375,7 +375,7 @@ class AttemptJournal:
                 f"a journal record may not exceed {MAX_RECORD_BYTES} bytes",
                 code=Code.JOURNAL_RECORD_TOO_LARGE,
             )
-        day = datetime.fromtimestamp(now, tz=UTC).date().isoformat()
+        day = utc_day(now)
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._writer.submit(_Pending(day, data + b"\n", done))
         self._submitted += 1
@@ -437,7 +437,7 @@ class _Writer(threading.Thread):
                 continue
             try:
                 fd = self._file_for(day)
-                _write_all(fd, b"".join(p.data for p in segment))
+                write_all(fd, b"".join(p.data for p in segment))
                 os.fsync(fd)
             except OSError:
                 # After a failed write or fsync the file's state is unknowable: stop for good.
@@ -458,7 +458,7 @@ class _Writer(threading.Thread):
         try:
             os.fchmod(fd, 0o600)
             if created:
-                _fsync_directory(self._root)
+                fsync_directory(self._root)
             else:
                 torn = _cut_torn_tail(fd, f"{ATTEMPTS_DIR}/{path.name}")
                 if torn is not None:
@@ -478,21 +478,6 @@ class _Writer(threading.Thread):
 def _fail(segment: list[_Pending], message: str) -> None:
     for pending in segment:
         pending.done.set_exception(JournalError(message, code=Code.JOURNAL_UNAVAILABLE))
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _fsync_directory(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _cut_torn_tail(fd: int, name: str) -> TornLine | None:
@@ -524,7 +509,7 @@ def _prepare_directory(directory: Path, root: Path) -> int:
         os.close(lock_fd)
         raise JournalError("another process holds this journal", code=Code.JOURNAL_LOCKED) from None
     with contextlib.suppress(OSError):
-        _fsync_directory(directory)
+        fsync_directory(directory)
     return lock_fd
 
 
@@ -586,23 +571,16 @@ class _Damaged(Exception):
     pass
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Damaged("a key appears twice")
-        out[key] = value
-    return out
-
-
-def _refuse_constant(_: str) -> Any:
-    raise _Damaged("a non-finite number")
-
-
 def _parse_line(line: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(line, object_pairs_hook=_no_duplicates, parse_constant=_refuse_constant)
-    except ValueError:
+        value = parse_json(line)
+    except DuplicateKeyError:
+        raise _Damaged("a key appears twice") from None
+    except CanonicalizationError as exc:
+        raise _Damaged(
+            "a non-finite number" if exc.code == Code.NUMBER_NOT_FINITE else "a number out of range"
+        ) from None
+    except (ValueError, RecursionError):
         raise _Damaged("not valid JSON") from None
     if not isinstance(value, dict):
         raise _Damaged("not a JSON object")

@@ -35,8 +35,8 @@ The database failing is its own state: a connection that cannot be had within
 connection the server dropped fails before COMMIT and is replaced once, and the pool reconnects
 for ever, so service resumes by itself when the database returns.
 
-Callers: ``serve.py`` (opens one :class:`PostgresStore` when ``EXECUTOR_STORE_URL`` is set and hands
-its three faces to the authority, the pipeline, the ceilings and the journal),
+Callers: ``assembly.py`` (opens one :class:`PostgresStore` when ``EXECUTOR_STORE_URL`` is set and
+hands its three faces to the authority, the pipeline, the ceilings and the journal),
 ``tools/store_cli.py`` (``agentsafe store migrate``), ``lifecycle/leases.py`` (the mirror).
 """
 

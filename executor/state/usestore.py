@@ -28,7 +28,8 @@ PostgreSQL store can implement it later with the same semantics (``INSERT ... ON
 NOTHING`` for claims, ``SELECT ... FOR UPDATE`` for decisions).
 
 Callers: the authority (grant claims), the pipeline (idempotency), plan approvals (consumptions),
-the approval routes and ``POST /v1/escalations`` (approvals), ``serve.py`` (open, purge, close).
+the approval routes and ``POST /v1/escalations`` (approvals), ``assembly.py`` (open),
+``plane.py`` (close).
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ Run it alone with ``python -m agentsafe.executor.tools.synthetic --port N``; it 
 and prints its base URL on standard output once it is listening. Tests use
 :class:`SyntheticProvider` in-process (``await provider.start()``, ``await provider.stop()``).
 
-Callers: ``e2e/cluster/tls_provider.py``, the integration tests; the harness (so the demo, the
-crash tests and the benchmarks) starts it as its own process,
+Callers: the integration tests; the harness (so the demo, the crash tests and the benchmarks)
+and the end-to-end provider pod (``e2e/kind/provider.yaml``) start it as its own process,
 ``python -m agentsafe.executor.tools.synthetic``.
 """
 

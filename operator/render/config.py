@@ -37,6 +37,7 @@ from agentsafe.executor.door.principals_file import (
     build_principal_set,
     render_principals_file,
 )
+from agentsafe.executor.principals import Role, Scope
 
 from ..models import ConditionReason, PrincipalSpec
 from .common import RenderError, RenderInput, child_meta, names
@@ -61,7 +62,7 @@ JWKS_KEY: Final = "jwks.json"
 HALT_KEY: Final = "halt"
 OPERATOR_TOKEN_KEY: Final = "token"
 AUTHORITY_KEY_KEY: Final = "signing-key.pem"
-OPERATOR_PRINCIPAL_SCOPES: Final = ("halt", "resume", "status")
+OPERATOR_PRINCIPAL_SCOPES: Final = (Scope.HALT, Scope.RESUME, Scope.STATUS)
 """What the operator's own principal may do on its executors (of the executor's scopes, the
 ones a HaltSwitch needs and the status read)."""
 
@@ -97,7 +98,7 @@ def _entry(
     rate = f"{spec.rate_limit.count}/{spec.rate_limit.seconds}" if spec.rate_limit else None
     return PrincipalEntry(
         id=principal_name,
-        role=spec.role.value,
+        role=spec.role,
         tenant_id=spec.tenant_id,
         actor=actor,
         allowed_actions=list(spec.allowed_actions) if spec.allowed_actions is not None else None,
@@ -121,8 +122,8 @@ def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
     entries.append(
         PrincipalEntry(
             id=inp.settings.operator_principal_id,
-            role="OPERATOR",
-            scopes=list(OPERATOR_PRINCIPAL_SCOPES),
+            role=Role.OPERATOR,
+            scopes=[scope.value for scope in OPERATOR_PRINCIPAL_SCOPES],
             credential=BearerCredential(kind="BEARER", token_sha256=inp.operator_token_sha256),
         )
     )

@@ -40,6 +40,7 @@ from agentsafe.executor.egress.transport import (
 )
 from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.events import MemorySink, Streams
+from agentsafe.executor.headers import RESERVED_HEADERS
 from agentsafe.executor.host.secrets import SecretHandle
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 from tests.support.intents import PAYOUT_PARAMETERS, make_intent
@@ -326,6 +327,49 @@ async def test_a_disposed_credential_fails_before_dispatch(
     assert provider.received == []
 
 
+class FixedHeaders:
+    """A credential that answers with the headers it was given (a broken or hostile one)."""
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._headers = dict(headers)
+
+    async def headers_for(self, **_: Any) -> dict[str, str]:
+        return dict(self._headers)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"content-type": "text/plain"},
+        {"Idempotency-Key": "another-key"},
+        {"x-agent-safe-grant-id": "grant-other"},
+        {"x-agent-safe-anything": "1"},
+        {"host": "evil.test"},
+        {"connection": "close"},
+    ],
+)
+async def test_a_credential_may_not_replace_a_reserved_header(
+    provider: SyntheticProvider, guard: Guard, headers: Mapping[str, str]
+) -> None:
+    registry = Registry()
+    registry.register(
+        "create_payout",
+        ForwardRequestHandler(
+            url=provider.base_url + PATH,
+            lookup_url=None,
+            timeout_ms=5_000,
+            transport=guard.client,
+            credential=FixedHeaders(headers),
+            parameters_schema=SCHEMA,
+        ),
+    )
+    registry.seal()
+    report, _ = await run(registry, "payout-reserved")
+    assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
+    assert report.reason_codes == ("CREDENTIAL_INVALID",)
+    assert provider.received == []
+
+
 async def test_an_expired_grant_sends_nothing(provider: SyntheticProvider, guard: Guard) -> None:
     registry, _ = build(provider.base_url, guard.client)
     report, _ = await run(registry, "payout-9", grant_seconds=-1)
@@ -545,7 +589,9 @@ async def test_static_header_credential_reads_the_secret_only_when_asked() -> No
         method="POST", url="https://p/x", body=b"{}", idempotency_key="k", intent_hash="sha256:0"
     )
     assert headers == {"x-api-key": TOKEN}
-    for reserved in ("Idempotency-Key", "x-agent-safe-grant-id", "bad header"):
+    # the one list the configuration checks DOWNSTREAM_CREDENTIAL_HEADER against, too
+    unusable = [*sorted(RESERVED_HEADERS), "X-Agent-Safe-Other", "bad header", "X-Api-Key\n"]
+    for reserved in unusable:
         with pytest.raises(ConfigError):
             StaticHeaderCredential(reserved, handle)
     broken = StaticHeaderCredential("X-Api-Key", secret("value\r\nX-Evil: 1"))

@@ -232,6 +232,11 @@ def test_malformed_tokens(jwks_path: Path) -> None:
     v = verifier(jwks_path)
     for token in ["a.b", "a.b.c.d", "!!.!!.!!", "e30.e30.e30", "bm90anNvbg.e30.AA"]:
         assert refused(v, token).code in ("JWT_MALFORMED", "JWT_ALGORITHM_REFUSED")
+    # not I-JSON: a key twice (a parser differential), a constant, an overflowing number
+    for text in ['{"alg":"EdDSA","alg":"none"}', '{"alg":"EdDSA","exp":NaN}', '{"exp":1e999}']:
+        part = base64.urlsafe_b64encode(text.encode()).rstrip(b"=").decode()
+        assert refused(v, f"{part}.e30.AA").code == "JWT_MALFORMED"
+        assert refused(v, f"e30.{part}.AA").code == "JWT_MALFORMED"
     assert not looks_like_jwt("opaque-bearer-token")
     assert looks_like_jwt("e30.e30.")
 

@@ -234,6 +234,8 @@ async def test_plain_http_needs_a_loopback_answer(listener: tuple[int, list[str]
         ("GET", {"Transfer-Encoding": "chunked"}),
         ("GET", {"X-A": "v\r\nHost: evil"}),
         ("GET", {"Bad Name": "v"}),
+        ("GET", {"X-A\n": "v"}),
+        ("GET", {"X-A": "v\n"}),
     ],
 )
 async def test_request_shape_refused(method: str, headers: dict[str, str]) -> None:

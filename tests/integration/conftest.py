@@ -10,8 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from agentsafe.executor.assembly import assemble
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.serve import Executor, assemble
+from agentsafe.executor.plane import Executor
 from agentsafe.executor.tools.harness import Workspace
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 

@@ -1,7 +1,7 @@
 """An executor in principals-file mode for the issue-3 integration tests, and clients to call it.
 
 The door, listener, control and halt tests all need the same estate: an in-process executor built
-by ``serve.assemble`` from a real environment (no legacy caller variables), serving TLS with a
+by ``assembly.assemble`` from a real environment (no legacy caller variables), serving TLS with a
 client CA on a real loopback socket, a real synthetic provider, a principals file (mode 0600) with
 BEARER, WORKLOAD_JWT and MTLS principals, a JWKS file whose key signs real workload tokens, and
 an aiohttp client that can present a bearer, a client certificate, or both.
@@ -30,8 +30,9 @@ from typing import Any
 
 import aiohttp
 
+from agentsafe.executor.assembly import assemble
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.serve import Executor, assemble
+from agentsafe.executor.plane import Executor
 from agentsafe.executor.tools.harness import Workspace, free_port
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 from tests.support.pki import Issued, TestCA, TokenSigner

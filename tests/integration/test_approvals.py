@@ -13,9 +13,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from agentsafe.executor.assembly import assemble
 from agentsafe.executor.clock import Clock, ManualClock
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.serve import Executor, assemble
+from agentsafe.executor.plane import Executor
 from agentsafe.executor.tools.harness import (
     ExecutorProcess,
     ProviderProcess,

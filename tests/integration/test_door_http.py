@@ -1,6 +1,6 @@
 """The door over real sockets, in principals-file mode: every code, one AUTH_FAILED line each.
 
-An in-process executor built by ``serve.assemble`` from a principals file (BEARER, WORKLOAD_JWT
+An in-process executor built by ``assembly.assemble`` from a principals file (BEARER, WORKLOAD_JWT
 and MTLS principals, mode 0600, no legacy caller variables) serves TLS with a client CA; workload
 tokens are signed with a real key whose JWKS is ``EXECUTOR_JWKS_FILE``. Each refusal is checked
 for its status and code, for exactly one AUTH_FAILED line with the method and the code and nothing

@@ -1,10 +1,10 @@
-"""The egress guard and downstream credentials as ``serve.assemble`` wires them (issue 8).
+"""The egress guard and downstream credentials as ``assembly.assemble`` wires them (issue 8).
 
 The unit tests prove the guard and the credentials alone; these prove the wiring: the guarded
 client built from the configured destinations is the forward handler's transport, its refusals
 reach the security stream, the metrics and the halt's spike detector, and the outcome of a
 proposal says whether anything could have reached the provider. The executor is built in-process
-with :func:`~agentsafe.executor.serve.assemble` from a real environment (principals file, an
+with :func:`~agentsafe.executor.assembly.assemble` from a real environment (principals file, an
 OPERATOR with the ``metrics`` scope) and served on a real loopback socket; the providers and the
 OAuth token endpoint are the test's own aiohttp servers.
 
@@ -44,9 +44,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from agentsafe.executor.assembly import assemble
 from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.serve import Executor, assemble
+from agentsafe.executor.plane import Executor
 from agentsafe.executor.tools.harness import ExecutorProcess, Workspace, free_port
 
 from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env

@@ -304,6 +304,31 @@ async def test_body_refusals_echo_nothing(running: Factory) -> None:
     assert run.provider.received == []
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"proposal": {}, "proposal": {}}', "a key appears twice in one object"),
+        ('{"n": NaN}', "numbers must be finite"),
+        ('{"n": -Infinity}', "numbers must be finite"),
+        ('{"n": 1e999}', "numbers must be finite"),
+        ('{"n": ' + "7" * 5000 + "}", "an integer is outside the exact range"),
+    ],
+)
+async def test_bodies_that_are_not_i_json_are_invalid(
+    running: Factory, text: str, message: str
+) -> None:
+    run = await running()
+    async with run.session.post(
+        run.url + "/v1/actions",
+        data=text,
+        headers={"authorization": f"Bearer {run.token}", "content-type": "application/json"},
+    ) as response:
+        assert response.status == 400
+        body = await response.json()
+    assert body["error"] == {"code": "REQUEST_INVALID", "message": message}
+    assert run.provider.received == []
+
+
 @pytest.mark.parametrize("field", ["tenant_id", "actor", "credentials", "SNEAKY_FIELD"])
 async def test_request_may_not_supply_identity_or_unknown_fields(
     running: Factory, field: str

@@ -12,9 +12,10 @@ import aiohttp
 import pytest
 import yaml
 
+from agentsafe.executor.assembly import assemble
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.serve import Executor, assemble
+from agentsafe.executor.plane import Executor
 from agentsafe.executor.tools.harness import Workspace, free_port
 from tests.plans import support as s
 

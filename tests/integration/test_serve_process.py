@@ -552,7 +552,7 @@ async def test_sigterm_while_the_provider_never_answers_ends_within_the_drain_bo
     tmp_path: Path, gated: GatedProvider
 ) -> None:
     """The egress timeout (DOWNSTREAM_TIMEOUT_MS, at most 15 s) is below the drain bound
-    (serve.DRAIN_SECONDS, 20 s): a provider that never answers ends the work as
+    (plane.DRAIN_SECONDS, 20 s): a provider that never answers ends the work as
     UNKNOWN_AFTER_DISPATCH, the process exits 0 with the attempt left open, and the next start
     reconciles it by asking the provider."""
     workspace = Workspace(tmp_path / "ws")

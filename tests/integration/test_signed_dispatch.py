@@ -19,13 +19,13 @@ from aiohttp import web
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from agentsafe.executor.assembly import assemble
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.provider import (
     MemorySeenStore,
     sign_effect_receipt,
     verify_provider_request,
 )
-from agentsafe.executor.serve import assemble
 from agentsafe.executor.tools.harness import Workspace, free_port
 
 

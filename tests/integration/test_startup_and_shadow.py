@@ -13,10 +13,10 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from agentsafe.executor.assembly import assemble
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.events import MemorySink, Streams
-from agentsafe.executor.serve import assemble
 from agentsafe.executor.tools.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 

@@ -15,9 +15,9 @@ import pytest
 from pydantic import BaseModel
 
 from agentsafe.executor.config import ExecutorConfig
-from agentsafe.executor.door.principals_file import OPERATOR_SCOPES, PrincipalEntry
+from agentsafe.executor.door.principals_file import PrincipalEntry
 from agentsafe.executor.host.halt import MAX_REASON_CHARS
-from agentsafe.executor.principals import Role
+from agentsafe.executor.principals import Role, Scope
 from agentsafe.operator.crds import structural_schema
 from agentsafe.operator.models import AgentPolicySpec, HaltSwitchSpec, PrincipalSpec
 
@@ -62,7 +62,7 @@ def test_a_single_ceiling_is_bounded_as_the_executor_bounds_a_sum() -> None:
 
 def test_roles_and_scopes_are_the_executors() -> None:
     assert _node(PrincipalSpec, "role")["enum"] == [role.value for role in Role]
-    assert set(_node(PrincipalSpec, "scopes.[]")["enum"]) == OPERATOR_SCOPES
+    assert set(_node(PrincipalSpec, "scopes.[]")["enum"]) == set(Scope)
     executor = PrincipalEntry.model_json_schema()
     entry = executor["properties"]
     for name, camel in (("allowed_actions", "allowedActions"), ("scopes", "scopes")):

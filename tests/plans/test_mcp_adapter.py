@@ -126,6 +126,12 @@ async def test_binding_refusals(tmp_path: Path) -> None:
             with pytest.raises(AgentSafetyError) as caught:
                 await create_read_only_mcp_executor(session, tool_name=name, count_rows=_rows)
             assert caught.value.code == "MCP_TOOL_NAME_INVALID"
+        for plan_tool in ("", "list incidents", "list_incidents\n", "a" * 129):
+            with pytest.raises(AgentSafetyError) as caught:
+                await create_read_only_mcp_executor(
+                    session, tool_name="list_incidents", tool=plan_tool, count_rows=_rows
+                )
+            assert caught.value.code == "MCP_TOOL_NAME_INVALID"
         with pytest.raises(AgentSafetyError) as caught:
             await create_read_only_mcp_executor(
                 session, tool_name="list_incident", count_rows=_rows

@@ -1,0 +1,88 @@
+"""What of the one-node cluster (``cluster/node.py``) is decided without starting it.
+
+The node itself is exercised by ``test_scenario.py --backend=node``; here, on every machine:
+the gotchas each rendered configuration must carry (each one broke a real bring-up), the
+provisioner's answer to a claim, and ``cluster.node run``'s rule that a node that cannot start
+is a skip, or a failure under ``AGENTSAFE_E2E=require``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from cluster import node, provisioner
+
+
+def test_the_kubelet_accepts_cgroup_v1_and_never_collects_imported_images(tmp_path: Path) -> None:
+    config = yaml.safe_load(
+        node.kubelet_config(
+            tmp_path, ca=tmp_path / "ca.crt", socket_path=tmp_path / "c.sock", port=1, healthz=2
+        )
+    )
+    assert config["failCgroupV1"] is False
+    assert config["address"] == node.NODE_IP
+    assert config["imageGCHighThresholdPercent"] == 100
+    assert config["authentication"]["anonymous"]["enabled"] is False
+
+
+def test_containerd_restricts_oom_score_adj_and_uses_the_built_pause_image(tmp_path: Path) -> None:
+    text = node.containerd_config(tmp_path, socket_path=tmp_path / "c.sock")
+    assert "restrict_oom_score_adj = true" in text
+    assert f'sandbox_image = "{node.PAUSE_IMAGE}"' in text
+
+
+def test_kube_proxy_runs_in_nftables_mode_and_leaves_conntrack_alone(tmp_path: Path) -> None:
+    config = yaml.safe_load(node.kube_proxy_config(tmp_path / "k", healthz=1, metrics=2))
+    assert config["mode"] == "nftables"
+    assert config["conntrack"]["maxPerCore"] == 0
+
+
+def test_the_pod_network_is_the_bridge_the_node_ip_lives_on(tmp_path: Path) -> None:
+    (bridge,) = node.cni_config(tmp_path)["plugins"]
+    assert bridge["bridge"] == node.BRIDGE
+    assert bridge["ipam"]["ranges"] == [[{"subnet": node.POD_CIDR, "gateway": node.NODE_IP}]]
+    assert bridge["ipMasq"] is False
+
+
+def test_the_provisioner_answers_a_placed_claim_with_a_prebound_local_volume(
+    tmp_path: Path,
+) -> None:
+    claim = {
+        "metadata": {
+            "name": "data-x-0",
+            "namespace": "payments",
+            "uid": "u-1",
+            "annotations": {provisioner.SELECTED_NODE: node.NODE_NAME},
+        },
+        "spec": {
+            "storageClassName": provisioner.STORAGE_CLASS,
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+        "status": {"phase": "Pending"},
+    }
+    assert provisioner.wanted(claim, node.NODE_NAME)
+    assert not provisioner.wanted(claim, "another-node")
+    volume = provisioner.volume_for(claim, root=tmp_path, node=node.NODE_NAME)
+    assert volume["spec"]["claimRef"]["uid"] == "u-1"
+    assert volume["spec"]["local"]["path"] == str(tmp_path / "pvc-u-1")
+    assert volume["spec"]["persistentVolumeReclaimPolicy"] == "Delete"
+
+
+@pytest.mark.parametrize(("require", "code"), [("require", 1), ("", 0)])
+def test_a_node_that_cannot_start_fails_only_when_required(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, require: str, code: int
+) -> None:
+    def cannot_start(*args: object, **kwargs: object) -> node.Cluster:
+        raise node.NodeError("this machine cannot run the node yet: run as root")
+
+    def must_not_stop() -> bool:
+        raise AssertionError("nothing was started, so nothing is stopped")
+
+    monkeypatch.setattr(node, "status", lambda: {"running": False})
+    monkeypatch.setattr(node, "up", cannot_start)
+    monkeypatch.setattr(node, "down", must_not_stop)
+    monkeypatch.setenv(node.REQUIRE_ENV, require)
+    assert node.run(tmp_path, ["false"]) == code

@@ -1,0 +1,236 @@
+"""One attempt on an ALLOW: claim the grant, journal, dispatch once, finalize, answer.
+
+:meth:`Attempt.run` is step 7 of the pipeline (``pipeline.py``), taken out so it can be tested
+on its own with every collaborator passed in:
+
+1. commit the host ceilings (a reservation released if nothing was sent);
+2. journal ATTEMPT_OPENED (a journal that refuses is FAILED_BEFORE_DISPATCH, fail closed);
+3. claim the single-use grant with the authority (a refused claim closes the attempt NOT_CLAIMED);
+4. run the handler once through the registry, which journals GRANT_CLAIMED before the handler's
+   body (``on_claimed``);
+5. finalize with the authority; journal ATTEMPT_CLOSED unless the outcome is unknown, in which
+   case the answer carries a signed recovery object for ``POST /v1/reconciliations``;
+6. one OUTCOME evidence line, one count, one answer.
+
+The caller learns that the attempt started through the :class:`Progress` it passes in (set
+before anything durable is written): from then on its idempotency key is never freed.
+
+Callers: ``pipeline.py``; tests (``tests/lifecycle/test_attempt.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..clock import Clock
+from ..dispatch.seam import Authorization, ExecutionContext, Outcome, Registry
+from ..errors import AgentSafeError, StoreError
+from ..events import Streams
+from ..intent import CapturedIntent
+from ..policy.authority import RECOVERY_TYP, Authority, Decision, GrantRefused
+from ..principals import Principal
+from ..state.journal import AttemptJournal
+from .answers import Answer, decision_answer
+from .ceilings import HostCeilings
+
+__all__ = ["Attempt", "Progress", "TokenSigner"]
+
+log = logging.getLogger(__name__)
+
+
+class TokenSigner(Protocol):
+    def sign_token(self, payload: Mapping[str, Any], *, typ: str) -> str: ...
+
+    def verify_token(self, token: str, *, typ: str) -> dict[str, Any]: ...
+
+
+@dataclass
+class Progress:
+    """Whether an attempt has started: from then on its idempotency key is never freed."""
+
+    started: bool = False
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What an attempt needs, passed in; :meth:`run` is one attempt."""
+
+    authority: Authority
+    signer: TokenSigner
+    registry: Registry
+    journal: AttemptJournal | None
+    ceilings: HostCeilings | None
+    streams: Streams
+    clock: Clock
+    count_outcome: Callable[[Outcome], None] = lambda outcome: None
+
+    async def run(
+        self,
+        *,
+        intent: CapturedIntent,
+        principal: Principal,
+        decision: Decision,
+        handler: str,
+        common: Mapping[str, Any],
+        progress: Progress,
+    ) -> Answer:
+        """Run ``decision`` (an ALLOW with its grant) for ``intent`` through ``handler`` once.
+
+        ``common`` is the answer's mode, intent and decision fields; ``progress.started`` is set
+        before the journal is written."""
+        if decision.grant is None:
+            raise ValueError("only an ALLOW with a grant starts an attempt")
+        reservation = None
+        if self.ceilings is not None:
+            reservation = await self.ceilings.commit(intent.parameters)
+        attempt_id = str(uuid.uuid4())
+        journal = self.journal
+        progress.started = True
+        try:
+            if journal is not None:
+                await journal.opened(
+                    attempt_id=attempt_id,
+                    intent_id=intent.intent_id,
+                    intent_hash=intent.intent_hash,
+                    decision_id=decision.decision_id,
+                    dossier_id=decision.dossier_id,
+                    caller=principal.id,
+                    action=intent.action,
+                    binding=intent.binding,
+                )
+        except AgentSafeError:
+            log.exception("the journal refused ATTEMPT_OPENED")
+            if reservation is not None:
+                await reservation.release()
+            return self._failed_before_dispatch(common, ["JOURNAL_UNAVAILABLE"])
+        try:
+            claim = await self.authority.claim(decision.grant, intent=intent)
+        except (GrantRefused, StoreError) as exc:  # a store that failed claimed nothing we use
+            if journal is not None:
+                await journal.closed(
+                    attempt_id=attempt_id,
+                    outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
+                    executed=False,
+                    finalization="NOT_CLAIMED",
+                )
+            if reservation is not None:
+                await reservation.release()
+            return self._failed_before_dispatch(common, [exc.code])
+        authorization = Authorization(
+            decision_id=claim.decision_id,
+            dossier_id=claim.dossier_id,
+            grant_id=claim.grant_id,
+            expires_at=claim.expires_at,
+        )
+        self.streams.evidence.emit(
+            "GRANT_CLAIMED",
+            {
+                "intent_id": intent.intent_id,
+                "decision_id": claim.decision_id,
+                "grant_id": claim.grant_id,
+                "payload_digest": claim.execution_payload_digest,
+                "caller": principal.id,
+            },
+        )
+        remaining = claim.expires_at - self.clock.now()
+        ctx = ExecutionContext(
+            intent=intent,
+            parameters=intent.parameters,
+            authorization=authorization,
+            deadline_monotonic=self.clock.monotonic() + max(0.0, remaining),
+            clock=self.clock,
+            attestation=claim.attestation,
+        )
+
+        async def on_claimed(_: ExecutionContext) -> None:
+            if journal is not None:
+                await journal.grant_claimed(
+                    attempt_id=attempt_id,
+                    grant_id=claim.grant_id,
+                    expires_at=claim.expires_at,
+                    payload_digest=claim.execution_payload_digest,
+                )
+            self.streams.evidence.emit(
+                "DISPATCH", {"intent_id": intent.intent_id, "grant_id": claim.grant_id}
+            )
+
+        report = await self.registry.execute(handler, ctx, on_claimed=on_claimed)
+        outcome = Outcome(report.outcome)
+        if outcome is not Outcome.COMPLETED and not report.dispatched and reservation is not None:
+            await reservation.release()
+        finalization = await self.authority.finalize(
+            claim, outcome=outcome.value, executed=report.executed
+        )
+        recovery = None
+        if outcome is Outcome.UNKNOWN_AFTER_DISPATCH:
+            recovery = self._recovery_object(intent, attempt_id, claim.grant_id)
+        elif journal is not None:
+            await journal.closed(
+                attempt_id=attempt_id,
+                outcome=outcome.value,
+                executed=report.executed,
+                finalization=finalization,
+            )
+        self.count_outcome(outcome)
+        self.streams.evidence.emit(
+            "OUTCOME",
+            {
+                "intent_id": intent.intent_id,
+                "decision_id": claim.decision_id,
+                "grant_id": claim.grant_id,
+                "outcome": outcome.value,
+                "executed": report.executed,
+                "reason_codes": list(report.reason_codes),
+                "finalization": finalization,
+                "caller": principal.id,
+                **_receipt(report.result),
+            },
+        )
+        body = decision_answer(
+            **common,
+            reason_codes=[*decision.reason_codes, *report.reason_codes],
+            fail_closed=outcome is Outcome.FAILED_BEFORE_DISPATCH,
+            outcome=outcome.value,
+            executed=report.executed,
+            authorization=authorization.as_wire(),
+            finalization=finalization,
+            result=report.result if outcome is Outcome.COMPLETED else None,
+            recovery=recovery,
+        )
+        return Answer(200, body)
+
+    def _failed_before_dispatch(self, common: Mapping[str, Any], reasons: list[str]) -> Answer:
+        self.count_outcome(Outcome.FAILED_BEFORE_DISPATCH)
+        body = decision_answer(
+            **common,
+            reason_codes=reasons,
+            fail_closed=True,
+            outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
+            executed=False,
+            authorization=None,
+        )
+        return Answer(200, body)
+
+    def _recovery_object(
+        self, intent: CapturedIntent, attempt_id: str, grant_id: str
+    ) -> dict[str, Any]:
+        reference = self.signer.sign_token(
+            {
+                "attempt_id": attempt_id,
+                "intent_hash": intent.intent_hash,
+                "grant_id": grant_id,
+                "iat": int(self.clock.now()),
+            },
+            typ=RECOVERY_TYP,
+        )
+        return {"intent": dict(intent.binding), "reference": reference}
+
+
+def _receipt(result: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The provider's signed effect receipt, carried verbatim into the evidence."""
+    receipt = (result or {}).get("effect_receipt")
+    return {"effect_receipt": receipt} if isinstance(receipt, str) else {}

@@ -1,0 +1,429 @@
+"""The control plane: one assembled executor, what its control routes ask, and its lifecycle.
+
+:class:`Executor` holds every component :func:`~agentsafe.executor.assembly.assemble` built and
+answers what the operator's routes ask (status, open attempts, secret reload, evidence export,
+readiness); it runs startup reconciliation, the listener and the background polls (halt file,
+secret files, posture drift, TLS material, JWKS), and closes everything in reverse order.
+:class:`WorkGate` is why new enforcement work is refused right now (a posture regression, a halt):
+the pipeline asks it before anything else, without knowing the control plane.
+
+Callers: ``assembly.py`` (builds both), tests; the process runs what ``assemble`` returns. The
+control routes know it only through their ``ControlPlane`` protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+from .clock import Clock
+from .codes import Code
+from .config import EscalationMode, ExecutorConfig, ExecutorMode
+from .dispatch.seam import Registry
+from .door.principals_file import PrincipalSet
+from .door.workload import JwksSource
+from .errors import ConfigError, RequestRejected
+from .events import Streams
+from .evidence.bundle import BundleError, export_bundle
+from .evidence.chain import ChainedStreams
+from .evidence.redact import Redactor
+from .host.halt import HaltState
+from .host.metrics import ExecutorMetrics
+from .host.posture import PostureMonitor, PostureReport
+from .host.secrets import SecretStore
+from .host.tlsctx import ReloadingTlsContext
+from .lifecycle.answers import reconciled_answer
+from .lifecycle.catalog import ActionReconciler, PolicyCatalog
+from .lifecycle.leases import LeaseKeeper
+from .lifecycle.pipeline import Pipeline
+from .lifecycle.reconcile import Resolution, ResolutionStatus, reconcile_open_attempts
+from .lifecycle.shadow import ShadowReport
+from .plans.service import PlanService
+from .policy.authority import LocalAuthority
+from .policy.policy import CompiledPolicy
+from .principals import Principal
+from .routes.app import ReadyState, Route, build_app
+from .routes.door import HttpDoor
+from .routes.table import Approvals, route_table
+from .state.journal import AttemptJournal
+from .state.pgstore import PostgresStore
+from .state.usestore import UseStore
+
+__all__ = ["DRAIN_SECONDS", "Executor", "WorkGate"]
+
+DRAIN_SECONDS = 20.0
+HALT_FILE_POLL_SECONDS = 0.5
+SECRETS_POLL_SECONDS = 5.0
+
+
+STORE_PING_SECONDS = 1.0
+
+
+@dataclass
+class StoreHealth:
+    """Whether the shared store answered its last ping (:meth:`Executor._store_health_loop`)."""
+
+    available: bool = True
+
+
+@dataclass(frozen=True)
+class WorkGate:
+    """Why new enforcement work is refused right now: a posture regression, a halt, then a
+    shared store that does not answer."""
+
+    halt: HaltState
+    posture_monitor: PostureMonitor
+    store: StoreHealth = field(default_factory=StoreHealth)
+
+    def refusal(self) -> str | None:
+        if self.posture_monitor.is_degraded():
+            return "POSTURE_DEGRADED"
+        if self.halt.halted:
+            return "EXECUTOR_HALTED"
+        if not self.store.available:
+            return "STORE_UNAVAILABLE"
+        return None
+
+
+@dataclass
+class Executor:
+    """Everything one executor process holds, and its lifecycle."""
+
+    config: ExecutorConfig
+    environ: Mapping[str, str]
+    streams: Streams
+    clock: Clock
+    secrets: SecretStore
+    store: UseStore
+    journal: AttemptJournal | None
+    authority: LocalAuthority
+    registry: Registry
+    transport: Any
+    pipeline: Pipeline
+    policy: CompiledPolicy
+    shadow: ShadowReport
+    metrics: ExecutorMetrics
+    halt: HaltState
+    door: HttpDoor
+    jwks: JwksSource | None
+    tls: ReloadingTlsContext | None
+    posture: PostureReport
+    posture_monitor: PostureMonitor
+    redactor: Redactor
+    load_principals: Callable[[], PrincipalSet]
+    """Re-reads ``EXECUTOR_PRINCIPALS_FILE`` (``assembly.load_principals``, bound at start)."""
+    chained: ChainedStreams | None = None
+    plans: PlanService | None = None
+    shared: PostgresStore | None = None  # EXECUTOR_STORE_URL: the store every replica shares
+    leases: LeaseKeeper | None = None
+    store_health: StoreHealth = field(default_factory=StoreHealth)  # the WorkGate's too
+    routes: tuple[Route, ...] = field(init=False)
+    app: web.Application = field(init=False)
+    reconciling: bool = True
+    unknown_attempts: int = 0
+    port: int = 0
+    _runner: web.AppRunner | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        approvals = None
+        if self.config.executor_escalation is EscalationMode.APPROVAL:
+            approvals = Approvals(store=self.store, streams=self.streams, clock=self.clock)
+        self.routes = route_table(
+            pipeline=self.pipeline,
+            readiness=self.readiness,
+            jwks=self.authority.jwks,
+            plane=self,
+            plans=self.plans,
+            approvals=approvals,
+        )
+        self.app = build_app(self.routes, door=self.door)
+
+    # -------------------------------------------------------------- what routes ask
+
+    def readiness(self) -> ReadyState:
+        body: dict[str, Any] = {
+            "mode": self.config.executor_mode.value,
+            "actions": list(self.policy.actions),
+            "unknown_attempts": self.unknown_attempts,
+            "reconciling": self.reconciling,
+            "halted": self.halt.halted,
+            "store": "postgresql" if self.shared is not None else "sqlite",
+            "store_available": self.store_health.available,
+        }
+        ready = not self.reconciling and not self.halt.halted and self.store_health.available
+        if self.config.executor_ready_requires_no_unknown_attempts and self.unknown_attempts:
+            ready = False
+        body["ready"] = ready
+        return ReadyState(ready=ready, body=body)
+
+    async def status(self) -> dict[str, Any]:
+        door = self.door.door.principals
+        summary = door.summary() if hasattr(door, "summary") else []
+        out: dict[str, Any] = {
+            "mode": self.config.executor_mode.value,
+            "actions": list(self.policy.actions),
+            "principals": summary,
+            "halt": self.halt.status(),
+            "posture": self.posture.as_status(),
+            "posture_drift": list(self.posture_monitor.drifted_checks()),
+            "unknown_attempts": self.unknown_attempts,
+            "open_attempts": await self.open_attempts(),
+            "policy_digest": self.policy.digest,
+            "chain_heads": self._heads(),
+        }
+        if self.config.executor_mode is ExecutorMode.SHADOW:
+            out["shadow_report"] = self.shadow.as_dict()
+        return out
+
+    async def open_attempts(self) -> list[dict[str, Any]]:
+        if self.journal is None:
+            return []
+        attempts = await self.journal.open_attempts()
+        return [
+            {
+                "attempt_id": a.attempt_id,
+                "intent_id": a.intent_id,
+                "intent_hash": a.intent_hash,
+                "action": a.action,
+                "principal": a.principal,
+                "grant_claimed": a.grant_claimed,
+                "grant_id": a.grant_id,
+                "state": "UNKNOWN" if a.grant_claimed else "UNCLAIMED",
+            }
+            for a in attempts
+        ]
+
+    async def reload_secrets(self) -> dict[str, Any]:
+        report = await asyncio.to_thread(self.secrets.reload)
+        out: dict[str, Any] = {"secrets": report.as_dict()}
+        if self.config.executor_principals_file is not None:
+            try:
+                principals = self.load_principals()
+            except ConfigError as exc:
+                self.streams.security.emit(
+                    "PRINCIPALS_RELOAD_REFUSED", {"code": exc.code, "variable": exc.variable}
+                )
+                out["principals"] = {"file": str(self.config.executor_principals_file), "ok": False}
+            else:
+                self.door.door.replace_principals(principals)
+                out["principals"] = {"file": str(self.config.executor_principals_file), "ok": True}
+        if self.jwks is not None:
+            self.jwks.check_file()
+            out["jwks"] = {
+                "file": str(self.config.executor_jwks_file),
+                "ok": self.jwks.is_current(),
+            }
+        if self.tls is not None:
+            out["tls"] = {
+                "file": str(self.config.executor_tls_cert_file),
+                "rotated": self.tls.maybe_reload(),
+            }
+        return out
+
+    def _heads(self) -> dict[str, Any] | None:
+        if self.chained is None:
+            return None
+        return {
+            name: head.as_dict() if head is not None else None
+            for name, head in self.chained.heads().items()
+        }
+
+    async def export_evidence(self, *, reason: str, principal: Principal) -> dict[str, Any]:
+        if self.config.executor_evidence_dir is None:
+            raise RequestRejected(
+                Code.EVIDENCE_NOT_CONFIGURED, "evidence export needs EXECUTOR_EVIDENCE_DIR"
+            )
+        if self.chained is None:
+            raise RequestRejected(
+                Code.EVIDENCE_NOT_CHAINED, "this process writes no chained evidence streams"
+            )
+        signing_key: Ed25519PrivateKey | None = None
+        handle = self.secrets.get("EXECUTOR_EVIDENCE_SIGNING_KEY")
+        if handle is not None:
+            with handle.reveal() as pem:
+                loaded = load_pem_private_key(bytes(pem), password=None)
+            if not isinstance(loaded, Ed25519PrivateKey):
+                raise RequestRejected(
+                    Code.EVIDENCE_KEY_INVALID, "EXECUTOR_EVIDENCE_SIGNING_KEY is not Ed25519"
+                )
+            signing_key = loaded
+        attempts = await self.open_attempts()
+        try:
+            manifest = await asyncio.to_thread(
+                export_bundle,
+                evidence_dir=self.config.executor_evidence_dir,
+                reason=reason,
+                streams=self.chained.sinks(),
+                open_attempts=attempts,
+                posture=self.posture.as_status(),
+                config_digest=self.config.digest(),
+                image_digest=self.config.executor_image_digest,
+                secret_rotations=self.secrets.rotation_counts(),
+                signing_key=signing_key,
+                clock=self.clock,
+                redactor=self.redactor,
+            )
+        except BundleError as exc:
+            raise RequestRejected(exc.code, exc.message) from None
+        self.streams.security.emit(
+            "EVIDENCE_EXPORTED", {"principal": principal.id, "signed": signing_key is not None}
+        )
+        return dict(manifest.document)
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def reconcile_at_start(self) -> list[Resolution]:
+        resolutions: list[Resolution] = []
+        if self.journal is not None:
+            resolutions = await reconcile_open_attempts(
+                self.journal,
+                reconciler=ActionReconciler(
+                    PolicyCatalog(self.policy, self.registry), self.registry
+                ),
+                streams=self.streams,
+                gate=self.leases.gate if self.leases is not None else None,
+            )
+            for resolution in resolutions:
+                await self.settle_idempotency(resolution)
+            self.unknown_attempts = sum(
+                1
+                for r in resolutions
+                if r.resolution
+                in (ResolutionStatus.STILL_UNKNOWN, ResolutionStatus.BINDING_MISMATCH)
+            )
+        self.reconciling = False
+        return resolutions
+
+    async def settle_idempotency(self, resolution: Resolution) -> None:
+        """Give a reconciled key its final answer; a key that never reached the provider is freed.
+
+        A key whose outcome is still unknown stays in flight (409 IDEMPOTENCY_IN_PROGRESS): the
+        executor asks again at the next start, and the attempt is listed as open.
+        """
+        key, tenant, principal = (
+            resolution.idempotency_key,
+            resolution.tenant,
+            resolution.principal,
+        )
+        if key is None or tenant is None or principal is None:
+            return
+        scope = {"tenant": tenant, "principal": principal, "key": key}
+        if resolution.resolution is ResolutionStatus.UNCLAIMED:
+            await self.store.idempotency_release(**scope)
+            return
+        status = {
+            ResolutionStatus.RECONCILED_COMPLETED: "COMPLETED",
+            ResolutionStatus.RECONCILED_NOT_EXECUTED: "NOT_EXECUTED",
+        }.get(resolution.resolution)
+        if status is None:
+            return
+        body = reconciled_answer(
+            mode=self.config.executor_mode.value,
+            intent_id=resolution.intent_binding.get("intent_id"),
+            intent_hash=resolution.intent_hash,
+            status=status,
+        )
+        if body is not None:
+            await self.store.idempotency_settle(
+                **scope, response={"status": 200, "body": body}, now=self.clock.now()
+            )
+
+    async def listen(self) -> None:
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS
+        )
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner,
+            host=self.config.executor_bind_address,
+            port=self.config.port,
+            ssl_context=self.tls.context if self.tls is not None else None,
+            reuse_address=True,
+        )
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        self.streams.security.emit(
+            "LISTENING",
+            {
+                "address": self.config.executor_bind_address,
+                "port": self.port,
+                "tls": self.tls is not None,
+            },
+        )
+
+    def start_background(self) -> None:
+        """Halt file, secret files, posture drift, TLS material and JWKS, each polled."""
+        self._spawn(self.halt.watch(interval=HALT_FILE_POLL_SECONDS))
+        self._spawn(self.secrets.watch(SECRETS_POLL_SECONDS))
+        self._spawn(self._posture_loop())
+        if self.tls is not None:
+            self._spawn(self.tls.watch())
+        if self.jwks is not None and self.config.executor_jwks_url:
+            self._spawn(self.jwks.run_refresh())
+        if self.shared is not None:
+            self._spawn(self._store_health_loop())
+        if self.leases is not None:
+            self._spawn(self.leases.run())
+
+    async def _store_health_loop(self) -> None:
+        """Ask the shared store once a second: while it does not answer, new proposals get 503
+        STORE_UNAVAILABLE and ``/ready`` is 503; both resume by themselves when it answers."""
+        assert self.shared is not None
+        while True:
+            available = await self.shared.ping()
+            if available != self.store_health.available:
+                self.store_health.available = available
+                self.streams.security.emit(
+                    "STORE_AVAILABLE" if available else "STORE_UNAVAILABLE", {}
+                )
+            await asyncio.sleep(STORE_PING_SECONDS)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.create_task(coro))
+
+    async def _posture_loop(self) -> None:
+        interval = self.config.executor_posture_interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            await self.check_posture_now()
+
+    async def check_posture_now(self) -> tuple[str, ...]:
+        """Re-run the drift checks once: a regression halts (POSTURE_DRIFT) and new enforcement
+        work is refused 503 POSTURE_DEGRADED until it holds again (POSTURE_RESTORED); resume is
+        refused while it stands. Returns the checks that drifted."""
+        known = set(self.halt.status()["posture_drift"])
+        await asyncio.to_thread(self.posture_monitor.check_now)
+        drifted = set(self.posture_monitor.drifted_checks())
+        for check in sorted(drifted - known):
+            self.halt.posture_drift(check)
+            self.metrics.posture_drift.inc(check=check)
+        for check in sorted(known - drifted):
+            self.halt.posture_restored(check)
+        return tuple(sorted(drifted))
+
+    async def close(self) -> None:
+        """Stop accepting, drain in-flight work (bounded), then close every store."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        await self.transport.close()
+        if self.journal is not None:
+            await self.journal.close()
+        await self.store.close()
+        self.secrets.close()
+        if self.chained is not None:
+            self.chained.close()

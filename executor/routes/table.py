@@ -1,0 +1,60 @@
+"""The route table: every row of the wire contract this executor serves, in one place.
+
+:func:`route_table` gathers the rows of each route module (the agent's own routes, the operator's
+control routes, the approval routes with ``EXECUTOR_ESCALATION=APPROVAL``, the plan routes when
+the policy has a ``plans`` section); :func:`~agentsafe.executor.routes.app.build_app` builds the
+application from them. The README's wire-contract table lists the same rows (method, path, role,
+scope), and ``tests/routes/test_table.py`` keeps the two equal.
+
+Callers: ``plane.py``; tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..clock import Clock
+from ..events import Streams
+from ..lifecycle.pipeline import Pipeline
+from ..plans.service import PlanService
+from ..state.usestore import UseStore
+from .app import ReadyState, Route, core_routes
+from .approvals import approval_routes
+from .control import ControlPlane, control_routes
+from .plans import plan_routes
+
+__all__ = ["Approvals", "route_table"]
+
+
+@dataclass(frozen=True)
+class Approvals:
+    """What the approval routes need (``EXECUTOR_ESCALATION=APPROVAL``)."""
+
+    store: UseStore
+    streams: Streams
+    clock: Clock
+
+
+def route_table(
+    *,
+    pipeline: Pipeline,
+    readiness: Callable[[], ReadyState],
+    jwks: Callable[[], Mapping[str, Any]],
+    plane: ControlPlane,
+    plans: PlanService | None,
+    approvals: Approvals | None,
+) -> tuple[Route, ...]:
+    """Every route this executor serves; ``plans`` and ``approvals`` are ``None`` when off."""
+    rows = [
+        *core_routes(pipeline=pipeline, readiness=readiness, jwks=jwks),
+        *control_routes(plane),
+    ]
+    if plans is not None:
+        rows.extend(plan_routes(service=plans, streams=plane.streams))
+    if approvals is not None:
+        rows.extend(
+            approval_routes(store=approvals.store, streams=approvals.streams, clock=approvals.clock)
+        )
+    return tuple(rows)
