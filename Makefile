@@ -145,6 +145,7 @@ test:
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/lifecycle.py
+	$(BIN)/python benchmarks/shared_store.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .demo

@@ -16,7 +16,6 @@ Callers: ``serve.py`` (the process), tests.
 from __future__ import annotations
 
 import functools
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -48,11 +47,12 @@ from .host.metrics import ExecutorMetrics
 from .host.posture import PostureInputs, PostureMonitor, check_posture
 from .host.secrets import SecretStore, inspect_sources
 from .host.tlsctx import ReloadingTlsContext, TlsSettings
-from .lifecycle.catalog import PolicyCatalog
+from .lifecycle.catalog import ActionReconciler, PolicyCatalog
 from .lifecycle.ceilings import HostCeilings
+from .lifecycle.leases import LeaseKeeper
 from .lifecycle.pipeline import Pipeline
 from .lifecycle.shadow import ShadowReport
-from .plane import Executor, WorkGate
+from .plane import Executor, StoreHealth, WorkGate
 from .plans.execute import StepExecutor
 from .plans.service import ExecutorRegistry, PlanService
 from .plans.signing import Ed25519Signer
@@ -61,7 +61,8 @@ from .policy.policy import CompiledPolicy, PolicyDocument, compile_policy, load_
 from .principals import legacy_principal
 from .routes.door import HttpDoor
 from .state.journal import AttemptJournal
-from .state.usestore import SQLiteUseStore
+from .state.pgstore import PostgresStore, SharedAttemptMirror, check_store_url
+from .state.usestore import SQLiteUseStore, UseStore
 from .windows import DoorWindows
 
 __all__ = [
@@ -333,14 +334,28 @@ async def assemble(
     secrets.on_change(rotated)
     journal: AttemptJournal | None = None
     chained: ChainedStreams | None = None
-    store: SQLiteUseStore | None = None
+    store: UseStore | None = None
+    shared: PostgresStore | None = None
+    mirror: SharedAttemptMirror | None = None
     try:
+        if config.executor_store_url.given:
+            shared = await open_shared_store(secrets)
+            streams.security.emit(
+                "STORE_OPENED",
+                {"backend": "postgresql", "schema_version": shared.schema_version},
+            )
+            mirror = SharedAttemptMirror(
+                shared.attempts,
+                owner=config.replica_id,
+                lease_seconds=config.executor_attempt_lease_seconds,
+            )
         if config.executor_journal_dir is not None:
             try:
                 journal = await AttemptJournal.open(
                     Path(config.executor_journal_dir),
                     retain_days=config.executor_journal_retain_days,
                     clock=clock,
+                    mirror=mirror,
                 )
             except (OSError, AgentSafeError) as exc:
                 raise ConfigError(
@@ -348,11 +363,6 @@ async def assemble(
                     "cannot be opened for appending",
                     code=Code.JOURNAL_UNAVAILABLE,
                 ) from exc
-        state_dir = (
-            Path(config.executor_state_dir)
-            if config.executor_state_dir
-            else Path(tempfile.mkdtemp(prefix="agentsafe-state-"))
-        )
         if chain is not None:
             chained = open_chained_streams(
                 evidence_out=chain[0],
@@ -371,7 +381,11 @@ async def assemble(
                 if not isinstance(deferred, DeferredSink):
                     raise TypeError("chained streams need DeferredSink placeholders")
                 deferred.attach(_CountingSink(sink, metrics, name))
-        store = await SQLiteUseStore.open(state_dir, clock=clock)
+        if shared is not None:
+            store = shared.use_store
+        else:
+            assert config.executor_state_dir is not None  # the configuration requires it
+            store = await SQLiteUseStore.open(Path(config.executor_state_dir), clock=clock)
 
         halt = HaltState(
             clock=clock,
@@ -444,8 +458,10 @@ async def assemble(
             window_count=config.executor_hard_limit_window_count,
             window_sum_minor=config.executor_hard_limit_window_sum_minor,
             clock=clock,
+            window=shared.window if shared is not None else None,
         )
         shadow = ShadowReport()
+        store_health = StoreHealth()
         pipeline = Pipeline(
             mode=config.executor_mode,
             authority=authority,
@@ -461,7 +477,7 @@ async def assemble(
             intent_ttl_seconds=config.executor_intent_ttl_seconds,
             max_clock_skew_ms=config.executor_max_clock_skew_ms,
             shadow=shadow,
-            refusal=WorkGate(halt, monitor).refusal,
+            refusal=WorkGate(halt, monitor, store_health).refusal,
             on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
             metrics=metrics,
             escalation=config.executor_escalation,
@@ -501,12 +517,24 @@ async def assemble(
                 journal_dir=config.executor_journal_dir,
                 executors=plan_executors,
             ),
+            shared=shared,
+            store_health=store_health,
         )
+        if mirror is not None and journal is not None:
+            executor.leases = LeaseKeeper(
+                mirror,
+                journal,
+                reconciler=ActionReconciler(PolicyCatalog(policy, registry), registry),
+                streams=streams,
+                on_resolution=executor.settle_idempotency,
+            )
         return executor
     except BaseException:
         # Nothing half-built survives a refusal: close what was opened, in reverse order.
         if store is not None:
             await store.close()
+        if shared is not None:
+            await shared.close()
         if journal is not None:
             await journal.close()
         secrets.close()
@@ -563,7 +591,7 @@ def _plan_service(
     config: ExecutorConfig,
     policy: CompiledPolicy,
     key: SigningKey,
-    store: SQLiteUseStore,
+    store: UseStore,
     streams: Streams,
     clock: Clock,
     *,
@@ -594,3 +622,15 @@ def _plan_service(
         clock=clock,
         max_clock_skew_ms=config.executor_max_clock_skew_ms,
     )
+
+
+async def open_shared_store(secrets: SecretStore) -> PostgresStore:
+    """Open (and migrate) the shared store named by ``EXECUTOR_STORE_URL``; ``ConfigError``
+    naming the variable, never the URL, when it is not a PostgreSQL URL; ``StoreError`` when the
+    database does not answer or its schema is newer than this agentsafe."""
+    handle = secrets.get("EXECUTOR_STORE_URL")
+    if handle is None:
+        raise ConfigError("EXECUTOR_STORE_URL", "is set but could not be read")
+    with handle.reveal() as value:
+        url = bytes(value).decode("utf-8", errors="replace").strip()
+    return await PostgresStore.open(check_store_url(url))

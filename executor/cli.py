@@ -152,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_policy(sub)
 
+    from .tools.store_cli import add_parser as add_store
+
+    add_store(sub)
+
     for ep in entry_points(group="agentsafe.commands"):
         register: Callable[[Any], None] = ep.load()
         register(sub)

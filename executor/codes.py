@@ -52,7 +52,11 @@ class Code(StrEnum):
     HANDLER_CONTRACT_VIOLATED = "HANDLER_CONTRACT_VIOLATED", None, "a handler broke its contract"
     JOURNAL_UNAVAILABLE = "JOURNAL_UNAVAILABLE", None, "the attempt journal cannot take a record"
     POLICY_INVALID = "POLICY_INVALID", 400, "the policy document is not valid"
-    STORE_UNAVAILABLE = "STORE_UNAVAILABLE", None, "the use store failed; the caller fails closed"
+    STORE_UNAVAILABLE = (
+        "STORE_UNAVAILABLE",
+        503,
+        "the use store cannot answer (the shared database is unreachable); nothing was executed",
+    )
 
     # -- the HTTP edge ---------------------------------------------------------------------------
     REQUEST_INVALID = "REQUEST_INVALID", 400, "the request does not match the route's schema"

@@ -37,6 +37,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -221,6 +222,7 @@ SECRET_NAMES: Final[tuple[str, ...]] = (
     "DOWNSTREAM_CREDENTIAL",
     "DOWNSTREAM_PRIVATE_KEY",
     "DOWNSTREAM_SIGNING_KEY",
+    "EXECUTOR_STORE_URL",
 )
 
 # Every variable, in the order of docs/configuration.md. A secret appears twice: as ``<NAME>``
@@ -272,6 +274,11 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_JOURNAL_REQUIRED",
     "EXECUTOR_JOURNAL_RETAIN_DAYS",
     "EXECUTOR_READY_REQUIRES_NO_UNKNOWN_ATTEMPTS",
+    # shared store and replicas
+    "EXECUTOR_STORE_URL",
+    "EXECUTOR_STORE_URL_FILE",
+    "EXECUTOR_REPLICA_ID",
+    "EXECUTOR_ATTEMPT_LEASE_SECONDS",
     # halt
     "EXECUTOR_HALT_FILE",
     "EXECUTOR_HALT_ON_AUTH_FAILURES",
@@ -358,6 +365,7 @@ _KIND_REQUIRED: Final[Mapping[CredentialKind, tuple[str, ...]]] = {
 _DIGITS = re.compile(r"[0-9]{1,19}")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _CURRENCY = re.compile(CURRENCY_PATTERN)
+_REPLICA_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 _OCI_DIGEST = re.compile(
     r"(?:[^\s@]+@)?[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-fA-F]{32,128}",
 )
@@ -491,6 +499,7 @@ _INT_FIELDS: Final = (
     "executor_posture_interval_seconds",
     "executor_egress_max_response_bytes",
     "executor_journal_retain_days",
+    "executor_attempt_lease_seconds",
     "executor_hard_limit_window_seconds",
     "executor_hard_limit_window_count",
     "executor_hard_limit_window_sum_minor",
@@ -505,6 +514,7 @@ _TEXT_FIELDS: Final = (
     "executor_actor_type",
     "executor_actor_runtime",
     "executor_jwt_audience",
+    "executor_replica_id",
     "executor_image_digest",
     "banking_adapter_id",
     "banking_adapter_version",
@@ -567,8 +577,9 @@ class ExecutorConfig(BaseModel):
     agentsafe_env: str | None = None
     executor_mode: ExecutorMode
     executor_policy_file: Path
-    # Required in both modes: the use store (claims, idempotency, approvals) lives there.
-    executor_state_dir: Path
+    # Required in both modes unless EXECUTOR_STORE_URL names the shared store: the use store
+    # (claims, idempotency, approvals) lives there.
+    executor_state_dir: Path | None = None
     executor_bind_address: str = "127.0.0.1"
     port: int = Field(default=8443, ge=0, le=65535)
     executor_intent_ttl_seconds: int = Field(
@@ -616,6 +627,11 @@ class ExecutorConfig(BaseModel):
     executor_journal_required: bool = True
     executor_journal_retain_days: int = Field(default=7, ge=1, le=366)
     executor_ready_requires_no_unknown_attempts: bool = False
+
+    # shared store and replicas
+    executor_store_url: SecretSource = SecretSource("EXECUTOR_STORE_URL")
+    executor_replica_id: str | None = None
+    executor_attempt_lease_seconds: int = Field(default=30, ge=5, le=3600)
 
     # halt
     executor_halt_file: Path | None = None
@@ -717,6 +733,13 @@ class ExecutorConfig(BaseModel):
     def _tenant(cls, value: object) -> object:
         if isinstance(value, str) and not _UUID.fullmatch(value):
             raise ValueError("must be a UUID in lower-case canonical form")
+        return value
+
+    @field_validator("executor_replica_id", mode="after")
+    @classmethod
+    def _replica_id(cls, value: str | None) -> str | None:
+        if value is not None and not _REPLICA_ID.fullmatch(value):
+            raise ValueError("must be 1-253 letters, digits, '.', '_' or '-' (a pod name)")
         return value
 
     @field_validator("executor_image_digest", mode="after")
@@ -930,6 +953,8 @@ class ExecutorConfig(BaseModel):
             )
 
     def _storage_rules(self) -> None:
+        if self.executor_state_dir is None and not self.executor_store_url.given:
+            raise ConfigError("EXECUTOR_STATE_DIR", "is required without EXECUTOR_STORE_URL")
         if (
             self.executor_mode is ExecutorMode.ENFORCEMENT
             and self.executor_journal_dir is None
@@ -999,6 +1024,11 @@ class ExecutorConfig(BaseModel):
         return value is not None
 
     # ---- what the rest of the code reads ------------------------------------------------
+
+    @property
+    def replica_id(self) -> str:
+        """``EXECUTOR_REPLICA_ID``, or this host's name (the pod name on Kubernetes)."""
+        return self.executor_replica_id or os.uname().nodename
 
     @property
     def production(self) -> bool:

@@ -41,6 +41,7 @@ from .host.secrets import SecretStore
 from .host.tlsctx import ReloadingTlsContext
 from .lifecycle.answers import reconciled_answer
 from .lifecycle.catalog import ActionReconciler, PolicyCatalog
+from .lifecycle.leases import LeaseKeeper
 from .lifecycle.pipeline import Pipeline
 from .lifecycle.reconcile import Resolution, ResolutionStatus, reconcile_open_attempts
 from .lifecycle.shadow import ShadowReport
@@ -52,7 +53,8 @@ from .routes.app import ReadyState, Route, build_app
 from .routes.door import HttpDoor
 from .routes.table import Approvals, route_table
 from .state.journal import AttemptJournal
-from .state.usestore import SQLiteUseStore
+from .state.pgstore import PostgresStore
+from .state.usestore import UseStore
 
 __all__ = ["DRAIN_SECONDS", "Executor", "WorkGate"]
 
@@ -61,18 +63,32 @@ HALT_FILE_POLL_SECONDS = 0.5
 SECRETS_POLL_SECONDS = 5.0
 
 
+STORE_PING_SECONDS = 1.0
+
+
+@dataclass
+class StoreHealth:
+    """Whether the shared store answered its last ping (:meth:`Executor._store_health_loop`)."""
+
+    available: bool = True
+
+
 @dataclass(frozen=True)
 class WorkGate:
-    """Why new enforcement work is refused right now: a posture regression, then a halt."""
+    """Why new enforcement work is refused right now: a posture regression, a halt, then a
+    shared store that does not answer."""
 
     halt: HaltState
     posture_monitor: PostureMonitor
+    store: StoreHealth = field(default_factory=StoreHealth)
 
     def refusal(self) -> str | None:
         if self.posture_monitor.is_degraded():
             return "POSTURE_DEGRADED"
         if self.halt.halted:
             return "EXECUTOR_HALTED"
+        if not self.store.available:
+            return "STORE_UNAVAILABLE"
         return None
 
 
@@ -85,7 +101,7 @@ class Executor:
     streams: Streams
     clock: Clock
     secrets: SecretStore
-    store: SQLiteUseStore
+    store: UseStore
     journal: AttemptJournal | None
     authority: LocalAuthority
     registry: Registry
@@ -105,6 +121,9 @@ class Executor:
     """Re-reads ``EXECUTOR_PRINCIPALS_FILE`` (``assembly.load_principals``, bound at start)."""
     chained: ChainedStreams | None = None
     plans: PlanService | None = None
+    shared: PostgresStore | None = None  # EXECUTOR_STORE_URL: the store every replica shares
+    leases: LeaseKeeper | None = None
+    store_health: StoreHealth = field(default_factory=StoreHealth)  # the WorkGate's too
     routes: tuple[Route, ...] = field(init=False)
     app: web.Application = field(init=False)
     reconciling: bool = True
@@ -136,8 +155,10 @@ class Executor:
             "unknown_attempts": self.unknown_attempts,
             "reconciling": self.reconciling,
             "halted": self.halt.halted,
+            "store": "postgresql" if self.shared is not None else "sqlite",
+            "store_available": self.store_health.available,
         }
-        ready = not self.reconciling and not self.halt.halted
+        ready = not self.reconciling and not self.halt.halted and self.store_health.available
         if self.config.executor_ready_requires_no_unknown_attempts and self.unknown_attempts:
             ready = False
         body["ready"] = ready
@@ -268,9 +289,10 @@ class Executor:
                     PolicyCatalog(self.policy, self.registry), self.registry
                 ),
                 streams=self.streams,
+                gate=self.leases.gate if self.leases is not None else None,
             )
             for resolution in resolutions:
-                await self._settle_idempotency(resolution)
+                await self.settle_idempotency(resolution)
             self.unknown_attempts = sum(
                 1
                 for r in resolutions
@@ -280,7 +302,7 @@ class Executor:
         self.reconciling = False
         return resolutions
 
-    async def _settle_idempotency(self, resolution: Resolution) -> None:
+    async def settle_idempotency(self, resolution: Resolution) -> None:
         """Give a reconciled key its final answer; a key that never reached the provider is freed.
 
         A key whose outcome is still unknown stays in flight (409 IDEMPOTENCY_IN_PROGRESS): the
@@ -346,6 +368,23 @@ class Executor:
             self._spawn(self.tls.watch())
         if self.jwks is not None and self.config.executor_jwks_url:
             self._spawn(self.jwks.run_refresh())
+        if self.shared is not None:
+            self._spawn(self._store_health_loop())
+        if self.leases is not None:
+            self._spawn(self.leases.run())
+
+    async def _store_health_loop(self) -> None:
+        """Ask the shared store once a second: while it does not answer, new proposals get 503
+        STORE_UNAVAILABLE and ``/ready`` is 503; both resume by themselves when it answers."""
+        assert self.shared is not None
+        while True:
+            available = await self.shared.ping()
+            if available != self.store_health.available:
+                self.store_health.available = available
+                self.streams.security.emit(
+                    "STORE_AVAILABLE" if available else "STORE_UNAVAILABLE", {}
+                )
+            await asyncio.sleep(STORE_PING_SECONDS)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coro))

@@ -84,6 +84,7 @@ __all__ = [
     "PrincipalStatus",
     "ResourceStatus",
     "SecretKeyRef",
+    "StoreSpec",
     "TlsSpec",
 ]
 
@@ -366,6 +367,37 @@ class TlsSpec(_Model):
     min_version: TlsMinVersion = TlsMinVersion.TLS_1_3
 
 
+class StoreSpec(_Model):
+    """The shared PostgreSQL store every replica uses (``EXECUTOR_STORE_URL_FILE``).
+
+    The Secret key holds a ``postgresql://`` URL (CloudNativePG's ``<cluster>-app`` Secret has one
+    under ``uri``); the executors get egress to the database's pods (``podSelector``, in
+    ``namespace`` or the policy's own) or to ``cidrs``, on ``port``, and nowhere else new.
+    """
+
+    secret_key_ref: SecretKeyRef = Field(description="the Secret key holding the URL")
+    port: Annotated[int, Field(ge=1, le=65535)] = 5432
+    pod_selector: LabelSelector | None = Field(
+        default=None, description="the database's pods, e.g. cnpg.io/cluster: <name>"
+    )
+    namespace: DnsLabel | None = Field(
+        default=None, description="where those pods run; defaults to the policy's namespace"
+    )
+    cidrs: list[Annotated[str, Field(min_length=3, max_length=43)]] | None = Field(
+        default=None, max_length=16, description="or: the database's networks"
+    )
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "has(self.podSelector) || has(self.cidrs)",
+                "say where the database is: podSelector or cidrs",
+            ),
+            ("!has(self.namespace) || has(self.podSelector)", "namespace goes with podSelector"),
+        )
+    )
+
+
 class AgentPolicySpec(_Model):
     """What an executor may do, for whom, against which downstream."""
 
@@ -383,6 +415,9 @@ class AgentPolicySpec(_Model):
     host_ceilings: HostCeilingsSpec | None = None
     escalation: EscalationMode = EscalationMode.NONE
     replicas: Annotated[int, Field(ge=1, le=16)] = 1
+    store: StoreSpec | None = Field(
+        default=None, description="the shared PostgreSQL store; required for replicas > 1"
+    )
     image: Annotated[str, Field(min_length=1, max_length=512)] | None = Field(
         default=None, description="defaults to the operator's configured executor image"
     )
@@ -403,6 +438,11 @@ class AgentPolicySpec(_Model):
             (
                 "!(self.mode == 'SHADOW' && self.escalation == 'APPROVAL')",
                 "escalation APPROVAL needs mode ENFORCEMENT (shadow never escalates)",
+            ),
+            (
+                "!has(self.replicas) || self.replicas <= 1 || has(self.store)",
+                "replicas > 1 needs store (a shared PostgreSQL): replicas with their own stores "
+                "would execute a retried idempotency key twice",
             ),
         )
     )

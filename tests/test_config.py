@@ -10,6 +10,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -155,6 +156,7 @@ def test_secret_names_are_the_seven_secrets() -> None:
         "DOWNSTREAM_CREDENTIAL",
         "DOWNSTREAM_PRIVATE_KEY",
         "DOWNSTREAM_SIGNING_KEY",
+        "EXECUTOR_STORE_URL",
     )
 
 
@@ -945,9 +947,44 @@ def test_shadow_needs_no_journal() -> None:
 
 
 @pytest.mark.parametrize("mode", ["SHADOW", "ENFORCEMENT"])
-def test_the_state_dir_is_always_required(mode: str) -> None:
+def test_the_state_dir_is_required_without_a_shared_store(mode: str) -> None:
     error = refused(legacy_env(EXECUTOR_MODE=mode, EXECUTOR_STATE_DIR=None), "EXECUTOR_STATE_DIR")
-    assert error.problem == "is required"
+    assert error.problem == "is required without EXECUTOR_STORE_URL"
+    shared = load_config(
+        legacy_env(
+            EXECUTOR_MODE=mode,
+            EXECUTOR_STATE_DIR=None,
+            EXECUTOR_STORE_URL_FILE="/run/secrets/store-url",
+        )
+    )
+    assert shared.executor_state_dir is None
+    assert shared.executor_store_url.given
+
+
+def test_replica_id_and_lease() -> None:
+    config = load_config(legacy_env())
+    assert config.executor_attempt_lease_seconds == 30
+    assert config.replica_id == os.uname().nodename
+    named = load_config(legacy_env(EXECUTOR_REPLICA_ID="executor-7d9f-abcde"))
+    assert named.replica_id == "executor-7d9f-abcde"
+    refused(legacy_env(EXECUTOR_REPLICA_ID="a b"), "EXECUTOR_REPLICA_ID")
+    refused(legacy_env(EXECUTOR_ATTEMPT_LEASE_SECONDS="1"), "EXECUTOR_ATTEMPT_LEASE_SECONDS")
+
+
+def test_production_takes_the_store_url_only_from_a_file() -> None:
+    error = refused(
+        production_env(EXECUTOR_STORE_URL="postgresql://agentsafe@db/agentsafe"),
+        "EXECUTOR_STORE_URL",
+    )
+    assert "EXECUTOR_STORE_URL_FILE" in error.problem
+    assert "postgresql" not in str(error)
+    config = load_config(
+        production_env(
+            EXECUTOR_STATE_DIR=None,
+            EXECUTOR_STORE_URL_FILE="/var/run/agent-safe/secrets/store-url",
+        )
+    )
+    assert config.executor_store_url.given
 
 
 def test_evidence_signing_key_needs_the_evidence_dir() -> None:

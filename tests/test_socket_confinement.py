@@ -33,6 +33,8 @@ The kinds of use, each matched by the names below wherever they appear in a modu
   aiohttp's concrete resolvers).
 * ``kube``: a Kubernetes client library (``kopf``, ``kubernetes``, ``kubernetes_asyncio``); the
   executor must never run one.
+* ``database``: a network database client (``psycopg``, ``psycopg_pool``, ``asyncpg``). libpq
+  connects from native code, which the audit hook cannot see: only the shared store may.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("executor", "operator")
 
-SOCKET, TLS, HTTP_CLIENT, CONNECT, LISTEN, RESOLVE, KUBE = (
+SOCKET, TLS, HTTP_CLIENT, CONNECT, LISTEN, RESOLVE, KUBE, DATABASE = (
     "socket",
     "tls",
     "http-client",
@@ -56,6 +58,7 @@ SOCKET, TLS, HTTP_CLIENT, CONNECT, LISTEN, RESOLVE, KUBE = (
     "listen",
     "resolve",
     "kube",
+    "database",
 )
 
 # module name (or dotted prefix) -> kind, for ``import x`` / ``from x import ...``
@@ -74,6 +77,9 @@ _MODULES: dict[str, str] = {
     "kopf": KUBE,
     "kubernetes": KUBE,
     "kubernetes_asyncio": KUBE,
+    "psycopg": DATABASE,
+    "psycopg_pool": DATABASE,
+    "asyncpg": DATABASE,
 }
 # ``from package import name`` where the name is itself one of the modules above
 _SUBMODULES: dict[tuple[str, str], str] = {
@@ -145,6 +151,16 @@ ALLOWED: dict[str, Allowance] = {
         CONNECT,
         reason="the audit hook's self-test probe: a connect to a closed loopback port that the "
         "installed hook must refuse (posture check SOCKET_GUARD_ABSENT)",
+    ),
+    "executor/state/pgstore.py": allow(
+        DATABASE,
+        reason="the shared store (EXECUTOR_STORE_URL): the pool of connections to the one "
+        "PostgreSQL database; libpq connects natively, so the NetworkPolicy's egress to the "
+        "database is what binds it",
+    ),
+    "executor/state/pgschema.py": allow(
+        DATABASE,
+        reason="the shared store's migrations, run on a connection pgstore.py opened",
     ),
     "executor/plane.py": allow(
         LISTEN,

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from ..clock import Clock
 from ..dispatch.seam import Authorization, ExecutionContext, Outcome, Registry
-from ..errors import AgentSafeError
+from ..errors import AgentSafeError, StoreError
 from ..events import Streams
 from ..intent import CapturedIntent
 from ..policy.authority import RECOVERY_TYP, Authority, Decision, GrantRefused
@@ -86,7 +86,7 @@ class Attempt:
             raise ValueError("only an ALLOW with a grant starts an attempt")
         reservation = None
         if self.ceilings is not None:
-            reservation = self.ceilings.commit(intent.parameters)
+            reservation = await self.ceilings.commit(intent.parameters)
         attempt_id = str(uuid.uuid4())
         journal = self.journal
         progress.started = True
@@ -105,11 +105,11 @@ class Attempt:
         except AgentSafeError:
             log.exception("the journal refused ATTEMPT_OPENED")
             if reservation is not None:
-                reservation.release()
+                await reservation.release()
             return self._failed_before_dispatch(common, ["JOURNAL_UNAVAILABLE"])
         try:
             claim = await self.authority.claim(decision.grant, intent=intent)
-        except GrantRefused as exc:
+        except (GrantRefused, StoreError) as exc:  # a store that failed claimed nothing we use
             if journal is not None:
                 await journal.closed(
                     attempt_id=attempt_id,
@@ -118,7 +118,7 @@ class Attempt:
                     finalization="NOT_CLAIMED",
                 )
             if reservation is not None:
-                reservation.release()
+                await reservation.release()
             return self._failed_before_dispatch(common, [exc.code])
         authorization = Authorization(
             decision_id=claim.decision_id,
@@ -161,7 +161,7 @@ class Attempt:
         report = await self.registry.execute(handler, ctx, on_claimed=on_claimed)
         outcome = Outcome(report.outcome)
         if outcome is not Outcome.COMPLETED and not report.dispatched and reservation is not None:
-            reservation.release()
+            await reservation.release()
         finalization = await self.authority.finalize(
             claim, outcome=outcome.value, executed=report.executed
         )

@@ -20,36 +20,46 @@ Decisions this module makes, stated plainly:
   ``_WINDOW_SUM_MINOR`` that never widens: a per-currency sum would let N currencies move N times
   the bound. Operators running several currencies should set the bound for the smallest unit they
   care about; the per-currency bound is ``EXECUTOR_HARD_LIMIT_SINGLE_MINOR``.
-* **The window is process memory on the monotonic clock**: a restart forgets it, two replicas each
-  keep their own, and changing the wall clock cannot reopen it. It is a backstop against a policy
-  mistake, not a treasury control.
+* **Where the window lives** is a :class:`CeilingWindow`. Embedded (:class:`MemoryWindow`) it is
+  process memory on the monotonic clock: a restart forgets it, and changing the wall clock cannot
+  reopen it. With a shared store (``EXECUTOR_STORE_URL``) it is ``state/pgstore.py``'s
+  ``PostgresWindow``, on the database's clock and locked per reservation, so N allowed means N in
+  total across every replica. It is a backstop against a policy mistake, not a treasury control.
 * :meth:`HostCeilings.check` runs before the authority and reserves nothing;
   :meth:`HostCeilings.commit` runs after an ALLOW and before the grant is claimed, re-checks and
-  reserves under one lock, so racing requests cannot cross the window.
+  reserves atomically (one lock, or one row lock), so racing requests cannot cross the window.
 * A :class:`Reservation` may be released (idempotently) when the executor *knows* nothing was
   dispatched: the claim was refused, the journal refused, the handler failed before dispatch.
   Anything dispatched, including a provider's refusal or an unknown outcome, keeps its place:
   unknown may have moved value, and a refusal still consumed an attempt.
 
 Callers: ``lifecycle/pipeline.py`` (check), ``lifecycle/attempt.py`` (commit, release),
-``assembly.py`` (builds it from the configuration).
+``assembly.py`` (builds it from the configuration, with the shared window when there is a shared
+store).
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import re
-import threading
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..clock import Clock
 from ..codes import Code
 from ..config import CURRENCY_PATTERN
 from ..errors import RequestRejected
 
-__all__ = ["HostCeilings", "Payment", "Reservation", "read_payment"]
+__all__ = [
+    "CeilingWindow",
+    "HostCeilings",
+    "MemoryWindow",
+    "Payment",
+    "Reservation",
+    "read_payment",
+]
 
 _CURRENCY = re.compile(CURRENCY_PATTERN)
 
@@ -85,29 +95,92 @@ def read_payment(parameters: Mapping[str, Any]) -> Payment | None:
     return Payment(amount_minor=amount, currency=currency)
 
 
+class CeilingWindow(Protocol):
+    """Where the sliding window's reservations live (process memory, or the shared store)."""
+
+    async def usage(self, window_seconds: float) -> tuple[int, int]:
+        """``(count, sum_minor)`` inside the window now."""
+        ...
+
+    async def reserve(
+        self,
+        *,
+        window_seconds: float,
+        amount_minor: int,
+        count_limit: int | None,
+        sum_limit: int | None,
+    ) -> tuple[str | None, object]:
+        """Atomically re-check and take a place: ``(None, token)``, or ``("COUNT" | "SUM",
+        None)`` naming the bound that is full."""
+        ...
+
+    async def release(self, token: object) -> None: ...
+
+
+class MemoryWindow:
+    """The embedded window: this process's memory on the monotonic clock."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._entries: dict[int, tuple[float, int]] = {}  # insertion order is time order
+        self._ids = itertools.count()
+        self._sum = 0
+        self._lock = asyncio.Lock()
+
+    async def usage(self, window_seconds: float) -> tuple[int, int]:
+        self._expire(window_seconds)
+        return len(self._entries), self._sum
+
+    async def reserve(
+        self,
+        *,
+        window_seconds: float,
+        amount_minor: int,
+        count_limit: int | None,
+        sum_limit: int | None,
+    ) -> tuple[str | None, object]:
+        async with self._lock:
+            self._expire(window_seconds)
+            if count_limit is not None and len(self._entries) + 1 > count_limit:
+                return "COUNT", None
+            if sum_limit is not None and self._sum + amount_minor > sum_limit:
+                return "SUM", None
+            token = next(self._ids)
+            self._entries[token] = (self._clock.monotonic(), amount_minor)
+            self._sum += amount_minor
+            return None, token
+
+    async def release(self, token: object) -> None:
+        entry = self._entries.pop(token, None) if isinstance(token, int) else None
+        if entry is not None:  # otherwise it already expired out of the window
+            self._sum -= entry[1]
+
+    def _expire(self, window_seconds: float) -> None:
+        horizon = self._clock.monotonic() - window_seconds
+        for token, (at, amount) in list(self._entries.items()):
+            if at > horizon:
+                break
+            del self._entries[token]
+            self._sum -= amount
+
+
 class Reservation:
     """A place in the window taken by :meth:`HostCeilings.commit`."""
 
-    def __init__(self, owner: HostCeilings | None, entry: _Entry | None) -> None:
-        self._owner = owner
-        self._entry = entry
+    def __init__(self, window: CeilingWindow | None, token: object = None) -> None:
+        self._window = window
+        self._token = token
 
     @property
     def released(self) -> bool:
-        return self._entry is None
+        return self._window is None
 
-    def release(self) -> None:
+    async def release(self) -> None:
         """Give the place back (nothing was dispatched). Releasing twice is harmless."""
-        owner, entry = self._owner, self._entry
-        self._owner = self._entry = None
-        if owner is not None and entry is not None:
-            owner._release(entry)
-
-
-@dataclass(eq=False)
-class _Entry:
-    at: float
-    amount_minor: int
+        window, token = self._window, self._token
+        self._window = self._token = None
+        if window is not None:
+            await window.release(token)
 
 
 class HostCeilings:
@@ -121,6 +194,7 @@ class HostCeilings:
         window_count: int | None = None,
         window_sum_minor: int | None = None,
         clock: Clock,
+        window: CeilingWindow | None = None,
     ) -> None:
         if (window_count is not None or window_sum_minor is not None) and not window_seconds:
             raise ValueError("a window count or sum needs window_seconds")
@@ -133,38 +207,44 @@ class HostCeilings:
         self._window_seconds = window_seconds
         self._window_count = window_count
         self._window_sum = window_sum_minor
-        self._clock = clock
-        self._entries: deque[_Entry] = deque()
-        self._sum = 0
-        self._lock = threading.Lock()
+        self._window: CeilingWindow = window if window is not None else MemoryWindow(clock)
 
     @property
     def configured(self) -> bool:
         return bool(self._single) or self._window_count is not None or self._window_sum is not None
 
-    def check(self, parameters: Mapping[str, Any]) -> None:
+    async def check(self, parameters: Mapping[str, Any]) -> None:
         """Refuse what would not pass now; reserves nothing (before the authority is asked)."""
         payment = self._single_check(parameters)
-        with self._lock:
-            self._window_check(payment)
+        if self._window_seconds is None:
+            return
+        count, total = await self._window.usage(self._window_seconds)
+        amount = payment.amount_minor if payment else 0
+        if self._window_count is not None and count + 1 > self._window_count:
+            raise _full("COUNT")
+        if self._window_sum is not None and total + amount > self._window_sum:
+            raise _full("SUM")
 
-    def commit(self, parameters: Mapping[str, Any]) -> Reservation:
+    async def commit(self, parameters: Mapping[str, Any]) -> Reservation:
         """Re-check and take a place in the window atomically (after ALLOW, before the claim)."""
         payment = self._single_check(parameters)
-        with self._lock:
-            self._window_check(payment)
-            if self._window_seconds is None:
-                return Reservation(None, None)
-            entry = _Entry(self._clock.monotonic(), payment.amount_minor if payment else 0)
-            self._entries.append(entry)
-            self._sum += entry.amount_minor
-            return Reservation(self, entry)
+        if self._window_seconds is None:
+            return Reservation(None)
+        full, token = await self._window.reserve(
+            window_seconds=self._window_seconds,
+            amount_minor=payment.amount_minor if payment else 0,
+            count_limit=self._window_count,
+            sum_limit=self._window_sum,
+        )
+        if full is not None:
+            raise _full(full)
+        return Reservation(self._window, token)
 
-    def window_usage(self) -> tuple[int, int]:
+    async def window_usage(self) -> tuple[int, int]:
         """``(count, sum_minor)`` currently inside the window."""
-        with self._lock:
-            self._expire()
-            return len(self._entries), self._sum
+        if self._window_seconds is None:
+            return 0, 0
+        return await self._window.usage(self._window_seconds)
 
     def _single_check(self, parameters: Mapping[str, Any]) -> Payment | None:
         if not self.configured:
@@ -181,30 +261,10 @@ class HostCeilings:
             raise _refuse(Code.HARD_LIMIT_EXCEEDED, "the amount is above this host's single limit")
         return payment
 
-    def _window_check(self, payment: Payment | None) -> None:
-        if self._window_seconds is None:
-            return
-        self._expire()
-        if self._window_count is not None and len(self._entries) + 1 > self._window_count:
-            raise _refuse(
-                Code.HARD_LIMIT_WINDOW_COUNT_EXCEEDED, "this host's action count window is full"
-            )
-        amount = payment.amount_minor if payment else 0
-        if self._window_sum is not None and self._sum + amount > self._window_sum:
-            raise _refuse(Code.HARD_LIMIT_WINDOW_SUM_EXCEEDED, "this host's value window is full")
 
-    def _expire(self) -> None:
-        assert self._window_seconds is not None or not self._entries
-        if self._window_seconds is None:
-            return
-        horizon = self._clock.monotonic() - self._window_seconds
-        while self._entries and self._entries[0].at <= horizon:
-            self._sum -= self._entries.popleft().amount_minor
-
-    def _release(self, entry: _Entry) -> None:
-        with self._lock:
-            try:
-                self._entries.remove(entry)
-            except ValueError:  # already expired out of the window
-                return
-            self._sum -= entry.amount_minor
+def _full(which: str) -> RequestRejected:
+    if which == "COUNT":
+        return _refuse(
+            Code.HARD_LIMIT_WINDOW_COUNT_EXCEEDED, "this host's action count window is full"
+        )
+    return _refuse(Code.HARD_LIMIT_WINDOW_SUM_EXCEEDED, "this host's value window is full")

@@ -37,7 +37,7 @@ from ..codes import Code
 from ..config import EscalationMode, ExecutorMode
 from ..dispatch.seam import Outcome, ReconcileStatus, Registry
 from ..door.door import check_action
-from ..errors import AgentSafeError, RequestRejected
+from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
 from ..host.metrics import ExecutorMetrics
 from ..intent import (
@@ -237,11 +237,18 @@ class Pipeline:
             raise
         final = answer.status < 500 and answer.body.get("outcome") in _FINAL_OUTCOMES
         if final:
-            await self._store.idempotency_complete(
-                **scope,
-                response={"status": answer.status, "body": dict(answer.body)},
-                now=self._clock.now(),
-            )
+            try:
+                await self._store.idempotency_complete(
+                    **scope,
+                    response={"status": answer.status, "body": dict(answer.body)},
+                    now=self._clock.now(),
+                )
+            except StoreError as exc:
+                if not progress.started:
+                    raise
+                # The outcome is known and journaled; the caller gets it. The key stays in
+                # flight until reconciliation settles it, so a retry never runs it again.
+                log.warning("the final answer was not recorded (%s)", exc.code)
         elif not progress.started:
             await self._store.idempotency_release(**scope)
         return answer
@@ -271,7 +278,7 @@ class Pipeline:
             },
         )
         if self._ceilings is not None:
-            self._ceilings.check(intent.parameters)
+            await self._ceilings.check(intent.parameters)
         decision = await self._decide(intent, principal)
         if decision is None:
             return self._unavailable(intent, principal)

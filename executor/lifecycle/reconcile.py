@@ -25,14 +25,15 @@ asked again next start) and says so on the security stream; a torn journal line 
 reading is reported there too. A journal with a damaged line raises ``JOURNAL_CORRUPT``: the
 caller decides whether to start.
 
-Callers: ``plane.py`` at start (then it updates idempotency records from the returned
+Callers: ``lifecycle/leases.py`` (an attempt taken over from a lapsed lease), ``plane.py`` at
+start (then it updates idempotency records from the returned
 :class:`Resolution` list), ``GET /ready`` counts (through the journal).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -49,6 +50,7 @@ __all__ = [
     "Reconciler",
     "Resolution",
     "ResolutionStatus",
+    "reconcile_attempt",
     "reconcile_open_attempts",
 ]
 
@@ -106,8 +108,13 @@ async def reconcile_open_attempts(
     reconciler: Reconciler,
     streams: Streams,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    gate: Callable[[OpenAttempt], Awaitable[bool]] | None = None,
 ) -> list[Resolution]:
-    """Resolve every open attempt in journal order (see the module docstring)."""
+    """Resolve every open attempt in journal order (see the module docstring).
+
+    With a shared store, ``gate`` takes each attempt for this replica first (one row lock) and
+    says False for one another replica holds or already resolved: it is left alone here.
+    """
     scan = await journal.scan()
     for torn in scan.torn_lines:
         streams.security.emit(
@@ -115,11 +122,31 @@ async def reconcile_open_attempts(
         )
     resolutions: list[Resolution] = []
     for attempt in scan.open_attempts:
-        resolution = await _resolve(attempt, reconciler=reconciler, timeout_s=timeout_s)
-        await _record(journal, resolution, streams)
-        _emit(attempt, resolution, streams)
-        resolutions.append(resolution)
+        if gate is not None and not await gate(attempt):
+            continue
+        resolutions.append(
+            await reconcile_attempt(
+                attempt, journal, reconciler=reconciler, streams=streams, timeout_s=timeout_s
+            )
+        )
     return resolutions
+
+
+async def reconcile_attempt(
+    attempt: OpenAttempt,
+    journal: AttemptJournal,
+    *,
+    reconciler: Reconciler,
+    streams: Streams,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Resolution:
+    """Resolve one open attempt read-only, record RECONCILED (by RESTART) and emit it; the same
+    path for this process's own journal at start and for an attempt taken over from a replica
+    whose lease lapsed (``lifecycle/leases.py``)."""
+    resolution = await _resolve(attempt, reconciler=reconciler, timeout_s=timeout_s)
+    await _record(journal, resolution, streams)
+    _emit(attempt, resolution, streams)
+    return resolution
 
 
 async def _resolve(attempt: OpenAttempt, *, reconciler: Reconciler, timeout_s: float) -> Resolution:

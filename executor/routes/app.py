@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from ..canonical import DuplicateKeyError, parse_json
 from ..codes import Code
-from ..errors import CanonicalizationError, RequestRejected
+from ..errors import CanonicalizationError, RequestRejected, StoreError
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import Pipeline, Proposal
@@ -203,13 +203,26 @@ async def _errors(
         return await handler(request)
     except RequestRejected as exc:
         return refusal(exc.code, exc.message, headers=exc.headers)
+    except StoreError as exc:
+        if exc.code != Code.STORE_UNAVAILABLE:
+            return _internal_error(request)
+        # Raised only before an attempt starts: the pipeline answers for what it dispatched.
+        return refusal(
+            Code.STORE_UNAVAILABLE,
+            "the shared store is unreachable; nothing was executed; retry later",
+            headers={"Retry-After": "5"},
+        )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         return refusal(code_for_http_error(exc.status), exc.reason, status=exc.status)
     except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return refusal(Code.INTERNAL_ERROR, "the executor failed; the request was not executed")
+        return _internal_error(request)
+
+
+def _internal_error(request: web.Request) -> web.Response:
+    log.exception("unhandled error in %s %s", request.method, request.path)
+    return refusal(Code.INTERNAL_ERROR, "the executor failed; the request was not executed")
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:

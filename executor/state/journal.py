@@ -25,6 +25,12 @@ last line (a crash mid-write; never acknowledged) is tolerated and reported, and
 the file is appended to again; any other damaged line is an error naming the file and line.
 Attempts opened before the retention window are not read.
 
+With a shared store (``EXECUTOR_STORE_URL``), an :class:`AttemptMirror` is handed in: after each
+record is on the device, the same step is written to the shared store's open-attempt state (owner
+and lease there), and the append returns only once both hold; a mirror that fails fails the append
+(JOURNAL_UNAVAILABLE), so a GRANT_CLAIMED that cannot be made durable in the shared store stops the
+seam before dispatch.
+
 Callers: ``lifecycle/attempt.py`` (opened, grant_claimed through the seam's GRANT_CLAIMED
 decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records reconciled by
 CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open), ``plane.py``
@@ -46,7 +52,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..canonical import DuplicateKeyError, canonical_json, parse_json, sha256_digest
 from ..clock import Clock, format_ms, utc_day
@@ -59,6 +65,7 @@ __all__ = [
     "CLOSING_STATUSES",
     "MAX_RECORD_BYTES",
     "AttemptJournal",
+    "AttemptMirror",
     "JournalScan",
     "OpenAttempt",
     "ReconciledBy",
@@ -161,6 +168,12 @@ class JournalScan:
     torn_lines: tuple[TornLine, ...]
 
 
+class AttemptMirror(Protocol):
+    """Where each journaled step is also written (the shared store's open-attempt state)."""
+
+    async def record(self, kind: RecordType, record: Mapping[str, Any]) -> None: ...
+
+
 # -- writing -----------------------------------------------------------------------------------
 
 
@@ -178,7 +191,14 @@ class AttemptJournal:
     """The append side of the journal, plus reading back. Construct with :meth:`open`."""
 
     def __init__(
-        self, root: Path, *, retain_days: int, clock: Clock, lock_fd: int, writer: _Writer
+        self,
+        root: Path,
+        *,
+        retain_days: int,
+        clock: Clock,
+        lock_fd: int,
+        writer: _Writer,
+        mirror: AttemptMirror | None = None,
     ) -> None:
         self._root = root
         self._retain_days = retain_days
@@ -187,9 +207,17 @@ class AttemptJournal:
         self._writer = writer
         self._closed = False
         self._submitted = 0
+        self._mirror = mirror
 
     @classmethod
-    async def open(cls, directory: Path, *, retain_days: int, clock: Clock) -> AttemptJournal:
+    async def open(
+        cls,
+        directory: Path,
+        *,
+        retain_days: int,
+        clock: Clock,
+        mirror: AttemptMirror | None = None,
+    ) -> AttemptJournal:
         """Create ``directory/attempts`` (0700) if needed, take its lock, start the writer."""
         if retain_days < 1:
             raise JournalError("retain_days must be at least 1", code=Code.JOURNAL_CONFIG_INVALID)
@@ -197,7 +225,14 @@ class AttemptJournal:
         lock_fd = await asyncio.to_thread(_prepare_directory, directory, root)
         writer = _Writer(root)
         writer.start()
-        return cls(root, retain_days=retain_days, clock=clock, lock_fd=lock_fd, writer=writer)
+        return cls(
+            root,
+            retain_days=retain_days,
+            clock=clock,
+            lock_fd=lock_fd,
+            writer=writer,
+            mirror=mirror,
+        )
 
     @property
     def path(self) -> Path:
@@ -345,6 +380,14 @@ class AttemptJournal:
         self._writer.submit(_Pending(day, data + b"\n", done))
         self._submitted += 1
         await asyncio.wrap_future(done)
+        if self._mirror is not None:
+            try:
+                await self._mirror.record(kind, record)
+            except AgentSafeError as exc:
+                raise JournalError(
+                    f"the shared store did not take the record ({exc.code})",
+                    code=Code.JOURNAL_UNAVAILABLE,
+                ) from None
 
 
 class _Writer(threading.Thread):

@@ -162,6 +162,36 @@ class ApprovalError(StoreError):
         super().__init__(message, code=code)
 
 
+def decision_state(decision: str, reason: str) -> ApprovalState:
+    """The state a valid decision records; APPROVAL_DECISION_INVALID otherwise (every store)."""
+    new_state = _DECISIONS.get(decision)
+    if new_state is None:
+        raise ApprovalError("decision must be APPROVE or DENY", code=Code.APPROVAL_DECISION_INVALID)
+    if not isinstance(reason, str) or len(reason) > _MAX_REASON:
+        raise ApprovalError("the reason is too long", code=Code.APPROVAL_DECISION_INVALID)
+    return new_state
+
+
+def check_decidable(record: ApprovalRecord, *, approver: str, now: float) -> None:
+    """Refuse a decision the request does not allow: an approver it does not name or its
+    proposer (separation of duties), a decided request, an expired one (every store)."""
+    if approver not in record.request.approvers or approver == record.request.proposer_principal:
+        raise ApprovalError(
+            "this principal may not decide this request", code=Code.APPROVAL_NOT_PERMITTED
+        )
+    if record.stored_state is not ApprovalState.PENDING:
+        raise ApprovalError("the request is already decided", code=Code.APPROVAL_ALREADY_DECIDED)
+    if record.state_at(now) is ApprovalState.EXPIRED:
+        raise ApprovalError("the request has expired", code=Code.APPROVAL_EXPIRED)
+
+
+def settles(recorded: object) -> bool:
+    """Whether a finished idempotency answer may be replaced by a reconciled one: only an
+    UNKNOWN_AFTER_DISPATCH answer ever is (every store)."""
+    body = recorded.get("body") if isinstance(recorded, dict) else None
+    return isinstance(body, dict) and body.get("outcome") == "UNKNOWN_AFTER_DISPATCH"
+
+
 class UseStore(Protocol):
     """Durable single-use and idempotency state shared by every executor process on a store."""
 
@@ -451,11 +481,8 @@ class SQLiteUseStore:
             ).fetchone()
             if row is None:
                 return False
-            if row[0] == "DONE":
-                recorded = json.loads(row[1]) if row[1] else {}
-                body = recorded.get("body") if isinstance(recorded, dict) else None
-                if not isinstance(body, dict) or body.get("outcome") != ("UNKNOWN_AFTER_DISPATCH"):
-                    return False
+            if row[0] == "DONE" and not settles(json.loads(row[1]) if row[1] else {}):
+                return False
             conn.execute(
                 "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
                 " WHERE tenant = ? AND principal = ? AND key = ?",
@@ -622,13 +649,7 @@ class SQLiteUseStore:
     ) -> ApprovalRecord:
         """Record the one decision on a request. The approver must be one the request names and
         never its proposer (separation of duties); exactly one decider wins a race."""
-        new_state = _DECISIONS.get(decision)
-        if new_state is None:
-            raise ApprovalError(
-                "decision must be APPROVE or DENY", code=Code.APPROVAL_DECISION_INVALID
-            )
-        if not isinstance(reason, str) or len(reason) > _MAX_REASON:
-            raise ApprovalError("the reason is too long", code=Code.APPROVAL_DECISION_INVALID)
+        new_state = decision_state(decision, reason)
 
         def work(conn: sqlite3.Connection) -> ApprovalRecord:
             row = conn.execute(
@@ -638,19 +659,7 @@ class SQLiteUseStore:
             if row is None:
                 raise ApprovalError("no such approval request", code=Code.APPROVAL_NOT_FOUND)
             record = _approval_from_row(row)
-            if (
-                approver not in record.request.approvers
-                or approver == record.request.proposer_principal
-            ):
-                raise ApprovalError(
-                    "this principal may not decide this request", code=Code.APPROVAL_NOT_PERMITTED
-                )
-            if record.stored_state is not ApprovalState.PENDING:
-                raise ApprovalError(
-                    "the request is already decided", code=Code.APPROVAL_ALREADY_DECIDED
-                )
-            if record.state_at(now) is ApprovalState.EXPIRED:
-                raise ApprovalError("the request has expired", code=Code.APPROVAL_EXPIRED)
+            check_decidable(record, approver=approver, now=now)
             conn.execute(
                 "UPDATE approvals SET state = ?, approver = ?, reason = ?, decided_at = ?"
                 " WHERE request_id = ? AND state = 'PENDING'",

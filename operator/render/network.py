@@ -3,8 +3,9 @@
 - Service: headless (the StatefulSet's governing Service; agents resolve it to ready pods).
 - PodDisruptionBudget: at most one executor pod voluntarily down at a time.
 - NetworkPolicy ``<policy>-executor``: ingress only from the ``agentNamespaces`` and the
-  operator's pods, on the listener port; egress only to cluster DNS and to ``downstream.cidrs``
-  on the ports the downstream URLs name.
+  operator's pods, on the listener port; egress only to cluster DNS, to ``downstream.cidrs``
+  on the ports the downstream URLs name, and with ``spec.store`` to the database (its pods or
+  its ``cidrs``) on the store's port.
 - In each agent namespace, NetworkPolicy ``agentsafe-<ns>-<policy>-no-downstream``: every pod
   may send anywhere except ``downstream.cidrs``, so agents cannot go around the executor.
   These live in other namespaces, so they carry the ``agentsafe.io/owner`` label instead of an
@@ -156,9 +157,34 @@ def render_executor_network_policy(inp: RenderInput) -> dict[str, Any]:
                     "ports": [{"protocol": "TCP", "port": settings.port}],
                 }
             ],
-            "egress": [dns, downstream],
+            "egress": [dns, downstream, *_store_egress(inp)],
         },
     }
+
+
+def _store_egress(inp: RenderInput) -> list[dict[str, Any]]:
+    store = inp.spec.store
+    if store is None:
+        return []
+    peers: list[dict[str, Any]] = []
+    if store.pod_selector is not None:
+        namespace = store.namespace or inp.policy.namespace
+        peers.append(
+            {
+                "namespaceSelector": {"matchLabels": {_NAMESPACE_LABEL: namespace}},
+                "podSelector": {k: v for k, v in store.pod_selector.wire().items() if v},
+            }
+        )
+    for cidr in store.cidrs or []:
+        try:
+            network = ipaddress.ip_network(cidr, strict=True)
+        except ValueError:
+            raise RenderError(
+                ConditionReason.SPEC_INVALID,
+                "spec.store.cidrs: each entry must be a CIDR with host bits clear",
+            ) from None
+        peers.append({"ipBlock": {"cidr": str(network)}})
+    return [{"to": peers, "ports": [{"protocol": "TCP", "port": store.port}]}]
 
 
 def render_agent_network_policies(inp: RenderInput) -> list[dict[str, Any]]:

@@ -11,8 +11,12 @@ Files inside the pod:
 - ``/etc/agentsafe/config`` (projected, read-only, 0444): the policy ConfigMap (policy,
   principals, JWKS, the halt key when halted) and the CA bundles named by ``configMapKeyRef``.
 - ``/var/run/agentsafe/secrets`` (projected, read-only, 0440, group = ``fsGroup``): the
-  listener's certificate and key, the grant signing key, the downstream credential; this is
+  listener's certificate and key, the grant signing key, the downstream credential, and with
+  ``spec.store`` the shared store's URL (``store-url``, ``EXECUTOR_STORE_URL_FILE``); this is
   ``EXECUTOR_SECRETS_DIR``.
+
+With ``spec.store`` each pod is its own replica (``EXECUTOR_REPLICA_ID`` = the pod name, from the
+downward API), and two or more replicas spread over nodes and zones (``topologySpreadConstraints``).
 - ``/var/lib/agentsafe`` (a PersistentVolumeClaim per replica, or emptyDir when the journal is
   ephemeral): ``journal/`` and ``state/`` (the use store).
 - ``/tmp``: a small in-memory emptyDir; the root filesystem is read-only.
@@ -52,6 +56,7 @@ CONFIG_MODE: Final = 0o444
 _TLS_CERT = "tls.crt"
 _TLS_KEY = "tls.key"
 _AUTHORITY_KEY = "authority-signing-key.pem"
+_STORE_URL = "store-url"
 _DOWNSTREAM_CA = "downstream-ca.pem"
 _CLIENT_CA = "client-ca.pem"
 # The file the downstream credential is mounted as, and the variable naming it, per kind.
@@ -129,6 +134,8 @@ def render_environment(inp: RenderInput) -> dict[str, str]:
         env["DOWNSTREAM_SPKI_PINS"] = ",".join(down.spki_pins)
     filename, variable = _CREDENTIAL_FILES[cred.kind]
     env[variable] = f"{SECRETS_DIR}/{filename}"
+    if spec.store is not None:
+        env["EXECUTOR_STORE_URL_FILE"] = f"{SECRETS_DIR}/{_STORE_URL}"
     if cred.kind is CredentialKind.STATIC_HEADER:
         _optional(env, "DOWNSTREAM_CREDENTIAL_HEADER", cred.header)
     elif cred.kind is CredentialKind.PRIVATE_KEY_JWT:
@@ -170,7 +177,7 @@ def _secret_sources(inp: RenderInput) -> list[dict[str, Any]]:
     spec = inp.spec
     cred = spec.downstream.credential
     filename, _ = _CREDENTIAL_FILES[cred.kind]
-    return [
+    sources = [
         {
             "secret": {
                 "name": spec.tls.secret_name,
@@ -193,6 +200,12 @@ def _secret_sources(inp: RenderInput) -> list[dict[str, Any]]:
             }
         },
     ]
+    if spec.store is not None:
+        ref = spec.store.secret_key_ref
+        sources.append(
+            {"secret": {"name": ref.name, "items": [{"key": ref.key, "path": _STORE_URL}]}}
+        )
+    return sources
 
 
 def _config_sources(inp: RenderInput) -> list[dict[str, Any]]:
@@ -221,7 +234,13 @@ def render_statefulset(inp: RenderInput, *, digest: str) -> dict[str, Any]:
         "image": inp.image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["agentsafe", "serve"],
-        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "env": [{"name": key, "value": value} for key, value in env.items()]
+        + [
+            {
+                "name": "EXECUTOR_REPLICA_ID",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+            }
+        ],
         "ports": [{"name": "https", "containerPort": settings.port, "protocol": "TCP"}],
         "livenessProbe": {
             "httpGet": {"path": "/health", **probe},
@@ -300,6 +319,16 @@ def render_statefulset(inp: RenderInput, *, digest: str) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
     }
+    if inp.spec.replicas >= 2:
+        pod_spec["topologySpreadConstraints"] = [
+            {
+                "maxSkew": 1,
+                "topologyKey": key,
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": {"matchLabels": selector_labels(inp.policy)},
+            }
+            for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")
+        ]
     spec: dict[str, Any] = {
         "replicas": inp.spec.replicas,
         "serviceName": n.service,

@@ -216,7 +216,7 @@ async def test_a_journal_that_refuses_claims_nothing_and_frees_the_ceiling(world
     assert answer.body["reason_codes"] == ["JOURNAL_UNAVAILABLE"]
     assert world.handler.sent == 0
     assert world.events() == []
-    ceilings.commit(intent.parameters).release()  # the one place in the window is free again
+    await (await ceilings.commit(intent.parameters)).release()  # the one place is free again
     claim = await world.authority.claim(decision.grant or "", intent=intent)
     assert claim.grant_id == decision.grant_id  # the grant was never consumed
 

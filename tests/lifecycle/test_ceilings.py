@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -22,9 +20,19 @@ from agentsafe.executor.routes.refusals import status_of
 def refusal(fn: Any, *args: Any) -> str:
     with pytest.raises(RequestRejected) as err:
         fn(*args)
-    assert status_of(err.value.code) == 422
-    assert "999" not in err.value.message  # the amount is never echoed
-    return err.value.code
+    return _checked(err.value)
+
+
+async def arefusal(fn: Any, *args: Any) -> str:
+    with pytest.raises(RequestRejected) as err:
+        await fn(*args)
+    return _checked(err.value)
+
+
+def _checked(exc: RequestRejected) -> str:
+    assert status_of(exc.code) == 422
+    assert "999" not in exc.message  # the amount is never echoed
+    return exc.code
 
 
 @pytest.mark.parametrize(
@@ -42,20 +50,20 @@ def refusal(fn: Any, *args: Any) -> str:
         {"amountMinor": 5, "currency": None},
     ],
 )
-def test_half_or_malformed_amounts_are_refused_not_guessed(params: dict[str, Any]) -> None:
+async def test_half_or_malformed_amounts_are_refused_not_guessed(params: dict[str, Any]) -> None:
     assert refusal(read_payment, params) == "HARD_LIMIT_AMOUNT_INVALID"
     # even when only the count window is configured, and the amount matters to none of it
     ceilings = HostCeilings(window_seconds=60, window_count=5, clock=ManualClock())
-    assert refusal(ceilings.check, params) == "HARD_LIMIT_AMOUNT_INVALID"
-    assert refusal(ceilings.commit, params) == "HARD_LIMIT_AMOUNT_INVALID"
-    assert ceilings.window_usage() == (0, 0)
+    assert await arefusal(ceilings.check, params) == "HARD_LIMIT_AMOUNT_INVALID"
+    assert await arefusal(ceilings.commit, params) == "HARD_LIMIT_AMOUNT_INVALID"
+    assert (await ceilings.window_usage()) == (0, 0)
 
 
-def test_a_host_without_ceilings_refuses_nothing() -> None:
+async def test_a_host_without_ceilings_refuses_nothing() -> None:
     ceilings = HostCeilings(clock=ManualClock())
-    ceilings.check({"currency": "usd"})
-    reservation = ceilings.commit({"amountMinor": True})
-    reservation.release()
+    await ceilings.check({"currency": "usd"})
+    reservation = await ceilings.commit({"amountMinor": True})
+    await reservation.release()
 
 
 def test_read_payment() -> None:
@@ -63,69 +71,69 @@ def test_read_payment() -> None:
     assert read_payment({"amountMinor": 0, "currency": "JPY"}) == Payment(0, "JPY")
 
 
-def test_single_limit_per_currency() -> None:
+async def test_single_limit_per_currency() -> None:
     ceilings = HostCeilings(single={"USD": 10_000, "EUR": 5_000}, clock=ManualClock())
-    ceilings.check({"amountMinor": 10_000, "currency": "USD"})
-    assert refusal(ceilings.check, {"amountMinor": 10_001, "currency": "USD"}) == (
+    await ceilings.check({"amountMinor": 10_000, "currency": "USD"})
+    assert await arefusal(ceilings.check, {"amountMinor": 10_001, "currency": "USD"}) == (
         "HARD_LIMIT_EXCEEDED"
     )
-    assert refusal(ceilings.check, {"amountMinor": 5_001, "currency": "EUR"}) == (
+    assert await arefusal(ceilings.check, {"amountMinor": 5_001, "currency": "EUR"}) == (
         "HARD_LIMIT_EXCEEDED"
     )
-    assert refusal(ceilings.commit, {"amountMinor": 1, "currency": "GBP"}) == (
+    assert await arefusal(ceilings.commit, {"amountMinor": 1, "currency": "GBP"}) == (
         "HARD_LIMIT_CURRENCY_UNKNOWN"
     )
-    ceilings.check({"note": "not a payment"})
+    await ceilings.check({"note": "not a payment"})
 
 
-def test_without_single_limits_any_currency_passes_the_single_check() -> None:
+async def test_without_single_limits_any_currency_passes_the_single_check() -> None:
     ceilings = HostCeilings(window_seconds=60, window_count=5, clock=ManualClock())
-    ceilings.commit({"amountMinor": 10**12, "currency": "GBP"})
+    await ceilings.commit({"amountMinor": 10**12, "currency": "GBP"})
 
 
-def test_check_reserves_nothing_and_commit_fills_the_count_window() -> None:
+async def test_check_reserves_nothing_and_commit_fills_the_count_window() -> None:
     clock = ManualClock()
     ceilings = HostCeilings(window_seconds=60, window_count=2, clock=clock)
     for _ in range(5):
-        ceilings.check({"to": "x"})
-    ceilings.commit({"to": "x"})
-    ceilings.commit({"amountMinor": 1, "currency": "USD"})
-    assert ceilings.window_usage() == (2, 1)
-    assert refusal(ceilings.check, {"to": "x"}) == "HARD_LIMIT_WINDOW_COUNT_EXCEEDED"
-    assert refusal(ceilings.commit, {"to": "x"}) == "HARD_LIMIT_WINDOW_COUNT_EXCEEDED"
+        await ceilings.check({"to": "x"})
+    await ceilings.commit({"to": "x"})
+    await ceilings.commit({"amountMinor": 1, "currency": "USD"})
+    assert (await ceilings.window_usage()) == (2, 1)
+    assert await arefusal(ceilings.check, {"to": "x"}) == "HARD_LIMIT_WINDOW_COUNT_EXCEEDED"
+    assert await arefusal(ceilings.commit, {"to": "x"}) == "HARD_LIMIT_WINDOW_COUNT_EXCEEDED"
     clock.advance(59.9)
-    assert refusal(ceilings.commit, {"to": "x"}) == "HARD_LIMIT_WINDOW_COUNT_EXCEEDED"
+    assert await arefusal(ceilings.commit, {"to": "x"}) == "HARD_LIMIT_WINDOW_COUNT_EXCEEDED"
     clock.advance(0.2)
-    ceilings.commit({"to": "x"})
-    assert ceilings.window_usage() == (1, 0)
+    await ceilings.commit({"to": "x"})
+    assert (await ceilings.window_usage()) == (1, 0)
 
 
-def test_window_sum_is_one_total_across_currencies() -> None:
+async def test_window_sum_is_one_total_across_currencies() -> None:
     clock = ManualClock()
     ceilings = HostCeilings(window_seconds=60, window_sum_minor=1_000, clock=clock)
-    ceilings.commit({"amountMinor": 600, "currency": "USD"})
-    assert refusal(ceilings.commit, {"amountMinor": 401, "currency": "JPY"}) == (
+    await ceilings.commit({"amountMinor": 600, "currency": "USD"})
+    assert await arefusal(ceilings.commit, {"amountMinor": 401, "currency": "JPY"}) == (
         "HARD_LIMIT_WINDOW_SUM_EXCEEDED"
     )
-    ceilings.commit({"amountMinor": 400, "currency": "JPY"})
-    ceilings.commit({"to": "not a payment"})  # a non-payment is bounded by the count alone
-    assert ceilings.window_usage() == (3, 1_000)
+    await ceilings.commit({"amountMinor": 400, "currency": "JPY"})
+    await ceilings.commit({"to": "not a payment"})  # a non-payment is bounded by the count alone
+    assert (await ceilings.window_usage()) == (3, 1_000)
 
 
-def test_release_gives_the_place_back_once() -> None:
+async def test_release_gives_the_place_back_once() -> None:
     clock = ManualClock()
     ceilings = HostCeilings(window_seconds=60, window_count=1, window_sum_minor=100, clock=clock)
-    reservation = ceilings.commit({"amountMinor": 100, "currency": "USD"})
-    assert refusal(ceilings.commit, {"to": "x"}) == "HARD_LIMIT_WINDOW_COUNT_EXCEEDED"
-    reservation.release()
-    reservation.release()
+    reservation = await ceilings.commit({"amountMinor": 100, "currency": "USD"})
+    assert await arefusal(ceilings.commit, {"to": "x"}) == "HARD_LIMIT_WINDOW_COUNT_EXCEEDED"
+    await reservation.release()
+    await reservation.release()
     assert reservation.released
-    assert ceilings.window_usage() == (0, 0)
-    second = ceilings.commit({"amountMinor": 100, "currency": "USD"})
+    assert (await ceilings.window_usage()) == (0, 0)
+    second = await ceilings.commit({"amountMinor": 100, "currency": "USD"})
     clock.advance(61)
-    third = ceilings.commit({"amountMinor": 100, "currency": "USD"})
-    second.release()  # already expired out of the window: releasing it frees nothing else
-    assert ceilings.window_usage() == (1, 100)
+    third = await ceilings.commit({"amountMinor": 100, "currency": "USD"})
+    await second.release()  # already expired out of the window: releasing it frees nothing else
+    assert (await ceilings.window_usage()) == (1, 100)
     assert not third.released
 
 
@@ -141,26 +149,23 @@ def test_configuration_is_validated() -> None:
     assert HostCeilings(single={"USD": 1}, clock=clock).configured
 
 
-def test_one_hundred_threads_racing_never_cross_the_count_window() -> None:
+async def test_one_hundred_tasks_racing_never_cross_the_count_window() -> None:
     ceilings = HostCeilings(
         window_seconds=60, window_count=10, window_sum_minor=10**9, clock=ManualClock()
     )
-    barrier = threading.Barrier(100)
 
-    def attempt(i: int) -> str:
-        barrier.wait()
+    async def attempt(i: int) -> str:
         try:
-            ceilings.check({"amountMinor": i, "currency": "USD"})
-            ceilings.commit({"amountMinor": i, "currency": "USD"})
+            await ceilings.check({"amountMinor": i, "currency": "USD"})
+            await ceilings.commit({"amountMinor": i, "currency": "USD"})
         except RequestRejected as exc:
             return exc.code
         return "OK"
 
-    with ThreadPoolExecutor(max_workers=100) as pool:
-        results = list(pool.map(attempt, range(100)))
+    results = await asyncio.gather(*(attempt(i) for i in range(100)))
     assert results.count("OK") == 10
     assert set(results) == {"OK", "HARD_LIMIT_WINDOW_COUNT_EXCEEDED"}
-    assert ceilings.window_usage()[0] == 10
+    assert (await ceilings.window_usage())[0] == 10
 
 
 async def test_one_hundred_concurrent_requests_that_all_passed_check_cannot_all_commit() -> None:
@@ -168,10 +173,10 @@ async def test_one_hundred_concurrent_requests_that_all_passed_check_cannot_all_
     gate = asyncio.Event()
 
     async def request() -> str:
-        ceilings.check({"amountMinor": 100, "currency": "EUR"})  # every one passes the check
+        await ceilings.check({"amountMinor": 100, "currency": "EUR"})  # every one passes the check
         await gate.wait()  # ...then all wait on the authority together
         try:
-            ceilings.commit({"amountMinor": 100, "currency": "EUR"})
+            await ceilings.commit({"amountMinor": 100, "currency": "EUR"})
         except RequestRejected as exc:
             return exc.code
         return "OK"
@@ -181,4 +186,4 @@ async def test_one_hundred_concurrent_requests_that_all_passed_check_cannot_all_
     gate.set()
     results = await asyncio.gather(*tasks)
     assert results.count("OK") == 10
-    assert ceilings.window_usage() == (10, 1_000)
+    assert (await ceilings.window_usage()) == (10, 1_000)

@@ -155,6 +155,29 @@ def test_approval_escalation_is_not_for_shadow() -> None:
     assert _passes("AgentPolicy", "spec", {"mode": "SHADOW", "escalation": "NONE"})
 
 
+def test_more_than_one_replica_needs_a_shared_store() -> None:
+    store = {"secretKeyRef": {"name": "pg-app", "key": "uri"}, "podSelector": {}}
+    assert _passes("AgentPolicy", "spec", {"mode": "SHADOW", "escalation": "NONE", "replicas": 1})
+    assert not _passes(
+        "AgentPolicy", "spec", {"mode": "SHADOW", "escalation": "NONE", "replicas": 2}
+    )
+    assert _passes(
+        "AgentPolicy",
+        "spec",
+        {"mode": "SHADOW", "escalation": "NONE", "replicas": 3, "store": store},
+    )
+
+
+def test_the_store_says_where_the_database_is() -> None:
+    ref = {"secretKeyRef": {"name": "pg-app", "key": "uri"}}
+    assert not _passes("AgentPolicy", "spec.store", ref)
+    assert _passes("AgentPolicy", "spec.store", {**ref, "cidrs": ["10.0.0.0/24"]})
+    assert _passes("AgentPolicy", "spec.store", {**ref, "podSelector": {}, "namespace": "db"})
+    assert not _passes(
+        "AgentPolicy", "spec.store", {**ref, "cidrs": ["10.0.0.0/24"], "namespace": "db"}
+    )
+
+
 def test_static_header_credential_needs_a_header() -> None:
     path = "spec.downstream.credential"
     ref = {"secretKeyRef": {"name": "s", "key": "k"}}
@@ -170,3 +193,19 @@ def test_policy_name_is_bounded() -> None:
 def test_models_refuse_unknown_fields() -> None:
     with pytest.raises(ValueError, match="extra"):
         AgentPolicySpec.model_validate({"mode": "SHADOW", "surprise": 1})
+
+
+def test_the_cloudnativepg_example_is_a_valid_replicated_policy() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    path = (
+        Path(__file__).resolve().parents[2] / "examples" / "cloudnativepg" / "20-agentpolicy.yaml"
+    )
+    body = yaml.safe_load(path.read_text())
+    spec = AgentPolicySpec.model_validate(body["spec"])
+    assert spec.replicas == 3
+    assert spec.store is not None
+    assert _passes("AgentPolicy", "spec", spec.wire())
+    assert _passes("AgentPolicy", "spec.store", spec.store.wire())

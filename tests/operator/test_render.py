@@ -33,7 +33,7 @@ from agentsafe.operator.render import (
     render_service_account,
     render_statefulset,
 )
-from agentsafe.operator.render.workload import SECRETS_DIR
+from agentsafe.operator.render.workload import SECRETS_DIR, check_environment
 
 from .conftest import APPROVER_TOKEN, OPERATOR_TOKEN
 
@@ -119,9 +119,13 @@ def test_statefulset_is_restricted_and_hardened(render_input: RenderInput) -> No
     assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
     assert "data" not in volumes  # per replica, from the claim template
     # No secret value and no secret variable without _FILE.
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert all(e.get("valueFrom") is None for e in container["env"])
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    derived = {e["name"]: e["valueFrom"] for e in container["env"] if "valueFrom" in e}
+    # Only the pod's own name comes from elsewhere: each pod is its own replica.
+    assert derived == {"EXECUTOR_REPLICA_ID": {"fieldRef": {"fieldPath": "metadata.name"}}}
     assert env["DOWNSTREAM_CREDENTIAL_FILE"].startswith(SECRETS_DIR + "/")
+    assert "EXECUTOR_STORE_URL_FILE" not in env
+    assert "topologySpreadConstraints" not in pod
 
 
 def test_ephemeral_journal_uses_empty_dir(render_input: RenderInput) -> None:
@@ -334,6 +338,57 @@ def test_executor_network_policy(render_input: RenderInput) -> None:
     assert {p["port"] for p in dns["ports"]} == {53}
     assert downstream["to"] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]
     assert downstream["ports"] == [{"protocol": "TCP", "port": 443}]
+
+
+_STORE = {
+    "secretKeyRef": {"name": "payouts-pg-app", "key": "uri"},
+    "podSelector": {"matchLabels": {"cnpg.io/cluster": "payouts-pg"}},
+}
+
+
+def test_a_shared_store_is_mounted_and_reached(render_input: RenderInput) -> None:
+    inp = _with_spec(render_input, replicas=3, store=_STORE)
+    sts = render_statefulset(inp, digest="0" * 64)
+    _valid(sts)
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert env["EXECUTOR_STORE_URL_FILE"] == f"{SECRETS_DIR}/store-url"
+    check_environment(env)  # the executor accepts it (production: the URL only as a file)
+    sources = pod["volumes"][1]["projected"]["sources"]
+    assert {
+        "secret": {"name": "payouts-pg-app", "items": [{"key": "uri", "path": "store-url"}]}
+    } in (sources)
+    spread = pod["topologySpreadConstraints"]
+    assert [c["topologyKey"] for c in spread] == [
+        "kubernetes.io/hostname",
+        "topology.kubernetes.io/zone",
+    ]
+    assert all(c["labelSelector"] == sts["spec"]["selector"] for c in spread)
+    policy = render_executor_network_policy(inp)
+    _valid(policy)
+    *_, database = policy["spec"]["egress"]
+    assert database == {
+        "to": [
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": inp.policy.namespace}
+                },
+                "podSelector": {"matchLabels": {"cnpg.io/cluster": "payouts-pg"}},
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": 5432}],
+    }
+    by_cidr = _with_spec(
+        render_input, store={"secretKeyRef": _STORE["secretKeyRef"], "cidrs": ["10.9.0.0/16"]}
+    )
+    *_, database = render_executor_network_policy(by_cidr)["spec"]["egress"]
+    assert database["to"] == [{"ipBlock": {"cidr": "10.9.0.0/16"}}]
+    bad = _with_spec(
+        render_input, store={"secretKeyRef": _STORE["secretKeyRef"], "cidrs": ["10.9.0.1/16"]}
+    )
+    with pytest.raises(RenderError):
+        render_executor_network_policy(bad)
 
 
 def test_agent_namespaces_may_not_reach_the_downstream(render_input: RenderInput) -> None:

@@ -21,13 +21,14 @@ import pytest
 
 from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.clock import ManualClock, parse_ms
-from agentsafe.executor.errors import JournalError
+from agentsafe.executor.errors import JournalError, StoreError
 from agentsafe.executor.intent import CapturedIntent
 from agentsafe.executor.state import journal as journal_module
 from agentsafe.executor.state.journal import (
     MAX_RECORD_BYTES,
     AttemptJournal,
     ReconciledStatus,
+    RecordType,
     scan_journal,
 )
 from tests.support.intents import numbered_intent
@@ -495,3 +496,59 @@ async def test_an_opened_record_whose_binding_does_not_hash_is_refused(
         )
     assert caught.value.code == "JOURNAL_RECORD_INVALID"
     assert not (journal.path / f"{DAY}.jsonl").exists()
+
+
+# -- the shared store's mirror -------------------------------------------------------------------
+
+
+class _Mirror:
+    """An AttemptMirror that records what it is given and fails the kinds it is told to."""
+
+    def __init__(self, failing: frozenset[RecordType] = frozenset()) -> None:
+        self.failing = failing
+        self.records: list[tuple[RecordType, dict[str, Any]]] = []
+
+    async def record(self, kind: RecordType, record: Any) -> None:
+        if kind in self.failing:
+            raise StoreError("the database is away", code="STORE_UNAVAILABLE")
+        self.records.append((kind, dict(record)))
+
+
+async def test_each_step_reaches_the_mirror_after_the_device(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    mirror = _Mirror()
+    journal = await AttemptJournal.open(
+        tmp_path / "journal", retain_days=7, clock=clock, mirror=mirror
+    )
+    try:
+        await open_attempt(journal, 1, claimed=True)
+        assert [kind for kind, _ in mirror.records] == [
+            RecordType.ATTEMPT_OPENED,
+            RecordType.GRANT_CLAIMED,
+        ]
+        day_file = next((tmp_path / "journal" / "attempts").glob("*.jsonl"))
+        assert [line["record"] for line in read_lines(day_file)] == [
+            "ATTEMPT_OPENED",
+            "GRANT_CLAIMED",
+        ]
+        assert mirror.records[1][1]["grant_id"] == "g-1"
+    finally:
+        await journal.close()
+
+
+async def test_a_grant_claim_the_shared_store_cannot_take_fails_the_append(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    mirror = _Mirror(frozenset({RecordType.GRANT_CLAIMED}))
+    journal = await AttemptJournal.open(
+        tmp_path / "journal", retain_days=7, clock=clock, mirror=mirror
+    )
+    try:
+        with pytest.raises(JournalError) as err:
+            await open_attempt(journal, 2, claimed=True)
+        # the seam turns this into FAILED_BEFORE_DISPATCH: the handler body never runs
+        assert err.value.code == "JOURNAL_UNAVAILABLE"
+        assert "STORE_UNAVAILABLE" in err.value.message
+    finally:
+        await journal.close()

@@ -1,0 +1,125 @@
+"""Attempt leases: every open attempt has one live owner, and a dead owner's attempts are taken.
+
+Role: with a shared store, each attempt a replica opens is owned by it under a lease of
+``EXECUTOR_ATTEMPT_LEASE_SECONDS`` (on the database's clock). :class:`LeaseKeeper` runs in every
+replica; each tick (a third of the lease):
+
+1. writes again the closes the shared store missed (``SharedAttemptMirror.flush``);
+2. renews the lease of every attempt this replica still holds open;
+3. takes, one at a time, an open attempt whose lease lapsed -- the row is locked ``FOR UPDATE
+   SKIP LOCKED`` and its owner changed in the same transaction, so two replicas never reconcile
+   the same attempt -- and resolves it read-only exactly as startup reconciliation does
+   (``lifecycle/reconcile.py``), then hands the resolution to the same idempotency settlement, so
+   a caller retrying the key on any replica gets that one recorded answer.
+
+At start, :meth:`LeaseKeeper.gate` takes each attempt of this replica's own journal before it is
+reconciled, and leaves alone one another replica holds under a live lease or already resolved.
+
+A database that fails makes a tick do nothing; the next tick tries again. An attempt taken over
+and still unknown stays open under the new owner's lease, renewed while it lives.
+
+Callers: ``assembly.py`` (builds one with a shared store), ``plane.py`` (runs
+:meth:`LeaseKeeper.run`, passes :meth:`LeaseKeeper.gate` to startup reconciliation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from ..errors import StoreError
+from ..events import Streams
+from ..state.journal import AttemptJournal, OpenAttempt
+from ..state.pgstore import AttemptRow, SharedAttemptMirror
+from .reconcile import Reconciler, Resolution, reconcile_attempt
+
+__all__ = ["LeaseKeeper"]
+
+
+class LeaseKeeper:
+    """Renews this replica's leases and reconciles attempts whose lease lapsed."""
+
+    def __init__(
+        self,
+        mirror: SharedAttemptMirror,
+        journal: AttemptJournal,
+        *,
+        reconciler: Reconciler,
+        streams: Streams,
+        on_resolution: Callable[[Resolution], Awaitable[None]],
+    ) -> None:
+        self._mirror = mirror
+        self._journal = journal
+        self._reconciler = reconciler
+        self._streams = streams
+        self._on_resolution = on_resolution
+
+    @property
+    def interval(self) -> float:
+        return self._mirror.lease_seconds / 3
+
+    async def gate(self, attempt: OpenAttempt) -> bool:
+        """Take ``attempt`` (from this replica's journal) for startup reconciliation."""
+        state, _ = await self._mirror.attempts.take(
+            attempt.attempt_id, owner=self._mirror.owner, lease_seconds=self._mirror.lease_seconds
+        )
+        if state in ("HELD", "CLOSED"):
+            self._streams.security.emit(
+                "RECONCILIATION_SKIPPED",
+                {"attempt_id": attempt.attempt_id, "reason": f"SHARED_{state}"},
+            )
+            return False
+        return True
+
+    async def tick(self) -> list[Resolution]:
+        """One round: flush, renew, take and resolve what lapsed. Raises ``StoreError``."""
+        await self._mirror.flush()
+        await self._mirror.attempts.renew(
+            owner=self._mirror.owner, lease_seconds=self._mirror.lease_seconds
+        )
+        resolutions: list[Resolution] = []
+        while True:
+            row = await self._mirror.attempts.take_lapsed(
+                owner=self._mirror.owner, lease_seconds=self._mirror.lease_seconds
+            )
+            if row is None:
+                return resolutions
+            self._streams.security.emit(
+                "ATTEMPT_TAKEN_OVER",
+                {"attempt_id": row.attempt_id, "owner": self._mirror.owner},
+            )
+            resolution = await reconcile_attempt(
+                _open_attempt(row),
+                self._journal,
+                reconciler=self._reconciler,
+                streams=self._streams,
+            )
+            await self._on_resolution(resolution)
+            resolutions.append(resolution)
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(StoreError):  # the database is away: next tick tries
+                await self.tick()
+            await asyncio.sleep(self.interval)
+
+
+def _open_attempt(row: AttemptRow) -> OpenAttempt:
+    return OpenAttempt(
+        attempt_id=row.attempt_id,
+        intent_id=row.intent_id,
+        intent_hash=row.intent_hash,
+        decision_id=row.decision_id,
+        dossier_id=row.dossier_id,
+        principal=row.principal,
+        action=row.action,
+        binding=row.binding,
+        opened_at=row.opened_at,
+        file="shared store",
+        grant_claimed=row.grant_claimed,
+        grant_id=row.grant_id,
+        grant_expires_at=row.grant_expires_at,
+        payload_digest=row.payload_digest,
+        last_status=row.last_status,
+    )

@@ -1,0 +1,875 @@
+"""The shared store on PostgreSQL: what every replica must agree on, in one database.
+
+Role: with ``EXECUTOR_STORE_URL`` (``postgresql://...``), every replica of an executor keeps here
+the state that SQLite keeps per process otherwise: the use store (:class:`PostgresUseStore`
+implements :class:`~agentsafe.executor.state.usestore.UseStore`: grant claims, idempotency,
+consumptions, approvals), the host-ceiling window (:class:`PostgresWindow`) and the attempt
+journal's open-attempt state with each attempt's owner and lease (:class:`PostgresAttempts`).
+Connections come from one psycopg 3 async pool per process.
+
+Every transaction runs at ``SERIALIZABLE`` and is re-run from the start when the database answers
+a serialization failure (``40001``) or a deadlock (``40P01``), up to :data:`MAX_RETRIES` times, so
+the same SQL is correct on PostgreSQL-compatible distributed engines. Which guarantee rests on
+which statement:
+
+===============================  ==================================================================
+guarantee                        statement
+===============================  ==================================================================
+a grant is claimed once          ``INSERT INTO grant_claims ... ON CONFLICT DO NOTHING``: the
+                                 primary key admits one row; ``rowcount`` says who won
+one request per idempotency key  ``INSERT INTO idempotency ... ON CONFLICT DO NOTHING``; the loser
+                                 reads the winner's row (IN_PROGRESS, CONFLICT or REPLAY)
+the first final answer stays     ``SELECT ... FOR UPDATE`` on the key's row, then ``UPDATE``
+a consumption happens once       ``INSERT INTO consumptions ... ON CONFLICT DO NOTHING``
+an approval is decided once      ``SELECT ... FOR UPDATE`` on the request, then ``UPDATE ... WHERE
+                                 state = 'PENDING'``
+the window never overflows       ``SELECT ... FROM ceiling_lock ... FOR UPDATE`` (one row per
+                                 window) serialises reservations; count, sum and ``INSERT`` follow
+an attempt has one reconciler    ``SELECT ... FOR UPDATE SKIP LOCKED`` of a lapsed attempt and the
+                                 ``UPDATE`` of its owner and lease in the same transaction
+===============================  ==================================================================
+
+The database failing is its own state: a connection that cannot be had within
+``connect_timeout`` seconds, a dropped connection or a failed COMMIT raise
+``StoreError(STORE_UNAVAILABLE)``; nothing is retried that might have committed. A pooled
+connection the server dropped fails before COMMIT and is replaced once, and the pool reconnects
+for ever, so service resumes by itself when the database returns.
+
+Callers: ``assembly.py`` (opens one :class:`PostgresStore` when ``EXECUTOR_STORE_URL`` is set and
+hands its three faces to the authority, the pipeline, the ceilings and the journal),
+``tools/store_cli.py`` (``agentsafe store migrate``), ``lifecycle/leases.py`` (the mirror).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+import psycopg
+from psycopg import errors as pgerrors
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from ..canonical import canonical_text
+from ..codes import Code
+from ..errors import AgentSafeError, ConfigError, StoreError
+from .journal import CLOSING_STATUSES, RecordType
+from .pgschema import SCHEMA_VERSION, migrate
+from .usestore import (
+    RETENTION_SECONDS,
+    ApprovalError,
+    ApprovalRecord,
+    ApprovalRequest,
+    ApprovalState,
+    ConsumptionRecord,
+    IdempotencyKind,
+    IdempotencyState,
+    _approval_from_row,
+    _canonical_or_store_error,
+    _digest_or_store_error,
+    _load_object,
+    check_decidable,
+    decision_state,
+    settles,
+)
+
+__all__ = [
+    "MAX_RETRIES",
+    "AttemptRow",
+    "PostgresAttempts",
+    "PostgresStore",
+    "PostgresUseStore",
+    "PostgresWindow",
+    "SharedAttemptMirror",
+    "check_store_url",
+    "migrate_url",
+]
+
+_T = TypeVar("_T")
+_Conn = psycopg.AsyncConnection[TupleRow]
+
+MAX_RETRIES: Final = 20
+"""Serialization failures re-run a transaction at most this many times before STORE_CONTENDED."""
+_RETRY_STATES: Final = frozenset({"40001", "40P01"})
+_NOW: Final = "extract(epoch from clock_timestamp())::double precision"
+
+
+def check_store_url(url: str) -> str:
+    """``url`` if it is a ``postgresql://`` (or ``postgres://``) URL; ``ConfigError`` naming
+    ``EXECUTOR_STORE_URL`` otherwise (the value is never echoed)."""
+    if not url.startswith(("postgresql://", "postgres://")) or any(c in url for c in "\r\n"):
+        raise ConfigError("EXECUTOR_STORE_URL", "must be a postgresql:// URL")
+    return url
+
+
+def _unavailable(exc: BaseException) -> StoreError:
+    return StoreError(f"the shared store failed: {type(exc).__name__}", code=Code.STORE_UNAVAILABLE)
+
+
+async def _connect(url: str, *, connect_timeout: float) -> _Conn:
+    try:
+        return await psycopg.AsyncConnection.connect(
+            url, autocommit=True, connect_timeout=max(1, int(connect_timeout))
+        )
+    except psycopg.Error as exc:
+        raise _unavailable(exc) from None
+
+
+async def migrate_url(url: str, *, connect_timeout: float = 10.0) -> tuple[int, int]:
+    """Apply the migrations to the database at ``url`` (``agentsafe store migrate``)."""
+    conn = await _connect(url, connect_timeout=connect_timeout)
+    try:
+        try:
+            return await migrate(conn)
+        except psycopg.Error as exc:
+            raise _unavailable(exc) from None
+    finally:
+        await conn.close()
+
+
+class PostgresStore:
+    """One pool and the transaction discipline every face shares. Construct with :meth:`open`."""
+
+    def __init__(self, pool: AsyncConnectionPool[_Conn], secret: bytes, timeout: float) -> None:
+        self._pool = pool
+        self._secret = secret
+        self._timeout = timeout
+        self._closed = False
+        self.use_store = PostgresUseStore(self)
+        self.window = PostgresWindow(self)
+        self.attempts = PostgresAttempts(self)
+
+    @classmethod
+    async def open(
+        cls, url: str, *, max_connections: int = 10, connect_timeout: float = 5.0
+    ) -> PostgresStore:
+        """Migrate (under the advisory lock), read the consumption key, open the pool."""
+        conn = await _connect(url, connect_timeout=connect_timeout)
+        try:
+            try:
+                await migrate(conn)
+                async with conn.transaction():
+                    await conn.execute(
+                        "INSERT INTO agentsafe_meta (name, value) VALUES ('consumption_key', %s)"
+                        " ON CONFLICT (name) DO NOTHING",
+                        (secrets.token_bytes(32),),
+                    )
+                    cur = await conn.execute(
+                        "SELECT value FROM agentsafe_meta WHERE name = 'consumption_key'"
+                    )
+                    row = await cur.fetchone()
+            except psycopg.Error as exc:
+                raise _unavailable(exc) from None
+        finally:
+            await conn.close()
+        secret = bytes(row[0]) if row is not None else b""
+        if len(secret) < 32:
+            raise StoreError("the shared store's key is damaged", code=Code.STORE_UNAVAILABLE)
+
+        async def configure(conn: _Conn) -> None:
+            await conn.set_autocommit(True)
+            await conn.set_isolation_level(psycopg.IsolationLevel.SERIALIZABLE)
+
+        pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=max_connections,
+            open=False,
+            configure=configure,
+            kwargs={"connect_timeout": max(1, int(connect_timeout))},
+            timeout=connect_timeout,
+            # A failed connect is not retried in the background: the next request that needs a
+            # connection tries again, so a returning database is used at once.
+            reconnect_timeout=0,
+            name="agentsafe-store",
+        )
+        await pool.open(wait=False)
+        return cls(pool, secret, connect_timeout)
+
+    @property
+    def schema_version(self) -> int:
+        return SCHEMA_VERSION
+
+    async def transaction(self, fn: Callable[[_Conn], Awaitable[_T]]) -> _T:
+        """Run ``fn`` in one SERIALIZABLE transaction, re-run on 40001/40P01."""
+        if self._closed:
+            raise StoreError("the shared store is closed", code=Code.STORE_CLOSED)
+        delay = 0.002
+        stale_retried = False
+        for _ in range(MAX_RETRIES):
+            committing = False
+            try:
+                async with self._pool.connection(timeout=self._timeout) as conn:
+                    async with conn.transaction():
+                        result = await fn(conn)
+                        committing = True
+                    return result
+            except (pgerrors.SerializationFailure, pgerrors.DeadlockDetected):
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.1)
+            except psycopg.Error as exc:
+                if exc.sqlstate in _RETRY_STATES:
+                    await asyncio.sleep(delay)
+                    continue
+                if (
+                    isinstance(exc, psycopg.OperationalError)
+                    and not committing
+                    and not stale_retried
+                ):
+                    # A pooled connection the server dropped (a restart) fails before COMMIT:
+                    # nothing was committed, so the work runs once more on a fresh connection.
+                    stale_retried = True
+                    continue
+                raise _unavailable(exc) from None
+            except PoolTimeout as exc:
+                raise _unavailable(exc) from None
+        raise StoreError(
+            "the shared store stayed contended; try again", code=Code.STORE_UNAVAILABLE
+        )
+
+    async def ping(self) -> bool:
+        """True when a connection answers now (``GET /ready``)."""
+
+        async def work(conn: _Conn) -> bool:
+            await conn.execute("SELECT 1")
+            return True
+
+        try:
+            return await self.transaction(work)
+        except StoreError:
+            return False
+
+    async def now(self) -> float:
+        """The database's clock, the one every replica's leases and windows are measured on."""
+
+        async def work(conn: _Conn) -> float:
+            return await _db_now(conn)
+
+        return await self.transaction(work)
+
+    def token(
+        self, namespace: str, key: str, nonce: str, consumed_at: float, binding_digest: str
+    ) -> str:
+        message = canonical_text(
+            {
+                "namespace": namespace,
+                "key": key,
+                "nonce": nonce,
+                "consumed_at": consumed_at,
+                "binding_digest": binding_digest,
+            }
+        ).encode()
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._pool.close()
+
+
+async def _db_now(conn: _Conn) -> float:
+    cur = await conn.execute(f"SELECT {_NOW}")
+    row = await cur.fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+class PostgresUseStore:
+    """:class:`UseStore` on the shared database (see the module docstring for the statements)."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    async def claim_grant(
+        self, grant_id: str, *, binding_digest: str, expires_at: float, now: float
+    ) -> bool:
+        async def work(conn: _Conn) -> bool:
+            cur = await conn.execute(
+                "INSERT INTO grant_claims (grant_id, binding_digest, expires_at, claimed_at)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (grant_id) DO NOTHING",
+                (grant_id, binding_digest, expires_at, now),
+            )
+            return cur.rowcount == 1
+
+        return await self._store.transaction(work)
+
+    async def idempotency_begin(
+        self, *, tenant: str, principal: str, key: str, payload_digest: str, now: float
+    ) -> IdempotencyState:
+        async def work(conn: _Conn) -> IdempotencyState:
+            cur = await conn.execute(
+                "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
+                " created_at) VALUES (%s, %s, %s, %s, 'IN_PROGRESS', %s)"
+                " ON CONFLICT (tenant, principal, key) DO NOTHING",
+                (tenant, principal, key, payload_digest, now),
+            )
+            if cur.rowcount == 1:
+                return IdempotencyState(IdempotencyKind.NEW)
+            cur = await conn.execute(
+                "SELECT payload_digest, state, response FROM idempotency"
+                " WHERE tenant = %s AND principal = %s AND key = %s",
+                (tenant, principal, key),
+            )
+            row = await cur.fetchone()
+            if row is None:  # released between the two statements: the caller may try again
+                return IdempotencyState(IdempotencyKind.IN_PROGRESS)
+            stored_digest, state, response = row
+            if not hmac.compare_digest(str(stored_digest), payload_digest):
+                return IdempotencyState(IdempotencyKind.CONFLICT)
+            if state == "IN_PROGRESS":
+                return IdempotencyState(IdempotencyKind.IN_PROGRESS)
+            return IdempotencyState(IdempotencyKind.REPLAY, response=_load_object(response))
+
+        return await self._store.transaction(work)
+
+    async def idempotency_complete(
+        self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
+    ) -> None:
+        """As :meth:`SQLiteUseStore.idempotency_complete`: the first final answer stays."""
+        text = _canonical_or_store_error(response)
+
+        async def work(conn: _Conn) -> None:
+            row = await _locked_key(conn, tenant, principal, key)
+            if row is None:
+                raise StoreError(
+                    "no idempotency record for this key", code=Code.IDEMPOTENCY_RECORD_MISSING
+                )
+            if row[0] == "DONE":
+                if row[1] == text:
+                    return
+                raise StoreError(
+                    "this key already has a final answer", code=Code.IDEMPOTENCY_ALREADY_COMPLETE
+                )
+            await conn.execute(
+                "UPDATE idempotency SET state = 'DONE', response = %s, completed_at = %s"
+                " WHERE tenant = %s AND principal = %s AND key = %s",
+                (text, now, tenant, principal, key),
+            )
+
+        await self._store.transaction(work)
+
+    async def idempotency_settle(
+        self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
+    ) -> bool:
+        text = _canonical_or_store_error(response)
+
+        async def work(conn: _Conn) -> bool:
+            row = await _locked_key(conn, tenant, principal, key)
+            if row is None:
+                return False
+            if row[0] == "DONE" and not settles(json.loads(row[1]) if row[1] else {}):
+                return False
+            await conn.execute(
+                "UPDATE idempotency SET state = 'DONE', response = %s, completed_at = %s"
+                " WHERE tenant = %s AND principal = %s AND key = %s",
+                (text, now, tenant, principal, key),
+            )
+            return True
+
+        return await self._store.transaction(work)
+
+    async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
+        async def work(conn: _Conn) -> None:
+            await conn.execute(
+                "DELETE FROM idempotency WHERE tenant = %s AND principal = %s AND key = %s"
+                " AND state = 'IN_PROGRESS'",
+                (tenant, principal, key),
+            )
+
+        await self._store.transaction(work)
+
+    async def consume(
+        self, namespace: str, key: str, *, binding: dict[str, Any], now: float
+    ) -> ConsumptionRecord | None:
+        binding_digest = _digest_or_store_error(binding)
+        nonce = secrets.token_hex(16)
+
+        async def work(conn: _Conn) -> bool:
+            cur = await conn.execute(
+                "INSERT INTO consumptions (namespace, key, nonce, consumed_at, binding_digest)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (namespace, key) DO NOTHING",
+                (namespace, key, nonce, now, binding_digest),
+            )
+            return cur.rowcount == 1
+
+        if not await self._store.transaction(work):
+            return None
+        token = self._store.token(namespace, key, nonce, now, binding_digest)
+        return ConsumptionRecord(namespace, key, nonce, now, binding_digest, token)
+
+    async def verify_consumption(self, record: ConsumptionRecord) -> bool:
+        try:
+            expected = self._store.token(
+                record.namespace, record.key, record.nonce, record.consumed_at,
+                record.binding_digest,
+            )  # fmt: skip
+        except AgentSafeError:
+            return False
+        if not isinstance(record.token, str) or not hmac.compare_digest(
+            expected.encode(), record.token.encode()
+        ):
+            return False
+
+        async def work(conn: _Conn) -> bool:
+            cur = await conn.execute(
+                "SELECT nonce, consumed_at, binding_digest FROM consumptions"
+                " WHERE namespace = %s AND key = %s",
+                (record.namespace, record.key),
+            )
+            row = await cur.fetchone()
+            return row is not None and (row[0], float(row[1]), row[2]) == (
+                record.nonce,
+                record.consumed_at,
+                record.binding_digest,
+            )
+
+        return await self._store.transaction(work)
+
+    async def approval_create(self, request: ApprovalRequest) -> None:
+        if _digest_or_store_error(request.intent) != request.intent_hash:
+            raise ApprovalError(
+                "the intent does not hash to its intent_hash", code=Code.APPROVAL_BINDING_MISMATCH
+            )
+        intent_text = canonical_text(dict(request.intent))
+        approvers_text = canonical_text(list(request.approvers))
+
+        async def work(conn: _Conn) -> None:
+            cur = await conn.execute(
+                "INSERT INTO approvals (request_id, intent, intent_hash, approvers,"
+                " proposer_principal, proposer_actor, expires_at, created_at, state)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'PENDING')"
+                " ON CONFLICT (request_id) DO NOTHING",
+                (
+                    request.request_id,
+                    intent_text,
+                    request.intent_hash,
+                    approvers_text,
+                    request.proposer_principal,
+                    request.proposer_actor,
+                    request.expires_at,
+                    request.created_at,
+                ),
+            )
+            if cur.rowcount != 1:
+                raise ApprovalError("the request id is taken", code=Code.APPROVAL_EXISTS)
+
+        await self._store.transaction(work)
+
+    async def approval_get(self, request_id: str) -> ApprovalRecord | None:
+        async def work(conn: _Conn) -> ApprovalRecord | None:
+            cur = await conn.execute(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE request_id = %s",  # noqa: S608
+                (request_id,),
+            )
+            row = await cur.fetchone()
+            return None if row is None else _approval_from_row(tuple(row))
+
+        return await self._store.transaction(work)
+
+    async def approval_list(
+        self, *, state: ApprovalState, now: float, approver: str | None = None
+    ) -> list[ApprovalRecord]:
+        async def work(conn: _Conn) -> list[ApprovalRecord]:
+            args: tuple[object, ...]
+            if state is ApprovalState.PENDING:
+                where, args = "state = 'PENDING' AND expires_at > %s", (now,)
+            elif state is ApprovalState.EXPIRED:
+                where, args = "state = 'PENDING' AND expires_at <= %s", (now,)
+            else:
+                where, args = "state = %s", (state.value,)
+            cur = await conn.execute(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE {where}"  # noqa: S608
+                " ORDER BY created_at, request_id",
+                args,
+            )
+            return [_approval_from_row(tuple(row)) for row in await cur.fetchall()]
+
+        records = await self._store.transaction(work)
+        if approver is not None:
+            records = [
+                r
+                for r in records
+                if approver in r.request.approvers and approver != r.request.proposer_principal
+            ]
+        return records
+
+    async def approval_decide(
+        self, request_id: str, *, decision: str, approver: str, reason: str, now: float
+    ) -> ApprovalRecord:
+        new_state = decision_state(decision, reason)
+
+        async def work(conn: _Conn) -> ApprovalRecord:
+            cur = await conn.execute(
+                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE request_id = %s"  # noqa: S608
+                " FOR UPDATE",
+                (request_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise ApprovalError("no such approval request", code=Code.APPROVAL_NOT_FOUND)
+            record = _approval_from_row(tuple(row))
+            check_decidable(record, approver=approver, now=now)
+            await conn.execute(
+                "UPDATE approvals SET state = %s, approver = %s, reason = %s, decided_at = %s"
+                " WHERE request_id = %s AND state = 'PENDING'",
+                (new_state.value, approver, reason, now, request_id),
+            )
+            return ApprovalRecord(record.request, new_state, approver, reason, now)
+
+        return await self._store.transaction(work)
+
+    async def purge(self, now: float) -> int:
+        cutoff = now - RETENTION_SECONDS
+
+        async def work(conn: _Conn) -> int:
+            deleted = 0
+            for statement in (
+                "DELETE FROM idempotency WHERE state = 'DONE' AND completed_at < %s",
+                "DELETE FROM grant_claims WHERE expires_at < %s",
+                "DELETE FROM approvals WHERE expires_at < %s",
+                "DELETE FROM attempts WHERE state = 'CLOSED' AND closed_at < %s",
+            ):
+                cur = await conn.execute(statement, (cutoff,))
+                deleted += cur.rowcount
+            return deleted
+
+        return await self._store.transaction(work)
+
+    async def close(self) -> None:
+        await self._store.close()
+
+
+_APPROVAL_COLUMNS = (
+    "request_id, intent, intent_hash, approvers, proposer_principal, proposer_actor,"
+    " expires_at, created_at, state, approver, reason, decided_at"
+)
+
+
+async def _locked_key(conn: _Conn, tenant: str, principal: str, key: str) -> TupleRow | None:
+    cur = await conn.execute(
+        "SELECT state, response FROM idempotency"
+        " WHERE tenant = %s AND principal = %s AND key = %s FOR UPDATE",
+        (tenant, principal, key),
+    )
+    return await cur.fetchone()
+
+
+class PostgresWindow:
+    """The host-ceiling window shared by every replica, on the database's clock.
+
+    Implements ``lifecycle/ceilings.py``'s ``CeilingWindow``: every reservation locks the one
+    ``ceiling_lock`` row, so N allowed means N in total, never N per replica.
+    """
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    async def usage(self, window_seconds: float) -> tuple[int, int]:
+        async def work(conn: _Conn) -> tuple[int, int]:
+            return await _window_usage(conn, window_seconds)
+
+        return await self._store.transaction(work)
+
+    async def reserve(
+        self,
+        *,
+        window_seconds: float,
+        amount_minor: int,
+        count_limit: int | None,
+        sum_limit: int | None,
+    ) -> tuple[str | None, object]:
+        """``(None, token)`` with a place taken, or ``("COUNT" | "SUM", None)``."""
+
+        async def work(conn: _Conn) -> tuple[str | None, object]:
+            await conn.execute("SELECT name FROM ceiling_lock WHERE name = 'window' FOR UPDATE")
+            count, total = await _window_usage(conn, window_seconds)
+            if count_limit is not None and count + 1 > count_limit:
+                return "COUNT", None
+            if sum_limit is not None and total + amount_minor > sum_limit:
+                return "SUM", None
+            cur = await conn.execute(
+                f"INSERT INTO ceiling_window (at, amount_minor) VALUES ({_NOW}, %s)"  # noqa: S608
+                " RETURNING id",
+                (amount_minor,),
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            return None, int(row[0])
+
+        return await self._store.transaction(work)
+
+    async def release(self, token: object) -> None:
+        async def work(conn: _Conn) -> None:
+            await conn.execute("DELETE FROM ceiling_window WHERE id = %s", (token,))
+
+        await self._store.transaction(work)
+
+
+async def _window_usage(conn: _Conn, window_seconds: float) -> tuple[int, int]:
+    await conn.execute(
+        f"DELETE FROM ceiling_window WHERE at <= {_NOW} - %s",  # noqa: S608
+        (window_seconds,),
+    )
+    cur = await conn.execute("SELECT count(*), coalesce(sum(amount_minor), 0) FROM ceiling_window")
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    """An open attempt as the shared store holds it (the fields of ATTEMPT_OPENED and after)."""
+
+    attempt_id: str
+    owner: str
+    lease_until: float
+    intent_id: str | None
+    intent_hash: str
+    decision_id: str | None
+    dossier_id: str | None
+    principal: str | None
+    action: str | None
+    binding: Mapping[str, Any]
+    opened_at: str
+    grant_claimed: bool
+    grant_id: str | None
+    grant_expires_at: str | None
+    payload_digest: str | None
+    last_status: str | None
+
+
+_ATTEMPT_COLUMNS = (
+    "attempt_id, owner, lease_until, intent_id, intent_hash, decision_id, dossier_id, principal,"
+    " action, binding, opened_at, grant_claimed, grant_id, grant_expires_at, payload_digest,"
+    " last_status"
+)
+
+
+def _attempt_from_row(row: TupleRow) -> AttemptRow:
+    values = list(row)
+    values[2] = float(values[2])
+    values[9] = _load_object(values[9])
+    values[11] = bool(values[11])
+    return AttemptRow(*values)
+
+
+class PostgresAttempts:
+    """The journal's open-attempt state, owned by replicas under leases.
+
+    ``opened`` inserts the attempt owned by this replica; ``grant_claimed`` and ``closed`` update
+    it; ``renew`` extends every lease this replica holds; ``take_lapsed`` moves one attempt whose
+    lease ran out to this replica (one row lock); ``take`` does the same for a named attempt.
+    """
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    async def opened(
+        self,
+        *,
+        owner: str,
+        lease_seconds: float,
+        attempt_id: str,
+        fields: Mapping[str, Any],
+        binding: Mapping[str, Any],
+        opened_at: str,
+    ) -> None:
+        binding_text = canonical_text(dict(binding))
+
+        async def work(conn: _Conn) -> None:
+            await conn.execute(
+                "INSERT INTO attempts (attempt_id, owner, lease_until, state, intent_id,"  # noqa: S608
+                " intent_hash, decision_id, dossier_id, principal, action, binding, opened_at)"
+                f" VALUES (%s, %s, {_NOW} + %s, 'OPEN', %s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    attempt_id,
+                    owner,
+                    lease_seconds,
+                    fields.get("intent_id"),
+                    fields["intent_hash"],
+                    fields.get("decision_id"),
+                    fields.get("dossier_id"),
+                    fields.get("caller"),
+                    fields.get("action"),
+                    binding_text,
+                    opened_at,
+                ),
+            )
+
+        await self._store.transaction(work)
+
+    async def grant_claimed(
+        self, *, attempt_id: str, grant_id: str, grant_expires_at: str, payload_digest: str
+    ) -> None:
+        async def work(conn: _Conn) -> None:
+            cur = await conn.execute(
+                "UPDATE attempts SET grant_claimed = true, grant_id = %s, grant_expires_at = %s,"
+                " payload_digest = %s WHERE attempt_id = %s",
+                (grant_id, grant_expires_at, payload_digest, attempt_id),
+            )
+            if cur.rowcount != 1:
+                raise StoreError(
+                    "the attempt is not in the shared store", code=Code.STORE_UNAVAILABLE
+                )
+
+        await self._store.transaction(work)
+
+    async def settle(self, *, attempt_id: str, closed: bool, status: str) -> None:
+        """Close the attempt, or record the status that leaves it open."""
+
+        async def work(conn: _Conn) -> None:
+            if closed:
+                await conn.execute(
+                    f"UPDATE attempts SET state = 'CLOSED', last_status = %s, closed_at = {_NOW}"  # noqa: S608
+                    " WHERE attempt_id = %s",
+                    (status, attempt_id),
+                )
+            else:
+                await conn.execute(
+                    "UPDATE attempts SET last_status = %s WHERE attempt_id = %s",
+                    (status, attempt_id),
+                )
+
+        await self._store.transaction(work)
+
+    async def renew(self, *, owner: str, lease_seconds: float) -> int:
+        async def work(conn: _Conn) -> int:
+            cur = await conn.execute(
+                f"UPDATE attempts SET lease_until = {_NOW} + %s"  # noqa: S608
+                " WHERE owner = %s AND state = 'OPEN'",
+                (lease_seconds, owner),
+            )
+            return cur.rowcount
+
+        return await self._store.transaction(work)
+
+    async def take_lapsed(self, *, owner: str, lease_seconds: float) -> AttemptRow | None:
+        """Take the oldest open attempt whose lease lapsed, if any: its row is locked (others
+        skip it) and its owner and lease changed in one transaction."""
+
+        async def work(conn: _Conn) -> AttemptRow | None:
+            cur = await conn.execute(
+                f"SELECT attempt_id FROM attempts WHERE state = 'OPEN' AND lease_until < {_NOW}"  # noqa: S608
+                " ORDER BY opened_at, attempt_id LIMIT 1 FOR UPDATE SKIP LOCKED"
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            return await _move(conn, str(row[0]), owner, lease_seconds)
+
+        return await self._store.transaction(work)
+
+    async def take(
+        self, attempt_id: str, *, owner: str, lease_seconds: float
+    ) -> tuple[str, AttemptRow | None]:
+        """Take a named attempt for reconciliation: ``("TAKEN", row)`` when it is open and its
+        lease is this replica's or lapsed; ``("HELD", None)`` when another replica's lease is
+        live; ``("CLOSED", None)`` when it was resolved; ``("ABSENT", None)``."""
+
+        async def work(conn: _Conn) -> tuple[str, AttemptRow | None]:
+            cur = await conn.execute(
+                f"SELECT state, owner, lease_until < {_NOW} FROM attempts"  # noqa: S608
+                " WHERE attempt_id = %s FOR UPDATE",
+                (attempt_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return "ABSENT", None
+            if row[0] == "CLOSED":
+                return "CLOSED", None
+            if row[1] != owner and not row[2]:
+                return "HELD", None
+            return "TAKEN", await _move(conn, attempt_id, owner, lease_seconds)
+
+        return await self._store.transaction(work)
+
+    async def open_attempts(self) -> list[AttemptRow]:
+        async def work(conn: _Conn) -> list[AttemptRow]:
+            cur = await conn.execute(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE state = 'OPEN'"  # noqa: S608
+                " ORDER BY opened_at, attempt_id"
+            )
+            return [_attempt_from_row(row) for row in await cur.fetchall()]
+
+        return await self._store.transaction(work)
+
+
+async def _move(conn: _Conn, attempt_id: str, owner: str, lease_seconds: float) -> AttemptRow:
+    cur = await conn.execute(
+        f"UPDATE attempts SET owner = %s, lease_until = {_NOW} + %s"  # noqa: S608
+        f" WHERE attempt_id = %s RETURNING {_ATTEMPT_COLUMNS}",
+        (owner, lease_seconds, attempt_id),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return _attempt_from_row(row)
+
+
+class SharedAttemptMirror:
+    """The journal's :class:`~agentsafe.executor.state.journal.AttemptMirror` on the shared
+    store: every step of an attempt this replica journals, owned by ``owner`` under a lease.
+
+    ATTEMPT_OPENED and GRANT_CLAIMED must reach the store (a failure fails the append, before
+    dispatch). A close or reconciliation that cannot be written is never allowed to turn a known
+    outcome into an error: it is kept and written again by :meth:`flush` (the lease keeper calls
+    it), and until then the attempt stays open, renewed by this replica.
+    """
+
+    def __init__(self, attempts: PostgresAttempts, *, owner: str, lease_seconds: float) -> None:
+        self.attempts = attempts
+        self.owner = owner
+        self.lease_seconds = lease_seconds
+        self._backlog: list[tuple[str, bool, str]] = []
+
+    @property
+    def backlog(self) -> int:
+        return len(self._backlog)
+
+    async def record(self, kind: RecordType, record: Mapping[str, Any]) -> None:
+        attempt_id = str(record["attempt_id"])
+        if kind is RecordType.ATTEMPT_OPENED:
+            await self.attempts.opened(
+                owner=self.owner,
+                lease_seconds=self.lease_seconds,
+                attempt_id=attempt_id,
+                fields=record,
+                binding=record["intent"],
+                opened_at=str(record["at"]),
+            )
+        elif kind is RecordType.GRANT_CLAIMED:
+            await self.attempts.grant_claimed(
+                attempt_id=attempt_id,
+                grant_id=str(record["grant_id"]),
+                grant_expires_at=str(record["grant_expires_at"]),
+                payload_digest=str(record["payload_digest"]),
+            )
+        elif kind is RecordType.ATTEMPT_CLOSED:
+            outcome = str(record["outcome"])
+            await self._settle(attempt_id, outcome != "UNKNOWN_AFTER_DISPATCH", outcome)
+        else:
+            status = str(record["status"])
+            await self._settle(attempt_id, status in CLOSING_STATUSES, status)
+
+    async def _settle(self, attempt_id: str, closed: bool, status: str) -> None:
+        try:
+            await self.attempts.settle(attempt_id=attempt_id, closed=closed, status=status)
+        except StoreError:
+            self._backlog.append((attempt_id, closed, status))
+
+    async def flush(self) -> int:
+        """Write the kept closes again, in order; returns how many are still kept."""
+        while self._backlog:
+            attempt_id, closed, status = self._backlog[0]
+            try:
+                await self.attempts.settle(attempt_id=attempt_id, closed=closed, status=status)
+            except StoreError:
+                break
+            self._backlog.pop(0)
+        return len(self._backlog)

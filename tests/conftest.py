@@ -1,0 +1,21 @@
+"""Fixtures every test directory may use: a real PostgreSQL server for the shared store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.postgres import PostgresServer, running_postgres
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (skipped, or failed under CI, without binaries)."""
+    yield from running_postgres()
+
+
+@pytest.fixture
+def pg_url(postgres: PostgresServer) -> str:
+    """A fresh empty database on the session's server."""
+    return postgres.create_database()

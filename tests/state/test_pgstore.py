@@ -1,0 +1,224 @@
+"""The shared store on a real PostgreSQL: migrations, single use, windows, leases, outages."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from agentsafe.executor.errors import StoreError
+from agentsafe.executor.state.journal import RecordType
+from agentsafe.executor.state.pgschema import SCHEMA_VERSION
+from agentsafe.executor.state.pgstore import PostgresStore, SharedAttemptMirror, migrate_url
+from agentsafe.executor.state.usestore import (
+    ApprovalError,
+    ApprovalRequest,
+    ApprovalState,
+    IdempotencyKind,
+)
+from tests.support.intents import make_intent
+from tests.support.postgres import PostgresServer
+
+# One worker runs every test on the one PostgreSQL server its session starts.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
+
+
+async def test_three_replicas_migrating_at_once_apply_each_migration_once(pg_url: str) -> None:
+    stores = await asyncio.gather(*(PostgresStore.open(pg_url) for _ in range(3)))
+    try:
+        async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+            cur = await conn.execute("SELECT version FROM agentsafe_schema")
+            assert await cur.fetchall() == [(SCHEMA_VERSION,)]
+        assert await migrate_url(pg_url) == (SCHEMA_VERSION, SCHEMA_VERSION)
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_a_schema_newer_than_the_code_refuses_to_start(pg_url: str) -> None:
+    assert await migrate_url(pg_url) == (0, SCHEMA_VERSION)
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        await conn.execute("UPDATE agentsafe_schema SET version = version + 1")
+    with pytest.raises(StoreError) as err:
+        await PostgresStore.open(pg_url)
+    assert err.value.code == "STORE_SCHEMA_UNSUPPORTED"
+
+
+async def test_single_use_holds_across_replicas(pg_url: str) -> None:
+    a, b = await PostgresStore.open(pg_url), await PostgresStore.open(pg_url)
+    try:
+        claims = await asyncio.gather(
+            *(
+                s.use_store.claim_grant("g-1", binding_digest="d", expires_at=100.0, now=1.0)
+                for s in (a, b) * 20
+            )
+        )
+        assert claims.count(True) == 1
+        scope = {"tenant": "t", "principal": "p", "key": "k"}
+        begins = await asyncio.gather(
+            *(
+                s.use_store.idempotency_begin(**scope, payload_digest="x", now=1.0)
+                for s in (a, b) * 30
+            )
+        )
+        kinds = [state.kind for state in begins]
+        assert kinds.count(IdempotencyKind.NEW) == 1
+        assert set(kinds) == {IdempotencyKind.NEW, IdempotencyKind.IN_PROGRESS}
+        other = await b.use_store.idempotency_begin(**scope, payload_digest="y", now=1.0)
+        assert other.kind is IdempotencyKind.CONFLICT
+        answer = {"status": 200, "body": {"outcome": "COMPLETED"}}
+        await a.use_store.idempotency_complete(**scope, response=answer, now=2.0)
+        replay = await b.use_store.idempotency_begin(**scope, payload_digest="x", now=3.0)
+        assert replay.kind is IdempotencyKind.REPLAY
+        assert replay.response == answer
+        with pytest.raises(StoreError) as err:
+            await b.use_store.idempotency_complete(
+                **scope, response={"status": 200, "body": {}}, now=4.0
+            )
+        assert err.value.code == "IDEMPOTENCY_ALREADY_COMPLETE"
+        records = await asyncio.gather(
+            *(s.use_store.consume("plan", "step-1", binding={"a": 1}, now=5.0) for s in (a, b))
+        )
+        issued = [r for r in records if r is not None]
+        assert len(issued) == 1
+        assert await a.use_store.verify_consumption(issued[0])
+        assert await b.use_store.verify_consumption(issued[0])
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_an_approval_is_decided_once_whichever_replica_decides(pg_url: str) -> None:
+    a, b = await PostgresStore.open(pg_url), await PostgresStore.open(pg_url)
+    try:
+        intent = make_intent(now=1.0)
+        request = ApprovalRequest(
+            request_id="req-1",
+            intent=intent.binding,
+            intent_hash=intent.intent_hash,
+            approvers=("approver-1", "approver-2"),
+            proposer_principal="agent",
+            proposer_actor="agent",
+            expires_at=1000.0,
+            created_at=1.0,
+        )
+        await a.use_store.approval_create(request)
+        pending = await b.use_store.approval_list(state=ApprovalState.PENDING, now=2.0)
+        assert [r.request.request_id for r in pending] == ["req-1"]
+
+        async def decide(store: PostgresStore, who: str) -> str:
+            try:
+                await store.use_store.approval_decide(
+                    "req-1", decision="APPROVE", approver=who, reason="ok", now=3.0
+                )
+            except ApprovalError as exc:
+                return exc.code
+            return "DECIDED"
+
+        results = await asyncio.gather(decide(a, "approver-1"), decide(b, "approver-2"))
+        assert sorted(results) == ["APPROVAL_ALREADY_DECIDED", "DECIDED"]
+        record = await a.use_store.approval_get("req-1")
+        assert record is not None
+        assert record.stored_state is ApprovalState.APPROVED
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_the_window_is_shared_not_per_replica(pg_url: str) -> None:
+    stores = [await PostgresStore.open(pg_url) for _ in range(3)]
+    try:
+
+        async def reserve(store: PostgresStore) -> str | None:
+            full, _ = await store.window.reserve(
+                window_seconds=60, amount_minor=10, count_limit=5, sum_limit=None
+            )
+            return full
+
+        results = await asyncio.gather(*(reserve(stores[i % 3]) for i in range(30)))
+        assert results.count(None) == 5
+        assert await stores[1].window.usage(60) == (5, 50)
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_a_lapsed_lease_is_taken_by_exactly_one_replica(pg_url: str) -> None:
+    stores = [await PostgresStore.open(pg_url) for _ in range(3)]
+    try:
+        intent = make_intent(now=1.0)
+        dead = SharedAttemptMirror(stores[0].attempts, owner="replica-a", lease_seconds=0.2)
+        await dead.record(
+            RecordType.ATTEMPT_OPENED,
+            {
+                "attempt_id": "att-1",
+                "at": "2026-12-01T08:00:00.000Z",
+                "intent_hash": intent.intent_hash,
+                "intent": intent.binding,
+                "caller": "agent",
+                "action": intent.action,
+            },
+        )
+        live = await stores[1].attempts.take_lapsed(owner="replica-b", lease_seconds=30)
+        assert live is None  # the lease is still live
+
+        async def lapsed() -> None:
+            while await stores[1].now() < (await _lease_until(pg_url, "att-1")):
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(lapsed(), timeout=10)
+        takers = await asyncio.gather(
+            stores[1].attempts.take_lapsed(owner="replica-b", lease_seconds=30),
+            stores[2].attempts.take_lapsed(owner="replica-c", lease_seconds=30),
+        )
+        taken = [row for row in takers if row is not None]
+        assert len(taken) == 1
+        assert taken[0].owner in ("replica-b", "replica-c")
+        assert taken[0].binding == intent.binding
+        state, _ = await stores[0].attempts.take("att-1", owner="replica-a", lease_seconds=30)
+        assert state == "HELD"
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def _lease_until(url: str, attempt_id: str) -> float:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute(
+            "SELECT lease_until FROM attempts WHERE attempt_id = %s", (attempt_id,)
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        return float(row[0])
+
+
+async def test_an_unreachable_database_is_store_unavailable_then_service_resumes(
+    postgres: PostgresServer, pg_url: str
+) -> None:
+    store = await PostgresStore.open(pg_url, connect_timeout=2)
+    try:
+        assert await store.ping()
+        await asyncio.to_thread(postgres.stop)
+        try:
+            with pytest.raises(StoreError) as err:
+                await store.use_store.claim_grant(
+                    "g-down", binding_digest="d", expires_at=100.0, now=1.0
+                )
+            assert err.value.code == "STORE_UNAVAILABLE"
+            assert not await store.ping()
+        finally:
+            await asyncio.to_thread(postgres.start)
+
+        async def back() -> bool:
+            return await store.ping()
+
+        deadline = asyncio.get_running_loop().time() + 30
+        while not await back():
+            assert asyncio.get_running_loop().time() < deadline, "the store never came back"
+            await asyncio.sleep(0.1)
+        assert await store.use_store.claim_grant(
+            "g-down", binding_digest="d", expires_at=100.0, now=1.0
+        )
+    finally:
+        await store.close()
