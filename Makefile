@@ -75,8 +75,10 @@ unit: $(STAMP)
 # by version). A new binary is a new step in e2e/cluster/build.py, which stays the one entry point.
 # Without Go it builds nothing and the suite skips with one line, unless AGENTSAFE_E2E=require
 # (set by .ci/run) makes that a failure. The suite's fixtures never build: no test timeout ever
-# covers a build.
+# covers a build. The node's Debian packages (containerd, runc, CNI plugins, buildah, ...) are
+# installed here too, as root with apt-get, so a fresh machine has them before any test starts.
 e2e-build: $(STAMP)
+	$(NODE_CLI) packages
 	$(BIN)/python e2e/cluster/build.py
 	$(BIN)/python e2e/cluster/node_build.py
 

@@ -28,9 +28,10 @@ def test_the_kubelet_accepts_cgroup_v1_and_never_collects_imported_images(tmp_pa
 
 
 def test_containerd_restricts_oom_score_adj_and_uses_the_built_pause_image(tmp_path: Path) -> None:
-    text = node.containerd_config(tmp_path, socket_path=tmp_path / "c.sock")
+    text = node.containerd_config(tmp_path, socket_path=tmp_path / "c.sock", cni_bin="/opt/cni/bin")
     assert "restrict_oom_score_adj = true" in text
     assert f'sandbox_image = "{node.PAUSE_IMAGE}"' in text
+    assert 'bin_dir = "/opt/cni/bin"' in text
 
 
 def test_kube_proxy_runs_in_nftables_mode_and_leaves_conntrack_alone(tmp_path: Path) -> None:

@@ -406,7 +406,9 @@ def _kubeconfig(path: Path, *, server: str, ca: Path, cert: Path, key: Path, inl
     path.chmod(0o600)
 
 
-def containerd_config(state: Path, *, socket_path: Path) -> str:
+def containerd_config(state: Path, *, socket_path: Path, cni_bin: str | None = None) -> str:
+    """containerd's CRI configuration; ``cni_bin`` defaults to where the CNI plugins are."""
+    cni_bin = cni_bin if cni_bin is not None else cni_bin_dir()
     return f"""version = 2
 root = "{state / "containerd" / "root"}"
 state = "/run/containerd"
@@ -438,7 +440,7 @@ oom_score = 0
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{cni_bin_dir()}"
+    bin_dir = "{cni_bin}"
     conf_dir = "{state / "cni" / "net.d"}"
 """
 
@@ -1379,6 +1381,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="reuse agentsafe:dev if buildah has it (default: rebuild; buildah caches layers)",
     )
     sub.add_parser("down", help="stop the node and restore the host (idempotent)")
+    sub.add_parser(
+        "packages",
+        help="install the Debian packages the node needs that are missing (as root, with "
+        "apt-get; `make e2e-build` runs this before any test starts)",
+    )
     run_parser = sub.add_parser(
         "run",
         help="bring the node up, run a command against it (KUBECONFIG set), bring it down "
@@ -1398,6 +1405,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "down":
             down()
+            return 0
+        if args.command == "packages":
+            install_packages()
+            for problem in missing_prerequisites():
+                _log(f"still missing: {problem}")
             return 0
         if args.command == "run":
             return run(args.state_dir, [a for a in args.argv if a != "--"] or ["true"])
