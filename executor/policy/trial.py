@@ -387,7 +387,7 @@ def _because(evaluation: Evaluation) -> str:
         return "no rule's 'when' was true"
     if stage == "APPROVAL":
         return f"rule {evaluation.rule} escalated, and the approval evidence decided"
-    if evaluation.reason_codes == ("POLICY_EVALUATION_ERROR",):
+    if evaluation.reason_codes == (Code.POLICY_EVALUATION_ERROR,):
         return f"rule {evaluation.rule}'s 'when' failed to evaluate (fail closed)"
     return f"rule {evaluation.rule} is the first whose 'when' is true"
 
