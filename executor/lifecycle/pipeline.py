@@ -60,7 +60,7 @@ from ..state.usestore import (
 from .answers import Answer, decision_answer, halted_answer, reconciled_answer
 from .attempt import Attempt, Progress, TokenSigner
 from .ceilings import HostCeilings
-from .shadow import ShadowReport
+from .shadow import RECORDED_STATUSES, ShadowReport
 
 __all__ = ["ActionCatalog", "Pipeline", "Proposal"]
 
@@ -637,13 +637,7 @@ class Pipeline:
         )
 
 
-_FINAL_OUTCOMES = frozenset(
-    {
-        *(outcome.value for outcome in Outcome),
-        "OBSERVED",
-        "INVALID",
-    }
-)
+_FINAL_OUTCOMES = frozenset({*(outcome.value for outcome in Outcome), *RECORDED_STATUSES})
 """Answers recorded for a key and replayed; anything else (a 5xx, a shadow UNAVAILABLE) frees it."""
 
 _RECONCILED: dict[ReconcileStatus, tuple[Outcome, bool | None]] = {
