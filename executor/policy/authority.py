@@ -117,7 +117,8 @@ class Decision:
     def __repr__(self) -> str:  # keep the grant out of logs and tracebacks
         return (
             f"Decision(verdict={self.verdict.value}, decision_id={self.decision_id!r}, "
-            f"reason_codes={self.reason_codes!r}, rule={self.rule!r}, grant_id={self.grant_id!r})"
+            f"reason_codes={tuple(map(str, self.reason_codes))!r}, rule={self.rule!r}, "
+            f"grant_id={self.grant_id!r})"
         )
 
 

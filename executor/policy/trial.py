@@ -366,7 +366,8 @@ def _compare(expect: Expectation, got: Evaluation) -> tuple[str, ...]:
         failures.append(f"verdict: expected {expect.verdict.value}, got {got.verdict.value}")
     if expect.reason_codes is not None and tuple(expect.reason_codes) != got.reason_codes:
         failures.append(
-            f"reasonCodes: expected {list(expect.reason_codes)}, got {list(got.reason_codes)}"
+            f"reasonCodes: expected {list(expect.reason_codes)}, "
+            f"got {[str(code) for code in got.reason_codes]}"
         )
     if expect.approvers is not None and tuple(expect.approvers) != got.approvers:
         failures.append(f"approvers: expected {list(expect.approvers)}, got {list(got.approvers)}")
