@@ -24,7 +24,7 @@ from .clock import Clock, SystemClock
 from .codes import Code
 from .config import CredentialKind, ExecutorConfig, load_config
 from .dispatch.forward import ForwardRequestHandler
-from .dispatch.seam import Registry
+from .dispatch.seam import Outcome, Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.workload import JwksSource, WorkloadVerifier
@@ -57,7 +57,13 @@ from .plans.execute import StepExecutor
 from .plans.service import ExecutorRegistry, PlanService
 from .plans.signing import Ed25519Signer
 from .policy.authority import LocalAuthority
-from .policy.policy import CompiledPolicy, PolicyDocument, compile_policy, load_policy
+from .policy.policy import (
+    CompiledPolicy,
+    PolicyDocument,
+    Verdict,
+    compile_policy,
+    load_policy,
+)
 from .principals import legacy_principal
 from .routes.door import HttpDoor
 from .state.journal import AttemptJournal
@@ -314,7 +320,7 @@ async def assemble(
     secrets = SecretStore.load(
         environ, production=config.production, secrets_dir=secrets_dir, security=streams.security
     )
-    metrics = ExecutorMetrics()
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
     redactor = Redactor(
         credential_headers=[config.downstream_credential_header]
         if config.downstream_credential_header

@@ -11,11 +11,12 @@ or a verdict of an offline verifier. ``docs/error-codes.md`` lists every code an
 ``tests/test_codes.py`` checks it against this table.
 
 :class:`Code` is a :class:`~enum.StrEnum`: a member is its own name as a string, so it serializes
-to JSON and compares with ``==`` as the plain code does. Decision reason codes (the
-``reason_codes`` of a verdict, such as ``POLICY_NO_MATCH`` or a policy's own
-``AMOUNT_ABOVE_POLICY``) are another vocabulary and are not listed here. A plan step executor
-supplied by the host may refuse with its own code; the plan routes answer such a code with
-:data:`HOST_CODE_STATUS`.
+to JSON and compares with ``==`` as the plain code does. Every reason code the executor itself
+puts in a verdict's ``reason_codes`` (``POLICY_NO_MATCH``, ``EXECUTOR_HALTED``,
+``RECONCILED_COMPLETED``, a rule's default ``POLICY_BLOCKED``, ...) is a member too, and
+:data:`REASON_CODES` names them; a policy author's own reason code (``AMOUNT_ABOVE_POLICY``) is
+data from the policy file and is not listed. A plan step executor supplied by the host may
+refuse with its own code; the plan routes answer such a code with :data:`HOST_CODE_STATUS`.
 
 Ground floor: imports nothing of agentsafe. Callers: ``errors.py`` and every module that raises
 or answers a code; ``routes/refusals.py`` maps a code to its HTTP status.
@@ -26,7 +27,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
-__all__ = ["HOST_CODE_STATUS", "Code"]
+__all__ = ["HOST_CODE_STATUS", "REASON_CODES", "Code"]
 
 HOST_CODE_STATUS: Final = 422
 """The status of a code not in the registry: only a host plan step executor's own refusal."""
@@ -292,6 +293,64 @@ class Code(StrEnum):
     JWS_SIGNATURE_INVALID = "JWS_SIGNATURE_INVALID", None, "a token's signature does not verify"
     JWS_TYPE_MISMATCH = "JWS_TYPE_MISMATCH", None, "a token is of another type"
     KEY_INVALID = "KEY_INVALID", None, "a signing key is not a usable Ed25519 key"
+
+    # -- verdict reasons: the reason_codes the executor itself puts in an answer ----------------
+    POLICY_ALLOWED = "POLICY_ALLOWED", None, "a rule allowed and names no reason code of its own"
+    POLICY_BLOCKED = "POLICY_BLOCKED", None, "a rule blocked and names no reason code of its own"
+    APPROVAL_REQUIRED = (
+        "APPROVAL_REQUIRED",
+        None,
+        "a rule escalated and names no reason code of its own",
+    )
+    POLICY_ACTION_UNKNOWN = "POLICY_ACTION_UNKNOWN", None, "the policy names no such action"
+    POLICY_NO_MATCH = "POLICY_NO_MATCH", None, "no rule matched; blocked by default"
+    PARAMETERS_INVALID = (
+        "PARAMETERS_INVALID",
+        None,
+        "the parameters do not match the action's schema",
+    )
+    APPROVAL_PENDING = "APPROVAL_PENDING", None, "the escalation waits for an approver"
+    APPROVAL_DENIED = "APPROVAL_DENIED", None, "an approver denied the escalation"
+    APPROVED_BY_APPROVER = "APPROVED_BY_APPROVER", None, "an approver approved the escalation"
+    AUTHORITY_UNAVAILABLE = (
+        "AUTHORITY_UNAVAILABLE",
+        None,
+        "the policy authority did not answer; blocked, fail closed",
+    )
+    EXECUTOR_HALTED = "EXECUTOR_HALTED", None, "a halt stopped execution; answered 503 BLOCK"
+    POSTURE_DEGRADED = (
+        "POSTURE_DEGRADED",
+        None,
+        "the host posture regressed; new work is refused with 503 BLOCK",
+    )
+    REGISTRY_NOT_SEALED = "REGISTRY_NOT_SEALED", None, "the handler registry is not sealed yet"
+    HANDLER_FAILED = "HANDLER_FAILED", None, "the handler raised an error without a code"
+    RECONCILE_FAILED = "RECONCILE_FAILED", None, "the handler's reconcile raised without a code"
+    LOOKUP_NOT_CONFIGURED = (
+        "LOOKUP_NOT_CONFIGURED",
+        None,
+        "no provider lookup is configured; the outcome stays unknown",
+    )
+    LOOKUP_KEY_UNREPRESENTABLE = (
+        "LOOKUP_KEY_UNREPRESENTABLE",
+        None,
+        "the key cannot be placed in the lookup URL; the outcome stays unknown",
+    )
+    LOOKUP_STATUS = (
+        "LOOKUP_STATUS",
+        None,
+        "sent as `LOOKUP_STATUS_<status>`: the lookup answered another status; still unknown",
+    )
+    RECONCILED_COMPLETED = (
+        "RECONCILED_COMPLETED",
+        None,
+        "reconciliation learned that the action completed",
+    )
+    RECONCILED_NOT_EXECUTED = (
+        "RECONCILED_NOT_EXECUTED",
+        None,
+        "reconciliation learned that the action did not execute",
+    )
 
     # -- dispatch: the handler seam --------------------------------------------------------------
     ACTION_ALREADY_REGISTERED = "ACTION_ALREADY_REGISTERED", None, "an action is registered twice"
@@ -578,3 +637,45 @@ class Code(StrEnum):
     MCP_TOOL_NAME_INVALID = "MCP_TOOL_NAME_INVALID", 502, "the MCP tool name is not exact"
     MCP_TOOL_NOT_READ_ONLY = "MCP_TOOL_NOT_READ_ONLY", 502, "the MCP tool is not read-only"
     MCP_TOOL_UNKNOWN = "MCP_TOOL_UNKNOWN", 502, "the MCP server has no such tool"
+
+
+REASON_CODES: Final[frozenset[Code]] = frozenset(
+    {
+        # the policy authority's verdicts
+        Code.POLICY_ALLOWED,
+        Code.POLICY_BLOCKED,
+        Code.APPROVAL_REQUIRED,
+        Code.POLICY_ACTION_UNKNOWN,
+        Code.POLICY_NO_MATCH,
+        Code.POLICY_EVALUATION_ERROR,
+        Code.PARAMETERS_INVALID,
+        Code.INTENT_EXPIRED,
+        Code.APPROVAL_BINDING_MISMATCH,
+        Code.SEPARATION_OF_DUTIES_VIOLATED,
+        Code.APPROVAL_PENDING,
+        Code.APPROVAL_DENIED,
+        Code.APPROVAL_EXPIRED,
+        Code.APPROVED_BY_APPROVER,
+        Code.AUTHORITY_UNAVAILABLE,
+        # the work gate
+        Code.EXECUTOR_HALTED,
+        Code.POSTURE_DEGRADED,
+        Code.STORE_UNAVAILABLE,
+        # the handler seam and reconciliation
+        Code.REGISTRY_NOT_SEALED,
+        Code.ACTION_NOT_REGISTERED,
+        Code.GRANT_BINDING_MISMATCH,
+        Code.JOURNAL_UNAVAILABLE,
+        Code.HANDLER_FAILED,
+        Code.HANDLER_CONTRACT_VIOLATED,
+        Code.RECONCILE_FAILED,
+        Code.LOOKUP_NOT_CONFIGURED,
+        Code.LOOKUP_KEY_UNREPRESENTABLE,
+        Code.LOOKUP_STATUS,
+        Code.RECONCILED_COMPLETED,
+        Code.RECONCILED_NOT_EXECUTED,
+    }
+)
+"""The reason codes the executor itself emits in a verdict's ``reason_codes`` or a reconciliation's
+``reason_code`` (``LOOKUP_STATUS`` is a prefix: ``LOOKUP_STATUS_503``). Besides these, a handler's
+failure is reported by its error's own code (an egress, transport or provider code)."""

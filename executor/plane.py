@@ -82,13 +82,13 @@ class WorkGate:
     posture_monitor: PostureMonitor
     store: StoreHealth = field(default_factory=StoreHealth)
 
-    def refusal(self) -> str | None:
+    def refusal(self) -> Code | None:
         if self.posture_monitor.is_degraded():
-            return "POSTURE_DEGRADED"
+            return Code.POSTURE_DEGRADED
         if self.halt.halted:
-            return "EXECUTOR_HALTED"
+            return Code.EXECUTOR_HALTED
         if not self.store.available:
-            return "STORE_UNAVAILABLE"
+            return Code.STORE_UNAVAILABLE
         return None
 
 

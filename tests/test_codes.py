@@ -6,6 +6,14 @@ its own provider's vocabulary and is left out). A code goes where a code goes: t
 argument, a class's ``code`` attribute, a ``"code"`` field, the first argument of an error or a
 refusal. In any of those places a bare string literal is refused; the registry member is used.
 
+The reason codes a verdict carries are held the same way: in a reason position (the
+``reason_code``/``reason_codes`` argument or field, the reason argument of the authority's and the
+seam's answer builders) a bare string literal is refused, and every member found there is in
+:data:`~agentsafe.executor.codes.REASON_CODES`. A policy author's own reason codes come from the
+policy file as data, never as literals, so the scan leaves them alone. Nowhere in ``executor/``
+is a registered code spelled as a string literal, except where another vocabulary shares its
+name: a StrEnum member named for itself, an event name, a posture check name.
+
 Regenerate the docs table after changing the registry:
 ``AGENTSAFE_WRITE_ERROR_CODES=1 .venv/bin/pytest tests/test_codes.py``.
 """
@@ -24,7 +32,7 @@ import pytest
 
 import agentsafe.executor
 from agentsafe.executor import errors
-from agentsafe.executor.codes import HOST_CODE_STATUS, Code
+from agentsafe.executor.codes import HOST_CODE_STATUS, REASON_CODES, Code
 from agentsafe.executor.errors import AgentSafeError
 from agentsafe.executor.routes.refusals import code_for_http_error, status_of
 
@@ -52,6 +60,13 @@ _CODE_FIRST = {
     "error_body",
     "refusal",
 }
+
+
+# Callables whose second argument is a reason code, or a sequence of them.
+_REASON_SECOND = {"_answer", "_allow", "_report", "_code_of", "_failed_before_dispatch"}
+_REASON_NAMES = {"reason_code", "reason_codes"}
+# Posture check names: a vocabulary of its own, some named for the code they refuse with.
+_CHECK_NAMES = {EXECUTOR / "host" / "posture.py"}
 
 
 def _modules() -> list[tuple[Path, ast.Module]]:
@@ -99,6 +114,65 @@ def _code_positions(tree: ast.Module) -> list[ast.expr]:
     return found
 
 
+def _flat(node: ast.expr) -> list[ast.expr]:
+    if isinstance(node, ast.List | ast.Tuple | ast.Set):
+        return [leaf for item in node.elts for leaf in _flat(item)]
+    if isinstance(node, ast.Starred):
+        return _flat(node.value)
+    return [node]
+
+
+def _reason_positions(tree: ast.Module) -> list[ast.expr]:
+    """Every expression that stands where a verdict's reason code goes."""
+    found: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            found += [kw.value for kw in node.keywords if kw.arg in _REASON_NAMES]
+            if len(node.args) > 1 and _callee(node) in _REASON_SECOND:
+                found.append(node.args[1])
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(key, ast.Constant) and key.value in _REASON_NAMES:
+                    found.append(value)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = node.args
+            positional = [*args.posonlyargs, *args.args]
+            pairs = list(
+                zip(positional[len(positional) - len(args.defaults) :], args.defaults, strict=True)
+            )
+            pairs += [
+                (a, d)
+                for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+                if d is not None
+            ]
+            found += [default for arg, default in pairs if arg.arg in _REASON_NAMES]
+    return [leaf for node in found for leaf in _flat(node)]
+
+
+def _other_vocabulary(tree: ast.Module) -> set[int]:
+    """The string constants that are not codes although they may spell one: docstrings, event
+    names (``emit``'s first argument) and StrEnum members named for themselves."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                skip.add(id(first.value))
+        if isinstance(node, ast.Call) and _callee(node) == "emit" and node.args:
+            skip |= {id(name) for name in ast.walk(node.args[0])}
+        if isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                if (
+                    isinstance(stmt, ast.Assign)
+                    and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name)
+                    and isinstance(stmt.value, ast.Constant)
+                    and stmt.value.value == stmt.targets[0].id
+                ):
+                    skip.add(id(stmt.value))
+    return skip
+
+
 def _code_references(tree: ast.Module) -> set[str]:
     return {
         node.attr
@@ -111,10 +185,15 @@ def _code_references(tree: ast.Module) -> set[str]:
 
 
 def _docs_table() -> str:
-    rows = ["| code | HTTP | meaning |", "| --- | --- | --- |"]
+    rows = ["| code | HTTP | appears as | meaning |", "| --- | --- | --- | --- |"]
     for code in Code:
         status = str(code.status) if code.status is not None else "—"
-        rows.append(f"| `{code.value}` | {status} | {code.meaning} |")
+        where = [
+            w for w, yes in (("refusal", code.status), ("reason", code in REASON_CODES)) if yes
+        ]
+        rows.append(
+            f"| `{code.value}` | {status} | {', '.join(where) or 'error'} | {code.meaning} |"
+        )
     return "\n".join(rows)
 
 
@@ -175,6 +254,60 @@ def test_no_code_is_a_bare_string_where_a_code_goes() -> None:
         and (str(path.relative_to(REPO)), getattr(node, "value", None)) not in _NOT_CODES
     ]
     assert bare == [], "raise by registry member (Code.X), not by string:\n" + "\n".join(bare)
+
+
+def _member_prefixed(node: ast.expr) -> bool:
+    """``f"{Code.LOOKUP_STATUS}_{status}"``: a registered prefix with a detail after it."""
+    if not (isinstance(node, ast.JoinedStr) and node.values):
+        return False
+    head = node.values[0]
+    return (
+        isinstance(head, ast.FormattedValue)
+        and isinstance(head.value, ast.Attribute)
+        and isinstance(head.value.value, ast.Name)
+        and head.value.value.id == "Code"
+    )
+
+
+def test_no_reason_code_is_a_bare_string_where_a_reason_code_goes() -> None:
+    bare = [
+        f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}"
+        for path, tree in _modules()
+        for node in _reason_positions(tree)
+        if _is_text(node) and not _member_prefixed(node)
+    ]
+    assert bare == [], "emit a reason by registry member (Code.X):\n" + "\n".join(bare)
+
+
+def test_every_reason_code_the_executor_emits_is_a_registered_reason_code() -> None:
+    emitted = {
+        node.attr
+        for _path, tree in _modules()
+        for position in _reason_positions(tree)
+        for node in ast.walk(position)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "Code"
+    }
+    assert emitted, "the reason-position scan found nothing; it lost track of the code base"
+    assert sorted(emitted - {code.name for code in REASON_CODES}) == []
+
+
+def test_no_registered_code_is_spelled_as_a_string_literal() -> None:
+    spelled = []
+    for path, tree in _modules():
+        if path in _CHECK_NAMES:
+            continue
+        skip = _other_vocabulary(tree)
+        spelled += [
+            f"{path.relative_to(REPO)}:{node.lineno}: {node.value}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value in Code.__members__
+            and id(node) not in skip
+        ]
+    assert spelled == [], "use the registry member (Code.X):\n" + "\n".join(spelled)
 
 
 def test_every_code_the_code_base_names_is_in_the_registry_and_none_is_dead() -> None:

@@ -206,12 +206,12 @@ class ForwardRequestHandler:
     async def reconcile(self, idempotency_key: str) -> ReconcileResult:
         """Ask the provider what it did with ``idempotency_key``; never sends the request."""
         if self._lookup_url is None:
-            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="LOOKUP_NOT_CONFIGURED")
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.LOOKUP_NOT_CONFIGURED)
         if _UNREPRESENTABLE.search(idempotency_key) or idempotency_key in (".", ".."):
             # It would become an encoded separator or a dot segment, which the egress guard
             # refuses (and counts towards a halt): answer unknown here, without asking.
             return ReconcileResult(
-                ReconcileStatus.UNKNOWN, reason_code="LOOKUP_KEY_UNREPRESENTABLE"
+                ReconcileStatus.UNKNOWN, reason_code=Code.LOOKUP_KEY_UNREPRESENTABLE
             )
         url = self._lookup_url.replace(PLACEHOLDER, quote(idempotency_key, safe=""))
         headers: dict[str, str] = {}
@@ -233,5 +233,5 @@ class ForwardRequestHandler:
                 ReconcileStatus.COMPLETED, provider_reference=_reference(response.body)
             )
         return ReconcileResult(
-            ReconcileStatus.UNKNOWN, reason_code=f"LOOKUP_STATUS_{response.status}"
+            ReconcileStatus.UNKNOWN, reason_code=f"{Code.LOOKUP_STATUS}_{response.status}"
         )

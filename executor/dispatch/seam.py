@@ -328,25 +328,25 @@ class Registry:
         """Run one execution through the seam and classify how it ended (see module docs)."""
         failed = Outcome.FAILED_BEFORE_DISPATCH
         if not self._sealed:
-            return _report(failed, "REGISTRY_NOT_SEALED", dispatched=False)
+            return _report(failed, Code.REGISTRY_NOT_SEALED, dispatched=False)
         entry = self._handlers.get(name)
         if entry is None:
-            return _report(failed, "ACTION_NOT_REGISTERED", dispatched=False)
+            return _report(failed, Code.ACTION_NOT_REGISTERED, dispatched=False)
         handler, validator = entry
         if not validator.is_valid(ctx.parameters):
-            return _report(failed, "PARAMETERS_INVALID", dispatched=False)
+            return _report(failed, Code.PARAMETERS_INVALID, dispatched=False)
         try:
             digest = execution_payload_digest(ctx.parameters)
         except CanonicalizationError:
-            return _report(failed, "PARAMETERS_INVALID", dispatched=False)
+            return _report(failed, Code.PARAMETERS_INVALID, dispatched=False)
         if digest != ctx.intent.payload_digest:
-            return _report(failed, "GRANT_BINDING_MISMATCH", dispatched=False)
+            return _report(failed, Code.GRANT_BINDING_MISMATCH, dispatched=False)
 
         # The journal decorator: the durable claim precedes the handler's own body.
         try:
             await on_claimed(ctx)
         except Exception:
-            return _report(failed, "JOURNAL_UNAVAILABLE", dispatched=False)
+            return _report(failed, Code.JOURNAL_UNAVAILABLE, dispatched=False)
 
         dispatch = Dispatch(ctx)
         try:
@@ -362,17 +362,17 @@ class Registry:
             return _report(Outcome.UNKNOWN_AFTER_DISPATCH, exc.code, dispatched=True)
         except Exception as exc:
             if not dispatch.started:
-                return _report(failed, _code_of(exc, "HANDLER_FAILED"), dispatched=False)
+                return _report(failed, _code_of(exc, Code.HANDLER_FAILED), dispatched=False)
             return _report(
                 Outcome.UNKNOWN_AFTER_DISPATCH,
-                _code_of(exc, "HANDLER_FAILED"),
+                _code_of(exc, Code.HANDLER_FAILED),
                 dispatched=True,
             )
         if not dispatch.started:
-            return _report(failed, "HANDLER_CONTRACT_VIOLATED", dispatched=False)
+            return _report(failed, Code.HANDLER_CONTRACT_VIOLATED, dispatched=False)
         if not _json_mapping(result):
             return _report(
-                Outcome.UNKNOWN_AFTER_DISPATCH, "HANDLER_CONTRACT_VIOLATED", dispatched=True
+                Outcome.UNKNOWN_AFTER_DISPATCH, Code.HANDLER_CONTRACT_VIOLATED, dispatched=True
             )
         return _report(Outcome.COMPLETED, dispatched=True, result=dict(result))
 
@@ -380,15 +380,17 @@ class Registry:
         """Ask the handler what the provider did with a key; the read path, never execute."""
         entry = self._handlers.get(action)
         if entry is None:
-            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="ACTION_NOT_REGISTERED")
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.ACTION_NOT_REGISTERED)
         try:
             answer: object = await entry[0].reconcile(idempotency_key)
         except Exception as exc:
             return ReconcileResult(
-                ReconcileStatus.UNKNOWN, reason_code=_code_of(exc, "RECONCILE_FAILED")
+                ReconcileStatus.UNKNOWN, reason_code=_code_of(exc, Code.RECONCILE_FAILED)
             )
         if not isinstance(answer, ReconcileResult):
-            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="HANDLER_CONTRACT_VIOLATED")
+            return ReconcileResult(
+                ReconcileStatus.UNKNOWN, reason_code=Code.HANDLER_CONTRACT_VIOLATED
+            )
         return answer
 
     def _emit_refused(self, name: str, refused: ProviderRefused) -> None:

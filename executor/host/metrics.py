@@ -10,7 +10,9 @@ Callers: ``door/door.py`` (refusals, locks), ``lifecycle/pipeline.py`` (proposal
 executions), ``host/halt.py``, ``host/tlsctx.py``, ``routes/control.py`` (operator actions, and
 ``GET /metrics`` serves :meth:`ExecutorMetrics.render`); ``assembly.py`` builds it and hands its
 counters to the egress guard, the secret store, the posture monitor, the redactor
-and the chained sinks.
+and the chained sinks. The label values of ``proposals`` and ``executions`` are the policy's
+``Verdict`` and the seam's ``Outcome``: ``host/`` sits below both wings and cannot import them,
+so ``assembly.py`` passes them in and there is no second copy here.
 """
 
 from __future__ import annotations
@@ -29,15 +31,6 @@ __all__ = ["OTHER", "BoundedCounter", "ExecutorMetrics"]
 OTHER = "OTHER"
 _NAME_VALUE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
-VERDICTS = ("ALLOW", "BLOCK", "ESCALATE")
-OUTCOMES = (
-    "COMPLETED",
-    "BLOCKED",
-    "FAILED_BEFORE_DISPATCH",
-    "UNKNOWN_AFTER_DISPATCH",
-    "DEFINITELY_NOT_EXECUTED",
-    "ESCALATE_PENDING",
-)
 DOOR_METHODS = ("bearer", "workload", "mtls", "none")
 DOOR_CODES = (
     Code.RATE_LIMITED,
@@ -137,15 +130,20 @@ class BoundedCounter:
 
 
 class ExecutorMetrics:
-    """The executor's counters in a private registry."""
+    """The executor's counters in a private registry. ``verdicts`` and ``outcomes`` are the
+    label values of ``proposals`` and ``executions`` (``policy.Verdict``, ``seam.Outcome``)."""
 
-    def __init__(self, *, namespace: str = "agentsafe") -> None:
+    def __init__(
+        self, *, verdicts: Iterable[str], outcomes: Iterable[str], namespace: str = "agentsafe"
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._ns = namespace
         self.proposals = self._counter(
-            "proposals", "Proposals by the authority's verdict", verdict=VERDICTS
+            "proposals", "Proposals by the authority's verdict", verdict=map(str, verdicts)
         )
-        self.executions = self._counter("executions", "Executions by outcome", outcome=OUTCOMES)
+        self.executions = self._counter(
+            "executions", "Executions by outcome", outcome=map(str, outcomes)
+        )
         self.door_refusals = self._counter(
             "door_refusals", "Refusals at the door by method and code",
             method=DOOR_METHODS, code=DOOR_CODES,

@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..codes import Code
+
 __all__ = ["Answer", "decision_answer", "error_body", "halted_answer", "reconciled_answer"]
 
 
@@ -71,7 +73,7 @@ def decision_answer(
     return body
 
 
-def halted_answer(mode: str, reason_code: str = "EXECUTOR_HALTED") -> Answer:
+def halted_answer(mode: str, reason_code: str = Code.EXECUTOR_HALTED) -> Answer:
     """503 in the usual answer shape; nothing was asked of the authority."""
     body = decision_answer(
         mode=mode,
@@ -89,8 +91,8 @@ def halted_answer(mode: str, reason_code: str = "EXECUTOR_HALTED") -> Answer:
 
 
 _RECONCILED = {
-    "COMPLETED": ("COMPLETED", True),
-    "NOT_EXECUTED": ("DEFINITELY_NOT_EXECUTED", False),
+    "COMPLETED": ("COMPLETED", True, Code.RECONCILED_COMPLETED),
+    "NOT_EXECUTED": ("DEFINITELY_NOT_EXECUTED", False, Code.RECONCILED_NOT_EXECUTED),
 }
 
 
@@ -102,7 +104,7 @@ def reconciled_answer(
     known = _RECONCILED.get(status)
     if known is None:
         return None
-    outcome, executed = known
+    outcome, executed, reason = known
     return decision_answer(
         mode=mode,
         intent_id=intent_id,
@@ -110,7 +112,7 @@ def reconciled_answer(
         verdict="ALLOW",
         decision_id=None,
         dossier_id=None,
-        reason_codes=[f"RECONCILED_{status}"],
+        reason_codes=[reason],
         fail_closed=False,
         outcome=outcome,
         executed=executed,

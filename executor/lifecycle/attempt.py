@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..clock import Clock
+from ..codes import Code
 from ..dispatch.seam import Authorization, ExecutionContext, Outcome, Registry
 from ..errors import AgentSafeError, StoreError
 from ..events import Streams
@@ -106,7 +107,7 @@ class Attempt:
             log.exception("the journal refused ATTEMPT_OPENED")
             if reservation is not None:
                 await reservation.release()
-            return self._failed_before_dispatch(common, ["JOURNAL_UNAVAILABLE"])
+            return self._failed_before_dispatch(common, [Code.JOURNAL_UNAVAILABLE])
         try:
             claim = await self.authority.claim(decision.grant, intent=intent)
         except (GrantRefused, StoreError) as exc:  # a store that failed claimed nothing we use

@@ -11,6 +11,7 @@ Callers: ``assembly.py`` (the pipeline's catalog, which the pipeline sees throug
 
 from __future__ import annotations
 
+from ..codes import Code
 from ..dispatch.seam import ReconcileResult, ReconcileStatus, Registry
 from ..policy.policy import CompiledPolicy
 
@@ -41,5 +42,5 @@ class ActionReconciler:
     async def reconcile(self, action: str, idempotency_key: str) -> ReconcileResult:
         handler = self._catalog.handler_for(action)
         if handler is None:
-            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="ACTION_NOT_REGISTERED")
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.ACTION_NOT_REGISTERED)
         return await self._registry.reconcile(handler, idempotency_key)

@@ -60,7 +60,7 @@ from ..state.usestore import (
 from .answers import Answer, decision_answer, halted_answer, reconciled_answer
 from .attempt import Attempt, Progress, TokenSigner
 from .ceilings import HostCeilings
-from .shadow import ShadowReport
+from .shadow import RECORDED_STATUSES, ShadowReport
 
 __all__ = ["ActionCatalog", "Pipeline", "Proposal"]
 
@@ -330,7 +330,7 @@ class Pipeline:
             {
                 "intent_id": intent.intent_id,
                 "caller": principal.id,
-                "reason_codes": ["AUTHORITY_UNAVAILABLE"],
+                "reason_codes": [Code.AUTHORITY_UNAVAILABLE],
             },
         )
         body = decision_answer(
@@ -340,7 +340,7 @@ class Pipeline:
             verdict=Verdict.BLOCK.value,
             decision_id=None,
             dossier_id=None,
-            reason_codes=["AUTHORITY_UNAVAILABLE"],
+            reason_codes=[Code.AUTHORITY_UNAVAILABLE],
             fail_closed=True,
             outcome=outcome,
             executed=False,
@@ -364,7 +364,7 @@ class Pipeline:
             "dossier_id": decision.dossier_id,
         }
         if self.mode is ExecutorMode.SHADOW:
-            status = "INVALID" if "PARAMETERS_INVALID" in decision.reason_codes else "OBSERVED"
+            status = "INVALID" if Code.PARAMETERS_INVALID in decision.reason_codes else "OBSERVED"
             self.shadow.record(intent.action, decision.verdict.value, status)
             body = decision_answer(
                 **common,
@@ -582,7 +582,7 @@ class Pipeline:
             body = decision_answer(
                 **common,
                 verdict=Verdict.ESCALATE.value,
-                reason_codes=["APPROVAL_PENDING"],
+                reason_codes=[Code.APPROVAL_PENDING],
                 fail_closed=False,
                 outcome=Outcome.ESCALATE_PENDING.value,
                 executed=False,
@@ -590,7 +590,9 @@ class Pipeline:
             )
             return Answer(200, body)
         if state is not ApprovalState.APPROVED:
-            reason = "APPROVAL_DENIED" if state is ApprovalState.DENIED else "APPROVAL_EXPIRED"
+            reason = (
+                Code.APPROVAL_DENIED if state is ApprovalState.DENIED else Code.APPROVAL_EXPIRED
+            )
             self._count_outcome(Outcome.BLOCKED)
             self._streams.evidence.emit(
                 "EXECUTION_BLOCKED",
@@ -635,13 +637,7 @@ class Pipeline:
         )
 
 
-_FINAL_OUTCOMES = frozenset(
-    {
-        *(outcome.value for outcome in Outcome),
-        "OBSERVED",
-        "INVALID",
-    }
-)
+_FINAL_OUTCOMES = frozenset({*(outcome.value for outcome in Outcome), *RECORDED_STATUSES})
 """Answers recorded for a key and replayed; anything else (a 5xx, a shadow UNAVAILABLE) frees it."""
 
 _RECONCILED: dict[ReconcileStatus, tuple[Outcome, bool | None]] = {

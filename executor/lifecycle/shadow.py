@@ -19,11 +19,15 @@ import threading
 from collections import Counter
 from typing import Any
 
-__all__ = ["OBSERVATION_STATUSES", "VERDICTS", "ShadowReport"]
+from ..policy.policy import Verdict
 
-VERDICTS = ("ALLOW", "BLOCK", "ESCALATE")
+__all__ = ["OBSERVATION_STATUSES", "RECORDED_STATUSES", "VERDICTS", "ShadowReport"]
+
+VERDICTS = tuple(verdict.value for verdict in Verdict)
 NO_VERDICT = "NO_VERDICT"
 OBSERVATION_STATUSES = ("OBSERVED", "UNAVAILABLE", "TIMED_OUT", "INVALID")
+RECORDED_STATUSES = frozenset({"OBSERVED", "INVALID"})
+"""The observations whose answer is final: recorded for the idempotency key and replayed."""
 ENFORCEMENT_SWITCH = "EXECUTOR_MODE=ENFORCEMENT"
 
 

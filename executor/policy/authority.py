@@ -85,9 +85,9 @@ _BINDING_KEYS = frozenset(
 
 # Reason codes a rule without ``reasonCode`` reports.
 _DEFAULT_REASON = {
-    Verdict.ALLOW: "POLICY_ALLOWED",
-    Verdict.BLOCK: "POLICY_BLOCKED",
-    Verdict.ESCALATE: "APPROVAL_REQUIRED",
+    Verdict.ALLOW: Code.POLICY_ALLOWED,
+    Verdict.BLOCK: Code.POLICY_BLOCKED,
+    Verdict.ESCALATE: Code.APPROVAL_REQUIRED,
 }
 
 
@@ -117,7 +117,8 @@ class Decision:
     def __repr__(self) -> str:  # keep the grant out of logs and tracebacks
         return (
             f"Decision(verdict={self.verdict.value}, decision_id={self.decision_id!r}, "
-            f"reason_codes={self.reason_codes!r}, rule={self.rule!r}, grant_id={self.grant_id!r})"
+            f"reason_codes={tuple(map(str, self.reason_codes))!r}, rule={self.rule!r}, "
+            f"grant_id={self.grant_id!r})"
         )
 
 
@@ -244,7 +245,7 @@ class LocalAuthority:
         issued = _floor_ms(now)
         expires = _floor_ms(min(now + self._grant_ttl, intent.expires_at))
         if expires <= now:
-            return self._answer(Verdict.BLOCK, ("INTENT_EXPIRED",), rule=rule, now=now)
+            return self._answer(Verdict.BLOCK, (Code.INTENT_EXPIRED,), rule=rule, now=now)
         payload = {
             "sub": grant_id,
             "decision_id": decision_id,
@@ -454,10 +455,10 @@ def evaluate_policy(
     exactly the code that decides in ``serve``.
     """
     if now >= intent.expires_at:
-        return Evaluation(Verdict.BLOCK, ("INTENT_EXPIRED",), None, (), Stage.EXPIRY)
+        return Evaluation(Verdict.BLOCK, (Code.INTENT_EXPIRED,), None, (), Stage.EXPIRY)
     action = policy.actions.get(intent.action)
     if action is None:
-        return Evaluation(Verdict.BLOCK, ("POLICY_ACTION_UNKNOWN",), None, (), Stage.ACTION)
+        return Evaluation(Verdict.BLOCK, (Code.POLICY_ACTION_UNKNOWN,), None, (), Stage.ACTION)
     checked = _check_parameters(action, intent.parameters)
     if checked is not None:
         return Evaluation(Verdict.BLOCK, (checked,), None, (), Stage.PARAMETERS)
@@ -471,7 +472,7 @@ def evaluate_policy(
             trials.append(RuleTrial(rule.name, rule.path, rule.expression.source, None))
             return Evaluation(
                 Verdict.BLOCK,
-                ("POLICY_EVALUATION_ERROR",),
+                (Code.POLICY_EVALUATION_ERROR,),
                 rule.name,
                 (),
                 Stage.RULES,
@@ -483,7 +484,7 @@ def evaluate_policy(
             break
     tried = tuple(trials)
     if matched is None:
-        return Evaluation(Verdict.BLOCK, ("POLICY_NO_MATCH",), None, (), Stage.NO_MATCH, tried)
+        return Evaluation(Verdict.BLOCK, (Code.POLICY_NO_MATCH,), None, (), Stage.NO_MATCH, tried)
     reasons = (matched.reason_code or _DEFAULT_REASON[matched.verdict],)
     if matched.verdict is not Verdict.ESCALATE:
         return Evaluation(matched.verdict, reasons, matched.name, (), Stage.RULES, tried)
@@ -513,15 +514,15 @@ def _resolve_approval(
         or not request_id
         or approval.get("intent_hash") != intent.intent_hash
     ):
-        return Verdict.BLOCK, "APPROVAL_BINDING_MISMATCH"
+        return Verdict.BLOCK, Code.APPROVAL_BINDING_MISMATCH
     proposer_actor = (intent.binding.get("actor") or {}).get("id")
     if approver == principal.id or (
         approver_actor is not None and approver_actor in (proposer_actor, _actor_id(principal))
     ):
-        return Verdict.BLOCK, "SEPARATION_OF_DUTIES_VIOLATED"
+        return Verdict.BLOCK, Code.SEPARATION_OF_DUTIES_VIOLATED
     if decision == "DENY":
-        return Verdict.BLOCK, "APPROVAL_DENIED"
-    return Verdict.ALLOW, "APPROVED_BY_APPROVER"
+        return Verdict.BLOCK, Code.APPROVAL_DENIED
+    return Verdict.ALLOW, Code.APPROVED_BY_APPROVER
 
 
 def _check_parameters(action: CompiledAction, parameters: Mapping[str, Any]) -> str | None:
@@ -529,8 +530,8 @@ def _check_parameters(action: CompiledAction, parameters: Mapping[str, Any]) -> 
     try:
         valid = action.validator.is_valid(parameters)
     except Exception:  # an unresolvable $ref or a validator bug: refuse, never allow
-        return "POLICY_EVALUATION_ERROR"
-    return None if valid else "PARAMETERS_INVALID"
+        return Code.POLICY_EVALUATION_ERROR
+    return None if valid else Code.PARAMETERS_INVALID
 
 
 def _variables(intent: CapturedIntent, *, principal: Principal, now: float) -> dict[str, Any]:

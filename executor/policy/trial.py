@@ -366,7 +366,8 @@ def _compare(expect: Expectation, got: Evaluation) -> tuple[str, ...]:
         failures.append(f"verdict: expected {expect.verdict.value}, got {got.verdict.value}")
     if expect.reason_codes is not None and tuple(expect.reason_codes) != got.reason_codes:
         failures.append(
-            f"reasonCodes: expected {list(expect.reason_codes)}, got {list(got.reason_codes)}"
+            f"reasonCodes: expected {list(expect.reason_codes)}, "
+            f"got {[str(code) for code in got.reason_codes]}"
         )
     if expect.approvers is not None and tuple(expect.approvers) != got.approvers:
         failures.append(f"approvers: expected {list(expect.approvers)}, got {list(got.approvers)}")
@@ -387,7 +388,7 @@ def _because(evaluation: Evaluation) -> str:
         return "no rule's 'when' was true"
     if stage == "APPROVAL":
         return f"rule {evaluation.rule} escalated, and the approval evidence decided"
-    if evaluation.reason_codes == ("POLICY_EVALUATION_ERROR",):
+    if evaluation.reason_codes == (Code.POLICY_EVALUATION_ERROR,):
         return f"rule {evaluation.rule}'s 'when' failed to evaluate (fail closed)"
     return f"rule {evaluation.rule} is the first whose 'when' is true"
 

@@ -30,6 +30,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from ..lifecycle.reconcile import ResolutionStatus
 from .harness import ExecutorProcess, ProviderProcess, Workspace, free_port, wait_until
 
 __all__ = ["main", "run_demo"]
@@ -171,7 +172,7 @@ async def run_demo(
                     "RECONCILED_COMPLETED, not sent again",
                     ", ".join(str(r) for r in resolutions) or "no reconciliation",
                     count,
-                    "RECONCILED_COMPLETED" in resolutions and count == 2,
+                    ResolutionStatus.RECONCILED_COMPLETED in resolutions and count == 2,
                 )
             )
         _print_table(console, steps)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.dispatch.seam import Outcome
 from agentsafe.executor.door.door import (
     Door,
     LegacyCaller,
@@ -26,6 +27,7 @@ from agentsafe.executor.intent import (
     check_intent_owner,
     check_separation,
 )
+from agentsafe.executor.policy.policy import Verdict
 from agentsafe.executor.principals import Actor, Principal, Role, legacy_principal
 from agentsafe.executor.routes.refusals import status_of
 from agentsafe.executor.windows import DoorWindows, LockoutRule, RateRule
@@ -116,7 +118,7 @@ class World:
         jwks = tmp_path / "jwks.json"
         jwks.write_text(json.dumps({"keys": [self.signer.jwk()]}))
         self.security = MemorySink()
-        self.metrics = ExecutorMetrics()
+        self.metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
         self.refusals = 0
         self.windows = DoorWindows(
             clock=self.clock,

@@ -8,17 +8,19 @@ from pathlib import Path
 import pytest
 
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.dispatch.seam import Outcome
 from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.events import MemorySink
 from agentsafe.executor.host.halt import MAX_REASON_CHARS, HaltCause, HaltState
 from agentsafe.executor.host.metrics import ExecutorMetrics
+from agentsafe.executor.policy.policy import Verdict
 from agentsafe.executor.routes.refusals import status_of
 from agentsafe.executor.windows import RateRule
 
 
 def make(tmp_path: Path, **kw: object) -> tuple[HaltState, MemorySink, ExecutorMetrics]:
     security = MemorySink()
-    metrics = ExecutorMetrics()
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
     state = HaltState(
         clock=ManualClock(),
         security=security,

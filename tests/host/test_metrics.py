@@ -5,18 +5,23 @@ from __future__ import annotations
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from agentsafe.executor.dispatch.seam import Outcome
 from agentsafe.executor.host.metrics import ExecutorMetrics
+from agentsafe.executor.policy.policy import Verdict
 
 
 def test_two_instances_do_not_share_counts() -> None:
-    a, b = ExecutorMetrics(), ExecutorMetrics()
+    a, b = (
+        ExecutorMetrics(verdicts=Verdict, outcomes=Outcome),
+        ExecutorMetrics(verdicts=Verdict, outcomes=Outcome),
+    )
     a.proposals.inc(verdict="ALLOW")
     assert a.proposals.value(verdict="ALLOW") == 1
     assert b.proposals.value(verdict="ALLOW") == 0
 
 
 def test_unknown_label_values_collapse_to_other() -> None:
-    metrics = ExecutorMetrics()
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
     for i in range(100):
         metrics.door_refusals.inc(method="bearer", code=f"ATTACKER_{i}")
     metrics.door_refusals.inc(method="telepathy", code="AUTH_FAILED")
@@ -25,7 +30,7 @@ def test_unknown_label_values_collapse_to_other() -> None:
 
 
 def test_open_label_sets_are_capped() -> None:
-    metrics = ExecutorMetrics()
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
     for i in range(40):
         metrics.secret_rotations.inc(name=f"SECRET_{i}")
     metrics.secret_rotations.inc(name="has spaces and <html>")
@@ -34,7 +39,7 @@ def test_open_label_sets_are_capped() -> None:
 
 
 def test_label_names_are_fixed() -> None:
-    metrics = ExecutorMetrics()
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
     with pytest.raises(TypeError):
         metrics.halts.inc(cause="FILE", extra="x")
     with pytest.raises(TypeError):
@@ -42,7 +47,7 @@ def test_label_names_are_fixed() -> None:
 
 
 def test_render_is_parseable_openmetrics() -> None:
-    metrics = ExecutorMetrics()
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
     metrics.proposals.inc(verdict="BLOCK")
     metrics.executions.inc(outcome="COMPLETED")
     metrics.door_refusals.inc(method="workload", code="JWT_EXPIRED")
@@ -72,3 +77,27 @@ def test_render_is_parseable_openmetrics() -> None:
     assert samples[("agentsafe_principals_locked_total", ())] == 1
     assert samples[("agentsafe_tls_context_rotations_total", ())] == 1
     assert samples[("agentsafe_chained_lines_total", (("stream", "security"),))] == 1
+
+
+def test_proposal_and_execution_labels_are_the_verdicts_and_outcomes() -> None:
+    """The label sets come from policy.Verdict and seam.Outcome (passed in by assembly); the
+    exposed values stay exactly these."""
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
+    verdicts = ("ALLOW", "BLOCK", "ESCALATE")
+    outcomes = (
+        "COMPLETED",
+        "BLOCKED",
+        "FAILED_BEFORE_DISPATCH",
+        "UNKNOWN_AFTER_DISPATCH",
+        "DEFINITELY_NOT_EXECUTED",
+        "ESCALATE_PENDING",
+    )
+    for verdict in (*verdicts, "MAYBE"):
+        metrics.proposals.inc(verdict=verdict)
+    for outcome in (*outcomes, "OBSERVED"):
+        metrics.executions.inc(outcome=outcome)
+    assert all(metrics.proposals.value(verdict=v) == 1 for v in (*verdicts, "OTHER"))
+    assert all(metrics.executions.value(outcome=o) == 1 for o in (*outcomes, "OTHER"))
+    body, _ = metrics.render()
+    assert b'agentsafe_proposals_total{verdict="ALLOW"} 1.0' in body
+    assert b'agentsafe_executions_total{outcome="ESCALATE_PENDING"} 1.0' in body

@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.dispatch.seam import Outcome
 from agentsafe.executor.door.door import Door
 from agentsafe.executor.door.principals_file import parse_principals
 from agentsafe.executor.errors import ConfigError, RequestRejected
@@ -30,6 +31,7 @@ from agentsafe.executor.host.tlsctx import (
     peer_certificate_der,
     peer_san_uris,
 )
+from agentsafe.executor.policy.policy import Verdict
 from agentsafe.executor.principals import Role
 from agentsafe.executor.routes.refusals import status_of
 from agentsafe.executor.windows import DoorWindows
@@ -266,7 +268,7 @@ def test_fallback_key_file_is_removed(pki: Pki, tmp_path: Path,
 
 async def test_rotation_reaches_new_connections_and_spares_open_ones(pki: Pki) -> None:
     security = MemorySink()
-    metrics = ExecutorMetrics()
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
     tls = ReloadingTlsContext(settings(pki), security=security, metrics=metrics)
     assert not tls.maybe_reload()
     async with serve(tls.context) as port:
