@@ -43,7 +43,6 @@ hands its three faces to the authority, the pipeline, the ceilings and the journ
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import json
 import secrets
@@ -75,6 +74,7 @@ from .usestore import (
     _digest_or_store_error,
     _load_object,
     check_decidable,
+    consumption_token,
     decision_state,
     settles,
 )
@@ -256,16 +256,7 @@ class PostgresStore:
     def token(
         self, namespace: str, key: str, nonce: str, consumed_at: float, binding_digest: str
     ) -> str:
-        message = canonical_text(
-            {
-                "namespace": namespace,
-                "key": key,
-                "nonce": nonce,
-                "consumed_at": consumed_at,
-                "binding_digest": binding_digest,
-            }
-        ).encode()
-        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+        return consumption_token(self._secret, namespace, key, nonce, consumed_at, binding_digest)
 
     async def close(self) -> None:
         if self._closed:

@@ -84,6 +84,28 @@ _MAX_GROUP = 256
 """At most this many writes share one transaction, so a group never holds the lock for long."""
 
 
+def consumption_token(
+    secret: bytes,
+    namespace: str,
+    key: str,
+    nonce: str,
+    consumed_at: float,
+    binding_digest: str,
+) -> str:
+    """The HMAC that proves a consumption was recorded by a store holding ``secret``; every
+    store (SQLite here, PostgreSQL in :mod:`.pgstore`) computes it this one way."""
+    message = canonical_text(
+        {
+            "namespace": namespace,
+            "key": key,
+            "nonce": nonce,
+            "consumed_at": consumed_at,
+            "binding_digest": binding_digest,
+        }
+    ).encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
 class IdempotencyKind(StrEnum):
     NEW = "NEW"  # a record was created IN_PROGRESS and this call owns it
     IN_PROGRESS = "IN_PROGRESS"  # another request holds the key and has not finished
@@ -560,16 +582,7 @@ class SQLiteUseStore:
     def _token(
         self, namespace: str, key: str, nonce: str, consumed_at: float, binding_digest: str
     ) -> str:
-        message = canonical_text(
-            {
-                "namespace": namespace,
-                "key": key,
-                "nonce": nonce,
-                "consumed_at": consumed_at,
-                "binding_digest": binding_digest,
-            }
-        ).encode()
-        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()
+        return consumption_token(self._secret, namespace, key, nonce, consumed_at, binding_digest)
 
     # -- approvals -----------------------------------------------------------------------------
 
