@@ -356,6 +356,11 @@ class Code(StrEnum):
     ACTION_ALREADY_REGISTERED = "ACTION_ALREADY_REGISTERED", None, "an action is registered twice"
     NAME_INVALID = "NAME_INVALID", None, "an action name is not a short identifier"
     REGISTRY_SEALED = "REGISTRY_SEALED", 422, "the registry is sealed"
+    HANDLER_REGISTRATION_FAILED = (
+        "HANDLER_REGISTRATION_FAILED",
+        None,
+        "a registration function (EXECUTOR_HANDLERS) failed; the executor refuses to start",
+    )
     SCHEMA_INVALID = "SCHEMA_INVALID", None, "a parameter schema is not valid JSON Schema"
     SCHEMA_NOT_STRICT = "SCHEMA_NOT_STRICT", None, "a parameter schema is not strict"
     DISPATCH_REFUSED = "DISPATCH_REFUSED", None, "dispatch would not start"

@@ -236,6 +236,7 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_BIND_ADDRESS",
     "PORT",
     "EXECUTOR_INTENT_TTL_SECONDS",
+    "EXECUTOR_HANDLERS",
     "EXECUTOR_AUTHORITY_SIGNING_KEY",
     "EXECUTOR_AUTHORITY_SIGNING_KEY_FILE",
     # callers
@@ -559,6 +560,24 @@ _DOWNSTREAM_URLS: Final[Mapping[str, str | None]] = {
 }
 
 
+_HANDLER_REFERENCE: Final = re.compile(
+    r"^(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+    r"(?:\.[A-Za-z_][A-Za-z0-9_]*)*|[A-Za-z0-9][A-Za-z0-9_.-]{0,127})$"
+)
+
+
+def _parse_handler_references(value: str) -> tuple[str, ...]:
+    """``EXECUTOR_HANDLERS``: comma-separated ``module:function`` references or entry-point
+    names of the ``agentsafe.handlers`` group, each once (``dispatch/registration.py`` loads
+    them)."""
+    refs = tuple(part.strip() for part in value.split(","))
+    if any(not r or not _HANDLER_REFERENCE.match(r) for r in refs):
+        raise ValueError("must be comma-separated module:function references or entry-point names")
+    if len(set(refs)) != len(refs):
+        raise ValueError("names a registration twice")
+    return refs
+
+
 # --------------------------------------------------------------------------------------------
 # The model
 
@@ -585,6 +604,7 @@ class ExecutorConfig(BaseModel):
     executor_intent_ttl_seconds: int = Field(
         default=INTENT_TTL_SECONDS_DEFAULT, ge=1, le=INTENT_TTL_SECONDS_MAX
     )
+    executor_handlers: tuple[str, ...] | None = None
     executor_authority_signing_key: SecretSource = SecretSource("EXECUTOR_AUTHORITY_SIGNING_KEY")
 
     # callers
@@ -771,6 +791,15 @@ class ExecutorConfig(BaseModel):
             return _parse_ceilings(value)
         if isinstance(value, Mapping):
             _parse_ceilings(",".join(f"{k}:{v}" for k, v in value.items()))
+        return value
+
+    @field_validator("executor_handlers", mode="before")
+    @classmethod
+    def _handlers(cls, value: object) -> object:
+        if isinstance(value, str):
+            return _parse_handler_references(value)
+        if isinstance(value, list | tuple):
+            return _parse_handler_references(",".join(str(v) for v in value))
         return value
 
     @field_validator("downstream_spki_pins", mode="before")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,6 +124,8 @@ class Executor:
     shared: PostgresStore | None = None  # EXECUTOR_STORE_URL: the store every replica shares
     leases: LeaseKeeper | None = None
     store_health: StoreHealth = field(default_factory=StoreHealth)  # the WorkGate's too
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """What registration functions asked to close at stop (``seam.on_close``), run in reverse."""
     routes: tuple[Route, ...] = field(init=False)
     app: web.Application = field(init=False)
     reconciling: bool = True
@@ -420,6 +422,10 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        for close in reversed(self.closers):
+            with contextlib.suppress(Exception):
+                await close()
+        self.closers.clear()
         await self.transport.close()
         if self.journal is not None:
             await self.journal.close()
