@@ -185,10 +185,15 @@ ALLOWED: dict[str, Allowance] = {
         reason="`agentsafe demo`: drives loopback subprocesses as a caller would; not part of "
         "the executor process",
     ),
-    "executor/tools/approvals_cli.py": allow(
+    "executor/tools/selftest.py": allow(
         HTTP_CLIENT,
-        reason="a person's command line calling an executor's approval routes; runs in its "
-        "own short-lived process, not in the executor",
+        reason="`agentsafe test`: an agent calling a synthetic loopback target directly and "
+        "through an executor it assembles on loopback; a command of its own, never in serve",
+    ),
+    "executor/tools/remote.py": allow(
+        HTTP_CLIENT,
+        reason="a person's command line (agentsafe approvals, agentsafe status) calling an "
+        "executor's routes; runs in its own short-lived process, not in the executor",
     ),
     # -- the operator: its own process, which talks to the API server and to executors ----
     "operator/apply.py": allow(
@@ -307,7 +312,8 @@ OUTSIDE_THE_EXECUTOR = frozenset(
         "executor/tools/synthetic.py",
         "executor/tools/harness.py",
         "executor/tools/demo.py",
-        "executor/tools/approvals_cli.py",
+        "executor/tools/remote.py",
+        "executor/tools/selftest.py",
     }
 )
 """Modules of the executor package that never run inside ``agentsafe serve`` (checked below)."""

@@ -15,19 +15,15 @@ import argparse
 import asyncio
 import json
 import os
-import ssl
 import sys
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from .remote import CliError, Remote, refused
+
 __all__ = ["add_parser"]
-
-
-class CliError(Exception):
-    pass
 
 
 def add_parser(sub: Any) -> None:
@@ -64,51 +60,21 @@ def add_parser(sub: Any) -> None:
         decide.set_defaults(action=_run_decide, decision=decision)
 
 
-def _token(args: argparse.Namespace) -> str:
-    if args.token_file:
-        try:
-            return Path(args.token_file).read_text(encoding="utf-8").strip()
-        except OSError:
-            raise CliError(f"cannot read the token file {args.token_file}") from None
-    token = os.environ.get("AGENTSAFE_APPROVER_TOKEN")
-    if not token:
-        raise CliError("no credential: pass --token-file or set AGENTSAFE_APPROVER_TOKEN(_FILE)")
-    return token
-
-
-def _ssl(args: argparse.Namespace) -> ssl.SSLContext | None:
-    if not str(args.url).startswith("https://"):
-        return None
-    context = ssl.create_default_context(cafile=args.ca_file)
-    if args.cert:
-        context.load_cert_chain(args.cert, args.key)
-    return context
+def _remote(args: argparse.Namespace) -> Remote:
+    return Remote(
+        url=args.url,
+        token_file=args.token_file,
+        token_variable="AGENTSAFE_APPROVER_TOKEN",
+        ca_file=args.ca_file,
+        cert=args.cert,
+        key=args.key,
+    )
 
 
 async def _request(
     args: argparse.Namespace, method: str, path: str, body: Any = None
 ) -> tuple[int, Any]:
-    import aiohttp  # the server's client library, only when a request is made
-
-    if not args.url:
-        raise CliError("no executor: pass --url or set AGENTSAFE_EXECUTOR_URL")
-    headers = {"authorization": f"Bearer {_token(args)}"}
-    connector = aiohttp.TCPConnector(ssl=_ssl(args) or False)
-    try:
-        async with (
-            aiohttp.ClientSession(connector=connector) as session,
-            session.request(
-                method, str(args.url).rstrip("/") + path, json=body, headers=headers
-            ) as response,
-        ):
-            return response.status, await response.json(content_type=None)
-    except aiohttp.ClientError as exc:
-        raise CliError(f"cannot reach the executor: {type(exc).__name__}") from None
-
-
-def _refused(status: int, payload: Any) -> CliError:
-    error = payload.get("error", {}) if isinstance(payload, dict) else {}
-    return CliError(f"refused ({status} {error.get('code', '?')}): {error.get('message', '')}")
+    return await _remote(args).request(method, path, body)
 
 
 def _show(console: Console, item: dict[str, Any]) -> None:
@@ -126,7 +92,7 @@ def _show(console: Console, item: dict[str, Any]) -> None:
 def _run_list(args: argparse.Namespace, console: Console) -> int:
     status, payload = asyncio.run(_request(args, "GET", f"/v1/approvals?state={args.state}"))
     if status != 200:
-        raise _refused(status, payload)
+        raise refused(status, payload)
     items = payload["approvals"]
     if args.json:
         sys.stdout.write(json.dumps(items, indent=2) + "\n")
@@ -151,7 +117,7 @@ def _run_list(args: argparse.Namespace, console: Console) -> int:
 def _run_decide(args: argparse.Namespace, console: Console) -> int:
     status, item = asyncio.run(_request(args, "GET", f"/v1/approvals/{args.request_id}"))
     if status != 200:
-        raise _refused(status, item)
+        raise refused(status, item)
     _show(console, item)
     if not args.yes:
         if not sys.stdin.isatty() and not sys.stdin.readable():
@@ -170,7 +136,7 @@ def _run_decide(args: argparse.Namespace, console: Console) -> int:
         )
     )
     if status != 200:
-        raise _refused(status, decided)
+        raise refused(status, decided)
     console.print(f"[green]{decided['state']}[/green] by {decided['decided_by']}")
     return 0
 
