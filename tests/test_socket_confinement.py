@@ -185,6 +185,11 @@ ALLOWED: dict[str, Allowance] = {
         reason="`agentsafe demo`: drives loopback subprocesses as a caller would; not part of "
         "the executor process",
     ),
+    "executor/client/_client.py": allow(
+        HTTP_CLIENT,
+        reason="agentsafe.client: the agent-side library an agent host imports to call the "
+        "executor; its own package (pyproject package-dir), never imported by the server",
+    ),
     "executor/tools/selftest.py": allow(
         HTTP_CLIENT,
         reason="`agentsafe test`: an agent calling a synthetic loopback target directly and "
@@ -314,6 +319,7 @@ OUTSIDE_THE_EXECUTOR = frozenset(
         "executor/tools/demo.py",
         "executor/tools/remote.py",
         "executor/tools/selftest.py",
+        "executor/client/_client.py",
     }
 )
 """Modules of the executor package that never run inside ``agentsafe serve`` (checked below)."""
