@@ -199,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_test(sub)
 
+    from .tools.mcp_bridge import add_parser as add_mcp
+
+    add_mcp(sub)
+
     for ep in entry_points(group="agentsafe.commands"):
         register: Callable[[Any], None] = ep.load()
         register(sub)

@@ -185,6 +185,10 @@ class Executor:
             out["shadow_report"] = self.shadow.as_dict()
         return out
 
+    def action_catalog(self, principal: Principal) -> list[dict[str, Any]]:
+        """``GET /v1/actions``: what ``principal`` may propose here (``lifecycle/catalog.py``)."""
+        return PolicyCatalog(self.policy, self.registry).describe(principal)
+
     async def open_attempts(self) -> list[dict[str, Any]]:
         if self.journal is None:
             return []

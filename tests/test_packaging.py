@@ -62,3 +62,18 @@ def test_the_client_imports_in_an_installed_environment(tmp_path: Path) -> None:
         "'agentsafe.operator'))], sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+
+
+def test_the_server_reaches_the_client_only_by_its_own_name() -> None:
+    """executor/client is also reachable as agentsafe.executor.client on disk; importing it by
+    that name (``from ..client``) would load a second copy with distinct classes."""
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "executor").rglob("*.py")
+        if "client" not in path.relative_to(REPO / "executor").parts[:1]
+        and any(
+            marker in path.read_text(encoding="utf-8")
+            for marker in ("from ..client", "from .client", "agentsafe.executor.client")
+        )
+    ]
+    assert offenders == []

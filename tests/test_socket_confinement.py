@@ -28,7 +28,7 @@ The kinds of use, each matched by the names below wherever they appear in a modu
 * ``connect``: asyncio's and the loop's connection calls (``open_connection``,
   ``create_connection``, ``sock_connect``, their Unix and datagram forms).
 * ``listen``: opening a listening socket (``start_server``, ``create_server``, aiohttp's
-  ``TCPSite``/``UnixSite``/``SockSite``, ``run_app``).
+  ``TCPSite``/``UnixSite``/``SockSite``, ``run_app``, importing ``uvicorn``).
 * ``resolve``: name resolution, which is egress too (``getaddrinfo``, ``gethostbyname``...,
   aiohttp's concrete resolvers).
 * ``kube``: a Kubernetes client library (``kopf``, ``kubernetes``, ``kubernetes_asyncio``); the
@@ -74,6 +74,7 @@ _MODULES: dict[str, str] = {
     "websockets": HTTP_CLIENT,
     "aiohttp.client": HTTP_CLIENT,
     "aiohttp.connector": HTTP_CLIENT,
+    "uvicorn": LISTEN,
     "kopf": KUBE,
     "kubernetes": KUBE,
     "kubernetes_asyncio": KUBE,
@@ -189,6 +190,11 @@ ALLOWED: dict[str, Allowance] = {
         HTTP_CLIENT,
         reason="agentsafe.client: the agent-side library an agent host imports to call the "
         "executor; its own package (pyproject package-dir), never imported by the server",
+    ),
+    "executor/tools/mcp_bridge.py": allow(
+        LISTEN,
+        reason="`agentsafe mcp --transport http`: the MCP bridge's own listener (uvicorn), its "
+        "own process in front of an executor; every call goes out through agentsafe.client",
     ),
     "executor/tools/selftest.py": allow(
         HTTP_CLIENT,
@@ -319,6 +325,7 @@ OUTSIDE_THE_EXECUTOR = frozenset(
         "executor/tools/demo.py",
         "executor/tools/remote.py",
         "executor/tools/selftest.py",
+        "executor/tools/mcp_bridge.py",
         "executor/client/_client.py",
     }
 )

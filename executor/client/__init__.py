@@ -19,7 +19,8 @@ on ``409 IDEMPOTENCY_IN_PROGRESS`` (the first attempt with this key is still run
 off and asks again; on a ``503`` with ``Retry-After`` (halted, the store unavailable) it waits
 as long as the executor asks, up to ``max_wait`` seconds in all; a connection that fails before
 an answer is retried with the same key. Answers are typed (:class:`Decision`, with
-:class:`Verdict` and :class:`Outcome`).
+:class:`Verdict` and :class:`Outcome`); :meth:`AgentSafeClient.actions` lists what the caller may
+propose (:class:`ActionInfo`).
 
 Exceptions, one root (:class:`AgentSafeClientError`)::
 
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 from ._client import AgentSafeClient
 from ._models import (
+    ActionInfo,
     AgentSafeClientError,
     Decision,
     Outcome,
@@ -48,6 +50,7 @@ from ._models import (
 )
 
 __all__ = [
+    "ActionInfo",
     "AgentSafeClient",
     "AgentSafeClientError",
     "Decision",

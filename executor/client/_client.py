@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from ._models import Decision, Refused, Unavailable
+from ._models import ActionInfo, Decision, Refused, Unavailable
 
 __all__ = ["AgentSafeClient"]
 
@@ -135,6 +135,21 @@ class AgentSafeClient:
         """``POST /v1/escalations`` with the escalation object: still pending, refused, or (once
         a person approved) executed once."""
         return await self._call("/v1/escalations", {"escalation": dict(escalation)})
+
+    async def actions(self) -> list[ActionInfo]:
+        """``GET /v1/actions``: the actions this caller may propose, with their schemas."""
+        try:
+            async with self._open().get(self._url + "/v1/actions", headers=self._headers) as r:
+                answer: Any = await r.json(content_type=None)
+                status = r.status
+        except (TimeoutError, aiohttp.ClientConnectionError):
+            raise Unavailable("the executor could not be reached", idempotency_key=None) from None
+        except ValueError:
+            raise Refused(0, "RESPONSE_INVALID", "the executor's answer is not JSON") from None
+        if status != 200 or not isinstance(answer, dict):
+            error = answer.get("error", {}) if isinstance(answer, dict) else {}
+            raise Refused(status, str(error.get("code")), str(error.get("message", "")))
+        return [ActionInfo.from_wire(entry) for entry in answer.get("actions", [])]
 
     # ------------------------------------------------------------------ the loop
 

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "ActionInfo",
     "AgentSafeClientError",
     "Decision",
     "Outcome",
@@ -111,6 +112,25 @@ class Decision:
         """One line a model can read: the verdict, the outcome and the reasons."""
         reasons = f" ({', '.join(self.reason_codes)})" if self.reason_codes else ""
         return f"{self.verdict}: {self.outcome}{reasons}"
+
+
+@dataclass(frozen=True)
+class ActionInfo:
+    """One action the caller may propose (``GET /v1/actions``)."""
+
+    name: str
+    parameters: Mapping[str, Any]
+    destructive: bool
+    description: str | None = None
+
+    @classmethod
+    def from_wire(cls, entry: Mapping[str, Any]) -> ActionInfo:
+        return cls(
+            name=str(entry["name"]),
+            parameters=dict(entry.get("parameters") or {}),
+            destructive=entry.get("destructive") is not False,
+            description=entry.get("description"),
+        )
 
 
 class AgentSafeClientError(Exception):

@@ -48,6 +48,8 @@ class LedgerNoteHandler:
     """POST one note to the downstream; reconcile by idempotency key, read-only."""
 
     parameters_schema = NOTE_SCHEMA
+    description = "Append a note to a ledger account (adds, never changes or removes)."
+    destructive = False  # additive: GET /v1/actions (and agentsafe mcp) say so
 
     def __init__(self, seam: Seam) -> None:
         self._seam = seam
