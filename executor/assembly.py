@@ -30,6 +30,7 @@ from .dispatch.registration import (
     Downstream,
     EffectRegister,
     PlanRegistrar,
+    Registration,
     Seam,
     load_registrations,
     run_registrations,
@@ -284,6 +285,8 @@ def build_tls(
 def _forward_schema(document: PolicyDocument) -> dict[str, Any]:
     """The forward handler accepts exactly what the policy's actions it runs accept."""
     schemas = [dict(a.parameters) for a in document.actions if a.handler == "forward_request"]
+    if not schemas:  # no action runs it (agentsafe proxy's policy): it accepts nothing
+        return {"type": "object", "additionalProperties": False, "maxProperties": 0}
     if len(schemas) == 1:
         return schemas[0]
     return {"type": "object", "anyOf": schemas}
@@ -297,6 +300,7 @@ async def assemble(
     guard: Guard | None = None,
     chain: tuple[TextIO | LineWriter, TextIO | LineWriter] | None = None,
     plan_executors: Sequence[StepExecutor] = (),
+    registrations: Sequence[tuple[str, Registration]] = (),
 ) -> Executor:
     """Build an executor from ``environ`` in the start order; raises on any refusal.
 
@@ -305,7 +309,9 @@ async def assemble(
     :class:`DeferredSink` that hold what start-up says until the chain is open.
 
     ``plan_executors`` are the host's step executors for the plan routes (each bound to one tool
-    and effect); the routes exist when the policy has a ``plans`` section.
+    and effect); the routes exist when the policy has a ``plans`` section. ``registrations`` run
+    against the seam before those ``EXECUTOR_HANDLERS`` names (``proxy.py`` registers the
+    gateway's handler this way).
     """
     config = load_config(environ)
     streams = streams or Streams.standard()
@@ -449,7 +455,9 @@ async def assemble(
             closers=closers,
         )
         registered_steps = await run_registrations(
-            load_registrations(config.executor_handlers), seam, security=streams.security
+            [*registrations, *load_registrations(config.executor_handlers)],
+            seam,
+            security=streams.security,
         )
         registry.seal()
         plan_executors = (*plan_executors, *registered_steps)

@@ -203,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_mcp(sub)
 
+    from .proxy import add_parser as add_proxy
+
+    add_proxy(sub)
+
     for ep in entry_points(group="agentsafe.commands"):
         register: Callable[[Any], None] = ep.load()
         register(sub)

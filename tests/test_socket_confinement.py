@@ -163,6 +163,11 @@ ALLOWED: dict[str, Allowance] = {
         DATABASE,
         reason="the shared store's migrations, run on a connection pgstore.py opened",
     ),
+    "executor/proxy.py": allow(
+        LISTEN,
+        reason="`agentsafe proxy`: the gateway's listener (server side, accepts only); every "
+        "outbound request goes through the guarded client",
+    ),
     "executor/plane.py": allow(
         LISTEN,
         reason="the executor's listener (server side, accepts only; no outbound connection)",
