@@ -14,8 +14,10 @@ loopback and says so on every line it prints. The gateway proposes as the legacy
 
 Output: one line per request on standard output; the chained evidence and security streams go
 to ``gateway-evidence.jsonl`` and ``gateway-security.jsonl`` in the journal directory (the state
-directory without one). SIGTERM or Ctrl-C stops it; in shadow it then prints the shadow report,
-ending with the switch that turns enforcement on (``--enforce`` for the demo).
+directory without one). The process guard (``host/audithook.py``) is installed as ``serve``
+installs it, and the posture is checked with its self-test. SIGTERM or Ctrl-C stops it; in
+shadow it then prints the shadow report, ending with the switch that turns enforcement on
+(``--enforce`` for the demo).
 
 Callers: ``cli.py``.
 """
@@ -44,6 +46,7 @@ from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, Streams
 from .gateway.demo import BANNER, demo_environment
 from .gateway.forward import HANDLER, Exchanges, GatewayForwardHandler
 from .gateway.listener import Gateway, GatewayServer
+from .host.audithook import Guard, install_guard
 from .plane import Executor
 
 __all__ = ["add_parser", "main"]
@@ -125,6 +128,7 @@ async def run(
     demo: bool,
     streams_dir: Path,
     outputs: tuple[TextIO, TextIO],
+    guard: Guard | None = None,
 ) -> int:
     prefix = BANNER if demo else ""
 
@@ -141,6 +145,7 @@ async def run(
             env,
             streams=Streams(evidence=evidence, security=security),
             chain=(evidence_out, security_out),
+            guard=guard,
             registrations=[("gateway", _register(exchanges, config.downstream_timeout_ms))],
         )
     except BaseException:
@@ -199,6 +204,15 @@ def main(args: argparse.Namespace) -> int:
             env, demo = _environment(args, os.environ, Path(tmp))
             config = load_config(env)
             streams_dir = Path(config.executor_journal_dir or config.executor_state_dir or tmp)
+            writable = [Path(tmp), streams_dir]
+            writable += [
+                Path(d)
+                for d in (config.executor_state_dir, config.executor_evidence_dir)
+                if d is not None
+            ]
+            # The same process guard as serve: no egress outside the guarded client, no child
+            # processes, no writes outside these directories (host/audithook.py).
+            guard = install_guard(writable_dirs=writable)
             with (
                 open(streams_dir / "gateway-evidence.jsonl", "a", encoding="utf-8") as evidence,
                 open(streams_dir / "gateway-security.jsonl", "a", encoding="utf-8") as security,
@@ -210,6 +224,7 @@ def main(args: argparse.Namespace) -> int:
                         demo=demo,
                         streams_dir=streams_dir,
                         outputs=(evidence, security),
+                        guard=guard,
                     )
                 )
     except ConfigError as exc:
