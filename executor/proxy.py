@@ -17,7 +17,9 @@ to ``gateway-evidence.jsonl`` and ``gateway-security.jsonl`` in the journal dire
 directory without one). The process guard (``host/audithook.py``) is installed as ``serve``
 installs it, and the posture is checked with its self-test. SIGTERM or Ctrl-C stops it; in
 shadow it then prints the shadow report, ending with the switch that turns enforcement on
-(``--enforce`` for the demo).
+(``--enforce`` for the demo). With ``--serve-routes`` (configured only) the executor's own routes
+are served as well on ``EXECUTOR_BIND_ADDRESS:PORT``, so ``agentsafe status`` asks a running
+gateway what it is doing, its shadow report included.
 
 Callers: ``cli.py``.
 """
@@ -71,6 +73,12 @@ def add_parser(sub: Any) -> None:
         help="demo only: enforce instead of shadow (configured: set EXECUTOR_MODE)",
     )
     parser.add_argument("--principal", help="the PROPOSER the gateway proposes as (principals)")
+    parser.add_argument(
+        "--serve-routes",
+        action="store_true",
+        help="configured only: also serve the executor's routes (control, status) on "
+        "EXECUTOR_BIND_ADDRESS:PORT, so agentsafe status can ask this gateway",
+    )
     parser.set_defaults(run=main)
 
 
@@ -169,6 +177,12 @@ async def run(
             log=say,
         )
         await executor.reconcile_at_start()
+        if args.serve_routes:
+            if demo:
+                raise ConfigError("--serve-routes", "needs a configuration (principals)")
+            await executor.listen()
+            where = f"{config.executor_bind_address}:{executor.port}"
+            say(f"executor routes (control, status) on {where}")
         runner = web.ServerRunner(GatewayServer(gateway.handle), handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, args.host, args.port)

@@ -341,3 +341,98 @@ async def test_an_unreachable_authority_is_its_own_state_never_a_verdict(
     finally:
         await runner.cleanup()
         await executor.close()
+
+
+async def test_a_configured_gateway_answers_agentsafe_status_with_its_shadow_report(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    import yaml
+
+    from agentsafe.executor.gateway.demo import DEMO_POLICY
+    from agentsafe.executor.tools.harness import Workspace
+    from tests.integration.bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
+
+    policy = tmp_path / "gateway-policy.yaml"
+    policy.write_text(DEMO_POLICY)
+    assert "http_request" in yaml.safe_load(DEMO_POLICY)["actions"][0]["name"]
+    principals = BearerPrincipals()
+    document = principals.document()
+    document["principals"][0]["allowed_actions"] = ["http_request"]
+    principals_file = tmp_path / "principals.json"
+    principals_file.write_text(json.dumps(document))
+    principals_file.chmod(0o600)
+    control_port = free_port()
+    env = principals_env(
+        Workspace(tmp_path / "ws").environment(
+            provider_url=upstream.url, port=control_port, mode="SHADOW", policy_file=policy
+        ),
+        principals_file,
+    )
+    env["DOWNSTREAM_URL"] = upstream.url
+    env.pop("DOWNSTREAM_LOOKUP_URL")
+    port = free_port()
+    out = tmp_path / "gateway.out"
+    with out.open("wb") as stdout, (tmp_path / "gateway.err").open("wb") as stderr:
+        process = subprocess.Popen(
+            [
+                AGENTSAFE,
+                "proxy",
+                "--upstream",
+                upstream.url,
+                "--port",
+                str(port),
+                "--principal",
+                "treasury-workflow",
+                "--serve-routes",
+            ],
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            cwd=tmp_path,
+        )
+    try:
+
+        async def ready() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError((tmp_path / "gateway.err").read_text())
+            try:
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.get(f"http://127.0.0.1:{control_port}/ready") as r,
+                ):
+                    return r.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(ready, timeout=60, what="the configured gateway")
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"http://127.0.0.1:{port}/pay", json={"amountMinor": 900000}) as r,
+        ):
+            assert r.headers["x-agentsafe-shadow-verdict"] == "BLOCK"
+            assert r.headers["x-agentsafe-authority"] == "local"
+        token_file = tmp_path / "operator-token"
+        token_file.write_text(principals.token(OPERATOR_ID))
+        status = subprocess.run(
+            [
+                AGENTSAFE,
+                "status",
+                "--url",
+                f"http://127.0.0.1:{control_port}",
+                "--token-file",
+                str(token_file),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert status.returncode == 0, status.stderr
+        assert "mode          SHADOW" in status.stdout
+        row = next(line for line in status.stdout.splitlines() if line.startswith("http_request"))
+        assert row.split()[1:3] == ["0", "1"]
+        assert "EXECUTOR_MODE=ENFORCEMENT" in status.stdout
+        assert not any(line.startswith(BANNER) for line in out.read_text().splitlines())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
