@@ -203,3 +203,50 @@ async def test_a_policy_naming_an_unregistered_handler_still_refuses(tmp_path: P
     env = _env(tmp_path, "http://127.0.0.1:9", None)
     with pytest.raises(AgentSafeError):
         await assemble(env, streams=Streams(evidence=MemorySink(), security=MemorySink()))
+
+
+MCP_SERVER = Path(__file__).parents[1] / "plans" / "mcp_incidents_server.py"
+
+
+async def register_mcp_tool(seam: Seam) -> None:
+    """A registration that binds a read-only tool of a real MCP server (stdio) for the plan
+    routes, and closes its session when the executor stops."""
+    import contextlib
+    import sys
+
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    stack = contextlib.AsyncExitStack()
+    params = StdioServerParameters(command=sys.executable, args=[str(MCP_SERVER)])
+    read, write = await stack.enter_async_context(stdio_client(params))
+    session = await stack.enter_async_context(ClientSession(read, write))
+    await session.initialize()
+    seam.on_close(stack.aclose)
+    await seam.plans.register_mcp_read_tool(
+        session, tool_name="list_incidents", tool="query", count_rows=lambda r: len(r["rows"])
+    )
+
+
+async def test_a_read_only_mcp_tool_is_configured_the_same_way(tmp_path: Path) -> None:
+    import json
+
+    import yaml
+
+    from tests.plans import support as s
+
+    document = yaml.safe_load(POLICY)
+    document["plans"] = s.policy()
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(document))
+    ws = Workspace(tmp_path / "ws")
+    env = ws.environment(provider_url="http://127.0.0.1:9", port=free_port(), policy_file=policy)
+    env["EXECUTOR_HANDLERS"] = f"{HERE}:register_stamp,{HERE}:register_mcp_tool"
+    executor = await assemble(env, streams=Streams(evidence=MemorySink(), security=MemorySink()))
+    try:
+        assert executor.plans is not None
+        bound = executor.plans._executors.get("query", "read")
+        assert bound is not None
+        assert type(bound).__name__ == "McpReadExecutor"
+    finally:
+        await executor.close()
