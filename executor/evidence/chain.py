@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import math
@@ -265,7 +266,7 @@ class ChainedSink:
             entries = sorted((*self._window, *self._routine))
             head = self._head
         elided: list[tuple[int, int]] = []
-        for (before, _), (after, _) in zip(entries, entries[1:], strict=False):
+        for (before, _), (after, _) in itertools.pairwise(entries):
             if after > before + 1:
                 elided.append((before + 1, after - 1))
         return ChainSnapshot(tuple(text for _, text in entries), head, tuple(elided))
