@@ -27,6 +27,7 @@ from .dispatch.forward import ForwardRequestHandler
 from .dispatch.seam import Outcome, Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
+from .door.refusal_lines import RefusalEvent
 from .door.workload import JwksSource, WorkloadVerifier
 from .egress.credentials import (
     DownstreamCredential,
@@ -384,6 +385,7 @@ async def assemble(
                 checkpoint_lines=config.executor_audit_checkpoint_lines,
                 window_lines=config.executor_evidence_window_lines,
                 redactor=redactor,
+                routine_security_events=frozenset(RefusalEvent),
             )
             _count_chained(chained, metrics)
             for deferred, sink, name in (

@@ -13,23 +13,34 @@ number of kinds, never by the number of requests; the metrics still count every 
 A closed interval is written out by the next refusal, by :meth:`RefusalLines.flush` (the control
 plane calls it every few seconds and before an evidence export), and at shutdown.
 
-Callers: ``door/door.py``.
+Callers: ``door/door.py``; ``assembly.py`` (hands :class:`RefusalEvent` to the chained streams).
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from enum import StrEnum
 
 from ..clock import Clock
 from ..codes import Code
 from ..events import EventSink
 
-__all__ = ["BURST", "INTERVAL_SECONDS", "REPEATED_EVENT", "RefusalLines"]
+__all__ = ["BURST", "INTERVAL_SECONDS", "REPEATED_EVENT", "RefusalEvent", "RefusalLines"]
 
 BURST = 10
 INTERVAL_SECONDS = 10.0
-REPEATED_EVENT = "AUTH_FAILED_REPEATED"
+
+
+class RefusalEvent(StrEnum):
+    """The security lines the door writes for refusals; anyone who reaches the listener can
+    cause them, so the evidence window keeps them apart (``evidence/chain.py``)."""
+
+    AUTH_FAILED = "AUTH_FAILED"
+    AUTH_FAILED_REPEATED = "AUTH_FAILED_REPEATED"
+
+
+REPEATED_EVENT = RefusalEvent.AUTH_FAILED_REPEATED
 _MAX_KINDS = 256
 
 
@@ -76,7 +87,7 @@ class RefusalLines:
                 kind.withheld += 1
         self._write_summaries(closed)
         if write:
-            self._security.emit("AUTH_FAILED", {"method": method, "code": code})
+            self._security.emit(RefusalEvent.AUTH_FAILED, {"method": method, "code": code})
 
     def flush(self, *, everything: bool = False) -> None:
         """Write the summary of every closed interval (of every interval with ``everything``)."""

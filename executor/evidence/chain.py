@@ -23,7 +23,8 @@ head, so that bound holds even when a checkpoint fails (the sink then refuses to
 
 The window an incident bundle carries (:meth:`ChainedSink.snapshot`) keeps the last
 ``window_lines`` lines of two kinds apart: *routine* lines (on the security stream the door's
-refusals, :data:`ROUTINE_SECURITY_EVENTS`, which anyone who reaches the listener can cause) and
+refusals, which anyone who reaches the listener can cause; ``assembly.py`` names them from
+``door/refusal_lines.py``) and
 everything else (an operator's ``HALTED``, a ``PRINCIPAL_LOCKED``, a posture drift). A flood of
 refusals pushes out only older refusals, never the lines an incident is read by; the snapshot
 names the sequence ranges it leaves out between its lines (``elided``), and the bundle's
@@ -66,7 +67,6 @@ __all__ = [
     "GENESIS_HASH",
     "LEAK_SUSPECTED",
     "RESERVED_FIELDS",
-    "ROUTINE_SECURITY_EVENTS",
     "ChainError",
     "ChainHead",
     "ChainSnapshot",
@@ -79,9 +79,6 @@ __all__ = [
 ]
 
 CHAIN_RESUMED = "CHAIN_RESUMED"
-#: The security lines anyone who reaches the listener can cause (the door's refusals): in the
-#: window they only ever push out each other, never an operator's or a security line.
-ROUTINE_SECURITY_EVENTS = frozenset({"AUTH_FAILED", "AUTH_FAILED_REPEATED"})
 LEAK_SUSPECTED = "LEAK_SUSPECTED"
 DEFAULT_CHECKPOINT_LINES = 100
 DEFAULT_WINDOW_LINES = 5000
@@ -580,8 +577,12 @@ def open_chained_streams(
     checkpoint_lines: int = DEFAULT_CHECKPOINT_LINES,
     window_lines: int = DEFAULT_WINDOW_LINES,
     redactor: Redactor | None = None,
+    routine_security_events: frozenset[str] = frozenset(),
 ) -> ChainedStreams:
-    """Open (or resume) both streams; the security stream also records evidence's resumption."""
+    """Open (or resume) both streams; the security stream also records evidence's resumption.
+
+    ``routine_security_events`` are the security lines anyone who reaches the listener can
+    cause (the door's refusals): in the window they only ever push out each other."""
     security = ChainedSink(
         security_out,
         stream="security",
@@ -591,7 +592,7 @@ def open_chained_streams(
         checkpoint_lines=checkpoint_lines,
         window_lines=window_lines,
         redactor=redactor,
-        routine_events=ROUTINE_SECURITY_EVENTS,
+        routine_events=routine_security_events,
     )
     try:
         evidence = ChainedSink(

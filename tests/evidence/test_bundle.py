@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agentsafe.executor.canonical import sha256_digest
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.door.refusal_lines import RefusalEvent
 from agentsafe.executor.evidence import bundle as b
 from agentsafe.executor.evidence.chain import ChainedStreams, open_chained_streams
 from agentsafe.executor.evidence.redact import Redactor
@@ -294,8 +295,9 @@ def test_cli_reads_the_key_from_the_environment(
 def flooded_streams(clock: ManualClock) -> ChainedStreams:
     """An operator's halt, then a flood of door refusals ten times the window."""
     streams = open_chained_streams(
-        evidence_out=io.StringIO(), security_out=io.StringIO(), clock=clock, window_lines=100
-    )
+        evidence_out=io.StringIO(), security_out=io.StringIO(), clock=clock, window_lines=100,
+        routine_security_events=frozenset(RefusalEvent),
+    )  # fmt: skip
     streams.security.emit("PRINCIPAL_LOCKED", {"principal": "agent", "lock_seconds": 300})
     streams.security.emit("HALTED", {"cause": "OPERATOR", "reason": "incident 42"})
     for _ in range(1000):
