@@ -37,7 +37,13 @@ import aiohttp
 import pytest
 
 from agentsafe.executor.door.refusal_lines import BURST
-from agentsafe.executor.tools.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
+from agentsafe.executor.tools.harness import (
+    ExecutorProcess,
+    ProviderProcess,
+    Workspace,
+    free_port,
+    wait_until,
+)
 from tests.support.pki import TokenSigner
 
 from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
@@ -117,6 +123,8 @@ async def serve(
     *,
     env: dict[str, str] | None = None,
     workloads: bool = False,
+    plain_jwks: bool = False,
+    start: bool = True,
     extra_principals: list[dict[str, Any]] | None = None,
 ) -> AsyncIterator[Target]:
     provider = ProviderProcess(tmp_path)
@@ -129,10 +137,13 @@ async def serve(
     if workloads:
         signers = {"a": TokenSigner("ES256", kid="a-1"), "b": TokenSigner("ES256", kid="b-1")}
         jwks = tmp_path / "jwks.json"
-        jwks.write_text(json.dumps({"issuers": [
-            {"issuer": ISSUER_A, "keys": [signers["a"].jwk()]},
-            {"issuer": ISSUER_B, "keys": [signers["b"].jwk()]},
-        ]}))  # fmt: skip
+        if plain_jwks:  # one set holding both clusters' keys, bound to no issuer
+            jwks.write_text(json.dumps({"keys": [signers["a"].jwk(), signers["b"].jwk()]}))
+        else:
+            jwks.write_text(json.dumps({"issuers": [
+                {"issuer": ISSUER_A, "keys": [signers["a"].jwk()]},
+                {"issuer": ISSUER_B, "keys": [signers["b"].jwk()]},
+            ]}))  # fmt: skip
         for pid, issuer in (("workload-a", ISSUER_A), ("workload-b", ISSUER_B)):
             document["principals"].append({
                 "id": pid,
@@ -157,7 +168,8 @@ async def serve(
     executor = ExecutorProcess(environment, tmp_path)
     target = Target(executor, principals, workspace, signers)
     try:
-        await executor.start()
+        if start:
+            await executor.start()
         yield target
     finally:
         for session in target.sessions.values():
@@ -348,6 +360,24 @@ async def test_workload_tokens_bind_keys_to_issuers_and_refuse_constants(tmp_pat
         lying = workload_claims(**{"kubernetes.io": {"namespace": "default"},
                                    "kubernetes.io/namespace": "agents"})  # fmt: skip
         assert await propose(a.sign(lying), "wl-l") == (401, "JWT_CLAIM_MISMATCH")
+
+
+async def test_a_key_set_bound_to_no_issuer_is_refused_at_start(tmp_path: Path) -> None:
+    """One plain JWKS with the keys of two clusters whose principals name two issuers: which
+    issuer a key speaks for is unknown, so B's key could verify a token claiming A. Refused."""
+    async with serve(tmp_path, workloads=True, plain_jwks=True, start=False) as target:
+        target.executor.spawn()
+        popen = target.executor.process
+        assert popen is not None
+
+        async def exited() -> bool:
+            return popen.poll() is not None
+
+        await wait_until(exited, timeout=60, what="the executor to refuse to start")
+        assert target.executor.terminate() == 78
+        refusal = target.executor.stderr_path.read_text()
+        assert "JWKS_INVALID" in refusal
+        assert "EXECUTOR_JWKS_FILE" in refusal
 
 
 async def test_a_stranger_replaying_a_token_for_another_audience_cannot_lock_it_out(
