@@ -25,7 +25,9 @@ from agentsafe.executor.tools.harness import (
 )
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 
-from .bearer_principals import BearerPrincipals, principals_env
+from tests.support.approval_policy import approval_policy
+
+from .bearer_principals import APPROVERS_OPERATOR_ID, BearerPrincipals, principals_env
 
 PROPOSER, APPROVER, OTHER_APPROVER, OPERATOR = (
     "treasury-workflow",
@@ -33,6 +35,7 @@ PROPOSER, APPROVER, OTHER_APPROVER, OPERATOR = (
     "risk-officer",
     "ops-oncall",
 )
+APPROVERS_OPERATOR = APPROVERS_OPERATOR_ID
 
 
 @dataclass
@@ -73,10 +76,13 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Start, SyntheticProvider]]
     await provider.start()
     started: list[Node] = []
 
-    async def start(clock: Clock | None = None) -> Node:
-        principals = BearerPrincipals()
+    async def start(clock: Clock | None = None, verification: str | None = None) -> Node:
+        principals = BearerPrincipals(approvers_operator=True)
         workspace = Workspace(tmp_path / f"ws{len(started)}")
-        env = workspace.environment(provider_url=provider.base_url, port=free_port())
+        policy = approval_policy(tmp_path / f"policy{len(started)}.yaml", verification)
+        env = workspace.environment(
+            provider_url=provider.base_url, port=free_port(), policy_file=policy
+        )
         env = principals_env(
             env,
             principals.write(tmp_path / f"principals{len(started)}.json"),
@@ -238,8 +244,137 @@ async def test_an_approval_cannot_revive_an_expired_intent(
     )
     clock.advance(61)
     status, body = await n.call("POST", "/v1/escalations", PROPOSER, {"escalation": escalation})
-    assert status == 409
-    assert body["error"]["code"] == "INTENT_EXPIRED"
+    # Issue 21: expiry is a BLOCK whose reason codes say so, never a 409.
+    assert status == 200
+    assert body["verdict"] == "BLOCK"
+    assert body["outcome"] == "BLOCKED"
+    assert body["executed"] is False
+    assert body["reason_codes"] == ["APPROVAL_EXPIRED", "INTENT_EXPIRED"]
+    assert provider.received == []
+
+
+async def test_an_undecided_escalation_expires_as_a_block(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, provider = node
+    clock = ManualClock(start=1_800_000_000.0)
+    n = await start(clock=clock)
+    _, held = await n.propose(20000, "esc-undecided")
+    clock.advance(61)
+    status, body = await n.call(
+        "POST", "/v1/escalations", PROPOSER, {"escalation": held["escalation"]}
+    )
+    assert (status, body["verdict"]) == (200, "BLOCK")
+    assert "APPROVAL_EXPIRED" in body["reason_codes"]
+    status, late = await n.call(
+        "POST",
+        f"/v1/approvals/{held['escalation']['request_id']}",
+        APPROVER,
+        {"decision": "APPROVE", "reason": "too late"},
+    )
+    assert (status, late["error"]["code"]) == (409, "APPROVAL_EXPIRED")
+    assert provider.received == []
+
+
+async def test_the_escalation_carries_its_approval_url_rule_and_reason(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, _ = node
+    n = await start()
+    _, held = await n.propose(20000, "esc-url")
+    escalation = held["escalation"]
+    assert escalation["approval_url"] == f"/approve/{escalation['request_id']}"
+    status, item = await n.call("GET", f"/v1/approvals/{escalation['request_id']}", APPROVER)
+    assert status == 200
+    assert item["rule"] == "medium"
+    assert item["reason_codes"] == held["reason_codes"]
+    assert item["verification"] == {
+        "rule": "CREDENTIAL",
+        "required": "CREDENTIAL",
+        "decided_with": None,
+    }
+    assert item["display"]["amount"] == "200.00 EUR"
+    assert item["display"]["target"] == '"payout:beneficiary-9"'
+    assert item["intent"]["intent_hash"] == held["intent_hash"]
+
+
+async def test_the_proposer_or_an_operator_cancels_a_pending_escalation(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, provider = node
+    n = await start()
+    _, first = await n.propose(20000, "esc-cancel-1")
+    _, second = await n.propose(21000, "esc-cancel-2")
+    status, cancelled = await n.call(
+        "POST",
+        "/v1/escalations/cancel",
+        PROPOSER,
+        {"escalation": first["escalation"], "reason": "the invoice was withdrawn"},
+    )
+    assert status == 200
+    assert cancelled["state"] == "CANCELLED"
+    status, again = await n.call(
+        "POST",
+        "/v1/escalations/cancel",
+        PROPOSER,
+        {"escalation": first["escalation"], "reason": "twice"},
+    )
+    assert (status, again["error"]["code"]) == (409, "APPROVAL_NOT_CANCELLABLE")
+    rid = second["escalation"]["request_id"]
+    # An operator without the approvers scope may not; one with it may.
+    status, refused = await n.call(
+        "POST", f"/v1/control/approvals/{rid}/cancel", OPERATOR, {"reason": "incident 42"}
+    )
+    assert (status, refused["error"]["code"]) == (403, "SCOPE_FORBIDDEN")
+    status, by_operator = await n.call(
+        "POST", f"/v1/control/approvals/{rid}/cancel", APPROVERS_OPERATOR, {"reason": "incident"}
+    )
+    assert status == 200
+    assert (by_operator["state"], by_operator["cancelled_by"]) == ("CANCELLED", APPROVERS_OPERATOR)
+    for held in (first, second):
+        status, decided = await n.call(
+            "POST",
+            f"/v1/approvals/{held['escalation']['request_id']}",
+            APPROVER,
+            {"decision": "APPROVE", "reason": "late"},
+        )
+        assert (status, decided["error"]["code"]) == (409, "APPROVAL_CANCELLED")
+        status, answer = await n.call(
+            "POST", "/v1/escalations", PROPOSER, {"escalation": held["escalation"]}
+        )
+        assert (status, answer["verdict"], answer["reason_codes"]) == (
+            200,
+            "BLOCK",
+            ["APPROVAL_CANCELLED"],
+        )
+    status, listing = await n.call("GET", "/v1/approvals?state=CANCELLED", APPROVER)
+    assert len(listing["approvals"]) == 2
+    assert provider.received == []
+
+
+async def test_a_rule_requiring_webauthn_refuses_a_decision_with_a_bearer_alone(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, provider = node
+    n = await start(verification="WEBAUTHN")
+    _, held = await n.propose(20000, "esc-webauthn")
+    rid = held["escalation"]["request_id"]
+    status, item = await n.call("GET", f"/v1/approvals/{rid}", APPROVER)
+    assert item["verification"]["required"] == "WEBAUTHN"
+    for decision in ("APPROVE", "DENY"):
+        status, refused = await n.call(
+            "POST", f"/v1/approvals/{rid}", APPROVER, {"decision": decision, "reason": "cli"}
+        )
+        assert (status, refused["error"]["code"]) == (403, "APPROVAL_VERIFICATION_REQUIRED")
+    # Without EXECUTOR_APPROVAL_ORIGIN there is no relying party: passkeys are off.
+    status, challenge = await n.call(
+        "POST", f"/v1/approvals/{rid}/challenge", APPROVER, {"decision": "APPROVE"}
+    )
+    assert (status, challenge["error"]["code"]) == (409, "WEBAUTHN_NOT_CONFIGURED")
+    status, still = await n.call(
+        "POST", "/v1/escalations", PROPOSER, {"escalation": held["escalation"]}
+    )
+    assert still["outcome"] == "ESCALATE_PENDING"
     assert provider.received == []
 
 
