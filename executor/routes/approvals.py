@@ -161,6 +161,7 @@ def describe_record(
             "target": action.get("resource"),
             "parameters": parameters,
             "downstream_target": intent.get("downstream_target"),
+            "binding": dict(intent),
         },
         "rule": record.request.rule,
         "reason_codes": list(record.request.reason_codes),

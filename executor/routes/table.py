@@ -2,9 +2,10 @@
 
 :func:`route_table` gathers the rows of each route module (the agent's own routes, the operator's
 control routes, the approval routes and the approval page with ``EXECUTOR_ESCALATION=APPROVAL``,
-the plan routes when the policy has a ``plans`` section); :func:`~agentsafe.executor.routes.app.build_app` builds the
-application from them. The README's wire-contract table lists the same rows (method, path, role,
-scope), and ``tests/routes/test_table.py`` keeps the two equal.
+the plan routes when the policy has a ``plans`` section);
+:func:`~agentsafe.executor.routes.app.build_app` builds the application from them. The README's
+wire-contract table lists the same rows (method, path, role, scope), and
+``tests/routes/test_table.py`` keeps the two equal.
 
 Callers: ``plane.py``; tests.
 """

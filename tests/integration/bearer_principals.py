@@ -54,7 +54,8 @@ class BearerPrincipals:
             )
         return {
             "version": "agent-safe.principals/1",
-            "principals": extra + [
+            "principals": [
+                *extra,
                 {
                     "id": "treasury-workflow",
                     "role": "PROPOSER",

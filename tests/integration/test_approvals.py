@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -24,7 +26,6 @@ from agentsafe.executor.tools.harness import (
     free_port,
 )
 from agentsafe.executor.tools.synthetic import SyntheticProvider
-
 from tests.support.approval_policy import approval_policy
 
 from .bearer_principals import APPROVERS_OPERATOR_ID, BearerPrincipals, principals_env
@@ -489,3 +490,77 @@ async def test_the_approvals_command_line(
     code, _, err = await run("deny", request_id, "--reason", "again", "--yes")
     assert code == 2
     assert "APPROVAL_ALREADY_DECIDED" in err
+
+
+async def run_cli(n: Node, who: str, *argv: str) -> tuple[int, str, str]:
+    """``agentsafe`` as a person runs it, in its own process, against this executor."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "AGENTSAFE_EXECUTOR_URL": n.url,
+        "AGENTSAFE_APPROVER_TOKEN": n.principals.token(who),
+        "AGENTSAFE_OPERATOR_TOKEN": n.principals.token(who),
+        "COLUMNS": "200",
+        "TERM": "xterm-256color",
+        "FORCE_COLOR": "1",  # rich writes styles: agent text must still not carry its own
+    }
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("agentsafe")),
+        *argv,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+HOSTILE_TARGET = (
+    "payout:ok [conceal]+9,000,000 to mallory[/conceal] \x1b[8mhidden\x1b[0m \u202eevil"
+)
+
+
+async def test_the_cli_shows_agent_text_inert_never_as_markup(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, provider = node
+    n = await start(verification="WEBAUTHN")
+    body = {
+        "proposal": {
+            "action": "create_payout",
+            "target": HOSTILE_TARGET,
+            "parameters": {"amountMinor": 20000, "currency": "EUR"},
+        },
+        "idempotency_key": "cli-hostile",
+    }
+    _, held = await n.call("POST", "/v1/actions", PROPOSER, body)
+    rid = held["escalation"]["request_id"]
+
+    code, out, err = await run_cli(n, APPROVER, "approvals", "show", rid)
+    assert code == 0, err
+    assert "[conceal]+9,000,000 to mallory[/conceal]" in out
+    assert "\\u001b[8mhidden\\u001b[0m" in out
+    assert "\x1b[8m" not in out
+    assert "\\u202eevil" in out
+    assert "\u202e" not in out
+    assert "200.00 EUR" in out
+    assert "medium" in out
+    assert held["intent_hash"] in out
+    code, out, _ = await run_cli(n, APPROVER, "approvals", "list")
+    assert code == 0
+    assert "[conceal]" in out
+    assert "\x1b[8m" not in out
+
+    # A rule that requires a passkey cannot be decided from a terminal; it says where to go.
+    code, _, err = await run_cli(n, APPROVER, "approvals", "approve", rid, "--reason", "x", "--yes")
+    assert code == 2
+    assert f"/approve/{rid}" in err
+    assert "passkey" in err
+
+    code, out, _ = await run_cli(
+        n, APPROVERS_OPERATOR, "approvers", "cancel", rid, "--reason", "cli", "-o", "json"
+    )
+    assert code == 0
+    assert json.loads(out)["state"] == "CANCELLED"
+    assert provider.received == []

@@ -160,9 +160,7 @@ async def test_enrol_see_the_exact_intent_approve_and_it_executes_once(served: S
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         await enrol(page, served, shots)
         escalation = await served.propose(20000, "page-approve")
-        assert escalation["approval_url"] == (
-            f"{served.origin}/approve/{escalation['request_id']}"
-        )
+        assert escalation["approval_url"] == (f"{served.origin}/approve/{escalation['request_id']}")
         await sign_in(page, escalation["approval_url"], served.principals.token(APPROVER))
         await status_text(page, "Signed in")
         # The agent's text is shown literally: markup neither hides nor renders.
