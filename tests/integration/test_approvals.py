@@ -6,6 +6,7 @@ import asyncio
 import copy
 import json
 import os
+import ssl
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from agentsafe.executor.assembly import assemble
 from agentsafe.executor.clock import Clock, ManualClock
@@ -24,9 +26,11 @@ from agentsafe.executor.tools.harness import (
     ProviderProcess,
     Workspace,
     free_port,
+    wait_until,
 )
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 from tests.support.approval_policy import approval_policy
+from tests.support.pki import TestCA
 
 from .bearer_principals import APPROVERS_OPERATOR_ID, BearerPrincipals, principals_env
 
@@ -46,6 +50,7 @@ class Node:
     session: aiohttp.ClientSession
     principals: BearerPrincipals
     evidence: MemorySink
+    security: MemorySink
 
     async def call(
         self, method: str, path: str, who: str, body: Any = None
@@ -77,7 +82,11 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Start, SyntheticProvider]]
     await provider.start()
     started: list[Node] = []
 
-    async def start(clock: Clock | None = None, verification: str | None = None) -> Node:
+    async def start(
+        clock: Clock | None = None,
+        verification: str | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> Node:
         principals = BearerPrincipals(approvers_operator=True)
         workspace = Workspace(tmp_path / f"ws{len(started)}")
         policy = approval_policy(tmp_path / f"policy{len(started)}.yaml", verification)
@@ -88,10 +97,11 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Start, SyntheticProvider]]
             env,
             principals.write(tmp_path / f"principals{len(started)}.json"),
             EXECUTOR_ESCALATION="APPROVAL",
+            **(extra or {}),
         )
-        evidence = MemorySink()
+        evidence, security = MemorySink(), MemorySink()
         executor = await assemble(
-            env, streams=Streams(evidence=evidence, security=MemorySink()), clock=clock
+            env, streams=Streams(evidence=evidence, security=security), clock=clock
         )
         await executor.reconcile_at_start()
         await executor.listen()
@@ -101,6 +111,7 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Start, SyntheticProvider]]
             aiohttp.ClientSession(),
             principals,
             evidence,
+            security,
         )
         started.append(n)
         return n
@@ -564,3 +575,127 @@ async def test_the_cli_shows_agent_text_inert_never_as_markup(
     assert code == 0
     assert json.loads(out)["state"] == "CANCELLED"
     assert provider.received == []
+
+
+def settled(read: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+    """``read`` as the coroutine ``wait_until`` polls."""
+
+    async def poll() -> Any:
+        return read()
+
+    return poll
+
+
+class WebhookReceiver:
+    """A real HTTPS receiver on loopback (a test CA's certificate) that records every POST."""
+
+    def __init__(self, tmp_path: Path, *, status: int = 200) -> None:
+        self.ca = TestCA("webhook receiver CA")
+        self.ca_file = self.ca.write(tmp_path, "webhook-ca")
+        self.status = status
+        self.received: list[tuple[str, dict[str, str], Any]] = []
+        self._tmp = tmp_path
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        async def hook(request: web.Request) -> web.Response:
+            self.received.append((request.path, dict(request.headers), await request.json()))
+            return web.Response(status=self.status, text="ok")
+
+        app = web.Application()
+        app.router.add_post("/hooks/approvals", hook)
+        cert, key = self.ca.issue_server().write(self._tmp, "webhook")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=context)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def env(self) -> dict[str, str]:
+        return {
+            "EXECUTOR_APPROVAL_WEBHOOK_URL": f"https://localhost:{self.port}/hooks/approvals",
+            "EXECUTOR_APPROVAL_WEBHOOK_CA_FILE": str(self.ca_file),
+            "EXECUTOR_APPROVAL_WEBHOOK_ALLOW_INSECURE_LOOPBACK": "true",
+        }
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def test_a_pending_escalation_is_posted_to_the_webhook_slack_compatible(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    start, _ = node
+    receiver = WebhookReceiver(tmp_path)
+    await receiver.start()
+    try:
+        n = await start(extra=receiver.env())
+        body = {
+            "proposal": {
+                "action": "create_payout",
+                "target": "payout:<https://evil.example|click> <!channel> & co",
+                "parameters": {"amountMinor": 20000, "currency": "EUR"},
+            },
+            "idempotency_key": "esc-webhook",
+        }
+        status, held = await n.call("POST", "/v1/actions", PROPOSER, body)
+        assert (status, held["outcome"]) == (200, "ESCALATE_PENDING")
+        await wait_until(settled(lambda: receiver.received), timeout=15, what="the webhook")
+        [(path, headers, message)] = receiver.received
+        assert path == "/hooks/approvals"
+        assert headers["Content-Type"] == "application/json"
+        assert set(message) == {"text", "blocks"}
+        assert message["blocks"][0]["type"] == "section"
+        assert message["blocks"][0]["text"]["type"] == "mrkdwn"
+        shown = message["blocks"][0]["text"]["text"]
+        request_id = held["escalation"]["request_id"]
+        assert f"/approve/{request_id}" in shown
+        assert request_id in message["text"]
+        assert "200.00 EUR" in shown
+        assert held["intent_hash"] in shown
+        assert "*Rule*: medium" in shown
+        # The agent's text can make neither a link nor a mention.
+        assert "&lt;https://evil.example|click&gt; &lt;!channel&gt; &amp; co" in shown
+        assert "<https://evil" not in shown
+        assert "<!channel>" not in shown
+        assert "amountMinor" not in json.dumps(message)
+        await wait_until(
+            settled(lambda: any(e == "APPROVAL_NOTIFIED" for e, _ in n.evidence.events)),
+            timeout=5,
+            what="APPROVAL_NOTIFIED",
+        )
+    finally:
+        await receiver.stop()
+
+
+async def test_a_webhook_that_refuses_is_reported_and_the_request_stays_pending(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    start, _ = node
+    receiver = WebhookReceiver(tmp_path, status=500)
+    await receiver.start()
+    try:
+        n = await start(extra=receiver.env())
+        _, held = await n.propose(20000, "esc-webhook-500")
+        failed = await wait_until(
+            settled(lambda: [f for e, f in n.security.events if e == "APPROVAL_NOTIFY_FAILED"]),
+            timeout=15,
+            what="APPROVAL_NOTIFY_FAILED",
+        )
+        assert failed == [
+            {
+                "request_id": held["escalation"]["request_id"],
+                "code": "APPROVAL_NOTIFY_FAILED",
+                "status": 500,
+            }
+        ]
+        status, item = await n.call(
+            "GET", f"/v1/approvals/{held['escalation']['request_id']}", APPROVER
+        )
+        assert (status, item["state"]) == (200, "PENDING")
+    finally:
+        await receiver.stop()
