@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..codes import Code
 from ..display import amount_text, inert, inert_json, inert_value
 
 __all__ = ["add_approvers_parser", "add_parser", "render_request"]
@@ -303,7 +304,7 @@ def _run_decide(args: argparse.Namespace, console: Console) -> int:
     )
     if status != 200:
         error = decided.get("error", {}) if isinstance(decided, dict) else {}
-        if error.get("code") == "APPROVAL_VERIFICATION_REQUIRED":
+        if error.get("code") == Code.APPROVAL_VERIFICATION_REQUIRED:
             raise CliError(
                 "this request needs a passkey: decide it on the approval page, "
                 + inert(str(item.get("approval_url")))
