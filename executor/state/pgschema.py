@@ -80,19 +80,22 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         """CREATE INDEX attempts_open ON attempts (state, lease_until)""",
     ),
     (
-        # 2 (issue 21): what escalated, the verification asked and given, cancellations;
-        # the approvers' passkeys and their one-time enrolment tokens.
-        """ALTER TABLE approvals ADD COLUMN rule text,
-            ADD COLUMN reason_codes text NOT NULL DEFAULT '[]',
-            ADD COLUMN required_verification text NOT NULL DEFAULT 'CREDENTIAL',
-            ADD COLUMN verification text, ADD COLUMN cancelled_by text,
-            ADD COLUMN cancel_reason text, ADD COLUMN cancelled_at double precision""",
-        """CREATE TABLE passkeys (
+        # issue 21: what escalated, the verification asked and given, cancellations; the
+        # approvers' passkeys and their one-time enrolment tokens. Every statement is IF NOT
+        # EXISTS, so this entry composes with other entries in either order.
+        """ALTER TABLE approvals ADD COLUMN IF NOT EXISTS rule text,
+            ADD COLUMN IF NOT EXISTS reason_codes text NOT NULL DEFAULT '[]',
+            ADD COLUMN IF NOT EXISTS required_verification text NOT NULL DEFAULT 'CREDENTIAL',
+            ADD COLUMN IF NOT EXISTS verification text,
+            ADD COLUMN IF NOT EXISTS cancelled_by text,
+            ADD COLUMN IF NOT EXISTS cancel_reason text,
+            ADD COLUMN IF NOT EXISTS cancelled_at double precision""",
+        """CREATE TABLE IF NOT EXISTS passkeys (
             credential_id text PRIMARY KEY, principal text NOT NULL, public_key bytea NOT NULL,
             sign_count bigint NOT NULL, transports text NOT NULL,
             created_at double precision NOT NULL, last_used_at double precision)""",
-        """CREATE INDEX passkeys_principal ON passkeys (principal)""",
-        """CREATE TABLE enrolment_tokens (
+        """CREATE INDEX IF NOT EXISTS passkeys_principal ON passkeys (principal)""",
+        """CREATE TABLE IF NOT EXISTS enrolment_tokens (
             token_digest text PRIMARY KEY, principal text NOT NULL, issued_by text NOT NULL,
             issued_at double precision NOT NULL, expires_at double precision NOT NULL,
             used_at double precision)""",

@@ -83,7 +83,7 @@ __all__ = [
 ]
 
 DATABASE_NAME = "usestore.sqlite3"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 1
 RETENTION_SECONDS = 24 * 60 * 60
 """Finished idempotency records, grant claims and approvals are kept at least this long."""
 
@@ -387,15 +387,19 @@ _SCHEMA = (
         state TEXT NOT NULL CHECK (state IN ('PENDING', 'APPROVED', 'DENIED')),
         approver TEXT, reason TEXT, decided_at REAL)""",
 )
-_SCHEMA_V2 = (
-    # issue 21: what escalated, the verification asked and given, cancellations; passkeys.
-    "ALTER TABLE approvals ADD COLUMN rule TEXT",
-    "ALTER TABLE approvals ADD COLUMN reason_codes TEXT NOT NULL DEFAULT '[]'",
-    "ALTER TABLE approvals ADD COLUMN required_verification TEXT NOT NULL DEFAULT 'CREDENTIAL'",
-    "ALTER TABLE approvals ADD COLUMN verification TEXT",
-    "ALTER TABLE approvals ADD COLUMN cancelled_by TEXT",
-    "ALTER TABLE approvals ADD COLUMN cancel_reason TEXT",
-    "ALTER TABLE approvals ADD COLUMN cancelled_at REAL",
+_APPROVAL_TERMS = (
+    # issue 21: what escalated, the verification asked and given, cancellations. Added to an
+    # existing table where missing (``_ensure_approver_schema``), whatever the schema version.
+    ("rule", "TEXT"),
+    ("reason_codes", "TEXT NOT NULL DEFAULT '[]'"),
+    ("required_verification", "TEXT NOT NULL DEFAULT 'CREDENTIAL'"),
+    ("verification", "TEXT"),
+    ("cancelled_by", "TEXT"),
+    ("cancel_reason", "TEXT"),
+    ("cancelled_at", "REAL"),
+)
+_APPROVER_TABLES = (
+    # issue 21: the approvers' passkeys and their one-time enrolment tokens.
     """CREATE TABLE IF NOT EXISTS passkeys (
         credential_id TEXT PRIMARY KEY, principal TEXT NOT NULL, public_key BLOB NOT NULL,
         sign_count INTEGER NOT NULL, transports TEXT NOT NULL, created_at REAL NOT NULL,
@@ -405,7 +409,17 @@ _SCHEMA_V2 = (
         token_digest TEXT PRIMARY KEY, principal TEXT NOT NULL, issued_by TEXT NOT NULL,
         issued_at REAL NOT NULL, expires_at REAL NOT NULL, used_at REAL)""",
 )
-_MIGRATIONS = (_SCHEMA, _SCHEMA_V2)
+
+
+def _ensure_approver_schema(conn: sqlite3.Connection) -> None:
+    """Issue 21's columns and tables, added where missing (idempotent, on every open), so they
+    compose with any numbered migration of the store."""
+    present = {str(row[1]) for row in conn.execute("PRAGMA table_info(approvals)")}
+    for column, declaration in _APPROVAL_TERMS:
+        if column not in present:
+            conn.execute(f"ALTER TABLE approvals ADD COLUMN {column} {declaration}")
+    for statement in _APPROVER_TABLES:
+        conn.execute(statement)
 
 _DECISIONS = {"APPROVE": ApprovalState.APPROVED, "DENY": ApprovalState.DENIED}
 _MAX_REASON = 1000
@@ -1193,10 +1207,10 @@ def _migrate(conn: sqlite3.Connection) -> bytes:
                 "the use store was written by a newer agentsafe", code=Code.STORE_SCHEMA_UNSUPPORTED
             )
         if version < SCHEMA_VERSION:
-            for statements in _MIGRATIONS[version:]:
-                for statement in statements:
-                    conn.execute(statement)
+            for statement in _SCHEMA:
+                conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        _ensure_approver_schema(conn)
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('consumption_key', ?)"
             " ON CONFLICT (name) DO NOTHING",

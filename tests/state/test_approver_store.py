@@ -203,7 +203,7 @@ async def test_a_passkey_counter_must_grow(store: UseStore) -> None:
     assert other.value.code == "WEBAUTHN_ASSERTION_INVALID"
 
 
-async def test_a_schema_1_sqlite_store_is_migrated_in_place(tmp_path: Path) -> None:
+async def test_a_store_without_the_approver_schema_gains_it_in_place(tmp_path: Path) -> None:
     intent = make_intent(now=NOW)
     with sqlite3.connect(tmp_path / DATABASE_NAME) as conn:
         for statement in _SCHEMA:

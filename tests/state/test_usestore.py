@@ -24,7 +24,6 @@ from agentsafe.executor.errors import StoreError
 from agentsafe.executor.state.usestore import (
     DATABASE_NAME,
     RETENTION_SECONDS,
-    SCHEMA_VERSION,
     ApprovalError,
     ApprovalRequest,
     ApprovalState,
@@ -120,7 +119,7 @@ async def test_open_creates_a_private_wal_database(tmp_path: Path) -> None:
         await store.close()
     with sqlite3.connect(state_dir / DATABASE_NAME) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
     conn.close()
 
 
