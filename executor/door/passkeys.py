@@ -116,6 +116,19 @@ def _challenge(fields: Mapping[str, Any]) -> bytes:
     return hashlib.sha256(canonical_json(dict(fields))).digest()
 
 
+def _assertion_fields(
+    approver: Principal, request_id: str, intent_hash: str, decision: str
+) -> dict[str, str]:
+    """What an assertion's challenge is bound to (besides its nonce)."""
+    return {
+        "typ": ASSERTION_TYP,
+        "principal": approver.id,
+        "request_id": request_id,
+        "intent_hash": intent_hash,
+        "decision": decision,
+    }
+
+
 def _user_handle(principal_id: str) -> bytes:
     return hashlib.sha256(b"agentsafe.approver/1\x00" + principal_id.encode("utf-8")).digest()
 
@@ -185,11 +198,7 @@ class Passkeys:
                 "no passkey is enrolled for this approver; ask an operator for an enrolment token",
             )
         fields = {
-            "typ": ASSERTION_TYP,
-            "principal": approver.id,
-            "request_id": request_id,
-            "intent_hash": intent_hash,
-            "decision": decision,
+            **_assertion_fields(approver, request_id, intent_hash, decision),
             "nonce": secrets.token_urlsafe(24),
         }
         options = generate_authentication_options(
@@ -198,10 +207,7 @@ class Passkeys:
             timeout=_TIMEOUT_MS,
             allow_credentials=[
                 PublicKeyCredentialDescriptor(
-                    id=base64.urlsafe_b64decode(
-                        p.credential_id + "=" * (-len(p.credential_id) % 4)
-                    ),
-                    transports=_transports(p.transports),
+                    id=_unb64url(p.credential_id), transports=_transports(p.transports)
                 )
                 for p in passkeys
             ],
@@ -227,13 +233,7 @@ class Passkeys:
         origin, rp_id = self._relying_party()
         bad_challenge = Code.WEBAUTHN_CHALLENGE_INVALID
         claims = self._claims(challenge_token, ASSERTION_TYP, bad_challenge)
-        fields = {
-            "typ": ASSERTION_TYP,
-            "principal": approver.id,
-            "request_id": request_id,
-            "intent_hash": intent_hash,
-            "decision": decision,
-        }
+        fields = _assertion_fields(approver, request_id, intent_hash, decision)
         if any(claims.get(name) != value for name, value in fields.items()):
             raise RequestRejected(
                 bad_challenge,

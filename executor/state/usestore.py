@@ -421,6 +421,7 @@ def _ensure_approver_schema(conn: sqlite3.Connection) -> None:
     for statement in _APPROVER_TABLES:
         conn.execute(statement)
 
+
 _DECISIONS = {"APPROVE": ApprovalState.APPROVED, "DENY": ApprovalState.DENIED}
 _MAX_REASON = 1000
 
