@@ -94,7 +94,12 @@
       $("enrol").hidden = false;
       status("Signed in.");
     } else {
-      await load();
+      try {
+        await load();
+      } catch (error) {
+        $("signin").hidden = false;  // let the person try another credential
+        throw error;
+      }
       status("Signed in.");
     }
   }));
