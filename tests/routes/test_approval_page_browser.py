@@ -228,6 +228,7 @@ async def test_an_approver_the_rule_does_not_name_sees_and_decides_nothing(
         assert text.startswith("Refused: APPROVAL_NOT_FOUND")
         assert await page.locator("#request").is_hidden()
         assert await page.locator("#f-target").text_content() == ""
+        assert await page.locator("#signin").is_visible()  # another credential may be tried
         await page.screenshot(path=str(shots / "1-refused.png"), full_page=True)
     status, refused = await served.call(
         "POST",
