@@ -8,6 +8,7 @@ import json
 import os
 import ssl
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -536,7 +537,8 @@ async def test_the_cli_shows_agent_text_inert_never_as_markup(
     node: tuple[Start, SyntheticProvider],
 ) -> None:
     start, provider = node
-    n = await start(verification="WEBAUTHN")
+    # A held clock: four CLI processes on a loaded machine must not outlive the 60 s intent.
+    n = await start(clock=ManualClock(start=time.time()), verification="WEBAUTHN")
     body = {
         "proposal": {
             "action": "create_payout",
@@ -569,10 +571,10 @@ async def test_the_cli_shows_agent_text_inert_never_as_markup(
     assert f"/approve/{rid}" in err
     assert "passkey" in err
 
-    code, out, _ = await run_cli(
+    code, out, err = await run_cli(
         n, APPROVERS_OPERATOR, "approvers", "cancel", rid, "--reason", "cli", "-o", "json"
     )
-    assert code == 0
+    assert code == 0, err
     assert json.loads(out)["state"] == "CANCELLED"
     assert provider.received == []
 

@@ -113,6 +113,8 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         principals.write(tmp_path / "principals.json"),
         EXECUTOR_ESCALATION="APPROVAL",
         EXECUTOR_APPROVAL_ORIGIN=origin,
+        # The longest intent life: a browser on a loaded machine must not outlive the intent.
+        EXECUTOR_INTENT_TTL_SECONDS="300",
     )
     ca = TestCA("agentsafe approval page test CA")
     tls = Tls.make(workspace, ca=ca)
