@@ -206,10 +206,15 @@ ALLOWED: dict[str, Allowance] = {
         reason="`agentsafe test`: an agent calling a synthetic loopback target directly and "
         "through an executor it assembles on loopback; a command of its own, never in serve",
     ),
+    "executor/tools/approvals_cli.py": allow(
+        HTTP_CLIENT,
+        reason="a person's command line calling an executor's approval routes; runs in its "
+        "own short-lived process, not in the executor",
+    ),
     "executor/tools/remote.py": allow(
         HTTP_CLIENT,
-        reason="a person's command line (agentsafe approvals, agentsafe status) calling an "
-        "executor's routes; runs in its own short-lived process, not in the executor",
+        reason="a person's command line (agentsafe status) calling an executor's control "
+        "routes; runs in its own short-lived process, not in the executor",
     ),
     # -- the operator: its own process, which talks to the API server and to executors ----
     "operator/apply.py": allow(
@@ -329,6 +334,7 @@ OUTSIDE_THE_EXECUTOR = frozenset(
         "executor/tools/harness.py",
         "executor/tools/demo.py",
         "executor/tools/remote.py",
+        "executor/tools/approvals_cli.py",
         "executor/tools/selftest.py",
         "executor/tools/mcp_bridge.py",
         "executor/client/_client.py",
