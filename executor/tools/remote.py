@@ -1,8 +1,9 @@
 """One way for the command line to call a running executor: URL, credential, TLS, one request.
 
 ``agentsafe status`` is a person's command against an executor's control routes. It names where
-its credential comes from (a flag, else an environment variable), and this module reads it, builds the TLS context (the executor's CA, and a client certificate for an
-mTLS principal) and makes one JSON request with aiohttp's client. A failure is a
+its credential comes from (a flag, else an environment variable), and this module reads it,
+builds the TLS context (the executor's CA, and a client certificate for an mTLS principal) and
+makes one JSON request with aiohttp's client. A failure is a
 :class:`CliError` that says what to do next, never a token.
 
 Callers: ``tools/status_cli.py``.
