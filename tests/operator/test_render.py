@@ -66,10 +66,9 @@ def test_every_child_is_valid_kubernetes_and_owned(render_input: RenderInput) ->
         "ConfigMap",
         "Service",
         "StatefulSet",
-        "PodDisruptionBudget",
         "NetworkPolicy",
         "NetworkPolicy",
-    ]
+    ]  # one replica: no PodDisruptionBudget (test_a_budget_and_spread_from_two_replicas)
     for obj in rendered.objects:
         _valid(obj)
         meta = obj["metadata"]
@@ -312,13 +311,31 @@ def test_separation_of_duties_is_checked_at_render(render_input: RenderInput) ->
 
 
 def test_service_and_pdb(render_input: RenderInput) -> None:
-    service = render_service(render_input)
-    pdb = render_pdb(render_input)
+    inp = _with_spec(render_input, replicas=2, store=_STORE)
+    service = render_service(inp)
+    pdb = render_pdb(inp)
+    assert pdb is not None
     _valid(service)
     _valid(pdb)
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == pdb["spec"]["selector"]["matchLabels"]
     assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == inp.policy.uid
+
+
+@pytest.mark.parametrize(("replicas", "expected"), [(1, False), (2, True), (3, True), (16, True)])
+def test_a_budget_and_spread_from_two_replicas(
+    render_input: RenderInput, replicas: int, expected: bool
+) -> None:
+    changes: dict[str, Any] = {"replicas": replicas}
+    if replicas > 1:
+        changes["store"] = _STORE
+    inp = _with_spec(render_input, **changes)
+    kinds = [o["kind"] for o in render_children(inp).objects]
+    assert ("PodDisruptionBudget" in kinds) is expected
+    assert (render_pdb(inp) is not None) is expected
+    pod = render_statefulset(inp, digest="0" * 64)["spec"]["template"]["spec"]
+    assert ("topologySpreadConstraints" in pod) is expected
 
 
 def test_executor_network_policy(render_input: RenderInput) -> None:
