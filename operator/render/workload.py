@@ -16,8 +16,8 @@ Files inside the pod:
   ``EXECUTOR_SECRETS_DIR``.
 
 With ``spec.store`` each pod is its own replica (``EXECUTOR_REPLICA_ID`` = the pod name, from the
-downward API), and two or more replicas (:data:`~.common.SPREAD_MIN_REPLICAS`) spread over nodes and zones
-(``topologySpreadConstraints``; ``network.py`` adds their PodDisruptionBudget).
+downward API), and two or more replicas (:data:`~.common.SPREAD_MIN_REPLICAS`) spread over
+nodes and zones (``topologySpreadConstraints``; ``network.py`` adds their PodDisruptionBudget).
 - ``/var/lib/agentsafe`` (a PersistentVolumeClaim per replica, or emptyDir when the journal is
   ephemeral): ``journal/`` and ``state/`` (the use store).
 - ``/tmp``: a small in-memory emptyDir; the root filesystem is read-only.
