@@ -12,7 +12,8 @@ are the database's clock, so replicas with skewed clocks agree):
 ==================  ==============================================================================
 agentsafe_meta      the consumption HMAC key (never leaves the database)
 grant_claims        one row per claimed grant id (primary key: the single-use guarantee)
-idempotency         (tenant, principal, key) -> payload digest, IN_PROGRESS or DONE with answer
+idempotency         (tenant, principal, key) -> payload digest, IN_PROGRESS (its holder, lease and
+                    attempt) or DONE with answer
 consumptions        generic single-use markers (plan approvals, presented escalations)
 approvals           escalations waiting for a person, decided once
 ceiling_lock        one row per window, locked ``FOR UPDATE`` by every reservation
@@ -76,6 +77,14 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             grant_expires_at text, payload_digest text, last_status text,
             closed_at double precision)""",
         """CREATE INDEX attempts_open ON attempts (state, lease_until)""",
+    ),
+    # 2: a key IN_PROGRESS is held by one request (``holder``) under a lease until its attempt
+    # opens (``attempt_id``, set in the attempt's own INSERT transaction); a key whose holder
+    # lapsed before that, or whose attempt closed without claiming its grant, can be taken over.
+    (
+        """ALTER TABLE idempotency ADD COLUMN holder text""",
+        """ALTER TABLE idempotency ADD COLUMN lease_until double precision""",
+        """ALTER TABLE idempotency ADD COLUMN attempt_id text""",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
