@@ -534,7 +534,7 @@ async def assemble(
                 journal,
                 reconciler=ActionReconciler(PolicyCatalog(policy, registry), registry),
                 streams=streams,
-                on_resolution=executor.settle_idempotency,
+                on_resolution=executor.lease_resolved,
             )
         return executor
     except BaseException:
