@@ -43,7 +43,10 @@ free the key; a later request with the key gets 409 IDEMPOTENCY_IN_PROGRESS unti
 lapses, then takes it over and runs (nothing had been sent: the attempt never opened, or closed
 without claiming its grant). A key whose attempt opened belongs to that attempt: its answer comes
 from it, or from reconciliation when it is unknown; it is never taken over. A holder whose key
-was taken over cannot open its attempt or record its answer (``IDEMPOTENCY_TAKEN_OVER``).
+was taken over cannot open its attempt or record its answer (``IDEMPOTENCY_TAKEN_OVER``). A key
+whose attempt claimed its grant and closed, but whose answer was never recorded (the database
+dropped in between), has its attempt opened again for a lease keeper to reconcile when a retry
+finds it more than a lease later; reconciliation then settles the key.
 
 The database failing is its own state: a connection that cannot be had within
 ``connect_timeout`` seconds, a dropped connection or a failed COMMIT raise
@@ -360,6 +363,8 @@ class PostgresUseStore:
             if state != "IN_PROGRESS":
                 return IdempotencyState(IdempotencyKind.REPLAY, response=_load_object(response))
             if not await _abandoned(conn, lapsed=bool(lapsed), attempt_id=attempt_id):
+                if attempt_id is not None:
+                    await _reopen_unanswered(conn, attempt_id, lease)
                 return IdempotencyState(IdempotencyKind.IN_PROGRESS)
             await conn.execute(
                 f"UPDATE idempotency SET holder = %s, lease_until = {_NOW} + %s,"  # noqa: S608
@@ -649,6 +654,20 @@ def _let_go(scope: _Scope) -> None:
     held = _HELD.get()
     if held is not None and held[0] == scope:
         _HELD.set(None)
+
+
+async def _reopen_unanswered(conn: _Conn, attempt_id: str, lease_seconds: float) -> None:
+    """A key IN_PROGRESS whose attempt claimed its grant and closed more than a lease ago lost
+    its answer (the database dropped between the attempt's close and the key's completion, and
+    its replica did not live to write it). The attempt is opened again with its lease lapsed,
+    so a lease keeper takes it and reconciles it read-only, and that settles the key."""
+    await conn.execute(
+        f"UPDATE attempts SET state = 'OPEN', lease_until = {_NOW} - 1,"  # noqa: S608
+        " last_status = 'ANSWER_NOT_RECORDED', closed_at = NULL"
+        f" WHERE attempt_id = %s AND state = 'CLOSED' AND grant_claimed"
+        f" AND closed_at < {_NOW} - %s",
+        (attempt_id, lease_seconds),
+    )
 
 
 async def _abandoned(conn: _Conn, *, lapsed: bool, attempt_id: str | None) -> bool:

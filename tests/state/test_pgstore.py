@@ -328,5 +328,30 @@ async def test_a_key_whose_holder_never_opened_its_attempt_is_taken_over_after_i
         assert await asyncio.create_task(begin()) is IdempotencyKind.IN_PROGRESS
         await asyncio.create_task(store.use_store.idempotency_release(**scope))
         assert await asyncio.create_task(begin()) is IdempotencyKind.IN_PROGRESS
+
+        # Its answer was never recorded: a lease after the close, a retry opens the attempt
+        # again for a lease keeper, whose reconciliation settles the key.
+        async def closed_a_lease_ago() -> None:
+            async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+                while True:
+                    cur = await conn.execute(
+                        "SELECT closed_at < extract(epoch from clock_timestamp()) - 0.3"
+                        " FROM attempts WHERE attempt_id = 'att-3'"
+                    )
+                    row = await cur.fetchone()
+                    if row is None or row[0] is not False:
+                        return
+                    await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(closed_a_lease_ago(), timeout=10)
+        assert await asyncio.create_task(begin()) is IdempotencyKind.IN_PROGRESS
+        reopened = await store.attempts.take_lapsed(owner="replica-b", lease_seconds=30)
+        assert reopened is not None
+        assert (reopened.attempt_id, reopened.grant_claimed) == ("att-3", True)
+        assert reopened.last_status == "ANSWER_NOT_RECORDED"
+        answer = {"status": 200, "body": {"outcome": "COMPLETED"}}
+        assert await store.use_store.idempotency_settle(**scope, response=answer, now=3.0)
+        replay = await store.use_store.idempotency_begin(**scope, payload_digest="d", now=4.0)
+        assert (replay.kind, replay.response) == (IdempotencyKind.REPLAY, answer)
     finally:
         await store.close()
