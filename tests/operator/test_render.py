@@ -11,6 +11,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from agentsafe.executor.config import load_config
 from agentsafe.executor.door.principals_file import load_principals_file, parse_principals
@@ -35,7 +36,7 @@ from agentsafe.operator.render import (
 )
 from agentsafe.operator.render.workload import SECRETS_DIR, check_environment
 
-from .conftest import APPROVER_TOKEN, OPERATOR_TOKEN
+from .conftest import APPROVER_TOKEN, EXAMPLES, OPERATOR_TOKEN
 
 K8S_VERSION = "1.34.0"
 
@@ -443,3 +444,27 @@ def test_policy_change_rolls_pods_but_jwks_does_not(render_input: RenderInput) -
 
 def test_rendering_is_deterministic(render_input: RenderInput) -> None:
     assert render_children(render_input) == render_children(render_input)
+
+
+def test_the_cloudnativepg_example_renders_a_replicated_executor(
+    render_input: RenderInput,
+) -> None:
+    example = EXAMPLES.parent / "cloudnativepg" / "20-agentpolicy.yaml"
+    body = yaml.safe_load(example.read_text())
+    inp = dataclasses.replace(render_input, spec=AgentPolicySpec.model_validate(body["spec"]))
+    objects = render_children(inp).objects
+    for obj in objects:
+        _valid(obj)
+    rendered = {o["kind"]: o for o in objects if o["metadata"]["namespace"] == "payments"}
+    assert rendered["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    sts = rendered["StatefulSet"]
+    assert sts["spec"]["replicas"] == 3
+    pod = sts["spec"]["template"]["spec"]
+    assert len(pod["topologySpreadConstraints"]) == 2
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["EXECUTOR_STORE_URL_FILE"] == f"{SECRETS_DIR}/store-url"
+    assert "EXECUTOR_STORE_URL" not in env
+    *_, database = rendered["NetworkPolicy"]["spec"]["egress"]
+    assert database["to"][0]["podSelector"] == {"matchLabels": {"cnpg.io/cluster": "payouts-pg"}}
+    assert database["ports"] == [{"protocol": "TCP", "port": 5432}]
