@@ -344,9 +344,12 @@ class Executor:
             status=status,
         )
         if body is not None:
-            await self.store.idempotency_settle(
-                **scope, response={"status": 200, "body": body}, now=self.clock.now()
-            )
+            response = {"status": 200, "body": body}
+            await self.store.idempotency_settle(**scope, response=response, now=self.clock.now())
+            if self.shared is not None:  # a key the attempt holds under another name (approvals)
+                await self.shared.use_store.idempotency_settle_attempt(
+                    resolution.attempt_id, response=response, now=self.clock.now()
+                )
 
     async def listen(self) -> None:
         self._runner = web.AppRunner(

@@ -434,6 +434,24 @@ class PostgresUseStore:
 
         return await self._store.transaction(work)
 
+    async def idempotency_settle_attempt(
+        self, attempt_id: str, *, response: dict[str, Any], now: float
+    ) -> int:
+        """Give the reconciled answer to every key IN_PROGRESS whose attempt is ``attempt_id``
+        (an approval's key, ``approval:<request id>``, is not the one its intent names); how many
+        were settled."""
+        text = _canonical_or_store_error(response)
+
+        async def work(conn: _Conn) -> int:
+            cur = await conn.execute(
+                "UPDATE idempotency SET state = 'DONE', response = %s, completed_at = %s"
+                " WHERE attempt_id = %s AND state = 'IN_PROGRESS'",
+                (text, now, attempt_id),
+            )
+            return cur.rowcount
+
+        return await self._store.transaction(work)
+
     async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
         """Free a key IN_PROGRESS: its own holder's (the request that began it, in this task),
         or, from reconciliation, one whose holder can no longer have sent anything; a key a

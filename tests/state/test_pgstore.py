@@ -350,7 +350,9 @@ async def test_a_key_whose_holder_never_opened_its_attempt_is_taken_over_after_i
         assert (reopened.attempt_id, reopened.grant_claimed) == ("att-3", True)
         assert reopened.last_status == "ANSWER_NOT_RECORDED"
         answer = {"status": 200, "body": {"outcome": "COMPLETED"}}
-        assert await store.use_store.idempotency_settle(**scope, response=answer, now=3.0)
+        # Reconciliation settles every key the attempt holds (whatever the key is named).
+        assert await store.use_store.idempotency_settle_attempt("att-3", response=answer, now=3.0)
+        assert await store.use_store.idempotency_settle_attempt("att-3", response={}, now=3.0) == 0
         replay = await store.use_store.idempotency_begin(**scope, payload_digest="d", now=4.0)
         assert (replay.kind, replay.response) == (IdempotencyKind.REPLAY, answer)
     finally:
