@@ -62,6 +62,7 @@ hands its three faces to the authority, the pipeline, the ceilings and the journ
 from __future__ import annotations
 
 import asyncio
+import enum
 import hmac
 import json
 import secrets
@@ -349,22 +350,30 @@ class PostgresUseStore:
             )
             if cur.rowcount == 1:
                 return IdempotencyState(IdempotencyKind.NEW)
-            cur = await conn.execute(
-                f"SELECT payload_digest, state, response, lease_until < {_NOW}, attempt_id"  # noqa: S608
-                " FROM idempotency WHERE tenant = %s AND principal = %s AND key = %s FOR UPDATE",
-                (tenant, principal, key),
-            )
-            row = await cur.fetchone()
-            if row is None:  # released between the two statements: the caller may try again
-                return IdempotencyState(IdempotencyKind.IN_PROGRESS)
-            stored_digest, state, response, lapsed, attempt_id = row
-            if not hmac.compare_digest(str(stored_digest), payload_digest):
-                return IdempotencyState(IdempotencyKind.CONFLICT)
-            if state != "IN_PROGRESS":
-                return IdempotencyState(IdempotencyKind.REPLAY, response=_load_object(response))
-            if not await _abandoned(conn, lapsed=bool(lapsed), attempt_id=attempt_id):
-                if attempt_id is not None:
-                    await _reopen_unanswered(conn, attempt_id, lease)
+            # Read without a lock (a key in flight is the common case, many retries at once);
+            # only a key that looks stale is read again under its row lock and acted on.
+            for locked in (False, True):
+                cur = await conn.execute(
+                    f"SELECT payload_digest, state, response, lease_until < {_NOW}, attempt_id"  # noqa: S608
+                    " FROM idempotency WHERE tenant = %s AND principal = %s AND key = %s"
+                    + (" FOR UPDATE" if locked else ""),
+                    (tenant, principal, key),
+                )
+                row = await cur.fetchone()
+                if row is None:  # released between the two statements: the caller may try again
+                    return IdempotencyState(IdempotencyKind.IN_PROGRESS)
+                stored_digest, state, response, lapsed, attempt_id = row
+                if not hmac.compare_digest(str(stored_digest), payload_digest):
+                    return IdempotencyState(IdempotencyKind.CONFLICT)
+                if state != "IN_PROGRESS":
+                    return IdempotencyState(IdempotencyKind.REPLAY, response=_load_object(response))
+                stale = await _stale_key(
+                    conn, lapsed=bool(lapsed), attempt_id=attempt_id, lease=lease, lock=locked
+                )
+                if stale is None:
+                    return IdempotencyState(IdempotencyKind.IN_PROGRESS)
+            if stale is _Stale.UNANSWERED:
+                await _reopen_unanswered(conn, str(attempt_id))
                 return IdempotencyState(IdempotencyKind.IN_PROGRESS)
             await conn.execute(
                 f"UPDATE idempotency SET holder = %s, lease_until = {_NOW} + %s,"  # noqa: S608
@@ -457,6 +466,7 @@ class PostgresUseStore:
         or, from reconciliation, one whose holder can no longer have sent anything; a key a
         later request holds is left to it."""
         held = _holder_of((tenant, principal, key))
+        lease = self._store.lease_seconds
 
         async def work(conn: _Conn) -> None:
             cur = await conn.execute(
@@ -472,7 +482,10 @@ class PostgresUseStore:
             if not (
                 holder is None
                 or holder == held
-                or await _abandoned(conn, lapsed=bool(lapsed), attempt_id=attempt_id)
+                or await _stale_key(
+                    conn, lapsed=bool(lapsed), attempt_id=attempt_id, lease=lease, lock=True
+                )
+                is _Stale.ABANDONED
             ):
                 return
             await conn.execute(
@@ -674,33 +687,49 @@ def _let_go(scope: _Scope) -> None:
         _HELD.set(None)
 
 
-async def _reopen_unanswered(conn: _Conn, attempt_id: str, lease_seconds: float) -> None:
-    """A key IN_PROGRESS whose attempt claimed its grant and closed more than a lease ago lost
-    its answer (the database dropped between the attempt's close and the key's completion, and
-    its replica did not live to write it). The attempt is opened again with its lease lapsed,
-    so a lease keeper takes it and reconciles it read-only, and that settles the key."""
+class _Stale(enum.Enum):
+    ABANDONED = "ABANDONED"  # nothing can have been sent: free, or take over
+    UNANSWERED = "UNANSWERED"  # sent and closed, but the key never got its answer
+
+
+async def _stale_key(
+    conn: _Conn, *, lapsed: bool, attempt_id: str | None, lease: float, lock: bool
+) -> _Stale | None:
+    """What a key IN_PROGRESS that its holder may have left behind is, or ``None`` for a key
+    in flight:
+
+    - ABANDONED: it has no attempt and its holder's lease lapsed (the holder died, or the
+      database dropped before the attempt opened), or its attempt is CLOSED without a claimed
+      grant. Nothing was sent; someone other than the holder may free it or take it over.
+    - UNANSWERED: its attempt claimed its grant and closed more than a lease ago, and the key
+      never got its answer (the database dropped between the two).
+
+    A key whose attempt is open, or no longer known, is neither. ``lock`` reads the attempt
+    ``FOR UPDATE`` (before acting on the answer)."""
+    if attempt_id is None:
+        return _Stale.ABANDONED if lapsed else None
+    cur = await conn.execute(
+        f"SELECT state, grant_claimed, closed_at < {_NOW} - %s FROM attempts"  # noqa: S608
+        " WHERE attempt_id = %s" + (" FOR UPDATE" if lock else ""),
+        (lease, attempt_id),
+    )
+    row = await cur.fetchone()
+    if row is None or row[0] != "CLOSED":
+        return None
+    if not row[1]:
+        return _Stale.ABANDONED
+    return _Stale.UNANSWERED if row[2] else None
+
+
+async def _reopen_unanswered(conn: _Conn, attempt_id: str) -> None:
+    """Open an UNANSWERED key's attempt again with its lease lapsed, so a lease keeper takes it
+    and reconciles it read-only, and that settles the key."""
     await conn.execute(
         f"UPDATE attempts SET state = 'OPEN', lease_until = {_NOW} - 1,"  # noqa: S608
         " last_status = 'ANSWER_NOT_RECORDED', closed_at = NULL"
-        f" WHERE attempt_id = %s AND state = 'CLOSED' AND grant_claimed"
-        f" AND closed_at < {_NOW} - %s",
-        (attempt_id, lease_seconds),
-    )
-
-
-async def _abandoned(conn: _Conn, *, lapsed: bool, attempt_id: str | None) -> bool:
-    """Whether a key IN_PROGRESS can be freed or taken over by someone other than its holder:
-    its attempt is CLOSED without a claimed grant (nothing was sent), or it has no attempt and
-    its holder's lease lapsed (the holder died, or the database dropped before the attempt
-    opened). A key whose attempt is open, claimed, or no longer known is never abandoned."""
-    if attempt_id is None:
-        return lapsed
-    cur = await conn.execute(
-        "SELECT state, grant_claimed FROM attempts WHERE attempt_id = %s FOR UPDATE",
+        " WHERE attempt_id = %s AND state = 'CLOSED' AND grant_claimed",
         (attempt_id,),
     )
-    row = await cur.fetchone()
-    return row is not None and row[0] == "CLOSED" and not row[1]
 
 
 class PostgresWindow:
