@@ -30,6 +30,7 @@ import json
 import os
 import socket
 import ssl
+import subprocess
 import threading
 import time
 import urllib.error
@@ -1073,6 +1074,23 @@ def _prove_store_egress(
         )
 
 
+def _patch_policy(
+    plane: ControlPlane, spec: dict[str, Any], *, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl patch`` the AgentPolicy's spec (a merge patch: ``None`` removes a field)."""
+    return plane.kubectl(
+        "patch",
+        "agentpolicy",
+        POLICY,
+        "-n",
+        NAMESPACE,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": spec}),
+        check=check,
+    )
+
+
 def test_a_halt_switch_stops_every_executor_pod(
     scenario: Scenario, backend: str, executor_pod: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1089,17 +1107,7 @@ def test_a_halt_switch_stops_every_executor_pod(
     to one replica without the store removes the budget. On kind (no host address its pods
     reach) the policy stays at one replica."""
     plane = scenario.plane
-    refused = plane.kubectl(
-        "patch",
-        "agentpolicy",
-        POLICY,
-        "-n",
-        NAMESPACE,
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"replicas": 2}}),
-        check=False,
-    )
+    refused = _patch_policy(plane, {"replicas": 2}, check=False)
     assert refused.returncode != 0, "admission let replicas > 1 through without a shared store"
     assert "replicas > 1 needs store" in refused.stderr, refused.stderr
     with _host_postgres(scenario, backend) as store:
@@ -1114,16 +1122,7 @@ def test_a_halt_switch_stops_every_executor_pod(
                     "port": store.port,
                 },
             }
-            plane.kubectl(
-                "patch",
-                "agentpolicy",
-                POLICY,
-                "-n",
-                NAMESPACE,
-                "--type=merge",
-                "-p",
-                json.dumps({"spec": spec}),
-            )
+            _patch_policy(plane, spec)
         _rolled_out(scenario, replicas)
         pdb = scenario.get("poddisruptionbudget", EXECUTOR)
         template = (scenario.get("statefulset", EXECUTOR) or {})["spec"]["template"]["spec"]
@@ -1146,16 +1145,7 @@ def test_a_halt_switch_stops_every_executor_pod(
             assert "topologySpreadConstraints" not in template
         _halt_every_pod(scenario, replicas, capsys, store)
         if store is not None:
-            plane.kubectl(
-                "patch",
-                "agentpolicy",
-                POLICY,
-                "-n",
-                NAMESPACE,
-                "--type=merge",
-                "-p",
-                json.dumps({"spec": {"replicas": 1, "store": None}}),
-            )
+            _patch_policy(plane, {"replicas": 1, "store": None})
             _rolled_out(scenario, 1)
             poll(
                 "the PodDisruptionBudget to go with the second replica",

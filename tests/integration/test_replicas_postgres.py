@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import random
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,32 @@ async def test_the_count_window_is_shared_by_the_replicas(tmp_path: Path, pg_url
         provider.terminate()
 
 
+async def _killed_mid_dispatch(
+    provider: ProviderProcess,
+    replica: ExecutorProcess,
+    session: aiohttp.ClientSession,
+    key: str,
+    *,
+    before_kill: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """``replica`` proposes ``key``; the provider (mode ``hang``) acts on it and holds the
+    answer; ``before_kill`` runs, then the replica is SIGKILLed mid-dispatch and the provider
+    answers normally again."""
+    await provider.set_mode("hang")
+    pending = asyncio.ensure_future(replica.propose(session, amount=4000, key=key))
+
+    async def arrived() -> bool:
+        return int((await provider.received())["count"]) == 1
+
+    await wait_until(arrived, timeout=30, what="the provider to receive the payout")
+    if before_kill is not None:
+        await before_kill()
+    replica.kill()
+    with contextlib.suppress(aiohttp.ClientError):
+        await pending
+    await provider.set_mode("normal")
+
+
 async def test_a_replica_killed_mid_dispatch_is_reconciled_by_another_after_its_lease(
     tmp_path: Path, pg_url: str
 ) -> None:
@@ -128,18 +155,8 @@ async def test_a_replica_killed_mid_dispatch_is_reconciled_by_another_after_its_
         tmp_path, provider, pg_url, EXECUTOR_ATTEMPT_LEASE_SECONDS="5"
     )
     try:
-        await provider.set_mode("hang")
         async with aiohttp.ClientSession() as session:
-            pending = asyncio.ensure_future(replicas[0].propose(session, amount=4000, key="kill-1"))
-
-            async def arrived() -> bool:
-                return int((await provider.received())["count"]) == 1
-
-            await wait_until(arrived, timeout=30, what="the provider to receive the payout")
-            replicas[0].kill()
-            with contextlib.suppress(aiohttp.ClientError):
-                await pending
-            await provider.set_mode("normal")
+            await _killed_mid_dispatch(provider, replicas[0], session, "kill-1")
 
             async def reconciled() -> bool:
                 return any(
@@ -191,19 +208,14 @@ async def test_a_taken_over_attempt_still_unknown_is_asked_again_by_its_living_n
         tmp_path, provider, pg_url, EXECUTOR_ATTEMPT_LEASE_SECONDS="5"
     )
     try:
-        await provider.set_mode("hang")
         async with aiohttp.ClientSession() as session:
-            pending = asyncio.ensure_future(replicas[0].propose(session, amount=4000, key="ask-1"))
-
-            async def arrived() -> bool:
-                return int((await provider.received())["count"]) == 1
-
-            await wait_until(arrived, timeout=30, what="the provider to receive the payout")
-            await provider.set_lookups(available=False)
-            replicas[0].kill()
-            with contextlib.suppress(aiohttp.ClientError):
-                await pending
-            await provider.set_mode("normal")
+            await _killed_mid_dispatch(
+                provider,
+                replicas[0],
+                session,
+                "ask-1",
+                before_kill=lambda: provider.set_lookups(available=False),
+            )
 
             def resolutions(replica: ExecutorProcess) -> list[str]:
                 return [

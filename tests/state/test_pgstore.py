@@ -256,19 +256,11 @@ async def test_a_key_whose_holder_never_opened_its_attempt_is_taken_over_after_i
         )
 
     async def lapsed() -> None:
-        async def wait() -> None:
-            async with await psycopg.AsyncConnection.connect(pg_url) as conn:
-                while True:
-                    cur = await conn.execute(
-                        "SELECT lease_until < extract(epoch from clock_timestamp())"
-                        " FROM idempotency WHERE key = 'k-held'"
-                    )
-                    row = await cur.fetchone()
-                    if row is not None and row[0]:
-                        return
-                    await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(wait(), timeout=10)
+        await _until_true(
+            pg_url,
+            "SELECT lease_until < extract(epoch from clock_timestamp())"
+            " FROM idempotency WHERE key = 'k-held'",
+        )
 
     try:
         # The first request records the key, then loses the database (it does nothing more).
@@ -331,19 +323,12 @@ async def test_a_key_whose_holder_never_opened_its_attempt_is_taken_over_after_i
 
         # Its answer was never recorded: a lease after the close, a retry opens the attempt
         # again for a lease keeper, whose reconciliation settles the key.
-        async def closed_a_lease_ago() -> None:
-            async with await psycopg.AsyncConnection.connect(pg_url) as conn:
-                while True:
-                    cur = await conn.execute(
-                        "SELECT closed_at < extract(epoch from clock_timestamp()) - 0.3"
-                        " FROM attempts WHERE attempt_id = 'att-3'"
-                    )
-                    row = await cur.fetchone()
-                    if row is None or row[0] is not False:
-                        return
-                    await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(closed_a_lease_ago(), timeout=10)
+        await _until_true(
+            pg_url,
+            # (or already opened again, by a retry above that came late enough)
+            "SELECT state = 'OPEN' OR closed_at < extract(epoch from clock_timestamp()) - 0.3"
+            " FROM attempts WHERE attempt_id = 'att-3'",
+        )
         assert await asyncio.create_task(begin()) is IdempotencyKind.IN_PROGRESS
         reopened = await store.attempts.take_lapsed(owner="replica-b", lease_seconds=30)
         assert reopened is not None
@@ -357,3 +342,18 @@ async def test_a_key_whose_holder_never_opened_its_attempt_is_taken_over_after_i
         assert (replay.kind, replay.response) == (IdempotencyKind.REPLAY, answer)
     finally:
         await store.close()
+
+
+async def _until_true(url: str, sql: str) -> None:
+    """Poll ``sql`` (one boolean) on the database's own clock until it is true (10 s at most)."""
+
+    async def wait() -> None:
+        async with await psycopg.AsyncConnection.connect(url) as conn:
+            while True:
+                cur = await conn.execute(sql)
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    return
+                await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(wait(), timeout=10)
