@@ -79,12 +79,12 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         """CREATE INDEX attempts_open ON attempts (state, lease_until)""",
     ),
     # 2: a key IN_PROGRESS is held by one request (``holder``) under a lease until its attempt
-    # opens (``attempt_id``, set in the attempt's own INSERT transaction); a key whose holder
+    # opens (``opened_attempt``, set in the attempt's own INSERT transaction); a key whose holder
     # lapsed before that, or whose attempt closed without claiming its grant, can be taken over.
     (
         """ALTER TABLE idempotency ADD COLUMN holder text""",
         """ALTER TABLE idempotency ADD COLUMN lease_until double precision""",
-        """ALTER TABLE idempotency ADD COLUMN attempt_id text""",
+        """ALTER TABLE idempotency ADD COLUMN opened_attempt text""",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -22,7 +22,7 @@ one request per idempotency key  ``INSERT INTO idempotency ... ON CONFLICT DO NO
 a key never stays held by a      ``SELECT ... FOR UPDATE`` on the key's row; it is taken over
 request that died before its     (``UPDATE ... SET holder``) only when its lease lapsed with no
 attempt opened                   attempt, or its attempt is CLOSED without a claimed grant
-an attempt opens only under the  ``UPDATE idempotency SET attempt_id ... WHERE holder = <its
+an attempt opens only under the  ``UPDATE idempotency SET opened_attempt ... WHERE holder = <its
 key's current holder             holder>`` (one row, or nothing opens) in the attempt's INSERT
                                  transaction
 the first final answer stays     ``SELECT ... FOR UPDATE`` on the key's row, then ``UPDATE``
@@ -354,7 +354,7 @@ class PostgresUseStore:
             # only a key that looks stale is read again under its row lock and acted on.
             for locked in (False, True):
                 cur = await conn.execute(
-                    f"SELECT payload_digest, state, response, lease_until < {_NOW}, attempt_id"  # noqa: S608
+                    f"SELECT payload_digest, state, response, lease_until < {_NOW}, opened_attempt"  # noqa: S608
                     " FROM idempotency WHERE tenant = %s AND principal = %s AND key = %s"
                     + (" FOR UPDATE" if locked else ""),
                     (tenant, principal, key),
@@ -377,7 +377,7 @@ class PostgresUseStore:
                 return IdempotencyState(IdempotencyKind.IN_PROGRESS)
             await conn.execute(
                 f"UPDATE idempotency SET holder = %s, lease_until = {_NOW} + %s,"  # noqa: S608
-                " attempt_id = NULL, created_at = %s"
+                " opened_attempt = NULL, created_at = %s"
                 " WHERE tenant = %s AND principal = %s AND key = %s",
                 (holder, lease, now, tenant, principal, key),
             )
@@ -454,7 +454,7 @@ class PostgresUseStore:
         async def work(conn: _Conn) -> int:
             cur = await conn.execute(
                 "UPDATE idempotency SET state = 'DONE', response = %s, completed_at = %s"
-                " WHERE attempt_id = %s AND state = 'IN_PROGRESS'",
+                " WHERE opened_attempt = %s AND state = 'IN_PROGRESS'",
                 (text, now, attempt_id),
             )
             return cur.rowcount
@@ -470,7 +470,7 @@ class PostgresUseStore:
 
         async def work(conn: _Conn) -> None:
             cur = await conn.execute(
-                f"SELECT holder, lease_until < {_NOW}, attempt_id FROM idempotency"  # noqa: S608
+                f"SELECT holder, lease_until < {_NOW}, opened_attempt FROM idempotency"  # noqa: S608
                 " WHERE tenant = %s AND principal = %s AND key = %s AND state = 'IN_PROGRESS'"
                 " FOR UPDATE",
                 (tenant, principal, key),
@@ -861,8 +861,8 @@ class PostgresAttempts:
             if held is not None:  # the key this request holds now belongs to the attempt
                 (tenant, principal, key), holder = held
                 cur = await conn.execute(
-                    "UPDATE idempotency SET attempt_id = %s WHERE tenant = %s AND principal = %s"
-                    " AND key = %s AND holder = %s AND state = 'IN_PROGRESS'",
+                    "UPDATE idempotency SET opened_attempt = %s WHERE tenant = %s"
+                    " AND principal = %s AND key = %s AND holder = %s AND state = 'IN_PROGRESS'",
                     (attempt_id, tenant, principal, key, holder),
                 )
                 if cur.rowcount != 1:

@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
 async def _key_row(url: str, key: str) -> tuple[Any, ...] | None:
     async with await psycopg.AsyncConnection.connect(url) as conn:
         cur = await conn.execute(
-            "SELECT state, holder IS NOT NULL, attempt_id FROM idempotency WHERE key = %s", (key,)
+            "SELECT state, holder IS NOT NULL, opened_attempt FROM idempotency WHERE key = %s",
+            (key,),
         )
         row = await cur.fetchone()
         return tuple(row) if row is not None else None
