@@ -15,7 +15,9 @@ grant_claims        one row per claimed grant id (primary key: the single-use gu
 idempotency         (tenant, principal, key) -> payload digest, IN_PROGRESS (its holder, lease and
                     attempt) or DONE with answer
 consumptions        generic single-use markers (plan approvals, presented escalations)
-approvals           escalations waiting for a person, decided once
+approvals           escalations waiting for a person, decided once (or cancelled while pending)
+passkeys            the WebAuthn credentials of APPROVER principals (issue 21)
+enrolment_tokens    one-time passkey enrolment tokens, by SHA-256 digest (issue 21)
 ceiling_lock        one row per window, locked ``FOR UPDATE`` by every reservation
 ceiling_window      the reservations inside the host-ceiling window
 attempts            the attempt journal's open-attempt state, with its owner and lease
@@ -78,13 +80,35 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             closed_at double precision)""",
         """CREATE INDEX attempts_open ON attempts (state, lease_until)""",
     ),
-    # 2: a key IN_PROGRESS is held by one request (``holder``) under a lease until its attempt
-    # opens (``opened_attempt``, set in the attempt's own INSERT transaction); a key whose holder
-    # lapsed before that, or whose attempt closed without claiming its grant, can be taken over.
     (
-        """ALTER TABLE idempotency ADD COLUMN holder text""",
-        """ALTER TABLE idempotency ADD COLUMN lease_until double precision""",
-        """ALTER TABLE idempotency ADD COLUMN opened_attempt text""",
+        # issue 21: what escalated, the verification asked and given, cancellations; the
+        # approvers' passkeys and their one-time enrolment tokens. Every statement is IF NOT
+        # EXISTS, so this entry composes with other entries in either order.
+        """ALTER TABLE approvals ADD COLUMN IF NOT EXISTS rule text,
+            ADD COLUMN IF NOT EXISTS reason_codes text NOT NULL DEFAULT '[]',
+            ADD COLUMN IF NOT EXISTS required_verification text NOT NULL DEFAULT 'CREDENTIAL',
+            ADD COLUMN IF NOT EXISTS verification text,
+            ADD COLUMN IF NOT EXISTS cancelled_by text,
+            ADD COLUMN IF NOT EXISTS cancel_reason text,
+            ADD COLUMN IF NOT EXISTS cancelled_at double precision""",
+        """CREATE TABLE IF NOT EXISTS passkeys (
+            credential_id text PRIMARY KEY, principal text NOT NULL, public_key bytea NOT NULL,
+            sign_count bigint NOT NULL, transports text NOT NULL,
+            created_at double precision NOT NULL, last_used_at double precision)""",
+        """CREATE INDEX IF NOT EXISTS passkeys_principal ON passkeys (principal)""",
+        """CREATE TABLE IF NOT EXISTS enrolment_tokens (
+            token_digest text PRIMARY KEY, principal text NOT NULL, issued_by text NOT NULL,
+            issued_at double precision NOT NULL, expires_at double precision NOT NULL,
+            used_at double precision)""",
+    ),
+    # issue 15: a key IN_PROGRESS is held by one request (``holder``) under a lease until its
+    # attempt opens (``opened_attempt``, set in the attempt's own INSERT transaction); a key whose
+    # holder lapsed before that, or whose attempt closed without claiming its grant, can be taken
+    # over. Every statement is IF NOT EXISTS, so this entry composes with others in either order.
+    (
+        """ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS holder text""",
+        """ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS lease_until double precision""",
+        """ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS opened_attempt text""",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
