@@ -290,6 +290,11 @@ class Code(StrEnum):
         "the key already has its final answer",
     )
     IDEMPOTENCY_RECORD_MISSING = "IDEMPOTENCY_RECORD_MISSING", None, "no record for this key"
+    IDEMPOTENCY_TAKEN_OVER = (
+        "IDEMPOTENCY_TAKEN_OVER",
+        409,
+        "the key's lease lapsed before its attempt opened and a later request with it took it over",
+    )
     STORE_CLOSED = "STORE_CLOSED", None, "the use store is closed"
     STORE_RECORD_DAMAGED = "STORE_RECORD_DAMAGED", None, "a stored record is damaged"
     STORE_SCHEMA_UNSUPPORTED = "STORE_SCHEMA_UNSUPPORTED", None, "a newer agentsafe wrote the store"

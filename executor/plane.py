@@ -133,6 +133,7 @@ class Executor:
     app: web.Application = field(init=False)
     reconciling: bool = True
     unknown_attempts: int = 0
+    _unknown_ids: set[str] = field(default_factory=set)
     port: int = 0
     _runner: web.AppRunner | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -318,20 +319,31 @@ class Executor:
             )
             for resolution in resolutions:
                 await self.settle_idempotency(resolution)
-            self.unknown_attempts = sum(
-                1
+            self._unknown_ids = {
+                r.attempt_id
                 for r in resolutions
                 if r.resolution
                 in (ResolutionStatus.STILL_UNKNOWN, ResolutionStatus.BINDING_MISMATCH)
-            )
+            }
+            self.unknown_attempts = len(self._unknown_ids)
         self.reconciling = False
         return resolutions
+
+    async def lease_resolved(self, resolution: Resolution) -> None:
+        """A resolution by the lease keeper (a taken-over attempt, or one still unknown asked
+        again): settle its key, and an attempt counted unknown at start that is now closed no
+        longer keeps ``/ready`` from saying ready."""
+        await self.settle_idempotency(resolution)
+        if resolution.closed and resolution.attempt_id in self._unknown_ids:
+            self._unknown_ids.discard(resolution.attempt_id)
+            self.unknown_attempts = len(self._unknown_ids)
 
     async def settle_idempotency(self, resolution: Resolution) -> None:
         """Give a reconciled key its final answer; a key that never reached the provider is freed.
 
         A key whose outcome is still unknown stays in flight (409 IDEMPOTENCY_IN_PROGRESS): the
-        executor asks again at the next start, and the attempt is listed as open.
+        executor asks again at the next start (with a shared store, the lease keeper asks again
+        at most once per lease while this replica lives), and the attempt is listed as open.
         """
         key, tenant, principal = (
             resolution.idempotency_key,
@@ -357,9 +369,12 @@ class Executor:
             status=status,
         )
         if body is not None:
-            await self.store.idempotency_settle(
-                **scope, response={"status": 200, "body": body}, now=self.clock.now()
-            )
+            response = {"status": 200, "body": body}
+            await self.store.idempotency_settle(**scope, response=response, now=self.clock.now())
+            if self.shared is not None:  # a key the attempt holds under another name (approvals)
+                await self.shared.use_store.idempotency_settle_attempt(
+                    resolution.attempt_id, response=response, now=self.clock.now()
+                )
 
     async def listen(self) -> None:
         self._runner = web.AppRunner(
