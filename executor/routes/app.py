@@ -157,6 +157,13 @@ def _schema_error(exc: ValidationError) -> RequestRejected:
     )
 
 
+_JSON_REFUSALS: Mapping[str, str] = {
+    Code.NUMBER_NOT_FINITE: "numbers must be finite",
+    Code.NUMBER_OUT_OF_RANGE: "an integer is outside the exact range",
+    Code.JSON_INVALID: "a string holds a lone surrogate, which has no UTF-8 form",
+}
+
+
 async def read_json(request: web.Request) -> Any:
     """Read a bounded JSON body or raise the right refusal."""
     if request.content_type != "application/json":
@@ -174,12 +181,9 @@ async def read_json(request: web.Request) -> Any:
     except DuplicateKeyError:
         raise RequestRejected(Code.REQUEST_INVALID, "a key appears twice in one object") from None
     except CanonicalizationError as exc:
-        message = (
-            "numbers must be finite"
-            if exc.code == Code.NUMBER_NOT_FINITE
-            else "an integer is outside the exact range"
-        )
-        raise RequestRejected(Code.REQUEST_INVALID, message) from None
+        raise RequestRejected(
+            Code.REQUEST_INVALID, _JSON_REFUSALS.get(exc.code, "the body is not I-JSON")
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise RequestRejected(Code.REQUEST_MALFORMED, "the body is not valid JSON") from None
     check_json_bounds(value)
