@@ -235,6 +235,10 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_STATE_DIR",
     "EXECUTOR_BIND_ADDRESS",
     "PORT",
+    "EXECUTOR_HEADER_TIMEOUT_SECONDS",
+    "EXECUTOR_BODY_TIMEOUT_SECONDS",
+    "EXECUTOR_MAX_CONNECTIONS",
+    "EXECUTOR_MAX_CONNECTIONS_PER_SOURCE",
     "EXECUTOR_INTENT_TTL_SECONDS",
     "EXECUTOR_AUTHORITY_SIGNING_KEY",
     "EXECUTOR_AUTHORITY_SIGNING_KEY_FILE",
@@ -269,6 +273,7 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_ALLOW_PLAINTEXT_LISTENER",
     # egress
     "EXECUTOR_EGRESS_MAX_RESPONSE_BYTES",
+    "EXECUTOR_EGRESS_ALLOW_CIDRS",
     # journal
     "EXECUTOR_JOURNAL_DIR",
     "EXECUTOR_JOURNAL_REQUIRED",
@@ -478,6 +483,25 @@ def _parse_pins(text: str) -> tuple[str, ...]:
     return pins
 
 
+def _parse_cidrs(text: str) -> tuple[str, ...]:
+    """``EXECUTOR_EGRESS_ALLOW_CIDRS``: comma-separated CIDRs, host bits clear, never a ``/0``;
+    returned in canonical form."""
+    out: list[str] = []
+    for entry in text.split(","):
+        try:
+            network = ipaddress.ip_network(entry, strict=True)
+        except ValueError:
+            raise ValueError(
+                "must be CIDRs with host bits clear, comma-separated, without blanks"
+            ) from None
+        if network.prefixlen == 0:
+            raise ValueError("must not contain a /0, which would open every private network")
+        if str(network) in out:
+            raise ValueError("names a network twice")
+        out.append(str(network))
+    return tuple(out)
+
+
 def is_production(environ: Mapping[str, str]) -> bool:
     """``AGENTSAFE_ENV=production``; any case and surrounding blanks count (fail towards it)."""
     return environ.get("AGENTSAFE_ENV", "").strip().lower() == PRODUCTION
@@ -493,6 +517,10 @@ _BOOL_FIELDS: Final = (
 )
 _INT_FIELDS: Final = (
     "port",
+    "executor_header_timeout_seconds",
+    "executor_body_timeout_seconds",
+    "executor_max_connections",
+    "executor_max_connections_per_source",
     "executor_intent_ttl_seconds",
     "executor_jwks_refresh_seconds",
     "executor_jwt_clock_tolerance_seconds",
@@ -582,6 +610,11 @@ class ExecutorConfig(BaseModel):
     executor_state_dir: Path | None = None
     executor_bind_address: str = "127.0.0.1"
     port: int = Field(default=8443, ge=0, le=65535)
+    # The listener's read deadlines and connection caps (routes/listener.py).
+    executor_header_timeout_seconds: int = Field(default=10, ge=1, le=300)
+    executor_body_timeout_seconds: int = Field(default=10, ge=1, le=300)
+    executor_max_connections: int = Field(default=1024, ge=1, le=65_535)
+    executor_max_connections_per_source: int = Field(default=128, ge=1, le=65_535)
     executor_intent_ttl_seconds: int = Field(
         default=INTENT_TTL_SECONDS_DEFAULT, ge=1, le=INTENT_TTL_SECONDS_MAX
     )
@@ -621,6 +654,7 @@ class ExecutorConfig(BaseModel):
     executor_egress_max_response_bytes: int = Field(
         default=1024 * 1024, ge=1024, le=16 * 1024 * 1024
     )
+    executor_egress_allow_cidrs: tuple[str, ...] = ()
 
     # journal
     executor_journal_dir: Path | None = None
@@ -771,6 +805,15 @@ class ExecutorConfig(BaseModel):
             return _parse_ceilings(value)
         if isinstance(value, Mapping):
             _parse_ceilings(",".join(f"{k}:{v}" for k, v in value.items()))
+        return value
+
+    @field_validator("executor_egress_allow_cidrs", mode="before")
+    @classmethod
+    def _allow_cidrs(cls, value: object) -> object:
+        if isinstance(value, str):
+            return _parse_cidrs(value)
+        if isinstance(value, list | tuple):
+            return _parse_cidrs(",".join(str(v) for v in value))
         return value
 
     @field_validator("downstream_spki_pins", mode="before")
@@ -930,6 +973,10 @@ class ExecutorConfig(BaseModel):
                 )
 
     def _listener_rules(self) -> None:
+        if self.executor_max_connections_per_source > self.executor_max_connections:
+            raise ConfigError(
+                "EXECUTOR_MAX_CONNECTIONS_PER_SOURCE", "must not exceed EXECUTOR_MAX_CONNECTIONS"
+            )
         if self.executor_allow_plaintext_listener:
             tls = (
                 ("EXECUTOR_TLS_CERT_FILE", self.executor_tls_cert_file is not None),
