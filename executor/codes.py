@@ -504,6 +504,11 @@ class Code(StrEnum):
     SECRET_BOTH_GIVEN = "SECRET_BOTH_GIVEN", None, "a secret is given both inline and as a file"
     SECRET_DIR_INVALID = "SECRET_DIR_INVALID", None, "EXECUTOR_SECRETS_DIR is not a directory"
     SECRET_DIR_REQUIRED = "SECRET_DIR_REQUIRED", None, "secret files need EXECUTOR_SECRETS_DIR"
+    SECRET_DIR_UNSAFE = (
+        "SECRET_DIR_UNSAFE",
+        None,
+        "EXECUTOR_SECRETS_DIR is the root, a system tree, writable by others or the state's",
+    )
     SECRET_DISPOSED = "SECRET_DISPOSED", None, "a rotated-out secret handle was revealed"
     SECRET_EMPTY = "SECRET_EMPTY", None, "a secret is empty"
     SECRET_FILE_MODE = "SECRET_FILE_MODE", None, "a secret file is readable beyond its owner"
