@@ -236,7 +236,8 @@ def test_every_special_purpose_block_is_refused(address: str, reason: str | None
     if reason is None:
         assert found is None
     else:
-        assert found is not None and found.startswith(reason), (address, found)
+        assert found is not None, address
+        assert found.startswith(reason), (address, found)
 
 
 @pytest.mark.parametrize(("address", "_"), ISSUE_16)
@@ -244,12 +245,14 @@ async def test_the_issue_16_addresses_are_refused_as_dns_answers(address: str, _
     """The addresses the review got through, as the answer for the destination's own name."""
     dns = StandInDns({"api.bank.test": [[address]]})
     client, sink, counted = guard([API], dns, allowed=("10.0.0.0/8", "fd00::/8", "100.64.0.0/10"))
+    assert sink.named("EGRESS_REFUSED") == []
     with pytest.raises(TransportError) as info:
         await client.request(
             "GET", "https://api.bank.test/core/x", headers={}, body=None, timeout=5
         )
     assert (info.value.code, info.value.sent) == ("EGRESS_ADDRESS_REFUSED", False)
     assert counted == ["EGRESS_ADDRESS_REFUSED"]
+    assert [e["code"] for e in sink.named("EGRESS_REFUSED")] == ["EGRESS_ADDRESS_REFUSED"]
 
 
 def test_the_override_opens_only_the_private_parts_it_names() -> None:

@@ -573,7 +573,8 @@ def test_pseudo_filesystems_are_refused_at_any_depth(tree: str) -> None:
 def test_a_directory_others_may_write_is_refused(secrets_dir: Path) -> None:
     put(secrets_dir / "token", VALUE)
     os.chmod(secrets_dir, 0o777)
-    err = refusal({TOKEN_FILE: str(secrets_dir / "token")}, production=True, secrets_dir=secrets_dir)
+    env = {TOKEN_FILE: str(secrets_dir / "token")}
+    err = refusal(env, production=True, secrets_dir=secrets_dir)
     assert (err.code, err.variable) == ("SECRET_DIR_UNSAFE", "EXECUTOR_SECRETS_DIR")
     os.chmod(secrets_dir, 0o770)
     assert unsafe_secrets_dir(str(secrets_dir)) is not None  # group-writable too
