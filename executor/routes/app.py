@@ -1,10 +1,13 @@
 """The executor's HTTP surface (aiohttp): routes, the door hook, security headers, error bodies.
 
-Every response, refusals and aiohttp's own errors included, carries the four security headers and
-``Cache-Control: no-store``. Bodies are JSON of at most 100 KiB (413), with the
-``application/json`` content type (415); a malformed body is 400; the strict request schemas refuse
-unknown or forbidden fields (tenant, actor, credentials) with 400 REQUEST_INVALID. An error body
-is ``{"error": {"code", "message"}}`` and echoes nothing from the request.
+Every response, refusals and aiohttp's own errors included, carries the four security headers,
+``Cache-Control: no-store`` and ``Server: agentsafe`` (``routes/listener.py`` answers what aiohttp
+would answer itself). Bodies are JSON of at most 100 KiB (413), with the ``application/json``
+content type (415), read whole within ``EXECUTOR_BODY_TIMEOUT_SECONDS`` (408 REQUEST_TIMEOUT); a
+malformed body is 400; the strict request schemas refuse unknown or forbidden fields (tenant,
+actor, credentials) with 400 REQUEST_INVALID. An error body is ``{"error": {"code", "message"}}``
+and echoes nothing from the request. A refusal answered before the body was read whole closes
+the connection.
 
 Every route is one row of a declarative table (:class:`Route`: method, path, role, scope, body
 model, handler); :func:`build_app` builds the application from the rows ``routes/table.py``
@@ -12,13 +15,15 @@ assembles, so the order inside a route is fixed in one place: the door (authenti
 row's role and scope), then the body (read, bounded, checked against the row's strict model),
 then the handler. This module holds the rows of the agent's own routes (:func:`core_routes`).
 
-Callers: ``plane.py`` builds the application; ``routes/table.py`` gathers the rows;
+Callers: ``plane.py`` builds the application; ``routes/listener.py`` serves it;
+``routes/table.py`` gathers the rows;
 ``routes/control.py``, ``routes/approvals.py`` and ``routes/plans.py`` write theirs with
 :class:`Route`; tests drive it over real sockets.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -57,6 +62,10 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
 }
+SERVER_HEADER = "agentsafe"
+"""Every response's ``Server``: no interpreter or library version for a scanner to match."""
+BODY_TIMEOUT_SECONDS = 10.0
+"""``EXECUTOR_BODY_TIMEOUT_SECONDS``' default: how long a route waits for a whole body."""
 
 
 class Door(Protocol):
@@ -164,16 +173,25 @@ _JSON_REFUSALS: Mapping[str, str] = {
 }
 
 
-async def read_json(request: web.Request) -> Any:
-    """Read a bounded JSON body or raise the right refusal."""
+async def read_json(request: web.Request, *, timeout: float = BODY_TIMEOUT_SECONDS) -> Any:
+    """Read a bounded JSON body within ``timeout`` seconds or raise the right refusal."""
     if request.content_type != "application/json":
         raise RequestRejected(Code.UNSUPPORTED_MEDIA_TYPE, "the body must be application/json")
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB")
     try:
-        raw = await request.read()
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB") from None
+    except TimeoutError:
+        raise RequestRejected(
+            Code.REQUEST_TIMEOUT, "the body did not arrive in time; nothing was executed"
+        ) from None
+    except web.RequestPayloadError:
+        raise RequestRejected(
+            Code.REQUEST_MALFORMED, "the body is not well-formed (its framing is broken)"
+        ) from None
     if len(raw) > MAX_BODY_BYTES:
         raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB")
     try:
@@ -206,7 +224,12 @@ async def _errors(
     try:
         return await handler(request)
     except RequestRejected as exc:
-        return refusal(exc.code, exc.message, headers=exc.headers)
+        response = refusal(exc.code, exc.message, headers=exc.headers)
+        if not request.content.is_eof():
+            # Refused before the body was read whole (the door, a media type, a deadline):
+            # close rather than drain what the peer may be sending slowly.
+            response.force_close()
+        return response
     except StoreError as exc:
         if exc.code != Code.STORE_UNAVAILABLE:
             return _internal_error(request)
@@ -231,17 +254,21 @@ def _internal_error(request: web.Request) -> web.Response:
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
     response.headers.update(SECURITY_HEADERS)
+    response.headers["Server"] = SERVER_HEADER
 
 
 # ---------------------------------------------------------------------- application
 
 
-def build_app(routes: Sequence[Route], *, door: Door) -> web.Application:
-    """The executor's aiohttp application, one handler per row of ``routes``."""
+def build_app(
+    routes: Sequence[Route], *, door: Door, body_timeout: float = BODY_TIMEOUT_SECONDS
+) -> web.Application:
+    """The executor's aiohttp application, one handler per row of ``routes``; each body is read
+    within ``body_timeout`` seconds (``EXECUTOR_BODY_TIMEOUT_SECONDS``)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
     app.on_response_prepare.append(_security_headers)
     for route in routes:
-        handler = _bind(route, door)
+        handler = _bind(route, door, body_timeout)
         if route.method == "GET":
             app.router.add_get(route.path, handler)
         else:
@@ -249,7 +276,9 @@ def build_app(routes: Sequence[Route], *, door: Door) -> web.Application:
     return app
 
 
-def _bind(route: Route, door: Door) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def _bind(
+    route: Route, door: Door, body_timeout: float
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The door, then the body, then the row's handler."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -258,7 +287,7 @@ def _bind(route: Route, door: Door) -> Callable[[web.Request], Awaitable[web.Str
             principal = await door.authenticate(request, role=route.role, scope=route.scope)
         body = None
         if route.body is not None:
-            raw = await read_json(request)
+            raw = await read_json(request, timeout=body_timeout)
             try:
                 body = route.body.model_validate(raw)
             except ValidationError as exc:
