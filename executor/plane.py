@@ -368,6 +368,7 @@ class Executor:
             self.config.port,
             limits=limits,
             ssl_context=self.tls.context if self.tls is not None else None,
+            security=self.streams.security,
         )
         await self.site.start()
         self.port = self.site.port

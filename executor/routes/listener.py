@@ -21,8 +21,9 @@ an error page); nothing here parses HTTP itself.
   one more connection than either allows is answered 503 ``CONNECTION_LIMIT_REACHED`` (the
   refusal contract, ``Retry-After: 1``) and closed before a byte of it is read. The per-source
   cap keeps one peer from taking every connection, so a flood from one address does not keep
-  an operator out. A connection still in its TLS handshake is not yet counted; the handshake
-  deadline bounds how long it can be held.
+  an operator out. Refusals are summarised on the security stream (``CONNECTIONS_REFUSED``, at
+  most one line every ten seconds). A connection still in its TLS handshake is not yet counted;
+  the handshake deadline bounds how long it can be held.
 - **The refusal contract everywhere**: aiohttp's own answers (a request line or header it
   cannot parse, a handler failure it caught) are ``{"error": {"code", "message"}}`` JSON with
   the four security headers and ``Cache-Control: no-store``, a fixed message that echoes nothing
@@ -38,7 +39,9 @@ import asyncio
 import json
 import logging
 import ssl
+import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +49,7 @@ from aiohttp import web
 from aiohttp.web_request import BaseRequest
 
 from ..codes import Code
+from ..events import EventSink
 from ..lifecycle.answers import error_body
 from .app import SECURITY_HEADERS, SERVER_HEADER
 from .refusals import code_for_http_error, refusal
@@ -58,6 +62,7 @@ _MALFORMED = "the request is not well-formed HTTP/1.1; it was not processed"
 _FAILED = "the executor failed; the request was not executed"
 _BUSY = "too many connections are open; retry later"
 _REFUSED_LINGER_SECONDS = 1.0
+REFUSAL_SUMMARY_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -97,12 +102,27 @@ def _raw_refusal(code: Code, message: str, *, status: int, reason: str) -> bytes
 
 
 class ConnectionGate:
-    """Counts open connections, in all and by source address, against the caps."""
+    """Counts open connections, in all and by source address, against the caps.
 
-    def __init__(self, limits: ListenerLimits) -> None:
+    Refusals are summarised on the security stream, never one line each (a flood would write
+    one per connection): ``CONNECTIONS_REFUSED`` with how many since the last such line and how
+    many connections are open, at most once every :data:`REFUSAL_SUMMARY_SECONDS`.
+    """
+
+    def __init__(
+        self,
+        limits: ListenerLimits,
+        *,
+        security: EventSink | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._limits = limits
         self._open = 0
         self._by_source: Counter[str] = Counter()
+        self._security = security
+        self._monotonic = monotonic
+        self._reported = 0
+        self._reported_at: float | None = None
         self.refused = 0
         status = Code.CONNECTION_LIMIT_REACHED.status or 503
         self.refusal = _raw_refusal(
@@ -122,10 +142,22 @@ class ConnectionGate:
             or self._by_source[source] >= self._limits.max_connections_per_source
         ):
             self.refused += 1
+            self._summarise()
             return None
         self._open += 1
         self._by_source[source] += 1
         return source
+
+    def _summarise(self) -> None:
+        now = self._monotonic()
+        if self._security is None or (
+            self._reported_at is not None and now - self._reported_at < REFUSAL_SUMMARY_SECONDS
+        ):
+            return
+        self._security.emit(
+            "CONNECTIONS_REFUSED", {"refused": self.refused - self._reported, "open": self._open}
+        )
+        self._reported, self._reported_at = self.refused, now
 
     def release(self, source: str) -> None:
         self._open -= 1
@@ -210,12 +242,13 @@ class GuardedSite(web.BaseSite):
         limits: ListenerLimits,
         ssl_context: ssl.SSLContext | None = None,
         backlog: int = 128,
+        security: EventSink | None = None,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
         self._host = host
         self._port = port
         self._limits = limits
-        self._gate = ConnectionGate(limits)
+        self._gate = ConnectionGate(limits, security=security)
         self._bound_port: int | None = None
 
     @property

@@ -457,6 +457,14 @@ def test_the_connection_caps_answer_503_in_the_contract_and_others_are_served(
     assert found["other_source"].status == 200
     assert_still_serving(capped)
 
+    async def summarised() -> bool:
+        return bool(security_events(capped, "CONNECTIONS_REFUSED"))
+
+    asyncio.run(wait_until(summarised, timeout=30, what="CONNECTIONS_REFUSED on the stream"))
+    [first, *_] = security_events(capped, "CONNECTIONS_REFUSED")
+    assert first["refused"] >= 1
+    assert 1 <= first["open"] <= 12
+
 
 # ----------------------------------------------------------------------------- item 13
 

@@ -17,9 +17,11 @@ import pytest
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
+from agentsafe.executor.events import MemorySink
 from agentsafe.executor.principals import Principal, Role, Scope
 from agentsafe.executor.routes.app import Call, Route, build_app
 from agentsafe.executor.routes.listener import (
+    REFUSAL_SUMMARY_SECONDS,
     ConnectionGate,
     GuardedSite,
     ListenerLimits,
@@ -54,6 +56,26 @@ def test_the_gate_counts_in_all_and_by_source() -> None:
     gate.release("10.0.0.1")
     assert gate.admit(c1) == "x"  # type: ignore[arg-type]
     assert gate.open == 3
+
+
+def test_refusals_are_summarised_not_written_one_line_each() -> None:
+    now = [100.0]
+    sink = MemorySink()
+    gate = ConnectionGate(
+        ListenerLimits(max_connections=1, max_connections_per_source=1),
+        security=sink,
+        monotonic=lambda: now[0],
+    )
+    assert gate.admit(_Peer("a")) == "a"  # type: ignore[arg-type]
+    for _ in range(50):
+        assert gate.admit(_Peer("b")) is None  # type: ignore[arg-type]
+    now[0] += REFUSAL_SUMMARY_SECONDS
+    for _ in range(7):
+        assert gate.admit(_Peer("b")) is None  # type: ignore[arg-type]
+    assert sink.named("CONNECTIONS_REFUSED") == [
+        {"refused": 1, "open": 1},  # the first refusal is said at once
+        {"refused": 50, "open": 1},  # then what came since, once per interval
+    ]
 
 
 def test_the_handler_settings_make_the_keepalive_timer_the_head_deadline() -> None:
