@@ -69,14 +69,18 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = [
+    "BODY_TIMEOUT_SECONDS_DEFAULT",
     "CONFIG_KEYS",
     "CURRENCY_PATTERN",
     "DOWNSTREAM_TIMEOUT_MS_DEFAULT",
     "DOWNSTREAM_TIMEOUT_MS_MAX",
     "HARD_LIMIT_WINDOW_COUNT_MAX",
     "HARD_LIMIT_WINDOW_SECONDS_MAX",
+    "HEADER_TIMEOUT_SECONDS_DEFAULT",
     "INTENT_TTL_SECONDS_DEFAULT",
     "INTENT_TTL_SECONDS_MAX",
+    "MAX_CONNECTIONS_DEFAULT",
+    "MAX_CONNECTIONS_PER_SOURCE_DEFAULT",
     "MAX_TEXT",
     "PRODUCTION",
     "SECRET_FILE_SUFFIX",
@@ -108,6 +112,10 @@ SECRET_FILE_SUFFIX: Final = "_FILE"
 INTENT_TTL_SECONDS_DEFAULT: Final = 60
 INTENT_TTL_SECONDS_MAX: Final = 300
 DOWNSTREAM_TIMEOUT_MS_DEFAULT: Final = 10_000
+HEADER_TIMEOUT_SECONDS_DEFAULT: Final = 10
+BODY_TIMEOUT_SECONDS_DEFAULT: Final = 10
+MAX_CONNECTIONS_DEFAULT: Final = 1024
+MAX_CONNECTIONS_PER_SOURCE_DEFAULT: Final = 128
 DOWNSTREAM_TIMEOUT_MS_MAX: Final = 15_000
 HARD_LIMIT_WINDOW_SECONDS_MAX: Final = 2_592_000
 HARD_LIMIT_WINDOW_COUNT_MAX: Final = 1_000_000_000
@@ -611,10 +619,14 @@ class ExecutorConfig(BaseModel):
     executor_bind_address: str = "127.0.0.1"
     port: int = Field(default=8443, ge=0, le=65535)
     # The listener's read deadlines and connection caps (routes/listener.py).
-    executor_header_timeout_seconds: int = Field(default=10, ge=1, le=300)
-    executor_body_timeout_seconds: int = Field(default=10, ge=1, le=300)
-    executor_max_connections: int = Field(default=1024, ge=1, le=65_535)
-    executor_max_connections_per_source: int = Field(default=128, ge=1, le=65_535)
+    executor_header_timeout_seconds: int = Field(
+        default=HEADER_TIMEOUT_SECONDS_DEFAULT, ge=1, le=300
+    )
+    executor_body_timeout_seconds: int = Field(default=BODY_TIMEOUT_SECONDS_DEFAULT, ge=1, le=300)
+    executor_max_connections: int = Field(default=MAX_CONNECTIONS_DEFAULT, ge=1, le=65_535)
+    executor_max_connections_per_source: int = Field(
+        default=MAX_CONNECTIONS_PER_SOURCE_DEFAULT, ge=1, le=65_535
+    )
     executor_intent_ttl_seconds: int = Field(
         default=INTENT_TTL_SECONDS_DEFAULT, ge=1, le=INTENT_TTL_SECONDS_MAX
     )

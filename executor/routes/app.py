@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from ..canonical import DuplicateKeyError, parse_json
 from ..codes import Code
+from ..config import BODY_TIMEOUT_SECONDS_DEFAULT
 from ..errors import CanonicalizationError, RequestRejected, StoreError
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer
@@ -64,7 +65,7 @@ SECURITY_HEADERS = {
 }
 SERVER_HEADER = "agentsafe"
 """Every response's ``Server``: no interpreter or library version for a scanner to match."""
-BODY_TIMEOUT_SECONDS = 10.0
+BODY_TIMEOUT_SECONDS = float(BODY_TIMEOUT_SECONDS_DEFAULT)
 """``EXECUTOR_BODY_TIMEOUT_SECONDS``' default: how long a route waits for a whole body."""
 
 

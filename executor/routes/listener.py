@@ -49,6 +49,12 @@ from aiohttp import web
 from aiohttp.web_request import BaseRequest
 
 from ..codes import Code
+from ..config import (
+    BODY_TIMEOUT_SECONDS_DEFAULT,
+    HEADER_TIMEOUT_SECONDS_DEFAULT,
+    MAX_CONNECTIONS_DEFAULT,
+    MAX_CONNECTIONS_PER_SOURCE_DEFAULT,
+)
 from ..events import EventSink
 from ..lifecycle.answers import error_body
 from .app import SECURITY_HEADERS, SERVER_HEADER
@@ -69,10 +75,10 @@ REFUSAL_SUMMARY_SECONDS = 10.0
 class ListenerLimits:
     """The listener's deadlines (seconds) and caps; see the module docstring."""
 
-    header_timeout: float = 10.0
-    body_timeout: float = 10.0
-    max_connections: int = 1024
-    max_connections_per_source: int = 128
+    header_timeout: float = float(HEADER_TIMEOUT_SECONDS_DEFAULT)
+    body_timeout: float = float(BODY_TIMEOUT_SECONDS_DEFAULT)
+    max_connections: int = MAX_CONNECTIONS_DEFAULT
+    max_connections_per_source: int = MAX_CONNECTIONS_PER_SOURCE_DEFAULT
 
 
 def handler_settings(limits: ListenerLimits) -> dict[str, Any]:
