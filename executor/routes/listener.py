@@ -67,7 +67,6 @@ log = logging.getLogger(__name__)
 _MALFORMED = "the request is not well-formed HTTP/1.1; it was not processed"
 _FAILED = "the executor failed; the request was not executed"
 _BUSY = "too many connections are open; retry later"
-_REFUSED_LINGER_SECONDS = 1.0
 REFUSAL_SUMMARY_SECONDS = 10.0
 
 
@@ -139,6 +138,11 @@ class ConnectionGate:
     def open(self) -> int:
         return self._open
 
+    @property
+    def linger(self) -> float:
+        """How long a refused connection waits for its peer to close (the header deadline)."""
+        return self._limits.header_timeout
+
     def admit(self, transport: asyncio.BaseTransport) -> str | None:
         """The connection's source when it may be served, ``None`` when a cap is reached."""
         peer = transport.get_extra_info("peername")
@@ -185,14 +189,15 @@ class _ContractHandler(web.RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         source = self._gate.admit(transport)
         if source is None:
-            # Answer, then half-close: a close with the peer's request still unread would be a
-            # reset that discards the answer. Whatever the peer sends is dropped, and the
-            # connection is closed when it closes its side or after a second at most.
+            # Answer, then half-close: a close with the peer's request still unread (or still
+            # arriving) would be a reset that discards the answer. Whatever the peer sends is
+            # dropped, and the connection is closed when the peer closes its side, or at the
+            # header deadline: a refused connection is held no longer than an admitted one.
             assert isinstance(transport, asyncio.WriteTransport)
             transport.write(self._gate.refusal)
             if transport.can_write_eof():
                 transport.write_eof()
-            asyncio.get_running_loop().call_later(_REFUSED_LINGER_SECONDS, transport.close)
+            asyncio.get_running_loop().call_later(self._gate.linger, transport.close)
             return
         self._source = source
         super().connection_made(transport)
