@@ -340,7 +340,8 @@ def _sqlite_uri_allowed(rest: str, inside: Callable[[Any], bool]) -> bool:
 
 
 def run_self_test(writable_dirs: Sequence[Path]) -> dict[str, bool]:
-    """Try a raw connect, a child process and a stray write; ``True`` where the guard refused."""
+    """Try a raw connect and an unconnected datagram, a child process and a stray write; ``True``
+    where the guard refused."""
     return {
         SOCKET_GUARD_ABSENT: _probe_connect(),
         CHILD_PROCESS_ALLOWED: _probe_child(),
@@ -353,6 +354,10 @@ def _refused_by_guard(exc: BaseException) -> bool:
 
 
 def _probe_connect() -> bool:
+    return _probe_stream_connect() and _probe_datagram()
+
+
+def _probe_stream_connect() -> bool:
     # A loopback port that is bound but not listening: without the guard the kernel refuses.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
         closed.bind(("127.0.0.1", 0))
@@ -362,6 +367,20 @@ def _probe_connect() -> bool:
         except OSError as exc:
             return _refused_by_guard(exc)
         probe.close()
+        return False
+
+
+def _probe_datagram() -> bool:
+    # A datagram to a loopback socket of our own: without the guard it is simply delivered.
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe,
+    ):
+        sink.bind(("127.0.0.1", 0))
+        try:
+            probe.sendto(b"agentsafe-guard-probe", sink.getsockname())
+        except OSError as exc:
+            return _refused_by_guard(exc)
         return False
 
 
