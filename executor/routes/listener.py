@@ -46,7 +46,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_request import BaseRequest
 
 from ..codes import Code
 from ..config import (
@@ -60,7 +59,13 @@ from ..lifecycle.answers import error_body
 from .app import SECURITY_HEADERS, SERVER_HEADER
 from .refusals import code_for_http_error, refusal
 
-__all__ = ["ConnectionGate", "GuardedSite", "ListenerLimits", "handler_settings"]
+__all__ = [
+    "REFUSAL_SUMMARY_SECONDS",
+    "ConnectionGate",
+    "GuardedSite",
+    "ListenerLimits",
+    "handler_settings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +220,7 @@ class _ContractHandler(web.RequestHandler):
 
     def handle_error(
         self,
-        request: BaseRequest,
+        request: web.BaseRequest,
         status: int = 500,
         exc: BaseException | None = None,
         message: str | None = None,
