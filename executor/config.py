@@ -39,7 +39,7 @@ import binascii
 import ipaddress
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from io import StringIO
@@ -586,6 +586,12 @@ _ABSOLUTE_FIELDS: Final = (
     "executor_evidence_dir",
 )
 
+# Comma-separated lists and their parsers.
+_LIST_FIELDS: Final[Mapping[str, Callable[[str], tuple[str, ...]]]] = {
+    "executor_egress_allow_cidrs": _parse_cidrs,
+    "downstream_spki_pins": _parse_pins,
+}
+
 # The downstream URLs and the placeholder each must contain.
 _DOWNSTREAM_URLS: Final[Mapping[str, str | None]] = {
     "downstream_url": None,
@@ -819,22 +825,14 @@ class ExecutorConfig(BaseModel):
             _parse_ceilings(",".join(f"{k}:{v}" for k, v in value.items()))
         return value
 
-    @field_validator("executor_egress_allow_cidrs", mode="before")
+    @field_validator(*_LIST_FIELDS, mode="before")
     @classmethod
-    def _allow_cidrs(cls, value: object) -> object:
+    def _lists(cls, value: object, info: ValidationInfo) -> object:
+        parse = _LIST_FIELDS[str(info.field_name)]
         if isinstance(value, str):
-            return _parse_cidrs(value)
+            return parse(value)
         if isinstance(value, list | tuple):
-            return _parse_cidrs(",".join(str(v) for v in value))
-        return value
-
-    @field_validator("downstream_spki_pins", mode="before")
-    @classmethod
-    def _pins(cls, value: object) -> object:
-        if isinstance(value, str):
-            return _parse_pins(value)
-        if isinstance(value, list | tuple):
-            return _parse_pins(",".join(str(v) for v in value))
+            return parse(",".join(str(v) for v in value))
         return value
 
     @field_validator(*_DOWNSTREAM_URLS, mode="after")

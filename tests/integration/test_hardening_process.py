@@ -130,12 +130,13 @@ def assert_contract(response: RawResponse) -> None:
     assert set(response.json["error"]) == {"code", "message"}
 
 
-async def closed_by_server(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, trickle: bytes | None
-) -> float:
-    """Trickle one byte of ``trickle`` every 0.25 s (or nothing) until the server closes the
-    connection; the seconds it took. A connection still open after 30 s fails the test."""
+async def trickle_until_closed(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, trickle: bytes | None
+) -> tuple[bytes, float]:
+    """Send one byte of ``trickle`` every 0.25 s (or nothing) until the server closes the
+    connection; what it answered and the seconds it took. Still open after 30 s fails the test."""
     started = time.monotonic()
+    answered: list[bytes] = []
     position = 0
     async with asyncio.timeout(30):
         while True:
@@ -149,9 +150,19 @@ async def closed_by_server(
             except TimeoutError:
                 continue
             except ConnectionError:
-                return time.monotonic() - started
+                break
             if not data:
-                return time.monotonic() - started
+                break
+            answered.append(data)
+    return b"".join(answered), time.monotonic() - started
+
+
+async def closed_by_server(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, trickle: bytes | None
+) -> float:
+    """The seconds until the server closed a connection trickling ``trickle``."""
+    _, held = await trickle_until_closed(reader, writer, trickle)
+    return held
 
 
 # ----------------------------------------------------------------------------- processes
@@ -422,26 +433,8 @@ def test_an_authenticated_slow_body_is_408_and_closed_at_the_body_deadline(
         try:
             writer.write(head + body[:5])
             await writer.drain()
-            started = time.monotonic()
-            chunks: list[bytes] = []
-            position = 5
-            async with asyncio.timeout(30):
-                while True:
-                    if position < len(body):
-                        with contextlib.suppress(ConnectionError):
-                            writer.write(body[position : position + 1])
-                            await writer.drain()
-                        position += 1
-                    try:
-                        data = await asyncio.wait_for(reader.read(65536), timeout=0.25)
-                    except TimeoutError:
-                        continue
-                    except ConnectionError:
-                        break
-                    if not data:
-                        break
-                    chunks.append(data)
-            return parse_response(b"".join(chunks)), time.monotonic() - started
+            answer, held = await trickle_until_closed(reader, writer, body[5:])
+            return parse_response(answer), held
         finally:
             writer.close()
 
