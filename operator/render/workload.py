@@ -118,6 +118,8 @@ def render_environment(inp: RenderInput) -> dict[str, str]:
     # destinations its egress guard may connect to (it refuses private-use blocks otherwise).
     v4, v6 = downstream_networks(inp)
     env["EXECUTOR_EGRESS_ALLOW_CIDRS"] = ",".join(str(n) for n in [*v4, *v6])
+    if spec.approval_origin is not None:
+        env["EXECUTOR_APPROVAL_ORIGIN"] = spec.approval_origin
     if spec.tls.client_ca is not None:
         env["EXECUTOR_TLS_CLIENT_CA_FILE"] = f"{CONFIG_DIR}/{_CLIENT_CA}"
     if "@" in inp.image:
