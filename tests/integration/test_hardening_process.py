@@ -37,6 +37,7 @@ import pytest
 import yaml
 
 from agentsafe.executor.routes.app import core_routes
+from agentsafe.executor.routes.approval_page import page_routes
 from agentsafe.executor.routes.approvals import approval_routes
 from agentsafe.executor.routes.control import control_routes
 from agentsafe.executor.routes.plans import plan_routes
@@ -50,7 +51,12 @@ from agentsafe.executor.tools.harness import (
 from tests.plans import support as plans_support
 from tests.support.pki import Issued, TestCA
 
-from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
+from .bearer_principals import (
+    APPROVERS_OPERATOR_ID,
+    OPERATOR_ID,
+    BearerPrincipals,
+    principals_env,
+)
 from .estate import write_private
 
 pytestmark = pytest.mark.slow
@@ -199,7 +205,7 @@ def served(root: Path, **settings: str) -> Iterator[Served]:
     root.mkdir(parents=True, exist_ok=True)
     provider = ProviderProcess(root)
     _start(provider)
-    principals = BearerPrincipals()
+    principals = BearerPrincipals(approvers_operator=True)
     workspace = Workspace(root / "ws")
     env = principals_env(
         workspace.environment(
@@ -523,6 +529,7 @@ def _body_routes() -> set[tuple[str, str]]:
         *control_routes(dummy),
         *plan_routes(service=dummy, streams=dummy),
         *approval_routes(store=dummy, streams=dummy, clock=dummy),
+        *page_routes(),
     ]
     return {(row.method, row.path) for row in rows if row.body is not None}
 
@@ -536,6 +543,12 @@ BODY_ROUTES = {
     ("POST", "/v1/plans/approvals"): "treasury-lead",
     ("POST", "/v1/plans/receipts/verify"): OPERATOR_ID,
     ("POST", "/v1/approvals/{request_id}"): "treasury-lead",
+    ("POST", "/v1/approvals/{request_id}/challenge"): "treasury-lead",
+    ("POST", "/v1/approvers/enrolment/options"): "treasury-lead",
+    ("POST", "/v1/approvers/enrolment"): "treasury-lead",
+    ("POST", "/v1/control/approvers/{principal_id}/enrolment-tokens"): APPROVERS_OPERATOR_ID,
+    ("POST", "/v1/control/approvals/{request_id}/cancel"): APPROVERS_OPERATOR_ID,
+    ("POST", "/v1/escalations/cancel"): "treasury-workflow",
     ("POST", "/v1/control/halt"): OPERATOR_ID,
     ("POST", "/v1/control/resume"): OPERATOR_ID,
     ("POST", "/v1/control/evidence-export"): OPERATOR_ID,
@@ -556,7 +569,9 @@ def test_the_body_routes_listed_here_are_every_body_route() -> None:
 def test_hostile_numbers_and_strings_are_400_on_every_body_route(capped: Served, kind: str) -> None:
     body = HOSTILE_BODIES[kind]
     for (method, path), who in BODY_ROUTES.items():
-        target = path.replace("{request_id}", "00000000-0000-4000-8000-000000000001")
+        target = path.replace("{request_id}", "00000000-0000-4000-8000-000000000001").replace(
+            "{principal_id}", "treasury-lead"
+        )
         request_bytes = (
             f"{method} {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
             f"Authorization: Bearer {capped.bearer(who)}\r\n"
