@@ -131,6 +131,7 @@ def build_transport(
         streams,
         max_response_bytes=config.executor_egress_max_response_bytes,
         on_refusal=on_refusal,
+        allowed_networks=config.executor_egress_allow_cidrs,
     )
 
 

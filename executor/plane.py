@@ -54,6 +54,7 @@ from .policy.policy import CompiledPolicy
 from .principals import Principal
 from .routes.app import ReadyState, Route, build_app
 from .routes.door import HttpDoor
+from .routes.listener import GuardedSite, ListenerLimits, handler_settings
 from .routes.table import Approvals, route_table
 from .state.journal import AttemptJournal
 from .state.pgstore import PostgresStore
@@ -135,6 +136,7 @@ class Executor:
     unknown_attempts: int = 0
     _unknown_ids: set[str] = field(default_factory=set)
     port: int = 0
+    site: GuardedSite | None = None
     _runner: web.AppRunner | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -161,7 +163,11 @@ class Executor:
             plans=self.plans,
             approvals=approvals,
         )
-        self.app = build_app(self.routes, door=self.door)
+        self.app = build_app(
+            self.routes,
+            door=self.door,
+            body_timeout=float(self.config.executor_body_timeout_seconds),
+        )
 
     # -------------------------------------------------------------- what routes ask
 
@@ -376,26 +382,46 @@ class Executor:
                     resolution.attempt_id, response=response, now=self.clock.now()
                 )
 
+    @property
+    def listener_limits(self) -> ListenerLimits:
+        """The listener's read deadlines and connection caps, from the configuration."""
+        config = self.config
+        return ListenerLimits(
+            header_timeout=float(config.executor_header_timeout_seconds),
+            body_timeout=float(config.executor_body_timeout_seconds),
+            max_connections=config.executor_max_connections,
+            max_connections_per_source=config.executor_max_connections_per_source,
+        )
+
     async def listen(self) -> None:
+        limits = self.listener_limits
         self._runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS
+            self.app,
+            handle_signals=False,
+            shutdown_timeout=DRAIN_SECONDS,
+            **handler_settings(limits),
         )
         await self._runner.setup()
-        site = web.TCPSite(
+        self.site = GuardedSite(
             self._runner,
-            host=self.config.executor_bind_address,
-            port=self.config.port,
+            self.config.executor_bind_address,
+            self.config.port,
+            limits=limits,
             ssl_context=self.tls.context if self.tls is not None else None,
-            reuse_address=True,
+            security=self.streams.security,
         )
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        await self.site.start()
+        self.port = self.site.port
         self.streams.security.emit(
             "LISTENING",
             {
                 "address": self.config.executor_bind_address,
                 "port": self.port,
                 "tls": self.tls is not None,
+                "header_timeout_seconds": limits.header_timeout,
+                "body_timeout_seconds": limits.body_timeout,
+                "max_connections": limits.max_connections,
+                "max_connections_per_source": limits.max_connections_per_source,
             },
         )
 

@@ -45,6 +45,7 @@ from .common import (
     selector_labels,
 )
 from .config import AUTHORITY_KEY_KEY, HALT_KEY, JWKS_KEY, POLICY_KEY, PRINCIPALS_KEY
+from .network import downstream_networks
 
 __all__ = [
     "CONFIG_DIR",
@@ -122,6 +123,10 @@ def render_environment(inp: RenderInput) -> dict[str, str]:
         "DOWNSTREAM_TIMEOUT_MS": str(down.timeout_ms),
         "DOWNSTREAM_CREDENTIAL_KIND": cred.kind.value,
     }
+    # The networks the NetworkPolicy lets the executor reach are the deliberate private
+    # destinations its egress guard may connect to (it refuses private-use blocks otherwise).
+    v4, v6 = downstream_networks(inp)
+    env["EXECUTOR_EGRESS_ALLOW_CIDRS"] = ",".join(str(n) for n in [*v4, *v6])
     if spec.approval_origin is not None:
         env["EXECUTOR_APPROVAL_ORIGIN"] = spec.approval_origin
     if spec.tls.client_ca is not None:

@@ -153,6 +153,16 @@ def test_environment_is_what_the_executor_accepts(render_input: RenderInput) -> 
     assert "DOWNSTREAM_ENVIRONMENT" not in env  # nothing in the executor reads it
 
 
+def test_the_downstream_networks_are_the_executors_private_destination_override(
+    render_input: RenderInput,
+) -> None:
+    """The executor's guard refuses private-use answers unless opened (issue 16): the networks
+    the NetworkPolicy lets it reach are exactly the ones it may connect to."""
+    inp = _with_spec(render_input, **{"downstream.cidrs": ["10.96.0.0/12", "fd00:10::/32"]})
+    config = load_config(render_environment(inp))
+    assert config.executor_egress_allow_cidrs == ("10.96.0.0/12", "fd00:10::/32")
+
+
 def test_downstream_environment_is_refused_because_it_would_configure_nothing(
     render_input: RenderInput,
 ) -> None:
