@@ -18,7 +18,7 @@ Callers: ``routes/table.py`` gathers these rows (:func:`approval_routes`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,6 +30,7 @@ from ..events import Streams
 from ..intent import CapturedIntent, check_separation
 from ..principals import Principal, Role
 from ..state.usestore import ApprovalError, ApprovalRecord, ApprovalState, UseStore
+from .answers import ApprovalList, ApprovalView
 from .app import Call, Route
 
 __all__ = ["approval_routes", "describe_record"]
@@ -41,6 +42,13 @@ class DecisionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     decision: str = Field(pattern=r"^(APPROVE|DENY)$")
     reason: str = Field(min_length=1, max_length=500)
+
+
+class ListingQuery(BaseModel):
+    """The query of ``GET /v1/approvals``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    state: Literal["PENDING", "APPROVED", "DENIED", "EXPIRED"] = "PENDING"
 
 
 DECISION_INVALID = 'the body must be {"decision": "APPROVE"|"DENY", "reason": "..."}'
@@ -81,14 +89,11 @@ def _visible(record: ApprovalRecord | None, approver: Principal) -> ApprovalReco
 
 def approval_routes(*, store: UseStore, streams: Streams, clock: Clock) -> tuple[Route, ...]:
     async def listing(call: Call) -> web.StreamResponse:
-        try:
-            state = ApprovalState(call.request.query.get("state", "PENDING"))
-        except ValueError:
-            raise RequestRejected(
-                Code.REQUEST_INVALID, "state must be PENDING, APPROVED, DENIED or EXPIRED"
-            ) from None
+        query: ListingQuery = call.query
         now = clock.now()
-        records = await store.approval_list(state=state, now=now, approver=call.caller.id)
+        records = await store.approval_list(
+            state=ApprovalState(query.state), now=now, approver=call.caller.id
+        )
         return web.json_response({"approvals": [describe_record(r, now=now) for r in records]})
 
     async def one(call: Call) -> web.StreamResponse:
@@ -129,7 +134,53 @@ def approval_routes(*, store: UseStore, streams: Streams, clock: Clock) -> tuple
     approver = Role.APPROVER
     one_path = "/v1/approvals/{request_id}"
     return (
-        Route("GET", "/v1/approvals", approver, None, None, listing),
-        Route("GET", one_path, approver, None, None, one),
-        Route("POST", one_path, approver, None, DecisionRequest, decide, DECISION_INVALID),
+        Route(
+            "GET",
+            "/v1/approvals",
+            approver,
+            None,
+            None,
+            listing,
+            summary="The approval requests this approver may decide, in one state",
+            answers={200: ApprovalList},
+            codes=frozenset({Code.STORE_UNAVAILABLE}),
+            query=ListingQuery,
+        ),
+        Route(
+            "GET",
+            one_path,
+            approver,
+            None,
+            None,
+            one,
+            summary="One approval request, with the intent it would release",
+            answers={200: ApprovalView},
+            codes=frozenset({Code.APPROVAL_NOT_FOUND, Code.STORE_UNAVAILABLE}),
+        ),
+        Route(
+            "POST",
+            one_path,
+            approver,
+            None,
+            DecisionRequest,
+            decide,
+            DECISION_INVALID,
+            summary="Decide an approval request once: APPROVE or DENY, with a reason",
+            answers={200: ApprovalView},
+            codes=DECIDE_CODES,
+        ),
     )
+
+
+DECIDE_CODES = frozenset(
+    {
+        Code.APPROVAL_NOT_FOUND,
+        Code.SEPARATION_OF_DUTIES_VIOLATED,
+        Code.APPROVAL_ALREADY_DECIDED,
+        Code.APPROVAL_EXPIRED,
+        Code.APPROVAL_NOT_PERMITTED,
+        Code.APPROVAL_DECISION_INVALID,
+        Code.STORE_UNAVAILABLE,
+    }
+)
+"""What a decision refuses with (``check_separation``, ``UseStore.approval_decide``)."""

@@ -2,8 +2,9 @@
 
 :func:`route_table` gathers the rows of each route module (the agent's own routes, the operator's
 control routes, the approval routes with ``EXECUTOR_ESCALATION=APPROVAL``, the plan routes when
-the policy has a ``plans`` section); :func:`~agentsafe.executor.routes.app.build_app` builds the
-application from them. The README's wire-contract table lists the same rows (method, path, role,
+the policy has a ``plans`` section), and the row that serves the OpenAPI document of them all
+(``routes/openapi.py``); :func:`~agentsafe.executor.routes.app.build_app` builds the application
+from them. The README's wire-contract table lists the same rows (method, path, role,
 scope), and ``tests/routes/test_table.py`` keeps the two equal.
 
 Callers: ``plane.py``; tests.
@@ -23,6 +24,7 @@ from ..state.usestore import UseStore
 from .app import ReadyState, Route, core_routes
 from .approvals import approval_routes
 from .control import ControlPlane, control_routes
+from .openapi import openapi_route
 from .plans import plan_routes
 
 __all__ = ["Approvals", "route_table"]
@@ -57,4 +59,6 @@ def route_table(
         rows.extend(
             approval_routes(store=approvals.store, streams=approvals.streams, clock=approvals.clock)
         )
-    return tuple(rows)
+    rows.append(openapi_route(lambda: table))
+    table = tuple(rows)
+    return table
