@@ -106,7 +106,14 @@ def _same_as_docs(served: dict[str, object]) -> None:
 # RFC 8785 bounds (integers within +-(2**53-1), nesting, counts: 400/413), its ceilings (422), the
 # intent binding inside a recovery or an escalation object (400/409), the plan library's own
 # shapes (400/422, a host's code), a halt or resume reason that is blank once trimmed (422).
+#
+# not_a_server_error: 500 (and any 5xx but two) fails. 503 is a documented, fail-closed answer
+# (halted: schemathesis halts the executor itself; not ready; the store unreachable) and 502 a plan
+# step executor's failure, each checked by the schema and by the refusal contract.
 CONFIG = """
+[checks.not_a_server_error]
+expected-statuses = ["2xx", "3xx", "4xx", 502, 503]
+
 [[operations]]
 include-path-regex = "^/v1/(actions|reconciliations|escalations|plans/.*|control/(halt|resume))$"
 checks.positive_data_acceptance.expected-statuses = [
