@@ -11,7 +11,9 @@ it: one operation per row, with
   with ``code`` an ``enum`` of exactly the codes with that status, described one per line;
 - the security the door applies: ``bearer`` (a principal's token or a workload JWT) or
   ``mtls`` (a client certificate), never both at once, or none for an open route; the role and
-  the scope the door requires are the ``x-agentsafe-role`` and ``x-agentsafe-scope`` extensions.
+  the scope the door requires are the ``x-agentsafe-role`` and ``x-agentsafe-scope`` extensions;
+- links from an answer that carries another operation's path parameter to that operation, which
+  schemathesis's stateful phase follows.
 
 The executor serves the document of the routes it serves to OPERATOR principals
 (:func:`openapi_route`); ``docs/openapi.json`` is the document of every route with every optional
@@ -28,7 +30,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from aiohttp import web
 from pydantic import BaseModel
@@ -145,8 +147,52 @@ def _refusal_ref(schema: dict[str, Any], status: int, refusals: dict[str, Any]) 
     return {"$ref": _REF.format(model=name)}
 
 
+def _pointers(model: type[BaseModel], name: str) -> list[str]:
+    """Where an answer of ``model`` carries a field ``name``: at the top, or in the first item
+    of a list of models."""
+    found = []
+    for field_name, field in model.model_fields.items():
+        if field_name == name:
+            found.append(f"/{name}")
+        for inner in get_args(field.annotation):
+            model_type = isinstance(inner, type) and issubclass(inner, BaseModel)
+            if model_type and name in inner.model_fields:
+                found.append(f"/{field_name}/0/{name}")
+    return found
+
+
+def _links(route: Route, routes: Sequence[Route], status: int) -> dict[str, Any]:
+    """OpenAPI links from an answer to every operation whose path parameter the answer carries
+    (``GET /v1/approvals`` -> ``/v1/approvals/{request_id}``): the stateful tests follow them."""
+    model = route.answers.get(status)
+    if model is None or not 200 <= status < 300:
+        return {}
+    links: dict[str, Any] = {}
+    for target in routes:
+        names = _PARAM.findall(target.path)
+        if not names:
+            continue
+        parameters = {}
+        for name in names:
+            pointers = _pointers(model, name)
+            if pointers:
+                parameters[name] = f"$response.body#{pointers[0]}"
+        if len(parameters) == len(names):
+            target_id = _operation_id(target)
+            links[target_id] = {"operationId": target_id, "parameters": parameters}
+    return links
+
+
+def _operation_id(route: Route) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", _PARAM.sub(r"\1", route.path)).strip("_")
+    return f"{route.method.lower()}_{slug}"
+
+
 def _responses(
-    route: Route, refs: dict[tuple[type[BaseModel], _Mode], Any], shared: dict[str, Any]
+    route: Route,
+    routes: Sequence[Route],
+    refs: dict[tuple[type[BaseModel], _Mode], Any],
+    shared: dict[str, Any],
 ) -> dict[str, Any]:
     refusals = refusal_statuses(route)
     out: dict[str, Any] = {}
@@ -172,6 +218,9 @@ def _responses(
         response: dict[str, Any] = {"description": "\n\n".join(descriptions), "content": content}
         if status in (429, 503):
             response["headers"] = _RETRY_AFTER
+        links = _links(route, routes, status)
+        if links:
+            response["links"] = links
         out[str(status)] = response
     return out
 
@@ -192,11 +241,14 @@ def _parameters(route: Route, refs: dict[tuple[type[BaseModel], _Mode], Any], de
 
 
 def _operation(
-    route: Route, refs: dict[tuple[type[BaseModel], _Mode], Any], defs: Any, shared: Any
+    route: Route,
+    routes: Sequence[Route],
+    refs: dict[tuple[type[BaseModel], _Mode], Any],
+    defs: Any,
+    shared: Any,
 ) -> Any:
-    slug = re.sub(r"[^A-Za-z0-9]+", "_", _PARAM.sub(r"\1", route.path)).strip("_")
     operation: dict[str, Any] = {
-        "operationId": f"{route.method.lower()}_{slug}",
+        "operationId": _operation_id(route),
         "summary": route.summary or f"{route.method} {route.path}",
         "x-agentsafe-role": route.role.value if route.role is not None else "anyone",
     }
@@ -218,7 +270,7 @@ def _operation(
             "required": True,
             "content": {"application/json": {"schema": refs[(route.body, "validation")]}},
         }
-    operation["responses"] = _responses(route, refs, shared)
+    operation["responses"] = _responses(route, routes, refs, shared)
     return operation
 
 
@@ -229,7 +281,7 @@ def openapi_document(routes: Sequence[Route]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
         path = _PARAM.sub(r"{\1}", route.path)
-        operation = _operation(route, refs, defs, shared)
+        operation = _operation(route, routes, refs, defs, shared)
         paths.setdefault(path, {})[route.method.lower()] = operation
     return {
         "openapi": "3.1.0",

@@ -4,12 +4,14 @@ One executor process with every optional section on (a ``plans`` section in its 
 ``EXECUTOR_ESCALATION=APPROVAL``), a principals file with a PROPOSER, two APPROVERs and an
 OPERATOR holding every scope, and the synthetic provider behind it. The test reads the OpenAPI
 document the executor serves to its OPERATOR (``GET /v1/control/openapi.json``), checks it is the
-document ``docs/openapi.json`` holds for those routes, and runs ``st run`` on it with every
+document ``docs/openapi.json`` holds for those routes, seeds pending approval requests (proposals
+the example policy escalates), and runs ``st run`` on it with every
 standard check (``--checks all``: no 500, status codes, content types, headers and bodies conform
 to the document, negative data is refused, auth is not ignored, unsupported methods answer 405,
 ...), every phase (examples, coverage, fuzzing, and the stateful phase's chains of calls), and the
 custom refusal contract (``tests/api/st_hooks.py``). Each operation is called as a principal of
-the role it names.
+the role it names. The stateful phase must follow at least one of the document's links (it lists
+the pending approvals, then reads and decides them).
 
 The door's shared window for unauthenticated attempts and its lockout are widened for the run
 (``EXECUTOR_RATE_LIMIT_UNAUTHENTICATED``, ``EXECUTOR_AUTH_LOCKOUT``): schemathesis sends thousands
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +44,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "policy.yaml"
 ST = Path(sys.executable).parent / "st"
+SEEDED = 20  # escalations waiting for a decision when schemathesis starts
 ROLES = {"PROPOSER": "treasury-workflow", "APPROVER": "treasury-lead", "OPERATOR": OPERATOR_ID}
 
 
@@ -68,6 +72,7 @@ async def test_the_served_document_holds_against_the_server(tmp_path: Path) -> N
     try:
         await executor.start()
         served = await _served_document(executor.url, principals.token(OPERATOR_ID))
+        await _escalate(executor.url, principals.token(ROLES["PROPOSER"]), count=SEEDED)
         _same_as_docs(served)
         spec = tmp_path / "openapi.json"
         spec.write_text(json.dumps(served), encoding="utf-8")
@@ -80,6 +85,9 @@ async def test_the_served_document_holds_against_the_server(tmp_path: Path) -> N
         provider.terminate()
     log = executor.stderr_path.read_text(encoding="utf-8", errors="replace")
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-4000:]
+    covered = re.search(r"API Links:\s+(\d+) covered", result.stdout)
+    assert covered is not None, "the stateful phase did not run"
+    assert int(covered.group(1)) > 0, "the stateful phase followed no link"
     assert "UndeclaredRefusal" not in log, _lines(log, "UndeclaredRefusal")
     assert "unhandled error" not in log, _lines(log, "unhandled error")
 
@@ -93,6 +101,26 @@ async def _served_document(url: str, token: str) -> dict[str, object]:
             assert response.status == 200
             served: dict[str, object] = await response.json()
     return served
+
+
+async def _escalate(url: str, token: str, *, count: int) -> None:
+    """Pending approval requests for the stateful phase: it lists them as the APPROVER and
+    follows the document's links to read and decide each one."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as session:
+        for n in range(count):
+            body = {
+                "proposal": {
+                    "action": "create_payout",
+                    "target": f"payout:beneficiary-{n}",
+                    "parameters": {"amountMinor": 20_000, "currency": "USD"},
+                },
+                "idempotency_key": f"seed-{n}",
+            }
+            async with session.post(url + "/v1/actions", json=body, headers=headers) as response:
+                answer = await response.json()
+            assert (response.status, answer["outcome"]) == (200, "ESCALATE_PENDING"), answer
+            assert answer["escalation"]["request_id"]
 
 
 def _same_as_docs(served: dict[str, object]) -> None:
