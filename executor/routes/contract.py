@@ -26,6 +26,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..codes import HOST_CODE_STATUS, Code
+from ..errors import AgentSafeError
 
 if TYPE_CHECKING:
     from .app import Route
@@ -76,9 +77,11 @@ BODY: frozenset[Code] = frozenset(
 strict model's ``REQUEST_INVALID``."""
 
 
-class UndeclaredRefusal(RuntimeWarning):
+class UndeclaredRefusal(AgentSafeError, RuntimeWarning):
     """A route answered a code or a status its row does not declare (the OpenAPI document
-    does not list it)."""
+    does not list it). A warning, so the answer itself is unchanged; pytest makes it an error."""
+
+    code = Code.ROUTE_CONTRACT_VIOLATED
 
 
 def refusal_codes(route: Route) -> frozenset[Code]:
