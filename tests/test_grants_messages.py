@@ -7,6 +7,7 @@ would send an operator after the wrong half of a token. Found by mutation testin
 
 from __future__ import annotations
 
+import base64
 import json
 import pickle
 from typing import Any
@@ -75,7 +76,22 @@ def test_a_key_refusal_says_what_is_wrong_with_the_key() -> None:
         "KEY_INVALID",
         "the signing key must be Ed25519",
     )
+    assert refusal(lambda: SigningKey.from_pem(unknown_algorithm_pem())) == (
+        "KEY_INVALID",
+        "unsupported private key",
+    )
     assert refusal(lambda: pickle.dumps(KEY)) == ("TypeError", "a signing key cannot be pickled")
+
+
+def unknown_algorithm_pem() -> bytes:
+    """A well-formed PKCS#8 key of an algorithm nobody knows (OID 1.2.3.4): cryptography raises
+    UnsupportedAlgorithm, not ValueError."""
+    oid = bytes([0x06, 0x03, 0x2A, 0x03, 0x04])
+    body = bytes([0x02, 0x01, 0x00, 0x30, len(oid)]) + oid + bytes([0x04, 0x02, 0x04, 0x00])
+    der = bytes([0x30, len(body)]) + body
+    return (
+        b"-----BEGIN PRIVATE KEY-----\n" + base64.b64encode(der) + b"\n-----END PRIVATE KEY-----\n"
+    )
 
 
 def test_a_jwks_refusal_says_which_rule() -> None:
