@@ -38,7 +38,7 @@ MODULES: dict[str, list[str]] = {
     "executor/canonical.py": ["tests/test_canonical.py"],
     "executor/intent.py": ["tests/test_intent.py"],
     "executor/grants.py": ["tests/test_grants.py", "tests/test_grants_messages.py"],
-    "executor/door/door.py": ["tests/door"],
+    "executor/door/door.py": ["tests/door"],  # test_door_messages.py among them
     "executor/state/usestore.py": ["tests/state/test_usestore.py"],
     "executor/state/journal.py": ["tests/state/test_journal.py"],
 }

@@ -1,0 +1,118 @@
+"""What each refusal of the door says, and the small promises mutation testing found untested.
+
+A door refusal's message is what an operator reads beside the code in an incident: it names the
+rule that refused (the window, the lock, the role, the certificate) and nothing the caller sent.
+These pin the words, one scenario per refusal path of ``door/door.py`` (issue 23). Also: a
+refusal recorded after the door names the credential method of the principal; ``principals`` is
+a property (``plane.status`` reads it as one); ``LegacyCaller`` is immutable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from agentsafe.executor.door.door import LegacyCaller
+from agentsafe.executor.host.secrets import SecretHandle
+from agentsafe.executor.principals import Actor, Role, legacy_principal
+
+from .test_door import ALICE_TOKEN, AUDIT_URI, BATCH_TOKEN, TENANT, World
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path, unauth="50/60")
+
+
+def said(world: World, status: int, code: str, **kw: object) -> str:
+    return world.refused(status, code, **kw).message  # type: ignore[arg-type]
+
+
+def test_each_credential_refusal_says_which_rule(world: World) -> None:
+    assert said(world, 401, "AUTH_REQUIRED") == "a credential is required"
+    assert said(world, 401, "AUTH_FAILED", header="Basic x") == "the credential is not accepted"
+    assert said(world, 401, "AUTH_FAILED", bearer="wrong") == "the credential is not accepted"
+    both = said(world, 401, "AUTH_AMBIGUOUS", bearer=BATCH_TOKEN, cert=world.ops_cert.der)
+    assert both == "present one credential, not two"
+    assert said(world, 401, "AUTH_FAILED", cert=b"not der", role=Role.OPERATOR) == (
+        "the certificate is not accepted"
+    )
+    stranger = world.ca.issue_client("spiffe://bank.example/ns/ops/sa/intruder")
+    assert said(world, 401, "AUTH_FAILED", cert=stranger.der, role=Role.OPERATOR) == (
+        "the certificate is not accepted"
+    )
+    two = world.ca.issue_client("spiffe://bank.example/ns/ops/sa/oncall", AUDIT_URI)
+    assert said(world, 401, "AUTH_AMBIGUOUS", cert=two.der, role=Role.OPERATOR) == (
+        "the certificate names more than one principal"
+    )
+    impostor = world.ca.issue_client(AUDIT_URI)
+    assert said(world, 401, "AUTH_FAILED", cert=impostor.der, role=Role.OPERATOR) == (
+        "the certificate is not accepted"
+    )
+    expired = world.token(aud="elsewhere")
+    assert said(world, 401, "JWT_AUDIENCE_MISMATCH", bearer=expired) == (
+        "the workload token is not accepted"
+    )
+
+
+def test_each_authorization_refusal_says_which_rule(world: World) -> None:
+    assert said(world, 403, "ROLE_FORBIDDEN", bearer=ALICE_TOKEN, role=Role.PROPOSER) == (
+        "this route is not for the caller's role"
+    )
+    lacks = said(world, 403, "SCOPE_FORBIDDEN", cert=world.ops_cert.der, role=Role.OPERATOR,
+                 scope="secrets.reload")  # fmt: skip
+    assert lacks == "the caller lacks this route's scope"
+
+
+def test_the_windows_and_the_lock_say_which(tmp_path: Path) -> None:
+    world = World(tmp_path, unauth="1/60")
+    world.refused(401, "AUTH_FAILED", bearer="wrong")
+    assert said(world, 429, "RATE_LIMITED", bearer=BATCH_TOKEN) == "too many failed attempts"
+    world = World(tmp_path, batch_rate="1/10")
+    world.auth(bearer=BATCH_TOKEN)
+    assert said(world, 429, "RATE_LIMITED", bearer=BATCH_TOKEN) == (
+        "the principal's rate limit is reached"
+    )
+    world = World(tmp_path, lockout="1/60/300")
+    world.refused(401, "JWT_AUDIENCE_MISMATCH", bearer=world.token(aud="elsewhere"))
+    assert said(world, 423, "PRINCIPAL_LOCKED", bearer=world.token()) == ("the principal is locked")
+
+
+def test_legacy_refusals_say_what_is_needed(world: World) -> None:
+    principal = legacy_principal(tenant_id=TENANT, actor=Actor(id="agent", type="AI_AGENT"))
+    handle = SecretHandle("EXECUTOR_CALLER_TOKEN", bytearray(b"the-token"))
+    world.door.replace_principals(
+        LegacyCaller(principal=principal, token=handle, require_client_certificate=True)
+    )
+    assert said(world, 401, "AUTH_REQUIRED", bearer="the-token") == (
+        "a client certificate and the token are required"
+    )
+    world.door.replace_principals(LegacyCaller(principal=principal, token=handle))
+    assert said(world, 401, "AUTH_REQUIRED") == "a credential is required"
+    assert said(world, 401, "AUTH_FAILED", bearer="other") == "the credential is not accepted"
+
+
+def test_a_refusal_after_the_door_names_the_principals_credential_method(world: World) -> None:
+    batch = world.auth(bearer=BATCH_TOKEN)
+    treasury = world.auth(bearer=world.token())
+    ops = world.auth(cert=world.ops_cert.der, role=Role.OPERATOR, scope="status")
+    legacy = legacy_principal(tenant_id=TENANT, actor=Actor(id="agent", type="AI_AGENT"))
+    for principal, method in ((batch, "bearer"), (treasury, "workload"), (ops, "mtls")):
+        world.door.record_refusal(principal, "ACTION_NOT_PERMITTED_FOR_PRINCIPAL")  # type: ignore[arg-type]
+        assert world.last_method() == method
+    world.door.record_refusal(legacy, "ACTION_NOT_PERMITTED_FOR_PRINCIPAL")  # type: ignore[arg-type]
+    assert world.last_method() == "bearer"  # the legacy caller presents a bearer token
+
+
+def test_principals_is_the_set_in_force_and_legacy_callers_are_immutable(world: World) -> None:
+    assert world.door.principals is world.principals
+    principal = legacy_principal(tenant_id=TENANT, actor=Actor(id="agent", type="AI_AGENT"))
+    caller = LegacyCaller(principal=principal, token=SecretHandle("T", bytearray(b"t")))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        caller.require_client_certificate = True  # type: ignore[misc]
+    assert caller.require_client_certificate is False
+    world.door.replace_principals(caller)
+    assert world.door.principals is caller
+
