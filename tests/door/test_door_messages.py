@@ -115,4 +115,3 @@ def test_principals_is_the_set_in_force_and_legacy_callers_are_immutable(world: 
     assert caller.require_client_certificate is False
     world.door.replace_principals(caller)
     assert world.door.principals is caller
-
