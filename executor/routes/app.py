@@ -7,10 +7,13 @@ unknown or forbidden fields (tenant, actor, credentials) with 400 REQUEST_INVALI
 is ``{"error": {"code", "message"}}`` and echoes nothing from the request.
 
 Every route is one row of a declarative table (:class:`Route`: method, path, role, scope, body
-model, handler); :func:`build_app` builds the application from the rows ``routes/table.py``
-assembles, so the order inside a route is fixed in one place: the door (authentication, the
-row's role and scope), then the body (read, bounded, checked against the row's strict model),
-then the handler. This module holds the rows of the agent's own routes (:func:`core_routes`).
+model, handler, and what it answers: answer models and its handler's refusal codes);
+:func:`build_app` builds the application from the rows ``routes/table.py`` assembles, so the
+order inside a route is fixed in one place: the door (authentication, the row's role and scope),
+then the query and the body (read, bounded, checked against the row's strict models), then the
+handler. Every refusal and status a route answers is checked against its row
+(``routes/contract.py``), the data the OpenAPI document is generated from (``routes/openapi.py``).
+This module holds the rows of the agent's own routes (:func:`core_routes`).
 
 Callers: ``plane.py`` builds the application; ``routes/table.py`` gathers the rows;
 ``routes/control.py``, ``routes/approvals.py`` and ``routes/plans.py`` write theirs with
