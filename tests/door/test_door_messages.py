@@ -89,6 +89,9 @@ def test_legacy_refusals_say_what_is_needed(world: World) -> None:
     assert said(world, 401, "AUTH_REQUIRED", bearer="the-token") == (
         "a client certificate and the token are required"
     )
+    assert world.last_method() == "bearer"  # a token came, the certificate did not
+    assert said(world, 401, "AUTH_REQUIRED") == "a client certificate and the token are required"
+    assert world.last_method() == "mtls"  # nothing came: the certificate is what is missing
     world.door.replace_principals(LegacyCaller(principal=principal, token=handle))
     assert said(world, 401, "AUTH_REQUIRED") == "a credential is required"
     assert said(world, 401, "AUTH_FAILED", bearer="other") == "the credential is not accepted"
