@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from agentsafe.executor.door.door import LegacyCaller
+from agentsafe.executor.door.door import LegacyCaller, check_action
+from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.host.secrets import SecretHandle
 from agentsafe.executor.principals import Actor, Role, legacy_principal
 
-from .test_door import ALICE_TOKEN, AUDIT_URI, BATCH_TOKEN, TENANT, World
+from .test_door import ALICE_TOKEN, AUDIT_URI, BATCH_TOKEN, TENANT, World, load, make_doc, sha
 
 
 @pytest.fixture
@@ -118,3 +119,47 @@ def test_principals_is_the_set_in_force_and_legacy_callers_are_immutable(world: 
     assert caller.require_client_certificate is False
     world.door.replace_principals(caller)
     assert world.door.principals is caller
+
+
+def _token_of_length(world: World, length: int) -> str | None:
+    for pad in range(11_950, 12_050):
+        token = world.token(pad="p" * pad)
+        if len(token) == length:
+            return token
+    return None
+
+
+def test_a_bearer_longer_than_16_kib_is_refused_even_when_it_verifies(world: World) -> None:
+    at_bound = _token_of_length(world, 16 * 1024)
+    assert at_bound is not None
+    assert world.auth(bearer=at_bound).id == "treasury"
+    over = _token_of_length(world, 16 * 1024 + 2) or _token_of_length(world, 16 * 1024 + 3)
+    assert over is not None
+    assert said(world, 401, "AUTH_FAILED", bearer=over) == "the credential is not accepted"
+
+
+def test_only_the_bearer_scheme_carries_a_token(world: World) -> None:
+    for scheme in ("Basic", "Token", "bearerx"):
+        world.refused(401, "AUTH_FAILED", header=f"{scheme} {BATCH_TOKEN}")
+    assert world.auth(header=f"bearer {BATCH_TOKEN}").id == "batch-runner"  # any case
+
+
+def test_a_token_with_a_control_character_is_never_matched(world: World) -> None:
+    """Even when a principal's digest is of exactly that token: it is not a token at all."""
+    control = "ctl-token-\x01-" + "c" * 24
+    document = make_doc(world.audit_cert.der)
+    for principal in document["principals"]:
+        if principal["id"] == "batch-runner":
+            principal["credential"]["token_sha256"] = sha(control)
+    world.door.replace_principals(load(document))
+    world.refused(401, "AUTH_FAILED", header=f"Bearer {control}")
+
+
+def test_an_action_outside_the_principals_list_says_so(world: World) -> None:
+    batch = world.auth(bearer=BATCH_TOKEN)
+    with pytest.raises(RequestRejected) as info:
+        check_action(batch, "delete_everything")
+    assert (info.value.code, info.value.message) == (
+        "ACTION_NOT_PERMITTED_FOR_PRINCIPAL",
+        "the caller may not propose this action",
+    )
