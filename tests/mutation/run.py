@@ -40,7 +40,10 @@ MODULES: dict[str, list[str]] = {
     "executor/grants.py": ["tests/test_grants.py", "tests/test_grants_messages.py"],
     "executor/door/door.py": ["tests/door"],  # test_door_messages.py among them
     "executor/state/usestore.py": ["tests/state/test_usestore.py"],
-    "executor/state/journal.py": ["tests/state/test_journal.py"],
+    "executor/state/journal.py": [
+        "tests/state/test_journal.py",
+        "tests/state/test_journal_recovery.py",
+    ],
 }
 # A quick first pass for a module whose guard has slow tests: a mutant these tests kill is killed
 # (they are a subset of the guard); one they miss is tried against the whole guard.
