@@ -3,8 +3,9 @@
 - An attempt that was only opened reads back with no grant: ``grant_claimed`` is ``False`` and
   the grant's fields and the last reconciliation are ``None`` (not a falsy stand-in: the restart
   reconciler and ``GET /v1/control/open-attempts`` print them as they are).
-- A day file the crash left empty, or with one byte of a first record, is appended to cleanly:
-  the empty file is not "torn", the lone byte is cut off and reported.
+- A day file the crash left empty, with one byte of a first record, or with a torn second record
+  is appended to cleanly: the empty and the whole file are not "torn", a torn tail is cut off
+  after the last complete line and reported with its line number and length.
 - An :class:`OpenAttempt` is immutable.
 """
 
@@ -60,3 +61,37 @@ async def test_a_day_file_a_crash_left_empty_or_torn_at_its_first_byte(
     lines = day_file.read_bytes().split(b"\n")
     assert lines[-1] == b""
     assert [json.loads(line)["attempt_id"] for line in lines[:-1]] == ["a-1"]
+
+
+async def test_a_torn_second_line_is_cut_and_the_first_kept(tmp_path: Path) -> None:
+    first = await AttemptJournal.open(tmp_path / "j", retain_days=2, clock=ManualClock(NOW))
+    try:
+        await open_attempt(first, 1)
+    finally:
+        await first.close()
+    day_file = tmp_path / "j" / ATTEMPTS_DIR / f"{DAY}.jsonl"
+    whole = day_file.read_bytes()
+    day_file.write_bytes(whole + b'{"record":"ATT')  # the crash tore the second record
+    second = await AttemptJournal.open(tmp_path / "j", retain_days=2, clock=ManualClock(NOW))
+    try:
+        await open_attempt(second, 2)
+        assert second.repaired_torn_lines == (
+            TornLine(f"{ATTEMPTS_DIR}/{DAY}.jsonl", 2, len(b'{"record":"ATT')),
+        )
+    finally:
+        await second.close()
+    lines = day_file.read_bytes().split(b"\n")
+    assert [json.loads(line)["attempt_id"] for line in lines[:-1]] == ["a-1", "a-2"]
+
+
+async def test_a_whole_file_is_appended_to_without_a_repair(tmp_path: Path) -> None:
+    for number in (1, 2):
+        journal = await AttemptJournal.open(tmp_path / "j", retain_days=2, clock=ManualClock(NOW))
+        try:
+            await open_attempt(journal, number)
+            assert journal.repaired_torn_lines == ()
+        finally:
+            await journal.close()
+    day_file = tmp_path / "j" / ATTEMPTS_DIR / f"{DAY}.jsonl"
+    lines = day_file.read_bytes().split(b"\n")
+    assert [json.loads(line)["attempt_id"] for line in lines[:-1]] == ["a-1", "a-2"]
