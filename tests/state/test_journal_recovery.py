@@ -6,6 +6,7 @@
 - A day file the crash left empty, with one byte of a first record, or with a torn second record
   is appended to cleanly: the empty and the whole file are not "torn", a torn tail is cut off
   after the last complete line and reported with its line number and length.
+- A damaged line's error says exactly what is wrong, and an unreadable journal says which part.
 - An :class:`OpenAttempt` is immutable.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.errors import JournalError
 from agentsafe.executor.state.journal import ATTEMPTS_DIR, AttemptJournal, TornLine, scan_journal
 
 from .test_journal import DAY, NOW, open_attempt
@@ -95,3 +97,49 @@ async def test_a_whole_file_is_appended_to_without_a_repair(tmp_path: Path) -> N
     day_file = tmp_path / "j" / ATTEMPTS_DIR / f"{DAY}.jsonl"
     lines = day_file.read_bytes().split(b"\n")
     assert [json.loads(line)["attempt_id"] for line in lines[:-1]] == ["a-1", "a-2"]
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (
+            b'{"record":"RECONCILED","at":"x","attempt_id":"a","attempt_id":"b"}',
+            "a key appears twice",
+        ),
+        (b'{"record":"GRANT_CLAIMED","at":"x","attempt_id":"a-1","n":NaN}', "a non-finite number"),
+        (
+            b'{"record":"GRANT_CLAIMED","at":"x","attempt_id":"a-1","n":' + b"1" * 4301 + b"}",
+            "a number out of range",  # more digits than an int converts
+        ),
+    ],
+)
+async def test_a_damaged_line_says_exactly_what_is_wrong(
+    tmp_path: Path, line: bytes, problem: str
+) -> None:
+    """The message is what an operator repairs the journal by: the file, the line, the rule."""
+    journal = await AttemptJournal.open(tmp_path / "j", retain_days=1, clock=ManualClock(NOW))
+    await open_attempt(journal, 1)
+    await journal.close()
+    day_file = journal.path / f"{DAY}.jsonl"
+    day_file.write_bytes(day_file.read_bytes() + line + b"\n")
+    with pytest.raises(JournalError) as caught:
+        scan_journal(tmp_path / "j", retain_days=1, now=NOW)
+    assert caught.value.message == f"{ATTEMPTS_DIR}/{DAY}.jsonl line 2: {problem}"
+
+
+def test_a_journal_that_cannot_be_read_says_which_part(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / ATTEMPTS_DIR).write_bytes(b"")  # a file where the directory should be
+    with pytest.raises(JournalError) as caught:
+        scan_journal(tmp_path / "a", retain_days=1, now=NOW)
+    assert (caught.value.code, caught.value.message) == (
+        "JOURNAL_UNAVAILABLE",
+        "the journal cannot be read: Not a directory",
+    )
+    (tmp_path / "b" / ATTEMPTS_DIR / f"{DAY}.jsonl").mkdir(parents=True)  # a directory, not a file
+    with pytest.raises(JournalError) as caught:
+        scan_journal(tmp_path / "b", retain_days=1, now=NOW)
+    assert (caught.value.code, caught.value.message) == (
+        "JOURNAL_UNAVAILABLE",
+        f"{ATTEMPTS_DIR}/{DAY}.jsonl cannot be read: Is a directory",
+    )
