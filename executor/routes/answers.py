@@ -147,7 +147,7 @@ class ApprovalView(BaseModel):
 
     model_config = _Open
     request_id: str
-    state: Literal["PENDING", "APPROVED", "DENIED", "EXPIRED"]
+    state: Literal["PENDING", "APPROVED", "DENIED", "EXPIRED", "CANCELLED"]
     expires_at: str
     proposer: dict[str, Any]
     intent: dict[str, Any]
