@@ -30,6 +30,7 @@ from importlib import resources
 
 from aiohttp import web
 
+from ..codes import Code
 from ..lifecycle.pipeline import APPROVAL_PAGE_PATH
 from .app import Call, Route
 
@@ -101,6 +102,7 @@ def page_routes() -> tuple[Route, ...]:
             request_page,
             summary="The approval page: one escalation's exact intent, Approve and Deny",
             answers={200: None},
+            codes=frozenset({Code.NOT_FOUND}),  # a request id that is not a UUID
             text_media_type="text/html",
         ),
     )
