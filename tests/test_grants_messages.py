@@ -53,9 +53,9 @@ def refusal(call: Any) -> tuple[str, str]:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("a*", "segment is not unpadded base64url"),
-        ("a", "segment is not unpadded base64url"),
-        ("AB", "segment is not canonical base64url"),
+        ("a*", "a segment is not unpadded base64url"),
+        ("a", "a segment is not unpadded base64url"),
+        ("AB", "a segment is not canonical base64url"),
     ],
 )
 def test_a_segment_refusal_says_which_rule(text: str, message: str) -> None:
@@ -112,10 +112,10 @@ def test_a_token_refusal_names_the_part_that_failed() -> None:
     head, payload, signature = good.split(".")
     other = SigningKey.generate()
     cases = [
-        ("", "JWS_MALFORMED", "token is not a compact JWS"),
-        ("a.b", "JWS_MALFORMED", "token is not a compact JWS"),
-        (token(None, {}, raw_header=b"{"), "JWS_MALFORMED", "header is not a JSON object"),
-        (token([1], {}), "JWS_MALFORMED", "header is not a JSON object"),
+        ("", "JWS_MALFORMED", "the token is not a compact JWS"),
+        ("a.b", "JWS_MALFORMED", "the token is not a compact JWS"),
+        (token(None, {}, raw_header=b"{"), "JWS_MALFORMED", "the header is not a JSON object"),
+        (token([1], {}), "JWS_MALFORMED", "the header is not a JSON object"),
         (token({**HEADER, "alg": "HS256"}, {}), "JWS_ALGORITHM_REFUSED", "only EdDSA is accepted"),
         (token({**HEADER, "x": 1}, {}), "JWS_MALFORMED", "header carries unexpected fields"),
         (
@@ -137,9 +137,9 @@ def test_a_token_refusal_names_the_part_that_failed() -> None:
         (
             f"{head}.{payload}.{b64url_encode(bytes(64))}",
             "JWS_SIGNATURE_INVALID",
-            "signature does not verify",
+            "the signature does not verify",
         ),
-        (token(HEADER, b"[1]"), "JWS_MALFORMED", "payload is not a JSON object"),
+        (token(HEADER, b"[1]"), "JWS_MALFORMED", "the payload is not a JSON object"),
         (token(HEADER, b'{"a": 1}'), "JWS_MALFORMED", "payload is not canonical JSON"),
     ]
     for text, code, message in cases:
