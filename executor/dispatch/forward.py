@@ -26,7 +26,10 @@ is a short printable string; never the body. A refusal's reason comes from a JSO
 ``PROVIDER_REFUSED_<status>``.
 
 :meth:`ForwardRequestHandler.reconcile` GETs ``DOWNSTREAM_LOOKUP_URL`` with ``{idempotency_key}``
-replaced by the URL-quoted key: 404 is NOT_EXECUTED, 2xx COMPLETED, anything else UNKNOWN.
+replaced by the URL-quoted key, carrying the key, the lost attempt's intent hash and the
+credential's headers (a signed lookup covers the same five components as every signed request):
+404 is NOT_EXECUTED, 2xx COMPLETED, anything else UNKNOWN. A credential that cannot produce its
+headers is raised to the registry, never reported as the provider's uncertainty.
 
 The credential (:class:`~agentsafe.executor.egress.credentials.DownstreamCredential`) comes from
 the egress wing, which knows nothing of handlers; the headers it may not replace are the ground
@@ -203,8 +206,16 @@ class ForwardRequestHandler:
             code = Code.PROVIDER_ANSWER_INDETERMINATE
         raise HandlerError("the provider's answer does not say what happened", code=code)
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
-        """Ask the provider what it did with ``idempotency_key``; never sends the request."""
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
+        """Ask the provider what it did with ``idempotency_key``; never sends the request.
+
+        The lookup is a request like any other: it carries ``idempotency-key`` and
+        ``x-agent-safe-intent-hash`` (the intent the lost attempt was for) and, under a
+        signing credential, a signature over the method, the path, the empty body's digest,
+        the key and the intent hash. A credential that cannot sign raises
+        :class:`~agentsafe.executor.egress.credentials.CredentialUnavailable` to the registry,
+        which reports it: this process failing to ask is not the provider being unsure.
+        """
         if self._lookup_url is None:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.LOOKUP_NOT_CONFIGURED)
         if _UNREPRESENTABLE.search(idempotency_key) or idempotency_key in (".", ".."):
@@ -214,17 +225,31 @@ class ForwardRequestHandler:
                 ReconcileStatus.UNKNOWN, reason_code=Code.LOOKUP_KEY_UNREPRESENTABLE
             )
         url = self._lookup_url.replace(PLACEHOLDER, quote(idempotency_key, safe=""))
-        headers: dict[str, str] = {}
+        headers: dict[str, str] = {
+            "idempotency-key": idempotency_key,
+            "x-agent-safe-intent-hash": intent_hash,
+        }
+        if self._credential is not None:
+            extra = await self._credential.headers_for(
+                method="GET",
+                url=url,
+                body=b"",
+                idempotency_key=idempotency_key,
+                intent_hash=intent_hash,
+            )
+            for name, value in extra.items():
+                key = name.lower()
+                if _replaces_reserved(key) and headers.get(key) != value:
+                    raise HandlerError(
+                        "the credential tried to set a reserved header",
+                        code=Code.CREDENTIAL_INVALID,
+                    )
+                headers[key] = value
         try:
-            if self._credential is not None:
-                extra = await self._credential.headers_for(
-                    method="GET", url=url, body=b"", idempotency_key=idempotency_key, intent_hash=""
-                )
-                headers.update((k, v) for k, v in extra.items() if not _replaces_reserved(k))
             response = await self._transport.request(
                 "GET", url, headers=headers, body=None, timeout=self._timeout
             )
-        except (TransportError, HandlerError) as exc:
+        except TransportError as exc:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=exc.code)
         if response.status == 404:
             return ReconcileResult(ReconcileStatus.NOT_EXECUTED)

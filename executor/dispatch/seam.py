@@ -206,7 +206,10 @@ class Handler(Protocol):
 
     async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]: ...
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult: ...
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
+        """Read-only: what the provider did with ``idempotency_key``, asked on behalf of the
+        intent ``intent_hash`` (a signed lookup covers both, as every signed request does)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -376,17 +379,24 @@ class Registry:
             )
         return _report(Outcome.COMPLETED, dispatched=True, result=dict(result))
 
-    async def reconcile(self, action: str, idempotency_key: str) -> ReconcileResult:
-        """Ask the handler what the provider did with a key; the read path, never execute."""
+    async def reconcile(
+        self, action: str, idempotency_key: str, *, intent_hash: str
+    ) -> ReconcileResult:
+        """Ask the handler what the provider did with a key; the read path, never execute.
+
+        A handler that raises could not ask (its credential could not sign the lookup, say): the
+        answer is UNKNOWN with the error's code, and ``RECONCILE_LOOKUP_FAILED`` on the security
+        stream says so, because that is this process failing, not the provider being unsure."""
         entry = self._handlers.get(action)
         if entry is None:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.ACTION_NOT_REGISTERED)
         try:
-            answer: object = await entry[0].reconcile(idempotency_key)
+            answer: object = await entry[0].reconcile(idempotency_key, intent_hash=intent_hash)
         except Exception as exc:
-            return ReconcileResult(
-                ReconcileStatus.UNKNOWN, reason_code=_code_of(exc, Code.RECONCILE_FAILED)
-            )
+            code = _code_of(exc, Code.RECONCILE_FAILED)
+            if self._security is not None:
+                self._security.emit("RECONCILE_LOOKUP_FAILED", {"action": action, "code": code})
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=code)
         if not isinstance(answer, ReconcileResult):
             return ReconcileResult(
                 ReconcileStatus.UNKNOWN, reason_code=Code.HANDLER_CONTRACT_VIOLATED

@@ -24,6 +24,8 @@ from agentsafe.executor.events import MemorySink
 from agentsafe.executor.routes.refusals import status_of
 from tests.support.intents import make_intent
 
+IH = "sha256:" + "ab" * 32  # the intent a lookup is asked on behalf of
+
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -83,7 +85,7 @@ class ScriptedHandler:
             return {"value": float("nan")}
         return {"status": 202, "accepted": True}
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
         if self.script == "reconcile_raises":
             raise OSError("lookup failed")
         return ReconcileResult(ReconcileStatus.COMPLETED, provider_reference=idempotency_key)
@@ -353,15 +355,15 @@ def test_provider_refused_is_an_agentsafe_error_with_the_reason() -> None:
 async def test_reconcile_reads_and_never_executes() -> None:
     handler = ScriptedHandler("ok")
     registry = sealed(handler)
-    result = await registry.reconcile("create_payout", "payout-1-v1")
+    result = await registry.reconcile("create_payout", "payout-1-v1", intent_hash=IH)
     assert result == ReconcileResult(ReconcileStatus.COMPLETED, provider_reference="payout-1-v1")
     assert not handler.ran
 
 
 async def test_reconcile_failures_are_unknown() -> None:
     registry = sealed(ScriptedHandler("reconcile_raises"))
-    result = await registry.reconcile("create_payout", "k")
+    result = await registry.reconcile("create_payout", "k", intent_hash=IH)
     assert result.status is ReconcileStatus.UNKNOWN
     assert result.reason_code == "RECONCILE_FAILED"
-    missing = await registry.reconcile("nope", "k")
+    missing = await registry.reconcile("nope", "k", intent_hash=IH)
     assert missing == ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="ACTION_NOT_REGISTERED")
