@@ -48,7 +48,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 import jsonschema
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator as SchemaValidator
 
 from ..canonical import canonical_json
 from ..clock import Clock, format_ms
@@ -57,6 +57,7 @@ from ..egress.transport import TransportError
 from ..errors import AgentSafeError, CanonicalizationError, HandlerError, RequestRejected
 from ..events import EventSink
 from ..intent import CapturedIntent, execution_payload_digest
+from ..schema import EcmaValidator, check_schema
 
 __all__ = [
     "Authorization",
@@ -258,7 +259,7 @@ def _strict(schema: Any) -> bool:
     )
 
 
-def check_parameters_schema(schema: Any) -> Draft202012Validator:
+def check_parameters_schema(schema: Any) -> SchemaValidator:
     """Accept only a strict object schema (``type: object``, ``additionalProperties: false``),
     or ``type: object`` with ``anyOf`` strict schemas (one handler serving several actions)."""
     if not isinstance(schema, Mapping):
@@ -269,12 +270,13 @@ def check_parameters_schema(schema: Any) -> Draft202012Validator:
             code=Code.SCHEMA_NOT_STRICT,
         )
     try:
-        Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError:
+        check_schema(schema)
+    except (jsonschema.SchemaError, OverflowError, RecursionError):
         raise HandlerError(
             "the parameter schema is not valid JSON Schema", code=Code.SCHEMA_INVALID
         ) from None
-    return Draft202012Validator(schema)
+    validator: SchemaValidator = EcmaValidator(schema)
+    return validator
 
 
 def _code_of(exc: BaseException, default: str) -> str:
@@ -285,7 +287,7 @@ class Registry:
     """The sealed set of handlers this process can run."""
 
     def __init__(self, *, security: EventSink | None = None) -> None:
-        self._handlers: dict[str, tuple[Handler, Draft202012Validator]] = {}
+        self._handlers: dict[str, tuple[Handler, SchemaValidator]] = {}
         self._sealed = False
         self._security = security
 
