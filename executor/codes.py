@@ -583,6 +583,11 @@ class Code(StrEnum):
     APPROVAL_KEY_MISMATCH = "APPROVAL_KEY_MISMATCH", 403, "the approval was signed by another key"
     APPROVAL_ALREADY_USED = "APPROVAL_ALREADY_USED", 409, "this approval already ran this step"
     APPROVER_MISMATCH = "APPROVER_MISMATCH", 403, "the request names another approver"
+    PLAN_PRINCIPAL_MISMATCH = (
+        "PLAN_PRINCIPAL_MISMATCH",
+        403,
+        "the plan's actor is not the calling principal: a plan is dry-run and stepped by its own",
+    )
     CONTEXT_INVALID = "CONTEXT_INVALID", 400, "the source context is malformed"
     CONTEXT_MISMATCH = "CONTEXT_MISMATCH", 422, "the context does not bind the step's source"
     CONTEXT_STALE = "CONTEXT_STALE", 422, "the source context is not fresh"

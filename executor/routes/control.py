@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..codes import Code
 from ..events import Streams
 from ..host.halt import HaltCause, HaltState
 from ..host.metrics import ExecutorMetrics
@@ -30,6 +31,10 @@ class ControlPlane(Protocol):
     streams: Streams
 
     async def status(self) -> dict[str, Any]: ...
+
+    def work_refusal(self) -> Code | None:
+        """Why new work is refused right now (the work gate), ``None`` when it is not."""
+        ...
 
     async def open_attempts(self) -> list[dict[str, Any]]: ...
 
