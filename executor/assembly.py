@@ -124,7 +124,12 @@ def build_transport(
 
 
 def build_credential(
-    config: ExecutorConfig, secrets: SecretStore, transport: GuardedClient, clock: Clock
+    config: ExecutorConfig,
+    secrets: SecretStore,
+    transport: GuardedClient,
+    clock: Clock,
+    *,
+    on_token: Callable[[bytes], None] | None = None,
 ) -> DownstreamCredential:
     kind = config.downstream_credential_kind
     if kind is CredentialKind.STATIC_HEADER:
@@ -152,6 +157,7 @@ def build_credential(
             key_id=config.downstream_private_key_id,
             scope=config.downstream_token_scope,
             clock=clock,
+            on_token=on_token,
         )
     handle = secrets.current("DOWNSTREAM_SIGNING_KEY")
     if secrets.get("DOWNSTREAM_SIGNING_KEY") is None or not config.downstream_signing_key_id:
@@ -408,7 +414,12 @@ async def assemble(
 
         transport = build_transport(config, streams, on_refusal=egress_refused)
         document = load_policy(config.executor_policy_file)
-        registry = Registry(security=streams.security)
+        # What a provider chose is screened against every current secret before it reaches
+        # the agent or the evidence (a provider that reflects the credential, issue 16).
+        registry = Registry(
+            security=streams.security,
+            screen=lambda text: redactor.redact(text, jws=False)[0],
+        )
         registry.register(
             "forward_request",
             ForwardRequestHandler(
@@ -416,7 +427,13 @@ async def assemble(
                 lookup_url=config.downstream_lookup_url,
                 timeout_ms=config.downstream_timeout_ms,
                 transport=transport,
-                credential=build_credential(config, secrets, transport, clock),
+                credential=build_credential(
+                    config,
+                    secrets,
+                    transport,
+                    clock,
+                    on_token=lambda token: redactor.set_secret("DOWNSTREAM_ACCESS_TOKEN", token),
+                ),
                 parameters_schema=_forward_schema(document),
             ),
         )

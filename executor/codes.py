@@ -361,6 +361,11 @@ class Code(StrEnum):
     DISPATCH_REFUSED = "DISPATCH_REFUSED", None, "dispatch would not start"
     DISPATCH_TWICE = "DISPATCH_TWICE", None, "dispatch runs once per execution"
     PROVIDER_REFUSED = "PROVIDER_REFUSED", None, "the provider refused deterministically"
+    PROVIDER_REASON_WITHHELD = (
+        "PROVIDER_REASON_WITHHELD",
+        None,
+        "the provider's reason was not a bounded UPPER_SNAKE code, or carried a secret; withheld",
+    )
     PROVIDER_REDIRECT = "PROVIDER_REDIRECT", None, "the provider answered a redirect"
     PROVIDER_ERROR = "PROVIDER_ERROR", None, "the provider answered 5xx; the outcome is unknown"
     PROVIDER_ANSWER_INDETERMINATE = (
@@ -674,6 +679,7 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         Code.HANDLER_FAILED,
         Code.HANDLER_CONTRACT_VIOLATED,
         Code.RECONCILE_FAILED,
+        Code.PROVIDER_REASON_WITHHELD,
         Code.LOOKUP_NOT_CONFIGURED,
         Code.LOOKUP_KEY_UNREPRESENTABLE,
         Code.LOOKUP_STATUS,

@@ -21,9 +21,11 @@ nothing sent (refused, connection refused)    FAILED_BEFORE_DISPATCH
 this key is still in progress", which is not a refusal.
 
 The result carries the status, ``accepted`` and the provider's ``reference`` (or ``id``) when it
-is a short printable string; never the body. A refusal's reason comes from a JSON body's ``code``
-(or ``reason``), reduced to UPPER_SNAKE of at most 64 characters, else
-``PROVIDER_REFUSED_<status>``.
+is a short identifier (letters, digits, ``._:-``, at most 128); never the body. A refusal's
+reason comes from a JSON body's ``code`` (or ``reason``), reduced to UPPER_SNAKE; one longer than
+64 characters is not cut short (a cut value would hide what it was from the redactor) but
+replaced by ``PROVIDER_REFUSED_<status>``, as is a body without one. The registry then screens
+both against the current secrets (``dispatch/seam.py``).
 
 :meth:`ForwardRequestHandler.reconcile` GETs ``DOWNSTREAM_LOOKUP_URL`` with ``{idempotency_key}``
 replaced by the URL-quoted key, carrying the key, the lost attempt's intent hash and the
@@ -69,14 +71,15 @@ __all__ = [
 
 MAX_TIMEOUT_MS = 15_000
 PLACEHOLDER = "{idempotency_key}"
-_REFERENCE = re.compile(r"^[\x21-\x7e]{1,128}$")
+_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]{2,2048}\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,512}$")
 _UNKNOWN_4XX = frozenset({408, 409})
 _UNREPRESENTABLE = re.compile(r"[/%\\]")
 
 
 def provider_reason(status: int, body: bytes) -> str:
-    """The provider's refusal code as UPPER_SNAKE (<= 64 chars), else PROVIDER_REFUSED_<status>."""
+    """The provider's refusal code as UPPER_SNAKE (<= 64 chars, never cut short), else
+    PROVIDER_REFUSED_<status>."""
     fallback = f"PROVIDER_REFUSED_{status}"
     try:
         payload = json.loads(body)
@@ -87,8 +90,8 @@ def provider_reason(status: int, body: bytes) -> str:
     for key in ("code", "reason"):
         value = payload.get(key)
         if isinstance(value, str):
-            snake = re.sub(r"[^A-Z0-9]+", "_", value.upper()).strip("_")[:64].rstrip("_")
-            if snake and snake[0].isalpha():
+            snake = re.sub(r"[^A-Z0-9]+", "_", value.upper()).strip("_")
+            if snake and len(snake) <= 64 and snake[0].isalpha() and snake.isascii():
                 return snake
     return fallback
 
@@ -107,7 +110,7 @@ def _reference(body: bytes) -> str | None:
         return None
     for key in ("reference", "id"):
         value = payload.get(key)
-        if isinstance(value, str) and _REFERENCE.match(value):
+        if isinstance(value, str) and _REFERENCE.fullmatch(value):
             return value
     return None
 

@@ -19,6 +19,10 @@ It behaves the way a payment API does where that matters to the executor, and no
   error       ``500`` with no body (it failed before acting)                  not found (404)
   hang        reads the request, acts on it, never answers                    executed (200)
   reset       reads the request, acts on it, drops the connection             executed (200)
+  reflect     ``422 {"code": <its authorization header>}``: a hostile         not found (404)
+              provider handing the credential back as a reason code
+  reflect-    ``202 {"reference": <base64url of its authorization header>}``  executed (200)
+  reference   (the credential back, encoded, as the provider's reference)
   ==========  ==============================================================  ==============
 
 * ``GET /payouts/{idempotency_key}``: ``200 {"reference", "status": "executed"}`` for a key it
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import signal
@@ -62,7 +67,7 @@ from .synthetic_credentials import TOKEN_PATH, CredentialRequirement
 
 __all__ = ["MODES", "ReceivedRequest", "SyntheticProvider", "main"]
 
-MODES = ("normal", "refuse", "error", "hang", "reset")
+MODES = ("normal", "refuse", "error", "hang", "reset", "reflect", "reflect-reference")
 _BANNER = "agentsafe SYNTHETIC provider: loopback only, moves no money, for demos and tests"
 
 
@@ -264,6 +269,13 @@ class SyntheticProvider:
             status, answer = earlier.answer
             return web.Response(status=status, body=answer, content_type=_ct(answer))
         reference = "syn_" + uuid.uuid4().hex[:20]
+        reflected = request.headers.get("authorization", "")
+        if mode == "reflect":
+            answer = json.dumps({"code": reflected}).encode()
+            self.state.payouts[key] = _Payout(body, False, reference, (422, answer), intent)
+            return web.Response(status=422, body=answer, content_type="application/json")
+        if mode == "reflect-reference":
+            reference = base64.urlsafe_b64encode(reflected.encode()).rstrip(b"=").decode()
         if mode == "refuse":
             answer = json.dumps({"code": "INSUFFICIENT_FUNDS"}).encode()
             self.state.payouts[key] = _Payout(body, False, reference, (422, answer), intent)

@@ -583,7 +583,9 @@ async def test_reconcile_quotes_the_key_and_reads_errors_as_unknown(
 def test_provider_reason_is_sanitised() -> None:
     assert provider_reason(422, b'{"code": "INSUFFICIENT_FUNDS"}') == "INSUFFICIENT_FUNDS"
     assert provider_reason(400, b'{"code": "insufficient-funds"}') == "INSUFFICIENT_FUNDS"
-    assert provider_reason(400, json.dumps({"code": "A" * 100}).encode()) == "A" * 64
+    # too long is replaced, never cut short (a cut secret would hide from the redactor)
+    assert provider_reason(400, json.dumps({"code": "A" * 100}).encode()) == "PROVIDER_REFUSED_400"
+    assert provider_reason(400, json.dumps({"code": "A" * 64}).encode()) == "A" * 64
     assert provider_reason(400, b'{"code": 7}') == "PROVIDER_REFUSED_400"
     assert provider_reason(403, b"<html>denied</html>") == "PROVIDER_REFUSED_403"
     assert provider_reason(400, b'["INSUFFICIENT_FUNDS"]') == "PROVIDER_REFUSED_400"
