@@ -361,6 +361,11 @@ class Code(StrEnum):
     DISPATCH_REFUSED = "DISPATCH_REFUSED", None, "dispatch would not start"
     DISPATCH_TWICE = "DISPATCH_TWICE", None, "dispatch runs once per execution"
     PROVIDER_REFUSED = "PROVIDER_REFUSED", None, "the provider refused deterministically"
+    BASE64_NOT_CANONICAL = (
+        "BASE64_NOT_CANONICAL",
+        None,
+        "a value is not the canonical base64 or base64url spelling of any bytes",
+    )
     PROVIDER_REASON_WITHHELD = (
         "PROVIDER_REASON_WITHHELD",
         None,

@@ -6,8 +6,9 @@ attestation inside it, then that the attestation is presented once within its le
 (``docs/verifying-provider.md`` states the procedure and ``tests/vectors/provider`` holds vectors).
 
 This module imports only the standard library, ``cryptography`` and agentsafe's own ``canonical``,
-``httpsig``, ``errors`` and ``codes`` modules (the refusal codes are the registry's), never aiohttp
-or the server, so a provider can use (or vendor) it alone.
+``base64url``, ``httpsig``, ``errors`` and ``codes`` modules (the refusal codes are the
+registry's), never aiohttp or the server, so a provider can use (or vendor) it alone. Every base64
+value is decoded by ``base64url``'s one rule, the executor's own: the canonical spelling only.
 
 Callers: providers; ``cli.py`` (``agentsafe verify provider-request <vector>``, through
 :func:`main`).
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from . import base64url
 from .canonical import canonical_json, parse_json, sha256_digest
 from .codes import Code
 from .egress.httpsig import (
@@ -128,16 +130,14 @@ class _Refused(Exception):
 
 
 def _b64url_decode(text: str) -> bytes:
-    if not text or any(c not in _B64URL for c in text) or len(text) % 4 == 1:
+    """The one rule (``base64url.decode``): canonical unpadded base64url, else ``ValueError``."""
+    if not text:
         raise ValueError("not base64url")
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    return base64url.decode(text)
 
 
 def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-_B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
 def _ed25519_from_jwk(jwk: Mapping[str, Any]) -> Ed25519PublicKey:

@@ -36,8 +36,6 @@ Callers: ``door/door.py``, ``assembly.py`` (builds the source); ``plane.py`` run
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import os
 import threading
@@ -51,6 +49,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
+from .. import base64url
 from ..canonical import parse_json
 from ..clock import Clock
 from ..codes import Code
@@ -120,13 +119,10 @@ class Jwk:
 
 
 def _b64url_decode(segment: str) -> bytes:
-    raw = segment.encode("ascii")
-    if not raw or any(c not in _B64URL for c in raw):
+    """The one rule (``base64url.decode``): canonical unpadded base64url, else ``ValueError``."""
+    if not segment:
         raise ValueError("not base64url")
-    try:
-        return base64.urlsafe_b64decode(raw + b"=" * (-len(raw) % 4))
-    except (binascii.Error, ValueError):
-        raise ValueError("not base64url") from None
+    return base64url.decode(segment)
 
 
 def _b64_int(value: Any) -> int:

@@ -19,7 +19,6 @@ Callers: ``egress/credentials.py`` (``SignedRequestCredential``, signing), ``pro
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import re
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .. import base64url
 from ..codes import Code
 from ..errors import AgentSafeError
 
@@ -247,11 +247,9 @@ class _Reader:
             raise self.fail("unterminated byte sequence")
         raw = self.text[self.pos + 1 : end]
         self.pos = end + 1
-        if not re.fullmatch(r"[A-Za-z0-9+/]*={0,2}", raw) or len(raw) % 4:
-            raise self.fail("base64")
         try:
-            return base64.b64decode(raw, validate=True)
-        except binascii.Error as exc:
+            return base64url.decode_standard(raw)  # the one rule: canonical, padded
+        except base64url.NotCanonical as exc:
             raise self.fail("base64") from exc
 
     def bare_item(self) -> str | int | bytes:
