@@ -218,3 +218,56 @@ async def test_a_provider_demanding_a_signature_refuses_an_unsigned_lookup(tmp_p
             assert (await r.json())["code"] == "CONTENT_DIGEST_MISSING"
     finally:
         provider.terminate()
+
+
+async def test_the_provider_process_accepts_a_conforming_signer_in_any_parameter_order(
+    tmp_path: Path,
+) -> None:
+    """RFC 9421: ``@signature-params`` is rebuilt in the received order, so a signer that writes
+    ``alg;keyid;created`` is verified, not refused (issue 16)."""
+    key = Ed25519PrivateKey.generate()
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    requirement = {
+        "kind": "SIGNED_REQUEST",
+        "keys": {"other-signer": {"kty": "OKP", "crv": "Ed25519", "x": _b64url(raw)}},
+    }
+    require_file = tmp_path / "require.json"
+    require_file.write_text(json.dumps(requirement), encoding="utf-8")
+    provider = ProviderProcess(tmp_path, free_port(), require_credential=require_file)
+    await provider.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            for order in (("alg", "keyid", "created"), ("created", "keyid", "alg")):
+                headers = _hand_signed_lookup(key, "k-9", order)
+                async with session.get(provider.url + "/payouts/k-9", headers=headers) as r:
+                    assert (r.status, (await r.json())["code"]) == (404, "NOT_FOUND"), order
+        assert (await provider.received())["refusals"] == []
+    finally:
+        provider.terminate()
+
+
+def _hand_signed_lookup(
+    key: Ed25519PrivateKey, idem: str, order: tuple[str, ...]
+) -> dict[str, str]:
+    import time
+
+    from agentsafe.executor.egress.httpsig import content_digest
+
+    headers = {
+        "content-digest": content_digest(b""),
+        "idempotency-key": idem,
+        "x-agent-safe-intent-hash": "sha256:" + "cd" * 32,
+    }
+    names = ("@method", "@path", *headers)
+    values = {"created": str(int(time.time())), "keyid": '"other-signer"', "alg": '"ed25519"'}
+    params = "(" + " ".join(f'"{n}"' for n in names) + ")"
+    params += "".join(f";{name}={values[name]}" for name in order)
+    lines = ['"@method": GET', f'"@path": /payouts/{idem}']
+    lines += [f'"{name}": {value}' for name, value in headers.items()]
+    lines.append(f'"@signature-params": {params}')
+    signature = base64.b64encode(key.sign("\n".join(lines).encode())).decode()
+    return {
+        **headers,
+        "signature-input": f"agentsafe={params}",
+        "signature": f"agentsafe=:{signature}:",
+    }
