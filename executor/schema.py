@@ -46,8 +46,12 @@ def _compiled(pattern: str) -> regress.Regex:
 def ecma_search(pattern: str, text: str) -> bool:
     """Whether ECMA-262 ``pattern`` (``u`` flag, unanchored, as JSON Schema applies it) matches
     somewhere in ``text``. Raises :class:`regress.RegressError` for a pattern that is not
-    ECMA-262."""
-    return _compiled(pattern).find(text) is not None
+    ECMA-262. A text that is not Unicode (a lone surrogate) matches nothing: it fails closed."""
+    compiled = _compiled(pattern)
+    try:
+        return compiled.find(text) is not None
+    except UnicodeEncodeError:
+        return False
 
 
 def _is_ecma_regex(instance: object) -> bool:

@@ -116,3 +116,10 @@ def test_the_ceilings_currency_is_refused_with_a_trailing_newline() -> None:
         with pytest.raises(RequestRejected) as refused:
             read_payment({"amountMinor": 1, "currency": currency})
         assert refused.value.code == "HARD_LIMIT_AMOUNT_INVALID"
+
+
+def test_a_lone_surrogate_matches_no_pattern_and_never_raises() -> None:
+    assert ecma_search("^.*$", "a\ud800") is False
+    assert not valid({"type": "string", "pattern": "^.*$"}, "a\ud800")
+    with pytest.raises(jsonschema.SchemaError):
+        check_schema({"type": "string", "pattern": "\ud800"})

@@ -94,3 +94,45 @@ async def test_a_trailing_newline_or_a_foreign_digit_never_passes_a_pattern(tmp_
     finally:
         executor.terminate()
         provider.terminate()
+
+
+UNPATTERNED = POLICY.replace(
+    'currency: {type: string, pattern: "^[A-Z]{3}$"}', "currency: {type: string}"
+)
+
+
+async def test_the_host_ceilings_refuse_a_currency_with_a_trailing_newline(tmp_path: Path) -> None:
+    """Without a pattern in the policy, the ceilings' own currency match is the last line: it is a
+    whole-string match, so ``"RUB\\n"`` is malformed, not a currency it names no limit for."""
+    assert UNPATTERNED != POLICY
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(UNPATTERNED, encoding="utf-8")
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    workspace = Workspace(tmp_path / "ws")
+    env = workspace.environment(
+        provider_url=provider.url,
+        port=free_port(),
+        policy_file=policy,
+        extra={"EXECUTOR_HARD_LIMIT_SINGLE_MINOR": "RUB:1000,CHF:1000"},
+    )
+    executor = ExecutorProcess(env, tmp_path)
+    try:
+        await executor.start()
+        async with aiohttp.ClientSession() as session:
+            for currency in ("RUB\n", "rub", "ＲＵＢ"):
+                status, body = await _propose(
+                    session,
+                    executor,
+                    f"c-{len(currency)}-{currency.isascii()}",
+                    {"amountMinor": 100, "currency": currency},
+                )
+                assert (status, body["error"]["code"]) == (422, "HARD_LIMIT_AMOUNT_INVALID"), body
+            status, body = await _propose(
+                session, executor, "chf", {"amountMinor": 100, "currency": "CHF"}
+            )
+            assert (status, body["outcome"]) == (200, "COMPLETED"), body
+        assert (await provider.received())["keys"] == ["chf"]
+    finally:
+        executor.terminate()
+        provider.terminate()
