@@ -27,6 +27,7 @@ from .dispatch.forward import ForwardRequestHandler
 from .dispatch.seam import Outcome, Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
+from .door.refusal_lines import RefusalEvent
 from .door.workload import JwksSource, WorkloadVerifier
 from .egress.credentials import (
     DownstreamCredential,
@@ -175,16 +176,22 @@ def build_credential(
     )
 
 
-def load_principals(config: ExecutorConfig, actions: Sequence[str]) -> PrincipalSet:
-    """``EXECUTOR_PRINCIPALS_FILE``, checked against the policy's actions and the credential
-    methods this process can verify (at start, and again on every reload)."""
+def load_principals(
+    config: ExecutorConfig, actions: Sequence[str], *, jwks: JwksSource | None = None
+) -> PrincipalSet:
+    """``EXECUTOR_PRINCIPALS_FILE``, checked against the policy's actions, the credential
+    methods this process can verify and the issuers its key sets are bound to (at start, and
+    again on every reload)."""
     assert config.executor_principals_file is not None
-    return load_principals_file(
+    principals = load_principals_file(
         config.executor_principals_file,
         registered_actions=actions,
         jwt_configured=bool(config.executor_jwt_audience and config.executor_jwks_file),
         client_ca_configured=config.executor_tls_client_ca_file is not None,
     )
+    if jwks is not None:
+        jwks.check_binding(principals.workload_issuers)
+    return principals
 
 
 def build_door(
@@ -221,7 +228,7 @@ def build_door(
         )
     principals: PrincipalSet | LegacyCaller
     if config.executor_principals_file is not None:
-        principals = load_principals(config, actions)
+        principals = load_principals(config, actions, jwks=jwks)
         for principal_id in principals.bearer_principal_ids():
             streams.security.emit("BEARER_PRINCIPAL_CONFIGURED", {"principal": principal_id})
     else:
@@ -384,6 +391,7 @@ async def assemble(
                 checkpoint_lines=config.executor_audit_checkpoint_lines,
                 window_lines=config.executor_evidence_window_lines,
                 redactor=redactor,
+                routine_security_events=frozenset(RefusalEvent),
             )
             _count_chained(chained, metrics)
             for deferred, sink, name in (
@@ -528,7 +536,9 @@ async def assemble(
             posture=posture,
             posture_monitor=monitor,
             redactor=redactor,
-            load_principals=functools.partial(load_principals, config, list(policy.actions)),
+            load_principals=functools.partial(
+                load_principals, config, list(policy.actions), jwks=jwks
+            ),
             chained=chained,
             plans=_plan_service(
                 config,

@@ -24,9 +24,10 @@ recognising a credential is not accepting one.
 The standard library's decoders do the arithmetic; this module adds the rule the library leaves
 out (``binascii`` accepts non-canonical trailing bits), and nothing else, so it is hand-written.
 
-Ground floor: imports only the registry of codes and the root error. Callers: ``grants.py``,
-``provider.py``, ``door/workload.py``, ``egress/httpsig.py``, ``evidence/bundle.py``,
-``config.py``.
+Ground floor: imports only the registry of codes and the root error. Callers: ``jws.py`` (every
+JWS segment and JWK member: the grants, the provider's verifier and the workload door read
+through it), ``egress/httpsig.py`` (byte sequences), ``evidence/bundle.py`` (the manifest
+signature), ``config.py`` (SPKI pins).
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ __all__ = ["DRAIN_SECONDS", "Executor", "WorkGate"]
 DRAIN_SECONDS = 20.0
 HALT_FILE_POLL_SECONDS = 0.5
 SECRETS_POLL_SECONDS = 5.0
+REFUSAL_LINES_POLL_SECONDS = 2.0
 
 
 STORE_PING_SECONDS = 1.0
@@ -261,6 +262,7 @@ class Executor:
                 )
             signing_key = loaded
         attempts = await self.open_attempts()
+        self.door.door.flush_lines()  # the summaries of repeated refusals that are due
         try:
             manifest = await asyncio.to_thread(
                 export_bundle,
@@ -369,6 +371,7 @@ class Executor:
         self._spawn(self.halt.watch(interval=HALT_FILE_POLL_SECONDS))
         self._spawn(self.secrets.watch(SECRETS_POLL_SECONDS))
         self._spawn(self._posture_loop())
+        self._spawn(self._refusal_lines_loop())
         if self.tls is not None:
             self._spawn(self.tls.watch())
         if self.jwks is not None and self.config.executor_jwks_url:
@@ -390,6 +393,12 @@ class Executor:
                     "STORE_AVAILABLE" if available else "STORE_UNAVAILABLE", {}
                 )
             await asyncio.sleep(STORE_PING_SECONDS)
+
+    async def _refusal_lines_loop(self) -> None:
+        """Write the door's summaries of repeated refusals once their interval is over."""
+        while True:
+            await asyncio.sleep(REFUSAL_LINES_POLL_SECONDS)
+            self.door.door.flush_lines()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coro))
@@ -430,5 +439,6 @@ class Executor:
             await self.journal.close()
         await self.store.close()
         self.secrets.close()
+        self.door.door.flush_lines(everything=True)
         if self.chained is not None:
             self.chained.close()

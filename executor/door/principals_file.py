@@ -214,6 +214,11 @@ class PrincipalSet:
     def knows_issuer(self, issuer: str) -> bool:
         return issuer in self._issuers
 
+    @property
+    def workload_issuers(self) -> frozenset[str]:
+        """Every issuer a WORKLOAD_JWT principal names (the JWKS binds its key sets to them)."""
+        return self._issuers
+
     def by_workload(self, issuer: str, subject: str) -> PrincipalRecord | None:
         return self._workloads.get((issuer, subject))
 
