@@ -36,6 +36,7 @@ from .egress.credentials import (
     StaticHeaderCredential,
 )
 from .egress.guard import Destination, GuardedClient
+from .egress.webhook import ApprovalWebhook
 from .errors import AgentSafeError, ConfigError
 from .events import DeferredSink, EventSink, Streams
 from .evidence.chain import ChainedStreams, LineWriter, open_chained_streams
@@ -110,6 +111,15 @@ def destinations(config: ExecutorConfig) -> list[Destination]:
     if config.executor_jwks_url:
         jwks_anchor = str(config.executor_jwks_ca_file) if config.executor_jwks_ca_file else None
         out.append(Destination(config.executor_jwks_url, ca_file=jwks_anchor))
+    if config.executor_approval_webhook_url:
+        ca = config.executor_approval_webhook_ca_file
+        out.append(
+            Destination(
+                config.executor_approval_webhook_url,
+                ca_file=str(ca) if ca else None,
+                allow_insecure_loopback=config.executor_approval_webhook_allow_insecure_loopback,
+            )
+        )
     return out
 
 
@@ -421,6 +431,13 @@ async def assemble(
             halt.record_egress_refusal()
 
         transport = build_transport(config, streams, on_refusal=egress_refused)
+        webhook = (
+            ApprovalWebhook(
+                url=config.executor_approval_webhook_url, transport=transport, streams=streams
+            )
+            if config.executor_approval_webhook_url
+            else None
+        )
         document = load_policy(config.executor_policy_file)
         # What a provider chose is screened against every current secret before it reaches
         # the agent or the evidence (a provider that reflects the credential, issue 16).
@@ -513,6 +530,10 @@ async def assemble(
             metrics=metrics,
             escalation=config.executor_escalation,
             on_forbidden=door.record_refusal,
+            approval_origin=config.executor_approval_origin,
+            on_approval_requested=(
+                webhook.notify if webhook is not None else lambda request, url: None
+            ),
         )
         executor = Executor(
             config=config,
@@ -540,6 +561,7 @@ async def assemble(
                 load_principals, config, list(policy.actions), jwks=jwks
             ),
             chained=chained,
+            webhook=webhook,
             plans=_plan_service(
                 config,
                 policy,

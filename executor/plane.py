@@ -27,8 +27,11 @@ from .clock import Clock
 from .codes import Code
 from .config import EscalationMode, ExecutorConfig, ExecutorMode
 from .dispatch.seam import Registry
+from .door.door import LegacyCaller
+from .door.passkeys import Passkeys
 from .door.principals_file import PrincipalSet
 from .door.workload import JwksSource
+from .egress.webhook import ApprovalWebhook
 from .errors import ConfigError, RequestRejected
 from .events import Streams
 from .evidence.bundle import BundleError, export_bundle
@@ -124,6 +127,7 @@ class Executor:
     plans: PlanService | None = None
     shared: PostgresStore | None = None  # EXECUTOR_STORE_URL: the store every replica shares
     leases: LeaseKeeper | None = None
+    webhook: ApprovalWebhook | None = None  # EXECUTOR_APPROVAL_WEBHOOK_URL
     store_health: StoreHealth = field(default_factory=StoreHealth)  # the WorkGate's too
     routes: tuple[Route, ...] = field(init=False)
     app: web.Application = field(init=False)
@@ -136,7 +140,18 @@ class Executor:
     def __post_init__(self) -> None:
         approvals = None
         if self.config.executor_escalation is EscalationMode.APPROVAL:
-            approvals = Approvals(store=self.store, streams=self.streams, clock=self.clock)
+            origin = self.config.executor_approval_origin
+            approvals = Approvals(
+                store=self.store,
+                streams=self.streams,
+                clock=self.clock,
+                passkeys=Passkeys(
+                    store=self.store, signer=self.authority, clock=self.clock, origin=origin
+                ),
+                principal_named=self.principal_named,
+                cancel_escalation=self.pipeline.cancel_escalation,
+                origin=origin,
+            )
         self.routes = route_table(
             pipeline=self.pipeline,
             readiness=self.readiness,
@@ -153,6 +168,14 @@ class Executor:
         """The work gate the pipeline asks, for the routes that execute outside it (a plan
         step): why new work is refused right now, ``None`` when it is not."""
         return WorkGate(self.halt, self.posture_monitor, self.store_health).refusal()
+
+    def principal_named(self, principal_id: str) -> Principal | None:
+        """The principal of the current principals file with this id (``None``: none)."""
+        principals = self.door.door.principals
+        if isinstance(principals, LegacyCaller):
+            return None
+        record = principals.get(principal_id)
+        return None if record is None else record.principal
 
     def readiness(self) -> ReadyState:
         body: dict[str, Any] = {
@@ -434,6 +457,8 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self.webhook is not None:
+            await self.webhook.aclose()
         await self.transport.close()
         if self.journal is not None:
             await self.journal.close()
