@@ -147,7 +147,12 @@ def build_transport(
 
 
 def build_credential(
-    config: ExecutorConfig, secrets: SecretStore, transport: GuardedClient, clock: Clock
+    config: ExecutorConfig,
+    secrets: SecretStore,
+    transport: GuardedClient,
+    clock: Clock,
+    *,
+    on_token: Callable[[bytes], None] | None = None,
 ) -> DownstreamCredential:
     kind = config.downstream_credential_kind
     if kind is CredentialKind.STATIC_HEADER:
@@ -175,6 +180,7 @@ def build_credential(
             key_id=config.downstream_private_key_id,
             scope=config.downstream_token_scope,
             clock=clock,
+            on_token=on_token,
         )
     handle = secrets.current("DOWNSTREAM_SIGNING_KEY")
     if secrets.get("DOWNSTREAM_SIGNING_KEY") is None or not config.downstream_signing_key_id:
@@ -453,8 +459,19 @@ async def assemble(
             else None
         )
         document = load_policy(config.executor_policy_file)
-        registry = Registry(security=streams.security)
-        credential = build_credential(config, secrets, transport, clock)
+        # What a provider chose is screened against every current secret before it reaches
+        # the agent or the evidence (a provider that reflects the credential, issue 16).
+        registry = Registry(
+            security=streams.security,
+            screen=lambda text: redactor.redact(text, jws=False)[0],
+        )
+        credential = build_credential(
+            config,
+            secrets,
+            transport,
+            clock,
+            on_token=lambda token: redactor.set_secret("DOWNSTREAM_ACCESS_TOKEN", token),
+        )
         registry.register(
             "forward_request",
             ForwardRequestHandler(

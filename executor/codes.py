@@ -489,6 +489,16 @@ class Code(StrEnum):
     DISPATCH_REFUSED = "DISPATCH_REFUSED", None, "dispatch would not start"
     DISPATCH_TWICE = "DISPATCH_TWICE", None, "dispatch runs once per execution"
     PROVIDER_REFUSED = "PROVIDER_REFUSED", None, "the provider refused deterministically"
+    BASE64_NOT_CANONICAL = (
+        "BASE64_NOT_CANONICAL",
+        None,
+        "a value is not the canonical base64 or base64url spelling of any bytes",
+    )
+    PROVIDER_REASON_WITHHELD = (
+        "PROVIDER_REASON_WITHHELD",
+        None,
+        "the provider's reason was not a bounded UPPER_SNAKE code, or carried a secret; withheld",
+    )
     PROVIDER_REDIRECT = "PROVIDER_REDIRECT", None, "the provider answered a redirect"
     PROVIDER_ERROR = "PROVIDER_ERROR", None, "the provider answered 5xx; the outcome is unknown"
     PROVIDER_ANSWER_INDETERMINATE = (
@@ -716,6 +726,11 @@ class Code(StrEnum):
     APPROVAL_KEY_MISMATCH = "APPROVAL_KEY_MISMATCH", 403, "the approval was signed by another key"
     APPROVAL_ALREADY_USED = "APPROVAL_ALREADY_USED", 409, "this approval already ran this step"
     APPROVER_MISMATCH = "APPROVER_MISMATCH", 403, "the request names another approver"
+    PLAN_PRINCIPAL_MISMATCH = (
+        "PLAN_PRINCIPAL_MISMATCH",
+        403,
+        "the plan's actor is not the calling principal: a plan is dry-run and stepped by its own",
+    )
     CONTEXT_INVALID = "CONTEXT_INVALID", 400, "the source context is malformed"
     CONTEXT_MISMATCH = "CONTEXT_MISMATCH", 422, "the context does not bind the step's source"
     CONTEXT_STALE = "CONTEXT_STALE", 422, "the source context is not fresh"
@@ -804,6 +819,7 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         Code.HANDLER_FAILED,
         Code.HANDLER_CONTRACT_VIOLATED,
         Code.RECONCILE_FAILED,
+        Code.PROVIDER_REASON_WITHHELD,
         Code.LOOKUP_NOT_CONFIGURED,
         Code.LOOKUP_KEY_UNREPRESENTABLE,
         Code.LOOKUP_STATUS,

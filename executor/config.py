@@ -34,8 +34,6 @@ run with ``enableServiceLinks: false``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import ipaddress
 import os
 import re
@@ -58,6 +56,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import base64url
 from .canonical import MAX_SAFE_INTEGER, sha256_digest
 from .errors import ConfigError
 from .headers import HEADER_NAME, is_reserved
@@ -484,8 +483,8 @@ def _parse_pins(text: str) -> tuple[str, ...]:
         if algorithm != "sha256" or not sep:
             raise ValueError("each pin must be sha256/<base64 of the SPKI digest>")
         try:
-            raw = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
+            raw = base64url.decode_standard(encoded)
+        except ValueError:
             raise ValueError("each pin must be sha256/<base64 of the SPKI digest>") from None
         if len(raw) != 32:
             raise ValueError("each pin must be the base64 of a 32-byte SHA-256 digest")

@@ -24,6 +24,8 @@ registry gives its code. Messages never contain request data or secret values.
     ├── ProviderRefused             the provider refused deterministically (dispatch/seam.py)
     ├── TokenRefused                a compact JWS failed verification; also a ValueError
     │                               (jws.py, re-exported by grants.py)
+    ├── NotCanonical                not the canonical base64 spelling of any bytes; also a
+    │                               ValueError (base64url.py)
     ├── GrantRefused                a grant that must not execute (policy/authority.py)
     ├── JwtRefused                  a workload token is refused (door/workload.py)
     ├── TransportError              an outbound request failed (egress/transport.py)

@@ -173,6 +173,11 @@ class Executor:
 
     # -------------------------------------------------------------- what routes ask
 
+    def work_refusal(self) -> Code | None:
+        """The work gate the pipeline asks, for the routes that execute outside it (a plan
+        step): why new work is refused right now, ``None`` when it is not."""
+        return WorkGate(self.halt, self.posture_monitor, self.store_health).refusal()
+
     def principal_named(self, principal_id: str) -> Principal | None:
         """The principal of the current principals file with this id (``None``: none)."""
         principals = self.door.door.principals

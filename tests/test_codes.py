@@ -43,7 +43,11 @@ DOC = REPO / "docs" / "error-codes.md"
 BEGIN = "<!-- BEGIN error codes: generated from executor/codes.py by tests/test_codes.py -->"
 END = "<!-- END error codes -->"
 
-_OWN_VOCABULARY = {EXECUTOR / "tools" / "synthetic.py"}  # the fake provider's own codes
+# the fake provider's own codes
+_OWN_VOCABULARY = {
+    EXECUTOR / "tools" / "synthetic.py",
+    EXECUTOR / "tools" / "synthetic_credentials.py",
+}
 # Not a code: the plan routes' evidence event says "OK" for a success.
 _NOT_CODES = {("executor/routes/plans.py", "OK")}
 # Callables whose first argument is the code (the rest take a message first and ``code=``).

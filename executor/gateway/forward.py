@@ -162,14 +162,22 @@ class GatewayForwardHandler:
             "response_digest": "sha256:" + hashlib.sha256(response.body).hexdigest(),
         }
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
-        """Read-only: ``DOWNSTREAM_LOOKUP_URL`` by key when configured; else unknown."""
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
+        """Read-only: ``DOWNSTREAM_LOOKUP_URL`` by key when configured; else unknown. The lookup
+        names the key and the lost attempt's intent hash, as serve's lookups do."""
         if self._lookup_url is None:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.LOOKUP_NOT_CONFIGURED)
         url = self._lookup_url.replace("{idempotency_key}", quote(idempotency_key, safe=""))
         try:
             response = await self._transport.request(
-                "GET", url, headers={}, body=None, timeout=self._timeout
+                "GET",
+                url,
+                headers={
+                    "idempotency-key": idempotency_key,
+                    "x-agent-safe-intent-hash": intent_hash,
+                },
+                body=None,
+                timeout=self._timeout,
             )
         except TransportError as exc:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=exc.code)

@@ -65,8 +65,10 @@ class ActionReconciler:
         self._catalog = catalog
         self._registry = registry
 
-    async def reconcile(self, action: str, idempotency_key: str) -> ReconcileResult:
+    async def reconcile(
+        self, action: str, idempotency_key: str, *, intent_hash: str
+    ) -> ReconcileResult:
         handler = self._catalog.handler_for(action)
         if handler is None:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.ACTION_NOT_REGISTERED)
-        return await self._registry.reconcile(handler, idempotency_key)
+        return await self._registry.reconcile(handler, idempotency_key, intent_hash=intent_hash)

@@ -7,6 +7,17 @@
   tool and effect -> the frozen value and the signed receipt;
 - ``POST /v1/plans/receipts/verify`` (OPERATOR with ``evidence``): verifies a receipt.
 
+Two rules are the executor's, not the plan library's, and hold before the library is asked:
+
+* a plan belongs to the principal that proposes it: its ``actor`` must be the calling
+  principal's id, on the dry run and on every step (the step reads it from the dry run, which the
+  approval signs, so it cannot be swapped): 403 ``PLAN_PRINCIPAL_MISMATCH``, nothing consumed. A
+  proposer of another tenant (every principal id is unique) cannot spend an approval given for
+  someone else's plan;
+* a step is execution, so it stops with the work gate as ``/v1/actions`` does: while halted, with
+  the posture degraded or the shared store unreachable it is 503 with that code and
+  ``Retry-After``, and nothing is consumed or run.
+
 Refusals keep the plan library's stable codes; an execution failure that produced a receipt
 answers with the receipt beside the error so the host can reconcile.
 
@@ -32,15 +43,30 @@ from .refusals import refusal
 __all__ = ["plan_routes"]
 
 
-def plan_routes(*, service: PlanService, streams: Streams) -> tuple[Route, ...]:
-    """The plan library checks its own shapes, so each row reads any bounded JSON body."""
+def plan_routes(
+    *, service: PlanService, streams: Streams, work_refusal: Callable[[], Code | None]
+) -> tuple[Route, ...]:
+    """The plan library checks its own shapes, so each row reads any bounded JSON body.
+    ``work_refusal`` is the work gate (a halt, a degraded posture, an unreachable store)."""
 
     def run(
-        event: str, work: Callable[[Any, Principal], Awaitable[dict[str, Any]]]
+        event: str,
+        work: Callable[[Any, Principal], Awaitable[dict[str, Any]]],
+        *,
+        gated: bool = False,
     ) -> RouteHandler:
         async def handler(call: Call) -> web.StreamResponse:
             principal = call.caller
             body: AnyJson = call.body
+            stopped = work_refusal() if gated else None
+            if stopped is not None:
+                streams.evidence.emit(event, {"caller": principal.id, "code": stopped})
+                return refusal(
+                    stopped,
+                    "execution is stopped; nothing was consumed or run",
+                    status=503,
+                    headers={"Retry-After": "30"},
+                )
             try:
                 result = await work(body.root, principal)
             except AgentExecutionError as exc:
@@ -55,12 +81,14 @@ def plan_routes(*, service: PlanService, streams: Streams) -> tuple[Route, ...]:
         return handler
 
     async def dry_run(body: Any, principal: Principal) -> dict[str, Any]:
+        _check_actor(_member(body, "plan"), principal)
         return await service.dry_run(body)
 
     async def approve(body: Any, principal: Principal) -> dict[str, Any]:
         return await service.approve(body, approver=principal.id)
 
     async def step(body: Any, principal: Principal) -> dict[str, Any]:
+        _check_actor(_member(_member(body, "dryRun"), "plan"), principal, strict=True)
         return await service.execute_step(body)
 
     async def verify(body: Any, principal: Principal) -> dict[str, Any]:
@@ -102,7 +130,7 @@ def plan_routes(*, service: PlanService, streams: Streams) -> tuple[Route, ...]:
             "/v1/plans/steps",
             proposer,
             None,
-            run("PLAN_STEP", step),
+            run("PLAN_STEP", step, gated=True),
             "Run one approved step: the frozen value and its signed receipt",
         ),
         row(
@@ -181,6 +209,7 @@ PLAN_CODES = frozenset(
         Code.PLAN_INVALID,
         Code.PLAN_LIMIT_EXCEEDED,
         Code.PLAN_OPERATION_DIGEST_MISMATCH,
+        Code.PLAN_PRINCIPAL_MISMATCH,
         Code.PLAN_PROVENANCE_INVALID,
         Code.PLAN_PROVENANCE_STALE,
         Code.PLAN_SOURCE_UNKNOWN,
@@ -212,6 +241,20 @@ PLAN_CODES = frozenset(
 )
 """Every registry code the plan library refuses with (``executor/plans/``; a drift test scans
 it); a host step executor's own code is passed through as well (``host_codes``)."""
+
+
+def _member(value: Any, name: str) -> Any:
+    return value.get(name) if isinstance(value, dict) else None
+
+
+def _check_actor(plan: Any, principal: Principal, *, strict: bool = False) -> None:
+    """The plan's ``actor`` is the calling principal's id. On a dry run a plan without one is
+    left to the library, which refuses it as malformed; a step's dry run must name it."""
+    actor = _member(plan, "actor")
+    if (strict or actor is not None) and actor != principal.id:
+        raise AgentSafetyError(
+            "a plan's actor must be the calling principal's id", code=Code.PLAN_PRINCIPAL_MISMATCH
+        )
 
 
 def _plain(value: Any) -> Any:

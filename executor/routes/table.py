@@ -67,7 +67,9 @@ def route_table(
         *control_routes(plane),
     ]
     if plans is not None:
-        rows.extend(plan_routes(service=plans, streams=plane.streams))
+        rows.extend(
+            plan_routes(service=plans, streams=plane.streams, work_refusal=plane.work_refusal)
+        )
     if approvals is not None:
         rows.extend(
             approval_routes(

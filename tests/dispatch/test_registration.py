@@ -73,7 +73,7 @@ class Stamp:
         digest = self.seam.effects.record(ctx, {"label": ctx.parameters["label"]})
         return {"stamped": True, "observation": digest}
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
         return ReconcileResult(ReconcileStatus.UNKNOWN)
 
 

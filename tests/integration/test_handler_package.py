@@ -156,7 +156,8 @@ async def test_the_packaged_plan_executor_runs_a_step_in_serve(node: Node) -> No
     now = time.time()
     observed = format_ms(now - 5)
     context = s.context(observedAt=observed)
-    plan = s.plan(s.step(source=s.binding(observedAt=observed)))
+    # the plan's actor is the calling principal (issue 16: no step for someone else's plan)
+    plan = s.plan(s.step(source=s.binding(observedAt=observed)), actor="treasury-workflow")
     status, dry = await node.post("/v1/plans/dry-run", "treasury-workflow", {"plan": plan})
     assert status == 200, dry
     request = s.request(issuedAt=format_ms(now), expiresAt=format_ms(now + 240))

@@ -92,7 +92,7 @@ class AddNote:
         await dispatch.run(effect)
         return {"noted": True}
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
         return ReconcileResult(ReconcileStatus.UNKNOWN)
 
 

@@ -92,12 +92,15 @@ class LedgerNoteHandler:
             raise ProviderRefused(f"LEDGER_REFUSED_{response.status}", status=response.status)
         raise RuntimeError("the ledger's answer does not say what happened")
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
         lookup = self._seam.downstream.lookup_url
         if lookup is None:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="LOOKUP_NOT_CONFIGURED")
         url = lookup.replace("{idempotency_key}", quote(idempotency_key, safe=""))
-        response = await self._seam.fetch.request("GET", url, headers={}, body=None, timeout=5.0)
+        headers = {"idempotency-key": idempotency_key, "x-agent-safe-intent-hash": intent_hash}
+        response = await self._seam.fetch.request(
+            "GET", url, headers=headers, body=None, timeout=5.0
+        )
         if response.status == 404:
             return ReconcileResult(ReconcileStatus.NOT_EXECUTED)
         if 200 <= response.status < 300:
