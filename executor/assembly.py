@@ -35,7 +35,7 @@ from .egress.credentials import (
     StaticHeaderCredential,
 )
 from .egress.guard import Destination, GuardedClient
-from .errors import AgentSafeError, ConfigError
+from .errors import AgentSafeError, ConfigError, JournalError
 from .events import DeferredSink, EventSink, Streams
 from .evidence.chain import ChainedStreams, LineWriter, open_chained_streams
 from .evidence.plan_audit import DurablePlanAudit
@@ -52,7 +52,7 @@ from .lifecycle.ceilings import HostCeilings
 from .lifecycle.leases import LeaseKeeper
 from .lifecycle.pipeline import Pipeline
 from .lifecycle.shadow import ShadowReport
-from .plane import Executor, StoreHealth, WorkGate
+from .plane import Executor, Startup, StoreHealth, WorkGate
 from .plans.execute import StepExecutor
 from .plans.service import ExecutorRegistry, PlanService
 from .plans.signing import Ed25519Signer
@@ -363,6 +363,10 @@ async def assemble(
                     clock=clock,
                     mirror=mirror,
                 )
+            except JournalError as exc:
+                raise ConfigError(
+                    "EXECUTOR_JOURNAL_DIR", _journal_refusal(exc), code=exc.code
+                ) from exc
             except (OSError, AgentSafeError) as exc:
                 raise ConfigError(
                     "EXECUTOR_JOURNAL_DIR",
@@ -468,6 +472,7 @@ async def assemble(
         )
         shadow = ShadowReport()
         store_health = StoreHealth()
+        startup = Startup(reconciling=True)
         pipeline = Pipeline(
             mode=config.executor_mode,
             authority=authority,
@@ -483,11 +488,12 @@ async def assemble(
             intent_ttl_seconds=config.executor_intent_ttl_seconds,
             max_clock_skew_ms=config.executor_max_clock_skew_ms,
             shadow=shadow,
-            refusal=WorkGate(halt, monitor, store_health).refusal,
+            refusal=WorkGate(halt, monitor, store_health, startup).refusal,
             on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
             metrics=metrics,
             escalation=config.executor_escalation,
             on_forbidden=door.record_refusal,
+            settle_margin_s=config.downstream_timeout_ms / 1000.0,
         )
         executor = Executor(
             config=config,
@@ -525,6 +531,7 @@ async def assemble(
             ),
             shared=shared,
             store_health=store_health,
+            startup=startup,
         )
         if mirror is not None and journal is not None:
             executor.leases = LeaseKeeper(
@@ -628,6 +635,16 @@ def _plan_service(
         clock=clock,
         max_clock_skew_ms=config.executor_max_clock_skew_ms,
     )
+
+
+def _journal_refusal(exc: JournalError) -> str:
+    """Why the journal directory refused, in words that name the real cause."""
+    if exc.code == Code.JOURNAL_LOCKED:
+        return (
+            "is locked by another agentsafe process (one process per journal directory): stop"
+            " it, or give this process its own EXECUTOR_JOURNAL_DIR"
+        )
+    return f"cannot be opened for appending ({exc.message})"
 
 
 async def open_shared_store(secrets: SecretStore) -> PostgresStore:

@@ -35,7 +35,7 @@ from ..canonical import sha256_digest
 from ..clock import Clock, format_ms
 from ..codes import Code
 from ..config import EscalationMode, ExecutorMode
-from ..dispatch.seam import Outcome, ReconcileStatus, Registry
+from ..dispatch.seam import Outcome, ReconcileResult, ReconcileStatus, Registry
 from ..door.door import check_action
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
@@ -58,7 +58,7 @@ from ..state.usestore import (
     UseStore,
 )
 from .answers import Answer, decision_answer, halted_answer, reconciled_answer
-from .attempt import Attempt, Progress, TokenSigner
+from .attempt import Attempt, Progress, TokenSigner, UnknownAttempts
 from .ceilings import HostCeilings
 from .shadow import RECORDED_STATUSES, ShadowReport
 
@@ -112,6 +112,8 @@ class Pipeline:
         metrics: ExecutorMetrics | None = None,
         escalation: EscalationMode = EscalationMode.NONE,
         on_forbidden: Callable[[Principal, Code], None] = lambda principal, code: None,
+        unknown: UnknownAttempts | None = None,
+        settle_margin_s: float = 0.0,
     ) -> None:
         self.mode = mode
         self._authority = authority
@@ -132,6 +134,9 @@ class Pipeline:
         self._metrics = metrics
         self.escalation = escalation
         self._on_forbidden = on_forbidden
+        self.unknown = unknown if unknown is not None else UnknownAttempts()
+        self._settle_margin = settle_margin_s
+        self._owner = journal.identity if journal is not None else ""
         self._attempt = Attempt(
             authority=authority,
             signer=signer,
@@ -141,6 +146,7 @@ class Pipeline:
             streams=streams,
             clock=clock,
             count_outcome=self._count_outcome,
+            on_unknown=self.unknown.add,
         )
 
     def _count_outcome(self, outcome: Outcome) -> None:
@@ -210,8 +216,13 @@ class Pipeline:
         settles it.
         """
         scope = {"tenant": tenant, "principal": principal.id, "key": key}
+        progress = Progress()
         state = await self._store.idempotency_begin(
-            **scope, payload_digest=payload_digest, now=self._clock.now()
+            **scope,
+            payload_digest=payload_digest,
+            now=self._clock.now(),
+            attempt_id=progress.attempt_id,
+            owner=self._owner,
         )
         if state.kind is IdempotencyKind.REPLAY:
             assert state.response is not None
@@ -228,7 +239,6 @@ class Pipeline:
                 Code.IDEMPOTENCY_IN_PROGRESS,
                 "a request with this idempotency key is still in flight",
             )
-        progress = Progress()
         try:
             answer = await run(progress)
         except BaseException:
@@ -483,12 +493,22 @@ class Pipeline:
         self._check(principal, lambda: check_intent_owner(principal, intent))
         handler = self._handler(intent.action)
         result = await self._registry.reconcile(handler, intent.idempotency_key)
+        grant_exp = claims.get("grant_exp")
+        if (
+            result.status is ReconcileStatus.NOT_EXECUTED
+            and isinstance(grant_exp, int | float)
+            and self._clock.now() < float(grant_exp) + self._settle_margin
+        ):
+            # The dispatch could still land (a provider whose lookup lags its commit): the
+            # rule in docs/architecture.md, "When not executed may be concluded".
+            result = ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.RECONCILE_TOO_EARLY)
         status = result.status.value
         outcome, executed = _RECONCILED[result.status]
         attempt_id = str(claims.get("attempt_id", ""))
         known = result.status is not ReconcileStatus.UNKNOWN
         if self._journal is not None and known and attempt_id:
             await self._journal.reconciled(attempt_id=attempt_id, status=status, by="CALLER")
+            self.unknown.discard(attempt_id)
         settled = reconciled_answer(
             mode=self.mode.value,
             intent_id=intent.intent_id,

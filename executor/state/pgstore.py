@@ -69,6 +69,7 @@ from .usestore import (
     ConsumptionRecord,
     IdempotencyKind,
     IdempotencyState,
+    OrphanKey,
     _approval_from_row,
     _canonical_or_store_error,
     _digest_or_store_error,
@@ -291,15 +292,55 @@ class PostgresUseStore:
 
         return await self._store.transaction(work)
 
+    async def grant_claimed(self, grant_id: str) -> bool:
+        async def work(conn: _Conn) -> bool:
+            cur = await conn.execute("SELECT 1 FROM grant_claims WHERE grant_id = %s", (grant_id,))
+            return await cur.fetchone() is not None
+
+        return await self._store.transaction(work)
+
+    async def idempotency_orphans(self, *, owner: str, before: float) -> list[OrphanKey]:
+        async def work(conn: _Conn) -> list[OrphanKey]:
+            cur = await conn.execute(
+                "SELECT tenant, principal, key, attempt_id, created_at FROM idempotency"
+                " WHERE owner = %s AND state = 'IN_PROGRESS' AND created_at < %s"
+                " ORDER BY created_at",
+                (owner, before),
+            )
+            rows = await cur.fetchall()
+            return [OrphanKey(r[0], r[1], r[2], r[3], float(r[4])) for r in rows]
+
+        return await self._store.transaction(work)
+
+    async def idempotency_for_attempt(self, attempt_id: str) -> OrphanKey | None:
+        async def work(conn: _Conn) -> OrphanKey | None:
+            cur = await conn.execute(
+                "SELECT tenant, principal, key, attempt_id, created_at FROM idempotency"
+                " WHERE attempt_id = %s",
+                (attempt_id,),
+            )
+            r = await cur.fetchone()
+            return None if r is None else OrphanKey(r[0], r[1], r[2], r[3], float(r[4]))
+
+        return await self._store.transaction(work)
+
     async def idempotency_begin(
-        self, *, tenant: str, principal: str, key: str, payload_digest: str, now: float
+        self,
+        *,
+        tenant: str,
+        principal: str,
+        key: str,
+        payload_digest: str,
+        now: float,
+        attempt_id: str | None = None,
+        owner: str | None = None,
     ) -> IdempotencyState:
         async def work(conn: _Conn) -> IdempotencyState:
             cur = await conn.execute(
                 "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
-                " created_at) VALUES (%s, %s, %s, %s, 'IN_PROGRESS', %s)"
+                " created_at, attempt_id, owner) VALUES (%s, %s, %s, %s, 'IN_PROGRESS', %s, %s, %s)"
                 " ON CONFLICT (tenant, principal, key) DO NOTHING",
-                (tenant, principal, key, payload_digest, now),
+                (tenant, principal, key, payload_digest, now, attempt_id, owner),
             )
             if cur.rowcount == 1:
                 return IdempotencyState(IdempotencyKind.NEW)
@@ -523,6 +564,8 @@ class PostgresUseStore:
             deleted = 0
             for statement in (
                 "DELETE FROM idempotency WHERE state = 'DONE' AND completed_at < %s",
+                "DELETE FROM idempotency WHERE state = 'IN_PROGRESS' AND owner = ''"
+                " AND created_at < %s",
                 "DELETE FROM grant_claims WHERE expires_at < %s",
                 "DELETE FROM approvals WHERE expires_at < %s",
                 "DELETE FROM attempts WHERE state = 'CLOSED' AND closed_at < %s",
