@@ -644,7 +644,7 @@ def _journal_refusal(exc: JournalError) -> str:
             "is locked by another agentsafe process (one process per journal directory): stop"
             " it, or give this process its own EXECUTOR_JOURNAL_DIR"
         )
-    return f"cannot be opened for appending ({exc.message})"
+    return "cannot be opened for appending"
 
 
 async def open_shared_store(secrets: SecretStore) -> PostgresStore:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +67,8 @@ from .state.usestore import OrphanKey, UseStore
 __all__ = ["DRAIN_SECONDS", "Executor", "Startup", "WorkGate"]
 
 _STILL_OPEN = (ResolutionStatus.STILL_UNKNOWN, ResolutionStatus.BINDING_MISMATCH)
+
+log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 20.0
 HALT_FILE_POLL_SECONDS = 0.5
@@ -230,7 +233,6 @@ class Executor:
                 "intent_hash": a.intent_hash,
                 "action": a.action,
                 "principal": a.principal,
-                "idempotency_key": a.idempotency_key,
                 "grant_claimed": a.grant_claimed,
                 "grant_id": a.grant_id,
                 "state": (
@@ -445,7 +447,6 @@ class Executor:
                     {
                         "attempt_id": orphan.attempt_id,
                         "principal": orphan.principal,
-                        "idempotency_key": orphan.key,
                         "grant_claimed": None,
                         "state": "JOURNAL_RECORD_MISSING",
                     }
@@ -607,11 +608,20 @@ class Executor:
             await asyncio.sleep(JOURNAL_CHECK_SECONDS)
             if not self.journal.failed:
                 continue
-            if self.halt.journal_failed():
-                self.streams.security.emit("JOURNAL_FAILED", {"code": Code.JOURNAL_UNAVAILABLE})
+            # The chained streams keep their heads beside the journal: on the same full disk
+            # their lines may be refused too, so the halt never depends on them.
+            try:
+                if self.halt.journal_failed():
+                    log.error("the attempt journal failed a write: halted (cause JOURNAL)")
+                    self.streams.security.emit("JOURNAL_FAILED", {"code": Code.JOURNAL_UNAVAILABLE})
+            except AgentSafeError as exc:
+                log.error("JOURNAL_FAILED was not recorded (%s)", exc.code)
             if await self.journal.recover():
-                self.streams.security.emit("JOURNAL_RECOVERED", {})
-                self.halt.journal_recovered()
+                log.warning("the attempt journal writes again: the JOURNAL halt lifts")
+                with contextlib.suppress(AgentSafeError):
+                    self.streams.security.emit("JOURNAL_RECOVERED", {})
+                with contextlib.suppress(AgentSafeError):
+                    self.halt.journal_recovered()
 
     async def housekeeping(self) -> dict[str, Any]:
         """Purge the use store past its retention; prune journal day files past theirs that

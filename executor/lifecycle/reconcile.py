@@ -258,7 +258,7 @@ async def _resolve(
     if not isinstance(answer, ReconcileResult):
         return resolved(ResolutionStatus.STILL_UNKNOWN)
     if answer.status is ReconcileStatus.COMPLETED:
-        return resolved(ResolutionStatus.RECONCILED_COMPLETED, answer)
+        return resolved(ResolutionStatus.RECONCILED_COMPLETED, answer, reason)
     if answer.status is ReconcileStatus.NOT_EXECUTED:
         if not _dispatch_settled(attempt, checks):
             return resolved(ResolutionStatus.STILL_UNKNOWN, answer, Code.RECONCILE_TOO_EARLY)

@@ -19,12 +19,19 @@ It behaves the way a payment API does where that matters to the executor, and no
   error       ``500`` with no body (it failed before acting)                  not found (404)
   hang        reads the request, acts on it, never answers                    executed (200)
   reset       reads the request, acts on it, drops the connection             executed (200)
+  hold        acts on it, answers as ``normal`` once ``/_control/release``    executed (200)
   ==========  ==============================================================  ==============
+
+* The lookup's behaviour is ``POST /_control/lookup`` with ``{"mode": ...}``: ``normal`` as
+  above; ``lag`` answers 404 even for a key it acted on (a provider whose lookup lags its
+  commit); ``hold`` waits for ``POST /_control/release`` before answering. ``release`` frees
+  every held request and lookup at once.
 
 * ``GET /payouts/{idempotency_key}``: ``200 {"reference", "status": "executed"}`` for a key it
   acted on, ``404 {"code": "NOT_FOUND"}`` otherwise.
-* ``GET /_control/received``: how many payout requests arrived and their keys, so a test or the
-  demo can assert that nothing reached the provider (shadow mode, refusals).
+* ``GET /_control/received``: how many payout requests arrived and their keys, and how many
+  lookups (``lookups``, ``lookups_waiting``), so a test or the demo can assert that nothing
+  reached the provider (shadow mode, refusals) or wait until a request is held.
 * ``GET /``: says that this is a synthetic provider.
 
 Run it alone with ``python -m agentsafe.executor.tools.synthetic --port N``; it binds loopback only
@@ -53,9 +60,10 @@ from aiohttp import web
 
 from ..egress.transport import is_loopback_host
 
-__all__ = ["MODES", "ReceivedRequest", "SyntheticProvider", "main"]
+__all__ = ["LOOKUP_MODES", "MODES", "ReceivedRequest", "SyntheticProvider", "main"]
 
-MODES = ("normal", "refuse", "error", "hang", "reset")
+MODES = ("normal", "refuse", "error", "hang", "reset", "hold")
+LOOKUP_MODES = ("normal", "lag", "hold")
 _BANNER = "agentsafe SYNTHETIC provider: loopback only, moves no money, for demos and tests"
 
 
@@ -80,8 +88,12 @@ class _Payout:
 @dataclass
 class _State:
     mode: str = "normal"
+    lookup_mode: str = "normal"
     payouts: dict[str, _Payout] = field(default_factory=dict)
     received: list[ReceivedRequest] = field(default_factory=list)
+    lookups: int = 0
+    lookups_waiting: int = 0
+    held: int = 0
 
 
 class SyntheticProvider:
@@ -94,6 +106,7 @@ class SyntheticProvider:
         self.port = port
         self.state = _State()
         self._release = asyncio.Event()
+        self._held = asyncio.Event()  # set by /_control/release, renewed after
         self._runner: web.AppRunner | None = None
         self.app = self._build_app()
 
@@ -140,12 +153,34 @@ class SyntheticProvider:
         app.router.add_post("/payouts", self._create)
         app.router.add_get("/payouts/{key}", self._lookup)
         app.router.add_post("/_control/mode", self._set_mode)
+        app.router.add_post("/_control/lookup", self._set_lookup)
+        app.router.add_post("/_control/release", self._release_held)
         app.router.add_get("/_control/received", self._received)
         app.on_shutdown.append(self._on_shutdown)
         return app
 
     async def _on_shutdown(self, app: web.Application) -> None:
         self._release.set()
+        self._held.set()
+
+    async def _set_lookup(self, request: web.Request) -> web.Response:
+        try:
+            payload = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _json(400, {"code": "REQUEST_INVALID"})
+        mode = payload.get("mode") if isinstance(payload, dict) else None
+        if mode not in LOOKUP_MODES:
+            return _json(400, {"code": "MODE_UNKNOWN"})
+        self.state.lookup_mode = mode
+        return _json(200, {"lookup": mode})
+
+    async def _release_held(self, request: web.Request) -> web.Response:
+        held, self._held = self._held, asyncio.Event()
+        held.set()
+        return _json(200, {"released": True})
+
+    async def _wait_released(self) -> None:
+        await self._held.wait()
 
     async def _index(self, request: web.Request) -> web.Response:
         return _json(200, {"synthetic": True, "description": _BANNER, "modes": list(MODES)})
@@ -163,9 +198,28 @@ class SyntheticProvider:
 
     async def _received(self, request: web.Request) -> web.Response:
         keys = [r.idempotency_key for r in self.state.received]
-        return _json(200, {"count": len(keys), "keys": keys, "mode": self.state.mode})
+        return _json(
+            200,
+            {
+                "count": len(keys),
+                "keys": keys,
+                "mode": self.state.mode,
+                "held": self.state.held,
+                "lookups": self.state.lookups,
+                "lookups_waiting": self.state.lookups_waiting,
+            },
+        )
 
     async def _lookup(self, request: web.Request) -> web.Response:
+        self.state.lookups += 1
+        if self.state.lookup_mode == "hold":
+            self.state.lookups_waiting += 1
+            try:
+                await self._wait_released()
+            finally:
+                self.state.lookups_waiting -= 1
+        if self.state.lookup_mode == "lag":
+            return _json(404, {"code": "NOT_FOUND"})
         payout = self.state.payouts.get(request.match_info["key"])
         if payout is None or not payout.executed:
             return _json(404, {"code": "NOT_FOUND"})
@@ -209,6 +263,12 @@ class SyntheticProvider:
             if request.transport is not None:
                 request.transport.abort()
             raise web.HTTPServiceUnavailable()
+        if mode == "hold":
+            self.state.held += 1
+            try:
+                await self._wait_released()
+            finally:
+                self.state.held -= 1
         answer = json.dumps({"reference": reference}).encode()
         self.state.payouts[key].answer = (202, answer)
         return web.Response(status=202, body=answer, content_type="application/json")

@@ -1,0 +1,451 @@
+"""Issue 17: real ``agentsafe serve`` processes, faults placed exactly, and what a retry is told.
+
+Each fault is placed on a hook the test waits on, never on a sleep:
+
+* the synthetic provider **holds** a payout (``hold``) or a lookup (``lookup hold``) until the test
+  releases it, and can make its lookup **lag** its commit (``lag``: 404 for a key it acted on);
+* the test holds the **use store's write lock** (``BEGIN IMMEDIATE`` on its SQLite file), so the
+  executor blocks on its next store write exactly after a journal record, which the test reads
+  from the journal before it sends **SIGKILL**;
+* the journal directory is a real, size-limited **tmpfs** the test fills to ENOSPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import os
+import sqlite3
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from agentsafe.executor.state.usestore import DATABASE_NAME
+from agentsafe.executor.tools.harness import (
+    ExecutorProcess,
+    ProviderProcess,
+    Workspace,
+    free_port,
+    wait_until,
+)
+
+pytestmark = pytest.mark.slow
+
+
+# -- hooks ---------------------------------------------------------------------------------------
+
+
+def journal_records(workspace: Workspace, journal_dir: Path | None = None) -> list[dict[str, Any]]:
+    root = (journal_dir or workspace.root / "journal") / "attempts"
+    records: list[dict[str, Any]] = []
+    for path in sorted(root.glob("*.jsonl")):
+        for line in path.read_bytes().split(b"\n"):
+            with contextlib.suppress(ValueError):
+                value = json.loads(line)
+                if isinstance(value, dict):
+                    records.append(value)
+    return records
+
+
+@contextlib.contextmanager
+def store_write_lock(workspace: Workspace) -> Iterator[None]:
+    """Hold the use store's write lock: the executor's next store write waits (busy timeout)."""
+    conn = sqlite3.connect(workspace.root / "state" / DATABASE_NAME, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+
+
+async def journal_has(workspace: Workspace, record: str, **fields: Any) -> dict[str, Any]:
+    async def seen() -> dict[str, Any] | None:
+        for r in journal_records(workspace):
+            if r.get("record") == record and all(r.get(k) == v for k, v in fields.items()):
+                return r
+        return None
+
+    found: dict[str, Any] = await wait_until(seen, timeout=30, what=f"{record} in the journal")
+    return found
+
+
+async def provider_count(provider: ProviderProcess, name: str, value: int) -> None:
+    async def reached() -> bool:
+        return int((await provider.received())[name]) >= value
+
+    await wait_until(reached, timeout=30, what=f"the provider's {name} to reach {value}")
+
+
+@pytest.fixture
+async def provider(tmp_path: Path) -> AsyncIterator[ProviderProcess]:
+    process = ProviderProcess(tmp_path)
+    await process.start()
+    try:
+        yield process
+    finally:
+        process.terminate()
+
+
+def environment(
+    workspace: Workspace, provider: ProviderProcess, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    return workspace.environment(provider_url=provider.url, port=free_port(), extra=extra)
+
+
+async def kill_mid_dispatch(
+    tmp_path: Path, provider: ProviderProcess, env: dict[str, str], keys: list[str]
+) -> None:
+    """Each key's payout reaches the provider, which acts and never answers; then SIGKILL."""
+    executor = ExecutorProcess(env, tmp_path, "executor-1")
+    await executor.start()
+    await provider.set_mode("hang")
+    async with aiohttp.ClientSession() as session:
+        pending = [
+            asyncio.ensure_future(executor.propose(session, amount=4000, key=key)) for key in keys
+        ]
+        await provider_count(provider, "count", len(keys))
+        executor.kill()
+        for task in pending:
+            with contextlib.suppress(aiohttp.ClientError):
+                await task
+
+
+def events(process: ExecutorProcess, name: str) -> list[dict[str, Any]]:
+    return [e for e in process.stdout_events() + process.stderr_events() if e.get("event") == name]
+
+
+# -- 1. stuck keys -------------------------------------------------------------------------------
+
+
+async def test_a_kill_after_attempt_closed_replays_the_journals_answer(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(workspace, provider)
+    executor = ExecutorProcess(env, tmp_path, "executor-1")
+    await executor.start()
+    await provider.set_mode("hold")
+    async with aiohttp.ClientSession() as session:
+        pending = asyncio.ensure_future(executor.propose(session, amount=4000, key="closed-1"))
+        await provider_count(provider, "held", 1)
+        with store_write_lock(workspace):
+            await provider.release()
+            closed = await journal_has(workspace, "ATTEMPT_CLOSED", outcome="COMPLETED")
+            executor.kill()  # ATTEMPT_CLOSED is on disk; the key's answer is not
+        with contextlib.suppress(aiohttp.ClientError):
+            await pending
+    assert closed["answer"]["outcome"] == "COMPLETED"
+
+    restarted = ExecutorProcess(env, tmp_path, "executor-2")
+    await restarted.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            status, body = await restarted.propose(session, amount=4000, key="closed-1")
+        assert status == 200, body
+        assert body["replayed"] is True
+        assert body["outcome"] == "COMPLETED"
+        assert body["result"] == closed["answer"]["result"]  # the provider's own reference
+        assert int((await provider.received())["count"]) == 1
+    finally:
+        assert restarted.terminate() == 0
+
+
+async def test_a_kill_during_startup_reconciliation_still_settles_the_key(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(workspace, provider)
+    await kill_mid_dispatch(tmp_path, provider, env, ["recon-1"])
+    await provider.set_mode("normal")  # the lookup will say it acted
+    await provider.set_lookup("hold")
+
+    second = ExecutorProcess(env, tmp_path, "executor-2")
+    await second.start(expect_ready=False)  # /health answers while reconciliation runs
+    await provider_count(provider, "lookups_waiting", 1)
+    with store_write_lock(workspace):
+        await provider.release()
+        await journal_has(workspace, "RECONCILED", status="COMPLETED", by="RESTART")
+        second.kill()  # RECONCILED is on disk; the key was not settled yet
+    await provider.set_lookup("normal")
+
+    third = ExecutorProcess(env, tmp_path, "executor-3")
+    await third.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            status, body = await third.propose(session, amount=4000, key="recon-1")
+        assert status == 200, body
+        assert body["replayed"] is True
+        assert body["outcome"] == "COMPLETED"
+        assert int((await provider.received())["count"]) == 1
+        settled = events(third, "IDEMPOTENCY_KEY_SETTLED")
+        assert [e["resolution"] for e in settled] == ["COMPLETED"]
+    finally:
+        assert third.terminate() == 0
+
+
+# -- 3. a damaged journal ------------------------------------------------------------------------
+
+
+async def test_a_grant_claimed_cut_mid_record_asks_the_provider_instead_of_paying_again(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(workspace, provider)
+    await kill_mid_dispatch(tmp_path, provider, env, ["cut-1"])
+    await provider.set_mode("normal")
+    (day,) = sorted((workspace.root / "journal" / "attempts").glob("*.jsonl"))
+    content = day.read_bytes()
+    line_start = content.rfind(b"\n", 0, content.index(b"GRANT_CLAIMED")) + 1
+    day.write_bytes(content[: line_start + 40])  # the GRANT_CLAIMED line, cut mid-record
+
+    restarted = ExecutorProcess(env, tmp_path, "executor-2")
+    await restarted.start()
+    try:
+        (reconciliation,) = events(restarted, "RECONCILIATION")
+        assert reconciliation["resolution"] == "RECONCILED_COMPLETED"
+        assert reconciliation["reason_code"] == "RECONCILE_STORE_DISAGREES"
+        async with aiohttp.ClientSession() as session:
+            status, body = await restarted.propose(session, amount=4000, key="cut-1")
+        assert status == 200, body
+        assert body["outcome"] == "COMPLETED"
+        assert body["replayed"] is True
+        assert int((await provider.received())["count"]) == 1  # never paid twice
+    finally:
+        assert restarted.terminate() == 0
+
+
+# -- 6. start-up outlasting the liveness probe --------------------------------------------------
+
+
+async def test_health_answers_while_concurrent_lookups_hold_ready(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(workspace, provider)
+    await kill_mid_dispatch(tmp_path, provider, env, ["slow-1", "slow-2", "slow-3"])
+    await provider.set_mode("normal")
+    await provider.set_lookup("hold")
+
+    restarted = ExecutorProcess(env, tmp_path, "executor-2")
+    await restarted.start(expect_ready=False)
+    try:
+        await provider_count(provider, "lookups_waiting", 3)  # all three asked at once
+        async with aiohttp.ClientSession() as session:
+            status, ready = await restarted.get_json(session, "/ready")
+            assert (status, ready["reconciling"]) == (503, True)
+            status, _ = await restarted.get_json(session, "/health")
+            assert status == 200
+            status, body = await restarted.propose(session, amount=4000, key="new-1")
+            assert status == 503
+            assert body["reason_codes"] == ["EXECUTOR_RECONCILING"]
+            await provider.release()
+
+            async def ready_now() -> bool:
+                return (await restarted.get_json(session, "/ready"))[0] == 200
+
+            await wait_until(ready_now, timeout=30, what="ready after reconciliation")
+        resolutions = [e["resolution"] for e in events(restarted, "RECONCILIATION")]
+        assert resolutions == ["RECONCILED_COMPLETED"] * 3
+    finally:
+        assert restarted.terminate() == 0
+
+
+# -- 7. a provider whose lookup lags its commit -------------------------------------------------
+
+
+async def test_a_lagging_lookup_is_not_taken_for_not_executed_while_the_grant_lives(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(workspace, provider)
+    await kill_mid_dispatch(tmp_path, provider, env, ["lag-1"])
+    await provider.set_mode("normal")
+    await provider.set_lookup("lag")  # 404, although it acted
+
+    restarted = ExecutorProcess(env, tmp_path, "executor-2")
+    await restarted.start()
+    try:
+        (reconciliation,) = events(restarted, "RECONCILIATION")
+        assert reconciliation["resolution"] == "STILL_UNKNOWN"
+        assert reconciliation["reason_code"] == "RECONCILE_TOO_EARLY"
+        async with aiohttp.ClientSession() as session:
+            status, body = await restarted.propose(session, amount=4000, key="lag-1")
+            assert status == 409  # still in flight: never "not executed", never freed
+            assert body["error"]["code"] == "IDEMPOTENCY_IN_PROGRESS"
+            status, ready = await restarted.get_json(session, "/ready")
+            assert ready["unknown_attempts"] == 1
+    finally:
+        assert restarted.terminate() == 0
+
+
+# -- 5. /ready counts unknown attempts live ------------------------------------------------------
+
+
+async def test_ready_follows_a_runtime_unknown_attempt_and_its_reconciliation(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(workspace, provider, {"EXECUTOR_READY_REQUIRES_NO_UNKNOWN_ATTEMPTS": "true"})
+    executor = ExecutorProcess(env, tmp_path)
+    await executor.start()
+    try:
+        await provider.set_mode("reset")  # acts, then drops the connection
+        async with aiohttp.ClientSession() as session:
+            status, body = await executor.propose(session, amount=4000, key="unk-1")
+            assert (status, body["outcome"]) == (200, "UNKNOWN_AFTER_DISPATCH")
+            status, ready = await executor.get_json(session, "/ready")
+            assert (status, ready["unknown_attempts"]) == (503, 1)
+            headers = {"authorization": f"Bearer {executor.token}"}
+            async with session.post(
+                executor.url + "/v1/reconciliations",
+                json={"recovery": body["recovery"]},
+                headers=headers,
+            ) as r:
+                assert r.status == 200
+                assert (await r.json())["outcome"] == "COMPLETED"
+            status, ready = await executor.get_json(session, "/ready")
+            assert (status, ready["unknown_attempts"]) == (200, 0)
+    finally:
+        assert executor.terminate() == 0
+
+
+# -- 2 and 4. a full disk after dispatch, a dead journal -----------------------------------------
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A real 4 MiB tmpfs (we are root), unmounted afterwards."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here: " + result.stderr.decode(errors="replace"))
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(mount: Path) -> Path:
+    """Write until ENOSPC; returns the filler file."""
+    filler = mount / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        block = b"\0" * 65536
+        while True:
+            try:
+                os.write(fd, block)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break
+        while True:  # the last few bytes
+            try:
+                os.write(fd, b"\0")
+            except OSError:
+                break
+    finally:
+        os.close(fd)
+    return filler
+
+
+async def test_a_full_journal_disk_after_dispatch_answers_completed_then_halts_and_recovers(
+    tmp_path: Path, provider: ProviderProcess, small_fs: Path
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    journal_dir = small_fs / "journal"
+    env = environment(workspace, provider, {"EXECUTOR_JOURNAL_DIR": str(journal_dir)})
+    executor = ExecutorProcess(env, tmp_path)
+    await executor.start()
+    try:
+        await provider.set_mode("hold")
+        async with aiohttp.ClientSession() as session:
+            pending = asyncio.ensure_future(executor.propose(session, amount=4000, key="full-1"))
+            await provider_count(provider, "held", 1)
+            filler = fill(small_fs)  # the journal and the chain heads now hit ENOSPC
+            await provider.release()
+            status, body = await pending
+            # The provider paid: the answer is never "not executed".
+            assert status == 200, body
+            assert body["outcome"] in ("COMPLETED", "UNKNOWN_AFTER_DISPATCH")
+            assert body["executed"] is not False
+            if body["outcome"] == "UNKNOWN_AFTER_DISPATCH":
+                assert body["recovery"]["reference"]
+
+            # tmpfs fills a page already allocated: the next records that need a new page
+            # fail. Propose until the journal fails; every answer stays true to the provider.
+            await provider.set_mode("normal")
+            completed = 1 if body["outcome"] == "COMPLETED" else 0
+            refused = False
+            for n in range(2, 12):
+                status, answer = await executor.propose(session, amount=4000, key=f"full-{n}")
+                assert status in (200, 500, 503), answer
+                if status == 200 and answer["outcome"] == "COMPLETED":
+                    completed += 1
+                elif status == 500:
+                    assert "not executed" not in answer["error"]["message"]
+                if status != 200 or "JOURNAL_UNAVAILABLE" in answer.get("reason_codes", []):
+                    refused = True
+                    break
+            assert refused, "the journal never failed"
+
+            async def halted() -> dict[str, Any] | None:
+                status, ready = await executor.get_json(session, "/ready")
+                return ready if status == 503 and ready["halted"] else None
+
+            ready = await wait_until(halted, timeout=30, what="the dead journal to halt")
+            assert ready.get("halted") is True, ready  # the dead journal halted the executor
+            assert ready["ready"] is False
+            assert int((await provider.received())["count"]) >= completed
+
+            filler.unlink()  # the storage recovers
+
+            async def ready_again() -> bool:
+                return (await executor.get_json(session, "/ready"))[0] == 200
+
+            await wait_until(ready_again, timeout=30, what="the journal to recover")
+            status, body = await executor.propose(session, amount=4000, key="full-99")
+            assert (status, body["outcome"]) == (200, "COMPLETED"), body["reason_codes"]
+        names = [e.get("event") for e in executor.stderr_events()]
+        assert "JOURNAL_RECOVERED" in names
+        halts = [e for e in executor.stderr_events() if e.get("event") == "HALT_CAUSE_LIFTED"]
+        assert halts
+        assert halts[0]["cause"] == "JOURNAL"
+    finally:
+        executor.terminate()
+
+
+# -- 9. the right cause ------------------------------------------------------------------------
+
+
+async def test_a_second_process_on_one_journal_is_refused_naming_the_lock(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(workspace, provider)
+    first = ExecutorProcess(env, tmp_path, "first")
+    await first.start()
+    try:
+        second_env = dict(env, PORT=str(free_port()))
+        second = ExecutorProcess(second_env, tmp_path, "second")
+        second.spawn()
+        assert second.process is not None
+        assert second.process.wait(timeout=60) == 78
+        second.terminate()
+        stderr = second.stderr_path.read_text()
+        assert "JOURNAL_LOCKED" in stderr
+        assert "locked by another agentsafe process" in stderr
+        assert "cannot be opened for appending" not in stderr
+    finally:
+        assert first.terminate() == 0
