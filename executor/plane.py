@@ -77,9 +77,8 @@ SECRETS_POLL_SECONDS = 5.0
 
 STORE_PING_SECONDS = 1.0
 JOURNAL_CHECK_SECONDS = 0.5
-"""How often a failed journal is noticed (halt) and then retried (recovery)."""
-HOUSEKEEPING_SECONDS = 600.0
-"""How often the use store is purged and the journal's old day files pruned."""
+"""How often a failed journal is retried (recovery); the halt itself comes from the failing
+append, at once."""
 RECHECK_SECONDS = 15.0
 """How often attempts whose outcome is unknown are asked about again."""
 
@@ -175,6 +174,8 @@ class Executor:
             approvals=approvals,
         )
         self.app = build_app(self.routes, door=self.door)
+        if self.journal is not None:
+            self.journal.on_failure = self._journal_failed
 
     @property
     def reconciling(self) -> bool:
@@ -599,23 +600,28 @@ class Executor:
                 )
             await asyncio.sleep(STORE_PING_SECONDS)
 
+    def _journal_failed(self) -> None:
+        """The journal failed a write: halt now (cause JOURNAL, one JOURNAL_FAILED line, ``/ready``
+        503). Called by the failing append itself, and by the health loop as a backstop."""
+        # The chained streams keep their heads beside the journal: on the same full disk
+        # their lines may be refused too, so the halt never depends on them.
+        try:
+            if self.halt.journal_failed():
+                log.error("the attempt journal failed a write: halted (cause JOURNAL)")
+                self.streams.security.emit("JOURNAL_FAILED", {"code": Code.JOURNAL_UNAVAILABLE})
+        except AgentSafeError as exc:
+            log.error("JOURNAL_FAILED was not recorded (%s)", exc.code)
+
     async def _journal_health_loop(self) -> None:
-        """A journal that failed a write halts (cause JOURNAL, one JOURNAL_FAILED line, ``/ready``
-        503); it is retried every interval, and the cause lifts itself once the storage takes a
-        synced write again (JOURNAL_RECOVERED)."""
+        """While the journal is failed (halted by the failing append, see
+        :meth:`_journal_failed`), retry it every interval; the cause lifts itself once the
+        storage takes a synced write again (JOURNAL_RECOVERED)."""
         assert self.journal is not None
         while True:
             await asyncio.sleep(JOURNAL_CHECK_SECONDS)
             if not self.journal.failed:
                 continue
-            # The chained streams keep their heads beside the journal: on the same full disk
-            # their lines may be refused too, so the halt never depends on them.
-            try:
-                if self.halt.journal_failed():
-                    log.error("the attempt journal failed a write: halted (cause JOURNAL)")
-                    self.streams.security.emit("JOURNAL_FAILED", {"code": Code.JOURNAL_UNAVAILABLE})
-            except AgentSafeError as exc:
-                log.error("JOURNAL_FAILED was not recorded (%s)", exc.code)
+            self._journal_failed()
             if await self.journal.recover():
                 log.warning("the attempt journal writes again: the JOURNAL halt lifts")
                 with contextlib.suppress(AgentSafeError):
@@ -624,8 +630,10 @@ class Executor:
                     self.halt.journal_recovered()
 
     async def housekeeping(self) -> dict[str, Any]:
-        """Purge the use store past its retention; prune journal day files past theirs that
-        hold no open attempt. Returns what was removed."""
+        """Record the final answers the use store refused earlier (a full disk); purge the use
+        store past its retention; prune journal day files past theirs that hold no open attempt.
+        Returns what was removed."""
+        await self.pipeline.record_unrecorded()
         purged = await self.store.purge(self.clock.now())
         pruned: tuple[str, ...] = ()
         if self.journal is not None and not self.journal.failed:
@@ -640,9 +648,12 @@ class Executor:
         while True:
             try:
                 await self.housekeeping()
-            except AgentSafeError as exc:
-                self.streams.security.emit("HOUSEKEEPING_FAILED", {"code": exc.code})
-            await asyncio.sleep(HOUSEKEEPING_SECONDS)
+            except (AgentSafeError, OSError) as exc:
+                code = exc.code if isinstance(exc, AgentSafeError) else Code.JOURNAL_UNAVAILABLE
+                log.warning("housekeeping failed (%s); it runs again next interval", code)
+                with contextlib.suppress(AgentSafeError):
+                    self.streams.security.emit("HOUSEKEEPING_FAILED", {"code": code})
+            await asyncio.sleep(self.config.executor_housekeeping_interval_seconds)
 
     async def _recheck_loop(self) -> None:
         while True:

@@ -135,6 +135,9 @@ class Pipeline:
         self.escalation = escalation
         self._on_forbidden = on_forbidden
         self.unknown = unknown if unknown is not None else UnknownAttempts()
+        self._unrecorded: dict[tuple[str, str, str], dict[str, Any]] = {}
+        """Final answers given after the point of no return that the use store did not take
+        (a full disk): replayed from here, and recorded once the store takes them."""
         self._settle_margin = settle_margin_s
         self._owner = journal.identity if journal is not None else ""
         self._attempt = Attempt(
@@ -235,10 +238,21 @@ class Pipeline:
         if state.kind is IdempotencyKind.CONFLICT:
             raise RequestRejected(Code.IDEMPOTENCY_KEY_CONFLICT, conflict)
         if state.kind is IdempotencyKind.IN_PROGRESS:
-            raise RequestRejected(
-                Code.IDEMPOTENCY_IN_PROGRESS,
-                "a request with this idempotency key is still in flight",
+            given = self._unrecorded.get((tenant, principal.id, key))
+            if given is None:
+                raise RequestRejected(
+                    Code.IDEMPOTENCY_IN_PROGRESS,
+                    "a request with this idempotency key is still in flight",
+                )
+            # The attempt finished and its answer was given, but the store did not take it:
+            # the retry gets exactly that answer, and the store is asked to keep it again.
+            await self.record_unrecorded()
+            body = dict(given["body"])
+            body["replayed"] = True
+            self._streams.evidence.emit(
+                "PROPOSAL_REPLAYED", {"caller": principal.id, "intent_id": body.get("intent_id")}
             )
+            return Answer(int(given["status"]), body)
         try:
             answer = await run(progress)
         except BaseException:
@@ -247,21 +261,43 @@ class Pipeline:
             raise
         final = answer.status < 500 and answer.body.get("outcome") in _FINAL_OUTCOMES
         if final:
+            response = {"status": answer.status, "body": dict(answer.body)}
             try:
                 await self._store.idempotency_complete(
-                    **scope,
-                    response={"status": answer.status, "body": dict(answer.body)},
-                    now=self._clock.now(),
+                    **scope, response=response, now=self._clock.now()
                 )
             except StoreError as exc:
                 if not progress.started:
                     raise
                 # The outcome is known and journaled; the caller gets it. The key stays in
-                # flight until reconciliation settles it, so a retry never runs it again.
+                # flight in the store, so a retry never runs it again: this process replays
+                # the answer (and records it once the store takes it: record_unrecorded);
+                # after a restart, start-up settles the key from the journal.
                 log.warning("the final answer was not recorded (%s)", exc.code)
+                self._unrecorded[(tenant, principal.id, key)] = response
         elif not progress.started:
             await self._store.idempotency_release(**scope)
         return answer
+
+    async def record_unrecorded(self) -> int:
+        """Ask the store again to keep each final answer it refused; returns how many remain."""
+        for (tenant, principal, key), response in list(self._unrecorded.items()):
+            try:
+                await self._store.idempotency_complete(
+                    tenant=tenant,
+                    principal=principal,
+                    key=key,
+                    response=response,
+                    now=self._clock.now(),
+                )
+            except StoreError as exc:
+                if exc.code not in (
+                    Code.IDEMPOTENCY_ALREADY_COMPLETE,
+                    Code.IDEMPOTENCY_RECORD_MISSING,
+                ):
+                    continue  # the store still refuses: asked again later
+            self._unrecorded.pop((tenant, principal, key), None)
+        return len(self._unrecorded)
 
     async def _propose_new(
         self, principal: Principal, proposal: Proposal, handler: str, progress: Progress

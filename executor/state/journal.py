@@ -24,7 +24,8 @@ day file deleted behind the journal's back is found (``missing_days``) rather th
 
 A write or fsync that fails leaves the journal failed (:attr:`AttemptJournal.failed`): every
 later append is refused JOURNAL_UNAVAILABLE until :meth:`AttemptJournal.recover` proves the
-directory takes a synced write again (the control plane halts meanwhile, cause JOURNAL).
+directory takes a synced write again. The failing append calls :attr:`AttemptJournal.on_failure`
+before it raises, so the control plane halts at once (cause JOURNAL) and stays halted meanwhile.
 
 Reading back (:func:`scan_journal`) lists the attempts still open: opened, and neither closed nor
 resolved by a closing RECONCILED (COMPLETED, NOT_EXECUTED, UNCLAIMED). An ATTEMPT_CLOSED whose
@@ -58,7 +59,7 @@ import queue
 import re
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
@@ -255,6 +256,9 @@ class AttemptJournal:
         self._closed = False
         self._submitted = 0
         self._mirror = mirror
+        self.on_failure: Callable[[], None] | None = None
+        """Called (on the event loop) by the append whose write or fsync failed, the moment it
+        fails: the control plane halts then, not at its next poll."""
 
     @classmethod
     async def open(
@@ -486,7 +490,12 @@ class AttemptJournal:
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._writer.submit(_Pending(day, data + b"\n", done))
         self._submitted += 1
-        await asyncio.wrap_future(done)
+        try:
+            await asyncio.wrap_future(done)
+        except JournalError:
+            if self._writer.failed and self.on_failure is not None:
+                self.on_failure()
+            raise
         if self._mirror is not None:
             try:
                 await self._mirror.record(kind, record)

@@ -15,15 +15,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import json
 import os
+import select
 import sqlite3
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psycopg
 import pytest
 
 from agentsafe.executor.state.usestore import DATABASE_NAME
@@ -400,13 +404,9 @@ async def test_a_full_journal_disk_after_dispatch_answers_completed_then_halts_a
                     break
             assert refused, "the journal never failed"
 
-            async def halted() -> dict[str, Any] | None:
-                status, ready = await executor.get_json(session, "/ready")
-                return ready if status == 503 and ready["halted"] else None
-
-            ready = await wait_until(halted, timeout=30, what="the dead journal to halt")
-            assert ready.get("halted") is True, ready  # the dead journal halted the executor
-            assert ready["ready"] is False
+            # The failing append halted the executor itself: no poll to wait for.
+            status, ready = await executor.get_json(session, "/ready")
+            assert (status, ready["halted"], ready["ready"]) == (503, True, False), ready
             assert int((await provider.received())["count"]) >= completed
 
             filler.unlink()  # the storage recovers
@@ -449,3 +449,282 @@ async def test_a_second_process_on_one_journal_is_refused_naming_the_lock(
         assert "cannot be opened for appending" not in stderr
     finally:
         assert first.terminate() == 0
+
+
+# -- 1. a SIGKILL before ATTEMPT_OPENED ----------------------------------------------------------
+
+F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), named here for Python before 3.10's constant
+
+
+class StalledStdout:
+    """The executor's stdout (its evidence stream) is a pipe this test drains into the usual log
+    file; :meth:`stall` stops draining and fills the pipe, so the executor's next evidence line
+    blocks in write(2) on fd 1, on the event loop thread, until the test acts.
+
+    A proposal's first evidence line, PROPOSAL_RECEIVED, comes after the idempotency key is
+    claimed IN_PROGRESS and before anything is journaled: a stall there holds the process
+    exactly between the two."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        fcntl.fcntl(self.write_fd, F_SETPIPE_SZ, 4096)
+        # A second open file description of the write end: O_NONBLOCK here, never on the
+        # executor's (a shared description would make its writes fail instead of block).
+        self._filler = os.open(f"/proc/self/fd/{self.write_fd}", os.O_WRONLY | os.O_NONBLOCK)
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in close()
+        self._paused = threading.Event()
+        self._idle = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while not self._stop.is_set():
+            if self._paused.is_set():
+                self._idle.set()
+                self._stop.wait(0.01)
+                continue
+            ready, _, _ = select.select([self.read_fd], [], [], 0.01)
+            if ready:
+                chunk = os.read(self.read_fd, 65536)
+                if not chunk:
+                    return
+                self._log.write(chunk)
+                self._log.flush()
+
+    def stall(self) -> None:
+        self._paused.set()
+        assert self._idle.wait(10), "the drain thread did not pause"
+        for size in (4096, 1):  # whole pages, then the last bytes: nothing left to write into
+            while True:
+                try:
+                    os.write(self._filler, b"\n" * size)
+                except BlockingIOError:
+                    break
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for fd in (self._filler, self.read_fd, self.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._log.close()
+
+
+class StallableExecutor(ExecutorProcess):
+    """An executor whose stdout is a :class:`StalledStdout` pipe."""
+
+    stdout_pipe: StalledStdout | None = None
+
+    def spawn(self) -> None:
+        self.stdout_pipe = StalledStdout(self.stdout_path)
+        err = open(self.stderr_path, "ab")  # noqa: SIM115 - closed in _close_files
+        self._files = [err]
+        self.process = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=self.stdout_pipe.write_fd,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            cwd=self.stdout_path.parent,
+        )
+
+    def _close_files(self) -> None:
+        super()._close_files()
+        if self.stdout_pipe is not None:
+            self.stdout_pipe.close()
+            self.stdout_pipe = None
+
+
+async def blocked_writing_stdout(pid: int) -> bool:
+    """The main thread is inside write(2) on fd 1 (x86-64 syscall 1), read from /proc."""
+    fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    return fields[:2] == ["1", "0x1"]
+
+
+async def kill_before_attempt_opened(
+    tmp_path: Path,
+    env: dict[str, str],
+    key: str,
+    in_flight: Callable[[], Awaitable[str | None]],
+    journal: Callable[[], list[dict[str, Any]]],
+) -> str:
+    """Propose ``key``, hold the process after its key is IN_PROGRESS and before ATTEMPT_OPENED
+    (confirmed from the store, the journal and /proc), SIGKILL it; returns the attempt id."""
+    executor = StallableExecutor(env, tmp_path, "stalled")
+    await executor.start()
+    assert executor.stdout_pipe is not None
+    assert executor.process is not None
+    executor.stdout_pipe.stall()
+    async with aiohttp.ClientSession() as session:
+        pending = asyncio.ensure_future(executor.propose(session, amount=4000, key=key))
+        attempt_id: str = await wait_until(in_flight, timeout=30, what="the key IN_PROGRESS")
+        pid = executor.process.pid
+        await wait_until(
+            lambda: blocked_writing_stdout(pid), timeout=30, what="the executor blocked in write"
+        )
+        assert not [r for r in journal() if r.get("attempt_id") == attempt_id]
+        executor.kill()
+        with contextlib.suppress(aiohttp.ClientError):
+            await pending
+    return attempt_id
+
+
+def sqlite_key(workspace: Workspace, key: str) -> tuple[str, str | None] | None:
+    conn = sqlite3.connect(f"file:{workspace.root / 'state' / DATABASE_NAME}?mode=ro", uri=True)
+    try:
+        row = conn.execute(
+            "SELECT state, attempt_id FROM idempotency WHERE key = ?", (key,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else (str(row[0]), row[1])
+
+
+async def test_a_kill_before_attempt_opened_frees_the_key_and_the_retry_runs_once(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(workspace, provider)
+
+    async def in_flight() -> str | None:
+        row = sqlite_key(workspace, "early-1")
+        return row[1] if row is not None and row[0] == "IN_PROGRESS" else None
+
+    attempt_id = await kill_before_attempt_opened(
+        tmp_path, env, "early-1", in_flight, lambda: journal_records(workspace)
+    )
+    assert sqlite_key(workspace, "early-1") == ("IN_PROGRESS", attempt_id)  # what SIGKILL left
+    assert int((await provider.received())["count"]) == 0
+
+    restarted = ExecutorProcess(env, tmp_path, "executor-2")
+    await restarted.start()
+    try:
+        settled = events(restarted, "IDEMPOTENCY_KEY_SETTLED")
+        assert [(e["attempt_id"], e["resolution"]) for e in settled] == [
+            (attempt_id, "NEVER_STARTED")
+        ]
+        async with aiohttp.ClientSession() as session:
+            status, body = await restarted.propose(session, amount=4000, key="early-1")
+        assert status == 200, body
+        assert (body["outcome"], body["replayed"]) == ("COMPLETED", False)
+        received = await provider.received()
+        assert (received["count"], received["keys"]) == (1, ["early-1"])
+    finally:
+        assert restarted.terminate() == 0
+
+
+# -- 1. kills at natural timing just after the provider answered --------------------------------
+
+
+async def test_kills_just_after_the_provider_answered_leave_no_stuck_key_and_no_second_dispatch(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(workspace, provider)
+    keys = [f"natural-{n}" for n in range(6)]
+    await provider.set_mode("hold")
+    executor = ExecutorProcess(env, tmp_path, "executor-0")
+    await executor.start()
+    positions: list[str] = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            for n, key in enumerate(keys):
+                pending = asyncio.ensure_future(executor.propose(session, amount=4000, key=key))
+                await provider_count(provider, "held", 1)
+                await provider.release()  # the provider answers now ...
+                executor.kill()  # ... and the kill follows at once, wherever the executor is
+                with contextlib.suppress(aiohttp.ClientError):
+                    await pending
+                positions.append(kill_position(workspace, key))
+                executor = ExecutorProcess(env, tmp_path, f"executor-{n + 1}")
+                await executor.start()
+            await provider.set_mode("normal")
+            for key in keys:
+                status, body = await executor.propose(session, amount=4000, key=key)
+                assert status == 200, (key, body)  # never 409 IDEMPOTENCY_IN_PROGRESS
+                assert (body["outcome"], body["replayed"]) == ("COMPLETED", True), (key, body)
+        received = await provider.received()
+        assert sorted(received["keys"]) == sorted(keys)  # each paid once, none twice
+        print(f"kill positions: {positions}")
+    finally:
+        assert executor.terminate() == 0
+
+
+def kill_position(workspace: Workspace, key: str) -> str:
+    """Where a kill left ``key``: DONE (the store has its answer), CLOSED (ATTEMPT_CLOSED is
+    journaled, the key still in flight) or OPEN (the provider answered, nothing recorded)."""
+    row = sqlite_key(workspace, key)
+    assert row is not None, key
+    if row[0] == "DONE":
+        return "DONE"
+    records = [r.get("record") for r in journal_records(workspace) if r.get("attempt_id") == row[1]]
+    return "CLOSED" if "ATTEMPT_CLOSED" in records else "OPEN"
+
+
+@pytest.mark.xdist_group("postgres")
+async def test_on_postgresql_a_kill_before_attempt_opened_frees_the_key_and_the_retry_runs_once(
+    tmp_path: Path, provider: ProviderProcess, pg_url: str
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(
+        workspace, provider, {"EXECUTOR_STORE_URL": pg_url, "EXECUTOR_REPLICA_ID": "r0"}
+    )
+    env.pop("EXECUTOR_STATE_DIR")  # the shared store holds the keys
+
+    def pg_key(key: str) -> tuple[str, str | None] | None:
+        with psycopg.connect(pg_url) as conn:
+            row = conn.execute(
+                "SELECT state, attempt_id FROM idempotency WHERE key = %s", (key,)
+            ).fetchone()
+        return None if row is None else (str(row[0]), row[1])
+
+    async def in_flight() -> str | None:
+        row = pg_key("pg-early-1")
+        return row[1] if row is not None and row[0] == "IN_PROGRESS" else None
+
+    attempt_id = await kill_before_attempt_opened(
+        tmp_path, env, "pg-early-1", in_flight, lambda: journal_records(workspace)
+    )
+    assert pg_key("pg-early-1") == ("IN_PROGRESS", attempt_id)  # what SIGKILL left
+
+    restarted = ExecutorProcess(env, tmp_path, "executor-2")
+    await restarted.start()
+    try:
+        settled = events(restarted, "IDEMPOTENCY_KEY_SETTLED")
+        assert [(e["attempt_id"], e["resolution"]) for e in settled] == [
+            (attempt_id, "NEVER_STARTED")
+        ]
+        async with aiohttp.ClientSession() as session:
+            status, body = await restarted.propose(session, amount=4000, key="pg-early-1")
+        assert status == 200, body
+        assert (body["outcome"], body["replayed"]) == ("COMPLETED", False)
+        assert (await provider.received())["keys"] == ["pg-early-1"]
+        row = pg_key("pg-early-1")
+        assert row is not None
+        assert row[0] == "DONE"
+    finally:
+        assert restarted.terminate() == 0
+
+
+@pytest.mark.xdist_group("postgres")
+async def test_on_postgresql_a_kill_after_the_provider_answered_settles_the_key_at_restart(
+    tmp_path: Path, provider: ProviderProcess, pg_url: str
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    env = environment(
+        workspace, provider, {"EXECUTOR_STORE_URL": pg_url, "EXECUTOR_REPLICA_ID": "r0"}
+    )
+    env.pop("EXECUTOR_STATE_DIR")
+    await kill_mid_dispatch(tmp_path, provider, env, ["pg-mid-1"])
+    await provider.set_mode("normal")  # its lookup says it acted
+    restarted = ExecutorProcess(env, tmp_path, "executor-2")
+    await restarted.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            status, body = await restarted.propose(session, amount=4000, key="pg-mid-1")
+        assert status == 200, body  # never 409 IDEMPOTENCY_IN_PROGRESS
+        assert (body["outcome"], body["replayed"]) == ("COMPLETED", True)
+        assert (await provider.received())["keys"] == ["pg-mid-1"]
+    finally:
+        assert restarted.terminate() == 0

@@ -458,14 +458,18 @@ async def test_an_append_fails_if_fsync_fails_and_the_journal_stays_failed(
     def broken_fsync(fd: int) -> None:
         raise OSError(errno.EIO, "I/O error")
 
+    failures: list[bool] = []
+    journal.on_failure = lambda: failures.append(journal.failed)
     with monkeypatch.context() as patch:
         patch.setattr(journal_module.os, "fsync", broken_fsync)
         with pytest.raises(JournalError) as caught:
             await open_attempt(journal, 1)
         assert caught.value.code == "JOURNAL_UNAVAILABLE"
+    assert failures == [True]  # told by the failing append itself, before it raised
     with pytest.raises(JournalError) as later:
         await open_attempt(journal, 2)  # fsync works again, but nothing is trusted after EIO
     assert later.value.code == "JOURNAL_UNAVAILABLE"
+    assert failures == [True]  # a refusal of an already-failed journal is not a new failure
 
 
 @pytest.mark.slow
