@@ -39,6 +39,8 @@ from agentsafe.executor.tools.harness import (
     wait_until,
 )
 
+from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
+
 pytestmark = pytest.mark.slow
 
 
@@ -728,3 +730,333 @@ async def test_on_postgresql_a_kill_after_the_provider_answered_settles_the_key_
         assert (await provider.received())["keys"] == ["pg-mid-1"]
     finally:
         assert restarted.terminate() == 0
+
+
+# -- 5. an operator's decision for a BINDING_MISMATCH -------------------------------------------
+
+
+async def test_an_operators_decision_settles_a_binding_mismatch_and_ready_returns(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    principals = BearerPrincipals()
+    env = principals_env(
+        environment(workspace, provider),
+        principals.write(tmp_path / "principals.json"),
+        EXECUTOR_READY_REQUIRES_NO_UNKNOWN_ATTEMPTS="true",
+    )
+    proposer = principals.token("treasury-workflow")
+    operator = {"authorization": f"Bearer {principals.token(OPERATOR_ID)}"}
+
+    first = ExecutorProcess(env, tmp_path, "executor-1")
+    first.token = proposer
+    await first.start()
+    await provider.set_mode("hang")
+    async with aiohttp.ClientSession() as session:
+        pending = asyncio.ensure_future(first.propose(session, amount=4000, key="mismatch-1"))
+        await provider_count(provider, "count", 1)
+        first.kill()
+        with contextlib.suppress(aiohttp.ClientError):
+            await pending
+    await provider.set_mode("normal")
+    # The caller recorded beside the hash no longer matches the key's record.
+    (day,) = sorted((workspace.root / "journal" / "attempts").glob("*.jsonl"))
+    content = day.read_bytes()
+    assert content.count(b'"caller":"treasury-workflow"') == 1
+    day.write_bytes(content.replace(b'"caller":"treasury-workflow"', b'"caller":"someone-else"'))
+
+    second = ExecutorProcess(env, tmp_path, "executor-2")
+    second.token = proposer
+    await second.start(expect_ready=False)
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def settled_start() -> dict[str, Any] | None:
+                _, ready = await second.get_json(session, "/ready")
+                return None if ready["reconciling"] else ready
+
+            ready = await wait_until(settled_start, timeout=60, what="start-up reconciliation")
+            assert (ready["ready"], ready["unknown_attempts"]) == (False, 1)
+            (reconciliation,) = events(second, "RECONCILIATION")
+            assert reconciliation["resolution"] == "BINDING_MISMATCH"
+            async with session.get(second.url + "/v1/control/open-attempts", headers=operator) as r:
+                (attempt,) = (await r.json())["open_attempts"]
+            assert attempt["state"] == "BINDING_MISMATCH"
+            status, body = await second.propose(session, amount=4000, key="mismatch-1")
+            assert (status, body["error"]["code"]) == (409, "IDEMPOTENCY_IN_PROGRESS")
+
+            decision_url = second.url + "/v1/control/open-attempts/decision"
+            async with session.post(
+                decision_url,
+                json={"attempt_id": "no-such-attempt", "executed": True, "reason": "checked"},
+                headers=operator,
+            ) as r:
+                assert r.status == 404
+                assert (await r.json())["error"]["code"] == "ATTEMPT_NOT_OPEN"
+            async with session.post(
+                decision_url, json={"attempt_id": attempt["attempt_id"]}, headers=operator
+            ) as r:
+                assert r.status == 400  # no decision, no reason: nothing recorded
+            async with session.post(
+                decision_url,
+                json={"attempt_id": attempt["attempt_id"], "executed": True, "reason": "checked"},
+                headers={"authorization": f"Bearer {proposer}"},
+            ) as r:
+                assert r.status == 403  # only an operator decides
+            async with session.post(
+                decision_url,
+                json={
+                    "attempt_id": attempt["attempt_id"],
+                    "executed": True,
+                    "reason": "the bank statement shows payout mismatch-1",
+                },
+                headers=operator,
+            ) as r:
+                assert r.status == 200, await r.text()
+                decided = await r.json()
+            assert decided == {
+                "attempt_id": attempt["attempt_id"],
+                "status": "COMPLETED",
+                "by": "OPERATOR",
+            }
+            status, ready = await second.get_json(session, "/ready")
+            assert (status, ready["unknown_attempts"]) == (200, 0)
+            async with session.get(second.url + "/v1/control/open-attempts", headers=operator) as r:
+                assert (await r.json())["open_attempts"] == []
+            status, body = await second.propose(session, amount=4000, key="mismatch-1")
+            assert status == 200, body
+            assert (body["outcome"], body["replayed"]) == ("COMPLETED", True)
+        (recorded,) = [
+            r
+            for r in journal_records(workspace)
+            if r.get("record") == "RECONCILED" and r.get("by") == "OPERATOR"
+        ]
+        assert (recorded["status"], recorded["decided_by"]) == ("COMPLETED", OPERATOR_ID)
+        assert recorded["reason"] == "the bank statement shows payout mismatch-1"
+        (decision_line,) = events(second, "ATTEMPT_DECIDED")
+        assert (decision_line["by"], decision_line["status"]) == (OPERATOR_ID, "COMPLETED")
+        assert int((await provider.received())["count"]) == 1
+    finally:
+        assert second.terminate() == 0
+
+    # The decision is the journal's: the next start finds nothing open and is ready.
+    third = ExecutorProcess(env, tmp_path, "executor-3")
+    third.token = proposer
+    await third.start()
+    try:
+        assert events(third, "RECONCILIATION") == []
+    finally:
+        assert third.terminate() == 0
+
+
+# -- 8. housekeeping on a schedule ---------------------------------------------------------------
+
+
+async def test_housekeeping_purges_the_store_and_prunes_old_days_but_keeps_an_open_attempt(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    principals = BearerPrincipals()
+    env = principals_env(
+        environment(workspace, provider),
+        principals.write(tmp_path / "principals.json"),
+        EXECUTOR_HOUSEKEEPING_INTERVAL_SECONDS="1",
+    )
+    proposer = principals.token("treasury-workflow")
+    operator = {"authorization": f"Bearer {principals.token(OPERATOR_ID)}"}
+    attempts = workspace.root / "journal" / "attempts"
+    database = workspace.root / "state" / DATABASE_NAME
+
+    # A finished payout and one whose outcome nobody knows (killed mid-dispatch).
+    first = ExecutorProcess(env, tmp_path, "executor-1")
+    first.token = proposer
+    await first.start()
+    async with aiohttp.ClientSession() as session:
+        status, done = await first.propose(session, amount=4000, key="done-1")
+        assert (status, done["outcome"]) == (200, "COMPLETED")
+        await provider.set_mode("hang")
+        pending = asyncio.ensure_future(first.propose(session, amount=4000, key="open-1"))
+        await provider_count(provider, "count", 2)
+        first.kill()
+        with contextlib.suppress(aiohttp.ClientError):
+            await pending
+    await provider.set_mode("normal")
+
+    # Age them: the finished attempt's records move to a day past retention, the open one's to
+    # another (its caller altered, so it stays open: BINDING_MISMATCH); the store's rows for the
+    # finished payout are made older than the store's retention.
+    (today,) = sorted(attempts.glob("*.jsonl"))
+    lines = [line for line in today.read_bytes().split(b"\n") if line]
+    opened = {json.loads(line)["attempt_id"] for line in lines}
+    done_id = next(
+        json.loads(line)["attempt_id"] for line in lines if b'"record":"ATTEMPT_CLOSED"' in line
+    )
+    (open_id,) = opened - {done_id}
+    old_closed, old_open = attempts / "2020-01-01.jsonl", attempts / "2020-01-02.jsonl"
+    old_closed.write_bytes(b"".join(x + b"\n" for x in lines if done_id.encode() in x))
+    old_open.write_bytes(
+        b"".join(
+            x.replace(b'"caller":"treasury-workflow"', b'"caller":"someone-else"') + b"\n"
+            for x in lines
+            if open_id.encode() in x
+        )
+    )
+    today.unlink()
+    (attempts / ".days").write_text("2020-01-01\n2020-01-02\n")
+    (grant_id,) = [
+        json.loads(x)["grant_id"]
+        for x in lines
+        if done_id.encode() in x and b'"record":"GRANT_CLAIMED"' in x
+    ]
+    three_days = 3 * 86400
+    with contextlib.closing(sqlite3.connect(database)) as conn, conn:
+        conn.execute(
+            "UPDATE idempotency SET completed_at = completed_at - ? WHERE key = 'done-1'",
+            (three_days,),
+        )
+        conn.execute(
+            "UPDATE grant_claims SET expires_at = expires_at - ? WHERE grant_id = ?",
+            (three_days, grant_id),
+        )
+
+    def keys_in_store() -> set[str]:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as conn:
+            return {str(r[0]) for r in conn.execute("SELECT key FROM idempotency")}
+
+    assert keys_in_store() == {"done-1", "open-1"}
+
+    second = ExecutorProcess(env, tmp_path, "executor-2")
+    second.token = proposer
+    await second.start(expect_ready=False)
+    try:
+
+        async def pruned() -> list[dict[str, Any]]:
+            return events(second, "HOUSEKEEPING")
+
+        (first_run,) = await wait_until(pruned, timeout=60, what="the first housekeeping")
+        assert first_run["pruned_files"] == ["attempts/2020-01-01.jsonl"]
+        assert first_run["purged_rows"] == 2  # the finished key and its grant's claim
+        assert not old_closed.exists()
+        assert old_open.exists()  # past retention, but it holds an open attempt
+        assert keys_in_store() == {"open-1"}  # an in-flight key is never purged
+        async with aiohttp.ClientSession() as session:
+            async with session.get(second.url + "/v1/control/open-attempts", headers=operator) as r:
+                listed = (await r.json())["open_attempts"]
+            assert [(a["attempt_id"], a["state"]) for a in listed] == [
+                (open_id, "BINDING_MISMATCH")
+            ]
+        assert events(second, "JOURNAL_DAY_FILE_MISSING") == []
+
+        # Housekeeping runs again on its interval: more that is old goes the same way.
+        planted = attempts / "2020-01-03.jsonl"
+        planted.write_text(
+            json.dumps(
+                {
+                    "record": "ATTEMPT_CLOSED",
+                    "at": "2020-01-03T00:00:00.000Z",
+                    "attempt_id": "planted-1",
+                    "outcome": "COMPLETED",
+                    "executed": True,
+                    "finalization": "RECORDED",
+                },
+                separators=(",", ":"),
+            )
+            + "\n"
+        )
+        with contextlib.closing(sqlite3.connect(database, timeout=30)) as conn, conn:
+            conn.execute(
+                "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
+                " response, created_at, completed_at) VALUES (?, ?, ?, ?, 'DONE', '{}', ?, ?)",
+                ("t", "p", "planted-key", "d", 1_600_000_000.0, 1_600_000_000.0),
+            )
+
+        async def swept() -> bool:
+            return not planted.exists() and "planted-key" not in keys_in_store()
+
+        await wait_until(swept, timeout=60, what="the next housekeeping run")
+        assert old_open.exists()
+        assert len(events(second, "HOUSEKEEPING")) >= 2
+    finally:
+        assert second.terminate() == 0
+
+    # The pruned days are gone from the writer's list too: a restart reports nothing missing
+    # and still holds the open attempt.
+    third = ExecutorProcess(env, tmp_path, "executor-3")
+    third.token = proposer
+    await third.start(expect_ready=False)
+    try:
+
+        async def reconciled() -> list[dict[str, Any]]:
+            return events(third, "RECONCILIATION")
+
+        (again,) = await wait_until(reconciled, timeout=60, what="start-up reconciliation")
+        assert (again["attempt_id"], again["resolution"]) == (open_id, "BINDING_MISMATCH")
+        assert events(third, "JOURNAL_DAY_FILE_MISSING") == []
+    finally:
+        assert third.terminate() == 0
+
+
+# -- 2. a full use-store disk after dispatch ----------------------------------------------------
+
+
+async def test_a_full_use_store_disk_after_dispatch_answers_completed_and_the_key_replays_it(
+    tmp_path: Path, provider: ProviderProcess, small_fs: Path
+) -> None:
+    workspace = Workspace(tmp_path / "ws")
+    state_dir = small_fs / "state"
+    env = environment(
+        workspace,
+        provider,
+        {"EXECUTOR_STATE_DIR": str(state_dir), "EXECUTOR_HOUSEKEEPING_INTERVAL_SECONDS": "1"},
+    )
+    database = state_dir / DATABASE_NAME
+
+    def key_state(key: str) -> str | None:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as conn:
+            row = conn.execute("SELECT state FROM idempotency WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    executor = ExecutorProcess(env, tmp_path)
+    await executor.start()
+    try:
+        await provider.set_mode("hold")
+        async with aiohttp.ClientSession() as session:
+            pending = asyncio.ensure_future(executor.propose(session, amount=4000, key="sfull-1"))
+            await provider_count(provider, "held", 1)  # key claimed, grant claimed, dispatched
+            filler = fill(small_fs)  # the use store's next write (its WAL grows) hits ENOSPC
+            await provider.release()
+            status, body = await pending
+            # The provider paid: the answer is never "not executed".
+            assert status == 200, body
+            assert (body["outcome"], body["executed"]) == ("COMPLETED", True), body
+            assert key_state("sfull-1") == "IN_PROGRESS"  # the store did not take the answer
+            logged = executor.stderr_path.read_text()
+            assert "the final answer was not recorded" in logged  # ... and it said so
+
+            # A retry gets exactly the answer given, while the disk is still full.
+            status, again = await executor.propose(session, amount=4000, key="sfull-1")
+            assert status == 200, again
+            assert (again["outcome"], again["replayed"]) == ("COMPLETED", True)
+            assert again["result"] == body["result"]
+
+            # New work cannot claim a key on a full disk: refused before anything is sent,
+            # and the refusal never claims anything about execution.
+            await provider.set_mode("normal")
+            status, refused = await executor.propose(session, amount=4000, key="sfull-2")
+            assert status >= 500 or refused.get("executed") is False, refused
+            if status == 500:
+                assert "not executed" not in refused["error"]["message"]
+            assert (await provider.received())["keys"] == ["sfull-1"]
+
+            filler.unlink()  # the storage recovers; housekeeping records the answer
+
+            async def recorded() -> bool:
+                return key_state("sfull-1") == "DONE"
+
+            await wait_until(recorded, timeout=30, what="the answer recorded once there is room")
+            status, replay = await executor.propose(session, amount=4000, key="sfull-1")
+            assert (status, replay["outcome"], replay["replayed"]) == (200, "COMPLETED", True)
+            assert replay["result"] == body["result"]
+            assert int((await provider.received())["count"]) == 1
+    finally:
+        assert executor.terminate() == 0
