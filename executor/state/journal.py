@@ -493,7 +493,7 @@ class AttemptJournal:
         try:
             await asyncio.wrap_future(done)
         except JournalError:
-            if self._writer.failed and self.on_failure is not None:
+            if self.failed and self.on_failure is not None:  # this write failed it
                 self.on_failure()
             raise
         if self._mirror is not None:
