@@ -7,7 +7,13 @@ Each fault is placed on a hook the test waits on, never on a sleep:
 * the test holds the **use store's write lock** (``BEGIN IMMEDIATE`` on its SQLite file), so the
   executor blocks on its next store write exactly after a journal record, which the test reads
   from the journal before it sends **SIGKILL**;
-* the journal directory is a real, size-limited **tmpfs** the test fills to ENOSPC.
+* the executor's **stdout is a pipe** the test stops draining and fills, so its next evidence
+  line (PROPOSAL_RECEIVED: after the key is IN_PROGRESS, before ATTEMPT_OPENED) blocks in
+  write(2), confirmed from ``/proc/PID/syscall``, before **SIGKILL**;
+* the journal directory, or the use store's state directory, is a real, size-limited **tmpfs**
+  the test fills to ENOSPC (the chain heads live in the journal directory: they fill with it).
+
+Tests that need PostgreSQL start the session's real server (``xdist_group("postgres")``).
 """
 
 from __future__ import annotations
