@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: help venv demo test lint format typecheck unit e2e e2e-build e2e-kind bench clean \
+.PHONY: help venv demo test lint format typecheck unit browser e2e e2e-build e2e-kind bench clean \
         image node-build cluster-up cluster-down cluster-status e2e-node \
         policy-test fuzz-smoke fuzz mutation
 
@@ -19,6 +19,7 @@ help:
 	@echo "make format     ruff format and ruff check --fix"
 	@echo "make typecheck  mypy --strict on executor/ and operator/"
 	@echo "make unit       the test suite only (tests/), in parallel (UNIT_WORKERS=$(UNIT_WORKERS))"
+	@echo "make browser    install Debian's chromium (as root) for the approval page's browser tests"
 	@echo "make policy-test  lint the example policy and run its tests (agentsafe policy)"
 	@echo "make fuzz-smoke   a few seconds of every atheris fuzz target (tests/fuzz/)"
 	@echo "make fuzz       FUZZ_TARGET=name FUZZ_RUNS=1000000: one target at length (docs/fuzzing.md)"
@@ -67,8 +68,23 @@ typecheck: $(STAMP)
 # than cores still pays off; tests that cannot share the machine carry an xdist_group mark.
 UNIT_WORKERS ?= 4
 
-unit: $(STAMP)
+unit: $(STAMP) browser
 	$(BIN)/pytest -q -n $(UNIT_WORKERS) --dist loadgroup --durations=10
+
+# issue 21: the approval page is tested in a real browser, Debian's chromium driven by Playwright
+# (tests/support/browser.py); no browser is ever downloaded. As root on a machine without it, this
+# installs it with apt-get, as `cluster.node packages` does for the node; otherwise the browser
+# tests skip with one line (and fail under CI=true).
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@if [ ! -x $(CHROMIUM) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium from Debian (apt-get) for the approval page tests ..."; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else \
+	    echo "no $(CHROMIUM): the approval page's browser tests will skip (make browser as root)"; \
+	  fi; \
+	fi
 
 # Every binary the suites need (kube-apiserver, kubectl, kube-controller-manager, etcd, helm),
 # built from the Go module proxy with progress lines, or found in the cache (~/.cache/agentsafe,

@@ -27,6 +27,7 @@ from .dispatch.forward import ForwardRequestHandler
 from .dispatch.seam import Outcome, Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
+from .door.refusal_lines import RefusalEvent
 from .door.workload import JwksSource, WorkloadVerifier
 from .egress.credentials import (
     DownstreamCredential,
@@ -35,6 +36,7 @@ from .egress.credentials import (
     StaticHeaderCredential,
 )
 from .egress.guard import Destination, GuardedClient
+from .egress.webhook import ApprovalWebhook
 from .errors import AgentSafeError, ConfigError, JournalError
 from .events import DeferredSink, EventSink, Streams
 from .evidence.chain import ChainedStreams, LineWriter, open_chained_streams
@@ -109,6 +111,15 @@ def destinations(config: ExecutorConfig) -> list[Destination]:
     if config.executor_jwks_url:
         jwks_anchor = str(config.executor_jwks_ca_file) if config.executor_jwks_ca_file else None
         out.append(Destination(config.executor_jwks_url, ca_file=jwks_anchor))
+    if config.executor_approval_webhook_url:
+        ca = config.executor_approval_webhook_ca_file
+        out.append(
+            Destination(
+                config.executor_approval_webhook_url,
+                ca_file=str(ca) if ca else None,
+                allow_insecure_loopback=config.executor_approval_webhook_allow_insecure_loopback,
+            )
+        )
     return out
 
 
@@ -169,16 +180,22 @@ def build_credential(
     )
 
 
-def load_principals(config: ExecutorConfig, actions: Sequence[str]) -> PrincipalSet:
-    """``EXECUTOR_PRINCIPALS_FILE``, checked against the policy's actions and the credential
-    methods this process can verify (at start, and again on every reload)."""
+def load_principals(
+    config: ExecutorConfig, actions: Sequence[str], *, jwks: JwksSource | None = None
+) -> PrincipalSet:
+    """``EXECUTOR_PRINCIPALS_FILE``, checked against the policy's actions, the credential
+    methods this process can verify and the issuers its key sets are bound to (at start, and
+    again on every reload)."""
     assert config.executor_principals_file is not None
-    return load_principals_file(
+    principals = load_principals_file(
         config.executor_principals_file,
         registered_actions=actions,
         jwt_configured=bool(config.executor_jwt_audience and config.executor_jwks_file),
         client_ca_configured=config.executor_tls_client_ca_file is not None,
     )
+    if jwks is not None:
+        jwks.check_binding(principals.workload_issuers)
+    return principals
 
 
 def build_door(
@@ -215,7 +232,7 @@ def build_door(
         )
     principals: PrincipalSet | LegacyCaller
     if config.executor_principals_file is not None:
-        principals = load_principals(config, actions)
+        principals = load_principals(config, actions, jwks=jwks)
         for principal_id in principals.bearer_principal_ids():
             streams.security.emit("BEARER_PRINCIPAL_CONFIGURED", {"principal": principal_id})
     else:
@@ -382,6 +399,7 @@ async def assemble(
                 checkpoint_lines=config.executor_audit_checkpoint_lines,
                 window_lines=config.executor_evidence_window_lines,
                 redactor=redactor,
+                routine_security_events=frozenset(RefusalEvent),
             )
             _count_chained(chained, metrics)
             for deferred, sink, name in (
@@ -411,6 +429,13 @@ async def assemble(
             halt.record_egress_refusal()
 
         transport = build_transport(config, streams, on_refusal=egress_refused)
+        webhook = (
+            ApprovalWebhook(
+                url=config.executor_approval_webhook_url, transport=transport, streams=streams
+            )
+            if config.executor_approval_webhook_url
+            else None
+        )
         document = load_policy(config.executor_policy_file)
         registry = Registry(security=streams.security)
         registry.register(
@@ -494,6 +519,10 @@ async def assemble(
             escalation=config.executor_escalation,
             on_forbidden=door.record_refusal,
             settle_margin_s=config.downstream_timeout_ms / 1000.0,
+            approval_origin=config.executor_approval_origin,
+            on_approval_requested=(
+                webhook.notify if webhook is not None else lambda request, url: None
+            ),
         )
         executor = Executor(
             config=config,
@@ -517,8 +546,11 @@ async def assemble(
             posture=posture,
             posture_monitor=monitor,
             redactor=redactor,
-            load_principals=functools.partial(load_principals, config, list(policy.actions)),
+            load_principals=functools.partial(
+                load_principals, config, list(policy.actions), jwks=jwks
+            ),
             chained=chained,
+            webhook=webhook,
             plans=_plan_service(
                 config,
                 policy,

@@ -152,9 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     vp.add_argument("path", help="a provider request vector (JSON)")
     vp.set_defaults(run=_verify_provider)
 
+    from .tools.approvals_cli import add_approvers_parser
     from .tools.approvals_cli import add_parser as add_approvals
 
     add_approvals(sub)
+    add_approvers_parser(sub)
 
     from .tools.policy_cli import add_parser as add_policy
 

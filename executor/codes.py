@@ -231,6 +231,63 @@ class Code(StrEnum):
         422,
         "the approval is bound to another intent, plan, policy or dry run",
     )
+    APPROVAL_CANCELLED = (
+        "APPROVAL_CANCELLED",
+        409,
+        "the escalation was cancelled by its proposer or an operator",
+    )
+    APPROVAL_NOT_CANCELLABLE = (
+        "APPROVAL_NOT_CANCELLABLE",
+        409,
+        "the approval request is no longer pending: decided, expired or cancelled",
+    )
+    APPROVAL_VERIFICATION_REQUIRED = (
+        "APPROVAL_VERIFICATION_REQUIRED",
+        403,
+        "the decision is below the verification its rule or approver requires (a passkey)",
+    )
+
+    # -- passkeys (WebAuthn) of approvers, and their enrolment -----------------------------------
+    WEBAUTHN_NOT_CONFIGURED = (
+        "WEBAUTHN_NOT_CONFIGURED",
+        409,
+        "passkeys need EXECUTOR_APPROVAL_ORIGIN (the approval page's origin and relying party)",
+    )
+    WEBAUTHN_NO_CREDENTIAL = (
+        "WEBAUTHN_NO_CREDENTIAL",
+        409,
+        "this approver has no passkey enrolled; ask an operator for an enrolment token",
+    )
+    WEBAUTHN_CHALLENGE_INVALID = (
+        "WEBAUTHN_CHALLENGE_INVALID",
+        403,
+        "the passkey challenge is expired, used, or bound to another request, intent or decision",
+    )
+    WEBAUTHN_ASSERTION_INVALID = (
+        "WEBAUTHN_ASSERTION_INVALID",
+        403,
+        "the passkey assertion does not verify (origin, signature, user verification, counter)",
+    )
+    WEBAUTHN_REGISTRATION_INVALID = (
+        "WEBAUTHN_REGISTRATION_INVALID",
+        400,
+        "the passkey registration does not verify (origin, challenge, user verification)",
+    )
+    APPROVAL_NOTIFY_FAILED = (
+        "APPROVAL_NOTIFY_FAILED",
+        None,
+        "the approval webhook did not accept the notification (the request stays pending)",
+    )
+    ENROLMENT_TOKEN_INVALID = (
+        "ENROLMENT_TOKEN_INVALID",
+        401,
+        "the enrolment token is unknown, expired or already used",
+    )
+    ENROLMENT_PRINCIPAL_INVALID = (
+        "ENROLMENT_PRINCIPAL_INVALID",
+        422,
+        "enrolment tokens are issued only for an APPROVER principal of the principals file",
+    )
     IDEMPOTENCY_ALREADY_COMPLETE = (
         "IDEMPOTENCY_ALREADY_COMPLETE",
         None,
@@ -675,6 +732,8 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         Code.APPROVAL_PENDING,
         Code.APPROVAL_DENIED,
         Code.APPROVAL_EXPIRED,
+        Code.APPROVAL_CANCELLED,
+        Code.APPROVAL_VERIFICATION_REQUIRED,
         Code.APPROVED_BY_APPROVER,
         Code.AUTHORITY_UNAVAILABLE,
         # the work gate

@@ -256,6 +256,10 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_RATE_LIMIT_UNAUTHENTICATED",
     "EXECUTOR_AUTH_LOCKOUT",
     "EXECUTOR_ESCALATION",
+    "EXECUTOR_APPROVAL_ORIGIN",
+    "EXECUTOR_APPROVAL_WEBHOOK_URL",
+    "EXECUTOR_APPROVAL_WEBHOOK_CA_FILE",
+    "EXECUTOR_APPROVAL_WEBHOOK_ALLOW_INSECURE_LOOPBACK",
     # host posture and secrets
     "EXECUTOR_POSTURE",
     "EXECUTOR_POSTURE_INTERVAL_SECONDS",
@@ -491,6 +495,7 @@ _BOOL_FIELDS: Final = (
     "executor_journal_required",
     "executor_ready_requires_no_unknown_attempts",
     "downstream_allow_insecure_loopback",
+    "executor_approval_webhook_allow_insecure_loopback",
 )
 _INT_FIELDS: Final = (
     "port",
@@ -534,6 +539,7 @@ _PATH_FIELDS: Final = (
     "executor_principals_file",
     "executor_jwks_file",
     "executor_jwks_ca_file",
+    "executor_approval_webhook_ca_file",
     "executor_secrets_dir",
     "executor_tls_cert_file",
     "executor_tls_client_ca_file",
@@ -606,6 +612,10 @@ class ExecutorConfig(BaseModel):
     executor_rate_limit_unauthenticated: RateRule = RateRule(20, 60)
     executor_auth_lockout: LockoutRule = LockoutRule(10, 60, 300)
     executor_escalation: EscalationMode = EscalationMode.NONE
+    executor_approval_origin: str | None = None
+    executor_approval_webhook_url: str | None = None
+    executor_approval_webhook_ca_file: Path | None = None
+    executor_approval_webhook_allow_insecure_loopback: bool = False
 
     # host posture and secrets
     executor_posture: PostureMode = PostureMode.ENFORCED
@@ -799,6 +809,25 @@ class ExecutorConfig(BaseModel):
             raise ValueError("must be an https URL")
         return value
 
+    @field_validator("executor_approval_origin", mode="after")
+    @classmethod
+    def _approval_origin(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = _parse_url(value)
+        if parts.scheme != "https":
+            raise ValueError("must be an https origin (https://host[:port])")
+        if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
+            raise ValueError("must be an origin only: no path, query, fragment or credentials")
+        return value.rstrip("/")
+
+    @field_validator("executor_approval_webhook_url", mode="after")
+    @classmethod
+    def _approval_webhook_url(cls, value: str | None) -> str | None:
+        if value is not None and _parse_url(value).scheme != "https":
+            raise ValueError("must be an https URL")
+        return value
+
     @field_validator("downstream_credential_header", mode="after")
     @classmethod
     def _header(cls, value: str | None) -> str | None:
@@ -854,6 +883,11 @@ class ExecutorConfig(BaseModel):
         if self.downstream_allow_insecure_loopback:
             raise ConfigError(
                 "DOWNSTREAM_ALLOW_INSECURE_LOOPBACK", "is refused under AGENTSAFE_ENV=production"
+            )
+        if self.executor_approval_webhook_allow_insecure_loopback:
+            raise ConfigError(
+                "EXECUTOR_APPROVAL_WEBHOOK_ALLOW_INSECURE_LOOPBACK",
+                "is refused under AGENTSAFE_ENV=production",
             )
         if self.executor_posture is PostureMode.DEVELOPMENT:
             raise ConfigError(
@@ -931,6 +965,23 @@ class ExecutorConfig(BaseModel):
                     "EXECUTOR_ESCALATION",
                     "approvals need EXECUTOR_PRINCIPALS_FILE (approvers are principals)",
                 )
+        approval_settings = (
+            ("EXECUTOR_APPROVAL_ORIGIN", self.executor_approval_origin is not None),
+            ("EXECUTOR_APPROVAL_WEBHOOK_URL", self.executor_approval_webhook_url is not None),
+        )
+        for variable, present in approval_settings:
+            if present and self.executor_escalation is not EscalationMode.APPROVAL:
+                raise ConfigError(variable, "is used only with EXECUTOR_ESCALATION=APPROVAL")
+        webhook_extras = (
+            ("EXECUTOR_APPROVAL_WEBHOOK_CA_FILE", self.executor_approval_webhook_ca_file),
+            (
+                "EXECUTOR_APPROVAL_WEBHOOK_ALLOW_INSECURE_LOOPBACK",
+                self.executor_approval_webhook_allow_insecure_loopback or None,
+            ),
+        )
+        for variable, value in webhook_extras:
+            if value is not None and self.executor_approval_webhook_url is None:
+                raise ConfigError(variable, "is used only with EXECUTOR_APPROVAL_WEBHOOK_URL")
 
     def _listener_rules(self) -> None:
         if self.executor_allow_plaintext_listener:

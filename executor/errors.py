@@ -20,7 +20,8 @@ registry gives its code. Messages never contain request data or secret values.
     ├── HandlerError                a handler broke its contract
     ├── DispatchRefused             dispatch would not start (dispatch/seam.py)
     ├── ProviderRefused             the provider refused deterministically (dispatch/seam.py)
-    ├── TokenRefused                a compact JWS failed verification (grants.py)
+    ├── TokenRefused                a compact JWS failed verification; also a ValueError
+    │                               (jws.py, re-exported by grants.py)
     ├── GrantRefused                a grant that must not execute (policy/authority.py)
     ├── JwtRefused                  a workload token is refused (door/workload.py)
     ├── TransportError              an outbound request failed (egress/transport.py)

@@ -6,34 +6,40 @@ RFC 7638 thumbprint of the public key. Verification is deliberately narrow: exac
 unpadded, canonical base64url segments; a header with exactly ``alg``, ``kid`` and ``typ``;
 ``alg`` must be ``EdDSA`` (``none``, ``HS256`` and everything else refused); the ``typ`` the caller
 expects; a ``kid`` in the key set; a valid signature; and a canonical JSON object as payload.
-Each refusal is a :class:`TokenRefused` with its own code.
+Each refusal is a :class:`TokenRefused` (``jws.py``'s, re-exported) with its own code.
 
-No JWT library: the format is small and the strictness is the point.
+The compact form itself (strict segments, signing input, the signature under an algorithm
+allowlist) is ``jws.py``'s, over PyJWT, the one JWS implementation; this module adds the grant
+rules around it (the exact header, canonical header and payload, ``typ``, the key set by ``kid``).
 
 Callers: ``policy/authority.py`` (grants and other signed tokens), ``policy/attestation.py``,
-``plans/signing.py``, ``egress/credentials.py`` (``b64url_encode``), ``assembly.py`` (loading the
+``plans/signing.py``, ``assembly.py`` (loading the
 signing key; the route ``GET /.well-known/agentsafe-grant-jwks.json`` serves the authority's key
 set).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PrivateKey,
     Ed25519PublicKey,
 )
 
-from .canonical import canonical_json, parse_json, sha256_hex
+from .canonical import canonical_json, sha256_hex
 from .codes import Code
 from .errors import AgentSafeError, CanonicalizationError
+from .jws import (
+    TokenRefused,
+    b64url_decode,
+    b64url_encode,
+    sign_compact,
+    split_compact,
+    verify_compact,
+)
 
 __all__ = [
     "ALGORITHM",
@@ -50,32 +56,7 @@ __all__ = [
 
 ALGORITHM = "EdDSA"
 MAX_TOKEN_LENGTH = 16 * 1024
-_B64URL = re.compile(r"^[A-Za-z0-9_-]*$")
 _HEADER_KEYS = frozenset({"alg", "kid", "typ"})
-
-
-class TokenRefused(AgentSafeError):
-    """A token failed verification. Codes: JWS_MALFORMED, JWS_ALGORITHM_REFUSED,
-    JWS_TYPE_MISMATCH, JWS_KEY_UNKNOWN, JWS_SIGNATURE_INVALID."""
-
-    code = Code.JWS_MALFORMED
-
-
-def b64url_encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def b64url_decode(text: str) -> bytes:
-    """Decode unpadded base64url, refusing any other spelling of the same bytes."""
-    if not _B64URL.match(text) or len(text) % 4 == 1:
-        raise TokenRefused("segment is not unpadded base64url", code=Code.JWS_MALFORMED)
-    try:
-        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        raise TokenRefused("segment is not base64url", code=Code.JWS_MALFORMED) from None
-    if b64url_encode(data) != text:  # non-zero trailing bits: a second spelling
-        raise TokenRefused("segment is not canonical base64url", code=Code.JWS_MALFORMED)
-    return data
 
 
 def _public_x(public_key: Ed25519PublicKey) -> str:
@@ -196,57 +177,29 @@ class KeySet:
 def sign_jws(payload: Mapping[str, Any], *, typ: str, key: SigningKey) -> str:
     """Sign ``payload`` (canonical JSON) as a compact JWS with ``typ`` and the key's ``kid``."""
     header = {"alg": ALGORITHM, "typ": typ, "kid": key.kid}
-    signing_input = (
-        b64url_encode(canonical_json(header)) + "." + b64url_encode(canonical_json(dict(payload)))
-    )
-    signature = key.sign(signing_input.encode("ascii"))
-    return signing_input + "." + b64url_encode(signature)
+    return sign_compact(header, canonical_json(dict(payload)), key._key)
 
 
 def verify_jws(token: str, *, typ: str, keys: KeySet) -> dict[str, Any]:
     """Verify a compact JWS and return its payload; raises :class:`TokenRefused`."""
-    if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_LENGTH:
-        raise TokenRefused("token is not a compact JWS", code=Code.JWS_MALFORMED)
-    parts = token.split(".")
-    if len(parts) != 3:
-        raise TokenRefused("token is not a compact JWS", code=Code.JWS_MALFORMED)
-    header_b64, payload_b64, signature_b64 = parts
-    header_bytes = b64url_decode(header_b64)
-    header = _parse_object(header_bytes, what="header", canonical=False)
+    compact = split_compact(token, max_length=MAX_TOKEN_LENGTH)
+    header = compact.header
     if header.get("alg") != ALGORITHM:
         raise TokenRefused("only EdDSA is accepted", code=Code.JWS_ALGORITHM_REFUSED)
     if set(header) != _HEADER_KEYS:
         raise TokenRefused("header carries unexpected fields", code=Code.JWS_MALFORMED)
-    _require_canonical(header, header_bytes, what="header")
+    _require_canonical(header, compact.header_bytes, what="header")
     if header.get("typ") != typ:
         raise TokenRefused("token is of another type", code=Code.JWS_TYPE_MISMATCH)
     kid = header.get("kid")
     public = keys.get(kid) if isinstance(kid, str) else None
     if public is None:
         raise TokenRefused("token names an unknown key", code=Code.JWS_KEY_UNKNOWN)
-    signature = b64url_decode(signature_b64)
-    payload_bytes = b64url_decode(payload_b64)
-    if len(signature) != 64:
+    if len(compact.signature) != 64:
         raise TokenRefused("signature has the wrong length", code=Code.JWS_SIGNATURE_INVALID)
-    try:
-        public.verify(signature, f"{header_b64}.{payload_b64}".encode("ascii"))
-    except InvalidSignature:
-        raise TokenRefused("signature does not verify", code=Code.JWS_SIGNATURE_INVALID) from None
-    return _parse_object(payload_bytes, what="payload")
-
-
-def _parse_object(data: bytes, *, what: str, canonical: bool = True) -> dict[str, Any]:
-    """Parse a JSON object (no duplicate keys); by default it must be RFC 8785 canonical."""
-    try:
-        value = parse_json(data)
-    except (ValueError, CanonicalizationError, RecursionError):
-        raise TokenRefused(f"{what} is not a JSON object", code=Code.JWS_MALFORMED) from None
-    if not isinstance(value, dict):
-        raise TokenRefused(f"{what} is not a JSON object", code=Code.JWS_MALFORMED)
-    if canonical:
-        _require_canonical(value, data, what=what)
-    result: dict[str, Any] = value
-    return result
+    verify_compact(compact, public, algorithms=(ALGORITHM,))
+    _require_canonical(compact.payload, compact.payload_bytes, what="payload")
+    return compact.payload
 
 
 def _require_canonical(value: dict[str, Any], data: bytes, *, what: str) -> None:

@@ -28,8 +28,11 @@ from .clock import Clock
 from .codes import Code
 from .config import EscalationMode, ExecutorConfig, ExecutorMode
 from .dispatch.seam import Registry
+from .door.door import LegacyCaller
+from .door.passkeys import Passkeys
 from .door.principals_file import PrincipalSet
 from .door.workload import JwksSource
+from .egress.webhook import ApprovalWebhook
 from .errors import AgentSafeError, ConfigError, RequestRejected
 from .events import Streams
 from .evidence.bundle import BundleError, export_bundle
@@ -73,6 +76,7 @@ log = logging.getLogger(__name__)
 DRAIN_SECONDS = 20.0
 HALT_FILE_POLL_SECONDS = 0.5
 SECRETS_POLL_SECONDS = 5.0
+REFUSAL_LINES_POLL_SECONDS = 2.0
 
 
 STORE_PING_SECONDS = 1.0
@@ -150,6 +154,7 @@ class Executor:
     plans: PlanService | None = None
     shared: PostgresStore | None = None  # EXECUTOR_STORE_URL: the store every replica shares
     leases: LeaseKeeper | None = None
+    webhook: ApprovalWebhook | None = None  # EXECUTOR_APPROVAL_WEBHOOK_URL
     store_health: StoreHealth = field(default_factory=StoreHealth)  # the WorkGate's too
     startup: Startup = field(default_factory=lambda: Startup(reconciling=True))  # and this
     routes: tuple[Route, ...] = field(init=False)
@@ -164,7 +169,18 @@ class Executor:
     def __post_init__(self) -> None:
         approvals = None
         if self.config.executor_escalation is EscalationMode.APPROVAL:
-            approvals = Approvals(store=self.store, streams=self.streams, clock=self.clock)
+            origin = self.config.executor_approval_origin
+            approvals = Approvals(
+                store=self.store,
+                streams=self.streams,
+                clock=self.clock,
+                passkeys=Passkeys(
+                    store=self.store, signer=self.authority, clock=self.clock, origin=origin
+                ),
+                principal_named=self.principal_named,
+                cancel_escalation=self.pipeline.cancel_escalation,
+                origin=origin,
+            )
         self.routes = route_table(
             pipeline=self.pipeline,
             readiness=self.readiness,
@@ -187,6 +203,14 @@ class Executor:
         return len(self.pipeline.unknown) + len(self.unresolved_keys)
 
     # -------------------------------------------------------------- what routes ask
+
+    def principal_named(self, principal_id: str) -> Principal | None:
+        """The principal of the current principals file with this id (``None``: none)."""
+        principals = self.door.door.principals
+        if isinstance(principals, LegacyCaller):
+            return None
+        record = principals.get(principal_id)
+        return None if record is None else record.principal
 
     def readiness(self) -> ReadyState:
         body: dict[str, Any] = {
@@ -349,6 +373,7 @@ class Executor:
                 )
             signing_key = loaded
         attempts = await self.open_attempts()
+        self.door.door.flush_lines()  # the summaries of repeated refusals that are due
         try:
             manifest = await asyncio.to_thread(
                 export_bundle,
@@ -578,6 +603,7 @@ class Executor:
         self._spawn(self._housekeeping_loop())
         self._spawn(self.secrets.watch(SECRETS_POLL_SECONDS))
         self._spawn(self._posture_loop())
+        self._spawn(self._refusal_lines_loop())
         if self.tls is not None:
             self._spawn(self.tls.watch())
         if self.jwks is not None and self.config.executor_jwks_url:
@@ -663,6 +689,12 @@ class Executor:
             except AgentSafeError as exc:
                 self.streams.security.emit("RECHECK_FAILED", {"code": exc.code})
 
+    async def _refusal_lines_loop(self) -> None:
+        """Write the door's summaries of repeated refusals once their interval is over."""
+        while True:
+            await asyncio.sleep(REFUSAL_LINES_POLL_SECONDS)
+            self.door.door.flush_lines()
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.create_task(coro))
 
@@ -697,10 +729,13 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self.webhook is not None:
+            await self.webhook.aclose()
         await self.transport.close()
         if self.journal is not None:
             await self.journal.close()
         await self.store.close()
         self.secrets.close()
+        self.door.door.flush_lines(everything=True)
         if self.chained is not None:
             self.chained.close()

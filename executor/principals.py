@@ -11,7 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-__all__ = ["LEGACY_PRINCIPAL_ID", "Actor", "Principal", "Role", "Scope", "legacy_principal"]
+__all__ = [
+    "LEGACY_PRINCIPAL_ID",
+    "Actor",
+    "Principal",
+    "Role",
+    "Scope",
+    "Verification",
+    "legacy_principal",
+]
 
 LEGACY_PRINCIPAL_ID = "legacy-caller"
 
@@ -37,6 +45,36 @@ class Scope(StrEnum):
     STATUS = "status"
     METRICS = "metrics"
     EVIDENCE = "evidence"
+    APPROVERS = "approvers"
+
+
+class Verification(StrEnum):
+    """How strongly a person deciding an escalation was verified, weakest first.
+
+    ``CREDENTIAL``: the door's credential alone (bearer, workload token or certificate).
+    ``WEBAUTHN``: that, plus a passkey assertion with user verification whose challenge is bound
+    to the request id, the intent hash and the decision (``door/passkeys.py``). An APPROVER
+    principal and a policy rule (``approval: {verification: WEBAUTHN}``) can each require a level;
+    a decision below the stronger of the two is refused.
+    """
+
+    CREDENTIAL = "CREDENTIAL"
+    WEBAUTHN = "WEBAUTHN"
+
+    @property
+    def rank(self) -> int:
+        return _VERIFICATION_ORDER.index(self)
+
+    def meets(self, required: Verification) -> bool:
+        """Whether a decision verified at this level satisfies ``required``."""
+        return self.rank >= required.rank
+
+    @classmethod
+    def strongest(cls, *levels: Verification) -> Verification:
+        return max(levels, key=lambda level: level.rank, default=cls.CREDENTIAL)
+
+
+_VERIFICATION_ORDER = (Verification.CREDENTIAL, Verification.WEBAUTHN)
 
 
 @dataclass(frozen=True)
@@ -63,6 +101,8 @@ class Principal:
     allowed_actions: frozenset[str] | None = None
     scopes: frozenset[Scope] = field(default_factory=frozenset)
     credential_kind: str = "BEARER"
+    verification: Verification = Verification.CREDENTIAL
+    """APPROVER only: the least verification this person's decisions must carry."""
 
     def may_propose(self, action: str) -> bool:
         if self.role is not Role.PROPOSER:

@@ -5,9 +5,11 @@ RFC 9421 signature the ``SIGNED_REQUEST`` credential put on a request, then the 
 attestation inside it, then that the attestation is presented once within its lease
 (``docs/verifying-provider.md`` states the procedure and ``tests/vectors/provider`` holds vectors).
 
-This module imports only the standard library, ``cryptography`` and agentsafe's own ``canonical``,
-``httpsig``, ``errors`` and ``codes`` modules (the refusal codes are the registry's), never aiohttp
-or the server, so a provider can use (or vendor) it alone.
+This module imports only the standard library, ``cryptography``, PyJWT (through ``jws``, the one
+compact JWS implementation, so the provider and the executor read a token by the same rule) and
+agentsafe's own ``canonical``, ``jws``, ``httpsig``, ``errors`` and ``codes`` modules (the refusal
+codes are the registry's), never aiohttp or the server, so a provider can use (or vendor) it
+alone.
 
 Callers: providers; ``cli.py`` (``agentsafe verify provider-request <vector>``, through
 :func:`main`).
@@ -16,7 +18,6 @@ Callers: providers; ``cli.py`` (``agentsafe verify provider-request <vector>``, 
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import json
 import sys
@@ -27,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .canonical import canonical_json, parse_json, sha256_digest
@@ -42,6 +42,7 @@ from .egress.httpsig import (
     verify_base,
 )
 from .errors import CanonicalizationError
+from .jws import Compact, TokenRefused, b64url_decode, sign_compact, split_compact, verify_compact
 
 __all__ = [
     "ALL_COMPONENTS",
@@ -127,23 +128,10 @@ class _Refused(Exception):
         self.code = code
 
 
-def _b64url_decode(text: str) -> bytes:
-    if not text or any(c not in _B64URL for c in text) or len(text) % 4 == 1:
-        raise ValueError("not base64url")
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _b64url(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-_B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
-
-
 def _ed25519_from_jwk(jwk: Mapping[str, Any]) -> Ed25519PublicKey:
     if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519" or not isinstance(jwk.get("x"), str):
         raise ValueError("not an Ed25519 public JWK")
-    raw = _b64url_decode(jwk["x"])
+    raw = b64url_decode(jwk["x"])
     if len(raw) != 32:
         raise ValueError("wrong key length")
     return Ed25519PublicKey.from_public_bytes(raw)
@@ -155,7 +143,7 @@ def _signing_key(alg: str, key: Any) -> Ed25519PublicKey | bytes:
         if alg == "ed25519":
             return _ed25519_from_jwk(key)
         if alg == "hmac-sha256" and key.get("kty") == "oct" and isinstance(key.get("k"), str):
-            return _b64url_decode(key["k"])
+            return b64url_decode(key["k"])
         raise ValueError("key does not match the algorithm")
     if alg == "ed25519" and isinstance(key, Ed25519PublicKey):
         return key
@@ -307,19 +295,11 @@ def _verify(
     )
 
 
-def _decode_jws(token: str) -> tuple[dict[str, Any], dict[str, Any], bytes, bytes]:
-    if len(token) > _MAX_TOKEN or token.count(".") != 2:
-        raise _Refused(Code.ATTESTATION_MALFORMED)
-    head_b64, payload_b64, sig_b64 = token.split(".")
+def _decode_jws(token: str) -> Compact:
     try:
-        header = parse_json(_b64url_decode(head_b64))
-        payload = parse_json(_b64url_decode(payload_b64))
-        signature = _b64url_decode(sig_b64)
-    except (ValueError, binascii.Error, CanonicalizationError, RecursionError) as exc:
+        return split_compact(token, max_length=_MAX_TOKEN)
+    except TokenRefused as exc:
         raise _Refused(Code.ATTESTATION_MALFORMED) from exc
-    if not isinstance(header, dict) or not isinstance(payload, dict):
-        raise _Refused(Code.ATTESTATION_MALFORMED)
-    return header, payload, signature, f"{head_b64}.{payload_b64}".encode("ascii")
 
 
 def _authority_key(jwks: Mapping[str, Any], kid: Any) -> Ed25519PublicKey:
@@ -344,15 +324,16 @@ def _verify_attestation(
     now: float,
     seen_store: SeenStore,
 ) -> Mapping[str, Any]:
-    header, payload, signature, signing_input = _decode_jws(token)
+    compact = _decode_jws(token)
+    header, payload = compact.header, compact.payload
     if header.get("alg") != "EdDSA":
         raise _Refused(Code.ATTESTATION_ALGORITHM_INVALID)
     if header.get("typ") != ATTESTATION_TYP:
         raise _Refused(Code.ATTESTATION_TYPE_INVALID)
     key = _authority_key(authority_jwks, header.get("kid"))
     try:
-        key.verify(signature, signing_input)
-    except InvalidSignature as exc:
+        verify_compact(compact, key, algorithms=("EdDSA",))
+    except TokenRefused as exc:
         raise _Refused(Code.ATTESTATION_SIGNATURE_INVALID) from exc
 
     binding = payload.get("binding")
@@ -416,10 +397,7 @@ def sign_effect_receipt(
     if effect_digest is not None:
         payload["effect_digest"] = effect_digest
     header = {"alg": "EdDSA", "typ": EFFECT_RECEIPT_TYP, "kid": kid}
-    signing_input = (
-        _b64url(canonical_json(header)) + "." + _b64url(canonical_json(payload))
-    ).encode("ascii")
-    return signing_input.decode("ascii") + "." + _b64url(key.sign(signing_input))
+    return sign_compact(header, canonical_json(payload), key)
 
 
 # --- vectors and the CLI ---------------------------------------------------------------------

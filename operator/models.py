@@ -57,7 +57,7 @@ from agentsafe.executor.door.principals_file import (
 from agentsafe.executor.host.halt import MAX_REASON_CHARS
 from agentsafe.executor.policy.policy import PolicyDocument
 from agentsafe.executor.policy.trial import MAX_TEST_CASES, PolicyTestCase
-from agentsafe.executor.principals import Role, Scope
+from agentsafe.executor.principals import Role, Scope, Verification
 
 __all__ = [
     "API_VERSION",
@@ -414,6 +414,14 @@ class AgentPolicySpec(_Model):
     )
     host_ceilings: HostCeilingsSpec | None = None
     escalation: EscalationMode = EscalationMode.NONE
+    approval_origin: (
+        Annotated[str, Field(pattern=r"^https://[A-Za-z0-9.-]+(:[0-9]{1,5})?$", max_length=256)]
+        | None
+    ) = Field(
+        default=None,
+        description="EXECUTOR_APPROVAL_ORIGIN: the approval page's https origin as people reach "
+        "it; makes approval_url absolute and is the passkeys' relying party (escalation APPROVAL)",
+    )
     replicas: Annotated[int, Field(ge=1, le=16)] = 1
     store: StoreSpec | None = Field(
         default=None, description="the shared PostgreSQL store; required for replicas > 1"
@@ -438,6 +446,10 @@ class AgentPolicySpec(_Model):
             (
                 "!(self.mode == 'SHADOW' && self.escalation == 'APPROVAL')",
                 "escalation APPROVAL needs mode ENFORCEMENT (shadow never escalates)",
+            ),
+            (
+                "!has(self.approvalOrigin) || self.escalation == 'APPROVAL'",
+                "approvalOrigin needs escalation APPROVAL",
             ),
             (
                 "!has(self.replicas) || self.replicas <= 1 || has(self.store)",
@@ -498,6 +510,16 @@ class RateLimitSpec(_Model):
     seconds: Annotated[int, Field(ge=1, le=86_400)]
 
 
+class ApproverRequirementSpec(_Model):
+    """An APPROVER's own requirement (issue 21): the least verification of its decisions."""
+
+    verification: Verification = Field(
+        default=Verification.CREDENTIAL,
+        description="CREDENTIAL (the principal's credential) or WEBAUTHN (also a passkey "
+        "assertion with user verification, enrolled with a one-time token)",
+    )
+
+
 class ServiceAccountRef(_Model):
     name: DnsSubdomain
     namespace: DnsLabel
@@ -521,6 +543,7 @@ class PrincipalSpec(_Model):
     allowed_actions: list[Text] | None = Field(default=None, max_length=MAX_ALLOWED_ACTIONS)
     scopes: list[OperatorScope] | None = Field(default=None, max_length=MAX_SCOPES)
     rate_limit: RateLimitSpec | None = None
+    approval: ApproverRequirementSpec | None = None
     service_account: ServiceAccountRef | None = None
     bearer: BearerSpec | None = None
     mtls: MtlsSpec | None = None
@@ -546,6 +569,10 @@ class PrincipalSpec(_Model):
                 "self.role != 'APPROVER' || (has(self.actor) && !has(self.scopes) "
                 "&& !has(self.allowedActions) && !has(self.tenantId))",
                 "an APPROVER needs an actor naming the person, and nothing else",
+            ),
+            (
+                "self.role == 'APPROVER' || !has(self.approval)",
+                "only an APPROVER carries approval",
             ),
         )
     )

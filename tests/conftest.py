@@ -19,3 +19,12 @@ def postgres() -> Iterator[PostgresServer]:
 def pg_url(postgres: PostgresServer) -> str:
     """A fresh empty database on the session's server."""
     return postgres.create_database()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say where the browser tests' screenshots are (tests/support/browser.py)."""
+    from tests.support.browser import ARTIFACTS
+
+    shots = sorted(ARTIFACTS.rglob("*.png")) if ARTIFACTS.is_dir() else []
+    if shots:
+        terminalreporter.write_line(f"approval page screenshots: {ARTIFACTS} ({len(shots)} files)")

@@ -1201,3 +1201,65 @@ def test_render_prints_to_a_console_and_reads_no_markup() -> None:
     assert "[bold]ledger[/bold]" in printed
     assert "DOWNSTREAM_SYSTEM" in printed
     assert "default" in printed
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 21: the approval page's origin and the webhook
+
+
+def approval_env(**overrides: str | None) -> dict[str, str]:
+    base = production_env(EXECUTOR_ESCALATION="APPROVAL")
+    return _apply(base, overrides)
+
+
+def test_the_approval_origin_and_webhook_load() -> None:
+    config = load_config(
+        approval_env(
+            EXECUTOR_APPROVAL_ORIGIN="https://approvals.bank.example:8443/",
+            EXECUTOR_APPROVAL_WEBHOOK_URL="https://hooks.bank.example/services/T0/B0/x",
+            EXECUTOR_APPROVAL_WEBHOOK_CA_FILE="/etc/agentsafe/hooks-ca.pem",
+        )
+    )
+    assert config.executor_approval_origin == "https://approvals.bank.example:8443"
+    assert config.executor_approval_webhook_url == "https://hooks.bank.example/services/T0/B0/x"
+    assert config.executor_approval_webhook_allow_insecure_loopback is False
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("EXECUTOR_APPROVAL_ORIGIN", "http://approvals.bank.example"),
+        ("EXECUTOR_APPROVAL_ORIGIN", "https://approvals.bank.example/approve"),
+        ("EXECUTOR_APPROVAL_ORIGIN", "https://user:secret@approvals.bank.example"),
+        ("EXECUTOR_APPROVAL_ORIGIN", "https://approvals.bank.example?x=1"),
+        ("EXECUTOR_APPROVAL_WEBHOOK_URL", "http://hooks.bank.example/x"),
+        ("EXECUTOR_APPROVAL_WEBHOOK_URL", "not a url"),
+    ],
+)
+def test_the_approval_origin_and_webhook_are_https(variable: str, value: str) -> None:
+    refused(approval_env(**{variable: value}), variable, "secret")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("EXECUTOR_APPROVAL_ORIGIN", "https://approvals.bank.example"),
+        ("EXECUTOR_APPROVAL_WEBHOOK_URL", "https://hooks.bank.example/x"),
+    ],
+)
+def test_approval_settings_need_approvals(variable: str, value: str) -> None:
+    refused(production_env(**{variable: value}), variable)
+
+
+def test_webhook_extras_need_the_webhook_and_loopback_is_refused_in_production() -> None:
+    refused(
+        approval_env(EXECUTOR_APPROVAL_WEBHOOK_CA_FILE="/etc/ca.pem"),
+        "EXECUTOR_APPROVAL_WEBHOOK_CA_FILE",
+    )
+    refused(
+        approval_env(
+            EXECUTOR_APPROVAL_WEBHOOK_URL="https://hooks.bank.example/x",
+            EXECUTOR_APPROVAL_WEBHOOK_ALLOW_INSECURE_LOOPBACK="true",
+        ),
+        "EXECUTOR_APPROVAL_WEBHOOK_ALLOW_INSECURE_LOOPBACK",
+    )

@@ -17,6 +17,9 @@ The result is a :class:`PrincipalSet`, the door's lookup table: bearer tokens by
 in constant time against every bearer principal, workload tokens by (issuer, subject),
 certificates by SAN URI. Reloading is loading again and swapping the set.
 
+An APPROVER may carry ``"approval": {"verification": "WEBAUTHN"}``: its decisions must then be
+made with a passkey assertion (issue 21); its passkeys live in the use store, never in this file.
+
 Callers: ``assembly.py`` (loads the file at start, and binds the loader the control plane runs
 on ``POST /v1/control/secrets/reload``), ``door/door.py``, ``door/workload.py``, the operator
 (renders the same :class:`PrincipalsDocument`).
@@ -37,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..codes import Code
 from ..errors import ConfigError
-from ..principals import Actor, Principal, Role, Scope
+from ..principals import Actor, Principal, Role, Scope, Verification
 from ..windows import RateRule
 
 __all__ = [
@@ -122,6 +125,12 @@ Credential = Annotated[
 ]
 
 
+class ApproverRequirement(_Strict):
+    """An APPROVER's ``approval``: the least verification its decisions must carry."""
+
+    verification: Annotated[Verification, Field(strict=False)] = Verification.CREDENTIAL
+
+
 class PrincipalEntry(_Strict):
     id: Annotated[str, Field(pattern=_ID)]
     role: Annotated[Role, Field(strict=False)]  # the file's text names the member
@@ -131,6 +140,7 @@ class PrincipalEntry(_Strict):
     scopes: Annotated[list[_Text], Field(max_length=MAX_SCOPES)] | None = None
     credential: Credential
     rate_limit: Annotated[str, Field(max_length=64)] | None = None
+    approval: ApproverRequirement | None = None
 
 
 class PrincipalsDocument(_Strict):
@@ -213,6 +223,11 @@ class PrincipalSet:
 
     def knows_issuer(self, issuer: str) -> bool:
         return issuer in self._issuers
+
+    @property
+    def workload_issuers(self) -> frozenset[str]:
+        """Every issuer a WORKLOAD_JWT principal names (the JWKS binds its key sets to them)."""
+        return self._issuers
 
     def by_workload(self, issuer: str, subject: str) -> PrincipalRecord | None:
         return self._workloads.get((issuer, subject))
@@ -383,6 +398,8 @@ def _principal(entry: PrincipalEntry, registered: frozenset[str]) -> Principal:
         else None
     )
     kind = entry.credential.kind
+    if entry.approval is not None and entry.role is not Role.APPROVER:
+        raise refuse("only an APPROVER carries approval")
     if entry.role is Role.PROPOSER:
         if entry.tenant_id is None or actor is None or entry.allowed_actions is None:
             raise refuse("a PROPOSER needs tenant_id, actor and allowed_actions")
@@ -424,7 +441,14 @@ def _principal(entry: PrincipalEntry, registered: frozenset[str]) -> Principal:
         raise refuse("an APPROVER needs an actor naming the person")
     if entry.tenant_id is not None or entry.allowed_actions is not None or entry.scopes:
         raise refuse("an APPROVER carries no tenant_id, allowed_actions or scopes")
-    return Principal(id=pid, role=Role.APPROVER, actor=actor, credential_kind=kind)
+    verification = entry.approval.verification if entry.approval else Verification.CREDENTIAL
+    return Principal(
+        id=pid,
+        role=Role.APPROVER,
+        actor=actor,
+        credential_kind=kind,
+        verification=verification,
+    )
 
 
 def _check_separation(records: list[PrincipalRecord]) -> None:

@@ -33,19 +33,18 @@ from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol
 from urllib.parse import urlencode
 
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from yarl import URL
 
 from ..canonical import canonical_json
 from ..clock import Clock, SystemClock
 from ..codes import Code
 from ..errors import AgentSafeError, ConfigError, HandlerError
-from ..grants import b64url_encode
 from ..headers import HEADER_NAME, is_reserved
 from ..host.secrets import SecretHandle as HeldSecret
+from ..jws import sign_compact
 from .httpsig import (
     SignatureError,
     SignatureParams,
@@ -216,20 +215,8 @@ class PrivateKeyJwtCredential:
             "iat": now,
             "exp": now + ASSERTION_LIFETIME_S,
         }
-        signing_input = (
-            b64url_encode(canonical_json(header)) + "." + b64url_encode(canonical_json(claims))
-        ).encode("ascii")
         key = _load_private_key(self._secret, "DOWNSTREAM_PRIVATE_KEY")
-        if isinstance(key, ec.EllipticCurvePrivateKey):
-            r, s = decode_dss_signature(key.sign(signing_input, ec.ECDSA(hashes.SHA256())))
-            signature = r.to_bytes(32, "big") + s.to_bytes(32, "big")
-        else:
-            signature = key.sign(
-                signing_input,
-                padding.PSS(mgf=padding.MGF1(hashes.SHA256()), salt_length=32),
-                hashes.SHA256(),
-            )
-        return signing_input.decode("ascii") + "." + b64url_encode(signature)
+        return sign_compact(header, canonical_json(claims), key)
 
     def _current(self) -> str | None:
         if self._token is None or self._clock.now() >= self._token_expires_at - REFRESH_MARGIN_S:

@@ -178,6 +178,7 @@ def export_bundle(
             "file": STREAM_FILES[name],
             "lines": len(snapshot.lines),
             "head": _head(snapshot.head) if snapshot.lines else None,
+            "elided": [list(r) for r in snapshot.elided],
         }
     document: dict[str, Any] = {
         "schema": MANIFEST_SCHEMA,
@@ -375,7 +376,11 @@ def verify_bundle(
             continue
         claim = claimed_chains.get(name)
         lines = contents[filename].decode("utf-8", errors="replace").split("\n")
-        report = verify_chain(lines)
+        elided = _elided(claim)
+        if elided is None:
+            problems.append(BundleProblem(MANIFEST, "MANIFEST_CHAINS", "elided is malformed"))
+            elided = ()
+        report = verify_chain(lines, elided=elided)
         chains[name] = report
         bad = report.first_bad
         if bad is not None:
@@ -408,6 +413,24 @@ def verify_bundle(
     if problems:
         return BundleReport(tuple(problems), None, chains)
     return BundleReport((), level, chains)
+
+
+def _elided(claim: Any) -> tuple[tuple[int, int], ...] | None:
+    """The ranges a chain's manifest entry declares left out (``[]`` if it names none)."""
+    raw = claim.get("elided", []) if isinstance(claim, dict) else []
+    if not isinstance(raw, list):
+        return None
+    out: list[tuple[int, int]] = []
+    for entry in raw:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or not all(type(n) is int and n >= 1 for n in entry)
+            or entry[0] > entry[1]
+        ):
+            return None
+        out.append((entry[0], entry[1]))
+    return tuple(out)
 
 
 def _signature_verifies(

@@ -21,6 +21,15 @@ a clean stop, or after a crash beyond any sequence number the dead process could
 with ``gap: true``. A line is never written more than ``checkpoint_lines`` past the persisted
 head, so that bound holds even when a checkpoint fails (the sink then refuses to write).
 
+The window an incident bundle carries (:meth:`ChainedSink.snapshot`) keeps the last
+``window_lines`` lines of two kinds apart: *routine* lines (on the security stream the door's
+refusals, which anyone who reaches the listener can cause; ``assembly.py`` names them from
+``door/refusal_lines.py``) and
+everything else (an operator's ``HALTED``, a ``PRINCIPAL_LOCKED``, a posture drift). A flood of
+refusals pushes out only older refusals, never the lines an incident is read by; the snapshot
+names the sequence ranges it leaves out between its lines (``elided``), and the bundle's
+manifest declares them so the offline walk can tell them from removed lines.
+
 Callers: ``assembly.py`` builds the streams with :func:`open_chained_streams`; ``plane.py``
 closes them on SIGTERM; ``serve.py`` writes operational logs through their writer;
 ``evidence/bundle.py`` (``export_bundle``) reads :meth:`ChainedSink.snapshot`;
@@ -31,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
 import json
 import logging
 import math
@@ -104,10 +114,15 @@ class ChainHead:
 
 @dataclass(frozen=True)
 class ChainSnapshot:
-    """The window of lines (without newlines) and the head they end at, taken atomically."""
+    """The window of lines (without newlines) and the head they end at, taken atomically.
+
+    ``elided`` lists the inclusive ``(first, last)`` sequence ranges between the window's first
+    and last line that it does not hold: routine lines that later routine lines pushed out
+    while older protected lines stayed (see :class:`ChainedSink`)."""
 
     lines: tuple[str, ...]
     head: ChainHead | None
+    elided: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,6 +204,7 @@ class ChainedSink:
         window_lines: int = DEFAULT_WINDOW_LINES,
         redactor: Redactor | None = None,
         on_redaction: Callable[[str, tuple[Leak, ...]], None] | None = None,
+        routine_events: frozenset[str] = frozenset(),
     ) -> None:
         if checkpoint_lines < 1:
             raise ValueError("checkpoint_lines must be at least 1")
@@ -201,7 +217,9 @@ class ChainedSink:
         self.schema = schema
         self._clock = clock
         self._checkpoint_lines = checkpoint_lines
-        self._window: deque[str] = deque(maxlen=window_lines)
+        self._window: deque[tuple[int, str]] = deque(maxlen=window_lines)
+        self._routine: deque[tuple[int, str]] = deque(maxlen=window_lines)
+        self._routine_events = routine_events
         self._redactor = redactor
         self.on_redaction = on_redaction
         self._lock = threading.Lock()
@@ -236,13 +254,19 @@ class ChainedSink:
             return self._head
 
     def lines(self) -> list[str]:
-        """The last ``window_lines`` lines this process wrote, oldest first, without newlines."""
-        with self._lock:
-            return list(self._window)
+        """The window, oldest first, without newlines: the last ``window_lines`` lines this
+        process wrote of each kind (routine, and everything else)."""
+        return list(self.snapshot().lines)
 
     def snapshot(self) -> ChainSnapshot:
         with self._lock:
-            return ChainSnapshot(tuple(self._window), self._head)
+            entries = sorted((*self._window, *self._routine))
+            head = self._head
+        elided: list[tuple[int, int]] = []
+        for (before, _), (after, _) in itertools.pairwise(entries):
+            if after > before + 1:
+                elided.append((before + 1, after - 1))
+        return ChainSnapshot(tuple(text for _, text in entries), head, tuple(elided))
 
     def checkpoint(self) -> None:
         """Persist the head now (not marked clean)."""
@@ -299,7 +323,7 @@ class ChainedSink:
             line["hash"] = sha256_digest(line)
             text = canonical_text(line)
             self._writer.write_line(text)
-            self._window.append(text)
+            (self._routine if event in self._routine_events else self._window).append((seq, text))
             self._head = ChainHead(self.stream, self.schema, seq, line["hash"])
             self._lines_written += 1
             if self._head_path is not None and (
@@ -553,8 +577,12 @@ def open_chained_streams(
     checkpoint_lines: int = DEFAULT_CHECKPOINT_LINES,
     window_lines: int = DEFAULT_WINDOW_LINES,
     redactor: Redactor | None = None,
+    routine_security_events: frozenset[str] = frozenset(),
 ) -> ChainedStreams:
-    """Open (or resume) both streams; the security stream also records evidence's resumption."""
+    """Open (or resume) both streams; the security stream also records evidence's resumption.
+
+    ``routine_security_events`` are the security lines anyone who reaches the listener can
+    cause (the door's refusals): in the window they only ever push out each other."""
     security = ChainedSink(
         security_out,
         stream="security",
@@ -564,6 +592,7 @@ def open_chained_streams(
         checkpoint_lines=checkpoint_lines,
         window_lines=window_lines,
         redactor=redactor,
+        routine_events=routine_security_events,
     )
     try:
         evidence = ChainedSink(

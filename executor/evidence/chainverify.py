@@ -9,7 +9,8 @@ that went missing among them is still found by its ``seq``/``prev_hash``.
 Findings that are tampering (the report is not ``ok``): ALTERED, REMOVED, INSERTED, REORDERED,
 DUPLICATE, TRUNCATED_MIDDLE, MALFORMED. Findings that are not: RESUMPTION_GAP (a restart after a
 crash, announced by a ``CHAIN_RESUMED`` line with ``gap: true``), TRUNCATED_TAIL (a torn last
-line), CHAIN_RESTARTED (a new genesis, as after a restart without a journal directory).
+line), CHAIN_RESTARTED (a new genesis, as after a restart without a journal directory), ELIDED
+(a range the caller declared left out, as a bundle's manifest does for its window).
 
 Callers: ``cli.py`` (``agentsafe verify chain``), ``evidence/bundle.py`` (``verify_bundle``),
 tests.
@@ -31,6 +32,7 @@ __all__ = [
     "ALTERED",
     "CHAIN_RESTARTED",
     "DUPLICATE",
+    "ELIDED",
     "INSERTED",
     "MALFORMED",
     "REMOVED",
@@ -58,6 +60,7 @@ TRUNCATED_MIDDLE = "TRUNCATED_MIDDLE"
 TRUNCATED_TAIL = "TRUNCATED_TAIL"
 MALFORMED = "MALFORMED"
 RESUMPTION_GAP = "RESUMPTION_GAP"
+ELIDED = "ELIDED"
 CHAIN_RESTARTED = "CHAIN_RESTARTED"
 
 TAMPERING_KINDS = frozenset(
@@ -139,6 +142,7 @@ class _Walk:
     items: list[_Item]
     last_line: int
     require_genesis: bool
+    elided: frozenset[tuple[int, int]] = frozenset()
     findings: list[ChainFinding] = field(default_factory=list)
     resumptions: int = 0
 
@@ -146,12 +150,21 @@ class _Walk:
         self.findings.append(ChainFinding(kind, self.schema, seq, item.line, detail))
 
 
-def verify_chain(lines: Iterable[str], *, require_genesis: bool = False) -> ChainReport:
+def verify_chain(
+    lines: Iterable[str],
+    *,
+    require_genesis: bool = False,
+    elided: Iterable[tuple[int, int]] = (),
+) -> ChainReport:
     """Walk every chain in ``lines`` (text lines, with or without trailing newlines).
 
     ``require_genesis`` demands that each schema's first line is a genesis line, so a log that
-    should start at the process's first line cannot silently lose its head.
+    should start at the process's first line cannot silently lose its head. ``elided`` names
+    inclusive ``(first, last)`` sequence ranges the lines are declared to leave out (a bundle's
+    window, whose manifest declares them): a break that is exactly such a range is ELIDED, not
+    REMOVED; any other break is still what it is.
     """
+    declared = frozenset((int(a), int(b)) for a, b in elided)
     items: list[_Item] = []
     foreign: list[int] = []
     last_schema: str | None = None
@@ -181,7 +194,9 @@ def verify_chain(lines: Iterable[str], *, require_genesis: bool = False) -> Chai
     summaries: dict[str, StreamSummary] = {}
     schemas = list(dict.fromkeys(i.schema for i in items if i.schema is not None))
     for schema in schemas:
-        walk = _Walk(schema, [i for i in items if i.schema == schema], last_line, require_genesis)
+        walk = _Walk(
+            schema, [i for i in items if i.schema == schema], last_line, require_genesis, declared
+        )
         _walk(walk)
         findings.extend(walk.findings)
         summaries[schema] = _summarise(walk)
@@ -358,6 +373,8 @@ def _walk(walk: _Walk) -> None:
             if any(i.obj is not None and i.obj["seq"] == missing for i in following):
                 walk.add(REORDERED, missing, item, f"seq {seq} appears before seq {missing}")
                 late_ok.update(range(missing, seq))
+            elif (missing, seq - 1) in walk.elided:
+                walk.add(ELIDED, missing, item, f"seq {missing}..{seq - 1} left out, as declared")
             else:
                 walk.add(
                     REMOVED, missing, item, f"seq {missing}..{seq - 1} missing before seq {seq}"

@@ -18,6 +18,16 @@ checks are the door's and the intent's own (``check_action``, ``check_intent_own
 
 ``Pipeline.reconcile`` is the stateless, read-only ``POST /v1/reconciliations``.
 
+Escalations (``EXECUTOR_ESCALATION=APPROVAL``): an ESCALATE stores a durable approval request
+(the intent, the rule and reason that escalated it, the verification the rule asks) and answers
+with an escalation object carrying ``approval_url``; ``on_approval_requested`` is told (the
+optional webhook, ``egress/webhook.py``). ``resume_escalation`` (``POST /v1/escalations``) makes
+one lookup: pending stays ESCALATE_PENDING; denied, cancelled or expired is a BLOCK whose reason
+codes say which (APPROVAL_DENIED, APPROVAL_CANCELLED, APPROVAL_EXPIRED, with INTENT_EXPIRED once
+the intent itself is past its TTL: an approval never revives it); approved goes back to the
+authority with the decision, its approver and its verification as evidence.
+``cancel_escalation`` (``POST /v1/escalations/cancel``) lets the proposer withdraw its own.
+
 Callers: ``routes/app.py`` (HTTP), ``assembly.py`` (construction), ``plane.py`` (holds it),
 tests.
 """
@@ -48,9 +58,10 @@ from ..intent import (
     intent_from_binding,
 )
 from ..policy.authority import ESCALATION_TYP, RECOVERY_TYP, Authority, Decision, Verdict
-from ..principals import Principal
+from ..principals import Principal, Verification
 from ..state.journal import AttemptJournal
 from ..state.usestore import (
+    ApprovalError,
     ApprovalRecord,
     ApprovalRequest,
     ApprovalState,
@@ -62,7 +73,7 @@ from .attempt import Attempt, Progress, TokenSigner, UnknownAttempts
 from .ceilings import HostCeilings
 from .shadow import RECORDED_STATUSES, ShadowReport
 
-__all__ = ["ActionCatalog", "Pipeline", "Proposal"]
+__all__ = ["APPROVAL_PAGE_PATH", "ActionCatalog", "Pipeline", "Proposal", "approval_url"]
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +125,8 @@ class Pipeline:
         on_forbidden: Callable[[Principal, Code], None] = lambda principal, code: None,
         unknown: UnknownAttempts | None = None,
         settle_margin_s: float = 0.0,
+        approval_origin: str | None = None,
+        on_approval_requested: Callable[[ApprovalRequest, str], None] = lambda request, url: None,
     ) -> None:
         self.mode = mode
         self._authority = authority
@@ -140,6 +153,8 @@ class Pipeline:
         (a full disk): replayed from here, and recorded once the store takes them."""
         self._settle_margin = settle_margin_s
         self._owner = journal.identity if journal is not None else ""
+        self._approval_origin = approval_origin
+        self._on_approval_requested = on_approval_requested
         self._attempt = Attempt(
             authority=authority,
             signer=signer,
@@ -468,18 +483,21 @@ class Pipeline:
             return None
         request_id = str(uuid.uuid4())
         actor = principal.actor.id if principal.actor is not None else principal.id
-        await self._store.approval_create(
-            ApprovalRequest(
-                request_id=request_id,
-                intent=dict(intent.binding),
-                intent_hash=intent.intent_hash,
-                approvers=tuple(decision.approvers),
-                proposer_principal=principal.id,
-                proposer_actor=actor,
-                expires_at=intent.expires_at,
-                created_at=self._clock.now(),
-            )
+        request = ApprovalRequest(
+            request_id=request_id,
+            intent=dict(intent.binding),
+            intent_hash=intent.intent_hash,
+            approvers=tuple(decision.approvers),
+            proposer_principal=principal.id,
+            proposer_actor=actor,
+            expires_at=intent.expires_at,
+            created_at=self._clock.now(),
+            rule=decision.rule,
+            reason_codes=tuple(str(code) for code in decision.reason_codes),
+            verification=decision.verification,
         )
+        await self._store.approval_create(request)
+        url = approval_url(self._approval_origin, request_id)
         token = self._signer.sign_token(
             {
                 "request_id": request_id,
@@ -496,13 +514,16 @@ class Pipeline:
                 "decision_id": decision.decision_id,
                 "request_id": request_id,
                 "approvers": list(decision.approvers),
+                "verification": decision.verification.value,
                 "caller": principal.id,
             },
         )
+        self._on_approval_requested(request, url)
         return {
             "mode": "APPROVAL",
             "intent": dict(intent.binding),
             "request_id": request_id,
+            "approval_url": url,
             "expires_at": intent.expires_at_text,
             "token": token,
         }
@@ -602,31 +623,12 @@ class Pipeline:
         halted = self._halted(principal)
         if halted is not None:
             return halted
-        intent = intent_from_binding(escalation.get("intent"))
-        token = escalation.get("token")
-        request_id = escalation.get("request_id")
-        try:
-            claims = self._signer.verify_token(str(token), typ=ESCALATION_TYP)
-        except AgentSafeError:
-            claims = {}
-        if (
-            not isinstance(token, str)
-            or claims.get("intent_hash") != intent.intent_hash
-            or claims.get("request_id") != request_id
-        ):
-            raise RequestRejected(
-                Code.ESCALATION_BINDING_MISMATCH,
-                "the escalation object does not belong to this intent",
-            )
-        self._check(principal, lambda: check_intent_owner(principal, intent))
-        if self._clock.now() >= intent.expires_at:
-            raise RequestRejected(
-                Code.INTENT_EXPIRED, "the intent has expired; an approval cannot revive it"
-            )
-        record = await self._store.approval_get(str(request_id))
+        intent, request_id = self._bound_escalation(principal, escalation)
+        record = await self._store.approval_get(request_id)
         if record is None:
             raise RequestRejected(Code.APPROVAL_NOT_FOUND, "no such approval request")
         state = record.state_at(self._clock.now())
+        intent_expired = self._clock.now() >= intent.expires_at
         common: dict[str, Any] = {
             "mode": self.mode.value,
             "intent_id": intent.intent_id,
@@ -645,25 +647,88 @@ class Pipeline:
                 escalation=dict(escalation),
             )
             return Answer(200, body)
-        if state is not ApprovalState.APPROVED:
-            reason = (
-                Code.APPROVAL_DENIED if state is ApprovalState.DENIED else Code.APPROVAL_EXPIRED
-            )
+        if state is not ApprovalState.APPROVED or intent_expired:
+            reasons = [_CLOSED_REASONS.get(state, Code.APPROVAL_EXPIRED)]
+            if intent_expired:
+                # An approval cannot revive an expired intent: BLOCK, never 409 (issue 21).
+                reasons = [Code.APPROVAL_EXPIRED, Code.INTENT_EXPIRED]
             self._count_outcome(Outcome.BLOCKED)
             self._streams.evidence.emit(
                 "EXECUTION_BLOCKED",
-                {"intent_id": intent.intent_id, "caller": principal.id, "reason_codes": [reason]},
+                {"intent_id": intent.intent_id, "caller": principal.id, "reason_codes": reasons},
             )
             body = decision_answer(
                 **common,
                 verdict=Verdict.BLOCK.value,
-                reason_codes=[reason],
+                reason_codes=reasons,
                 fail_closed=False,
                 outcome=Outcome.BLOCKED.value,
                 executed=False,
             )
             return Answer(200, body)
         return await self._execute_approved(principal, intent, record, self._handler(intent.action))
+
+    def _bound_escalation(
+        self, principal: Principal, escalation: Mapping[str, Any]
+    ) -> tuple[CapturedIntent, str]:
+        """The intent and request id of an escalation object this executor signed for exactly
+        that intent, presented by the principal that proposed it."""
+        intent = intent_from_binding(escalation.get("intent"))
+        token = escalation.get("token")
+        request_id = escalation.get("request_id")
+        try:
+            claims = self._signer.verify_token(str(token), typ=ESCALATION_TYP)
+        except AgentSafeError:
+            claims = {}
+        if (
+            not isinstance(token, str)
+            or not isinstance(request_id, str)
+            or claims.get("intent_hash") != intent.intent_hash
+            or claims.get("request_id") != request_id
+        ):
+            raise RequestRejected(
+                Code.ESCALATION_BINDING_MISMATCH,
+                "the escalation object does not belong to this intent",
+            )
+        self._check(principal, lambda: check_intent_owner(principal, intent))
+        return intent, request_id
+
+    async def cancel_escalation(
+        self, principal: Principal, escalation: Mapping[str, Any], reason: str
+    ) -> Answer:
+        """``POST /v1/escalations/cancel``: the proposer withdraws its own pending escalation;
+        a later resume is BLOCK APPROVAL_CANCELLED. 409 APPROVAL_NOT_CANCELLABLE once decided,
+        expired or cancelled."""
+        if self.escalation is not EscalationMode.APPROVAL:
+            raise RequestRejected(
+                Code.ESCALATION_NOT_CONFIGURED, "this executor resolves no escalations"
+            )
+        intent, request_id = self._bound_escalation(principal, escalation)
+        try:
+            record = await self._store.approval_cancel(
+                request_id, by=principal.id, reason=reason, now=self._clock.now()
+            )
+        except ApprovalError as exc:
+            raise RequestRejected(exc.code, exc.message) from None
+        self._streams.evidence.emit(
+            "APPROVAL_CANCELLED",
+            {
+                "intent_id": intent.intent_id,
+                "intent_hash": intent.intent_hash,
+                "request_id": record.request.request_id,
+                "by": principal.id,
+            },
+        )
+        return Answer(
+            200,
+            {
+                "request_id": record.request.request_id,
+                "intent_id": intent.intent_id,
+                "intent_hash": intent.intent_hash,
+                "state": ApprovalState.CANCELLED.value,
+                "cancelled_by": principal.id,
+            },
+        )
 
     async def _execute_approved(
         self, principal: Principal, intent: CapturedIntent, record: ApprovalRecord, handler: str
@@ -675,6 +740,7 @@ class Pipeline:
             "approver_actor": None,  # checked against the proposer when it was decided
             "request_id": record.request.request_id,
             "intent_hash": intent.intent_hash,
+            "verification": (record.verification or Verification.CREDENTIAL).value,
         }
 
         async def run(progress: Progress) -> Answer:
@@ -692,6 +758,22 @@ class Pipeline:
             run=run,
         )
 
+
+APPROVAL_PAGE_PATH = "/approve"
+"""The approval page's route prefix (``routes/approval_page.py`` serves it)."""
+
+
+def approval_url(origin: str | None, request_id: str) -> str:
+    """Where a person decides ``request_id``: absolute with ``EXECUTOR_APPROVAL_ORIGIN``, else
+    the path on this listener."""
+    return f"{origin or ''}{APPROVAL_PAGE_PATH}/{request_id}"
+
+
+_CLOSED_REASONS: dict[ApprovalState, Code] = {
+    ApprovalState.DENIED: Code.APPROVAL_DENIED,
+    ApprovalState.CANCELLED: Code.APPROVAL_CANCELLED,
+    ApprovalState.EXPIRED: Code.APPROVAL_EXPIRED,
+}
 
 _FINAL_OUTCOMES = frozenset({*(outcome.value for outcome in Outcome), *RECORDED_STATUSES})
 """Answers recorded for a key and replayed; anything else (a 5xx, a shadow UNAVAILABLE) frees it."""

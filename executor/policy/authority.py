@@ -12,8 +12,9 @@ later); :class:`LocalAuthority` is the built-in one, evaluating the compiled pol
    ``BLOCK POLICY_EVALUATION_ERROR`` -- fail closed);
 4. an ``ESCALATE`` names the rule's approvers. Evaluated again with ``approval=`` evidence, an
    approval by one of those approvers for this exact intent hash becomes ``ALLOW``
-   (``APPROVED_BY_APPROVER``), a denial ``BLOCK APPROVAL_DENIED``, anything else
-   ``BLOCK APPROVAL_BINDING_MISMATCH``;
+   (``APPROVED_BY_APPROVER``), a denial ``BLOCK APPROVAL_DENIED``, an approval whose
+   ``verification`` is below the rule's ``approval.verification``
+   ``BLOCK APPROVAL_VERIFICATION_REQUIRED``, anything else ``BLOCK APPROVAL_BINDING_MISMATCH``;
 5. an ``ALLOW`` carries a grant: a compact EdDSA JWS (``typ: agentsafe-grant+jwt``) bound to the
    intent hash and the digest of the exact parameters, valid at most :data:`GRANT_TTL_SECONDS`
    and never past the intent's expiry. The grant never leaves the process.
@@ -45,7 +46,7 @@ from ..codes import Code
 from ..errors import AgentSafeError
 from ..grants import KeySet, SigningKey, TokenRefused, sign_jws, verify_jws
 from ..intent import UUID4, CapturedIntent
-from ..principals import Principal
+from ..principals import Principal, Verification
 from .attestation import claim_token_digest, issue_claim_attestation
 from .celexpr import Activation, EvaluationError
 from .policy import CompiledAction, CompiledPolicy, CompiledRule, Verdict
@@ -113,6 +114,8 @@ class Decision:
     grant_id: str | None
     grant_expires_at: float | None
     authority_time: float  # the authority's clock when it answered (skew measurement)
+    verification: Verification = Verification.CREDENTIAL
+    """ESCALATE only: the least verification the rule requires of its approvers' decisions."""
 
     def __repr__(self) -> str:  # keep the grant out of logs and tracebacks
         return (
@@ -233,6 +236,7 @@ class LocalAuthority:
             result.reason_codes,
             rule=result.rule,
             approvers=result.approvers,
+            verification=result.verification,
             now=now,
         )
 
@@ -281,6 +285,7 @@ class LocalAuthority:
         now: float,
         rule: str | None = None,
         approvers: tuple[str, ...] = (),
+        verification: Verification = Verification.CREDENTIAL,
     ) -> Decision:
         return Decision(
             verdict=verdict,
@@ -293,6 +298,7 @@ class LocalAuthority:
             grant_id=None,
             grant_expires_at=None,
             authority_time=now,
+            verification=verification,
         )
 
     # -- claim ---------------------------------------------------------------------------------
@@ -438,6 +444,8 @@ class Evaluation:
     approvers: tuple[str, ...]
     stage: Stage
     trials: tuple[RuleTrial, ...] = ()
+    verification: Verification = Verification.CREDENTIAL
+    """ESCALATE only: the least verification the matched rule requires of its approvers."""
 
 
 def evaluate_policy(
@@ -490,7 +498,13 @@ def evaluate_policy(
         return Evaluation(matched.verdict, reasons, matched.name, (), Stage.RULES, tried)
     if approval is None:
         return Evaluation(
-            Verdict.ESCALATE, reasons, matched.name, matched.approvers, Stage.RULES, tried
+            Verdict.ESCALATE,
+            reasons,
+            matched.name,
+            matched.approvers,
+            Stage.RULES,
+            tried,
+            verification=matched.verification,
         )
     verdict, reason = _resolve_approval(intent, principal, matched, approval)
     return Evaluation(verdict, (reason,), matched.name, (), Stage.APPROVAL, tried)
@@ -522,6 +536,12 @@ def _resolve_approval(
         return Verdict.BLOCK, Code.SEPARATION_OF_DUTIES_VIOLATED
     if decision == "DENY":
         return Verdict.BLOCK, Code.APPROVAL_DENIED
+    try:
+        verified = Verification(approval.get("verification", Verification.CREDENTIAL))
+    except ValueError:
+        return Verdict.BLOCK, Code.APPROVAL_BINDING_MISMATCH
+    if not verified.meets(rule.verification):
+        return Verdict.BLOCK, Code.APPROVAL_VERIFICATION_REQUIRED
     return Verdict.ALLOW, Code.APPROVED_BY_APPROVER
 
 

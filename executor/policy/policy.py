@@ -11,7 +11,8 @@ schema and :func:`compile_policy` to refuse an invalid policy before rendering a
         rules:                         # first match wins; no match -> BLOCK POLICY_NO_MATCH
           - {name: small, when: "params.amountMinor <= 5000", verdict: ALLOW}
           - {name: medium, when: "params.amountMinor <= 50000", verdict: ESCALATE,
-             approvers: [treasury-lead]}
+             approvers: [treasury-lead],
+             approval: {verification: WEBAUTHN}}   # optional: how strongly they are verified
           - {name: large, when: "true", verdict: BLOCK, reasonCode: AMOUNT_ABOVE_POLICY}
 
 :func:`load_policy` reads YAML or JSON (duplicate keys refused); :func:`compile_policy` checks
@@ -41,6 +42,7 @@ from ..canonical import DuplicateKeyError, parse_json, sha256_digest
 from ..codes import Code
 from ..errors import CanonicalizationError, PolicyError
 from ..plans.policy import PlanPolicy
+from ..principals import Verification
 from .celexpr import Expression, compile_expression
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "CompiledRule",
     "PolicyDocument",
     "Rule",
+    "RuleApproval",
     "Verdict",
     "build_validator",
     "compile_policy",
@@ -77,6 +80,16 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class RuleApproval(_Model):
+    """What an ESCALATE rule asks of the person who decides it."""
+
+    verification: Verification = Field(
+        default=Verification.CREDENTIAL,
+        description="the least verification of the approver's decision: CREDENTIAL (the "
+        "approver's own credential) or WEBAUTHN (a passkey assertion with user verification)",
+    )
+
+
 class Rule(_Model):
     """One rule of an action: when ``when`` is true, the verdict is ``verdict``."""
 
@@ -93,6 +106,9 @@ class Rule(_Model):
     approvers: tuple[Name, ...] = Field(
         default=(), max_length=50, description="principal ids that may approve (ESCALATE only)"
     )
+    approval: RuleApproval | None = Field(
+        default=None, description="what the approval requires (ESCALATE only)"
+    )
 
     @model_validator(mode="after")
     def _approvers_match_verdict(self) -> Rule:
@@ -102,7 +118,13 @@ class Rule(_Model):
             raise ValueError("only an ESCALATE rule has approvers")
         if len(set(self.approvers)) != len(self.approvers):
             raise ValueError("approvers are listed twice")
+        if self.verdict is not Verdict.ESCALATE and self.approval is not None:
+            raise ValueError("only an ESCALATE rule has approval")
         return self
+
+    @property
+    def verification(self) -> Verification:
+        return self.approval.verification if self.approval else Verification.CREDENTIAL
 
 
 class ActionPolicy(_Model):
@@ -155,6 +177,7 @@ class CompiledRule:
     verdict: Verdict
     reason_code: str | None
     approvers: tuple[str, ...]
+    verification: Verification = Verification.CREDENTIAL
 
 
 @dataclass(frozen=True)
@@ -251,6 +274,7 @@ def compile_policy(
                 verdict=rule.verdict,
                 reason_code=rule.reason_code,
                 approvers=rule.approvers,
+                verification=rule.verification,
             )
             for position, rule in enumerate(action.rules)
         )

@@ -232,7 +232,13 @@ def _internal_error(request: web.Request) -> web.Response:
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """The four headers on every response. A route may bring its own stricter policy (the
+    approval page's nonce-bound one) only if it still starts ``default-src 'none'`` and forbids
+    framing; anything else is replaced by the default."""
+    own = response.headers.get("Content-Security-Policy", "")
     response.headers.update(SECURITY_HEADERS)
+    if own.startswith("default-src 'none';") and "frame-ancestors 'none'" in own:
+        response.headers["Content-Security-Policy"] = own
 
 
 # ---------------------------------------------------------------------- application

@@ -1,9 +1,10 @@
 """The door as aiohttp sees it: credentials read from the request, refusals as HTTP answers.
 
 :class:`HttpDoor` adapts :class:`~agentsafe.executor.door.door.Door` (which knows nothing of HTTP)
-to the routes: it reads the ``Authorization`` header and the peer certificate of the TLS connection.
-Failed attempts that never became a principal share one window, as the specification says, so the
-``source`` is one constant rather than the peer address.
+to the routes: it reads every ``Authorization`` header the request carries (more than one is
+``AUTH_AMBIGUOUS``), the peer certificate of the TLS connection, and the peer address, which keys
+the window for failed attempts (``door.source_key``: an anonymous peer that floods fills its own
+window, never anyone else's; ``docs/door.md``).
 
 Callers: ``assembly.py`` (builds it and hands it to every route, which sees it through the
 application's ``Door`` protocol), ``plane.py``.
@@ -13,13 +14,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..door.door import Door
+from ..door.door import Door, source_key
 from ..host.tlsctx import peer_certificate_der
 from ..principals import Principal, Role, Scope
 
-__all__ = ["UNAUTHENTICATED_SOURCE", "HttpDoor"]
-
-UNAUTHENTICATED_SOURCE = "unauthenticated"
+__all__ = ["HttpDoor"]
 
 
 class HttpDoor:
@@ -30,9 +29,9 @@ class HttpDoor:
         self, request: web.Request, *, role: Role, scope: Scope | None
     ) -> Principal:
         return self.door.authenticate(
-            authorization_header=request.headers.get("Authorization"),
+            authorization_header=request.headers.getall("Authorization", []),
             peer_cert_der=peer_certificate_der(request.transport),
             route_role=role,
             route_scope=scope,
-            source=UNAUTHENTICATED_SOURCE,
+            source=source_key(request.remote),
         )

@@ -1,26 +1,31 @@
 """The route table: every row of the wire contract this executor serves, in one place.
 
 :func:`route_table` gathers the rows of each route module (the agent's own routes, the operator's
-control routes, the approval routes with ``EXECUTOR_ESCALATION=APPROVAL``, the plan routes when
-the policy has a ``plans`` section); :func:`~agentsafe.executor.routes.app.build_app` builds the
-application from them. The README's wire-contract table lists the same rows (method, path, role,
-scope), and ``tests/routes/test_table.py`` keeps the two equal.
+control routes, the approval routes and the approval page with ``EXECUTOR_ESCALATION=APPROVAL``,
+the plan routes when the policy has a ``plans`` section);
+:func:`~agentsafe.executor.routes.app.build_app` builds the application from them. The README's
+wire-contract table lists the same rows (method, path, role, scope), and
+``tests/routes/test_table.py`` keeps the two equal.
 
 Callers: ``plane.py``; tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..clock import Clock
+from ..door.passkeys import Passkeys
 from ..events import Streams
+from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import Pipeline
 from ..plans.service import PlanService
+from ..principals import Principal
 from ..state.usestore import UseStore
 from .app import ReadyState, Route, core_routes
+from .approval_page import page_routes
 from .approvals import approval_routes
 from .control import ControlPlane, control_routes
 from .plans import plan_routes
@@ -35,6 +40,13 @@ class Approvals:
     store: UseStore
     streams: Streams
     clock: Clock
+    passkeys: Passkeys | None = None
+    principal_named: Callable[[str], Principal | None] = lambda principal_id: None
+    cancel_escalation: Callable[[Principal, Mapping[str, Any], str], Awaitable[Answer]] | None = (
+        None
+    )
+    origin: str | None = None
+    """``EXECUTOR_APPROVAL_ORIGIN``: the page's origin, the passkeys' relying party."""
 
 
 def route_table(
@@ -55,6 +67,15 @@ def route_table(
         rows.extend(plan_routes(service=plans, streams=plane.streams))
     if approvals is not None:
         rows.extend(
-            approval_routes(store=approvals.store, streams=approvals.streams, clock=approvals.clock)
+            approval_routes(
+                store=approvals.store,
+                streams=approvals.streams,
+                clock=approvals.clock,
+                passkeys=approvals.passkeys,
+                principal_named=approvals.principal_named,
+                cancel_escalation=approvals.cancel_escalation,
+                origin=approvals.origin,
+            )
         )
+        rows.extend(page_routes())
     return tuple(rows)

@@ -14,7 +14,9 @@ agentsafe_meta      the consumption HMAC key (never leaves the database)
 grant_claims        one row per claimed grant id (primary key: the single-use guarantee)
 idempotency         (tenant, principal, key) -> payload digest, IN_PROGRESS or DONE with answer
 consumptions        generic single-use markers (plan approvals, presented escalations)
-approvals           escalations waiting for a person, decided once
+approvals           escalations waiting for a person, decided once (or cancelled while pending)
+passkeys            the WebAuthn credentials of APPROVER principals (issue 21)
+enrolment_tokens    one-time passkey enrolment tokens, by SHA-256 digest (issue 21)
 ceiling_lock        one row per window, locked ``FOR UPDATE`` by every reservation
 ceiling_window      the reservations inside the host-ceiling window
 attempts            the attempt journal's open-attempt state, with its owner and lease
@@ -81,6 +83,27 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         """ALTER TABLE idempotency ADD COLUMN attempt_id text, ADD COLUMN owner text""",
         """CREATE INDEX idempotency_attempt ON idempotency (attempt_id)""",
         """CREATE INDEX idempotency_owner ON idempotency (owner, state)""",
+    ),
+    (
+        # issue 21: what escalated, the verification asked and given, cancellations; the
+        # approvers' passkeys and their one-time enrolment tokens. Every statement is IF NOT
+        # EXISTS, so this entry composes with other entries in either order.
+        """ALTER TABLE approvals ADD COLUMN IF NOT EXISTS rule text,
+            ADD COLUMN IF NOT EXISTS reason_codes text NOT NULL DEFAULT '[]',
+            ADD COLUMN IF NOT EXISTS required_verification text NOT NULL DEFAULT 'CREDENTIAL',
+            ADD COLUMN IF NOT EXISTS verification text,
+            ADD COLUMN IF NOT EXISTS cancelled_by text,
+            ADD COLUMN IF NOT EXISTS cancel_reason text,
+            ADD COLUMN IF NOT EXISTS cancelled_at double precision""",
+        """CREATE TABLE IF NOT EXISTS passkeys (
+            credential_id text PRIMARY KEY, principal text NOT NULL, public_key bytea NOT NULL,
+            sign_count bigint NOT NULL, transports text NOT NULL,
+            created_at double precision NOT NULL, last_used_at double precision)""",
+        """CREATE INDEX IF NOT EXISTS passkeys_principal ON passkeys (principal)""",
+        """CREATE TABLE IF NOT EXISTS enrolment_tokens (
+            token_digest text PRIMARY KEY, principal text NOT NULL, issued_by text NOT NULL,
+            issued_at double precision NOT NULL, expires_at double precision NOT NULL,
+            used_at double precision)""",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)

@@ -43,6 +43,7 @@ hands its three faces to the authority, the pipeline, the ceilings and the journ
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import secrets
@@ -58,8 +59,11 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from ..canonical import canonical_text
 from ..codes import Code
 from ..errors import AgentSafeError, ConfigError, StoreError
+from ..principals import Verification
 from .journal import CLOSING_STATUSES, RecordType
 from .pgschema import SCHEMA_VERSION, migrate
+from .usestore import _APPROVAL_COLUMNS as _APPROVAL_COLUMNS
+from .usestore import _PASSKEY_COLUMNS as _PASSKEY_COLUMNS
 from .usestore import (
     RETENTION_SECONDS,
     ApprovalError,
@@ -67,16 +71,22 @@ from .usestore import (
     ApprovalRequest,
     ApprovalState,
     ConsumptionRecord,
+    EnrolmentToken,
     IdempotencyKind,
     IdempotencyState,
     OrphanKey,
+    PasskeyRecord,
     _approval_from_row,
     _canonical_or_store_error,
     _digest_or_store_error,
+    _listing,
     _load_object,
+    check_cancellable,
     check_decidable,
+    check_sign_count,
     consumption_token,
     decision_state,
+    passkey_from_row,
     settles,
 )
 
@@ -471,12 +481,14 @@ class PostgresUseStore:
             )
         intent_text = canonical_text(dict(request.intent))
         approvers_text = canonical_text(list(request.approvers))
+        reasons_text = canonical_text(list(request.reason_codes))
 
         async def work(conn: _Conn) -> None:
             cur = await conn.execute(
                 "INSERT INTO approvals (request_id, intent, intent_hash, approvers,"
-                " proposer_principal, proposer_actor, expires_at, created_at, state)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'PENDING')"
+                " proposer_principal, proposer_actor, expires_at, created_at, state,"
+                " rule, reason_codes, required_verification)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'PENDING', %s, %s, %s)"
                 " ON CONFLICT (request_id) DO NOTHING",
                 (
                     request.request_id,
@@ -487,6 +499,9 @@ class PostgresUseStore:
                     request.proposer_actor,
                     request.expires_at,
                     request.created_at,
+                    request.rule,
+                    reasons_text,
+                    request.verification.value,
                 ),
             )
             if cur.rowcount != 1:
@@ -509,13 +524,7 @@ class PostgresUseStore:
         self, *, state: ApprovalState, now: float, approver: str | None = None
     ) -> list[ApprovalRecord]:
         async def work(conn: _Conn) -> list[ApprovalRecord]:
-            args: tuple[object, ...]
-            if state is ApprovalState.PENDING:
-                where, args = "state = 'PENDING' AND expires_at > %s", (now,)
-            elif state is ApprovalState.EXPIRED:
-                where, args = "state = 'PENDING' AND expires_at <= %s", (now,)
-            else:
-                where, args = "state = %s", (state.value,)
+            where, args = _listing(state, now, "%s")
             cur = await conn.execute(
                 f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE {where}"  # noqa: S608
                 " ORDER BY created_at, request_id",
@@ -533,29 +542,145 @@ class PostgresUseStore:
         return records
 
     async def approval_decide(
-        self, request_id: str, *, decision: str, approver: str, reason: str, now: float
+        self,
+        request_id: str,
+        *,
+        decision: str,
+        approver: str,
+        reason: str,
+        now: float,
+        verification: Verification = Verification.CREDENTIAL,
     ) -> ApprovalRecord:
         new_state = decision_state(decision, reason)
 
         async def work(conn: _Conn) -> ApprovalRecord:
+            record = await _locked_approval(conn, request_id)
+            check_decidable(record, approver=approver, now=now)
+            await conn.execute(
+                "UPDATE approvals SET state = %s, approver = %s, reason = %s, decided_at = %s,"
+                " verification = %s WHERE request_id = %s AND state = 'PENDING'",
+                (new_state.value, approver, reason, now, verification.value, request_id),
+            )
+            return dataclasses.replace(
+                record,
+                stored_state=new_state,
+                approver=approver,
+                reason=reason,
+                decided_at=now,
+                verification=verification,
+            )
+
+        return await self._store.transaction(work)
+
+    async def approval_cancel(
+        self, request_id: str, *, by: str, reason: str, now: float
+    ) -> ApprovalRecord:
+        async def work(conn: _Conn) -> ApprovalRecord:
+            record = await _locked_approval(conn, request_id)
+            check_cancellable(record, reason=reason, now=now)
+            await conn.execute(
+                "UPDATE approvals SET cancelled_by = %s, cancel_reason = %s, cancelled_at = %s"
+                " WHERE request_id = %s AND state = 'PENDING' AND cancelled_at IS NULL",
+                (by, reason, now, request_id),
+            )
+            return dataclasses.replace(
+                record, cancelled_by=by, cancel_reason=reason, cancelled_at=now
+            )
+
+        return await self._store.transaction(work)
+
+    # -- passkeys and enrolment tokens (issue 21) ------------------------------------------------
+
+    async def enrolment_issue(self, token: EnrolmentToken) -> None:
+        async def work(conn: _Conn) -> None:
+            await conn.execute(
+                "INSERT INTO enrolment_tokens (token_digest, principal, issued_by, issued_at,"
+                " expires_at) VALUES (%s, %s, %s, %s, %s)",
+                (
+                    token.token_digest,
+                    token.principal,
+                    token.issued_by,
+                    token.issued_at,
+                    token.expires_at,
+                ),
+            )
+
+        await self._store.transaction(work)
+
+    async def enrolment_get(self, token_digest: str, *, now: float) -> EnrolmentToken | None:
+        async def work(conn: _Conn) -> EnrolmentToken | None:
             cur = await conn.execute(
-                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE request_id = %s"  # noqa: S608
+                "SELECT token_digest, principal, issued_by, issued_at, expires_at"
+                " FROM enrolment_tokens"
+                " WHERE token_digest = %s AND used_at IS NULL AND expires_at > %s",
+                (token_digest, now),
+            )
+            row = await cur.fetchone()
+            return None if row is None else EnrolmentToken(*tuple(row))
+
+        return await self._store.transaction(work)
+
+    async def passkey_enrol(self, token_digest: str, passkey: PasskeyRecord, *, now: float) -> None:
+        async def work(conn: _Conn) -> None:
+            used = await conn.execute(
+                "UPDATE enrolment_tokens SET used_at = %s WHERE token_digest = %s"
+                " AND principal = %s AND used_at IS NULL AND expires_at > %s",
+                (now, token_digest, passkey.principal, now),
+            )
+            if used.rowcount != 1:
+                raise StoreError(
+                    "the enrolment token is not usable", code=Code.ENROLMENT_TOKEN_INVALID
+                )
+            inserted = await conn.execute(
+                "INSERT INTO passkeys (credential_id, principal, public_key, sign_count,"
+                " transports, created_at) VALUES (%s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (credential_id) DO NOTHING",
+                (
+                    passkey.credential_id,
+                    passkey.principal,
+                    passkey.public_key,
+                    passkey.sign_count,
+                    canonical_text(list(passkey.transports)),
+                    passkey.created_at,
+                ),
+            )
+            if inserted.rowcount != 1:
+                raise StoreError(
+                    "this passkey is already registered", code=Code.WEBAUTHN_REGISTRATION_INVALID
+                )
+
+        await self._store.transaction(work)
+
+    async def passkey_list(self, principal: str) -> list[PasskeyRecord]:
+        async def work(conn: _Conn) -> list[PasskeyRecord]:
+            cur = await conn.execute(
+                f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE principal = %s"  # noqa: S608
+                " ORDER BY created_at, credential_id",
+                (principal,),
+            )
+            return [passkey_from_row(tuple(row)) for row in await cur.fetchall()]
+
+        return await self._store.transaction(work)
+
+    async def passkey_used(
+        self, principal: str, credential_id: str, *, sign_count: int, now: float
+    ) -> None:
+        async def work(conn: _Conn) -> None:
+            cur = await conn.execute(
+                "SELECT sign_count FROM passkeys WHERE credential_id = %s AND principal = %s"
                 " FOR UPDATE",
-                (request_id,),
+                (credential_id, principal),
             )
             row = await cur.fetchone()
             if row is None:
-                raise ApprovalError("no such approval request", code=Code.APPROVAL_NOT_FOUND)
-            record = _approval_from_row(tuple(row))
-            check_decidable(record, approver=approver, now=now)
+                raise StoreError("no such passkey", code=Code.WEBAUTHN_ASSERTION_INVALID)
+            check_sign_count(int(row[0]), sign_count)
             await conn.execute(
-                "UPDATE approvals SET state = %s, approver = %s, reason = %s, decided_at = %s"
-                " WHERE request_id = %s AND state = 'PENDING'",
-                (new_state.value, approver, reason, now, request_id),
+                "UPDATE passkeys SET sign_count = %s, last_used_at = %s WHERE credential_id = %s",
+                (sign_count, now, credential_id),
             )
-            return ApprovalRecord(record.request, new_state, approver, reason, now)
 
-        return await self._store.transaction(work)
+        await self._store.transaction(work)
 
     async def purge(self, now: float) -> int:
         cutoff = now - RETENTION_SECONDS
@@ -568,6 +693,7 @@ class PostgresUseStore:
                 " AND created_at < %s",
                 "DELETE FROM grant_claims WHERE expires_at < %s",
                 "DELETE FROM approvals WHERE expires_at < %s",
+                "DELETE FROM enrolment_tokens WHERE expires_at < %s",
                 "DELETE FROM attempts WHERE state = 'CLOSED' AND closed_at < %s",
             ):
                 cur = await conn.execute(statement, (cutoff,))
@@ -580,10 +706,16 @@ class PostgresUseStore:
         await self._store.close()
 
 
-_APPROVAL_COLUMNS = (
-    "request_id, intent, intent_hash, approvers, proposer_principal, proposer_actor,"
-    " expires_at, created_at, state, approver, reason, decided_at"
-)
+async def _locked_approval(conn: _Conn, request_id: str) -> ApprovalRecord:
+    cur = await conn.execute(
+        f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE request_id = %s"  # noqa: S608
+        " FOR UPDATE",
+        (request_id,),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise ApprovalError("no such approval request", code=Code.APPROVAL_NOT_FOUND)
+    return _approval_from_row(tuple(row))
 
 
 async def _locked_key(conn: _Conn, tenant: str, principal: str, key: str) -> TupleRow | None:

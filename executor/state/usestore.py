@@ -12,7 +12,12 @@ behind :class:`UseStore`:
 * **consumptions** -- generic single-use markers (a plan approval, a presented escalation), each
   returned as a :class:`ConsumptionRecord` authenticated under a secret that never leaves the
   database;
-* **approval requests** -- escalations waiting for a person (issue 3), decided exactly once.
+* **approval requests** -- escalations waiting for a person (issue 3), decided exactly once, or
+  cancelled by their proposer or an operator while still pending (issue 21);
+* **passkeys** -- the WebAuthn credentials of APPROVER principals (public key, sign counter),
+  and the one-time **enrolment tokens** (stored as SHA-256 digests) an OPERATOR issues so that a
+  person can register one (issue 21). The principals file is read-only configuration; what a
+  person registers lives here, with every replica that shares the store.
 
 :class:`SQLiteUseStore` is the embedded default: one SQLite database in WAL mode with
 ``synchronous=FULL`` under ``EXECUTOR_STATE_DIR``. Every mutation is a ``BEGIN IMMEDIATE``
@@ -40,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -60,6 +66,7 @@ from ..canonical import canonical_text, sha256_digest
 from ..clock import Clock
 from ..codes import Code
 from ..errors import AgentSafeError, StoreError
+from ..principals import Verification
 
 __all__ = [
     "DATABASE_NAME",
@@ -70,9 +77,11 @@ __all__ = [
     "ApprovalRequest",
     "ApprovalState",
     "ConsumptionRecord",
+    "EnrolmentToken",
     "IdempotencyKind",
     "IdempotencyState",
     "OrphanKey",
+    "PasskeyRecord",
     "SQLiteUseStore",
     "UseStore",
 ]
@@ -159,6 +168,7 @@ class ApprovalState(StrEnum):
     APPROVED = "APPROVED"
     DENIED = "DENIED"
     EXPIRED = "EXPIRED"  # never stored: a PENDING request read at or after its expiry
+    CANCELLED = "CANCELLED"  # never stored as a state: a PENDING request with a cancellation
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,9 @@ class ApprovalRequest:
     proposer_actor: str
     expires_at: float
     created_at: float
+    rule: str | None = None  # the policy rule that escalated
+    reason_codes: tuple[str, ...] = ()  # and the reason it gave
+    verification: Verification = Verification.CREDENTIAL  # what the rule requires of a decision
 
 
 @dataclass(frozen=True)
@@ -184,12 +197,43 @@ class ApprovalRecord:
     approver: str | None = None
     reason: str | None = None
     decided_at: float | None = None
+    verification: Verification | None = None  # how strongly the decider was verified
+    cancelled_by: str | None = None
+    cancel_reason: str | None = None
+    cancelled_at: float | None = None
 
     def state_at(self, now: float) -> ApprovalState:
-        """The state a caller should act on: a PENDING request past its expiry is EXPIRED."""
-        if self.stored_state is ApprovalState.PENDING and now >= self.request.expires_at:
-            return ApprovalState.EXPIRED
+        """The state a caller should act on: a cancelled PENDING request is CANCELLED, and one
+        past its expiry is EXPIRED."""
+        if self.stored_state is ApprovalState.PENDING:
+            if self.cancelled_at is not None:
+                return ApprovalState.CANCELLED
+            if now >= self.request.expires_at:
+                return ApprovalState.EXPIRED
         return self.stored_state
+
+
+@dataclass(frozen=True)
+class PasskeyRecord:
+    """One WebAuthn credential of an APPROVER principal (``door/passkeys.py`` verifies with it)."""
+
+    principal: str
+    credential_id: str  # base64url, as the authenticator names it
+    public_key: bytes  # COSE
+    sign_count: int
+    created_at: float
+    transports: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EnrolmentToken:
+    """A one-time enrolment token an OPERATOR issued for an APPROVER (only its digest is kept)."""
+
+    token_digest: str
+    principal: str
+    issued_by: str
+    issued_at: float
+    expires_at: float
 
 
 class ApprovalError(StoreError):
@@ -222,8 +266,28 @@ def check_decidable(record: ApprovalRecord, *, approver: str, now: float) -> Non
         )
     if record.stored_state is not ApprovalState.PENDING:
         raise ApprovalError("the request is already decided", code=Code.APPROVAL_ALREADY_DECIDED)
-    if record.state_at(now) is ApprovalState.EXPIRED:
+    state = record.state_at(now)
+    if state is ApprovalState.CANCELLED:
+        raise ApprovalError("the request was cancelled", code=Code.APPROVAL_CANCELLED)
+    if state is ApprovalState.EXPIRED:
         raise ApprovalError("the request has expired", code=Code.APPROVAL_EXPIRED)
+
+
+def check_cancellable(record: ApprovalRecord, *, reason: str, now: float) -> None:
+    """Refuse a cancellation of a request that is no longer pending (every store)."""
+    if not isinstance(reason, str) or len(reason) > _MAX_REASON:
+        raise ApprovalError("the reason is too long", code=Code.APPROVAL_DECISION_INVALID)
+    if record.state_at(now) is not ApprovalState.PENDING:
+        raise ApprovalError("the request is no longer pending", code=Code.APPROVAL_NOT_CANCELLABLE)
+
+
+def check_sign_count(stored: int, presented: int) -> None:
+    """A passkey's counter must grow unless the authenticator keeps none (both zero): a counter
+    that does not grow is a cloned credential (every store)."""
+    if (stored or presented) and presented <= stored:
+        raise StoreError(
+            "the passkey's signature counter did not grow", code=Code.WEBAUTHN_ASSERTION_INVALID
+        )
 
 
 def settles(recorded: object) -> bool:
@@ -299,8 +363,42 @@ class UseStore(Protocol):
     ) -> list[ApprovalRecord]: ...
 
     async def approval_decide(
-        self, request_id: str, *, decision: str, approver: str, reason: str, now: float
+        self,
+        request_id: str,
+        *,
+        decision: str,
+        approver: str,
+        reason: str,
+        now: float,
+        verification: Verification = Verification.CREDENTIAL,
     ) -> ApprovalRecord: ...
+
+    async def approval_cancel(
+        self, request_id: str, *, by: str, reason: str, now: float
+    ) -> ApprovalRecord:
+        """Cancel a PENDING request (who may is the caller's rule); APPROVAL_NOT_CANCELLABLE
+        once it is decided, expired or cancelled."""
+        ...
+
+    async def enrolment_issue(self, token: EnrolmentToken) -> None: ...
+
+    async def enrolment_get(self, token_digest: str, *, now: float) -> EnrolmentToken | None:
+        """The unexpired, unused enrolment token with this digest, or ``None``."""
+        ...
+
+    async def passkey_enrol(self, token_digest: str, passkey: PasskeyRecord, *, now: float) -> None:
+        """Use the enrolment token (once) and store the passkey for its principal, in one
+        transaction; ENROLMENT_TOKEN_INVALID if the token is unknown, expired, used or issued for
+        another principal."""
+        ...
+
+    async def passkey_list(self, principal: str) -> list[PasskeyRecord]: ...
+
+    async def passkey_used(
+        self, principal: str, credential_id: str, *, sign_count: int, now: float
+    ) -> None:
+        """Record a verified assertion's counter (see :func:`check_sign_count`)."""
+        ...
 
     async def purge(self, now: float) -> int: ...
 
@@ -333,6 +431,40 @@ _SCHEMA = (
         state TEXT NOT NULL CHECK (state IN ('PENDING', 'APPROVED', 'DENIED')),
         approver TEXT, reason TEXT, decided_at REAL)""",
 )
+_APPROVAL_TERMS = (
+    # issue 21: what escalated, the verification asked and given, cancellations. Added to an
+    # existing table where missing (``_ensure_approver_schema``), whatever the schema version.
+    ("rule", "TEXT"),
+    ("reason_codes", "TEXT NOT NULL DEFAULT '[]'"),
+    ("required_verification", "TEXT NOT NULL DEFAULT 'CREDENTIAL'"),
+    ("verification", "TEXT"),
+    ("cancelled_by", "TEXT"),
+    ("cancel_reason", "TEXT"),
+    ("cancelled_at", "REAL"),
+)
+_APPROVER_TABLES = (
+    # issue 21: the approvers' passkeys and their one-time enrolment tokens.
+    """CREATE TABLE IF NOT EXISTS passkeys (
+        credential_id TEXT PRIMARY KEY, principal TEXT NOT NULL, public_key BLOB NOT NULL,
+        sign_count INTEGER NOT NULL, transports TEXT NOT NULL, created_at REAL NOT NULL,
+        last_used_at REAL)""",
+    "CREATE INDEX IF NOT EXISTS passkeys_principal ON passkeys (principal)",
+    """CREATE TABLE IF NOT EXISTS enrolment_tokens (
+        token_digest TEXT PRIMARY KEY, principal TEXT NOT NULL, issued_by TEXT NOT NULL,
+        issued_at REAL NOT NULL, expires_at REAL NOT NULL, used_at REAL)""",
+)
+
+
+def _ensure_approver_schema(conn: sqlite3.Connection) -> None:
+    """Issue 21's columns and tables, added where missing (idempotent, on every open), so they
+    compose with any numbered migration of the store."""
+    present = {str(row[1]) for row in conn.execute("PRAGMA table_info(approvals)")}
+    for column, declaration in _APPROVAL_TERMS:
+        if column not in present:
+            conn.execute(f"ALTER TABLE approvals ADD COLUMN {column} {declaration}")
+    for statement in _APPROVER_TABLES:
+        conn.execute(statement)
+
 
 _DECISIONS = {"APPROVE": ApprovalState.APPROVED, "DENY": ApprovalState.DENIED}
 _MAX_REASON = 1000
@@ -678,12 +810,14 @@ class SQLiteUseStore:
             )
         intent_text = canonical_text(dict(request.intent))
         approvers_text = canonical_text(list(request.approvers))
+        reasons_text = canonical_text(list(request.reason_codes))
 
         def work(conn: sqlite3.Connection) -> None:
             cur = conn.execute(
                 "INSERT INTO approvals (request_id, intent, intent_hash, approvers,"
-                " proposer_principal, proposer_actor, expires_at, created_at, state)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'PENDING')"
+                " proposer_principal, proposer_actor, expires_at, created_at, state,"
+                " rule, reason_codes, required_verification)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?)"
                 " ON CONFLICT (request_id) DO NOTHING",
                 (
                     request.request_id,
@@ -694,6 +828,9 @@ class SQLiteUseStore:
                     request.proposer_actor,
                     request.expires_at,
                     request.created_at,
+                    request.rule,
+                    reasons_text,
+                    request.verification.value,
                 ),
             )
             if cur.rowcount != 1:
@@ -719,12 +856,7 @@ class SQLiteUseStore:
 
         def work(conn: sqlite3.Connection) -> list[ApprovalRecord]:
             args: tuple[object, ...]
-            if state is ApprovalState.PENDING:
-                where, args = "state = 'PENDING' AND expires_at > ?", (now,)
-            elif state is ApprovalState.EXPIRED:
-                where, args = "state = 'PENDING' AND expires_at <= ?", (now,)
-            else:
-                where, args = "state = ?", (state.value,)
+            where, args = _listing(state, now, "?")
             rows = conn.execute(
                 f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE {where}"  # noqa: S608
                 " ORDER BY created_at, request_id",
@@ -742,29 +874,154 @@ class SQLiteUseStore:
         return await self._run(work)
 
     async def approval_decide(
-        self, request_id: str, *, decision: str, approver: str, reason: str, now: float
+        self,
+        request_id: str,
+        *,
+        decision: str,
+        approver: str,
+        reason: str,
+        now: float,
+        verification: Verification = Verification.CREDENTIAL,
     ) -> ApprovalRecord:
         """Record the one decision on a request. The approver must be one the request names and
         never its proposer (separation of duties); exactly one decider wins a race."""
         new_state = decision_state(decision, reason)
 
         def work(conn: sqlite3.Connection) -> ApprovalRecord:
-            row = conn.execute(
-                f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE request_id = ?",  # noqa: S608
-                (request_id,),
-            ).fetchone()
-            if row is None:
-                raise ApprovalError("no such approval request", code=Code.APPROVAL_NOT_FOUND)
-            record = _approval_from_row(row)
+            record = self._approval_row(conn, request_id)
             check_decidable(record, approver=approver, now=now)
             conn.execute(
-                "UPDATE approvals SET state = ?, approver = ?, reason = ?, decided_at = ?"
-                " WHERE request_id = ? AND state = 'PENDING'",
-                (new_state.value, approver, reason, now, request_id),
+                "UPDATE approvals SET state = ?, approver = ?, reason = ?, decided_at = ?,"
+                " verification = ? WHERE request_id = ? AND state = 'PENDING'",
+                (new_state.value, approver, reason, now, verification.value, request_id),
             )
-            return ApprovalRecord(record.request, new_state, approver, reason, now)
+            return dataclasses.replace(
+                record,
+                stored_state=new_state,
+                approver=approver,
+                reason=reason,
+                decided_at=now,
+                verification=verification,
+            )
 
         return await self._write(work)
+
+    @staticmethod
+    def _approval_row(conn: sqlite3.Connection, request_id: str) -> ApprovalRecord:
+        row = conn.execute(
+            f"SELECT {_APPROVAL_COLUMNS} FROM approvals WHERE request_id = ?",  # noqa: S608
+            (request_id,),
+        ).fetchone()
+        if row is None:
+            raise ApprovalError("no such approval request", code=Code.APPROVAL_NOT_FOUND)
+        return _approval_from_row(row)
+
+    async def approval_cancel(
+        self, request_id: str, *, by: str, reason: str, now: float
+    ) -> ApprovalRecord:
+        def work(conn: sqlite3.Connection) -> ApprovalRecord:
+            record = self._approval_row(conn, request_id)
+            check_cancellable(record, reason=reason, now=now)
+            conn.execute(
+                "UPDATE approvals SET cancelled_by = ?, cancel_reason = ?, cancelled_at = ?"
+                " WHERE request_id = ? AND state = 'PENDING' AND cancelled_at IS NULL",
+                (by, reason, now, request_id),
+            )
+            return dataclasses.replace(
+                record, cancelled_by=by, cancel_reason=reason, cancelled_at=now
+            )
+
+        return await self._write(work)
+
+    # -- passkeys and enrolment tokens (issue 21) ------------------------------------------------
+
+    async def enrolment_issue(self, token: EnrolmentToken) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO enrolment_tokens (token_digest, principal, issued_by, issued_at,"
+                " expires_at) VALUES (?, ?, ?, ?, ?)",
+                (
+                    token.token_digest,
+                    token.principal,
+                    token.issued_by,
+                    token.issued_at,
+                    token.expires_at,
+                ),
+            )
+
+        await self._write(work)
+
+    async def enrolment_get(self, token_digest: str, *, now: float) -> EnrolmentToken | None:
+        def work(conn: sqlite3.Connection) -> EnrolmentToken | None:
+            row = conn.execute(
+                "SELECT token_digest, principal, issued_by, issued_at, expires_at"
+                " FROM enrolment_tokens"
+                " WHERE token_digest = ? AND used_at IS NULL AND expires_at > ?",
+                (token_digest, now),
+            ).fetchone()
+            return None if row is None else EnrolmentToken(*row)
+
+        return await self._run(work)
+
+    async def passkey_enrol(self, token_digest: str, passkey: PasskeyRecord, *, now: float) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            used = conn.execute(
+                "UPDATE enrolment_tokens SET used_at = ? WHERE token_digest = ?"
+                " AND principal = ? AND used_at IS NULL AND expires_at > ?",
+                (now, token_digest, passkey.principal, now),
+            ).rowcount
+            if used != 1:
+                raise StoreError(
+                    "the enrolment token is not usable", code=Code.ENROLMENT_TOKEN_INVALID
+                )
+            inserted = conn.execute(
+                "INSERT INTO passkeys (credential_id, principal, public_key, sign_count,"
+                " transports, created_at) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (credential_id) DO NOTHING",
+                (
+                    passkey.credential_id,
+                    passkey.principal,
+                    passkey.public_key,
+                    passkey.sign_count,
+                    canonical_text(list(passkey.transports)),
+                    passkey.created_at,
+                ),
+            ).rowcount
+            if inserted != 1:
+                raise StoreError(
+                    "this passkey is already registered", code=Code.WEBAUTHN_REGISTRATION_INVALID
+                )
+
+        await self._write(work)
+
+    async def passkey_list(self, principal: str) -> list[PasskeyRecord]:
+        def work(conn: sqlite3.Connection) -> list[PasskeyRecord]:
+            rows = conn.execute(
+                f"SELECT {_PASSKEY_COLUMNS} FROM passkeys WHERE principal = ?"  # noqa: S608
+                " ORDER BY created_at, credential_id",
+                (principal,),
+            ).fetchall()
+            return [passkey_from_row(tuple(row)) for row in rows]
+
+        return await self._run(work)
+
+    async def passkey_used(
+        self, principal: str, credential_id: str, *, sign_count: int, now: float
+    ) -> None:
+        def work(conn: sqlite3.Connection) -> None:
+            row = conn.execute(
+                "SELECT sign_count FROM passkeys WHERE credential_id = ? AND principal = ?",
+                (credential_id, principal),
+            ).fetchone()
+            if row is None:
+                raise StoreError("no such passkey", code=Code.WEBAUTHN_ASSERTION_INVALID)
+            check_sign_count(int(row[0]), sign_count)
+            conn.execute(
+                "UPDATE passkeys SET sign_count = ?, last_used_at = ? WHERE credential_id = ?",
+                (sign_count, now, credential_id),
+            )
+
+        await self._write(work)
 
     # -- housekeeping --------------------------------------------------------------------------
 
@@ -791,6 +1048,9 @@ class SQLiteUseStore:
             deleted += conn.execute(
                 "DELETE FROM approvals WHERE expires_at < ?", (cutoff,)
             ).rowcount
+            deleted += conn.execute(
+                "DELETE FROM enrolment_tokens WHERE expires_at < ?", (cutoff,)
+            ).rowcount
             return deleted
 
         return await self._write(work)
@@ -810,8 +1070,34 @@ class SQLiteUseStore:
 
 _APPROVAL_COLUMNS = (
     "request_id, intent, intent_hash, approvers, proposer_principal, proposer_actor,"
-    " expires_at, created_at, state, approver, reason, decided_at"
+    " expires_at, created_at, state, approver, reason, decided_at, rule, reason_codes,"
+    " required_verification, verification, cancelled_by, cancel_reason, cancelled_at"
 )
+_PASSKEY_COLUMNS = "principal, credential_id, public_key, sign_count, created_at, transports"
+
+
+def _listing(state: ApprovalState, now: float, mark: str) -> tuple[str, tuple[object, ...]]:
+    """The WHERE clause (and its arguments) of the requests in ``state`` as of ``now``; ``mark``
+    is the driver's placeholder (every store)."""
+    pending = "state = 'PENDING' AND cancelled_at IS NULL"
+    if state is ApprovalState.PENDING:
+        return f"{pending} AND expires_at > {mark}", (now,)
+    if state is ApprovalState.EXPIRED:
+        return f"{pending} AND expires_at <= {mark}", (now,)
+    if state is ApprovalState.CANCELLED:
+        return "state = 'PENDING' AND cancelled_at IS NOT NULL", ()
+    return f"state = {mark}", (state.value,)
+
+
+def passkey_from_row(row: tuple[Any, ...]) -> PasskeyRecord:
+    return PasskeyRecord(
+        principal=str(row[0]),
+        credential_id=str(row[1]),
+        public_key=bytes(row[2]),
+        sign_count=int(row[3]),
+        created_at=float(row[4]),
+        transports=tuple(str(t) for t in json.loads(row[5])),
+    )
 
 
 @contextlib.contextmanager
@@ -1019,6 +1305,7 @@ def _migrate(conn: sqlite3.Connection) -> bytes:
             for statement in _SCHEMA:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        _ensure_approver_schema(conn)
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('consumption_key', ?)"
             " ON CONFLICT (name) DO NOTHING",
@@ -1043,6 +1330,9 @@ def _approval_from_row(row: tuple[Any, ...]) -> ApprovalRecord:
         proposer_actor=row[5],
         expires_at=float(row[6]),
         created_at=float(row[7]),
+        rule=row[12],
+        reason_codes=tuple(str(code) for code in json.loads(row[13])),
+        verification=Verification(row[14]),
     )
     return ApprovalRecord(
         request=request,
@@ -1050,6 +1340,10 @@ def _approval_from_row(row: tuple[Any, ...]) -> ApprovalRecord:
         approver=row[9],
         reason=row[10],
         decided_at=None if row[11] is None else float(row[11]),
+        verification=None if row[15] is None else Verification(row[15]),
+        cancelled_by=row[16],
+        cancel_reason=row[17],
+        cancelled_at=None if row[18] is None else float(row[18]),
     )
 
 

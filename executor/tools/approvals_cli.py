@@ -1,10 +1,22 @@
-"""``agentsafe approvals list|approve|deny``: the person's command line for escalations.
+"""``agentsafe approvals list|show|approve|deny`` and ``agentsafe approvers enrol|cancel``.
 
-It reads the executor's URL and the approver's credential from flags or the environment
-(``AGENTSAFE_EXECUTOR_URL``, ``AGENTSAFE_APPROVER_TOKEN_FILE`` or ``AGENTSAFE_APPROVER_TOKEN``,
-``AGENTSAFE_CA_FILE``, and for mTLS ``AGENTSAFE_CLIENT_CERT``/``AGENTSAFE_CLIENT_KEY``), shows
-the intent it would release (action, target, parameters, proposer) and asks to confirm before it
-decides anything. ``--yes`` skips the question for scripts.
+``approvals`` is the person's command line for escalations. It reads the executor's URL and the
+approver's credential from flags or the environment (``AGENTSAFE_EXECUTOR_URL``,
+``AGENTSAFE_APPROVER_TOKEN_FILE`` or ``AGENTSAFE_APPROVER_TOKEN``, ``AGENTSAFE_CA_FILE``, and for
+mTLS ``AGENTSAFE_CLIENT_CERT``/``AGENTSAFE_CLIENT_KEY``), shows the exact intent it would release
+and asks to confirm before it decides anything. ``--yes`` skips the question for scripts.
+
+Everything the agent wrote is printed inert (:mod:`~agentsafe.executor.display`): as JSON, with
+every character that would not print as itself escaped, and through ``rich`` with markup and
+highlighting off, so ``[conceal]…[/conceal]`` or an ANSI escape in a target shows literally
+instead of hiding text from the person deciding. A request whose rule or approver requires a
+passkey cannot be decided here (403 APPROVAL_VERIFICATION_REQUIRED): the command prints its
+``approval_url``.
+
+``approvers`` is the OPERATOR's (scope ``approvers``; ``AGENTSAFE_OPERATOR_TOKEN_FILE`` or
+``AGENTSAFE_OPERATOR_TOKEN``): ``enrol PRINCIPAL_ID`` issues a one-time passkey enrolment token
+and prints the enrolment link to hand to that person; ``cancel REQUEST_ID --reason`` cancels a
+pending escalation. ``-o json`` prints the executor's JSON answer.
 
 Callers: ``cli.py``.
 """
@@ -22,8 +34,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-__all__ = ["add_parser"]
+from ..codes import Code
+from ..display import amount_text, inert, inert_json, inert_value
+
+__all__ = ["add_approvers_parser", "add_parser", "render_request"]
 
 
 class CliError(Exception):
@@ -52,10 +68,16 @@ def add_parser(sub: Any) -> None:
     actions = parser.add_subparsers(dest="approvals_command", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="requests you may decide")
     listing.add_argument(
-        "--state", default="PENDING", choices=["PENDING", "APPROVED", "DENIED", "EXPIRED"]
+        "--state",
+        default="PENDING",
+        choices=["PENDING", "APPROVED", "DENIED", "EXPIRED", "CANCELLED"],
     )
     listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
     listing.set_defaults(action=_run_list)
+    show = actions.add_parser("show", help="one request, its exact intent shown inert")
+    show.add_argument("request_id")
+    show.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    show.set_defaults(action=_run_show)
     for verb, decision in (("approve", "APPROVE"), ("deny", "DENY")):
         decide = actions.add_parser(verb, help=f"{verb} one request (shows it first)")
         decide.add_argument("request_id")
@@ -64,15 +86,51 @@ def add_parser(sub: Any) -> None:
         decide.set_defaults(action=_run_decide, decision=decision)
 
 
+def add_approvers_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "approvers",
+        help="as an OPERATOR: passkey enrolment tokens for approvers, cancel escalations",
+        description="Issue a one-time passkey enrolment token for an APPROVER principal (hand "
+        "the printed link to that person; it works once and expires), or cancel a pending "
+        "escalation. Needs an OPERATOR credential with the 'approvers' scope: --token-file or "
+        "AGENTSAFE_OPERATOR_TOKEN_FILE / AGENTSAFE_OPERATOR_TOKEN; the executor from --url or "
+        "AGENTSAFE_EXECUTOR_URL.",
+    )
+    parser.add_argument("--url", default=os.environ.get("AGENTSAFE_EXECUTOR_URL"))
+    parser.add_argument(
+        "--token-file",
+        default=os.environ.get("AGENTSAFE_OPERATOR_TOKEN_FILE"),
+        help="file holding the operator's bearer token",
+    )
+    parser.add_argument("--ca-file", default=os.environ.get("AGENTSAFE_CA_FILE"))
+    parser.add_argument("--cert", default=os.environ.get("AGENTSAFE_CLIENT_CERT"))
+    parser.add_argument("--key", default=os.environ.get("AGENTSAFE_CLIENT_KEY"))
+    parser.set_defaults(run=run, token_variable="AGENTSAFE_OPERATOR_TOKEN")
+    actions = parser.add_subparsers(dest="approvers_command", metavar="ACTION", required=True)
+    enrol = actions.add_parser("enrol", help="a one-time passkey enrolment link for an APPROVER")
+    enrol.add_argument("principal_id", help="the APPROVER principal's id (principals file)")
+    enrol.add_argument(
+        "--ttl-seconds", type=int, default=None, help="lifetime (60..604800; default 900)"
+    )
+    enrol.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    enrol.set_defaults(action=_run_enrol)
+    cancel = actions.add_parser("cancel", help="cancel a pending escalation")
+    cancel.add_argument("request_id")
+    cancel.add_argument("--reason", required=True, help="why; recorded with the cancellation")
+    cancel.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    cancel.set_defaults(action=_run_cancel)
+
+
 def _token(args: argparse.Namespace) -> str:
+    variable = getattr(args, "token_variable", "AGENTSAFE_APPROVER_TOKEN")
     if args.token_file:
         try:
             return Path(args.token_file).read_text(encoding="utf-8").strip()
         except OSError:
             raise CliError(f"cannot read the token file {args.token_file}") from None
-    token = os.environ.get("AGENTSAFE_APPROVER_TOKEN")
+    token = os.environ.get(variable)
     if not token:
-        raise CliError("no credential: pass --token-file or set AGENTSAFE_APPROVER_TOKEN(_FILE)")
+        raise CliError(f"no credential: pass --token-file or set {variable}(_FILE)")
     return token
 
 
@@ -108,19 +166,51 @@ async def _request(
 
 def _refused(status: int, payload: Any) -> CliError:
     error = payload.get("error", {}) if isinstance(payload, dict) else {}
-    return CliError(f"refused ({status} {error.get('code', '?')}): {error.get('message', '')}")
+    return CliError(
+        inert(f"refused ({status} {error.get('code', '?')}): {error.get('message', '')}")
+    )
+
+
+def render_request(item: dict[str, Any]) -> list[Text]:
+    """The lines a person reads before deciding, every agent-written value inert. The labels
+    are the only styled text; values are plain :class:`~rich.text.Text`, never markup."""
+    intent = item.get("intent") or {}
+    parameters = intent.get("parameters")
+    amount = amount_text(parameters) if isinstance(parameters, dict) else None
+    verification = item.get("verification") or {}
+    rows = [
+        ("request", inert(f"{item.get('request_id')} ({item.get('state')})")),
+        ("action", inert_value(intent.get("action"))),
+        ("target", inert_value(intent.get("target"))),
+        ("amount", amount or "(no amountMinor/currency)"),
+        ("parameters", inert_value(parameters)),
+        ("proposer", inert_value(item.get("proposer"))),
+        ("rule", inert_value(item.get("rule"))),
+        ("reason", inert_value(item.get("reason_codes"))),
+        ("intent hash", inert(str(intent.get("intent_hash")))),
+        ("expires", inert(str(item.get("expires_at")))),
+        ("verification", inert(str(verification.get("required", "CREDENTIAL")))),
+        ("decide at", inert(str(item.get("approval_url")))),
+    ]
+    lines = []
+    for label, value in rows:
+        line = Text(f"{label:<13}", style="bold")
+        line.append(value)
+        lines.append(line)
+    raw = intent.get("binding")
+    if isinstance(raw, dict):
+        lines.append(Text("exact intent", style="bold"))
+        lines.append(Text(inert_json(raw)))
+    return lines
+
+
+def _print(console: Console, text: Text | str) -> None:
+    console.print(text, markup=False, highlight=False, emoji=False)
 
 
 def _show(console: Console, item: dict[str, Any]) -> None:
-    intent = item["intent"]
-    console.print(f"[bold]request[/bold]    {item['request_id']}  ({item['state']})")
-    console.print(f"[bold]action[/bold]     {intent['action']}")
-    console.print(f"[bold]target[/bold]     {intent['target']}")
-    console.print("[bold]parameters[/bold] " + json.dumps(intent["parameters"], sort_keys=True))
-    proposer = item["proposer"]
-    console.print(f"[bold]proposer[/bold]   {proposer['principal']} (actor {proposer['actor']})")
-    console.print(f"[bold]intent[/bold]     {intent['intent_hash']}")
-    console.print(f"[bold]expires[/bold]    {item['expires_at']}")
+    for line in render_request(item):
+        _print(console, line)
 
 
 def _run_list(args: argparse.Namespace, console: Console) -> int:
@@ -131,20 +221,63 @@ def _run_list(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         sys.stdout.write(json.dumps(items, indent=2) + "\n")
         return 0
-    table = Table(title=f"{args.state.lower()} approval requests you may decide")
-    for column in ("request", "action", "target", "parameters", "proposer", "expires"):
+    table = Table(title=f"{args.state.lower()} approval requests you may decide", highlight=False)
+    for column in ("request", "action", "target", "amount", "proposer", "expires"):
         table.add_column(column)
     for item in items:
         intent = item["intent"]
+        parameters = intent.get("parameters")
+        amount = amount_text(parameters) if isinstance(parameters, dict) else None
         table.add_row(
-            item["request_id"],
-            str(intent["action"]),
-            str(intent["target"]),
-            json.dumps(intent["parameters"], sort_keys=True),
-            item["proposer"]["principal"],
-            item["expires_at"],
+            Text(inert(str(item["request_id"]))),
+            Text(inert_value(intent.get("action"))),
+            Text(inert_value(intent.get("target"))),
+            Text(amount or inert_value(parameters)),
+            Text(inert_value(item["proposer"]["principal"])),
+            Text(inert(str(item["expires_at"]))),
         )
     console.print(table)
+    return 0
+
+
+def _run_show(args: argparse.Namespace, console: Console) -> int:
+    status, item = asyncio.run(_request(args, "GET", f"/v1/approvals/{args.request_id}"))
+    if status != 200:
+        raise _refused(status, item)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(item, indent=2) + "\n")
+        return 0
+    _show(console, item)
+    return 0
+
+
+def _run_enrol(args: argparse.Namespace, console: Console) -> int:
+    body: dict[str, Any] = {}
+    if args.ttl_seconds is not None:
+        body["ttl_seconds"] = args.ttl_seconds
+    path = f"/v1/control/approvers/{args.principal_id}/enrolment-tokens"
+    status, issued = asyncio.run(_request(args, "POST", path, body))
+    if status != 201:
+        raise _refused(status, issued)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(issued, indent=2) + "\n")
+        return 0
+    until = issued["expires_at"]
+    _print(console, f"enrolment link for {issued['principal']} (works once, until {until}):")
+    _print(console, str(issued["enrolment_url"]))
+    _print(console, "hand it to that person only; they sign in with their own credential.")
+    return 0
+
+
+def _run_cancel(args: argparse.Namespace, console: Console) -> int:
+    path = f"/v1/control/approvals/{args.request_id}/cancel"
+    status, cancelled = asyncio.run(_request(args, "POST", path, {"reason": args.reason}))
+    if status != 200:
+        raise _refused(status, cancelled)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(cancelled, indent=2) + "\n")
+        return 0
+    _print(console, f"{cancelled['request_id']} CANCELLED by {cancelled['cancelled_by']}")
     return 0
 
 
@@ -156,7 +289,7 @@ def _run_decide(args: argparse.Namespace, console: Console) -> int:
     if not args.yes:
         if not sys.stdin.isatty() and not sys.stdin.readable():
             raise CliError("cannot ask to confirm without a terminal: pass --yes")
-        console.print(f"{args.decision} this request? [y/N] ", end="")
+        console.print(f"{args.decision} this request? [y/N] ", end="", markup=False)
         answer = sys.stdin.readline().strip().lower()
         if answer not in ("y", "yes"):
             console.print("nothing decided.")
@@ -170,8 +303,14 @@ def _run_decide(args: argparse.Namespace, console: Console) -> int:
         )
     )
     if status != 200:
+        error = decided.get("error", {}) if isinstance(decided, dict) else {}
+        if error.get("code") == Code.APPROVAL_VERIFICATION_REQUIRED:
+            raise CliError(
+                "this request needs a passkey: decide it on the approval page, "
+                + inert(str(item.get("approval_url")))
+            )
         raise _refused(status, decided)
-    console.print(f"[green]{decided['state']}[/green] by {decided['decided_by']}")
+    _print(console, Text(f"{decided['state']} by {decided['decided_by']}", style="green"))
     return 0
 
 
@@ -181,5 +320,7 @@ def run(args: argparse.Namespace) -> int:
         code: int = args.action(args, console)
         return code
     except CliError as exc:
-        Console(stderr=True).print(f"[red]agentsafe approvals:[/red] {exc}")
+        line = Text("agentsafe: ", style="red")
+        line.append(str(exc))
+        Console(stderr=True).print(line, markup=False, highlight=False)
         return 2

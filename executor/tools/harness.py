@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 __all__ = [
     "DEMO_TENANT",
+    "EXAMPLE_POLICY",
     "ExecutorProcess",
     "ProviderProcess",
     "Workspace",
@@ -39,7 +40,7 @@ __all__ = [
 
 DEMO_TENANT = "00000000-0000-4000-8000-000000000001"
 _CLEAN_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
-_EXAMPLE_POLICY = Path(__file__).resolve().parents[1] / "examples" / "policy.yaml"
+EXAMPLE_POLICY = Path(__file__).resolve().parents[1] / "examples" / "policy.yaml"
 
 
 def free_port() -> int:
@@ -108,7 +109,7 @@ class Workspace:
                 "EXECUTOR_BIND_ADDRESS": "127.0.0.1",
                 "PORT": str(port),
                 "EXECUTOR_ALLOW_PLAINTEXT_LISTENER": "true",
-                "EXECUTOR_POLICY_FILE": str(policy_file or _EXAMPLE_POLICY),
+                "EXECUTOR_POLICY_FILE": str(policy_file or EXAMPLE_POLICY),
                 "EXECUTOR_STATE_DIR": str(self.root / "state"),
                 "EXECUTOR_JOURNAL_DIR": str(self.root / "journal"),
                 "EXECUTOR_EVIDENCE_DIR": str(self.root / "evidence"),

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.door.principals_file import (
     ActorModel,
+    ApproverRequirement,
     BearerCredential,
     MtlsCredential,
     PrincipalEntry,
@@ -105,6 +106,11 @@ def _entry(
         scopes=list(spec.scopes) if spec.scopes is not None else None,
         credential=credential,
         rate_limit=rate,
+        approval=(
+            ApproverRequirement(verification=spec.approval.verification)
+            if spec.approval is not None
+            else None
+        ),
     )
 
 

@@ -113,6 +113,8 @@ def render_environment(inp: RenderInput) -> dict[str, str]:
         "DOWNSTREAM_TIMEOUT_MS": str(down.timeout_ms),
         "DOWNSTREAM_CREDENTIAL_KIND": cred.kind.value,
     }
+    if spec.approval_origin is not None:
+        env["EXECUTOR_APPROVAL_ORIGIN"] = spec.approval_origin
     if spec.tls.client_ca is not None:
         env["EXECUTOR_TLS_CLIENT_CA_FILE"] = f"{CONFIG_DIR}/{_CLIENT_CA}"
     if "@" in inp.image:

@@ -10,13 +10,16 @@ from typing import Any
 import pytest
 
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.codes import Code
 from agentsafe.executor.dispatch.seam import Outcome
 from agentsafe.executor.door.door import (
     Door,
     LegacyCaller,
     check_action,
+    source_key,
 )
 from agentsafe.executor.door.principals_file import PrincipalSet, parse_principals
+from agentsafe.executor.door.refusal_lines import BURST, INTERVAL_SECONDS, REPEATED_EVENT
 from agentsafe.executor.door.workload import JwksSource, WorkloadVerifier
 from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.events import MemorySink
@@ -150,7 +153,7 @@ class World:
         claims.update(overrides)
         return self.signer.sign(claims)
 
-    def auth(self, *, bearer: str | None = None, header: str | None = None,
+    def auth(self, *, bearer: str | None = None, header: str | list[str] | None = None,
              cert: bytes | None = None, role: Role = Role.PROPOSER, scope: str | None = None,
              source: str = "10.0.0.1") -> Principal:  # fmt: skip
         if bearer is not None:
@@ -241,25 +244,46 @@ def test_pinned_certificate_mismatch_counts_to_the_principals_lockout(world: Wor
         {"principal": "auditor", "lock_seconds": 300}
     ]
     assert world.metrics.principals_locked.value() == 1
-    # the real certificate now meets the lock
+    # the real certificate now meets the lock; the lock is no authentication failure
+    spikes = world.refusals
     world.refused(423, "PRINCIPAL_LOCKED", cert=world.audit_cert.der, role=Role.OPERATOR,
                   scope="evidence")  # fmt: skip
-    # a proven identity's failures do not fill the unauthenticated window
-    assert world.windows.unauthenticated.count("10.0.0.1") == 0
+    assert world.refusals == spikes
+    # every failed authentication counts in its source's window (the bound on its spike share)
+    assert world.windows.unauthenticated.count("10.0.0.1") == 3
 
 
-def test_workload_token_failures_and_the_lock(world: World) -> None:
-    world.refused(401, "JWT_AUDIENCE_MISMATCH", bearer=world.token(aud="elsewhere"))
+def forged_with_known_kid(world: World, **claims: Any) -> str:
+    """A token that names the JWKS's key and the treasury subject, signed by another key."""
+    forger = TokenSigner("ES256", kid=world.signer.kid)
+    body = {"iss": ISSUER, "sub": SUBJECT, "aud": AUDIENCE, "iat": int(NOW), "exp": int(NOW) + 60}
+    body.update(claims)
+    return forger.sign(body)
+
+
+def test_a_bad_signature_for_a_known_key_counts_towards_the_lock(world: World) -> None:
+    for n in range(3):
+        world.refused(401, "JWT_SIGNATURE_INVALID", bearer=forged_with_known_kid(world),
+                      source=f"10.0.1.{n}")  # fmt: skip
     assert world.last_method() == "workload"
-    world.refused(401, "JWT_EXPIRED", bearer=world.token(exp=int(NOW) - 3600))
-    assert world.security.named("PRINCIPAL_LOCKED") == []
-    world.refused(401, "JWT_AUDIENCE_MISMATCH", bearer=world.token(aud="elsewhere"))
     assert [e["principal"] for e in world.security.named("PRINCIPAL_LOCKED")] == ["treasury"]
     world.refused(423, "PRINCIPAL_LOCKED", bearer=world.token())
     # other principals are not affected
     assert world.auth(bearer=BATCH_TOKEN).id == "batch-runner"
     world.clock.advance(300)
     assert world.auth(bearer=world.token(iat=int(NOW) + 290)).id == "treasury"
+
+
+def test_a_replayed_token_for_another_audience_never_locks_the_principal(world: World) -> None:
+    """Issue 16 item 17: a stranger holding the principal's token for another audience (or a
+    stale one) replays it; only its own source's window fills, the principal is never locked."""
+    for n in range(10):
+        world.refused(401, "JWT_AUDIENCE_MISMATCH", bearer=world.token(aud="elsewhere"),
+                      source=f"10.0.2.{n}")  # fmt: skip
+        world.refused(401, "JWT_EXPIRED", bearer=world.token(exp=int(NOW) - 3600),
+                      source=f"10.0.3.{n}")  # fmt: skip
+    assert world.security.named("PRINCIPAL_LOCKED") == []
+    assert world.auth(bearer=world.token()).id == "treasury"
 
 
 def test_unproven_workload_failures_never_reveal_a_lock(world: World) -> None:
@@ -274,15 +298,99 @@ def test_unproven_workload_failures_never_reveal_a_lock(world: World) -> None:
     world.refused(401, "JWT_ISSUER_UNKNOWN", bearer=world.token(iss="https://x"), source="10.0.0.9")
 
 
-def test_unauthenticated_window_comes_first(world: World) -> None:
+def test_the_unauthenticated_window_is_per_source_and_never_refuses_a_principal(
+    world: World,
+) -> None:
     for _ in range(5):
         world.refused(401, "AUTH_FAILED", bearer="wrong")
-    error = world.refused(429, "RATE_LIMITED", bearer=BATCH_TOKEN)  # even a good token
+    error = world.refused(429, "RATE_LIMITED", bearer="wrong")
     assert error.headers["Retry-After"] == "60"
-    assert world.auth(bearer=BATCH_TOKEN, source="10.0.0.2").id == "batch-runner"
-    world.clock.advance(60)
+    assert world.refusals == 5, "the window's own 429 is no authentication failure"
+    # a request that proves a principal passes even from the full source
     assert world.auth(bearer=BATCH_TOKEN).id == "batch-runner"
-    assert world.refusals == 6
+    assert world.auth(cert=world.ops_cert.der, role=Role.OPERATOR, scope="halt").id == (
+        "ops-oncall"
+    )
+    # another source has its own window
+    world.refused(401, "AUTH_FAILED", bearer="wrong", source="10.0.0.2")
+    world.clock.advance(60)
+    world.refused(401, "AUTH_FAILED", bearer="wrong")
+    assert world.refusals == 7
+
+
+def test_one_source_adds_at_most_its_window_to_the_spike(world: World) -> None:
+    for _ in range(200):
+        with pytest.raises(RequestRejected):
+            world.auth(bearer="wrong")
+    assert world.refusals == 5  # the window's count (5/60), never the flood's size
+    assert world.metrics.door_refusals.value(method="bearer", code="RATE_LIMITED") == 195
+
+
+def test_duplicate_authorization_headers_are_ambiguous(world: World) -> None:
+    """Issue 16 item 10: two headers are refused, even when the first one is good."""
+    world.refused(401, "AUTH_AMBIGUOUS", header=[f"Bearer {BATCH_TOKEN}", "Bearer other"])
+    world.refused(401, "AUTH_AMBIGUOUS", header=[f"Bearer {BATCH_TOKEN}"] * 2)
+    assert world.auth(header=[f"Bearer {BATCH_TOKEN}"]).id == "batch-runner"
+
+
+def test_a_principals_authorization_refusals_lock_it_and_never_count_to_the_spike(
+    world: World,
+) -> None:
+    """Issue 16 item 2: ROLE_FORBIDDEN / SCOPE_FORBIDDEN / refusals after the door and a
+    principal's own 429s are not authentication attacks: they never feed AUTH_SPIKE; the
+    authorization refusals count towards the principal's lock instead."""
+    world.refused(403, "ROLE_FORBIDDEN", bearer=BATCH_TOKEN, role=Role.OPERATOR, scope="status")
+    batch = world.auth(bearer=BATCH_TOKEN)
+    world.door.record_refusal(batch, Code.ACTION_NOT_PERMITTED_FOR_PRINCIPAL)
+    assert world.security.named("PRINCIPAL_LOCKED") == []
+    world.door.record_refusal(batch, Code.INTENT_PRINCIPAL_MISMATCH)
+    assert [e["principal"] for e in world.security.named("PRINCIPAL_LOCKED")] == ["batch-runner"]
+    world.refused(423, "PRINCIPAL_LOCKED", bearer=BATCH_TOKEN)
+    assert world.refusals == 0
+    assert world.windows.unauthenticated.count("10.0.0.1") == 0
+
+
+def test_a_principals_own_rate_limit_never_counts_to_the_spike(tmp_path: Path) -> None:
+    world = World(tmp_path, batch_rate="1/60")
+    world.auth(bearer=BATCH_TOKEN)
+    for _ in range(100):
+        with pytest.raises(RequestRejected):
+            world.auth(bearer=BATCH_TOKEN)
+    assert world.refusals == 0
+    assert world.security.named("PRINCIPAL_LOCKED") == []
+
+
+def test_repeated_refusals_are_summarised(world: World) -> None:
+    """Issue 16 item 9: a flood writes a bounded number of lines, and says how many it held."""
+    for n in range(300):
+        with pytest.raises(RequestRejected):
+            world.auth(bearer="wrong", source=f"10.9.{n // 200}.{n % 200}")
+    assert len(world.security.named("AUTH_FAILED")) == BURST
+    world.clock.advance(INTERVAL_SECONDS)
+    world.door.flush_lines()
+    assert world.security.named(REPEATED_EVENT) == [
+        {"method": "bearer", "code": "AUTH_FAILED", "count": 300 - BURST,
+         "seconds": int(INTERVAL_SECONDS)},
+    ]  # fmt: skip
+    world.door.flush_lines(everything=True)
+    assert len(world.security.named(REPEATED_EVENT)) == 1
+    assert world.metrics.door_refusals.value(method="bearer", code="AUTH_FAILED") == 300
+
+
+@pytest.mark.parametrize(
+    ("address", "key"),
+    [
+        ("192.0.2.7", "192.0.2.7"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),
+        ("::ffff:192.0.2.7", "192.0.2.7"),
+        ("fe80::1%eth0", "fe80::/64"),
+        (None, "unknown"),
+        ("not-an-address", "unknown"),
+    ],
+)
+def test_source_keys(address: str | None, key: str) -> None:
+    assert source_key(address) == key
 
 
 def test_the_principals_own_rate_limit(tmp_path: Path) -> None:
@@ -306,8 +414,9 @@ def test_role_and_scope(world: World) -> None:
 
 def test_lockout_disabled(tmp_path: Path) -> None:
     world = World(tmp_path, lockout="0/60/300")
-    for _ in range(10):
-        world.refused(401, "JWT_AUDIENCE_MISMATCH", bearer=world.token(aud="elsewhere"))
+    for n in range(10):
+        world.refused(401, "JWT_SIGNATURE_INVALID", bearer=forged_with_known_kid(world),
+                      source=f"10.0.4.{n}")  # fmt: skip
     assert world.auth(bearer=world.token()).id == "treasury"
 
 

@@ -19,7 +19,7 @@ from agentsafe.executor.door.principals_file import (
     render_principals_file,
 )
 from agentsafe.executor.errors import ConfigError
-from agentsafe.executor.principals import Role
+from agentsafe.executor.principals import Role, Verification
 
 TENANT = "00000000-0000-4000-8000-000000000001"
 TOKEN = "batch-runner-token-0123456789"
@@ -297,3 +297,18 @@ def test_render_round_trips() -> None:
     text = render_principals_file(model)
     again = parse(json.loads(text))
     assert [r.id for r in again.records] == [r.id for r in parse(document()).records]
+
+
+def test_an_approver_may_require_a_passkey_and_nobody_else_carries_approval() -> None:
+    doc = document()
+    doc["principals"][3]["approval"] = {"verification": "WEBAUTHN"}
+    alice = parse(doc).get("alice")
+    assert alice is not None
+    assert alice.principal.verification is Verification.WEBAUTHN
+    assert parse(document()).get("alice").principal.verification is Verification.CREDENTIAL  # type: ignore[union-attr]
+    doc["principals"][3]["approval"] = {"verification": "FINGERPRINT"}
+    assert refused(doc).code == "PRINCIPALS_FILE_INVALID"
+    doc = document()
+    doc["principals"][2]["approval"] = {"verification": "WEBAUTHN"}
+    error = refused(doc)
+    assert (error.code, error.principal_id) == ("PRINCIPALS_ROLE_INVALID", "ops-oncall")

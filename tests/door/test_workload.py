@@ -15,6 +15,7 @@ import pytest
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.door.principals_file import PrincipalSet, parse_principals
 from agentsafe.executor.door.workload import (
+    JwkSet,
     JwksSource,
     JwtRefused,
     WorkloadVerifier,
@@ -113,10 +114,13 @@ def test_each_accepted_algorithm_verifies(tmp_path: Path, alg: str) -> None:
 
 
 def test_forged_token_signed_by_another_key(jwks_path: Path) -> None:
-    other = TokenSigner("ES256")  # same kid, different key
+    other = TokenSigner("ES256")  # same kid, different key: it names a key we hold
     error = refused(verifier(jwks_path), other.sign(claims()))
     assert error.code == "JWT_SIGNATURE_INVALID"
-    assert error.principal_id is None
+    assert error.principal_id == "treasury-workflow"  # intent against this executor: a lock
+    stranger = TokenSigner("ES256", kid="not-ours")
+    error = refused(verifier(jwks_path), stranger.sign(claims()))
+    assert (error.code, error.principal_id) == ("JWT_SIGNATURE_INVALID", None)
 
 
 def test_tampered_claims_break_the_signature(jwks_path: Path, signer: TokenSigner) -> None:
@@ -159,7 +163,7 @@ def test_expired_token(jwks_path: Path, signer: TokenSigner) -> None:
     token = signer.sign(claims(iat=int(NOW) - 7200, exp=int(NOW) - 31))
     error = refused(verifier(jwks_path, clock_tolerance_seconds=30), token)
     assert error.code == "JWT_EXPIRED"
-    assert error.principal_id == "treasury-workflow"  # proven identity: counts to its lockout
+    assert error.principal_id is None  # a stale genuine token proves no intent: never a lock
 
 
 def test_clock_tolerance_admits_a_just_expired_token(jwks_path: Path, signer: TokenSigner) -> None:
@@ -188,7 +192,7 @@ def test_required_times(jwks_path: Path, signer: TokenSigner, missing: str) -> N
 def test_wrong_audience(jwks_path: Path, signer: TokenSigner) -> None:
     token = signer.sign(claims(aud="https://kubernetes.default.svc"))
     error = refused(verifier(jwks_path), token)
-    assert (error.code, error.principal_id) == ("JWT_AUDIENCE_MISMATCH", "treasury-workflow")
+    assert (error.code, error.principal_id) == ("JWT_AUDIENCE_MISMATCH", None)  # item 17
     assert refused(verifier(jwks_path), signer.sign(claims(aud=None))).code == (
         "JWT_AUDIENCE_MISMATCH"
     )
@@ -217,7 +221,7 @@ def test_required_claims_nested_and_flat(jwks_path: Path, signer: TokenSigner) -
     v = verifier(jwks_path)
     wrong_ns = claims(**{"kubernetes.io": {"namespace": "default"}})
     error = refused(v, signer.sign(wrong_ns))
-    assert (error.code, error.principal_id) == ("JWT_CLAIM_MISMATCH", "treasury-workflow")
+    assert (error.code, error.principal_id) == ("JWT_CLAIM_MISMATCH", None)
     assert refused(v, signer.sign(claims(**{"kubernetes.io": None}))).code == "JWT_CLAIM_MISMATCH"
     flat = claims(**{"kubernetes.io": None, "kubernetes.io/namespace": "agent-safe-agents"})
     assert v.verify(signer.sign(flat), principals()).id == "treasury-workflow"
@@ -273,11 +277,11 @@ def test_a_broken_jwks_file_keeps_the_last_good_set(tmp_path: Path) -> None:
     security = MemorySink()
     source = JwksSource(path, security=security)
     path.write_text("{ half written")
-    assert source.current()[0].kid == signer.kid
-    assert source.current()[0].kid == signer.kid
+    assert source.current()[0].keys[0].kid == signer.kid
+    assert source.current()[0].keys[0].kid == signer.kid
     assert len(security.named("JWKS_RELOAD_REFUSED")) == 1  # once per file state
     path.unlink()
-    assert len(source.current()) == 1
+    assert len(source.current()[0].keys) == 1
 
 
 def test_an_unusable_jwks_file_at_start_is_a_refusal(tmp_path: Path) -> None:
@@ -311,7 +315,7 @@ def test_weak_and_foreign_keys_are_ignored() -> None:
             }
         ).encode()
     )
-    assert keys == ()
+    assert keys == (JwkSet(None, ()),)
     with pytest.raises(ValueError) as info:
         parse_jwks(b'{"keys": [{"kty": "RSA", "n": "AQAB", "e": "AQAB"}]}')
     assert "AQAB" not in str(info.value)
@@ -343,3 +347,115 @@ async def test_url_refresh_adds_keys_and_keeps_the_last_good_set(tmp_path: Path)
     assert not await source.refresh()
     assert v.verify(url_signer.sign(claims()), principals())
     assert len(security.named("JWKS_REFRESH_FAILED")) == 2
+
+
+# ----------------------------------------------------------------------------- issue 16 item 6
+
+OTHER_ISSUER = "https://oidc.other-cluster.example"
+
+
+def two_issuers() -> PrincipalSet:
+    """Two workload principals of two issuers (two clusters)."""
+    doc = {
+        "version": "agent-safe.principals/1",
+        "principals": [
+            {
+                "id": pid,
+                "role": "PROPOSER",
+                "tenant_id": "00000000-0000-4000-8000-000000000001",
+                "actor": {"id": pid, "type": "AI_AGENT"},
+                "allowed_actions": ["forward_request"],
+                "credential": {"kind": "WORKLOAD_JWT", "issuer": iss, "subject": SUBJECT},
+            }
+            for pid, iss in (("a-agent", ISSUER), ("b-agent", OTHER_ISSUER))
+        ],
+    }
+    return parse_principals(
+        json.dumps(doc), registered_actions=["forward_request"], jwt_configured=True,
+        client_ca_configured=False,
+    )  # fmt: skip
+
+
+def test_a_key_of_issuer_b_never_verifies_a_token_claiming_issuer_a(tmp_path: Path) -> None:
+    a, b = TokenSigner("ES256", kid="a-1"), TokenSigner("ES256", kid="b-1")
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"issuers": [
+        {"issuer": ISSUER, "keys": [a.jwk()]},
+        {"issuer": OTHER_ISSUER, "keys": [b.jwk()]},
+    ]}))  # fmt: skip
+    v = verifier(path)
+    ps = two_issuers()
+    assert v.verify(a.sign(claims()), ps).id == "a-agent"
+    assert v.verify(b.sign(claims(iss=OTHER_ISSUER)), ps).id == "b-agent"
+    # B's key signs a token that claims A's issuer (and A's principal's subject)
+    error = refused(v, b.sign(claims()), ps)
+    assert error.code == "JWT_SIGNATURE_INVALID"
+    assert error.principal_id is None  # B's kid is not a key of A's set
+    assert refused(v, a.sign(claims(iss=OTHER_ISSUER)), ps).code == "JWT_SIGNATURE_INVALID"
+
+
+def test_a_plain_jwks_with_several_issuers_is_refused_and_verifies_nothing(
+    tmp_path: Path, signer: TokenSigner
+) -> None:
+    path = write_jwks(tmp_path / "jwks.json", signer)
+    source = JwksSource(path)
+    source.check_binding([ISSUER])  # one issuer: the plain set is that issuer's
+    with pytest.raises(ConfigError) as info:
+        source.check_binding([ISSUER, OTHER_ISSUER])
+    assert info.value.code == "JWKS_INVALID"
+    v = WorkloadVerifier(source, audience=AUDIENCE, clock=ManualClock(NOW))
+    assert refused(v, signer.sign(claims()), two_issuers()).code == "JWT_SIGNATURE_INVALID"
+    # a plain set may name its issuer itself
+    path.write_text(json.dumps({"issuer": OTHER_ISSUER, "keys": [signer.jwk()]}))
+    source.check_binding([ISSUER, OTHER_ISSUER])
+    assert v.verify(signer.sign(claims(iss=OTHER_ISSUER)), two_issuers()).id == "b-agent"
+    assert refused(v, signer.sign(claims()), two_issuers()).code == "JWT_SIGNATURE_INVALID"
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"keys": [], "issuers": []},
+        {"issuers": []},
+        {"issuers": [{"keys": []}]},
+        {"issuers": [{"issuer": "x", "keys": []}, {"issuer": "x", "keys": []}]},
+        {"issuer": 7, "keys": []},
+    ],
+)
+def test_bound_key_set_documents_are_checked(document: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        parse_jwks(json.dumps(document).encode())
+
+
+@pytest.mark.parametrize("claim", ["exp", "iat", "nbf"])
+@pytest.mark.parametrize("constant", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_times_are_refused(
+    jwks_path: Path, signer: TokenSigner, claim: str, constant: float
+) -> None:
+    """A validly signed token whose exp is NaN or Infinity would never expire: refused."""
+    token = signer.sign(claims(**{claim: constant}))  # json.dumps writes NaN / Infinity
+    assert refused(verifier(jwks_path), token).code == "JWT_MALFORMED"
+
+
+def test_huge_integer_times_are_refused(jwks_path: Path, signer: TokenSigner) -> None:
+    token = signer.sign(claims(exp=10**400))
+    assert refused(verifier(jwks_path), token).code == "JWT_CLAIM_MISMATCH"
+
+
+def test_a_flat_and_a_nested_claim_that_disagree_are_refused(
+    jwks_path: Path, signer: TokenSigner
+) -> None:
+    v = verifier(jwks_path)
+    # the nested claim (how Kubernetes carries it) says "default"; a flat one says what we want
+    lying = claims(**{"kubernetes.io": {"namespace": "default"},
+                      "kubernetes.io/namespace": "agent-safe-agents"})  # fmt: skip
+    assert refused(v, signer.sign(lying)).code == "JWT_CLAIM_MISMATCH"
+    lying_flat = claims(**{"kubernetes.io/namespace": "default"})
+    assert refused(v, signer.sign(lying_flat)).code == "JWT_CLAIM_MISMATCH"
+    agreeing = claims(**{"kubernetes.io/namespace": "agent-safe-agents"})
+    assert v.verify(signer.sign(agreeing), principals()).id == "treasury-workflow"
+
+
+def test_a_crit_header_is_refused(jwks_path: Path, signer: TokenSigner) -> None:
+    token = unsigned_token({"alg": "ES256", "kid": signer.kid, "crit": ["exp"]}, claims(), b"x")
+    assert refused(verifier(jwks_path), token).code == "JWT_MALFORMED"

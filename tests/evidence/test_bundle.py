@@ -17,6 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from agentsafe.executor.canonical import sha256_digest
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.door.refusal_lines import RefusalEvent
 from agentsafe.executor.evidence import bundle as b
 from agentsafe.executor.evidence.chain import ChainedStreams, open_chained_streams
 from agentsafe.executor.evidence.redact import Redactor
@@ -286,3 +287,55 @@ def test_cli_reads_the_key_from_the_environment(
     assert "manifest.json: SIGNATURE" in out
     assert b.main([str(manifest.directory)], {b.PUBLIC_KEY_ENV: "not a key"}) == 2
     assert b.main([], {}) == 2
+
+
+# ----------------------------------------------------------------------------- issue 16 item 9
+
+
+def flooded_streams(clock: ManualClock) -> ChainedStreams:
+    """An operator's halt, then a flood of door refusals ten times the window."""
+    streams = open_chained_streams(
+        evidence_out=io.StringIO(), security_out=io.StringIO(), clock=clock, window_lines=100,
+        routine_security_events=frozenset(RefusalEvent),
+    )  # fmt: skip
+    streams.security.emit("PRINCIPAL_LOCKED", {"principal": "agent", "lock_seconds": 300})
+    streams.security.emit("HALTED", {"cause": "OPERATOR", "reason": "incident 42"})
+    for _ in range(1000):
+        streams.security.emit("AUTH_FAILED", {"method": "bearer", "code": "AUTH_FAILED"})
+    streams.security.emit("RESUMED", {"principal": "ops", "reason": "fixed"})
+    for _ in range(10):
+        streams.security.emit("AUTH_FAILED", {"method": "none", "code": "AUTH_REQUIRED"})
+    return streams
+
+
+def test_a_flood_of_refusals_never_evicts_the_operators_lines(tmp_path: Path) -> None:
+    clock = ManualClock(1_772_445_600.0)
+    manifest = export(tmp_path, clock, streams=flooded_streams(clock))
+    lines = [json.loads(x) for x in (manifest.directory / "security.jsonl").read_text().split("\n")
+             if x]  # fmt: skip
+    events = [line["event"] for line in lines]
+    assert events[:2] == ["PRINCIPAL_LOCKED", "HALTED"]
+    assert "RESUMED" in events
+    assert events.count("AUTH_FAILED") == 100  # the routine window, never more
+    chain = manifest.document["chains"]["security"]
+    assert chain["elided"] == [[3, 912]]
+    assert chain["head"]["seq"] == 1013
+    report = b.verify_bundle(manifest.directory, public_key=None)
+    assert report.ok, report.problems
+    kinds = {f.kind for f in report.chains["security"].findings}
+    assert kinds == {"ELIDED"}
+
+
+def test_an_undeclared_or_a_tampered_elision_is_caught(tmp_path: Path) -> None:
+    clock = ManualClock(1_772_445_600.0)
+    manifest = export(tmp_path, clock, streams=flooded_streams(clock))
+    path = manifest.directory / "manifest.json"
+    document = json.loads(path.read_text())
+    for elided, check in (([], "CHAIN"), ([[3, 911]], "CHAIN"), ("3-912", "MANIFEST_CHAINS")):
+        document["chains"]["security"]["elided"] = elided
+        body = {k: v for k, v in document.items() if k != "manifest_digest"}
+        document["manifest_digest"] = sha256_digest(body)
+        path.write_bytes(b._manifest_bytes(document))
+        report = b.verify_bundle(manifest.directory, public_key=None)
+        assert not report.ok
+        assert check in {p.check for p in report.problems}

@@ -13,6 +13,8 @@ from typing import Any
 from agentsafe.executor.tools.harness import DEMO_TENANT
 
 OPERATOR_ID = "ops-oncall"
+APPROVERS_OPERATOR_ID = "approvals-admin"
+"""An OPERATOR with only the ``approvers`` scope (issue 21): enrolment tokens, cancellations."""
 
 LEGACY_KEYS = (
     "EXECUTOR_TENANT_ID",
@@ -25,9 +27,11 @@ LEGACY_KEYS = (
 
 @dataclass
 class BearerPrincipals:
-    """A proposer, two approvers and an operator, each with a bearer token."""
+    """A proposer, two approvers and an operator, each with a bearer token; with
+    ``approvers_operator``, also :data:`APPROVERS_OPERATOR_ID`."""
 
     tokens: dict[str, str] = field(default_factory=dict)
+    approvers_operator: bool = False
 
     def token(self, principal_id: str) -> str:
         return self.tokens.setdefault(principal_id, secrets.token_urlsafe(24))
@@ -37,9 +41,21 @@ class BearerPrincipals:
             digest = hashlib.sha256(self.token(pid).encode()).hexdigest()
             return {"kind": "BEARER", "token_sha256": digest}
 
+        extra: list[dict[str, Any]] = []
+        if self.approvers_operator:
+            extra.append(
+                {
+                    "id": APPROVERS_OPERATOR_ID,
+                    "role": "OPERATOR",
+                    "actor": {"id": "dave@bank.example", "type": "HUMAN"},
+                    "scopes": ["approvers"],
+                    "credential": bearer(APPROVERS_OPERATOR_ID),
+                }
+            )
         return {
             "version": "agent-safe.principals/1",
             "principals": [
+                *extra,
                 {
                     "id": "treasury-workflow",
                     "role": "PROPOSER",

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import os
+import ssl
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from agentsafe.executor.assembly import assemble
 from agentsafe.executor.clock import Clock, ManualClock
@@ -22,10 +27,13 @@ from agentsafe.executor.tools.harness import (
     ProviderProcess,
     Workspace,
     free_port,
+    wait_until,
 )
 from agentsafe.executor.tools.synthetic import SyntheticProvider
+from tests.support.approval_policy import approval_policy
+from tests.support.pki import TestCA
 
-from .bearer_principals import BearerPrincipals, principals_env
+from .bearer_principals import APPROVERS_OPERATOR_ID, BearerPrincipals, principals_env
 
 PROPOSER, APPROVER, OTHER_APPROVER, OPERATOR = (
     "treasury-workflow",
@@ -33,6 +41,7 @@ PROPOSER, APPROVER, OTHER_APPROVER, OPERATOR = (
     "risk-officer",
     "ops-oncall",
 )
+APPROVERS_OPERATOR = APPROVERS_OPERATOR_ID
 
 
 @dataclass
@@ -42,6 +51,7 @@ class Node:
     session: aiohttp.ClientSession
     principals: BearerPrincipals
     evidence: MemorySink
+    security: MemorySink
 
     async def call(
         self, method: str, path: str, who: str, body: Any = None
@@ -73,18 +83,26 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Start, SyntheticProvider]]
     await provider.start()
     started: list[Node] = []
 
-    async def start(clock: Clock | None = None) -> Node:
-        principals = BearerPrincipals()
+    async def start(
+        clock: Clock | None = None,
+        verification: str | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> Node:
+        principals = BearerPrincipals(approvers_operator=True)
         workspace = Workspace(tmp_path / f"ws{len(started)}")
-        env = workspace.environment(provider_url=provider.base_url, port=free_port())
+        policy = approval_policy(tmp_path / f"policy{len(started)}.yaml", verification)
+        env = workspace.environment(
+            provider_url=provider.base_url, port=free_port(), policy_file=policy
+        )
         env = principals_env(
             env,
             principals.write(tmp_path / f"principals{len(started)}.json"),
             EXECUTOR_ESCALATION="APPROVAL",
+            **(extra or {}),
         )
-        evidence = MemorySink()
+        evidence, security = MemorySink(), MemorySink()
         executor = await assemble(
-            env, streams=Streams(evidence=evidence, security=MemorySink()), clock=clock
+            env, streams=Streams(evidence=evidence, security=security), clock=clock
         )
         await executor.reconcile_at_start()
         await executor.listen()
@@ -94,6 +112,7 @@ async def node(tmp_path: Path) -> AsyncIterator[tuple[Start, SyntheticProvider]]
             aiohttp.ClientSession(),
             principals,
             evidence,
+            security,
         )
         started.append(n)
         return n
@@ -238,8 +257,137 @@ async def test_an_approval_cannot_revive_an_expired_intent(
     )
     clock.advance(61)
     status, body = await n.call("POST", "/v1/escalations", PROPOSER, {"escalation": escalation})
-    assert status == 409
-    assert body["error"]["code"] == "INTENT_EXPIRED"
+    # Issue 21: expiry is a BLOCK whose reason codes say so, never a 409.
+    assert status == 200
+    assert body["verdict"] == "BLOCK"
+    assert body["outcome"] == "BLOCKED"
+    assert body["executed"] is False
+    assert body["reason_codes"] == ["APPROVAL_EXPIRED", "INTENT_EXPIRED"]
+    assert provider.received == []
+
+
+async def test_an_undecided_escalation_expires_as_a_block(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, provider = node
+    clock = ManualClock(start=1_800_000_000.0)
+    n = await start(clock=clock)
+    _, held = await n.propose(20000, "esc-undecided")
+    clock.advance(61)
+    status, body = await n.call(
+        "POST", "/v1/escalations", PROPOSER, {"escalation": held["escalation"]}
+    )
+    assert (status, body["verdict"]) == (200, "BLOCK")
+    assert "APPROVAL_EXPIRED" in body["reason_codes"]
+    status, late = await n.call(
+        "POST",
+        f"/v1/approvals/{held['escalation']['request_id']}",
+        APPROVER,
+        {"decision": "APPROVE", "reason": "too late"},
+    )
+    assert (status, late["error"]["code"]) == (409, "APPROVAL_EXPIRED")
+    assert provider.received == []
+
+
+async def test_the_escalation_carries_its_approval_url_rule_and_reason(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, _ = node
+    n = await start()
+    _, held = await n.propose(20000, "esc-url")
+    escalation = held["escalation"]
+    assert escalation["approval_url"] == f"/approve/{escalation['request_id']}"
+    status, item = await n.call("GET", f"/v1/approvals/{escalation['request_id']}", APPROVER)
+    assert status == 200
+    assert item["rule"] == "medium"
+    assert item["reason_codes"] == held["reason_codes"]
+    assert item["verification"] == {
+        "rule": "CREDENTIAL",
+        "required": "CREDENTIAL",
+        "decided_with": None,
+    }
+    assert item["display"]["amount"] == "200.00 EUR"
+    assert item["display"]["target"] == '"payout:beneficiary-9"'
+    assert item["intent"]["intent_hash"] == held["intent_hash"]
+
+
+async def test_the_proposer_or_an_operator_cancels_a_pending_escalation(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, provider = node
+    n = await start()
+    _, first = await n.propose(20000, "esc-cancel-1")
+    _, second = await n.propose(21000, "esc-cancel-2")
+    status, cancelled = await n.call(
+        "POST",
+        "/v1/escalations/cancel",
+        PROPOSER,
+        {"escalation": first["escalation"], "reason": "the invoice was withdrawn"},
+    )
+    assert status == 200
+    assert cancelled["state"] == "CANCELLED"
+    status, again = await n.call(
+        "POST",
+        "/v1/escalations/cancel",
+        PROPOSER,
+        {"escalation": first["escalation"], "reason": "twice"},
+    )
+    assert (status, again["error"]["code"]) == (409, "APPROVAL_NOT_CANCELLABLE")
+    rid = second["escalation"]["request_id"]
+    # An operator without the approvers scope may not; one with it may.
+    status, refused = await n.call(
+        "POST", f"/v1/control/approvals/{rid}/cancel", OPERATOR, {"reason": "incident 42"}
+    )
+    assert (status, refused["error"]["code"]) == (403, "SCOPE_FORBIDDEN")
+    status, by_operator = await n.call(
+        "POST", f"/v1/control/approvals/{rid}/cancel", APPROVERS_OPERATOR, {"reason": "incident"}
+    )
+    assert status == 200
+    assert (by_operator["state"], by_operator["cancelled_by"]) == ("CANCELLED", APPROVERS_OPERATOR)
+    for held in (first, second):
+        status, decided = await n.call(
+            "POST",
+            f"/v1/approvals/{held['escalation']['request_id']}",
+            APPROVER,
+            {"decision": "APPROVE", "reason": "late"},
+        )
+        assert (status, decided["error"]["code"]) == (409, "APPROVAL_CANCELLED")
+        status, answer = await n.call(
+            "POST", "/v1/escalations", PROPOSER, {"escalation": held["escalation"]}
+        )
+        assert (status, answer["verdict"], answer["reason_codes"]) == (
+            200,
+            "BLOCK",
+            ["APPROVAL_CANCELLED"],
+        )
+    status, listing = await n.call("GET", "/v1/approvals?state=CANCELLED", APPROVER)
+    assert len(listing["approvals"]) == 2
+    assert provider.received == []
+
+
+async def test_a_rule_requiring_webauthn_refuses_a_decision_with_a_bearer_alone(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, provider = node
+    n = await start(verification="WEBAUTHN")
+    _, held = await n.propose(20000, "esc-webauthn")
+    rid = held["escalation"]["request_id"]
+    status, item = await n.call("GET", f"/v1/approvals/{rid}", APPROVER)
+    assert item["verification"]["required"] == "WEBAUTHN"
+    for decision in ("APPROVE", "DENY"):
+        status, refused = await n.call(
+            "POST", f"/v1/approvals/{rid}", APPROVER, {"decision": decision, "reason": "cli"}
+        )
+        assert (status, refused["error"]["code"]) == (403, "APPROVAL_VERIFICATION_REQUIRED")
+    # Without EXECUTOR_APPROVAL_ORIGIN there is no relying party: passkeys are off.
+    status, challenge = await n.call(
+        "POST", f"/v1/approvals/{rid}/challenge", APPROVER, {"decision": "APPROVE"}
+    )
+    assert (status, challenge["error"]["code"]) == (409, "WEBAUTHN_NOT_CONFIGURED")
+    status, still = await n.call(
+        "POST", "/v1/escalations", PROPOSER, {"escalation": held["escalation"]}
+    )
+    assert still["outcome"] == "ESCALATE_PENDING"
     assert provider.received == []
 
 
@@ -354,3 +502,202 @@ async def test_the_approvals_command_line(
     code, _, err = await run("deny", request_id, "--reason", "again", "--yes")
     assert code == 2
     assert "APPROVAL_ALREADY_DECIDED" in err
+
+
+async def run_cli(n: Node, who: str, *argv: str) -> tuple[int, str, str]:
+    """``agentsafe`` as a person runs it, in its own process, against this executor."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "AGENTSAFE_EXECUTOR_URL": n.url,
+        "AGENTSAFE_APPROVER_TOKEN": n.principals.token(who),
+        "AGENTSAFE_OPERATOR_TOKEN": n.principals.token(who),
+        "COLUMNS": "200",
+        "TERM": "xterm-256color",
+        "FORCE_COLOR": "1",  # rich writes styles: agent text must still not carry its own
+    }
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).with_name("agentsafe")),
+        *argv,
+        env=env,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+HOSTILE_TARGET = (
+    "payout:ok [conceal]+9,000,000 to mallory[/conceal] \x1b[8mhidden\x1b[0m \u202eevil"
+)
+
+
+async def test_the_cli_shows_agent_text_inert_never_as_markup(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, provider = node
+    # A held clock: four CLI processes on a loaded machine must not outlive the 60 s intent.
+    n = await start(clock=ManualClock(start=time.time()), verification="WEBAUTHN")
+    body = {
+        "proposal": {
+            "action": "create_payout",
+            "target": HOSTILE_TARGET,
+            "parameters": {"amountMinor": 20000, "currency": "EUR"},
+        },
+        "idempotency_key": "cli-hostile",
+    }
+    _, held = await n.call("POST", "/v1/actions", PROPOSER, body)
+    rid = held["escalation"]["request_id"]
+
+    code, out, err = await run_cli(n, APPROVER, "approvals", "show", rid)
+    assert code == 0, err
+    assert "[conceal]+9,000,000 to mallory[/conceal]" in out
+    assert "\\u001b[8mhidden\\u001b[0m" in out
+    assert "\x1b[8m" not in out
+    assert "\\u202eevil" in out
+    assert "\u202e" not in out
+    assert "200.00 EUR" in out
+    assert "medium" in out
+    assert held["intent_hash"] in out
+    code, out, _ = await run_cli(n, APPROVER, "approvals", "list")
+    assert code == 0
+    assert "[conceal]" in out
+    assert "\x1b[8m" not in out
+
+    # A rule that requires a passkey cannot be decided from a terminal; it says where to go.
+    code, _, err = await run_cli(n, APPROVER, "approvals", "approve", rid, "--reason", "x", "--yes")
+    assert code == 2
+    assert f"/approve/{rid}" in err
+    assert "passkey" in err
+
+    code, out, err = await run_cli(
+        n, APPROVERS_OPERATOR, "approvers", "cancel", rid, "--reason", "cli", "-o", "json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["state"] == "CANCELLED"
+    assert provider.received == []
+
+
+def settled(read: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+    """``read`` as the coroutine ``wait_until`` polls."""
+
+    async def poll() -> Any:
+        return read()
+
+    return poll
+
+
+class WebhookReceiver:
+    """A real HTTPS receiver on loopback (a test CA's certificate) that records every POST."""
+
+    def __init__(self, tmp_path: Path, *, status: int = 200) -> None:
+        self.ca = TestCA("webhook receiver CA")
+        self.ca_file = self.ca.write(tmp_path, "webhook-ca")
+        self.status = status
+        self.received: list[tuple[str, dict[str, str], Any]] = []
+        self._tmp = tmp_path
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        async def hook(request: web.Request) -> web.Response:
+            self.received.append((request.path, dict(request.headers), await request.json()))
+            return web.Response(status=self.status, text="ok")
+
+        app = web.Application()
+        app.router.add_post("/hooks/approvals", hook)
+        cert, key = self.ca.issue_server().write(self._tmp, "webhook")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=context)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def env(self) -> dict[str, str]:
+        return {
+            "EXECUTOR_APPROVAL_WEBHOOK_URL": f"https://localhost:{self.port}/hooks/approvals",
+            "EXECUTOR_APPROVAL_WEBHOOK_CA_FILE": str(self.ca_file),
+            "EXECUTOR_APPROVAL_WEBHOOK_ALLOW_INSECURE_LOOPBACK": "true",
+        }
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def test_a_pending_escalation_is_posted_to_the_webhook_slack_compatible(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    start, _ = node
+    receiver = WebhookReceiver(tmp_path)
+    await receiver.start()
+    try:
+        n = await start(extra=receiver.env())
+        body = {
+            "proposal": {
+                "action": "create_payout",
+                "target": "payout:<https://evil.example|click> <!channel> & co",
+                "parameters": {"amountMinor": 20000, "currency": "EUR"},
+            },
+            "idempotency_key": "esc-webhook",
+        }
+        status, held = await n.call("POST", "/v1/actions", PROPOSER, body)
+        assert (status, held["outcome"]) == (200, "ESCALATE_PENDING")
+        await wait_until(settled(lambda: receiver.received), timeout=15, what="the webhook")
+        [(path, headers, message)] = receiver.received
+        assert path == "/hooks/approvals"
+        assert headers["Content-Type"] == "application/json"
+        assert set(message) == {"text", "blocks"}
+        assert message["blocks"][0]["type"] == "section"
+        assert message["blocks"][0]["text"]["type"] == "mrkdwn"
+        shown = message["blocks"][0]["text"]["text"]
+        request_id = held["escalation"]["request_id"]
+        assert f"/approve/{request_id}" in shown
+        assert request_id in message["text"]
+        assert "200.00 EUR" in shown
+        assert held["intent_hash"] in shown
+        assert "*Rule*: medium" in shown
+        # The agent's text can make neither a link nor a mention.
+        assert "&lt;https://evil.example|click&gt; &lt;!channel&gt; &amp; co" in shown
+        assert "<https://evil" not in shown
+        assert "<!channel>" not in shown
+        assert "amountMinor" not in json.dumps(message)
+        await wait_until(
+            settled(lambda: any(e == "APPROVAL_NOTIFIED" for e, _ in n.evidence.events)),
+            timeout=5,
+            what="APPROVAL_NOTIFIED",
+        )
+    finally:
+        await receiver.stop()
+
+
+async def test_a_webhook_that_refuses_is_reported_and_the_request_stays_pending(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    start, _ = node
+    receiver = WebhookReceiver(tmp_path, status=500)
+    await receiver.start()
+    try:
+        n = await start(extra=receiver.env())
+        _, held = await n.propose(20000, "esc-webhook-500")
+        failed = await wait_until(
+            settled(lambda: [f for e, f in n.security.events if e == "APPROVAL_NOTIFY_FAILED"]),
+            timeout=15,
+            what="APPROVAL_NOTIFY_FAILED",
+        )
+        assert failed == [
+            {
+                "request_id": held["escalation"]["request_id"],
+                "code": "APPROVAL_NOTIFY_FAILED",
+                "status": 500,
+            }
+        ]
+        status, item = await n.call(
+            "GET", f"/v1/approvals/{held['escalation']['request_id']}", APPROVER
+        )
+        assert (status, item["state"]) == (200, "PENDING")
+    finally:
+        await receiver.stop()

@@ -222,11 +222,22 @@ async def test_a_rotated_jwks_file_is_read_again(start: Starter) -> None:
 
 async def test_a_proven_principal_is_locked_after_repeated_failures(start: Starter) -> None:
     estate = await start(extra={"EXECUTOR_AUTH_LOCKOUT": "2/60/300"})
-    for attempt in range(2):
+    # A genuine token for another audience proves no intent against this executor (anyone it
+    # was ever shown to could replay it): it never counts towards the lock (issue 16 item 17).
+    for attempt in range(3):
         mark = estate.mark()
         reply = await estate.client.propose(estate.jwks.token(aud=["nope"]), key=f"a{attempt}")
         assert_door_refusal(
             estate, mark, reply, status=401, code="JWT_AUDIENCE_MISMATCH", method="workload"
+        )
+    assert estate.security.named("PRINCIPAL_LOCKED") == []
+    # A token naming the executor's key whose signature does not verify does.
+    forger = TokenSigner("ES256", kid=estate.jwks.signer.kid)
+    for attempt in range(2):
+        mark = estate.mark()
+        reply = await estate.client.propose(forger.sign(estate.jwks.claims()), key=f"f{attempt}")
+        assert_door_refusal(
+            estate, mark, reply, status=401, code="JWT_SIGNATURE_INVALID", method="workload"
         )
     assert estate.security.named("PRINCIPAL_LOCKED") == [
         {"principal": "workload-agent", "lock_seconds": 300}

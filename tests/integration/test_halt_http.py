@@ -220,7 +220,12 @@ async def test_a_spike_of_door_refusals_halts_by_itself(start: Starter) -> None:
         await estate.client.propose(f"guess-{n}", key="k")
     assert estate.executor.halt.halted is False
     assert (await estate.client.propose(estate.cast.agent.token, key="ok")).status == 200
-    await estate.client.get("/v1/control/status", token=estate.cast.agent.token)  # 403 counts
+    # a proven principal's own refusal is no authentication failure (issue 16 item 2)
+    assert (
+        await estate.client.get("/v1/control/status", token=estate.cast.agent.token)
+    ).status == (403)
+    assert estate.executor.halt.halted is False
+    await estate.client.propose("guess-2", key="k")
     assert estate.security.named("HALTED") == [
         {"cause": "AUTH_SPIKE", "reason": "door refusals crossed the threshold", "by": None}
     ]

@@ -209,3 +209,17 @@ def test_the_cloudnativepg_example_is_a_valid_replicated_policy() -> None:
     assert spec.store is not None
     assert _passes("AgentPolicy", "spec", spec.wire())
     assert _passes("AgentPolicy", "spec.store", spec.store.wire())
+
+
+def test_only_an_approver_carries_approval_and_the_origin_needs_approvals() -> None:
+    approver = {"role": "APPROVER", "actor": {"id": "a", "type": "HUMAN"}, "bearer": {}}
+    assert _passes("Principal", "spec", {**approver, "approval": {"verification": "WEBAUTHN"}})
+    operator = {"role": "OPERATOR", "scopes": ["approvers"], "bearer": {}}
+    assert not _passes("Principal", "spec", {**operator, "approval": {}})
+    origin = {"approvalOrigin": "https://approvals.bank.example"}
+    assert _passes(
+        "AgentPolicy", "spec", {"mode": "ENFORCEMENT", "escalation": "APPROVAL", **origin}
+    )
+    assert not _passes(
+        "AgentPolicy", "spec", {"mode": "ENFORCEMENT", "escalation": "NONE", **origin}
+    )

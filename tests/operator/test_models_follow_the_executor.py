@@ -82,7 +82,7 @@ def test_a_halt_reason_fits_the_executors_control_route() -> None:
 
 
 def test_an_unknown_scope_is_refused_naming_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="must be one of evidence, halt"):
+    with pytest.raises(ValueError, match="must be one of approvers, evidence, halt"):
         PrincipalSpec.model_validate(
             {
                 "role": "OPERATOR",

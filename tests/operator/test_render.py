@@ -430,3 +430,39 @@ def test_policy_change_rolls_pods_but_jwks_does_not(render_input: RenderInput) -
 
 def test_rendering_is_deterministic(render_input: RenderInput) -> None:
     assert render_children(render_input) == render_children(render_input)
+
+
+def test_an_approvers_passkey_requirement_and_the_approval_origin_render(
+    render_input: RenderInput,
+) -> None:
+    """Issue 21: a Principal's ``approval`` reaches the principals file, ``approvalOrigin`` the
+    executor's EXECUTOR_APPROVAL_ORIGIN, and the executor's own loaders accept both."""
+    principals = tuple(
+        dataclasses.replace(
+            p,
+            spec=PrincipalSpec.model_validate(
+                {
+                    **p.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+                    "approval": {"verification": "WEBAUTHN"},
+                }
+            ),
+        )
+        if p.spec.role.value == "APPROVER"
+        else p
+        for p in render_input.principals
+    )
+    inp = dataclasses.replace(
+        _with_spec(
+            render_input,
+            mode="ENFORCEMENT",
+            escalation="APPROVAL",
+            approvalOrigin="https://approvals.bank.example",
+        ),
+        principals=principals,
+    )
+    document = render_principals_document(inp)
+    [lead] = [e for e in document.principals if e.id == "treasury-lead"]
+    assert lead.approval is not None
+    assert lead.approval.verification.value == "WEBAUTHN"
+    config = load_config(render_environment(inp))
+    assert config.executor_approval_origin == "https://approvals.bank.example"

@@ -18,6 +18,7 @@ import yaml
 
 from agentsafe.executor.canonical import canonical_json, sha256_digest
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.errors import PolicyError
 from agentsafe.executor.grants import (
     KeySet,
     SigningKey,
@@ -714,3 +715,66 @@ async def test_fifty_concurrent_claims_on_sqlite(tmp_path: Path, clock: ManualCl
     assert len(claims) == 1
     assert len(refusals) == 49
     assert {r.code for r in refusals} == {"GRANT_ALREADY_CLAIMED"}
+
+
+# -- issue 21: a rule's approval.verification ---------------------------------------------------
+
+
+def webauthn_authority(clock: ManualClock, store: FakeUseStore, key: SigningKey) -> LocalAuthority:
+    data = copy.deepcopy(EXAMPLE)
+    for rule in data["actions"][0]["rules"]:
+        if rule["verdict"] == "ESCALATE":
+            rule["approval"] = {"verification": "WEBAUTHN"}
+    compiled = compile_policy(parse_policy(data), registered_handlers={"forward_request"})
+    return LocalAuthority(compiled, keys=key, store=store, clock=clock)
+
+
+@pytest.mark.parametrize(
+    ("verification", "verdict", "reason"),
+    [
+        (None, "BLOCK", "APPROVAL_VERIFICATION_REQUIRED"),
+        ("CREDENTIAL", "BLOCK", "APPROVAL_VERIFICATION_REQUIRED"),
+        ("WEBAUTHN", "ALLOW", "APPROVED_BY_APPROVER"),
+        ("RETINA", "BLOCK", "APPROVAL_BINDING_MISMATCH"),
+    ],
+)
+async def test_an_approval_below_the_rules_verification_is_blocked(
+    clock: ManualClock,
+    store: FakeUseStore,
+    key: SigningKey,
+    verification: str | None,
+    verdict: str,
+    reason: str,
+) -> None:
+    authority = webauthn_authority(clock, store, key)
+    subject = intent(clock, amount=20000)
+    held = await authority.evaluate(subject, principal=PROPOSER)
+    assert (held.verdict.value, held.verification.value) == ("ESCALATE", "WEBAUTHN")
+    evidence = approval(subject)
+    if verification is not None:
+        evidence["verification"] = verification
+    decision = await authority.evaluate(subject, principal=PROPOSER, approval=evidence)
+    assert (decision.verdict.value, decision.reason_codes) == (verdict, (reason,))
+
+
+async def test_a_denial_needs_no_verification_to_block(
+    clock: ManualClock, store: FakeUseStore, key: SigningKey
+) -> None:
+    authority = webauthn_authority(clock, store, key)
+    subject = intent(clock, amount=20000)
+    decision = await authority.evaluate(
+        subject, principal=PROPOSER, approval=approval(subject, decision="DENY")
+    )
+    assert decision.reason_codes == ("APPROVAL_DENIED",)
+
+
+def test_only_an_escalate_rule_asks_a_verification() -> None:
+    data = copy.deepcopy(EXAMPLE)
+    data["actions"][0]["rules"][0]["approval"] = {"verification": "WEBAUTHN"}
+    with pytest.raises(PolicyError) as refused:
+        parse_policy(data)
+    assert "only an ESCALATE rule has approval" in str(refused.value)
+    data = copy.deepcopy(EXAMPLE)
+    data["actions"][0]["rules"][1]["approval"] = {"verification": "FACE"}
+    with pytest.raises(PolicyError):
+        parse_policy(data)

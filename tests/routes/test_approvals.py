@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestServer
 
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.events import Streams
-from agentsafe.executor.principals import Actor, Principal, Role, Scope
+from agentsafe.executor.principals import Actor, Principal, Role, Scope, Verification
 from agentsafe.executor.routes.app import build_app
 from agentsafe.executor.routes.approvals import approval_routes
 from agentsafe.executor.state.usestore import ApprovalRequest, SQLiteUseStore
@@ -106,3 +106,18 @@ async def test_another_person_decides_once(served: tuple[str, NamedDoor, str]) -
     assert (status, body["state"], body["decided_by"]) == (200, "APPROVED", "treasury-lead")
     status, body = await decide(url, request_id)
     assert (status, body["error"]["code"]) == (409, "APPROVAL_ALREADY_DECIDED")
+
+
+async def test_an_approver_who_requires_a_passkey_cannot_decide_with_a_credential_alone(
+    served: tuple[str, NamedDoor, str],
+) -> None:
+    """The principal's own ``approval.verification`` counts even where the rule asks none."""
+    url, door, request_id = served
+    door.approver = Principal(
+        id="treasury-lead", role=Role.APPROVER, verification=Verification.WEBAUTHN
+    )
+    status, body = await decide(url, request_id)
+    assert (status, body["error"]["code"]) == (403, "APPROVAL_VERIFICATION_REQUIRED")
+    door.approver = Principal(id="treasury-lead", role=Role.APPROVER)
+    status, body = await decide(url, request_id)
+    assert (status, body["verification"]["decided_with"]) == (200, "CREDENTIAL")

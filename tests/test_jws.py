@@ -1,0 +1,146 @@
+"""The one compact JWS implementation (``executor/jws.py``) and the readers that share it.
+
+Grants (``grants.verify_jws``), a provider's attestation check (``provider``), workload tokens
+and the signers all go through ``jws``: so the executor and a provider read every token by the
+same rule. The differential test mutates a real attestation in the ways two readers commonly
+disagree on (non-canonical base64 trailing bits, padding, a duplicate header member, a ``crit``
+or ``b64`` header, a foreign alphabet) and requires both readers to refuse each one.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+
+from agentsafe.executor import jws, provider
+from agentsafe.executor.codes import Code
+from agentsafe.executor.grants import KeySet, SigningKey, TokenRefused, sign_jws, verify_jws
+from agentsafe.executor.policy.attestation import ATTESTATION_TYP
+
+
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+@pytest.mark.parametrize("alg", ["EdDSA", "ES256", "PS256", "RS256"])
+def test_sign_and_verify_round_trip_through_the_library(alg: str) -> None:
+    key: Any
+    if alg == "EdDSA":
+        key = ed25519.Ed25519PrivateKey.generate()
+    elif alg == "ES256":
+        key = ec.generate_private_key(ec.SECP256R1())
+    else:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    token = jws.sign_compact({"alg": alg, "typ": "JWT"}, b'{"a":1}', key)
+    compact = jws.split_compact(token)
+    assert compact.payload == {"a": 1}
+    assert compact.header_bytes == b'{"alg":"' + alg.encode() + b'","typ":"JWT"}'  # RFC 8785
+    jws.verify_compact(compact, key.public_key(), algorithms=[alg])
+    if alg == "ES256":
+        assert len(compact.signature) == 64  # JWA's r || s, not DER
+    with pytest.raises(TokenRefused) as info:
+        jws.verify_compact(compact, key.public_key(), algorithms=["EdDSA" if alg != "EdDSA"
+                                                                  else "ES256"])  # fmt: skip
+    assert info.value.code == Code.JWS_ALGORITHM_REFUSED
+
+
+def test_a_key_of_another_type_never_verifies() -> None:
+    ed = ed25519.Ed25519PrivateKey.generate()
+    token = jws.sign_compact({"alg": "EdDSA"}, b"{}", ed)
+    other = ec.generate_private_key(ec.SECP256R1()).public_key()
+    with pytest.raises(TokenRefused) as info:
+        jws.verify_compact(jws.split_compact(token), other, algorithms=["EdDSA"])
+    assert info.value.code == Code.JWS_SIGNATURE_INVALID
+
+
+def test_symmetric_and_none_are_never_signed() -> None:
+    for alg in ("none", "HS256"):
+        with pytest.raises(ValueError):
+            jws.sign_compact({"alg": alg}, b"{}", b"secret")
+
+
+@pytest.mark.parametrize(
+    "header",
+    [{"alg": "EdDSA", "crit": ["exp"]}, {"alg": "EdDSA", "b64": False, "crit": ["b64"]}],
+)
+def test_extensions_are_refused_before_any_key(header: dict[str, Any]) -> None:
+    token = f"{b64(json.dumps(header).encode())}.{b64(b'{}')}.{b64(bytes(64))}"
+    with pytest.raises(TokenRefused) as info:
+        jws.split_compact(token)
+    assert info.value.code == Code.JWS_MALFORMED
+
+
+def test_b64url_is_canonical() -> None:
+    assert jws.b64url_decode("AA") == b"\x00"
+    for spelling in ("AB", "AA==", "A", "A+", "A/", "A.", "QQ=", " AA"):
+        with pytest.raises(TokenRefused):
+            jws.b64url_decode(spelling)
+
+
+# ----------------------------------------------------------------------------- differential
+
+
+def attestation(key: SigningKey) -> str:
+    return sign_jws({"sub": "g-1", "exp": 4_000_000_000}, typ=ATTESTATION_TYP, key=key)
+
+
+def trailing_bits(segment: str) -> str:
+    """The same bytes spelled with non-zero trailing bits (a second spelling)."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    if len(segment) % 4 == 0:
+        return segment  # no trailing bits to flip
+    last = alphabet.index(segment[-1])
+    return segment[:-1] + alphabet[last | 1]
+
+
+def mutations(token: str) -> dict[str, str]:
+    head, body, sig = token.split(".")
+    header = json.loads(base64.urlsafe_b64decode(head + "=="))
+    kid, typ = header["kid"], header["typ"]
+    twice = f'{{"alg":"EdDSA","alg":"EdDSA","kid":"{kid}","typ":"{typ}"}}'
+    out = {
+        "signature trailing bits": f"{head}.{body}.{trailing_bits(sig)}",
+        "payload trailing bits": f"{head}.{trailing_bits(body)}.{sig}",
+        "header trailing bits": f"{trailing_bits(head)}.{body}.{sig}",
+        "padded signature": f"{head}.{body}.{sig}==",
+        "standard alphabet": f"{head}.{body}.{sig.replace('-', '+').replace('_', '/')}",
+        "duplicate alg": b64(twice.encode()) + f".{body}.{sig}",
+        "crit header": b64(json.dumps({**header, "crit": ["x"]}).encode()) + f".{body}.{sig}",
+        "four segments": f"{token}.{sig}",
+    }
+    return {name: value for name, value in out.items() if value != token}
+
+
+def provider_refuses(token: str, jwks: dict[str, Any]) -> bool:
+    try:
+        compact = provider._decode_jws(token)
+        key = provider._authority_key(jwks, compact.header.get("kid"))
+        jws.verify_compact(compact, key, algorithms=("EdDSA",))
+    except (provider._Refused, TokenRefused):
+        return True
+    return False
+
+
+def executor_refuses(token: str, keys: KeySet) -> bool:
+    try:
+        verify_jws(token, typ=ATTESTATION_TYP, keys=keys)
+    except TokenRefused:
+        return True
+    return False
+
+
+def test_the_provider_and_the_executor_agree_on_every_mutation() -> None:
+    key = SigningKey.generate()
+    keys = KeySet([key])
+    token = attestation(key)
+    assert not executor_refuses(token, keys)
+    assert not provider_refuses(token, keys.jwks())
+    found = mutations(token)
+    assert "signature trailing bits" in found  # a 64-byte signature has trailing bits
+    for name, mutated in found.items():
+        verdicts = (executor_refuses(mutated, keys), provider_refuses(mutated, keys.jwks()))
+        assert verdicts == (True, True), name
