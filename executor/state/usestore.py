@@ -1298,9 +1298,11 @@ def _migrate(conn: sqlite3.Connection) -> bytes:
             raise StoreError(
                 "the use store was written by a newer agentsafe", code=Code.STORE_SCHEMA_UNSUPPORTED
             )
-        if version == 1:  # version 2 names each key's attempt and owner
-            conn.execute("ALTER TABLE idempotency ADD COLUMN attempt_id TEXT")
-            conn.execute("ALTER TABLE idempotency ADD COLUMN owner TEXT")
+        if version == 1:  # version 2 names each key's attempt and owner (added if missing)
+            have = {str(r[1]) for r in conn.execute("PRAGMA table_info(idempotency)")}
+            for column in ("attempt_id", "owner"):
+                if column not in have:
+                    conn.execute(f"ALTER TABLE idempotency ADD COLUMN {column} TEXT")
         if version < SCHEMA_VERSION:
             for statement in _SCHEMA:
                 conn.execute(statement)
