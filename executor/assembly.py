@@ -48,7 +48,7 @@ from .egress.credentials import (
 )
 from .egress.guard import Destination, GuardedClient
 from .egress.webhook import ApprovalWebhook
-from .errors import AgentSafeError, ConfigError
+from .errors import AgentSafeError, ConfigError, JournalError
 from .events import DeferredSink, EventSink, Streams
 from .evidence.chain import ChainedStreams, LineWriter, open_chained_streams
 from .evidence.plan_audit import DurablePlanAudit
@@ -65,7 +65,7 @@ from .lifecycle.ceilings import HostCeilings
 from .lifecycle.leases import LeaseKeeper
 from .lifecycle.pipeline import Pipeline
 from .lifecycle.shadow import ShadowReport
-from .plane import Executor, StoreHealth, WorkGate
+from .plane import Executor, Startup, StoreHealth, WorkGate
 from .plans.execute import StepExecutor
 from .plans.service import ExecutorRegistry, PlanService
 from .plans.signing import Ed25519Signer
@@ -406,6 +406,10 @@ async def assemble(
                     clock=clock,
                     mirror=mirror,
                 )
+            except JournalError as exc:
+                raise ConfigError(
+                    "EXECUTOR_JOURNAL_DIR", _journal_refusal(exc), code=exc.code
+                ) from exc
             except (OSError, AgentSafeError) as exc:
                 raise ConfigError(
                     "EXECUTOR_JOURNAL_DIR",
@@ -553,6 +557,7 @@ async def assemble(
         )
         shadow = ShadowReport()
         store_health = StoreHealth()
+        startup = Startup(reconciling=True)
         pipeline = Pipeline(
             mode=config.executor_mode,
             authority=authority,
@@ -568,11 +573,12 @@ async def assemble(
             intent_ttl_seconds=config.executor_intent_ttl_seconds,
             max_clock_skew_ms=config.executor_max_clock_skew_ms,
             shadow=shadow,
-            refusal=WorkGate(halt, monitor, store_health).refusal,
+            refusal=WorkGate(halt, monitor, store_health, startup).refusal,
             on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
             metrics=metrics,
             escalation=config.executor_escalation,
             on_forbidden=door.record_refusal,
+            settle_margin_s=config.downstream_timeout_ms / 1000.0,
             approval_origin=config.executor_approval_origin,
             on_approval_requested=(
                 webhook.notify if webhook is not None else lambda request, url: None
@@ -618,6 +624,7 @@ async def assemble(
             shared=shared,
             store_health=store_health,
             closers=closers,
+            startup=startup,
         )
         if mirror is not None and journal is not None:
             executor.leases = LeaseKeeper(
@@ -626,6 +633,7 @@ async def assemble(
                 reconciler=ActionReconciler(PolicyCatalog(policy, registry), registry),
                 streams=streams,
                 on_resolution=executor.lease_resolved,
+                checks=executor.reconcile_checks(),
             )
         return executor
     except BaseException:
@@ -724,6 +732,16 @@ def _plan_service(
         clock=clock,
         max_clock_skew_ms=config.executor_max_clock_skew_ms,
     )
+
+
+def _journal_refusal(exc: JournalError) -> str:
+    """Why the journal directory refused, in words that name the real cause."""
+    if exc.code == Code.JOURNAL_LOCKED:
+        return (
+            "is locked by another agentsafe process (one process per journal directory): stop"
+            " it, or give this process its own EXECUTOR_JOURNAL_DIR"
+        )
+    return "cannot be opened for appending"
 
 
 async def open_shared_store(secrets: SecretStore, *, lease_seconds: float) -> PostgresStore:

@@ -91,7 +91,11 @@ class Code(StrEnum):
         None,
         "the HTTP server refused the request itself; the answer keeps its status",
     )
-    INTERNAL_ERROR = "INTERNAL_ERROR", 500, "the executor failed; the request was not executed"
+    INTERNAL_ERROR = (
+        "INTERNAL_ERROR",
+        500,
+        "the executor failed before it could answer; the outcome is not known from this answer",
+    )
     ROUTE_CONTRACT_VIOLATED = (
         "ROUTE_CONTRACT_VIOLATED",
         None,
@@ -408,6 +412,22 @@ class Code(StrEnum):
     REGISTRY_NOT_SEALED = "REGISTRY_NOT_SEALED", None, "the handler registry is not sealed yet"
     HANDLER_FAILED = "HANDLER_FAILED", None, "the handler raised an error without a code"
     RECONCILE_FAILED = "RECONCILE_FAILED", None, "the handler's reconcile raised without a code"
+    RECONCILE_TOO_EARLY = (
+        "RECONCILE_TOO_EARLY",
+        None,
+        "'not executed' before grant expiry plus the dispatch deadline: still unknown",
+    )
+    RECONCILE_STORE_DISAGREES = (
+        "RECONCILE_STORE_DISAGREES",
+        None,
+        "no GRANT_CLAIMED in the journal, but the use store claimed the grant: provider asked",
+    )
+    EXECUTOR_RECONCILING = (
+        "EXECUTOR_RECONCILING",
+        503,
+        "start-up reconciliation is still running; nothing was executed; retry shortly",
+    )
+    ATTEMPT_NOT_OPEN = "ATTEMPT_NOT_OPEN", 404, "no open attempt has this id"
     LOOKUP_NOT_CONFIGURED = (
         "LOOKUP_NOT_CONFIGURED",
         None,
@@ -820,6 +840,10 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         Code.HANDLER_CONTRACT_VIOLATED,
         Code.RECONCILE_FAILED,
         Code.PROVIDER_REASON_WITHHELD,
+        Code.INTERNAL_ERROR,
+        Code.RECONCILE_TOO_EARLY,
+        Code.RECONCILE_STORE_DISAGREES,
+        Code.EXECUTOR_RECONCILING,
         Code.LOOKUP_NOT_CONFIGURED,
         Code.LOOKUP_KEY_UNREPRESENTABLE,
         Code.LOOKUP_STATUS,

@@ -290,6 +290,7 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_JOURNAL_DIR",
     "EXECUTOR_JOURNAL_REQUIRED",
     "EXECUTOR_JOURNAL_RETAIN_DAYS",
+    "EXECUTOR_HOUSEKEEPING_INTERVAL_SECONDS",
     "EXECUTOR_READY_REQUIRES_NO_UNKNOWN_ATTEMPTS",
     # shared store and replicas
     "EXECUTOR_STORE_URL",
@@ -540,6 +541,7 @@ _INT_FIELDS: Final = (
     "executor_posture_interval_seconds",
     "executor_egress_max_response_bytes",
     "executor_journal_retain_days",
+    "executor_housekeeping_interval_seconds",
     "executor_attempt_lease_seconds",
     "executor_hard_limit_window_seconds",
     "executor_hard_limit_window_count",
@@ -708,6 +710,7 @@ class ExecutorConfig(BaseModel):
     executor_journal_dir: Path | None = None
     executor_journal_required: bool = True
     executor_journal_retain_days: int = Field(default=7, ge=1, le=366)
+    executor_housekeeping_interval_seconds: int = Field(default=600, ge=1, le=86_400)
     executor_ready_requires_no_unknown_attempts: bool = False
 
     # shared store and replicas

@@ -2,7 +2,8 @@
 
 Start order, as the specification fixes it (each step refuses to start with one line naming the
 variable or the check, never a value): the audit hook; configuration; posture; secrets; the
-journal directory; the evidence chain heads; the use store; startup reconciliation; the listener.
+journal directory; the evidence chain heads; the use store; the listener (``/health`` answers,
+``/ready`` waits); startup reconciliation; the background polls.
 SIGTERM stops accepting, lets in-flight work finish and journal within a bound, persists the chain
 heads and exits 0. SIGHUP re-reads the secret files.
 
@@ -73,8 +74,10 @@ async def _run(environ: Mapping[str, str], guard: Guard) -> int:
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     try:
-        await executor.reconcile_at_start()
+        # The listener opens first: /health answers (the liveness probe) while start-up
+        # reconciliation runs; /ready is 503 and proposals get 503 EXECUTOR_RECONCILING.
         await executor.listen()
+        await executor.reconcile_at_start()
         executor.start_background()
         await stop.wait()
         executor.streams.security.emit("STOPPING", {"signal": "SIGTERM"})

@@ -263,6 +263,22 @@ class ProviderProcess(_Process):
         ):
             r.raise_for_status()
 
+    async def set_lookup(self, mode: str) -> None:
+        """``normal``, ``lag`` (404 for everything) or ``hold`` (until :meth:`release`)."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.url + "/_control/lookup", json={"mode": mode}) as r,
+        ):
+            r.raise_for_status()
+
+    async def release(self) -> None:
+        """Let every held payout request and lookup answer."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.url + "/_control/release") as r,
+        ):
+            r.raise_for_status()
+
     async def received(self) -> dict[str, Any]:
         async with (
             aiohttp.ClientSession() as session,

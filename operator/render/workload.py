@@ -258,6 +258,15 @@ def render_statefulset(inp: RenderInput, *, digest: str) -> dict[str, Any]:
             }
         ],
         "ports": [{"name": "https", "containerPort": settings.port, "protocol": "TCP"}],
+        # Start-up (the store, the journal scan) runs before /health answers: the startup
+        # probe gives it up to 5 minutes before the liveness probe's ~30 s budget applies.
+        # Reconciliation itself runs after the listener opens, so /health answers through it.
+        "startupProbe": {
+            "httpGet": {"path": "/health", **probe},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 60,
+        },
         "livenessProbe": {
             "httpGet": {"path": "/health", **probe},
             "periodSeconds": 10,

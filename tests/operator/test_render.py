@@ -104,6 +104,10 @@ def test_statefulset_is_restricted_and_hardened(render_input: RenderInput) -> No
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    # Issue 17: start-up may outlast the liveness budget; the startup probe covers it.
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == container["livenessProbe"]["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
     volumes = {v["name"]: v for v in pod["volumes"]}
     secrets = volumes["secrets"]["projected"]
     assert secrets["defaultMode"] == 0o440
