@@ -4,7 +4,9 @@
 its credential comes from (a flag, else an environment variable), and this module reads it,
 builds the TLS context (the executor's CA, and a client certificate for an mTLS principal) and
 makes one JSON request with aiohttp's client. A failure is a
-:class:`CliError` that says what to do next, never a token.
+:class:`CliError` that says what to do next, never a token: an answer that is not JSON, or one
+from an ``agentsafe proxy`` gateway port (it carries ``x-agentsafe-authority``; the demo
+authority has no control routes at all) says which URL to use instead.
 
 Callers: ``tools/status_cli.py``.
 """
@@ -70,12 +72,41 @@ class Remote:
                     method, str(self.url).rstrip("/") + path, json=body, headers=headers
                 ) as response,
             ):
-                return response.status, await response.json(content_type=None)
+                gateway = response.headers.get(GATEWAY_HEADER)
+                if gateway is not None:
+                    raise CliError(gateway_port_message(str(self.url), gateway))
+                try:
+                    return response.status, await response.json(content_type=None)
+                except ValueError:
+                    raise CliError(
+                        f"{self.url} answered {response.status} with no agentsafe JSON: is it an "
+                        "executor's URL (EXECUTOR_BIND_ADDRESS:PORT)?"
+                    ) from None
         except aiohttp.ClientError as exc:
             raise CliError(
                 f"cannot reach the executor at {self.url} ({type(exc).__name__}): is it "
                 "running, and is the URL right?"
             ) from None
+
+
+GATEWAY_HEADER = "x-agentsafe-authority"
+"""What every answer of ``agentsafe proxy``'s gateway port carries (``gateway/listener.py``)."""
+
+
+def gateway_port_message(url: str, authority: str) -> str:
+    """What to do when a control command was pointed at a gateway's port, not the routes."""
+    if authority == "demo":
+        return (
+            f"{url} is an agentsafe proxy running the DEMO authority: it has no control routes "
+            "(no operator principal exists). Its shadow report is printed when it stops (Ctrl-C "
+            "or SIGTERM); for agentsafe status, configure the gateway (EXECUTOR_POLICY_FILE, "
+            "EXECUTOR_PRINCIPALS_FILE with an OPERATOR) and start it with --serve-routes, then "
+            "pass --url http://EXECUTOR_BIND_ADDRESS:PORT"
+        )
+    return (
+        f"{url} is an agentsafe proxy's gateway port, not the executor's routes: start the "
+        "gateway with --serve-routes and pass --url http://EXECUTOR_BIND_ADDRESS:PORT"
+    )
 
 
 def refused(status: int, payload: Any) -> CliError:

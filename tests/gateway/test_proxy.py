@@ -79,10 +79,13 @@ async def upstream() -> AsyncIterator[Upstream]:
     await server.stop()
 
 
-async def start_proxy(tmp_path: Path, upstream: Upstream, *extra: str) -> Proxy:
+async def start_proxy(
+    tmp_path: Path, upstream: Upstream, *extra: str, settings: dict[str, str] | None = None
+) -> Proxy:
     port = free_port()
     out = tmp_path / "proxy.out"
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env.update(settings or {})
     with out.open("wb") as stdout, (tmp_path / "proxy.err").open("wb") as stderr:
         process = subprocess.Popen(
             [AGENTSAFE, "proxy", "--upstream", upstream.url, "--port", str(port), *extra],
@@ -253,11 +256,78 @@ async def test_request_smuggling_shapes_are_refused_and_never_echoed(
     data = await raw(enforcing.port, request_bytes)
     status, body = status_and_json(data)
     assert status == 400, shape
-    assert body["error"]["code"] == "GATEWAY_REQUEST_MALFORMED", shape
+    assert body["error"]["code"] == "HTTP_MALFORMED", shape
+    head = data.partition(b"\r\n\r\n")[0].lower()
+    assert b"server: agentsafe" in head, "the executor's listener answered, not aiohttp's"
     assert b"smuggled" not in data
     assert b"secret" not in data.lower()
     assert b"Transfer-Encoding: chunked" not in data
     assert upstream.received == [], "nothing of it reached the upstream"
+
+
+async def test_a_slowloris_on_the_gateway_is_closed_at_the_header_deadline(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    proxy = await start_proxy(
+        tmp_path, upstream, "--enforce", settings={"EXECUTOR_HEADER_TIMEOUT_SECONDS": "1"}
+    )
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"POST /pay HTTP/1.1\r\nHost: x\r\n")
+        await writer.drain()
+        closed = asyncio.get_running_loop().create_future()
+
+        async def drip() -> None:
+            # One header byte at a time, well inside any per-read timeout: the whole head must
+            # still arrive within the deadline of the connection being accepted.
+            for byte in b"X-Slow: " + b"a" * 200:
+                if closed.done():
+                    return
+                try:
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                except (ConnectionError, RuntimeError):
+                    return
+                await asyncio.sleep(0.1)
+
+        dripping = asyncio.create_task(drip())
+        data = await asyncio.wait_for(reader.read(), timeout=15)
+        closed.set_result(True)
+        dripping.cancel()
+        writer.close()
+        assert b"x-slow" not in data.lower(), "nothing of the request is echoed"
+        assert upstream.received == [], "a head that never completed reached nothing"
+        # The gateway still serves whole requests after it.
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{proxy.url}/pay", json={"amountMinor": 1}) as r,
+        ):
+            assert r.status == 201
+    finally:
+        proxy.stop()
+
+
+async def test_one_connection_over_the_gateways_per_source_cap_is_refused(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    proxy = await start_proxy(
+        tmp_path,
+        upstream,
+        "--enforce",
+        settings={"EXECUTOR_MAX_CONNECTIONS_PER_SOURCE": "2", "EXECUTOR_MAX_CONNECTIONS": "8"},
+    )
+    try:
+        held = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(2)]
+        request = b"POST /pay HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+        data = await raw(proxy.port, request)
+        status, body = status_and_json(data)
+        assert status == 503
+        assert body["error"]["code"] == "CONNECTION_LIMIT_REACHED"
+        assert upstream.received == []
+        for _, writer in held:
+            writer.close()
+    finally:
+        proxy.stop()
 
 
 async def test_shadow_is_the_default_forwards_and_reports_on_stop(
@@ -300,8 +370,8 @@ async def test_an_unreachable_authority_is_its_own_state_never_a_verdict(
     from agentsafe.executor.events import MemorySink, Streams
     from agentsafe.executor.gateway.demo import demo_environment
     from agentsafe.executor.gateway.forward import Exchanges
-    from agentsafe.executor.gateway.listener import Gateway, GatewayServer
-    from agentsafe.executor.proxy import _principal, _register
+    from agentsafe.executor.gateway.listener import Gateway
+    from agentsafe.executor.proxy import _principal, _register, listen
 
     env = demo_environment(upstream.url, tmp_path / "demo", enforce=True, base={})
     exchanges = Exchanges()
@@ -322,10 +392,8 @@ async def test_an_unreachable_authority_is_its_own_state_never_a_verdict(
         timeout=5.0,
         log=lambda line: None,
     )
-    runner = web.ServerRunner(GatewayServer(gateway.handle), handle_signals=False)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, site = await listen(gateway, executor, "127.0.0.1", 0)
+    port = site.port
     try:
         async with (
             aiohttp.ClientSession() as session,
