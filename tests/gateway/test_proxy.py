@@ -504,3 +504,165 @@ async def test_a_configured_gateway_answers_agentsafe_status_with_its_shadow_rep
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+
+
+async def test_agentsafe_status_against_a_demo_gateway_says_what_to_do(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    proxy = await start_proxy(tmp_path, upstream)
+    try:
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+        env["AGENTSAFE_OPERATOR_TOKEN"] = "operator-secret-never-forwarded"
+        for extra in ([], ["-o", "json"]):
+            status = subprocess.run(
+                [AGENTSAFE, "status", "--url", proxy.url, *extra],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+                env=env,
+            )
+            assert status.returncode == 2, status.stderr
+            assert "Traceback" not in status.stderr
+            assert "DEMO authority" in status.stderr
+            assert "--serve-routes" in status.stderr
+            assert status.stdout == ""
+        sent = [headers.get("authorization", "") for _, _, _, headers in upstream.received]
+        assert not any("operator-secret" in value for value in sent), "no credential forwarded"
+        assert any("agentsafe status has no control routes" in line for line in proxy.lines())
+    finally:
+        proxy.stop()
+
+
+async def start_configured_gateway(
+    tmp_path: Path, upstream: Upstream, *, mode: str, policy_text: str, **extra_env: str
+) -> tuple[subprocess.Popen[bytes], int, int, Any]:
+    """``agentsafe proxy --serve-routes`` with a principals file: (process, gateway port,
+    executor routes port, the bearer principals)."""
+    from agentsafe.executor.tools.harness import Workspace
+    from tests.integration.bearer_principals import BearerPrincipals, principals_env
+
+    policy = tmp_path / "gateway-policy.yaml"
+    policy.write_text(policy_text)
+    principals = BearerPrincipals()
+    document = principals.document()
+    document["principals"][0]["allowed_actions"] = ["http_request"]
+    principals_file = tmp_path / "principals.json"
+    principals_file.write_text(json.dumps(document))
+    principals_file.chmod(0o600)
+    control_port = free_port()
+    env = principals_env(
+        Workspace(tmp_path / "ws").environment(
+            provider_url=upstream.url, port=control_port, mode=mode, policy_file=policy
+        ),
+        principals_file,
+    )
+    env["DOWNSTREAM_URL"] = upstream.url
+    env.pop("DOWNSTREAM_LOOKUP_URL")
+    env.update(extra_env)
+    port = free_port()
+    with (tmp_path / "gateway.out").open("wb") as out, (tmp_path / "gateway.err").open("wb") as err:
+        process = subprocess.Popen(
+            [
+                AGENTSAFE,
+                "proxy",
+                "--upstream",
+                upstream.url,
+                "--port",
+                str(port),
+                "--principal",
+                "treasury-workflow",
+                "--serve-routes",
+            ],
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd=tmp_path,
+        )
+
+    async def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError((tmp_path / "gateway.err").read_text())
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"http://127.0.0.1:{control_port}/ready") as r,
+            ):
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await wait_until(ready, timeout=60, what="the configured gateway")
+    return process, port, control_port, principals
+
+
+async def test_an_escalation_through_the_gateway_is_held_then_forwarded_once_on_approval(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    from agentsafe.executor.gateway.demo import DEMO_POLICY
+
+    policy = DEMO_POLICY.replace("approvers: [demo-approver]", "approvers: [treasury-lead]")
+    process, port, control_port, principals = await start_configured_gateway(
+        tmp_path, upstream, mode="ENFORCEMENT", policy_text=policy, EXECUTOR_ESCALATION="APPROVAL"
+    )
+    routes = f"http://127.0.0.1:{control_port}"
+
+    def bearer(principal: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {principals.token(principal)}"}
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.delete(
+                f"http://127.0.0.1:{port}/accounts/7",
+                json={"why": "closing"},
+                headers={"Idempotency-Key": "close-account-7"},
+            ) as r:
+                assert r.status == 202
+                held = await r.json()
+            assert held["state"] == "ESCALATE_PENDING"
+            escalation = held["escalation"]
+            assert escalation["mode"] == "APPROVAL"
+            assert escalation["approval_url"].endswith(escalation["request_id"])
+            assert "/v1/escalations" in held["resume"]
+            assert upstream.received == [], "held: nothing forwarded before a person decides"
+
+            # Pending: presenting it again holds, and still sends nothing.
+            async with session.post(
+                f"{routes}/v1/escalations",
+                json={"escalation": escalation},
+                headers=bearer("treasury-workflow"),
+            ) as r:
+                pending = await r.json()
+            assert pending["outcome"] == "ESCALATE_PENDING", pending
+            assert upstream.received == []
+
+            async with session.post(
+                f"{routes}/v1/approvals/{escalation['request_id']}",
+                json={"decision": "APPROVE", "reason": "the account owner asked"},
+                headers=bearer("treasury-lead"),
+            ) as r:
+                assert r.status == 200, await r.text()
+
+            answers = []
+            for _ in range(2):
+                async with session.post(
+                    f"{routes}/v1/escalations",
+                    json={"escalation": escalation},
+                    headers=bearer("treasury-workflow"),
+                ) as r:
+                    assert r.status == 200, await r.text()
+                    answers.append(await r.json())
+        first, second = answers
+        assert first["verdict"] == "ALLOW"
+        assert first["outcome"] == "COMPLETED", first
+        assert first["result"]["status"] == 200
+        assert second["outcome"] == "COMPLETED"
+        assert second["result"] == first["result"], "the second resume replays the first"
+        assert len(upstream.received) == 1, "forwarded once, never twice"
+        method, path, body, headers = upstream.received[0]
+        assert (method, path, body) == ("DELETE", "/accounts/7", b'{"why": "closing"}')
+        assert headers["idempotency-key"] == "close-account-7"
+        assert headers["x-agent-safe-intent-hash"] == held["intent_hash"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
