@@ -92,6 +92,11 @@ class Code(StrEnum):
         "the HTTP server refused the request itself; the answer keeps its status",
     )
     INTERNAL_ERROR = "INTERNAL_ERROR", 500, "the executor failed; the request was not executed"
+    ROUTE_CONTRACT_VIOLATED = (
+        "ROUTE_CONTRACT_VIOLATED",
+        None,
+        "a route answered a code or status its row does not declare (a warning; docs/openapi.md)",
+    )
 
     # -- the door: authentication and authorization ----------------------------------------------
     RATE_LIMITED = "RATE_LIMITED", 429, "too many attempts; retry after Retry-After seconds"
