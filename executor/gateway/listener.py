@@ -16,6 +16,9 @@ ALLOW, forwarded                         the upstream's own answer (status, head
 ALLOW, a replay of a key already used    200 ``{"replayed": true, "result"}``; nothing sent again
 BLOCK                                    403 ``GATEWAY_BLOCKED`` with the reason codes
 ESCALATE                                 202 ``{"state": "ESCALATE_PENDING", "escalation"}``, held
+ESCALATE with approvals                  the same with the approval's escalation object
+                                         (``approval_url``) and ``resume``; the request is held
+                                         (``Exchanges.hold``) and forwarded once on the resume
 authority cannot be reached              503 ``GATEWAY_AUTHORITY_UNAVAILABLE``, ``Retry-After``
 halted                                   503 ``EXECUTOR_HALTED``, ``Retry-After``
 outcome unknown after sending            502 ``GATEWAY_OUTCOME_UNKNOWN`` with the recovery object
