@@ -36,9 +36,18 @@ from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import HandlerError
 from .intercept import body_digest
 
-__all__ = ["HANDLER", "PARAMETERS_SCHEMA", "Exchange", "Exchanges", "GatewayForwardHandler"]
+__all__ = [
+    "HANDLER",
+    "MAX_HELD",
+    "PARAMETERS_SCHEMA",
+    "Exchange",
+    "Exchanges",
+    "GatewayForwardHandler",
+]
 
 HANDLER: Final = "gateway_forward"
+MAX_HELD: Final = 256
+"""At most this many requests held for approval at once (each at most 100 KiB)."""
 PARAMETERS_SCHEMA: Final[Mapping[str, Any]] = {
     "type": "object",
     "required": ["method", "path", "query", "body_digest", "body"],
@@ -77,9 +86,14 @@ class Exchanges:
         self._by_key[key] = exchange
 
     def hold(self, key: str, exchange: Exchange, *, until: float, now: float) -> None:
-        """Keep ``exchange`` for a resume after approval; drop every hold already expired."""
+        """Keep ``exchange`` for a resume after approval; drop every hold already expired, and
+        past :data:`MAX_HELD` the one expiring soonest (its resume is then not executed,
+        ``GATEWAY_EXCHANGE_LOST``: memory is bounded, and nothing is ever sent unheld)."""
         for old in [k for k, e in self._by_key.items() if e.held_until and e.held_until <= now]:
             del self._by_key[old]
+        held = [(e.held_until, k) for k, e in self._by_key.items() if e.held_until is not None]
+        if key not in self._by_key and len(held) >= MAX_HELD:
+            del self._by_key[min(held)[1]]
         exchange.held_until = until
         self._by_key[key] = exchange
 
