@@ -473,11 +473,6 @@ class Code(StrEnum):
         "a protocol upgrade or CONNECT is not intercepted",
     )
     GATEWAY_METHOD_REFUSED = "GATEWAY_METHOD_REFUSED", 405, "the method is not intercepted"
-    GATEWAY_REQUEST_MALFORMED = (
-        "GATEWAY_REQUEST_MALFORMED",
-        400,
-        "ambiguous or malformed framing (CL+TE, duplicate Content-Length, folded headers)",
-    )
     GATEWAY_OUTCOME_UNKNOWN = (
         "GATEWAY_OUTCOME_UNKNOWN",
         502,
