@@ -72,6 +72,7 @@ __all__ = [
     "ConfigMapKeyRef",
     "DownstreamCredentialSpec",
     "DownstreamSpec",
+    "ExecutorPodSpec",
     "HaltPodStatus",
     "HaltSwitchSpec",
     "HaltSwitchStatus",
@@ -398,6 +399,98 @@ class StoreSpec(_Model):
     )
 
 
+ResourceQuantity = Annotated[
+    str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$", max_length=32)
+]
+_RESOURCE_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
+ResourceName = Annotated[str, Field(min_length=1, max_length=253, pattern=_RESOURCE_NAME)]
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration of a node taint (``kubectl explain pod.spec.tolerations``)."""
+
+    key: Annotated[str, Field(max_length=317)] | None = Field(
+        default=None, description="the taint key; empty with operator Exists tolerates every taint"
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (the default)"
+    )
+    value: Annotated[str, Field(max_length=63)] | None = Field(
+        default=None, description="the taint value matched with operator Equal"
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="the taint effect tolerated; empty: every effect"
+    )
+    toleration_seconds: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="with NoExecute: how long the pod stays once tainted"
+    )
+
+
+class TopologySpreadConstraint(_Model):
+    """How executor pods spread over a topology (``pod.spec.topologySpreadConstraints``)."""
+
+    max_skew: Annotated[int, Field(ge=1)] = Field(description="the largest allowed imbalance")
+    topology_key: Annotated[str, Field(min_length=1, max_length=317)] = Field(
+        description="the node label naming the topology domain"
+    )
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        description="DoNotSchedule or ScheduleAnyway"
+    )
+    label_selector: LabelSelector | None = Field(
+        default=None, description="the pods counted; empty: this AgentPolicy's executor pods"
+    )
+
+
+class LocalObjectReference(_Model):
+    """A Secret in the AgentPolicy's namespace, by name."""
+
+    name: DnsSubdomain = Field(description="the Secret's name")
+
+
+class ResourceRequirementsSpec(_Model):
+    """The executor container's compute resources."""
+
+    requests: dict[ResourceName, ResourceQuantity] = Field(
+        default_factory=dict, max_length=16, description="the scheduler reserves these"
+    )
+    limits: dict[ResourceName, ResourceQuantity] = Field(
+        default_factory=dict, max_length=16, description="the kubelet enforces these"
+    )
+
+
+class ExecutorPodSpec(_Model):
+    """Scheduling and resources of the executor pods; every field is passed to the StatefulSet's
+    pod template as Kubernetes names it."""
+
+    node_selector: dict[
+        Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]
+    ] = Field(default_factory=dict, max_length=64, description="node labels the pods must run on")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="node taints the pods tolerate"
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="a Kubernetes Affinity (nodeAffinity, podAffinity, podAntiAffinity); "
+        "the API server validates it when the StatefulSet is written",
+    )
+    topology_spread_constraints: list[TopologySpreadConstraint] | None = Field(
+        default=None,
+        max_length=8,
+        description="replace the default spread (hostname and zone, from 2 replicas on)",
+    )
+    priority_class_name: DnsSubdomain | None = Field(
+        default=None, description="the pods' PriorityClass"
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=8, description="Secrets the kubelet pulls the image with"
+    )
+    resources: ResourceRequirementsSpec | None = Field(
+        default=None,
+        description="the executor container's requests and limits; default: requests cpu 100m, "
+        "memory 128Mi, limit memory 512Mi",
+    )
+
+
 class AgentPolicySpec(_Model):
     """What an executor may do, for whom, against which downstream."""
 
@@ -434,6 +527,11 @@ class AgentPolicySpec(_Model):
     tls: TlsSpec
     principal_selector: LabelSelector = Field(default_factory=LabelSelector)
     agent_namespaces: list[DnsLabel] = Field(default_factory=list, max_length=64)
+    pod: ExecutorPodSpec = Field(
+        default_factory=ExecutorPodSpec,
+        description="scheduling (nodeSelector, tolerations, affinity, topologySpreadConstraints, "
+        "priorityClassName), imagePullSecrets and resources of the executor pods",
+    )
     jwt_audience: Text | None = Field(
         default=None,
         alias="jwtAudience",
