@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +207,8 @@ def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], *, depth: int) ->
         elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
             out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
             out[key] = True
+        elif key == "description":
+            out["description"] = plain_text(value)
         elif key == "default" and value is None:
             continue
         elif key == "required":
@@ -225,6 +228,19 @@ def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], *, depth: int) ->
     return out
 
 
+_ROLE = re.compile(r":[a-z]+:`~?(?:[\w.]+\.)?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_text(text: str) -> str:
+    """A docstring as ``kubectl explain`` should show it: no RST roles or literals, one line
+    per paragraph."""
+    text = _ROLE.sub(r"\1", text)
+    text = _LITERAL.sub(r"\1", text)
+    paragraphs = [" ".join(part.split()) for part in text.split("\n\n")]
+    return "\n\n".join(p for p in paragraphs if p)
+
+
 # --------------------------------------------------------------------------------------------
 # CRD manifests
 
@@ -232,14 +248,18 @@ def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], *, depth: int) ->
 def _crd(resource: CrdResource) -> dict[str, Any]:
     spec_schema = structural_schema(resource.spec)
     status_schema = structural_schema(resource.status)
-    description = resource.description
+    description = plain_text(resource.description)
     root: dict[str, Any] = {
         "type": "object",
         "description": description,
         "required": ["spec"],
         "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
+            "apiVersion": {
+                "type": "string",
+                "description": "the versioned schema of this object (agentsafe.io/v1alpha1)",
+            },
+            "kind": {"type": "string", "description": f"the object's kind ({resource.kind})"},
+            # The API server refuses anything but a type here (kubectl explain shows ObjectMeta).
             "metadata": {"type": "object"},
             "spec": spec_schema,
             "status": status_schema,
