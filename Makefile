@@ -62,7 +62,8 @@ typecheck: $(STAMP)
 	@mkdir -p build/typecheck/agentsafe
 	@ln -sfn ../../../executor build/typecheck/agentsafe/executor
 	@ln -sfn ../../../operator build/typecheck/agentsafe/operator
-	MYPYPATH=build/typecheck $(BIN)/mypy -p agentsafe.executor -p agentsafe.operator
+	@ln -sfn ../../../executor/client build/typecheck/agentsafe/client
+	MYPYPATH=build/typecheck $(BIN)/mypy -p agentsafe.executor -p agentsafe.operator -p agentsafe.client
 
 # pytest-xdist workers for tests/. Most tests wait on sockets and subprocesses, so more workers
 # than cores still pays off; tests that cannot share the machine carry an xdist_group mark.

@@ -37,6 +37,8 @@ class ControlPlane(Protocol):
 
     async def export_evidence(self, *, reason: str, principal: Principal) -> dict[str, Any]: ...
 
+    def action_catalog(self, principal: Principal) -> list[dict[str, Any]]: ...
+
 
 class Reason(BaseModel):
     """The body of halt, resume and evidence export."""

@@ -27,6 +27,7 @@ from ..state.usestore import UseStore
 from .app import ReadyState, Route, core_routes
 from .approval_page import page_routes
 from .approvals import approval_routes
+from .catalog import catalog_routes
 from .control import ControlPlane, control_routes
 from .plans import plan_routes
 
@@ -61,6 +62,7 @@ def route_table(
     """Every route this executor serves; ``plans`` and ``approvals`` are ``None`` when off."""
     rows = [
         *core_routes(pipeline=pipeline, readiness=readiness, jwks=jwks),
+        *catalog_routes(plane),
         *control_routes(plane),
     ]
     if plans is not None:
