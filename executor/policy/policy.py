@@ -78,7 +78,7 @@ class Verdict(StrEnum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class RuleApproval(_Model):
@@ -95,8 +95,10 @@ class Rule(_Model):
     """One rule of an action: when ``when`` is true, the verdict is ``verdict``."""
 
     name: Name
+    """the rule's name, reported with its verdict"""
     when: str = Field(min_length=1, max_length=4096, description="CEL; must evaluate to a bool")
     verdict: Verdict
+    """ALLOW, BLOCK or ESCALATE when the rule matches"""
     reason_code: str | None = Field(
         default=None,
         alias="reasonCode",
@@ -132,9 +134,12 @@ class ActionPolicy(_Model):
     """An action the executor may run: its handler, its parameter schema and its rules."""
 
     name: Name
+    """the action's name, as agents propose it"""
     handler: Name
+    """the registered handler that executes the action"""
     parameters: dict[str, Any] = Field(description="JSON Schema (Draft 2020-12) of the parameters")
     rules: tuple[Rule, ...] = Field(min_length=1, max_length=100)
+    """rules evaluated in order; the first that matches decides"""
 
     @model_validator(mode="after")
     def _unique_rule_names(self) -> ActionPolicy:
@@ -150,6 +155,7 @@ class PolicyDocument(_Model):
     """``spec.policy`` of an AgentPolicy; the executor's ``EXECUTOR_POLICY_FILE``."""
 
     actions: tuple[ActionPolicy, ...] = Field(min_length=1, max_length=200)
+    """the actions agents may propose"""
     plans: PlanPolicy | None = Field(
         default=None,
         description="multi-step plans: tools, effects, sources and ceilings (docs/plans.md)",
