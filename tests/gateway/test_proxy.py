@@ -380,6 +380,7 @@ async def test_an_unreachable_authority_is_its_own_state_never_a_verdict(
         streams=Streams(evidence=MemorySink(), security=MemorySink()),
         registrations=[("gateway", _register(exchanges, 5000))],
     )
+    await executor.reconcile_at_start()  # as the proxy does before it listens
     executor.pipeline._authority = UnreachableAuthority()  # type: ignore[assignment]
     gateway = Gateway(
         pipeline=executor.pipeline,
