@@ -163,14 +163,10 @@ ALLOWED: dict[str, Allowance] = {
         DATABASE,
         reason="the shared store's migrations, run on a connection pgstore.py opened",
     ),
-    "executor/proxy.py": allow(
-        LISTEN,
-        reason="`agentsafe proxy`: the gateway's listener (server side, accepts only); every "
-        "outbound request goes through the guarded client",
-    ),
     "executor/routes/listener.py": allow(
         LISTEN,
-        reason="the executor's listener (server side, accepts only; no outbound connection)",
+        reason="the executor's listener, and `agentsafe proxy`'s gateway behind it (server "
+        "side, accepts only; no outbound connection)",
     ),
     # Not listed because they use none of the APIs: routes/app.py (builds the aiohttp application;
     # routes/listener.py binds it for plane.py), host/tlsctx.py and host/posture.py (build and

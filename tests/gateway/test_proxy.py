@@ -4,6 +4,7 @@ request-smuggling shapes over raw sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -314,19 +315,28 @@ async def test_one_connection_over_the_gateways_per_source_cap_is_refused(
         tmp_path,
         upstream,
         "--enforce",
-        settings={"EXECUTOR_MAX_CONNECTIONS_PER_SOURCE": "2", "EXECUTOR_MAX_CONNECTIONS": "8"},
+        settings={
+            "EXECUTOR_MAX_CONNECTIONS_PER_SOURCE": "2",
+            "EXECUTOR_MAX_CONNECTIONS": "8",
+            # Long enough that the held connections are not closed idle under any load.
+            "EXECUTOR_HEADER_TIMEOUT_SECONDS": "120",
+        },
     )
+    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     try:
-        held = [await asyncio.open_connection("127.0.0.1", proxy.port) for _ in range(2)]
+        for _ in range(2):
+            held.append(await asyncio.open_connection("127.0.0.1", proxy.port))
         request = b"POST /pay HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
         data = await raw(proxy.port, request)
         status, body = status_and_json(data)
         assert status == 503
         assert body["error"]["code"] == "CONNECTION_LIMIT_REACHED"
         assert upstream.received == []
+    finally:
         for _, writer in held:
             writer.close()
-    finally:
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
         proxy.stop()
 
 
