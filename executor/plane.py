@@ -541,14 +541,19 @@ class Executor:
     async def recheck_unknown(self) -> int:
         """Ask the provider again about every attempt counted unknown (a lookup that lagged, a
         provider that was down); settle those it can now resolve. Returns how many closed."""
-        if self.journal is None or self.leases is not None or not len(self.pipeline.unknown):
-            # With a shared store the lease keeper asks again about what this replica owns
-            # (``lifecycle/leases.py``): one asker per attempt, never two.
+        if self.journal is None or not len(self.pipeline.unknown):
             return 0
         wanted = self.pipeline.unknown.ids()
         closed = 0
         for attempt in await self.journal.open_attempts():
             if attempt.attempt_id not in wanted or attempt.last_status == "BINDING_MISMATCH":
+                continue
+            # With a shared store the lease keeper asks again about the attempts this replica
+            # owns that a reconciliation left STILL_UNKNOWN (``lifecycle/leases.py``); this loop
+            # asks only about those never reconciled, under the lease: one asker per attempt.
+            if self.leases is not None and (
+                attempt.last_status == "STILL_UNKNOWN" or not await self.leases.gate(attempt)
+            ):
                 continue
             resolution = await reconcile_attempt(
                 attempt,
