@@ -20,15 +20,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from .banking.registration import HANDLER_PREFIX, banking_handlers
 from .clock import Clock, SystemClock
 from .codes import Code
-from .config import CredentialKind, ExecutorConfig, load_config
+from .config import CredentialKind, EffectMismatchAction, ExecutorConfig, load_config
 from .dispatch.forward import ForwardRequestHandler
 from .dispatch.seam import Outcome, Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.refusal_lines import RefusalEvent
 from .door.workload import JwksSource, WorkloadVerifier
+from .effects.adapter import EffectRegister
+from .effects.receipts import ProviderKeys
 from .egress.credentials import (
     DownstreamCredential,
     PrivateKeyJwtCredential,
@@ -293,6 +296,8 @@ def _forward_schema(document: PolicyDocument) -> dict[str, Any]:
     schemas = [dict(a.parameters) for a in document.actions if a.handler == "forward_request"]
     if len(schemas) == 1:
         return schemas[0]
+    if not schemas:  # not registered: the banking family uses only its dispatch path
+        return {"type": "object", "additionalProperties": False}
     return {"type": "object", "anyOf": schemas}
 
 
@@ -434,17 +439,39 @@ async def assemble(
         )
         document = load_policy(config.executor_policy_file)
         registry = Registry(security=streams.security)
-        registry.register(
-            "forward_request",
-            ForwardRequestHandler(
-                url=config.downstream_url,
-                lookup_url=config.downstream_lookup_url,
-                timeout_ms=config.downstream_timeout_ms,
-                transport=transport,
-                credential=build_credential(config, secrets, transport, clock),
-                parameters_schema=_forward_schema(document),
-            ),
+        credential = build_credential(config, secrets, transport, clock)
+        forward = ForwardRequestHandler(
+            url=config.downstream_url,
+            lookup_url=config.downstream_lookup_url,
+            timeout_ms=config.downstream_timeout_ms,
+            transport=transport,
+            credential=credential,
+            parameters_schema=_forward_schema(document),
         )
+        if any(action.handler == "forward_request" for action in document.actions):
+            registry.register("forward_request", forward)
+        effects = EffectRegister()
+        if any(action.handler.startswith(HANDLER_PREFIX) for action in document.actions):
+            banking_handlers(
+                registry,
+                forward=forward,
+                transport=transport,
+                credential=credential,
+                lookup_by_reference_url=config.downstream_lookup_by_reference_url,
+                timeout_ms=config.downstream_timeout_ms,
+                adapter_id=config.banking_adapter_id,
+                adapter_version=config.banking_adapter_version,
+                register=effects,
+                receipts=ProviderKeys.from_entries(
+                    entry.model_dump(by_alias=True) for entry in document.provider_keys or ()
+                ),
+                security=streams.security,
+            )
+        elif config.downstream_lookup_by_reference_url:
+            raise ConfigError(
+                "DOWNSTREAM_LOOKUP_BY_REFERENCE_URL",
+                "is read only by the banking family, and the policy names no banking. handler",
+            )
         registry.seal()
         policy = compile_policy(document, registered_handlers=set(registry.names()))
 
@@ -516,6 +543,12 @@ async def assemble(
             approval_origin=config.executor_approval_origin,
             on_approval_requested=(
                 webhook.notify if webhook is not None else lambda request, url: None
+            ),
+            effects=effects,
+            on_effect_mismatch=(
+                halt.effect_mismatch
+                if config.executor_on_effect_mismatch is EffectMismatchAction.HALT
+                else lambda grant_id: None
             ),
         )
         executor = Executor(

@@ -10,7 +10,12 @@ on its own with every collaborator passed in:
    body (``on_claimed``);
 5. finalize with the authority; journal ATTEMPT_CLOSED unless the outcome is unknown, in which
    case the answer carries a signed recovery object for ``POST /v1/reconciliations``;
-6. one OUTCOME evidence line, one count, one answer.
+6. read the effect record an adapter registered for the grant (``effects/adapter.py``): one
+   EFFECT_OBSERVED evidence line; an effect (or a receipt) that is not the authorised one adds
+   EFFECT_MISMATCH to the reason codes, an EFFECT_MISMATCH / EFFECT_RECEIPT_MISMATCH security
+   event and ``on_effect_mismatch`` (the halt, or only the count). The finalization is made before
+   the record is read, so neither an observation nor a receipt can make it fail;
+7. one OUTCOME evidence line, one count, one answer (with the ``effect`` block when COMPLETED).
 
 The caller learns that the attempt started through the :class:`Progress` it passes in (set
 before anything durable is written): from then on its idempotency key is never freed.
@@ -29,7 +34,9 @@ from typing import Any, Protocol
 from ..clock import Clock
 from ..codes import Code
 from ..dispatch.seam import Authorization, ExecutionContext, Outcome, Registry
-from ..errors import AgentSafeError, StoreError
+from ..effects.adapter import Comparison, EffectRecord, EffectRegister
+from ..effects.receipts import ReceiptComparison
+from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
 from ..intent import CapturedIntent
 from ..policy.authority import RECOVERY_TYP, Authority, Decision, GrantRefused
@@ -68,6 +75,11 @@ class Attempt:
     streams: Streams
     clock: Clock
     count_outcome: Callable[[Outcome], None] = lambda outcome: None
+    effects: EffectRegister | None = None
+    on_effect_mismatch: Callable[[str], None] = lambda grant_id: None
+    on_ceiling_refused: Callable[[CapturedIntent, Principal, str, str], None] = (
+        lambda intent, principal, code, stage: None
+    )
 
     async def run(
         self,
@@ -87,7 +99,13 @@ class Attempt:
             raise ValueError("only an ALLOW with a grant starts an attempt")
         reservation = None
         if self.ceilings is not None:
-            reservation = await self.ceilings.commit(intent.parameters)
+            try:
+                reservation = await self.ceilings.commit(
+                    self.registry.ceiling_view(handler, intent.parameters)
+                )
+            except RequestRejected as exc:
+                self.on_ceiling_refused(intent, principal, exc.code, "COMMIT")
+                raise
         attempt_id = str(uuid.uuid4())
         journal = self.journal
         progress.started = True
@@ -176,6 +194,10 @@ class Attempt:
                 executed=report.executed,
                 finalization=finalization,
             )
+        reason_codes = list(report.reason_codes)
+        record = self.effects.take(claim.grant_id) if self.effects is not None else None
+        if record is not None:
+            reason_codes = self._effect(intent, principal, record, reason_codes)
         self.count_outcome(outcome)
         self.streams.evidence.emit(
             "OUTCOME",
@@ -185,7 +207,7 @@ class Attempt:
                 "grant_id": claim.grant_id,
                 "outcome": outcome.value,
                 "executed": report.executed,
-                "reason_codes": list(report.reason_codes),
+                "reason_codes": reason_codes,
                 "finalization": finalization,
                 "caller": principal.id,
                 **_receipt(report.result),
@@ -193,7 +215,7 @@ class Attempt:
         )
         body = decision_answer(
             **common,
-            reason_codes=[*decision.reason_codes, *report.reason_codes],
+            reason_codes=[*decision.reason_codes, *reason_codes],
             fail_closed=outcome is Outcome.FAILED_BEFORE_DISPATCH,
             outcome=outcome.value,
             executed=report.executed,
@@ -201,8 +223,41 @@ class Attempt:
             finalization=finalization,
             result=report.result if outcome is Outcome.COMPLETED else None,
             recovery=recovery,
+            # A refusal raised out of the handler returned no result to read one from: its
+            # observation is in the evidence (EFFECT_OBSERVED), not in the answer.
+            effect=record.block() if record is not None and outcome is Outcome.COMPLETED else None,
         )
         return Answer(200, body)
+
+    def _effect(
+        self,
+        intent: CapturedIntent,
+        principal: Principal,
+        record: EffectRecord,
+        reason_codes: list[str],
+    ) -> list[str]:
+        """One EFFECT_OBSERVED evidence line naming the observer; a mismatch adds
+        EFFECT_MISMATCH, its security events, and the configured behaviour."""
+        self.streams.evidence.emit(
+            "EFFECT_OBSERVED",
+            {"intent_id": intent.intent_id, "caller": principal.id, **record.block()},
+        )
+        if not record.mismatch:
+            return reason_codes
+        fields = {
+            "intent_id": intent.intent_id,
+            "grant_id": record.grant_id,
+            "record_digest": record.digest,
+            "differing_fields": list(record.differing_fields),
+        }
+        if record.comparison is Comparison.MISMATCH:
+            self.streams.security.emit("EFFECT_MISMATCH", fields)
+        if record.receipt.comparison is ReceiptComparison.MISMATCH:
+            self.streams.security.emit(
+                "EFFECT_RECEIPT_MISMATCH", {**fields, "reason": record.receipt.reason}
+            )
+        self.on_effect_mismatch(record.grant_id)
+        return [*reason_codes, Code.EFFECT_MISMATCH]
 
     def _failed_before_dispatch(self, common: Mapping[str, Any], reasons: list[str]) -> Answer:
         self.count_outcome(Outcome.FAILED_BEFORE_DISPATCH)

@@ -215,19 +215,22 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
 
 
 class ProviderProcess(_Process):
-    """``python -m agentsafe.executor.tools.synthetic`` on a loopback port."""
+    """``python -m agentsafe.executor.tools.synthetic`` (or ``module``: the synthetic core
+    bank, ``tools/synthetic_bank.py``) on a loopback port."""
 
-    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        port: int | None = None,
+        *,
+        module: str = "agentsafe.executor.tools.synthetic",
+        args: tuple[str, ...] = (),
+        name: str = "provider",
+    ) -> None:
         self.port = port or free_port()
         env = {key: os.environ[key] for key in _CLEAN_ENV_KEYS if key in os.environ}
-        argv = [
-            sys.executable,
-            "-m",
-            "agentsafe.executor.tools.synthetic",
-            "--port",
-            str(self.port),
-        ]
-        super().__init__(argv, env, log_dir, "provider")
+        argv = [sys.executable, "-m", module, "--port", str(self.port), *args]
+        super().__init__(argv, env, log_dir, name)
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def start(self, timeout: float = 30.0) -> None:
