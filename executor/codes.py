@@ -431,8 +431,7 @@ class Code(StrEnum):
     EFFECT_MISMATCH = (
         "EFFECT_MISMATCH",
         None,
-        "the effect the provider reports is not the one that was authorised (or its receipt "
-        "disagrees); an operator reconciles it",
+        "the observed effect (or the provider's receipt) is not the authorised one",
     )
     EFFECT_RECEIPT_INVALID = (
         "EFFECT_RECEIPT_INVALID",

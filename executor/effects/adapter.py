@@ -329,7 +329,7 @@ class AdapterHandler:
         )
         self._register.put(record)
         if not committed:
-            raise ProviderRefused(result.reason or "PROVIDER_REFUSED", status=result.status)
+            raise ProviderRefused(result.reason or Code.PROVIDER_REFUSED, status=result.status)
         answer: dict[str, Any] = {"status": result.status, "accepted": True}
         if result.provider_reference is not None:
             answer["provider_reference"] = result.provider_reference

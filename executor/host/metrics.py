@@ -71,10 +71,9 @@ HALT_CAUSES = (
     "EGRESS_SPIKE",
     "POSTURE_DRIFT",
     "CLOCK_SKEW",
-    "EFFECT_MISMATCH",
+    Code.EFFECT_MISMATCH.value,
 )
 CEILING_CODES = tuple(code.value for code in Code if code.value.startswith("HARD_LIMIT_"))
-EFFECT_COMPARISONS = ("MATCH", "MISMATCH", "NOT_COMPARED")
 OPERATOR_ACTIONS = (
     "halt",
     "resume",
