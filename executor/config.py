@@ -97,8 +97,8 @@ __all__ = [
     "SigningAlgorithm",
     "TlsMinVersion",
     "describe_config",
-    "iso4217_listed",
     "is_production",
+    "iso4217_listed",
     "load_config",
     "render_config_table",
 ]

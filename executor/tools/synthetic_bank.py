@@ -137,9 +137,7 @@ class SyntheticBank:
             return web.json_response({"code": "ACTION_NOT_UNDERSTOOD"}, status=422)
         reference = "bank_" + uuid.uuid4().hex[:16]
         if mode == "refuse":
-            booking = _Booking(
-                reference, {}, False, (422, {"code": "INSUFFICIENT_FUNDS"}), None
-            )
+            booking = _Booking(reference, {}, False, (422, {"code": "INSUFFICIENT_FUNDS"}), None)
             booking.receipt = self._receipt(request, "REFUSED", None)
             self._bookings[key] = booking
             return self._answer(booking)

@@ -13,12 +13,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from agentsafe.executor.banking.actions import ACTIONS
 from agentsafe.executor.jws import b64url_encode
 from agentsafe.executor.tools.harness import (
     ExecutorProcess,
     ProviderProcess,
     Workspace,
+    banking_environment,
+    banking_policy,
     free_port,
     wait_until,
 )
@@ -57,30 +58,6 @@ def sepa(amount: int | str = 12500) -> dict[str, Any]:
     }
 
 
-def write_policy(path: Path, public_key: str) -> Path:
-    policy = {
-        "actions": [
-            {
-                "name": "pay_supplier",
-                "handler": "banking.credit_transfer.sepa",
-                "parameters": ACTIONS["banking.credit_transfer.sepa"].schema,
-                "rules": [{"name": "all", "when": "true", "verdict": "ALLOW"}],
-            },
-            {
-                "name": "cancel_payment",
-                "handler": "banking.payment.cancel",
-                "parameters": ACTIONS["banking.payment.cancel"].schema,
-                "rules": [{"name": "all", "when": "true", "verdict": "ALLOW"}],
-            },
-        ],
-        "providerKeys": [
-            {"kid": "synthetic-bank-1", "issuer": "synthetic-bank", "publicKey": public_key}
-        ],
-    }
-    path.write_text(json.dumps(policy), encoding="utf-8")
-    return path
-
-
 class Estate:
     def __init__(self, bank: ProviderProcess, executor: ExecutorProcess) -> None:
         self.bank = bank
@@ -93,7 +70,7 @@ class Estate:
         key: str,
         *,
         target: str = FR,
-        action: str = "pay_supplier",
+        action: str = "credit_transfer_sepa",
     ) -> tuple[int, dict[str, Any]]:
         body = {
             "proposal": {"action": action, "target": target, "parameters": parameters},
@@ -137,13 +114,9 @@ async def start_estate(
     env = workspace.environment(
         provider_url=bank.url,
         port=free_port(),
-        policy_file=write_policy(tmp_path / "policy.json", public),
+        policy_file=banking_policy(tmp_path / "policy.json", provider_key=public),
         extra={
-            "DOWNSTREAM_URL": f"{bank.url}/payments",
-            "DOWNSTREAM_LOOKUP_URL": f"{bank.url}/payments/{{idempotency_key}}",
-            "DOWNSTREAM_LOOKUP_BY_REFERENCE_URL": (
-                f"{bank.url}/payments/by-reference/{{provider_reference}}"
-            ),
+            **banking_environment(bank.url),
             "DOWNSTREAM_TIMEOUT_MS": "1500",
             "EXECUTOR_ON_EFFECT_MISMATCH": on_mismatch,
             "BANKING_ADAPTER_ID": "TEST_CORE_BANKING",
@@ -270,7 +243,7 @@ async def test_alert_records_and_counts_a_mismatch_without_halting(tmp_path: Pat
     try:
         async with aiohttp.ClientSession() as session:
             # An honest booking whose receipt states another digest: the receipt MISMATCH alone.
-            status, body = await estate.propose(session, sepa(), "receipt-lie-1")
+            _status, body = await estate.propose(session, sepa(), "receipt-lie-1")
             assert body["outcome"] == "COMPLETED", body
             assert body["effect"]["comparison"] == "MATCH"
             assert body["effect"]["receipt_comparison"] == "MISMATCH"
@@ -278,7 +251,7 @@ async def test_alert_records_and_counts_a_mismatch_without_halting(tmp_path: Pat
             assert "EFFECT_MISMATCH" in body["reason_codes"]
             async with session.get(estate.executor.url + "/ready") as r:
                 assert r.status == 200
-            status, body = await estate.propose(session, sepa(), "receipt-lie-2")
+            _status, body = await estate.propose(session, sepa(), "receipt-lie-2")
             assert body["outcome"] == "COMPLETED", body
     finally:
         estate.executor.terminate()
