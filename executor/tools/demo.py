@@ -34,6 +34,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from ..codes import Code
 from ..lifecycle.reconcile import ResolutionStatus
 from .harness import (
     ExecutorProcess,
@@ -274,9 +275,9 @@ async def _effect_mismatch_case(root: Path, logs: Path) -> Step:
         reasons = body.get("reason_codes") or []
         ok = (
             body.get("outcome") == "COMPLETED"
-            and "EFFECT_MISMATCH" in reasons
+            and Code.EFFECT_MISMATCH in reasons
             and effect.get("differing_fields") == ["amountMinor"]
-            and after.get("reason_codes") == ["EXECUTOR_HALTED"]
+            and after.get("reason_codes") == [Code.EXECUTOR_HALTED]
             and count == 1
         )
         observed = (

@@ -32,8 +32,8 @@ told to misbehave in every way the effect plane must notice:
 Run it alone with ``python -m agentsafe.executor.tools.synthetic_bank --port N``; it binds loopback
 only and prints its base URL once it is listening.
 
-Callers: tests (``tests/banking``) and the demo (``tools/demo.py``), through
-``harness.ProviderProcess(module=...)``.
+Callers: the tests (``tests/banking``) and the demo run it as its own process, through the
+harness's ``ProviderProcess(module="agentsafe.executor.tools.synthetic_bank")``.
 """
 
 from __future__ import annotations
