@@ -1,22 +1,23 @@
 """Assembly: turn a checked configuration into a running executor's components, in start order.
 
-:func:`assemble` builds an :class:`~agentsafe.executor.plane.Executor` from an environment without
-a process around it and without the audit hook (``serve.py`` installs that): posture, secrets,
-the journal, the chained evidence streams, the use store, the halt state, egress, the handler
-registry, the compiled policy and the authority, the door, TLS, the host ceilings, the pipeline
-and the plan service. Anything it opened is closed again if a later step refuses.
+:func:`assemble` builds an :class:`~agentsafe.executor.plane.Executor` from an environment without a
+process around it and without the audit hook (``serve.py`` installs that): posture, secrets, the
+journal, the chained evidence streams, the use store, the halt state, egress, the handler registry
+(the built-in ``forward_request`` and every registration function, ``dispatch/registration.py``),
+the compiled policy and the authority, the door, TLS, the host ceilings, the pipeline and the plan
+service. Anything it opened is closed again if a later step refuses.
 
-The builders it calls are small and pure-ish: each takes the configuration and what it needs,
-and returns one component or raises :class:`~agentsafe.executor.errors.ConfigError` naming the
-variable.
+The builders it calls are small and pure-ish: each takes the configuration and what it needs, and
+returns one component or raises :class:`~agentsafe.executor.errors.ConfigError` naming the variable.
 
 Callers: ``serve.py`` (the process), tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,12 +26,22 @@ from .clock import Clock, SystemClock
 from .codes import Code
 from .config import CredentialKind, EffectMismatchAction, ExecutorConfig, load_config
 from .dispatch.forward import ForwardRequestHandler
+from .dispatch.registration import (
+    ActionRegistrar,
+    Downstream,
+    EffectRegister,
+    PlanRegistrar,
+    Registration,
+    Seam,
+    load_registrations,
+    run_registrations,
+)
 from .dispatch.seam import Outcome, Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.refusal_lines import RefusalEvent
 from .door.workload import JwksSource, WorkloadVerifier
-from .effects.adapter import EffectRegister
+from .effects.adapter import EffectRecords
 from .effects.receipts import ProviderKeys
 from .egress.credentials import (
     DownstreamCredential,
@@ -295,10 +306,10 @@ def build_tls(
 def _forward_schema(document: PolicyDocument) -> dict[str, Any]:
     """The forward handler accepts exactly what the policy's actions it runs accept."""
     schemas = [dict(a.parameters) for a in document.actions if a.handler == "forward_request"]
+    if not schemas:  # no action runs it (agentsafe proxy's policy): it accepts nothing
+        return {"type": "object", "additionalProperties": False, "maxProperties": 0}
     if len(schemas) == 1:
         return schemas[0]
-    if not schemas:  # not registered: the banking family uses only its dispatch path
-        return {"type": "object", "additionalProperties": False}
     return {"type": "object", "anyOf": schemas}
 
 
@@ -310,6 +321,7 @@ async def assemble(
     guard: Guard | None = None,
     chain: tuple[TextIO | LineWriter, TextIO | LineWriter] | None = None,
     plan_executors: Sequence[StepExecutor] = (),
+    registrations: Sequence[tuple[str, Registration]] = (),
 ) -> Executor:
     """Build an executor from ``environ`` in the start order; raises on any refusal.
 
@@ -318,7 +330,9 @@ async def assemble(
     :class:`DeferredSink` that hold what start-up says until the chain is open.
 
     ``plan_executors`` are the host's step executors for the plan routes (each bound to one tool
-    and effect); the routes exist when the policy has a ``plans`` section.
+    and effect); the routes exist when the policy has a ``plans`` section. ``registrations`` run
+    against the seam before those ``EXECUTOR_HANDLERS`` names (``proxy.py`` registers the
+    gateway's handler this way).
     """
     config = load_config(environ)
     streams = streams or Streams.standard()
@@ -362,6 +376,7 @@ async def assemble(
 
     secrets.on_change(rotated)
     journal: AttemptJournal | None = None
+    closers: list[Callable[[], Awaitable[None]]] = []
     chained: ChainedStreams | None = None
     store: UseStore | None = None
     shared: PostgresStore | None = None
@@ -451,9 +466,8 @@ async def assemble(
             credential=credential,
             parameters_schema=_forward_schema(document),
         )
-        if any(action.handler == "forward_request" for action in document.actions):
-            registry.register("forward_request", forward)
-        effects = EffectRegister()
+        registry.register("forward_request", forward)
+        effects = EffectRecords()
         if any(action.handler.startswith(HANDLER_PREFIX) for action in document.actions):
             banking_handlers(
                 registry,
@@ -470,12 +484,29 @@ async def assemble(
                 ),
                 security=streams.security,
             )
-        elif config.downstream_lookup_by_reference_url:
-            raise ConfigError(
-                "DOWNSTREAM_LOOKUP_BY_REFERENCE_URL",
-                "is read only by the banking family, and the policy names no banking. handler",
-            )
+        seam = Seam(
+            registry=ActionRegistrar(registry),
+            downstream=Downstream(
+                url=config.downstream_url,
+                lookup_url=config.downstream_lookup_url,
+                lookup_by_reference_url=config.downstream_lookup_by_reference_url,
+                timeout_ms=config.downstream_timeout_ms,
+                system=config.downstream_system,
+                operation=config.downstream_operation,
+            ),
+            credential=credential,
+            fetch=transport,
+            effects=EffectRegister(streams.evidence),
+            plans=PlanRegistrar(),
+            closers=closers,
+        )
+        registered_steps = await run_registrations(
+            [*registrations, *load_registrations(config.executor_handlers)],
+            seam,
+            security=streams.security,
+        )
         registry.seal()
+        plan_executors = (*plan_executors, *registered_steps)
         policy = compile_policy(document, registered_handlers=set(registry.names()))
 
         key_handle = secrets.get("EXECUTOR_AUTHORITY_SIGNING_KEY")
@@ -593,6 +624,7 @@ async def assemble(
             ),
             shared=shared,
             store_health=store_health,
+            closers=closers,
         )
         if mirror is not None and journal is not None:
             executor.leases = LeaseKeeper(
@@ -605,6 +637,9 @@ async def assemble(
         return executor
     except BaseException:
         # Nothing half-built survives a refusal: close what was opened, in reverse order.
+        for close in reversed(closers):
+            with contextlib.suppress(Exception):
+                await close()
         if store is not None:
             await store.close()
         if shared is not None:

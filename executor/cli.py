@@ -35,18 +35,38 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    import os
+    import json
+    from dataclasses import asdict
 
     from .config import describe_config, render_config_table
     from .errors import ConfigError
+    from .tools.doctor import read_environment
 
     try:
-        rows = describe_config(os.environ)
+        rows = describe_config(read_environment(args.env_file))
     except ConfigError as exc:
+        if args.output == "json":
+            error = {"code": exc.code, "variable": exc.variable, "message": str(exc)}
+            sys.stdout.write(json.dumps({"valid": False, "error": error}, indent=2) + "\n")
         print(f"agentsafe: configuration invalid: {exc}", file=sys.stderr)
         return exc.exit_status
+    if args.output == "json":
+        body = {"valid": True, "variables": [asdict(row) for row in rows]}
+        sys.stdout.write(json.dumps(body, indent=2) + "\n")
+        return 0
     sys.stdout.write(render_config_table(rows))
     return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    try:
+        return version("agentsafe")
+    except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+        return __version__
 
 
 def _verify_intent(args: argparse.Namespace) -> int:
@@ -84,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Configuration is read from EXECUTOR_* and DOWNSTREAM_* variables; "
         "see docs/configuration.md, or run 'agentsafe config'.",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"agentsafe {_version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     serve = sub.add_parser(
@@ -113,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print every configuration key, its resolved value and its source "
         "(env, file, default). Secrets are shown only as <set>. Exit 78 if invalid.",
     )
+    config.add_argument(
+        "--env-file", help="a KEY=VALUE file (as agentsafe init writes) over the environment"
+    )
+    config.add_argument("-o", "--output", choices=["text", "json"], default="text")
     config.set_defaults(run=_config)
 
     verify = sub.add_parser(
@@ -157,6 +184,30 @@ def build_parser() -> argparse.ArgumentParser:
     from .tools.store_cli import add_parser as add_store
 
     add_store(sub)
+
+    from .tools.init_cli import add_parser as add_init
+
+    add_init(sub)
+
+    from .tools.doctor import add_parser as add_doctor
+
+    add_doctor(sub)
+
+    from .tools.status_cli import add_parser as add_status
+
+    add_status(sub)
+
+    from .tools.selftest import add_parser as add_test
+
+    add_test(sub)
+
+    from .tools.mcp_bridge import add_parser as add_mcp
+
+    add_mcp(sub)
+
+    from .proxy import add_parser as add_proxy
+
+    add_proxy(sub)
 
     for ep in entry_points(group="agentsafe.commands"):
         register: Callable[[Any], None] = ep.load()

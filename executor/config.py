@@ -250,6 +250,7 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_MAX_CONNECTIONS",
     "EXECUTOR_MAX_CONNECTIONS_PER_SOURCE",
     "EXECUTOR_INTENT_TTL_SECONDS",
+    "EXECUTOR_HANDLERS",
     "EXECUTOR_AUTHORITY_SIGNING_KEY",
     "EXECUTOR_AUTHORITY_SIGNING_KEY_FILE",
     # callers
@@ -607,7 +608,26 @@ _ABSOLUTE_FIELDS: Final = (
 )
 
 # Comma-separated lists and their parsers.
+_HANDLER_REFERENCE: Final = re.compile(
+    r"^(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+    r"(?:\.[A-Za-z_][A-Za-z0-9_]*)*|[A-Za-z0-9][A-Za-z0-9_.-]{0,127})$"
+)
+
+
+def _parse_handler_references(value: str) -> tuple[str, ...]:
+    """``EXECUTOR_HANDLERS``: comma-separated ``module:function`` references or entry-point
+    names of the ``agentsafe.handlers`` group, each once (``dispatch/registration.py`` loads
+    them)."""
+    refs = tuple(part.strip() for part in value.split(","))
+    if any(not r or not _HANDLER_REFERENCE.match(r) for r in refs):
+        raise ValueError("must be comma-separated module:function references or entry-point names")
+    if len(set(refs)) != len(refs):
+        raise ValueError("names a registration twice")
+    return refs
+
+
 _LIST_FIELDS: Final[Mapping[str, Callable[[str], tuple[str, ...]]]] = {
+    "executor_handlers": _parse_handler_references,
     "executor_egress_allow_cidrs": _parse_cidrs,
     "downstream_spki_pins": _parse_pins,
 }
@@ -656,6 +676,7 @@ class ExecutorConfig(BaseModel):
     executor_intent_ttl_seconds: int = Field(
         default=INTENT_TTL_SECONDS_DEFAULT, ge=1, le=INTENT_TTL_SECONDS_MAX
     )
+    executor_handlers: tuple[str, ...] | None = None
     executor_authority_signing_key: SecretSource = SecretSource("EXECUTOR_AUTHORITY_SIGNING_KEY")
 
     # callers

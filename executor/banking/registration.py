@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..dispatch.forward import ForwardRequestHandler
 from ..dispatch.seam import Registry
-from ..effects.adapter import AdapterHandler, EffectRegister
+from ..effects.adapter import AdapterHandler, EffectRecords
 from ..effects.receipts import ProviderKeys
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import Transport
@@ -38,7 +38,7 @@ def banking_handlers(
     timeout_ms: int,
     adapter_id: str,
     adapter_version: str,
-    register: EffectRegister,
+    register: EffectRecords,
     receipts: ProviderKeys | None = None,
     security: EventSink | None = None,
 ) -> list[str]:

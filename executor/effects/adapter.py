@@ -18,7 +18,7 @@ three of them pure.
 inside the dispatch (the transport is given ``ctx.remaining()``, so never more than the grant has
 left), then ``observe_effect``, then the field-by-field comparison against what was authorised,
 the receipt comparison (``receipts.py``), and the :class:`EffectRecord`, registered in the
-:class:`EffectRegister` under the grant id for the attempt to read after the registry returns.
+:class:`EffectRecords` under the grant id for the attempt to read after the registry returns.
 A refusal is registered before :class:`~agentsafe.executor.dispatch.seam.ProviderRefused` is
 raised, so its observation reaches the evidence although the answer has no effect block.
 :meth:`AdapterHandler.admit` is ``prepare`` before the authority is asked: the derived target must
@@ -69,7 +69,7 @@ __all__ = [
     "Comparison",
     "Confirmation",
     "EffectRecord",
-    "EffectRegister",
+    "EffectRecords",
     "ObservationMethod",
     "Prepared",
     "ProviderOutcome",
@@ -223,7 +223,7 @@ class EffectRecord:
         return {**self._fields(), "record_digest": self.digest}
 
 
-class EffectRegister:
+class EffectRecords:
     """Effect records by grant id, put by the bridge and taken once by the attempt."""
 
     def __init__(self) -> None:
@@ -256,7 +256,7 @@ class AdapterHandler:
         self,
         adapter: Adapter,
         *,
-        register: EffectRegister,
+        register: EffectRecords,
         receipts: ProviderKeys | None = None,
     ) -> None:
         self._adapter = adapter

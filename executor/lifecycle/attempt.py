@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from ..clock import Clock
 from ..codes import Code
 from ..dispatch.seam import Authorization, ExecutionContext, Outcome, Registry
-from ..effects.adapter import Comparison, EffectRecord, EffectRegister
+from ..effects.adapter import Comparison, EffectRecord, EffectRecords
 from ..effects.receipts import ReceiptComparison
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
@@ -75,7 +75,7 @@ class Attempt:
     streams: Streams
     clock: Clock
     count_outcome: Callable[[Outcome], None] = lambda outcome: None
-    effects: EffectRegister | None = None
+    effects: EffectRecords | None = None
     on_effect_mismatch: Callable[[str], None] = lambda grant_id: None
     on_ceiling_refused: Callable[[CapturedIntent, Principal, str, str], None] = (
         lambda intent, principal, code, stage: None

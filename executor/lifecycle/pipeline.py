@@ -50,7 +50,7 @@ from ..codes import Code
 from ..config import EscalationMode, ExecutorMode
 from ..dispatch.seam import Outcome, ReconcileStatus, Registry
 from ..door.door import check_action
-from ..effects.adapter import EffectRegister
+from ..effects.adapter import EffectRecords
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
 from ..host.metrics import ExecutorMetrics
@@ -129,7 +129,7 @@ class Pipeline:
         on_forbidden: Callable[[Principal, Code], None] = lambda principal, code: None,
         approval_origin: str | None = None,
         on_approval_requested: Callable[[ApprovalRequest, str], None] = lambda request, url: None,
-        effects: EffectRegister | None = None,
+        effects: EffectRecords | None = None,
         on_effect_mismatch: Callable[[str], None] = lambda grant_id: None,
     ) -> None:
         self.mode = mode

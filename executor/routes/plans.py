@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..codes import Code
 from ..events import Streams
 from ..plans.errors import AgentExecutionError, AgentSafetyError
 from ..plans.service import PlanService
@@ -65,27 +66,152 @@ def plan_routes(*, service: PlanService, streams: Streams) -> tuple[Route, ...]:
     async def verify(body: Any, principal: Principal) -> dict[str, Any]:
         return await service.verify_receipt(body)
 
+    def row(
+        path: str, role: Role, scope: Scope | None, handler: RouteHandler, summary: str
+    ) -> Route:
+        return Route(
+            "POST",
+            path,
+            role,
+            scope,
+            AnyJson,
+            handler,
+            summary=summary,
+            answers={200: AnyJson},
+            codes=PLAN_CODES,
+            host_codes=True,
+        )
+
     proposer, approver, operator = Role.PROPOSER, Role.APPROVER, Role.OPERATOR
     return (
-        Route("POST", "/v1/plans/dry-run", proposer, None, AnyJson, run("PLAN_DRY_RUN", dry_run)),
-        Route(
-            "POST",
+        row(
+            "/v1/plans/dry-run",
+            proposer,
+            None,
+            run("PLAN_DRY_RUN", dry_run),
+            "Dry-run a plan: its steps, bindings and digest",
+        ),
+        row(
             "/v1/plans/approvals",
             approver,
             None,
-            AnyJson,
             run("PLAN_APPROVAL_ISSUED", approve),
+            "Sign an approval of a dry run (limits may narrow, never widen)",
         ),
-        Route("POST", "/v1/plans/steps", proposer, None, AnyJson, run("PLAN_STEP", step)),
-        Route(
-            "POST",
+        row(
+            "/v1/plans/steps",
+            proposer,
+            None,
+            run("PLAN_STEP", step),
+            "Run one approved step: the frozen value and its signed receipt",
+        ),
+        row(
             "/v1/plans/receipts/verify",
             operator,
             Scope.EVIDENCE,
-            AnyJson,
             run("PLAN_RECEIPT_VERIFIED", verify),
+            "Verify a step's signed receipt",
         ),
     )
+
+
+PLAN_CODES = frozenset(
+    {
+        Code.AGENT_SAFETY_REFUSED,
+        Code.APPROVAL_ALREADY_USED,
+        Code.APPROVAL_AMBIGUOUS_NARROWING,
+        Code.APPROVAL_BINDING_MISMATCH,
+        Code.APPROVAL_CLOCK_SKEW,
+        Code.APPROVAL_EXPIRED,
+        Code.APPROVAL_KEY_MISMATCH,
+        Code.APPROVAL_LIFETIME_EXCEEDED,
+        Code.APPROVAL_MALFORMED,
+        Code.APPROVAL_NOT_YET_VALID,
+        Code.APPROVAL_REQUEST_INVALID,
+        Code.APPROVAL_SIGNATURE_INVALID,
+        Code.APPROVAL_WIDENS,
+        Code.APPROVER_MISMATCH,
+        Code.AUDIT_COMPLETE_FAILED,
+        Code.AUDIT_SINK_INVALID,
+        Code.AUDIT_START_FAILED,
+        Code.CANCEL_INVALID,
+        Code.CITATION_REFUSED,
+        Code.CLOCK_INVALID,
+        Code.CONSUMPTION_INVALID,
+        Code.CONSUMPTION_MISMATCH,
+        Code.CONSUMPTION_UNVERIFIED,
+        Code.CONTEXT_INVALID,
+        Code.CONTEXT_MISMATCH,
+        Code.CONTEXT_STALE,
+        Code.DRY_RUN_MISMATCH,
+        Code.EVIDENCE_EXCEEDS_APPROVAL,
+        Code.EVIDENCE_INVALID,
+        Code.EXECUTION_FAILED,
+        Code.EXECUTION_ID_INVALID,
+        Code.EXECUTOR_DUPLICATE,
+        Code.EXECUTOR_FAILED,
+        Code.EXECUTOR_INVALID,
+        Code.EXECUTOR_MISMATCH,
+        Code.EXECUTOR_NOT_REGISTERED,
+        Code.JSON_COLLECTION_TOO_LONG,
+        Code.JSON_INVALID,
+        Code.JSON_NUMBER_INVALID,
+        Code.JSON_TOO_DEEP,
+        Code.JSON_TOO_LARGE,
+        Code.JSON_TOO_MANY_CONTAINERS,
+        Code.JSON_TOO_MANY_NODES,
+        Code.JSON_TYPE_REFUSED,
+        Code.MCP_ARGUMENTS_INVALID,
+        Code.MCP_COUNT_ROWS_REQUIRED,
+        Code.MCP_RESULT_UNCOUNTED,
+        Code.MCP_TIMEOUT_INVALID,
+        Code.MCP_TOOL_ERROR,
+        Code.MCP_TOOL_NAME_INVALID,
+        Code.MCP_TOOL_NOT_READ_ONLY,
+        Code.MCP_TOOL_UNKNOWN,
+        Code.OPERATION_ABORTED,
+        Code.OPERATION_INVALID,
+        Code.OPERATION_MISMATCH,
+        Code.OPERATION_PARAMETERS_EXCEEDED,
+        Code.PLAN_BINDING_CONFLICT,
+        Code.PLAN_BINDING_DRIFT,
+        Code.PLAN_DUPLICATE,
+        Code.PLAN_EFFECT_NOT_ALLOWED,
+        Code.PLAN_FIELD_NOT_ALLOWED,
+        Code.PLAN_INVALID,
+        Code.PLAN_LIMIT_EXCEEDED,
+        Code.PLAN_OPERATION_DIGEST_MISMATCH,
+        Code.PLAN_PROVENANCE_INVALID,
+        Code.PLAN_PROVENANCE_STALE,
+        Code.PLAN_SOURCE_UNKNOWN,
+        Code.PLAN_TOOL_NOT_ALLOWED,
+        Code.POLICY_DIGEST_MISMATCH,
+        Code.POLICY_INVALID,
+        Code.RECEIPT_KEY_MISMATCH,
+        Code.RECEIPT_MALFORMED,
+        Code.RECEIPT_MISMATCH,
+        Code.RECEIPT_REFUSED,
+        Code.RECEIPT_SIGNATURE_INVALID,
+        Code.REGISTRY_SEALED,
+        Code.REQUEST_INVALID,
+        Code.RESULT_BYTES_EXCEEDED,
+        Code.RESULT_INVALID,
+        Code.RESULT_ROWS_EXCEEDED,
+        Code.RESULT_UNCOUNTED,
+        Code.SIGNER_FAILED,
+        Code.SIGNER_INVALID,
+        Code.SKEW_INVALID,
+        Code.STEP_UNKNOWN,
+        Code.TIMESTAMP_INVALID,
+        Code.TIME_INVALID,
+        Code.USE_STORE_FAILED,
+        Code.USE_STORE_INVALID,
+        Code.VERIFIER_FAILED,
+        Code.VERIFIER_INVALID,
+    }
+)
+"""Every registry code the plan library refuses with (``executor/plans/``; a drift test scans
+it); a host step executor's own code is passed through as well (``host_codes``)."""
 
 
 def _plain(value: Any) -> Any:

@@ -17,7 +17,7 @@ from agentsafe.executor.dispatch.seam import Authorization, Dispatch, ExecutionC
 from agentsafe.executor.effects.adapter import (
     AdapterHandler,
     Confirmation,
-    EffectRegister,
+    EffectRecords,
     ObservationMethod,
 )
 from agentsafe.executor.egress.transport import HttpResponse, TransportError
@@ -90,7 +90,7 @@ def bridge(transport: Scripted, *, lookup: str | None, security: MemorySink) -> 
         adapter_version="1",
         security=security,
     )
-    return AdapterHandler(adapter, register=EffectRegister())
+    return AdapterHandler(adapter, register=EffectRecords())
 
 
 def context() -> ExecutionContext:

@@ -21,7 +21,7 @@ from agentsafe.executor.dispatch.seam import (
 )
 from agentsafe.executor.effects.adapter import (
     AdapterHandler,
-    EffectRegister,
+    EffectRecords,
     ObservationMethod,
     Prepared,
     ProviderOutcome,
@@ -87,7 +87,7 @@ class ScriptedAdapter:
 def attempt_with(
     world: World, script: str, halts: list[str], ceilings: HostCeilings | None = None
 ) -> tuple[Attempt, list[tuple[str, str]]]:
-    register = EffectRegister()
+    register = EffectRecords()
     registry = Registry(security=world.streams.security)
     registry.register("forward_request", AdapterHandler(ScriptedAdapter(script), register=register))
     registry.seal()
@@ -190,7 +190,7 @@ async def test_a_ceiling_refusal_at_commit_is_reported(world: World) -> None:
 
 
 async def test_admit_refuses_a_target_the_action_does_not_derive() -> None:
-    handler = AdapterHandler(ScriptedAdapter("honest"), register=EffectRegister())
+    handler = AdapterHandler(ScriptedAdapter("honest"), register=EffectRecords())
     registry = Registry()
     registry.register("forward_request", handler)
     registry.seal()
