@@ -21,9 +21,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from .banking.registration import HANDLER_PREFIX, banking_handlers
 from .clock import Clock, SystemClock
 from .codes import Code
-from .config import CredentialKind, ExecutorConfig, load_config
+from .config import CredentialKind, EffectMismatchAction, ExecutorConfig, load_config
 from .dispatch.forward import ForwardRequestHandler
 from .dispatch.registration import (
     ActionRegistrar,
@@ -40,6 +41,8 @@ from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.refusal_lines import RefusalEvent
 from .door.workload import JwksSource, WorkloadVerifier
+from .effects.adapter import EffectRecords
+from .effects.receipts import ProviderKeys
 from .egress.credentials import (
     DownstreamCredential,
     PrivateKeyJwtCredential,
@@ -476,17 +479,32 @@ async def assemble(
             clock,
             on_token=lambda token: redactor.set_secret("DOWNSTREAM_ACCESS_TOKEN", token),
         )
-        registry.register(
-            "forward_request",
-            ForwardRequestHandler(
-                url=config.downstream_url,
-                lookup_url=config.downstream_lookup_url,
-                timeout_ms=config.downstream_timeout_ms,
+        forward = ForwardRequestHandler(
+            url=config.downstream_url,
+            lookup_url=config.downstream_lookup_url,
+            timeout_ms=config.downstream_timeout_ms,
+            transport=transport,
+            credential=credential,
+            parameters_schema=_forward_schema(document),
+        )
+        registry.register("forward_request", forward)
+        effects = EffectRecords()
+        if any(action.handler.startswith(HANDLER_PREFIX) for action in document.actions):
+            banking_handlers(
+                registry,
+                forward=forward,
                 transport=transport,
                 credential=credential,
-                parameters_schema=_forward_schema(document),
-            ),
-        )
+                lookup_by_reference_url=config.downstream_lookup_by_reference_url,
+                timeout_ms=config.downstream_timeout_ms,
+                adapter_id=config.banking_adapter_id,
+                adapter_version=config.banking_adapter_version,
+                register=effects,
+                receipts=ProviderKeys.from_entries(
+                    entry.model_dump(by_alias=True) for entry in document.provider_keys or ()
+                ),
+                security=streams.security,
+            )
         seam = Seam(
             registry=ActionRegistrar(registry),
             downstream=Downstream(
@@ -582,6 +600,12 @@ async def assemble(
             approval_origin=config.executor_approval_origin,
             on_approval_requested=(
                 webhook.notify if webhook is not None else lambda request, url: None
+            ),
+            effects=effects,
+            on_effect_mismatch=(
+                halt.effect_mismatch
+                if config.executor_on_effect_mismatch is EffectMismatchAction.HALT
+                else lambda grant_id: None
             ),
         )
         executor = Executor(

@@ -523,6 +523,54 @@ class Code(StrEnum):
     )
     CREDENTIAL_INVALID = "CREDENTIAL_INVALID", None, "a credential set a reserved header"
 
+    # -- the effect plane and the banking family -------------------------------------------------
+    EFFECT_MISMATCH = (
+        "EFFECT_MISMATCH",
+        None,
+        "the observed effect (or the provider's receipt) is not the authorised one",
+    )
+    EFFECT_RECEIPT_INVALID = (
+        "EFFECT_RECEIPT_INVALID",
+        None,
+        "the provider's effect receipt does not verify against its registered key",
+    )
+    PROVIDER_KEY_INVALID = (
+        "PROVIDER_KEY_INVALID",
+        None,
+        "a provider key in the policy is not a 32-byte Ed25519 public key",
+    )
+    BANKING_ACTION_INVALID = (
+        "BANKING_ACTION_INVALID",
+        422,
+        "the parameters are not a canonical banking action of this action's type",
+    )
+    ACTION_TARGET_MISMATCH = (
+        "ACTION_TARGET_MISMATCH",
+        422,
+        "the proposal's target is not the one its action derives; nothing was asked",
+    )
+    BANKING_CURRENCY_UNKNOWN = (
+        "BANKING_CURRENCY_UNKNOWN",
+        422,
+        "the currency is not an ISO 4217 code with minor units",
+    )
+    BANKING_AMOUNT_INVALID = (
+        "BANKING_AMOUNT_INVALID",
+        422,
+        "the amount is not a positive integer of minor units",
+    )
+    BANKING_IBAN_INVALID = (
+        "BANKING_IBAN_INVALID",
+        422,
+        "an iban: reference fails its check digits or its country's length",
+    )
+    BANKING_BIC_INVALID = "BANKING_BIC_INVALID", 422, "a BIC is not in the ISO 9362 format"
+    READ_BACK_FAILED = (
+        "READ_BACK_FAILED",
+        None,
+        "the posted effect could not be read back by its reference; it stays unconfirmed",
+    )
+
     # -- egress and downstream credentials -------------------------------------------------------
     EGRESS_ADDRESS_REFUSED = "EGRESS_ADDRESS_REFUSED", None, "the destination address is refused"
     EGRESS_BODY_TOO_LARGE = "EGRESS_BODY_TOO_LARGE", None, "the response body is too large"
@@ -807,6 +855,8 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         # the policy authority's verdicts
         Code.POLICY_ALLOWED,
         Code.POLICY_BLOCKED,
+        # the effect plane
+        Code.EFFECT_MISMATCH,
         Code.APPROVAL_REQUIRED,
         Code.POLICY_ACTION_UNKNOWN,
         Code.POLICY_NO_MATCH,

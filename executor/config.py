@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import SplitResult, urlsplit
 
 import annotated_types
+from iso4217 import Currency
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -100,6 +101,7 @@ __all__ = [
     "TlsMinVersion",
     "describe_config",
     "is_production",
+    "iso4217_listed",
     "load_config",
     "render_config_table",
 ]
@@ -460,11 +462,23 @@ def _is_loopback_literal(host: str) -> bool:
         return False
 
 
+def iso4217_listed(code: object) -> bool:
+    """Whether ``code`` is an alphabetic code the ``iso4217`` data package lists (three
+    capitals alone are not enough: ``ABC`` is no currency)."""
+    if not isinstance(code, str) or not _CURRENCY.fullmatch(code):
+        return False
+    try:
+        Currency(code)
+    except ValueError:
+        return False
+    return True
+
+
 def _parse_ceilings(text: str) -> dict[str, int]:
     ceilings: dict[str, int] = {}
     for entry in text.split(","):
         currency, sep, amount = entry.partition(":")
-        if not sep or not _CURRENCY.fullmatch(currency) or not _DIGITS.fullmatch(amount):
+        if not sep or not iso4217_listed(currency) or not _DIGITS.fullmatch(amount):
             raise ValueError(
                 "must be <ISO 4217 code>:<minor units>, comma-separated, without blanks"
             )

@@ -483,6 +483,8 @@ def test_lockout_rule_refusals(text: str) -> None:
         "CHF:1.5",
         "CHF:\u0665",
         "CHF:100\n",
+        "ABC:100",  # three capitals, but ISO 4217 lists no such currency
+        "EUR:100,XYZ:5",
     ],
 )
 def test_ceiling_refusals(text: str) -> None:

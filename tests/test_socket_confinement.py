@@ -177,6 +177,11 @@ ALLOWED: dict[str, Allowance] = {
         reason="the synthetic provider: a test double that listens on loopback only, in tests "
         "or its own process, never inside the executor",
     ),
+    "executor/tools/synthetic_bank.py": allow(
+        LISTEN,
+        reason="the synthetic core bank: a test double that listens on loopback only, in its "
+        "own process, never inside the executor",
+    ),
     "executor/tools/harness.py": allow(
         SOCKET,
         HTTP_CLIENT,
@@ -328,6 +333,7 @@ def findings_by_module() -> dict[str, list[Finding]]:
 OUTSIDE_THE_EXECUTOR = frozenset(
     {
         "executor/tools/synthetic.py",
+        "executor/tools/synthetic_bank.py",
         "executor/tools/harness.py",
         "executor/tools/demo.py",
         "executor/tools/remote.py",

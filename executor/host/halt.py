@@ -9,7 +9,9 @@ Causes: ``OPERATOR`` (with a reason and the principal), ``FILE`` (``EXECUTOR_HAL
 (``EXECUTOR_HALT_ON_AUTH_FAILURES`` door refusals inside the window), ``EGRESS_SPIKE``
 (``EXECUTOR_HALT_ON_EGRESS_REFUSALS``), ``POSTURE_DRIFT`` (stands until
 :meth:`posture_restored`), ``CLOCK_SKEW``, ``JOURNAL`` (the attempt journal failed a write; the
-only cause lifted without an operator, by :meth:`journal_recovered` once it writes again).
+only cause lifted without an operator, by :meth:`journal_recovered` once it writes again),
+``EFFECT_MISMATCH`` (an observed effect, or a provider's receipt, that is not the authorised
+one, under ``EXECUTOR_ON_EFFECT_MISMATCH=HALT``).
 
 Each new cause is one ``HALTED`` line on the security stream (cause, reason, by) and each resume
 one ``RESUMED`` line; an operator's reason is their own words, kept but bounded in length and
@@ -51,6 +53,7 @@ class HaltCause(StrEnum):
     POSTURE_DRIFT = "POSTURE_DRIFT"
     CLOCK_SKEW = "CLOCK_SKEW"
     JOURNAL = "JOURNAL"  # the attempt journal cannot write; lifted by itself when it can again
+    EFFECT_MISMATCH = "EFFECT_MISMATCH"
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,11 @@ class HaltState:
             )
             for listener in listeners:
                 listener(False)
+
+    def effect_mismatch(self, grant_id: str) -> None:
+        """An observed effect that is not the authorised one (``EXECUTOR_ON_EFFECT_MISMATCH=HALT``):
+        an operator reconciles it, then resumes."""
+        self.halt(HaltCause.EFFECT_MISMATCH, reason=f"effect mismatch under grant {grant_id}")
 
     def clock_skew(self, skew_ms: float) -> None:
         self.halt(HaltCause.CLOCK_SKEW, reason=f"authority clock skew of {int(skew_ms)} ms")

@@ -10,7 +10,12 @@ on its own with every collaborator passed in:
    body (``on_claimed``);
 5. finalize with the authority; journal ATTEMPT_CLOSED unless the outcome is unknown, in which
    case the answer carries a signed recovery object for ``POST /v1/reconciliations``;
-6. one OUTCOME evidence line, one count, one answer.
+6. read the effect record an adapter registered for the grant (``effects/adapter.py``): one
+   EFFECT_OBSERVED evidence line; an effect (or a receipt) that is not the authorised one adds
+   EFFECT_MISMATCH to the reason codes, an EFFECT_MISMATCH / EFFECT_RECEIPT_MISMATCH security
+   event and ``on_effect_mismatch`` (the halt, or only the count). The finalization is made before
+   the record is read, so neither an observation nor a receipt can make it fail;
+7. one OUTCOME evidence line, one count, one answer (with the ``effect`` block when COMPLETED).
 
 The caller learns that the attempt started through the :class:`Progress` it passes in (set
 before anything durable is written): from then on its idempotency key is never freed.
@@ -30,7 +35,9 @@ from typing import Any, Protocol
 from ..clock import Clock
 from ..codes import Code
 from ..dispatch.seam import Authorization, ExecutionContext, ExecutionReport, Outcome, Registry
-from ..errors import AgentSafeError, JournalError, StoreError
+from ..effects.adapter import Comparison, EffectRecord, EffectRecords
+from ..effects.receipts import ReceiptComparison
+from ..errors import AgentSafeError, JournalError, RequestRejected, StoreError
 from ..events import Streams
 from ..intent import CapturedIntent
 from ..policy.authority import RECOVERY_TYP, Authority, Decision, GrantRefused
@@ -101,6 +108,11 @@ class Attempt:
     count_outcome: Callable[[Outcome], None] = lambda outcome: None
     on_unknown: Callable[[str], None] = lambda attempt_id: None
     """Told the attempt id of every UNKNOWN_AFTER_DISPATCH (``/ready``'s live count)."""
+    effects: EffectRecords | None = None
+    on_effect_mismatch: Callable[[str], None] = lambda grant_id: None
+    on_ceiling_refused: Callable[[CapturedIntent, Principal, str, str], None] = (
+        lambda intent, principal, code, stage: None
+    )
 
     async def run(
         self,
@@ -123,7 +135,13 @@ class Attempt:
             raise ValueError("only an ALLOW with a grant starts an attempt")
         reservation = None
         if self.ceilings is not None:
-            reservation = await self.ceilings.commit(intent.parameters)
+            try:
+                reservation = await self.ceilings.commit(
+                    self.registry.ceiling_view(handler, intent.parameters)
+                )
+            except RequestRejected as exc:
+                self.on_ceiling_refused(intent, principal, exc.code, "COMMIT")
+                raise
         attempt_id = progress.attempt_id
         journal = self.journal
         progress.started = True
@@ -240,9 +258,17 @@ class Attempt:
         recovery = None
         if outcome is Outcome.UNKNOWN_AFTER_DISPATCH:
             recovery = self._recovery_object(intent, attempt_id, claim.grant_id, claim.expires_at)
+        reason_codes = list(report.reason_codes)
+        record = None
+        try:
+            record = self.effects.take(claim.grant_id) if self.effects is not None else None
+            if record is not None:
+                reason_codes = self._effect(intent, principal, record, reason_codes)
+        except AgentSafeError as exc:  # past the point of no return: the outcome stands
+            log.warning("the effect record was not fully reported (%s)", exc.code)
         body = decision_answer(
             **common,
-            reason_codes=[*decision.reason_codes, *report.reason_codes],
+            reason_codes=[*decision.reason_codes, *reason_codes],
             fail_closed=outcome is Outcome.FAILED_BEFORE_DISPATCH,
             outcome=outcome.value,
             executed=report.executed,
@@ -250,6 +276,9 @@ class Attempt:
             finalization=finalization,
             result=report.result if outcome is Outcome.COMPLETED else None,
             recovery=recovery,
+            # A refusal raised out of the handler returned no result to read one from: its
+            # observation is in the evidence (EFFECT_OBSERVED), not in the answer.
+            effect=record.block() if record is not None and outcome is Outcome.COMPLETED else None,
         )
         if outcome is Outcome.UNKNOWN_AFTER_DISPATCH:
             self.on_unknown(attempt_id)
@@ -271,7 +300,7 @@ class Attempt:
                     "grant_id": claim.grant_id,
                     "outcome": outcome.value,
                     "executed": report.executed,
-                    "reason_codes": list(report.reason_codes),
+                    "reason_codes": reason_codes,
                     "finalization": finalization,
                     "caller": principal.id,
                     **_receipt(report.result),
@@ -319,6 +348,36 @@ class Attempt:
                     "ATTEMPT_CLOSE_NOT_RECORDED",
                     {"attempt_id": attempt_id, "outcome": outcome, "code": exc.code},
                 )
+
+    def _effect(
+        self,
+        intent: CapturedIntent,
+        principal: Principal,
+        record: EffectRecord,
+        reason_codes: list[str],
+    ) -> list[str]:
+        """One EFFECT_OBSERVED evidence line naming the observer; a mismatch adds
+        EFFECT_MISMATCH, its security events, and the configured behaviour."""
+        self.streams.evidence.emit(
+            "EFFECT_OBSERVED",
+            {"intent_id": intent.intent_id, "caller": principal.id, **record.block()},
+        )
+        if not record.mismatch:
+            return reason_codes
+        fields = {
+            "intent_id": intent.intent_id,
+            "grant_id": record.grant_id,
+            "record_digest": record.digest,
+            "differing_fields": list(record.differing_fields),
+        }
+        if record.comparison is Comparison.MISMATCH:
+            self.streams.security.emit("EFFECT_MISMATCH", fields)
+        if record.receipt.comparison is ReceiptComparison.MISMATCH:
+            self.streams.security.emit(
+                "EFFECT_RECEIPT_MISMATCH", {**fields, "reason": record.receipt.reason}
+            )
+        self.on_effect_mismatch(record.grant_id)
+        return [*reason_codes, Code.EFFECT_MISMATCH]
 
     def _failed_before_dispatch(self, common: Mapping[str, Any], reasons: list[str]) -> Answer:
         self.count_outcome(Outcome.FAILED_BEFORE_DISPATCH)

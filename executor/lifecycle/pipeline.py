@@ -6,12 +6,15 @@
 2. refuse an action this principal may not propose, or that no handler runs;
 3. idempotency: replay a finished answer, refuse a conflicting or in-flight key;
 4. capture the intent (tenant, actor and target from configuration) and hash it;
-5. check the host ceilings, then ask the authority (skew measured);
+5. a handler that derives its target (the effect plane's adapters) admits the proposal or refuses
+   a disagreement (``Registry.admit``); check the host ceilings on what it projects (each refusal
+   one CEILING_REFUSED evidence line and one count), then ask the authority (skew measured);
 6. in shadow, record and stop; on BLOCK or ESCALATE, answer;
 7. on ALLOW: the attempt (``attempt.py``): commit the ceilings, journal ATTEMPT_OPENED, claim
    the single-use grant, run the handler once (the registry journals GRANT_CLAIMED before its
    body), finalize with the authority, journal ATTEMPT_CLOSED unless the outcome is unknown;
-   then record the answer.
+   read the effect record the adapter registered (EFFECT_MISMATCH halts or alerts through
+   ``on_effect_mismatch``); then record the answer.
 
 Which handler runs an action is asked once per request (``_handler``); the owner and action
 checks are the door's and the intent's own (``check_action``, ``check_intent_owner``).
@@ -47,6 +50,7 @@ from ..codes import Code
 from ..config import EscalationMode, ExecutorMode
 from ..dispatch.seam import Outcome, ReconcileResult, ReconcileStatus, Registry
 from ..door.door import check_action
+from ..effects.adapter import EffectRecords
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
 from ..host.metrics import ExecutorMetrics
@@ -127,6 +131,8 @@ class Pipeline:
         settle_margin_s: float = 0.0,
         approval_origin: str | None = None,
         on_approval_requested: Callable[[ApprovalRequest, str], None] = lambda request, url: None,
+        effects: EffectRecords | None = None,
+        on_effect_mismatch: Callable[[str], None] = lambda grant_id: None,
     ) -> None:
         self.mode = mode
         self._authority = authority
@@ -155,6 +161,7 @@ class Pipeline:
         self._owner = journal.identity if journal is not None else ""
         self._approval_origin = approval_origin
         self._on_approval_requested = on_approval_requested
+        self._on_effect_mismatch = on_effect_mismatch
         self._attempt = Attempt(
             authority=authority,
             signer=signer,
@@ -165,7 +172,32 @@ class Pipeline:
             clock=clock,
             count_outcome=self._count_outcome,
             on_unknown=self.unknown.add,
+            effects=effects,
+            on_effect_mismatch=self._effect_mismatch,
+            on_ceiling_refused=self._ceiling_refused,
         )
+
+    def _ceiling_refused(
+        self, intent: CapturedIntent, principal: Principal, code: str, stage: str
+    ) -> None:
+        """Every ceiling refusal is one evidence line and one count."""
+        self._streams.evidence.emit(
+            "CEILING_REFUSED",
+            {
+                "intent_id": intent.intent_id,
+                "intent_hash": intent.intent_hash,
+                "caller": principal.id,
+                "code": code,
+                "stage": stage,
+            },
+        )
+        if self._metrics is not None:
+            self._metrics.ceiling_refusals.inc(code=code)
+
+    def _effect_mismatch(self, grant_id: str) -> None:
+        if self._metrics is not None:
+            self._metrics.effect_mismatches.inc()
+        self._on_effect_mismatch(grant_id)
 
     def _count_outcome(self, outcome: Outcome) -> None:
         if self._metrics is not None and self.mode is ExecutorMode.ENFORCEMENT:
@@ -338,8 +370,13 @@ class Pipeline:
                 "payload_digest": intent.payload_digest,
             },
         )
+        view = self._registry.admit(handler, proposal.target, intent.parameters)
         if self._ceilings is not None:
-            await self._ceilings.check(intent.parameters)
+            try:
+                await self._ceilings.check(view)
+            except RequestRejected as exc:
+                self._ceiling_refused(intent, principal, exc.code, "CHECK")
+                raise
         decision = await self._decide(intent, principal)
         if decision is None:
             return self._unavailable(intent, principal)

@@ -53,6 +53,7 @@ __all__ = [
     "CompiledPolicy",
     "CompiledRule",
     "PolicyDocument",
+    "ProviderKey",
     "Rule",
     "RuleApproval",
     "Verdict",
@@ -151,11 +152,29 @@ class ActionPolicy(_Model):
         return self
 
 
+class ProviderKey(_Model):
+    """A provider's effect-receipt key, registered with the built-in authority (VP-3)."""
+
+    kid: Name
+    issuer: str = Field(min_length=1, max_length=256, description="the receipt's iss")
+    public_key: str = Field(
+        alias="publicKey",
+        pattern=r"^[A-Za-z0-9_-]{43}$",
+        description="the raw 32-byte Ed25519 public key, unpadded base64url (a JWK's x)",
+    )
+
+
 class PolicyDocument(_Model):
     """``spec.policy`` of an AgentPolicy; the executor's ``EXECUTOR_POLICY_FILE``."""
 
     actions: tuple[ActionPolicy, ...] = Field(min_length=1, max_length=200)
     """the actions agents may propose"""
+    provider_keys: tuple[ProviderKey, ...] | None = Field(
+        default=None,
+        alias="providerKeys",
+        max_length=50,
+        description="providers' effect-receipt keys (docs/execution-outcomes.md)",
+    )
     plans: PlanPolicy | None = Field(
         default=None,
         description="multi-step plans: tools, effects, sources and ceilings (docs/plans.md)",

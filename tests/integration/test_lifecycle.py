@@ -241,6 +241,24 @@ async def test_host_ceilings_refuse_before_the_authority(running: Factory) -> No
     # A refused key is not recorded as an answer: it may be retried.
     status, body = await run.propose(4500, key="over")
     assert body["error"]["code"] == "HARD_LIMIT_EXCEEDED"
+    # Three capitals are not a currency: ISO 4217 (the iso4217 package) must list it.
+    status, body = await run.propose(100, key="abc", currency="ABC")
+    assert status == 422
+    assert body["error"]["code"] == "HARD_LIMIT_CURRENCY_UNKNOWN"
+    # Every refusal is one evidence line and one count.
+    refusals = [line["code"] for line in run.evidence.named("CEILING_REFUSED")]
+    assert refusals == [
+        "HARD_LIMIT_EXCEEDED",
+        "HARD_LIMIT_CURRENCY_UNKNOWN",
+        "HARD_LIMIT_AMOUNT_INVALID",
+        "HARD_LIMIT_WINDOW_COUNT_EXCEEDED",
+        "HARD_LIMIT_EXCEEDED",
+        "HARD_LIMIT_CURRENCY_UNKNOWN",
+    ]
+    counted = run.executor.metrics.ceiling_refusals
+    assert counted.value(code="HARD_LIMIT_EXCEEDED") == 2
+    assert counted.value(code="HARD_LIMIT_CURRENCY_UNKNOWN") == 2
+    assert counted.value(code="HARD_LIMIT_WINDOW_COUNT_EXCEEDED") == 1
 
 
 async def test_a_journal_that_cannot_take_the_attempt_fails_before_dispatch(
