@@ -156,6 +156,7 @@ class ProviderKey(_Model):
     """A provider's effect-receipt key, registered with the built-in authority (VP-3)."""
 
     kid: Name
+    """the key id a receipt names in its JWS header"""
     issuer: str = Field(min_length=1, max_length=256, description="the receipt's iss")
     public_key: str = Field(
         alias="publicKey",
