@@ -415,6 +415,10 @@ class Executor:
 
     # -------------------------------------------------------------- lifecycle
 
+    def journal_identity(self) -> str | None:
+        """The owner this journal records on the keys it begins (``attempts/.identity``)."""
+        return None if self.journal is None else self.journal.identity
+
     def reconcile_checks(self) -> Checks:
         """The cross-checks every reconciliation applies (the use store's claims, the rule
         of when "not executed" may be concluded)."""
@@ -509,7 +513,7 @@ class Executor:
                     {"attempt_id": orphan.attempt_id, "principal": orphan.principal},
                 )
                 continue
-            await self.store.idempotency_release(**orphan.scope)
+            await self.store.idempotency_release(**orphan.scope, owner=self.journal_identity())
             self.streams.evidence.emit(
                 "IDEMPOTENCY_KEY_SETTLED",
                 {"attempt_id": orphan.attempt_id, "resolution": "NEVER_STARTED"},
@@ -527,7 +531,7 @@ class Executor:
         elif settled.outcome == "COMPLETED":
             body = reconciled_answer(mode=mode, intent_id=None, intent_hash="", status="COMPLETED")
         if body is None:
-            await self.store.idempotency_release(**orphan.scope)
+            await self.store.idempotency_release(**orphan.scope, owner=self.journal_identity())
             resolution = "NOT_DISPATCHED"
         else:
             await self.store.idempotency_settle(

@@ -512,16 +512,20 @@ class PostgresUseStore:
 
         return await self._store.transaction(work)
 
-    async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
+    async def idempotency_release(
+        self, *, tenant: str, principal: str, key: str, owner: str | None = None
+    ) -> None:
         """Free a key IN_PROGRESS: its own holder's (the request that began it, in this task),
-        or, from reconciliation, one whose holder can no longer have sent anything; a key a
-        later request holds is left to it."""
+        or, from reconciliation, one whose holder can no longer have sent anything, or one
+        whose recorded ``owner`` is the journal start-up is settling (its previous process is
+        gone: one process per journal directory); a key a later request holds is left to it."""
         held = _holder_of((tenant, principal, key))
         lease = self._store.lease_seconds
 
         async def work(conn: _Conn) -> None:
             cur = await conn.execute(
-                f"SELECT holder, lease_until < {_NOW}, opened_attempt FROM idempotency"  # noqa: S608
+                f"SELECT holder, lease_until < {_NOW}, opened_attempt, owner"  # noqa: S608
+                " FROM idempotency"
                 " WHERE tenant = %s AND principal = %s AND key = %s AND state = 'IN_PROGRESS'"
                 " FOR UPDATE",
                 (tenant, principal, key),
@@ -529,10 +533,11 @@ class PostgresUseStore:
             row = await cur.fetchone()
             if row is None:
                 return
-            holder, lapsed, attempt_id = row
+            holder, lapsed, attempt_id, recorded_owner = row
             if not (
                 holder is None
                 or holder == held
+                or (owner is not None and recorded_owner == owner)
                 or await _stale_key(
                     conn, lapsed=bool(lapsed), attempt_id=attempt_id, lease=lease, lock=True
                 )

@@ -336,8 +336,11 @@ class UseStore(Protocol):
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
     ) -> None: ...
 
-    async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
-        """Forget an in-flight record whose request never reached execution."""
+    async def idempotency_release(
+        self, *, tenant: str, principal: str, key: str, owner: str | None = None
+    ) -> None:
+        """Forget an in-flight record whose request never reached execution. ``owner``: start-up
+        settling a key the previous process of this journal left (that process is gone)."""
         ...
 
     async def idempotency_settle(
@@ -731,8 +734,11 @@ class SQLiteUseStore:
         settled: bool = await self._write(work)
         return settled
 
-    async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
-        """Delete an IN_PROGRESS record; a finished record is never deleted here."""
+    async def idempotency_release(
+        self, *, tenant: str, principal: str, key: str, owner: str | None = None
+    ) -> None:
+        """Delete an IN_PROGRESS record; a finished record is never deleted here. ``owner`` is
+        for the shared store's fence; one process owns this file, so it changes nothing here."""
 
         def work(conn: sqlite3.Connection) -> None:
             conn.execute(
