@@ -19,6 +19,7 @@ Callers: ``cli.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -77,9 +78,22 @@ async def _run(environ: Mapping[str, str], guard: Guard) -> int:
         # The listener opens first: /health answers (the liveness probe) while start-up
         # reconciliation runs; /ready is 503 and proposals get 503 EXECUTOR_RECONCILING.
         await executor.listen()
-        await executor.reconcile_at_start()
-        executor.start_background()
-        await stop.wait()
+        # A SIGTERM during start-up reconciliation stops it at once: its lookups are read-only,
+        # and an attempt left open is asked about again at the next start.
+        starting = asyncio.ensure_future(executor.reconcile_at_start())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()
+                executor.start_background()
+                await stopping
+        finally:
+            for task in (starting, stopping):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
         executor.streams.security.emit("STOPPING", {"signal": "SIGTERM"})
     finally:
         await executor.close()
