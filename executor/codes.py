@@ -403,10 +403,10 @@ class Code(StrEnum):
         None,
         "the policy authority did not answer; blocked, fail closed",
     )
-    EXECUTOR_HALTED = "EXECUTOR_HALTED", None, "a halt stopped execution; answered 503 BLOCK"
+    EXECUTOR_HALTED = "EXECUTOR_HALTED", 503, "a halt stopped execution; answered 503 BLOCK"
     POSTURE_DEGRADED = (
         "POSTURE_DEGRADED",
-        None,
+        503,
         "the host posture regressed; new work is refused with 503 BLOCK",
     )
     REGISTRY_NOT_SEALED = "REGISTRY_NOT_SEALED", None, "the handler registry is not sealed yet"
@@ -899,3 +899,15 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
 """The reason codes the executor itself emits in a verdict's ``reason_codes`` or a reconciliation's
 ``reason_code`` (``LOOKUP_STATUS`` is a prefix: ``LOOKUP_STATUS_503``). Besides these, a handler's
 failure is reported by its error's own code (an egress, transport or provider code)."""
+
+WORK_GATE_CODES: Final[frozenset[Code]] = frozenset(
+    {
+        Code.POSTURE_DEGRADED,
+        Code.EXECUTOR_HALTED,
+        Code.STORE_UNAVAILABLE,
+        Code.EXECUTOR_RECONCILING,
+    }
+)
+"""The codes of the work gate (``plane.WorkGate``): why new work is refused right now. Each is
+answered 503 with ``Retry-After``: a verdict's reason on ``/v1/actions``, a refusal on the plan
+step route."""

@@ -20,7 +20,7 @@ from ..events import Streams
 from ..host.halt import HaltCause, HaltState
 from ..host.metrics import ExecutorMetrics
 from ..principals import Principal, Role, Scope
-from .answers import EvidenceManifest, HaltStatus, OpenAttempts, SecretsReload, Status
+from .answers import AttemptDecided, EvidenceManifest, HaltStatus, OpenAttempts, SecretsReload, Status
 from .app import Call, Route, RouteHandler
 
 __all__ = ["ControlPlane", "control_routes"]
@@ -185,6 +185,9 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             AttemptDecision,
             operator("open-attempts.decision", decide),
             DECISION_INVALID,
+            summary="Record an operator's decision for an open attempt nobody else can resolve",
+            answers={200: AttemptDecided},
+            codes=frozenset({Code.ATTEMPT_NOT_OPEN}),
         ),
         Route(
             "POST",
