@@ -534,6 +534,31 @@ class Code(StrEnum):
         None,
         "the provider's effect receipt does not verify against its registered key",
     )
+    EFFECT_RECEIPT_ISSUER_MISMATCH = (
+        "EFFECT_RECEIPT_ISSUER_MISMATCH",
+        None,
+        "the effect receipt's issuer is not the one its key is registered for",
+    )
+    EFFECT_RECEIPT_GRANT_MISMATCH = (
+        "EFFECT_RECEIPT_GRANT_MISMATCH",
+        None,
+        "the effect receipt names another grant",
+    )
+    EFFECT_RECEIPT_CLAIM_MISMATCH = (
+        "EFFECT_RECEIPT_CLAIM_MISMATCH",
+        None,
+        "the effect receipt answers another claim (claim_token_digest)",
+    )
+    EFFECT_RECEIPT_STATUS_MISMATCH = (
+        "EFFECT_RECEIPT_STATUS_MISMATCH",
+        None,
+        "the effect receipt's status contradicts the provider's answer",
+    )
+    EFFECT_RECEIPT_DIGEST_MISMATCH = (
+        "EFFECT_RECEIPT_DIGEST_MISMATCH",
+        None,
+        "the effect receipt's effect digest is not the authorised (or the observed) effect",
+    )
     PROVIDER_KEY_INVALID = (
         "PROVIDER_KEY_INVALID",
         None,

@@ -12,12 +12,12 @@ import pytest
 from agentsafe.executor.banking.actions import ACTIONS
 from agentsafe.executor.banking.transport import CoreBankingHttpAdapter
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.dispatch.effects import EffectRegister
 from agentsafe.executor.dispatch.forward import ForwardRequestHandler
 from agentsafe.executor.dispatch.seam import Authorization, Dispatch, ExecutionContext
 from agentsafe.executor.effects.adapter import (
     AdapterHandler,
     Confirmation,
-    EffectRecords,
     ObservationMethod,
 )
 from agentsafe.executor.egress.transport import HttpResponse, TransportError
@@ -90,7 +90,7 @@ def bridge(transport: Scripted, *, lookup: str | None, security: MemorySink) -> 
         adapter_version="1",
         security=security,
     )
-    return AdapterHandler(adapter, register=EffectRecords())
+    return AdapterHandler(adapter, register=EffectRegister())
 
 
 def context() -> ExecutionContext:
