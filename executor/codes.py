@@ -925,6 +925,20 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
 ``reason_code`` (``LOOKUP_STATUS`` is a prefix: ``LOOKUP_STATUS_503``). Besides these, a handler's
 failure is reported by its error's own code (an egress, transport or provider code)."""
 
+ADMISSION_CODES: Final[frozenset[Code]] = frozenset(
+    {
+        Code.ACTION_TARGET_MISMATCH,
+        Code.BANKING_ACTION_INVALID,
+        Code.BANKING_CURRENCY_UNKNOWN,
+        Code.BANKING_AMOUNT_INVALID,
+        Code.BANKING_IBAN_INVALID,
+        Code.BANKING_BIC_INVALID,
+    }
+)
+"""What a handler that derives its action refuses a proposal with before the authority is asked
+(``dispatch/seam.Registry.admit``: the effect plane's bridge, ``effects/adapter.py``, and the
+banking family's checks, ``banking/actions.py``); each is 422 and changes nothing."""
+
 WORK_GATE_CODES: Final[frozenset[Code]] = frozenset(
     {
         Code.POSTURE_DEGRADED,
