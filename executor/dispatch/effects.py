@@ -3,7 +3,8 @@
 Every execution's observation is registered here against the exact authorization (the grant id),
 inside the handler, and taken once by the attempt after the registry returns. The attempt then
 hands it to the policy authority's finalization (``effect=``, with the provider's receipt), writes
-the one ``EFFECT_OBSERVED`` evidence line, and (for an adapter's record) reports a mismatch. A
+the one ``EFFECT_OBSERVED`` evidence line, and (for an adapter's record) reports a mismatch. The
+provider's receipt does not travel here: the seam carries it (``dispatch/seam.py``). A
 refusal's observation is registered before the handler raises, so it reaches the finalization and
 the evidence although the answer has no effect block.
 
@@ -48,11 +49,6 @@ class EffectEvidence(Protocol):
         answer's effect block, the evidence line and the finalization share."""
         ...
 
-    @property
-    def receipt_token(self) -> str | None:
-        """The provider's signed effect receipt, verbatim (a compact JWS), when one came."""
-        ...
-
     def evidence(self) -> dict[str, Any]:
         """The ``EFFECT_OBSERVED`` line's fields and what the finalization carries (ending with
         ``record_digest``): digests, names and states, never a provider body, a parameter or a
@@ -68,7 +64,6 @@ class HandlerObservation:
     intent_hash: str
     dossier_id: str
     observation_digest: str
-    receipt_token: str | None = None
 
     def _fields(self) -> dict[str, Any]:
         return {

@@ -19,7 +19,8 @@ inside the dispatch (the transport is given ``ctx.remaining()``, so never more t
 left), then ``observe_effect``, then the field-by-field comparison against what was authorised,
 the receipt comparison (``receipts.py``), and the :class:`EffectRecord`, registered in the one
 effect register (``dispatch/effects.py``) under the grant id: the attempt takes it after the
-registry returns and hands it, with the receipt verbatim, to the authority's finalization.
+registry returns and hands it to the authority's finalization, with the receipt verbatim (in the
+result, or on the refusal's ``ProviderRefused``).
 A refusal is registered before :class:`~agentsafe.executor.dispatch.seam.ProviderRefused` is
 raised, so its observation reaches the finalization and the evidence although the answer has no
 effect block.
@@ -187,8 +188,6 @@ class EffectRecord:
     receipt: ReceiptReading = field(
         default_factory=lambda: ReceiptReading(ReceiptComparison.ABSENT)
     )
-    receipt_token: str | None = field(default=None, repr=False)
-    """The receipt verbatim, for the authority's finalization; never in the block or digest."""
 
     @property
     def mismatch(self) -> bool:
@@ -316,11 +315,12 @@ class AdapterHandler:
             response_digest=result.response_digest,
             provider_reference=result.provider_reference,
             receipt=receipt,
-            receipt_token=result.receipt,
         )
         self._register.put(record)
         if not committed:
-            raise ProviderRefused(result.reason or Code.PROVIDER_REFUSED, status=result.status)
+            raise ProviderRefused(
+                result.reason or Code.PROVIDER_REFUSED, status=result.status, receipt=result.receipt
+            )
         answer: dict[str, Any] = {"status": result.status, "accepted": True}
         if result.provider_reference is not None:
             answer["provider_reference"] = result.provider_reference

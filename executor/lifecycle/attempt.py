@@ -257,7 +257,7 @@ class Attempt:
         # with the provider's receipt verbatim; nothing in either can make the finalization
         # fail or change the outcome.
         entry = self.effects.take(claim.grant_id) if self.effects is not None else None
-        receipt = _receipt_token(entry, report.result)
+        receipt = _receipt_token(report)
         effect_report: Mapping[str, Any] | None = None
         try:
             finalized = await self.authority.finalize(
@@ -428,10 +428,10 @@ class Attempt:
         return {"intent": dict(intent.binding), "reference": reference}
 
 
-def _receipt_token(entry: EffectEvidence | None, result: Mapping[str, Any] | None) -> str | None:
-    """The provider's signed effect receipt, verbatim: the registered record's (a refusal's
-    included), else the handler's result's ``effect_receipt``."""
-    if entry is not None and entry.receipt_token is not None:
-        return entry.receipt_token
-    receipt = (result or {}).get("effect_receipt")
+def _receipt_token(report: ExecutionReport) -> str | None:
+    """The provider's signed effect receipt as the seam screened it, verbatim, whatever the
+    outcome: a refusal's (``report.effect_receipt``), else the result's ``effect_receipt``."""
+    if report.effect_receipt is not None:
+        return report.effect_receipt
+    receipt = (report.result or {}).get("effect_receipt")
     return receipt if isinstance(receipt, str) else None

@@ -78,10 +78,16 @@ def answer(status: int, payload: Any) -> HttpResponse:
     return HttpResponse(status, {}, json.dumps(payload).encode())
 
 
-def bridge(transport: Scripted, *, lookup: str | None, security: MemorySink) -> AdapterHandler:
+def bridge(
+    transport: Scripted,
+    *,
+    lookup: str | None,
+    security: MemorySink,
+    by_key: str | None = None,
+) -> AdapterHandler:
     forward = ForwardRequestHandler(
         url=BASE + "/payments",
-        lookup_url=None,
+        lookup_url=by_key,
         timeout_ms=1000,
         transport=transport,
         credential=None,
@@ -211,3 +217,18 @@ async def test_what_is_not_a_refusal_is_raised_as_unknown(post: HttpResponse) ->
     with pytest.raises(HandlerError):
         await run(handler)
     assert handler._register.take("g-1") is None  # nothing observed, nothing guessed
+
+
+async def test_reconcile_only_reads_by_the_idempotency_key() -> None:
+    transport = Scripted(answer(500, {}), answer(200, {"reference": "bank_7", "status": "POSTED"}))
+    handler = bridge(
+        transport,
+        lookup=BASE + "/by-ref/{provider_reference}",
+        security=MemorySink(),
+        by_key=BASE + "/payments/{idempotency_key}",
+    )
+    result = await handler.reconcile("key 1", intent_hash="sha256:" + "a" * 64)
+    assert (result.status.value, result.provider_reference) == ("COMPLETED", "bank_7")
+    [(method, url, headers)] = transport.asked
+    assert (method, url) == ("GET", BASE + "/payments/key%201")  # never the POST
+    assert headers["x-agent-safe-intent-hash"] == "sha256:" + "a" * 64
