@@ -24,7 +24,14 @@ from typing import Any, TextIO
 from .banking.registration import HANDLER_PREFIX, banking_handlers
 from .clock import Clock, SystemClock
 from .codes import Code
-from .config import CredentialKind, EffectMismatchAction, ExecutorConfig, load_config
+from .config import (
+    IDEMPOTENCY_KEY_PLACEHOLDER,
+    PROVIDER_REFERENCE_PLACEHOLDER,
+    CredentialKind,
+    EffectMismatchAction,
+    ExecutorConfig,
+    load_config,
+)
 from .dispatch.effects import EffectRegister
 from .dispatch.forward import ForwardRequestHandler
 from .dispatch.registration import (
@@ -96,7 +103,7 @@ __all__ = [
     "load_principals",
 ]
 
-PLACEHOLDERS = ("{idempotency_key}", "{provider_reference}")
+PLACEHOLDERS = (IDEMPOTENCY_KEY_PLACEHOLDER, PROVIDER_REFERENCE_PLACEHOLDER)
 
 
 def _prefix(url: str) -> str:

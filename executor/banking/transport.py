@@ -40,6 +40,7 @@ from urllib.parse import quote
 
 from ..canonical import sha256_bytes_digest, sha256_digest
 from ..codes import Code
+from ..config import PROVIDER_REFERENCE_PLACEHOLDER
 from ..dispatch.forward import (
     ForwardRequestHandler,
     effect_receipt,
@@ -57,7 +58,7 @@ from .actions import ActionKind, prepare_action, projection
 
 __all__ = ["REFERENCE_PLACEHOLDER", "CoreBankingHttpAdapter"]
 
-REFERENCE_PLACEHOLDER = "{provider_reference}"
+REFERENCE_PLACEHOLDER = PROVIDER_REFERENCE_PLACEHOLDER
 _TOOK = frozenset({"ACCEPTED", "PENDING"})
 _POSTED = frozenset({"POSTED", "BOOKED"})
 _UNKNOWN_4XX = frozenset({408, 409})

@@ -54,6 +54,7 @@ from urllib.parse import quote
 
 from ..canonical import canonical_json
 from ..codes import Code
+from ..config import IDEMPOTENCY_KEY_PLACEHOLDER
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import ConfigError, HandlerError
@@ -75,7 +76,7 @@ __all__ = [
 ]
 
 MAX_TIMEOUT_MS = 15_000
-PLACEHOLDER = "{idempotency_key}"
+PLACEHOLDER = IDEMPOTENCY_KEY_PLACEHOLDER
 _REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]{2,2048}\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,512}$")
 _UNKNOWN_4XX = frozenset({408, 409})
