@@ -145,14 +145,11 @@ def webhook(
     hook["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
     plane.kubectl("apply", "-f", "-", input=json.dumps(configuration))
     try:
-        with _operator(
-            plane, tmp_path, namespace=namespace, configuration=name, port=port
-        ) as log:
+        with _operator(plane, tmp_path, namespace=namespace, configuration=name, port=port) as log:
 
             def trusted() -> str | None:
-                found = json.loads(
-                    plane.kubectl("get", "validatingwebhookconfiguration", name, "-o", "json").stdout
-                )
+                got = plane.kubectl("get", "validatingwebhookconfiguration", name, "-o", "json")
+                found = json.loads(got.stdout)
                 bundle = found["webhooks"][0]["clientConfig"].get("caBundle")
                 return str(bundle) if bundle else None
 
