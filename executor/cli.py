@@ -37,8 +37,9 @@ def _demo(args: argparse.Namespace) -> int:
 def _config(args: argparse.Namespace) -> int:
     import os
 
-    from .config import describe_config, render_config_table
-    from .errors import ConfigError
+    from .config import describe_config, load_config, render_config_table
+    from .errors import AgentSafeError, ConfigError
+    from .policy.policy import compile_policy, load_policy
 
     try:
         rows = describe_config(os.environ)
@@ -46,6 +47,12 @@ def _config(args: argparse.Namespace) -> int:
         print(f"agentsafe: configuration invalid: {exc}", file=sys.stderr)
         return exc.exit_status
     sys.stdout.write(render_config_table(rows))
+    try:
+        compile_policy(load_policy(load_config(os.environ).executor_policy_file))
+    except AgentSafeError as exc:
+        # serve would refuse this policy at start-up: the same one line and the same status.
+        print(f"agentsafe: policy invalid: {exc.code}: {exc}", file=sys.stderr)
+        return ConfigError.exit_status
     return 0
 
 
@@ -111,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         "config",
         help="print the resolved configuration and where each value came from",
         description="Print every configuration key, its resolved value and its source "
-        "(env, file, default). Secrets are shown only as <set>. Exit 78 if invalid.",
+        "(env, file, default), then load and compile the policy file as serve does. Secrets "
+        "are shown only as <set>. Exit 78 if the configuration or the policy is invalid.",
     )
     config.set_defaults(run=_config)
 

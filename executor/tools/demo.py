@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,12 +29,15 @@ from pathlib import Path
 
 import aiohttp
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from ..lifecycle.reconcile import ResolutionStatus
 from .harness import ExecutorProcess, ProviderProcess, Workspace, free_port, wait_until
 
 __all__ = ["main", "run_demo"]
+
+_UNBOUNDED = 10_000
 
 
 @dataclass(frozen=True)
@@ -209,13 +213,26 @@ def _print_table(console: Console, steps: list[Step]) -> None:
     for step in steps:
         mark = "[green]✓[/green]" if step.ok else "[red]✗[/red]"
         table.add_row(step.case, step.expected, step.observed, str(step.provider_requests), mark)
+    if console.is_terminal:
+        console.print(table)
+        return
+    # Piped or redirected: rich would assume 80 columns and fold every cell; a file or a pager
+    # has no width, so the table gets the width its cells need.
+    wide = console.options.update(max_width=_UNBOUNDED)
+    console.width = max(console.width, Measurement.get(console, wide, table).maximum)
     console.print(table)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(*, keep_serving: bool = True, workdir: Path | None = None) -> int:
     console = Console()
     root = workdir or Path(tempfile.mkdtemp(prefix="agentsafe-demo-"))
     console.print(f"[bold]agentsafe demo[/bold] (working directory {root})")
+    # SIGTERM stops the demo as Ctrl-C does: run_demo's finally stops every process it started.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         steps = asyncio.run(run_demo(root, console=console, keep_serving=keep_serving))
     except KeyboardInterrupt:
@@ -224,6 +241,8 @@ def main(*, keep_serving: bool = True, workdir: Path | None = None) -> int:
     except (RuntimeError, TimeoutError) as exc:
         console.print(f"[red]demo failed:[/red] {exc}")
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     ok = all(step.ok for step in steps) and len(steps) == 6
     if ok and workdir is None:
         shutil.rmtree(root, ignore_errors=True)
