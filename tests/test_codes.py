@@ -71,7 +71,8 @@ _CHECK_NAMES = {EXECUTOR / "host" / "posture.py"}
 
 def _modules() -> list[tuple[Path, ast.Module]]:
     out = []
-    for path in sorted(EXECUTOR.rglob("*.py")):
+    # The operator raises and logs registry codes too (its start-up refusals).
+    for path in sorted([*EXECUTOR.rglob("*.py"), *(EXECUTOR.parent / "operator").rglob("*.py")]):
         if (path.name == "codes.py" and path.parent == EXECUTOR) or path in _OWN_VOCABULARY:
             continue
         out.append((path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))))
