@@ -80,5 +80,9 @@ class ShadowReport:
         lines.append(
             "Observations: " + ", ".join(f"{s} {n}" for s, n in data["observations"].items())
         )
-        lines.append(f"To enforce these decisions, restart with {ENFORCEMENT_SWITCH}")
+        lines.append(self.closing_line())
         return "\n".join(lines) + "\n"
+
+    def closing_line(self) -> str:
+        """What to do next, as the report at stop ends (``serve.py``'s SHADOW_REPORT line)."""
+        return f"To enforce these decisions, restart with {ENFORCEMENT_SWITCH}"
