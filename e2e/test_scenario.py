@@ -28,7 +28,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import ssl
+import subprocess
 import threading
 import time
 import urllib.error
@@ -47,6 +49,8 @@ from cluster.pki import ServingPair, issue_serving_pair
 from cluster.polling import poll
 from cluster.scenario_backend import ScenarioBackend
 
+from agentsafe.executor.tools.pgserver import PostgresServer, PostgresUnavailable, postgres_server
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples" / "k8s"
 OPERATOR_NAMESPACE_ENV = "AGENTSAFE_E2E_NAMESPACE"
@@ -56,6 +60,7 @@ POLICY = "payouts"
 EXECUTOR = f"{POLICY}-executor"
 HALT_SWITCH = "stop-payouts"
 AGENT_SA = "payout-agent"
+STORE_SECRET = "payouts-store"
 REAL_POD_BACKENDS = ("node", "kind")
 
 pytestmark = pytest.mark.slow
@@ -255,9 +260,8 @@ def test_the_operator_renders_every_child_with_owner_references(scenario: Scenar
         "configmap": f"{EXECUTOR}-config",
         "statefulset": EXECUTOR,
         "service": EXECUTOR,
-        "poddisruptionbudget": EXECUTOR,
         "networkpolicy": EXECUTOR,
-    }
+    }  # one replica: no PodDisruptionBudget (from two: test_a_halt_switch_stops_every_...)
     for kind, name in children.items():
         child = scenario.get(kind, name)
         assert child is not None, f"{kind}/{name} was not rendered"
@@ -272,6 +276,7 @@ def test_the_operator_renders_every_child_with_owner_references(scenario: Scenar
         scenario.plane.kubectl("get", "networkpolicy", "-n", AGENTS, "-o", "json").stdout
     )["items"]
     assert any(p["metadata"]["name"].endswith(f"{POLICY}-no-downstream") for p in agent_policies)
+    assert scenario.get("poddisruptionbudget", EXECUTOR) is None
     sa = scenario.get("serviceaccount", EXECUTOR)
     assert sa is not None
     assert sa["automountServiceAccountToken"] is False
@@ -873,6 +878,7 @@ context = ssl.create_default_context(cafile="/var/run/executor-ca/ca.pem")
 context.check_hostname = False  # pods by IP; the chain is still verified
 ips = os.environ["IPS"].split(",")
 port = os.environ["PORT"]
+token = open("/var/run/agent/token").read().strip()
 
 def ready(ip):
     try:
@@ -883,11 +889,26 @@ def ready(ip):
     except OSError:
         return None
 
+def propose(ip, key):
+    body = {"proposal": {"action": "create_payout", "target": "payout:beneficiary-1",
+            "parameters": {"amountMinor": 1200, "currency": "EUR"}}, "idempotency_key": key}
+    request = urllib.request.Request(f"https://{ip}:{port}/v1/actions",
+        data=json.dumps(body).encode(), method="POST",
+        headers={"content-type": "application/json", "authorization": "Bearer " + token})
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as reply:
+            return [reply.status, json.loads(reply.read())]
+    except urllib.error.HTTPError as error:
+        return [error.code, json.loads(error.read() or b"{}")]
+
 deadline = time.time() + 60
 while not all(ready(ip) == 200 for ip in ips):
     if time.time() > deadline:
         sys.exit("executors not ready")
     time.sleep(0.2)
+# One idempotency key sent to every pod in turn: with a shared store, one execution.
+shared = {ip: propose(ip, os.environ["SHARED_KEY"]) for ip in ips}
+print(json.dumps({"shared": shared}), flush=True)
 print("polling", flush=True)
 first = {}
 deadline = time.time() + 60
@@ -896,35 +917,168 @@ while len(first) < len(ips) and time.time() < deadline:
         if ip not in first and ready(ip) == 503:
             first[ip] = time.time()
     time.sleep(0.01)
-token = open("/var/run/agent/token").read().strip()
-refusals = {}
-for ip in ips:
-    body = {"proposal": {"action": "create_payout", "target": "payout:beneficiary-1",
-            "parameters": {"amountMinor": 1200, "currency": "EUR"}},
-            "idempotency_key": "halted-" + ip.replace(".", "-") + "-" + str(int(time.time()))}
-    request = urllib.request.Request(f"https://{ip}:{port}/v1/actions",
-        data=json.dumps(body).encode(), method="POST",
-        headers={"content-type": "application/json", "authorization": "Bearer " + token})
-    try:
-        with urllib.request.urlopen(request, context=context, timeout=10) as reply:
-            refusals[ip] = [reply.status, json.loads(reply.read())]
-    except urllib.error.HTTPError as error:
-        refusals[ip] = [error.code, json.loads(error.read() or b"{}")]
+refusals = {ip: propose(ip, "halted-" + ip.replace(".", "-") + "-" + str(int(time.time())))
+            for ip in ips}
 print(json.dumps({"first_503": first, "refusals": refusals}), flush=True)
 """
 
 
-def test_a_halt_switch_stops_every_executor_pod(
-    scenario: Scenario, executor_pod: None, capsys: pytest.CaptureFixture[str]
+@dataclass(frozen=True)
+class SharedStore:
+    """A PostgreSQL on the node's host, as the executor pods reach it."""
+
+    server: PostgresServer
+    database: str
+    address: str
+    port: int
+
+
+@contextlib.contextmanager
+def _host_postgres(scenario: Scenario, backend: str) -> Iterator[SharedStore | None]:
+    """On the node: a real PostgreSQL started here, listening on the node's bridge address
+    (``cluster.node.NODE_IP``, the pods' gateway) and admitting the pod network with a
+    password; its URL in the Secret ``payouts-store`` that ``spec.store`` names. ``None`` on
+    kind, whose pods reach no address of this host."""
+    if backend != "node":
+        yield None
+        return
+    from cluster.node import NODE_IP, POD_CIDR
+
+    password = uuid.uuid4().hex
+    try:
+        with postgres_server(listen=(NODE_IP,)) as server:
+            server.allow_network(POD_CIDR, password)
+            database = "agentsafe_e2e"
+            server.psql("postgres", f"CREATE DATABASE {database}")
+            _apply_json(
+                scenario.plane,
+                {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "metadata": {"name": STORE_SECRET, "namespace": NAMESPACE},
+                    "stringData": {
+                        "url": f"postgresql://agentsafe:{password}@{NODE_IP}:{server.port}/"
+                        f"{database}?connect_timeout=5"
+                    },
+                },
+            )
+            try:
+                yield SharedStore(server, database, NODE_IP, server.port)
+            finally:
+                scenario.plane.kubectl(
+                    "delete", "secret", STORE_SECRET, "-n", NAMESPACE, check=False
+                )
+    except PostgresUnavailable as exc:
+        pytest.fail(f"the node's halt test needs PostgreSQL on the host: {exc}")
+
+
+def _rolled_out(scenario: Scenario, replicas: int) -> None:
+    """The StatefulSet at ``replicas``, every pod of its current revision ready."""
+
+    def done() -> bool | None:
+        sts = scenario.get("statefulset", EXECUTOR) or {}
+        status = sts.get("status") or {}
+        return (
+            True
+            if sts.get("spec", {}).get("replicas") == replicas
+            and status.get("readyReplicas") == replicas
+            and status.get("updatedReplicas") == replicas
+            and status.get("currentRevision") == status.get("updateRevision")
+            and status.get("observedGeneration") == sts["metadata"]["generation"]
+            else None
+        )
+
+    try:
+        poll(f"{replicas} executor pods of the new revision ready", done, deadline=300)
+    except BaseException:
+        print(scenario.backend.executor_tail(60))
+        print(scenario.backend.operator_tail(40))
+        raise
+    scenario.backend.reach_again()  # pod 0 was replaced: forward to the new one
+
+
+def _with_egress_replaced(
+    scenario: Scenario,
+    egress: list[dict[str, Any]],
+    check: Callable[[], str],
+    expect: str,
 ) -> None:
-    """Every executor pod of the selected policies; a probe pod beside the agent polls each every
-    10 ms. The latency is from just before ``kubectl patch`` starts to the last pod's first 503
-    (host and pods share one clock: it is one machine). Recorded, not asserted
-    (docs/testing.md). The policy runs one replica: admission refuses ``replicas > 1`` without
-    a shared PostgreSQL store (``spec.store``), since replicas with their own stores would
-    execute a retried idempotency key twice."""
+    """Replace the executor NetworkPolicy's egress with ``egress`` (the operator is paused),
+    wait for ``check`` to say ``expect``, then put the policy back and wait for the opposite."""
     plane = scenario.plane
-    refused = plane.kubectl(
+    saved = json.loads(
+        plane.kubectl("get", "networkpolicy", EXECUTOR, "-n", NAMESPACE, "-o", "json").stdout
+    )
+    saved["metadata"].pop("resourceVersion", None)
+    changed = json.loads(json.dumps(saved))
+    changed["spec"]["egress"] = egress
+    plane.kubectl("replace", "-f", "-", input=json.dumps(changed))
+    other = "open" if expect == "blocked" else "blocked"
+    try:
+        poll(
+            f"traffic {expect} with the executor's egress changed",
+            lambda: True if check() == expect else None,
+            deadline=30,
+            interval=0.5,
+        )
+    finally:
+        plane.kubectl("replace", "-f", "-", input=json.dumps(saved))
+    poll(
+        f"traffic {other} again with the executor's own NetworkPolicy",
+        lambda: True if check() == other else None,
+        deadline=30,
+        interval=0.5,
+    )
+
+
+def _prove_store_egress(
+    scenario: Scenario, store: SharedStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The executor NetworkPolicy's database rule is what lets pods reach PostgreSQL, and it
+    lets nothing else through: another port on the same host address stays blocked."""
+    plane = scenario.plane
+    policy = scenario.get("networkpolicy", EXECUTOR) or {}
+    egress = policy["spec"]["egress"]
+    database_rule = {
+        "to": [{"ipBlock": {"cidr": f"{store.address}/32"}}],
+        "ports": [{"protocol": "TCP", "port": store.port}],
+    }
+    assert egress[-1] == database_rule, egress
+    with contextlib.closing(socket.socket()) as other:
+        other.bind((store.address, 0))  # a listener beside the database on the same address
+        other.listen(16)
+        other_port = int(other.getsockname()[1])
+
+        def database() -> str:
+            return pods.exec_connect(plane, f"{EXECUTOR}-0", NAMESPACE, store.address, store.port)
+
+        def beside() -> str:
+            return pods.exec_connect(plane, f"{EXECUTOR}-0", NAMESPACE, store.address, other_port)
+
+        assert database() == "open"
+        assert beside() == "blocked"
+        with _operator_paused(scenario):
+            _with_egress_replaced(scenario, egress[:-1], database, "blocked")
+            # The same address on another port is the policy's doing, not a dead listener.
+            _with_egress_replaced(
+                scenario,
+                [*egress, {"to": database_rule["to"]}],
+                beside,
+                "open",
+            )
+    with capsys.disabled():
+        print(
+            f"\nNetworkPolicy {NAMESPACE}/{EXECUTOR}: the executor reaches PostgreSQL at "
+            f"{store.address}:{store.port}; blocked without the store rule; port {other_port} "
+            "on the same address blocked"
+        )
+
+
+def _patch_policy(
+    plane: ControlPlane, spec: dict[str, Any], *, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``kubectl patch`` the AgentPolicy's spec (a merge patch: ``None`` removes a field)."""
+    return plane.kubectl(
         "patch",
         "agentpolicy",
         POLICY,
@@ -932,36 +1086,93 @@ def test_a_halt_switch_stops_every_executor_pod(
         NAMESPACE,
         "--type=merge",
         "-p",
-        json.dumps({"spec": {"replicas": 2}}),
-        check=False,
+        json.dumps({"spec": spec}),
+        check=check,
     )
+
+
+def test_a_halt_switch_stops_every_executor_pod(
+    scenario: Scenario, backend: str, executor_pod: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every executor pod of the selected policies; a probe pod beside the agent polls each every
+    10 ms. The latency is from just before ``kubectl patch`` starts to the last pod's first 503
+    (host and pods share one clock: it is one machine). Recorded, not asserted
+    (docs/testing.md).
+
+    Admission refuses ``replicas > 1`` without a shared store (replicas with their own stores
+    would execute a retried idempotency key twice). On the node the policy then runs two
+    replicas on a real PostgreSQL on the host (``spec.store``): the PodDisruptionBudget and the
+    topology spread appear, the executor NetworkPolicy's database egress is proved by traffic,
+    one idempotency key sent to both pods executes once, the halt stops both, and scaling back
+    to one replica without the store removes the budget. On kind (no host address its pods
+    reach) the policy stays at one replica."""
+    plane = scenario.plane
+    refused = _patch_policy(plane, {"replicas": 2}, check=False)
     assert refused.returncode != 0, "admission let replicas > 1 through without a shared store"
     assert "replicas > 1 needs store" in refused.stderr, refused.stderr
-    statefulset = scenario.get("statefulset", EXECUTOR) or {}
-    replicas = int(statefulset.get("spec", {}).get("replicas", 0))
-    assert replicas >= 1, statefulset.get("spec")
-    poll(
-        "every executor pod ready",
-        lambda: (
-            True
-            if (scenario.get("statefulset", EXECUTOR) or {}).get("status", {}).get("readyReplicas")
-            == replicas
-            else None
-        ),
-        deadline=240,
-        interval=0.5,
-    )
+    with _host_postgres(scenario, backend) as store:
+        replicas = 1
+        if store is not None:
+            replicas = 2
+            spec = {
+                "replicas": replicas,
+                "store": {
+                    "secretKeyRef": {"name": STORE_SECRET, "key": "url"},
+                    "cidrs": [f"{store.address}/32"],
+                    "port": store.port,
+                },
+            }
+            _patch_policy(plane, spec)
+        _rolled_out(scenario, replicas)
+        pdb = scenario.get("poddisruptionbudget", EXECUTOR)
+        template = (scenario.get("statefulset", EXECUTOR) or {})["spec"]["template"]["spec"]
+        if store is not None:
+            assert pdb is not None, "two replicas get a PodDisruptionBudget"
+            assert pdb["spec"]["maxUnavailable"] == 1, pdb
+            assert len(template["topologySpreadConstraints"]) == 2, template
+            for i in range(replicas):
+                log = plane.kubectl("logs", f"{EXECUTOR}-{i}", "-n", NAMESPACE).stdout
+                opened = [
+                    json.loads(line)
+                    for line in log.splitlines()
+                    if line.startswith("{") and '"STORE_OPENED"' in line
+                ]
+                assert opened, log[-2000:]
+                assert opened[-1]["backend"] == "postgresql", opened
+            _prove_store_egress(scenario, store, capsys)
+        else:
+            assert pdb is None, "one replica needs no PodDisruptionBudget"
+            assert "topologySpreadConstraints" not in template
+        _halt_every_pod(scenario, replicas, capsys, store)
+        if store is not None:
+            _patch_policy(plane, {"replicas": 1, "store": None})
+            _rolled_out(scenario, 1)
+            poll(
+                "the PodDisruptionBudget to go with the second replica",
+                lambda: True if scenario.get("poddisruptionbudget", EXECUTOR) is None else None,
+                deadline=60,
+            )
+
+
+def _halt_every_pod(
+    scenario: Scenario,
+    replicas: int,
+    capsys: pytest.CaptureFixture[str],
+    store: SharedStore | None,
+) -> None:
+    plane = scenario.plane
     ips = [pods.pod_ip(plane, f"{EXECUTOR}-{i}", NAMESPACE) for i in range(replicas)]
+    shared_key = f"shared-{uuid.uuid4().hex[:8]}"
     manifest = _agent_pod(
         scenario,
         "halt-probe",
         HALT_PROBE,
-        {"IPS": ",".join(ips), "PORT": str(_executor_port(scenario))},
+        {"IPS": ",".join(ips), "PORT": str(_executor_port(scenario)), "SHARED_KEY": shared_key},
     )
     pods.create(plane, manifest)
     try:
         poll(
-            "the halt probe to see both pods ready",
+            "the halt probe to see every pod ready",
             lambda: (
                 True
                 if "polling"
@@ -979,7 +1190,23 @@ def test_a_halt_switch_stops_every_executor_pod(
     finally:
         plane.kubectl("delete", "pod", "halt-probe", "-n", AGENTS, "--wait=false", check=False)
     assert phase == "Succeeded", log
-    result = json.loads(log.strip().splitlines()[-1])
+    lines = [json.loads(line) for line in log.strip().splitlines() if line.startswith("{")]
+    shared = lines[0]["shared"]
+    result = lines[-1]
+    # The one key: executed by the first pod, replayed by every other, sent once.
+    answers = [shared[ip] for ip in ips]
+    assert all(status == 200 for status, _ in answers), answers
+    assert [body["outcome"] for _, body in answers] == ["COMPLETED"] * replicas, answers
+    assert [bool(body.get("replayed")) for _, body in answers] == [False] + [True] * (
+        replicas - 1
+    ), answers
+    assert scenario.received().count(shared_key) == 1
+    if store is not None:
+        rows = store.server.psql(
+            store.database,
+            f"SELECT state FROM idempotency WHERE key = '{shared_key}'",
+        )
+        assert rows.split() == ["DONE"], rows
     assert sorted(result["first_503"]) == sorted(ips), result
     for ip in ips:
         status, body = result["refusals"][ip]
@@ -988,6 +1215,7 @@ def test_a_halt_switch_stops_every_executor_pod(
     latency = max(result["first_503"].values()) - started
     record = {
         "pods": len(ips),
+        "store": "postgresql" if store is not None else "sqlite",
         "patch_to_last_refusal_seconds": round(latency, 3),
         "kubectl_patch_seconds": round(patched - started, 3),
     }

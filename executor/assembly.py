@@ -131,6 +131,7 @@ def build_transport(
         streams,
         max_response_bytes=config.executor_egress_max_response_bytes,
         on_refusal=on_refusal,
+        allowed_networks=config.executor_egress_allow_cidrs,
     )
 
 
@@ -362,7 +363,9 @@ async def assemble(
     mirror: SharedAttemptMirror | None = None
     try:
         if config.executor_store_url.given:
-            shared = await open_shared_store(secrets)
+            shared = await open_shared_store(
+                secrets, lease_seconds=config.executor_attempt_lease_seconds
+            )
             streams.security.emit(
                 "STORE_OPENED",
                 {"backend": "postgresql", "schema_version": shared.schema_version},
@@ -564,7 +567,7 @@ async def assemble(
                 journal,
                 reconciler=ActionReconciler(PolicyCatalog(policy, registry), registry),
                 streams=streams,
-                on_resolution=executor.settle_idempotency,
+                on_resolution=executor.lease_resolved,
             )
         return executor
     except BaseException:
@@ -662,13 +665,15 @@ def _plan_service(
     )
 
 
-async def open_shared_store(secrets: SecretStore) -> PostgresStore:
+async def open_shared_store(secrets: SecretStore, *, lease_seconds: float) -> PostgresStore:
     """Open (and migrate) the shared store named by ``EXECUTOR_STORE_URL``; ``ConfigError``
     naming the variable, never the URL, when it is not a PostgreSQL URL; ``StoreError`` when the
-    database does not answer or its schema is newer than this agentsafe."""
+    database does not answer or its schema is newer than this agentsafe. ``lease_seconds``
+    (``EXECUTOR_ATTEMPT_LEASE_SECONDS``) also bounds how long a key's holder has to open its
+    attempt."""
     handle = secrets.get("EXECUTOR_STORE_URL")
     if handle is None:
         raise ConfigError("EXECUTOR_STORE_URL", "is set but could not be read")
     with handle.reveal() as value:
         url = bytes(value).decode("utf-8", errors="replace").strip()
-    return await PostgresStore.open(check_store_url(url))
+    return await PostgresStore.open(check_store_url(url), lease_seconds=lease_seconds)

@@ -17,7 +17,9 @@ The canonical form is defined for I-JSON (RFC 7493) only, so :func:`parse_json` 
 reader every JSON input we hash, sign or trust goes through: UTF-8 only; a key named twice in one
 object (:class:`DuplicateKeyError`) and numbers that are not finite (``NaN``, ``Infinity``,
 ``1e999``: ``NUMBER_NOT_FINITE``) are refused, where Python's ``json`` would keep the last value
-and read infinities. Each caller maps the refusal to its own code.
+and read infinities; so is a ``\\u`` escape of a lone surrogate in any string or key
+(``JSON_INVALID``), which Python's ``json`` reads into a ``str`` that has no UTF-8 form and that
+would fail only later, when it is hashed. Each caller maps the refusal to its own code.
 
 Callers: intent capture, grants, the journal, evidence chains and bundles, plans, the policy
 loader, the request body reader (``routes/app.py``), the provider's verifier.
@@ -97,21 +99,48 @@ def parse_json(text: str | bytes) -> Any:
     """Parse I-JSON: the one strict JSON reader (see the module docstring).
 
     Raises :class:`DuplicateKeyError`, or :class:`CanonicalizationError` for a number that is
-    not finite (``NUMBER_NOT_FINITE``: ``NaN``, ``Infinity``, ``1e999``) or has more digits than
-    Python converts (``NUMBER_OUT_OF_RANGE``); ``UnicodeDecodeError`` (bytes that are not UTF-8)
+    not finite (``NUMBER_NOT_FINITE``: ``NaN``, ``Infinity``, ``1e999``), has more digits than
+    Python converts (``NUMBER_OUT_OF_RANGE``) or for a lone surrogate (``JSON_INVALID``);
+    ``UnicodeDecodeError`` (bytes that are not UTF-8)
     or ``json.JSONDecodeError`` (not JSON), both ``ValueError``; ``RecursionError`` for nesting
     deeper than the interpreter's limit. Integers beyond 2**53 - 1 are read; hashing them is
     refused later (:func:`canonical_json`).
     """
     if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8")
-    return json.loads(
+    value = json.loads(
         text,
         object_pairs_hook=_refuse_duplicates,
         parse_constant=_refuse_constant,
         parse_float=_finite_float,
         parse_int=_integer,
     )
+    if "\\u" in text:  # a surrogate can only arrive escaped: UTF-8 has no form for one
+        _refuse_lone_surrogates(value)
+    return value
+
+
+def _refuse_lone_surrogates(value: Any) -> None:
+    """Refuse a string (or key) holding a surrogate that ``json`` did not pair into one
+    character; iterative, so a deep value never recurses."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            strings: Sequence[str] = (item,)
+        elif isinstance(item, dict):
+            strings = tuple(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+            continue
+        else:
+            continue
+        for string in strings:
+            if not string.isascii() and any(0xD800 <= ord(ch) <= 0xDFFF for ch in string):
+                raise CanonicalizationError(
+                    "a string holds a lone surrogate", code=Code.JSON_INVALID
+                )
 
 
 _ESCAPES = {

@@ -61,7 +61,22 @@ class Code(StrEnum):
 
     # -- the HTTP edge ---------------------------------------------------------------------------
     REQUEST_INVALID = "REQUEST_INVALID", 400, "the request does not match the route's schema"
-    REQUEST_MALFORMED = "REQUEST_MALFORMED", 400, "the body is not valid JSON"
+    REQUEST_MALFORMED = "REQUEST_MALFORMED", 400, "the body is not valid JSON, or its framing"
+    REQUEST_TIMEOUT = (
+        "REQUEST_TIMEOUT",
+        408,
+        "the body did not arrive within EXECUTOR_BODY_TIMEOUT_SECONDS; the connection is closed",
+    )
+    HTTP_MALFORMED = (
+        "HTTP_MALFORMED",
+        400,
+        "the request line or a header is not HTTP/1.1; nothing of it is echoed",
+    )
+    CONNECTION_LIMIT_REACHED = (
+        "CONNECTION_LIMIT_REACHED",
+        503,
+        "EXECUTOR_MAX_CONNECTIONS or _PER_SOURCE connections are open; retry",
+    )
     REQUEST_TOO_DEEP = "REQUEST_TOO_DEEP", 400, "the JSON body nests too deeply"
     REQUEST_TOO_LARGE = (
         "REQUEST_TOO_LARGE",
@@ -290,6 +305,11 @@ class Code(StrEnum):
         "the key already has its final answer",
     )
     IDEMPOTENCY_RECORD_MISSING = "IDEMPOTENCY_RECORD_MISSING", None, "no record for this key"
+    IDEMPOTENCY_TAKEN_OVER = (
+        "IDEMPOTENCY_TAKEN_OVER",
+        409,
+        "the key's lease lapsed before its attempt opened and a later request with it took it over",
+    )
     STORE_CLOSED = "STORE_CLOSED", None, "the use store is closed"
     STORE_RECORD_DAMAGED = "STORE_RECORD_DAMAGED", None, "a stored record is damaged"
     STORE_SCHEMA_UNSUPPORTED = "STORE_SCHEMA_UNSUPPORTED", None, "a newer agentsafe wrote the store"
@@ -561,6 +581,11 @@ class Code(StrEnum):
     SECRET_BOTH_GIVEN = "SECRET_BOTH_GIVEN", None, "a secret is given both inline and as a file"
     SECRET_DIR_INVALID = "SECRET_DIR_INVALID", None, "EXECUTOR_SECRETS_DIR is not a directory"
     SECRET_DIR_REQUIRED = "SECRET_DIR_REQUIRED", None, "secret files need EXECUTOR_SECRETS_DIR"
+    SECRET_DIR_UNSAFE = (
+        "SECRET_DIR_UNSAFE",
+        None,
+        "EXECUTOR_SECRETS_DIR is the root, a system tree, writable by others or the state's",
+    )
     SECRET_DISPOSED = "SECRET_DISPOSED", None, "a rotated-out secret handle was revealed"
     SECRET_EMPTY = "SECRET_EMPTY", None, "a secret is empty"
     SECRET_FILE_MODE = "SECRET_FILE_MODE", None, "a secret file is readable beyond its owner"

@@ -39,7 +39,7 @@ import binascii
 import ipaddress
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from io import StringIO
@@ -69,14 +69,18 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = [
+    "BODY_TIMEOUT_SECONDS_DEFAULT",
     "CONFIG_KEYS",
     "CURRENCY_PATTERN",
     "DOWNSTREAM_TIMEOUT_MS_DEFAULT",
     "DOWNSTREAM_TIMEOUT_MS_MAX",
     "HARD_LIMIT_WINDOW_COUNT_MAX",
     "HARD_LIMIT_WINDOW_SECONDS_MAX",
+    "HEADER_TIMEOUT_SECONDS_DEFAULT",
     "INTENT_TTL_SECONDS_DEFAULT",
     "INTENT_TTL_SECONDS_MAX",
+    "MAX_CONNECTIONS_DEFAULT",
+    "MAX_CONNECTIONS_PER_SOURCE_DEFAULT",
     "MAX_TEXT",
     "PRODUCTION",
     "SECRET_FILE_SUFFIX",
@@ -108,6 +112,10 @@ SECRET_FILE_SUFFIX: Final = "_FILE"
 INTENT_TTL_SECONDS_DEFAULT: Final = 60
 INTENT_TTL_SECONDS_MAX: Final = 300
 DOWNSTREAM_TIMEOUT_MS_DEFAULT: Final = 10_000
+HEADER_TIMEOUT_SECONDS_DEFAULT: Final = 10
+BODY_TIMEOUT_SECONDS_DEFAULT: Final = 10
+MAX_CONNECTIONS_DEFAULT: Final = 1024
+MAX_CONNECTIONS_PER_SOURCE_DEFAULT: Final = 128
 DOWNSTREAM_TIMEOUT_MS_MAX: Final = 15_000
 HARD_LIMIT_WINDOW_SECONDS_MAX: Final = 2_592_000
 HARD_LIMIT_WINDOW_COUNT_MAX: Final = 1_000_000_000
@@ -235,6 +243,10 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_STATE_DIR",
     "EXECUTOR_BIND_ADDRESS",
     "PORT",
+    "EXECUTOR_HEADER_TIMEOUT_SECONDS",
+    "EXECUTOR_BODY_TIMEOUT_SECONDS",
+    "EXECUTOR_MAX_CONNECTIONS",
+    "EXECUTOR_MAX_CONNECTIONS_PER_SOURCE",
     "EXECUTOR_INTENT_TTL_SECONDS",
     "EXECUTOR_AUTHORITY_SIGNING_KEY",
     "EXECUTOR_AUTHORITY_SIGNING_KEY_FILE",
@@ -273,6 +285,7 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_ALLOW_PLAINTEXT_LISTENER",
     # egress
     "EXECUTOR_EGRESS_MAX_RESPONSE_BYTES",
+    "EXECUTOR_EGRESS_ALLOW_CIDRS",
     # journal
     "EXECUTOR_JOURNAL_DIR",
     "EXECUTOR_JOURNAL_REQUIRED",
@@ -482,6 +495,25 @@ def _parse_pins(text: str) -> tuple[str, ...]:
     return pins
 
 
+def _parse_cidrs(text: str) -> tuple[str, ...]:
+    """``EXECUTOR_EGRESS_ALLOW_CIDRS``: comma-separated CIDRs, host bits clear, never a ``/0``;
+    returned in canonical form."""
+    out: list[str] = []
+    for entry in text.split(","):
+        try:
+            network = ipaddress.ip_network(entry, strict=True)
+        except ValueError:
+            raise ValueError(
+                "must be CIDRs with host bits clear, comma-separated, without blanks"
+            ) from None
+        if network.prefixlen == 0:
+            raise ValueError("must not contain a /0, which would open every private network")
+        if str(network) in out:
+            raise ValueError("names a network twice")
+        out.append(str(network))
+    return tuple(out)
+
+
 def is_production(environ: Mapping[str, str]) -> bool:
     """``AGENTSAFE_ENV=production``; any case and surrounding blanks count (fail towards it)."""
     return environ.get("AGENTSAFE_ENV", "").strip().lower() == PRODUCTION
@@ -498,6 +530,10 @@ _BOOL_FIELDS: Final = (
 )
 _INT_FIELDS: Final = (
     "port",
+    "executor_header_timeout_seconds",
+    "executor_body_timeout_seconds",
+    "executor_max_connections",
+    "executor_max_connections_per_source",
     "executor_intent_ttl_seconds",
     "executor_jwks_refresh_seconds",
     "executor_jwt_clock_tolerance_seconds",
@@ -556,6 +592,12 @@ _ABSOLUTE_FIELDS: Final = (
     "executor_evidence_dir",
 )
 
+# Comma-separated lists and their parsers.
+_LIST_FIELDS: Final[Mapping[str, Callable[[str], tuple[str, ...]]]] = {
+    "executor_egress_allow_cidrs": _parse_cidrs,
+    "downstream_spki_pins": _parse_pins,
+}
+
 # The downstream URLs and the placeholder each must contain.
 _DOWNSTREAM_URLS: Final[Mapping[str, str | None]] = {
     "downstream_url": None,
@@ -588,6 +630,15 @@ class ExecutorConfig(BaseModel):
     executor_state_dir: Path | None = None
     executor_bind_address: str = "127.0.0.1"
     port: int = Field(default=8443, ge=0, le=65535)
+    # The listener's read deadlines and connection caps (routes/listener.py).
+    executor_header_timeout_seconds: int = Field(
+        default=HEADER_TIMEOUT_SECONDS_DEFAULT, ge=1, le=300
+    )
+    executor_body_timeout_seconds: int = Field(default=BODY_TIMEOUT_SECONDS_DEFAULT, ge=1, le=300)
+    executor_max_connections: int = Field(default=MAX_CONNECTIONS_DEFAULT, ge=1, le=65_535)
+    executor_max_connections_per_source: int = Field(
+        default=MAX_CONNECTIONS_PER_SOURCE_DEFAULT, ge=1, le=65_535
+    )
     executor_intent_ttl_seconds: int = Field(
         default=INTENT_TTL_SECONDS_DEFAULT, ge=1, le=INTENT_TTL_SECONDS_MAX
     )
@@ -631,6 +682,7 @@ class ExecutorConfig(BaseModel):
     executor_egress_max_response_bytes: int = Field(
         default=1024 * 1024, ge=1024, le=16 * 1024 * 1024
     )
+    executor_egress_allow_cidrs: tuple[str, ...] = ()
 
     # journal
     executor_journal_dir: Path | None = None
@@ -783,13 +835,14 @@ class ExecutorConfig(BaseModel):
             _parse_ceilings(",".join(f"{k}:{v}" for k, v in value.items()))
         return value
 
-    @field_validator("downstream_spki_pins", mode="before")
+    @field_validator(*_LIST_FIELDS, mode="before")
     @classmethod
-    def _pins(cls, value: object) -> object:
+    def _lists(cls, value: object, info: ValidationInfo) -> object:
+        parse = _LIST_FIELDS[str(info.field_name)]
         if isinstance(value, str):
-            return _parse_pins(value)
+            return parse(value)
         if isinstance(value, list | tuple):
-            return _parse_pins(",".join(str(v) for v in value))
+            return parse(",".join(str(v) for v in value))
         return value
 
     @field_validator(*_DOWNSTREAM_URLS, mode="after")
@@ -981,6 +1034,10 @@ class ExecutorConfig(BaseModel):
                 raise ConfigError(variable, "is used only with EXECUTOR_APPROVAL_WEBHOOK_URL")
 
     def _listener_rules(self) -> None:
+        if self.executor_max_connections_per_source > self.executor_max_connections:
+            raise ConfigError(
+                "EXECUTOR_MAX_CONNECTIONS_PER_SOURCE", "must not exceed EXECUTOR_MAX_CONNECTIONS"
+            )
         if self.executor_allow_plaintext_listener:
             tls = (
                 ("EXECUTOR_TLS_CERT_FILE", self.executor_tls_cert_file is not None),

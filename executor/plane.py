@@ -54,6 +54,7 @@ from .policy.policy import CompiledPolicy
 from .principals import Principal
 from .routes.app import ReadyState, Route, build_app
 from .routes.door import HttpDoor
+from .routes.listener import GuardedSite, ListenerLimits, handler_settings
 from .routes.table import Approvals, route_table
 from .state.journal import AttemptJournal
 from .state.pgstore import PostgresStore
@@ -133,7 +134,9 @@ class Executor:
     app: web.Application = field(init=False)
     reconciling: bool = True
     unknown_attempts: int = 0
+    _unknown_ids: set[str] = field(default_factory=set)
     port: int = 0
+    site: GuardedSite | None = None
     _runner: web.AppRunner | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -160,7 +163,11 @@ class Executor:
             plans=self.plans,
             approvals=approvals,
         )
-        self.app = build_app(self.routes, door=self.door)
+        self.app = build_app(
+            self.routes,
+            door=self.door,
+            body_timeout=float(self.config.executor_body_timeout_seconds),
+        )
 
     # -------------------------------------------------------------- what routes ask
 
@@ -318,20 +325,31 @@ class Executor:
             )
             for resolution in resolutions:
                 await self.settle_idempotency(resolution)
-            self.unknown_attempts = sum(
-                1
+            self._unknown_ids = {
+                r.attempt_id
                 for r in resolutions
                 if r.resolution
                 in (ResolutionStatus.STILL_UNKNOWN, ResolutionStatus.BINDING_MISMATCH)
-            )
+            }
+            self.unknown_attempts = len(self._unknown_ids)
         self.reconciling = False
         return resolutions
+
+    async def lease_resolved(self, resolution: Resolution) -> None:
+        """A resolution by the lease keeper (a taken-over attempt, or one still unknown asked
+        again): settle its key, and an attempt counted unknown at start that is now closed no
+        longer keeps ``/ready`` from saying ready."""
+        await self.settle_idempotency(resolution)
+        if resolution.closed and resolution.attempt_id in self._unknown_ids:
+            self._unknown_ids.discard(resolution.attempt_id)
+            self.unknown_attempts = len(self._unknown_ids)
 
     async def settle_idempotency(self, resolution: Resolution) -> None:
         """Give a reconciled key its final answer; a key that never reached the provider is freed.
 
         A key whose outcome is still unknown stays in flight (409 IDEMPOTENCY_IN_PROGRESS): the
-        executor asks again at the next start, and the attempt is listed as open.
+        executor asks again at the next start (with a shared store, the lease keeper asks again
+        at most once per lease while this replica lives), and the attempt is listed as open.
         """
         key, tenant, principal = (
             resolution.idempotency_key,
@@ -357,30 +375,53 @@ class Executor:
             status=status,
         )
         if body is not None:
-            await self.store.idempotency_settle(
-                **scope, response={"status": 200, "body": body}, now=self.clock.now()
-            )
+            response = {"status": 200, "body": body}
+            await self.store.idempotency_settle(**scope, response=response, now=self.clock.now())
+            if self.shared is not None:  # a key the attempt holds under another name (approvals)
+                await self.shared.use_store.idempotency_settle_attempt(
+                    resolution.attempt_id, response=response, now=self.clock.now()
+                )
+
+    @property
+    def listener_limits(self) -> ListenerLimits:
+        """The listener's read deadlines and connection caps, from the configuration."""
+        config = self.config
+        return ListenerLimits(
+            header_timeout=float(config.executor_header_timeout_seconds),
+            body_timeout=float(config.executor_body_timeout_seconds),
+            max_connections=config.executor_max_connections,
+            max_connections_per_source=config.executor_max_connections_per_source,
+        )
 
     async def listen(self) -> None:
+        limits = self.listener_limits
         self._runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, shutdown_timeout=DRAIN_SECONDS
+            self.app,
+            handle_signals=False,
+            shutdown_timeout=DRAIN_SECONDS,
+            **handler_settings(limits),
         )
         await self._runner.setup()
-        site = web.TCPSite(
+        self.site = GuardedSite(
             self._runner,
-            host=self.config.executor_bind_address,
-            port=self.config.port,
+            self.config.executor_bind_address,
+            self.config.port,
+            limits=limits,
             ssl_context=self.tls.context if self.tls is not None else None,
-            reuse_address=True,
+            security=self.streams.security,
         )
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        await self.site.start()
+        self.port = self.site.port
         self.streams.security.emit(
             "LISTENING",
             {
                 "address": self.config.executor_bind_address,
                 "port": self.port,
                 "tls": self.tls is not None,
+                "header_timeout_seconds": limits.header_timeout,
+                "body_timeout_seconds": limits.body_timeout,
+                "max_connections": limits.max_connections,
+                "max_connections_per_source": limits.max_connections_per_source,
             },
         )
 

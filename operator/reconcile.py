@@ -4,7 +4,8 @@
 ConfigMap it references exists (with its keys), selects its Principals (resolving bearer
 tokens to their SHA-256, never copying them), generates the operator's bearer token and the
 grant signing key once, renders every child with the pure ``render`` package and applies them
-with server-side apply, prunes the agent-namespace NetworkPolicies it no longer renders,
+with server-side apply, prunes the agent-namespace NetworkPolicies and the PodDisruptionBudget
+it no longer renders (the budget exists only with two or more replicas),
 writes the halt key (``halt.sync_halt``) and decides ``Ready`` (``readiness.py``). A
 ``RenderError`` (invalid policy, a failing case of ``spec.tests``, missing Secret, Principals
 or configuration the executor would refuse) leaves every child untouched and is reported as
@@ -100,6 +101,8 @@ async def _check_references(kube: Kube, namespace: str, spec: AgentPolicySpec) -
             spec.downstream.credential.secret_key_ref.key,
         ),
     ]
+    if spec.store is not None:
+        wanted.append(("Secret", spec.store.secret_key_ref.name, spec.store.secret_key_ref.key))
     if spec.downstream.ca is not None:
         wanted.append(("ConfigMap", spec.downstream.ca.name, spec.downstream.ca.key))
     if spec.tls.client_ca is not None:
@@ -240,6 +243,9 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
         if obj["kind"] == "NetworkPolicy":
             keep.add((obj["metadata"]["namespace"], obj["metadata"]["name"]))
     await prune_agent_policies(rt.kube, ref, keep)
+    if not any(obj["kind"] == "PodDisruptionBudget" for obj in rendered.objects):
+        # Scaled below two replicas: the budget from a larger ``replicas`` goes.
+        await rt.kube.delete("PodDisruptionBudget", ref.namespace, names(ref).executor)
     halted = await sync_halt(rt, ref, labels)
     sts = await rt.kube.get("StatefulSet", ref.namespace, names(ref).executor)
     message = f"{len(rendered.objects)} objects applied; {len(rendered.principals)} principals"

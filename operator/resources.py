@@ -118,7 +118,14 @@ RESOURCES: Final[tuple[Resource, ...]] = (
         _OWN,
         why="the executor pods; watched for the policy's Ready",
     ),
-    Resource("PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", _OWN),
+    Resource(
+        "PodDisruptionBudget",
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        _OWN,
+        why="with replicas >= 2; deleted when scaled below",
+    ),
     Resource(
         "NetworkPolicy",
         "networking.k8s.io",

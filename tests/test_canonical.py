@@ -259,3 +259,26 @@ def test_parse_json_refuses_numbers_that_are_not_finite(text: str, code: str) ->
 def test_parse_json_refuses_what_is_not_json_as_a_value_error(data: bytes | str) -> None:
     with pytest.raises(ValueError):
         parse_json(data)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"\\ud800"',  # a lone high surrogate, top level
+        '["ok", ["\\udfff"]]',  # a lone low surrogate, nested in an array
+        '{"\\udc00": 1}',  # in a key
+        '{"a": {"b": "x\\ud83d"}}',  # a high surrogate with no low one after it
+        '"\\ude00\\ud83d"',  # a pair in the wrong order is two lone surrogates
+    ],
+)
+def test_parse_json_refuses_a_lone_surrogate(text: str) -> None:
+    """json.loads reads these into a str with no UTF-8 form, which used to fail only when hashed
+    (a 500 at the HTTP edge, issue 16)."""
+    with pytest.raises(CanonicalizationError) as info:
+        parse_json(text)
+    assert info.value.code == "JSON_INVALID"
+
+
+def test_parse_json_keeps_an_escaped_surrogate_pair_and_a_literal_backslash_u() -> None:
+    assert parse_json('["\\ud83d\\ude00"]') == ["\U0001f600"]
+    assert parse_json('"\\\\ud800"') == "\\ud800"  # an escaped backslash, then text

@@ -1262,3 +1262,48 @@ def test_webhook_extras_need_the_webhook_and_loopback_is_refused_in_production()
         ),
         "EXECUTOR_APPROVAL_WEBHOOK_ALLOW_INSECURE_LOOPBACK",
     )
+
+
+# --------------------------------------------------------------------------------------------
+# The listener's deadlines and caps, the egress override (issue 16)
+
+
+def test_listener_limits_have_sane_defaults() -> None:
+    config = load_config(legacy_env())
+    assert config.executor_header_timeout_seconds == 10
+    assert config.executor_body_timeout_seconds == 10
+    assert config.executor_max_connections == 1024
+    assert config.executor_max_connections_per_source == 128
+    assert config.executor_egress_allow_cidrs == ()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("EXECUTOR_HEADER_TIMEOUT_SECONDS", "0"),
+        ("EXECUTOR_HEADER_TIMEOUT_SECONDS", "301"),
+        ("EXECUTOR_BODY_TIMEOUT_SECONDS", "0"),
+        ("EXECUTOR_BODY_TIMEOUT_SECONDS", "1.5"),
+        ("EXECUTOR_MAX_CONNECTIONS", "0"),
+        ("EXECUTOR_MAX_CONNECTIONS_PER_SOURCE", "0"),
+    ],
+)
+def test_listener_limits_out_of_range_are_refused(variable: str, value: str) -> None:
+    refused(legacy_env(**{variable: value}), variable)
+
+
+def test_a_per_source_cap_above_the_total_is_refused() -> None:
+    env = legacy_env(EXECUTOR_MAX_CONNECTIONS="10", EXECUTOR_MAX_CONNECTIONS_PER_SOURCE="11")
+    refused(env, "EXECUTOR_MAX_CONNECTIONS_PER_SOURCE")
+
+
+def test_egress_allow_cidrs_are_parsed_to_canonical_networks() -> None:
+    config = load_config(legacy_env(EXECUTOR_EGRESS_ALLOW_CIDRS="10.96.0.0/12,FD00:10::/32"))
+    assert config.executor_egress_allow_cidrs == ("10.96.0.0/12", "fd00:10::/32")
+
+
+@pytest.mark.parametrize(
+    "value", ["10.96.0.1/12", "0.0.0.0/0", "::/0", "10.0.0.0/8, 10.1.0.0/16", "x", "10.0.0.0/8,"]
+)
+def test_egress_allow_cidrs_that_are_not_clear_networks_are_refused(value: str) -> None:
+    refused(legacy_env(EXECUTOR_EGRESS_ALLOW_CIDRS=value), "EXECUTOR_EGRESS_ALLOW_CIDRS", value)

@@ -162,12 +162,13 @@ ALLOWED: dict[str, Allowance] = {
         DATABASE,
         reason="the shared store's migrations, run on a connection pgstore.py opened",
     ),
-    "executor/plane.py": allow(
+    "executor/routes/listener.py": allow(
         LISTEN,
         reason="the executor's listener (server side, accepts only; no outbound connection)",
     ),
     # Not listed because they use none of the APIs: routes/app.py (builds the aiohttp application;
-    # plane.py binds it), host/tlsctx.py and host/posture.py (build and inspect SSLContexts only).
+    # routes/listener.py binds it for plane.py), host/tlsctx.py and host/posture.py (build and
+    # inspect SSLContexts only).
     # -- outside the executor process -----------------------------------------------------
     "executor/tools/synthetic.py": allow(
         LISTEN,

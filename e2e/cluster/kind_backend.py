@@ -147,6 +147,12 @@ class KindBackend:
             raise AssertionError("the executor pod is not reached yet (start_executor first)")
         return f"https://localhost:{self._forward.local_port()}"
 
+    def reach_again(self) -> None:
+        """Pod 0 was replaced (a rollout): the next :meth:`executor_url` forwards to the new
+        one."""
+        if self._forward is not None:
+            self._forward.close()
+
     def _pod(self) -> dict[str, Any] | None:
         result = self.plane.kubectl(
             "get", "pod", self.pod_name, "-n", self.namespace, "-o", "json", check=False

@@ -82,6 +82,10 @@ class ScenarioBackend(Protocol):
         certificate names ``localhost``)."""
         ...
 
+    def reach_again(self) -> None:
+        """Pod 0 was replaced by its controller (a rollout): reach the new one from now on."""
+        ...
+
     def restart_executor(self) -> None:
         """Stop the executor and start it again from the same rendered pod; return once it
         runs (it may not listen yet)."""

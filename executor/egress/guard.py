@@ -10,10 +10,14 @@ Refused before any socket exists (``sent=False``): a malformed request (EGRESS_I
 credentials in the URL or another origin (EGRESS_ORIGIN_NOT_ALLOWED), plain HTTP except to a
 loopback answer of a destination that explicitly allows it (EGRESS_SCHEME_NOT_ALLOWED), a path
 outside the prefix or one with dot segments or encoded separators (EGRESS_PATH_NOT_ALLOWED), a
-non-canonical numeric host or an answer that is this host, link-local, multicast, unspecified,
-reserved or empty (EGRESS_ADDRESS_REFUSED). The name is resolved once per request and the
-connection goes to exactly the checked address: the per-request connector's resolver can only
-return that answer, so DNS rebinding has nothing to rebind.
+non-canonical numeric host or an answer that is this host, loopback (unless allowed), in any
+block of the IANA special-purpose registries (6to4, Teredo and NAT64 forms included, named with
+the IPv4 address they carry), a cloud metadata address, or no answer at all
+(EGRESS_ADDRESS_REFUSED). Private-use blocks (RFC 1918, shared address space, unique local) are
+refused too unless ``EXECUTOR_EGRESS_ALLOW_CIDRS`` names the part a deliberate private
+destination answers from; the metadata addresses inside them stay refused. The name is resolved
+once per request and the connection goes to exactly the checked address: the per-request
+connector's resolver can only return that answer, so DNS rebinding has nothing to rebind.
 
 Then TLS 1.2+ against the destination's anchor with hostname verification (EGRESS_TLS_REJECTED)
 and the pins over the presented chain (EGRESS_TLS_PIN_MISMATCH, checked before a request byte is
@@ -61,6 +65,8 @@ from .transport import DEFAULT_MAX_RESPONSE_BYTES, HttpResponse, TransportError
 
 __all__ = [
     "MAX_RESPONSE_BYTES_RANGE",
+    "METADATA_ADDRESSES",
+    "SPECIAL_PURPOSE_BLOCKS",
     "Destination",
     "GuardedClient",
     "ResolvedAddress",
@@ -75,8 +81,6 @@ _PIN = re.compile(r"^sha256/([A-Za-z0-9+/]{43}=)$")
 _NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 * 1024
-_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
-_BROADCAST = ipaddress.ip_address("255.255.255.255")
 _ENCODING_DER = getattr(getattr(ssl, "_ssl", None), "ENCODING_DER", 1)
 
 Resolve = Callable[[str, int], Awaitable[Sequence[str]]]
@@ -148,43 +152,164 @@ def _spki_digest(certificate_der: bytes) -> bytes:
     return hashlib.sha256(spki).digest()
 
 
-def _unwrap(
-    ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
-) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def _unwrap(ip: _Address) -> _Address:
+    """The IPv4 address an IPv4-mapped or (deprecated) IPv4-compatible IPv6 address *is*."""
     if isinstance(ip, ipaddress.IPv6Address):
         if ip.ipv4_mapped is not None:
             return ip.ipv4_mapped
-        if ip in ipaddress.ip_network("::/96") and int(ip) > 1:  # IPv4-compatible (deprecated)
+        if ip in _IPV4_COMPATIBLE and int(ip) > 1:
             return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return ip
 
 
+@dataclass(frozen=True)
+class _Block:
+    network: _Network
+    name: str
+    private: bool = False
+    """A private-use block: ``EXECUTOR_EGRESS_ALLOW_CIDRS`` may open parts of it."""
+
+
+def _blocks(*rows: tuple[str, str] | tuple[str, str, bool]) -> tuple[_Block, ...]:
+    return tuple(
+        _Block(ipaddress.ip_network(row[0]), row[1], bool(row[2]) if len(row) > 2 else False)
+        for row in rows
+    )
+
+
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+# Every entry of the IANA IPv4 and IPv6 Special-Purpose Address Registries (RFC 6890 and its
+# updates, as published in 2025), plus multicast, the limited broadcast and the deprecated
+# site-local and IPv4-compatible blocks. Hand-written, not ``ipaddress``'s ``is_private`` /
+# ``is_global``: those flags differ between Python versions and leave out entries the
+# registries list as globally reachable (AS112, AMT, the anycast assignments), which are not
+# where an executor's downstream lives either. Every block is refused; only the ``private``
+# ones can be opened, address by address, with ``EXECUTOR_EGRESS_ALLOW_CIDRS``.
+SPECIAL_PURPOSE_BLOCKS: tuple[_Block, ...] = _blocks(
+    # IPv4
+    ("0.0.0.0/8", "this network"),
+    ("10.0.0.0/8", "private-use", True),
+    ("100.64.0.0/10", "shared address space", True),
+    ("127.0.0.0/8", "loopback"),
+    ("169.254.0.0/16", "link-local"),
+    ("172.16.0.0/12", "private-use", True),
+    ("192.0.0.0/24", "IETF protocol assignments"),
+    ("192.0.2.0/24", "documentation"),
+    ("192.31.196.0/24", "AS112"),
+    ("192.52.193.0/24", "AMT"),
+    ("192.88.99.0/24", "6to4 relay anycast"),
+    ("192.168.0.0/16", "private-use", True),
+    ("192.175.48.0/24", "AS112 direct delegation"),
+    ("198.18.0.0/15", "benchmarking"),
+    ("198.51.100.0/24", "documentation"),
+    ("203.0.113.0/24", "documentation"),
+    ("224.0.0.0/4", "multicast"),
+    ("255.255.255.255/32", "limited broadcast"),
+    ("240.0.0.0/4", "reserved"),
+    # IPv6
+    ("::/128", "unspecified"),
+    ("::1/128", "loopback"),
+    ("::/96", "IPv4-compatible (deprecated)"),
+    ("::ffff:0:0/96", "IPv4-mapped"),
+    ("64:ff9b::/96", "NAT64 translation"),
+    ("64:ff9b:1::/48", "local-use IPv4/IPv6 translation"),
+    ("100::/64", "discard-only"),
+    ("100:0:0:1::/64", "dummy prefix"),
+    ("2001::/23", "IETF protocol assignments"),
+    ("2001::/32", "Teredo"),
+    ("2001:db8::/32", "documentation"),
+    ("2002::/16", "6to4"),
+    ("2620:4f:8000::/48", "AS112 direct delegation"),
+    ("3fff::/20", "documentation"),
+    ("5f00::/16", "SRv6 SIDs"),
+    ("fc00::/7", "unique local", True),
+    ("fe80::/10", "link-local"),
+    ("fec0::/10", "site-local (deprecated)"),
+    ("ff00::/8", "multicast"),
+)
+
+# The instance metadata and platform services of the clouds an executor runs on, refused even
+# where EXECUTOR_EGRESS_ALLOW_CIDRS opens the block around them: AWS (IMDS, time sync, DNS, the
+# ECS task endpoint), GCP, Azure (IMDS and the WireServer, a public address), Alibaba,
+# Tencent, Oracle, OpenStack, DigitalOcean.
+METADATA_ADDRESSES: frozenset[_Address] = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",
+        "169.254.169.123",
+        "169.254.169.253",
+        "169.254.170.2",
+        "169.254.170.23",
+        "169.254.0.23",
+        "100.100.100.200",
+        "168.63.129.16",
+        "192.0.0.192",
+        "fd00:ec2::254",
+        "fd00:ec2::253",
+        "fd00:ec2::123",
+        "fd00:ec2::23",
+    )
+)
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4Address] | None:
+    """The IPv4 address a 6to4, Teredo or NAT64 address carries, and the form's name."""
+    if ip.sixtofour is not None:
+        return "6to4", ip.sixtofour
+    if ip.teredo is not None:
+        return "Teredo", ip.teredo[1]
+    if ip in _NAT64:
+        return "NAT64", ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def address_refusal(
-    address: str, *, allow_loopback: bool, local_addresses: frozenset[str] = frozenset()
+    address: str,
+    *,
+    allow_loopback: bool,
+    local_addresses: frozenset[str] = frozenset(),
+    allowed: Sequence[_Network] = (),
 ) -> str | None:
     """Why ``address`` may not be connected to (a short reason), or None when it may.
 
-    Refused: loopback (unless allowed), this host's own addresses, link-local, multicast,
-    unspecified, reserved, ``0.0.0.0/8`` and broadcast. Private ranges are allowed.
+    In order: a cloud metadata address (always); loopback (unless the destination allows it,
+    ``allow_insecure_loopback``); this host's own addresses; an IPv6 form that carries an
+    IPv4 address (6to4, Teredo, NAT64; IPv4-mapped and -compatible are judged as the IPv4
+    address they are), named with what it carries; then every special-purpose block
+    (:data:`SPECIAL_PURPOSE_BLOCKS`). A private-use block (RFC 1918, shared address space,
+    unique local) is allowed only inside one of ``allowed`` (``EXECUTOR_EGRESS_ALLOW_CIDRS``),
+    the explicit override for a deliberate private destination; nothing else can be opened.
     """
     try:
-        ip = _unwrap(ipaddress.ip_address(address.split("%", 1)[0]))
+        raw = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return "not an address"
+    ip = _unwrap(raw)
+    if ip in METADATA_ADDRESSES or raw in METADATA_ADDRESSES:
+        return "cloud metadata"
     if ip.is_loopback:
         return None if allow_loopback else "loopback"
     if str(ip) in local_addresses:
         return "this host"
-    if ip.is_link_local:
-        return "link-local"
-    if ip.is_multicast:
-        return "multicast"
-    if ip.is_unspecified or ip in _THIS_NETWORK or ip == _BROADCAST:
-        return "unspecified"
-    if ip.is_reserved:
-        return "reserved"
-    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
-        return "site-local"
+    if isinstance(ip, ipaddress.IPv6Address):
+        carried = _embedded_ipv4(ip)
+        if carried is not None:
+            form, inner = carried
+            inner_reason = address_refusal(
+                str(inner), allow_loopback=False, local_addresses=local_addresses, allowed=()
+            )
+            return f"{form} of {inner_reason}" if inner_reason else form
+    for block in SPECIAL_PURPOSE_BLOCKS:
+        if ip.version == block.network.version and ip in block.network:
+            if block.private and any(ip.version == n.version and ip in n for n in allowed):
+                continue
+            return block.name
     return None
 
 
@@ -356,7 +481,9 @@ class GuardedClient:
     """The ``Transport`` every component uses; see the module docstring for the policy.
 
     ``resolve`` replaces the system resolver (tests use a stand-in DNS); ``local_addresses``
-    replaces the discovered interface addresses of this host.
+    replaces the discovered interface addresses of this host. ``allowed_networks``
+    (``EXECUTOR_EGRESS_ALLOW_CIDRS``) opens those parts of the private-use blocks a deliberate
+    private destination answers from, and nothing else.
     """
 
     destinations: Sequence[Destination]
@@ -365,8 +492,10 @@ class GuardedClient:
     on_refusal: Callable[[str], None] | None = None
     resolve: Resolve | None = None
     local_addresses: Iterable[str] | None = None
+    allowed_networks: Sequence[str] = ()
     _rules: tuple[_Rule, ...] = field(init=False, repr=False)
     _local: frozenset[str] = field(init=False, repr=False)
+    _allowed: tuple[_Network, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         low, high = MAX_RESPONSE_BYTES_RANGE
@@ -377,6 +506,10 @@ class GuardedClient:
             local_interface_addresses() if self.local_addresses is None else self.local_addresses
         )
         self._local = frozenset(str(ipaddress.ip_address(a)) for a in local)
+        try:  # checked by the configuration already (host bits clear, no /0)
+            self._allowed = tuple(ipaddress.ip_network(n) for n in self.allowed_networks)
+        except ValueError:
+            raise ConfigError("EXECUTOR_EGRESS_ALLOW_CIDRS", "must be CIDRs") from None
 
     def __repr__(self) -> str:
         return f"GuardedClient(origins={sorted({r.origin for r in self._rules})})"
@@ -474,7 +607,10 @@ class GuardedClient:
             raise _Refusal(Code.EGRESS_ADDRESS_REFUSED, reason="nowhere")
         for answer in answers:
             reason = address_refusal(
-                answer, allow_loopback=rule.allow_loopback, local_addresses=self._local
+                answer,
+                allow_loopback=rule.allow_loopback,
+                local_addresses=self._local,
+                allowed=self._allowed,
             )
             if reason is not None:
                 raise _Refusal(Code.EGRESS_ADDRESS_REFUSED, reason=reason)

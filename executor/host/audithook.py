@@ -8,15 +8,22 @@ Once installed the hook cannot be removed (``sys.addaudithook`` has no inverse) 
 by raising :class:`GuardRefused` (a ``PermissionError``) from the audited operation:
 
 - ``socket.connect`` (and ``connect_ex``) anywhere outside :func:`allowed_egress`, whatever the
-  address family or destination. Accepting connections on the listener is not a connect and is
-  never refused; neither is ``socket.socketpair`` (asyncio's self-pipe).
+  address family or destination, and every send that names its own destination: ``sendto`` and
+  ``sendmsg`` with an address (an unconnected UDP datagram, a TCP Fast Open ``sendto`` with
+  ``MSG_FASTOPEN``, which connects and sends in one call). Accepting connections on the listener
+  is not a connect and is never refused; neither is ``socket.socketpair`` (asyncio's self-pipe)
+  nor a send on a connected socket.
 - every way of starting a program: ``subprocess.Popen``, ``os.system``, ``os.exec*``,
   ``os.posix_spawn*``, ``os.spawn*``, ``os.fork``, ``os.forkpty``, ``pty.spawn``.
 - opening a file for writing (``open``/``io.open`` with ``w``, ``a``, ``x`` or ``+``; ``os.open``
   with a write, create, append or truncate flag) and the path-changing calls (rename/replace,
   remove/unlink, rmdir, mkdir, link, symlink, truncate, chmod, chown, utime, mknod, mkfifo,
   set/removexattr, the ``shutil`` tree operations, ``sqlite3.connect``) whose target does not
-  resolve inside one of the writable directories. ``/dev/null`` is always writable.
+  resolve inside one of the writable directories. ``/dev/null`` is always writable. A
+  ``sqlite3.connect`` name is read as SQLite reads it: a ``file:`` URI by its decoded path and
+  its last ``mode`` parameter (``?x=mode=memory`` is a parameter ``x``, not an in-memory
+  database), a ``vfs`` parameter refused, and, where the library does not read every ``file:``
+  name as a URI, the same name as a literal file in the working directory.
 
 What a PEP 578 hook cannot stop is in docs/posture.md: native code calling libc directly (C
 extensions, ``ctypes``, ``cffi``), and any in-process code that deliberately enters
@@ -30,6 +37,7 @@ import contextlib
 import contextvars
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -39,6 +47,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import unquote
 
 from ..codes import Code
 from ..errors import AgentSafeError
@@ -109,9 +118,13 @@ _PATH_EVENTS: Final[Mapping[str, tuple[tuple[int, ...], tuple[int | None, ...]]]
 _WRITE_FLAGS: Final = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _ALWAYS_WRITABLE: Final = frozenset({"/dev/null"})
 
-_WATCHED: Final = frozenset({"socket.connect", "open", "sqlite3.connect"} | _CHILD_EVENTS) | (
-    frozenset(_PATH_EVENTS)
-)
+# Sends that name their own destination (audited with the address; ``None`` on a connected
+# socket, whose connect was checked).
+_SEND_EVENTS: Final = frozenset({"socket.sendto", "socket.sendmsg"})
+
+_WATCHED: Final = frozenset(
+    {"socket.connect", "open", "sqlite3.connect"} | _CHILD_EVENTS | _SEND_EVENTS
+) | frozenset(_PATH_EVENTS)
 
 
 class GuardError(AgentSafeError):
@@ -208,6 +221,8 @@ def _make_hook(
     write_flags = _WRITE_FLAGS
     always = _ALWAYS_WRITABLE
     egress = _EGRESS
+    send_events = _SEND_EVENTS
+    uri_always = _sqlite_reads_uris_always()
     realpath = os.path.realpath
     fspath = os.fspath
     fsdecode = os.fsdecode
@@ -246,8 +261,15 @@ def _make_hook(
             refuse(GUARD_CHILD_PROCESS_REFUSED, event)
         elif event == "sqlite3.connect":
             database = args[0] if args else None
-            if not _sqlite_allowed(database, inside):
+            if not _sqlite_allowed(database, inside, uri_always=uri_always):
                 refuse(GUARD_FS_WRITE_REFUSED, event)
+        elif event in send_events:
+            # An unconnected datagram (UDP sendto/sendmsg) or TCP Fast Open (sendto with
+            # MSG_FASTOPEN) reaches an address without a connect: the same rule as connect.
+            address = args[1] if len(args) > 1 else None
+            allowed = egress.get() or (allow_connect is not None and allow_connect())
+            if address is not None and not allowed:
+                refuse(GUARD_CONNECT_REFUSED, event)
         else:
             positions, fds = path_events[event]
             for pos, fd_pos in zip(positions, fds, strict=True):
@@ -260,25 +282,66 @@ def _make_hook(
     return hook
 
 
-def _sqlite_allowed(database: Any, inside: Callable[[Any], bool]) -> bool:
+def _sqlite_reads_uris_always() -> bool:
+    """True when this SQLite library reads a ``file:`` name as a URI whatever ``uri=`` says
+    (compiled with ``SQLITE_USE_URI``); asked once, before the hook is installed."""
+    try:
+        connection = sqlite3.connect(":memory:")
+        try:
+            options = {row[0] for row in connection.execute("PRAGMA compile_options")}
+        finally:
+            connection.close()
+    except sqlite3.Error:
+        return False
+    return "USE_URI" in options or "USE_URI=1" in options
+
+
+def _sqlite_allowed(database: Any, inside: Callable[[Any], bool], *, uri_always: bool) -> bool:
+    """Whether ``sqlite3.connect(database)`` can write only inside the writable directories.
+
+    The audit event does not say whether ``uri=True`` was passed, so a ``file:`` name must be
+    safe both ways: as a URI (SQLite's own reading: percent-decoded, parameters split on ``&``
+    and ``=``, the last ``mode`` wins, a ``vfs`` is refused since it decides where bytes go) and,
+    unless this library reads every ``file:`` name as a URI, as a literal file name relative to
+    the working directory. ``""`` and ``:memory:`` are private databases SQLite itself keeps.
+    """
     if database is None:
         return True
     text = os.fsdecode(os.fspath(database))
     if text in ("", ":memory:"):
         return True
-    if text.startswith("file:"):
-        path = text[5:].split("?", 1)[0]
-        if path in ("", ":memory:") or "mode=memory" in text:
-            return True
-        if path.startswith("//"):
-            path = path[2:]
-            path = path[path.find("/") :] if "/" in path else ""
-        return bool(path) and inside(path)
-    return inside(text)
+    if not text.startswith("file:"):
+        return inside(text)
+    if not uri_always and not inside(text):
+        return False
+    return _sqlite_uri_allowed(text[5:], inside)
+
+
+def _sqlite_uri_allowed(rest: str, inside: Callable[[Any], bool]) -> bool:
+    rest = rest.split("#", 1)[0]
+    raw_path, _, query = rest.partition("?")
+    mode: str | None = None
+    for parameter in query.split("&") if query else ():
+        key, _, value = parameter.partition("=")
+        key, value = unquote(key), unquote(value)
+        if key == "vfs":
+            return False
+        if key == "mode":
+            mode = value
+    if mode == "memory":
+        return True
+    path = unquote(raw_path)
+    if path.startswith("//"):
+        authority, slash, remainder = path[2:].partition("/")
+        if authority not in ("", "localhost") or not slash:
+            return False
+        path = "/" + remainder
+    return path not in ("", ":memory:") and inside(path)
 
 
 def run_self_test(writable_dirs: Sequence[Path]) -> dict[str, bool]:
-    """Try a raw connect, a child process and a stray write; ``True`` where the guard refused."""
+    """Try a raw connect and an unconnected datagram, a child process and a stray write; ``True``
+    where the guard refused."""
     return {
         SOCKET_GUARD_ABSENT: _probe_connect(),
         CHILD_PROCESS_ALLOWED: _probe_child(),
@@ -291,6 +354,10 @@ def _refused_by_guard(exc: BaseException) -> bool:
 
 
 def _probe_connect() -> bool:
+    return _probe_stream_connect() and _probe_datagram()
+
+
+def _probe_stream_connect() -> bool:
     # A loopback port that is bound but not listening: without the guard the kernel refuses.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as closed:
         closed.bind(("127.0.0.1", 0))
@@ -300,6 +367,20 @@ def _probe_connect() -> bool:
         except OSError as exc:
             return _refused_by_guard(exc)
         probe.close()
+        return False
+
+
+def _probe_datagram() -> bool:
+    # A datagram to a loopback socket of our own: without the guard it is simply delivered.
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe,
+    ):
+        sink.bind(("127.0.0.1", 0))
+        try:
+            probe.sendto(b"agentsafe-guard-probe", sink.getsockname())
+        except OSError as exc:
+            return _refused_by_guard(exc)
         return False
 
 

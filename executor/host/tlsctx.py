@@ -17,8 +17,10 @@ unavailable we fall back to a file created ``0600`` inside a fresh ``0700`` dire
 
 :class:`ReloadingTlsContext` gives aiohttp one *front* context whose ``sni_callback`` (which
 OpenSSL calls on every handshake, with or without SNI) moves the new connection onto the newest
-built context. :meth:`ReloadingTlsContext.maybe_reload` rebuilds when the certificate file or the
-key's value changed; connections already open keep the context they negotiated. A rebuild that
+built context. :meth:`ReloadingTlsContext.maybe_reload` rebuilds when the certificate file, the
+key's value or the client CA bundle (``EXECUTOR_TLS_CLIENT_CA_FILE``) changed, so a CA taken out
+of the bundle stops admitting the certificates it issued at the next handshake; connections
+already open keep the context they negotiated. A rebuild that
 fails (a half-written file, a key that does not match the certificate) keeps the previous
 context and is ``TLS_RELOAD_REFUSED``; a success is ``TLS_CONTEXT_ROTATED``.
 
@@ -198,17 +200,20 @@ class ReloadingTlsContext:
         return None
 
     def _material_fingerprint(self) -> tuple[Any, ...]:
-        try:
-            info = os.stat(self._settings.cert_file)
-            cert_id: tuple[int, ...] = (info.st_ino, info.st_size, info.st_mtime_ns)
-        except OSError:
-            cert_id = ()
+        """What a context is built from: the certificate file, the key's value and the client
+        CA bundle. A file is taken by its bytes (its digest), so a rewrite in place that keeps
+        the size and the modification time is still a change."""
         with self._settings.key().reveal() as key_pem:
             key_digest = hashlib.sha256(key_pem).hexdigest()
-        return (cert_id, key_digest)
+        return (
+            _file_digest(self._settings.cert_file),
+            key_digest,
+            _file_digest(self._settings.client_ca_file),
+        )
 
     def maybe_reload(self) -> bool:
-        """Rebuild if the certificate file or the key changed; True when a new context is live."""
+        """Rebuild if the certificate file, the key or the client CA bundle changed; True when a
+        new context is live (a removed client CA stops admitting its certificates)."""
         try:
             fingerprint = self._material_fingerprint()
         except Exception:
@@ -245,6 +250,17 @@ class ReloadingTlsContext:
         while True:
             await asyncio.sleep(interval)
             await asyncio.to_thread(self.maybe_reload)
+
+
+def _file_digest(path: Path | None) -> str | None:
+    """The SHA-256 of a (public) TLS file's bytes; ``""`` when it cannot be read now."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return ""
 
 
 def peer_certificate_der(transport: Any) -> bytes | None:

@@ -10,13 +10,18 @@ replica; each tick (a third of the lease):
    SKIP LOCKED`` and its owner changed in the same transaction, so two replicas never reconcile
    the same attempt -- and resolves it read-only exactly as startup reconciliation does
    (``lifecycle/reconcile.py``), then hands the resolution to the same idempotency settlement, so
-   a caller retrying the key on any replica gets that one recorded answer.
+   a caller retrying the key on any replica gets that one recorded answer;
+4. asks again, at most once per lease, about every attempt this replica owns whose last
+   resolution was STILL_UNKNOWN -- one it took over, or one of its own journal that startup
+   reconciliation could not resolve -- through the same read-only resolution, until the provider
+   says what happened. A taken-over attempt is therefore never left waiting for its new owner to
+   die: the new owner keeps asking while it lives.
 
 At start, :meth:`LeaseKeeper.gate` takes each attempt of this replica's own journal before it is
 reconciled, and leaves alone one another replica holds under a live lease or already resolved.
 
-A database that fails makes a tick do nothing; the next tick tries again. An attempt taken over
-and still unknown stays open under the new owner's lease, renewed while it lives.
+A database that fails makes a tick do nothing; the next tick tries again. A provider lookup is
+given at most one tick's interval, so a lookup that hangs never keeps the leases from renewing.
 
 Callers: ``assembly.py`` (builds one with a shared store), ``plane.py`` (runs
 :meth:`LeaseKeeper.run`, passes :meth:`LeaseKeeper.gate` to startup reconciliation).
@@ -26,13 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 
 from ..errors import StoreError
 from ..events import Streams
 from ..state.journal import AttemptJournal, OpenAttempt
 from ..state.pgstore import AttemptRow, SharedAttemptMirror
-from .reconcile import Reconciler, Resolution, reconcile_attempt
+from .reconcile import Reconciler, Resolution, ResolutionStatus, reconcile_attempt
 
 __all__ = ["LeaseKeeper"]
 
@@ -48,12 +54,15 @@ class LeaseKeeper:
         reconciler: Reconciler,
         streams: Streams,
         on_resolution: Callable[[Resolution], Awaitable[None]],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._mirror = mirror
         self._journal = journal
         self._reconciler = reconciler
         self._streams = streams
         self._on_resolution = on_resolution
+        self._monotonic = monotonic
+        self._asked: dict[str, float] = {}  # attempt id -> when it was last asked (monotonic)
 
     @property
     def interval(self) -> float:
@@ -73,7 +82,8 @@ class LeaseKeeper:
         return True
 
     async def tick(self) -> list[Resolution]:
-        """One round: flush, renew, take and resolve what lapsed. Raises ``StoreError``."""
+        """One round: flush, renew, take and resolve what lapsed, ask again about what this
+        replica owns and is still unknown. Raises ``StoreError``."""
         await self._mirror.flush()
         await self._mirror.attempts.renew(
             owner=self._mirror.owner, lease_seconds=self._mirror.lease_seconds
@@ -84,19 +94,35 @@ class LeaseKeeper:
                 owner=self._mirror.owner, lease_seconds=self._mirror.lease_seconds
             )
             if row is None:
-                return resolutions
+                break
             self._streams.security.emit(
                 "ATTEMPT_TAKEN_OVER",
                 {"attempt_id": row.attempt_id, "owner": self._mirror.owner},
             )
-            resolution = await reconcile_attempt(
-                _open_attempt(row),
-                self._journal,
-                reconciler=self._reconciler,
-                streams=self._streams,
-            )
-            await self._on_resolution(resolution)
-            resolutions.append(resolution)
+            resolutions.append(await self._resolve(row))
+        now = self._monotonic()
+        for row in await self._mirror.attempts.owned_unknown(owner=self._mirror.owner):
+            asked = self._asked.get(row.attempt_id)
+            if asked is None:  # first seen (resolved at start, or before this process)
+                self._asked[row.attempt_id] = now
+            elif now - asked >= self._mirror.lease_seconds:
+                resolutions.append(await self._resolve(row))
+        return resolutions
+
+    async def _resolve(self, row: AttemptRow) -> Resolution:
+        resolution = await reconcile_attempt(
+            _open_attempt(row),
+            self._journal,
+            reconciler=self._reconciler,
+            streams=self._streams,
+            timeout_s=self.interval,
+        )
+        if resolution.resolution is ResolutionStatus.STILL_UNKNOWN:
+            self._asked[row.attempt_id] = self._monotonic()
+        else:
+            self._asked.pop(row.attempt_id, None)
+        await self._on_resolution(resolution)
+        return resolution
 
     async def run(self) -> None:
         while True:

@@ -1,10 +1,13 @@
 """The executor's HTTP surface (aiohttp): routes, the door hook, security headers, error bodies.
 
-Every response, refusals and aiohttp's own errors included, carries the four security headers and
-``Cache-Control: no-store``. Bodies are JSON of at most 100 KiB (413), with the
-``application/json`` content type (415); a malformed body is 400; the strict request schemas refuse
-unknown or forbidden fields (tenant, actor, credentials) with 400 REQUEST_INVALID. An error body
-is ``{"error": {"code", "message"}}`` and echoes nothing from the request.
+Every response, refusals and aiohttp's own errors included, carries the four security headers,
+``Cache-Control: no-store`` and ``Server: agentsafe`` (``routes/listener.py`` answers what aiohttp
+would answer itself). Bodies are JSON of at most 100 KiB (413), with the ``application/json``
+content type (415), read whole within ``EXECUTOR_BODY_TIMEOUT_SECONDS`` (408 REQUEST_TIMEOUT); a
+malformed body is 400; the strict request schemas refuse unknown or forbidden fields (tenant,
+actor, credentials) with 400 REQUEST_INVALID. An error body is ``{"error": {"code", "message"}}``
+and echoes nothing from the request. A refusal answered before the body was read whole closes
+the connection.
 
 Every route is one row of a declarative table (:class:`Route`: method, path, role, scope, body
 model, handler); :func:`build_app` builds the application from the rows ``routes/table.py``
@@ -12,13 +15,15 @@ assembles, so the order inside a route is fixed in one place: the door (authenti
 row's role and scope), then the body (read, bounded, checked against the row's strict model),
 then the handler. This module holds the rows of the agent's own routes (:func:`core_routes`).
 
-Callers: ``plane.py`` builds the application; ``routes/table.py`` gathers the rows;
+Callers: ``plane.py`` builds the application; ``routes/listener.py`` serves it;
+``routes/table.py`` gathers the rows;
 ``routes/control.py``, ``routes/approvals.py`` and ``routes/plans.py`` write theirs with
 :class:`Route`; tests drive it over real sockets.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -30,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from ..canonical import DuplicateKeyError, parse_json
 from ..codes import Code
+from ..config import BODY_TIMEOUT_SECONDS_DEFAULT
 from ..errors import CanonicalizationError, RequestRejected, StoreError
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer
@@ -46,6 +52,7 @@ __all__ = [
     "RouteHandler",
     "build_app",
     "core_routes",
+    "parse_body",
     "read_json",
 ]
 
@@ -57,6 +64,10 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
 }
+SERVER_HEADER = "agentsafe"
+"""Every response's ``Server``: no interpreter or library version for a scanner to match."""
+BODY_TIMEOUT_SECONDS = float(BODY_TIMEOUT_SECONDS_DEFAULT)
+"""``EXECUTOR_BODY_TIMEOUT_SECONDS``' default: how long a route waits for a whole body."""
 
 
 class Door(Protocol):
@@ -157,16 +168,38 @@ def _schema_error(exc: ValidationError) -> RequestRejected:
     )
 
 
-async def read_json(request: web.Request) -> Any:
-    """Read a bounded JSON body or raise the right refusal."""
+_JSON_REFUSALS: Mapping[str, str] = {
+    Code.NUMBER_NOT_FINITE: "numbers must be finite",
+    Code.NUMBER_OUT_OF_RANGE: "an integer is outside the exact range",
+    Code.JSON_INVALID: "a string holds a lone surrogate, which has no UTF-8 form",
+}
+
+
+async def read_json(request: web.Request, *, timeout: float = BODY_TIMEOUT_SECONDS) -> Any:
+    """Read a bounded JSON body within ``timeout`` seconds or raise the right refusal."""
     if request.content_type != "application/json":
         raise RequestRejected(Code.UNSUPPORTED_MEDIA_TYPE, "the body must be application/json")
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB")
     try:
-        raw = await request.read()
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB") from None
+    except TimeoutError:
+        raise RequestRejected(
+            Code.REQUEST_TIMEOUT, "the body did not arrive in time; nothing was executed"
+        ) from None
+    except web.RequestPayloadError:
+        raise RequestRejected(
+            Code.REQUEST_MALFORMED, "the body is not well-formed (its framing is broken)"
+        ) from None
+    return parse_body(raw)
+
+
+def parse_body(raw: bytes) -> Any:
+    """The JSON value of a body already read whole, bounded, or the right refusal (no I/O: the
+    fuzz target drives it directly)."""
     if len(raw) > MAX_BODY_BYTES:
         raise RequestRejected(Code.REQUEST_TOO_LARGE, "the body is larger than 100 KiB")
     try:
@@ -174,12 +207,9 @@ async def read_json(request: web.Request) -> Any:
     except DuplicateKeyError:
         raise RequestRejected(Code.REQUEST_INVALID, "a key appears twice in one object") from None
     except CanonicalizationError as exc:
-        message = (
-            "numbers must be finite"
-            if exc.code == Code.NUMBER_NOT_FINITE
-            else "an integer is outside the exact range"
-        )
-        raise RequestRejected(Code.REQUEST_INVALID, message) from None
+        raise RequestRejected(
+            Code.REQUEST_INVALID, _JSON_REFUSALS.get(exc.code, "the body is not I-JSON")
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise RequestRejected(Code.REQUEST_MALFORMED, "the body is not valid JSON") from None
     check_json_bounds(value)
@@ -202,7 +232,12 @@ async def _errors(
     try:
         return await handler(request)
     except RequestRejected as exc:
-        return refusal(exc.code, exc.message, headers=exc.headers)
+        response = refusal(exc.code, exc.message, headers=exc.headers)
+        if not request.content.is_eof():
+            # Refused before the body was read whole (the door, a media type, a deadline):
+            # close rather than drain what the peer may be sending slowly.
+            response.force_close()
+        return response
     except StoreError as exc:
         if exc.code != Code.STORE_UNAVAILABLE:
             return _internal_error(request)
@@ -231,6 +266,7 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
     framing; anything else is replaced by the default."""
     own = response.headers.get("Content-Security-Policy", "")
     response.headers.update(SECURITY_HEADERS)
+    response.headers["Server"] = SERVER_HEADER
     if own.startswith("default-src 'none';") and "frame-ancestors 'none'" in own:
         response.headers["Content-Security-Policy"] = own
 
@@ -238,12 +274,15 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
 # ---------------------------------------------------------------------- application
 
 
-def build_app(routes: Sequence[Route], *, door: Door) -> web.Application:
-    """The executor's aiohttp application, one handler per row of ``routes``."""
+def build_app(
+    routes: Sequence[Route], *, door: Door, body_timeout: float = BODY_TIMEOUT_SECONDS
+) -> web.Application:
+    """The executor's aiohttp application, one handler per row of ``routes``; each body is read
+    within ``body_timeout`` seconds (``EXECUTOR_BODY_TIMEOUT_SECONDS``)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
     app.on_response_prepare.append(_security_headers)
     for route in routes:
-        handler = _bind(route, door)
+        handler = _bind(route, door, body_timeout)
         if route.method == "GET":
             app.router.add_get(route.path, handler)
         else:
@@ -251,7 +290,9 @@ def build_app(routes: Sequence[Route], *, door: Door) -> web.Application:
     return app
 
 
-def _bind(route: Route, door: Door) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def _bind(
+    route: Route, door: Door, body_timeout: float
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The door, then the body, then the row's handler."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -260,7 +301,7 @@ def _bind(route: Route, door: Door) -> Callable[[web.Request], Awaitable[web.Str
             principal = await door.authenticate(request, role=route.role, scope=route.scope)
         body = None
         if route.body is not None:
-            raw = await read_json(request)
+            raw = await read_json(request, timeout=body_timeout)
             try:
                 body = route.body.model_validate(raw)
             except ValidationError as exc:

@@ -12,7 +12,8 @@ are the database's clock, so replicas with skewed clocks agree):
 ==================  ==============================================================================
 agentsafe_meta      the consumption HMAC key (never leaves the database)
 grant_claims        one row per claimed grant id (primary key: the single-use guarantee)
-idempotency         (tenant, principal, key) -> payload digest, IN_PROGRESS or DONE with answer
+idempotency         (tenant, principal, key) -> payload digest, IN_PROGRESS (its holder, lease and
+                    attempt) or DONE with answer
 consumptions        generic single-use markers (plan approvals, presented escalations)
 approvals           escalations waiting for a person, decided once (or cancelled while pending)
 passkeys            the WebAuthn credentials of APPROVER principals (issue 21)
@@ -99,6 +100,15 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             token_digest text PRIMARY KEY, principal text NOT NULL, issued_by text NOT NULL,
             issued_at double precision NOT NULL, expires_at double precision NOT NULL,
             used_at double precision)""",
+    ),
+    # issue 15: a key IN_PROGRESS is held by one request (``holder``) under a lease until its
+    # attempt opens (``opened_attempt``, set in the attempt's own INSERT transaction); a key whose
+    # holder lapsed before that, or whose attempt closed without claiming its grant, can be taken
+    # over. Every statement is IF NOT EXISTS, so this entry composes with others in either order.
+    (
+        """ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS holder text""",
+        """ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS lease_until double precision""",
+        """ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS opened_attempt text""",
     ),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)

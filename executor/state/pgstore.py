@@ -19,6 +19,12 @@ a grant is claimed once          ``INSERT INTO grant_claims ... ON CONFLICT DO N
                                  primary key admits one row; ``rowcount`` says who won
 one request per idempotency key  ``INSERT INTO idempotency ... ON CONFLICT DO NOTHING``; the loser
                                  reads the winner's row (IN_PROGRESS, CONFLICT or REPLAY)
+a key never stays held by a      ``SELECT ... FOR UPDATE`` on the key's row; it is taken over
+request that died before its     (``UPDATE ... SET holder``) only when its lease lapsed with no
+attempt opened                   attempt, or its attempt is CLOSED without a claimed grant
+an attempt opens only under the  ``UPDATE idempotency SET opened_attempt ... WHERE holder = <its
+key's current holder             holder>`` (one row, or nothing opens) in the attempt's INSERT
+                                 transaction
 the first final answer stays     ``SELECT ... FOR UPDATE`` on the key's row, then ``UPDATE``
 a consumption happens once       ``INSERT INTO consumptions ... ON CONFLICT DO NOTHING``
 an approval is decided once      ``SELECT ... FOR UPDATE`` on the request, then ``UPDATE ... WHERE
@@ -28,6 +34,19 @@ the window never overflows       ``SELECT ... FROM ceiling_lock ... FOR UPDATE``
 an attempt has one reconciler    ``SELECT ... FOR UPDATE SKIP LOCKED`` of a lapsed attempt and the
                                  ``UPDATE`` of its owner and lease in the same transaction
 ===============================  ==================================================================
+
+Idempotency keys and the database dropping: a request's key is IN_PROGRESS under its holder (a
+random token, kept in a context variable of the request's task between ``idempotency_begin`` and
+the attempt's ``opened`` in the same task) and a lease of ``EXECUTOR_ATTEMPT_LEASE_SECONDS``. When
+the database drops after the key was recorded and before the attempt opened, the holder cannot
+free the key; a later request with the key gets 409 IDEMPOTENCY_IN_PROGRESS until the lease
+lapses, then takes it over and runs (nothing had been sent: the attempt never opened, or closed
+without claiming its grant). A key whose attempt opened belongs to that attempt: its answer comes
+from it, or from reconciliation when it is unknown; it is never taken over. A holder whose key
+was taken over cannot open its attempt or record its answer (``IDEMPOTENCY_TAKEN_OVER``). A key
+whose attempt claimed its grant and closed, but whose answer was never recorded (the database
+dropped in between), has its attempt opened again for a lease keeper to reconcile when a retry
+finds it more than a lease later; reconciliation then settles the key.
 
 The database failing is its own state: a connection that cannot be had within
 ``connect_timeout`` seconds, a dropped connection or a failed COMMIT raise
@@ -44,10 +63,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import hmac
 import json
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -60,7 +81,7 @@ from ..canonical import canonical_text
 from ..codes import Code
 from ..errors import AgentSafeError, ConfigError, StoreError
 from ..principals import Verification
-from .journal import CLOSING_STATUSES, RecordType
+from .journal import CLOSING_STATUSES, ReconciledStatus, RecordType
 from .pgschema import SCHEMA_VERSION, migrate
 from .usestore import _APPROVAL_COLUMNS as _APPROVAL_COLUMNS
 from .usestore import _PASSKEY_COLUMNS as _PASSKEY_COLUMNS
@@ -109,6 +130,11 @@ MAX_RETRIES: Final = 20
 _RETRY_STATES: Final = frozenset({"40001", "40P01"})
 _NOW: Final = "extract(epoch from clock_timestamp())::double precision"
 
+_Scope = tuple[str, str, str]  # (tenant, principal, key)
+_HELD: ContextVar[tuple[_Scope, str] | None] = ContextVar("agentsafe_key_holder", default=None)
+"""The key this task's request began (``idempotency_begin`` NEW) and its holder token: the
+attempt it opens in the same task is fenced by it, and only it completes or frees the key."""
+
 
 def check_store_url(url: str) -> str:
     """``url`` if it is a ``postgresql://`` (or ``postgres://``) URL; ``ConfigError`` naming
@@ -146,10 +172,19 @@ async def migrate_url(url: str, *, connect_timeout: float = 10.0) -> tuple[int, 
 class PostgresStore:
     """One pool and the transaction discipline every face shares. Construct with :meth:`open`."""
 
-    def __init__(self, pool: AsyncConnectionPool[_Conn], secret: bytes, timeout: float) -> None:
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[_Conn],
+        secret: bytes,
+        timeout: float,
+        *,
+        lease_seconds: float = 30.0,
+    ) -> None:
         self._pool = pool
         self._secret = secret
         self._timeout = timeout
+        self.lease_seconds = lease_seconds
+        """How long a key's holder has to open its attempt before a retry may take the key."""
         self._closed = False
         self.use_store = PostgresUseStore(self)
         self.window = PostgresWindow(self)
@@ -157,7 +192,12 @@ class PostgresStore:
 
     @classmethod
     async def open(
-        cls, url: str, *, max_connections: int = 10, connect_timeout: float = 5.0
+        cls,
+        url: str,
+        *,
+        max_connections: int = 10,
+        connect_timeout: float = 5.0,
+        lease_seconds: float = 30.0,
     ) -> PostgresStore:
         """Migrate (under the advisory lock), read the consumption key, open the pool."""
         conn = await _connect(url, connect_timeout=connect_timeout)
@@ -200,7 +240,7 @@ class PostgresStore:
             name="agentsafe-store",
         )
         await pool.open(wait=False)
-        return cls(pool, secret, connect_timeout)
+        return cls(pool, secret, connect_timeout, lease_seconds=lease_seconds)
 
     @property
     def schema_version(self) -> int:
@@ -304,37 +344,67 @@ class PostgresUseStore:
     async def idempotency_begin(
         self, *, tenant: str, principal: str, key: str, payload_digest: str, now: float
     ) -> IdempotencyState:
+        """As :meth:`SQLiteUseStore.idempotency_begin`; a key IN_PROGRESS whose holder can no
+        longer have sent anything (see the module docstring) is taken over: NEW."""
+        holder = secrets.token_hex(16)
+        lease = self._store.lease_seconds
+        _HELD.set(None)
+
         async def work(conn: _Conn) -> IdempotencyState:
             cur = await conn.execute(
-                "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
-                " created_at) VALUES (%s, %s, %s, %s, 'IN_PROGRESS', %s)"
+                "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"  # noqa: S608
+                " created_at, holder, lease_until)"
+                f" VALUES (%s, %s, %s, %s, 'IN_PROGRESS', %s, %s, {_NOW} + %s)"
                 " ON CONFLICT (tenant, principal, key) DO NOTHING",
-                (tenant, principal, key, payload_digest, now),
+                (tenant, principal, key, payload_digest, now, holder, lease),
             )
             if cur.rowcount == 1:
                 return IdempotencyState(IdempotencyKind.NEW)
-            cur = await conn.execute(
-                "SELECT payload_digest, state, response FROM idempotency"
+            # Read without a lock (a key in flight is the common case, many retries at once);
+            # only a key that looks stale is read again under its row lock and acted on.
+            for locked in (False, True):
+                cur = await conn.execute(
+                    f"SELECT payload_digest, state, response, lease_until < {_NOW}, opened_attempt"  # noqa: S608
+                    " FROM idempotency WHERE tenant = %s AND principal = %s AND key = %s"
+                    + (" FOR UPDATE" if locked else ""),
+                    (tenant, principal, key),
+                )
+                row = await cur.fetchone()
+                if row is None:  # released between the two statements: the caller may try again
+                    return IdempotencyState(IdempotencyKind.IN_PROGRESS)
+                stored_digest, state, response, lapsed, attempt_id = row
+                if not hmac.compare_digest(str(stored_digest), payload_digest):
+                    return IdempotencyState(IdempotencyKind.CONFLICT)
+                if state != "IN_PROGRESS":
+                    return IdempotencyState(IdempotencyKind.REPLAY, response=_load_object(response))
+                stale = await _stale_key(
+                    conn, lapsed=bool(lapsed), attempt_id=attempt_id, lease=lease, lock=locked
+                )
+                if stale is None:
+                    return IdempotencyState(IdempotencyKind.IN_PROGRESS)
+            if stale is _Stale.UNANSWERED:
+                await _reopen_unanswered(conn, str(attempt_id))
+                return IdempotencyState(IdempotencyKind.IN_PROGRESS)
+            await conn.execute(
+                f"UPDATE idempotency SET holder = %s, lease_until = {_NOW} + %s,"  # noqa: S608
+                " opened_attempt = NULL, created_at = %s"
                 " WHERE tenant = %s AND principal = %s AND key = %s",
-                (tenant, principal, key),
+                (holder, lease, now, tenant, principal, key),
             )
-            row = await cur.fetchone()
-            if row is None:  # released between the two statements: the caller may try again
-                return IdempotencyState(IdempotencyKind.IN_PROGRESS)
-            stored_digest, state, response = row
-            if not hmac.compare_digest(str(stored_digest), payload_digest):
-                return IdempotencyState(IdempotencyKind.CONFLICT)
-            if state == "IN_PROGRESS":
-                return IdempotencyState(IdempotencyKind.IN_PROGRESS)
-            return IdempotencyState(IdempotencyKind.REPLAY, response=_load_object(response))
+            return IdempotencyState(IdempotencyKind.NEW)
 
-        return await self._store.transaction(work)
+        state = await self._store.transaction(work)
+        if state.kind is IdempotencyKind.NEW:
+            _HELD.set(((tenant, principal, key), holder))
+        return state
 
     async def idempotency_complete(
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
     ) -> None:
         """As :meth:`SQLiteUseStore.idempotency_complete`: the first final answer stays."""
         text = _canonical_or_store_error(response)
+
+        held = _holder_of((tenant, principal, key))
 
         async def work(conn: _Conn) -> None:
             row = await _locked_key(conn, tenant, principal, key)
@@ -348,13 +418,20 @@ class PostgresUseStore:
                 raise StoreError(
                     "this key already has a final answer", code=Code.IDEMPOTENCY_ALREADY_COMPLETE
                 )
+            if row[2] is not None and held is not None and row[2] != held:
+                raise StoreError(
+                    "a later request took this key over", code=Code.IDEMPOTENCY_TAKEN_OVER
+                )
             await conn.execute(
                 "UPDATE idempotency SET state = 'DONE', response = %s, completed_at = %s"
                 " WHERE tenant = %s AND principal = %s AND key = %s",
                 (text, now, tenant, principal, key),
             )
 
-        await self._store.transaction(work)
+        try:
+            await self._store.transaction(work)
+        finally:
+            _let_go((tenant, principal, key))
 
     async def idempotency_settle(
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
@@ -376,15 +453,61 @@ class PostgresUseStore:
 
         return await self._store.transaction(work)
 
+    async def idempotency_settle_attempt(
+        self, attempt_id: str, *, response: dict[str, Any], now: float
+    ) -> int:
+        """Give the reconciled answer to every key IN_PROGRESS whose attempt is ``attempt_id``
+        (an approval's key, ``approval:<request id>``, is not the one its intent names); how many
+        were settled."""
+        text = _canonical_or_store_error(response)
+
+        async def work(conn: _Conn) -> int:
+            cur = await conn.execute(
+                "UPDATE idempotency SET state = 'DONE', response = %s, completed_at = %s"
+                " WHERE opened_attempt = %s AND state = 'IN_PROGRESS'",
+                (text, now, attempt_id),
+            )
+            return cur.rowcount
+
+        return await self._store.transaction(work)
+
     async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
+        """Free a key IN_PROGRESS: its own holder's (the request that began it, in this task),
+        or, from reconciliation, one whose holder can no longer have sent anything; a key a
+        later request holds is left to it."""
+        held = _holder_of((tenant, principal, key))
+        lease = self._store.lease_seconds
+
         async def work(conn: _Conn) -> None:
+            cur = await conn.execute(
+                f"SELECT holder, lease_until < {_NOW}, opened_attempt FROM idempotency"  # noqa: S608
+                " WHERE tenant = %s AND principal = %s AND key = %s AND state = 'IN_PROGRESS'"
+                " FOR UPDATE",
+                (tenant, principal, key),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return
+            holder, lapsed, attempt_id = row
+            if not (
+                holder is None
+                or holder == held
+                or await _stale_key(
+                    conn, lapsed=bool(lapsed), attempt_id=attempt_id, lease=lease, lock=True
+                )
+                is _Stale.ABANDONED
+            ):
+                return
             await conn.execute(
                 "DELETE FROM idempotency WHERE tenant = %s AND principal = %s AND key = %s"
                 " AND state = 'IN_PROGRESS'",
                 (tenant, principal, key),
             )
 
-        await self._store.transaction(work)
+        try:
+            await self._store.transaction(work)
+        finally:
+            _let_go((tenant, principal, key))
 
     async def consume(
         self, namespace: str, key: str, *, binding: dict[str, Any], now: float
@@ -677,11 +800,68 @@ async def _locked_approval(conn: _Conn, request_id: str) -> ApprovalRecord:
 
 async def _locked_key(conn: _Conn, tenant: str, principal: str, key: str) -> TupleRow | None:
     cur = await conn.execute(
-        "SELECT state, response FROM idempotency"
+        "SELECT state, response, holder FROM idempotency"
         " WHERE tenant = %s AND principal = %s AND key = %s FOR UPDATE",
         (tenant, principal, key),
     )
     return await cur.fetchone()
+
+
+def _holder_of(scope: _Scope) -> str | None:
+    """This task's holder token for ``scope``, if this task's request began it."""
+    held = _HELD.get()
+    return held[1] if held is not None and held[0] == scope else None
+
+
+def _let_go(scope: _Scope) -> None:
+    held = _HELD.get()
+    if held is not None and held[0] == scope:
+        _HELD.set(None)
+
+
+class _Stale(enum.Enum):
+    ABANDONED = "ABANDONED"  # nothing can have been sent: free, or take over
+    UNANSWERED = "UNANSWERED"  # sent and closed, but the key never got its answer
+
+
+async def _stale_key(
+    conn: _Conn, *, lapsed: bool, attempt_id: str | None, lease: float, lock: bool
+) -> _Stale | None:
+    """What a key IN_PROGRESS that its holder may have left behind is, or ``None`` for a key
+    in flight:
+
+    - ABANDONED: it has no attempt and its holder's lease lapsed (the holder died, or the
+      database dropped before the attempt opened), or its attempt is CLOSED without a claimed
+      grant. Nothing was sent; someone other than the holder may free it or take it over.
+    - UNANSWERED: its attempt claimed its grant and closed more than a lease ago, and the key
+      never got its answer (the database dropped between the two).
+
+    A key whose attempt is open, or no longer known, is neither. ``lock`` reads the attempt
+    ``FOR UPDATE`` (before acting on the answer)."""
+    if attempt_id is None:
+        return _Stale.ABANDONED if lapsed else None
+    cur = await conn.execute(
+        f"SELECT state, grant_claimed, closed_at < {_NOW} - %s FROM attempts"  # noqa: S608
+        " WHERE attempt_id = %s" + (" FOR UPDATE" if lock else ""),
+        (lease, attempt_id),
+    )
+    row = await cur.fetchone()
+    if row is None or row[0] != "CLOSED":
+        return None
+    if not row[1]:
+        return _Stale.ABANDONED
+    return _Stale.UNANSWERED if row[2] else None
+
+
+async def _reopen_unanswered(conn: _Conn, attempt_id: str) -> None:
+    """Open an UNANSWERED key's attempt again with its lease lapsed, so a lease keeper takes it
+    and reconciles it read-only, and that settles the key."""
+    await conn.execute(
+        f"UPDATE attempts SET state = 'OPEN', lease_until = {_NOW} - 1,"  # noqa: S608
+        " last_status = 'ANSWER_NOT_RECORDED', closed_at = NULL"
+        " WHERE attempt_id = %s AND state = 'CLOSED' AND grant_claimed",
+        (attempt_id,),
+    )
 
 
 class PostgresWindow:
@@ -786,7 +966,9 @@ def _attempt_from_row(row: TupleRow) -> AttemptRow:
 class PostgresAttempts:
     """The journal's open-attempt state, owned by replicas under leases.
 
-    ``opened`` inserts the attempt owned by this replica; ``grant_claimed`` and ``closed`` update
+    ``opened`` inserts the attempt owned by this replica (and, in the same transaction, makes the
+    key its request holds the attempt's, or refuses if that key was taken over);
+    ``grant_claimed`` and ``closed`` update
     it; ``renew`` extends every lease this replica holds; ``take_lapsed`` moves one attempt whose
     lease ran out to this replica (one row lock); ``take`` does the same for a named attempt.
     """
@@ -805,8 +987,20 @@ class PostgresAttempts:
         opened_at: str,
     ) -> None:
         binding_text = canonical_text(dict(binding))
+        held = _HELD.get()
 
         async def work(conn: _Conn) -> None:
+            if held is not None:  # the key this request holds now belongs to the attempt
+                (tenant, principal, key), holder = held
+                cur = await conn.execute(
+                    "UPDATE idempotency SET opened_attempt = %s WHERE tenant = %s"
+                    " AND principal = %s AND key = %s AND holder = %s AND state = 'IN_PROGRESS'",
+                    (attempt_id, tenant, principal, key, holder),
+                )
+                if cur.rowcount != 1:
+                    raise StoreError(
+                        "a later request took this key over", code=Code.IDEMPOTENCY_TAKEN_OVER
+                    )
             await conn.execute(
                 "INSERT INTO attempts (attempt_id, owner, lease_until, state, intent_id,"  # noqa: S608
                 " intent_hash, decision_id, dossier_id, principal, action, binding, opened_at)"
@@ -910,6 +1104,20 @@ class PostgresAttempts:
             if row[1] != owner and not row[2]:
                 return "HELD", None
             return "TAKEN", await _move(conn, attempt_id, owner, lease_seconds)
+
+        return await self._store.transaction(work)
+
+    async def owned_unknown(self, *, owner: str) -> list[AttemptRow]:
+        """The open attempts ``owner`` holds whose last resolution was STILL_UNKNOWN (the lease
+        keeper asks about them again)."""
+
+        async def work(conn: _Conn) -> list[AttemptRow]:
+            cur = await conn.execute(
+                f"SELECT {_ATTEMPT_COLUMNS} FROM attempts WHERE state = 'OPEN'"  # noqa: S608
+                " AND owner = %s AND last_status = %s ORDER BY opened_at, attempt_id",
+                (owner, ReconciledStatus.STILL_UNKNOWN.value),
+            )
+            return [_attempt_from_row(row) for row in await cur.fetchall()]
 
         return await self._store.transaction(work)
 

@@ -251,6 +251,14 @@ class ProviderProcess(_Process):
         ):
             r.raise_for_status()
 
+    async def set_lookups(self, *, available: bool) -> None:
+        """Switch the provider's lookups off (every one answers 503) or on again."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.url + "/_control/lookups", json={"available": available}) as r,
+        ):
+            r.raise_for_status()
+
     async def received(self) -> dict[str, Any]:
         async with (
             aiohttp.ClientSession() as session,

@@ -6,7 +6,12 @@ authentication on loopback). The binaries come from the Debian ``postgresql`` pa
 as the ``postgres`` user the package creates. :meth:`PostgresServer.stop` and
 :meth:`PostgresServer.start` make the database go away and come back.
 
-Callers: ``tests/support/postgres.py`` (the test fixture), ``benchmarks/shared_store.py``.
+``postgres_server(listen=(...))`` also listens on the addresses given (the end-to-end node's
+bridge address, so its pods reach it); :meth:`PostgresServer.allow_network` then admits one
+network with a password (``scram-sha-256``), never ``trust``.
+
+Callers: ``tests/support/postgres.py`` (the test fixture), ``benchmarks/shared_store.py``,
+``e2e/test_scenario.py`` (a database the node's executor pods share).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class PostgresServer:
     datadir: Path
     port: int
     user: str | None  # run as this user (when the tests run as root)
+    listen: tuple[str, ...] = ()  # addresses beside 127.0.0.1
 
     def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         command = list(argv)
@@ -71,8 +77,9 @@ class PostgresServer:
         )
 
     def start(self) -> None:
+        addresses = ",".join(("127.0.0.1", *self.listen))
         options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories="
+            f"-p {self.port} -c listen_addresses={addresses} -c unix_socket_directories="
             f"{self.datadir} -c fsync=off -c max_connections=200"
         )
         self._run(
@@ -96,6 +103,17 @@ class PostgresServer:
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://agentsafe@127.0.0.1:{self.port}/{database}"
+
+    def allow_network(self, cidr: str, password: str) -> None:
+        """Admit connections from ``cidr`` (to any database, as ``agentsafe``) that present
+        ``password``; the server reloads its rules. Loopback stays ``trust``."""
+        if not password.isalnum():
+            raise ValueError("the password must be letters and digits")
+        self.psql("postgres", f"ALTER ROLE agentsafe PASSWORD '{password}'")
+        hba = self.datadir / "data" / "pg_hba.conf"
+        with hba.open("a", encoding="utf-8") as rules:
+            rules.write(f"host all agentsafe {cidr} scram-sha-256\n")
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.datadir / "data"), "reload")
 
     def create_database(self) -> str:
         """A fresh, empty database; returns its URL."""
@@ -124,8 +142,9 @@ class PostgresServer:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[PostgresServer]:
-    """Start a server for the ``with`` block; :class:`PostgresUnavailable` without binaries."""
+def postgres_server(*, listen: tuple[str, ...] = ()) -> Iterator[PostgresServer]:
+    """Start a server for the ``with`` block (on loopback and ``listen``);
+    :class:`PostgresUnavailable` without binaries."""
     bindir = find_binaries()
     if bindir is None:
         raise PostgresUnavailable("PostgreSQL binaries absent (apt-get install -y postgresql)")
@@ -144,7 +163,9 @@ def postgres_server() -> Iterator[PostgresServer]:
         entry = pwd.getpwnam(user)
         os.chown(datadir, entry.pw_uid, entry.pw_gid)
     os.chmod(datadir, 0o700)
-    server = PostgresServer(bindir=bindir, datadir=datadir, port=free_port(), user=user)
+    server = PostgresServer(
+        bindir=bindir, datadir=datadir, port=free_port(), user=user, listen=listen
+    )
     try:
         server.initdb()
         server.start()

@@ -22,7 +22,9 @@ It behaves the way a payment API does where that matters to the executor, and no
   ==========  ==============================================================  ==============
 
 * ``GET /payouts/{idempotency_key}``: ``200 {"reference", "status": "executed"}`` for a key it
-  acted on, ``404 {"code": "NOT_FOUND"}`` otherwise.
+  acted on, ``404 {"code": "NOT_FOUND"}`` otherwise; while lookups are switched off
+  (``POST /_control/lookups`` with ``{"available": false}``) every lookup is
+  ``503 {"code": "LOOKUP_UNAVAILABLE"}``, so a reconciliation cannot learn anything.
 * ``GET /_control/received``: how many payout requests arrived and their keys, so a test or the
   demo can assert that nothing reached the provider (shadow mode, refusals).
 * ``GET /``: says that this is a synthetic provider.
@@ -80,6 +82,7 @@ class _Payout:
 @dataclass
 class _State:
     mode: str = "normal"
+    lookups: bool = True
     payouts: dict[str, _Payout] = field(default_factory=dict)
     received: list[ReceivedRequest] = field(default_factory=list)
 
@@ -140,6 +143,7 @@ class SyntheticProvider:
         app.router.add_post("/payouts", self._create)
         app.router.add_get("/payouts/{key}", self._lookup)
         app.router.add_post("/_control/mode", self._set_mode)
+        app.router.add_post("/_control/lookups", self._set_lookups)
         app.router.add_get("/_control/received", self._received)
         app.on_shutdown.append(self._on_shutdown)
         return app
@@ -161,11 +165,24 @@ class SyntheticProvider:
         self.state.mode = mode
         return _json(200, {"mode": mode})
 
+    async def _set_lookups(self, request: web.Request) -> web.Response:
+        try:
+            payload = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _json(400, {"code": "REQUEST_INVALID"})
+        available = payload.get("available") if isinstance(payload, dict) else None
+        if not isinstance(available, bool):
+            return _json(400, {"code": "REQUEST_INVALID"})
+        self.state.lookups = available
+        return _json(200, {"available": available})
+
     async def _received(self, request: web.Request) -> web.Response:
         keys = [r.idempotency_key for r in self.state.received]
         return _json(200, {"count": len(keys), "keys": keys, "mode": self.state.mode})
 
     async def _lookup(self, request: web.Request) -> web.Response:
+        if not self.state.lookups:
+            return _json(503, {"code": "LOOKUP_UNAVAILABLE"})
         payout = self.state.payouts.get(request.match_info["key"])
         if payout is None or not payout.executed:
             return _json(404, {"code": "NOT_FOUND"})

@@ -64,12 +64,13 @@ def render_children(inp: RenderInput) -> Rendered:
     compiled = check_policy(inp)
     configmap = render_configmap(inp)
     digest = config_digest(inp, configmap)
+    pdb = render_pdb(inp)
     objects = (
         render_service_account(inp),
         configmap,
         render_service(inp),
         render_statefulset(inp, digest=digest),
-        render_pdb(inp),
+        *([pdb] if pdb is not None else []),
         render_executor_network_policy(inp),
         *render_agent_network_policies(inp),
     )

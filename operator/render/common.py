@@ -22,6 +22,7 @@ from ..settings import OperatorSettings
 __all__ = [
     "EXECUTOR_COMPONENT",
     "MANAGED_BY",
+    "SPREAD_MIN_REPLICAS",
     "PolicyRef",
     "RenderError",
     "RenderInput",
@@ -38,6 +39,9 @@ MANAGED_BY: Final = "agentsafe-operator"
 """``app.kubernetes.io/managed-by`` of every child (the StatefulSet watch filters on it)."""
 POLICY_LABEL: Final = f"{GROUP}/policy"
 OWNER_LABEL: Final = f"{GROUP}/owner"
+SPREAD_MIN_REPLICAS: Final = 2
+"""From this many replicas on, executors get a PodDisruptionBudget and topology spread; below it
+neither is rendered (a budget over one pod would protect nothing or block every drain)."""
 
 
 class RenderError(Exception):

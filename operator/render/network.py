@@ -1,7 +1,10 @@
 """The executor's Service, PodDisruptionBudget and NetworkPolicies.
 
 - Service: headless (the StatefulSet's governing Service; agents resolve it to ready pods).
-- PodDisruptionBudget: at most one executor pod voluntarily down at a time.
+- PodDisruptionBudget (only with ``replicas`` of 2 or more): at most one executor pod voluntarily
+  down at a time. With one replica a budget of ``maxUnavailable: 1`` would protect nothing and
+  one of 0 would block every node drain, so none is rendered (``reconcile.py`` deletes one left
+  from an earlier, larger ``replicas``).
 - NetworkPolicy ``<policy>-executor``: ingress only from the ``agentNamespaces`` and the
   operator's pods, on the listener port; egress only to cluster DNS, to ``downstream.cidrs``
   on the ports the downstream URLs name, and with ``spec.store`` to the database (its pods or
@@ -21,7 +24,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..models import ConditionReason
-from .common import RenderError, RenderInput, child_meta, names, selector_labels
+from .common import (
+    SPREAD_MIN_REPLICAS,
+    RenderError,
+    RenderInput,
+    child_meta,
+    names,
+    selector_labels,
+)
 
 __all__ = [
     "downstream_networks",
@@ -54,7 +64,10 @@ def render_service(inp: RenderInput) -> dict[str, Any]:
     }
 
 
-def render_pdb(inp: RenderInput) -> dict[str, Any]:
+def render_pdb(inp: RenderInput) -> dict[str, Any] | None:
+    """The executor's budget with two or more replicas; ``None`` with one."""
+    if inp.spec.replicas < SPREAD_MIN_REPLICAS:
+        return None
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",

@@ -16,7 +16,8 @@ Files inside the pod:
   ``EXECUTOR_SECRETS_DIR``.
 
 With ``spec.store`` each pod is its own replica (``EXECUTOR_REPLICA_ID`` = the pod name, from the
-downward API), and two or more replicas spread over nodes and zones (``topologySpreadConstraints``).
+downward API), and two or more replicas (:data:`~.common.SPREAD_MIN_REPLICAS`) spread over
+nodes and zones (``topologySpreadConstraints``; ``network.py`` adds their PodDisruptionBudget).
 - ``/var/lib/agentsafe`` (a PersistentVolumeClaim per replica, or emptyDir when the journal is
   ephemeral): ``journal/`` and ``state/`` (the use store).
 - ``/tmp``: a small in-memory emptyDir; the root filesystem is read-only.
@@ -34,8 +35,17 @@ from agentsafe.executor.config import CONFIG_KEYS, CredentialKind, ExecutorConfi
 from agentsafe.executor.errors import ConfigError
 
 from ..models import ConditionReason
-from .common import RenderError, RenderInput, child_meta, names, policy_labels, selector_labels
+from .common import (
+    SPREAD_MIN_REPLICAS,
+    RenderError,
+    RenderInput,
+    child_meta,
+    names,
+    policy_labels,
+    selector_labels,
+)
 from .config import AUTHORITY_KEY_KEY, HALT_KEY, JWKS_KEY, POLICY_KEY, PRINCIPALS_KEY
+from .network import downstream_networks
 
 __all__ = [
     "CONFIG_DIR",
@@ -116,6 +126,10 @@ def render_environment(inp: RenderInput) -> dict[str, str]:
         "DOWNSTREAM_TIMEOUT_MS": str(down.timeout_ms),
         "DOWNSTREAM_CREDENTIAL_KIND": cred.kind.value,
     }
+    # The networks the NetworkPolicy lets the executor reach are the deliberate private
+    # destinations its egress guard may connect to (it refuses private-use blocks otherwise).
+    v4, v6 = downstream_networks(inp)
+    env["EXECUTOR_EGRESS_ALLOW_CIDRS"] = ",".join(str(n) for n in [*v4, *v6])
     if spec.approval_origin is not None:
         env["EXECUTOR_APPROVAL_ORIGIN"] = spec.approval_origin
     if spec.tls.client_ca is not None:
@@ -324,7 +338,7 @@ def render_statefulset(inp: RenderInput, *, digest: str) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
     }
-    if inp.spec.replicas >= 2:
+    if inp.spec.replicas >= SPREAD_MIN_REPLICAS:
         pod_spec["topologySpreadConstraints"] = [
             {
                 "maxSkew": 1,

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
 
-from agentsafe.executor.egress.guard import Destination, GuardedClient, address_refusal
+from agentsafe.executor.egress.guard import (
+    METADATA_ADDRESSES,
+    Destination,
+    GuardedClient,
+    address_refusal,
+)
 from agentsafe.executor.egress.transport import TransportError
 from agentsafe.executor.events import MemorySink, Streams
 
@@ -47,7 +53,9 @@ def guard(
     destinations: list[Destination],
     dns: StandInDns | None = None,
     local: Sequence[str] = ("10.1.2.3",),
+    allowed: Sequence[str] = ("10.0.0.0/8",),
 ) -> tuple[GuardedClient, MemorySink, list[str]]:
+    """The bank's core API lives in 10.0.0.0/8, opened explicitly (EXECUTOR_EGRESS_ALLOW_CIDRS)."""
     streams = Streams.memory()
     counted: list[str] = []
     client = GuardedClient(
@@ -56,6 +64,7 @@ def guard(
         on_refusal=counted.append,
         resolve=dns or StandInDns({}),
         local_addresses=local,
+        allowed_networks=allowed,
     )
     assert isinstance(streams.security, MemorySink)
     return client, streams.security, counted
@@ -166,9 +175,110 @@ async def test_refused_answers(answers: list[str], reason: str) -> None:
     ]
 
 
-def test_private_ranges_are_allowed() -> None:
-    for address in ("10.0.0.5", "172.16.3.4", "192.168.1.1", "100.64.0.1", "fd00::1"):
-        assert address_refusal(address, allow_loopback=False) is None
+# -- the IANA special-purpose registries and the metadata addresses (issue 16 item 14) -----
+
+ISSUE_16 = [
+    ("2002:7f00:1::", "6to4 of loopback"),  # 6to4 wrapping 127.0.0.1
+    ("2002:a9fe:a9fe::", "6to4 of cloud metadata"),  # 6to4 wrapping 169.254.169.254
+    ("fd00:ec2::254", "cloud metadata"),  # AWS IMDS over IPv6
+    ("100.100.100.200", "cloud metadata"),  # Alibaba Cloud metadata
+]
+
+# One address inside every block of both registries (and multicast, broadcast, site-local).
+EVERY_BLOCK = [
+    ("0.1.2.3", "this network"),
+    ("10.200.0.1", "private-use"),
+    ("100.64.0.1", "shared address space"),
+    ("127.8.9.10", "loopback"),
+    ("169.254.1.1", "link-local"),
+    ("172.16.3.4", "private-use"),
+    ("192.0.0.8", "IETF protocol assignments"),
+    ("192.0.2.1", "documentation"),
+    ("192.31.196.1", "AS112"),
+    ("192.52.193.1", "AMT"),
+    ("192.88.99.1", "6to4 relay anycast"),
+    ("192.168.1.1", "private-use"),
+    ("192.175.48.1", "AS112 direct delegation"),
+    ("198.19.0.1", "benchmarking"),
+    ("198.51.100.1", "documentation"),
+    ("203.0.113.1", "documentation"),
+    ("224.0.0.1", "multicast"),
+    ("240.0.0.1", "reserved"),
+    ("255.255.255.255", "limited broadcast"),
+    ("::", "unspecified"),
+    ("::1", "loopback"),
+    ("::ffff:192.168.0.1", "private-use"),  # IPv4-mapped: judged as the IPv4 address it is
+    ("::ffff:8.8.8.8", None),
+    ("64:ff9b::808:808", "NAT64"),
+    ("64:ff9b::a9fe:a9fe", "NAT64 of cloud metadata"),
+    ("64:ff9b:1::1", "local-use IPv4/IPv6 translation"),
+    ("100::1", "discard-only"),
+    ("100:0:0:1::1", "dummy prefix"),
+    ("2001:2::1", "IETF protocol assignments"),
+    ("2001:0:4136:e378:8000:63bf:3f57:fdf2", "Teredo"),  # whatever it carries
+    ("2001:db8::1", "documentation"),
+    ("2002:808:808::", "6to4"),
+    ("2620:4f:8000::1", "AS112 direct delegation"),
+    ("3fff::1", "documentation"),
+    ("5f00::1", "SRv6 SIDs"),
+    ("fd12:3456::1", "unique local"),
+    ("fe80::1", "link-local"),
+    ("fec0::1", "site-local (deprecated)"),
+    ("ff02::1", "multicast"),
+    ("8.8.8.8", None),
+    ("2606:4700:4700::1111", None),
+]
+
+
+@pytest.mark.parametrize(("address", "reason"), ISSUE_16 + EVERY_BLOCK)
+def test_every_special_purpose_block_is_refused(address: str, reason: str | None) -> None:
+    found = address_refusal(address, allow_loopback=False)
+    if reason is None:
+        assert found is None
+    else:
+        assert found is not None, address
+        assert found.startswith(reason), (address, found)
+
+
+@pytest.mark.parametrize(("address", "_"), ISSUE_16)
+async def test_the_issue_16_addresses_are_refused_as_dns_answers(address: str, _: str) -> None:
+    """The addresses the review got through, as the answer for the destination's own name."""
+    dns = StandInDns({"api.bank.test": [[address]]})
+    client, sink, counted = guard([API], dns, allowed=("10.0.0.0/8", "fd00::/8", "100.64.0.0/10"))
+    assert sink.named("EGRESS_REFUSED") == []
+    with pytest.raises(TransportError) as info:
+        await client.request(
+            "GET", "https://api.bank.test/core/x", headers={}, body=None, timeout=5
+        )
+    assert (info.value.code, info.value.sent) == ("EGRESS_ADDRESS_REFUSED", False)
+    assert counted == ["EGRESS_ADDRESS_REFUSED"]
+    assert [e["code"] for e in sink.named("EGRESS_REFUSED")] == ["EGRESS_ADDRESS_REFUSED"]
+
+
+def test_the_override_opens_only_the_private_parts_it_names() -> None:
+    allowed = [ipaddress.ip_network(n) for n in ("10.96.0.0/12", "fd00:10::/32")]
+    # a deliberate private destination, named
+    for address in ("10.96.0.1", "10.111.255.254", "fd00:10::5", "::ffff:10.96.0.1"):
+        assert address_refusal(address, allow_loopback=False, allowed=allowed) is None
+    # the rest of the private blocks stays refused
+    for address in ("10.0.0.5", "10.112.0.1", "192.168.1.1", "fd00:11::5"):
+        assert address_refusal(address, allow_loopback=False, allowed=allowed) is not None
+
+
+@pytest.mark.parametrize(
+    "cidr", ["169.254.0.0/16", "127.0.0.0/8", "2002::/16", "64:ff9b::/96", "2001::/32"]
+)
+def test_the_override_never_opens_what_is_not_private_use(cidr: str) -> None:
+    allowed = [ipaddress.ip_network(cidr)]
+    inside = str(next(iter(ipaddress.ip_network(cidr).hosts())))
+    assert address_refusal(inside, allow_loopback=False, allowed=allowed) is not None
+
+
+@pytest.mark.parametrize("address", sorted(str(a) for a in METADATA_ADDRESSES))
+def test_metadata_addresses_stay_refused_inside_an_opened_block(address: str) -> None:
+    allowed = [ipaddress.ip_network(n) for n in ("100.64.0.0/10", "fc00::/7", "192.0.0.0/24")]
+    assert address_refusal(address, allow_loopback=False, allowed=allowed) == "cloud metadata"
+    assert address_refusal(address, allow_loopback=True, allowed=allowed) == "cloud metadata"
 
 
 async def test_system_resolver_localhost_refused() -> None:
@@ -206,8 +316,9 @@ async def test_rebinding_private_then_loopback_never_reaches_loopback(
         await client.request(
             "GET", f"https://rebind.test:{port}/a", headers={}, body=None, timeout=0.5
         )
-    # the checked private address is unreachable here: refused or timed out, never loopback.
-    assert info.value.code in {"EGRESS_TIMEOUT", "TRANSPORT_CONNECT_FAILED"}
+    # the checked answer (a documentation address) is refused before any socket; the second
+    # answer, loopback, is never asked for
+    assert info.value.code == "EGRESS_ADDRESS_REFUSED"
     assert info.value.sent is False
     assert hits == []
     assert dns.lookups == ["rebind.test"]
@@ -215,7 +326,7 @@ async def test_rebinding_private_then_loopback_never_reaches_loopback(
 
 async def test_plain_http_needs_a_loopback_answer(listener: tuple[int, list[str]]) -> None:
     port, hits = listener
-    dns = StandInDns({"dev.test": [["192.168.7.7"]]})
+    dns = StandInDns({"dev.test": [["10.7.7.7"]]})  # opened by the override, but not loopback
     client, _, _ = guard(
         [Destination(f"http://dev.test:{port}/", allow_insecure_loopback=True)], dns
     )

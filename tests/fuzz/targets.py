@@ -41,40 +41,22 @@ def _text(data: bytes) -> str:
 # -- the request body reader and strict schema -----------------------------------------------
 
 
-class _Request:
-    """What ``read_json`` reads of an ``aiohttp.web.Request``: its content type and length and
-    its body (aiohttp's own header parsing is not ours to fuzz)."""
-
-    content_type = "application/json"
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-        self.content_length = len(data)
-
-    async def read(self) -> bytes:
-        return self._data
-
-
 def body(data: bytes) -> None:
-    """``routes/app.read_json`` on the body, then each route's strict schema: only
-    ``RequestRejected`` (``REQUEST_INVALID`` for a schema refusal). The models are the body
-    models of the route table's ``POST`` rows (``routes/app.py``, ``routes/approvals.py``)."""
+    """``routes/app.parse_body`` (what ``read_json`` does with a body once it is read whole,
+    under its deadline) on the body, then each route's strict schema: only ``RequestRejected``
+    (``REQUEST_INVALID`` for a schema refusal). The models are the body models of the route
+    table's ``POST`` rows (``routes/app.py``, ``routes/approvals.py``). aiohttp's own header
+    and framing parsing is not ours to fuzz."""
     from pydantic import ValidationError
 
     from agentsafe.executor.errors import RequestRejected
     from agentsafe.executor.routes import app
     from agentsafe.executor.routes.approvals import DecisionRequest
 
-    reading = app.read_json(_Request(data))  # type: ignore[arg-type]
     try:
-        reading.send(None)
-    except StopIteration as done:
-        value = done.value
+        value = app.parse_body(data)
     except RequestRejected:
         return
-    else:  # pragma: no cover - read() never suspends here
-        reading.close()
-        raise AssertionError("read_json waited for nothing")
     models = (app.ActionRequest, app.RecoveryRequest, app.EscalationRequest, DecisionRequest)
     for model in models:
         try:

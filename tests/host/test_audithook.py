@@ -71,6 +71,16 @@ def test_connect_refused_outside_the_egress_allowance(
     assert results["socketpair"] == "ok"
 
 
+def test_sends_that_name_an_address_are_refused(guarded: tuple[dict[str, Any], Path]) -> None:
+    """UDP sendto/sendmsg and TCP Fast Open reach an address without a connect (issue 16)."""
+    results, _ = guarded
+    for probe in ("udp_sendto", "udp_sendmsg", "tcp_fast_open"):
+        assert results[probe] == CONNECT, probe
+    # inside the allowance the datagram is sent and arrives; nothing else ever arrived
+    assert results["udp_sendto_inside"] == "ok"
+    assert results["udp_received_outside"] == "nothing"
+
+
 def test_asyncio_and_aiohttp_under_the_guard(guarded: tuple[dict[str, Any], Path]) -> None:
     results, _ = guarded
     # the event loop (socketpair self-pipe) and an aiohttp server accepting connections work;
@@ -99,6 +109,8 @@ def test_writes_inside_the_allowed_directories_work(guarded: tuple[dict[str, Any
         "remove_inside",
         "sqlite_inside",
         "sqlite_memory",
+        "sqlite_uri_memory",
+        "sqlite_uri_inside",
         "dev_null",
         "read_outside",
         "os_open_read_outside",
@@ -123,6 +135,11 @@ def test_writes_outside_the_allowed_directories_are_refused(
         "mkdir_outside",
         "chmod_outside",
         "sqlite_outside",
+        "sqlite_uri_fake_memory",
+        "sqlite_uri_encoded_path",
+        "sqlite_uri_last_mode_wins",
+        "sqlite_uri_vfs",
+        "sqlite_uri_localhost",
     ):
         assert results[probe] == WRITE, probe
     # nothing was created, changed or removed outside

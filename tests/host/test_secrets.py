@@ -24,6 +24,7 @@ from agentsafe.executor.host.secrets import (
     SecretStore,
     SecretUnavailable,
     inspect_sources,
+    unsafe_secrets_dir,
 )
 
 VALUE = "s3cr3t-value-0123456789abcdef"
@@ -60,7 +61,7 @@ def put(path: Path, value: str, mode: int = 0o600) -> Path:
 @pytest.fixture
 def secrets_dir(tmp_path: Path) -> Path:
     d = tmp_path / "secrets"
-    d.mkdir()
+    d.mkdir(mode=0o700)
     return d
 
 
@@ -543,4 +544,62 @@ def test_a_current_secret_follows_every_rotation_and_never_leaks(secrets_dir: Pa
     missing = store.current("DOWNSTREAM_SIGNING_KEY")
     with pytest.raises(SecretUnavailable), missing.reveal():
         pass
+    store.close()
+
+
+# -- an unsafe EXECUTOR_SECRETS_DIR (issue 16 item 16) --------------------------------------
+
+
+@pytest.mark.parametrize("root", ["/", "/etc", "/usr", "/var", "/tmp", "/home", "/root", "/run"])
+def test_the_root_and_system_directories_are_refused_as_the_secrets_dir(root: str) -> None:
+    """EXECUTOR_SECRETS_DIR=/ made every file on the host "inside the directory": a containment
+    check that holds for /etc/shadow checks nothing."""
+    err = refusal({"EXECUTOR_SECRETS_DIR": root}, production=True)
+    assert (err.code, err.variable) == ("SECRET_DIR_UNSAFE", "EXECUTOR_SECRETS_DIR")
+    assert root not in str(err).replace("EXECUTOR_SECRETS_DIR", "")  # names no value
+
+
+def test_a_symlink_to_the_root_is_refused_as_what_it_resolves_to(tmp_path: Path) -> None:
+    (tmp_path / "innocent").symlink_to("/")
+    err = refusal({"EXECUTOR_SECRETS_DIR": str(tmp_path / "innocent")}, production=False)
+    assert err.code == "SECRET_DIR_UNSAFE"
+
+
+@pytest.mark.parametrize("tree", ["/proc/self", "/sys/kernel", "/dev/shm"])
+def test_pseudo_filesystems_are_refused_at_any_depth(tree: str) -> None:
+    assert unsafe_secrets_dir(tree) is not None
+
+
+def test_a_directory_others_may_write_is_refused(secrets_dir: Path) -> None:
+    put(secrets_dir / "token", VALUE)
+    os.chmod(secrets_dir, 0o777)
+    env = {TOKEN_FILE: str(secrets_dir / "token")}
+    err = refusal(env, production=True, secrets_dir=secrets_dir)
+    assert (err.code, err.variable) == ("SECRET_DIR_UNSAFE", "EXECUTOR_SECRETS_DIR")
+    os.chmod(secrets_dir, 0o770)
+    assert unsafe_secrets_dir(str(secrets_dir)) is not None  # group-writable too
+    os.chmod(secrets_dir, 0o750)
+    assert unsafe_secrets_dir(str(secrets_dir)) is None
+
+
+@pytest.mark.parametrize("variable", ["EXECUTOR_STATE_DIR", "EXECUTOR_JOURNAL_DIR"])
+def test_a_directory_overlapping_what_the_executor_writes_is_refused(
+    tmp_path: Path, variable: str
+) -> None:
+    """Files the executor wrote itself pass the owner and mode checks: never secrets."""
+    base = tmp_path / "base"
+    (base / "state").mkdir(parents=True, mode=0o700)
+    os.chmod(base, 0o700)
+    put(base / "token", VALUE)
+    env = {TOKEN_FILE: str(base / "token"), variable: str(base / "state")}
+    err = refusal(env, production=True, secrets_dir=base)  # holds the writable directory
+    assert err.code == "SECRET_DIR_UNSAFE"
+    err = refusal({variable: str(base)}, production=True, secrets_dir=base / "state")  # inside
+    assert err.code == "SECRET_DIR_UNSAFE"
+
+
+def test_a_private_mount_directory_is_accepted(secrets_dir: Path) -> None:
+    put(secrets_dir / "token", VALUE)
+    store = load(secrets_dir)
+    assert value_of(store.get(TOKEN)) == VALUE
     store.close()

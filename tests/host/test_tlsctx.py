@@ -353,3 +353,60 @@ async def test_door_over_real_mtls(pki: Pki, tmp_path: Path) -> None:
         assert await ask(None, "status") == (401, {"code": "AUTH_REQUIRED"})
         assert await ask(ops, "evidence") == (403, {"code": "SCOPE_FORBIDDEN"})
     assert [e["method"] for e in security.named("AUTH_FAILED")] == ["mtls", "mtls", "none", "mtls"]
+
+
+async def test_a_client_ca_removed_from_the_bundle_stops_admitting_its_certificates(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """Only the certificate and key were fingerprinted: a CA taken out of
+    EXECUTOR_TLS_CLIENT_CA_FILE kept admitting its certificates, even after secrets/reload
+    (issue 16 item 8)."""
+    partner = TestCA("partner CA")
+    bundle = tmp_path / "clients-ca.pem"
+    bundle.write_bytes(pki.ca.cert_pem + partner.cert_pem)
+    security = MemorySink()
+    tls = ReloadingTlsContext(
+        TlsSettings(cert_file=pki.cert_file, key=pki.keys, client_ca_file=bundle),
+        security=security,
+    )
+    ours, theirs = pki.ca.issue_client(OPS_URI), partner.issue_client(OPS_URI)
+    async with serve(tls.context) as port:
+        assert (await fetch(port, client_context(pki, theirs, tmp_path)))[0] == 200
+        bundle.write_bytes(pki.ca.cert_pem)  # the partner CA is withdrawn
+        assert tls.maybe_reload()
+        assert security.named("TLS_CONTEXT_ROTATED")
+        with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+            await fetch(port, client_context(pki, theirs, tmp_path))
+        assert (await fetch(port, client_context(pki, ours, tmp_path)))[0] == 200
+        assert not tls.maybe_reload()  # nothing changed since
+
+
+async def test_a_rewrite_in_place_of_the_same_size_and_time_is_still_a_change(
+    pki: Pki, tmp_path: Path
+) -> None:
+    """The bundle is taken by its bytes: same inode, length and modification time, other CA."""
+    bundle = tmp_path / "clients-ca.pem"
+    bundle.write_bytes(pki.ca.cert_pem)
+    tls = ReloadingTlsContext(
+        TlsSettings(cert_file=pki.cert_file, key=pki.keys, client_ca_file=bundle)
+    )
+    size = len(pki.ca.cert_pem)
+    other = next(ca for ca in (TestCA("agentsafe test CA") for _ in range(20))
+                 if len(ca.cert_pem) <= size)  # fmt: skip
+    before = os.stat(bundle)
+    with open(bundle, "r+b") as handle:
+        handle.write(other.cert_pem.ljust(size, b"\n"))  # PEM allows the trailing blank lines
+    os.utime(bundle, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(bundle)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (
+        before.st_ino,
+        before.st_size,
+        before.st_mtime_ns,
+    )
+    assert tls.maybe_reload()
+    async with serve(tls.context) as port:
+        with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
+            await fetch(port, client_context(pki, pki.ca.issue_client(OPS_URI), tmp_path))
+        assert (await fetch(port, client_context(pki, other.issue_client(OPS_URI), tmp_path)))[
+            0
+        ] == 200

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import random
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,32 @@ async def test_the_count_window_is_shared_by_the_replicas(tmp_path: Path, pg_url
         provider.terminate()
 
 
+async def _killed_mid_dispatch(
+    provider: ProviderProcess,
+    replica: ExecutorProcess,
+    session: aiohttp.ClientSession,
+    key: str,
+    *,
+    before_kill: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """``replica`` proposes ``key``; the provider (mode ``hang``) acts on it and holds the
+    answer; ``before_kill`` runs, then the replica is SIGKILLed mid-dispatch and the provider
+    answers normally again."""
+    await provider.set_mode("hang")
+    pending = asyncio.ensure_future(replica.propose(session, amount=4000, key=key))
+
+    async def arrived() -> bool:
+        return int((await provider.received())["count"]) == 1
+
+    await wait_until(arrived, timeout=30, what="the provider to receive the payout")
+    if before_kill is not None:
+        await before_kill()
+    replica.kill()
+    with contextlib.suppress(aiohttp.ClientError):
+        await pending
+    await provider.set_mode("normal")
+
+
 async def test_a_replica_killed_mid_dispatch_is_reconciled_by_another_after_its_lease(
     tmp_path: Path, pg_url: str
 ) -> None:
@@ -128,18 +155,8 @@ async def test_a_replica_killed_mid_dispatch_is_reconciled_by_another_after_its_
         tmp_path, provider, pg_url, EXECUTOR_ATTEMPT_LEASE_SECONDS="5"
     )
     try:
-        await provider.set_mode("hang")
         async with aiohttp.ClientSession() as session:
-            pending = asyncio.ensure_future(replicas[0].propose(session, amount=4000, key="kill-1"))
-
-            async def arrived() -> bool:
-                return int((await provider.received())["count"]) == 1
-
-            await wait_until(arrived, timeout=30, what="the provider to receive the payout")
-            replicas[0].kill()
-            with contextlib.suppress(aiohttp.ClientError):
-                await pending
-            await provider.set_mode("normal")
+            await _killed_mid_dispatch(provider, replicas[0], session, "kill-1")
 
             async def reconciled() -> bool:
                 return any(
@@ -166,6 +183,79 @@ async def test_a_replica_killed_mid_dispatch_is_reconciled_by_another_after_its_
             await wait_until(settled, timeout=30, what="the reconciled answer to be recorded")
             for replica in (replicas[1], replicas[2], replicas[1]):
                 status, body = await replica.propose(session, amount=4000, key="kill-1")
+                assert status == 200
+                assert body["replayed"] is True
+                assert body["outcome"] == "COMPLETED"
+                assert body["reason_codes"] == ["RECONCILED_COMPLETED"]
+            assert int((await provider.received())["count"]) == 1
+    finally:
+        for replica in replicas:
+            if replica.running:
+                replica.terminate()
+        provider.terminate()
+
+
+async def test_a_taken_over_attempt_still_unknown_is_asked_again_by_its_living_new_owner(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """The provider acted and never answered; its owner is SIGKILLed; while the provider's
+    lookups are down the replica that takes the attempt over can only say STILL_UNKNOWN. Once
+    lookups return, that same replica -- alive, nobody else dying -- asks again on its own
+    schedule and settles the key; nothing is sent twice."""
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    _, replicas = await _start_replicas(
+        tmp_path, provider, pg_url, EXECUTOR_ATTEMPT_LEASE_SECONDS="5"
+    )
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _killed_mid_dispatch(
+                provider,
+                replicas[0],
+                session,
+                "ask-1",
+                before_kill=lambda: provider.set_lookups(available=False),
+            )
+
+            def resolutions(replica: ExecutorProcess) -> list[str]:
+                return [
+                    str(e.get("resolution"))
+                    for e in replica.stdout_events()
+                    if e.get("event") == "RECONCILIATION"
+                ]
+
+            async def unknown() -> bool:
+                return any("STILL_UNKNOWN" in resolutions(r) for r in replicas[1:])
+
+            await wait_until(unknown, timeout=60, what="a replica to take the attempt over")
+            (owner,) = [r for r in replicas[1:] if "STILL_UNKNOWN" in resolutions(r)]
+            status, body = await owner.propose(session, amount=4000, key="ask-1")
+            assert status == 409, body  # in flight: nobody knows yet
+            await provider.set_lookups(available=True)
+
+            async def asked_again() -> bool:
+                return "RECONCILED_COMPLETED" in resolutions(owner)
+
+            await wait_until(asked_again, timeout=60, what="the new owner to ask again")
+            assert owner.running
+            taken = [
+                e
+                for r in replicas[1:]
+                for e in r.stderr_events()
+                if e.get("event") == "ATTEMPT_TAKEN_OVER"
+            ]
+            assert len(taken) == 1  # one takeover: the owner never died
+            assert all(
+                "RECONCILED_COMPLETED" not in resolutions(r) for r in replicas[1:] if r is not owner
+            )
+
+            async def settled() -> bool:
+                status, _ = await owner.propose(session, amount=4000, key="ask-1")
+                return status != 409
+
+            await wait_until(settled, timeout=30, what="the reconciled answer to be recorded")
+            for replica in replicas[1:]:
+                status, body = await replica.propose(session, amount=4000, key="ask-1")
                 assert status == 200
                 assert body["replayed"] is True
                 assert body["outcome"] == "COMPLETED"

@@ -71,13 +71,13 @@ async def test_reconcile_applies_every_child_and_generates_secrets_once(
         ("ServiceAccount", "payouts-executor"),
         ("StatefulSet", "payouts-executor"),
         ("Service", "payouts-executor"),
-        ("PodDisruptionBudget", "payouts-executor"),
         ("NetworkPolicy", "payouts-executor"),
         ("Secret", "payouts-operator-token"),
         ("Secret", "payouts-authority-key"),
     ]:
         assert (kind, NS, name) in kube.objects, (kind, name)
     assert ("NetworkPolicy", "agents", "agentsafe-payments-payouts-no-downstream") in kube.objects
+    assert ("PodDisruptionBudget", NS, "payouts-executor") not in kube.objects  # one replica
     token_secret = kube.objects[("Secret", NS, "payouts-operator-token")]
     key_secret = kube.objects[("Secret", NS, "payouts-authority-key")]
     # The principals file holds the digest of the generated token, never the token.
@@ -95,6 +95,32 @@ async def test_reconcile_applies_every_child_and_generates_secrets_once(
     await _reconcile(runtime, policy_body)
     assert kube.objects[("Secret", NS, "payouts-operator-token")] == token_secret
     assert kube.objects[("Secret", NS, "payouts-authority-key")] == key_secret
+
+
+async def test_two_replicas_get_a_budget_that_goes_when_scaled_back_to_one(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    pdb = ("PodDisruptionBudget", NS, "payouts-executor")
+    policy_body["spec"]["store"] = {
+        "secretKeyRef": {"name": "payouts-pg-app", "key": "uri"},
+        "podSelector": {"matchLabels": {"cnpg.io/cluster": "payouts-pg"}},
+    }
+    policy_body["spec"]["replicas"] = 2
+    status = await _reconcile(runtime, policy_body)
+    assert _ready(status)["reason"] == "SecretMissing"  # the store's Secret is checked too
+    assert "Secret payments/payouts-pg-app" in _ready(status)["message"]
+    kube.put(secret(NS, "payouts-pg-app", {"uri": b"postgresql://app@payouts-pg-rw/app"}))
+    await _reconcile(runtime, policy_body)
+    assert kube.objects[pdb]["spec"]["maxUnavailable"] == 1
+    sts = kube.objects[("StatefulSet", NS, "payouts-executor")]
+    assert "topologySpreadConstraints" in sts["spec"]["template"]["spec"]
+    policy_body["spec"]["replicas"] = 1
+    policy_body["metadata"]["generation"] = 2
+    await _reconcile(runtime, policy_body)
+    assert pdb not in kube.objects
+    assert ("delete", *pdb) in kube.calls
+    sts = kube.objects[("StatefulSet", NS, "payouts-executor")]
+    assert "topologySpreadConstraints" not in sts["spec"]["template"]["spec"]
 
 
 async def test_ready_when_replicas_are_ready(

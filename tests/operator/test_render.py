@@ -11,6 +11,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from agentsafe.executor.config import load_config
 from agentsafe.executor.door.principals_file import load_principals_file, parse_principals
@@ -35,7 +36,7 @@ from agentsafe.operator.render import (
 )
 from agentsafe.operator.render.workload import SECRETS_DIR, check_environment
 
-from .conftest import APPROVER_TOKEN, OPERATOR_TOKEN
+from .conftest import APPROVER_TOKEN, EXAMPLES, OPERATOR_TOKEN
 
 K8S_VERSION = "1.34.0"
 
@@ -66,10 +67,9 @@ def test_every_child_is_valid_kubernetes_and_owned(render_input: RenderInput) ->
         "ConfigMap",
         "Service",
         "StatefulSet",
-        "PodDisruptionBudget",
         "NetworkPolicy",
         "NetworkPolicy",
-    ]
+    ]  # one replica: no PodDisruptionBudget (test_a_budget_and_spread_from_two_replicas)
     for obj in rendered.objects:
         _valid(obj)
         meta = obj["metadata"]
@@ -179,6 +179,16 @@ def test_environment_is_what_the_executor_accepts(render_input: RenderInput) -> 
     assert config.downstream_credential.variable == "DOWNSTREAM_CREDENTIAL_FILE"
     assert config.executor_tls_key.variable == "EXECUTOR_TLS_KEY_FILE"
     assert "DOWNSTREAM_ENVIRONMENT" not in env  # nothing in the executor reads it
+
+
+def test_the_downstream_networks_are_the_executors_private_destination_override(
+    render_input: RenderInput,
+) -> None:
+    """The executor's guard refuses private-use answers unless opened (issue 16): the networks
+    the NetworkPolicy lets it reach are exactly the ones it may connect to."""
+    inp = _with_spec(render_input, **{"downstream.cidrs": ["10.96.0.0/12", "fd00:10::/32"]})
+    config = load_config(render_environment(inp))
+    assert config.executor_egress_allow_cidrs == ("10.96.0.0/12", "fd00:10::/32")
 
 
 def test_downstream_environment_is_refused_because_it_would_configure_nothing(
@@ -340,13 +350,31 @@ def test_separation_of_duties_is_checked_at_render(render_input: RenderInput) ->
 
 
 def test_service_and_pdb(render_input: RenderInput) -> None:
-    service = render_service(render_input)
-    pdb = render_pdb(render_input)
+    inp = _with_spec(render_input, replicas=2, store=_STORE)
+    service = render_service(inp)
+    pdb = render_pdb(inp)
+    assert pdb is not None
     _valid(service)
     _valid(pdb)
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == pdb["spec"]["selector"]["matchLabels"]
     assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["metadata"]["ownerReferences"][0]["uid"] == inp.policy.uid
+
+
+@pytest.mark.parametrize(("replicas", "expected"), [(1, False), (2, True), (3, True), (16, True)])
+def test_a_budget_and_spread_from_two_replicas(
+    render_input: RenderInput, replicas: int, expected: bool
+) -> None:
+    changes: dict[str, Any] = {"replicas": replicas}
+    if replicas > 1:
+        changes["store"] = _STORE
+    inp = _with_spec(render_input, **changes)
+    kinds = [o["kind"] for o in render_children(inp).objects]
+    assert ("PodDisruptionBudget" in kinds) is expected
+    assert (render_pdb(inp) is not None) is expected
+    pod = render_statefulset(inp, digest="0" * 64)["spec"]["template"]["spec"]
+    assert ("topologySpreadConstraints" in pod) is expected
 
 
 def test_executor_network_policy(render_input: RenderInput) -> None:
@@ -490,3 +518,27 @@ def test_an_approvers_passkey_requirement_and_the_approval_origin_render(
     assert lead.approval.verification.value == "WEBAUTHN"
     config = load_config(render_environment(inp))
     assert config.executor_approval_origin == "https://approvals.bank.example"
+
+
+def test_the_cloudnativepg_example_renders_a_replicated_executor(
+    render_input: RenderInput,
+) -> None:
+    example = EXAMPLES.parent / "cloudnativepg" / "20-agentpolicy.yaml"
+    body = yaml.safe_load(example.read_text())
+    inp = dataclasses.replace(render_input, spec=AgentPolicySpec.model_validate(body["spec"]))
+    objects = render_children(inp).objects
+    for obj in objects:
+        _valid(obj)
+    rendered = {o["kind"]: o for o in objects if o["metadata"]["namespace"] == "payments"}
+    assert rendered["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    sts = rendered["StatefulSet"]
+    assert sts["spec"]["replicas"] == 3
+    pod = sts["spec"]["template"]["spec"]
+    assert len(pod["topologySpreadConstraints"]) == 2
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["EXECUTOR_STORE_URL_FILE"] == f"{SECRETS_DIR}/store-url"
+    assert "EXECUTOR_STORE_URL" not in env
+    *_, database = rendered["NetworkPolicy"]["spec"]["egress"]
+    assert database["to"][0]["podSelector"] == {"matchLabels": {"cnpg.io/cluster": "payouts-pg"}}
+    assert database["ports"] == [{"protocol": "TCP", "port": 5432}]

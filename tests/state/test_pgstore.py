@@ -222,3 +222,138 @@ async def test_an_unreachable_database_is_store_unavailable_then_service_resumes
         )
     finally:
         await store.close()
+
+
+async def test_a_key_whose_holder_never_opened_its_attempt_is_taken_over_after_its_lease(
+    pg_url: str,
+) -> None:
+    """Each request runs in its own task (as aiohttp runs them), so each has its own holder.
+
+    A key IN_PROGRESS whose holder's lease lapsed before its attempt opened is taken over by
+    the next request; the old holder can then neither open an attempt nor record an answer.
+    A key whose attempt opened belongs to it: never taken over while the attempt is open or
+    its grant was claimed; taken over at once when the attempt closed without a claim."""
+    store = await PostgresStore.open(pg_url, lease_seconds=0.3)
+    intent = make_intent(now=1.0)
+    scope = {"tenant": "t", "principal": "p", "key": "k-held"}
+    mirror = SharedAttemptMirror(store.attempts, owner="replica-a", lease_seconds=30)
+
+    async def begin() -> IdempotencyKind:
+        state = await store.use_store.idempotency_begin(**scope, payload_digest="d", now=1.0)
+        return state.kind
+
+    async def open_attempt(attempt_id: str) -> None:
+        await mirror.record(
+            RecordType.ATTEMPT_OPENED,
+            {
+                "attempt_id": attempt_id,
+                "at": "2026-12-01T08:00:00.000Z",
+                "intent_hash": intent.intent_hash,
+                "intent": intent.binding,
+                "caller": "agent",
+                "action": intent.action,
+            },
+        )
+
+    async def lapsed() -> None:
+        await _until_true(
+            pg_url,
+            "SELECT lease_until < extract(epoch from clock_timestamp())"
+            " FROM idempotency WHERE key = 'k-held'",
+        )
+
+    try:
+        # The first request records the key, then loses the database (it does nothing more).
+        first_done = asyncio.Event()
+        first_go = asyncio.Event()
+        first_errors: list[str] = []
+
+        async def first() -> None:
+            assert await begin() is IdempotencyKind.NEW
+            first_done.set()
+            await first_go.wait()  # back after the takeover: fenced off
+            for step in (
+                open_attempt("att-old"),
+                store.use_store.idempotency_complete(
+                    **scope, response={"status": 200, "body": {}}, now=2.0
+                ),
+            ):
+                try:
+                    await step
+                except StoreError as exc:
+                    first_errors.append(exc.code)
+
+        first_task = asyncio.create_task(first())
+        await first_done.wait()
+        assert await asyncio.create_task(begin()) is IdempotencyKind.IN_PROGRESS  # lease live
+        await lapsed()
+
+        async def second() -> None:
+            assert await begin() is IdempotencyKind.NEW  # taken over
+            first_go.set()
+            await first_task
+            await open_attempt("att-new")  # the key now belongs to att-new
+
+        await asyncio.create_task(second())
+        assert first_errors == ["IDEMPOTENCY_TAKEN_OVER", "IDEMPOTENCY_TAKEN_OVER"]
+        # The old holder's attempt never opened in the shared store.
+        assert [row.attempt_id for row in await store.attempts.open_attempts()] == ["att-new"]
+        await lapsed()
+        assert await asyncio.create_task(begin()) is IdempotencyKind.IN_PROGRESS  # attempt open
+        # A release from reconciliation leaves a key its open attempt holds.
+        await asyncio.create_task(store.use_store.idempotency_release(**scope))
+        assert await asyncio.create_task(begin()) is IdempotencyKind.IN_PROGRESS
+        # Closed without claiming its grant (nothing was sent): free at once.
+        await store.attempts.settle(attempt_id="att-new", closed=True, status="NOT_CLAIMED")
+
+        async def third() -> None:
+            assert await begin() is IdempotencyKind.NEW
+            await open_attempt("att-3")
+            await store.attempts.grant_claimed(
+                attempt_id="att-3", grant_id="g", grant_expires_at="x", payload_digest="d"
+            )
+            await store.attempts.settle(attempt_id="att-3", closed=True, status="COMPLETED")
+
+        await asyncio.create_task(third())
+        await lapsed()
+        # Claimed: its answer is the attempt's, never a new run's.
+        assert await asyncio.create_task(begin()) is IdempotencyKind.IN_PROGRESS
+        await asyncio.create_task(store.use_store.idempotency_release(**scope))
+        assert await asyncio.create_task(begin()) is IdempotencyKind.IN_PROGRESS
+
+        # Its answer was never recorded: a lease after the close, a retry opens the attempt
+        # again for a lease keeper, whose reconciliation settles the key.
+        await _until_true(
+            pg_url,
+            # (or already opened again, by a retry above that came late enough)
+            "SELECT state = 'OPEN' OR closed_at < extract(epoch from clock_timestamp()) - 0.3"
+            " FROM attempts WHERE attempt_id = 'att-3'",
+        )
+        assert await asyncio.create_task(begin()) is IdempotencyKind.IN_PROGRESS
+        reopened = await store.attempts.take_lapsed(owner="replica-b", lease_seconds=30)
+        assert reopened is not None
+        assert (reopened.attempt_id, reopened.grant_claimed) == ("att-3", True)
+        assert reopened.last_status == "ANSWER_NOT_RECORDED"
+        answer = {"status": 200, "body": {"outcome": "COMPLETED"}}
+        # Reconciliation settles every key the attempt holds (whatever the key is named).
+        assert await store.use_store.idempotency_settle_attempt("att-3", response=answer, now=3.0)
+        assert await store.use_store.idempotency_settle_attempt("att-3", response={}, now=3.0) == 0
+        replay = await store.use_store.idempotency_begin(**scope, payload_digest="d", now=4.0)
+        assert (replay.kind, replay.response) == (IdempotencyKind.REPLAY, answer)
+    finally:
+        await store.close()
+
+
+async def _until_true(url: str, sql: str) -> None:
+    """Poll ``sql`` (one boolean) on the database's own clock until it is true (10 s at most)."""
+
+    async def wait() -> None:
+        async with await psycopg.AsyncConnection.connect(url) as conn:
+            while True:
+                cur = await conn.execute(sql)
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    return
+                await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(wait(), timeout=10)

@@ -59,6 +59,20 @@ def connect_with(family: int, address: Any) -> None:
         s.connect_ex(address) if family == socket.AF_INET else s.connect(address)
 
 
+def _sendto_inside(address: Any) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender, allowed_egress():
+        sender.sendto(b"ok", address)
+
+
+def sqlite_uri(uri: str) -> None:
+    con = sqlite3.connect(uri, uri=True)
+    try:
+        con.execute("create table if not exists t (x)")
+        con.commit()
+    finally:
+        con.close()
+
+
 def sqlite_touch(path: Path) -> None:
     con = sqlite3.connect(path)
     try:
@@ -142,6 +156,36 @@ def main() -> None:
     results["connect_ex"] = attempt(lambda: connect_with(socket.AF_INET, ("127.0.0.1", port)))
     results["unix_connect"] = attempt(lambda: connect_with(socket.AF_UNIX, "/nowhere"))
     results["socketpair"] = attempt(lambda: [s.close() for s in socket.socketpair()])
+    # sends that name their own destination (issue 16 item 15), to a UDP socket the test
+    # listens on: none may leave
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    udp.settimeout(0.5)
+    udp_address = udp.getsockname()
+
+    def datagram(send: Callable[[socket.socket], Any]) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            send(sender)
+
+    results["udp_sendto"] = attempt(lambda: datagram(lambda s: s.sendto(b"x", udp_address)))
+    results["udp_sendmsg"] = attempt(
+        lambda: datagram(lambda s: s.sendmsg([b"x"], [], 0, udp_address))
+    )
+
+    def fast_open() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as tcp:
+            tcp.sendto(b"GET / HTTP/1.0\r\n\r\n", socket.MSG_FASTOPEN, ("127.0.0.1", port))
+
+    results["tcp_fast_open"] = attempt(fast_open)
+
+    results["udp_sendto_inside"] = attempt(
+        lambda: (_sendto_inside(udp_address), udp.recv(16))  # the one datagram allowed
+    )
+    try:
+        results["udp_received_outside"] = repr(udp.recv(16))
+    except TimeoutError:
+        results["udp_received_outside"] = "nothing"
+    udp.close()
     # child processes
     results["subprocess_run"] = attempt(lambda: subprocess.run(["true"], check=False))
     results["os_system"] = attempt(lambda: os.system("true"))
@@ -178,6 +222,26 @@ def main() -> None:
     results["chmod_outside"] = attempt(lambda: os.chmod(outside / "existing.txt", 0o777))
     results["sqlite_outside"] = attempt(lambda: sqlite_touch(outside / "db.sqlite"))
     results["sqlite_memory"] = attempt(lambda: sqlite3.connect(":memory:").close())
+    # a parameter named x whose value spells mode=memory is not an in-memory database
+    results["sqlite_uri_fake_memory"] = attempt(
+        lambda: sqlite_uri(f"file:{outside / 'fake-memory.db'}?x=mode=memory")
+    )
+    results["sqlite_uri_encoded_path"] = attempt(
+        lambda: sqlite_uri("file:" + str(outside / "enc.db").replace("/", "%2F"))
+    )
+    results["sqlite_uri_last_mode_wins"] = attempt(
+        lambda: sqlite_uri(f"file:{outside / 'last.db'}?mode=memory&mode=rwc")
+    )
+    results["sqlite_uri_vfs"] = attempt(
+        lambda: sqlite_uri(f"file:{outside / 'vfs.db'}?vfs=unix-none")
+    )
+    results["sqlite_uri_localhost"] = attempt(
+        lambda: sqlite_uri(f"file://localhost{outside / 'host.db'}")
+    )
+    results["sqlite_uri_memory"] = attempt(lambda: sqlite_uri("file:shared?mode=memory"))
+    results["sqlite_uri_inside"] = attempt(
+        lambda: sqlite_uri(f"file:{allowed[0] / 'uri.db'}?mode=rwc")
+    )
     results["dev_null"] = attempt(lambda: open(os.devnull, "w").close())
     # asyncio: the loop's self-pipe is a socketpair; aiohttp only inside the allowance
     asyncio.run(http_probes(results))

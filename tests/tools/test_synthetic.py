@@ -87,6 +87,15 @@ async def test_modes_and_lookups(provider: SyntheticProvider, http: aiohttp.Clie
             return response.status
 
     assert [await lookup(k) for k in ("r1", "e1", "n1", "unknown")] == [404, 404, 200, 404]
+    # Lookups switched off: nobody can learn anything, whatever happened; then on again.
+    async with http.post(base + "/_control/lookups", json={"available": False}) as response:
+        assert response.status == 200
+    async with http.post(base + "/_control/lookups", json={"available": "no"}) as response:
+        assert response.status == 400
+    assert [await lookup(k) for k in ("n1", "unknown")] == [503, 503]
+    async with http.post(base + "/_control/lookups", json={"available": True}) as response:
+        assert response.status == 200
+    assert [await lookup(k) for k in ("n1", "unknown")] == [200, 404]
 
 
 async def test_a_hung_request_is_recorded_as_executed_and_released_on_stop(
