@@ -30,7 +30,7 @@ COPY operator/ operator/
 # Exactly the hashed lock (`make lock`), nothing resolved here: --require-hashes refuses any file
 # whose sha256 is not in image-requirements.txt, --no-deps installs no dependency it does not
 # name. Then agentsafe itself from this source tree, built with the locked setuptools offline.
-# The CEL binding's REPL (typer, prompt-toolkit) is not in the lock: cel's runtime never imports it.
+# The CEL binding's REPL (typer, prompt-toolkit) is in it: cel/__init__.py imports cel.cli.
 RUN --mount=type=secret,id=pip_cert \
     if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
  && python3 -m venv /opt/agentsafe \

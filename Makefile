@@ -171,15 +171,13 @@ clean:
 
 # issue 22: the image installs exactly image-requirements.txt (pip --require-hashes --no-deps):
 # the runtime and operator dependencies of pyproject.toml and its build-system requirements,
-# for the image's Python (3.11, x86_64 Linux). The CEL binding's REPL (typer, prompt-toolkit and
-# what only they need) is left out: cel's runtime never imports it, and `make image` proves the
-# policy tests pass in the image without it. Run after changing a dependency; a test fails when
-# the lock is stale.
-LOCK_LEFT_OUT := typer prompt-toolkit shellingham wcwidth
+# for the image's Python (3.11, x86_64 Linux). Run after changing a dependency; a test fails when
+# the lock is stale. The CEL binding's REPL (typer, prompt-toolkit) stays: cel/__init__.py
+# imports cel.cli, so `import cel` fails without them (`make image` showed it:
+# ModuleNotFoundError: typer, in `agentsafe policy lint`).
 lock: $(STAMP)
 	$(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' \
 	  | $(BIN)/uv pip compile --quiet pyproject.toml - --extra operator --generate-hashes \
 	      --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
 	      --no-header --annotation-style line \
-	      $(foreach p,$(LOCK_LEFT_OUT),--no-emit-package $(p)) \
 	      --output-file image-requirements.txt

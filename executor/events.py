@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
 from .clock import format_ms
+from .codes import Code
 
 __all__ = [
     "EVIDENCE_SCHEMA",
@@ -61,7 +62,7 @@ _ROUTINE_SECURITY_EVENTS = frozenset(
         "SHADOW_REPORT",
     }
 )
-_ERROR_SECURITY_EVENTS = frozenset({"REFUSED_TO_START", "LEAK_SUSPECTED"})
+_ERROR_SECURITY_EVENTS = frozenset({Code.REFUSED_TO_START, "LEAK_SUSPECTED"})
 
 
 def security_level(event: str) -> str:

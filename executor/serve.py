@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .assembly import assemble
+from .codes import Code
 from .config import ExecutorMode
 from .errors import AgentSafeError, ConfigError
 from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, JsonLogFormatter, Streams
@@ -105,7 +106,7 @@ def _log_through(writer: LineWriter, redactor: Redactor, chained: ChainedStreams
 def _refused(code: str, message: str) -> None:
     """A start-up refusal: one JSON line on stderr (never plain text), level ERROR."""
     JsonLinesSink(sys.stderr, schema=SECURITY_SCHEMA).emit(
-        "REFUSED_TO_START",
+        Code.REFUSED_TO_START,
         {"level": "ERROR", "code": code, "message": f"agentsafe: refused to start: {message}"},
     )
 

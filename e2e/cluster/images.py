@@ -59,8 +59,6 @@ NONROOT = 65532
 BASE_LOCK = Path(__file__).resolve().parent / "base-packages.lock"
 """Every Debian package of the debootstrap tree, ``name version`` per line: the pin."""
 LOCK = REPO / "image-requirements.txt"
-LEFT_OUT = frozenset({"typer", "prompt-toolkit", "shellingham", "wcwidth"})
-"""Dependencies of the CEL binding's REPL, deliberately absent (the Makefile's LOCK_LEFT_OUT)."""
 
 
 class ImageError(RuntimeError):
@@ -403,8 +401,7 @@ _INSTALLED = (
 
 def verify_agentsafe(tag: str = AGENTSAFE_IMAGE) -> dict[str, object]:
     """Prove what the image carries, in the image (``buildah run``): exactly the lock's
-    distributions plus agentsafe (no development-only package, none of :data:`LEFT_OUT`, no pip
-    or setuptools); an SBOM naming each of them at its version; and the example policy's tests
+    distributions plus agentsafe (no development-only package, no pip or setuptools); an SBOM naming each of them at its version; and the example policy's tests
     passing (so CEL evaluates without its REPL's packages). Raises :class:`ImageError`."""
     import json
 
@@ -427,7 +424,7 @@ def verify_agentsafe(tag: str = AGENTSAFE_IMAGE) -> dict[str, object]:
                 f"{tag} carries {sorted(names - expected)} beyond the lock and lacks "
                 f"{sorted(expected - names)}"
             )
-        forbidden = names & (LEFT_OUT | {"pip", "setuptools", "wheel", *_dev_packages()})
+        forbidden = names & {"pip", "setuptools", "wheel", *_dev_packages()}
         if forbidden:
             raise ImageError(f"{tag} carries development-only packages: {sorted(forbidden)}")
         mount = _run(["buildah", "mount", container], what=f"mount {tag}").strip().splitlines()[-1]
