@@ -352,12 +352,14 @@ def image_digest(name: str) -> str:
 
 
 def base_labels() -> list[str]:
-    """OCI base-image annotations: what the runtime stage was built FROM, by digest, and the
-    Debian release the debootstrap tree came from (the base is built here, never pulled, so its
-    digest is the record a reader checks the image against)."""
+    """Labels that record the bases by digest (they are built here, never pulled, so the digest
+    is the record a reader checks the image against) and the Debian release and package pin they
+    came from. buildah itself writes the OCI annotations ``org.opencontainers.image.base.name``
+    and ``.base.digest`` into the manifest (the digest of the base's OCI manifest); these labels
+    carry the digests of the manifests as buildah's store holds them (``buildah images
+    --digests``), for both stages."""
     return [
-        f"org.opencontainers.image.base.name={RUNTIME_BASE}",
-        f"org.opencontainers.image.base.digest={image_digest(RUNTIME_BASE)}",
+        f"io.agentsafe.base.runtime-digest={image_digest(RUNTIME_BASE)}",
         f"io.agentsafe.base.build-digest={image_digest(BUILD_BASE)}",
         f"io.agentsafe.base.debian={SUITE} {MIRROR}",
         f"io.agentsafe.base.packages-sha256={_sha256(BASE_LOCK.read_bytes())}",

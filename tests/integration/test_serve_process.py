@@ -378,8 +378,8 @@ def assert_rotated_lines(lines: list[dict[str, Any]]) -> None:
     assert lines
     for line in lines:
         assert line["secret"] == "EXECUTOR_CALLER_TOKEN"
-        assert set(line) == {"schema", "event", "at", "seq", "hash", "prev_hash", "secret",
-                             "version"}  # fmt: skip
+        assert set(line) == {"schema", "event", "at", "level", "seq", "hash", "prev_hash",
+                             "secret", "version"}  # fmt: skip
 
 
 async def rotate_and_wait(
