@@ -403,8 +403,9 @@ _INSTALLED = (
 
 def verify_agentsafe(tag: str = AGENTSAFE_IMAGE) -> dict[str, object]:
     """Prove what the image carries, in the image (``buildah run``): exactly the lock's
-    distributions plus agentsafe (no development-only package, no pip or setuptools); an SBOM naming each of them at its version; and the example policy's tests
-    passing (so CEL evaluates without its REPL's packages). Raises :class:`ImageError`."""
+    distributions plus agentsafe (no development-only package, no pip or setuptools); an SBOM
+    naming each of them at its version; and the example policy's lint and tests passing in the
+    image (CEL compiles and evaluates there). Raises :class:`ImageError`."""
     import json
 
     container = _run(["buildah", "from", "--pull=never", tag], what=f"container of {tag}").strip()
