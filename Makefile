@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 
 .PHONY: help venv demo test lint format typecheck unit browser e2e e2e-build e2e-kind bench clean \
         image node-build cluster-up cluster-down cluster-status e2e-node \
-        policy-test fuzz-smoke fuzz mutation lock
+        policy-test fuzz-smoke fuzz mutation api-test lock
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
@@ -22,6 +22,7 @@ help:
 	@echo "make browser    install Debian's chromium (as root) for the approval page's browser tests"
 	@echo "make policy-test  lint the example policy and run its tests (agentsafe policy)"
 	@echo "make fuzz-smoke   a few seconds of every atheris fuzz target (tests/fuzz/)"
+	@echo "make api-test     schemathesis against a real agentsafe serve (docs/openapi.md)"
 	@echo "make fuzz       FUZZ_TARGET=name FUZZ_RUNS=1000000: one target at length (docs/fuzzing.md)"
 	@echo "make mutation   nightly: mutmut over the core, scores per module (docs/mutation.md)"
 	@echo "make e2e-build  build (or find, cached by version) every binary the e2e suite needs"
@@ -63,14 +64,22 @@ typecheck: $(STAMP)
 	@mkdir -p build/typecheck/agentsafe
 	@ln -sfn ../../../executor build/typecheck/agentsafe/executor
 	@ln -sfn ../../../operator build/typecheck/agentsafe/operator
-	MYPYPATH=build/typecheck $(BIN)/mypy -p agentsafe.executor -p agentsafe.operator
+	@ln -sfn ../../../executor/client build/typecheck/agentsafe/client
+	MYPYPATH=build/typecheck $(BIN)/mypy -p agentsafe.executor -p agentsafe.operator -p agentsafe.client
 
 # pytest-xdist workers for tests/. Most tests wait on sockets and subprocesses, so more workers
 # than cores still pays off; tests that cannot share the machine carry an xdist_group mark.
 UNIT_WORKERS ?= 4
 
 unit: $(STAMP) browser
-	$(BIN)/pytest -q -n $(UNIT_WORKERS) --dist loadgroup --durations=10
+	$(BIN)/pytest -q -n $(UNIT_WORKERS) --dist loadgroup --durations=10 --ignore=tests/api
+
+# schemathesis (every standard check, every phase, the refusal contract) against a real
+# `agentsafe serve` with every optional route on, through the document it serves (docs/openapi.md).
+API_TEST_EXAMPLES ?= 25
+
+api-test: $(STAMP)
+	API_TEST_EXAMPLES=$(API_TEST_EXAMPLES) $(BIN)/pytest -q -p no:cacheprovider tests/api
 
 # issue 21: the approval page is tested in a real browser, Debian's chromium driven by Playwright
 # (tests/support/browser.py); no browser is ever downloaded. As root on a machine without it, this
@@ -155,7 +164,7 @@ e2e-node: e2e-build
 
 # `make test` runs these targets in this order, each timed by .ci/stage (.ci/run prints the
 # summary). e2e-build comes before any pytest starts.
-TEST_STAGES := venv lint typecheck e2e-build unit policy-test fuzz-smoke e2e
+TEST_STAGES := venv lint typecheck e2e-build unit api-test policy-test fuzz-smoke e2e
 
 test:
 	@for stage in $(TEST_STAGES); do \

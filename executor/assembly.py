@@ -1,22 +1,23 @@
 """Assembly: turn a checked configuration into a running executor's components, in start order.
 
-:func:`assemble` builds an :class:`~agentsafe.executor.plane.Executor` from an environment without
-a process around it and without the audit hook (``serve.py`` installs that): posture, secrets,
-the journal, the chained evidence streams, the use store, the halt state, egress, the handler
-registry, the compiled policy and the authority, the door, TLS, the host ceilings, the pipeline
-and the plan service. Anything it opened is closed again if a later step refuses.
+:func:`assemble` builds an :class:`~agentsafe.executor.plane.Executor` from an environment without a
+process around it and without the audit hook (``serve.py`` installs that): posture, secrets, the
+journal, the chained evidence streams, the use store, the halt state, egress, the handler registry
+(the built-in ``forward_request`` and every registration function, ``dispatch/registration.py``),
+the compiled policy and the authority, the door, TLS, the host ceilings, the pipeline and the plan
+service. Anything it opened is closed again if a later step refuses.
 
-The builders it calls are small and pure-ish: each takes the configuration and what it needs,
-and returns one component or raises :class:`~agentsafe.executor.errors.ConfigError` naming the
-variable.
+The builders it calls are small and pure-ish: each takes the configuration and what it needs, and
+returns one component or raises :class:`~agentsafe.executor.errors.ConfigError` naming the variable.
 
 Callers: ``serve.py`` (the process), tests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -24,6 +25,16 @@ from .clock import Clock, SystemClock
 from .codes import Code
 from .config import CredentialKind, ExecutorConfig, load_config
 from .dispatch.forward import ForwardRequestHandler
+from .dispatch.registration import (
+    ActionRegistrar,
+    Downstream,
+    EffectRegister,
+    PlanRegistrar,
+    Registration,
+    Seam,
+    load_registrations,
+    run_registrations,
+)
 from .dispatch.seam import Outcome, Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
@@ -136,7 +147,12 @@ def build_transport(
 
 
 def build_credential(
-    config: ExecutorConfig, secrets: SecretStore, transport: GuardedClient, clock: Clock
+    config: ExecutorConfig,
+    secrets: SecretStore,
+    transport: GuardedClient,
+    clock: Clock,
+    *,
+    on_token: Callable[[bytes], None] | None = None,
 ) -> DownstreamCredential:
     kind = config.downstream_credential_kind
     if kind is CredentialKind.STATIC_HEADER:
@@ -164,6 +180,7 @@ def build_credential(
             key_id=config.downstream_private_key_id,
             scope=config.downstream_token_scope,
             clock=clock,
+            on_token=on_token,
         )
     handle = secrets.current("DOWNSTREAM_SIGNING_KEY")
     if secrets.get("DOWNSTREAM_SIGNING_KEY") is None or not config.downstream_signing_key_id:
@@ -292,6 +309,8 @@ def build_tls(
 def _forward_schema(document: PolicyDocument) -> dict[str, Any]:
     """The forward handler accepts exactly what the policy's actions it runs accept."""
     schemas = [dict(a.parameters) for a in document.actions if a.handler == "forward_request"]
+    if not schemas:  # no action runs it (agentsafe proxy's policy): it accepts nothing
+        return {"type": "object", "additionalProperties": False, "maxProperties": 0}
     if len(schemas) == 1:
         return schemas[0]
     return {"type": "object", "anyOf": schemas}
@@ -305,6 +324,7 @@ async def assemble(
     guard: Guard | None = None,
     chain: tuple[TextIO | LineWriter, TextIO | LineWriter] | None = None,
     plan_executors: Sequence[StepExecutor] = (),
+    registrations: Sequence[tuple[str, Registration]] = (),
 ) -> Executor:
     """Build an executor from ``environ`` in the start order; raises on any refusal.
 
@@ -313,7 +333,9 @@ async def assemble(
     :class:`DeferredSink` that hold what start-up says until the chain is open.
 
     ``plan_executors`` are the host's step executors for the plan routes (each bound to one tool
-    and effect); the routes exist when the policy has a ``plans`` section.
+    and effect); the routes exist when the policy has a ``plans`` section. ``registrations`` run
+    against the seam before those ``EXECUTOR_HANDLERS`` names (``proxy.py`` registers the
+    gateway's handler this way).
     """
     config = load_config(environ)
     streams = streams or Streams.standard()
@@ -357,6 +379,7 @@ async def assemble(
 
     secrets.on_change(rotated)
     journal: AttemptJournal | None = None
+    closers: list[Callable[[], Awaitable[None]]] = []
     chained: ChainedStreams | None = None
     store: UseStore | None = None
     shared: PostgresStore | None = None
@@ -436,7 +459,19 @@ async def assemble(
             else None
         )
         document = load_policy(config.executor_policy_file)
-        registry = Registry(security=streams.security)
+        # What a provider chose is screened against every current secret before it reaches
+        # the agent or the evidence (a provider that reflects the credential, issue 16).
+        registry = Registry(
+            security=streams.security,
+            screen=lambda text: redactor.redact(text, jws=False)[0],
+        )
+        credential = build_credential(
+            config,
+            secrets,
+            transport,
+            clock,
+            on_token=lambda token: redactor.set_secret("DOWNSTREAM_ACCESS_TOKEN", token),
+        )
         registry.register(
             "forward_request",
             ForwardRequestHandler(
@@ -444,11 +479,33 @@ async def assemble(
                 lookup_url=config.downstream_lookup_url,
                 timeout_ms=config.downstream_timeout_ms,
                 transport=transport,
-                credential=build_credential(config, secrets, transport, clock),
+                credential=credential,
                 parameters_schema=_forward_schema(document),
             ),
         )
+        seam = Seam(
+            registry=ActionRegistrar(registry),
+            downstream=Downstream(
+                url=config.downstream_url,
+                lookup_url=config.downstream_lookup_url,
+                lookup_by_reference_url=config.downstream_lookup_by_reference_url,
+                timeout_ms=config.downstream_timeout_ms,
+                system=config.downstream_system,
+                operation=config.downstream_operation,
+            ),
+            credential=credential,
+            fetch=transport,
+            effects=EffectRegister(streams.evidence),
+            plans=PlanRegistrar(),
+            closers=closers,
+        )
+        registered_steps = await run_registrations(
+            [*registrations, *load_registrations(config.executor_handlers)],
+            seam,
+            security=streams.security,
+        )
         registry.seal()
+        plan_executors = (*plan_executors, *registered_steps)
         policy = compile_policy(document, registered_handlers=set(registry.names()))
 
         key_handle = secrets.get("EXECUTOR_AUTHORITY_SIGNING_KEY")
@@ -560,6 +617,7 @@ async def assemble(
             ),
             shared=shared,
             store_health=store_health,
+            closers=closers,
         )
         if mirror is not None and journal is not None:
             executor.leases = LeaseKeeper(
@@ -572,6 +630,9 @@ async def assemble(
         return executor
     except BaseException:
         # Nothing half-built survives a refusal: close what was opened, in reverse order.
+        for close in reversed(closers):
+            with contextlib.suppress(Exception):
+                await close()
         if store is not None:
             await store.close()
         if shared is not None:

@@ -35,25 +35,55 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    import os
+    import json
+    from dataclasses import asdict
 
     from .config import describe_config, load_config, render_config_table
     from .errors import AgentSafeError, ConfigError
     from .policy.policy import compile_policy, load_policy
+    from .tools.doctor import read_environment
 
+    environ = read_environment(args.env_file)
     try:
-        rows = describe_config(os.environ)
+        rows = describe_config(environ)
     except ConfigError as exc:
+        if args.output == "json":
+            error = {"code": exc.code, "variable": exc.variable, "message": str(exc)}
+            sys.stdout.write(json.dumps({"valid": False, "error": error}, indent=2) + "\n")
         print(f"agentsafe: configuration invalid: {exc}", file=sys.stderr)
         return exc.exit_status
-    sys.stdout.write(render_config_table(rows))
     try:
-        compile_policy(load_policy(load_config(os.environ).executor_policy_file))
+        # serve would refuse this policy at start-up: the same code and the same status.
+        compile_policy(load_policy(load_config(environ).executor_policy_file))
+        problem = None
     except AgentSafeError as exc:
-        # serve would refuse this policy at start-up: the same one line and the same status.
-        print(f"agentsafe: policy invalid: {exc.code}: {exc}", file=sys.stderr)
+        problem = exc
+    if args.output == "json":
+        body: dict[str, Any] = {"valid": problem is None, "variables": [asdict(r) for r in rows]}
+        if problem is not None:
+            body["error"] = {
+                "code": problem.code,
+                "variable": "EXECUTOR_POLICY_FILE",
+                "message": str(problem),
+            }
+        sys.stdout.write(json.dumps(body, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_config_table(rows))
+    if problem is not None:
+        print(f"agentsafe: policy invalid: {problem.code}: {problem}", file=sys.stderr)
         return ConfigError.exit_status
     return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__
+
+    try:
+        return version("agentsafe")
+    except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+        return __version__
 
 
 def _verify_intent(args: argparse.Namespace) -> int:
@@ -91,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Configuration is read from EXECUTOR_* and DOWNSTREAM_* variables; "
         "see docs/configuration.md, or run 'agentsafe config'.",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"agentsafe {_version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     serve = sub.add_parser(
@@ -121,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(env, file, default), then load and compile the policy file as serve does. Secrets "
         "are shown only as <set>. Exit 78 if the configuration or the policy is invalid.",
     )
+    config.add_argument(
+        "--env-file", help="a KEY=VALUE file (as agentsafe init writes) over the environment"
+    )
+    config.add_argument("-o", "--output", choices=["text", "json"], default="text")
     config.set_defaults(run=_config)
 
     verify = sub.add_parser(
@@ -165,6 +202,30 @@ def build_parser() -> argparse.ArgumentParser:
     from .tools.store_cli import add_parser as add_store
 
     add_store(sub)
+
+    from .tools.init_cli import add_parser as add_init
+
+    add_init(sub)
+
+    from .tools.doctor import add_parser as add_doctor
+
+    add_doctor(sub)
+
+    from .tools.status_cli import add_parser as add_status
+
+    add_status(sub)
+
+    from .tools.selftest import add_parser as add_test
+
+    add_test(sub)
+
+    from .tools.mcp_bridge import add_parser as add_mcp
+
+    add_mcp(sub)
+
+    from .proxy import add_parser as add_proxy
+
+    add_proxy(sub)
 
     for ep in entry_points(group="agentsafe.commands"):
         register: Callable[[Any], None] = ep.load()

@@ -92,6 +92,11 @@ class Code(StrEnum):
         "the HTTP server refused the request itself; the answer keeps its status",
     )
     INTERNAL_ERROR = "INTERNAL_ERROR", 500, "the executor failed; the request was not executed"
+    ROUTE_CONTRACT_VIOLATED = (
+        "ROUTE_CONTRACT_VIOLATED",
+        None,
+        "a route answered a code or status its row does not declare (a warning; docs/openapi.md)",
+    )
 
     # -- the door: authentication and authorization ----------------------------------------------
     RATE_LIMITED = "RATE_LIMITED", 429, "too many attempts; retry after Retry-After seconds"
@@ -429,15 +434,71 @@ class Code(StrEnum):
         "reconciliation learned that the action did not execute",
     )
 
+    # -- the gateway (agentsafe proxy) ---------------------------------------------------------
+    GATEWAY_BLOCKED = "GATEWAY_BLOCKED", 403, "the policy refused the intercepted request"
+    GATEWAY_AUTHORITY_UNAVAILABLE = (
+        "GATEWAY_AUTHORITY_UNAVAILABLE",
+        503,
+        "the authority could not be reached: not a verdict; nothing was forwarded",
+    )
+    GATEWAY_STREAMING_REFUSED = (
+        "GATEWAY_STREAMING_REFUSED",
+        411,
+        "a streaming (Transfer-Encoding) body cannot be bound to an intent",
+    )
+    GATEWAY_BODY_TOO_LARGE = "GATEWAY_BODY_TOO_LARGE", 413, "the body is over 100 KiB"
+    GATEWAY_UPGRADE_REFUSED = (
+        "GATEWAY_UPGRADE_REFUSED",
+        400,
+        "a protocol upgrade or CONNECT is not intercepted",
+    )
+    GATEWAY_METHOD_REFUSED = "GATEWAY_METHOD_REFUSED", 405, "the method is not intercepted"
+    GATEWAY_REQUEST_MALFORMED = (
+        "GATEWAY_REQUEST_MALFORMED",
+        400,
+        "ambiguous or malformed framing (CL+TE, duplicate Content-Length, folded headers)",
+    )
+    GATEWAY_OUTCOME_UNKNOWN = (
+        "GATEWAY_OUTCOME_UNKNOWN",
+        502,
+        "the request was forwarded and its outcome is unknown; it is never sent again",
+    )
+    GATEWAY_NOT_EXECUTED = "GATEWAY_NOT_EXECUTED", 502, "the request was not forwarded"
+    GATEWAY_UPSTREAM_UNREACHABLE = (
+        "GATEWAY_UPSTREAM_UNREACHABLE",
+        502,
+        "a pass-through request could not reach the upstream",
+    )
+    GATEWAY_EXCHANGE_LOST = (
+        "GATEWAY_EXCHANGE_LOST",
+        None,
+        "the captured request is not held by this process; nothing was sent",
+    )
+
     # -- dispatch: the handler seam --------------------------------------------------------------
     ACTION_ALREADY_REGISTERED = "ACTION_ALREADY_REGISTERED", None, "an action is registered twice"
     NAME_INVALID = "NAME_INVALID", None, "an action name is not a short identifier"
     REGISTRY_SEALED = "REGISTRY_SEALED", 422, "the registry is sealed"
+    HANDLER_REGISTRATION_FAILED = (
+        "HANDLER_REGISTRATION_FAILED",
+        None,
+        "a registration function (EXECUTOR_HANDLERS) failed; the executor refuses to start",
+    )
     SCHEMA_INVALID = "SCHEMA_INVALID", None, "a parameter schema is not valid JSON Schema"
     SCHEMA_NOT_STRICT = "SCHEMA_NOT_STRICT", None, "a parameter schema is not strict"
     DISPATCH_REFUSED = "DISPATCH_REFUSED", None, "dispatch would not start"
     DISPATCH_TWICE = "DISPATCH_TWICE", None, "dispatch runs once per execution"
     PROVIDER_REFUSED = "PROVIDER_REFUSED", None, "the provider refused deterministically"
+    BASE64_NOT_CANONICAL = (
+        "BASE64_NOT_CANONICAL",
+        None,
+        "a value is not the canonical base64 or base64url spelling of any bytes",
+    )
+    PROVIDER_REASON_WITHHELD = (
+        "PROVIDER_REASON_WITHHELD",
+        None,
+        "the provider's reason was not a bounded UPPER_SNAKE code, or carried a secret; withheld",
+    )
     PROVIDER_REDIRECT = "PROVIDER_REDIRECT", None, "the provider answered a redirect"
     PROVIDER_ERROR = "PROVIDER_ERROR", None, "the provider answered 5xx; the outcome is unknown"
     PROVIDER_ANSWER_INDETERMINATE = (
@@ -665,6 +726,11 @@ class Code(StrEnum):
     APPROVAL_KEY_MISMATCH = "APPROVAL_KEY_MISMATCH", 403, "the approval was signed by another key"
     APPROVAL_ALREADY_USED = "APPROVAL_ALREADY_USED", 409, "this approval already ran this step"
     APPROVER_MISMATCH = "APPROVER_MISMATCH", 403, "the request names another approver"
+    PLAN_PRINCIPAL_MISMATCH = (
+        "PLAN_PRINCIPAL_MISMATCH",
+        403,
+        "the plan's actor is not the calling principal: a plan is dry-run and stepped by its own",
+    )
     CONTEXT_INVALID = "CONTEXT_INVALID", 400, "the source context is malformed"
     CONTEXT_MISMATCH = "CONTEXT_MISMATCH", 422, "the context does not bind the step's source"
     CONTEXT_STALE = "CONTEXT_STALE", 422, "the source context is not fresh"
@@ -772,6 +838,7 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         Code.HANDLER_FAILED,
         Code.HANDLER_CONTRACT_VIOLATED,
         Code.RECONCILE_FAILED,
+        Code.PROVIDER_REASON_WITHHELD,
         Code.LOOKUP_NOT_CONFIGURED,
         Code.LOOKUP_KEY_UNREPRESENTABLE,
         Code.LOOKUP_STATUS,

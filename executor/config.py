@@ -34,8 +34,6 @@ run with ``enableServiceLinks: false``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import ipaddress
 import os
 import re
@@ -58,6 +56,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import base64url
 from .canonical import MAX_SAFE_INTEGER, sha256_digest
 from .errors import ConfigError
 from .headers import HEADER_NAME, is_reserved
@@ -248,6 +247,7 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_MAX_CONNECTIONS",
     "EXECUTOR_MAX_CONNECTIONS_PER_SOURCE",
     "EXECUTOR_INTENT_TTL_SECONDS",
+    "EXECUTOR_HANDLERS",
     "EXECUTOR_AUTHORITY_SIGNING_KEY",
     "EXECUTOR_AUTHORITY_SIGNING_KEY_FILE",
     # callers
@@ -483,8 +483,8 @@ def _parse_pins(text: str) -> tuple[str, ...]:
         if algorithm != "sha256" or not sep:
             raise ValueError("each pin must be sha256/<base64 of the SPKI digest>")
         try:
-            raw = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
+            raw = base64url.decode_standard(encoded)
+        except ValueError:
             raise ValueError("each pin must be sha256/<base64 of the SPKI digest>") from None
         if len(raw) != 32:
             raise ValueError("each pin must be the base64 of a 32-byte SHA-256 digest")
@@ -593,7 +593,26 @@ _ABSOLUTE_FIELDS: Final = (
 )
 
 # Comma-separated lists and their parsers.
+_HANDLER_REFERENCE: Final = re.compile(
+    r"^(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+    r"(?:\.[A-Za-z_][A-Za-z0-9_]*)*|[A-Za-z0-9][A-Za-z0-9_.-]{0,127})$"
+)
+
+
+def _parse_handler_references(value: str) -> tuple[str, ...]:
+    """``EXECUTOR_HANDLERS``: comma-separated ``module:function`` references or entry-point
+    names of the ``agentsafe.handlers`` group, each once (``dispatch/registration.py`` loads
+    them)."""
+    refs = tuple(part.strip() for part in value.split(","))
+    if any(not r or not _HANDLER_REFERENCE.match(r) for r in refs):
+        raise ValueError("must be comma-separated module:function references or entry-point names")
+    if len(set(refs)) != len(refs):
+        raise ValueError("names a registration twice")
+    return refs
+
+
 _LIST_FIELDS: Final[Mapping[str, Callable[[str], tuple[str, ...]]]] = {
+    "executor_handlers": _parse_handler_references,
     "executor_egress_allow_cidrs": _parse_cidrs,
     "downstream_spki_pins": _parse_pins,
 }
@@ -642,6 +661,7 @@ class ExecutorConfig(BaseModel):
     executor_intent_ttl_seconds: int = Field(
         default=INTENT_TTL_SECONDS_DEFAULT, ge=1, le=INTENT_TTL_SECONDS_MAX
     )
+    executor_handlers: tuple[str, ...] | None = None
     executor_authority_signing_key: SecretSource = SecretSource("EXECUTOR_AUTHORITY_SIGNING_KEY")
 
     # callers

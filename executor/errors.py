@@ -12,6 +12,8 @@ registry gives its code. Messages never contain request data or secret values.
     ├── CanonicalizationError       a value cannot be expressed as RFC 8785 canonical JSON
     │   └── DuplicateKeyError       a JSON text names a key twice in one object (canonical.py)
     ├── RequestRejected             a request refused with a code; the edge gives the status
+    ├── UndeclaredRefusal           a route answered what its row does not declare; also a
+    │                               RuntimeWarning (routes/contract.py)
     ├── PolicyError                 the policy document cannot be loaded or compiled
     ├── EvaluationError             a policy rule did not evaluate (policy/celexpr.py)
     ├── StoreError                  the use store could not answer; the caller fails closed
@@ -22,6 +24,8 @@ registry gives its code. Messages never contain request data or secret values.
     ├── ProviderRefused             the provider refused deterministically (dispatch/seam.py)
     ├── TokenRefused                a compact JWS failed verification; also a ValueError
     │                               (jws.py, re-exported by grants.py)
+    ├── NotCanonical                not the canonical base64 spelling of any bytes; also a
+    │                               ValueError (base64url.py)
     ├── GrantRefused                a grant that must not execute (policy/authority.py)
     ├── JwtRefused                  a workload token is refused (door/workload.py)
     ├── TransportError              an outbound request failed (egress/transport.py)

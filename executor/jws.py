@@ -10,7 +10,8 @@ signatures, RSA-PSS) and the verification (:func:`verify_compact` calls
 
 What this module adds around the library, and why:
 
-* :func:`split_compact` reads the three segments strictly before the library sees the token:
+* :func:`split_compact` reads the three segments strictly before the library sees the token
+  (the one base64 rule, ``base64url.py``):
   exactly three unpadded segments of the base64url alphabet, each the canonical spelling of its
   bytes (non-zero trailing bits are a second spelling of the same bytes, and two verifiers that
   disagree on them disagree on what was signed); a header and payload that are I-JSON objects
@@ -30,9 +31,6 @@ library), ``door/workload.py``, ``egress/credentials.py``, ``provider.py``.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +38,7 @@ from typing import Any
 from jwt.api_jws import PyJWS
 from jwt.exceptions import InvalidAlgorithmError, PyJWTError
 
+from . import base64url
 from .canonical import canonical_json, parse_json
 from .codes import Code
 from .errors import AgentSafeError, CanonicalizationError
@@ -56,7 +55,6 @@ __all__ = [
 ]
 
 MAX_COMPACT_LENGTH = 16 * 1024
-_SEGMENT = re.compile(r"^[A-Za-z0-9_-]*$")
 _REFUSED_HEADERS = frozenset({"crit", "b64"})
 _JWS = PyJWS(options={"verify_signature": True, "enforce_minimum_key_length": True})
 
@@ -69,21 +67,16 @@ class TokenRefused(AgentSafeError, ValueError):
     code = Code.JWS_MALFORMED
 
 
-def b64url_encode(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+b64url_encode = base64url.encode
 
 
 def b64url_decode(text: str) -> bytes:
-    """Decode unpadded base64url, refusing any other spelling of the same bytes."""
-    if not isinstance(text, str) or not _SEGMENT.match(text) or len(text) % 4 == 1:
-        raise TokenRefused("a segment is not unpadded base64url")
+    """Unpadded base64url by the one rule every verifier shares (``base64url.decode``: the
+    canonical spelling only); anything else is ``JWS_MALFORMED``."""
     try:
-        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except (binascii.Error, ValueError):
-        raise TokenRefused("a segment is not base64url") from None
-    if b64url_encode(data) != text:  # non-zero trailing bits: a second spelling
-        raise TokenRefused("a segment is not canonical base64url")
-    return data
+        return base64url.decode(text)
+    except base64url.NotCanonical:
+        raise TokenRefused("a segment is not canonical unpadded base64url") from None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +130,8 @@ class Executor:
     leases: LeaseKeeper | None = None
     webhook: ApprovalWebhook | None = None  # EXECUTOR_APPROVAL_WEBHOOK_URL
     store_health: StoreHealth = field(default_factory=StoreHealth)  # the WorkGate's too
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """What registration functions asked to close at stop (``seam.on_close``), run in reverse."""
     routes: tuple[Route, ...] = field(init=False)
     app: web.Application = field(init=False)
     reconciling: bool = True
@@ -170,6 +172,11 @@ class Executor:
         )
 
     # -------------------------------------------------------------- what routes ask
+
+    def work_refusal(self) -> Code | None:
+        """The work gate the pipeline asks, for the routes that execute outside it (a plan
+        step): why new work is refused right now, ``None`` when it is not."""
+        return WorkGate(self.halt, self.posture_monitor, self.store_health).refusal()
 
     def principal_named(self, principal_id: str) -> Principal | None:
         """The principal of the current principals file with this id (``None``: none)."""
@@ -225,6 +232,10 @@ class Executor:
         if self.config.executor_mode is ExecutorMode.SHADOW:
             out["shadow_report"] = self.shadow.as_dict()
         return out
+
+    def action_catalog(self, principal: Principal) -> list[dict[str, Any]]:
+        """``GET /v1/actions``: what ``principal`` may propose here (``lifecycle/catalog.py``)."""
+        return PolicyCatalog(self.policy, self.registry).describe(principal)
 
     async def open_attempts(self) -> list[dict[str, Any]]:
         if self.journal is None:
@@ -505,6 +516,10 @@ class Executor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        for close in reversed(self.closers):
+            with contextlib.suppress(Exception):
+                await close()
+        self.closers.clear()
         if self.webhook is not None:
             await self.webhook.aclose()
         await self.transport.close()

@@ -35,6 +35,7 @@ from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, JsonLogFormatt
 from .evidence.chain import ChainedStreams, LineWriter, LineWriterHandler
 from .evidence.redact import RedactingLogFilter, Redactor
 from .host.audithook import Guard, install_guard
+from .lifecycle.shadow import closing_line
 
 __all__ = ["main"]
 
@@ -86,7 +87,7 @@ async def _run(environ: Mapping[str, str], guard: Guard) -> int:
             with contextlib.suppress(AgentSafeError):
                 executor.streams.security.emit(
                     "SHADOW_REPORT",
-                    {**executor.shadow.as_dict(), "next": executor.shadow.closing_line()},
+                    {**executor.shadow.as_dict(), "next": closing_line()},
                 )
         await executor.close()
     return 0

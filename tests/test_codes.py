@@ -2,7 +2,8 @@
 raises only what it holds, and nothing it holds is dead.
 
 The AST scan reads every module of ``executor/`` (the synthetic provider in ``tools/`` speaks
-its own provider's vocabulary and is left out). A code goes where a code goes: the ``code=``
+its own provider's vocabulary and is left out, and ``executor/client`` is ``agentsafe.client``,
+which imports nothing of the server). A code goes where a code goes: the ``code=``
 argument, a class's ``code`` attribute, a ``"code"`` field, the first argument of an error or a
 refusal. In any of those places a bare string literal is refused; the registry member is used.
 
@@ -42,7 +43,11 @@ DOC = REPO / "docs" / "error-codes.md"
 BEGIN = "<!-- BEGIN error codes: generated from executor/codes.py by tests/test_codes.py -->"
 END = "<!-- END error codes -->"
 
-_OWN_VOCABULARY = {EXECUTOR / "tools" / "synthetic.py"}  # the fake provider's own codes
+# the fake provider's own codes
+_OWN_VOCABULARY = {
+    EXECUTOR / "tools" / "synthetic.py",
+    EXECUTOR / "tools" / "synthetic_credentials.py",
+}
 # Not a code: the plan routes' evidence event says "OK" for a success.
 _NOT_CODES = {("executor/routes/plans.py", "OK")}
 # Callables whose first argument is the code (the rest take a message first and ``code=``).
@@ -69,11 +74,18 @@ _REASON_NAMES = {"reason_code", "reason_codes"}
 _CHECK_NAMES = {EXECUTOR / "host" / "posture.py"}
 
 
+CLIENT = EXECUTOR / "client"
+"""``agentsafe.client`` (its own package, no server imports): it reads codes off the wire as
+text, and its exceptions have their own root (``AgentSafeClientError``)."""
+
+
 def _modules() -> list[tuple[Path, ast.Module]]:
     out = []
     # The operator raises and logs registry codes too (its start-up refusals).
     for path in sorted([*EXECUTOR.rglob("*.py"), *(EXECUTOR.parent / "operator").rglob("*.py")]):
         if (path.name == "codes.py" and path.parent == EXECUTOR) or path in _OWN_VOCABULARY:
+            continue
+        if CLIENT in path.parents:  # agentsafe.client: its own package, reads the wire's codes
             continue
         out.append((path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))))
     return out
@@ -347,6 +359,8 @@ def _executor_exceptions() -> list[type[BaseException]]:
     classes: dict[str, type[BaseException]] = {}
     for info in pkgutil.walk_packages(agentsafe.executor.__path__, "agentsafe.executor."):
         if ".tools." in info.name:  # dev tools: never inside agentsafe serve
+            continue
+        if info.name.startswith("agentsafe.executor.client"):  # agentsafe.client: its own root
             continue
         module = importlib.import_module(info.name)
         for _name, value in inspect.getmembers(module, inspect.isclass):

@@ -28,7 +28,7 @@ The kinds of use, each matched by the names below wherever they appear in a modu
 * ``connect``: asyncio's and the loop's connection calls (``open_connection``,
   ``create_connection``, ``sock_connect``, their Unix and datagram forms).
 * ``listen``: opening a listening socket (``start_server``, ``create_server``, aiohttp's
-  ``TCPSite``/``UnixSite``/``SockSite``, ``run_app``).
+  ``TCPSite``/``UnixSite``/``SockSite``, ``run_app``, importing ``uvicorn``).
 * ``resolve``: name resolution, which is egress too (``getaddrinfo``, ``gethostbyname``...,
   aiohttp's concrete resolvers).
 * ``kube``: a Kubernetes client library (``kopf``, ``kubernetes``, ``kubernetes_asyncio``); the
@@ -74,6 +74,7 @@ _MODULES: dict[str, str] = {
     "websockets": HTTP_CLIENT,
     "aiohttp.client": HTTP_CLIENT,
     "aiohttp.connector": HTTP_CLIENT,
+    "uvicorn": LISTEN,
     "kopf": KUBE,
     "kubernetes": KUBE,
     "kubernetes_asyncio": KUBE,
@@ -162,6 +163,11 @@ ALLOWED: dict[str, Allowance] = {
         DATABASE,
         reason="the shared store's migrations, run on a connection pgstore.py opened",
     ),
+    "executor/proxy.py": allow(
+        LISTEN,
+        reason="`agentsafe proxy`: the gateway's listener (server side, accepts only); every "
+        "outbound request goes through the guarded client",
+    ),
     "executor/routes/listener.py": allow(
         LISTEN,
         reason="the executor's listener (server side, accepts only; no outbound connection)",
@@ -186,10 +192,30 @@ ALLOWED: dict[str, Allowance] = {
         reason="`agentsafe demo`: drives loopback subprocesses as a caller would; not part of "
         "the executor process",
     ),
+    "executor/client/_client.py": allow(
+        HTTP_CLIENT,
+        reason="agentsafe.client: the agent-side library an agent host imports to call the "
+        "executor; its own package (pyproject package-dir), never imported by the server",
+    ),
+    "executor/tools/mcp_bridge.py": allow(
+        LISTEN,
+        reason="`agentsafe mcp --transport http`: the MCP bridge's own listener (uvicorn), its "
+        "own process in front of an executor; every call goes out through agentsafe.client",
+    ),
+    "executor/tools/selftest.py": allow(
+        HTTP_CLIENT,
+        reason="`agentsafe test`: an agent calling a synthetic loopback target directly and "
+        "through an executor it assembles on loopback; a command of its own, never in serve",
+    ),
     "executor/tools/approvals_cli.py": allow(
         HTTP_CLIENT,
         reason="a person's command line calling an executor's approval routes; runs in its "
         "own short-lived process, not in the executor",
+    ),
+    "executor/tools/remote.py": allow(
+        HTTP_CLIENT,
+        reason="a person's command line (agentsafe status) calling an executor's control "
+        "routes; runs in its own short-lived process, not in the executor",
     ),
     # -- the operator: its own process, which talks to the API server and to executors ----
     "operator/apply.py": allow(
@@ -308,7 +334,11 @@ OUTSIDE_THE_EXECUTOR = frozenset(
         "executor/tools/synthetic.py",
         "executor/tools/harness.py",
         "executor/tools/demo.py",
+        "executor/tools/remote.py",
         "executor/tools/approvals_cli.py",
+        "executor/tools/selftest.py",
+        "executor/tools/mcp_bridge.py",
+        "executor/client/_client.py",
     }
 )
 """Modules of the executor package that never run inside ``agentsafe serve`` (checked below)."""

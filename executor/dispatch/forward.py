@@ -21,12 +21,17 @@ nothing sent (refused, connection refused)    FAILED_BEFORE_DISPATCH
 this key is still in progress", which is not a refusal.
 
 The result carries the status, ``accepted`` and the provider's ``reference`` (or ``id``) when it
-is a short printable string; never the body. A refusal's reason comes from a JSON body's ``code``
-(or ``reason``), reduced to UPPER_SNAKE of at most 64 characters, else
-``PROVIDER_REFUSED_<status>``.
+is a short identifier (letters, digits, ``._:-``, at most 128); never the body. A refusal's
+reason comes from a JSON body's ``code`` (or ``reason``), reduced to UPPER_SNAKE; one longer than
+64 characters is not cut short (a cut value would hide what it was from the redactor) but
+replaced by ``PROVIDER_REFUSED_<status>``, as is a body without one. The registry then screens
+both against the current secrets (``dispatch/seam.py``).
 
 :meth:`ForwardRequestHandler.reconcile` GETs ``DOWNSTREAM_LOOKUP_URL`` with ``{idempotency_key}``
-replaced by the URL-quoted key: 404 is NOT_EXECUTED, 2xx COMPLETED, anything else UNKNOWN.
+replaced by the URL-quoted key, carrying the key, the lost attempt's intent hash and the
+credential's headers (a signed lookup covers the same five components as every signed request):
+404 is NOT_EXECUTED, 2xx COMPLETED, anything else UNKNOWN. A credential that cannot produce its
+headers is raised to the registry, never reported as the provider's uncertainty.
 
 The credential (:class:`~agentsafe.executor.egress.credentials.DownstreamCredential`) comes from
 the egress wing, which knows nothing of handlers; the headers it may not replace are the ground
@@ -66,14 +71,15 @@ __all__ = [
 
 MAX_TIMEOUT_MS = 15_000
 PLACEHOLDER = "{idempotency_key}"
-_REFERENCE = re.compile(r"^[\x21-\x7e]{1,128}$")
+_REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]{2,2048}\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,512}$")
 _UNKNOWN_4XX = frozenset({408, 409})
 _UNREPRESENTABLE = re.compile(r"[/%\\]")
 
 
 def provider_reason(status: int, body: bytes) -> str:
-    """The provider's refusal code as UPPER_SNAKE (<= 64 chars), else PROVIDER_REFUSED_<status>."""
+    """The provider's refusal code as UPPER_SNAKE (<= 64 chars, never cut short), else
+    PROVIDER_REFUSED_<status>."""
     fallback = f"PROVIDER_REFUSED_{status}"
     try:
         payload = json.loads(body)
@@ -84,8 +90,8 @@ def provider_reason(status: int, body: bytes) -> str:
     for key in ("code", "reason"):
         value = payload.get(key)
         if isinstance(value, str):
-            snake = re.sub(r"[^A-Z0-9]+", "_", value.upper()).strip("_")[:64].rstrip("_")
-            if snake and snake[0].isalpha():
+            snake = re.sub(r"[^A-Z0-9]+", "_", value.upper()).strip("_")
+            if snake and len(snake) <= 64 and snake[0].isalpha() and snake.isascii():
                 return snake
     return fallback
 
@@ -104,7 +110,7 @@ def _reference(body: bytes) -> str | None:
         return None
     for key in ("reference", "id"):
         value = payload.get(key)
-        if isinstance(value, str) and _REFERENCE.match(value):
+        if isinstance(value, str) and _REFERENCE.fullmatch(value):
             return value
     return None
 
@@ -203,8 +209,16 @@ class ForwardRequestHandler:
             code = Code.PROVIDER_ANSWER_INDETERMINATE
         raise HandlerError("the provider's answer does not say what happened", code=code)
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
-        """Ask the provider what it did with ``idempotency_key``; never sends the request."""
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
+        """Ask the provider what it did with ``idempotency_key``; never sends the request.
+
+        The lookup is a request like any other: it carries ``idempotency-key`` and
+        ``x-agent-safe-intent-hash`` (the intent the lost attempt was for) and, under a
+        signing credential, a signature over the method, the path, the empty body's digest,
+        the key and the intent hash. A credential that cannot sign raises
+        :class:`~agentsafe.executor.egress.credentials.CredentialUnavailable` to the registry,
+        which reports it: this process failing to ask is not the provider being unsure.
+        """
         if self._lookup_url is None:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.LOOKUP_NOT_CONFIGURED)
         if _UNREPRESENTABLE.search(idempotency_key) or idempotency_key in (".", ".."):
@@ -214,17 +228,31 @@ class ForwardRequestHandler:
                 ReconcileStatus.UNKNOWN, reason_code=Code.LOOKUP_KEY_UNREPRESENTABLE
             )
         url = self._lookup_url.replace(PLACEHOLDER, quote(idempotency_key, safe=""))
-        headers: dict[str, str] = {}
+        headers: dict[str, str] = {
+            "idempotency-key": idempotency_key,
+            "x-agent-safe-intent-hash": intent_hash,
+        }
+        if self._credential is not None:
+            extra = await self._credential.headers_for(
+                method="GET",
+                url=url,
+                body=b"",
+                idempotency_key=idempotency_key,
+                intent_hash=intent_hash,
+            )
+            for name, value in extra.items():
+                key = name.lower()
+                if _replaces_reserved(key) and headers.get(key) != value:
+                    raise HandlerError(
+                        "the credential tried to set a reserved header",
+                        code=Code.CREDENTIAL_INVALID,
+                    )
+                headers[key] = value
         try:
-            if self._credential is not None:
-                extra = await self._credential.headers_for(
-                    method="GET", url=url, body=b"", idempotency_key=idempotency_key, intent_hash=""
-                )
-                headers.update((k, v) for k, v in extra.items() if not _replaces_reserved(k))
             response = await self._transport.request(
                 "GET", url, headers=headers, body=None, timeout=self._timeout
             )
-        except (TransportError, HandlerError) as exc:
+        except TransportError as exc:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=exc.code)
         if response.status == 404:
             return ReconcileResult(ReconcileStatus.NOT_EXECUTED)

@@ -32,6 +32,13 @@ clock cannot extend a call. The seam does not shield a handler from cancellation
 must not cancel an execution in flight; if it is cancelled anyway no report is produced and the
 attempt stays open for reconciliation.
 
+What a provider chose (a refusal's reason, a lookup's reason and reference, every string of a
+result) is bounded and screened here, for every handler, before it reaches the agent or the
+evidence: a reason must be an UPPER_SNAKE code of at most 64 characters (else
+``PROVIDER_REASON_WITHHELD``), and the registry's ``screen`` (the process's redactor, which knows
+the current secrets in their transformed forms too) replaces any secret a provider reflected; each
+replacement is one ``PROVIDER_STRING_WITHHELD`` security event naming the action and the field.
+
 ``ReconcileStatus``/``ReconcileResult`` live here (the handler contract returns them);
 ``reconcile.py`` imports them.
 
@@ -48,7 +55,7 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 import jsonschema
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator as SchemaValidator
 
 from ..canonical import canonical_json
 from ..clock import Clock, format_ms
@@ -57,6 +64,7 @@ from ..egress.transport import TransportError
 from ..errors import AgentSafeError, CanonicalizationError, HandlerError, RequestRejected
 from ..events import EventSink
 from ..intent import CapturedIntent, execution_payload_digest
+from ..schema import EcmaValidator, check_schema
 
 __all__ = [
     "Authorization",
@@ -76,6 +84,11 @@ __all__ = [
 T = TypeVar("T")
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.:-]{0,127}$")
+PROVIDER_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
+"""What a provider's reason code may be (``fullmatch``): UPPER_SNAKE, at most 64 characters."""
+
+Screen = Callable[[str], str]
+"""Returns the text with every recognised secret replaced (the text itself when clean)."""
 
 
 class Outcome(StrEnum):
@@ -206,7 +219,10 @@ class Handler(Protocol):
 
     async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]: ...
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult: ...
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
+        """Read-only: what the provider did with ``idempotency_key``, asked on behalf of the
+        intent ``intent_hash`` (a signed lookup covers both, as every signed request does)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -255,7 +271,7 @@ def _strict(schema: Any) -> bool:
     )
 
 
-def check_parameters_schema(schema: Any) -> Draft202012Validator:
+def check_parameters_schema(schema: Any) -> SchemaValidator:
     """Accept only a strict object schema (``type: object``, ``additionalProperties: false``),
     or ``type: object`` with ``anyOf`` strict schemas (one handler serving several actions)."""
     if not isinstance(schema, Mapping):
@@ -266,12 +282,13 @@ def check_parameters_schema(schema: Any) -> Draft202012Validator:
             code=Code.SCHEMA_NOT_STRICT,
         )
     try:
-        Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError:
+        check_schema(schema)
+    except (jsonschema.SchemaError, OverflowError, RecursionError):
         raise HandlerError(
             "the parameter schema is not valid JSON Schema", code=Code.SCHEMA_INVALID
         ) from None
-    return Draft202012Validator(schema)
+    validator: SchemaValidator = EcmaValidator(schema)
+    return validator
 
 
 def _code_of(exc: BaseException, default: str) -> str:
@@ -281,10 +298,11 @@ def _code_of(exc: BaseException, default: str) -> str:
 class Registry:
     """The sealed set of handlers this process can run."""
 
-    def __init__(self, *, security: EventSink | None = None) -> None:
-        self._handlers: dict[str, tuple[Handler, Draft202012Validator]] = {}
+    def __init__(self, *, security: EventSink | None = None, screen: Screen | None = None) -> None:
+        self._handlers: dict[str, tuple[Handler, SchemaValidator]] = {}
         self._sealed = False
         self._security = security
+        self._screen = screen
 
     @property
     def sealed(self) -> bool:
@@ -352,10 +370,11 @@ class Registry:
         try:
             result = await handler.execute(ctx, dispatch)
         except ProviderRefused as refused:
+            reason = self._provider_code(name, "reason_code", refused.reason)
             if not dispatch.started:
-                return _report(failed, refused.reason, dispatched=False)
-            self._emit_refused(name, refused)
-            return _report(Outcome.DEFINITELY_NOT_EXECUTED, refused.reason, dispatched=True)
+                return _report(failed, reason, dispatched=False)
+            self._emit_refused(name, reason, refused.status)
+            return _report(Outcome.DEFINITELY_NOT_EXECUTED, reason, dispatched=True)
         except TransportError as exc:
             if not exc.sent:
                 return _report(failed, exc.code, dispatched=False)
@@ -374,30 +393,85 @@ class Registry:
             return _report(
                 Outcome.UNKNOWN_AFTER_DISPATCH, Code.HANDLER_CONTRACT_VIOLATED, dispatched=True
             )
-        return _report(Outcome.COMPLETED, dispatched=True, result=dict(result))
+        return _report(
+            Outcome.COMPLETED, dispatched=True, result=self._screened(name, dict(result))
+        )
 
-    async def reconcile(self, action: str, idempotency_key: str) -> ReconcileResult:
-        """Ask the handler what the provider did with a key; the read path, never execute."""
+    async def reconcile(
+        self, action: str, idempotency_key: str, *, intent_hash: str
+    ) -> ReconcileResult:
+        """Ask the handler what the provider did with a key; the read path, never execute.
+
+        A handler that raises could not ask (its credential could not sign the lookup, say): the
+        answer is UNKNOWN with the error's code, and ``RECONCILE_LOOKUP_FAILED`` on the security
+        stream says so, because that is this process failing, not the provider being unsure."""
         entry = self._handlers.get(action)
         if entry is None:
             return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.ACTION_NOT_REGISTERED)
         try:
-            answer: object = await entry[0].reconcile(idempotency_key)
+            answer: object = await entry[0].reconcile(idempotency_key, intent_hash=intent_hash)
         except Exception as exc:
-            return ReconcileResult(
-                ReconcileStatus.UNKNOWN, reason_code=_code_of(exc, Code.RECONCILE_FAILED)
-            )
+            code = _code_of(exc, Code.RECONCILE_FAILED)
+            if self._security is not None:
+                self._security.emit("RECONCILE_LOOKUP_FAILED", {"action": action, "code": code})
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=code)
         if not isinstance(answer, ReconcileResult):
             return ReconcileResult(
                 ReconcileStatus.UNKNOWN, reason_code=Code.HANDLER_CONTRACT_VIOLATED
             )
-        return answer
+        reason = answer.reason_code
+        if reason is not None:
+            reason = self._provider_code(action, "reason_code", reason)
+        reference = answer.provider_reference
+        if reference is not None and self._withheld(action, "provider_reference", reference):
+            reference = None
+        return ReconcileResult(answer.status, reason_code=reason, provider_reference=reference)
 
-    def _emit_refused(self, name: str, refused: ProviderRefused) -> None:
+    # -- what a provider chose ----------------------------------------------------------------
+
+    def _withheld(self, action: str, field: str, value: str) -> bool:
+        """Whether ``value`` carries a secret (reported once, naming the field, never the value)."""
+        if self._screen is None or self._screen(value) == value:
+            return False
         if self._security is not None:
-            fields: dict[str, Any] = {"action": name, "reason_code": refused.reason}
-            if refused.status is not None:
-                fields["status"] = refused.status
+            self._security.emit("PROVIDER_STRING_WITHHELD", {"action": action, "field": field})
+        return True
+
+    def _provider_code(self, action: str, field: str, reason: object) -> str:
+        if not isinstance(reason, str) or not PROVIDER_CODE.fullmatch(reason):
+            return Code.PROVIDER_REASON_WITHHELD
+        if self._withheld(action, field, reason):
+            return Code.PROVIDER_REASON_WITHHELD
+        return reason
+
+    def _screened(self, action: str, result: dict[str, Any]) -> dict[str, Any]:
+        """The result with every string a secret reached replaced by the screen's text."""
+        if self._screen is None:
+            return result
+        screen = self._screen
+
+        def walk(value: Any, path: str) -> Any:
+            if isinstance(value, str):
+                cleaned = screen(value)
+                if cleaned != value and self._security is not None:
+                    self._security.emit(
+                        "PROVIDER_STRING_WITHHELD", {"action": action, "field": path}
+                    )
+                return cleaned
+            if isinstance(value, Mapping):
+                return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+            if isinstance(value, list):
+                return [walk(v, f"{path}[]") for v in value]
+            return value
+
+        out: dict[str, Any] = walk(result, "")
+        return out
+
+    def _emit_refused(self, name: str, reason: str, status: int | None) -> None:
+        if self._security is not None:
+            fields: dict[str, Any] = {"action": name, "reason_code": reason}
+            if status is not None:
+                fields["status"] = status
             self._security.emit("PROVIDER_REFUSED", fields)
 
 

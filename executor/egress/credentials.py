@@ -8,7 +8,8 @@ for headers at the moment of dispatch (before the point of no return) and never 
 * PRIVATE_KEY_JWT: :class:`PrivateKeyJwtCredential`, OAuth 2.0 client credentials with a
   ``private_key_jwt`` client assertion (ES256 or PS256) posted through the egress guard; the
   access token is held in a secret handle until thirty seconds before it expires, one refresh in
-  flight at a time.
+  flight at a time; ``on_token`` hears of each new token (the process registers it with its
+  redactor, so a provider that reflects it is caught as a known secret).
 * SIGNED_REQUEST: :class:`SignedRequestCredential`, an RFC 9421 signature (label ``agentsafe``)
   with an RFC 9530 ``content-digest`` over method, path, body, idempotency key, intent hash and,
   on a dispatch, grant, decision and the authority's claim attestation.
@@ -29,6 +30,7 @@ import base64
 import json
 import re
 import uuid
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol
 from urllib.parse import urlencode
@@ -168,6 +170,7 @@ class PrivateKeyJwtCredential:
         scope: str | None = None,
         clock: Clock | None = None,
         timeout_s: float = 10.0,
+        on_token: Callable[[bytes], None] | None = None,
     ) -> None:
         if not client_id:
             raise ConfigError("DOWNSTREAM_CLIENT_ID", "must be set")
@@ -196,6 +199,7 @@ class PrivateKeyJwtCredential:
         self._token: HeldSecret | None = None
         self._token_expires_at = 0.0
         self._lock = asyncio.Lock()
+        self._on_token = on_token
         self.token_requests = 0
 
     def __repr__(self) -> str:
@@ -269,6 +273,8 @@ class PrivateKeyJwtCredential:
         self._token_expires_at = issued + lifetime
         if old is not None:
             old.dispose()
+        if self._on_token is not None:
+            self._on_token(token.encode("ascii"))
         return token
 
     async def headers_for(

@@ -5,7 +5,9 @@ provider verifies. It covers exactly what agentsafe signs, nothing more: derived
 ``@method`` and ``@path``, plain header fields, the parameters ``created``, ``keyid`` and ``alg``,
 algorithms ``ed25519`` and ``hmac-sha256``, and the label ``agentsafe``. The small structured-field
 parser here reads only the shapes those headers take (a dictionary whose members are inner lists of
-strings or byte sequences) and refuses anything else.
+strings or byte sequences) and refuses anything else. The ``@signature-params`` line is rebuilt
+in the parameter order received (:class:`SignatureParams`, ``order``), and a byte sequence must be
+the canonical base64 spelling of its bytes (``base64url.decode_standard``).
 
 Why not ``http-message-signatures``/``http-sfv``: this module is imported by
 :mod:`agentsafe.executor.provider`, which must load with the standard library and ``cryptography``
@@ -19,7 +21,6 @@ Callers: ``egress/credentials.py`` (``SignedRequestCredential``, signing), ``pro
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
 import re
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .. import base64url
 from ..codes import Code
 from ..errors import AgentSafeError
 
@@ -37,6 +39,7 @@ __all__ = [
     "BASE_COMPONENTS",
     "DISPATCH_COMPONENTS",
     "LABEL",
+    "PARAMETERS",
     "SignatureError",
     "SignatureParams",
     "content_digest",
@@ -49,6 +52,8 @@ __all__ = [
 ]
 
 LABEL = "agentsafe"
+PARAMETERS = ("created", "keyid", "alg")
+"""The signature parameters, in the order agentsafe writes them."""
 ALGORITHMS = ("ed25519", "hmac-sha256")
 BASE_COMPONENTS = (
     "@method",
@@ -83,16 +88,24 @@ class SignatureError(AgentSafeError, ValueError):
 
 @dataclass(frozen=True)
 class SignatureParams:
-    """The covered components and parameters of one signature (the ``@signature-params`` line)."""
+    """The covered components and parameters of one signature (the ``@signature-params`` line).
+
+    ``order`` is the order of the three parameters as the signer wrote them. RFC 9421 makes the
+    ``@signature-params`` line the serialization of the received ``signature-input`` member, and
+    RFC 8941 serializes parameters in their order, so a verifier rebuilds the line in the order it
+    received (``;alg=...;keyid=...;created=...`` is as conforming as ours); agentsafe signs in
+    ``created, keyid, alg``."""
 
     components: tuple[str, ...]
     created: int
     keyid: str
     alg: str
+    order: tuple[str, ...] = PARAMETERS
 
     def serialize(self) -> str:
         inner = " ".join(f'"{name}"' for name in self.components)
-        return f'({inner});created={self.created};keyid="{self.keyid}";alg="{self.alg}"'
+        values = {"created": str(self.created), "keyid": f'"{self.keyid}"', "alg": f'"{self.alg}"'}
+        return f"({inner})" + "".join(f";{name}={values[name]}" for name in self.order)
 
     def validate(self) -> None:
         if not self.components:
@@ -108,6 +121,8 @@ class SignatureParams:
             raise SignatureError(Code.SIGNATURE_MALFORMED, "key id is not a structured string")
         if self.created < 0:
             raise SignatureError(Code.SIGNATURE_MALFORMED, "created is negative")
+        if sorted(self.order) != sorted(PARAMETERS):
+            raise SignatureError(Code.SIGNATURE_MALFORMED, "parameters must be created, keyid, alg")
 
 
 _DERIVED = frozenset({"@method", "@path"})
@@ -247,11 +262,9 @@ class _Reader:
             raise self.fail("unterminated byte sequence")
         raw = self.text[self.pos + 1 : end]
         self.pos = end + 1
-        if not re.fullmatch(r"[A-Za-z0-9+/]*={0,2}", raw) or len(raw) % 4:
-            raise self.fail("base64")
         try:
-            return base64.b64decode(raw, validate=True)
-        except binascii.Error as exc:
+            return base64url.decode_standard(raw)  # the one rule: canonical, padded
+        except base64url.NotCanonical as exc:
             raise self.fail("base64") from exc
 
     def bare_item(self) -> str | int | bytes:
@@ -335,7 +348,9 @@ def parse_signature_input(value: str, label: str = LABEL) -> SignatureParams:
     created, keyid, alg = params["created"], params["keyid"], params["alg"]
     if not isinstance(created, int) or not isinstance(keyid, str) or not isinstance(alg, str):
         raise SignatureError(Code.SIGNATURE_MALFORMED, "parameter of the wrong type")
-    result = SignatureParams(components=inner, created=created, keyid=keyid, alg=alg)
+    result = SignatureParams(
+        components=inner, created=created, keyid=keyid, alg=alg, order=tuple(params)
+    )
     result.validate()
     return result
 

@@ -35,6 +35,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from .. import base64url
 from ..canonical import canonical_json, parse_json, sha256_digest, sha256_hex
 from ..clock import Clock, format_ms
 from ..codes import Code
@@ -443,7 +444,7 @@ def _signature_verifies(
     if signature.get("alg") != "Ed25519" or not isinstance(value, str):
         return False
     try:
-        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        raw = base64url.decode(value)
         key.verify(raw, _signed_part(document))
     except (binascii.Error, ValueError, InvalidSignature, CanonicalizationError):
         return False

@@ -3,9 +3,25 @@
 It holds no secret value. For each current secret it keeps keyed SHA-256 digests (HMAC-SHA256
 under a random per-process key) of the value and of its natural token forms; a line is scanned by
 hashing its tokens and comparing digests, so a whole secret value that reaches a line is found
-without the redactor ever being able to print one. Independently of the secrets it knows, it
-recognises credentials by shape: ``Bearer <token>``, PEM blocks, compact JWS and the configured
-downstream credential header (``<name>: <value>``).
+without the redactor ever being able to print one.
+
+A secret also reaches a line transformed, by a provider that reflects it or by code that
+normalises what it reports (the forward handler reduces a provider's refusal to UPPER_SNAKE), so
+each form is registered in the transformations that keep it whole, and each token is hashed in
+the same normalisations:
+
+* case-folded (``str.casefold``), and *squashed*: case-folded with everything but letters and
+  digits removed, so ``BEARER_ABC_123`` is ``Bearer abc-123`` (forms of at least
+  ``MIN_TOKEN_LENGTH`` once squashed);
+* encoded: base64 and base64url (padded and not), hex, and URL percent-encoding (``quote`` and
+  ``quote_plus``, either case of the escapes) of the value and of each form.
+
+What is not recognised: a secret cut short or spliced into a longer value before encoding
+(``base64("user:" + secret)``), and a transformation not listed here; a bound on what a provider
+may choose (``dispatch/seam.py``) is the other half of that defence.
+
+Independently of the secrets it knows, it recognises credentials by shape: ``Bearer <token>``,
+PEM blocks, compact JWS and the configured downstream credential header (``<name>: <value>``).
 
 A redaction replaces the value with ``[REDACTED:<kind>]`` and never stops the line; the caller
 reports it (``LEAK_SUSPECTED`` on the security stream) naming the kind and where, never the value.
@@ -29,6 +45,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from urllib.parse import quote, quote_plus
 
 __all__ = [
     "KIND_BEARER",
@@ -128,9 +145,15 @@ class Redactor:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             text = None
+        if raw:
+            forms.update(self._digest(encoded.encode("ascii")) for encoded in _encodings(raw))
         if text is not None:
             for form, words in _natural_forms(text):
-                forms.add(self._digest(form.encode("utf-8")))
+                for variant in _transformed(form):
+                    forms.add(self._digest(variant.encode("utf-8", "surrogatepass")))
+                if len(form) >= MIN_TOKEN_LENGTH:
+                    encoded_form = form.encode("utf-8", "surrogatepass")
+                    forms.update(self._digest(e.encode("ascii")) for e in _encodings(encoded_form))
                 if words > 1:
                     word_counts.add(words)
         with self._lock:
@@ -155,8 +178,12 @@ class Redactor:
 
     # -- scanning -----------------------------------------------------------------------------
 
-    def redact(self, text: str) -> tuple[str, tuple[Redaction, ...]]:
-        """Return ``text`` with every recognised credential replaced, and what was replaced."""
+    def redact(self, text: str, *, jws: bool = True) -> tuple[str, tuple[Redaction, ...]]:
+        """Return ``text`` with every recognised credential replaced, and what was replaced.
+
+        ``jws=False`` leaves compact JWS shapes alone (a provider's signed effect receipt is one,
+        and is not a secret); known secrets, bearers, PEM blocks and the credential header are
+        still replaced."""
         if not text:
             return text, ()
         with self._lock:
@@ -166,7 +193,7 @@ class Redactor:
         spans: list[_Span] = []
         if digests:
             spans.extend(self._secret_spans(text, digests, word_counts))
-        spans.extend(_shape_spans(text, header_re))
+        spans.extend(_shape_spans(text, header_re, jws=jws))
         if not spans:
             return text, ()
         merged = _merge(spans)
@@ -189,6 +216,7 @@ class Redactor:
             if any(ch.isspace() for ch in candidate):
                 # A secret of several words is registered single-spaced.
                 forms.append(" ".join(candidate.split()))
+            forms.extend(_normalised(candidate))
             for form in forms:
                 name = digests.get(self._digest(form.encode("utf-8", "surrogatepass")))
                 if name is not None:
@@ -231,6 +259,45 @@ def _natural_forms(text: str) -> Iterator[tuple[str, int]]:
             yield unpadded, count
 
 
+def _squashed(text: str) -> str:
+    return "".join(ch for ch in text.casefold() if ch.isalnum())
+
+
+def _transformed(form: str) -> Iterator[str]:
+    """A registered form as itself, case-folded and squashed (see the module docstring)."""
+    yield form
+    yield form.casefold()
+    squashed = _squashed(form)
+    if len(squashed) >= MIN_TOKEN_LENGTH:
+        yield squashed
+
+
+def _normalised(candidate: str) -> list[str]:
+    """The normalisations a token is hashed in besides itself: case-folded and squashed."""
+    out = [candidate.casefold()]
+    squashed = _squashed(candidate)
+    if len(squashed) >= MIN_TOKEN_LENGTH:
+        out.append(squashed)
+    return out
+
+
+def _encodings(raw: bytes) -> Iterator[str]:
+    """The encodings a value keeps whole in: base64 and base64url (padded and not), hex, and URL
+    percent-encoding with either case of escapes."""
+    for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
+        text = encoded.decode("ascii")
+        yield text
+        yield text.rstrip("=")
+    yield raw.hex()  # upper-case hex is found through case-folding
+    try:
+        value = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return
+    for quoted in (quote(value, safe=""), quote_plus(value, safe="")):
+        yield quoted
+        yield re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quoted)
+
+
 def _candidates(text: str, word_counts: list[int]) -> Iterator[tuple[int, int]]:
     seen: set[tuple[int, int]] = set()
 
@@ -264,7 +331,9 @@ def _candidates(text: str, word_counts: list[int]) -> Iterator[tuple[int, int]]:
                 yield from once(words[i][0], words[i + count - 1][1])
 
 
-def _shape_spans(text: str, header_re: re.Pattern[str] | None) -> Iterator[_Span]:
+def _shape_spans(
+    text: str, header_re: re.Pattern[str] | None, *, jws: bool = True
+) -> Iterator[_Span]:
     if "-----BEGIN " in text:
         for match in _PEM.finditer(text):
             yield _Span(match.start(), match.end(), KIND_PEM, None)
@@ -276,7 +345,7 @@ def _shape_spans(text: str, header_re: re.Pattern[str] | None) -> Iterator[_Span
                 yield _Span(start, start + len(value), KIND_CREDENTIAL_HEADER, None)
     for match in _BEARER.finditer(text):
         yield _Span(*match.span(1), KIND_BEARER, None)
-    if "." in text:
+    if jws and "." in text:
         for match in _JWS.finditer(text):
             if _is_jws_header(match.group(1)):
                 yield _Span(match.start(), match.end(), KIND_JWS, None)

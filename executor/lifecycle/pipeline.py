@@ -503,7 +503,9 @@ class Pipeline:
             )
         self._check(principal, lambda: check_intent_owner(principal, intent))
         handler = self._handler(intent.action)
-        result = await self._registry.reconcile(handler, intent.idempotency_key)
+        result = await self._registry.reconcile(
+            handler, intent.idempotency_key, intent_hash=intent.intent_hash
+        )
         status = result.status.value
         outcome, executed = _RECONCILED[result.status]
         attempt_id = str(claims.get("attempt_id", ""))
@@ -534,6 +536,7 @@ class Pipeline:
                 "status": status,
                 "by": "CALLER",
                 "caller": principal.id,
+                "reason_codes": [result.reason_code] if result.reason_code else [],
             },
         )
         body: dict[str, Any] = {

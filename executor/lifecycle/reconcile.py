@@ -77,7 +77,9 @@ _JOURNAL_STATUS = {
 class Reconciler(Protocol):
     """The read path of the handler registry (``seam.Registry`` implements it)."""
 
-    async def reconcile(self, action: str, idempotency_key: str) -> ReconcileResult: ...
+    async def reconcile(
+        self, action: str, idempotency_key: str, *, intent_hash: str
+    ) -> ReconcileResult: ...
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,8 @@ async def _resolve(attempt: OpenAttempt, *, reconciler: Reconciler, timeout_s: f
         return resolved(ResolutionStatus.UNCLAIMED)
     try:
         answer: object = await asyncio.wait_for(
-            reconciler.reconcile(action, attempt.idempotency_key), timeout=timeout_s
+            reconciler.reconcile(action, attempt.idempotency_key, intent_hash=attempt.intent_hash),
+            timeout=timeout_s,
         )
     except Exception:  # a provider that failed or never answered cannot say
         return resolved(ResolutionStatus.STILL_UNKNOWN)

@@ -10,18 +10,28 @@ concurrently. Nothing here holds a parameter, an identifier or a caller: only ac
 counts.
 
 Callers: the pipeline (``record``), ``assembly.py`` (builds it), ``plane.py`` (holds it; the
-process prints ``render`` at shutdown), ``/metrics``.
+process prints ``render`` at shutdown), ``/metrics``, ``tools/status_cli.py`` (``render_report``
+of a running executor's status).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from ..policy.policy import Verdict
 
-__all__ = ["OBSERVATION_STATUSES", "RECORDED_STATUSES", "VERDICTS", "ShadowReport"]
+__all__ = [
+    "ENFORCEMENT_SWITCH",
+    "OBSERVATION_STATUSES",
+    "RECORDED_STATUSES",
+    "VERDICTS",
+    "ShadowReport",
+    "closing_line",
+    "render_report",
+]
 
 VERDICTS = tuple(verdict.value for verdict in Verdict)
 NO_VERDICT = "NO_VERDICT"
@@ -60,29 +70,38 @@ class ShadowReport:
                 for name, counts in sorted(self._by_action.items())
             }
             statuses = {s: self._statuses.get(s, 0) for s in OBSERVATION_STATUSES}
-        return {"total": sum(statuses.values()), "actions": actions, "observations": statuses}
+        return {
+            "total": sum(statuses.values()),
+            "actions": actions,
+            "observations": statuses,
+            "enforcement_switch": ENFORCEMENT_SWITCH,
+        }
 
     def render(self) -> str:
         """Plain text for the terminal at shutdown, ending with the enforcement switch."""
-        data = self.as_dict()
-        columns = (*VERDICTS, NO_VERDICT)
-        name_width = max([len("action"), *(len(a) for a in data["actions"])])
-        lines = [f"Shadow report: {data['total']} proposal(s) observed, none executed.", ""]
-        header = "  ".join([f"{'action':<{name_width}}", *(f"{c:>10}" for c in columns)])
-        lines.append(header)
-        lines.append("-" * len(header))
-        for action, counts in data["actions"].items():
-            cells = [f"{action:<{name_width}}", *(f"{counts[c]:>10}" for c in columns)]
-            lines.append("  ".join(cells))
-        if not data["actions"]:
-            lines.append("(no proposals)")
-        lines.append("")
-        lines.append(
-            "Observations: " + ", ".join(f"{s} {n}" for s, n in data["observations"].items())
-        )
-        lines.append(self.closing_line())
-        return "\n".join(lines) + "\n"
+        return render_report(self.as_dict())
 
-    def closing_line(self) -> str:
-        """What to do next, as the report at stop ends (``serve.py``'s SHADOW_REPORT line)."""
-        return f"To enforce these decisions, restart with {ENFORCEMENT_SWITCH}"
+
+def render_report(data: Mapping[str, Any]) -> str:
+    """The report as text from its JSON form (``as_dict``, or the status route's
+    ``shadow_report``): by action and verdict, then the observations and the switch."""
+    columns = (*VERDICTS, NO_VERDICT)
+    name_width = max([len("action"), *(len(a) for a in data["actions"])])
+    lines = [f"Shadow report: {data['total']} proposal(s) observed, none executed.", ""]
+    header = "  ".join([f"{'action':<{name_width}}", *(f"{c:>10}" for c in columns)])
+    lines.append(header)
+    lines.append("-" * len(header))
+    for action, counts in data["actions"].items():
+        cells = [f"{action:<{name_width}}", *(f"{counts[c]:>10}" for c in columns)]
+        lines.append("  ".join(cells))
+    if not data["actions"]:
+        lines.append("(no proposals)")
+    lines.append("")
+    lines.append("Observations: " + ", ".join(f"{s} {n}" for s, n in data["observations"].items()))
+    lines.append(closing_line(data.get("enforcement_switch", ENFORCEMENT_SWITCH)))
+    return "\n".join(lines) + "\n"
+
+
+def closing_line(switch: str = ENFORCEMENT_SWITCH) -> str:
+    """What to do next, as the report ends (and ``serve.py``'s SHADOW_REPORT line says)."""
+    return f"To enforce these decisions, restart with {switch}"

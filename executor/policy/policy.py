@@ -43,6 +43,7 @@ from ..codes import Code
 from ..errors import CanonicalizationError, PolicyError
 from ..plans.policy import PlanPolicy
 from ..principals import Verification
+from ..schema import EcmaValidator, check_schema
 from .celexpr import Expression, compile_expression
 
 __all__ = [
@@ -285,7 +286,8 @@ def compile_policy(
 
 
 def build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
-    validator_class = jsonschema.Draft202012Validator
+    """The parameter schema's validator: Draft 2020-12, formats asserted, and every regular
+    expression ECMA-262 as JSON Schema specifies (:mod:`agentsafe.executor.schema`)."""
     declared = schema.get("$schema")
     if declared is not None and declared != "https://json-schema.org/draft/2020-12/schema":
         raise PolicyError(
@@ -296,7 +298,7 @@ def build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
             "the parameter schema must declare type: object", path=path, code=Code.POLICY_INVALID
         )
     try:
-        validator_class.check_schema(schema)
+        check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = _format_path(tuple(exc.absolute_path))
         detail = f" at {where}" if where else ""
@@ -304,14 +306,14 @@ def build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
             f"invalid JSON Schema{detail}: {exc.message}", path=path, code=Code.POLICY_INVALID
         ) from None
     except (OverflowError, RecursionError, MemoryError):
-        # The meta-schema's regex format compiles each "pattern": re raises OverflowError for a
-        # repeat count it cannot hold ("[A-Z]{99999999999999999999}"; found by fuzzing).
+        # A pattern or a nesting beyond what can be compiled (found by fuzzing).
         raise PolicyError(
             "invalid JSON Schema: a pattern or nesting is beyond what can be compiled",
             path=path,
             code=Code.POLICY_INVALID,
         ) from None
-    return validator_class(schema, format_checker=validator_class.FORMAT_CHECKER)
+    validator: Validator = EcmaValidator(schema, format_checker=EcmaValidator.FORMAT_CHECKER)
+    return validator
 
 
 def _format_path(loc: tuple[Any, ...]) -> str:

@@ -10,10 +10,13 @@ and echoes nothing from the request. A refusal answered before the body was read
 the connection.
 
 Every route is one row of a declarative table (:class:`Route`: method, path, role, scope, body
-model, handler); :func:`build_app` builds the application from the rows ``routes/table.py``
-assembles, so the order inside a route is fixed in one place: the door (authentication, the
-row's role and scope), then the body (read, bounded, checked against the row's strict model),
-then the handler. This module holds the rows of the agent's own routes (:func:`core_routes`).
+model, handler, and what it answers: answer models and its handler's refusal codes);
+:func:`build_app` builds the application from the rows ``routes/table.py`` assembles, so the
+order inside a route is fixed in one place: the door (authentication, the row's role and scope),
+then the query and the body (read, bounded, checked against the row's strict models), then the
+handler. Every refusal and status a route answers is checked against its row
+(``routes/contract.py``), the data the OpenAPI document is generated from (``routes/openapi.py``).
+This module holds the rows of the agent's own routes (:func:`core_routes`).
 
 Callers: ``plane.py`` builds the application; ``routes/listener.py`` serves it;
 ``routes/table.py`` gathers the rows;
@@ -27,7 +30,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -41,6 +44,8 @@ from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import Pipeline, Proposal
 from ..principals import Principal, Role, Scope
+from .answers import Decision, Health, Jwks, Readiness
+from .contract import check_refusal, check_status
 from .refusals import code_for_http_error, refusal
 
 __all__ = [
@@ -99,6 +104,8 @@ class Call:
     """The authenticated caller; ``None`` only on a route open to anyone."""
     body: Any
     """The request body as the row's model parsed it; ``None`` when the row reads no body."""
+    query: Any = None
+    """The query string as the row's ``query`` model parsed it; ``None`` when it reads none."""
 
     @property
     def caller(self) -> Principal:
@@ -129,6 +136,20 @@ class Route:
     handler: RouteHandler
     invalid: str | None = None
     """The REQUEST_INVALID message when the body does not match; ``None``: name where."""
+    summary: str = ""
+    """One line for people: what the route does (the OpenAPI operation's summary)."""
+    answers: Mapping[int, type[BaseModel] | None] = field(default_factory=lambda: {200: AnyJson})
+    """The model of each answer that is not a refusal, by status; ``None``: a text body
+    (``text_media_type``)."""
+    codes: frozenset[Code] = frozenset()
+    """The refusal codes of the handler itself; those of the door and the body reader are
+    derived from ``role``, ``scope`` and ``body`` (``routes/contract.py``)."""
+    query: type[BaseModel] | None = None
+    """The strict model of the query string; ``None``: the route reads none."""
+    host_codes: bool = False
+    """The handler passes a host's own codes through (answered 422), besides ``codes``."""
+    text_media_type: str = "text/plain"
+    """The media type of a text answer."""
 
 
 # ---------------------------------------------------------------------- request schemas
@@ -256,7 +277,10 @@ async def _errors(
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return refusal(code_for_http_error(exc.status), exc.reason, status=exc.status)
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return refusal(
+            code_for_http_error(exc.status), exc.reason, status=exc.status, headers=allow
+        )
     except Exception:
         return _internal_error(request)
 
@@ -299,24 +323,47 @@ def build_app(
 def _bind(
     route: Route, door: Door, body_timeout: float
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """The door, then the body, then the row's handler."""
+    """The door, then the body, then the row's handler; every refusal and status the route
+    answers is checked against what its row declares (``routes/contract.py``)."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        principal = None
-        if route.role is not None:
-            principal = await door.authenticate(request, role=route.role, scope=route.scope)
-        body = None
-        if route.body is not None:
-            raw = await read_json(request, timeout=body_timeout)
-            try:
-                body = route.body.model_validate(raw)
-            except ValidationError as exc:
-                if route.invalid is not None:
-                    raise RequestRejected(Code.REQUEST_INVALID, route.invalid) from None
-                raise _schema_error(exc) from None
-        return await route.handler(Call(request, principal, body))
+        try:
+            response = await _through(route, door, request, body_timeout)
+        except RequestRejected as exc:
+            check_refusal(route, exc.code)
+            raise
+        except StoreError as exc:
+            if exc.code == Code.STORE_UNAVAILABLE:
+                check_refusal(route, exc.code)
+            raise
+        check_status(route, response.status)
+        return response
 
     return handle
+
+
+async def _through(
+    route: Route, door: Door, request: web.Request, body_timeout: float
+) -> web.StreamResponse:
+    principal = None
+    if route.role is not None:
+        principal = await door.authenticate(request, role=route.role, scope=route.scope)
+    query = None
+    if route.query is not None:
+        try:
+            query = route.query.model_validate(dict(request.query))
+        except ValidationError as exc:
+            raise _schema_error(exc) from None
+    body = None
+    if route.body is not None:
+        raw = await read_json(request, timeout=body_timeout)
+        try:
+            body = route.body.model_validate(raw)
+        except ValidationError as exc:
+            if route.invalid is not None:
+                raise RequestRejected(Code.REQUEST_INVALID, route.invalid) from None
+            raise _schema_error(exc) from None
+    return await route.handler(Call(request, principal, body, query))
 
 
 def core_routes(
@@ -358,11 +405,109 @@ def core_routes(
         return _respond(await pipeline.resume_escalation(call.caller, parsed.escalation))
 
     proposer = Role.PROPOSER
+    decision = {200: Decision, 503: Decision}
     return (
-        Route("GET", "/health", None, None, None, health),
-        Route("GET", "/ready", None, None, None, ready),
-        Route("GET", "/.well-known/agentsafe-grant-jwks.json", None, None, None, grant_jwks),
-        Route("POST", "/v1/actions", proposer, None, ActionRequest, actions),
-        Route("POST", "/v1/reconciliations", proposer, None, RecoveryRequest, reconciliations),
-        Route("POST", "/v1/escalations", proposer, None, EscalationRequest, escalations),
+        Route(
+            "GET",
+            "/health",
+            None,
+            None,
+            None,
+            health,
+            summary="Liveness: the process answers",
+            answers={200: Health},
+        ),
+        Route(
+            "GET",
+            "/ready",
+            None,
+            None,
+            None,
+            ready,
+            summary="Readiness: reconciled, not halted, the store answers",
+            answers={200: Readiness, 503: Readiness},
+        ),
+        Route(
+            "GET",
+            "/.well-known/agentsafe-grant-jwks.json",
+            None,
+            None,
+            None,
+            grant_jwks,
+            summary="The authority's public grant keys (JWKS)",
+            answers={200: Jwks},
+        ),
+        Route(
+            "POST",
+            "/v1/actions",
+            proposer,
+            None,
+            ActionRequest,
+            actions,
+            summary="Propose an action: pin the intent, ask the authority, run it once on ALLOW",
+            answers=decision,
+            codes=PROPOSE_CODES,
+        ),
+        Route(
+            "POST",
+            "/v1/reconciliations",
+            proposer,
+            None,
+            RecoveryRequest,
+            reconciliations,
+            summary="Ask what became of an attempt whose answer was lost (read-only)",
+            answers={200: Decision},
+            codes=RECONCILE_CODES,
+        ),
+        Route(
+            "POST",
+            "/v1/escalations",
+            proposer,
+            None,
+            EscalationRequest,
+            escalations,
+            summary="Present an escalation object back once a person decided it",
+            answers=decision,
+            codes=ESCALATION_CODES,
+        ),
     )
+
+
+_CEILINGS = frozenset(
+    {
+        Code.HARD_LIMIT_EXCEEDED,
+        Code.HARD_LIMIT_CURRENCY_UNKNOWN,
+        Code.HARD_LIMIT_AMOUNT_INVALID,
+        Code.HARD_LIMIT_WINDOW_COUNT_EXCEEDED,
+        Code.HARD_LIMIT_WINDOW_SUM_EXCEEDED,
+    }
+)
+_ONCE = frozenset(
+    {Code.IDEMPOTENCY_KEY_CONFLICT, Code.IDEMPOTENCY_IN_PROGRESS, Code.STORE_UNAVAILABLE}
+)
+PROPOSE_CODES = (
+    _ONCE
+    | _CEILINGS
+    | {
+        Code.ACTION_NOT_PERMITTED_FOR_PRINCIPAL,
+        Code.ACTION_NOT_REGISTERED,
+    }
+)
+"""What ``POST /v1/actions`` refuses with past the door and the body (``lifecycle/pipeline.py``,
+``lifecycle/ceilings.py``, ``door.check_action``)."""
+RECONCILE_CODES = frozenset(
+    {
+        Code.RECOVERY_BINDING_MISMATCH,
+        Code.INTENT_PRINCIPAL_MISMATCH,
+        Code.ACTION_NOT_REGISTERED,
+        Code.STORE_UNAVAILABLE,
+    }
+)
+ESCALATION_CODES = _ONCE | {
+    Code.ESCALATION_NOT_CONFIGURED,
+    Code.ESCALATION_BINDING_MISMATCH,
+    Code.INTENT_PRINCIPAL_MISMATCH,
+    Code.INTENT_EXPIRED,
+    Code.APPROVAL_NOT_FOUND,
+    Code.ACTION_NOT_REGISTERED,
+}

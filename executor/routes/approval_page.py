@@ -30,6 +30,7 @@ from importlib import resources
 
 from aiohttp import web
 
+from ..codes import Code
 from ..lifecycle.pipeline import APPROVAL_PAGE_PATH
 from .app import Call, Route
 
@@ -81,6 +82,27 @@ def page_routes() -> tuple[Route, ...]:
         return _page()
 
     return (
-        Route("GET", APPROVAL_PAGE_PATH + "/enrol", None, None, None, enrol_page),
-        Route("GET", APPROVAL_PAGE_PATH + "/{request_id}", None, None, None, request_page),
+        Route(
+            "GET",
+            APPROVAL_PAGE_PATH + "/enrol",
+            None,
+            None,
+            None,
+            enrol_page,
+            summary="The approval page: register a passkey (a static shell)",
+            answers={200: None},
+            text_media_type="text/html",
+        ),
+        Route(
+            "GET",
+            APPROVAL_PAGE_PATH + "/{request_id}",
+            None,
+            None,
+            None,
+            request_page,
+            summary="The approval page: one escalation's exact intent, Approve and Deny",
+            answers={200: None},
+            codes=frozenset({Code.NOT_FOUND}),  # a request id that is not a UUID
+            text_media_type="text/html",
+        ),
     )

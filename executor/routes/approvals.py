@@ -57,7 +57,8 @@ from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import APPROVAL_PAGE_PATH, approval_url
 from ..principals import Principal, Role, Scope, Verification
 from ..state.usestore import ApprovalError, ApprovalRecord, ApprovalState, UseStore
-from .app import Call, Route
+from .answers import ApprovalList, ApprovalView
+from .app import AnyJson, Call, Route
 
 __all__ = ["approval_routes", "describe_record", "required_verification"]
 
@@ -400,9 +401,40 @@ def approval_routes(
     one_path = "/v1/approvals/{request_id}"
     operator = Role.OPERATOR
     return (
-        Route("GET", "/v1/approvals", approver_role, None, None, listing),
-        Route("GET", one_path, approver_role, None, None, one),
-        Route("POST", one_path, approver_role, None, DecisionRequest, decide, DECISION_INVALID),
+        Route(
+            "GET",
+            "/v1/approvals",
+            approver_role,
+            None,
+            None,
+            listing,
+            summary="The approval requests this approver may decide, in one state",
+            answers={200: ApprovalList},
+            codes=frozenset({Code.REQUEST_INVALID, Code.STORE_UNAVAILABLE}),
+        ),
+        Route(
+            "GET",
+            one_path,
+            approver_role,
+            None,
+            None,
+            one,
+            summary="One approval request, with the intent it would release",
+            answers={200: ApprovalView},
+            codes=frozenset({Code.APPROVAL_NOT_FOUND, Code.STORE_UNAVAILABLE}),
+        ),
+        Route(
+            "POST",
+            one_path,
+            approver_role,
+            None,
+            DecisionRequest,
+            decide,
+            DECISION_INVALID,
+            summary="Decide an approval request once: APPROVE or DENY, with a reason",
+            answers={200: ApprovalView},
+            codes=DECIDE_CODES | PASSKEY_CODES,
+        ),
         Route(
             "POST",
             one_path + "/challenge",
@@ -411,6 +443,8 @@ def approval_routes(
             ChallengeRequest,
             challenge,
             CHALLENGE_INVALID,
+            summary="WebAuthn options bound to this request, its intent hash and the decision",
+            codes=DECIDE_CODES | PASSKEY_CODES,
         ),
         Route(
             "POST",
@@ -419,8 +453,20 @@ def approval_routes(
             None,
             EnrolmentOptionsRequest,
             enrolment_options,
+            summary="Passkey registration options, with a one-time enrolment token",
+            codes=PASSKEY_CODES,
         ),
-        Route("POST", "/v1/approvers/enrolment", approver_role, None, EnrolmentRequest, enrol),
+        Route(
+            "POST",
+            "/v1/approvers/enrolment",
+            approver_role,
+            None,
+            EnrolmentRequest,
+            enrol,
+            summary="Register the passkey (uses the enrolment token up)",
+            answers={201: AnyJson},
+            codes=PASSKEY_CODES,
+        ),
         Route(
             "POST",
             "/v1/control/approvers/{principal_id}/enrolment-tokens",
@@ -428,6 +474,9 @@ def approval_routes(
             Scope.APPROVERS,
             EnrolmentTokenRequest,
             issue_enrolment,
+            summary="A one-time passkey enrolment token for one APPROVER",
+            answers={201: AnyJson},
+            codes=PASSKEY_CODES,
         ),
         Route(
             "POST",
@@ -437,6 +486,9 @@ def approval_routes(
             CancelRequest,
             operator_cancel,
             CANCEL_INVALID,
+            summary="Cancel a pending escalation, with a reason",
+            answers={200: ApprovalView},
+            codes=DECIDE_CODES,
         ),
         Route(
             "POST",
@@ -445,5 +497,47 @@ def approval_routes(
             None,
             EscalationCancelRequest,
             proposer_cancel,
+            summary="The caller's own escalation: cancel it while pending",
+            answers={200: AnyJson, 503: AnyJson},
+            codes=DECIDE_CODES | CANCEL_CODES,
         ),
     )
+
+
+DECIDE_CODES = frozenset(
+    {
+        Code.APPROVAL_NOT_FOUND,
+        Code.SEPARATION_OF_DUTIES_VIOLATED,
+        Code.APPROVAL_ALREADY_DECIDED,
+        Code.APPROVAL_EXPIRED,
+        Code.APPROVAL_NOT_PERMITTED,
+        Code.APPROVAL_DECISION_INVALID,
+        Code.APPROVAL_VERIFICATION_REQUIRED,
+        Code.APPROVAL_NOT_CANCELLABLE,
+        Code.APPROVAL_CANCELLED,
+        Code.STORE_UNAVAILABLE,
+    }
+)
+"""What deciding or cancelling a request refuses with (``check_separation``, the use store)."""
+PASSKEY_CODES = frozenset(
+    {
+        Code.WEBAUTHN_NOT_CONFIGURED,
+        Code.WEBAUTHN_NO_CREDENTIAL,
+        Code.WEBAUTHN_CHALLENGE_INVALID,
+        Code.WEBAUTHN_ASSERTION_INVALID,
+        Code.WEBAUTHN_REGISTRATION_INVALID,
+        Code.ENROLMENT_PRINCIPAL_INVALID,
+        Code.ENROLMENT_TOKEN_INVALID,
+        Code.STORE_UNAVAILABLE,
+    }
+)
+"""What a passkey step refuses with (``door/passkeys.py``)."""
+CANCEL_CODES = frozenset(
+    {
+        Code.ESCALATION_NOT_CONFIGURED,
+        Code.ESCALATION_BINDING_MISMATCH,
+        Code.INTENT_PRINCIPAL_MISMATCH,
+        Code.INTENT_EXPIRED,
+    }
+)
+"""What a proposer's cancellation refuses with besides a decision's (the escalation object)."""

@@ -15,10 +15,12 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..codes import Code
 from ..events import Streams
 from ..host.halt import HaltCause, HaltState
 from ..host.metrics import ExecutorMetrics
 from ..principals import Principal, Role, Scope
+from .answers import EvidenceManifest, HaltStatus, OpenAttempts, SecretsReload, Status
 from .app import Call, Route, RouteHandler
 
 __all__ = ["ControlPlane", "control_routes"]
@@ -31,11 +33,17 @@ class ControlPlane(Protocol):
 
     async def status(self) -> dict[str, Any]: ...
 
+    def work_refusal(self) -> Code | None:
+        """Why new work is refused right now (the work gate), ``None`` when it is not."""
+        ...
+
     async def open_attempts(self) -> list[dict[str, Any]]: ...
 
     async def reload_secrets(self) -> dict[str, Any]: ...
 
     async def export_evidence(self, *, reason: str, principal: Principal) -> dict[str, Any]: ...
+
+    def action_catalog(self, principal: Principal) -> list[dict[str, Any]]: ...
 
 
 class Reason(BaseModel):
@@ -95,7 +103,16 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
 
     op = Role.OPERATOR
     return (
-        Route("GET", "/v1/control/status", op, Scope.STATUS, None, operator("status", status)),
+        Route(
+            "GET",
+            "/v1/control/status",
+            op,
+            Scope.STATUS,
+            None,
+            operator("status", status),
+            summary="The executor at a glance: mode, principals, halt, posture, open attempts",
+            answers={200: Status},
+        ),
         Route(
             "POST",
             "/v1/control/halt",
@@ -104,6 +121,9 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             Reason,
             operator("halt", halt),
             REASON_INVALID,
+            summary="Halt: refuse every new execution until resumed",
+            answers={200: HaltStatus},
+            codes=frozenset({Code.REASON_REQUIRED}),
         ),
         Route(
             "POST",
@@ -113,6 +133,9 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             Reason,
             operator("resume", resume),
             REASON_INVALID,
+            summary="Resume after an operator's halt (409 while another cause stands)",
+            answers={200: HaltStatus},
+            codes=frozenset({Code.REASON_REQUIRED, Code.HALT_CAUSE_PERSISTS}),
         ),
         Route(
             "GET",
@@ -121,6 +144,8 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             Scope.STATUS,
             None,
             operator("open-attempts", open_attempts),
+            summary="The attempts the journal holds open",
+            answers={200: OpenAttempts},
         ),
         Route(
             "POST",
@@ -129,8 +154,20 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             Scope.SECRETS_RELOAD,
             None,
             operator("secrets.reload", reload),
+            summary="Re-read the secret files, the principals file, the JWKS and TLS material",
+            answers={200: SecretsReload},
         ),
-        Route("GET", "/metrics", op, Scope.METRICS, None, operator("metrics", metrics)),
+        Route(
+            "GET",
+            "/metrics",
+            op,
+            Scope.METRICS,
+            None,
+            operator("metrics", metrics),
+            summary="Prometheus metrics (OpenMetrics text)",
+            answers={200: None},
+            text_media_type="application/openmetrics-text",
+        ),
         Route(
             "POST",
             "/v1/control/evidence-export",
@@ -139,5 +176,21 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             Reason,
             operator("evidence", export),
             REASON_INVALID,
+            summary="Write a signed evidence bundle of the chained streams",
+            answers={200: EvidenceManifest},
+            codes=EVIDENCE_CODES,
         ),
     )
+
+
+EVIDENCE_CODES = frozenset(
+    {
+        Code.EVIDENCE_NOT_CONFIGURED,
+        Code.EVIDENCE_NOT_CHAINED,
+        Code.EVIDENCE_KEY_INVALID,
+        Code.EVIDENCE_DIR,
+        Code.EVIDENCE_EXPORT_FAILED,
+        Code.EVIDENCE_REASON_INVALID,
+    }
+)
+"""What an evidence export refuses with (``plane.export_evidence``, ``evidence/bundle.py``)."""

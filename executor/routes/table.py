@@ -2,10 +2,10 @@
 
 :func:`route_table` gathers the rows of each route module (the agent's own routes, the operator's
 control routes, the approval routes and the approval page with ``EXECUTOR_ESCALATION=APPROVAL``,
-the plan routes when the policy has a ``plans`` section);
-:func:`~agentsafe.executor.routes.app.build_app` builds the application from them. The README's
-wire-contract table lists the same rows (method, path, role, scope), and
-``tests/routes/test_table.py`` keeps the two equal.
+the plan routes when the policy has a ``plans`` section), and the row that serves the OpenAPI
+document of them all (``routes/openapi.py``); :func:`~agentsafe.executor.routes.app.build_app`
+builds the application from them. The README's wire-contract table lists the same rows (method,
+path, role, scope), and ``tests/routes/test_table.py`` keeps the two equal.
 
 Callers: ``plane.py``; tests.
 """
@@ -27,7 +27,9 @@ from ..state.usestore import UseStore
 from .app import ReadyState, Route, core_routes
 from .approval_page import page_routes
 from .approvals import approval_routes
+from .catalog import catalog_routes
 from .control import ControlPlane, control_routes
+from .openapi import openapi_route
 from .plans import plan_routes
 
 __all__ = ["Approvals", "route_table"]
@@ -61,10 +63,13 @@ def route_table(
     """Every route this executor serves; ``plans`` and ``approvals`` are ``None`` when off."""
     rows = [
         *core_routes(pipeline=pipeline, readiness=readiness, jwks=jwks),
+        *catalog_routes(plane),
         *control_routes(plane),
     ]
     if plans is not None:
-        rows.extend(plan_routes(service=plans, streams=plane.streams))
+        rows.extend(
+            plan_routes(service=plans, streams=plane.streams, work_refusal=plane.work_refusal)
+        )
     if approvals is not None:
         rows.extend(
             approval_routes(
@@ -78,4 +83,6 @@ def route_table(
             )
         )
         rows.extend(page_routes())
-    return tuple(rows)
+    rows.append(openapi_route(lambda: table))
+    table = tuple(rows)
+    return table

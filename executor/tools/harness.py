@@ -217,7 +217,9 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
 class ProviderProcess(_Process):
     """``python -m agentsafe.executor.tools.synthetic`` on a loopback port."""
 
-    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+    def __init__(
+        self, log_dir: Path, port: int | None = None, *, require_credential: Path | None = None
+    ) -> None:
         self.port = port or free_port()
         env = {key: os.environ[key] for key in _CLEAN_ENV_KEYS if key in os.environ}
         argv = [
@@ -227,6 +229,8 @@ class ProviderProcess(_Process):
             "--port",
             str(self.port),
         ]
+        if require_credential is not None:
+            argv += ["--require-credential", str(require_credential)]
         super().__init__(argv, env, log_dir, "provider")
         self.url = f"http://127.0.0.1:{self.port}"
 

@@ -19,6 +19,10 @@ It behaves the way a payment API does where that matters to the executor, and no
   error       ``500`` with no body (it failed before acting)                  not found (404)
   hang        reads the request, acts on it, never answers                    executed (200)
   reset       reads the request, acts on it, drops the connection             executed (200)
+  reflect     ``422 {"code": <its authorization header>}``: a hostile         not found (404)
+              provider handing the credential back as a reason code
+  reflect-    ``202 {"reference": <base64url of its authorization header>}``  executed (200)
+  reference   (the credential back, encoded, as the provider's reference)
   ==========  ==============================================================  ==============
 
 * ``GET /payouts/{idempotency_key}``: ``200 {"reference", "status": "executed"}`` for a key it
@@ -28,6 +32,12 @@ It behaves the way a payment API does where that matters to the executor, and no
 * ``GET /_control/received``: how many payout requests arrived and their keys, so a test or the
   demo can assert that nothing reached the provider (shadow mode, refusals).
 * ``GET /``: says that this is a synthetic provider.
+* With a credential requirement (``require=`` or ``--require-credential FILE``,
+  :mod:`agentsafe.executor.tools.synthetic_credentials`), every payout and every lookup that does
+  not prove the executor is ``401 {"code": ...}`` and changes nothing, and under PRIVATE_KEY_JWT
+  ``POST /oauth/token`` issues the access tokens. A lookup that carries
+  ``x-agent-safe-intent-hash`` for a key whose payout carried another is
+  ``409 {"code": "INTENT_HASH_MISMATCH"}``.
 
 Run it alone with ``python -m agentsafe.executor.tools.synthetic --port N``; it binds loopback only
 and prints its base URL on standard output once it is listening. Tests use
@@ -42,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import signal
@@ -54,10 +65,11 @@ from typing import Any
 from aiohttp import web
 
 from ..egress.transport import is_loopback_host
+from .synthetic_credentials import TOKEN_PATH, CredentialRequirement
 
 __all__ = ["MODES", "ReceivedRequest", "SyntheticProvider", "main"]
 
-MODES = ("normal", "refuse", "error", "hang", "reset")
+MODES = ("normal", "refuse", "error", "hang", "reset", "reflect", "reflect-reference")
 _BANNER = "agentsafe SYNTHETIC provider: loopback only, moves no money, for demos and tests"
 
 
@@ -77,6 +89,7 @@ class _Payout:
     executed: bool
     reference: str
     answer: tuple[int, bytes | None] | None  # None: it never answered (hang, reset)
+    intent_hash: str | None = None
 
 
 @dataclass
@@ -90,11 +103,19 @@ class _State:
 class SyntheticProvider:
     """The synthetic provider as an object a test or the demo can start and inspect."""
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        require: CredentialRequirement | None = None,
+    ) -> None:
         if not is_loopback_host(host):
             raise ValueError("the synthetic provider binds loopback only")
         self.host = host
         self.port = port
+        self.require = require
+        self.refusals: list[str] = []
         self.state = _State()
         self._release = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -142,6 +163,7 @@ class SyntheticProvider:
         app.router.add_get("/", self._index)
         app.router.add_post("/payouts", self._create)
         app.router.add_get("/payouts/{key}", self._lookup)
+        app.router.add_post(TOKEN_PATH, self._token)
         app.router.add_post("/_control/mode", self._set_mode)
         app.router.add_post("/_control/lookups", self._set_lookups)
         app.router.add_get("/_control/received", self._received)
@@ -178,12 +200,61 @@ class SyntheticProvider:
 
     async def _received(self, request: web.Request) -> web.Response:
         keys = [r.idempotency_key for r in self.state.received]
-        return _json(200, {"count": len(keys), "keys": keys, "mode": self.state.mode})
+        return _json(
+            200,
+            {
+                "count": len(keys),
+                "keys": keys,
+                "mode": self.state.mode,
+                "refusals": list(self.refusals),
+            },
+        )
+
+    def _refused(
+        self, request: web.Request, body: bytes, lookup_key: str | None
+    ) -> web.Response | None:
+        if self.require is None:
+            return None
+        refusal = self.require.check(
+            method=request.method,
+            path=request.raw_path,
+            headers=list(request.headers.items()),
+            body=body,
+            lookup_key=lookup_key,
+        )
+        if refusal is None:
+            return None
+        self.refusals.append(refusal.code)
+        return _json(refusal.status, {"code": refusal.code})
+
+    async def _token(self, request: web.Request) -> web.Response:
+        if self.require is None:
+            return _json(404, {"code": "NOT_FOUND"})
+        form = await request.post()
+        fields = {name: value for name, value in form.items() if isinstance(value, str)}
+        token_url = str(request.url.with_query(None))
+        status, answer = self.require.issue_token(fields, token_url)
+        if status != 200:
+            self.refusals.append(str(answer.get("error", answer.get("code"))))
+        return _json(status, answer)
 
     async def _lookup(self, request: web.Request) -> web.Response:
         if not self.state.lookups:
             return _json(503, {"code": "LOOKUP_UNAVAILABLE"})
-        payout = self.state.payouts.get(request.match_info["key"])
+        key = request.match_info["key"]
+        refused = self._refused(request, await request.read(), key)
+        if refused is not None:
+            return refused
+        payout = self.state.payouts.get(key)
+        asked_for = request.headers.get("x-agent-safe-intent-hash")
+        if (
+            payout is not None
+            and payout.intent_hash is not None
+            and asked_for is not None
+            and asked_for != payout.intent_hash
+        ):
+            self.refusals.append("INTENT_HASH_MISMATCH")
+            return _json(409, {"code": "INTENT_HASH_MISMATCH"})
         if payout is None or not payout.executed:
             return _json(404, {"code": "NOT_FOUND"})
         return _json(200, {"reference": payout.reference, "status": "executed"})
@@ -202,6 +273,10 @@ class SyntheticProvider:
         )
         if not key:
             return _json(400, {"code": "IDEMPOTENCY_KEY_MISSING"})
+        refused = self._refused(request, body, None)
+        if refused is not None:
+            return refused
+        intent = request.headers.get("x-agent-safe-intent-hash")
         earlier = self.state.payouts.get(key)
         if earlier is not None:
             if earlier.body != body:
@@ -211,14 +286,21 @@ class SyntheticProvider:
             status, answer = earlier.answer
             return web.Response(status=status, body=answer, content_type=_ct(answer))
         reference = "syn_" + uuid.uuid4().hex[:20]
+        reflected = request.headers.get("authorization", "")
+        if mode == "reflect":
+            answer = json.dumps({"code": reflected}).encode()
+            self.state.payouts[key] = _Payout(body, False, reference, (422, answer), intent)
+            return web.Response(status=422, body=answer, content_type="application/json")
+        if mode == "reflect-reference":
+            reference = base64.urlsafe_b64encode(reflected.encode()).rstrip(b"=").decode()
         if mode == "refuse":
             answer = json.dumps({"code": "INSUFFICIENT_FUNDS"}).encode()
-            self.state.payouts[key] = _Payout(body, False, reference, (422, answer))
+            self.state.payouts[key] = _Payout(body, False, reference, (422, answer), intent)
             return web.Response(status=422, body=answer, content_type="application/json")
         if mode == "error":
-            self.state.payouts[key] = _Payout(body, False, reference, (500, None))
+            self.state.payouts[key] = _Payout(body, False, reference, (500, None), intent)
             return web.Response(status=500)
-        self.state.payouts[key] = _Payout(body, True, reference, None)
+        self.state.payouts[key] = _Payout(body, True, reference, None, intent)
         if mode == "hang":
             await self._release.wait()
             raise web.HTTPServiceUnavailable()
@@ -249,8 +331,8 @@ def _json(status: int, payload: Any) -> web.Response:
     return web.json_response(payload, status=status)
 
 
-async def _serve(host: str, port: int) -> None:
-    provider = SyntheticProvider(host=host, port=port)
+async def _serve(host: str, port: int, require: CredentialRequirement | None) -> None:
+    provider = SyntheticProvider(host=host, port=port, require=require)
     url = await provider.start()
     print(url, flush=True)
     print(_BANNER, file=sys.stderr, flush=True)
@@ -270,10 +352,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1", help="a loopback address")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument(
+        "--require-credential",
+        metavar="FILE",
+        help="a JSON credential requirement (see tools/synthetic_credentials.py): refuse any "
+        "payout or lookup that does not prove the executor",
+    )
     args = parser.parse_args(argv)
     if not is_loopback_host(args.host):
         parser.error("the synthetic provider binds loopback only")
-    asyncio.run(_serve(args.host, args.port))
+    require = None
+    if args.require_credential:
+        try:
+            with open(args.require_credential, encoding="utf-8") as handle:
+                require = CredentialRequirement.from_document(json.load(handle))
+        except (OSError, ValueError) as exc:
+            parser.error(f"--require-credential: {exc}")
+    asyncio.run(_serve(args.host, args.port, require))
     return 0
 
 

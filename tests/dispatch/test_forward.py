@@ -58,6 +58,7 @@ SCHEMA: dict[str, Any] = {
 TOKEN = "synthetic-downstream-token-0001"
 PATH = "/payouts"
 LOOKUP = "/payouts/{idempotency_key}"
+IH = "sha256:" + "ab" * 32  # the intent a lookup is asked on behalf of
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,7 @@ async def test_a_provider_that_never_answers_is_unknown_within_the_grant(
     provider.set_mode("hang")
     recording = RecordingTransport(guard.client)
     registry, handler = build(provider.base_url, recording, timeout_ms=15_000)
-    report, _ = await run(registry, "payout-4", grant_seconds=0.3)
+    report, ctx = await run(registry, "payout-4", grant_seconds=0.3)
     assert report.outcome is Outcome.UNKNOWN_AFTER_DISPATCH
     assert report.dispatched is True
     assert report.reason_codes == ("EGRESS_TIMEOUT",)
@@ -253,7 +254,9 @@ async def test_a_provider_that_never_answers_is_unknown_within_the_grant(
         {"origin": provider.base_url, "code": "EGRESS_TIMEOUT"}
     ]
     # the provider acted; its lookup says so and reconciliation reads it
-    assert await handler.reconcile("payout-4") == ReconcileResult(
+    assert await handler.reconcile(
+        "payout-4", intent_hash=ctx.intent.intent_hash
+    ) == ReconcileResult(
         ReconcileStatus.COMPLETED, provider_reference=provider.state.payouts["payout-4"].reference
     )
 
@@ -397,26 +400,30 @@ async def test_reconcile_reads_what_the_provider_did(
     provider: SyntheticProvider, guard: Guard
 ) -> None:
     registry, handler = build(provider.base_url, guard.client)
-    await run(registry, "payout-11")
-    done = await registry.reconcile("create_payout", "payout-11")
+    _, ctx = await run(registry, "payout-11")
+    done = await registry.reconcile(
+        "create_payout", "payout-11", intent_hash=ctx.intent.intent_hash
+    )
     assert done.status is ReconcileStatus.COMPLETED
     assert done.provider_reference is not None
-    never = await registry.reconcile("create_payout", "never-sent")
+    never = await registry.reconcile("create_payout", "never-sent", intent_hash=IH)
     assert never == ReconcileResult(ReconcileStatus.NOT_EXECUTED)
     provider.set_mode("refuse")
-    await run(registry, "payout-12")
-    assert (await handler.reconcile("payout-12")).status is ReconcileStatus.NOT_EXECUTED
+    _, ctx = await run(registry, "payout-12")
+    assert (
+        await handler.reconcile("payout-12", intent_hash=ctx.intent.intent_hash)
+    ).status is ReconcileStatus.NOT_EXECUTED
     assert len(provider.received) == 2  # reconciliation sent no payout
 
 
 async def test_reconcile_without_lookup_or_reachable_provider_is_unknown() -> None:
     _, no_lookup = build("http://127.0.0.1:9", guard_for("http://127.0.0.1:9").client, lookup=None)
-    assert await no_lookup.reconcile("k") == ReconcileResult(
+    assert await no_lookup.reconcile("k", intent_hash=IH) == ReconcileResult(
         ReconcileStatus.UNKNOWN, reason_code="LOOKUP_NOT_CONFIGURED"
     )
     base = await closed_base()
     _, down = build(base, guard_for(base).client)
-    assert await down.reconcile("k") == ReconcileResult(
+    assert await down.reconcile("k", intent_hash=IH) == ReconcileResult(
         ReconcileStatus.UNKNOWN, reason_code="TRANSPORT_CONNECT_FAILED"
     )
 
@@ -429,7 +436,7 @@ async def test_a_lookup_outside_the_guard_is_unknown_not_absent(
     guard = guarded(provider.base_url + PATH)
     registry, handler = build(provider.base_url, guard.client, lookup="/lookups/{idempotency_key}")
     await run(registry, "payout-13")
-    assert await handler.reconcile("payout-13") == ReconcileResult(
+    assert await handler.reconcile("payout-13", intent_hash=IH) == ReconcileResult(
         ReconcileStatus.UNKNOWN, reason_code="EGRESS_PATH_NOT_ALLOWED"
     )
     assert guard.refusals == ["EGRESS_PATH_NOT_ALLOWED"]
@@ -553,15 +560,17 @@ async def test_reconcile_quotes_the_key_and_reads_errors_as_unknown(
     lookup = "/lookup/{idempotency_key}"
     guard = guard_for(base, lookup=lookup)
     _, handler = build(base, guard.client, lookup=lookup)
-    assert (await handler.reconcile("a b?c&d=e#f")).status is ReconcileStatus.NOT_EXECUTED
+    assert (
+        await handler.reconcile("a b?c&d=e#f", intent_hash=IH)
+    ).status is ReconcileStatus.NOT_EXECUTED
     assert paths == ["/lookup/a%20b%3Fc%26d%3De%23f"]
-    assert await handler.reconcile("boom") == ReconcileResult(
+    assert await handler.reconcile("boom", intent_hash=IH) == ReconcileResult(
         ReconcileStatus.UNKNOWN, reason_code="LOOKUP_STATUS_500"
     )
     # A key with a separator, a percent sign or a dot segment would reach the guard as an
     # encoded separator it refuses: the handler answers unknown itself and asks nothing.
     for key in ("a/b", "50%", "a\\b", ".."):
-        assert await handler.reconcile(key) == ReconcileResult(
+        assert await handler.reconcile(key, intent_hash=IH) == ReconcileResult(
             ReconcileStatus.UNKNOWN, reason_code="LOOKUP_KEY_UNREPRESENTABLE"
         )
     assert paths == ["/lookup/a%20b%3Fc%26d%3De%23f", "/lookup/boom"]
@@ -574,7 +583,9 @@ async def test_reconcile_quotes_the_key_and_reads_errors_as_unknown(
 def test_provider_reason_is_sanitised() -> None:
     assert provider_reason(422, b'{"code": "INSUFFICIENT_FUNDS"}') == "INSUFFICIENT_FUNDS"
     assert provider_reason(400, b'{"code": "insufficient-funds"}') == "INSUFFICIENT_FUNDS"
-    assert provider_reason(400, json.dumps({"code": "A" * 100}).encode()) == "A" * 64
+    # too long is replaced, never cut short (a cut secret would hide from the redactor)
+    assert provider_reason(400, json.dumps({"code": "A" * 100}).encode()) == "PROVIDER_REFUSED_400"
+    assert provider_reason(400, json.dumps({"code": "A" * 64}).encode()) == "A" * 64
     assert provider_reason(400, b'{"code": 7}') == "PROVIDER_REFUSED_400"
     assert provider_reason(403, b"<html>denied</html>") == "PROVIDER_REFUSED_403"
     assert provider_reason(400, b'["INSUFFICIENT_FUNDS"]') == "PROVIDER_REFUSED_400"
@@ -617,3 +628,111 @@ def test_loopback_hosts() -> None:
         assert is_loopback_host(host)
     for host in ("example.com", "10.0.0.1", "0.0.0.0", "localhost.example.com", "::"):
         assert not is_loopback_host(host)
+
+
+# -- signed lookups (issue 16, item 3) ---------------------------------------------------------
+
+
+def _signed_credential() -> tuple[Any, Any]:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from agentsafe.executor.egress.credentials import SignedRequestCredential
+
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    handle = SecretHandle("DOWNSTREAM_SIGNING_KEY", bytearray(pem))
+    return SignedRequestCredential(key_id="executor-1", signing_key=handle), key.public_key()
+
+
+async def test_a_signed_lookup_covers_the_five_components_with_the_attempts_intent_hash(
+    provider: SyntheticProvider, guard: Guard
+) -> None:
+    from agentsafe.executor.provider import MemorySeenStore, verify_provider_request
+    from agentsafe.executor.tools.synthetic_credentials import CredentialRequirement
+
+    credential, public = _signed_credential()
+    handler = ForwardRequestHandler(
+        url=provider.base_url + PATH,
+        lookup_url=provider.base_url + LOOKUP,
+        timeout_ms=5_000,
+        transport=guard.client,
+        credential=credential,
+        parameters_schema=SCHEMA,
+    )
+    seen: list[tuple[str, list[tuple[str, str]]]] = []
+
+    class Recording(CredentialRequirement):
+        def check(self, **kw: Any) -> Any:
+            seen.append((kw["path"], kw["headers"]))
+            return super().check(**kw)
+
+    provider.require = Recording(kind="SIGNED_REQUEST", keys={"executor-1": public})
+    assert (await handler.reconcile("never-sent", intent_hash=IH)) == ReconcileResult(
+        ReconcileStatus.NOT_EXECUTED
+    )
+    assert provider.refusals == []
+    [(path, headers)] = seen
+    verdict = verify_provider_request(
+        method="GET",
+        path=path,
+        headers=headers,
+        body=b"",
+        keys={"executor-1": public},
+        authority_jwks={},
+        now=__import__("time").time(),
+        seen_store=MemorySeenStore(),
+        required_components=(
+            "@method",
+            "@path",
+            "content-digest",
+            "idempotency-key",
+            "x-agent-safe-intent-hash",
+        ),
+    )
+    assert verdict.accepted, verdict
+    sent = {name.lower(): value for name, value in headers}
+    assert sent["x-agent-safe-intent-hash"] == IH
+    assert sent["idempotency-key"] == "never-sent"
+
+
+async def test_a_lookup_the_credential_cannot_sign_is_reported_not_swallowed(
+    provider: SyntheticProvider, guard: Guard
+) -> None:
+    credential, _ = _signed_credential()
+    handler = ForwardRequestHandler(
+        url=provider.base_url + PATH,
+        lookup_url=provider.base_url + LOOKUP,
+        timeout_ms=5_000,
+        transport=guard.client,
+        credential=credential,
+        parameters_schema=SCHEMA,
+    )
+    security = MemorySink()
+    registry = Registry(security=security)
+    registry.register("create_payout", handler)
+    registry.seal()
+    # An empty intent hash is what the lookup used to sign; the signing module refuses it.
+    answer = await registry.reconcile("create_payout", "k-1", intent_hash="")
+    assert answer == ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="SIGNATURE_INPUT_INVALID")
+    assert security.named("RECONCILE_LOOKUP_FAILED") == [
+        {"action": "create_payout", "code": "SIGNATURE_INPUT_INVALID"}
+    ]
+    assert provider.received == []
+
+
+async def test_a_lookup_for_another_intent_is_refused_by_the_provider(
+    provider: SyntheticProvider, guard: Guard
+) -> None:
+    registry, handler = build(provider.base_url, guard.client)
+    _, ctx = await run(registry, "payout-21")
+    assert (await handler.reconcile("payout-21", intent_hash=ctx.intent.intent_hash)).status is (
+        ReconcileStatus.COMPLETED
+    )
+    assert await handler.reconcile("payout-21", intent_hash=IH) == ReconcileResult(
+        ReconcileStatus.UNKNOWN, reason_code="LOOKUP_STATUS_409"
+    )

@@ -24,6 +24,8 @@ from agentsafe.executor.events import MemorySink
 from agentsafe.executor.routes.refusals import status_of
 from tests.support.intents import make_intent
 
+IH = "sha256:" + "ab" * 32  # the intent a lookup is asked on behalf of
+
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -83,7 +85,7 @@ class ScriptedHandler:
             return {"value": float("nan")}
         return {"status": 202, "accepted": True}
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
         if self.script == "reconcile_raises":
             raise OSError("lookup failed")
         return ReconcileResult(ReconcileStatus.COMPLETED, provider_reference=idempotency_key)
@@ -353,15 +355,112 @@ def test_provider_refused_is_an_agentsafe_error_with_the_reason() -> None:
 async def test_reconcile_reads_and_never_executes() -> None:
     handler = ScriptedHandler("ok")
     registry = sealed(handler)
-    result = await registry.reconcile("create_payout", "payout-1-v1")
+    result = await registry.reconcile("create_payout", "payout-1-v1", intent_hash=IH)
     assert result == ReconcileResult(ReconcileStatus.COMPLETED, provider_reference="payout-1-v1")
     assert not handler.ran
 
 
 async def test_reconcile_failures_are_unknown() -> None:
     registry = sealed(ScriptedHandler("reconcile_raises"))
-    result = await registry.reconcile("create_payout", "k")
+    result = await registry.reconcile("create_payout", "k", intent_hash=IH)
     assert result.status is ReconcileStatus.UNKNOWN
     assert result.reason_code == "RECONCILE_FAILED"
-    missing = await registry.reconcile("nope", "k")
+    missing = await registry.reconcile("nope", "k", intent_hash=IH)
     assert missing == ReconcileResult(ReconcileStatus.UNKNOWN, reason_code="ACTION_NOT_REGISTERED")
+
+
+# -- what a provider chose is bounded and screened (issue 16, item 12) ----------------------
+
+
+class ReflectingHandler:
+    """A handler whose provider hands a chosen string back in every place it can."""
+
+    parameters_schema = SCHEMA
+
+    def __init__(self, reason: str | None, reference: str) -> None:
+        self.reason = reason
+        self.reference = reference
+
+    async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+        async def send(key: str) -> str:
+            return "sent"
+
+        await dispatch.run(send)
+        if self.reason is not None:
+            raise ProviderRefused(self.reason, status=422)
+        return {"status": 202, "accepted": True, "nested": {"ref": [self.reference]}}
+
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
+        return ReconcileResult(
+            ReconcileStatus.UNKNOWN,
+            reason_code=self.reason,
+            provider_reference=self.reference,
+        )
+
+
+SECRET = "dwn-7Hq2LmP9xV4nR8sT1kWz"
+
+
+def screening(handler: ReflectingHandler, security: MemorySink) -> Registry:
+    from agentsafe.executor.evidence.redact import Redactor
+
+    redactor = Redactor()
+    redactor.set_secret("DOWNSTREAM_CREDENTIAL", ("Bearer " + SECRET).encode())
+    registry = Registry(security=security, screen=lambda t: redactor.redact(t, jws=False)[0])
+    registry.register("create_payout", handler)
+    registry.seal()
+    return registry
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "BEARER_DWN_7HQ2LMP9XV4NR8ST1KWZ",  # the credential, as the forward handler reduced it
+        "DWN_7HQ2LMP9XV4NR8ST1KWZ",
+        "Bearer " + SECRET,  # not UPPER_SNAKE at all
+        "A" * 65,  # too long
+        "INSUFFICIENT\nFUNDS",
+        "ÄRGER",
+    ],
+)
+async def test_a_provider_reason_that_is_a_secret_or_no_code_is_withheld(reason: str) -> None:
+    security = MemorySink()
+    registry = screening(ReflectingHandler(reason, "ref-1"), security)
+    report = await registry.execute("create_payout", make_ctx(ManualClock()), on_claimed=_noop)
+    assert report.outcome is Outcome.DEFINITELY_NOT_EXECUTED
+    assert report.reason_codes == ("PROVIDER_REASON_WITHHELD",)
+    assert [e["reason_code"] for e in security.named("PROVIDER_REFUSED")] == [
+        "PROVIDER_REASON_WITHHELD"
+    ]
+    answer = await registry.reconcile("create_payout", "k", intent_hash=IH)
+    assert answer.reason_code == "PROVIDER_REASON_WITHHELD"
+    assert SECRET.casefold() not in str(security.events).casefold()
+
+
+async def test_an_ordinary_provider_code_passes() -> None:
+    security = MemorySink()
+    registry = screening(ReflectingHandler("INSUFFICIENT_FUNDS", "ref-1"), security)
+    report = await registry.execute("create_payout", make_ctx(ManualClock()), on_claimed=_noop)
+    assert report.reason_codes == ("INSUFFICIENT_FUNDS",)
+    assert security.named("PROVIDER_STRING_WITHHELD") == []
+
+
+async def test_a_secret_in_a_result_or_a_lookup_reference_is_replaced() -> None:
+    import base64
+
+    encoded = base64.urlsafe_b64encode(("Bearer " + SECRET).encode()).decode().rstrip("=")
+    security = MemorySink()
+    registry = screening(ReflectingHandler(None, encoded), security)
+    report = await registry.execute("create_payout", make_ctx(ManualClock()), on_claimed=_noop)
+    assert report.outcome is Outcome.COMPLETED
+    assert report.result == {
+        "status": 202,
+        "accepted": True,
+        "nested": {"ref": ["[REDACTED:SECRET]"]},
+    }
+    answer = await registry.reconcile("create_payout", "k", intent_hash=IH)
+    assert answer.provider_reference is None
+    assert [e["field"] for e in security.named("PROVIDER_STRING_WITHHELD")] == [
+        "nested.ref[]",
+        "provider_reference",
+    ]

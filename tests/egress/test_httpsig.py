@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import http_message_signatures as hms
 import pytest
@@ -184,3 +185,112 @@ async def test_maintained_library_verifies_our_signatures(alg: str) -> None:
     message.headers["idempotency-key"] = "other"
     with pytest.raises(hms.HTTPMessageSignaturesException):
         verifier.verify(message, body=body)
+
+
+# -- the received parameter order (issue 16) --------------------------------------------------
+
+
+def _signed_in_order(order: tuple[str, ...], *, created: int) -> tuple[dict[str, str], bytes, Any]:
+    """A request signed by hand, the way a conforming signer writing ``order`` would."""
+    import base64 as b64
+
+    key = Ed25519PrivateKey.generate()
+    body = b'{"amount":1}'
+    headers = {
+        "content-digest": content_digest(body),
+        "idempotency-key": "i-1",
+        "x-agent-safe-intent-hash": "sha256:" + "ab" * 32,
+    }
+    components = (
+        "@method",
+        "@path",
+        "content-digest",
+        "idempotency-key",
+        "x-agent-safe-intent-hash",
+    )
+    values = {"created": str(created), "keyid": '"k1"', "alg": '"ed25519"'}
+    inner = " ".join(f'"{c}"' for c in components)
+    params = f"({inner})" + "".join(f";{name}={values[name]}" for name in order)
+    lines = [
+        '"@method": GET',
+        '"@path": /payouts/i-1',
+        *(f'"{name}": {headers[name]}' for name in components[2:]),
+        f'"@signature-params": {params}',
+    ]
+    signature = key.sign("\n".join(lines).encode())
+    headers["signature-input"] = f"agentsafe={params}"
+    headers["signature"] = "agentsafe=:" + b64.b64encode(signature).decode() + ":"
+    return headers, body, key.public_key()
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        ("created", "keyid", "alg"),
+        ("alg", "keyid", "created"),
+        ("keyid", "created", "alg"),
+        ("alg", "created", "keyid"),
+    ],
+)
+def test_a_signature_is_verified_in_the_parameter_order_it_was_received(
+    order: tuple[str, ...],
+) -> None:
+    import time
+
+    from agentsafe.executor.provider import MemorySeenStore, verify_provider_request
+
+    now = int(time.time())
+    headers, body, public = _signed_in_order(order, created=now)
+    params = parse_signature_input(headers["signature-input"])
+    assert params.order == order
+    assert params.serialize() == headers["signature-input"].removeprefix("agentsafe=")
+    verdict = verify_provider_request(
+        method="GET",
+        path="/payouts/i-1",
+        headers=headers,
+        body=body,
+        keys={"k1": public},
+        authority_jwks={},
+        now=now,
+        seen_store=MemorySeenStore(),
+        required_components=params.components,
+    )
+    assert (verdict.accepted, verdict.code) == (True, "VERIFIED")
+
+
+def test_the_order_is_part_of_what_was_signed() -> None:
+    """Rebuilding in another order than received is another base: it must not verify."""
+    import time
+
+    from agentsafe.executor.provider import MemorySeenStore, verify_provider_request
+
+    now = int(time.time())
+    headers, body, public = _signed_in_order(("alg", "keyid", "created"), created=now)
+    headers["signature-input"] = headers["signature-input"].replace(
+        ';alg="ed25519";keyid="k1";created=' + str(now),
+        ";created=" + str(now) + ';keyid="k1";alg="ed25519"',
+    )
+    verdict = verify_provider_request(
+        method="GET",
+        path="/payouts/i-1",
+        headers=headers,
+        body=body,
+        keys={"k1": public},
+        authority_jwks={},
+        now=now,
+        seen_store=MemorySeenStore(),
+        required_components=(),
+    )
+    assert verdict.code == "SIGNATURE_INVALID"
+
+
+def test_the_order_must_name_each_parameter_once() -> None:
+    with pytest.raises(SignatureError):
+        SignatureParams(
+            components=("@method",), created=1, keyid="k", alg="ed25519", order=("created", "alg")
+        ).validate()
+
+
+def test_our_signer_writes_created_keyid_alg() -> None:
+    params = SignatureParams(components=("@method",), created=1, keyid="k", alg="ed25519")
+    assert params.serialize() == '("@method");created=1;keyid="k";alg="ed25519"'

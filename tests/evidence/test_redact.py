@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.evidence.chain import ChainedStreams, open_chained_streams
 from agentsafe.executor.evidence.chainverify import verify_chain
-from agentsafe.executor.evidence.redact import RedactingLogFilter, Redaction, Redactor
+from agentsafe.executor.evidence.redact import KIND_SECRET, RedactingLogFilter, Redaction, Redactor
 
 
 def pem_keys() -> list[str]:
@@ -256,3 +256,60 @@ def test_a_registered_value_never_escapes_a_chained_line(
     for leak in leaks(se):
         assert all(secret not in str(v) for k, v in leak.items() if not k.endswith("hash"))
     assert leaks(se)
+
+
+# -- transformed forms (issue 16, item 12) ---------------------------------------------------
+
+
+def test_a_secret_is_found_case_folded_squashed_and_encoded(redactor: Redactor) -> None:
+    from urllib.parse import quote, quote_plus
+
+    credential = "Bearer dwn-7Hq2LmP9xV4nR8sT1kWz"
+    value = "dwn-7Hq2LmP9xV4nR8sT1kWz"
+    snake = "BEARER_DWN_7HQ2LMP9XV4NR8ST1KWZ"  # what the forward handler made of a reflection
+    transformed = [
+        value.upper(),
+        value.lower(),
+        credential.upper(),
+        value.swapcase(),
+        snake,
+        snake.lower(),
+        "DWN_7HQ2LMP9XV4NR8ST1KWZ",
+        base64.b64encode(credential.encode()).decode(),
+        base64.b64encode(value.encode()).decode().rstrip("="),
+        base64.urlsafe_b64encode(credential.encode()).decode().rstrip("="),
+        credential.encode().hex(),
+        credential.encode().hex().upper(),
+        quote(credential, safe=""),
+        quote_plus(credential),
+    ]
+    for form in transformed:
+        for text in (form, f"reason_codes: [{form}]", f'{{"code": "{form}"}}'):
+            out, found = redactor.redact(text)
+            assert form not in out, text
+            assert Redaction(KIND_SECRET, "DOWNSTREAM_CREDENTIAL") in found, text
+
+
+def test_transformations_do_not_redact_ordinary_codes(redactor: Redactor) -> None:
+    for text in ("PROVIDER_REFUSED_422", "INSUFFICIENT_FUNDS", "BEARER", "dwn", "7HQ2"):
+        assert redactor.redact(text) == (text, ())
+
+
+def test_a_jws_can_be_left_alone_when_asked() -> None:
+    r = Redactor()
+    token = compact_jws()
+    assert r.redact(token)[0] == "[REDACTED:JWS]"
+    assert r.redact(token, jws=False) == (token, ())
+
+
+def test_a_secret_with_escaped_characters_is_found_in_either_escape_case() -> None:
+    from urllib.parse import quote
+
+    r = Redactor()
+    r.set_secret("DOWNSTREAM_CREDENTIAL", b"k3y/with+slash=and-more")
+    upper = quote("k3y/with+slash=and-more", safe="")
+    assert "%2F" in upper
+    for form in (upper, upper.replace("%2F", "%2f").replace("%2B", "%2b").replace("%3D", "%3d")):
+        out, found = r.redact(f"lookup?key={form}")
+        assert form not in out
+        assert found

@@ -22,6 +22,7 @@ from tests.plans import support as s
 from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "policy.yaml"
+PROPOSER = "treasury-workflow"  # a plan's actor is the principal that proposes it
 
 
 @dataclass
@@ -69,7 +70,9 @@ async def node(tmp_path: Path) -> AsyncIterator[PlanNode]:
 
 
 async def test_a_plan_from_dry_run_to_verified_receipt(node: PlanNode, tmp_path: Path) -> None:
-    status, dry = await node.post("/v1/plans/dry-run", "treasury-workflow", {"plan": s.plan()})
+    status, dry = await node.post(
+        "/v1/plans/dry-run", "treasury-workflow", {"plan": s.plan(actor=PROPOSER)}
+    )
     assert status == 200, dry
     request = s.request()
     del request["approver"]
@@ -122,7 +125,9 @@ async def test_a_plan_from_dry_run_to_verified_receipt(node: PlanNode, tmp_path:
 
 
 async def test_roles_on_the_plan_routes(node: PlanNode) -> None:
-    status, dry = await node.post("/v1/plans/dry-run", "treasury-workflow", {"plan": s.plan()})
+    status, dry = await node.post(
+        "/v1/plans/dry-run", "treasury-workflow", {"plan": s.plan(actor=PROPOSER)}
+    )
     assert status == 200
     request = s.request()
     del request["approver"]
@@ -131,12 +136,14 @@ async def test_roles_on_the_plan_routes(node: PlanNode) -> None:
     )
     assert status == 403
     assert body["error"]["code"] == "ROLE_FORBIDDEN"
-    status, body = await node.post("/v1/plans/dry-run", "treasury-lead", {"plan": s.plan()})
+    status, body = await node.post(
+        "/v1/plans/dry-run", "treasury-lead", {"plan": s.plan(actor=PROPOSER)}
+    )
     assert status == 403
 
 
 async def test_a_plan_outside_the_policy_is_refused_with_its_code(node: PlanNode) -> None:
-    bad = s.plan(s.step(tool="delete"))
+    bad = s.plan(s.step(tool="delete"), actor=PROPOSER)
     status, body = await node.post("/v1/plans/dry-run", "treasury-workflow", {"plan": bad})
     assert status >= 400
     assert body["error"]["code"]
@@ -146,7 +153,9 @@ async def test_a_plan_outside_the_policy_is_refused_with_its_code(node: PlanNode
 async def test_an_expired_plan_approval_is_409_as_on_every_route(node: PlanNode) -> None:
     # One code, one status (executor/codes.py): APPROVAL_EXPIRED is 409 on /v1/plans/steps as
     # on /v1/approvals, never the 403 the plan routes used to answer.
-    status, dry = await node.post("/v1/plans/dry-run", "treasury-workflow", {"plan": s.plan()})
+    status, dry = await node.post(
+        "/v1/plans/dry-run", "treasury-workflow", {"plan": s.plan(actor=PROPOSER)}
+    )
     assert status == 200
     request = s.request()
     del request["approver"]

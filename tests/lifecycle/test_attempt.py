@@ -62,7 +62,7 @@ class ScriptedHandler:
         await dispatch.run(send)
         return {"provider_reference": "ref-1", "effect_receipt": "receipt-jws"}
 
-    async def reconcile(self, idempotency_key: str) -> ReconcileResult:
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
         return ReconcileResult(ReconcileStatus.UNKNOWN)
 
 

@@ -36,7 +36,9 @@ class FakeReconcilerDouble:
         self.asked: list[tuple[str, str]] = []
         self.never = asyncio.Event()
 
-    async def reconcile(self, action: str, idempotency_key: str) -> ReconcileResult:
+    async def reconcile(
+        self, action: str, idempotency_key: str, *, intent_hash: str
+    ) -> ReconcileResult:
         self.asked.append((action, idempotency_key))
         answer = self.answers[idempotency_key]
         if answer is None:  # a provider that never answers

@@ -25,6 +25,7 @@ def test_counts_by_action_verdict_and_observation() -> None:
             "refund": {"ALLOW": 0, "BLOCK": 0, "ESCALATE": 1, "NO_VERDICT": 2},
         },
         "observations": {"OBSERVED": 3, "UNAVAILABLE": 1, "TIMED_OUT": 1, "INVALID": 1},
+        "enforcement_switch": "EXECUTOR_MODE=ENFORCEMENT",
     }
 
 

@@ -38,7 +38,7 @@ def every_route() -> tuple[Route, ...]:
         pipeline=STAND_IN,
         readiness=lambda: ReadyState(ready=True, code=Code.READY, details={}),
         jwks=lambda: {"keys": []},
-        plane=SimpleNamespace(streams=Streams.memory()),  # type: ignore[arg-type]
+        plane=SimpleNamespace(streams=Streams.memory(), work_refusal=lambda: None),  # type: ignore[arg-type]
         plans=STAND_IN,
         approvals=Approvals(store=STAND_IN, streams=Streams.memory(), clock=ManualClock()),
     )

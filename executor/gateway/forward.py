@@ -1,0 +1,188 @@
+"""The gateway's handler: forward the captured request byte for byte, once, inside dispatch.
+
+The listener (``gateway/listener.py``) keeps each request it captured in :class:`Exchanges`
+under its idempotency key, then proposes the intent; on ALLOW in enforcement the pipeline claims
+the grant, journals the attempt and runs :class:`GatewayForwardHandler` through the seam like any
+handler. The handler takes the request from the exchanges, checks it is the one the intent binds
+(method, path, query and the body's SHA-256 against the verified parameters; nothing is sent on
+a mismatch), adds the credential's headers and the binding headers, and sends the exact body
+bytes to the upstream through the guarded client inside ``dispatch.run``. Whatever the upstream
+answers is the result (an HTTP answer means it was reached; the client gets that answer), kept in
+the exchange for the listener; a failure after sending is an unknown outcome, reconciled through
+``DOWNSTREAM_LOOKUP_URL`` when one is configured, read-only.
+
+Callers: ``proxy.py`` (registers it), ``gateway/listener.py`` (the exchanges).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import quote
+
+from ..codes import Code
+from ..dispatch.seam import Dispatch, ExecutionContext, ReconcileResult, ReconcileStatus
+from ..egress.credentials import DownstreamCredential
+from ..egress.transport import HttpResponse, Transport, TransportError
+from ..errors import HandlerError
+from .intercept import body_digest
+
+__all__ = ["HANDLER", "PARAMETERS_SCHEMA", "Exchange", "Exchanges", "GatewayForwardHandler"]
+
+HANDLER: Final = "gateway_forward"
+PARAMETERS_SCHEMA: Final[Mapping[str, Any]] = {
+    "type": "object",
+    "required": ["method", "path", "query", "body_digest", "body"],
+    "additionalProperties": False,
+    "properties": {
+        "method": {"enum": ["POST", "PUT", "PATCH", "DELETE", "GET", "HEAD", "OPTIONS"]},
+        "path": {"type": "string", "pattern": "^/", "maxLength": 2048},
+        "query": {"type": "string", "maxLength": 4096},
+        "body_digest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+        "body": {},
+    },
+}
+
+
+@dataclass
+class Exchange:
+    """One captured request, and the upstream's answer once it was forwarded."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    response: HttpResponse | None = None
+
+
+@dataclass
+class Exchanges:
+    """Captured requests by idempotency key, for the time between capture and answer."""
+
+    _by_key: dict[str, Exchange] = field(default_factory=dict)
+
+    def put(self, key: str, exchange: Exchange) -> None:
+        self._by_key[key] = exchange
+
+    def get(self, key: str) -> Exchange | None:
+        return self._by_key.get(key)
+
+    def pop(self, key: str) -> Exchange | None:
+        return self._by_key.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+class GatewayForwardHandler:
+    """The ``gateway_forward`` handler (see the module docstring)."""
+
+    parameters_schema = PARAMETERS_SCHEMA
+    description = "An HTTP request to the upstream, forwarded byte for byte on ALLOW."
+
+    def __init__(
+        self,
+        *,
+        upstream: str,
+        lookup_url: str | None,
+        timeout_ms: int,
+        transport: Transport,
+        credential: DownstreamCredential | None,
+        exchanges: Exchanges,
+    ) -> None:
+        self._upstream = upstream.rstrip("/")
+        self._lookup_url = lookup_url
+        self._timeout = timeout_ms / 1000
+        self._transport = transport
+        self._credential = credential
+        self._exchanges = exchanges
+
+    def __repr__(self) -> str:
+        return "GatewayForwardHandler()"
+
+    async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+        exchange = self._exchanges.get(ctx.idempotency_key)
+        params = ctx.parameters
+        if exchange is None:
+            raise HandlerError(
+                "the captured request is not held by this process", code=Code.GATEWAY_EXCHANGE_LOST
+            )
+        if (
+            exchange.method != params.get("method")
+            or exchange.path != params.get("path")
+            or exchange.query != params.get("query")
+            or body_digest(exchange.body) != params.get("body_digest")
+        ):
+            raise HandlerError(
+                "the request differs from the intent", code=Code.GRANT_BINDING_MISMATCH
+            )
+        url = self._upstream + exchange.path + (f"?{exchange.query}" if exchange.query else "")
+        auth = ctx.authorization
+        headers = dict(exchange.headers)
+        headers.update(
+            {
+                "idempotency-key": ctx.idempotency_key,
+                "x-agent-safe-intent-hash": ctx.intent.intent_hash,
+                "x-agent-safe-dossier-id": auth.dossier_id,
+                "x-agent-safe-grant-id": auth.grant_id,
+                "x-agent-safe-decision-id": auth.decision_id,
+            }
+        )
+        if self._credential is not None:
+            extra = await self._credential.headers_for(
+                method=exchange.method,
+                url=url,
+                body=exchange.body,
+                idempotency_key=ctx.idempotency_key,
+                intent_hash=ctx.intent.intent_hash,
+                grant_id=auth.grant_id,
+                decision_id=auth.decision_id,
+                attestation=ctx.attestation,
+            )
+            headers.update({k.lower(): v for k, v in extra.items()})
+
+        async def send(key: str) -> HttpResponse:
+            timeout = min(self._timeout, ctx.remaining())
+            return await self._transport.request(
+                exchange.method,
+                url,
+                headers={**headers, "idempotency-key": key},
+                body=exchange.body if exchange.body or exchange.method != "GET" else None,
+                timeout=timeout,
+            )
+
+        response = await dispatch.run(send)
+        exchange.response = response
+        return {
+            "status": response.status,
+            "accepted": 200 <= response.status < 400,
+            "response_digest": "sha256:" + hashlib.sha256(response.body).hexdigest(),
+        }
+
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
+        """Read-only: ``DOWNSTREAM_LOOKUP_URL`` by key when configured; else unknown. The lookup
+        names the key and the lost attempt's intent hash, as serve's lookups do."""
+        if self._lookup_url is None:
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.LOOKUP_NOT_CONFIGURED)
+        url = self._lookup_url.replace("{idempotency_key}", quote(idempotency_key, safe=""))
+        try:
+            response = await self._transport.request(
+                "GET",
+                url,
+                headers={
+                    "idempotency-key": idempotency_key,
+                    "x-agent-safe-intent-hash": intent_hash,
+                },
+                body=None,
+                timeout=self._timeout,
+            )
+        except TransportError as exc:
+            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=exc.code)
+        if response.status == 404:
+            return ReconcileResult(ReconcileStatus.NOT_EXECUTED)
+        if 200 <= response.status < 300:
+            return ReconcileResult(ReconcileStatus.COMPLETED)
+        return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.LOOKUP_STATUS)

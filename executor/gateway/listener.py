@@ -1,0 +1,283 @@
+"""The gateway's listener: one HTTP request in, one intent, one answer the client can read.
+
+For ``POST``, ``PUT``, ``PATCH`` and ``DELETE`` (and ``GET``, ``HEAD``, ``OPTIONS`` when the
+policy has an ``http_read`` action; without one they pass through unbound, as the policy says by
+not naming them) the request is captured (``gateway/intercept.py``), kept under its idempotency
+key (the client's ``Idempotency-Key`` when it sends a valid one, else a fresh one) and proposed to
+the pipeline as the action ``http_request`` (``http_read``) by the gateway's principal. The
+pipeline decides, and on ALLOW in enforcement claims the single-use grant, journals and runs
+``gateway_forward`` once (``gateway/forward.py``): the journal, reconciliation and evidence are
+the same as ``agentsafe serve``'s. The answers:
+
+======================================  ==========================================================
+what happened                            the client sees
+======================================  ==========================================================
+ALLOW, forwarded                         the upstream's own answer (status, headers, body)
+ALLOW, a replay of a key already used    200 ``{"replayed": true, "result"}``; nothing sent again
+BLOCK                                    403 ``GATEWAY_BLOCKED`` with the reason codes
+ESCALATE                                 202 ``{"state": "ESCALATE_PENDING", "escalation"}``, held
+authority cannot be reached              503 ``GATEWAY_AUTHORITY_UNAVAILABLE``, ``Retry-After``
+halted                                   503 ``EXECUTOR_HALTED``, ``Retry-After``
+outcome unknown after sending            502 ``GATEWAY_OUTCOME_UNKNOWN`` with the recovery object
+not sent                                 502 ``GATEWAY_NOT_EXECUTED`` with the reason codes
+an upgrade                               400 ``GATEWAY_UPGRADE_REFUSED``
+a streaming body                         411 ``GATEWAY_STREAMING_REFUSED``
+an oversize body (over 100 KiB)          413 ``GATEWAY_BODY_TOO_LARGE``
+CL+TE, duplicate Content-Length, folded  400 ``GATEWAY_REQUEST_MALFORMED`` (the connection closes)
+======================================  ==========================================================
+
+In shadow (the default) every request is forwarded as it would be without the gateway, and the
+answer carries ``x-agentsafe-shadow-verdict``: what enforcement would have done is in the shadow
+report. Every answer says who decided in ``x-agentsafe-authority``.
+
+Why a :class:`web_protocol.RequestHandler` subclass: aiohttp's llhttp parser refuses the
+request-smuggling framings strictly (which is why it is used), but its own error page quotes the
+offending header bytes back; :class:`_CodedRequestHandler` answers the same refusals with the
+stable JSON error body instead, echoing nothing.
+
+Callers: ``proxy.py`` (builds and runs it).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web, web_protocol, web_request, web_server
+
+from ..codes import Code
+from ..egress.transport import HttpResponse, Transport, TransportError
+from ..errors import RequestRejected
+from ..lifecycle.answers import error_body
+from ..lifecycle.pipeline import Pipeline, Proposal
+from ..principals import Principal
+from .forward import Exchange, Exchanges
+from .intercept import (
+    MAX_BODY_BYTES,
+    WRITE_METHODS,
+    capture,
+    forwardable_headers,
+    refusal_for,
+    response_headers,
+)
+
+__all__ = ["Gateway", "GatewayServer"]
+
+_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~:=+-]{0,200}$")
+_RETRY_AFTER = "5"
+
+
+def _refusal(
+    code: Code, message: str, *, headers: Mapping[str, str] | None = None, **extra: Any
+) -> web.Response:
+    body = error_body(code, message)
+    body.update(extra)
+    response = web.json_response(body, status=code.status or 400)
+    response.headers.update(headers or {})
+    return response
+
+
+@dataclass
+class Gateway:
+    """What one request needs: the pipeline, who proposes, where to, and what to say."""
+
+    pipeline: Pipeline
+    principal: Principal
+    upstream: str
+    transport: Transport
+    exchanges: Exchanges
+    read_action: bool
+    authority: str  # the x-agentsafe-authority value: "local" or "demo"
+    timeout: float
+    log: Callable[[str], None]
+
+    @property
+    def shadow(self) -> bool:
+        return self.pipeline.mode.value == "SHADOW"
+
+    async def handle(self, request: web_request.BaseRequest) -> web.StreamResponse:
+        response = await self._handle(request)
+        response.headers["x-agentsafe-authority"] = self.authority
+        return response
+
+    async def _handle(self, request: web_request.BaseRequest) -> web.StreamResponse:
+        method = request.method
+        raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
+        code = refusal_for(method, raw)
+        path = request.rel_url.raw_path
+        if code is not None:
+            self.log(f"{method} {path} -> refused {code}")
+            return _refusal(code, _MESSAGES[code])
+        body = await request.content.read(MAX_BODY_BYTES + 1)
+        if len(body) > MAX_BODY_BYTES:
+            self.log(f"{method} {path} -> refused {Code.GATEWAY_BODY_TOO_LARGE}")
+            return _refusal(Code.GATEWAY_BODY_TOO_LARGE, _MESSAGES[Code.GATEWAY_BODY_TOO_LARGE])
+        query = request.rel_url.raw_query_string
+        headers = forwardable_headers(raw)
+        if method not in WRITE_METHODS and not self.read_action:
+            self.log(f"{method} {path} -> passed through (the policy names no http_read)")
+            return await self._pass_through(method, path, query, headers, body)
+        given = request.headers.get("idempotency-key", "")
+        key = given if _KEY.match(given) else f"gw-{uuid.uuid4()}"
+        parameters = capture(
+            method=method,
+            path=path,
+            query=query,
+            body=body,
+            content_type=request.headers.get("content-type"),
+        )
+        self.exchanges.put(key, Exchange(method, path, query, headers, body))
+        try:
+            answer = await self.pipeline.propose(
+                self.principal,
+                Proposal(
+                    action="http_request" if method in WRITE_METHODS else "http_read",
+                    target=f"http:{self.upstream}"[:512],
+                    parameters=parameters,
+                    idempotency_key=key,
+                ),
+            )
+        except RequestRejected as exc:
+            self.log(f"{method} {path} -> refused {exc.code}")
+            return _refusal(exc.code, exc.message, headers=dict(exc.headers or {}))
+        finally:
+            exchange = self.exchanges.pop(key)
+        decided: dict[str, Any] = dict(answer.body)
+        reasons = list(decided.get("reason_codes") or [])
+        verdict = decided.get("verdict")
+        outcome = decided.get("outcome")
+        summary = f"{verdict} {outcome} ({', '.join(reasons) or 'no reason codes'})"
+        if Code.AUTHORITY_UNAVAILABLE in reasons:
+            self.log(f"{method} {path} -> the authority cannot be reached; nothing forwarded")
+            return _refusal(
+                Code.GATEWAY_AUTHORITY_UNAVAILABLE,
+                "the authority could not be reached: this is not a verdict; nothing was sent",
+                headers={"Retry-After": _RETRY_AFTER},
+                state=Code.AUTHORITY_UNAVAILABLE,
+                intent_hash=decided.get("intent_hash"),
+            )
+        if self.shadow and answer.status < 500:
+            self.log(f"{method} {path} -> shadow: would be {verdict}; forwarded as before")
+            forwarded = await self._pass_through(method, path, query, headers, body)
+            forwarded.headers["x-agentsafe-shadow-verdict"] = str(verdict)
+            return forwarded
+        if answer.status == 503:
+            code = (
+                Code.EXECUTOR_HALTED
+                if Code.EXECUTOR_HALTED in reasons
+                else Code.GATEWAY_NOT_EXECUTED
+            )
+            self.log(f"{method} {path} -> {summary}; nothing forwarded")
+            return _refusal(
+                code,
+                "the boundary is not taking work; nothing was sent",
+                headers={"Retry-After": answer.headers.get("Retry-After", _RETRY_AFTER)},
+                reason_codes=reasons,
+            )
+        common: dict[str, Any] = {
+            "intent_hash": decided.get("intent_hash"),
+            "decision_id": decided.get("decision_id"),
+            "reason_codes": reasons,
+        }
+        if verdict == "BLOCK":
+            self.log(f"{method} {path} -> {summary}; refused")
+            return _refusal(Code.GATEWAY_BLOCKED, "the policy refused this request", **common)
+        if verdict == "ESCALATE":
+            self.log(f"{method} {path} -> {summary}; held")
+            escalation = decided.get("escalation") or {
+                "mode": "HOLD",
+                "intent_id": decided.get("intent_id"),
+                "intent_hash": decided.get("intent_hash"),
+            }
+            return web.json_response(
+                {"state": "ESCALATE_PENDING", "escalation": escalation, **common}, status=202
+            )
+        if outcome == "COMPLETED":
+            if exchange is not None and exchange.response is not None:
+                self.log(f"{method} {path} -> {summary}; forwarded once under a claimed grant")
+                out = _from_upstream(exchange.response)
+                out.headers["x-agentsafe-intent-hash"] = str(decided.get("intent_hash"))
+                return out
+            self.log(f"{method} {path} -> {summary}; a replay, nothing sent again")
+            return web.json_response(
+                {"replayed": True, "result": decided.get("result"), **common}, status=200
+            )
+        if outcome == "UNKNOWN_AFTER_DISPATCH":
+            self.log(f"{method} {path} -> {summary}; outcome unknown, reconcile")
+            return _refusal(
+                Code.GATEWAY_OUTCOME_UNKNOWN,
+                "the request was sent and its outcome is unknown; it is not sent again",
+                recovery=decided.get("recovery"),
+                **common,
+            )
+        self.log(f"{method} {path} -> {summary}; not sent")
+        return _refusal(Code.GATEWAY_NOT_EXECUTED, "the request was not sent", **common)
+
+    async def _pass_through(
+        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
+    ) -> web.StreamResponse:
+        url = self.upstream + path + (f"?{query}" if query else "")
+        try:
+            upstream = await self.transport.request(
+                method,
+                url,
+                headers=headers,
+                body=body if body or method not in ("GET", "HEAD", "OPTIONS") else None,
+                timeout=self.timeout,
+            )
+        except TransportError as exc:
+            return _refusal(
+                Code.GATEWAY_UPSTREAM_UNREACHABLE,
+                "the upstream could not be reached",
+                transport=exc.code,
+            )
+        return _from_upstream(upstream)
+
+
+def _from_upstream(upstream: HttpResponse) -> web.Response:
+    headers = {
+        k: v for k, v in response_headers(upstream.headers).items() if k != "content-encoding"
+    }
+    return web.Response(status=upstream.status, body=upstream.body, headers=headers)
+
+
+_MESSAGES: dict[Code, str] = {
+    Code.GATEWAY_UPGRADE_REFUSED: "protocol upgrades and CONNECT are not intercepted",
+    Code.GATEWAY_STREAMING_REFUSED: "a streaming (Transfer-Encoding) body cannot be bound; "
+    "send Content-Length",
+    Code.GATEWAY_BODY_TOO_LARGE: f"the body is larger than {MAX_BODY_BYTES} bytes",
+    Code.GATEWAY_METHOD_REFUSED: "this method is not intercepted",
+    Code.GATEWAY_REQUEST_MALFORMED: "the request's framing is ambiguous or malformed",
+}
+
+
+class _CodedRequestHandler(web_protocol.RequestHandler):
+    """aiohttp's connection handler, answering a parser refusal with the coded JSON body."""
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        code = Code.GATEWAY_REQUEST_MALFORMED if status == 400 else Code.INTERNAL_ERROR
+        text = _MESSAGES.get(code, "the gateway failed; nothing was sent")
+        response = web.json_response(error_body(code, text), status=status)
+        response.force_close()
+        return response
+
+
+class GatewayServer(web_server.Server):
+    """The low-level aiohttp server whose connections use :class:`_CodedRequestHandler`."""
+
+    def __init__(
+        self, handler: Callable[[web_request.BaseRequest], Awaitable[web.StreamResponse]]
+    ) -> None:
+        super().__init__(handler, access_log=None)
+
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _CodedRequestHandler(self, loop=self._loop, **self._kwargs)

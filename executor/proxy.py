@@ -1,0 +1,252 @@
+"""``agentsafe proxy --upstream URL --port N``: the HTTP-interception gateway, as a process.
+
+It is ``agentsafe serve``'s executor (the same assembly: posture, secrets, journal, chained
+evidence, use store, policy, authority, startup reconciliation) with the gateway's listener in
+front of an upstream instead of the proposal routes (``gateway/listener.py``), and the gateway's
+``gateway_forward`` handler registered through the seam (``gateway/forward.py``).
+
+Configuration: with ``EXECUTOR_POLICY_FILE`` set, the environment is an executor configuration
+like serve's (``DOWNSTREAM_URL`` defaults to the upstream and must name it; ``EXECUTOR_MODE``
+defaults to SHADOW), and the policy must have an ``http_request`` action run by
+``gateway_forward``. With nothing configured it runs the demo authority (``gateway/demo.py``) on
+loopback and says so on every line it prints. The gateway proposes as the legacy caller, or as
+``--principal`` from the principals file.
+
+Output: one line per request on standard output; the chained evidence and security streams go
+to ``gateway-evidence.jsonl`` and ``gateway-security.jsonl`` in the journal directory (the state
+directory without one). The process guard (``host/audithook.py``) is installed as ``serve``
+installs it, and the posture is checked with its self-test. SIGTERM or Ctrl-C stops it; in
+shadow it then prints the shadow report, ending with the switch that turns enforcement on
+(``--enforce`` for the demo). With ``--serve-routes`` (configured only) the executor's own routes
+are served as well on ``EXECUTOR_BIND_ADDRESS:PORT``, so ``agentsafe status`` asks a running
+gateway what it is doing, its shadow report included.
+
+Callers: ``cli.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from .assembly import assemble
+from .config import ExecutorMode, load_config
+from .dispatch.registration import Seam
+from .door.door import LegacyCaller
+from .errors import AgentSafeError, ConfigError
+from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, Streams
+from .gateway.demo import BANNER, demo_environment
+from .gateway.forward import HANDLER, Exchanges, GatewayForwardHandler
+from .gateway.listener import Gateway, GatewayServer
+from .host.audithook import Guard, install_guard
+from .plane import Executor
+
+__all__ = ["add_parser", "main"]
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "proxy",
+        help="the HTTP-interception gateway in front of an upstream",
+        description="Put agentsafe in front of an API: every POST, PUT, PATCH and DELETE is an "
+        "intent, decided by the policy, and forwarded byte for byte only on ALLOW, once, under "
+        "a claimed single-use grant; BLOCK is 403 GATEWAY_BLOCKED, ESCALATE is held (202). It "
+        "starts in shadow. With no EXECUTOR_* configuration it runs a local DEMO authority with "
+        "a synthetic policy and says so on every line.",
+    )
+    parser.add_argument("--upstream", required=True, help="the upstream's base URL")
+    parser.add_argument("--port", type=int, required=True, help="the port to listen on")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+    parser.add_argument(
+        "--enforce",
+        action="store_true",
+        help="demo only: enforce instead of shadow (configured: set EXECUTOR_MODE)",
+    )
+    parser.add_argument("--principal", help="the PROPOSER the gateway proposes as (principals)")
+    parser.add_argument(
+        "--serve-routes",
+        action="store_true",
+        help="configured only: also serve the executor's routes (control, status) on "
+        "EXECUTOR_BIND_ADDRESS:PORT, so agentsafe status can ask this gateway",
+    )
+    parser.set_defaults(run=main)
+
+
+def _environment(
+    args: argparse.Namespace, environ: Mapping[str, str], workdir: Path
+) -> tuple[dict[str, str], bool]:
+    """The executor configuration and whether it is the demo authority's."""
+    upstream = args.upstream.rstrip("/")
+    parts = urlsplit(upstream)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise ConfigError("--upstream", "must be an http(s) origin such as http://127.0.0.1:3000")
+    if not environ.get("EXECUTOR_POLICY_FILE"):
+        return demo_environment(upstream, workdir, enforce=args.enforce, base=dict(environ)), True
+    env = dict(environ)
+    env.setdefault("EXECUTOR_MODE", "SHADOW")
+    if env.setdefault("DOWNSTREAM_URL", upstream).rstrip("/") != upstream:
+        raise ConfigError("DOWNSTREAM_URL", "must be the --upstream origin for agentsafe proxy")
+    return env, False
+
+
+def _register(exchanges: Exchanges, timeout_ms: int) -> Any:
+    def register(seam: Seam) -> list[str]:
+        seam.registry.register(
+            HANDLER,
+            GatewayForwardHandler(
+                upstream=seam.downstream.url,
+                lookup_url=seam.downstream.lookup_url,
+                timeout_ms=timeout_ms,
+                transport=seam.fetch,
+                credential=seam.credential,
+                exchanges=exchanges,
+            ),
+        )
+        return [HANDLER]
+
+    return register
+
+
+def _principal(executor: Executor, principal_id: str | None) -> Any:
+    principals = executor.door.door.principals
+    if isinstance(principals, LegacyCaller):
+        return principals.principal
+    record = principals.get(principal_id or "")
+    if record is None or not record.principal.may_propose("http_request"):
+        raise ConfigError(
+            "--principal", "must name a PROPOSER of the principals file allowed http_request"
+        )
+    return record.principal
+
+
+async def run(
+    args: argparse.Namespace,
+    env: Mapping[str, str],
+    *,
+    demo: bool,
+    streams_dir: Path,
+    outputs: tuple[TextIO, TextIO],
+    guard: Guard | None = None,
+) -> int:
+    prefix = BANNER if demo else ""
+
+    def say(line: str) -> None:
+        sys.stdout.write(f"{prefix}{line}\n")
+        sys.stdout.flush()
+
+    config = load_config(env)
+    exchanges = Exchanges()
+    evidence, security = DeferredSink(), DeferredSink()
+    evidence_out, security_out = outputs
+    try:
+        executor = await assemble(
+            env,
+            streams=Streams(evidence=evidence, security=security),
+            chain=(evidence_out, security_out),
+            guard=guard,
+            registrations=[("gateway", _register(exchanges, config.downstream_timeout_ms))],
+        )
+    except BaseException:
+        if not security.attached:
+            security.drain(JsonLinesSink(security_out, schema=SECURITY_SCHEMA))
+        raise
+    try:
+        if "http_request" not in executor.policy.actions:
+            raise ConfigError(
+                "EXECUTOR_POLICY_FILE", "needs an http_request action run by gateway_forward"
+            )
+        gateway = Gateway(
+            pipeline=executor.pipeline,
+            principal=_principal(executor, args.principal),
+            upstream=args.upstream.rstrip("/"),
+            transport=executor.transport,
+            exchanges=exchanges,
+            read_action="http_read" in executor.policy.actions,
+            authority="demo" if demo else "local",
+            timeout=config.downstream_timeout_ms / 1000,
+            log=say,
+        )
+        await executor.reconcile_at_start()
+        if args.serve_routes:
+            if demo:
+                raise ConfigError("--serve-routes", "needs a configuration (principals)")
+            await executor.listen()
+            where = f"{config.executor_bind_address}:{executor.port}"
+            say(f"executor routes (control, status) on {where}")
+        runner = web.ServerRunner(GatewayServer(gateway.handle), handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, args.host, args.port)
+        await site.start()
+        mode = config.executor_mode.value
+        say(
+            f"agentsafe proxy: http://{args.host}:{args.port} -> {gateway.upstream} "
+            f"({mode}; evidence in {streams_dir})"
+        )
+        if demo:
+            say("no EXECUTOR_* configuration: the built-in authority decides with a synthetic")
+            say("policy in this process; set EXECUTOR_POLICY_FILE and the rest to configure")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        say("stopping")
+        await runner.cleanup()
+    finally:
+        await executor.close()
+        if executor.config.executor_mode is ExecutorMode.SHADOW:
+            for line in executor.shadow.render().splitlines():
+                say(line)
+            if demo:
+                say("(for the demo authority: restart with --enforce)")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        with tempfile.TemporaryDirectory(prefix="agentsafe-proxy-") as tmp:
+            env, demo = _environment(args, os.environ, Path(tmp))
+            config = load_config(env)
+            streams_dir = Path(config.executor_journal_dir or config.executor_state_dir or tmp)
+            writable = [Path(tmp), streams_dir]
+            writable += [
+                Path(d)
+                for d in (config.executor_state_dir, config.executor_evidence_dir)
+                if d is not None
+            ]
+            # The same process guard as serve: no egress outside the guarded client, no child
+            # processes, no writes outside these directories (host/audithook.py).
+            guard = install_guard(writable_dirs=writable)
+            with (
+                open(streams_dir / "gateway-evidence.jsonl", "a", encoding="utf-8") as evidence,
+                open(streams_dir / "gateway-security.jsonl", "a", encoding="utf-8") as security,
+            ):
+                return asyncio.run(
+                    run(
+                        args,
+                        env,
+                        demo=demo,
+                        streams_dir=streams_dir,
+                        outputs=(evidence, security),
+                        guard=guard,
+                    )
+                )
+    except ConfigError as exc:
+        sys.stderr.write(f"agentsafe proxy: refused to start: {exc.code}: {exc}\n")
+        return exc.exit_status
+    except AgentSafeError as exc:
+        sys.stderr.write(f"agentsafe proxy: refused to start: {exc.code}: {exc.message}\n")
+        return 78
+    except OSError as exc:
+        sys.stderr.write(f"agentsafe proxy: cannot listen: {exc.strerror}\n")
+        return 1

@@ -1,0 +1,173 @@
+"""The models of the answers that are not refusals: what each route's row declares it returns.
+
+The rows of the route table (``answers=``) name these models; ``routes/openapi.py`` writes their
+JSON Schemas into the OpenAPI document, and schemathesis checks every answer of a real
+``agentsafe serve`` against them (``tests/routes/test_schemathesis.py``). They describe what the
+handlers build (``lifecycle/answers.py``, ``plane.py``, ``routes/approvals.py``): the fields a
+client may rely on are listed and typed; an answer may carry more (``extra="allow"``), so a new
+field is additive and never breaks a client.
+
+A refusal is not here: its one shape (``{"error": {"code", "message"}}``) is written by
+``routes/openapi.py`` per route and status from ``routes/contract.py``.
+
+Callers: the route modules (their rows), ``routes/openapi.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ApprovalList",
+    "ApprovalView",
+    "Decision",
+    "EvidenceManifest",
+    "HaltStatus",
+    "Health",
+    "Jwks",
+    "OpenApiDocument",
+    "OpenAttempts",
+    "Readiness",
+    "SecretsReload",
+    "Status",
+]
+
+_Open = ConfigDict(extra="allow")
+
+
+class Health(BaseModel):
+    """``GET /health``: the process answers."""
+
+    model_config = _Open
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    """``GET /ready``: 200 when ready, 503 (same shape) when not."""
+
+    model_config = _Open
+    ready: bool
+    mode: str
+    actions: list[str]
+    unknown_attempts: int = Field(ge=0)
+    reconciling: bool
+    halted: bool
+
+
+class Jwks(BaseModel):
+    """The authority's public grant keys (RFC 7517)."""
+
+    model_config = _Open
+    keys: list[dict[str, Any]]
+
+
+class Decision(BaseModel):
+    """The answer of ``/v1/actions``, ``/v1/reconciliations`` and ``/v1/escalations``: a verdict
+    and what happened. 503 has the same shape while the executor is halted, degraded or its
+    authority is unavailable (``verdict`` BLOCK, ``fail_closed`` true, ``executed`` false)."""
+
+    model_config = _Open
+    mode: str
+    intent_id: str | None
+    intent_hash: str | None
+    verdict: Literal["ALLOW", "BLOCK", "ESCALATE"]
+    decision_id: str | None
+    dossier_id: str | None
+    reason_codes: list[str]
+    fail_closed: bool
+    outcome: str
+    executed: bool | None
+    """``None``: the outcome is not known yet (reconciliation settles it)."""
+    authorization: dict[str, Any] | None
+    finalization: str | None
+    result: dict[str, Any] | None
+    recovery: dict[str, Any] | None
+    replayed: bool
+    escalation: dict[str, Any] | None = None
+
+
+class HaltStatus(BaseModel):
+    """The halt after ``halt`` or ``resume``."""
+
+    model_config = _Open
+    halted: bool
+    causes: list[dict[str, Any]]
+    halt_file_present: bool
+    posture_drift: list[str]
+
+
+class OpenAttempt(BaseModel):
+    model_config = _Open
+    attempt_id: str
+    intent_id: str
+    intent_hash: str
+    action: str
+    principal: str
+    grant_claimed: bool
+    grant_id: str | None
+    state: Literal["UNKNOWN", "UNCLAIMED"]
+
+
+class OpenAttempts(BaseModel):
+    """Attempts the journal holds open (started, never finished)."""
+
+    model_config = _Open
+    open_attempts: list[OpenAttempt]
+
+
+class Status(BaseModel):
+    """``GET /v1/control/status``: the executor at a glance."""
+
+    model_config = _Open
+    mode: str
+    actions: list[str]
+    halt: HaltStatus
+    unknown_attempts: int = Field(ge=0)
+    open_attempts: list[OpenAttempt]
+    policy_digest: str
+
+
+class SecretsReload(BaseModel):
+    """What a secret reload re-read (secrets, and the principals, JWKS and TLS files if set)."""
+
+    model_config = _Open
+    secrets: dict[str, Any]
+
+
+class EvidenceManifest(BaseModel):
+    """The manifest of the evidence bundle just written (``docs/evidence.md``)."""
+
+    model_config = _Open
+
+
+class ApprovalView(BaseModel):
+    """One approval request as an approver sees it before deciding."""
+
+    model_config = _Open
+    request_id: str
+    state: Literal["PENDING", "APPROVED", "DENIED", "EXPIRED", "CANCELLED"]
+    expires_at: str
+    proposer: dict[str, Any]
+    intent: dict[str, Any]
+    approvers: list[str]
+    decided_by: str | None
+    decision_reason: str | None
+
+
+class ApprovalList(BaseModel):
+    """The approval requests this approver may decide, in one state."""
+
+    model_config = _Open
+    approvals: list[ApprovalView]
+
+
+class OpenApiDocument(BaseModel):
+    """``GET /v1/control/openapi.json``: this document (OpenAPI 3.1)."""
+
+    model_config = _Open
+    openapi: str
+    info: dict[str, Any]
+    paths: dict[str, Any]
+    components: dict[str, Any]

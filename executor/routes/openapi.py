@@ -1,0 +1,321 @@
+"""The OpenAPI 3.1 document of the wire contract, generated from the route table.
+
+:func:`openapi_document` reads nothing but the rows it is given (``routes/table.py``) and the
+models they name, so the description is the server's own data and never a file written beside
+it: one operation per row, with
+
+- the request body's JSON Schema from the row's strict model (``body``), the query parameters
+  from its ``query`` model and the path parameters from its path;
+- one response per status: the row's answer models (``answers``, ``routes/answers.py``) and the
+  refusals the row may answer (``routes/contract.py``), each ``{"error": {"code", "message"}}``
+  with ``code`` an ``enum`` of exactly the codes with that status, described one per line;
+- the security the door applies: ``bearer`` (a principal's token or a workload JWT) or
+  ``mtls`` (a client certificate), never both at once, or none for an open route; the role and
+  the scope the door requires are the ``x-agentsafe-role`` and ``x-agentsafe-scope`` extensions;
+- links from an answer that carries another operation's path parameter to that operation, which
+  schemathesis's stateful phase follows.
+
+The executor serves the document of the routes it serves to OPERATOR principals
+(:func:`openapi_route`); ``docs/openapi.json`` is the document of every route with every optional
+section on, and ``tests/routes/test_openapi.py`` fails when it is stale
+(``AGENTSAFE_WRITE_OPENAPI=1 .venv/bin/pytest tests/routes/test_openapi.py`` rewrites it).
+
+Callers: ``routes/table.py`` (the row that serves it), tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Literal, get_args
+
+from aiohttp import web
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from ..codes import HOST_CODE_STATUS
+from ..principals import Role
+from .answers import OpenApiDocument
+from .app import Call, Route
+from .contract import refusal_statuses
+
+__all__ = ["OPENAPI_PATH", "openapi_document", "openapi_route"]
+
+OPENAPI_PATH = "/v1/control/openapi.json"
+_REF = "#/components/schemas/{model}"
+_PARAM = re.compile(r"\{([^}:]+)(?::[^}]*)?\}")
+_HOST_CODE = r"^[A-Z][A-Z0-9_]*$"
+
+_SECURITY_SCHEMES = {
+    "bearer": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": (
+            "A bearer principal's token (agent-safe.principals/1, matched by digest), or a "
+            "workload principal's projected service-account JWT. Never together with a client "
+            "certificate (401 AUTH_AMBIGUOUS)."
+        ),
+    },
+    "mtls": {
+        "type": "mutualTLS",
+        "description": (
+            "A client certificate issued by EXECUTOR_TLS_CLIENT_CA_FILE whose SAN URI (and "
+            "optional pin) names an MTLS principal."
+        ),
+    },
+}
+
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying (RATE_LIMITED, STORE_UNAVAILABLE, a halt).",
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+    }
+}
+
+_DESCRIPTION = (
+    "The execution boundary between AI agents and the systems they can change. Every answer, "
+    "refusals included, carries Content-Security-Policy, X-Frame-Options, "
+    "X-Content-Type-Options and Cache-Control: no-store. A refusal is "
+    '{"error": {"code", "message"}}: a stable code (docs/error-codes.md) with the status the '
+    "registry gives it, and a message that echoes nothing from the request. Bodies are JSON "
+    "(application/json) of at most 100 KiB. A path that is not listed answers 404 NOT_FOUND, "
+    "a method a path does not take 405 METHOD_NOT_ALLOWED."
+)
+
+_Mode = Literal["validation", "serialization"]
+
+
+def _package_version() -> str:
+    try:
+        return version("agentsafe")
+    except PackageNotFoundError:  # pragma: no cover - a source tree that was never installed
+        return "0"
+
+
+def _schemas(routes: Sequence[Route]) -> tuple[dict[tuple[type[BaseModel], _Mode], Any], Any]:
+    wanted: dict[tuple[type[BaseModel], _Mode], None] = {}
+    for route in routes:
+        if route.body is not None:
+            wanted[(route.body, "validation")] = None
+        if route.query is not None:
+            wanted[(route.query, "validation")] = None
+        for model in route.answers.values():
+            if model is not None:
+                wanted[(model, "serialization")] = None
+    refs, defs = models_json_schema(list(wanted), ref_template=_REF)
+    return {key: refs[key] for key in wanted}, defs.get("$defs", {})
+
+
+def _refusal_schema(codes: list[str], *, host: bool, extra: bool) -> dict[str, Any]:
+    code: dict[str, Any] = {"type": "string", "enum": codes}
+    if host:
+        code = {"type": "string", "pattern": _HOST_CODE}
+    error = {
+        "type": "object",
+        "required": ["code", "message"],
+        "additionalProperties": False,
+        "properties": {"code": code, "message": {"type": "string", "minLength": 1}},
+    }
+    body: dict[str, Any] = {
+        "type": "object",
+        "required": ["error"],
+        "additionalProperties": False,
+        "properties": {"error": error},
+    }
+    if extra:
+        body["properties"]["receipt"] = {
+            "description": "The signed receipt of a step that ran (or may have), to reconcile."
+        }
+    return body
+
+
+def _describe(codes: list[str], *, host: bool) -> str:
+    names = ", ".join(f"`{name}`" for name in codes)
+    if host:
+        names += ", or a host step executor's own UPPER_SNAKE code, passed through"
+    return f"A refusal: {names} (docs/error-codes.md says what each means)."
+
+
+def _refusal_ref(schema: dict[str, Any], status: int, refusals: dict[str, Any]) -> dict[str, Any]:
+    """One component per distinct refusal schema, named for its status and content."""
+    digest = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()[:8]
+    name = f"Refusal{status}_{digest}"
+    refusals[name] = schema
+    return {"$ref": _REF.format(model=name)}
+
+
+def _pointers(model: type[BaseModel], name: str) -> list[str]:
+    """Where an answer of ``model`` carries a field ``name``: at the top, or in the first item
+    of a list of models."""
+    found = []
+    for field_name, field in model.model_fields.items():
+        if field_name == name:
+            found.append(f"/{name}")
+        for inner in get_args(field.annotation):
+            model_type = isinstance(inner, type) and issubclass(inner, BaseModel)
+            if model_type and name in inner.model_fields:
+                found.append(f"/{field_name}/0/{name}")
+    return found
+
+
+def _links(route: Route, routes: Sequence[Route], status: int) -> dict[str, Any]:
+    """OpenAPI links from an answer to every operation whose path parameter the answer carries
+    (``GET /v1/approvals`` -> ``/v1/approvals/{request_id}``): the stateful tests follow them."""
+    model = route.answers.get(status)
+    if model is None or not 200 <= status < 300:
+        return {}
+    links: dict[str, Any] = {}
+    for target in routes:
+        names = _PARAM.findall(target.path)
+        if not names:
+            continue
+        parameters = {}
+        for name in names:
+            pointers = _pointers(model, name)
+            if pointers:
+                parameters[name] = f"$response.body#{pointers[0]}"
+        if len(parameters) == len(names):
+            target_id = _operation_id(target)
+            links[target_id] = {"operationId": target_id, "parameters": parameters}
+    return links
+
+
+def _operation_id(route: Route) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", _PARAM.sub(r"\1", route.path)).strip("_")
+    return f"{route.method.lower()}_{slug}"
+
+
+def _responses(
+    route: Route,
+    routes: Sequence[Route],
+    refs: dict[tuple[type[BaseModel], _Mode], Any],
+    shared: dict[str, Any],
+) -> dict[str, Any]:
+    refusals = refusal_statuses(route)
+    out: dict[str, Any] = {}
+    for status in sorted(set(route.answers) | set(refusals)):
+        schemas: list[dict[str, Any]] = []
+        descriptions: list[str] = []
+        content: dict[str, Any] = {}
+        if status in route.answers:
+            model = route.answers[status]
+            if model is None:
+                content[route.text_media_type] = {"schema": {"type": "string"}}
+                descriptions.append("The answer, as text.")
+            else:
+                schemas.append(refs[(model, "serialization")])
+                descriptions.append((model.__doc__ or model.__name__).strip().split("\n\n")[0])
+        if status in refusals:
+            host = route.host_codes and status == HOST_CODE_STATUS
+            schemas.append(_refusal_schema(refusals[status], host=host, extra=route.host_codes))
+            descriptions.append(_describe(refusals[status], host=host))
+        if schemas:
+            schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+            content["application/json"] = {"schema": schema}
+        response: dict[str, Any] = {"description": "\n\n".join(descriptions), "content": content}
+        if status in (429, 503):
+            response["headers"] = _RETRY_AFTER
+        links = _links(route, routes, status)
+        if links:
+            response["links"] = links
+        out[str(status)] = response
+    return out
+
+
+def _parameters(route: Route, refs: dict[tuple[type[BaseModel], _Mode], Any], defs: Any) -> Any:
+    params: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+        for name in _PARAM.findall(route.path)
+    ]
+    if route.query is not None:
+        ref = refs[(route.query, "validation")]["$ref"].rsplit("/", 1)[1]
+        model = defs[ref]
+        required = set(model.get("required", []))
+        for name, schema in model.get("properties", {}).items():
+            param = {"name": name, "in": "query", "required": name in required, "schema": schema}
+            params.append(param)
+    return params
+
+
+def _operation(
+    route: Route,
+    routes: Sequence[Route],
+    refs: dict[tuple[type[BaseModel], _Mode], Any],
+    defs: Any,
+    shared: Any,
+) -> Any:
+    operation: dict[str, Any] = {
+        "operationId": _operation_id(route),
+        "summary": route.summary or f"{route.method} {route.path}",
+        "x-agentsafe-role": route.role.value if route.role is not None else "anyone",
+    }
+    if route.scope is not None:
+        operation["x-agentsafe-scope"] = route.scope.value
+    if route.role is None:
+        operation["security"] = []
+    else:
+        operation["security"] = [{"bearer": []}, {"mtls": []}]
+        who = f"For the {route.role.value} role"
+        if route.scope is not None:
+            who += f" with the `{route.scope.value}` scope"
+        operation["description"] = f"{who}."
+    parameters = _parameters(route, refs, defs)
+    if parameters:
+        operation["parameters"] = parameters
+    if route.body is not None:
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": refs[(route.body, "validation")]}},
+        }
+    operation["responses"] = _responses(route, routes, refs, shared)
+    return operation
+
+
+def openapi_document(routes: Sequence[Route]) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``routes``, in their order."""
+    refs, defs = _schemas(routes)
+    shared: dict[str, Any] = {}
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        path = _PARAM.sub(r"{\1}", route.path)
+        operation = _operation(route, routes, refs, defs, shared)
+        paths.setdefault(path, {})[route.method.lower()] = operation
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "agentsafe executor",
+            "version": _package_version(),
+            "description": _DESCRIPTION,
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        },
+        "paths": paths,
+        "components": {
+            "schemas": dict(sorted({**defs, **shared}.items())),
+            "securitySchemes": _SECURITY_SCHEMES,
+        },
+    }
+
+
+def openapi_route(routes: Callable[[], Sequence[Route]]) -> Route:
+    """The row that serves the document of ``routes()`` (the whole table, this row included)
+    to any OPERATOR principal. The document is built on first use and kept."""
+    built: list[dict[str, Any]] = []
+
+    async def serve(call: Call) -> web.StreamResponse:
+        if not built:
+            built.append(openapi_document(routes()))
+        return web.json_response(built[0])
+
+    return Route(
+        "GET",
+        OPENAPI_PATH,
+        Role.OPERATOR,
+        None,
+        None,
+        serve,
+        summary="The OpenAPI 3.1 document of the routes this executor serves",
+        answers={200: OpenApiDocument},
+    )

@@ -1,0 +1,158 @@
+"""JSON Schema (Draft 2020-12) validation with ECMA-262 regular expressions, as JSON Schema says.
+
+Role: the one validator class for parameter schemas. ``jsonschema`` applies ``pattern`` and
+``patternProperties`` with Python's ``re.search``, which is not the dialect JSON Schema specifies
+(ECMA-262, with the ``u`` flag). The difference is an attack, not a nicety: under Python ``$``
+also matches before a trailing newline, so ``^[A-Z]{3}$`` accepts ``"RUB\\n"``, which then slips
+past a CEL rule ``params.currency == "RUB"`` and reaches the provider; ``\\d`` and ``\\w`` match
+any Unicode digit or letter (``"١٢٣"`` passes ``^\\d+$``); ``.`` matches ``\\r``, U+2028 and
+U+2029. :data:`EcmaValidator` evaluates every pattern with ``regress`` (Python bindings of the Rust
+``regress`` engine, an ECMA-262 implementation) under the ``u`` flag:
+
+* ``pattern``, ``patternProperties``, and the ``additionalProperties`` that depends on it;
+* ``format: "regex"`` (in instances, and in the meta-schema check of a schema's own patterns): a
+  pattern must be valid ECMA-262, so Python-only syntax (``(?P<name>...)``, ``\\Z``) is refused
+  when the schema is loaded rather than read differently later.
+
+``unevaluatedProperties`` is refused (``SchemaError``) in a schema that also uses
+``patternProperties`` (:func:`check_schema`): ``jsonschema`` decides which properties were
+evaluated with Python ``re`` internally, and there is no hook to change that. Everything else is
+``jsonschema``'s own Draft 2020-12 implementation, unchanged.
+
+Ground floor: imports nothing of agentsafe. Callers: ``policy/policy.py``
+(a policy action's parameter schema), ``dispatch/seam.py`` (a handler's parameter schema).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jsonschema
+import regress
+from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
+
+__all__ = ["EcmaValidator", "check_schema", "ecma_search"]
+
+FLAGS = "u"
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> regress.Regex:
+    return regress.Regex(pattern, FLAGS)
+
+
+def ecma_search(pattern: str, text: str) -> bool:
+    """Whether ECMA-262 ``pattern`` (``u`` flag, unanchored, as JSON Schema applies it) matches
+    somewhere in ``text``. Raises :class:`regress.RegressError` for a pattern that is not
+    ECMA-262. A text that is not Unicode (a lone surrogate) matches nothing: it fails closed."""
+    compiled = _compiled(pattern)
+    try:
+        return compiled.find(text) is not None
+    except UnicodeEncodeError:
+        return False
+
+
+def _is_ecma_regex(instance: object) -> bool:
+    if not isinstance(instance, str):
+        return True
+    try:
+        _compiled(instance)
+    except (regress.RegressError, ValueError, OverflowError):
+        return False
+    return True
+
+
+_FORMATS = FormatChecker()
+_FORMATS.checkers = dict(Draft202012Validator.FORMAT_CHECKER.checkers)
+_FORMATS.checkers["regex"] = (_is_ecma_regex, ())
+
+
+def _pattern(
+    validator: Any, pattern: str, instance: Any, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not ecma_search(pattern, instance):
+        # Never the instance in the message: it is request data.
+        yield ValidationError(f"the value does not match the pattern {pattern!r}")
+
+
+def _pattern_properties(
+    validator: Any, patterns: Mapping[str, Any], instance: Any, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        for key, value in instance.items():
+            if ecma_search(pattern, key):
+                yield from validator.descend(value, subschema, path=key, schema_path=pattern)
+
+
+def _additional(instance: Mapping[str, Any], schema: Mapping[str, Any]) -> list[str]:
+    properties = schema.get("properties", {})
+    patterns = list(schema.get("patternProperties", {}))
+    return [
+        key
+        for key in instance
+        if key not in properties and not any(ecma_search(p, key) for p in patterns)
+    ]
+
+
+def _additional_properties(
+    validator: Any, additional: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterator[ValidationError]:
+    if not validator.is_type(instance, "object"):
+        return
+    extras = _additional(instance, schema)
+    if validator.is_type(additional, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], additional, path=extra)
+    elif additional is False and extras:
+        # Names only, never values; a property name is part of the schema's vocabulary.
+        count = "property is" if len(extras) == 1 else "properties are"
+        yield ValidationError(f"{len(extras)} additional {count} not allowed")
+
+
+EcmaValidator: Any = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator,
+    {
+        "pattern": _pattern,
+        "patternProperties": _pattern_properties,
+        "additionalProperties": _additional_properties,
+    },
+    format_checker=_FORMATS,
+)
+"""Draft 2020-12 with ECMA-262 patterns; construct it with ``format_checker=FORMAT_CHECKER``
+to assert ``format`` as the policy does."""
+
+
+def _walk(node: Any) -> Iterator[Mapping[str, Any]]:
+    if isinstance(node, Mapping):
+        yield node
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk(value)
+
+
+def check_schema(schema: Mapping[str, Any]) -> None:
+    """Check ``schema`` against the Draft 2020-12 meta-schema with ECMA-262 patterns.
+
+    Raises ``jsonschema.SchemaError`` as ``jsonschema`` does; a pattern that is not ECMA-262 is
+    one, and so is ``unevaluatedProperties`` beside ``patternProperties``.
+    """
+    # ``check_schema`` would pick the meta-schema's own class (and Python's ``re`` for
+    # ``format: regex``): name the ECMA format checker explicitly.
+    EcmaValidator.check_schema(schema, format_checker=_FORMATS)
+    nodes = list(_walk(schema))
+    if any("unevaluatedProperties" in node for node in nodes) and any(
+        "patternProperties" in node for node in nodes
+    ):
+        raise jsonschema.SchemaError(
+            "unevaluatedProperties cannot be combined with patternProperties here"
+        )
+    for node in nodes:
+        for pattern in [node.get("pattern"), *node.get("patternProperties", {})]:
+            if isinstance(pattern, str) and not _is_ecma_regex(pattern):
+                raise jsonschema.SchemaError(f"the pattern {pattern!r} is not ECMA-262")

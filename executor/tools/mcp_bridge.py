@@ -1,0 +1,295 @@
+"""``agentsafe mcp``: every action the caller may propose, as an MCP tool.
+
+An MCP client (an agent runtime) lists the tools and calls one; the bridge turns the call into a
+proposal to a running executor through ``agentsafe.client``, so every call goes through the full
+lifecycle there: the door authenticates the caller's principal exactly as on every other route,
+the policy decides, and on ALLOW the handler runs once under a single-use grant. The bridge
+holds no credential for any downstream and decides nothing.
+
+* The tools come from ``GET /v1/actions`` (what this principal may propose): the tool's input is
+  ``{"target", "parameters", "idempotency_key"?}`` with the action's strict parameter schema, and
+  its annotations say ``readOnlyHint: false`` and ``destructiveHint`` as the handler declares
+  (true unless it only adds), ``openWorldHint: true``.
+* The result is text a model can read plus the executor's answer as ``structuredContent``. A
+  BLOCK, an ESCALATE (with the escalation object) and a completed action are ordinary results; a
+  refusal (``AUTH_FAILED``, ``ACTION_NOT_PERMITTED_FOR_PRINCIPAL``...) or an unavailable executor
+  is a result with ``isError: true`` naming the code. An outcome unknown after dispatch is
+  reconciled once, read-only, with the recovery object the answer carried.
+
+Transports: ``stdio`` (the agent runtime starts ``agentsafe mcp`` as its child; the agent's own
+executor token comes from ``--token-file``, ``AGENTSAFE_AGENT_TOKEN_FILE`` or
+``AGENTSAFE_AGENT_TOKEN``), and ``http`` (MCP streamable HTTP on ``--host``/``--port`` at
+``/mcp``; every request must carry ``Authorization: Bearer <the agent's executor token>``, which
+is passed to the executor for its door, never kept; a request without one is 401
+``AUTH_FAILED`` before MCP sees it).
+
+Needs the ``mcp`` package (the ``plans`` extra). Callers: ``cli.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from agentsafe.client import (
+    ActionInfo,
+    AgentSafeClient,
+    Decision,
+    Outcome,
+    Refused,
+    Unavailable,
+    Verdict,
+)
+
+from ..codes import Code
+
+__all__ = ["add_parser", "build_server", "tool_input_schema"]
+
+TOKEN_VARIABLE = "AGENTSAFE_AGENT_TOKEN"
+ClientFor = Callable[[Any], AgentSafeClient]
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "mcp",
+        help="serve every action the caller may propose as an MCP tool (stdio or HTTP)",
+        description="An MCP server whose tools are the actions this caller may propose on a "
+        "running executor. Calling a tool is a proposal through the executor's full lifecycle; "
+        "BLOCK and ESCALATE come back as results the model reads. stdio: the agent's token from "
+        "--token-file, AGENTSAFE_AGENT_TOKEN_FILE or AGENTSAFE_AGENT_TOKEN. http: each request "
+        "carries Authorization: Bearer <the agent's token>, passed to the executor's door.",
+    )
+    parser.add_argument("--url", default=os.environ.get("AGENTSAFE_EXECUTOR_URL"))
+    parser.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    parser.add_argument("--host", default="127.0.0.1", help="http: the address to listen on")
+    parser.add_argument("--port", type=int, default=8765, help="http: the port to listen on")
+    parser.add_argument("--token-file", default=os.environ.get(TOKEN_VARIABLE + "_FILE"))
+    parser.add_argument("--ca-file", default=os.environ.get("AGENTSAFE_CA_FILE"))
+    parser.set_defaults(run=run)
+
+
+def tool_input_schema(action: ActionInfo) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["target", "parameters"],
+        "properties": {
+            "target": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 512,
+                "description": "what the action is about, e.g. payout:beneficiary-1",
+            },
+            "parameters": dict(action.parameters),
+            "idempotency_key": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 255,
+                "pattern": "^[A-Za-z0-9][A-Za-z0-9._~:=+-]*$",
+                "description": "optional: reuse it to retry the same proposal safely",
+            },
+        },
+    }
+
+
+def _description(action: ActionInfo) -> str:
+    lead = action.description or f"Propose the action {action.name}."
+    return (
+        f"{lead} The bank's policy decides: ALLOW runs it once, BLOCK refuses it, ESCALATE "
+        "holds it for a person. You never hold the credential; the boundary does."
+    )
+
+
+def _text(decision: Decision) -> str:
+    reasons = ", ".join(decision.reason_codes) or "none"
+    if decision.outcome == Outcome.COMPLETED:
+        result = json.dumps(dict(decision.result or {}), sort_keys=True)
+        return f"ALLOW: executed once. Result: {result}."
+    if decision.verdict == Verdict.BLOCK:
+        return f"BLOCK: refused by policy ({reasons}). Nothing was executed."
+    if decision.verdict == Verdict.ESCALATE:
+        request = (decision.escalation or {}).get("request_id")
+        held = f" (approval request {request})" if request else ""
+        return f"ESCALATE: held for a person's decision{held}. Nothing was executed yet."
+    if decision.mode == "SHADOW":
+        return f"SHADOW: the policy would say {decision.verdict}; nothing was executed."
+    executed = {True: "it executed", False: "it did not execute", None: "unknown"}
+    return f"{decision.verdict}: {decision.outcome}; {executed[decision.executed]} ({reasons})."
+
+
+def build_server(client_for: ClientFor) -> Any:
+    """The MCP server; ``client_for(ctx)`` is the executor client for one request's caller."""
+    import mcp_types as types
+    from mcp.server.lowlevel import Server
+
+    from .. import __version__
+
+    async def list_tools(ctx: Any, params: Any) -> Any:
+        async with client_for(ctx) as client:
+            actions = await client.actions()
+        return types.ListToolsResult(
+            tools=[
+                types.Tool(
+                    name=action.name,
+                    description=_description(action),
+                    input_schema=tool_input_schema(action),
+                    annotations=types.ToolAnnotations(
+                        title=action.name,
+                        read_only_hint=False,
+                        destructive_hint=action.destructive,
+                        idempotent_hint=False,
+                        open_world_hint=True,
+                    ),
+                )
+                for action in actions
+            ]
+        )
+
+    def result(text: str, *, error: bool, structured: Any = None) -> Any:
+        return types.CallToolResult(
+            content=[types.TextContent(text=text)],
+            structured_content=structured,
+            is_error=error,
+        )
+
+    async def call_tool(ctx: Any, params: Any) -> Any:
+        arguments = params.arguments or {}
+        target, parameters = arguments.get("target"), arguments.get("parameters")
+        if not isinstance(target, str) or not isinstance(parameters, dict):
+            return result(
+                f"{Code.REQUEST_INVALID}: give target (a string) and parameters (an object)",
+                error=True,
+            )
+        key = arguments.get("idempotency_key")
+        try:
+            async with client_for(ctx) as client:
+                decision = await client.propose(
+                    params.name,
+                    target,
+                    parameters,
+                    idempotency_key=key if isinstance(key, str) else None,
+                )
+                if decision.needs_reconciliation and decision.recovery is not None:
+                    decision = await client.reconcile(decision.recovery)
+        except Refused as refused:
+            return result(
+                f"refused by the boundary: {refused.code} ({refused.status}): {refused.message}",
+                error=True,
+            )
+        except Unavailable as unavailable:
+            return result(
+                f"the boundary is unavailable ({unavailable}); nothing new was executed; retry "
+                f"later with idempotency_key {unavailable.idempotency_key}",
+                error=True,
+            )
+        return result(_text(decision), error=False, structured=dict(decision.raw))
+
+    return Server(
+        "agentsafe",
+        version=__version__,
+        instructions="Each tool is an action proposed to agentsafe, the execution boundary: "
+        "the bank's policy decides whether it runs. Read BLOCK and ESCALATE results; do not "
+        "work around them.",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token_file:
+        return Path(args.token_file).read_text(encoding="utf-8").strip()
+    token = os.environ.get(TOKEN_VARIABLE)
+    if not token:
+        raise SystemExit(
+            f"agentsafe mcp: no credential: pass --token-file or set {TOKEN_VARIABLE}(_FILE)"
+        )
+    return token
+
+
+async def _stdio(args: argparse.Namespace) -> None:
+    from mcp.server.stdio import stdio_server
+
+    token = _token(args)
+
+    def client_for(ctx: Any) -> AgentSafeClient:
+        return AgentSafeClient(args.url, token=token, ca_file=args.ca_file)
+
+    server = build_server(client_for)
+    async with stdio_server() as (read, write):
+        await server.run(read, write, server.create_initialization_options())
+
+
+def _bearer(ctx: Any) -> str | None:
+    request = getattr(ctx, "request", None)
+    header = request.headers.get("authorization", "") if request is not None else ""
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" and value.strip() else None
+
+
+async def _http(args: argparse.Namespace) -> None:
+    import uvicorn
+    from starlette.responses import JSONResponse
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    def client_for(ctx: Any) -> AgentSafeClient:
+        token = _bearer(ctx)
+        if token is None:  # the middleware below refuses such a request first
+            raise Refused(401, Code.AUTH_FAILED, "no bearer credential")
+        return AgentSafeClient(args.url, token=token, ca_file=args.ca_file)
+
+    server = build_server(client_for)
+    app = server.streamable_http_app(
+        streamable_http_path="/mcp", json_response=True, stateless_http=True, host=args.host
+    )
+
+    def require_bearer(inner: ASGIApp) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
+        async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                headers = {
+                    k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
+                }
+                scheme, _, value = headers.get("authorization", "").partition(" ")
+                if scheme.lower() != "bearer" or not value.strip():
+                    body = {
+                        "error": {
+                            "code": Code.AUTH_FAILED,
+                            "message": "send Authorization: Bearer <the agent's executor token>",
+                        }
+                    }
+                    await JSONResponse(body, status_code=401)(scope, receive, send)
+                    return
+            await inner(scope, receive, send)
+
+        return guarded
+
+    config = uvicorn.Config(
+        require_bearer(app), host=args.host, port=args.port, log_level="warning", lifespan="on"
+    )
+    sys.stderr.write(
+        f"agentsafe mcp: MCP over streamable HTTP at http://{args.host}:{args.port}/mcp, "
+        f"proposing to {args.url}\n"
+    )
+    sys.stderr.flush()
+    await uvicorn.Server(config).serve()
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.url:
+        sys.stderr.write("agentsafe mcp: no executor: pass --url or set AGENTSAFE_EXECUTOR_URL\n")
+        return 2
+    try:
+        import mcp  # noqa: F401 - the plans extra
+    except ImportError:
+        sys.stderr.write("agentsafe mcp: needs the mcp package: pip install 'agentsafe[plans]'\n")
+        return 2
+    try:
+        asyncio.run(_stdio(args) if args.transport == "stdio" else _http(args))
+    except KeyboardInterrupt:
+        return 0
+    return 0

@@ -1,0 +1,159 @@
+"""schemathesis hooks for ``make api-test``: who calls each route, and the refusal contract.
+
+Loaded by the ``st`` process through ``SCHEMATHESIS_HOOKS=st_hooks`` with this directory (never the
+repository root) on ``PYTHONPATH``; ``tests/api/test_schemathesis.py`` starts it.
+
+- :class:`RoleAuth` authenticates each operation as a principal of the role its
+  ``x-agentsafe-role`` names (tokens from ``AGENTSAFE_API_TOKENS``, a JSON file of role -> token).
+- :func:`refusal_contract` is the custom check: every answer carries the four security headers
+  and ``Cache-Control: no-store``; every refusal is exactly ``{"error": {"code", "message"}}``
+  (the plan routes may add the ``receipt`` of a step that ran), with an UPPER_SNAKE code whose
+  registry status is the answer's status, ``Retry-After`` on 429 and on a 503 refusal, and a
+  message that echoes nothing the request carried (no string of 6 or more characters from the
+  body, query, path or credential that the OpenAPI document does not spell itself). A 503 that
+  is not a refusal is the fail-closed verdict (``verdict`` BLOCK, ``executed`` false) or a
+  readiness answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import schemathesis
+
+from agentsafe.executor.codes import Code
+from agentsafe.executor.routes.refusals import code_for_http_error, status_of
+
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'none'; frame-ancestors 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "cache-control": "no-store",
+}
+_CODE = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_ECHO_MIN = 6
+
+
+def _tokens() -> dict[str, str]:
+    with open(os.environ["AGENTSAFE_API_TOKENS"], encoding="utf-8") as handle:
+        tokens: dict[str, str] = json.load(handle)
+    return tokens
+
+
+def _document() -> str:
+    with open(os.environ["AGENTSAFE_API_SPEC"], encoding="utf-8") as handle:
+        return handle.read()
+
+
+@schemathesis.auth(refresh_interval=None)
+class RoleAuth:
+    def get(self, case: Any, ctx: Any) -> dict[str, str]:
+        return _tokens()
+
+    def set(self, case: Any, data: dict[str, str], ctx: Any) -> None:
+        role = case.operation.definition.raw.get("x-agentsafe-role", "anyone")
+        if role in data:
+            case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data[role]}"}
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _header(headers: dict[str, list[str]], name: str) -> str | None:
+    for key, values in headers.items():
+        if key.lower() == name:
+            return values[0] if values else ""
+    return None
+
+
+def _sent(case: Any) -> set[str]:
+    sent: set[str] = set()
+    for part in (case.body, case.query, case.path_parameters):
+        if part is not None and not isinstance(part, (bytes, bytearray)):
+            sent.update(s for s in _strings(part) if len(s) >= _ECHO_MIN)
+    for value in (case.headers or {}).values():
+        if isinstance(value, str) and len(value) >= _ECHO_MIN:
+            sent.add(value)
+            sent.update(p for p in value.split() if len(p) >= _ECHO_MIN)
+    return sent
+
+
+def _own_words(code: str, case: Any) -> set[str]:
+    """Words a message may spell whatever was sent: the code, and anything the OpenAPI document
+    spells (field names, enum values, patterns)."""
+    return {code, _document()}
+
+
+def _page(case: Any) -> bool:
+    return str(case.path).startswith("/approve/")
+
+
+@schemathesis.check
+def refusal_contract(ctx: Any, response: Any, case: Any) -> bool | None:
+    headers = response.headers
+    for name, value in SECURITY_HEADERS.items():
+        got = _header(headers, name)
+        if name == "content-security-policy" and got is not None and _page(case):
+            # The approval page's own policy (nonces for its script and style) keeps both.
+            directives = {d.strip() for d in got.split(";")}
+            if {"default-src 'none'", "frame-ancestors 'none'"} <= directives:
+                continue
+        if got != value:
+            raise AssertionError(f"the answer lacks {name}: {value} (has {got!r})")
+    status = response.status_code
+    if status < 400:
+        return None
+    try:
+        body = json.loads(response.content)
+    except ValueError:
+        raise AssertionError(f"a {status} answer is not JSON") from None
+    if not isinstance(body, dict):
+        raise AssertionError(f"a {status} answer is not a JSON object")
+    if status == 503 and "error" not in body:
+        if "verdict" in body:
+            if (body["verdict"], body["executed"], body["fail_closed"]) != ("BLOCK", False, True):
+                raise AssertionError("a 503 verdict that is not a fail-closed BLOCK")
+            return None
+        if "ready" in body and body["ready"] is False:
+            return None
+        raise AssertionError("a 503 that is neither a refusal, a BLOCK nor a readiness answer")
+    extra = set(body) - {"error", "receipt"}
+    if "error" not in body or extra:
+        raise AssertionError(f"a {status} refusal is not {{'error': {{code, message}}}}")
+    error = body["error"]
+    if not isinstance(error, dict) or set(error) != {"code", "message"}:
+        raise AssertionError("a refusal's error is not exactly {code, message}")
+    code, message = error["code"], error["message"]
+    if not isinstance(code, str) or not _CODE.match(code):
+        raise AssertionError("a refusal's code is not a stable UPPER_SNAKE code")
+    if not isinstance(message, str) or not message.strip():
+        raise AssertionError(f"{code}: the message is empty")
+    if "receipt" in body and not case.path.startswith("/v1/plans/"):
+        raise AssertionError(f"{code}: only a plan step's refusal carries a receipt")
+    expected = status_of(code)
+    if code == Code.REQUEST_REFUSED or code_for_http_error(status) == code:
+        expected = status  # aiohttp's own refusal keeps aiohttp's status
+    if status != expected:
+        raise AssertionError(f"{code} answered {status}; the registry says {expected}")
+    if status == 429 or code == Code.STORE_UNAVAILABLE:
+        retry = _header(headers, "retry-after")
+        if retry is None or not retry.isdigit():
+            raise AssertionError(f"{code} without a Retry-After of whole seconds")
+    own = _own_words(code, case)
+    for sent in _sent(case):
+        if sent in message and not any(sent in word for word in own):
+            raise AssertionError(f"{code}: the message echoes what the request sent")
+    return None

@@ -1,0 +1,145 @@
+"""Reading the journal back after a crash: the edges mutation testing found untested (issue 23).
+
+- An attempt that was only opened reads back with no grant: ``grant_claimed`` is ``False`` and
+  the grant's fields and the last reconciliation are ``None`` (not a falsy stand-in: the restart
+  reconciler and ``GET /v1/control/open-attempts`` print them as they are).
+- A day file the crash left empty, with one byte of a first record, or with a torn second record
+  is appended to cleanly: the empty and the whole file are not "torn", a torn tail is cut off
+  after the last complete line and reported with its line number and length.
+- A damaged line's error says exactly what is wrong, and an unreadable journal says which part.
+- An :class:`OpenAttempt` is immutable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.errors import JournalError
+from agentsafe.executor.state.journal import ATTEMPTS_DIR, AttemptJournal, TornLine, scan_journal
+
+from .test_journal import DAY, NOW, open_attempt
+
+
+async def test_an_attempt_only_opened_reads_back_with_no_grant(tmp_path: Path) -> None:
+    journal = await AttemptJournal.open(tmp_path / "j", retain_days=2, clock=ManualClock(NOW))
+    try:
+        await open_attempt(journal, 1)
+    finally:
+        await journal.close()
+    (attempt,) = scan_journal(tmp_path / "j", retain_days=2, now=NOW).open_attempts
+    assert attempt.grant_claimed is False
+    assert (attempt.grant_id, attempt.grant_expires_at, attempt.payload_digest) == (
+        None,
+        None,
+        None,
+    )
+    assert attempt.last_status is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        attempt.grant_claimed = True  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("left", "torn"), [(b"", ()), (b"{", (TornLine(f"{ATTEMPTS_DIR}/{DAY}.jsonl", 1, 1),))]
+)
+async def test_a_day_file_a_crash_left_empty_or_torn_at_its_first_byte(
+    tmp_path: Path, left: bytes, torn: tuple[TornLine, ...]
+) -> None:
+    root = tmp_path / "j" / ATTEMPTS_DIR
+    root.mkdir(parents=True, mode=0o700)
+    day_file = root / f"{DAY}.jsonl"
+    day_file.write_bytes(left)
+    day_file.chmod(0o600)
+    journal = await AttemptJournal.open(tmp_path / "j", retain_days=2, clock=ManualClock(NOW))
+    try:
+        await open_attempt(journal, 1)
+        assert journal.repaired_torn_lines == torn
+    finally:
+        await journal.close()
+    lines = day_file.read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    assert [json.loads(line)["attempt_id"] for line in lines[:-1]] == ["a-1"]
+
+
+async def test_a_torn_second_line_is_cut_and_the_first_kept(tmp_path: Path) -> None:
+    first = await AttemptJournal.open(tmp_path / "j", retain_days=2, clock=ManualClock(NOW))
+    try:
+        await open_attempt(first, 1)
+    finally:
+        await first.close()
+    day_file = tmp_path / "j" / ATTEMPTS_DIR / f"{DAY}.jsonl"
+    whole = day_file.read_bytes()
+    day_file.write_bytes(whole + b'{"record":"ATT')  # the crash tore the second record
+    second = await AttemptJournal.open(tmp_path / "j", retain_days=2, clock=ManualClock(NOW))
+    try:
+        await open_attempt(second, 2)
+        assert second.repaired_torn_lines == (
+            TornLine(f"{ATTEMPTS_DIR}/{DAY}.jsonl", 2, len(b'{"record":"ATT')),
+        )
+    finally:
+        await second.close()
+    lines = day_file.read_bytes().split(b"\n")
+    assert [json.loads(line)["attempt_id"] for line in lines[:-1]] == ["a-1", "a-2"]
+
+
+async def test_a_whole_file_is_appended_to_without_a_repair(tmp_path: Path) -> None:
+    for number in (1, 2):
+        journal = await AttemptJournal.open(tmp_path / "j", retain_days=2, clock=ManualClock(NOW))
+        try:
+            await open_attempt(journal, number)
+            assert journal.repaired_torn_lines == ()
+        finally:
+            await journal.close()
+    day_file = tmp_path / "j" / ATTEMPTS_DIR / f"{DAY}.jsonl"
+    lines = day_file.read_bytes().split(b"\n")
+    assert [json.loads(line)["attempt_id"] for line in lines[:-1]] == ["a-1", "a-2"]
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (
+            b'{"record":"RECONCILED","at":"x","attempt_id":"a","attempt_id":"b"}',
+            "a key appears twice",
+        ),
+        (b'{"record":"GRANT_CLAIMED","at":"x","attempt_id":"a-1","n":NaN}', "a non-finite number"),
+        (
+            b'{"record":"GRANT_CLAIMED","at":"x","attempt_id":"a-1","n":' + b"1" * 4301 + b"}",
+            "a number out of range",  # more digits than an int converts
+        ),
+    ],
+)
+async def test_a_damaged_line_says_exactly_what_is_wrong(
+    tmp_path: Path, line: bytes, problem: str
+) -> None:
+    """The message is what an operator repairs the journal by: the file, the line, the rule."""
+    journal = await AttemptJournal.open(tmp_path / "j", retain_days=1, clock=ManualClock(NOW))
+    await open_attempt(journal, 1)
+    await journal.close()
+    day_file = journal.path / f"{DAY}.jsonl"
+    day_file.write_bytes(day_file.read_bytes() + line + b"\n")
+    with pytest.raises(JournalError) as caught:
+        scan_journal(tmp_path / "j", retain_days=1, now=NOW)
+    assert caught.value.message == f"{ATTEMPTS_DIR}/{DAY}.jsonl line 2: {problem}"
+
+
+def test_a_journal_that_cannot_be_read_says_which_part(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / ATTEMPTS_DIR).write_bytes(b"")  # a file where the directory should be
+    with pytest.raises(JournalError) as caught:
+        scan_journal(tmp_path / "a", retain_days=1, now=NOW)
+    assert (caught.value.code, caught.value.message) == (
+        "JOURNAL_UNAVAILABLE",
+        "the journal cannot be read: Not a directory",
+    )
+    (tmp_path / "b" / ATTEMPTS_DIR / f"{DAY}.jsonl").mkdir(parents=True)  # a directory, not a file
+    with pytest.raises(JournalError) as caught:
+        scan_journal(tmp_path / "b", retain_days=1, now=NOW)
+    assert (caught.value.code, caught.value.message) == (
+        "JOURNAL_UNAVAILABLE",
+        f"{ATTEMPTS_DIR}/{DAY}.jsonl cannot be read: Is a directory",
+    )

@@ -1,0 +1,290 @@
+"""``agentsafe mcp`` as a real subprocess, driven by the ``mcp`` client over stdio and over
+streamable HTTP, in front of a real executor and a real synthetic provider on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from agentsafe.executor.assembly import assemble
+from agentsafe.executor.dispatch.registration import Seam
+from agentsafe.executor.dispatch.seam import (
+    Dispatch,
+    ExecutionContext,
+    ReconcileResult,
+    ReconcileStatus,
+)
+from agentsafe.executor.events import MemorySink, Streams
+from agentsafe.executor.plane import Executor
+from agentsafe.executor.tools.harness import Workspace, free_port, wait_until
+from agentsafe.executor.tools.synthetic import SyntheticProvider
+from tests.integration.bearer_principals import BearerPrincipals, principals_env
+
+AGENTSAFE = str(Path(sys.executable).parent / "agentsafe")
+POLICY = """
+actions:
+  - name: create_payout
+    handler: forward_request
+    parameters:
+      type: object
+      required: [amountMinor, currency]
+      additionalProperties: false
+      properties:
+        amountMinor: {type: integer, minimum: 1}
+        currency: {type: string, pattern: "^[A-Z]{3}$"}
+    rules:
+      - {name: small, when: "params.amountMinor <= 5000", verdict: ALLOW}
+      - name: medium
+        when: "params.amountMinor <= 50000"
+        verdict: ESCALATE
+        approvers: [treasury-lead]
+      - {name: large, when: "true", verdict: BLOCK, reasonCode: AMOUNT_ABOVE_POLICY}
+  - name: add_note
+    handler: add_note
+    parameters:
+      type: object
+      required: [note]
+      additionalProperties: false
+      properties:
+        note: {type: string}
+    rules:
+      - {name: all, when: "true", verdict: ALLOW}
+  - name: not_for_this_agent
+    handler: add_note
+    parameters:
+      type: object
+      required: [note]
+      additionalProperties: false
+      properties:
+        note: {type: string}
+    rules:
+      - {name: all, when: "true", verdict: ALLOW}
+"""
+
+
+class AddNote:
+    description = "Add a note."
+    destructive = False
+    parameters_schema: Mapping[str, Any] = {
+        "type": "object",
+        "required": ["note"],
+        "additionalProperties": False,
+        "properties": {"note": {"type": "string"}},
+    }
+
+    async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+        async def effect(key: str) -> str:
+            return key
+
+        await dispatch.run(effect)
+        return {"noted": True}
+
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
+        return ReconcileResult(ReconcileStatus.UNKNOWN)
+
+
+def register(seam: Seam) -> None:
+    seam.registry.register("add_note", AddNote())
+
+
+@dataclass
+class Node:
+    executor: Executor
+    provider: SyntheticProvider
+    url: str
+    principals: BearerPrincipals
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    provider = SyntheticProvider()
+    await provider.start()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    principals = BearerPrincipals()
+    document = principals.document()
+    document["principals"][0]["allowed_actions"] = ["create_payout", "add_note"]
+    principals_file = tmp_path / "principals.json"
+    principals_file.write_text(json.dumps(document))
+    principals_file.chmod(0o600)
+    env = principals_env(
+        Workspace(tmp_path / "ws").environment(
+            provider_url=provider.base_url, port=free_port(), policy_file=policy
+        ),
+        principals_file,
+        EXECUTOR_HANDLERS=f"{__name__}:register",
+    )
+    executor = await assemble(env, streams=Streams(evidence=MemorySink(), security=MemorySink()))
+    await executor.reconcile_at_start()
+    await executor.listen()
+    yield Node(executor, provider, f"http://127.0.0.1:{executor.port}", principals)
+    await executor.close()
+    await provider.stop()
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env.update(extra)
+    return env
+
+
+@contextlib.asynccontextmanager
+async def stdio_session(node: Node, tmp_path: Path, token: str) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(
+        command=AGENTSAFE,
+        args=["mcp", "--url", node.url],
+        env=_clean_env(AGENTSAFE_AGENT_TOKEN=token),
+        cwd=str(tmp_path),
+    )
+    with (tmp_path / "mcp.log").open("w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            yield session
+
+
+def _text(result: Any) -> str:
+    return "".join(block.text for block in result.content if getattr(block, "text", None))
+
+
+async def _exercise(session: ClientSession, node: Node) -> None:
+    listed = await session.list_tools()
+    tools = {tool.name: tool for tool in listed.tools}
+    assert set(tools) == {"create_payout", "add_note"}, "only what this principal may propose"
+    payout = tools["create_payout"]
+    assert payout.annotations is not None
+    assert payout.annotations.destructive_hint is True
+    assert payout.annotations.read_only_hint is False
+    note = tools["add_note"]
+    assert note.annotations is not None
+    assert note.annotations.destructive_hint is False
+    schema = payout.input_schema
+    assert schema["properties"]["parameters"]["additionalProperties"] is False
+    before = len(node.provider.received)
+
+    paid = await session.call_tool(
+        "create_payout",
+        {"target": "payout:b-1", "parameters": {"amountMinor": 1200, "currency": "USD"}},
+    )
+    assert paid.is_error is False
+    assert _text(paid).startswith("ALLOW: executed once")
+    assert paid.structured_content["outcome"] == "COMPLETED"
+    assert len(node.provider.received) == before + 1
+
+    blocked = await session.call_tool(
+        "create_payout",
+        {"target": "payout:b-1", "parameters": {"amountMinor": 900000, "currency": "USD"}},
+    )
+    assert blocked.is_error is False, "a BLOCK is a result the model reads"
+    assert "BLOCK" in _text(blocked)
+    assert "AMOUNT_ABOVE_POLICY" in _text(blocked)
+
+    held = await session.call_tool(
+        "create_payout",
+        {"target": "payout:b-1", "parameters": {"amountMinor": 20000, "currency": "USD"}},
+    )
+    assert held.is_error is False
+    assert _text(held).startswith("ESCALATE: held")
+    assert held.structured_content["outcome"] == "ESCALATE_PENDING"
+    assert len(node.provider.received) == before + 1
+
+    invalid = await session.call_tool(
+        "create_payout",
+        {"target": "payout:b-1", "parameters": {"amountMinor": 1, "currency": "USD", "x": 1}},
+    )
+    assert "BLOCK" in _text(invalid) or invalid.is_error
+    assert len(node.provider.received) == before + 1
+
+    forbidden = await session.call_tool(
+        "not_for_this_agent", {"target": "t", "parameters": {"note": "x"}}
+    )
+    assert forbidden.is_error is True
+    assert "ACTION_NOT_PERMITTED_FOR_PRINCIPAL" in _text(forbidden)
+
+
+async def test_stdio_tools_are_proposals_through_the_lifecycle(node: Node, tmp_path: Path) -> None:
+    token = node.principals.token("treasury-workflow")
+    async with stdio_session(node, tmp_path, token) as session:
+        await _exercise(session, node)
+
+
+async def test_stdio_with_a_stolen_looking_token_is_refused_by_the_door(
+    node: Node, tmp_path: Path
+) -> None:
+    async with stdio_session(node, tmp_path, "not-a-principal") as session:
+        called = await session.call_tool(
+            "create_payout",
+            {"target": "payout:b-1", "parameters": {"amountMinor": 1200, "currency": "USD"}},
+        )
+        assert called.is_error is True
+        assert "AUTH_FAILED" in _text(called)
+    assert len(node.provider.received) == 0
+
+
+async def test_streamable_http_passes_each_callers_bearer_to_the_door(
+    node: Node, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = (tmp_path / "mcp-http.log").open("w")
+    process = subprocess.Popen(
+        [AGENTSAFE, "mcp", "--transport", "http", "--port", str(port), "--url", node.url],
+        env=_clean_env(),
+        cwd=tmp_path,
+        stdout=log,
+        stderr=log,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        async with httpx2.AsyncClient() as anonymous:
+
+            async def up() -> bool:
+                if process.poll() is not None:
+                    raise RuntimeError((tmp_path / "mcp-http.log").read_text())
+                try:
+                    response = await anonymous.post(url, json={})
+                except httpx2.TransportError:
+                    return False
+                return response.status_code == 401
+
+            await wait_until(up, timeout=60, what="agentsafe mcp over HTTP")
+            refused = await anonymous.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "x"})
+            assert refused.status_code == 401
+            assert refused.json()["error"]["code"] == "AUTH_FAILED"
+        token = node.principals.token("treasury-workflow")
+        async with (
+            httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}) as http,
+            streamable_http_client(url, http_client=http) as streams,
+            ClientSession(streams[0], streams[1]) as session,
+        ):
+            await session.initialize()
+            await _exercise(session, node)
+        async with (
+            httpx2.AsyncClient(headers={"authorization": "Bearer not-a-principal"}) as http,
+            streamable_http_client(url, http_client=http) as streams,
+            ClientSession(streams[0], streams[1]) as session,
+        ):
+            await session.initialize()
+            called = await session.call_tool(
+                "add_note", {"target": "t", "parameters": {"note": "x"}}
+            )
+            assert called.is_error is True
+            assert "AUTH_FAILED" in _text(called)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
