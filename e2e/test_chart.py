@@ -57,9 +57,13 @@ def _helm(tools: Tools, *args: str, check: bool = True) -> subprocess.CompletedP
     return result
 
 
-def _render(tools: Tools, extra: Sequence[str], *, crds: bool = False) -> list[dict[str, Any]]:
+def _render(
+    tools: Tools, extra: Sequence[str], *, crds: bool = False, kube_version: bool = True
+) -> list[dict[str, Any]]:
     args = ["template", "agentsafe", str(CHART), "--namespace", "agentsafe-system"]
-    args += ["--kube-version", KUBERNETES_VERSION, *extra]
+    if kube_version:
+        args += ["--kube-version", KUBERNETES_VERSION]
+    args += extra
     if crds:
         args.append("--include-crds")
     text = _helm(tools, *args).stdout
@@ -91,6 +95,138 @@ def test_every_rendered_object_is_schema_valid(k8s_tools: Tools, variant: str) -
             continue
         # strict: unknown fields are errors, not silently dropped.
         kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
+
+
+def _crd_names(objects: Iterable[Mapping[str, Any]]) -> set[str]:
+    return {o["metadata"]["name"] for o in objects if o["kind"] == "CustomResourceDefinition"}
+
+
+AGENTSAFE_CRDS = {
+    "agentpolicies.agentsafe.io",
+    "principals.agentsafe.io",
+    "haltswitches.agentsafe.io",
+}
+PEERING_CRDS = {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+
+
+def test_helm_template_needs_no_kube_version(k8s_tools: Tools) -> None:
+    objects = _render(k8s_tools, [], kube_version=False)
+    assert {"Deployment", "NetworkPolicy", "CustomResourceDefinition"} <= {
+        o["kind"] for o in objects
+    }
+
+
+def test_agentsafe_crds_are_templates_gated_and_kept(k8s_tools: Tools) -> None:
+    # Templates, not crds/: rendered without --include-crds, so `helm upgrade` upgrades them.
+    objects = _render(k8s_tools, [])
+    assert _crd_names(objects) == AGENTSAFE_CRDS
+    for obj in objects:
+        if obj["kind"] == "CustomResourceDefinition":
+            assert obj["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    unkept = _render(k8s_tools, ["--set", "crds.keep=false"])
+    assert all(
+        "annotations" not in o["metadata"]
+        for o in unkept
+        if o["kind"] == "CustomResourceDefinition"
+    )
+    assert _crd_names(_render(k8s_tools, ["--set", "crds.enabled=false"])) == set()
+
+
+def test_peering_install_crds_false_is_honoured(k8s_tools: Tools) -> None:
+    assert _crd_names(_render(k8s_tools, [], crds=True)) == AGENTSAFE_CRDS | PEERING_CRDS
+    minimal = _render(k8s_tools, ["--set", "peering.installCRDs=false"], crds=True)
+    assert _crd_names(minimal) == AGENTSAFE_CRDS
+
+
+def test_notes_name_nothing_a_chart_user_lacks(control_plane: ControlPlane) -> None:
+    # helm renders NOTES only on install; a dry run still maps every kind, so kopf's CRDs first.
+    for name in sorted(PEERING_CRDS):
+        control_plane.kubectl("apply", "-f", str(REPO / "crds" / f"{name}.yaml"))
+    args = ["install", "agentsafe", str(CHART), "--dry-run=client", "--namespace", "x"]
+    notes = control_plane.helm(*args).stdout.split("NOTES:", 1)[1]
+    # A chart user has the chart, not this repository: no repository paths.
+    assert "examples/" not in notes
+    assert ".yaml" not in notes
+    assert "kubectl explain agentpolicies.spec" in notes
+
+
+def test_security_contexts_are_overridable_for_openshift(k8s_tools: Tools) -> None:
+    unset = ",".join(
+        f"operator.podSecurityContext.{key}=null" for key in ("runAsUser", "runAsGroup", "fsGroup")
+    )
+    objects = _render(
+        k8s_tools, ["--set", unset, "--set", "operator.securityContext.runAsUser=1001"]
+    )
+    deployment = _deployment(objects)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["containers"][0]["securityContext"]["runAsUser"] == 1001
+    (test_pod,) = [o for o in objects if o["kind"] == "Pod"]
+    assert test_pod["spec"]["securityContext"] == pod["securityContext"]
+
+
+def test_the_test_pod_has_its_own_labels(k8s_tools: Tools) -> None:
+    objects = _render(k8s_tools, ["--set", "tests.podLabels.team=platform"])
+    (test_pod,) = [o for o in objects if o["kind"] == "Pod"]
+    labels = test_pod["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == "agentsafe-test"
+    assert labels["app.kubernetes.io/component"] == "test"
+    assert labels["team"] == "platform"
+    # The operator's Service must never select the test pod.
+    (service,) = [o for o in objects if o["kind"] == "Service"]
+    selector = service["spec"]["selector"]
+    assert not all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_operator_network_policy(k8s_tools: Tools) -> None:
+    objects = _render(k8s_tools, [])
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    deployment = _deployment(objects)
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert all(pod_labels[key] == value for key, value in selector.items())
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "health", "protocol": "TCP"}]
+    assert rule["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/name": "agentsafe-test",
+                    "app.kubernetes.io/instance": "agentsafe",
+                }
+            }
+        }
+    ]
+    egress = [{"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [{"port": 6443}]}]
+    values = {"networkPolicy": {"egress": egress, "ingressFrom": [{"namespaceSelector": {}}]}}
+    restricted = _render_values(k8s_tools, values)
+    (policy,) = [o for o in restricted if o["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["egress"] == egress
+    assert policy["spec"]["ingress"][0]["from"][1] == {"namespaceSelector": {}}
+    assert not [
+        o
+        for o in _render(k8s_tools, ["--set", "networkPolicy.enabled=false"])
+        if o["kind"] == "NetworkPolicy"
+    ]
+
+
+def _render_values(tools: Tools, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    args = ["template", "agentsafe", str(CHART), "--namespace", "agentsafe-system", "-f", "-"]
+    result = subprocess.run(
+        [str(tools.helm), *args],
+        input=json.dumps(values),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
 def test_values_schema_refuses_bad_values(k8s_tools: Tools) -> None:
@@ -226,8 +362,18 @@ def test_helm_install_into_the_local_control_plane(
         pytest.skip("e2e/kind/run.sh installs the chart (and runs helm test) on kind")
     namespace = _restricted_namespace(control_plane, "agentsafe-system")
     release = "agentsafe"
+    _adopt_existing_crds(control_plane, release, namespace)
     control_plane.helm("install", release, str(CHART), "--namespace", namespace)
     try:
+        # The CRDs belong to the release, so `helm upgrade` changes them (here: the keep
+        # annotation comes and goes), and crds.keep leaves them through `helm uninstall`.
+        assert _crd_annotations(control_plane)["meta.helm.sh/release-name"] == release
+        assert _crd_annotations(control_plane)["helm.sh/resource-policy"] == "keep"
+        upgrade = ["upgrade", release, str(CHART), "--namespace", namespace, "--reuse-values"]
+        control_plane.helm(*upgrade, "--set", "crds.keep=false")
+        assert "helm.sh/resource-policy" not in _crd_annotations(control_plane)
+        control_plane.helm(*upgrade, "--set", "crds.keep=true")
+        assert _crd_annotations(control_plane)["helm.sh/resource-policy"] == "keep"
         status = json.loads(
             control_plane.helm("status", release, "-n", namespace, "-o", "json").stdout
         )
@@ -271,3 +417,30 @@ def test_helm_install_into_the_local_control_plane(
         control_plane.helm("uninstall", release, "-n", namespace, check=False)
     remaining = control_plane.kubectl("get", "deploy", "-n", namespace, "-o", "name").stdout
     assert remaining.strip() == ""
+    # crds.keep: the CRDs (and every AgentPolicy) outlive the release.
+    for name in sorted(AGENTSAFE_CRDS):
+        control_plane.kubectl("get", "crd", name)
+
+
+def _crd_annotations(plane: ControlPlane) -> dict[str, str]:
+    crd = json.loads(plane.kubectl("get", "crd", "agentpolicies.agentsafe.io", "-o", "json").stdout)
+    annotations: dict[str, str] = crd["metadata"].get("annotations", {})
+    return annotations
+
+
+def _adopt_existing_crds(plane: ControlPlane, release: str, namespace: str) -> None:
+    """The documented step for CRDs applied by kubectl or the 0.1 chart's crds/ directory
+    (docs/operator.md, "Upgrading the CRDs"): hand them to the release, as cert-manager's
+    upgrade notes do. Other tests here may have applied crds/*.yaml first."""
+    for name in sorted(AGENTSAFE_CRDS):
+        if plane.kubectl("get", "crd", name, check=False).returncode != 0:
+            continue
+        plane.kubectl("label", "--overwrite", "crd", name, "app.kubernetes.io/managed-by=Helm")
+        plane.kubectl(
+            "annotate",
+            "--overwrite",
+            "crd",
+            name,
+            f"meta.helm.sh/release-name={release}",
+            f"meta.helm.sh/release-namespace={namespace}",
+        )

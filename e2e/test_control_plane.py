@@ -150,6 +150,19 @@ def test_the_generated_agentsafe_crds_apply(control_plane: ControlPlane) -> None
     assert ours
     for name in ours:
         _wait_established(control_plane, name)
+    # kubectl explain reads the descriptions the models give every field (the API server
+    # publishes them once the CRD is established; poll, it takes a moment).
+    deadline = time.monotonic() + 60
+    while True:
+        explained = control_plane.kubectl(
+            "explain", "agentpolicies.spec.pod.tolerations.effect", check=False
+        )
+        if explained.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert "the taint effect tolerated" in explained.stdout, explained.stderr
+    halted = control_plane.kubectl("explain", "haltswitches.spec.halted").stdout
+    assert "true stops every selected executor" in halted
 
 
 def test_dependents_are_garbage_collected(control_plane: ControlPlane) -> None:

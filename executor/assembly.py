@@ -21,9 +21,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from .banking.registration import HANDLER_PREFIX, banking_handlers
 from .clock import Clock, SystemClock
 from .codes import Code
-from .config import CredentialKind, ExecutorConfig, load_config
+from .config import CredentialKind, EffectMismatchAction, ExecutorConfig, load_config
 from .dispatch.forward import ForwardRequestHandler
 from .dispatch.registration import (
     ActionRegistrar,
@@ -40,6 +41,8 @@ from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.refusal_lines import RefusalEvent
 from .door.workload import JwksSource, WorkloadVerifier
+from .effects.adapter import EffectRecords
+from .effects.receipts import ProviderKeys
 from .egress.credentials import (
     DownstreamCredential,
     PrivateKeyJwtCredential,
@@ -48,7 +51,7 @@ from .egress.credentials import (
 )
 from .egress.guard import Destination, GuardedClient
 from .egress.webhook import ApprovalWebhook
-from .errors import AgentSafeError, ConfigError
+from .errors import AgentSafeError, ConfigError, JournalError
 from .events import DeferredSink, EventSink, Streams
 from .evidence.chain import ChainedStreams, LineWriter, open_chained_streams
 from .evidence.plan_audit import DurablePlanAudit
@@ -65,7 +68,7 @@ from .lifecycle.ceilings import HostCeilings
 from .lifecycle.leases import LeaseKeeper
 from .lifecycle.pipeline import Pipeline
 from .lifecycle.shadow import ShadowReport
-from .plane import Executor, StoreHealth, WorkGate
+from .plane import Executor, Startup, StoreHealth, WorkGate
 from .plans.execute import StepExecutor
 from .plans.service import ExecutorRegistry, PlanService
 from .plans.signing import Ed25519Signer
@@ -406,6 +409,10 @@ async def assemble(
                     clock=clock,
                     mirror=mirror,
                 )
+            except JournalError as exc:
+                raise ConfigError(
+                    "EXECUTOR_JOURNAL_DIR", _journal_refusal(exc), code=exc.code
+                ) from exc
             except (OSError, AgentSafeError) as exc:
                 raise ConfigError(
                     "EXECUTOR_JOURNAL_DIR",
@@ -472,17 +479,32 @@ async def assemble(
             clock,
             on_token=lambda token: redactor.set_secret("DOWNSTREAM_ACCESS_TOKEN", token),
         )
-        registry.register(
-            "forward_request",
-            ForwardRequestHandler(
-                url=config.downstream_url,
-                lookup_url=config.downstream_lookup_url,
-                timeout_ms=config.downstream_timeout_ms,
+        forward = ForwardRequestHandler(
+            url=config.downstream_url,
+            lookup_url=config.downstream_lookup_url,
+            timeout_ms=config.downstream_timeout_ms,
+            transport=transport,
+            credential=credential,
+            parameters_schema=_forward_schema(document),
+        )
+        registry.register("forward_request", forward)
+        effects = EffectRecords()
+        if any(action.handler.startswith(HANDLER_PREFIX) for action in document.actions):
+            banking_handlers(
+                registry,
+                forward=forward,
                 transport=transport,
                 credential=credential,
-                parameters_schema=_forward_schema(document),
-            ),
-        )
+                lookup_by_reference_url=config.downstream_lookup_by_reference_url,
+                timeout_ms=config.downstream_timeout_ms,
+                adapter_id=config.banking_adapter_id,
+                adapter_version=config.banking_adapter_version,
+                register=effects,
+                receipts=ProviderKeys.from_entries(
+                    entry.model_dump(by_alias=True) for entry in document.provider_keys or ()
+                ),
+                security=streams.security,
+            )
         seam = Seam(
             registry=ActionRegistrar(registry),
             downstream=Downstream(
@@ -553,6 +575,7 @@ async def assemble(
         )
         shadow = ShadowReport()
         store_health = StoreHealth()
+        startup = Startup(reconciling=True)
         pipeline = Pipeline(
             mode=config.executor_mode,
             authority=authority,
@@ -568,14 +591,21 @@ async def assemble(
             intent_ttl_seconds=config.executor_intent_ttl_seconds,
             max_clock_skew_ms=config.executor_max_clock_skew_ms,
             shadow=shadow,
-            refusal=WorkGate(halt, monitor, store_health).refusal,
+            refusal=WorkGate(halt, monitor, store_health, startup).refusal,
             on_clock_skew=lambda skew: halt.clock_skew(skew * 1000),
             metrics=metrics,
             escalation=config.executor_escalation,
             on_forbidden=door.record_refusal,
+            settle_margin_s=config.downstream_timeout_ms / 1000.0,
             approval_origin=config.executor_approval_origin,
             on_approval_requested=(
                 webhook.notify if webhook is not None else lambda request, url: None
+            ),
+            effects=effects,
+            on_effect_mismatch=(
+                halt.effect_mismatch
+                if config.executor_on_effect_mismatch is EffectMismatchAction.HALT
+                else lambda grant_id: None
             ),
         )
         executor = Executor(
@@ -618,6 +648,7 @@ async def assemble(
             shared=shared,
             store_health=store_health,
             closers=closers,
+            startup=startup,
         )
         if mirror is not None and journal is not None:
             executor.leases = LeaseKeeper(
@@ -626,6 +657,7 @@ async def assemble(
                 reconciler=ActionReconciler(PolicyCatalog(policy, registry), registry),
                 streams=streams,
                 on_resolution=executor.lease_resolved,
+                checks=executor.reconcile_checks(),
             )
         return executor
     except BaseException:
@@ -724,6 +756,16 @@ def _plan_service(
         clock=clock,
         max_clock_skew_ms=config.executor_max_clock_skew_ms,
     )
+
+
+def _journal_refusal(exc: JournalError) -> str:
+    """Why the journal directory refused, in words that name the real cause."""
+    if exc.code == Code.JOURNAL_LOCKED:
+        return (
+            "is locked by another agentsafe process (one process per journal directory): stop"
+            " it, or give this process its own EXECUTOR_JOURNAL_DIR"
+        )
+    return "cannot be opened for appending"
 
 
 async def open_shared_store(secrets: SecretStore, *, lease_seconds: float) -> PostgresStore:

@@ -92,10 +92,16 @@ def _verify_intent(args: argparse.Namespace) -> int:
     return run(Path(args.path))
 
 
+_GENESIS_HELP = (
+    "also report REMOVED when a stream does not start at its genesis line (a whole log, not a"
+    " window cut from one)"
+)
+
+
 def _verify_chain(args: argparse.Namespace) -> int:
     from .evidence.chainverify import main as chain_main
 
-    return chain_main([args.path])
+    return chain_main([*(["--require-genesis"] if args.require_genesis else []), args.path])
 
 
 def _verify_bundle(args: argparse.Namespace) -> int:
@@ -172,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     vi.set_defaults(run=_verify_intent)
     vc = vsub.add_parser("chain", help="walk an evidence or security log's hash chain")
     vc.add_argument("path", help="a JSON-lines file captured from the executor's stdout or stderr")
+    vc.add_argument("--require-genesis", action="store_true", help=_GENESIS_HELP)
     vc.set_defaults(run=_verify_chain)
     vb = vsub.add_parser(
         "bundle",
@@ -181,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     vb.set_defaults(run=_verify_bundle)
     alias_chain = sub.add_parser("verify-chain", help="the same as 'verify chain'")
     alias_chain.add_argument("path")
+    alias_chain.add_argument("--require-genesis", action="store_true", help=_GENESIS_HELP)
     alias_chain.set_defaults(run=_verify_chain)
     alias_bundle = sub.add_parser("verify-bundle", help="the same as 'verify bundle'")
     alias_bundle.add_argument("path")

@@ -91,7 +91,11 @@ class Code(StrEnum):
         None,
         "the HTTP server refused the request itself; the answer keeps its status",
     )
-    INTERNAL_ERROR = "INTERNAL_ERROR", 500, "the executor failed; the request was not executed"
+    INTERNAL_ERROR = (
+        "INTERNAL_ERROR",
+        500,
+        "the executor failed before it could answer; the outcome is not known from this answer",
+    )
     ROUTE_CONTRACT_VIOLATED = (
         "ROUTE_CONTRACT_VIOLATED",
         None,
@@ -399,15 +403,31 @@ class Code(StrEnum):
         None,
         "the policy authority did not answer; blocked, fail closed",
     )
-    EXECUTOR_HALTED = "EXECUTOR_HALTED", None, "a halt stopped execution; answered 503 BLOCK"
+    EXECUTOR_HALTED = "EXECUTOR_HALTED", 503, "a halt stopped execution; answered 503 BLOCK"
     POSTURE_DEGRADED = (
         "POSTURE_DEGRADED",
-        None,
+        503,
         "the host posture regressed; new work is refused with 503 BLOCK",
     )
     REGISTRY_NOT_SEALED = "REGISTRY_NOT_SEALED", None, "the handler registry is not sealed yet"
     HANDLER_FAILED = "HANDLER_FAILED", None, "the handler raised an error without a code"
     RECONCILE_FAILED = "RECONCILE_FAILED", None, "the handler's reconcile raised without a code"
+    RECONCILE_TOO_EARLY = (
+        "RECONCILE_TOO_EARLY",
+        None,
+        "'not executed' before grant expiry plus the dispatch deadline: still unknown",
+    )
+    RECONCILE_STORE_DISAGREES = (
+        "RECONCILE_STORE_DISAGREES",
+        None,
+        "no GRANT_CLAIMED in the journal, but the use store claimed the grant: provider asked",
+    )
+    EXECUTOR_RECONCILING = (
+        "EXECUTOR_RECONCILING",
+        503,
+        "start-up reconciliation is still running; nothing was executed; retry shortly",
+    )
+    ATTEMPT_NOT_OPEN = "ATTEMPT_NOT_OPEN", 404, "no open attempt has this id"
     LOOKUP_NOT_CONFIGURED = (
         "LOOKUP_NOT_CONFIGURED",
         None,
@@ -453,11 +473,6 @@ class Code(StrEnum):
         "a protocol upgrade or CONNECT is not intercepted",
     )
     GATEWAY_METHOD_REFUSED = "GATEWAY_METHOD_REFUSED", 405, "the method is not intercepted"
-    GATEWAY_REQUEST_MALFORMED = (
-        "GATEWAY_REQUEST_MALFORMED",
-        400,
-        "ambiguous or malformed framing (CL+TE, duplicate Content-Length, folded headers)",
-    )
     GATEWAY_OUTCOME_UNKNOWN = (
         "GATEWAY_OUTCOME_UNKNOWN",
         502,
@@ -507,6 +522,54 @@ class Code(StrEnum):
         "the provider's answer does not say what happened",
     )
     CREDENTIAL_INVALID = "CREDENTIAL_INVALID", None, "a credential set a reserved header"
+
+    # -- the effect plane and the banking family -------------------------------------------------
+    EFFECT_MISMATCH = (
+        "EFFECT_MISMATCH",
+        None,
+        "the observed effect (or the provider's receipt) is not the authorised one",
+    )
+    EFFECT_RECEIPT_INVALID = (
+        "EFFECT_RECEIPT_INVALID",
+        None,
+        "the provider's effect receipt does not verify against its registered key",
+    )
+    PROVIDER_KEY_INVALID = (
+        "PROVIDER_KEY_INVALID",
+        None,
+        "a provider key in the policy is not a 32-byte Ed25519 public key",
+    )
+    BANKING_ACTION_INVALID = (
+        "BANKING_ACTION_INVALID",
+        422,
+        "the parameters are not a canonical banking action of this action's type",
+    )
+    ACTION_TARGET_MISMATCH = (
+        "ACTION_TARGET_MISMATCH",
+        422,
+        "the proposal's target is not the one its action derives; nothing was asked",
+    )
+    BANKING_CURRENCY_UNKNOWN = (
+        "BANKING_CURRENCY_UNKNOWN",
+        422,
+        "the currency is not an ISO 4217 code with minor units",
+    )
+    BANKING_AMOUNT_INVALID = (
+        "BANKING_AMOUNT_INVALID",
+        422,
+        "the amount is not a positive integer of minor units",
+    )
+    BANKING_IBAN_INVALID = (
+        "BANKING_IBAN_INVALID",
+        422,
+        "an iban: reference fails its check digits or its country's length",
+    )
+    BANKING_BIC_INVALID = "BANKING_BIC_INVALID", 422, "a BIC is not in the ISO 9362 format"
+    READ_BACK_FAILED = (
+        "READ_BACK_FAILED",
+        None,
+        "the posted effect could not be read back by its reference; it stays unconfirmed",
+    )
 
     # -- egress and downstream credentials -------------------------------------------------------
     EGRESS_ADDRESS_REFUSED = "EGRESS_ADDRESS_REFUSED", None, "the destination address is refused"
@@ -811,6 +874,8 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         # the policy authority's verdicts
         Code.POLICY_ALLOWED,
         Code.POLICY_BLOCKED,
+        # the effect plane
+        Code.EFFECT_MISMATCH,
         Code.APPROVAL_REQUIRED,
         Code.POLICY_ACTION_UNKNOWN,
         Code.POLICY_NO_MATCH,
@@ -839,6 +904,10 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         Code.HANDLER_CONTRACT_VIOLATED,
         Code.RECONCILE_FAILED,
         Code.PROVIDER_REASON_WITHHELD,
+        Code.INTERNAL_ERROR,
+        Code.RECONCILE_TOO_EARLY,
+        Code.RECONCILE_STORE_DISAGREES,
+        Code.EXECUTOR_RECONCILING,
         Code.LOOKUP_NOT_CONFIGURED,
         Code.LOOKUP_KEY_UNREPRESENTABLE,
         Code.LOOKUP_STATUS,
@@ -849,3 +918,15 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
 """The reason codes the executor itself emits in a verdict's ``reason_codes`` or a reconciliation's
 ``reason_code`` (``LOOKUP_STATUS`` is a prefix: ``LOOKUP_STATUS_503``). Besides these, a handler's
 failure is reported by its error's own code (an egress, transport or provider code)."""
+
+WORK_GATE_CODES: Final[frozenset[Code]] = frozenset(
+    {
+        Code.POSTURE_DEGRADED,
+        Code.EXECUTOR_HALTED,
+        Code.STORE_UNAVAILABLE,
+        Code.EXECUTOR_RECONCILING,
+    }
+)
+"""The codes of the work gate (``plane.WorkGate``): why new work is refused right now. Each is
+answered 503 with ``Retry-After``: a verdict's reason on ``/v1/actions``, a refusal on the plan
+step route."""

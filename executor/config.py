@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import SplitResult, urlsplit
 
 import annotated_types
+from iso4217 import Currency
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -100,6 +101,7 @@ __all__ = [
     "TlsMinVersion",
     "describe_config",
     "is_production",
+    "iso4217_listed",
     "load_config",
     "render_config_table",
 ]
@@ -290,6 +292,7 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_JOURNAL_DIR",
     "EXECUTOR_JOURNAL_REQUIRED",
     "EXECUTOR_JOURNAL_RETAIN_DAYS",
+    "EXECUTOR_HOUSEKEEPING_INTERVAL_SECONDS",
     "EXECUTOR_READY_REQUIRES_NO_UNKNOWN_ATTEMPTS",
     # shared store and replicas
     "EXECUTOR_STORE_URL",
@@ -459,11 +462,23 @@ def _is_loopback_literal(host: str) -> bool:
         return False
 
 
+def iso4217_listed(code: object) -> bool:
+    """Whether ``code`` is an alphabetic code the ``iso4217`` data package lists (three
+    capitals alone are not enough: ``ABC`` is no currency)."""
+    if not isinstance(code, str) or not _CURRENCY.fullmatch(code):
+        return False
+    try:
+        Currency(code)
+    except ValueError:
+        return False
+    return True
+
+
 def _parse_ceilings(text: str) -> dict[str, int]:
     ceilings: dict[str, int] = {}
     for entry in text.split(","):
         currency, sep, amount = entry.partition(":")
-        if not sep or not _CURRENCY.fullmatch(currency) or not _DIGITS.fullmatch(amount):
+        if not sep or not iso4217_listed(currency) or not _DIGITS.fullmatch(amount):
             raise ValueError(
                 "must be <ISO 4217 code>:<minor units>, comma-separated, without blanks"
             )
@@ -540,6 +555,7 @@ _INT_FIELDS: Final = (
     "executor_posture_interval_seconds",
     "executor_egress_max_response_bytes",
     "executor_journal_retain_days",
+    "executor_housekeeping_interval_seconds",
     "executor_attempt_lease_seconds",
     "executor_hard_limit_window_seconds",
     "executor_hard_limit_window_count",
@@ -708,6 +724,7 @@ class ExecutorConfig(BaseModel):
     executor_journal_dir: Path | None = None
     executor_journal_required: bool = True
     executor_journal_retain_days: int = Field(default=7, ge=1, le=366)
+    executor_housekeeping_interval_seconds: int = Field(default=600, ge=1, le=86_400)
     executor_ready_requires_no_unknown_attempts: bool = False
 
     # shared store and replicas

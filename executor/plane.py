@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ from .door.passkeys import Passkeys
 from .door.principals_file import PrincipalSet
 from .door.workload import JwksSource
 from .egress.webhook import ApprovalWebhook
-from .errors import ConfigError, RequestRejected
+from .errors import AgentSafeError, ConfigError, RequestRejected
 from .events import Streams
 from .evidence.bundle import BundleError, export_bundle
 from .evidence.chain import ChainedStreams
@@ -46,7 +47,14 @@ from .lifecycle.answers import reconciled_answer
 from .lifecycle.catalog import ActionReconciler, PolicyCatalog
 from .lifecycle.leases import LeaseKeeper
 from .lifecycle.pipeline import Pipeline
-from .lifecycle.reconcile import Resolution, ResolutionStatus, reconcile_open_attempts
+from .lifecycle.reconcile import (
+    Checks,
+    Resolution,
+    ResolutionStatus,
+    reconcile_attempt,
+    reconcile_open_attempts,
+    report_scan,
+)
 from .lifecycle.shadow import ShadowReport
 from .plans.service import PlanService
 from .policy.authority import LocalAuthority
@@ -56,11 +64,15 @@ from .routes.app import ReadyState, Route, build_app
 from .routes.door import HttpDoor
 from .routes.listener import GuardedSite, ListenerLimits, handler_settings
 from .routes.table import Approvals, route_table
-from .state.journal import AttemptJournal
+from .state.journal import AttemptJournal, JournalScan, Settled
 from .state.pgstore import PostgresStore
-from .state.usestore import UseStore
+from .state.usestore import OrphanKey, UseStore
 
-__all__ = ["DRAIN_SECONDS", "Executor", "WorkGate"]
+__all__ = ["DRAIN_SECONDS", "Executor", "Startup", "WorkGate"]
+
+_STILL_OPEN = (ResolutionStatus.STILL_UNKNOWN, ResolutionStatus.BINDING_MISMATCH)
+
+log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 20.0
 HALT_FILE_POLL_SECONDS = 0.5
@@ -69,6 +81,11 @@ REFUSAL_LINES_POLL_SECONDS = 2.0
 
 
 STORE_PING_SECONDS = 1.0
+JOURNAL_CHECK_SECONDS = 0.5
+"""How often a failed journal is retried (recovery); the halt itself comes from the failing
+append, at once."""
+RECHECK_SECONDS = 15.0
+"""How often attempts whose outcome is unknown are asked about again."""
 
 
 @dataclass
@@ -78,14 +95,22 @@ class StoreHealth:
     available: bool = True
 
 
+@dataclass
+class Startup:
+    """Whether start-up reconciliation is still running (the listener is already open)."""
+
+    reconciling: bool = False
+
+
 @dataclass(frozen=True)
 class WorkGate:
-    """Why new enforcement work is refused right now: a posture regression, a halt, then a
-    shared store that does not answer."""
+    """Why new enforcement work is refused right now: a posture regression, a halt, a shared
+    store that does not answer, then start-up reconciliation still running."""
 
     halt: HaltState
     posture_monitor: PostureMonitor
     store: StoreHealth = field(default_factory=StoreHealth)
+    startup: Startup = field(default_factory=Startup)
 
     def refusal(self) -> Code | None:
         if self.posture_monitor.is_degraded():
@@ -94,6 +119,8 @@ class WorkGate:
             return Code.EXECUTOR_HALTED
         if not self.store.available:
             return Code.STORE_UNAVAILABLE
+        if self.startup.reconciling:
+            return Code.EXECUTOR_RECONCILING
         return None
 
 
@@ -132,13 +159,14 @@ class Executor:
     store_health: StoreHealth = field(default_factory=StoreHealth)  # the WorkGate's too
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     """What registration functions asked to close at stop (``seam.on_close``), run in reverse."""
+    startup: Startup = field(default_factory=lambda: Startup(reconciling=True))  # and this
     routes: tuple[Route, ...] = field(init=False)
     app: web.Application = field(init=False)
-    reconciling: bool = True
-    unknown_attempts: int = 0
-    _unknown_ids: set[str] = field(default_factory=set)
     port: int = 0
     site: GuardedSite | None = None
+    unresolved_keys: list[dict[str, Any]] = field(default_factory=list)
+    """In-flight keys start-up could not settle (their attempt is in no journal day file it can
+    read): listed by ``open-attempts``, counted as unknown."""
     _runner: web.AppRunner | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -170,6 +198,17 @@ class Executor:
             door=self.door,
             body_timeout=float(self.config.executor_body_timeout_seconds),
         )
+        if self.journal is not None:
+            self.journal.on_failure = self._journal_failed
+
+    @property
+    def reconciling(self) -> bool:
+        return self.startup.reconciling
+
+    @property
+    def unknown_attempts(self) -> int:
+        """Live: attempts nobody knows the outcome of now, plus keys start-up could not settle."""
+        return len(self.pipeline.unknown) + len(self.unresolved_keys)
 
     # -------------------------------------------------------------- what routes ask
 
@@ -241,7 +280,7 @@ class Executor:
         if self.journal is None:
             return []
         attempts = await self.journal.open_attempts()
-        return [
+        listed = [
             {
                 "attempt_id": a.attempt_id,
                 "intent_id": a.intent_id,
@@ -250,10 +289,63 @@ class Executor:
                 "principal": a.principal,
                 "grant_claimed": a.grant_claimed,
                 "grant_id": a.grant_id,
-                "state": "UNKNOWN" if a.grant_claimed else "UNCLAIMED",
+                "state": (
+                    a.last_status
+                    if a.last_status == "BINDING_MISMATCH"
+                    else "UNKNOWN"
+                    if a.grant_claimed
+                    else "UNCLAIMED"
+                ),
             }
             for a in attempts
         ]
+        return listed + [dict(key) for key in self.unresolved_keys]
+
+    async def decide_attempt(
+        self, *, attempt_id: str, executed: bool, reason: str, principal: Principal
+    ) -> dict[str, Any]:
+        """An operator's decision for an open attempt nobody else can resolve (a
+        BINDING_MISMATCH, a provider that cannot say): RECONCILED by OPERATOR in the journal,
+        the key's answer settled from the use store's own record of it, the live count lowered.
+        """
+        if self.journal is None:
+            raise RequestRejected(Code.ATTEMPT_NOT_OPEN, "no open attempt has this id")
+        attempt = next(
+            (a for a in await self.journal.open_attempts() if a.attempt_id == attempt_id), None
+        )
+        if attempt is None:
+            raise RequestRejected(Code.ATTEMPT_NOT_OPEN, "no open attempt has this id")
+        status = "COMPLETED" if executed else "NOT_EXECUTED"
+        await self.journal.reconciled(
+            attempt_id=attempt_id,
+            status=status,
+            by="OPERATOR",
+            reason=reason,
+            decided_by=principal.id,
+        )
+        self.pipeline.unknown.discard(attempt_id)
+        record = await self.store.idempotency_for_attempt(attempt_id)
+        if record is not None:
+            body = reconciled_answer(
+                mode=self.config.executor_mode.value,
+                intent_id=attempt.intent_id,
+                intent_hash=attempt.intent_hash,
+                status=status,
+            )
+            if body is not None:
+                await self.store.idempotency_settle(
+                    **record.scope, response={"status": 200, "body": body}, now=self.clock.now()
+                )
+        self.streams.security.emit(
+            "ATTEMPT_DECIDED",
+            {
+                "attempt_id": attempt_id,
+                "intent_hash": attempt.intent_hash,
+                "status": status,
+                "by": principal.id,
+            },
+        )
+        return {"attempt_id": attempt_id, "status": status, "by": "OPERATOR"}
 
     async def reload_secrets(self) -> dict[str, Any]:
         report = await asyncio.to_thread(self.secrets.reload)
@@ -335,37 +427,162 @@ class Executor:
 
     # -------------------------------------------------------------- lifecycle
 
+    def journal_identity(self) -> str | None:
+        """The owner this journal records on the keys it begins (``attempts/.identity``)."""
+        return None if self.journal is None else self.journal.identity
+
+    def reconcile_checks(self) -> Checks:
+        """The cross-checks every reconciliation applies (the use store's claims, the rule
+        of when "not executed" may be concluded)."""
+        return Checks(
+            store=self.store,
+            now=self.clock.now,
+            settle_margin_s=self.config.downstream_timeout_ms / 1000.0,
+        )
+
+    def _reconciler(self) -> ActionReconciler:
+        return ActionReconciler(PolicyCatalog(self.policy, self.registry), self.registry)
+
     async def reconcile_at_start(self) -> list[Resolution]:
+        """Resolve what the last process left (the listener is already open: ``/health``
+        answers, ``/ready`` and proposals wait): the journal is read once, its open attempts
+        are asked about concurrently, and every in-flight key the last process owned is settled
+        from what its journal recorded (see :meth:`settle_orphan_keys`)."""
         resolutions: list[Resolution] = []
-        if self.journal is not None:
-            resolutions = await reconcile_open_attempts(
-                self.journal,
-                reconciler=ActionReconciler(
-                    PolicyCatalog(self.policy, self.registry), self.registry
-                ),
-                streams=self.streams,
-                gate=self.leases.gate if self.leases is not None else None,
-            )
-            for resolution in resolutions:
-                await self.settle_idempotency(resolution)
-            self._unknown_ids = {
-                r.attempt_id
-                for r in resolutions
-                if r.resolution
-                in (ResolutionStatus.STILL_UNKNOWN, ResolutionStatus.BINDING_MISMATCH)
-            }
-            self.unknown_attempts = len(self._unknown_ids)
-        self.reconciling = False
+        try:
+            if self.journal is not None:
+                started = self.clock.now()
+                orphans = await self.store.idempotency_orphans(
+                    owner=self.journal.identity, before=started
+                )
+                wanted = frozenset(o.attempt_id for o in orphans if o.attempt_id is not None)
+                scan = await self.journal.scan(wanted)
+                report_scan(scan, self.streams)
+                resolutions = await reconcile_open_attempts(
+                    self.journal,
+                    reconciler=self._reconciler(),
+                    streams=self.streams,
+                    gate=self.leases.gate if self.leases is not None else None,
+                    checks=self.reconcile_checks(),
+                    scan=scan,
+                )
+                for resolution in resolutions:
+                    await self.settle_idempotency(resolution)
+                    if resolution.resolution in _STILL_OPEN:
+                        self.pipeline.unknown.add(resolution.attempt_id)
+                await self.settle_orphan_keys(orphans, scan)
+        finally:
+            self.startup.reconciling = False
         return resolutions
 
     async def lease_resolved(self, resolution: Resolution) -> None:
         """A resolution by the lease keeper (a taken-over attempt, or one still unknown asked
-        again): settle its key, and an attempt counted unknown at start that is now closed no
-        longer keeps ``/ready`` from saying ready."""
+        again): settle its key; an attempt counted unknown that is now closed no longer keeps
+        ``/ready`` from saying ready."""
         await self.settle_idempotency(resolution)
-        if resolution.closed and resolution.attempt_id in self._unknown_ids:
-            self._unknown_ids.discard(resolution.attempt_id)
-            self.unknown_attempts = len(self._unknown_ids)
+        if resolution.closed:
+            self.pipeline.unknown.discard(resolution.attempt_id)
+
+    async def settle_orphan_keys(self, orphans: list[OrphanKey], scan: JournalScan) -> None:
+        """Settle each in-flight key a previous process of this journal left behind.
+
+        ==============================  ================================================
+        what the journal says            the key
+        ==============================  ================================================
+        the attempt is open              left to reconciliation (listed, asked again)
+        ATTEMPT_CLOSED with its answer   that answer, replayed to every retry
+        RECONCILED COMPLETED / NOT_EX.   the reconciled answer
+        RECONCILED UNCLAIMED, or closed  freed (nothing reached the provider)
+        before dispatch without answer
+        never opened, journal intact     freed (the crash came before ATTEMPT_OPENED)
+        never opened, a day file gone    kept in flight, listed, counted, reported
+        ==============================  ================================================
+        """
+        open_ids = {a.attempt_id for a in scan.open_attempts}
+        open_scopes = {(a.tenant, a.principal, a.idempotency_key) for a in scan.open_attempts}
+        for orphan in orphans:
+            if orphan.attempt_id is None or orphan.attempt_id in open_ids:
+                continue
+            settled = scan.settled.get(orphan.attempt_id)
+            if settled is not None:
+                await self._settle_from_journal(orphan, settled)
+                continue
+            if orphan.attempt_id in scan.opened:
+                continue  # opened, neither open nor settled: cannot happen; leave it
+            if scan.missing_days or (orphan.tenant, orphan.principal, orphan.key) in open_scopes:
+                # A day file is gone (or an open attempt with another id claims this key):
+                # nothing proves the attempt never started. Keep the key, and say so.
+                self.unresolved_keys.append(
+                    {
+                        "attempt_id": orphan.attempt_id,
+                        "principal": orphan.principal,
+                        "grant_claimed": None,
+                        "state": "JOURNAL_RECORD_MISSING",
+                    }
+                )
+                self.streams.security.emit(
+                    "IDEMPOTENCY_KEY_UNRESOLVED",
+                    {"attempt_id": orphan.attempt_id, "principal": orphan.principal},
+                )
+                continue
+            await self.store.idempotency_release(**orphan.scope, owner=self.journal_identity())
+            self.streams.evidence.emit(
+                "IDEMPOTENCY_KEY_SETTLED",
+                {"attempt_id": orphan.attempt_id, "resolution": "NEVER_STARTED"},
+            )
+
+    async def _settle_from_journal(self, orphan: OrphanKey, settled: Settled) -> None:
+        mode = self.config.executor_mode.value
+        body: dict[str, Any] | None = None
+        if settled.answer is not None:
+            body = dict(settled.answer)
+        elif settled.status in ("COMPLETED", "NOT_EXECUTED"):
+            body = reconciled_answer(
+                mode=mode, intent_id=None, intent_hash="", status=str(settled.status)
+            )
+        elif settled.outcome == "COMPLETED":
+            body = reconciled_answer(mode=mode, intent_id=None, intent_hash="", status="COMPLETED")
+        if body is None:
+            await self.store.idempotency_release(**orphan.scope, owner=self.journal_identity())
+            resolution = "NOT_DISPATCHED"
+        else:
+            await self.store.idempotency_settle(
+                **orphan.scope, response={"status": 200, "body": body}, now=self.clock.now()
+            )
+            resolution = str(body.get("outcome"))
+        self.streams.evidence.emit(
+            "IDEMPOTENCY_KEY_SETTLED", {"attempt_id": orphan.attempt_id, "resolution": resolution}
+        )
+
+    async def recheck_unknown(self) -> int:
+        """Ask the provider again about every attempt counted unknown (a lookup that lagged, a
+        provider that was down); settle those it can now resolve. Returns how many closed."""
+        if self.journal is None or not len(self.pipeline.unknown):
+            return 0
+        wanted = self.pipeline.unknown.ids()
+        closed = 0
+        for attempt in await self.journal.open_attempts():
+            if attempt.attempt_id not in wanted or attempt.last_status == "BINDING_MISMATCH":
+                continue
+            # With a shared store the lease keeper asks again about the attempts this replica
+            # owns that a reconciliation left STILL_UNKNOWN (``lifecycle/leases.py``); this loop
+            # asks only about those never reconciled, under the lease: one asker per attempt.
+            if self.leases is not None and (
+                attempt.last_status == "STILL_UNKNOWN" or not await self.leases.gate(attempt)
+            ):
+                continue
+            resolution = await reconcile_attempt(
+                attempt,
+                self.journal,
+                reconciler=self._reconciler(),
+                streams=self.streams,
+                checks=self.reconcile_checks(),
+            )
+            if resolution.closed:
+                await self.settle_idempotency(resolution)
+                self.pipeline.unknown.discard(attempt.attempt_id)
+                closed += 1
+        return closed
 
     async def settle_idempotency(self, resolution: Resolution) -> None:
         """Give a reconciled key its final answer; a key that never reached the provider is freed.
@@ -449,8 +666,13 @@ class Executor:
         )
 
     def start_background(self) -> None:
-        """Halt file, secret files, posture drift, TLS material and JWKS, each polled."""
+        """Halt file, secret files, posture drift, TLS material and JWKS, each polled; the
+        journal's health, housekeeping (purge and prune) and the re-ask of unknown attempts."""
         self._spawn(self.halt.watch(interval=HALT_FILE_POLL_SECONDS))
+        if self.journal is not None:
+            self._spawn(self._journal_health_loop())
+            self._spawn(self._recheck_loop())
+        self._spawn(self._housekeeping_loop())
         self._spawn(self.secrets.watch(SECRETS_POLL_SECONDS))
         self._spawn(self._posture_loop())
         self._spawn(self._refusal_lines_loop())
@@ -475,6 +697,69 @@ class Executor:
                     "STORE_AVAILABLE" if available else "STORE_UNAVAILABLE", {}
                 )
             await asyncio.sleep(STORE_PING_SECONDS)
+
+    def _journal_failed(self) -> None:
+        """The journal failed a write: halt now (cause JOURNAL, one JOURNAL_FAILED line, ``/ready``
+        503). Called by the failing append itself, and by the health loop as a backstop."""
+        # The chained streams keep their heads beside the journal: on the same full disk
+        # their lines may be refused too, so the halt never depends on them.
+        try:
+            if self.halt.journal_failed():
+                log.error("the attempt journal failed a write: halted (cause JOURNAL)")
+                self.streams.security.emit("JOURNAL_FAILED", {"code": Code.JOURNAL_UNAVAILABLE})
+        except AgentSafeError as exc:
+            log.error("JOURNAL_FAILED was not recorded (%s)", exc.code)
+
+    async def _journal_health_loop(self) -> None:
+        """While the journal is failed (halted by the failing append, see
+        :meth:`_journal_failed`), retry it every interval; the cause lifts itself once the
+        storage takes a synced write again (JOURNAL_RECOVERED)."""
+        assert self.journal is not None
+        while True:
+            await asyncio.sleep(JOURNAL_CHECK_SECONDS)
+            if not self.journal.failed:
+                continue
+            self._journal_failed()
+            if await self.journal.recover():
+                log.warning("the attempt journal writes again: the JOURNAL halt lifts")
+                with contextlib.suppress(AgentSafeError):
+                    self.streams.security.emit("JOURNAL_RECOVERED", {})
+                with contextlib.suppress(AgentSafeError):
+                    self.halt.journal_recovered()
+
+    async def housekeeping(self) -> dict[str, Any]:
+        """Record the final answers the use store refused earlier (a full disk); purge the use
+        store past its retention; prune journal day files past theirs that hold no open attempt.
+        Returns what was removed."""
+        await self.pipeline.record_unrecorded()
+        purged = await self.store.purge(self.clock.now())
+        pruned: tuple[str, ...] = ()
+        if self.journal is not None and not self.journal.failed:
+            pruned = await self.journal.prune()
+        if purged or pruned:
+            self.streams.evidence.emit(
+                "HOUSEKEEPING", {"purged_rows": purged, "pruned_files": list(pruned)}
+            )
+        return {"purged_rows": purged, "pruned_files": list(pruned)}
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            try:
+                await self.housekeeping()
+            except (AgentSafeError, OSError) as exc:
+                code = exc.code if isinstance(exc, AgentSafeError) else Code.JOURNAL_UNAVAILABLE
+                log.warning("housekeeping failed (%s); it runs again next interval", code)
+                with contextlib.suppress(AgentSafeError):
+                    self.streams.security.emit("HOUSEKEEPING_FAILED", {"code": code})
+            await asyncio.sleep(self.config.executor_housekeeping_interval_seconds)
+
+    async def _recheck_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RECHECK_SECONDS)
+            try:
+                await self.recheck_unknown()
+            except AgentSafeError as exc:
+                self.streams.security.emit("RECHECK_FAILED", {"code": exc.code})
 
     async def _refusal_lines_loop(self) -> None:
         """Write the door's summaries of repeated refusals once their interval is over."""

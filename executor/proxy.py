@@ -47,9 +47,11 @@ from .errors import AgentSafeError, ConfigError
 from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, Streams
 from .gateway.demo import BANNER, demo_environment
 from .gateway.forward import HANDLER, Exchanges, GatewayForwardHandler
-from .gateway.listener import Gateway, GatewayServer
+from .gateway.listener import Gateway
 from .host.audithook import Guard, install_guard
 from .plane import Executor
+from .routes.app import SERVER_HEADER
+from .routes.listener import GuardedSite, handler_settings
 
 __all__ = ["add_parser", "main"]
 
@@ -129,6 +131,26 @@ def _principal(executor: Executor, principal_id: str | None) -> Any:
     return record.principal
 
 
+async def listen(
+    gateway: Gateway, executor: Executor, host: str, port: int
+) -> tuple[web.ServerRunner, GuardedSite]:
+    """The gateway behind the executor's own hardened listener (``routes/listener.py``): the
+    same header and body deadlines, connection caps, parser refusals (400 ``HTTP_MALFORMED``)
+    and ``Server: agentsafe`` as ``serve``'s routes."""
+    limits = executor.listener_limits
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        response = await gateway.handle(request)
+        response.headers.setdefault("Server", SERVER_HEADER)
+        return response
+
+    runner = web.ServerRunner(web.Server(handle, **handler_settings(limits)), handle_signals=False)
+    await runner.setup()
+    site = GuardedSite(runner, host, port, limits=limits, security=executor.streams.security)
+    await site.start()
+    return runner, site
+
+
 async def run(
     args: argparse.Namespace,
     env: Mapping[str, str],
@@ -175,6 +197,7 @@ async def run(
             authority="demo" if demo else "local",
             timeout=config.downstream_timeout_ms / 1000,
             log=say,
+            body_timeout=float(config.executor_body_timeout_seconds),
         )
         await executor.reconcile_at_start()
         if args.serve_routes:
@@ -183,10 +206,7 @@ async def run(
             await executor.listen()
             where = f"{config.executor_bind_address}:{executor.port}"
             say(f"executor routes (control, status) on {where}")
-        runner = web.ServerRunner(GatewayServer(gateway.handle), handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, args.host, args.port)
-        await site.start()
+        runner, _site = await listen(gateway, executor, args.host, args.port)
         mode = config.executor_mode.value
         say(
             f"agentsafe proxy: http://{args.host}:{args.port} -> {gateway.upstream} "
@@ -195,6 +215,8 @@ async def run(
         if demo:
             say("no EXECUTOR_* configuration: the built-in authority decides with a synthetic")
             say("policy in this process; set EXECUTOR_POLICY_FILE and the rest to configure")
+            say("agentsafe status has no control routes to ask here: the shadow report is")
+            say("printed when this stops (Ctrl-C); configure it and use --serve-routes for status")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

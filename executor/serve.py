@@ -2,7 +2,8 @@
 
 Start order, as the specification fixes it (each step refuses to start with one line naming the
 variable or the check, never a value): the audit hook; configuration; posture; secrets; the
-journal directory; the evidence chain heads; the use store; startup reconciliation; the listener.
+journal directory; the evidence chain heads; the use store; the listener (``/health`` answers,
+``/ready`` waits); startup reconciliation; the background polls.
 SIGTERM stops accepting, lets in-flight work finish and journal within a bound, persists the chain
 heads and exits 0. SIGHUP re-reads the secret files.
 
@@ -76,10 +77,25 @@ async def _run(environ: Mapping[str, str], guard: Guard) -> int:
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     try:
-        await executor.reconcile_at_start()
+        # The listener opens first: /health answers (the liveness probe) while start-up
+        # reconciliation runs; /ready is 503 and proposals get 503 EXECUTOR_RECONCILING.
         await executor.listen()
-        executor.start_background()
-        await stop.wait()
+        # A SIGTERM during start-up reconciliation stops it at once: its lookups are read-only,
+        # and an attempt left open is asked about again at the next start.
+        starting = asyncio.ensure_future(executor.reconcile_at_start())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()
+                executor.start_background()
+                await stopping
+        finally:
+            for task in (starting, stopping):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
         executor.streams.security.emit("STOPPING", {"signal": "SIGTERM"})
     finally:
         if executor.config.executor_mode is ExecutorMode.SHADOW:

@@ -70,7 +70,7 @@ def register(subparsers: Any) -> None:
 
     crds = subparsers.add_parser("crds", help="generate or check the CRD manifests")
     csub = crds.add_subparsers(dest="crds_command", required=True)
-    gen = csub.add_parser("generate", help="write crds/*.yaml and charts/agentsafe/crds/*.yaml")
+    gen = csub.add_parser("generate", help="write crds/*.yaml and the chart's CRD templates")
     gen.add_argument("--root", type=Path, default=Path.cwd())
     gen.set_defaults(run=_crds_generate)
     chk = csub.add_parser("check", help="fail when the checked-in CRDs are stale")

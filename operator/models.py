@@ -72,6 +72,7 @@ __all__ = [
     "ConfigMapKeyRef",
     "DownstreamCredentialSpec",
     "DownstreamSpec",
+    "ExecutorPodSpec",
     "HaltPodStatus",
     "HaltSwitchSpec",
     "HaltSwitchStatus",
@@ -109,7 +110,12 @@ class _Model(BaseModel):
     """camelCase on the wire, snake_case in Python; unknown fields refused; immutable."""
 
     model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        # A field's docstring is its description (`kubectl explain` reads it from the CRD).
+        use_attribute_docstrings=True,
     )
 
     def wire(self) -> dict[str, Any]:
@@ -131,27 +137,36 @@ class SecretKeyRef(_Model):
     """A key of a Secret in the object's namespace. The operator never copies its value."""
 
     name: DnsSubdomain
+    """the Secret's name, in the resource's namespace"""
     key: Annotated[str, Field(min_length=1, max_length=253, pattern=_SECRET_KEY)]
+    """the key inside the Secret's data"""
 
 
 class ConfigMapKeyRef(_Model):
     """A key of a ConfigMap in the object's namespace (public material: CA certificates)."""
 
     name: DnsSubdomain
+    """the ConfigMap's name, in the resource's namespace"""
     key: Annotated[str, Field(min_length=1, max_length=253, pattern=_SECRET_KEY)]
+    """the key inside the ConfigMap's data"""
 
 
 class LabelSelectorRequirement(_Model):
     key: Annotated[str, Field(min_length=1, max_length=317)]
+    """the label key the requirement applies to"""
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    """In, NotIn, Exists or DoesNotExist"""
     values: list[Annotated[str, Field(max_length=63)]] = Field(default_factory=list)
+    """the values for In and NotIn; empty for Exists and DoesNotExist"""
 
 
 class LabelSelector(_Model):
     """A Kubernetes label selector; the empty selector selects everything."""
 
     match_labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict)
+    """labels an object must carry, each with exactly this value"""
     match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+    """requirements an object's labels must all meet"""
 
     def matches(self, labels: Mapping[str, str] | None) -> bool:
         have = labels or {}
@@ -232,11 +247,17 @@ class Condition(_Model):
     # writes only ConditionType and ConditionReason values (conditions.set_condition).
 
     type: Annotated[str, Field(min_length=1, max_length=316)]
+    """the condition's type (Ready, Rendered), unique in the list"""
     status: ConditionStatus
+    """True, False or Unknown"""
     reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]\w*$")]
+    """a CamelCase reason for the last transition, stable for scripts"""
     message: Annotated[str, Field(max_length=32768)] = ""
-    last_transition_time: str
+    """what happened and what to do next, for people"""
+    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
+    """when status last changed (RFC 3339)"""
     observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """the metadata.generation the condition was set for"""
 
 
 class ResourceStatus(_Model):
@@ -245,7 +266,12 @@ class ResourceStatus(_Model):
     observed_generation: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="the metadata.generation this status describes"
     )
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        # One condition per type, merged by type (server-side apply, kubectl explain).
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    """the resource's conditions, one per type"""
 
     def patch(self) -> dict[str, Any]:
         """The fields given when this status was built, as the API server stores them: a merge
@@ -270,8 +296,11 @@ class HostCeilingsSpec(_Model):
         default_factory=dict, description="largest single amount per ISO 4217 currency (minor)"
     )
     window_seconds: Annotated[int, Field(ge=1, le=HARD_LIMIT_WINDOW_SECONDS_MAX)] | None = None
+    """length of the rolling window the count and sum ceilings apply to"""
     window_count: Annotated[int, Field(ge=1, le=HARD_LIMIT_WINDOW_COUNT_MAX)] | None = None
+    """most executions allowed in one window"""
     window_sum_minor: MinorUnits | None = None
+    """largest total amount (minor units) allowed in one window"""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -287,17 +316,25 @@ class DownstreamCredentialSpec(_Model):
     """How the executor authenticates to the downstream; the secret stays in its Secret."""
 
     kind: CredentialKind = CredentialKind.STATIC_HEADER
+    """how the credential is presented: STATIC_HEADER, PRIVATE_KEY_JWT or SIGNED_REQUEST"""
     secret_key_ref: SecretKeyRef
+    """the Secret key holding the credential (mounted, never copied)"""
     header: Annotated[str, Field(max_length=128)] | None = Field(
         default=None, description="STATIC_HEADER: the header that carries the credential"
     )
     token_url: Annotated[str, Field(max_length=2048)] | None = None
+    """OAuth token endpoint (https), PRIVATE_KEY_JWT"""
     client_id: Text | None = None
+    """OAuth client id, PRIVATE_KEY_JWT"""
     key_id: Text | None = Field(default=None, description="PRIVATE_KEY_JWT / SIGNED_REQUEST")
     private_key_algorithm: PrivateKeyAlgorithm | None = None
+    """JWS algorithm of the private key (PRIVATE_KEY_JWT, SIGNED_REQUEST)"""
     signing_algorithm: SigningAlgorithm | None = None
+    """the request-signing algorithm (SIGNED_REQUEST)"""
     token_audience: Text | None = None
+    """audience of the client assertion (PRIVATE_KEY_JWT)"""
     token_scope: Text | None = None
+    """OAuth scope requested with the token"""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -315,14 +352,21 @@ class DownstreamSpec(_Model):
     """The system the executor changes, and the network it lives in."""
 
     url: Annotated[str, Field(min_length=1, max_length=2048)]
+    """the downstream endpoint executions are sent to (https)"""
     lookup_url: Annotated[str, Field(max_length=2048)] | None = None
+    """the downstream's lookup endpoint for reconciling unknown attempts"""
     lookup_by_reference_url: Annotated[str, Field(max_length=2048)] | None = None
+    """the downstream's lookup-by-reference endpoint"""
     system: Text
+    """the downstream system's name, pinned into every intent"""
     operation: Text
+    """the downstream operation's name, pinned into every intent"""
     timeout_ms: Annotated[int, Field(ge=1, le=DOWNSTREAM_TIMEOUT_MS_MAX)] = (
         DOWNSTREAM_TIMEOUT_MS_DEFAULT
     )
+    """how long one downstream call may take, in milliseconds"""
     credential: DownstreamCredentialSpec
+    """how the executor authenticates to the downstream"""
     ca: ConfigMapKeyRef | None = Field(
         default=None, description="CA bundle (PEM) to trust for the downstream"
     )
@@ -341,8 +385,11 @@ class JournalSpec(_Model):
     """One journal volume per replica, or ``ephemeral: true`` (development only)."""
 
     storage_class_name: DnsSubdomain | None = None
+    """StorageClass of the journal's PersistentVolumeClaim (default: the cluster's)"""
     size: Annotated[str, Field(pattern=_QUANTITY, max_length=32)] | None = None
+    """size of the journal's PersistentVolumeClaim (a Kubernetes quantity)"""
     ephemeral: bool = False
+    """use an emptyDir instead of a claim (tests only: attempts do not survive the pod)"""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -365,6 +412,7 @@ class TlsSpec(_Model):
         description="CA (PEM) for client certificates; required by MTLS principals",
     )
     min_version: TlsMinVersion = TlsMinVersion.TLS_1_3
+    """the lowest TLS version the executor accepts"""
 
 
 class StoreSpec(_Model):
@@ -377,6 +425,7 @@ class StoreSpec(_Model):
 
     secret_key_ref: SecretKeyRef = Field(description="the Secret key holding the URL")
     port: Annotated[int, Field(ge=1, le=65535)] = 5432
+    """the database's TCP port (egress is opened to it only)"""
     pod_selector: LabelSelector | None = Field(
         default=None, description="the database's pods, e.g. cnpg.io/cluster: <name>"
     )
@@ -398,11 +447,105 @@ class StoreSpec(_Model):
     )
 
 
+ResourceQuantity = Annotated[
+    str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$", max_length=32)
+]
+_RESOURCE_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
+ResourceName = Annotated[str, Field(min_length=1, max_length=253, pattern=_RESOURCE_NAME)]
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration of a node taint (``kubectl explain pod.spec.tolerations``)."""
+
+    key: Annotated[str, Field(max_length=317)] | None = Field(
+        default=None, description="the taint key; empty with operator Exists tolerates every taint"
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (the default)"
+    )
+    value: Annotated[str, Field(max_length=63)] | None = Field(
+        default=None, description="the taint value matched with operator Equal"
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="the taint effect tolerated; empty: every effect"
+    )
+    toleration_seconds: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="with NoExecute: how long the pod stays once tainted"
+    )
+
+
+class TopologySpreadConstraint(_Model):
+    """How executor pods spread over a topology (``pod.spec.topologySpreadConstraints``)."""
+
+    max_skew: Annotated[int, Field(ge=1)] = Field(description="the largest allowed imbalance")
+    topology_key: Annotated[str, Field(min_length=1, max_length=317)] = Field(
+        description="the node label naming the topology domain"
+    )
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        description="DoNotSchedule or ScheduleAnyway"
+    )
+    label_selector: LabelSelector | None = Field(
+        default=None, description="the pods counted; empty: this AgentPolicy's executor pods"
+    )
+
+
+class LocalObjectReference(_Model):
+    """A Secret in the AgentPolicy's namespace, by name."""
+
+    name: DnsSubdomain = Field(description="the Secret's name")
+
+
+class ResourceRequirementsSpec(_Model):
+    """The executor container's compute resources."""
+
+    requests: dict[ResourceName, ResourceQuantity] = Field(
+        default_factory=dict, max_length=16, description="the scheduler reserves these"
+    )
+    limits: dict[ResourceName, ResourceQuantity] = Field(
+        default_factory=dict, max_length=16, description="the kubelet enforces these"
+    )
+
+
+class ExecutorPodSpec(_Model):
+    """Scheduling and resources of the executor pods; every field is passed to the StatefulSet's
+    pod template as Kubernetes names it."""
+
+    node_selector: dict[
+        Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]
+    ] = Field(default_factory=dict, max_length=64, description="node labels the pods must run on")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=32, description="node taints the pods tolerate"
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="a Kubernetes Affinity (nodeAffinity, podAffinity, podAntiAffinity); "
+        "the API server validates it when the StatefulSet is written",
+    )
+    topology_spread_constraints: list[TopologySpreadConstraint] | None = Field(
+        default=None,
+        max_length=8,
+        description="replace the default spread (hostname and zone, from 2 replicas on)",
+    )
+    priority_class_name: DnsSubdomain | None = Field(
+        default=None, description="the pods' PriorityClass"
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=8, description="Secrets the kubelet pulls the image with"
+    )
+    resources: ResourceRequirementsSpec | None = Field(
+        default=None,
+        description="the executor container's requests and limits; default: requests cpu 100m, "
+        "memory 128Mi, limit memory 512Mi",
+    )
+
+
 class AgentPolicySpec(_Model):
     """What an executor may do, for whom, against which downstream."""
 
     mode: ExecutorMode = ExecutorMode.SHADOW
+    """SHADOW (decide and record, never execute) or ENFORCEMENT"""
     policy: PolicyDocument
+    """the policy document: actions, their parameter schemas and CEL rules"""
     tests: list[PolicyTestCase] = Field(
         default_factory=list,
         max_length=MAX_TEST_CASES,
@@ -412,8 +555,11 @@ class AgentPolicySpec(_Model):
     intent_ttl_seconds: Annotated[int, Field(ge=1, le=INTENT_TTL_SECONDS_MAX)] = Field(
         default=INTENT_TTL_SECONDS_DEFAULT, alias="intentTTLSeconds"
     )
+    """how long a pinned intent stays valid before it must be proposed again"""
     host_ceilings: HostCeilingsSpec | None = None
+    """hard ceilings on amounts and rates the executor enforces whatever the policy says"""
     escalation: EscalationMode = EscalationMode.NONE
+    """what ESCALATE does: NONE (refused) or APPROVAL (an approver decides)"""
     approval_origin: (
         Annotated[str, Field(pattern=r"^https://[A-Za-z0-9.-]+(:[0-9]{1,5})?$", max_length=256)]
         | None
@@ -423,6 +569,7 @@ class AgentPolicySpec(_Model):
         "it; makes approval_url absolute and is the passkeys' relying party (escalation APPROVAL)",
     )
     replicas: Annotated[int, Field(ge=1, le=16)] = 1
+    """how many executor pods; more than one needs store"""
     store: StoreSpec | None = Field(
         default=None, description="the shared PostgreSQL store; required for replicas > 1"
     )
@@ -430,10 +577,20 @@ class AgentPolicySpec(_Model):
         default=None, description="defaults to the operator's configured executor image"
     )
     downstream: DownstreamSpec
+    """the one system this policy's executors change, and how they reach it"""
     journal: JournalSpec
+    """where the executors keep their durable journal"""
     tls: TlsSpec
+    """the executor's serving certificate and client CA"""
     principal_selector: LabelSelector = Field(default_factory=LabelSelector)
+    """label selector over Principals in the namespace (empty: all)"""
     agent_namespaces: list[DnsLabel] = Field(default_factory=list, max_length=64)
+    """namespaces whose pods may reach the executor and must not reach the downstream"""
+    pod: ExecutorPodSpec = Field(
+        default_factory=ExecutorPodSpec,
+        description="scheduling (nodeSelector, tolerations, affinity, topologySpreadConstraints, "
+        "priorityClassName), imagePullSecrets and resources of the executor pods",
+    )
     jwt_audience: Text | None = Field(
         default=None,
         alias="jwtAudience",
@@ -501,13 +658,18 @@ OperatorScope = Annotated[
 
 class ActorSpec(_Model):
     id: Text
+    """the actor's id, recorded in evidence"""
     type: Text
+    """the actor's type (e.g. agent, service, human)"""
     runtime: Text | None = None
+    """the actor's runtime (e.g. the agent framework)"""
 
 
 class RateLimitSpec(_Model):
     count: Annotated[int, Field(ge=1, le=1_000_000)]
+    """most requests allowed in one window"""
     seconds: Annotated[int, Field(ge=1, le=86_400)]
+    """the window's length in seconds"""
 
 
 class ApproverRequirementSpec(_Model):
@@ -522,31 +684,46 @@ class ApproverRequirementSpec(_Model):
 
 class ServiceAccountRef(_Model):
     name: DnsSubdomain
+    """the ServiceAccount's name"""
     namespace: DnsLabel
+    """the ServiceAccount's namespace"""
 
 
 class BearerSpec(_Model):
     secret_key_ref: SecretKeyRef
+    """the Secret key holding the bearer token (only its hash is rendered)"""
 
 
 class MtlsSpec(_Model):
     san_uri: SanUri = Field(alias="sanURI")
+    """the URI subject alternative name of the client certificate"""
     cert_sha256: Sha256Hex | None = Field(default=None, alias="certSHA256")
+    """optionally pin the client certificate's SHA-256 fingerprint (hex)"""
 
 
 class PrincipalSpec(_Model):
     """A caller of the executors whose AgentPolicy selects it (id = the object's name)."""
 
     role: Role
+    """PROPOSER, OPERATOR or APPROVER"""
     tenant_id: Annotated[str, Field(pattern=_UUID)] | None = None
+    """the tenant (UUID) the principal acts for"""
     actor: ActorSpec | None = None
+    """who the principal is, as evidence records it"""
     allowed_actions: list[Text] | None = Field(default=None, max_length=MAX_ALLOWED_ACTIONS)
+    """the actions a PROPOSER may propose (empty: none)"""
     scopes: list[OperatorScope] | None = Field(default=None, max_length=MAX_SCOPES)
+    """what an OPERATOR may do (halt, resume, metrics, ...)"""
     rate_limit: RateLimitSpec | None = None
+    """the principal's request rate limit"""
     approval: ApproverRequirementSpec | None = None
+    """an APPROVER's requirement on its own decisions"""
     service_account: ServiceAccountRef | None = None
+    """authenticate by this ServiceAccount's projected token"""
     bearer: BearerSpec | None = None
+    """authenticate by a bearer token held in a Secret"""
     mtls: MtlsSpec | None = None
+    """authenticate by a client certificate"""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -601,8 +778,11 @@ class HaltSwitchSpec(_Model):
     """Stop every selected executor: durable (the halt file) and immediate (the control route)."""
 
     halted: bool
+    """true stops every selected executor; false resumes them"""
     reason: Annotated[str, Field(max_length=MAX_REASON_CHARS)] | None = None
+    """why, recorded in evidence (required when halted)"""
     policy_selector: LabelSelector = Field(default_factory=LabelSelector)
+    """label selector over AgentPolicies in the namespace (empty: all)"""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -618,9 +798,14 @@ class HaltPodStatus(_Model):
     """One executor pod's answer to the switch's last control call."""
 
     policy: str
+    """the AgentPolicy the pod belongs to"""
     pod: str
+    """the executor pod's name"""
     acknowledged: bool
-    at: str | None = Field(default=None, description="when it acknowledged")
+    """the pod acknowledged the switch's last call"""
+    at: str | None = Field(
+        default=None, description="when it acknowledged", json_schema_extra={"format": "date-time"}
+    )
     error: str | None = Field(
         default=None, description="why not: the HTTP status and error code, or the failure"
     )
@@ -633,3 +818,4 @@ class HaltSwitchStatus(ResourceStatus):
     acknowledged: str | None = Field(default=None, description="acknowledged pods / pods")
     policies: list[str] = Field(default_factory=list, description="the AgentPolicies it selects")
     pods: list[HaltPodStatus] = Field(default_factory=list)
+    """each executor pod's answer"""

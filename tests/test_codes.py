@@ -43,10 +43,10 @@ DOC = REPO / "docs" / "error-codes.md"
 BEGIN = "<!-- BEGIN error codes: generated from executor/codes.py by tests/test_codes.py -->"
 END = "<!-- END error codes -->"
 
-# the fake provider's own codes
-_OWN_VOCABULARY = {
+_OWN_VOCABULARY = {  # the fake providers' own codes
     EXECUTOR / "tools" / "synthetic.py",
     EXECUTOR / "tools" / "synthetic_credentials.py",
+    EXECUTOR / "tools" / "synthetic_bank.py",
 }
 # Not a code: the plan routes' evidence event says "OK" for a success.
 _NOT_CODES = {("executor/routes/plans.py", "OK")}

@@ -323,6 +323,7 @@ RANGES = [
     ("EXECUTOR_EGRESS_MAX_RESPONSE_BYTES", 1024, 16 * 1024 * 1024),
     ("EXECUTOR_EVIDENCE_WINDOW_LINES", 100, 200_000),
     ("EXECUTOR_JOURNAL_RETAIN_DAYS", 1, 366),
+    ("EXECUTOR_HOUSEKEEPING_INTERVAL_SECONDS", 1, 86_400),
     ("EXECUTOR_JWKS_REFRESH_SECONDS", 60, 86_400),
     ("EXECUTOR_JWT_CLOCK_TOLERANCE_SECONDS", 0, 300),
     ("EXECUTOR_POSTURE_INTERVAL_SECONDS", 10, 600),
@@ -482,6 +483,8 @@ def test_lockout_rule_refusals(text: str) -> None:
         "CHF:1.5",
         "CHF:\u0665",
         "CHF:100\n",
+        "ABC:100",  # three capitals, but ISO 4217 lists no such currency
+        "EUR:100,XYZ:5",
     ],
 )
 def test_ceiling_refusals(text: str) -> None:

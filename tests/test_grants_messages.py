@@ -50,16 +50,14 @@ def refusal(call: Any) -> tuple[str, str]:
     return (getattr(exc, "code", "TypeError"), str(exc))
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("a*", "a segment is not unpadded base64url"),
-        ("a", "a segment is not unpadded base64url"),
-        ("AB", "a segment is not canonical base64url"),
-    ],
-)
-def test_a_segment_refusal_says_which_rule(text: str, message: str) -> None:
-    assert refusal(lambda: b64url_decode(text)) == ("JWS_MALFORMED", message)
+@pytest.mark.parametrize("text", ["a*", "a", "AB"])
+def test_a_segment_refusal_names_the_one_base64_rule(text: str) -> None:
+    # a foreign character, an impossible length and non-zero trailing bits all break the one
+    # rule (executor/base64url.py): the canonical unpadded spelling
+    assert refusal(lambda: b64url_decode(text)) == (
+        "JWS_MALFORMED",
+        "a segment is not canonical unpadded base64url",
+    )
 
 
 def test_a_key_refusal_says_what_is_wrong_with_the_key() -> None:

@@ -163,14 +163,10 @@ ALLOWED: dict[str, Allowance] = {
         DATABASE,
         reason="the shared store's migrations, run on a connection pgstore.py opened",
     ),
-    "executor/proxy.py": allow(
-        LISTEN,
-        reason="`agentsafe proxy`: the gateway's listener (server side, accepts only); every "
-        "outbound request goes through the guarded client",
-    ),
     "executor/routes/listener.py": allow(
         LISTEN,
-        reason="the executor's listener (server side, accepts only; no outbound connection)",
+        reason="the executor's listener, and `agentsafe proxy`'s gateway behind it (server "
+        "side, accepts only; no outbound connection)",
     ),
     # Not listed because they use none of the APIs: routes/app.py (builds the aiohttp application;
     # routes/listener.py binds it for plane.py), host/tlsctx.py and host/posture.py (build and
@@ -180,6 +176,11 @@ ALLOWED: dict[str, Allowance] = {
         LISTEN,
         reason="the synthetic provider: a test double that listens on loopback only, in tests "
         "or its own process, never inside the executor",
+    ),
+    "executor/tools/synthetic_bank.py": allow(
+        LISTEN,
+        reason="the synthetic core bank: a test double that listens on loopback only, in its "
+        "own process, never inside the executor",
     ),
     "executor/tools/harness.py": allow(
         SOCKET,
@@ -332,6 +333,7 @@ def findings_by_module() -> dict[str, list[Finding]]:
 OUTSIDE_THE_EXECUTOR = frozenset(
     {
         "executor/tools/synthetic.py",
+        "executor/tools/synthetic_bank.py",
         "executor/tools/harness.py",
         "executor/tools/demo.py",
         "executor/tools/remote.py",

@@ -66,7 +66,9 @@ from .seam import (
 __all__ = [
     "MAX_TIMEOUT_MS",
     "ForwardRequestHandler",
+    "effect_receipt",
     "provider_reason",
+    "provider_reference",
 ]
 
 MAX_TIMEOUT_MS = 15_000
@@ -115,6 +117,17 @@ def _reference(body: bytes) -> str | None:
     return None
 
 
+def provider_reference(body: bytes) -> str | None:
+    """The provider's ``reference`` (or ``id``) in a JSON answer, when it is a short identifier."""
+    return _reference(body)
+
+
+def effect_receipt(response: HttpResponse) -> str | None:
+    """``x-agent-safe-effect-receipt`` when it has the shape of a compact JWS within the bound."""
+    receipt = response.headers.get("x-agent-safe-effect-receipt")
+    return receipt if receipt is not None and _COMPACT_JWS.match(receipt) else None
+
+
 class ForwardRequestHandler:
     """The reference handler (see the module docstring)."""
 
@@ -146,7 +159,16 @@ class ForwardRequestHandler:
     def parameters_schema(self) -> Mapping[str, Any]:
         return self._schema
 
-    async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+    async def send(
+        self,
+        ctx: ExecutionContext,
+        dispatch: Dispatch,
+        *,
+        extra_headers: Mapping[str, str] | None = None,
+    ) -> HttpResponse:
+        """POST the verified parameters once inside ``dispatch.run`` and return the answer as
+        it came; the banking transport (``banking/transport.py``) reads it its own way.
+        ``extra_headers`` are a family's own non-reserved headers."""
         body = canonical_json(dict(ctx.parameters))
         auth = ctx.authorization
         headers = {
@@ -181,22 +203,30 @@ class ForwardRequestHandler:
                     )
                 headers[key] = value
 
-        async def send(idempotency_key: str) -> HttpResponse:
+        for name, value in (extra_headers or {}).items():
+            if is_reserved(name) and not name.lower().startswith("x-agent-safe-banking-"):
+                raise HandlerError("a family header is reserved", code=Code.CREDENTIAL_INVALID)
+            headers[name.lower()] = value
+
+        async def post(idempotency_key: str) -> HttpResponse:
             timeout = min(self._timeout, ctx.remaining())
             sent_headers = {**headers, "idempotency-key": idempotency_key}
             return await self._transport.request(
                 "POST", self._url, headers=sent_headers, body=body, timeout=timeout
             )
 
-        response = await dispatch.run(send)
+        return await dispatch.run(post)
+
+    async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+        response = await self.send(ctx, dispatch)
         status = response.status
         if 200 <= status < 300:
             result: dict[str, Any] = {"status": status, "accepted": True}
             reference = _reference(response.body)
             if reference is not None:
                 result["provider_reference"] = reference
-            receipt = response.headers.get("x-agent-safe-effect-receipt")
-            if receipt is not None and _COMPACT_JWS.match(receipt):
+            receipt = effect_receipt(response)
+            if receipt is not None:
                 result["effect_receipt"] = receipt
             return result
         if 400 <= status < 500 and status not in _UNKNOWN_4XX and response.body.strip():

@@ -39,6 +39,10 @@ evidence: a reason must be an UPPER_SNAKE code of at most 64 characters (else
 the current secrets in their transformed forms too) replaces any secret a provider reflected; each
 replacement is one ``PROVIDER_STRING_WITHHELD`` security event naming the action and the field.
 
+A handler may also derive what it runs from the action itself (the effect plane's adapter bridge
+does): :meth:`Registry.admit` asks it before the authority is asked, so a target that disagrees is
+refused without a dossier, and hands the host ceilings the family's amount projection.
+
 ``ReconcileStatus``/``ReconcileResult`` live here (the handler contract returns them);
 ``reconcile.py`` imports them.
 
@@ -335,6 +339,26 @@ class Registry:
                 Code.ACTION_NOT_REGISTERED, "this action is not registered in this process"
             )
         return entry[0]
+
+    def admit(self, name: str, target: str, parameters: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Before the authority is asked: a handler that derives its target (an adapter bridge,
+        ``effects/adapter.py``) refuses a proposal whose target or action disagrees with it.
+        Returns what the host ceilings read: the family's projection, or the parameters."""
+        handler = self.get(name)
+        admit = getattr(handler, "admit", None)
+        if admit is None:
+            return parameters
+        projection: Mapping[str, Any] | None = admit(target, parameters)
+        return projection if projection is not None else {}
+
+    def ceiling_view(self, name: str, parameters: Mapping[str, Any]) -> Mapping[str, Any]:
+        """What the host ceilings read for an action already admitted (the same projection)."""
+        handler = self.get(name)
+        view = getattr(handler, "ceiling_view", None)
+        if view is None:
+            return parameters
+        projection: Mapping[str, Any] | None = view(parameters)
+        return projection if projection is not None else {}
 
     async def execute(
         self,

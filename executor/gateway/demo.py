@@ -2,9 +2,10 @@
 
 A synthetic policy and a throwaway configuration on loopback: the built-in authority in the same
 process, a temporary state and journal directory, an ephemeral grant key, the development posture
-(a laptop), shadow unless ``--enforce``. Everything the gateway prints in this mode says so
-(:data:`BANNER`), and every answer carries ``x-agentsafe-authority: demo``. Nothing here is for a
-deployment: configure ``EXECUTOR_*`` for that.
+(a laptop), shadow unless ``--enforce``; only the listener's deadlines and caps
+(:data:`LISTENER_SETTINGS`) are taken from the environment. Everything the gateway prints in
+this mode says so (:data:`BANNER`), and every answer carries ``x-agentsafe-authority: demo``.
+Nothing here is for a deployment: configure ``EXECUTOR_*`` for that.
 
 The synthetic policy (``http_request``, handler ``gateway_forward``): a path under ``/admin`` is
 BLOCK (``DEMO_ADMIN_PATH``); a JSON body with an ``amountMinor`` over 5000 is BLOCK
@@ -21,7 +22,18 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
 
-__all__ = ["BANNER", "DEMO_POLICY", "demo_environment"]
+__all__ = ["BANNER", "DEMO_POLICY", "LISTENER_SETTINGS", "demo_environment"]
+
+LISTENER_SETTINGS: Final = frozenset(
+    {
+        "EXECUTOR_HEADER_TIMEOUT_SECONDS",
+        "EXECUTOR_BODY_TIMEOUT_SECONDS",
+        "EXECUTOR_MAX_CONNECTIONS",
+        "EXECUTOR_MAX_CONNECTIONS_PER_SOURCE",
+    }
+)
+"""The listener's deadlines and caps: the demo keeps them from the environment (they say how
+the gateway listens, not what it decides)."""
 
 BANNER: Final = "DEMO AUTHORITY (local, loopback, synthetic policy; not for production) | "
 
@@ -71,7 +83,11 @@ def demo_environment(
     policy = root / "demo-policy.yaml"
     policy.write_text(DEMO_POLICY, encoding="utf-8")
     host = urlsplit(upstream).hostname or "upstream"
-    env = {k: v for k, v in base.items() if not k.startswith(("EXECUTOR_", "DOWNSTREAM_"))}
+    env = {
+        k: v
+        for k, v in base.items()
+        if k in LISTENER_SETTINGS or not k.startswith(("EXECUTOR_", "DOWNSTREAM_"))
+    }
     env.update(
         {
             "EXECUTOR_MODE": "ENFORCEMENT" if enforce else "SHADOW",

@@ -11,6 +11,13 @@ answers is the result (an HTTP answer means it was reached; the client gets that
 the exchange for the listener; a failure after sending is an unknown outcome, reconciled through
 ``DOWNSTREAM_LOOKUP_URL`` when one is configured, read-only.
 
+ESCALATE with ``EXECUTOR_ESCALATION=APPROVAL``: the listener holds the captured request
+(:meth:`Exchanges.hold`) until its intent expires. When the proposer resumes the escalation
+(``POST /v1/escalations`` on the executor's routes, ``--serve-routes``) after an APPROVER
+approved it, the pipeline decides again and runs this handler once under the approval's own
+idempotency scope: the held bytes are forwarded then, once, and the hold is dropped. A second
+resume replays the first answer; nothing is sent twice.
+
 Callers: ``proxy.py`` (registers it), ``gateway/listener.py`` (the exchanges).
 """
 
@@ -29,9 +36,18 @@ from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import HandlerError
 from .intercept import body_digest
 
-__all__ = ["HANDLER", "PARAMETERS_SCHEMA", "Exchange", "Exchanges", "GatewayForwardHandler"]
+__all__ = [
+    "HANDLER",
+    "MAX_HELD",
+    "PARAMETERS_SCHEMA",
+    "Exchange",
+    "Exchanges",
+    "GatewayForwardHandler",
+]
 
 HANDLER: Final = "gateway_forward"
+MAX_HELD: Final = 256
+"""At most this many requests held for approval at once (each at most 100 KiB)."""
 PARAMETERS_SCHEMA: Final[Mapping[str, Any]] = {
     "type": "object",
     "required": ["method", "path", "query", "body_digest", "body"],
@@ -56,15 +72,29 @@ class Exchange:
     headers: dict[str, str]
     body: bytes
     response: HttpResponse | None = None
+    held_until: float | None = None  # epoch seconds: held for an approval until the intent expires
 
 
 @dataclass
 class Exchanges:
-    """Captured requests by idempotency key, for the time between capture and answer."""
+    """Captured requests by idempotency key, for the time between capture and answer, and a
+    request held for a person's approval until its intent expires (then it is dropped)."""
 
     _by_key: dict[str, Exchange] = field(default_factory=dict)
 
     def put(self, key: str, exchange: Exchange) -> None:
+        self._by_key[key] = exchange
+
+    def hold(self, key: str, exchange: Exchange, *, until: float, now: float) -> None:
+        """Keep ``exchange`` for a resume after approval; drop every hold already expired, and
+        past :data:`MAX_HELD` the one expiring soonest (its resume is then not executed,
+        ``GATEWAY_EXCHANGE_LOST``: memory is bounded, and nothing is ever sent unheld)."""
+        for old in [k for k, e in self._by_key.items() if e.held_until and e.held_until <= now]:
+            del self._by_key[old]
+        held = [(e.held_until, k) for k, e in self._by_key.items() if e.held_until is not None]
+        if key not in self._by_key and len(held) >= MAX_HELD:
+            del self._by_key[min(held)[1]]
+        exchange.held_until = until
         self._by_key[key] = exchange
 
     def get(self, key: str) -> Exchange | None:
@@ -156,6 +186,8 @@ class GatewayForwardHandler:
 
         response = await dispatch.run(send)
         exchange.response = response
+        if exchange.held_until is not None:  # resumed after approval: sent; hold it no longer
+            self._exchanges.pop(ctx.idempotency_key)
         return {
             "status": response.status,
             "accepted": 200 <= response.status < 400,

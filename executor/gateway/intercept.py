@@ -5,8 +5,8 @@ intent: a protocol upgrade (``Upgrade``, ``Connection: upgrade``, ``CONNECT``), 
 (``Transfer-Encoding`` of any kind: its length is not known before it is read), and a declared
 body over :data:`MAX_BODY_BYTES`. The framing attacks (``Content-Length`` with
 ``Transfer-Encoding``, duplicate ``Content-Length``, folded headers) never reach here: aiohttp's
-llhttp parser refuses them, and the listener answers with ``GATEWAY_REQUEST_MALFORMED``
-(``gateway/listener.py``).
+llhttp parser refuses them, and the executor's listener answers with ``HTTP_MALFORMED``
+(``routes/listener.py``, as for ``serve``).
 
 :func:`capture` is the intent's parameters: the method, the path, the query string, the SHA-256
 of the body bytes, and the body parsed as JSON when it is a JSON document (else ``null``; the
@@ -76,7 +76,7 @@ def refusal_for(method: str, headers: Iterable[tuple[str, str]]) -> Code | None:
     if lengths:
         value = lengths[0].strip()
         if not value.isdigit():
-            return Code.GATEWAY_REQUEST_MALFORMED
+            return Code.HTTP_MALFORMED
         if int(value) > MAX_BODY_BYTES:
             return Code.GATEWAY_BODY_TOO_LARGE
     return None

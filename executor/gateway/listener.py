@@ -16,6 +16,9 @@ ALLOW, forwarded                         the upstream's own answer (status, head
 ALLOW, a replay of a key already used    200 ``{"replayed": true, "result"}``; nothing sent again
 BLOCK                                    403 ``GATEWAY_BLOCKED`` with the reason codes
 ESCALATE                                 202 ``{"state": "ESCALATE_PENDING", "escalation"}``, held
+ESCALATE with approvals                  the same with the approval's escalation object
+                                         (``approval_url``) and ``resume``; the request is held
+                                         (``Exchanges.hold``) and forwarded once on the resume
 authority cannot be reached              503 ``GATEWAY_AUTHORITY_UNAVAILABLE``, ``Retry-After``
 halted                                   503 ``EXECUTOR_HALTED``, ``Retry-After``
 outcome unknown after sending            502 ``GATEWAY_OUTCOME_UNKNOWN`` with the recovery object
@@ -23,31 +26,37 @@ not sent                                 502 ``GATEWAY_NOT_EXECUTED`` with the r
 an upgrade                               400 ``GATEWAY_UPGRADE_REFUSED``
 a streaming body                         411 ``GATEWAY_STREAMING_REFUSED``
 an oversize body (over 100 KiB)          413 ``GATEWAY_BODY_TOO_LARGE``
-CL+TE, duplicate Content-Length, folded  400 ``GATEWAY_REQUEST_MALFORMED`` (the connection closes)
+a body slower than the body deadline    408 ``REQUEST_TIMEOUT`` (the connection closes)
+CL+TE, duplicate Content-Length, folded  400 ``HTTP_MALFORMED`` (the connection closes)
 ======================================  ==========================================================
 
 In shadow (the default) every request is forwarded as it would be without the gateway, and the
 answer carries ``x-agentsafe-shadow-verdict``: what enforcement would have done is in the shadow
 report. Every answer says who decided in ``x-agentsafe-authority``.
 
-Why a :class:`web_protocol.RequestHandler` subclass: aiohttp's llhttp parser refuses the
-request-smuggling framings strictly (which is why it is used), but its own error page quotes the
-offending header bytes back; :class:`_CodedRequestHandler` answers the same refusals with the
-stable JSON error body instead, echoing nothing.
+The connection is the executor's own hardened listener (``routes/listener.py``'s
+:class:`GuardedSite`, wired by ``proxy.py``): the same header and body deadlines, connection caps
+and parser refusals. aiohttp's llhttp parser refuses the request-smuggling framings strictly, and
+that listener answers every parser refusal in the refusal contract (400 ``HTTP_MALFORMED``, a
+fixed message, nothing echoed, the connection closed): one rule for the gateway and ``serve``.
+The body is read whole within the body deadline (408 ``REQUEST_TIMEOUT``, connection closed).
 
 Callers: ``proxy.py`` (builds and runs it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from aiohttp import web, web_protocol, web_request, web_server
+from aiohttp import web, web_request
 
+from ..clock import parse_ms
 from ..codes import Code
 from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import RequestRejected
@@ -64,10 +73,15 @@ from .intercept import (
     response_headers,
 )
 
-__all__ = ["Gateway", "GatewayServer"]
+__all__ = ["Gateway"]
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~:=+-]{0,200}$")
 _RETRY_AFTER = "5"
+RESUME_HINT: Final = (
+    "held until the intent expires: once an APPROVER decides at approval_url, POST "
+    '{"escalation": <this object>} to /v1/escalations on the executor\'s routes (--serve-routes) '
+    "as this gateway's principal; the held request is forwarded then, once"
+)
 
 
 def _refusal(
@@ -93,6 +107,7 @@ class Gateway:
     authority: str  # the x-agentsafe-authority value: "local" or "demo"
     timeout: float
     log: Callable[[str], None]
+    body_timeout: float = 30.0  # EXECUTOR_BODY_TIMEOUT_SECONDS
 
     @property
     def shadow(self) -> bool:
@@ -111,7 +126,16 @@ class Gateway:
         if code is not None:
             self.log(f"{method} {path} -> refused {code}")
             return _refusal(code, _MESSAGES[code])
-        body = await request.content.read(MAX_BODY_BYTES + 1)
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                body = await request.content.read()  # bounded: Content-Length was checked
+        except TimeoutError:
+            self.log(f"{method} {path} -> refused {Code.REQUEST_TIMEOUT}")
+            response = _refusal(
+                Code.REQUEST_TIMEOUT, "the body did not arrive in time; nothing was sent"
+            )
+            response.force_close()
+            return response
         if len(body) > MAX_BODY_BYTES:
             self.log(f"{method} {path} -> refused {Code.GATEWAY_BODY_TOO_LARGE}")
             return _refusal(Code.GATEWAY_BODY_TOO_LARGE, _MESSAGES[Code.GATEWAY_BODY_TOO_LARGE])
@@ -187,13 +211,23 @@ class Gateway:
             return _refusal(Code.GATEWAY_BLOCKED, "the policy refused this request", **common)
         if verdict == "ESCALATE":
             self.log(f"{method} {path} -> {summary}; held")
-            escalation = decided.get("escalation") or {
-                "mode": "HOLD",
-                "intent_id": decided.get("intent_id"),
-                "intent_hash": decided.get("intent_hash"),
-            }
+            escalation = decided.get("escalation")
+            extra: dict[str, Any] = {}
+            if escalation is not None and exchange is not None and "token" in escalation:
+                # EXECUTOR_ESCALATION=APPROVAL: the request is held for the resume.
+                intent = escalation.get("intent") or {}
+                until = parse_ms(str(intent.get("expires_at")))
+                self.exchanges.hold(key, exchange, until=until, now=time.time())
+                extra["resume"] = RESUME_HINT
+            if escalation is None:
+                escalation = {
+                    "mode": "HOLD",
+                    "intent_id": decided.get("intent_id"),
+                    "intent_hash": decided.get("intent_hash"),
+                }
             return web.json_response(
-                {"state": "ESCALATE_PENDING", "escalation": escalation, **common}, status=202
+                {"state": "ESCALATE_PENDING", "escalation": escalation, **extra, **common},
+                status=202,
             )
         if outcome == "COMPLETED":
             if exchange is not None and exchange.response is not None:
@@ -250,34 +284,5 @@ _MESSAGES: dict[Code, str] = {
     "send Content-Length",
     Code.GATEWAY_BODY_TOO_LARGE: f"the body is larger than {MAX_BODY_BYTES} bytes",
     Code.GATEWAY_METHOD_REFUSED: "this method is not intercepted",
-    Code.GATEWAY_REQUEST_MALFORMED: "the request's framing is ambiguous or malformed",
+    Code.HTTP_MALFORMED: "the request's framing is ambiguous or malformed",
 }
-
-
-class _CodedRequestHandler(web_protocol.RequestHandler):
-    """aiohttp's connection handler, answering a parser refusal with the coded JSON body."""
-
-    def handle_error(
-        self,
-        request: Any,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        code = Code.GATEWAY_REQUEST_MALFORMED if status == 400 else Code.INTERNAL_ERROR
-        text = _MESSAGES.get(code, "the gateway failed; nothing was sent")
-        response = web.json_response(error_body(code, text), status=status)
-        response.force_close()
-        return response
-
-
-class GatewayServer(web_server.Server):
-    """The low-level aiohttp server whose connections use :class:`_CodedRequestHandler`."""
-
-    def __init__(
-        self, handler: Callable[[web_request.BaseRequest], Awaitable[web.StreamResponse]]
-    ) -> None:
-        super().__init__(handler, access_log=None)
-
-    def __call__(self) -> web_protocol.RequestHandler:
-        return _CodedRequestHandler(self, loop=self._loop, **self._kwargs)

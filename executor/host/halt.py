@@ -8,7 +8,10 @@ Causes: ``OPERATOR`` (with a reason and the principal), ``FILE`` (``EXECUTOR_HAL
 :meth:`watch` polls it and a state built while it exists starts halted), ``AUTH_SPIKE``
 (``EXECUTOR_HALT_ON_AUTH_FAILURES`` door refusals inside the window), ``EGRESS_SPIKE``
 (``EXECUTOR_HALT_ON_EGRESS_REFUSALS``), ``POSTURE_DRIFT`` (stands until
-:meth:`posture_restored`), ``CLOCK_SKEW``.
+:meth:`posture_restored`), ``CLOCK_SKEW``, ``JOURNAL`` (the attempt journal failed a write; the
+only cause lifted without an operator, by :meth:`journal_recovered` once it writes again),
+``EFFECT_MISMATCH`` (an observed effect, or a provider's receipt, that is not the authorised
+one, under ``EXECUTOR_ON_EFFECT_MISMATCH=HALT``).
 
 Each new cause is one ``HALTED`` line on the security stream (cause, reason, by) and each resume
 one ``RESUMED`` line; an operator's reason is their own words, kept but bounded in length and
@@ -49,6 +52,8 @@ class HaltCause(StrEnum):
     EGRESS_SPIKE = "EGRESS_SPIKE"
     POSTURE_DRIFT = "POSTURE_DRIFT"
     CLOCK_SKEW = "CLOCK_SKEW"
+    JOURNAL = "JOURNAL"  # the attempt journal cannot write; lifted by itself when it can again
+    EFFECT_MISMATCH = "EFFECT_MISMATCH"
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,35 @@ class HaltState:
                 self._posture_checks.clear()
             else:
                 self._posture_checks.discard(check)
+
+    def journal_failed(self) -> bool:
+        """The attempt journal stopped taking records (``JOURNAL``); True when newly halted."""
+        return self.halt(HaltCause.JOURNAL, reason="the attempt journal cannot write")
+
+    def journal_recovered(self) -> None:
+        """The journal's storage takes synced writes again: its own cause is lifted (the only
+        cause that lifts itself: nothing was executed while it stood, and nothing else halted
+        is cleared). One ``RESUMED`` line when no other cause remains."""
+        with self._lock:
+            if self._causes.pop(HaltCause.JOURNAL, None) is None:
+                return
+            resumed = not self._causes
+            listeners = list(self._listeners) if resumed else []
+        self._security.emit(
+            "HALT_CAUSE_LIFTED", {"cause": HaltCause.JOURNAL.value, "reason": "journal recovered"}
+        )
+        if resumed:
+            self._security.emit(
+                "RESUMED",
+                {"reason": "the attempt journal recovered", "by": None, "causes": ["JOURNAL"]},
+            )
+            for listener in listeners:
+                listener(False)
+
+    def effect_mismatch(self, grant_id: str) -> None:
+        """An observed effect that is not the authorised one (``EXECUTOR_ON_EFFECT_MISMATCH=HALT``):
+        an operator reconciles it, then resumes."""
+        self.halt(HaltCause.EFFECT_MISMATCH, reason=f"effect mismatch under grant {grant_id}")
 
     def clock_skew(self, skew_ms: float) -> None:
         self.halt(HaltCause.CLOCK_SKEW, reason=f"authority clock skew of {int(skew_ms)} ms")

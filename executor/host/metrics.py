@@ -64,7 +64,16 @@ EGRESS_CODES = (
     Code.EGRESS_RESPONSE_INVALID,
     Code.EGRESS_INIT_UNSUPPORTED,
 )
-HALT_CAUSES = ("OPERATOR", "FILE", "AUTH_SPIKE", "EGRESS_SPIKE", "POSTURE_DRIFT", "CLOCK_SKEW")
+HALT_CAUSES = (
+    "OPERATOR",
+    "FILE",
+    "AUTH_SPIKE",
+    "EGRESS_SPIKE",
+    "POSTURE_DRIFT",
+    "CLOCK_SKEW",
+    Code.EFFECT_MISMATCH.value,
+)
+CEILING_CODES = tuple(code.value for code in Code if code.value.startswith("HARD_LIMIT_"))
 OPERATOR_ACTIONS = (
     "halt",
     "resume",
@@ -152,6 +161,12 @@ class ExecutorMetrics:
             "egress_refusals", "Outbound requests refused by code", code=EGRESS_CODES
         )
         self.halts = self._counter("halts", "Halts by cause", cause=HALT_CAUSES)
+        self.ceiling_refusals = self._counter(
+            "ceiling_refusals", "Refusals by the host ceilings by code", code=CEILING_CODES
+        )
+        self.effect_mismatches = self._counter(
+            "effect_mismatches", "Observed effects (or receipts) that were not the authorised one"
+        )
         self.principals_locked = self._counter("principals_locked", "Principal locks placed")
         self.operator_actions = self._counter(
             "operator_actions", "Operator actions by action", action=OPERATOR_ACTIONS

@@ -49,6 +49,7 @@ def decision_answer(
     result: Mapping[str, Any] | None = None,
     recovery: Mapping[str, Any] | None = None,
     escalation: Mapping[str, Any] | None = None,
+    effect: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "mode": mode,
@@ -64,7 +65,7 @@ def decision_answer(
         "authorization": dict(authorization) if authorization is not None else None,
         "finalization": finalization,
         "result": dict(result) if result is not None else None,
-        "effect": None,
+        "effect": dict(effect) if effect is not None else None,
         "recovery": dict(recovery) if recovery is not None else None,
         "replayed": False,
     }

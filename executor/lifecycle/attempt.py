@@ -10,7 +10,12 @@ on its own with every collaborator passed in:
    body (``on_claimed``);
 5. finalize with the authority; journal ATTEMPT_CLOSED unless the outcome is unknown, in which
    case the answer carries a signed recovery object for ``POST /v1/reconciliations``;
-6. one OUTCOME evidence line, one count, one answer.
+6. read the effect record an adapter registered for the grant (``effects/adapter.py``): one
+   EFFECT_OBSERVED evidence line; an effect (or a receipt) that is not the authorised one adds
+   EFFECT_MISMATCH to the reason codes, an EFFECT_MISMATCH / EFFECT_RECEIPT_MISMATCH security
+   event and ``on_effect_mismatch`` (the halt, or only the count). The finalization is made before
+   the record is read, so neither an observation nor a receipt can make it fail;
+7. one OUTCOME evidence line, one count, one answer (with the ``effect`` block when COMPLETED).
 
 The caller learns that the attempt started through the :class:`Progress` it passes in (set
 before anything durable is written): from then on its idempotency key is never freed.
@@ -20,16 +25,19 @@ Callers: ``pipeline.py``; tests (``tests/lifecycle/test_attempt.py``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..clock import Clock
 from ..codes import Code
-from ..dispatch.seam import Authorization, ExecutionContext, Outcome, Registry
-from ..errors import AgentSafeError, StoreError
+from ..dispatch.seam import Authorization, ExecutionContext, ExecutionReport, Outcome, Registry
+from ..effects.adapter import Comparison, EffectRecord, EffectRecords
+from ..effects.receipts import ReceiptComparison
+from ..errors import AgentSafeError, JournalError, RequestRejected, StoreError
 from ..events import Streams
 from ..intent import CapturedIntent
 from ..policy.authority import RECOVERY_TYP, Authority, Decision, GrantRefused
@@ -38,7 +46,7 @@ from ..state.journal import AttemptJournal
 from .answers import Answer, decision_answer
 from .ceilings import HostCeilings
 
-__all__ = ["Attempt", "Progress", "TokenSigner"]
+__all__ = ["Attempt", "Progress", "TokenSigner", "UnknownAttempts"]
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +57,41 @@ class TokenSigner(Protocol):
     def verify_token(self, token: str, *, typ: str) -> dict[str, Any]: ...
 
 
+class UnknownAttempts:
+    """The attempts whose outcome nobody knows right now: ``/ready``'s live count.
+
+    Filled at start (STILL_UNKNOWN, BINDING_MISMATCH) and by every runtime
+    UNKNOWN_AFTER_DISPATCH; an attempt leaves when a reconciliation (the caller's, a re-ask,
+    an operator's decision) settles it."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+
+    def add(self, attempt_id: str) -> None:
+        self._ids.add(attempt_id)
+
+    def discard(self, attempt_id: str) -> None:
+        self._ids.discard(attempt_id)
+
+    def __contains__(self, attempt_id: object) -> bool:
+        return attempt_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def ids(self) -> frozenset[str]:
+        return frozenset(self._ids)
+
+
 @dataclass
 class Progress:
-    """Whether an attempt has started: from then on its idempotency key is never freed."""
+    """Whether an attempt has started: from then on its idempotency key is never freed.
+
+    ``attempt_id`` is chosen before the key is claimed, so the idempotency record names the
+    attempt it will journal (a crash on either side of the journal is settled from it)."""
 
     started: bool = False
+    attempt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 
 @dataclass(frozen=True)
@@ -68,6 +106,13 @@ class Attempt:
     streams: Streams
     clock: Clock
     count_outcome: Callable[[Outcome], None] = lambda outcome: None
+    on_unknown: Callable[[str], None] = lambda attempt_id: None
+    """Told the attempt id of every UNKNOWN_AFTER_DISPATCH (``/ready``'s live count)."""
+    effects: EffectRecords | None = None
+    on_effect_mismatch: Callable[[str], None] = lambda grant_id: None
+    on_ceiling_refused: Callable[[CapturedIntent, Principal, str, str], None] = (
+        lambda intent, principal, code, stage: None
+    )
 
     async def run(
         self,
@@ -82,13 +127,22 @@ class Attempt:
         """Run ``decision`` (an ALLOW with its grant) for ``intent`` through ``handler`` once.
 
         ``common`` is the answer's mode, intent and decision fields; ``progress.started`` is set
-        before the journal is written."""
+        before the journal is written. Once the GRANT_CLAIMED record is durable (the point of no
+        return) nothing that fails afterwards (the journal, the evidence chain, the use store,
+        the authority's finalization) turns the answer into "not executed": the outcome is the
+        one the seam classified, or UNKNOWN_AFTER_DISPATCH with a recovery object."""
         if decision.grant is None:
             raise ValueError("only an ALLOW with a grant starts an attempt")
         reservation = None
         if self.ceilings is not None:
-            reservation = await self.ceilings.commit(intent.parameters)
-        attempt_id = str(uuid.uuid4())
+            try:
+                reservation = await self.ceilings.commit(
+                    self.registry.ceiling_view(handler, intent.parameters)
+                )
+            except RequestRejected as exc:
+                self.on_ceiling_refused(intent, principal, exc.code, "COMMIT")
+                raise
+        attempt_id = progress.attempt_id
         journal = self.journal
         progress.started = True
         try:
@@ -102,6 +156,8 @@ class Attempt:
                     caller=principal.id,
                     action=intent.action,
                     binding=intent.binding,
+                    grant_id=decision.grant_id,
+                    grant_expires_at=decision.grant_expires_at,
                 )
         except AgentSafeError:
             log.exception("the journal refused ATTEMPT_OPENED")
@@ -111,13 +167,12 @@ class Attempt:
         try:
             claim = await self.authority.claim(decision.grant, intent=intent)
         except (GrantRefused, StoreError) as exc:  # a store that failed claimed nothing we use
-            if journal is not None:
-                await journal.closed(
-                    attempt_id=attempt_id,
-                    outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
-                    executed=False,
-                    finalization="NOT_CLAIMED",
-                )
+            await self._close_quietly(
+                attempt_id,
+                outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
+                executed=False,
+                finalization="NOT_CLAIMED",
+            )
             if reservation is not None:
                 await reservation.release()
             return self._failed_before_dispatch(common, [exc.code])
@@ -127,16 +182,28 @@ class Attempt:
             grant_id=claim.grant_id,
             expires_at=claim.expires_at,
         )
-        self.streams.evidence.emit(
-            "GRANT_CLAIMED",
-            {
-                "intent_id": intent.intent_id,
-                "decision_id": claim.decision_id,
-                "grant_id": claim.grant_id,
-                "payload_digest": claim.execution_payload_digest,
-                "caller": principal.id,
-            },
-        )
+        try:
+            self.streams.evidence.emit(
+                "GRANT_CLAIMED",
+                {
+                    "intent_id": intent.intent_id,
+                    "decision_id": claim.decision_id,
+                    "grant_id": claim.grant_id,
+                    "payload_digest": claim.execution_payload_digest,
+                    "caller": principal.id,
+                },
+            )
+        except AgentSafeError as exc:  # no evidence, no dispatch: nothing was sent
+            log.warning("the evidence stream refused GRANT_CLAIMED (%s)", exc.code)
+            await self._close_quietly(
+                attempt_id,
+                outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
+                executed=False,
+                finalization="NOT_DISPATCHED",
+            )
+            if reservation is not None:
+                await reservation.release()
+            return self._failed_before_dispatch(common, [exc.code])
         remaining = claim.expires_at - self.clock.now()
         ctx = ExecutionContext(
             intent=intent,
@@ -146,8 +213,10 @@ class Attempt:
             clock=self.clock,
             attestation=claim.attestation,
         )
+        claimed = False
 
         async def on_claimed(_: ExecutionContext) -> None:
+            nonlocal claimed
             if journal is not None:
                 await journal.grant_claimed(
                     attempt_id=attempt_id,
@@ -155,45 +224,51 @@ class Attempt:
                     expires_at=claim.expires_at,
                     payload_digest=claim.execution_payload_digest,
                 )
+            claimed = True
             self.streams.evidence.emit(
                 "DISPATCH", {"intent_id": intent.intent_id, "grant_id": claim.grant_id}
             )
 
-        report = await self.registry.execute(handler, ctx, on_claimed=on_claimed)
+        try:
+            report = await self.registry.execute(handler, ctx, on_claimed=on_claimed)
+        except Exception:
+            log.exception("the seam failed")
+            report = ExecutionReport(
+                outcome=Outcome.UNKNOWN_AFTER_DISPATCH
+                if claimed
+                else Outcome.FAILED_BEFORE_DISPATCH,
+                executed=None if claimed else False,
+                reason_codes=(Code.INTERNAL_ERROR,),
+                dispatched=claimed,
+            )
         outcome = Outcome(report.outcome)
+        # -- after the point of no return: nothing below may change the outcome --------------
         if outcome is not Outcome.COMPLETED and not report.dispatched and reservation is not None:
-            await reservation.release()
-        finalization = await self.authority.finalize(
-            claim, outcome=outcome.value, executed=report.executed
-        )
+            try:
+                await reservation.release()
+            except AgentSafeError as exc:
+                log.warning("the ceiling reservation was not released (%s)", exc.code)
+        try:
+            finalization = await self.authority.finalize(
+                claim, outcome=outcome.value, executed=report.executed
+            )
+        except AgentSafeError as exc:
+            log.warning("the authority did not record the finalization (%s)", exc.code)
+            finalization = "NOT_RECORDED"
         recovery = None
         if outcome is Outcome.UNKNOWN_AFTER_DISPATCH:
-            recovery = self._recovery_object(intent, attempt_id, claim.grant_id)
-        elif journal is not None:
-            await journal.closed(
-                attempt_id=attempt_id,
-                outcome=outcome.value,
-                executed=report.executed,
-                finalization=finalization,
-            )
-        self.count_outcome(outcome)
-        self.streams.evidence.emit(
-            "OUTCOME",
-            {
-                "intent_id": intent.intent_id,
-                "decision_id": claim.decision_id,
-                "grant_id": claim.grant_id,
-                "outcome": outcome.value,
-                "executed": report.executed,
-                "reason_codes": list(report.reason_codes),
-                "finalization": finalization,
-                "caller": principal.id,
-                **_receipt(report.result),
-            },
-        )
+            recovery = self._recovery_object(intent, attempt_id, claim.grant_id, claim.expires_at)
+        reason_codes = list(report.reason_codes)
+        record = None
+        try:
+            record = self.effects.take(claim.grant_id) if self.effects is not None else None
+            if record is not None:
+                reason_codes = self._effect(intent, principal, record, reason_codes)
+        except AgentSafeError as exc:  # past the point of no return: the outcome stands
+            log.warning("the effect record was not fully reported (%s)", exc.code)
         body = decision_answer(
             **common,
-            reason_codes=[*decision.reason_codes, *report.reason_codes],
+            reason_codes=[*decision.reason_codes, *reason_codes],
             fail_closed=outcome is Outcome.FAILED_BEFORE_DISPATCH,
             outcome=outcome.value,
             executed=report.executed,
@@ -201,8 +276,108 @@ class Attempt:
             finalization=finalization,
             result=report.result if outcome is Outcome.COMPLETED else None,
             recovery=recovery,
+            # A refusal raised out of the handler returned no result to read one from: its
+            # observation is in the evidence (EFFECT_OBSERVED), not in the answer.
+            effect=record.block() if record is not None and outcome is Outcome.COMPLETED else None,
         )
+        if outcome is Outcome.UNKNOWN_AFTER_DISPATCH:
+            self.on_unknown(attempt_id)
+        else:
+            await self._close_quietly(
+                attempt_id,
+                outcome=outcome.value,
+                executed=report.executed,
+                finalization=finalization,
+                answer=body,
+            )
+        self.count_outcome(outcome)
+        try:
+            self.streams.evidence.emit(
+                "OUTCOME",
+                {
+                    "intent_id": intent.intent_id,
+                    "decision_id": claim.decision_id,
+                    "grant_id": claim.grant_id,
+                    "outcome": outcome.value,
+                    "executed": report.executed,
+                    "reason_codes": reason_codes,
+                    "finalization": finalization,
+                    "caller": principal.id,
+                    **_receipt(report.result),
+                },
+            )
+        except AgentSafeError as exc:
+            log.warning("the evidence stream refused OUTCOME (%s)", exc.code)
         return Answer(200, body)
+
+    async def _close_quietly(
+        self,
+        attempt_id: str,
+        *,
+        outcome: str,
+        executed: bool | None,
+        finalization: str | None,
+        answer: Mapping[str, Any] | None = None,
+    ) -> None:
+        """ATTEMPT_CLOSED, with the answer when it fits. A journal that cannot take it leaves
+        the attempt open: the next start asks the provider, and the answer given stands."""
+        if self.journal is None:
+            return
+        try:
+            try:
+                await self.journal.closed(
+                    attempt_id=attempt_id,
+                    outcome=outcome,
+                    executed=executed,
+                    finalization=finalization,
+                    answer=answer,
+                )
+            except JournalError as exc:
+                if answer is None or exc.code != Code.JOURNAL_RECORD_TOO_LARGE:
+                    raise
+                await self.journal.closed(
+                    attempt_id=attempt_id,
+                    outcome=outcome,
+                    executed=executed,
+                    finalization=finalization,
+                )
+        except AgentSafeError as exc:
+            log.warning("ATTEMPT_CLOSED was not recorded (%s)", exc.code)
+            with contextlib.suppress(AgentSafeError):
+                self.streams.security.emit(
+                    "ATTEMPT_CLOSE_NOT_RECORDED",
+                    {"attempt_id": attempt_id, "outcome": outcome, "code": exc.code},
+                )
+
+    def _effect(
+        self,
+        intent: CapturedIntent,
+        principal: Principal,
+        record: EffectRecord,
+        reason_codes: list[str],
+    ) -> list[str]:
+        """One EFFECT_OBSERVED evidence line naming the observer; a mismatch adds
+        EFFECT_MISMATCH, its security events, and the configured behaviour."""
+        self.streams.evidence.emit(
+            "EFFECT_OBSERVED",
+            {"intent_id": intent.intent_id, "caller": principal.id, **record.block()},
+        )
+        if not record.mismatch:
+            return reason_codes
+        fields = {
+            "intent_id": intent.intent_id,
+            "grant_id": record.grant_id,
+            "record_digest": record.digest,
+            "differing_fields": list(record.differing_fields),
+        }
+        if record.comparison is Comparison.MISMATCH:
+            self.streams.security.emit("EFFECT_MISMATCH", fields)
+        if record.receipt.comparison is ReceiptComparison.MISMATCH:
+            self.streams.security.emit(
+                "EFFECT_RECEIPT_MISMATCH", {**fields, "reason": record.receipt.reason}
+            )
+        self.on_effect_mismatch(record.grant_id)
+        return [*reason_codes, Code.EFFECT_MISMATCH]
 
     def _failed_before_dispatch(self, common: Mapping[str, Any], reasons: list[str]) -> Answer:
         self.count_outcome(Outcome.FAILED_BEFORE_DISPATCH)
@@ -217,13 +392,14 @@ class Attempt:
         return Answer(200, body)
 
     def _recovery_object(
-        self, intent: CapturedIntent, attempt_id: str, grant_id: str
+        self, intent: CapturedIntent, attempt_id: str, grant_id: str, grant_expires_at: float
     ) -> dict[str, Any]:
         reference = self.signer.sign_token(
             {
                 "attempt_id": attempt_id,
                 "intent_hash": intent.intent_hash,
                 "grant_id": grant_id,
+                "grant_exp": grant_expires_at,
                 "iat": int(self.clock.now()),
             },
             typ=RECOVERY_TYP,

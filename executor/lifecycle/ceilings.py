@@ -7,8 +7,11 @@ Ceilings only ever refuse; every refusal is ``RequestRejected(code)`` (422) with
 HARD_LIMIT_EXCEEDED, HARD_LIMIT_CURRENCY_UNKNOWN, HARD_LIMIT_AMOUNT_INVALID,
 HARD_LIMIT_WINDOW_COUNT_EXCEEDED, HARD_LIMIT_WINDOW_SUM_EXCEEDED.
 
-The amount is read from the intent's parameters: an integer ``amountMinor`` (not a boolean,
-``>= 0``) and a three-letter upper-case ``currency``. Neither present: not a payment, bounded by
+The amount is read from the intent's parameters, or from the projection a family derives from
+its own action (``Registry.admit``: the banking family's amounts are strings of digits beyond
+2^53 and arrive here as integers): an integer ``amountMinor`` (not a boolean, ``>= 0``) and a
+three-letter upper-case ``currency`` that the ``iso4217`` data package lists (else
+HARD_LIMIT_CURRENCY_UNKNOWN). Neither present: not a payment, bounded by
 the count window alone. One without the other, or either malformed: HARD_LIMIT_AMOUNT_INVALID.
 A currency the single-limit configuration never named: HARD_LIMIT_CURRENCY_UNKNOWN (only when
 single limits are configured at all). A host with no ceiling configured refuses nothing.
@@ -33,6 +36,10 @@ Decisions this module makes, stated plainly:
   Anything dispatched, including a provider's refusal or an unknown outcome, keeps its place:
   unknown may have moved value, and a refusal still consumed an attempt.
 
+Every refusal is also one CEILING_REFUSED evidence line and one
+``agentsafe_ceiling_refusals_total{code}`` count (the pipeline's and the attempt's, which know
+the intent).
+
 Callers: ``lifecycle/pipeline.py`` (check), ``lifecycle/attempt.py`` (commit, release),
 ``assembly.py`` (builds it from the configuration, with the shared window when there is a shared
 store).
@@ -49,7 +56,7 @@ from typing import Any, Protocol
 
 from ..clock import Clock
 from ..codes import Code
-from ..config import CURRENCY_PATTERN
+from ..config import CURRENCY_PATTERN, iso4217_listed
 from ..errors import RequestRejected
 
 __all__ = [
@@ -92,6 +99,8 @@ def read_payment(parameters: Mapping[str, Any]) -> Payment | None:
         raise _refuse(
             Code.HARD_LIMIT_AMOUNT_INVALID, "currency must be a three-letter ISO 4217 code"
         )
+    if not iso4217_listed(currency):
+        raise _refuse(Code.HARD_LIMIT_CURRENCY_UNKNOWN, "ISO 4217 does not list this currency")
     return Payment(amount_minor=amount, currency=currency)
 
 

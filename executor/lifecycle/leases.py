@@ -38,7 +38,7 @@ from ..errors import StoreError
 from ..events import Streams
 from ..state.journal import AttemptJournal, OpenAttempt
 from ..state.pgstore import AttemptRow, SharedAttemptMirror
-from .reconcile import Reconciler, Resolution, ResolutionStatus, reconcile_attempt
+from .reconcile import Checks, Reconciler, Resolution, ResolutionStatus, reconcile_attempt
 
 __all__ = ["LeaseKeeper"]
 
@@ -55,7 +55,9 @@ class LeaseKeeper:
         streams: Streams,
         on_resolution: Callable[[Resolution], Awaitable[None]],
         monotonic: Callable[[], float] = time.monotonic,
+        checks: Checks | None = None,
     ) -> None:
+        self._checks = checks if checks is not None else Checks()
         self._mirror = mirror
         self._journal = journal
         self._reconciler = reconciler
@@ -116,6 +118,7 @@ class LeaseKeeper:
             reconciler=self._reconciler,
             streams=self._streams,
             timeout_s=self.interval,
+            checks=self._checks,
         )
         if resolution.resolution is ResolutionStatus.STILL_UNKNOWN:
             self._asked[row.attempt_id] = self._monotonic()

@@ -6,12 +6,15 @@
 2. refuse an action this principal may not propose, or that no handler runs;
 3. idempotency: replay a finished answer, refuse a conflicting or in-flight key;
 4. capture the intent (tenant, actor and target from configuration) and hash it;
-5. check the host ceilings, then ask the authority (skew measured);
+5. a handler that derives its target (the effect plane's adapters) admits the proposal or refuses
+   a disagreement (``Registry.admit``); check the host ceilings on what it projects (each refusal
+   one CEILING_REFUSED evidence line and one count), then ask the authority (skew measured);
 6. in shadow, record and stop; on BLOCK or ESCALATE, answer;
 7. on ALLOW: the attempt (``attempt.py``): commit the ceilings, journal ATTEMPT_OPENED, claim
    the single-use grant, run the handler once (the registry journals GRANT_CLAIMED before its
    body), finalize with the authority, journal ATTEMPT_CLOSED unless the outcome is unknown;
-   then record the answer.
+   read the effect record the adapter registered (EFFECT_MISMATCH halts or alerts through
+   ``on_effect_mismatch``); then record the answer.
 
 Which handler runs an action is asked once per request (``_handler``); the owner and action
 checks are the door's and the intent's own (``check_action``, ``check_intent_owner``).
@@ -45,8 +48,9 @@ from ..canonical import sha256_digest
 from ..clock import Clock, format_ms
 from ..codes import Code
 from ..config import EscalationMode, ExecutorMode
-from ..dispatch.seam import Outcome, ReconcileStatus, Registry
+from ..dispatch.seam import Outcome, ReconcileResult, ReconcileStatus, Registry
 from ..door.door import check_action
+from ..effects.adapter import EffectRecords
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
 from ..host.metrics import ExecutorMetrics
@@ -69,7 +73,7 @@ from ..state.usestore import (
     UseStore,
 )
 from .answers import Answer, decision_answer, halted_answer, reconciled_answer
-from .attempt import Attempt, Progress, TokenSigner
+from .attempt import Attempt, Progress, TokenSigner, UnknownAttempts
 from .ceilings import HostCeilings
 from .shadow import RECORDED_STATUSES, ShadowReport
 
@@ -123,8 +127,12 @@ class Pipeline:
         metrics: ExecutorMetrics | None = None,
         escalation: EscalationMode = EscalationMode.NONE,
         on_forbidden: Callable[[Principal, Code], None] = lambda principal, code: None,
+        unknown: UnknownAttempts | None = None,
+        settle_margin_s: float = 0.0,
         approval_origin: str | None = None,
         on_approval_requested: Callable[[ApprovalRequest, str], None] = lambda request, url: None,
+        effects: EffectRecords | None = None,
+        on_effect_mismatch: Callable[[str], None] = lambda grant_id: None,
     ) -> None:
         self.mode = mode
         self._authority = authority
@@ -145,8 +153,15 @@ class Pipeline:
         self._metrics = metrics
         self.escalation = escalation
         self._on_forbidden = on_forbidden
+        self.unknown = unknown if unknown is not None else UnknownAttempts()
+        self._unrecorded: dict[tuple[str, str, str], dict[str, Any]] = {}
+        """Final answers given after the point of no return that the use store did not take
+        (a full disk): replayed from here, and recorded once the store takes them."""
+        self._settle_margin = settle_margin_s
+        self._owner = journal.identity if journal is not None else ""
         self._approval_origin = approval_origin
         self._on_approval_requested = on_approval_requested
+        self._on_effect_mismatch = on_effect_mismatch
         self._attempt = Attempt(
             authority=authority,
             signer=signer,
@@ -156,7 +171,33 @@ class Pipeline:
             streams=streams,
             clock=clock,
             count_outcome=self._count_outcome,
+            on_unknown=self.unknown.add,
+            effects=effects,
+            on_effect_mismatch=self._effect_mismatch,
+            on_ceiling_refused=self._ceiling_refused,
         )
+
+    def _ceiling_refused(
+        self, intent: CapturedIntent, principal: Principal, code: str, stage: str
+    ) -> None:
+        """Every ceiling refusal is one evidence line and one count."""
+        self._streams.evidence.emit(
+            "CEILING_REFUSED",
+            {
+                "intent_id": intent.intent_id,
+                "intent_hash": intent.intent_hash,
+                "caller": principal.id,
+                "code": code,
+                "stage": stage,
+            },
+        )
+        if self._metrics is not None:
+            self._metrics.ceiling_refusals.inc(code=code)
+
+    def _effect_mismatch(self, grant_id: str) -> None:
+        if self._metrics is not None:
+            self._metrics.effect_mismatches.inc()
+        self._on_effect_mismatch(grant_id)
 
     def _count_outcome(self, outcome: Outcome) -> None:
         if self._metrics is not None and self.mode is ExecutorMode.ENFORCEMENT:
@@ -225,8 +266,13 @@ class Pipeline:
         settles it.
         """
         scope = {"tenant": tenant, "principal": principal.id, "key": key}
+        progress = Progress()
         state = await self._store.idempotency_begin(
-            **scope, payload_digest=payload_digest, now=self._clock.now()
+            **scope,
+            payload_digest=payload_digest,
+            now=self._clock.now(),
+            attempt_id=progress.attempt_id,
+            owner=self._owner,
         )
         if state.kind is IdempotencyKind.REPLAY:
             assert state.response is not None
@@ -239,11 +285,21 @@ class Pipeline:
         if state.kind is IdempotencyKind.CONFLICT:
             raise RequestRejected(Code.IDEMPOTENCY_KEY_CONFLICT, conflict)
         if state.kind is IdempotencyKind.IN_PROGRESS:
-            raise RequestRejected(
-                Code.IDEMPOTENCY_IN_PROGRESS,
-                "a request with this idempotency key is still in flight",
+            given = self._unrecorded.get((tenant, principal.id, key))
+            if given is None:
+                raise RequestRejected(
+                    Code.IDEMPOTENCY_IN_PROGRESS,
+                    "a request with this idempotency key is still in flight",
+                )
+            # The attempt finished and its answer was given, but the store did not take it:
+            # the retry gets exactly that answer, and the store is asked to keep it again.
+            await self.record_unrecorded()
+            body = dict(given["body"])
+            body["replayed"] = True
+            self._streams.evidence.emit(
+                "PROPOSAL_REPLAYED", {"caller": principal.id, "intent_id": body.get("intent_id")}
             )
-        progress = Progress()
+            return Answer(int(given["status"]), body)
         try:
             answer = await run(progress)
         except BaseException:
@@ -252,21 +308,43 @@ class Pipeline:
             raise
         final = answer.status < 500 and answer.body.get("outcome") in _FINAL_OUTCOMES
         if final:
+            response = {"status": answer.status, "body": dict(answer.body)}
             try:
                 await self._store.idempotency_complete(
-                    **scope,
-                    response={"status": answer.status, "body": dict(answer.body)},
-                    now=self._clock.now(),
+                    **scope, response=response, now=self._clock.now()
                 )
             except StoreError as exc:
                 if not progress.started:
                     raise
                 # The outcome is known and journaled; the caller gets it. The key stays in
-                # flight until reconciliation settles it, so a retry never runs it again.
+                # flight in the store, so a retry never runs it again: this process replays
+                # the answer (and records it once the store takes it: record_unrecorded);
+                # after a restart, start-up settles the key from the journal.
                 log.warning("the final answer was not recorded (%s)", exc.code)
+                self._unrecorded[(tenant, principal.id, key)] = response
         elif not progress.started:
             await self._store.idempotency_release(**scope)
         return answer
+
+    async def record_unrecorded(self) -> int:
+        """Ask the store again to keep each final answer it refused; returns how many remain."""
+        for (tenant, principal, key), response in list(self._unrecorded.items()):
+            try:
+                await self._store.idempotency_complete(
+                    tenant=tenant,
+                    principal=principal,
+                    key=key,
+                    response=response,
+                    now=self._clock.now(),
+                )
+            except StoreError as exc:
+                if exc.code not in (
+                    Code.IDEMPOTENCY_ALREADY_COMPLETE,
+                    Code.IDEMPOTENCY_RECORD_MISSING,
+                ):
+                    continue  # the store still refuses: asked again later
+            self._unrecorded.pop((tenant, principal, key), None)
+        return len(self._unrecorded)
 
     async def _propose_new(
         self, principal: Principal, proposal: Proposal, handler: str, progress: Progress
@@ -292,8 +370,13 @@ class Pipeline:
                 "payload_digest": intent.payload_digest,
             },
         )
+        view = self._registry.admit(handler, proposal.target, intent.parameters)
         if self._ceilings is not None:
-            await self._ceilings.check(intent.parameters)
+            try:
+                await self._ceilings.check(view)
+            except RequestRejected as exc:
+                self._ceiling_refused(intent, principal, exc.code, "CHECK")
+                raise
         decision = await self._decide(intent, principal)
         if decision is None:
             return self._unavailable(intent, principal)
@@ -506,12 +589,22 @@ class Pipeline:
         result = await self._registry.reconcile(
             handler, intent.idempotency_key, intent_hash=intent.intent_hash
         )
+        grant_exp = claims.get("grant_exp")
+        if (
+            result.status is ReconcileStatus.NOT_EXECUTED
+            and isinstance(grant_exp, int | float)
+            and self._clock.now() < float(grant_exp) + self._settle_margin
+        ):
+            # The dispatch could still land (a provider whose lookup lags its commit): the
+            # rule in docs/architecture.md, "When not executed may be concluded".
+            result = ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=Code.RECONCILE_TOO_EARLY)
         status = result.status.value
         outcome, executed = _RECONCILED[result.status]
         attempt_id = str(claims.get("attempt_id", ""))
         known = result.status is not ReconcileStatus.UNKNOWN
         if self._journal is not None and known and attempt_id:
             await self._journal.reconciled(attempt_id=attempt_id, status=status, by="CALLER")
+            self.unknown.discard(attempt_id)
         settled = reconciled_answer(
             mode=self.mode.value,
             intent_id=intent.intent_id,

@@ -10,13 +10,25 @@ nothing here can run an action again.
 resolution                  when                                                       attempt
 ==========================  =========================================================  =========
 BINDING_MISMATCH            the stored intent no longer hashes to its record, or the   open
-                            record disagrees with it; nothing is asked
-UNCLAIMED                   no GRANT_CLAIMED: the provider was never reached; the      closed
-                            authority's lease owns the grant; nothing is asked
+                            record disagrees with it, or the caller recorded beside
+                            it (outside the hash) is not the one the use store's
+                            idempotency record names; nothing is asked
+UNCLAIMED                   no GRANT_CLAIMED, and the use store never recorded the     closed
+                            grant's claim: the provider was never reached
 RECONCILED_COMPLETED        the provider says it acted                                 closed
-RECONCILED_NOT_EXECUTED     the provider says it did not                               closed
-STILL_UNKNOWN               the provider cannot say, failed, or did not answer in time open
+RECONCILED_NOT_EXECUTED     the provider says it did not, and the dispatch can no      closed
+                            longer land (now is past the grant's expiry plus the
+                            dispatch deadline)
+STILL_UNKNOWN               the provider cannot say, failed, did not answer in time,   open
+                            or said "not executed" while the dispatch could still
+                            land (RECONCILE_TOO_EARLY)
 ==========================  =========================================================  =========
+
+Before anything is called UNCLAIMED the use store is asked whether the grant recorded in
+ATTEMPT_OPENED was claimed: a journal whose GRANT_CLAIMED was cut or damaged must never free a
+key the provider may have acted on, so on disagreement the provider is asked
+(RECONCILE_STORE_DISAGREES) and its answer decides. Lookups run concurrently, at most
+``concurrency`` at a time, each bounded by ``timeout_s``.
 
 Each resolution is written to the journal as RECONCILED (by RESTART) and emitted as one
 ``RECONCILIATION`` evidence event naming the attempt, its intent hash and the resolution, never
@@ -38,13 +50,18 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from ..clock import parse_ms
+from ..codes import Code
 from ..dispatch.seam import ReconcileResult, ReconcileStatus
 from ..errors import AgentSafeError, JournalError
 from ..events import Streams
 from ..intent import execution_payload_digest, intent_hash
-from ..state.journal import AttemptJournal, OpenAttempt, ReconciledBy, ReconciledStatus
+from ..state.journal import AttemptJournal, JournalScan, OpenAttempt, ReconciledBy, ReconciledStatus
+from ..state.usestore import OrphanKey
 
 __all__ = [
+    "Checks",
+    "ClaimRecords",
     "ReconcileResult",
     "ReconcileStatus",
     "Reconciler",
@@ -52,9 +69,11 @@ __all__ = [
     "ResolutionStatus",
     "reconcile_attempt",
     "reconcile_open_attempts",
+    "report_scan",
 ]
 
 DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_CONCURRENCY = 8
 
 
 class ResolutionStatus(StrEnum):
@@ -82,6 +101,27 @@ class Reconciler(Protocol):
     ) -> ReconcileResult: ...
 
 
+class ClaimRecords(Protocol):
+    """What the use store knows about an attempt (``UseStore`` implements it)."""
+
+    async def grant_claimed(self, grant_id: str) -> bool: ...
+
+    async def idempotency_for_attempt(self, attempt_id: str) -> OrphanKey | None: ...
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What reconciliation cross-checks an attempt against, beyond the journal itself.
+
+    ``store``: the use store (grant claims, the idempotency record naming the caller);
+    ``now`` and ``settle_margin_s``: "not executed" is concluded only at or after the grant's
+    expiry plus this margin (the dispatch deadline)."""
+
+    store: ClaimRecords | None = None
+    now: Callable[[], float] | None = None
+    settle_margin_s: float = 0.0
+
+
 @dataclass(frozen=True)
 class Resolution:
     """How one open attempt was resolved, with what the caller needs to update idempotency."""
@@ -94,6 +134,7 @@ class Resolution:
     principal: str | None
     tenant: str | None
     result: ReconcileResult | None = None  # the provider's answer, when it was asked
+    reason_code: str | None = None  # why, when the journal alone did not decide
 
     @property
     def closed(self) -> bool:
@@ -111,27 +152,47 @@ async def reconcile_open_attempts(
     streams: Streams,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     gate: Callable[[OpenAttempt], Awaitable[bool]] | None = None,
+    checks: Checks = Checks(),
+    scan: JournalScan | None = None,
+    concurrency: int = DEFAULT_CONCURRENCY,
 ) -> list[Resolution]:
-    """Resolve every open attempt in journal order (see the module docstring).
+    """Resolve every open attempt (see the module docstring), at most ``concurrency`` lookups
+    at a time; the list is in journal order.
 
     With a shared store, ``gate`` takes each attempt for this replica first (one row lock) and
     says False for one another replica holds or already resolved: it is left alone here.
+    ``scan`` is a scan the caller already made (it then reports torn lines itself).
     """
-    scan = await journal.scan()
+    if scan is None:
+        scan = await journal.scan()
+        report_scan(scan, streams)
+    bound = asyncio.Semaphore(max(1, concurrency))
+
+    async def one(attempt: OpenAttempt) -> Resolution | None:
+        async with bound:
+            if gate is not None and not await gate(attempt):
+                return None
+            return await reconcile_attempt(
+                attempt,
+                journal,
+                reconciler=reconciler,
+                streams=streams,
+                timeout_s=timeout_s,
+                checks=checks,
+            )
+
+    results = await asyncio.gather(*(one(attempt) for attempt in scan.open_attempts))
+    return [r for r in results if r is not None]
+
+
+def report_scan(scan: JournalScan, streams: Streams) -> None:
+    """Torn lines and missing day files on the security stream (never silently lost)."""
     for torn in scan.torn_lines:
         streams.security.emit(
             "JOURNAL_TORN_LINE", {"file": torn.file, "line": torn.line, "length": torn.length}
         )
-    resolutions: list[Resolution] = []
-    for attempt in scan.open_attempts:
-        if gate is not None and not await gate(attempt):
-            continue
-        resolutions.append(
-            await reconcile_attempt(
-                attempt, journal, reconciler=reconciler, streams=streams, timeout_s=timeout_s
-            )
-        )
-    return resolutions
+    for day in scan.missing_days:
+        streams.security.emit("JOURNAL_DAY_FILE_MISSING", {"file": f"attempts/{day}.jsonl"})
 
 
 async def reconcile_attempt(
@@ -141,18 +202,25 @@ async def reconcile_attempt(
     reconciler: Reconciler,
     streams: Streams,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    checks: Checks = Checks(),
 ) -> Resolution:
     """Resolve one open attempt read-only, record RECONCILED (by RESTART) and emit it; the same
     path for this process's own journal at start and for an attempt taken over from a replica
     whose lease lapsed (``lifecycle/leases.py``)."""
-    resolution = await _resolve(attempt, reconciler=reconciler, timeout_s=timeout_s)
+    resolution = await _resolve(attempt, reconciler=reconciler, timeout_s=timeout_s, checks=checks)
     await _record(journal, resolution, streams)
     _emit(attempt, resolution, streams)
     return resolution
 
 
-async def _resolve(attempt: OpenAttempt, *, reconciler: Reconciler, timeout_s: float) -> Resolution:
-    def resolved(status: ResolutionStatus, result: ReconcileResult | None = None) -> Resolution:
+async def _resolve(
+    attempt: OpenAttempt, *, reconciler: Reconciler, timeout_s: float, checks: Checks
+) -> Resolution:
+    def resolved(
+        status: ResolutionStatus,
+        result: ReconcileResult | None = None,
+        reason: str | None = None,
+    ) -> Resolution:
         return Resolution(
             attempt_id=attempt.attempt_id,
             resolution=status,
@@ -162,13 +230,27 @@ async def _resolve(attempt: OpenAttempt, *, reconciler: Reconciler, timeout_s: f
             principal=attempt.principal,
             tenant=attempt.tenant,
             result=result,
+            reason_code=reason or (result.reason_code if result is not None else None),
         )
 
     action = _binding_consistent(attempt)
     if action is None or attempt.idempotency_key is None:
         return resolved(ResolutionStatus.BINDING_MISMATCH)
-    if not attempt.grant_claimed:
-        return resolved(ResolutionStatus.UNCLAIMED)
+    reason: str | None = None
+    try:
+        if checks.store is not None and not await _caller_consistent(attempt, checks.store):
+            return resolved(ResolutionStatus.BINDING_MISMATCH)
+        if not attempt.grant_claimed:
+            claimed = (
+                attempt.grant_id is not None
+                and checks.store is not None
+                and await checks.store.grant_claimed(attempt.grant_id)
+            )
+            if not claimed:
+                return resolved(ResolutionStatus.UNCLAIMED)
+            reason = Code.RECONCILE_STORE_DISAGREES  # the journal lost its GRANT_CLAIMED
+    except AgentSafeError:  # the store cannot say: never call it unclaimed
+        return resolved(ResolutionStatus.STILL_UNKNOWN, reason=Code.STORE_UNAVAILABLE)
     try:
         answer: object = await asyncio.wait_for(
             reconciler.reconcile(action, attempt.idempotency_key, intent_hash=attempt.intent_hash),
@@ -179,10 +261,38 @@ async def _resolve(attempt: OpenAttempt, *, reconciler: Reconciler, timeout_s: f
     if not isinstance(answer, ReconcileResult):
         return resolved(ResolutionStatus.STILL_UNKNOWN)
     if answer.status is ReconcileStatus.COMPLETED:
-        return resolved(ResolutionStatus.RECONCILED_COMPLETED, answer)
+        return resolved(ResolutionStatus.RECONCILED_COMPLETED, answer, reason)
     if answer.status is ReconcileStatus.NOT_EXECUTED:
-        return resolved(ResolutionStatus.RECONCILED_NOT_EXECUTED, answer)
-    return resolved(ResolutionStatus.STILL_UNKNOWN, answer)
+        if not _dispatch_settled(attempt, checks):
+            return resolved(ResolutionStatus.STILL_UNKNOWN, answer, Code.RECONCILE_TOO_EARLY)
+        return resolved(ResolutionStatus.RECONCILED_NOT_EXECUTED, answer, reason)
+    return resolved(ResolutionStatus.STILL_UNKNOWN, answer, reason)
+
+
+def _dispatch_settled(attempt: OpenAttempt, checks: Checks) -> bool:
+    """Whether a dispatch of ``attempt`` can no longer land: now is at or past the grant's
+    expiry plus the dispatch deadline (a lookup before then may lag the provider's commit)."""
+    if checks.now is None or attempt.grant_expires_at is None:
+        return True
+    try:
+        expires = parse_ms(attempt.grant_expires_at)
+    except ValueError:
+        return False
+    return checks.now() >= expires + checks.settle_margin_s
+
+
+async def _caller_consistent(attempt: OpenAttempt, store: ClaimRecords) -> bool:
+    """The caller, tenant and key recorded beside the hash agree with the use store's
+    idempotency record for this attempt (when the store still keeps one)."""
+    record = await store.idempotency_for_attempt(attempt.attempt_id)
+    if record is None:
+        return True
+    key = attempt.idempotency_key
+    return (
+        record.principal == attempt.principal
+        and record.tenant == attempt.tenant
+        and (record.key == key or record.key.startswith("approval:"))
+    )
 
 
 def _binding_consistent(attempt: OpenAttempt) -> str | None:
@@ -230,6 +340,8 @@ def _emit(attempt: OpenAttempt, resolution: Resolution, streams: Streams) -> Non
     }
     if resolution.result is not None and resolution.result.reason_code is not None:
         fields["reason_code"] = resolution.result.reason_code
+    if resolution.reason_code is not None:
+        fields["reason_code"] = resolution.reason_code
     streams.evidence.emit("RECONCILIATION", fields)
     if resolution.resolution is ResolutionStatus.BINDING_MISMATCH:
         streams.security.emit(

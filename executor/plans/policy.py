@@ -60,7 +60,9 @@ def _unique(values: list[str], what: str) -> list[str]:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, use_attribute_docstrings=True
+    )
 
 
 class SourcePolicy(_Model):
@@ -78,15 +80,18 @@ class SourcePolicy(_Model):
     schema_versions: list[Identifier] = Field(
         alias="schemaVersions", min_length=1, max_length=HARD["maxCollectionLength"]
     )
+    """schema versions of the source a plan may cite"""
     source_versions: list[Identifier] = Field(
         alias="sourceVersions", min_length=1, max_length=HARD["maxCollectionLength"]
     )
+    """versions of the source a plan may cite"""
     data_modes: list[Identifier] = Field(
         alias="dataModes", min_length=1, max_length=16, description="e.g. live, snapshot"
     )
     max_provenance_age_ms: int = Field(
         alias="maxProvenanceAgeMs", ge=0, le=HARD["maxProvenanceAgeMs"]
     )
+    """how old a cited read may be, in milliseconds"""
     citation_origins: list[str] = Field(
         alias="citationOrigins", min_length=1, max_length=64, description="https origins"
     )
@@ -136,6 +141,7 @@ class PlanPolicy(_Model):
     allowed_tools: list[Identifier] = Field(
         default_factory=list, alias="allowedTools", max_length=HARD["maxCollectionLength"]
     )
+    """tools a plan may call"""
     allowed_effects: list[Effect] = Field(
         default_factory=lambda: [Effect.READ],
         alias="allowedEffects",
@@ -144,16 +150,27 @@ class PlanPolicy(_Model):
     sources: dict[Identifier, SourcePolicy] = Field(
         default_factory=dict, max_length=HARD["maxSources"]
     )
+    """the sources a plan may read, by name"""
     max_steps: int = _ceiling("maxSteps")
+    """most steps in one plan"""
     max_rows: int = _ceiling("maxRows")
+    """most rows a plan may read"""
     max_bytes: int = _ceiling("maxBytes")
+    """most bytes a plan may read"""
     max_fields_per_step: int = _ceiling("maxFieldsPerStep")
+    """most fields one step may read"""
     max_authorization_scopes_per_source: int = _ceiling("maxAuthorizationScopesPerSource")
+    """most authorization scopes per source binding"""
     max_citations_per_source: int = _ceiling("maxCitationsPerSource")
+    """most citations per source"""
     max_operation_parameter_bytes: int = _ceiling("maxOperationParameterBytes", minimum=2)
+    """largest operation parameters, in bytes"""
     max_operation_parameter_nodes: int = _ceiling("maxOperationParameterNodes")
+    """most JSON nodes in operation parameters"""
     max_operation_parameter_depth: int = _ceiling("maxOperationParameterDepth")
+    """deepest nesting of operation parameters"""
     max_approval_lifetime_ms: int = _ceiling("maxApprovalLifetimeMs")
+    """how long a plan's approval stays valid, in milliseconds"""
 
     @field_validator("allowed_tools")
     @classmethod

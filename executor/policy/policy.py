@@ -53,6 +53,7 @@ __all__ = [
     "CompiledPolicy",
     "CompiledRule",
     "PolicyDocument",
+    "ProviderKey",
     "Rule",
     "RuleApproval",
     "Verdict",
@@ -78,7 +79,7 @@ class Verdict(StrEnum):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class RuleApproval(_Model):
@@ -95,8 +96,10 @@ class Rule(_Model):
     """One rule of an action: when ``when`` is true, the verdict is ``verdict``."""
 
     name: Name
+    """the rule's name, reported with its verdict"""
     when: str = Field(min_length=1, max_length=4096, description="CEL; must evaluate to a bool")
     verdict: Verdict
+    """ALLOW, BLOCK or ESCALATE when the rule matches"""
     reason_code: str | None = Field(
         default=None,
         alias="reasonCode",
@@ -132,9 +135,12 @@ class ActionPolicy(_Model):
     """An action the executor may run: its handler, its parameter schema and its rules."""
 
     name: Name
+    """the action's name, as agents propose it"""
     handler: Name
+    """the registered handler that executes the action"""
     parameters: dict[str, Any] = Field(description="JSON Schema (Draft 2020-12) of the parameters")
     rules: tuple[Rule, ...] = Field(min_length=1, max_length=100)
+    """rules evaluated in order; the first that matches decides"""
 
     @model_validator(mode="after")
     def _unique_rule_names(self) -> ActionPolicy:
@@ -146,10 +152,30 @@ class ActionPolicy(_Model):
         return self
 
 
+class ProviderKey(_Model):
+    """A provider's effect-receipt key, registered with the built-in authority (VP-3)."""
+
+    kid: Name
+    """the key id a receipt names in its JWS header"""
+    issuer: str = Field(min_length=1, max_length=256, description="the receipt's iss")
+    public_key: str = Field(
+        alias="publicKey",
+        pattern=r"^[A-Za-z0-9_-]{43}$",
+        description="the raw 32-byte Ed25519 public key, unpadded base64url (a JWK's x)",
+    )
+
+
 class PolicyDocument(_Model):
     """``spec.policy`` of an AgentPolicy; the executor's ``EXECUTOR_POLICY_FILE``."""
 
     actions: tuple[ActionPolicy, ...] = Field(min_length=1, max_length=200)
+    """the actions agents may propose"""
+    provider_keys: tuple[ProviderKey, ...] | None = Field(
+        default=None,
+        alias="providerKeys",
+        max_length=50,
+        description="providers' effect-receipt keys (docs/execution-outcomes.md)",
+    )
     plans: PlanPolicy | None = Field(
         default=None,
         description="multi-step plans: tools, effects, sources and ceilings (docs/plans.md)",

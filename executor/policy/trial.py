@@ -101,14 +101,21 @@ _Text = Annotated[str, Field(min_length=1, max_length=512)]
 
 class _Model(BaseModel):
     model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
     )
 
 
 class ActorSpec(_Model):
     id: _Text
+    """the actor's id"""
     type: _Text
+    """the actor's type"""
     runtime: _Text | None = None
+    """the actor's runtime"""
 
 
 class TestPrincipal(_Model):
@@ -117,8 +124,11 @@ class TestPrincipal(_Model):
     __test__ = False  # not a pytest class
 
     id: Annotated[str, Field(pattern=_NAME)]
+    """the principal's id"""
     tenant_id: _Text
+    """the principal's tenant"""
     actor: ActorSpec
+    """the principal's actor"""
 
     def principal(self) -> Principal:
         return Principal(
@@ -133,44 +143,65 @@ class Proposal(_Model):
     """What the agent proposes: the body of ``POST /v1/actions`` without its envelope."""
 
     action: Annotated[str, Field(min_length=1, max_length=128)]
+    """the proposed action's name"""
     resource: Annotated[str, Field(min_length=1, max_length=512)]
+    """the resource the action changes"""
     parameters: dict[str, Any] = Field(default_factory=dict)
+    """the action's parameters"""
     correlation_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    """the caller's correlation id"""
 
 
 class TargetSpec(_Model):
     system: _Text
+    """the downstream system"""
     operation: _Text
+    """the downstream operation"""
     endpoint: _Text
+    """the downstream endpoint"""
 
 
 class ApprovalSpec(_Model):
     """An approver's decision on the escalated intent; the case is evaluated again with it."""
 
     approver: Annotated[str, Field(pattern=_NAME)]
+    """the approving principal's id"""
     decision: Literal["APPROVE", "DENY"]
+    """APPROVE or DENY"""
     approver_actor: _Text | None = None
+    """the approver's actor id"""
 
 
 class Expectation(_Model):
     verdict: Verdict
+    """the expected verdict"""
     reason_codes: tuple[Annotated[str, Field(pattern=_CODE, max_length=64)], ...] | None = None
+    """the expected reason codes"""
     approvers: tuple[Annotated[str, Field(pattern=_NAME)], ...] | None = None
+    """the expected approvers (ESCALATE)"""
     rule: Annotated[str, Field(pattern=_NAME)] | None = None
+    """the rule expected to decide"""
 
 
 class PolicyTestCase(_Model):
     """One case: who proposes what, when, and the answer the policy must give."""
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
+    """the case's name"""
     principal: TestPrincipal
+    """who proposes"""
     proposal: Proposal
+    """what is proposed"""
     expect: Expectation
+    """the expected decision"""
     now: Annotated[str, Field(pattern=r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")] | None = (
         None
     )
+    """the clock for the case (RFC 3339, milliseconds, UTC)"""
     target: TargetSpec | None = None
+    """the downstream target (default: the policy's)"""
     approval: ApprovalSpec | None = None
+    """an approver's decision, for ESCALATE cases"""
 
 
 class PolicyTestFile(_Model):

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "ApprovalList",
     "ApprovalView",
+    "AttemptDecided",
     "Decision",
     "EvidenceManifest",
     "HaltStatus",
@@ -115,6 +116,15 @@ class OpenAttempts(BaseModel):
 
     model_config = _Open
     open_attempts: list[OpenAttempt]
+
+
+class AttemptDecided(BaseModel):
+    """An operator's decision, recorded: the attempt is RECONCILED by OPERATOR."""
+
+    model_config = _Open
+    attempt_id: str
+    status: Literal["COMPLETED", "NOT_EXECUTED"]
+    by: Literal["OPERATOR"]
 
 
 class Status(BaseModel):

@@ -287,7 +287,13 @@ async def _errors(
 
 def _internal_error(request: web.Request) -> web.Response:
     log.exception("unhandled error in %s %s", request.method, request.path)
-    return refusal(Code.INTERNAL_ERROR, "the executor failed; the request was not executed")
+    # Raised from anywhere: this answer cannot know whether anything was executed, so it never
+    # says (the pipeline answers for what it dispatched: an attempt's own answer, never this).
+    return refusal(
+        Code.INTERNAL_ERROR,
+        "the executor failed before it could answer; retry with the same idempotency key to"
+        " learn the outcome",
+    )
 
 
 async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -20,7 +20,7 @@ from ..events import Streams
 from ..host.halt import HaltCause, HaltState
 from ..host.metrics import ExecutorMetrics
 from ..principals import Principal, Role, Scope
-from .answers import EvidenceManifest, HaltStatus, OpenAttempts, SecretsReload, Status
+from .answers import AttemptDecided, EvidenceManifest, HaltStatus, OpenAttempts, SecretsReload, Status
 from .app import Call, Route, RouteHandler
 
 __all__ = ["ControlPlane", "control_routes"]
@@ -39,6 +39,10 @@ class ControlPlane(Protocol):
 
     async def open_attempts(self) -> list[dict[str, Any]]: ...
 
+    async def decide_attempt(
+        self, *, attempt_id: str, executed: bool, reason: str, principal: Principal
+    ) -> dict[str, Any]: ...
+
     async def reload_secrets(self) -> dict[str, Any]: ...
 
     async def export_evidence(self, *, reason: str, principal: Principal) -> dict[str, Any]: ...
@@ -54,6 +58,21 @@ class Reason(BaseModel):
 
 
 REASON_INVALID = 'the body must be {"reason": "..."} (1-500 characters)'
+
+
+class AttemptDecision(BaseModel):
+    """The body of an operator's decision for an open attempt."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    attempt_id: str = Field(min_length=1, max_length=128)
+    executed: bool
+    reason: str = Field(min_length=1, max_length=500)
+
+
+DECISION_INVALID = (
+    'the body must be {"attempt_id": "...", "executed": true|false, "reason": "..."}'
+    " (a reason of 1-500 characters)"
+)
 
 
 def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
@@ -85,6 +104,17 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
 
     async def open_attempts(call: Call) -> web.StreamResponse:
         return web.json_response({"open_attempts": await plane.open_attempts()})
+
+    async def decide(call: Call) -> web.StreamResponse:
+        body: AttemptDecision = call.body
+        return web.json_response(
+            await plane.decide_attempt(
+                attempt_id=body.attempt_id,
+                executed=body.executed,
+                reason=body.reason,
+                principal=call.caller,
+            )
+        )
 
     async def reload(call: Call) -> web.StreamResponse:
         return web.json_response(await plane.reload_secrets())
@@ -146,6 +176,18 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             operator("open-attempts", open_attempts),
             summary="The attempts the journal holds open",
             answers={200: OpenAttempts},
+        ),
+        Route(
+            "POST",
+            "/v1/control/open-attempts/decision",
+            op,
+            Scope.RESUME,
+            AttemptDecision,
+            operator("open-attempts.decision", decide),
+            DECISION_INVALID,
+            summary="Record an operator's decision for an open attempt nobody else can resolve",
+            answers={200: AttemptDecided},
+            codes=frozenset({Code.ATTEMPT_NOT_OPEN}),
         ),
         Route(
             "POST",

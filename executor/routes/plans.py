@@ -32,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..codes import Code
+from ..codes import WORK_GATE_CODES, Code
 from ..events import Streams
 from ..plans.errors import AgentExecutionError, AgentSafetyError
 from ..plans.service import PlanService
@@ -64,7 +64,6 @@ def plan_routes(
                 return refusal(
                     stopped,
                     "execution is stopped; nothing was consumed or run",
-                    status=503,
                     headers={"Retry-After": "30"},
                 )
             try:
@@ -95,7 +94,13 @@ def plan_routes(
         return await service.verify_receipt(body)
 
     def row(
-        path: str, role: Role, scope: Scope | None, handler: RouteHandler, summary: str
+        path: str,
+        role: Role,
+        scope: Scope | None,
+        handler: RouteHandler,
+        summary: str,
+        *,
+        gated: bool = False,
     ) -> Route:
         return Route(
             "POST",
@@ -106,7 +111,7 @@ def plan_routes(
             handler,
             summary=summary,
             answers={200: AnyJson},
-            codes=PLAN_CODES,
+            codes=PLAN_CODES | WORK_GATE_CODES if gated else PLAN_CODES,
             host_codes=True,
         )
 
@@ -132,6 +137,7 @@ def plan_routes(
             None,
             run("PLAN_STEP", step, gated=True),
             "Run one approved step: the frozen value and its signed receipt",
+            gated=True,
         ),
         row(
             "/v1/plans/receipts/verify",

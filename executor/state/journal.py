@@ -4,26 +4,37 @@ Role: an execution nobody can reconcile afterwards is worse than a refusal, so e
 written down at each step and flushed to the device before the step continues:
 
 =================  =============================================================================
-ATTEMPT_OPENED     after the authority allows, before execution: identifiers, the caller, action
-                   and the captured intent binding verbatim
+ATTEMPT_OPENED     after the authority allows, before execution: identifiers, the caller, action,
+                   the grant's id and expiry, and the captured intent binding verbatim
 GRANT_CLAIMED      after the grant is consumed, before the provider is touched: grant id, expiry,
                    digest of what is about to be sent (written by the seam's decorator)
-ATTEMPT_CLOSED     once the outcome is known: outcome, executed, finalization
-RECONCILED         when a lost outcome is resolved: status, and RESTART or CALLER
+ATTEMPT_CLOSED     once the outcome is known: outcome, executed, finalization, and the answer the
+                   caller was given (replayed to a retry whose key the crash left in flight)
+RECONCILED         when a lost outcome is resolved: status, and RESTART, CALLER or OPERATOR
 =================  =============================================================================
 
 Layout: ``<EXECUTOR_JOURNAL_DIR>/attempts/YYYY-MM-DD.jsonl`` (UTC day of the record), one line of
 RFC 8785 canonical JSON per record, directory 0700, files 0600, append-only. One writer thread
 drains a queue: it writes every pending line, fsyncs once and only then resolves the appends it
 wrote (group commit), so an ``await journal.opened(...)`` that returned is on the device. A record
-over 256 KiB is refused, never truncated. A directory lock keeps a second process out.
+over 256 KiB is refused, never truncated. A directory lock keeps a second process out
+(JOURNAL_LOCKED). ``attempts/.identity`` names this journal (the owner recorded with each
+idempotency key it starts), and ``attempts/.days`` lists every day file the writer created, so a
+day file deleted behind the journal's back is found (``missing_days``) rather than silently lost.
+
+A write or fsync that fails leaves the journal failed (:attr:`AttemptJournal.failed`): every
+later append is refused JOURNAL_UNAVAILABLE until :meth:`AttemptJournal.recover` proves the
+directory takes a synced write again. The failing append calls :attr:`AttemptJournal.on_failure`
+before it raises, so the control plane halts at once (cause JOURNAL) and stays halted meanwhile.
 
 Reading back (:func:`scan_journal`) lists the attempts still open: opened, and neither closed nor
 resolved by a closing RECONCILED (COMPLETED, NOT_EXECUTED, UNCLAIMED). An ATTEMPT_CLOSED whose
 outcome is UNKNOWN_AFTER_DISPATCH does not close: an unknown outcome must be asked again. A torn
 last line (a crash mid-write; never acknowledged) is tolerated and reported, and cut off before
 the file is appended to again; any other damaged line is an error naming the file and line.
-Attempts opened before the retention window are not read.
+Every day file present is read, one line at a time (never a whole file in memory): retention
+decides only what :meth:`AttemptJournal.prune` may delete, and a day file past retention that
+still holds an open attempt is kept.
 
 With a shared store (``EXECUTOR_STORE_URL``), an :class:`AttemptMirror` is handed in: after each
 record is on the device, the same step is written to the shared store's open-attempt state (owner
@@ -47,8 +58,9 @@ import os
 import queue
 import re
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
@@ -71,6 +83,7 @@ __all__ = [
     "ReconciledBy",
     "ReconciledStatus",
     "RecordType",
+    "Settled",
     "TornLine",
     "scan_journal",
 ]
@@ -100,6 +113,7 @@ class ReconciledStatus(StrEnum):
 class ReconciledBy(StrEnum):
     RESTART = "RESTART"
     CALLER = "CALLER"
+    OPERATOR = "OPERATOR"  # a person recorded a decision (``POST /v1/control/open-attempts/...``)
 
 
 CLOSING_STATUSES = frozenset(
@@ -115,11 +129,21 @@ _REQUIRED: dict[RecordType, tuple[str, ...]] = {
     RecordType.RECONCILED: ("attempt_id", "status", "by"),
 }
 _OPTIONAL: dict[RecordType, tuple[str, ...]] = {
-    RecordType.ATTEMPT_OPENED: ("intent_id", "decision_id", "dossier_id", "caller", "action"),
+    RecordType.ATTEMPT_OPENED: (
+        "intent_id",
+        "decision_id",
+        "dossier_id",
+        "caller",
+        "action",
+        "grant_id",
+        "grant_expires_at",
+    ),
     RecordType.GRANT_CLAIMED: (),
     RecordType.ATTEMPT_CLOSED: ("finalization",),
-    RecordType.RECONCILED: (),
+    RecordType.RECONCILED: ("reason", "decided_by"),
 }
+_IDENTITY_FILE = ".identity"
+_DAYS_FILE = ".days"
 
 
 @dataclass(frozen=True)
@@ -150,6 +174,7 @@ class OpenAttempt:
     grant_expires_at: str | None = None
     payload_digest: str | None = None
     last_status: str | None = None  # the last non-closing RECONCILED status, if any
+    closed_unknown: bool = False  # an ATTEMPT_CLOSED said UNKNOWN_AFTER_DISPATCH
 
     @property
     def tenant(self) -> str | None:
@@ -163,9 +188,24 @@ class OpenAttempt:
 
 
 @dataclass(frozen=True)
+class Settled:
+    """How a finished attempt ended, as the journal recorded it (asked for by attempt id)."""
+
+    attempt_id: str
+    outcome: str | None = None  # ATTEMPT_CLOSED's outcome
+    executed: bool | None = None
+    answer: Mapping[str, Any] | None = None  # the answer the caller was given, when recorded
+    status: str | None = None  # a closing RECONCILED status (COMPLETED, NOT_EXECUTED, UNCLAIMED)
+
+
+@dataclass(frozen=True)
 class JournalScan:
     open_attempts: tuple[OpenAttempt, ...]
     torn_lines: tuple[TornLine, ...]
+    settled: Mapping[str, Settled] = field(default_factory=dict)  # of the ids asked for
+    opened: frozenset[str] = frozenset()  # of the ids asked for, those ever opened
+    missing_days: tuple[str, ...] = ()  # day files the writer created that are gone
+    day_files: tuple[str, ...] = ()  # every day file read, oldest first
 
 
 class AttemptMirror(Protocol):
@@ -184,6 +224,11 @@ class _Pending:
     done: concurrent.futures.Future[None]
 
 
+@dataclass(frozen=True)
+class _Recover:
+    done: concurrent.futures.Future[None]
+
+
 _STOP = object()
 
 
@@ -199,8 +244,11 @@ class AttemptJournal:
         lock_fd: int,
         writer: _Writer,
         mirror: AttemptMirror | None = None,
+        identity: str = "",
     ) -> None:
         self._root = root
+        self.identity = identity
+        """This journal's name: the owner recorded with every idempotency key it starts."""
         self._retain_days = retain_days
         self._clock = clock
         self._lock_fd = lock_fd
@@ -208,6 +256,9 @@ class AttemptJournal:
         self._closed = False
         self._submitted = 0
         self._mirror = mirror
+        self.on_failure: Callable[[], None] | None = None
+        """Called (on the event loop) by the append whose write or fsync failed, the moment it
+        fails: the control plane halts then, not at its next poll."""
 
     @classmethod
     async def open(
@@ -222,7 +273,7 @@ class AttemptJournal:
         if retain_days < 1:
             raise JournalError("retain_days must be at least 1", code=Code.JOURNAL_CONFIG_INVALID)
         root = directory / ATTEMPTS_DIR
-        lock_fd = await asyncio.to_thread(_prepare_directory, directory, root)
+        lock_fd, identity = await asyncio.to_thread(_prepare_directory, directory, root)
         writer = _Writer(root)
         writer.start()
         return cls(
@@ -232,6 +283,7 @@ class AttemptJournal:
             lock_fd=lock_fd,
             writer=writer,
             mirror=mirror,
+            identity=identity,
         )
 
     @property
@@ -243,6 +295,24 @@ class AttemptJournal:
     def submitted(self) -> int:
         """How many records were handed to the writer (monitoring and tests)."""
         return self._submitted
+
+    @property
+    def failed(self) -> bool:
+        """A write or fsync failed and no later :meth:`recover` succeeded: appends are refused."""
+        return self._writer.failed
+
+    async def recover(self) -> bool:
+        """Try the directory again: a synced probe write, then the day file reopened (its torn
+        tail cut). True when the journal takes records again."""
+        if not self._writer.failed:
+            return True
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._writer.submit(_Recover(done))
+        try:
+            await asyncio.wrap_future(done)
+        except OSError:
+            return False
+        return True
 
     @property
     def repaired_torn_lines(self) -> tuple[TornLine, ...]:
@@ -260,9 +330,13 @@ class AttemptJournal:
         caller: str,
         action: str,
         binding: Mapping[str, Any],
+        grant_id: str | None = None,
+        grant_expires_at: float | None = None,
     ) -> None:
-        """ATTEMPT_OPENED. ``binding`` must hash to ``intent_hash`` (refused otherwise, so the
-        journal never holds an attempt that reconciliation would call a mismatch)."""
+        """ATTEMPT_OPENED, with the grant the attempt will claim (so a journal that lost its
+        GRANT_CLAIMED can still be checked against the use store). ``binding`` must hash to
+        ``intent_hash`` (refused otherwise, so the journal never holds an attempt that
+        reconciliation would call a mismatch)."""
         try:
             consistent = sha256_digest(binding) == intent_hash
         except AgentSafeError:
@@ -271,19 +345,21 @@ class AttemptJournal:
             raise JournalError(
                 "the binding does not hash to the intent hash", code=Code.JOURNAL_RECORD_INVALID
             )
-        await self._append(
-            RecordType.ATTEMPT_OPENED,
-            {
-                "attempt_id": attempt_id,
-                "intent_id": intent_id,
-                "intent_hash": intent_hash,
-                "decision_id": decision_id,
-                "dossier_id": dossier_id,
-                "caller": caller,
-                "action": action,
-                "intent": binding,
-            },
-        )
+        fields: dict[str, Any] = {
+            "attempt_id": attempt_id,
+            "intent_id": intent_id,
+            "intent_hash": intent_hash,
+            "decision_id": decision_id,
+            "dossier_id": dossier_id,
+            "caller": caller,
+            "action": action,
+            "intent": binding,
+        }
+        if grant_id is not None:
+            fields["grant_id"] = grant_id
+        if grant_expires_at is not None:
+            fields["grant_expires_at"] = format_ms(grant_expires_at)
+        await self._append(RecordType.ATTEMPT_OPENED, fields)
 
     async def grant_claimed(
         self, *, attempt_id: str, grant_id: str, expires_at: float, payload_digest: str
@@ -300,39 +376,69 @@ class AttemptJournal:
         )
 
     async def closed(
-        self, *, attempt_id: str, outcome: str, executed: bool | None, finalization: str | None
+        self,
+        *,
+        attempt_id: str,
+        outcome: str,
+        executed: bool | None,
+        finalization: str | None,
+        answer: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record the outcome. UNKNOWN_AFTER_DISPATCH is recorded but leaves the attempt open."""
+        """Record the outcome, and the answer the caller is given (so a retry after a crash gets
+        exactly it). UNKNOWN_AFTER_DISPATCH is recorded but leaves the attempt open."""
         if not isinstance(executed, bool | None):
             raise JournalError(
                 "field executed must be a boolean or null", code=Code.JOURNAL_RECORD_INVALID
             )
-        await self._append(
-            RecordType.ATTEMPT_CLOSED,
-            {
-                "attempt_id": attempt_id,
-                "outcome": outcome,
-                "executed": executed,
-                "finalization": finalization,
-            },
-        )
+        fields: dict[str, Any] = {
+            "attempt_id": attempt_id,
+            "outcome": outcome,
+            "executed": executed,
+            "finalization": finalization,
+        }
+        if answer is not None:
+            fields["answer"] = dict(answer)
+        await self._append(RecordType.ATTEMPT_CLOSED, fields)
 
-    async def reconciled(self, *, attempt_id: str, status: str, by: str) -> None:
+    async def reconciled(
+        self,
+        *,
+        attempt_id: str,
+        status: str,
+        by: str,
+        reason: str | None = None,
+        decided_by: str | None = None,
+    ) -> None:
         try:
             status, by = ReconciledStatus(status).value, ReconciledBy(by).value
         except ValueError:
             raise JournalError(
                 "unknown reconciliation status or source", code=Code.JOURNAL_RECORD_INVALID
             ) from None
-        await self._append(
-            RecordType.RECONCILED, {"attempt_id": attempt_id, "status": status, "by": by}
-        )
+        fields: dict[str, Any] = {"attempt_id": attempt_id, "status": status, "by": by}
+        if reason is not None or decided_by is not None:
+            fields.update(reason=reason, decided_by=decided_by)
+        await self._append(RecordType.RECONCILED, fields)
 
-    async def scan(self) -> JournalScan:
-        """Read the retention window back (see :func:`scan_journal`)."""
+    async def scan(self, wanted: frozenset[str] = frozenset()) -> JournalScan:
+        """Read every day file back (see :func:`scan_journal`); for the attempt ids in
+        ``wanted``, also whether they were opened and how they were settled."""
         return await asyncio.to_thread(
             scan_journal,
             self._root.parent,
+            retain_days=self._retain_days,
+            now=self._clock.now(),
+            wanted=wanted,
+        )
+
+    async def prune(self, scan: JournalScan | None = None) -> tuple[str, ...]:
+        """Delete day files older than the retention window that hold no open attempt (an old
+        file that still does is kept until the attempt closes). Returns the files deleted."""
+        scan = scan if scan is not None else await self.scan()
+        return await asyncio.to_thread(
+            _prune_days,
+            self._root,
+            scan,
             retain_days=self._retain_days,
             now=self._clock.now(),
         )
@@ -352,6 +458,11 @@ class AttemptJournal:
     async def _append(self, kind: RecordType, fields: Mapping[str, Any]) -> None:
         if self._closed:
             raise JournalError("the journal is closed", code=Code.JOURNAL_CLOSED)
+        if self._writer.failed:
+            raise JournalError(
+                "the journal failed and takes no records until its storage recovers",
+                code=Code.JOURNAL_UNAVAILABLE,
+            )
         for name in _REQUIRED[kind]:
             if not isinstance(fields.get(name), str) or not fields[name]:
                 raise JournalError(
@@ -379,7 +490,12 @@ class AttemptJournal:
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._writer.submit(_Pending(day, data + b"\n", done))
         self._submitted += 1
-        await asyncio.wrap_future(done)
+        try:
+            await asyncio.wrap_future(done)
+        except JournalError:
+            if self.failed and self.on_failure is not None:  # this write failed it
+                self.on_failure()
+            raise
         if self._mirror is not None:
             try:
                 await self._mirror.record(kind, record)
@@ -402,6 +518,10 @@ class _Writer(threading.Thread):
         self._failed = False
         self.repaired: list[TornLine] = []
 
+    @property
+    def failed(self) -> bool:
+        return self._failed
+
     def submit(self, item: object) -> None:
         self._queue.put(item)
 
@@ -415,6 +535,11 @@ class _Writer(threading.Thread):
                     stopping = True
                 elif isinstance(item, _Pending):
                     batch.append(item)
+                elif isinstance(item, _Recover):
+                    if batch:
+                        self._commit(batch)
+                        batch = []
+                    self._recover(item)
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -447,6 +572,31 @@ class _Writer(threading.Thread):
             for pending in segment:
                 pending.done.set_result(None)
 
+    def _recover(self, item: _Recover) -> None:
+        """Prove the directory takes a synced write again; then the day file is reopened (and its
+        torn tail cut) by the next append."""
+        if not self._failed:
+            item.done.set_result(None)
+            return
+        self._close_file()
+        probe = self._root / ".probe"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                write_all(fd, b"\0" * 4096)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.unlink(probe)
+            fsync_directory(self._root)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(probe)
+            item.done.set_exception(exc)
+            return
+        self._failed = False
+        item.done.set_result(None)
+
     def _file_for(self, day: str) -> int:
         if self._fd is not None and self._day == day:
             return self._fd
@@ -458,6 +608,7 @@ class _Writer(threading.Thread):
         try:
             os.fchmod(fd, 0o600)
             if created:
+                _note_day(self._root, day)
                 fsync_directory(self._root)
             else:
                 torn = _cut_torn_tail(fd, f"{ATTEMPTS_DIR}/{path.name}")
@@ -493,7 +644,47 @@ def _cut_torn_tail(fd: int, name: str) -> TornLine | None:
     return TornLine(file=name, line=line, length=size - keep)
 
 
-def _prepare_directory(directory: Path, root: Path) -> int:
+def _note_day(root: Path, day: str) -> None:
+    """Append ``day`` to ``.days`` (synced): the list of day files the writer created."""
+    fd = os.open(root / _DAYS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        write_all(fd, day.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_days(root: Path) -> list[str]:
+    try:
+        text = (root / _DAYS_FILE).read_text(encoding="ascii", errors="replace")
+    except FileNotFoundError:
+        return []
+    return [d for d in dict.fromkeys(text.split()) if _DAY_FILE.match(d + ".jsonl")]
+
+
+def _identity(root: Path) -> str:
+    """This journal's name, created once (``attempts/.identity``)."""
+    path = root / _IDENTITY_FILE
+    try:
+        value = path.read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        value = ""
+    if re.fullmatch(r"[0-9a-f]{32}", value):
+        return value
+    value = uuid.uuid4().hex
+    tmp = root / (_IDENTITY_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        write_all(fd, value.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_directory(root)
+    return value
+
+
+def _prepare_directory(directory: Path, root: Path) -> tuple[int, str]:
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         root.mkdir(mode=0o700, exist_ok=True)
@@ -510,54 +701,100 @@ def _prepare_directory(directory: Path, root: Path) -> int:
         raise JournalError("another process holds this journal", code=Code.JOURNAL_LOCKED) from None
     with contextlib.suppress(OSError):
         fsync_directory(directory)
-    return lock_fd
+    try:
+        identity = _identity(root)
+    except OSError as exc:
+        os.close(lock_fd)
+        raise JournalError(
+            f"the journal directory is unusable: {exc.strerror}", code=Code.JOURNAL_UNAVAILABLE
+        ) from None
+    return lock_fd, identity
 
 
 # -- reading -----------------------------------------------------------------------------------
 
 
-def scan_journal(directory: Path, *, retain_days: int, now: float) -> JournalScan:
-    """Read ``directory/attempts`` for the last ``retain_days`` UTC days (as of ``now``).
+def scan_journal(
+    directory: Path, *, retain_days: int, now: float, wanted: frozenset[str] = frozenset()
+) -> JournalScan:
+    """Read every day file in ``directory/attempts``, one line at a time, oldest day first.
 
-    Raises :class:`JournalError` ``JOURNAL_CORRUPT`` naming the file and line of a damaged
-    record; a torn last line is returned in ``torn_lines`` instead.
+    ``retain_days`` (as of ``now``) is kept in the signature for the callers that prune; nothing
+    present on disk is skipped, so an attempt opened before the window is never silently lost.
+    For the attempt ids in ``wanted`` the scan also says whether each was opened and how it was
+    settled. Raises :class:`JournalError` ``JOURNAL_CORRUPT`` naming the file and line of a
+    damaged record; a torn last line is returned in ``torn_lines`` instead.
     """
+    del retain_days, now  # every present day is read; see :func:`_prune_days` for retention
     root = directory / ATTEMPTS_DIR
-    first_day = datetime.fromtimestamp(now, tz=UTC).date() - timedelta(days=retain_days - 1)
     try:
-        names = sorted(
-            name
-            for name in os.listdir(root)
-            if (match := _DAY_FILE.match(name)) and _day_of(match.group(1)) >= first_day
-        )
+        names = sorted(name for name in os.listdir(root) if _DAY_FILE.match(name))
     except FileNotFoundError:
         return JournalScan((), ())
     except OSError as exc:
         raise JournalError(
             f"the journal cannot be read: {exc.strerror}", code=Code.JOURNAL_UNAVAILABLE
         ) from None
-    builder = _Builder()
+    present = {name[: -len(".jsonl")] for name in names}
+    missing = tuple(day for day in _read_days(root) if day not in present)
+    builder = _Builder(wanted)
     torn: list[TornLine] = []
     for name in names:
         label = f"{ATTEMPTS_DIR}/{name}"
         try:
-            content = (root / name).read_bytes()
+            with open(root / name, "rb") as handle:
+                for number, line in enumerate(handle, start=1):
+                    if not line.endswith(b"\n"):  # the unterminated last line: a torn write
+                        torn.append(TornLine(file=label, line=number, length=len(line)))
+                        break
+                    try:
+                        builder.add(_parse_line(line[:-1]), label)
+                    except _Damaged as damaged:
+                        raise JournalError(
+                            f"{label} line {number}: {damaged}", code=Code.JOURNAL_CORRUPT
+                        ) from None
         except OSError as exc:
             raise JournalError(
                 f"{label} cannot be read: {exc.strerror}", code=Code.JOURNAL_UNAVAILABLE
             ) from None
-        lines = content.split(b"\n")
-        tail = lines.pop()  # b"" when the file ends with a newline
-        if tail:
-            torn.append(TornLine(file=label, line=len(lines) + 1, length=len(tail)))
-        for number, line in enumerate(lines, start=1):
-            try:
-                builder.add(_parse_line(line), label)
-            except _Damaged as damaged:
-                raise JournalError(
-                    f"{label} line {number}: {damaged}", code=Code.JOURNAL_CORRUPT
-                ) from None
-    return JournalScan(builder.open_attempts(), tuple(torn))
+    return JournalScan(
+        builder.open_attempts(),
+        tuple(torn),
+        settled=dict(builder.settled),
+        opened=frozenset(builder.opened_wanted),
+        missing_days=missing,
+        day_files=tuple(f"{ATTEMPTS_DIR}/{name}" for name in names),
+    )
+
+
+def _prune_days(root: Path, scan: JournalScan, *, retain_days: int, now: float) -> tuple[str, ...]:
+    """Delete day files before the retention window that hold no open attempt; ``.days`` is
+    rewritten without them first, so a pruned file is never reported missing."""
+    first_day = datetime.fromtimestamp(now, tz=UTC).date() - timedelta(days=retain_days - 1)
+    holding = {attempt.file for attempt in scan.open_attempts}
+    doomed = [
+        label
+        for label in scan.day_files
+        if label not in holding and _day_of(Path(label).name[: -len(".jsonl")]) < first_day
+    ]
+    if not doomed:
+        return ()
+    gone = {Path(label).name[: -len(".jsonl")] for label in doomed}
+    kept = [day for day in _read_days(root) if day not in gone]
+    tmp = root / (_DAYS_FILE + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        write_all(fd, "".join(day + "\n" for day in kept).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, root / _DAYS_FILE)
+    fsync_directory(root)
+    for label in doomed:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(root / Path(label).name)
+    fsync_directory(root)
+    return tuple(doomed)
 
 
 def _day_of(text: str) -> date:
@@ -600,9 +837,12 @@ def _text(record: Mapping[str, Any], name: str, *, optional: bool = False) -> st
 class _Builder:
     """Folds records, in file order, into the set of open attempts."""
 
-    def __init__(self) -> None:
+    def __init__(self, wanted: frozenset[str] = frozenset()) -> None:
         self._open: dict[str, dict[str, Any]] = {}
         self._seen: set[str] = set()
+        self._wanted = wanted
+        self.settled: dict[str, Settled] = {}
+        self.opened_wanted: set[str] = set()
 
     def add(self, record: dict[str, Any], label: str) -> None:
         try:
@@ -627,8 +867,20 @@ class _Builder:
         elif kind is RecordType.ATTEMPT_CLOSED:
             if not isinstance(record.get("executed"), bool | None):
                 raise _Damaged("field executed is not a boolean or null")
+            answer = record.get("answer")
+            if answer is not None and not isinstance(answer, dict):
+                raise _Damaged("field answer is not an object")
             if record["outcome"] != _UNKNOWN_OUTCOME:
                 self._open.pop(attempt_id, None)
+                if attempt_id in self._wanted:
+                    self.settled[attempt_id] = Settled(
+                        attempt_id,
+                        outcome=record["outcome"],
+                        executed=record.get("executed"),
+                        answer=answer,
+                    )
+            elif state is not None:
+                state["closed_unknown"] = True
         else:
             try:
                 status = ReconciledStatus(str(record.get("status")))
@@ -637,6 +889,8 @@ class _Builder:
                 raise _Damaged("unknown reconciliation status or source") from None
             if status in CLOSING_STATUSES:
                 self._open.pop(attempt_id, None)
+                if attempt_id in self._wanted:
+                    self.settled[attempt_id] = Settled(attempt_id, status=status.value)
             elif state is not None:
                 state["last_status"] = status.value
 
@@ -647,12 +901,16 @@ class _Builder:
         if not isinstance(binding, dict):
             raise _Damaged("field intent is not an object")
         self._seen.add(attempt_id)
+        if attempt_id in self._wanted:
+            self.opened_wanted.add(attempt_id)
         self._open[attempt_id] = {
             "intent_id": record.get("intent_id"),
             "decision_id": record.get("decision_id"),
             "dossier_id": record.get("dossier_id"),
             "principal": record.get("caller"),
             "action": record.get("action"),
+            "grant_id": record.get("grant_id"),
+            "grant_expires_at": record.get("grant_expires_at"),
             "attempt_id": attempt_id,
             "intent_hash": record["intent_hash"],
             "binding": binding,

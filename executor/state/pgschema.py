@@ -80,6 +80,11 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
             closed_at double precision)""",
         """CREATE INDEX attempts_open ON attempts (state, lease_until)""",
     ),
+    (  # 2: each idempotency key names the attempt it journals and its owner (issue 17)
+        """ALTER TABLE idempotency ADD COLUMN attempt_id text, ADD COLUMN owner text""",
+        """CREATE INDEX idempotency_attempt ON idempotency (attempt_id)""",
+        """CREATE INDEX idempotency_owner ON idempotency (owner, state)""",
+    ),
     (
         # issue 21: what escalated, the verification asked and given, cancellations; the
         # approvers' passkeys and their one-time enrolment tokens. Every statement is IF NOT

@@ -95,6 +95,7 @@ from .usestore import (
     EnrolmentToken,
     IdempotencyKind,
     IdempotencyState,
+    OrphanKey,
     PasskeyRecord,
     _approval_from_row,
     _canonical_or_store_error,
@@ -341,8 +342,48 @@ class PostgresUseStore:
 
         return await self._store.transaction(work)
 
+    async def grant_claimed(self, grant_id: str) -> bool:
+        async def work(conn: _Conn) -> bool:
+            cur = await conn.execute("SELECT 1 FROM grant_claims WHERE grant_id = %s", (grant_id,))
+            return await cur.fetchone() is not None
+
+        return await self._store.transaction(work)
+
+    async def idempotency_orphans(self, *, owner: str, before: float) -> list[OrphanKey]:
+        async def work(conn: _Conn) -> list[OrphanKey]:
+            cur = await conn.execute(
+                "SELECT tenant, principal, key, attempt_id, created_at FROM idempotency"
+                " WHERE owner = %s AND state = 'IN_PROGRESS' AND created_at < %s"
+                " ORDER BY created_at",
+                (owner, before),
+            )
+            rows = await cur.fetchall()
+            return [OrphanKey(r[0], r[1], r[2], r[3], float(r[4])) for r in rows]
+
+        return await self._store.transaction(work)
+
+    async def idempotency_for_attempt(self, attempt_id: str) -> OrphanKey | None:
+        async def work(conn: _Conn) -> OrphanKey | None:
+            cur = await conn.execute(
+                "SELECT tenant, principal, key, attempt_id, created_at FROM idempotency"
+                " WHERE attempt_id = %s",
+                (attempt_id,),
+            )
+            r = await cur.fetchone()
+            return None if r is None else OrphanKey(r[0], r[1], r[2], r[3], float(r[4]))
+
+        return await self._store.transaction(work)
+
     async def idempotency_begin(
-        self, *, tenant: str, principal: str, key: str, payload_digest: str, now: float
+        self,
+        *,
+        tenant: str,
+        principal: str,
+        key: str,
+        payload_digest: str,
+        now: float,
+        attempt_id: str | None = None,
+        owner: str | None = None,
     ) -> IdempotencyState:
         """As :meth:`SQLiteUseStore.idempotency_begin`; a key IN_PROGRESS whose holder can no
         longer have sent anything (see the module docstring) is taken over: NEW."""
@@ -353,10 +394,10 @@ class PostgresUseStore:
         async def work(conn: _Conn) -> IdempotencyState:
             cur = await conn.execute(
                 "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"  # noqa: S608
-                " created_at, holder, lease_until)"
-                f" VALUES (%s, %s, %s, %s, 'IN_PROGRESS', %s, %s, {_NOW} + %s)"
+                " created_at, holder, lease_until, attempt_id, owner)"
+                f" VALUES (%s, %s, %s, %s, 'IN_PROGRESS', %s, %s, {_NOW} + %s, %s, %s)"
                 " ON CONFLICT (tenant, principal, key) DO NOTHING",
-                (tenant, principal, key, payload_digest, now, holder, lease),
+                (tenant, principal, key, payload_digest, now, holder, lease, attempt_id, owner),
             )
             if cur.rowcount == 1:
                 return IdempotencyState(IdempotencyKind.NEW)
@@ -372,24 +413,24 @@ class PostgresUseStore:
                 row = await cur.fetchone()
                 if row is None:  # released between the two statements: the caller may try again
                     return IdempotencyState(IdempotencyKind.IN_PROGRESS)
-                stored_digest, state, response, lapsed, attempt_id = row
+                stored_digest, state, response, lapsed, opened = row
                 if not hmac.compare_digest(str(stored_digest), payload_digest):
                     return IdempotencyState(IdempotencyKind.CONFLICT)
                 if state != "IN_PROGRESS":
                     return IdempotencyState(IdempotencyKind.REPLAY, response=_load_object(response))
                 stale = await _stale_key(
-                    conn, lapsed=bool(lapsed), attempt_id=attempt_id, lease=lease, lock=locked
+                    conn, lapsed=bool(lapsed), attempt_id=opened, lease=lease, lock=locked
                 )
                 if stale is None:
                     return IdempotencyState(IdempotencyKind.IN_PROGRESS)
             if stale is _Stale.UNANSWERED:
-                await _reopen_unanswered(conn, str(attempt_id))
+                await _reopen_unanswered(conn, str(opened))
                 return IdempotencyState(IdempotencyKind.IN_PROGRESS)
             await conn.execute(
                 f"UPDATE idempotency SET holder = %s, lease_until = {_NOW} + %s,"  # noqa: S608
-                " opened_attempt = NULL, created_at = %s"
+                " opened_attempt = NULL, created_at = %s, attempt_id = %s, owner = %s"
                 " WHERE tenant = %s AND principal = %s AND key = %s",
-                (holder, lease, now, tenant, principal, key),
+                (holder, lease, now, attempt_id, owner, tenant, principal, key),
             )
             return IdempotencyState(IdempotencyKind.NEW)
 
@@ -471,16 +512,20 @@ class PostgresUseStore:
 
         return await self._store.transaction(work)
 
-    async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
+    async def idempotency_release(
+        self, *, tenant: str, principal: str, key: str, owner: str | None = None
+    ) -> None:
         """Free a key IN_PROGRESS: its own holder's (the request that began it, in this task),
-        or, from reconciliation, one whose holder can no longer have sent anything; a key a
-        later request holds is left to it."""
+        or, from reconciliation, one whose holder can no longer have sent anything, or one
+        whose recorded ``owner`` is the journal start-up is settling (its previous process is
+        gone: one process per journal directory); a key a later request holds is left to it."""
         held = _holder_of((tenant, principal, key))
         lease = self._store.lease_seconds
 
         async def work(conn: _Conn) -> None:
             cur = await conn.execute(
-                f"SELECT holder, lease_until < {_NOW}, opened_attempt FROM idempotency"  # noqa: S608
+                f"SELECT holder, lease_until < {_NOW}, opened_attempt, owner"  # noqa: S608
+                " FROM idempotency"
                 " WHERE tenant = %s AND principal = %s AND key = %s AND state = 'IN_PROGRESS'"
                 " FOR UPDATE",
                 (tenant, principal, key),
@@ -488,10 +533,11 @@ class PostgresUseStore:
             row = await cur.fetchone()
             if row is None:
                 return
-            holder, lapsed, attempt_id = row
+            holder, lapsed, attempt_id, recorded_owner = row
             if not (
                 holder is None
                 or holder == held
+                or (owner is not None and recorded_owner == owner)
                 or await _stale_key(
                     conn, lapsed=bool(lapsed), attempt_id=attempt_id, lease=lease, lock=True
                 )
@@ -771,6 +817,8 @@ class PostgresUseStore:
             deleted = 0
             for statement in (
                 "DELETE FROM idempotency WHERE state = 'DONE' AND completed_at < %s",
+                "DELETE FROM idempotency WHERE state = 'IN_PROGRESS' AND owner = ''"
+                " AND created_at < %s",
                 "DELETE FROM grant_claims WHERE expires_at < %s",
                 "DELETE FROM approvals WHERE expires_at < %s",
                 "DELETE FROM enrolment_tokens WHERE expires_at < %s",

@@ -5,7 +5,10 @@ behind :class:`UseStore`:
 
 * **grant claims** -- a grant id is claimed exactly once, whichever process asks first;
 * **idempotency records** keyed by ``(tenant, principal, idempotency_key)``: the request's payload
-  digest while it is in flight, then its final answer, kept at least 24 hours;
+  digest while it is in flight, then its final answer, kept at least 24 hours. Each record names
+  the attempt id it would journal and its owner (the journal's identity), so a key a crash left
+  in flight is settled at the next start from what that journal says (:meth:`~UseStore.
+  idempotency_orphans`), never left answering IN_PROGRESS forever;
 * **consumptions** -- generic single-use markers (a plan approval, a presented escalation), each
   returned as a :class:`ConsumptionRecord` authenticated under a secret that never leaves the
   database;
@@ -77,13 +80,14 @@ __all__ = [
     "EnrolmentToken",
     "IdempotencyKind",
     "IdempotencyState",
+    "OrphanKey",
     "PasskeyRecord",
     "SQLiteUseStore",
     "UseStore",
 ]
 
 DATABASE_NAME = "usestore.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RETENTION_SECONDS = 24 * 60 * 60
 """Finished idempotency records, grant claims and approvals are kept at least this long."""
 
@@ -126,6 +130,21 @@ class IdempotencyKind(StrEnum):
 class IdempotencyState:
     kind: IdempotencyKind
     response: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class OrphanKey:
+    """An IN_PROGRESS idempotency record: its scope and the attempt it would journal."""
+
+    tenant: str
+    principal: str
+    key: str
+    attempt_id: str | None
+    created_at: float
+
+    @property
+    def scope(self) -> dict[str, str]:
+        return {"tenant": self.tenant, "principal": self.principal, "key": self.key}
 
 
 @dataclass(frozen=True)
@@ -287,16 +306,41 @@ class UseStore(Protocol):
         """True exactly once per ``grant_id``, across every process sharing the store."""
         ...
 
+    async def grant_claimed(self, grant_id: str) -> bool:
+        """Whether ``grant_id`` was claimed (and its claim not yet purged)."""
+        ...
+
     async def idempotency_begin(
-        self, *, tenant: str, principal: str, key: str, payload_digest: str, now: float
-    ) -> IdempotencyState: ...
+        self,
+        *,
+        tenant: str,
+        principal: str,
+        key: str,
+        payload_digest: str,
+        now: float,
+        attempt_id: str | None = None,
+        owner: str | None = None,
+    ) -> IdempotencyState:
+        """Claim the key IN_PROGRESS for ``attempt_id`` (the id it will journal), by ``owner``."""
+        ...
+
+    async def idempotency_orphans(self, *, owner: str, before: float) -> list[OrphanKey]:
+        """IN_PROGRESS records ``owner`` created before ``before`` (a previous process)."""
+        ...
+
+    async def idempotency_for_attempt(self, attempt_id: str) -> OrphanKey | None:
+        """The record that began ``attempt_id`` (whatever its state), if it is still kept."""
+        ...
 
     async def idempotency_complete(
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
     ) -> None: ...
 
-    async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
-        """Forget an in-flight record whose request never reached execution."""
+    async def idempotency_release(
+        self, *, tenant: str, principal: str, key: str, owner: str | None = None
+    ) -> None:
+        """Forget an in-flight record whose request never reached execution. ``owner``: start-up
+        settling a key the previous process of this journal left (that process is gone)."""
         ...
 
     async def idempotency_settle(
@@ -375,7 +419,10 @@ _SCHEMA = (
         payload_digest TEXT NOT NULL,
         state TEXT NOT NULL CHECK (state IN ('IN_PROGRESS', 'DONE')),
         response TEXT, created_at REAL NOT NULL, completed_at REAL,
+        attempt_id TEXT, owner TEXT,
         PRIMARY KEY (tenant, principal, key))""",
+    """CREATE INDEX IF NOT EXISTS idempotency_attempt ON idempotency (attempt_id)""",
+    """CREATE INDEX IF NOT EXISTS idempotency_owner ON idempotency (owner, state)""",
     """CREATE TABLE IF NOT EXISTS consumptions (
         namespace TEXT NOT NULL, key TEXT NOT NULL, nonce TEXT NOT NULL,
         consumed_at REAL NOT NULL, binding_digest TEXT NOT NULL,
@@ -557,10 +604,50 @@ class SQLiteUseStore:
 
         return await self._write(work)
 
+    async def grant_claimed(self, grant_id: str) -> bool:
+        def work(conn: sqlite3.Connection) -> bool:
+            row = conn.execute(
+                "SELECT 1 FROM grant_claims WHERE grant_id = ?", (grant_id,)
+            ).fetchone()
+            return row is not None
+
+        return await self._run(work)
+
     # -- idempotency ---------------------------------------------------------------------------
 
+    async def idempotency_orphans(self, *, owner: str, before: float) -> list[OrphanKey]:
+        def work(conn: sqlite3.Connection) -> list[OrphanKey]:
+            rows = conn.execute(
+                "SELECT tenant, principal, key, attempt_id, created_at FROM idempotency"
+                " WHERE owner = ? AND state = 'IN_PROGRESS' AND created_at < ?"
+                " ORDER BY created_at",
+                (owner, before),
+            ).fetchall()
+            return [OrphanKey(r[0], r[1], r[2], r[3], float(r[4])) for r in rows]
+
+        return await self._run(work)
+
+    async def idempotency_for_attempt(self, attempt_id: str) -> OrphanKey | None:
+        def work(conn: sqlite3.Connection) -> OrphanKey | None:
+            r = conn.execute(
+                "SELECT tenant, principal, key, attempt_id, created_at FROM idempotency"
+                " WHERE attempt_id = ?",
+                (attempt_id,),
+            ).fetchone()
+            return None if r is None else OrphanKey(r[0], r[1], r[2], r[3], float(r[4]))
+
+        return await self._run(work)
+
     async def idempotency_begin(
-        self, *, tenant: str, principal: str, key: str, payload_digest: str, now: float
+        self,
+        *,
+        tenant: str,
+        principal: str,
+        key: str,
+        payload_digest: str,
+        now: float,
+        attempt_id: str | None = None,
+        owner: str | None = None,
     ) -> IdempotencyState:
         def work(conn: sqlite3.Connection) -> IdempotencyState:
             row = conn.execute(
@@ -571,8 +658,8 @@ class SQLiteUseStore:
             if row is None:
                 conn.execute(
                     "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
-                    " created_at) VALUES (?, ?, ?, ?, 'IN_PROGRESS', ?)",
-                    (tenant, principal, key, payload_digest, now),
+                    " created_at, attempt_id, owner) VALUES (?, ?, ?, ?, 'IN_PROGRESS', ?, ?, ?)",
+                    (tenant, principal, key, payload_digest, now, attempt_id, owner),
                 )
                 return IdempotencyState(IdempotencyKind.NEW)
             stored_digest, state, response = row
@@ -647,8 +734,11 @@ class SQLiteUseStore:
         settled: bool = await self._write(work)
         return settled
 
-    async def idempotency_release(self, *, tenant: str, principal: str, key: str) -> None:
-        """Delete an IN_PROGRESS record; a finished record is never deleted here."""
+    async def idempotency_release(
+        self, *, tenant: str, principal: str, key: str, owner: str | None = None
+    ) -> None:
+        """Delete an IN_PROGRESS record; a finished record is never deleted here. ``owner`` is
+        for the shared store's fence; one process owns this file, so it changes nothing here."""
 
         def work(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -943,13 +1033,20 @@ class SQLiteUseStore:
 
     async def purge(self, now: float) -> int:
         """Delete what is older than the retention: finished idempotency records, claims of
-        grants expired that long ago, and approval requests expired that long ago. In-flight
-        idempotency records and consumptions are never purged. Returns rows deleted."""
+        grants expired that long ago, and approval requests expired that long ago; an in-flight
+        record that names no owner (written where no journal runs, so nothing of it was
+        dispatched) once it is that old. Other in-flight idempotency records (settled at start
+        from their journal) and consumptions are never purged. Returns rows deleted."""
         cutoff = now - RETENTION_SECONDS
 
         def work(conn: sqlite3.Connection) -> int:
             deleted = conn.execute(
                 "DELETE FROM idempotency WHERE state = 'DONE' AND completed_at < ?", (cutoff,)
+            ).rowcount
+            deleted += conn.execute(
+                "DELETE FROM idempotency WHERE state = 'IN_PROGRESS' AND owner = ''"
+                " AND created_at < ?",
+                (cutoff,),
             ).rowcount
             deleted += conn.execute(
                 "DELETE FROM grant_claims WHERE expires_at < ?", (cutoff,)
@@ -1207,6 +1304,11 @@ def _migrate(conn: sqlite3.Connection) -> bytes:
             raise StoreError(
                 "the use store was written by a newer agentsafe", code=Code.STORE_SCHEMA_UNSUPPORTED
             )
+        if version == 1:  # version 2 names each key's attempt and owner (added if missing)
+            have = {str(r[1]) for r in conn.execute("PRAGMA table_info(idempotency)")}
+            for column in ("attempt_id", "owner"):
+                if column not in have:
+                    conn.execute(f"ALTER TABLE idempotency ADD COLUMN {column} TEXT")
         if version < SCHEMA_VERSION:
             for statement in _SCHEMA:
                 conn.execute(statement)

@@ -9,7 +9,11 @@ example policy) and drives a scripted agent through the cases a platform team as
 4. an amount that needs a person: ESCALATE, held;
 5. the same proposals in shadow: decisions recorded, nothing reaches the provider;
 6. a provider that takes the request and never answers; the executor is killed with SIGKILL,
-   restarted, and its startup reconciliation resolves the attempt without sending it again.
+   restarted, and its startup reconciliation resolves the attempt without sending it again;
+7. the banking family against the SYNTHETIC core bank, which books ten times the authorised
+   amount of a SEPA credit transfer: the read-back shows it, the answer is COMPLETED with
+   EFFECT_MISMATCH, and the executor halts itself (``EXECUTOR_ON_EFFECT_MISMATCH=HALT``, the
+   default): ``/ready`` answers 503 and the next proposal is refused EXECUTOR_HALTED.
 
 Then it leaves the executor serving, prints how to call it with curl, and waits for Ctrl-C.
 
@@ -32,8 +36,17 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from ..codes import Code
 from ..lifecycle.reconcile import ResolutionStatus
-from .harness import ExecutorProcess, ProviderProcess, Workspace, free_port, wait_until
+from .harness import (
+    ExecutorProcess,
+    ProviderProcess,
+    Workspace,
+    banking_environment,
+    banking_policy,
+    free_port,
+    wait_until,
+)
 
 __all__ = ["main", "run_demo"]
 
@@ -179,6 +192,10 @@ async def run_demo(
                     ResolutionStatus.RECONCILED_COMPLETED in resolutions and count == 2,
                 )
             )
+        say(
+            "starting the synthetic core bank (it will lie about the amount) and a banking executor"
+        )
+        steps.append(await _effect_mismatch_case(root, logs))
         _print_table(console, steps)
         if keep_serving:
             console.print(
@@ -203,8 +220,89 @@ async def run_demo(
     return steps
 
 
+_SEPA = {
+    "type": "SEPA_CREDIT_TRANSFER",
+    "amountMinor": 12500,
+    "currency": "EUR",
+    "debtor": "iban:DE89370400440532013000",
+    "creditor": "iban:FR1420041010050500013M02606",
+    "creditorName": "Synthetic Supplier SA",
+}
+
+
+async def _effect_mismatch_case(root: Path, logs: Path) -> Step:
+    """Case 7: an observed effect that is not the authorised one halts the executor."""
+    bank = ProviderProcess(
+        logs,
+        module="agentsafe.executor.tools.synthetic_bank",
+        args=("--mode", "lie"),
+        name="core-bank",
+    )
+    await bank.start()
+    workspace = Workspace(root / "banking")
+    env = workspace.environment(
+        provider_url=bank.url,
+        port=free_port(),
+        policy_file=banking_policy(root / "banking-policy.json"),
+        extra=banking_environment(bank.url),
+    )
+    executor = ExecutorProcess(env, logs, "banking-executor")
+    try:
+        await executor.start()
+        headers = {"authorization": f"Bearer {executor.token}"}
+        proposal = {
+            "proposal": {
+                "action": "credit_transfer_sepa",
+                "target": _SEPA["creditor"],
+                "parameters": _SEPA,
+            },
+            "idempotency_key": "sepa-1-v1",
+        }
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                executor.url + "/v1/actions", json=proposal, headers=headers
+            ) as r:
+                body = await r.json()
+
+            async def halted() -> bool:
+                async with session.get(executor.url + "/ready") as ready:
+                    return ready.status == 503
+
+            await wait_until(halted, timeout=10, what="the executor to halt")
+            proposal["idempotency_key"] = "sepa-2-v1"
+            async with session.post(
+                executor.url + "/v1/actions", json=proposal, headers=headers
+            ) as r:
+                after = await r.json()
+        count = int((await bank.received()).get("count", 0))
+        effect = body.get("effect") or {}
+        reasons = body.get("reason_codes") or []
+        ok = (
+            body.get("outcome") == "COMPLETED"
+            and Code.EFFECT_MISMATCH in reasons
+            and effect.get("differing_fields") == ["amountMinor"]
+            and after.get("reason_codes") == [Code.EXECUTOR_HALTED]
+            and count == 1
+        )
+        observed = (
+            f"{body.get('outcome')} {','.join(reasons)} "
+            f"differs={','.join(effect.get('differing_fields') or [])}; "
+            f"then {','.join(after.get('reason_codes') or [])}"
+        )
+        return Step(
+            "core bank books 10x the SEPA amount",
+            "COMPLETED + EFFECT_MISMATCH, executor halts",
+            observed,
+            count,
+            ok,
+        )
+    finally:
+        executor.terminate()
+        bank.terminate()
+
+
 def _print_table(console: Console, steps: list[Step]) -> None:
-    table = Table(title="agentsafe demo: one scripted agent, one synthetic provider")
+    table = Table(title="agentsafe demo: one scripted agent, synthetic providers")
     table.add_column("case")
     table.add_column("expected")
     table.add_column("observed")
@@ -243,7 +341,7 @@ def main(*, keep_serving: bool = True, workdir: Path | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
-    ok = all(step.ok for step in steps) and len(steps) == 6
+    ok = all(step.ok for step in steps) and len(steps) == 7
     if ok and workdir is None:
         shutil.rmtree(root, ignore_errors=True)
     elif not ok:

@@ -28,12 +28,16 @@ import aiohttp
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from ..banking.actions import ACTIONS
+
 __all__ = [
     "DEMO_TENANT",
     "EXAMPLE_POLICY",
     "ExecutorProcess",
     "ProviderProcess",
     "Workspace",
+    "banking_environment",
+    "banking_policy",
     "free_port",
     "wait_until",
 ]
@@ -41,6 +45,41 @@ __all__ = [
 DEMO_TENANT = "00000000-0000-4000-8000-000000000001"
 _CLEAN_ENV_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 EXAMPLE_POLICY = Path(__file__).resolve().parents[1] / "examples" / "policy.yaml"
+
+
+def banking_policy(path: Path, *, provider_key: str | None = None) -> Path:
+    """Write a policy that runs every banking action (ALLOW all), with ``provider_key`` (the
+    synthetic core bank's raw Ed25519 public key, base64url) registered for its receipts."""
+    policy: dict[str, Any] = {
+        "actions": [
+            {
+                "name": name.removeprefix("banking.").replace(".", "_"),
+                "handler": name,
+                "parameters": kind.schema,
+                "rules": [{"name": "all", "when": "true", "verdict": "ALLOW"}],
+            }
+            for name, kind in ACTIONS.items()
+        ]
+    }
+    if provider_key is not None:
+        policy["providerKeys"] = [
+            {"kid": "synthetic-bank-1", "issuer": "synthetic-bank", "publicKey": provider_key}
+        ]
+    path.write_text(json.dumps(policy, indent=2), encoding="utf-8")
+    return path
+
+
+def banking_environment(bank_url: str) -> dict[str, str]:
+    """The downstream settings that point an executor at the synthetic core bank."""
+    return {
+        "DOWNSTREAM_URL": f"{bank_url}/payments",
+        "DOWNSTREAM_LOOKUP_URL": f"{bank_url}/payments/{{idempotency_key}}",
+        "DOWNSTREAM_LOOKUP_BY_REFERENCE_URL": (
+            f"{bank_url}/payments/by-reference/{{provider_reference}}"
+        ),
+        "DOWNSTREAM_SYSTEM": "synthetic-core-bank",
+        "DOWNSTREAM_OPERATION": "payments",
+    }
 
 
 def free_port() -> int:
@@ -215,23 +254,25 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
 
 
 class ProviderProcess(_Process):
-    """``python -m agentsafe.executor.tools.synthetic`` on a loopback port."""
+    """``python -m agentsafe.executor.tools.synthetic`` (or ``module``: the synthetic core
+    bank, ``tools/synthetic_bank.py``) on a loopback port."""
 
     def __init__(
-        self, log_dir: Path, port: int | None = None, *, require_credential: Path | None = None
+        self,
+        log_dir: Path,
+        port: int | None = None,
+        *,
+        require_credential: Path | None = None,
+        module: str = "agentsafe.executor.tools.synthetic",
+        args: tuple[str, ...] = (),
+        name: str = "provider",
     ) -> None:
         self.port = port or free_port()
         env = {key: os.environ[key] for key in _CLEAN_ENV_KEYS if key in os.environ}
-        argv = [
-            sys.executable,
-            "-m",
-            "agentsafe.executor.tools.synthetic",
-            "--port",
-            str(self.port),
-        ]
+        argv = [sys.executable, "-m", module, "--port", str(self.port), *args]
         if require_credential is not None:
             argv += ["--require-credential", str(require_credential)]
-        super().__init__(argv, env, log_dir, "provider")
+        super().__init__(argv, env, log_dir, name)
         self.url = f"http://127.0.0.1:{self.port}"
 
     async def start(self, timeout: float = 30.0) -> None:
@@ -260,6 +301,22 @@ class ProviderProcess(_Process):
         async with (
             aiohttp.ClientSession() as session,
             session.post(self.url + "/_control/lookups", json={"available": available}) as r,
+        ):
+            r.raise_for_status()
+
+    async def set_lookup(self, mode: str) -> None:
+        """``normal``, ``lag`` (404 for everything) or ``hold`` (until :meth:`release`)."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.url + "/_control/lookup", json={"mode": mode}) as r,
+        ):
+            r.raise_for_status()
+
+    async def release(self) -> None:
+        """Let every held payout request and lookup answer."""
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.url + "/_control/release") as r,
         ):
             r.raise_for_status()
 

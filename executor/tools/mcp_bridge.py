@@ -15,6 +15,12 @@ holds no credential for any downstream and decides nothing.
   refusal (``AUTH_FAILED``, ``ACTION_NOT_PERMITTED_FOR_PRINCIPAL``...) or an unavailable executor
   is a result with ``isError: true`` naming the code. An outcome unknown after dispatch is
   reconciled once, read-only, with the recovery object the answer carried.
+* One more tool, :data:`RESUME_TOOL` (``agentsafe_resume_escalation``, input ``{"escalation"}``):
+  with ``EXECUTOR_ESCALATION=APPROVAL`` an ESCALATE result carries the escalation object (in
+  ``structuredContent.escalation`` and in its text) and its ``approval_url``; once an APPROVER
+  decided there, calling this tool with that object presents it back (``POST /v1/escalations``,
+  ``agentsafe.client``'s ``resume``): still pending, refused (BLOCK), or executed once; calling
+  it again replays the same answer. The name is reserved: an action of that name is not listed.
 
 Transports: ``stdio`` (the agent runtime starts ``agentsafe mcp`` as its child; the agent's own
 executor token comes from ``--token-file``, ``AGENTSAFE_AGENT_TOKEN_FILE`` or
@@ -49,9 +55,21 @@ from agentsafe.client import (
 
 from ..codes import Code
 
-__all__ = ["add_parser", "build_server", "tool_input_schema"]
+__all__ = ["RESUME_TOOL", "add_parser", "build_server", "tool_input_schema"]
 
 TOKEN_VARIABLE = "AGENTSAFE_AGENT_TOKEN"
+RESUME_TOOL = "agentsafe_resume_escalation"
+RESUME_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["escalation"],
+    "properties": {
+        "escalation": {
+            "type": "object",
+            "description": "the escalation object an ESCALATE result carried, unchanged",
+        }
+    },
+}
 ClientFor = Callable[[Any], AgentSafeClient]
 
 
@@ -114,9 +132,16 @@ def _text(decision: Decision) -> str:
     if decision.verdict == Verdict.BLOCK:
         return f"BLOCK: refused by policy ({reasons}). Nothing was executed."
     if decision.verdict == Verdict.ESCALATE:
-        request = (decision.escalation or {}).get("request_id")
+        escalation = dict(decision.escalation or {})
+        request = escalation.get("request_id")
         held = f" (approval request {request})" if request else ""
-        return f"ESCALATE: held for a person's decision{held}. Nothing was executed yet."
+        text = f"ESCALATE: held for a person's decision{held}. Nothing was executed yet."
+        if "token" in escalation:
+            text += (
+                f" A person decides at {escalation.get('approval_url')}; then call {RESUME_TOOL} "
+                f"with this escalation object: {json.dumps(escalation, sort_keys=True)}"
+            )
+        return text
     if decision.mode == "SHADOW":
         return f"SHADOW: the policy would say {decision.verdict}; nothing was executed."
     executed = {True: "it executed", False: "it did not execute", None: "unknown"}
@@ -148,6 +173,23 @@ def build_server(client_for: ClientFor) -> Any:
                     ),
                 )
                 for action in actions
+                if action.name != RESUME_TOOL
+            ]
+            + [
+                types.Tool(
+                    name=RESUME_TOOL,
+                    description="Present an escalation object back once a person decided at its "
+                    "approval_url: it answers still pending, BLOCK (denied, expired, cancelled) or "
+                    "ALLOW executed once. Calling it again answers the same; nothing runs twice.",
+                    input_schema=RESUME_SCHEMA,
+                    annotations=types.ToolAnnotations(
+                        title=RESUME_TOOL,
+                        read_only_hint=False,
+                        destructive_hint=True,
+                        idempotent_hint=True,
+                        open_world_hint=True,
+                    ),
+                )
             ]
         )
 
@@ -160,6 +202,14 @@ def build_server(client_for: ClientFor) -> Any:
 
     async def call_tool(ctx: Any, params: Any) -> Any:
         arguments = params.arguments or {}
+        if params.name == RESUME_TOOL:
+            escalation = arguments.get("escalation")
+            if not isinstance(escalation, dict):
+                return result(
+                    f"{Code.REQUEST_INVALID}: give escalation (the object an ESCALATE carried)",
+                    error=True,
+                )
+            return await answer(ctx, lambda client: client.resume(escalation))
         target, parameters = arguments.get("target"), arguments.get("parameters")
         if not isinstance(target, str) or not isinstance(parameters, dict):
             return result(
@@ -167,14 +217,20 @@ def build_server(client_for: ClientFor) -> Any:
                 error=True,
             )
         key = arguments.get("idempotency_key")
+        return await answer(
+            ctx,
+            lambda client: client.propose(
+                params.name,
+                target,
+                parameters,
+                idempotency_key=key if isinstance(key, str) else None,
+            ),
+        )
+
+    async def answer(ctx: Any, call: Callable[[AgentSafeClient], Awaitable[Decision]]) -> Any:
         try:
             async with client_for(ctx) as client:
-                decision = await client.propose(
-                    params.name,
-                    target,
-                    parameters,
-                    idempotency_key=key if isinstance(key, str) else None,
-                )
+                decision = await call(client)
                 if decision.needs_reconciliation and decision.recovery is not None:
                     decision = await client.reconcile(decision.recovery)
         except Refused as refused:

@@ -23,14 +23,22 @@ It behaves the way a payment API does where that matters to the executor, and no
               provider handing the credential back as a reason code
   reflect-    ``202 {"reference": <base64url of its authorization header>}``  executed (200)
   reference   (the credential back, encoded, as the provider's reference)
+  hold        acts on it, answers as ``normal`` once ``/_control/release``    executed (200)
   ==========  ==============================================================  ==============
+
+* The lookup's behaviour is ``POST /_control/lookup`` with ``{"mode": ...}``: ``normal`` as
+  above; ``lag`` answers 404 even for a key it acted on (a provider whose lookup lags its
+  commit); ``hold`` waits for ``POST /_control/release`` before answering. ``release`` frees
+  every held request and lookup at once.
 
 * ``GET /payouts/{idempotency_key}``: ``200 {"reference", "status": "executed"}`` for a key it
   acted on, ``404 {"code": "NOT_FOUND"}`` otherwise; while lookups are switched off
   (``POST /_control/lookups`` with ``{"available": false}``) every lookup is
   ``503 {"code": "LOOKUP_UNAVAILABLE"}``, so a reconciliation cannot learn anything.
-* ``GET /_control/received``: how many payout requests arrived and their keys, so a test or the
-  demo can assert that nothing reached the provider (shadow mode, refusals).
+* ``GET /_control/received``: how many payout requests arrived and their keys, how many were
+  held and how many lookups came (``held``, ``lookups``, ``lookups_waiting``), and what a
+  credential requirement refused (``refusals``), so a test or the demo can assert that nothing
+  reached the provider (shadow mode, refusals) or wait until a request is held.
 * ``GET /``: says that this is a synthetic provider.
 * With a credential requirement (``require=`` or ``--require-credential FILE``,
   :mod:`agentsafe.executor.tools.synthetic_credentials`), every payout and every lookup that does
@@ -67,9 +75,10 @@ from aiohttp import web
 from ..egress.transport import is_loopback_host
 from .synthetic_credentials import TOKEN_PATH, CredentialRequirement
 
-__all__ = ["MODES", "ReceivedRequest", "SyntheticProvider", "main"]
+__all__ = ["LOOKUP_MODES", "MODES", "ReceivedRequest", "SyntheticProvider", "main"]
 
-MODES = ("normal", "refuse", "error", "hang", "reset", "reflect", "reflect-reference")
+MODES = ("normal", "refuse", "error", "hang", "reset", "hold", "reflect", "reflect-reference")
+LOOKUP_MODES = ("normal", "lag", "hold")
 _BANNER = "agentsafe SYNTHETIC provider: loopback only, moves no money, for demos and tests"
 
 
@@ -95,9 +104,13 @@ class _Payout:
 @dataclass
 class _State:
     mode: str = "normal"
-    lookups: bool = True
+    lookups_available: bool = True
+    lookup_mode: str = "normal"
     payouts: dict[str, _Payout] = field(default_factory=dict)
     received: list[ReceivedRequest] = field(default_factory=list)
+    lookups: int = 0
+    lookups_waiting: int = 0
+    held: int = 0
 
 
 class SyntheticProvider:
@@ -118,6 +131,7 @@ class SyntheticProvider:
         self.refusals: list[str] = []
         self.state = _State()
         self._release = asyncio.Event()
+        self._held = asyncio.Event()  # set by /_control/release, renewed after
         self._runner: web.AppRunner | None = None
         self.app = self._build_app()
 
@@ -166,12 +180,34 @@ class SyntheticProvider:
         app.router.add_post(TOKEN_PATH, self._token)
         app.router.add_post("/_control/mode", self._set_mode)
         app.router.add_post("/_control/lookups", self._set_lookups)
+        app.router.add_post("/_control/lookup", self._set_lookup)
+        app.router.add_post("/_control/release", self._release_held)
         app.router.add_get("/_control/received", self._received)
         app.on_shutdown.append(self._on_shutdown)
         return app
 
     async def _on_shutdown(self, app: web.Application) -> None:
         self._release.set()
+        self._held.set()
+
+    async def _set_lookup(self, request: web.Request) -> web.Response:
+        try:
+            payload = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            return _json(400, {"code": "REQUEST_INVALID"})
+        mode = payload.get("mode") if isinstance(payload, dict) else None
+        if mode not in LOOKUP_MODES:
+            return _json(400, {"code": "MODE_UNKNOWN"})
+        self.state.lookup_mode = mode
+        return _json(200, {"lookup": mode})
+
+    async def _release_held(self, request: web.Request) -> web.Response:
+        held, self._held = self._held, asyncio.Event()
+        held.set()
+        return _json(200, {"released": True})
+
+    async def _wait_released(self) -> None:
+        await self._held.wait()
 
     async def _index(self, request: web.Request) -> web.Response:
         return _json(200, {"synthetic": True, "description": _BANNER, "modes": list(MODES)})
@@ -195,7 +231,7 @@ class SyntheticProvider:
         available = payload.get("available") if isinstance(payload, dict) else None
         if not isinstance(available, bool):
             return _json(400, {"code": "REQUEST_INVALID"})
-        self.state.lookups = available
+        self.state.lookups_available = available
         return _json(200, {"available": available})
 
     async def _received(self, request: web.Request) -> web.Response:
@@ -207,6 +243,9 @@ class SyntheticProvider:
                 "keys": keys,
                 "mode": self.state.mode,
                 "refusals": list(self.refusals),
+                "held": self.state.held,
+                "lookups": self.state.lookups,
+                "lookups_waiting": self.state.lookups_waiting,
             },
         )
 
@@ -239,8 +278,17 @@ class SyntheticProvider:
         return _json(status, answer)
 
     async def _lookup(self, request: web.Request) -> web.Response:
-        if not self.state.lookups:
+        self.state.lookups += 1
+        if not self.state.lookups_available:
             return _json(503, {"code": "LOOKUP_UNAVAILABLE"})
+        if self.state.lookup_mode == "hold":
+            self.state.lookups_waiting += 1
+            try:
+                await self._wait_released()
+            finally:
+                self.state.lookups_waiting -= 1
+        if self.state.lookup_mode == "lag":
+            return _json(404, {"code": "NOT_FOUND"})
         key = request.match_info["key"]
         refused = self._refused(request, await request.read(), key)
         if refused is not None:
@@ -308,6 +356,12 @@ class SyntheticProvider:
             if request.transport is not None:
                 request.transport.abort()
             raise web.HTTPServiceUnavailable()
+        if mode == "hold":
+            self.state.held += 1
+            try:
+                await self._wait_released()
+            finally:
+                self.state.held -= 1
         answer = json.dumps({"reference": reference}).encode()
         self.state.payouts[key].answer = (202, answer)
         return web.Response(status=202, body=answer, content_type="application/json")

@@ -18,6 +18,10 @@ Files inside the pod:
 With ``spec.store`` each pod is its own replica (``EXECUTOR_REPLICA_ID`` = the pod name, from the
 downward API), and two or more replicas (:data:`~.common.SPREAD_MIN_REPLICAS`) spread over
 nodes and zones (``topologySpreadConstraints``; ``network.py`` adds their PodDisruptionBudget).
+``spec.pod`` of the AgentPolicy passes nodeSelector, tolerations, affinity, priorityClassName,
+imagePullSecrets and the container's resources through to the pod template, and its
+topologySpreadConstraints replace the default spread (a constraint without a labelSelector counts
+this AgentPolicy's executor pods).
 - ``/var/lib/agentsafe`` (a PersistentVolumeClaim per replica, or emptyDir when the journal is
   ephemeral): ``journal/`` and ``state/`` (the use store).
 - ``/tmp``: a small in-memory emptyDir; the root filesystem is read-only.
@@ -242,6 +246,25 @@ def _config_sources(inp: RenderInput) -> list[dict[str, Any]]:
     return sources
 
 
+_DEFAULT_RESOURCES: Final = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"memory": "512Mi"},
+}
+
+
+def _resources(inp: RenderInput) -> dict[str, Any]:
+    """spec.pod.resources when given (as written), else the defaults."""
+    resources = inp.spec.pod.resources
+    if resources is None:
+        return {key: dict(value) for key, value in _DEFAULT_RESOURCES.items()}
+    out: dict[str, Any] = {}
+    if resources.requests:
+        out["requests"] = dict(resources.requests)
+    if resources.limits:
+        out["limits"] = dict(resources.limits)
+    return out
+
+
 def render_statefulset(inp: RenderInput, *, digest: str) -> dict[str, Any]:
     """The executor pods: restricted Pod Security, one journal volume per replica."""
     n = names(inp.policy)
@@ -261,6 +284,15 @@ def render_statefulset(inp: RenderInput, *, digest: str) -> dict[str, Any]:
             }
         ],
         "ports": [{"name": "https", "containerPort": settings.port, "protocol": "TCP"}],
+        # Start-up (the store, the journal scan) runs before /health answers: the startup
+        # probe gives it up to 5 minutes before the liveness probe's ~30 s budget applies.
+        # Reconciliation itself runs after the listener opens, so /health answers through it.
+        "startupProbe": {
+            "httpGet": {"path": "/health", **probe},
+            "periodSeconds": 5,
+            "timeoutSeconds": 2,
+            "failureThreshold": 60,
+        },
         "livenessProbe": {
             "httpGet": {"path": "/health", **probe},
             "periodSeconds": 10,
@@ -273,10 +305,7 @@ def render_statefulset(inp: RenderInput, *, digest: str) -> dict[str, Any]:
             "timeoutSeconds": 2,
             "failureThreshold": 1,
         },
-        "resources": {
-            "requests": {"cpu": "100m", "memory": "128Mi"},
-            "limits": {"memory": "512Mi"},
-        },
+        "resources": _resources(inp),
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -338,7 +367,29 @@ def render_statefulset(inp: RenderInput, *, digest: str) -> dict[str, Any]:
         "containers": [container],
         "volumes": volumes,
     }
-    if inp.spec.replicas >= SPREAD_MIN_REPLICAS:
+    pod = inp.spec.pod
+    if pod.node_selector:
+        pod_spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        pod_spec["tolerations"] = [t.wire() for t in pod.tolerations]
+    if pod.affinity:
+        pod_spec["affinity"] = pod.affinity
+    if pod.priority_class_name is not None:
+        pod_spec["priorityClassName"] = pod.priority_class_name
+    if pod.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [ref.wire() for ref in pod.image_pull_secrets]
+    if pod.topology_spread_constraints is not None:
+        if pod.topology_spread_constraints:
+            pod_spec["topologySpreadConstraints"] = [
+                {
+                    **constraint.wire(),
+                    "labelSelector": constraint.label_selector.wire()
+                    if constraint.label_selector is not None
+                    else {"matchLabels": selector_labels(inp.policy)},
+                }
+                for constraint in pod.topology_spread_constraints
+            ]
+    elif inp.spec.replicas >= SPREAD_MIN_REPLICAS:
         pod_spec["topologySpreadConstraints"] = [
             {
                 "maxSkew": 1,

@@ -348,3 +348,16 @@ def test_cli_exit_status_and_verdict(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert cv.main([str(empty)]) == 1
     assert cv.main([]) == 2
     assert cv.main([str(tmp_path / "missing.jsonl")]) == 2
+
+
+@pytest.mark.parametrize("command", [["verify", "chain"], ["verify-chain"]])
+def test_the_cli_takes_require_genesis_as_docs_evidence_documents_it(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from agentsafe.executor.cli import main
+
+    window = tmp_path / "window.jsonl"
+    window.write_text("".join(line + "\n" for line in build_chain(5)[1:]))
+    assert main([*command, str(window)]) == 0  # a window may start anywhere
+    assert main([*command, "--require-genesis", str(window)]) == 1  # not a whole log
+    assert "REMOVED" in capsys.readouterr().out

@@ -4,6 +4,7 @@ request-smuggling shapes over raw sockets."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -79,10 +80,13 @@ async def upstream() -> AsyncIterator[Upstream]:
     await server.stop()
 
 
-async def start_proxy(tmp_path: Path, upstream: Upstream, *extra: str) -> Proxy:
+async def start_proxy(
+    tmp_path: Path, upstream: Upstream, *extra: str, settings: dict[str, str] | None = None
+) -> Proxy:
     port = free_port()
     out = tmp_path / "proxy.out"
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+    env.update(settings or {})
     with out.open("wb") as stdout, (tmp_path / "proxy.err").open("wb") as stderr:
         process = subprocess.Popen(
             [AGENTSAFE, "proxy", "--upstream", upstream.url, "--port", str(port), *extra],
@@ -253,11 +257,87 @@ async def test_request_smuggling_shapes_are_refused_and_never_echoed(
     data = await raw(enforcing.port, request_bytes)
     status, body = status_and_json(data)
     assert status == 400, shape
-    assert body["error"]["code"] == "GATEWAY_REQUEST_MALFORMED", shape
+    assert body["error"]["code"] == "HTTP_MALFORMED", shape
+    head = data.partition(b"\r\n\r\n")[0].lower()
+    assert b"server: agentsafe" in head, "the executor's listener answered, not aiohttp's"
     assert b"smuggled" not in data
     assert b"secret" not in data.lower()
     assert b"Transfer-Encoding: chunked" not in data
     assert upstream.received == [], "nothing of it reached the upstream"
+
+
+async def test_a_slowloris_on_the_gateway_is_closed_at_the_header_deadline(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    proxy = await start_proxy(
+        tmp_path, upstream, "--enforce", settings={"EXECUTOR_HEADER_TIMEOUT_SECONDS": "1"}
+    )
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(b"POST /pay HTTP/1.1\r\nHost: x\r\n")
+        await writer.drain()
+        closed = asyncio.get_running_loop().create_future()
+
+        async def drip() -> None:
+            # One header byte at a time, well inside any per-read timeout: the whole head must
+            # still arrive within the deadline of the connection being accepted.
+            for byte in b"X-Slow: " + b"a" * 200:
+                if closed.done():
+                    return
+                try:
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                except (ConnectionError, RuntimeError):
+                    return
+                await asyncio.sleep(0.1)
+
+        dripping = asyncio.create_task(drip())
+        data = await asyncio.wait_for(reader.read(), timeout=15)
+        closed.set_result(True)
+        dripping.cancel()
+        writer.close()
+        assert b"x-slow" not in data.lower(), "nothing of the request is echoed"
+        assert upstream.received == [], "a head that never completed reached nothing"
+        # The gateway still serves whole requests after it.
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(f"{proxy.url}/pay", json={"amountMinor": 1}) as r,
+        ):
+            assert r.status == 201
+    finally:
+        proxy.stop()
+
+
+async def test_one_connection_over_the_gateways_per_source_cap_is_refused(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    proxy = await start_proxy(
+        tmp_path,
+        upstream,
+        "--enforce",
+        settings={
+            "EXECUTOR_MAX_CONNECTIONS_PER_SOURCE": "2",
+            "EXECUTOR_MAX_CONNECTIONS": "8",
+            # Long enough that the held connections are not closed idle under any load.
+            "EXECUTOR_HEADER_TIMEOUT_SECONDS": "120",
+        },
+    )
+    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for _ in range(2):
+            held.append(await asyncio.open_connection("127.0.0.1", proxy.port))
+        request = b"POST /pay HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+        data = await raw(proxy.port, request)
+        status, body = status_and_json(data)
+        assert status == 503
+        assert body["error"]["code"] == "CONNECTION_LIMIT_REACHED"
+        assert upstream.received == []
+    finally:
+        for _, writer in held:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+        proxy.stop()
 
 
 async def test_shadow_is_the_default_forwards_and_reports_on_stop(
@@ -300,8 +380,8 @@ async def test_an_unreachable_authority_is_its_own_state_never_a_verdict(
     from agentsafe.executor.events import MemorySink, Streams
     from agentsafe.executor.gateway.demo import demo_environment
     from agentsafe.executor.gateway.forward import Exchanges
-    from agentsafe.executor.gateway.listener import Gateway, GatewayServer
-    from agentsafe.executor.proxy import _principal, _register
+    from agentsafe.executor.gateway.listener import Gateway
+    from agentsafe.executor.proxy import _principal, _register, listen
 
     env = demo_environment(upstream.url, tmp_path / "demo", enforce=True, base={})
     exchanges = Exchanges()
@@ -310,6 +390,7 @@ async def test_an_unreachable_authority_is_its_own_state_never_a_verdict(
         streams=Streams(evidence=MemorySink(), security=MemorySink()),
         registrations=[("gateway", _register(exchanges, 5000))],
     )
+    await executor.reconcile_at_start()  # as the proxy does before it listens
     executor.pipeline._authority = UnreachableAuthority()  # type: ignore[assignment]
     gateway = Gateway(
         pipeline=executor.pipeline,
@@ -322,10 +403,8 @@ async def test_an_unreachable_authority_is_its_own_state_never_a_verdict(
         timeout=5.0,
         log=lambda line: None,
     )
-    runner = web.ServerRunner(GatewayServer(gateway.handle), handle_signals=False)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    runner, site = await listen(gateway, executor, "127.0.0.1", 0)
+    port = site.port
     try:
         async with (
             aiohttp.ClientSession() as session,
@@ -433,6 +512,168 @@ async def test_a_configured_gateway_answers_agentsafe_status_with_its_shadow_rep
         assert row.split()[1:3] == ["0", "1"]
         assert "EXECUTOR_MODE=ENFORCEMENT" in status.stdout
         assert not any(line.startswith(BANNER) for line in out.read_text().splitlines())
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+async def test_agentsafe_status_against_a_demo_gateway_says_what_to_do(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    proxy = await start_proxy(tmp_path, upstream)
+    try:
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+        env["AGENTSAFE_OPERATOR_TOKEN"] = "operator-secret-never-forwarded"
+        for extra in ([], ["-o", "json"]):
+            status = subprocess.run(
+                [AGENTSAFE, "status", "--url", proxy.url, *extra],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+                env=env,
+            )
+            assert status.returncode == 2, status.stderr
+            assert "Traceback" not in status.stderr
+            assert "DEMO authority" in status.stderr
+            assert "--serve-routes" in status.stderr
+            assert status.stdout == ""
+        sent = [headers.get("authorization", "") for _, _, _, headers in upstream.received]
+        assert not any("operator-secret" in value for value in sent), "no credential forwarded"
+        assert any("agentsafe status has no control routes" in line for line in proxy.lines())
+    finally:
+        proxy.stop()
+
+
+async def start_configured_gateway(
+    tmp_path: Path, upstream: Upstream, *, mode: str, policy_text: str, **extra_env: str
+) -> tuple[subprocess.Popen[bytes], int, int, Any]:
+    """``agentsafe proxy --serve-routes`` with a principals file: (process, gateway port,
+    executor routes port, the bearer principals)."""
+    from agentsafe.executor.tools.harness import Workspace
+    from tests.integration.bearer_principals import BearerPrincipals, principals_env
+
+    policy = tmp_path / "gateway-policy.yaml"
+    policy.write_text(policy_text)
+    principals = BearerPrincipals()
+    document = principals.document()
+    document["principals"][0]["allowed_actions"] = ["http_request"]
+    principals_file = tmp_path / "principals.json"
+    principals_file.write_text(json.dumps(document))
+    principals_file.chmod(0o600)
+    control_port = free_port()
+    env = principals_env(
+        Workspace(tmp_path / "ws").environment(
+            provider_url=upstream.url, port=control_port, mode=mode, policy_file=policy
+        ),
+        principals_file,
+    )
+    env["DOWNSTREAM_URL"] = upstream.url
+    env.pop("DOWNSTREAM_LOOKUP_URL")
+    env.update(extra_env)
+    port = free_port()
+    with (tmp_path / "gateway.out").open("wb") as out, (tmp_path / "gateway.err").open("wb") as err:
+        process = subprocess.Popen(
+            [
+                AGENTSAFE,
+                "proxy",
+                "--upstream",
+                upstream.url,
+                "--port",
+                str(port),
+                "--principal",
+                "treasury-workflow",
+                "--serve-routes",
+            ],
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd=tmp_path,
+        )
+
+    async def ready() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError((tmp_path / "gateway.err").read_text())
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"http://127.0.0.1:{control_port}/ready") as r,
+            ):
+                return r.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    await wait_until(ready, timeout=60, what="the configured gateway")
+    return process, port, control_port, principals
+
+
+async def test_an_escalation_through_the_gateway_is_held_then_forwarded_once_on_approval(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    from agentsafe.executor.gateway.demo import DEMO_POLICY
+
+    policy = DEMO_POLICY.replace("approvers: [demo-approver]", "approvers: [treasury-lead]")
+    process, port, control_port, principals = await start_configured_gateway(
+        tmp_path, upstream, mode="ENFORCEMENT", policy_text=policy, EXECUTOR_ESCALATION="APPROVAL"
+    )
+    routes = f"http://127.0.0.1:{control_port}"
+
+    def bearer(principal: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {principals.token(principal)}"}
+
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.delete(
+                f"http://127.0.0.1:{port}/accounts/7",
+                json={"why": "closing"},
+                headers={"Idempotency-Key": "close-account-7"},
+            ) as r:
+                assert r.status == 202
+                held = await r.json()
+            assert held["state"] == "ESCALATE_PENDING"
+            escalation = held["escalation"]
+            assert escalation["mode"] == "APPROVAL"
+            assert escalation["approval_url"].endswith(escalation["request_id"])
+            assert "/v1/escalations" in held["resume"]
+            assert upstream.received == [], "held: nothing forwarded before a person decides"
+
+            # Pending: presenting it again holds, and still sends nothing.
+            async with session.post(
+                f"{routes}/v1/escalations",
+                json={"escalation": escalation},
+                headers=bearer("treasury-workflow"),
+            ) as r:
+                pending = await r.json()
+            assert pending["outcome"] == "ESCALATE_PENDING", pending
+            assert upstream.received == []
+
+            async with session.post(
+                f"{routes}/v1/approvals/{escalation['request_id']}",
+                json={"decision": "APPROVE", "reason": "the account owner asked"},
+                headers=bearer("treasury-lead"),
+            ) as r:
+                assert r.status == 200, await r.text()
+
+            answers = []
+            for _ in range(2):
+                async with session.post(
+                    f"{routes}/v1/escalations",
+                    json={"escalation": escalation},
+                    headers=bearer("treasury-workflow"),
+                ) as r:
+                    assert r.status == 200, await r.text()
+                    answers.append(await r.json())
+        first, second = answers
+        assert first["verdict"] == "ALLOW"
+        assert first["outcome"] == "COMPLETED", first
+        assert first["result"]["status"] == 200
+        assert second["outcome"] == "COMPLETED"
+        assert second["result"] == first["result"], "the second resume replays the first"
+        assert len(upstream.received) == 1, "forwarded once, never twice"
+        method, path, body, headers = upstream.received[0]
+        assert (method, path, body) == ("DELETE", "/accounts/7", b'{"why": "closing"}')
+        assert headers["idempotency-key"] == "close-account-7"
+        assert headers["x-agent-safe-intent-hash"] == held["intent_hash"]
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)

@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from agentsafe.executor.assembly import assemble
+from agentsafe.executor.clock import Clock
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.plane import Executor
 from agentsafe.executor.tools.harness import Workspace
@@ -72,13 +73,17 @@ async def running(tmp_path: Path) -> AsyncIterator[Factory]:
     provider = SyntheticProvider()
     await provider.start()
 
-    async def start(mode: str = "ENFORCEMENT", **extra: str) -> Running:
+    async def start(
+        mode: str = "ENFORCEMENT", *, clock: Clock | None = None, **extra: str
+    ) -> Running:
         workspace = Workspace(tmp_path / f"ws{len(started)}")
         # Port 0: the listener takes a free port itself, so no other test (or xdist worker)
         # can take it between choosing and binding.
         env = workspace.environment(provider_url=provider.base_url, port=0, mode=mode, extra=extra)
         evidence, security = MemorySink(), MemorySink()
-        executor = await assemble(env, streams=Streams(evidence=evidence, security=security))
+        executor = await assemble(
+            env, streams=Streams(evidence=evidence, security=security), clock=clock
+        )
         await executor.reconcile_at_start()
         await executor.listen()
         session = aiohttp.ClientSession()

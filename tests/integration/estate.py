@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from agentsafe.executor.assembly import assemble
+from agentsafe.executor.clock import Clock
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.plane import Executor
 from agentsafe.executor.tools.harness import Workspace, free_port
@@ -406,6 +407,7 @@ class Estate:
         principals_mode: int = 0o600,
         ca: TestCA | None = None,
         provider_url: str | None = None,
+        clock: Clock | None = None,
     ) -> Estate:
         workspace = Workspace(root)
         cast = cast or Cast()
@@ -446,7 +448,9 @@ class Estate:
         for name in drop:
             env.pop(name, None)
         evidence, security = MemorySink(), MemorySink()
-        executor = await assemble(env, streams=Streams(evidence=evidence, security=security))
+        executor = await assemble(
+            env, streams=Streams(evidence=evidence, security=security), clock=clock
+        )
         try:
             await executor.reconcile_at_start()
             await executor.listen()

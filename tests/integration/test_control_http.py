@@ -9,12 +9,15 @@ and the OpenMetrics exposition with fixed label names. Every operator action is 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from agentsafe.executor.clock import ManualClock, parse_ms
 
 from .estate import (
     Estate,
@@ -137,7 +140,8 @@ async def test_halt_and_resume_need_a_reason(
 
 
 async def test_open_attempts_lists_an_attempt_whose_outcome_is_unknown(start: Starter) -> None:
-    estate = await start()
+    clock = ManualClock(start=time.time())
+    estate = await start(clock=clock)
     ops = estate.cast.ops.token
     reply = await estate.client.get("/v1/control/open-attempts", token=ops)
     assert reply.status == 200, reply.text
@@ -161,7 +165,18 @@ async def test_open_attempts_lists_an_attempt_whose_outcome_is_unknown(start: St
     assert "amountMinor" not in reply.text
     assert _operator_actions(estate)[-1] == {"principal": "ops", "action": "open-attempts"}
 
-    # The caller reconciles: the provider never acted, and the attempt is no longer open.
+    # The caller reconciles while the grant still lives: the provider's "not found" may lag
+    # its commit, so the outcome stays unknown and the attempt stays open.
+    reconciled = await estate.client.post(
+        "/v1/reconciliations", {"recovery": answer["recovery"]}, token=estate.cast.agent.token
+    )
+    assert reconciled.body["status"] == "UNKNOWN"
+    assert reconciled.body["reason_codes"] == ["RECONCILE_TOO_EARLY"]
+    reply = await estate.client.get("/v1/control/open-attempts", token=ops)
+    assert [a["attempt_id"] for a in reply.body["open_attempts"]] == [attempt["attempt_id"]]
+    # Past the grant's expiry plus the dispatch deadline: not executed, and no longer open.
+    expires = parse_ms(answer["authorization"]["expires_at"])
+    clock.advance(expires - clock.now() + 10.5)
     reconciled = await estate.client.post(
         "/v1/reconciliations", {"recovery": answer["recovery"]}, token=estate.cast.agent.token
     )

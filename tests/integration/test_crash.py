@@ -83,6 +83,13 @@ async def test_restart_keeps_an_unknown_attempt_open_and_not_ready(tmp_path: Pat
         restarted = ExecutorProcess(env, tmp_path, "executor-2")
         await restarted.start(expect_ready=False)
         try:
+            # /health answers while start-up reconciliation still runs: wait for it to end.
+            async def reconciled() -> bool:
+                async with aiohttp.ClientSession() as session:
+                    _, ready = await restarted.get_json(session, "/ready")
+                return ready["reconciling"] is False
+
+            await wait_until(reconciled, timeout=60, what="start-up reconciliation to end")
             resolutions = [
                 e for e in restarted.stdout_events() if e.get("event") == "RECONCILIATION"
             ]

@@ -31,10 +31,11 @@ def test_demo_runs_every_case_and_exits_cleanly() -> None:
         "needs a person",
         "SHADOW",
         "SIGKILL",
+        "EFFECT_MISMATCH",
     ):
         assert case in out
     assert "✗" not in out
-    assert out.count("✓") == 6
+    assert out.count("✓") == 7
 
 
 def _descendants(pid: int) -> set[int]:

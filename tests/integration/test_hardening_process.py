@@ -527,7 +527,7 @@ def _body_routes() -> set[tuple[str, str]]:
     rows = [
         *core_routes(pipeline=dummy, readiness=dummy, jwks=dummy),
         *control_routes(dummy),
-        *plan_routes(service=dummy, streams=dummy),
+        *plan_routes(service=dummy, streams=dummy, work_refusal=dummy),
         *approval_routes(store=dummy, streams=dummy, clock=dummy),
         *page_routes(),
     ]
@@ -552,6 +552,7 @@ BODY_ROUTES = {
     ("POST", "/v1/control/halt"): OPERATOR_ID,
     ("POST", "/v1/control/resume"): OPERATOR_ID,
     ("POST", "/v1/control/evidence-export"): OPERATOR_ID,
+    ("POST", "/v1/control/open-attempts/decision"): OPERATOR_ID,
 }
 
 HOSTILE_BODIES = {

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 
 import pytest
 
+from agentsafe.executor.clock import ManualClock, parse_ms
 from agentsafe.executor.host.halt import HaltCause
 from agentsafe.executor.tools.harness import wait_until
 
@@ -135,13 +137,24 @@ async def test_provider_refusal_is_definitely_not_executed(running: Factory) -> 
 
 
 async def test_provider_error_is_unknown_then_reconciled_not_executed(running: Factory) -> None:
-    run = await running()
+    clock = ManualClock(start=time.time())
+    run = await running(clock=clock)
     run.provider.set_mode("error")
     _, body = await run.propose(5000, key="err")
     assert body["outcome"] == "UNKNOWN_AFTER_DISPATCH"
     assert body["executed"] is None
     recovery = body["recovery"]
     assert recovery["intent"]["idempotency_key"] == "err"
+    # While the grant lives (plus the dispatch deadline) the dispatch could still land: the
+    # provider's "not found" is not taken for "not executed".
+    status, early, _ = await run.post("/v1/reconciliations", {"recovery": recovery})
+    assert status == 200
+    assert (early["status"], early["executed"]) == ("UNKNOWN", None)
+    assert early["reason_codes"] == ["RECONCILE_TOO_EARLY"]
+    _, replay = await run.propose(5000, key="err")
+    assert (replay["replayed"], replay["outcome"]) == (True, "UNKNOWN_AFTER_DISPATCH")
+    expires = parse_ms(body["authorization"]["expires_at"])
+    clock.advance(expires - clock.now() + 10.5)  # past the expiry plus DOWNSTREAM_TIMEOUT_MS
     status, answer, _ = await run.post("/v1/reconciliations", {"recovery": recovery})
     assert status == 200
     assert answer["status"] == "NOT_EXECUTED"
@@ -229,6 +242,24 @@ async def test_host_ceilings_refuse_before_the_authority(running: Factory) -> No
     # A refused key is not recorded as an answer: it may be retried.
     status, body = await run.propose(4500, key="over")
     assert body["error"]["code"] == "HARD_LIMIT_EXCEEDED"
+    # Three capitals are not a currency: ISO 4217 (the iso4217 package) must list it.
+    status, body = await run.propose(100, key="abc", currency="ABC")
+    assert status == 422
+    assert body["error"]["code"] == "HARD_LIMIT_CURRENCY_UNKNOWN"
+    # Every refusal is one evidence line and one count.
+    refusals = [line["code"] for line in run.evidence.named("CEILING_REFUSED")]
+    assert refusals == [
+        "HARD_LIMIT_EXCEEDED",
+        "HARD_LIMIT_CURRENCY_UNKNOWN",
+        "HARD_LIMIT_AMOUNT_INVALID",
+        "HARD_LIMIT_WINDOW_COUNT_EXCEEDED",
+        "HARD_LIMIT_EXCEEDED",
+        "HARD_LIMIT_CURRENCY_UNKNOWN",
+    ]
+    counted = run.executor.metrics.ceiling_refusals
+    assert counted.value(code="HARD_LIMIT_EXCEEDED") == 2
+    assert counted.value(code="HARD_LIMIT_CURRENCY_UNKNOWN") == 2
+    assert counted.value(code="HARD_LIMIT_WINDOW_COUNT_EXCEEDED") == 1
 
 
 async def test_a_journal_that_cannot_take_the_attempt_fails_before_dispatch(

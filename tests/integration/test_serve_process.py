@@ -33,6 +33,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from agentsafe.executor.clock import parse_ms
 from agentsafe.executor.evidence import chainverify
 from agentsafe.executor.host.audithook import GUARD_CHECKS
 from agentsafe.executor.tools.harness import (
@@ -553,11 +554,14 @@ async def test_sigterm_while_the_provider_never_answers_ends_within_the_drain_bo
 ) -> None:
     """The egress timeout (DOWNSTREAM_TIMEOUT_MS, at most 15 s) is below the drain bound
     (plane.DRAIN_SECONDS, 20 s): a provider that never answers ends the work as
-    UNKNOWN_AFTER_DISPATCH, the process exits 0 with the attempt left open, and the next start
-    reconciles it by asking the provider."""
+    UNKNOWN_AFTER_DISPATCH, the process exits 0 with the attempt left open, and the next start,
+    once the grant's expiry plus the dispatch deadline has passed, reconciles it by asking the
+    provider (a short intent TTL bounds the grant's life)."""
     workspace = Workspace(tmp_path / "ws")
     env = workspace.environment(
-        provider_url=gated.url, port=free_port(), extra={"DOWNSTREAM_TIMEOUT_MS": "1500"}
+        provider_url=gated.url,
+        port=free_port(),
+        extra={"DOWNSTREAM_TIMEOUT_MS": "1500", "EXECUTOR_INTENT_TTL_SECONDS": "5"},
     )
     first = ExecutorProcess(env, tmp_path, "first")
     second = ExecutorProcess(env, tmp_path, "second")
@@ -585,7 +589,15 @@ async def test_sigterm_while_the_provider_never_answers_ends_within_the_drain_bo
             "GRANT_CLAIMED",
         ]
 
-        # The provider never executed it; the next start asks and settles the key.
+        # The provider never executed it. Before the grant's expiry plus the dispatch deadline
+        # its "not found" could lag its commit; after it, the next start asks and settles.
+        (claimed,) = [r for r in journal_records(workspace) if r["record"] == "GRANT_CLAIMED"]
+        settled_at = parse_ms(claimed["grant_expires_at"]) + 1.5
+
+        async def window_passed() -> bool:
+            return time.time() >= settled_at
+
+        await wait_until(window_passed, timeout=30, what="the grant's expiry plus the deadline")
         await second.start()
         reconciled = [r for r in journal_records(workspace) if r["record"] == "RECONCILED"]
         assert [(r["by"], r["status"]) for r in reconciled] == [("RESTART", "NOT_EXECUTED")]

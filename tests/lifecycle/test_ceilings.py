@@ -187,3 +187,10 @@ async def test_one_hundred_concurrent_requests_that_all_passed_check_cannot_all_
     results = await asyncio.gather(*tasks)
     assert results.count("OK") == 10
     assert (await ceilings.window_usage()) == (10, 1_000)
+
+
+async def test_a_currency_iso_4217_does_not_list_is_refused_even_by_a_window_alone() -> None:
+    ceilings = HostCeilings(window_seconds=60, window_count=10, clock=ManualClock())
+    code = await arefusal(ceilings.check, {"amountMinor": 100, "currency": "ABC"})
+    assert code == "HARD_LIMIT_CURRENCY_UNKNOWN"
+    await ceilings.check({"amountMinor": 100, "currency": "JPY"})

@@ -38,7 +38,7 @@ def test_crds_check_and_generate(tmp_path: Path) -> None:
     generate = parser.parse_args(["crds", "generate", "--root", str(tmp_path)])
     assert generate.run(generate) == 0
     assert stale.run(stale) == 0
-    assert (tmp_path / "charts/agentsafe/crds/agentpolicies.agentsafe.io.yaml").is_file()
+    assert (tmp_path / "charts/agentsafe/templates/crds/agentpolicies.agentsafe.io.yaml").is_file()
 
 
 def test_default_priority_is_positive_and_bounded() -> None:

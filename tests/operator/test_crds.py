@@ -7,6 +7,7 @@ them in the end-to-end suite.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ import cel
 import kubernetes_validate
 import pytest
 
-from agentsafe.operator.crds import generate_crds, peering_crds
+from agentsafe.operator.crds import generate_crds, peering_crds, plain_text
 from agentsafe.operator.models import AgentPolicySpec, HaltSwitchSpec, PrincipalSpec
 
 FORBIDDEN = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "not", "title", "const", "discriminator"}
@@ -222,4 +223,47 @@ def test_only_an_approver_carries_approval_and_the_origin_needs_approvals() -> N
     )
     assert not _passes(
         "AgentPolicy", "spec", {"mode": "ENFORCEMENT", "escalation": "NONE", **origin}
+    )
+
+
+def _fields(node: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    found: list[tuple[str, dict[str, Any]]] = []
+    for name, sub in node.get("properties", {}).items():
+        found.append((f"{path}.{name}", sub))
+        found.extend(_fields(sub, f"{path}.{name}"))
+    if "items" in node:
+        found.extend(_fields(node["items"], f"{path}[]"))
+    if isinstance(node.get("additionalProperties"), dict):
+        found.extend(_fields(node["additionalProperties"], f"{path}{{}}"))
+    return found
+
+
+@pytest.mark.parametrize("crd", generate_crds(), ids=lambda crd: crd["spec"]["names"]["kind"])
+def test_every_field_is_described_for_kubectl_explain(crd: dict[str, Any]) -> None:
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    fields = _fields(root, "")
+    assert len(fields) > 25
+    # .metadata is ObjectMeta: the API server allows it no description of ours.
+    fields = [(path, sub) for path, sub in fields if path != ".metadata"]
+    undescribed = [path for path, sub in fields if not sub.get("description")]
+    assert undescribed == []
+    # Plain text: no RST roles or literals from the models' docstrings.
+    for path, sub in fields:
+        assert not re.search(r"``|:[a-z]+:`", sub["description"]), path
+
+
+@pytest.mark.parametrize("crd", generate_crds(), ids=lambda crd: crd["spec"]["names"]["kind"])
+def test_conditions_are_a_map_by_type_with_date_time_stamps(crd: dict[str, Any]) -> None:
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    conditions = status["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert "type" in conditions["items"]["required"]
+    stamp = conditions["items"]["properties"]["lastTransitionTime"]
+    assert stamp["format"] == "date-time"
+
+
+def test_plain_text_drops_rst() -> None:
+    assert plain_text("uses ``EXECUTOR_X`` and :class:`~a.b.Policy`\n  here") == (
+        "uses EXECUTOR_X and Policy here"
     )

@@ -104,6 +104,10 @@ def test_statefulset_is_restricted_and_hardened(render_input: RenderInput) -> No
     assert sc["capabilities"] == {"drop": ["ALL"]}
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    # Issue 17: start-up may outlast the liveness budget; the startup probe covers it.
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == container["livenessProbe"]["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
     volumes = {v["name"]: v for v in pod["volumes"]}
     secrets = volumes["secrets"]["projected"]
     assert secrets["defaultMode"] == 0o440
@@ -542,3 +546,68 @@ def test_the_cloudnativepg_example_renders_a_replicated_executor(
     *_, database = rendered["NetworkPolicy"]["spec"]["egress"]
     assert database["to"][0]["podSelector"] == {"matchLabels": {"cnpg.io/cluster": "payouts-pg"}}
     assert database["ports"] == [{"protocol": "TCP", "port": 5432}]
+
+
+def test_executor_pods_take_scheduling_and_resources_from_the_policy(
+    render_input: RenderInput,
+) -> None:
+    pod = {
+        "nodeSelector": {"node-role.example/agents": "true"},
+        "tolerations": [
+            {"key": "dedicated", "operator": "Equal", "value": "agents", "effect": "NoSchedule"}
+        ],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                    ]
+                }
+            }
+        },
+        "topologySpreadConstraints": [
+            {
+                "maxSkew": 1,
+                "topologyKey": "kubernetes.io/hostname",
+                "whenUnsatisfiable": "DoNotSchedule",
+            }
+        ],
+        "priorityClassName": "agents-critical",
+        "imagePullSecrets": [{"name": "registry"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    }
+    children = render_children(_with_spec(render_input, pod=pod))
+    (statefulset,) = [c for c in children.objects if c["kind"] == "StatefulSet"]
+    _valid(statefulset)
+    spec = statefulset["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == pod["nodeSelector"]
+    assert spec["tolerations"] == pod["tolerations"]
+    assert spec["affinity"] == pod["affinity"]
+    assert spec["priorityClassName"] == "agents-critical"
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert spec["containers"][0]["resources"] == pod["resources"]
+    (spread,) = spec["topologySpreadConstraints"]
+    # Without a labelSelector the constraint counts this policy's executor pods.
+    assert spread["labelSelector"] == statefulset["spec"]["selector"]
+    assert spread["whenUnsatisfiable"] == "DoNotSchedule"
+
+
+def test_without_spec_pod_the_defaults_render(render_input: RenderInput) -> None:
+    (statefulset,) = [
+        c for c in render_children(render_input).objects if c["kind"] == "StatefulSet"
+    ]
+    spec = statefulset["spec"]["template"]["spec"]
+    assert not {"nodeSelector", "tolerations", "affinity", "priorityClassName"} & set(spec)
+    assert spec["containers"][0]["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"memory": "512Mi"},
+    }
+
+
+def test_an_empty_spread_list_turns_the_default_spread_off(render_input: RenderInput) -> None:
+    inp = _with_spec(render_input, replicas=2, store=_STORE)
+    inp2 = _with_spec(inp, **{"pod.topologySpreadConstraints": []})
+    (default,) = [c for c in render_children(inp).objects if c["kind"] == "StatefulSet"]
+    (off,) = [c for c in render_children(inp2).objects if c["kind"] == "StatefulSet"]
+    assert len(default["spec"]["template"]["spec"]["topologySpreadConstraints"]) == 2
+    assert "topologySpreadConstraints" not in off["spec"]["template"]["spec"]

@@ -21,6 +21,7 @@ import pytest
 
 from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.clock import ManualClock, parse_ms
+from agentsafe.executor.codes import Code
 from agentsafe.executor.errors import JournalError, StoreError
 from agentsafe.executor.intent import CapturedIntent
 from agentsafe.executor.state import journal as journal_module
@@ -299,8 +300,50 @@ async def test_records_roll_over_to_the_next_utc_day(tmp_path: Path) -> None:
         assert all(parse_ms(r["at"]) >= midnight for r in day2)
         assert sorted(a.attempt_id for a in await journal.open_attempts()) == ["a-2", "a-3"]
 
-        clock.advance(86_400)  # day 1 falls out of a two-day window
-        assert [a.attempt_id for a in await journal.open_attempts()] == ["a-3"]
+        clock.advance(86_400)  # day 1 falls out of a two-day window: its open attempt is kept
+        assert sorted(a.attempt_id for a in await journal.open_attempts()) == ["a-2", "a-3"]
+        assert await journal.prune() == ()  # day 1 still holds a-2
+        await journal.reconciled(attempt_id="a-2", status="COMPLETED", by="RESTART")
+        assert await journal.prune() == ("attempts/2027-01-15.jsonl",)
+        assert not (journal.path / "2027-01-15.jsonl").exists()
+        scan = await journal.scan()
+        assert [a.attempt_id for a in scan.open_attempts] == ["a-3"]
+        assert scan.missing_days == ()  # pruned is not missing
+    finally:
+        await journal.close()
+
+
+async def test_a_deleted_day_file_is_reported_missing(tmp_path: Path) -> None:
+    clock = ManualClock(datetime(2027, 1, 16, 12, tzinfo=UTC).timestamp())
+    journal = await AttemptJournal.open(tmp_path / "j", retain_days=2, clock=clock)
+    try:
+        await open_attempt(journal, 1, claimed=True)
+        (journal.path / "2027-01-16.jsonl").unlink()
+        scan = await journal.scan()
+        assert scan.open_attempts == ()
+        assert scan.missing_days == ("2027-01-16",)
+    finally:
+        await journal.close()
+
+
+async def test_a_failed_journal_refuses_until_its_storage_recovers(tmp_path: Path) -> None:
+    clock = ManualClock(datetime(2027, 1, 16, 12, tzinfo=UTC).timestamp())
+    journal = await AttemptJournal.open(tmp_path / "j", retain_days=2, clock=clock)
+    try:
+        await open_attempt(journal, 1)
+        journal.path.chmod(0o500)  # root ignores modes: make the probe fail by a directory
+        (journal.path / ".probe").mkdir()
+        journal._writer._failed = True  # what a failed write leaves behind
+        with pytest.raises(JournalError) as caught:
+            await open_attempt(journal, 2)
+        assert caught.value.code == Code.JOURNAL_UNAVAILABLE
+        assert await journal.recover() is False
+        assert journal.failed
+        (journal.path / ".probe").rmdir()
+        journal.path.chmod(0o700)
+        assert await journal.recover() is True
+        await open_attempt(journal, 3)
+        assert sorted(a.attempt_id for a in await journal.open_attempts()) == ["a-1", "a-3"]
     finally:
         await journal.close()
 
@@ -415,14 +458,18 @@ async def test_an_append_fails_if_fsync_fails_and_the_journal_stays_failed(
     def broken_fsync(fd: int) -> None:
         raise OSError(errno.EIO, "I/O error")
 
+    failures: list[bool] = []
+    journal.on_failure = lambda: failures.append(journal.failed)
     with monkeypatch.context() as patch:
         patch.setattr(journal_module.os, "fsync", broken_fsync)
         with pytest.raises(JournalError) as caught:
             await open_attempt(journal, 1)
         assert caught.value.code == "JOURNAL_UNAVAILABLE"
+    assert failures == [True]  # told by the failing append itself, before it raised
     with pytest.raises(JournalError) as later:
         await open_attempt(journal, 2)  # fsync works again, but nothing is trusted after EIO
     assert later.value.code == "JOURNAL_UNAVAILABLE"
+    assert failures == [True]  # a refusal of an already-failed journal is not a new failure
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ from agentsafe.executor.errors import StoreError
 from agentsafe.executor.state.usestore import (
     DATABASE_NAME,
     RETENTION_SECONDS,
+    SCHEMA_VERSION,
     ApprovalError,
     ApprovalRequest,
     ApprovalState,
@@ -119,8 +120,76 @@ async def test_open_creates_a_private_wal_database(tmp_path: Path) -> None:
         await store.close()
     with sqlite3.connect(state_dir / DATABASE_NAME) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     conn.close()
+
+
+async def test_a_version_1_store_gains_attempt_and_owner_and_keeps_its_keys(
+    tmp_path: Path,
+) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(mode=0o700)
+    with sqlite3.connect(state_dir / DATABASE_NAME) as conn:
+        conn.execute(
+            "CREATE TABLE idempotency (tenant TEXT NOT NULL, principal TEXT NOT NULL,"
+            " key TEXT NOT NULL, payload_digest TEXT NOT NULL, state TEXT NOT NULL,"
+            " response TEXT, created_at REAL NOT NULL, completed_at REAL,"
+            " PRIMARY KEY (tenant, principal, key))"
+        )
+        conn.execute(
+            "INSERT INTO idempotency VALUES ('t', 'p', 'old', 'd', 'IN_PROGRESS', NULL, 1, NULL)"
+        )
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    store = await SQLiteUseStore.open(state_dir, clock=ManualClock(NOW))
+    try:
+        state = await store.idempotency_begin(
+            tenant="t", principal="p", key="old", payload_digest="d", now=NOW
+        )
+        assert state.kind is IdempotencyKind.IN_PROGRESS
+        await store.idempotency_begin(
+            tenant="t",
+            principal="p",
+            key="new",
+            payload_digest="d",
+            now=NOW,
+            attempt_id="att-1",
+            owner="journal-a",
+        )
+        orphans = await store.idempotency_orphans(owner="journal-a", before=NOW + 1)
+        assert [(o.key, o.attempt_id) for o in orphans] == [("new", "att-1")]
+        assert await store.idempotency_orphans(owner="journal-a", before=NOW) == []
+        assert await store.idempotency_orphans(owner="journal-b", before=NOW + 1) == []
+        found = await store.idempotency_for_attempt("att-1")
+        assert found is not None
+        assert found.scope == {"tenant": "t", "principal": "p", "key": "new"}
+        assert await store.idempotency_for_attempt("att-2") is None
+        assert not await store.grant_claimed("g-1")
+        assert await store.claim_grant("g-1", binding_digest="b", expires_at=NOW + 60, now=NOW)
+        assert await store.grant_claimed("g-1")
+    finally:
+        await store.close()
+
+
+async def test_purge_frees_an_old_in_flight_key_only_where_no_journal_ran(tmp_path: Path) -> None:
+    store = await SQLiteUseStore.open(tmp_path / "state", clock=ManualClock(NOW))
+    try:
+        for key, owner in (("shadow", ""), ("journaled", "journal-a")):
+            await store.idempotency_begin(
+                tenant="t",
+                principal="p",
+                key=key,
+                payload_digest="d",
+                now=NOW,
+                attempt_id="att-" + key,
+                owner=owner,
+            )
+        assert await store.purge(NOW + RETENTION_SECONDS - 1) == 0
+        assert await store.purge(NOW + RETENTION_SECONDS + 1) == 1
+        assert await store.idempotency_for_attempt("att-shadow") is None
+        assert await store.idempotency_for_attempt("att-journaled") is not None
+    finally:
+        await store.close()
 
 
 async def test_open_tightens_an_existing_loose_directory(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from agentsafe.executor.dispatch.seam import (
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.plane import Executor
 from agentsafe.executor.tools.harness import Workspace, free_port, wait_until
+from agentsafe.executor.tools.mcp_bridge import RESUME_TOOL
 from agentsafe.executor.tools.synthetic import SyntheticProvider
 from tests.integration.bearer_principals import BearerPrincipals, principals_env
 
@@ -126,6 +127,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
         ),
         principals_file,
         EXECUTOR_HANDLERS=f"{__name__}:register",
+        EXECUTOR_ESCALATION="APPROVAL",
     )
     executor = await assemble(env, streams=Streams(evidence=MemorySink(), security=MemorySink()))
     await executor.reconcile_at_start()
@@ -165,7 +167,12 @@ def _text(result: Any) -> str:
 async def _exercise(session: ClientSession, node: Node) -> None:
     listed = await session.list_tools()
     tools = {tool.name: tool for tool in listed.tools}
-    assert set(tools) == {"create_payout", "add_note"}, "only what this principal may propose"
+    assert set(tools) == {"create_payout", "add_note", RESUME_TOOL}, (
+        "only what this principal may propose, and the resume tool"
+    )
+    resume = tools[RESUME_TOOL]
+    assert resume.annotations is not None
+    assert resume.annotations.destructive_hint is True
     payout = tools["create_payout"]
     assert payout.annotations is not None
     assert payout.annotations.destructive_hint is True
@@ -215,6 +222,51 @@ async def _exercise(session: ClientSession, node: Node) -> None:
     )
     assert forbidden.is_error is True
     assert "ACTION_NOT_PERMITTED_FOR_PRINCIPAL" in _text(forbidden)
+
+
+async def test_an_approved_escalation_is_resumed_once_with_the_resume_tool(
+    node: Node, tmp_path: Path
+) -> None:
+    import aiohttp
+
+    token = node.principals.token("treasury-workflow")
+    async with stdio_session(node, tmp_path, token) as session:
+        before = len(node.provider.received)
+        held = await session.call_tool(
+            "create_payout",
+            {"target": "payout:b-9", "parameters": {"amountMinor": 20000, "currency": "USD"}},
+        )
+        escalation = held.structured_content["escalation"]
+        assert escalation["mode"] == "APPROVAL"
+        assert escalation["approval_url"] in _text(held)
+        assert RESUME_TOOL in _text(held), "the model is told how to resume"
+
+        pending = await session.call_tool(RESUME_TOOL, {"escalation": escalation})
+        assert pending.is_error is False
+        assert _text(pending).startswith("ESCALATE: held")
+        assert "APPROVAL_PENDING" in pending.structured_content["reason_codes"]
+        assert len(node.provider.received) == before
+
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(
+                f"{node.url}/v1/approvals/{escalation['request_id']}",
+                json={"decision": "APPROVE", "reason": "within the quarter's budget"},
+                headers={"authorization": f"Bearer {node.principals.token('treasury-lead')}"},
+            ) as r,
+        ):
+            assert r.status == 200, await r.text()
+
+        done = await session.call_tool(RESUME_TOOL, {"escalation": escalation})
+        assert done.is_error is False
+        assert _text(done).startswith("ALLOW: executed once"), _text(done)
+        again = await session.call_tool(RESUME_TOOL, {"escalation": escalation})
+        assert again.structured_content["result"] == done.structured_content["result"]
+        assert len(node.provider.received) == before + 1, "executed once, never twice"
+
+        broken = await session.call_tool(RESUME_TOOL, {"escalation": "not an object"})
+        assert broken.is_error is True
+        assert "REQUEST_INVALID" in _text(broken)
 
 
 async def test_stdio_tools_are_proposals_through_the_lifecycle(node: Node, tmp_path: Path) -> None:

@@ -65,7 +65,15 @@ async def test_a_key_is_acted_on_once_and_answered_the_same_again(
     assert missing[0] == 400
     async with http.get(provider.base_url + "/_control/received") as response:
         seen = await response.json()
-    assert seen == {"count": 4, "keys": ["k1", "k1", "k1", None], "mode": "normal", "refusals": []}
+    assert seen == {
+        "count": 4,
+        "keys": ["k1", "k1", "k1", None],
+        "mode": "normal",
+        "held": 0,
+        "lookups": 0,
+        "lookups_waiting": 0,
+        "refusals": [],
+    }
 
 
 async def test_modes_and_lookups(provider: SyntheticProvider, http: aiohttp.ClientSession) -> None:

@@ -53,22 +53,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default (include "agentsafe.image" .) .Values.executor.image -}}
 {{- end -}}
 
-{{/* Restricted Pod Security: the same for the operator and the test pod. */}}
+{{/* Pod and container securityContext: values (restricted by default; keys set to null are
+     dropped, so OpenShift's restricted-v2 can assign the UID), the same for the operator and
+     the test pod. */}}
 {{- define "agentsafe.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-fsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
+{{- toYaml .Values.operator.podSecurityContext -}}
 {{- end -}}
 
 {{- define "agentsafe.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: ["ALL"]
-seccompProfile:
-  type: RuntimeDefault
+{{- toYaml .Values.operator.securityContext -}}
 {{- end -}}
