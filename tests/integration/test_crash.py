@@ -87,7 +87,7 @@ async def test_restart_keeps_an_unknown_attempt_open_and_not_ready(tmp_path: Pat
             async def reconciled() -> bool:
                 async with aiohttp.ClientSession() as session:
                     _, ready = await restarted.get_json(session, "/ready")
-                return ready["reconciling"] is False
+                return ready["code"] != "RECONCILING"
 
             await wait_until(reconciled, timeout=60, what="start-up reconciliation to end")
             resolutions = [
