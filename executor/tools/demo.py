@@ -336,8 +336,9 @@ def main(*, keep_serving: bool = True, workdir: Path | None = None) -> int:
     except KeyboardInterrupt:
         console.print("stopped.")
         return 0
-    except (RuntimeError, TimeoutError) as exc:
-        console.print(f"[red]demo failed:[/red] {exc}")
+    except (RuntimeError, TimeoutError, aiohttp.ClientError) as exc:
+        # a process that stopped answering: say so and where its logs are, not a traceback
+        console.print(f"[red]demo failed:[/red] {exc}; logs are in {root}/logs")
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
