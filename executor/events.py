@@ -60,6 +60,11 @@ _ROUTINE_SECURITY_EVENTS = frozenset(
         "APPROVAL_NOTIFIED",
         "RECONCILIATION",
         "SHADOW_REPORT",
+        "HANDLERS_REGISTERED",
+        "STORE_OPENED",
+        "STORE_AVAILABLE",
+        "JOURNAL_RECOVERED",
+        "HALT_CAUSE_LIFTED",
     }
 )
 _ERROR_SECURITY_EVENTS = frozenset({Code.REFUSED_TO_START, "LEAK_SUSPECTED"})
@@ -67,7 +72,8 @@ _ERROR_SECURITY_EVENTS = frozenset({Code.REFUSED_TO_START, "LEAK_SUSPECTED"})
 
 def security_level(event: str) -> str:
     """The ``level`` of a security line: ``INFO`` for what a running executor does routinely
-    (listening, stopping, a rotation that took), ``ERROR`` for a refusal to start and a suspected
+    (listening, stopping, a rotation that took, its handlers and store at start, a journal, store
+    or halt cause that recovered), ``ERROR`` for a refusal to start and a suspected
     leak, ``WARNING`` for everything else the stream exists to report (a halt, a refusal, a
     waived or drifted posture, an egress refusal)."""
     if event in _ROUTINE_SECURITY_EVENTS:
