@@ -226,7 +226,9 @@ class Executor:
         return None if record is None else record.principal
 
     def readiness(self) -> ReadyState:
-        body: dict[str, Any] = {
+        """Ready or not, the one code that says why (anonymous ``GET /ready`` answers only
+        these two), and the details an OPERATOR reads in ``GET /v1/control/status``."""
+        details: dict[str, Any] = {
             "mode": self.config.executor_mode.value,
             "actions": list(self.policy.actions),
             "unknown_attempts": self.unknown_attempts,
@@ -235,11 +237,20 @@ class Executor:
             "store": "postgresql" if self.shared is not None else "sqlite",
             "store_available": self.store_health.available,
         }
-        ready = not self.reconciling and not self.halt.halted and self.store_health.available
-        if self.config.executor_ready_requires_no_unknown_attempts and self.unknown_attempts:
-            ready = False
-        body["ready"] = ready
-        return ReadyState(ready=ready, body=body)
+        if self.halt.halted:
+            code = Code.EXECUTOR_HALTED
+        elif not self.store_health.available:
+            code = Code.STORE_UNAVAILABLE
+        elif self.reconciling:
+            code = Code.RECONCILING
+        elif self.config.executor_ready_requires_no_unknown_attempts and self.unknown_attempts:
+            code = Code.UNKNOWN_ATTEMPTS_OPEN
+        else:
+            code = Code.READY
+        ready = code is Code.READY
+        details["ready"] = ready
+        details["code"] = code
+        return ReadyState(ready=ready, code=code, details=details)
 
     async def status(self) -> dict[str, Any]:
         door = self.door.door.principals
@@ -252,6 +263,7 @@ class Executor:
             "posture": self.posture.as_status(),
             "posture_drift": list(self.posture_monitor.drifted_checks()),
             "unknown_attempts": self.unknown_attempts,
+            "readiness": dict(self.readiness().details),
             "open_attempts": await self.open_attempts(),
             "policy_digest": self.policy.digest,
             "chain_heads": self._heads(),

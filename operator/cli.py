@@ -21,6 +21,7 @@ import hashlib
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -143,11 +144,59 @@ def default_priority() -> int:
     return 1 + int.from_bytes(digest[:4], "big") % (2**30)
 
 
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def credentials_source(
+    environ: Mapping[str, str], *, token: Path = SERVICE_ACCOUNT_TOKEN, home: Path | None = None
+) -> str | None:
+    """Where the operator's Kubernetes credentials would come from, or ``None`` when nowhere:
+    in a pod, the projected service-account token; elsewhere a kubeconfig (``KUBECONFIG``, else
+    ``~/.kube/config``), as the clients look for them. Checked before kopf starts, so a missing
+    credential is one line and exit 78, not a traceback from inside kopf's start-up."""
+    if environ.get("KUBERNETES_SERVICE_HOST") and token.is_file():
+        return "service account"
+    if environ.get("KUBECONFIG"):
+        return "KUBECONFIG"
+    config = (home if home is not None else Path.home()) / ".kube" / "config"
+    return "~/.kube/config" if config.is_file() else None
+
+
 def _run_operator(args: argparse.Namespace) -> int:
+    import logging
+
+    import kopf
+
+    from agentsafe.executor.codes import Code
+
+    # kopf's JSON lines (timestamp, severity, message, the object's reference) at INFO, on
+    # stderr; every line the operator process writes there is one of them.
+    kopf.configure(log_format=kopf.LogFormat.JSON)
+    log = logging.getLogger("agentsafe.operator")
+    if credentials_source(os.environ) is None:
+        log.error(
+            "no Kubernetes credentials: run in a pod with a service account, "
+            "or set KUBECONFIG (or ~/.kube/config)",
+            extra={"code": Code.KUBE_CREDENTIALS_MISSING},
+        )
+        return 78
+    try:
+        return _operate(args)
+    except Exception as exc:  # kopf has logged the cause, with its traceback, as JSON
+        cause = exc.__cause__ or exc
+        log.error(
+            f"the operator could not start: {type(cause).__name__}: {cause}",
+            extra={"code": Code.OPERATOR_START_FAILED},
+        )
+        return 1
+
+
+def _operate(args: argparse.Namespace) -> int:
     import kopf
 
     from .apply import ApiError, KubeClient
     from .handlers import KopfEvents, build_registry
+    from .resources import FINALIZER
     from .runtime import Runtime, refresh_jwks
     from .settings import OperatorSettings
 
@@ -184,6 +233,9 @@ def _run_operator(args: argparse.Namespace) -> int:
             prefix="agentsafe.io", key="last-handled-configuration"
         )
         settings.posting.level = 20  # INFO and up become Events
+        settings.posting.reporting_component = "agentsafe"  # Events say agentsafe, not kopf
+        settings.posting.reporting_instance = socket.gethostname()
+        settings.persistence.finalizer = FINALIZER
         info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
             settings=settings
         )

@@ -51,6 +51,7 @@ from .models import (
 from .readiness import owning_policy, ready_moved, refresh_ready
 from .reconcile import prune_agent_policies, reconcile_policy, reconcile_principal
 from .render.common import EXECUTOR_COMPONENT, MANAGED_BY
+from .resources import migrated_finalizers
 from .runtime import EventType, InvalidSpec, Runtime, policy_ref
 
 __all__ = [
@@ -214,6 +215,16 @@ EXECUTOR_LABELS: Mapping[str, str] = {
 """Labels of every executor StatefulSet the operator renders (``render.common.policy_labels``)."""
 
 
+def finalizer_migration_handler(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """Objects from an operator before issue 22 carry kopf's default finalizer name; rename it
+    to agentsafe.io's (or drop it from an object being deleted) so deletes are never stuck."""
+    finalizers = list(body.get("metadata", {}).get("finalizers") or [])
+    deleting = body.get("metadata", {}).get("deletionTimestamp") is not None
+    migrated = migrated_finalizers(finalizers, deleting=deleting)
+    if migrated is not None:
+        patch.setdefault("metadata", {})["finalizers"] = migrated
+
+
 def build_registry(
     *, reconcile_interval: float = 60.0, halt_retry: float = 5.0, admission: bool = False
 ) -> kopf.OperatorRegistry:
@@ -244,6 +255,10 @@ def build_registry(
         interval=reconcile_interval,
         initial_delay=reconcile_interval,
     )(policy_handler)
+    for plural in ("agentpolicies", "principals", "haltswitches"):
+        kopf.on.event(GROUP, VERSION, plural, registry=registry, id="finalizer-name")(
+            finalizer_migration_handler
+        )
     kopf.on.delete(GROUP, VERSION, "agentpolicies", registry=registry, id="cleanup")(
         policy_delete_handler
     )

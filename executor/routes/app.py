@@ -85,8 +85,14 @@ class Door(Protocol):
 
 @dataclass(frozen=True)
 class ReadyState:
+    """What ``GET /ready`` knows. Anonymous callers get ``ready`` and ``code`` only (a stable
+    code: READY, RECONCILING, EXECUTOR_HALTED, STORE_UNAVAILABLE, UNKNOWN_ATTEMPTS_OPEN); the
+    mode, the action names and the counts are ``details``, for OPERATORs in
+    ``GET /v1/control/status`` (``readiness``), never for whoever reaches the probe port."""
+
     ready: bool
-    body: Mapping[str, Any]
+    code: Code
+    details: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -379,7 +385,8 @@ def core_routes(
 
     async def ready(call: Call) -> web.StreamResponse:
         state = readiness()
-        return web.json_response(dict(state.body), status=200 if state.ready else 503)
+        body = {"ready": state.ready, "code": state.code}
+        return web.json_response(body, status=200 if state.ready else 503)
 
     async def grant_jwks(call: Call) -> web.StreamResponse:
         return web.json_response(dict(jwks()))

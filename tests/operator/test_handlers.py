@@ -344,8 +344,14 @@ def test_registry_wires_every_handler() -> None:
         (h.selector.group, h.selector.version, h.selector.any_name, h.fn.__name__)
         for h in registry._watching.get_all_handlers()
     }
-    assert watching == {("apps", "v1", "statefulsets", "statefulset_handler")}
-    (watch,) = registry._watching.get_all_handlers()
+    assert watching == {
+        ("apps", "v1", "statefulsets", "statefulset_handler"),
+        *(
+            ("agentsafe.io", "v1alpha1", plural, "finalizer_migration_handler")
+            for plural in ("agentpolicies", "principals", "haltswitches")
+        ),
+    }
+    (watch,) = [h for h in registry._watching.get_all_handlers() if h.selector.group == "apps"]
     # Only the StatefulSets the renderer labels (the owner reference then names the policy).
     assert dict(watch.labels or {}) == {
         "app.kubernetes.io/name": "agentsafe-executor",
