@@ -478,6 +478,9 @@ class Executor:
                 wanted = frozenset(o.attempt_id for o in orphans if o.attempt_id is not None)
                 scan = await self.journal.scan(wanted)
                 report_scan(scan, self.streams)
+                findings = self.metrics.integrity_findings
+                findings.inc(len(scan.torn_lines), finding="JOURNAL_TORN_LINE")
+                findings.inc(len(scan.missing_days), finding="JOURNAL_DAY_FILE_MISSING")
                 resolutions = await reconcile_open_attempts(
                     self.journal,
                     reconciler=self._reconciler(),

@@ -100,6 +100,7 @@ HALT_CAUSES = (
     "EGRESS_SPIKE",
     "POSTURE_DRIFT",
     "CLOCK_SKEW",
+    "JOURNAL",
     Code.EFFECT_MISMATCH.value,
 )
 CEILING_CODES = tuple(code.value for code in Code if code.value.startswith("HARD_LIMIT_"))
@@ -124,6 +125,9 @@ DURATION_BUCKETS = (
 """Seconds: a BLOCK answers in milliseconds; an ALLOW waits for the provider (its timeout is
 ``DOWNSTREAM_TIMEOUT_MS``), so the top buckets reach the longest dispatch."""
 CERTIFICATES = ("serving", "client_ca")
+INTEGRITY_FINDINGS = ("CHAIN_GAP", "JOURNAL_DAY_FILE_MISSING", "JOURNAL_TORN_LINE")
+"""What start-up finds that an incident reader must see: a chain resumed past a crash (lines
+a dead process may have written are not in the chain), a journal day file gone, a torn line."""
 
 
 def outcome_of_status(status: int) -> str:
@@ -262,6 +266,13 @@ class ExecutorMetrics:
             "chained_lines", "Chained lines written by stream", stream=STREAMS
         )
         self.scrapes = self._counter("metrics_scrapes", "Scrapes of GET /metrics")
+        self.integrity_findings = self._counter(
+            "evidence_integrity_findings",
+            "Gaps found in the evidence chain or the journal, by finding",
+            finding=INTEGRITY_FINDINGS,
+        )
+        for finding in INTEGRITY_FINDINGS:  # every series from the start: an increase over 0
+            self.integrity_findings.inc(0, finding=finding)
         self._durations = Histogram(
             "request_duration_seconds",
             "Request durations by route template, method and outcome",

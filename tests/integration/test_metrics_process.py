@@ -207,3 +207,59 @@ async def test_a_scrape_of_a_real_serve_shows_latency_state_and_build(
     # Nothing from a request in the exposition.
     for secret in (*principals.tokens.values(), "m-allow", "drill"):
         assert secret not in text
+
+
+async def test_a_restart_after_sigkill_counts_the_chain_gap_of_both_streams(
+    tmp_path: Path, synthetic: ProviderProcess
+) -> None:
+    principals = BearerPrincipals()
+    workspace = Workspace(tmp_path / "ws")
+    env = principals_env(
+        workspace.environment(provider_url=synthetic.url, port=free_port()),
+        principals.write(tmp_path / "principals.json"),
+    )
+    ops = {"authorization": f"Bearer {principals.token(OPERATOR_ID)}"}
+
+    async def findings(executor: ExecutorProcess) -> dict[str, float]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(executor.url + "/metrics", headers=ops) as r,
+        ):
+            assert r.status == 200
+            _, samples = parse(await r.text())
+        return {
+            got["finding"]: v
+            for n, got, v in samples
+            if n == "agentsafe_evidence_integrity_findings_total"
+        }
+
+    first = ExecutorProcess(env, tmp_path, name="first")
+    try:
+        await first.start()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                first.url + "/v1/actions",
+                json=proposal("gap-1", 5000),
+                headers={"authorization": f"Bearer {principals.token('treasury-workflow')}"},
+            ) as r,
+        ):
+            assert (await r.json())["outcome"] == "COMPLETED"  # both streams have lines now
+        assert await findings(first) == {
+            "CHAIN_GAP": 0,
+            "JOURNAL_DAY_FILE_MISSING": 0,
+            "JOURNAL_TORN_LINE": 0,
+        }
+    finally:
+        first.kill()
+    second = ExecutorProcess(env, tmp_path, name="second")
+    try:
+        await second.start()
+        counted = await findings(second)
+    finally:
+        assert second.terminate() == 0
+    # Both streams resumed past what the killed process may have written: each is one gap.
+    assert counted["CHAIN_GAP"] == 2
+    resumed = [e for e in second.stderr_events() if e["event"] == "CHAIN_RESUMED"]
+    assert resumed
+    assert all(e.get("gap", e.get("resumption", {}).get("gap")) for e in resumed)
