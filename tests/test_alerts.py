@@ -76,9 +76,7 @@ def test_every_playbook_names_its_alerts_and_gives_commands() -> None:
         blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.S)
         commands = "\n".join(blocks)
         assert re.search(r"^kubectl ", commands, flags=re.M), playbook
-        assert re.search(r"(^|\s)agentsafe (status|verify|policy|store)\b", commands), (
-            playbook
-        )
+        assert re.search(r"(^|\s)agentsafe (status|verify|policy|store)\b", commands), playbook
     index = (PLAYBOOKS / "README.md").read_text()
     for playbook in by_playbook:
         assert f"({playbook}.md)" in index, playbook
