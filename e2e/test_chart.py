@@ -27,12 +27,13 @@ from cluster.control_plane import ControlPlane
 
 from agentsafe.operator.cli import register
 from agentsafe.operator.rbac import render_rbac
+from agentsafe.operator.settings import parse_labels
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "agentsafe"
 SCHEMA_VERSION = KUBERNETES_VERSION.lstrip("v").rsplit(".", 1)[0] + ".0"
 # Kinds with no upstream schema: kopf's peering objects (their CRDs ship in the chart).
-CUSTOM_KINDS = {"ClusterKopfPeering", "KopfPeering"}
+CUSTOM_KINDS = {"ClusterKopfPeering", "KopfPeering", "ServiceMonitor", "PrometheusRule"}
 VARIANTS: dict[str, list[str]] = {
     "defaults": [],
     "namespaced": [
@@ -45,6 +46,14 @@ VARIANTS: dict[str, list[str]] = {
     ],
     "minimal": ["--set", "peering.installCRDs=false", "--set", "tests.enabled=false"],
     "digest": ["--set", f"image.digest=sha256:{'a' * 64}", "--set", "executor.image=x/y:1"],
+    "monitoring": [
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.scraper.namespaceSelector.kubernetes\\.io/metadata\\.name=monitoring",
+    ],
 }
 
 
@@ -280,6 +289,173 @@ def test_operator_deployment_posture(k8s_tools: Tools) -> None:
     parsed = parser.parse_args(args)
     assert parsed.namespace == ["team-a", "team-b"]
     assert parsed.liveness == "http://0.0.0.0:8080/healthz"
+
+
+def test_monitoring_is_off_by_default_and_each_toggle_renders_its_object(
+    k8s_tools: Tools,
+) -> None:
+    defaults = _render(k8s_tools, [])
+    assert not {"ServiceMonitor", "PrometheusRule"} & {o["kind"] for o in defaults}
+    only_rules = _render(k8s_tools, ["--set", "metrics.prometheusRule.enabled=true"])
+    assert "ServiceMonitor" not in {o["kind"] for o in only_rules}
+    assert "PrometheusRule" in {o["kind"] for o in only_rules}
+    only_monitors = _render(k8s_tools, ["--set", "metrics.serviceMonitor.enabled=true"])
+    assert "PrometheusRule" not in {o["kind"] for o in only_monitors}
+    assert len([o for o in only_monitors if o["kind"] == "ServiceMonitor"]) == 2
+
+
+def test_the_prometheus_rule_is_the_alert_file_with_runbook_urls(k8s_tools: Tools) -> None:
+    base = "https://runbooks.bank.example/agentsafe"
+    objects = _render(
+        k8s_tools,
+        [
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            f"metrics.prometheusRule.runbookBaseUrl={base}/",
+            "--set",
+            "metrics.prometheusRule.labels.release=kube-prometheus",
+        ],
+    )
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+    source = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    assert [g["name"] for g in rule["spec"]["groups"]] == [g["name"] for g in source["groups"]]
+    rendered = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    expected = [r for g in source["groups"] for r in g["rules"]]
+    assert len(rendered) == len(expected) >= 6
+    for got, want in zip(rendered, expected, strict=True):
+        assert got["alert"] == want["alert"]
+        assert got["expr"] == want["expr"]
+        assert got.get("for") == want.get("for")
+        assert got["labels"] == want["labels"]
+        playbook = want["annotations"]["playbook"]
+        assert got["annotations"]["runbook_url"] == f"{base}/{playbook}.md"
+        assert (REPO / "docs" / "playbooks" / f"{playbook}.md").is_file()
+        assert "playbook" not in got["annotations"]
+        # Prometheus's own templates reach it verbatim (helm does not evaluate them).
+        assert got["annotations"]["description"] == want["annotations"]["description"]
+
+
+def test_service_monitors_scrape_executors_with_the_metrics_token_and_the_operator(
+    k8s_tools: Tools,
+) -> None:
+    values = {
+        "operator": {"watchNamespaces": ["payments"]},
+        "metrics": {
+            "serviceMonitor": {
+                "enabled": True,
+                "interval": "15s",
+                "labels": {"release": "kube-prometheus"},
+                "executorTlsConfig": {
+                    "ca": {"secret": {"name": "executor-ca", "key": "ca.crt"}},
+                    "serverName": "payouts-executor.payments.svc",
+                },
+            },
+            "scraper": {
+                "namespaceSelector": {"kubernetes.io/metadata.name": "monitoring"},
+                "podSelector": {"app.kubernetes.io/name": "prometheus"},
+            },
+        },
+    }
+    objects = _render_values(k8s_tools, values)
+    monitors = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ServiceMonitor"}
+    executors = monitors["agentsafe-executors"]["spec"]
+    assert executors["namespaceSelector"] == {"matchNames": ["payments"]}
+    assert executors["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "agentsafe-executor",
+        "app.kubernetes.io/managed-by": "agentsafe-operator",
+    }
+    (endpoint,) = executors["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == (
+        "https",
+        "https",
+        "/metrics",
+    )
+    assert endpoint["interval"] == "15s"
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "agentsafe-metrics-token", "key": "token"},
+    }
+    assert endpoint["tlsConfig"]["serverName"] == "payouts-executor.payments.svc"
+    operator = monitors["agentsafe-operator"]["spec"]
+    assert operator["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    service = next(o for o in objects if o["kind"] == "Service")
+    assert {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"} in (
+        service["spec"]["ports"]
+    )
+    assert all(o["metadata"]["labels"]["release"] == "kube-prometheus" for o in monitors.values())
+    container = _deployment(objects)["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    # The operator's metrics port admits only the scraper.
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    health, metrics = policy["spec"]["ingress"]
+    assert metrics == {
+        "ports": [{"port": "metrics", "protocol": "TCP"}],
+        "from": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+            }
+        ],
+    }
+    assert health["ports"] == [{"port": "health", "protocol": "TCP"}]
+
+
+def test_the_operator_reads_the_monitoring_values_as_the_chart_renders_them(
+    k8s_tools: Tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = {
+        "metrics": {
+            "operatorPort": 9191,
+            "tokenSecretName": "scrape-token",
+            "scraper": {
+                "namespaceSelector": {"kubernetes.io/metadata.name": "monitoring", "team": "sre"},
+                "podSelector": {"app.kubernetes.io/name": "prometheus"},
+            },
+        }
+    }
+    objects = _render_values(k8s_tools, values)
+    (configmap,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    for name, value in configmap["data"].items():
+        monkeypatch.setenv(name, value)
+    parser = argparse.ArgumentParser(prog="agentsafe")
+    register(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args(["operator"])
+    assert parsed.metrics_port == 9191
+    assert parsed.metrics_token_secret == "scrape-token"
+    assert parse_labels(parsed.scraper_namespace_selector, what="ns") == {
+        "kubernetes.io/metadata.name": "monitoring",
+        "team": "sre",
+    }
+    assert parse_labels(parsed.scraper_pod_selector, what="pod") == {
+        "app.kubernetes.io/name": "prometheus"
+    }
+    off = _render_values(k8s_tools, {"metrics": {"operatorPort": 0}})
+    container = _deployment(off)["spec"]["template"]["spec"]["containers"][0]
+    assert [p["name"] for p in container["ports"]] == ["health"]
+
+
+def test_monitoring_values_that_cannot_work_are_refused(k8s_tools: Tools) -> None:
+    refused = [
+        (["--set", "metrics.serviceMonitor.interval=soon"], "schema"),
+        (["--set", "metrics.prometheusRule.runbookBaseUrl=ftp://x"], "schema"),
+        (["--set", "metrics.operatorPort=70000"], "schema"),
+        (["--set", "metrics.tokenSecretName=Not_A_Name"], "schema"),
+        (
+            ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.tokenSecretName="],
+            "metrics.tokenSecretName",
+        ),
+        (
+            ["--set", "metrics.scraper.podSelector.app=prometheus"],
+            "metrics.scraper.namespaceSelector",
+        ),
+    ]
+    for extra, said in refused:
+        args = ["template", "x", str(CHART), "--kube-version", KUBERNETES_VERSION, *extra]
+        result = _helm(k8s_tools, *args, check=False)
+        assert result.returncode != 0, extra
+        assert said in result.stderr, result.stderr
 
 
 def _permissions(rules: Iterable[Mapping[str, Any]]) -> set[tuple[str, ...]]:
