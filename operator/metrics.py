@@ -10,8 +10,8 @@ The registry is this object's own, never prometheus_client's global one.
 process (it answers ``/metrics`` only from this registry); the NetworkPolicy the chart renders
 admits only the configured scraper to that port.
 
-Callers: ``handlers.py`` (records each handler run), ``cli.py`` (serves), ``runtime.py`` (holds
-it), the tests.
+Callers: ``cli.py`` (serves), ``runtime.py`` (holds it in the ``Runtime``, through which the
+kopf handlers record each run), the tests.
 """
 
 from __future__ import annotations
