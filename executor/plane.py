@@ -84,6 +84,8 @@ STORE_PING_SECONDS = 1.0
 JOURNAL_CHECK_SECONDS = 0.5
 """How often a failed journal is retried (recovery); the halt itself comes from the failing
 append, at once."""
+METRICS_STORE_SECONDS = 2.0
+"""How long a scrape waits for the store's count of pending escalations (else: the last one)."""
 RECHECK_SECONDS = 15.0
 """How often attempts whose outcome is unknown are asked about again."""
 
@@ -271,8 +273,9 @@ class Executor:
             self.config.executor_escalation is EscalationMode.APPROVAL
             and self.store_health.available
         ):
-            with contextlib.suppress(StoreError):
-                pending = await self.store.approval_list(state=ApprovalState.PENDING, now=now)
+            with contextlib.suppress(StoreError, TimeoutError):
+                async with asyncio.timeout(METRICS_STORE_SECONDS):
+                    pending = await self.store.approval_list(state=ApprovalState.PENDING, now=now)
                 self._pending_escalations = len(pending)
         journal_bytes = 0
         if self.journal is not None:

@@ -16,6 +16,8 @@ order inside a route is fixed in one place: the door (authentication, the row's 
 then the query and the body (read, bounded, checked against the row's strict models), then the
 handler. Every refusal and status a route answers is checked against its row
 (``routes/contract.py``), the data the OpenAPI document is generated from (``routes/openapi.py``).
+With the executor's metrics, every request's duration is recorded once, by its row's template
+(never the raw path), its method and its outcome (a decision's verdict, else the answer's class).
 This module holds the rows of the agent's own routes (:func:`core_routes`).
 
 Callers: ``plane.py`` builds the application; ``routes/listener.py`` serves it;
