@@ -487,9 +487,25 @@ def test_namespaced_variant_grants_nothing_cluster_wide(k8s_tools: Tools) -> Non
     }
     assert cluster_resources == {"namespaces", "customresourcedefinitions", "clusterkopfpeerings"}
     roles = {obj["metadata"]["namespace"]: obj for obj in objects if obj["kind"] == "Role"}
-    assert set(roles) == {"team-a", "team-b", "agents"}
+    assert set(roles) == {"team-a", "team-b", "agents", "agentsafe-system"}
     agent_resources = {r for rule in roles["agents"]["rules"] for r in rule["resources"]}
     assert agent_resources == {"networkpolicies"}
+    # The release namespace: the metrics principal's token Secret, by name, and nothing else.
+    assert roles["agentsafe-system"]["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["agentsafe-metrics-token"],
+            "verbs": ["get"],
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert any(b["metadata"]["namespace"] == "agentsafe-system" for b in bindings)
+    without = _render(k8s_tools, [*VARIANTS["namespaced"], "--set", "metrics.tokenSecretName="])
+    assert "agentsafe-system" not in {
+        o["metadata"]["namespace"] for o in without if o["kind"] == "Role"
+    }
     peerings = [obj for obj in objects if obj["kind"] == "KopfPeering"]
     assert {obj["metadata"]["namespace"] for obj in peerings} == {"team-a", "team-b"}
 
