@@ -120,6 +120,18 @@ def _entry(
     )
 
 
+def _bearer_operator(
+    principal_id: str, scopes: tuple[Scope, ...], token_sha256: str
+) -> PrincipalEntry:
+    """An OPERATOR principal of the operator's own making: a bearer digest and its scopes."""
+    return PrincipalEntry(
+        id=principal_id,
+        role=Role.OPERATOR,
+        scopes=[scope.value for scope in scopes],
+        credential=BearerCredential(kind="BEARER", token_sha256=token_sha256),
+    )
+
+
 def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
     """The selected Principals (by name) plus the operator's OPERATOR principal and, with a
     metrics token, the metrics principal, checked with the executor's own rules; refuses with
@@ -133,20 +145,16 @@ def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
         for p in sorted(inp.principals, key=lambda p: p.name)
     ]
     entries.append(
-        PrincipalEntry(
-            id=inp.settings.operator_principal_id,
-            role=Role.OPERATOR,
-            scopes=[scope.value for scope in OPERATOR_PRINCIPAL_SCOPES],
-            credential=BearerCredential(kind="BEARER", token_sha256=inp.operator_token_sha256),
+        _bearer_operator(
+            inp.settings.operator_principal_id, OPERATOR_PRINCIPAL_SCOPES, inp.operator_token_sha256
         )
     )
     if inp.metrics_token_sha256:
         entries.append(
-            PrincipalEntry(
-                id=inp.settings.metrics_principal_id,
-                role=Role.OPERATOR,
-                scopes=[scope.value for scope in METRICS_PRINCIPAL_SCOPES],
-                credential=BearerCredential(kind="BEARER", token_sha256=inp.metrics_token_sha256),
+            _bearer_operator(
+                inp.settings.metrics_principal_id,
+                METRICS_PRINCIPAL_SCOPES,
+                inp.metrics_token_sha256,
             )
         )
     try:
