@@ -66,6 +66,38 @@ def register(subparsers: Any) -> None:
     op.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
     )
+    op.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("AGENTSAFE_OPERATOR_METRICS_PORT", "9090")),
+        help="serve the operator's own /metrics (reconciles, errors, durations) on this port;"
+        " 0: do not serve",
+    )
+    op.add_argument(
+        "--metrics-address",
+        default=os.environ.get("AGENTSAFE_OPERATOR_METRICS_ADDRESS", "0.0.0.0"),  # noqa: S104
+        help="the address /metrics binds (default every address of the pod)",
+    )
+    op.add_argument(
+        "--metrics-token-secret",
+        default=os.environ.get(
+            "AGENTSAFE_OPERATOR_METRICS_TOKEN_SECRET", "agentsafe-metrics-token"
+        ),
+        help="Secret in the operator's namespace holding the metrics principal's bearer token"
+        " (created once when absent); every executor admits it for GET /metrics only."
+        " Empty: no metrics principal",
+    )
+    op.add_argument(
+        "--scraper-namespace-selector",
+        default=os.environ.get("AGENTSAFE_OPERATOR_SCRAPER_NAMESPACE_SELECTOR", ""),
+        help="key=value[,...]: labels of the namespace Prometheus runs in; executor"
+        " NetworkPolicies admit it to the listener port. Empty: no scraper admitted",
+    )
+    op.add_argument(
+        "--scraper-pod-selector",
+        default=os.environ.get("AGENTSAFE_OPERATOR_SCRAPER_POD_SELECTOR", ""),
+        help="key=value[,...]: labels of the scraper's pods in that namespace (empty: any pod)",
+    )
     hook = op.add_argument_group(
         "admission webhook",
         "refuse an AgentPolicy whose CEL `when` rules or parameter schemas do not compile "
@@ -197,10 +229,30 @@ def _operate(args: argparse.Namespace) -> int:
     from .apply import ApiError, KubeClient
     from .handlers import KopfEvents, build_registry
     from .resources import FINALIZER
+    from .metrics import OperatorMetrics
     from .runtime import Runtime, refresh_jwks
-    from .settings import OperatorSettings
+    from .settings import OperatorSettings, parse_labels
 
-    settings = OperatorSettings(operator_namespace=args.operator_namespace)
+    try:
+        scraper_namespace = parse_labels(
+            args.scraper_namespace_selector, what="--scraper-namespace-selector"
+        )
+        scraper_pods = parse_labels(args.scraper_pod_selector, what="--scraper-pod-selector")
+    except ValueError as exc:
+        raise SystemExit(f"agentsafe operator: {exc}") from None
+    if scraper_pods and not scraper_namespace:
+        raise SystemExit(
+            "agentsafe operator: --scraper-pod-selector needs --scraper-namespace-selector"
+            " (the namespace Prometheus runs in)"
+        )
+    if not 0 <= args.metrics_port <= 65535:
+        raise SystemExit("agentsafe operator: --metrics-port must be 0..65535")
+    settings = OperatorSettings(
+        operator_namespace=args.operator_namespace,
+        metrics_token_secret=args.metrics_token_secret,
+        scraper_namespace_labels=scraper_namespace,
+        scraper_pod_labels=scraper_pods,
+    )
     if args.executor_image:
         settings = replace(settings, executor_image=args.executor_image)
     if not 1 <= args.executor_port <= 65535:
@@ -254,7 +306,9 @@ def _operate(args: argparse.Namespace) -> int:
                     "agentsafe operator: issuer discovery failed; using the default",
                     file=sys.stderr,
                 )
-        runtime = Runtime(kube=kube, settings=operator_settings, events=KopfEvents())
+        runtime = Runtime(
+            kube=kube, settings=operator_settings, events=KopfEvents(), metrics=metrics
+        )
         await refresh_jwks(runtime)
         memo["runtime"] = runtime
         memo["jwks_task"] = asyncio.create_task(_jwks_loop(runtime))
@@ -273,6 +327,9 @@ def _operate(args: argparse.Namespace) -> int:
 
     settings_holder = {"settings": settings}
     namespaces = list(args.namespace)
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_address, args.metrics_port)
     asyncio.run(
         kopf.operator(
             registry=registry,

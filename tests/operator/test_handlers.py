@@ -301,7 +301,11 @@ async def test_principal_change_rerenders_selecting_policies(
     kube.put(deleting)
     await principal_handler(body=kopf.Body(deleting), patch=kopf.Patch(), memo=memo_for(runtime))
     principals = json.loads(kube.objects[CONFIG]["data"]["principals.json"])
-    assert [p["id"] for p in principals["principals"]] == ["payout-agent", "agentsafe-operator"]
+    assert [p["id"] for p in principals["principals"]] == [
+        "payout-agent",
+        "agentsafe-operator",
+        "agentsafe-metrics",
+    ]
     assert kube.objects[("AgentPolicy", NS, "payouts")]["status"]["principals"] == ["payout-agent"]
 
 
