@@ -228,8 +228,8 @@ def _operate(args: argparse.Namespace) -> int:
 
     from .apply import ApiError, KubeClient
     from .handlers import KopfEvents, build_registry
-    from .resources import FINALIZER
     from .metrics import OperatorMetrics
+    from .resources import FINALIZER
     from .runtime import Runtime, refresh_jwks
     from .settings import OperatorSettings, parse_labels
 
