@@ -72,6 +72,7 @@ async def run(requests: int, concurrency: int, client: str) -> list[dict[str, An
                 requests=requests,
                 concurrency=concurrency,
                 warmup=warmup,
+                pids=[baseline.pid],
             )
         )
     finally:
@@ -101,6 +102,7 @@ async def run(requests: int, concurrency: int, client: str) -> list[dict[str, An
                     requests=requests,
                     concurrency=concurrency,
                     warmup=warmup,
+                    pids=[executor.process.pid] if executor.process else None,
                 )
             )
     finally:
@@ -112,7 +114,8 @@ async def run(requests: int, concurrency: int, client: str) -> list[dict[str, An
 def render(title: str, rows: list[dict[str, Any]], against: str) -> None:
     base = rows[0]["rps"]
     table = Table(title=title)
-    for column in ("path", "req/s", "p50 ms", "p99 ms", "p99/p50", f"vs {against}", "non-200"):
+    columns = ("path", "req/s", "p50 ms", "p99 ms", "p99/p50", f"vs {against}", "CPU ms/req")
+    for column in (*columns, "non-200"):
         table.add_column(column, justify="left" if column == "path" else "right")
     for row in rows:
         table.add_row(
@@ -122,6 +125,7 @@ def render(title: str, rows: list[dict[str, Any]], against: str) -> None:
             f"{row['p99']:.2f}",
             f"{row['p99'] / row['p50']:.2f}" if row["p50"] else "-",
             f"{row['rps'] / base:.3f}",
+            f"{row['cpu_ms']:.2f}" if "cpu_ms" in row else "-",
             str(row["failures"]),
         )
     Console(width=140).print(table)

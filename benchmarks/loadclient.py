@@ -181,6 +181,16 @@ async def drive_python(
     )
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU the processes have used so far (all their threads), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
 async def drive(
     client: str,
     name: str,
@@ -191,12 +201,24 @@ async def drive(
     requests: int,
     concurrency: int,
     warmup: int,
+    pids: list[int] | None = None,
 ) -> dict[str, Any]:
-    """One measured phase with ``client`` (``go`` or ``python``)."""
+    """Warm up, then one measured phase with ``client`` (``go`` or ``python``). With ``pids``
+    (the servers), the row also says how much CPU they spent per measured request
+    (``cpu_ms``): on a loaded machine that is steadier than requests/s."""
     run = drive_go if client == "go" else drive_python
-    return await run(
-        name, urls, template, headers, requests=requests, concurrency=concurrency, warmup=warmup
+    if warmup:
+        await run(
+            name, urls, template.replace("{i}", "w{i}"), headers,
+            requests=warmup, concurrency=concurrency, warmup=0,
+        )  # fmt: skip
+    before = cpu_seconds(pids) if pids else 0.0
+    result = await run(
+        name, urls, template, headers, requests=requests, concurrency=concurrency, warmup=0
     )
+    if pids:
+        result["cpu_ms"] = (cpu_seconds(pids) - before) / max(result["n"], 1) * 1000
+    return result
 
 
 def proposal_template(prefix: str, amount: int) -> str:

@@ -57,6 +57,7 @@ async def _measure(
             requests=requests,
             concurrency=concurrency,
             warmup=max(requests // 10, concurrency),
+            pids=[e.process.pid for e in executors if e.process is not None],
         )
     finally:
         for executor in executors:
