@@ -37,7 +37,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import hmac
 import json
 import logging
 import re
@@ -45,6 +44,7 @@ import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, quote_plus
 
 __all__ = [
@@ -110,7 +110,7 @@ class Redactor:
     """
 
     def __init__(self, *, credential_headers: Iterable[str] = ()) -> None:
-        self._key = secrets.token_bytes(32)
+        self._inner, self._outer = _hmac_states(secrets.token_bytes(32))
         self._lock = threading.Lock()
         self._digests: dict[bytes, str] = {}
         self._by_name: dict[str, frozenset[bytes]] = {}
@@ -213,24 +213,39 @@ class Redactor:
         for start, end in _candidates(text, word_counts):
             candidate = text[start:end]
             forms = [candidate]
-            if any(ch.isspace() for ch in candidate):
+            if candidate.split() != [candidate]:  # it holds whitespace (str.isspace's)
                 # A secret of several words is registered single-spaced.
                 forms.append(" ".join(candidate.split()))
             forms.extend(_normalised(candidate))
-            for form in forms:
+            for form in dict.fromkeys(forms):  # a token already in normal form is hashed once
                 name = digests.get(self._digest(form.encode("utf-8", "surrogatepass")))
                 if name is not None:
                     yield _Span(start, end, KIND_SECRET, name)
                     break
 
     def _digest(self, data: bytes) -> bytes:
-        return hmac.new(self._key, data, hashlib.sha256).digest()
+        inner = self._inner.copy()
+        inner.update(data)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
 
     def _drop(self, name: str) -> None:
         for d in self._by_name.pop(name, frozenset()):
             if self._digests.get(d) == name:
                 del self._digests[d]
         self._word_counts.pop(name, None)
+
+
+def _hmac_states(key: bytes) -> tuple[Any, Any]:
+    """HMAC-SHA256's (RFC 2104) inner and outer hash states after the padded key, for a key of
+    at most one block. :meth:`Redactor._digest` copies them per digest: the same digests as
+    ``hmac.new(key, data, sha256)`` at a third of the cost (every token of every evidence line
+    is hashed, several times)."""
+    padded = key.ljust(64, b"\0")
+    inner = hashlib.sha256(bytes(b ^ 0x36 for b in padded))
+    outer = hashlib.sha256(bytes(b ^ 0x5C for b in padded))
+    return inner, outer
 
 
 def _natural_forms(text: str) -> Iterator[tuple[str, int]]:
@@ -259,8 +274,16 @@ def _natural_forms(text: str) -> Iterator[tuple[str, int]]:
             yield unpadded, count
 
 
+_ASCII_NOT_ALNUM = str.maketrans(
+    "", "", "".join(c for c in map(chr, range(128)) if not c.isalnum())
+)
+
+
 def _squashed(text: str) -> str:
-    return "".join(ch for ch in text.casefold() if ch.isalnum())
+    folded = text.casefold()
+    if folded.isascii():  # most tokens: one C call instead of a loop over characters
+        return folded.translate(_ASCII_NOT_ALNUM)
+    return "".join(ch for ch in folded if ch.isalnum())
 
 
 def _transformed(form: str) -> Iterator[str]:

@@ -313,3 +313,31 @@ def test_a_secret_with_escaped_characters_is_found_in_either_escape_case() -> No
         out, found = r.redact(f"lookup?key={form}")
         assert form not in out
         assert found
+
+
+# The hot path's shortcuts (redact.py) keep the exact results of the plain forms they replace.
+
+
+@given(st.binary(min_size=1, max_size=64), st.binary(max_size=200))
+def test_the_digest_is_hmac_sha256(key: bytes, data: bytes) -> None:
+    import hashlib
+    import hmac
+
+    from agentsafe.executor.evidence.redact import _hmac_states
+
+    redactor = Redactor()
+    redactor._inner, redactor._outer = _hmac_states(key)
+    assert redactor._digest(data) == hmac.new(key, data, hashlib.sha256).digest()
+
+
+@given(st.text(max_size=60))
+def test_squashing_is_casefold_then_letters_and_digits(text: str) -> None:
+    from agentsafe.executor.evidence.redact import _squashed
+
+    assert _squashed(text) == "".join(ch for ch in text.casefold() if ch.isalnum())
+
+
+@given(st.text(max_size=40))
+def test_the_whitespace_test_is_str_isspace(text: str) -> None:
+    if text:
+        assert (text.split() != [text]) == any(ch.isspace() for ch in text)
