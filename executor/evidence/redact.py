@@ -42,7 +42,7 @@ import logging
 import re
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, quote_plus
@@ -94,6 +94,20 @@ class Redaction:
     secret: str | None = None
 
 
+_CLEAN_TEXT_MAX = 256
+_CLEAN_ENTRIES_MAX = 4096
+
+
+@dataclass(frozen=True)
+class _View:
+    """What one scan reads; replaced whole, never changed (see ``Redactor.__init__``)."""
+
+    digests: Mapping[bytes, str]
+    word_counts: tuple[int, ...]
+    header_re: re.Pattern[str] | None
+    generation: int
+
+
 @dataclass(frozen=True)
 class _Span:
     start: int
@@ -117,6 +131,13 @@ class Redactor:
         self._word_counts: dict[str, frozenset[int]] = {}
         self._headers: frozenset[str] = frozenset()
         self._header_re: re.Pattern[str] | None = None
+        # What a scan reads, rebuilt (never changed in place) whenever a secret or the header
+        # changes, so a scan takes a reference instead of copying the digests for each string.
+        self._view: _View = _View({}, (), None, 0)
+        # Short texts a scan found nothing in under the current view (the fixed vocabulary of
+        # event names, codes and actions recurs on every line): only texts with nothing to
+        # redact, dropped whenever the view changes, so it never holds what it would replace.
+        self._clean: dict[tuple[str, bool], int] = {}
         self.set_credential_headers(credential_headers)
 
     # -- configuration ------------------------------------------------------------------------
@@ -133,6 +154,7 @@ class Redactor:
         with self._lock:
             self._headers = cleaned
             self._header_re = pattern
+            self._rebuild_view()
 
     def set_secret(self, name: str, value: bytes | bytearray) -> None:
         """Register (or, on rotation, replace) the digests of secret ``name``; keeps no value."""
@@ -163,10 +185,12 @@ class Redactor:
             self._word_counts[name] = frozenset(word_counts)
             for d in frozen:
                 self._digests[d] = name
+            self._rebuild_view()
 
     def remove_secret(self, name: str) -> None:
         with self._lock:
             self._drop(name)
+            self._rebuild_view()
 
     def secret_names(self) -> tuple[str, ...]:
         with self._lock:
@@ -186,15 +210,20 @@ class Redactor:
         still replaced."""
         if not text:
             return text, ()
-        with self._lock:
-            digests = dict(self._digests)
-            word_counts = sorted({n for counts in self._word_counts.values() for n in counts})
-            header_re = self._header_re
+        view = self._view
+        key = (text, jws)
+        if self._clean.get(key) == view.generation:
+            return text, ()
         spans: list[_Span] = []
-        if digests:
-            spans.extend(self._secret_spans(text, digests, word_counts))
-        spans.extend(_shape_spans(text, header_re, jws=jws))
+        if view.digests:
+            spans.extend(self._secret_spans(text, view.digests, view.word_counts))
+        spans.extend(_shape_spans(text, view.header_re, jws=jws))
         if not spans:
+            if len(text) <= _CLEAN_TEXT_MAX:
+                with self._lock:
+                    if len(self._clean) >= _CLEAN_ENTRIES_MAX:
+                        self._clean.clear()
+                    self._clean[key] = view.generation
             return text, ()
         merged = _merge(spans)
         out: list[str] = []
@@ -207,8 +236,15 @@ class Redactor:
         found = tuple(dict.fromkeys(Redaction(s.kind, s.secret) for s in merged))
         return "".join(out), found
 
+    def _rebuild_view(self) -> None:
+        """A new view of the digests, word counts and header pattern. Lock held."""
+        word_counts = tuple(sorted({n for counts in self._word_counts.values() for n in counts}))
+        generation = self._view.generation + 1
+        self._view = _View(dict(self._digests), word_counts, self._header_re, generation)
+        self._clean = {}
+
     def _secret_spans(
-        self, text: str, digests: dict[bytes, str], word_counts: list[int]
+        self, text: str, digests: Mapping[bytes, str], word_counts: Sequence[int]
     ) -> Iterator[_Span]:
         for start, end in _candidates(text, word_counts):
             candidate = text[start:end]
@@ -321,7 +357,7 @@ def _encodings(raw: bytes) -> Iterator[str]:
         yield re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quoted)
 
 
-def _candidates(text: str, word_counts: list[int]) -> Iterator[tuple[int, int]]:
+def _candidates(text: str, word_counts: Sequence[int]) -> Iterator[tuple[int, int]]:
     seen: set[tuple[int, int]] = set()
 
     def once(start: int, end: int) -> Iterator[tuple[int, int]]:

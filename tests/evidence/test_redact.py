@@ -341,3 +341,26 @@ def test_squashing_is_casefold_then_letters_and_digits(text: str) -> None:
 def test_the_whitespace_test_is_str_isspace(text: str) -> None:
     if text:
         assert (text.split() != [text]) == any(ch.isspace() for ch in text)
+
+
+def test_a_text_found_clean_is_scanned_again_once_a_secret_or_header_changes() -> None:
+    redactor = Redactor()
+    value = "tok-" + secrets.token_hex(12)
+    line = f"x-api-key: {value}"
+    assert redactor.redact(value) == (value, ())
+    assert redactor.redact(line) == (line, ())
+    redactor.set_secret("api", value.encode())
+    assert redactor.redact(value) == ("[REDACTED:SECRET]", (Redaction(KIND_SECRET, "api"),))
+    redactor.remove_secret("api")
+    assert redactor.redact(value) == (value, ())
+    assert redactor.redact(line) == (line, ())
+    redactor.set_credential_headers(["X-Api-Key"])
+    assert redactor.redact(line)[0] == "x-api-key: [REDACTED:CREDENTIAL_HEADER]"
+
+
+def test_the_jws_choice_is_remembered_apart() -> None:
+    redactor = Redactor()
+    jws = "eyJhbGciOiJFZERTQSJ9.eyJhIjoxfQ.c2lnbmF0dXJl"
+    assert redactor.redact(jws, jws=False) == (jws, ())
+    assert redactor.redact(jws)[0] == "[REDACTED:JWS]"
+    assert redactor.redact(jws, jws=False) == (jws, ())
