@@ -296,7 +296,7 @@ def _plain(value: Any, depth: int) -> bool:
                 return False
         return True
     if kind is int:
-        return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
+        return bool(-MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER)
     return value is None or kind is bool
 
 

@@ -264,7 +264,8 @@ class Redactor:
         inner.update(data)
         outer = self._outer.copy()
         outer.update(inner.digest())
-        return outer.digest()
+        digest: bytes = outer.digest()
+        return digest
 
     def _drop(self, name: str) -> None:
         for d in self._by_name.pop(name, frozenset()):
