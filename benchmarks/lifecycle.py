@@ -15,6 +15,7 @@ the ratio to the baseline, and the load average before and after. Speed is never
 tests; record the figures in docs/performance.md.
 
     python benchmarks/lifecycle.py [--requests N] [--concurrency C] [--client go|python]
+                                   [--soak N]
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from agentsafe.executor.tools.harness import (
 )
 
 
-async def run(requests: int, concurrency: int, client: str) -> list[dict[str, Any]]:
+async def run(requests: int, concurrency: int, client: str, soak: int = 0) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="agentsafe-bench-"))
     rows: list[dict[str, Any]] = []
     warmup = max(requests // 10, concurrency)
@@ -88,10 +89,13 @@ async def run(requests: int, concurrency: int, client: str) -> list[dict[str, An
     headers = {"authorization": f"Bearer {workspace.caller_token}"}
     urls = [executor.url + "/v1/actions"]
     try:
-        for name, prefix, amount in (
-            ("BLOCK (over policy)", "block", 900000),
-            ("ALLOW and execute once", "allow", 100),
-        ):
+        phases = [
+            ("BLOCK (over policy)", "block", 900000, requests),
+            ("ALLOW and execute once", "allow", 100, requests),
+        ]
+        if soak:
+            phases.append((f"ALLOW, {soak} more (RSS growth)", "soak", 100, soak))
+        for name, prefix, amount, count in phases:
             rows.append(
                 await drive(
                     client,
@@ -99,7 +103,7 @@ async def run(requests: int, concurrency: int, client: str) -> list[dict[str, An
                     urls,
                     proposal_template(prefix, amount),
                     headers,
-                    requests=requests,
+                    requests=count,
                     concurrency=concurrency,
                     warmup=warmup,
                     pids=[executor.process.pid] if executor.process else None,
@@ -114,7 +118,16 @@ async def run(requests: int, concurrency: int, client: str) -> list[dict[str, An
 def render(title: str, rows: list[dict[str, Any]], against: str) -> None:
     base = rows[0]["rps"]
     table = Table(title=title)
-    columns = ("path", "req/s", "p50 ms", "p99 ms", "p99/p50", f"vs {against}", "CPU ms/req")
+    columns = (
+        "path",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "p99/p50",
+        f"vs {against}",
+        "CPU ms/req",
+        "RSS MiB",
+    )
     for column in (*columns, "non-200"):
         table.add_column(column, justify="left" if column == "path" else "right")
     for row in rows:
@@ -126,6 +139,7 @@ def render(title: str, rows: list[dict[str, Any]], against: str) -> None:
             f"{row['p99'] / row['p50']:.2f}" if row["p50"] else "-",
             f"{row['rps'] / base:.3f}",
             f"{row['cpu_ms']:.2f}" if "cpu_ms" in row else "-",
+            f"{row['rss_mb']:.0f}" if "rss_mb" in row else "-",
             str(row["failures"]),
         )
     Console(width=140).print(table)
@@ -136,9 +150,12 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--client", choices=("go", "python"), default=default_client())
+    parser.add_argument(
+        "--soak", type=int, default=0, help="then N more ALLOW requests, to compare the RSS"
+    )
     args = parser.parse_args()
     before = os.getloadavg()
-    rows = asyncio.run(run(args.requests, args.concurrency, args.client))
+    rows = asyncio.run(run(args.requests, args.concurrency, args.client, args.soak))
     after = os.getloadavg()
     render(
         f"lifecycle: {args.requests} requests, concurrency {args.concurrency}, "

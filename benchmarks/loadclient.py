@@ -191,6 +191,14 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / ticks
 
 
+def rss_bytes(pid: int) -> int:
+    """The process's resident set size now (VmRSS), from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 async def drive(
     client: str,
     name: str,
@@ -205,7 +213,8 @@ async def drive(
 ) -> dict[str, Any]:
     """Warm up, then one measured phase with ``client`` (``go`` or ``python``). With ``pids``
     (the servers), the row also says how much CPU they spent per measured request
-    (``cpu_ms``): on a loaded machine that is steadier than requests/s."""
+    (``cpu_ms``: on a loaded machine that is steadier than requests/s) and the largest one's
+    resident set size after the phase (``rss_mb``)."""
     run = drive_go if client == "go" else drive_python
     if warmup:
         await run(
@@ -218,6 +227,7 @@ async def drive(
     )
     if pids:
         result["cpu_ms"] = (cpu_seconds(pids) - before) / max(result["n"], 1) * 1000
+        result["rss_mb"] = max(rss_bytes(pid) for pid in pids) / 2**20
     return result
 
 
