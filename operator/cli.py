@@ -104,8 +104,8 @@ def default_priority() -> int:
 def _run_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from .apply import ApiError, KubeClient
     from .handlers import KopfEvents, build_registry
+    from .kubeapi import ApiError, KubeClient, Login, LoginFailed, connection_fields
     from .runtime import Runtime, refresh_jwks
     from .settings import OperatorSettings
 
@@ -120,11 +120,19 @@ def _run_operator(args: argparse.Namespace) -> int:
         halt_retry=settings.halt_retry_seconds,
     )
     memo = kopf.Memo()
+    credentials = Login.from_environment()
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        """In a pod, the projected service-account token; elsewhere, the kubeconfig."""
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        """kopf's own connection, from the credentials the operator's client loads: in a pod
+        the projected service-account token, elsewhere the kubeconfig (exec plugins and OIDC
+        included). Loaded afresh each time: kopf logs in again after a 401 and before an exec
+        plugin's token expires, so a rotated token is picked up."""
+        try:
+            loaded = await credentials.load()
+        except LoginFailed as exc:
+            raise kopf.LoginError(str(exc)) from None
+        return kopf.ConnectionInfo(**connection_fields(loaded))
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -140,12 +148,10 @@ def _run_operator(args: argparse.Namespace) -> int:
             prefix="agentsafe.io", key="last-handled-configuration"
         )
         settings.posting.level = 20  # INFO and up become Events
-        info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-            settings=settings
-        )
-        if info is None:
-            raise kopf.PermanentError("no Kubernetes credentials (service account or kubeconfig)")
-        kube = KubeClient(info)
+        try:
+            kube = await KubeClient.connect(credentials)
+        except LoginFailed as exc:
+            raise kopf.PermanentError(str(exc)) from None
         operator_settings = settings_holder["settings"]
         if args.issuer:
             operator_settings = replace(operator_settings, issuer=args.issuer)

@@ -16,7 +16,7 @@ modules named for what they do and never import kopf:
 
 Errors are mapped here and only here: a stored object that does not validate
 (:class:`~.runtime.InvalidSpec`) is a ``Ready=False``/``SpecInvalid`` condition, a Warning Event
-and ``kopf.PermanentError``; an API refusal (:class:`~.apply.ApiError`) is
+and ``kopf.PermanentError``; an API refusal (:class:`~.kubeapi.ApiError`) is
 ``kopf.TemporaryError`` or ``kopf.PermanentError`` through :func:`to_kopf_error`.
 
 Everything the handlers need lives in one :class:`~.runtime.Runtime` in kopf's ``memo``; tests
@@ -32,9 +32,9 @@ from typing import Any
 
 import kopf
 
-from .apply import ApiError
 from .conditions import spec_invalid_status
 from .halt import enforce_halt, halt_acknowledged
+from .kubeapi import ApiError
 from .models import (
     GROUP,
     VERSION,

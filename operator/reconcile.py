@@ -19,7 +19,7 @@ Principal's own status names the policies that select it.
 :func:`prune_agent_policies` removes the NetworkPolicies a policy placed in agent namespaces
 (owner references cannot cross namespaces; everything else is garbage-collected through them).
 
-No kopf here: API refusals leave as :class:`~.apply.ApiError`, a stored object that does not
+No kopf here: API refusals leave as :class:`~.kubeapi.ApiError`, a stored object that does not
 validate as :class:`~.runtime.InvalidSpec`; ``handlers.py`` maps both to kopf's errors.
 
 Callers: ``handlers.py`` (the handler tests drive it through the handlers).
@@ -36,9 +36,9 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
-from .apply import Kube
 from .conditions import set_condition, spec_invalid_status, stored_conditions
 from .halt import sync_halt
+from .kubeapi import Kube
 from .models import (
     AgentPolicySpec,
     AgentPolicyStatus,

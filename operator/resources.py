@@ -1,10 +1,10 @@
 """Every Kubernetes resource the operator touches, and what it does to each.
 
-One table (:data:`RESOURCES`) drives both the API client's paths (``apply.py``) and the
+One table (:data:`RESOURCES`) drives both the API client's paths (``kubeapi.py``) and the
 operator's RBAC (``rbac.py``): a resource the operator uses without listing it here has no path
 and no permission, so the two cannot drift apart.
 
-Callers: ``apply.py``, ``rbac.py``, ``charts/generate_rbac.py``, the tests.
+Callers: ``kubeapi.py``, ``rbac.py``, ``charts/generate_rbac.py``, the tests.
 """
 
 from __future__ import annotations

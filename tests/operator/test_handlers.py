@@ -21,7 +21,6 @@ import pytest
 from aiohttp import web
 
 from agentsafe.executor.door.principals_file import parse_principals
-from agentsafe.operator.apply import ApiError
 from agentsafe.operator.handlers import (
     build_registry,
     halt_handler,
@@ -30,6 +29,7 @@ from agentsafe.operator.handlers import (
     policy_handler,
     principal_handler,
 )
+from agentsafe.operator.kubeapi import ApiError
 from agentsafe.operator.runtime import Runtime, refresh_jwks
 from agentsafe.operator.settings import HALT_FIELD_MANAGER, OperatorSettings
 from tests.support.pki import Issued, TestCA
