@@ -388,5 +388,3 @@ class KubeClient:
             body=body,
             content_type="application/merge-patch+json",
         )
-
-

@@ -302,7 +302,8 @@ async def test_kopf_gets_the_same_credentials(served: Served, tmp_path: Path) ->
     login = _kubeconfig(tmp_path / "kubeconfig", served.server, user)
     info = kopf.ConnectionInfo(**connection_fields(await login.load()))
     assert (info.server, info.scheme, info.token) == (served.server, "Bearer", "token-1")
-    assert info.expiration is not None and info.expiration.year == 2099
+    assert info.expiration is not None
+    assert info.expiration.year == 2099
     assert info.as_http_headers()["Authorization"] == "Bearer token-1"
     # Loaded afresh for every kopf login: the plugin runs again.
     again = kopf.ConnectionInfo(**connection_fields(await login.load()))
