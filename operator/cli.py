@@ -63,6 +63,13 @@ def register(subparsers: Any) -> None:
         help="service-account issuer (default: discovered from the API server)",
     )
     op.add_argument(
+        "--reconcile-interval",
+        type=float,
+        default=float(os.environ.get("AGENTSAFE_OPERATOR_RECONCILE_INTERVAL", "60")),
+        help="seconds between drift repairs of every AgentPolicy (default 60; changes of the "
+        "objects and watched Secrets reconcile at once regardless)",
+    )
+    op.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
     )
     op.set_defaults(run=_run_operator)
@@ -104,7 +111,7 @@ def default_priority() -> int:
 def _run_operator(args: argparse.Namespace) -> int:
     import kopf
 
-    from .handlers import KopfEvents, build_registry
+    from .handlers import KopfEvents, build_registry, configure_watching
     from .kubeapi import ApiError, KubeClient, Login, LoginFailed, connection_fields
     from .runtime import Runtime, refresh_jwks
     from .settings import OperatorSettings
@@ -115,6 +122,9 @@ def _run_operator(args: argparse.Namespace) -> int:
     if not 1 <= args.executor_port <= 65535:
         raise SystemExit("agentsafe operator: --executor-port must be 1..65535")
     settings = replace(settings, port=args.executor_port)
+    if not args.reconcile_interval > 0:
+        raise SystemExit("agentsafe operator: --reconcile-interval must be > 0 seconds")
+    settings = replace(settings, reconcile_interval_seconds=args.reconcile_interval)
     registry = build_registry(
         reconcile_interval=settings.reconcile_interval_seconds,
         halt_retry=settings.halt_retry_seconds,
@@ -148,6 +158,7 @@ def _run_operator(args: argparse.Namespace) -> int:
             prefix="agentsafe.io", key="last-handled-configuration"
         )
         settings.posting.level = 20  # INFO and up become Events
+        configure_watching(settings)
         try:
             kube = await KubeClient.connect(credentials)
         except LoginFailed as exc:

@@ -16,6 +16,10 @@ or configuration the executor would refuse) leaves every child untouched and is 
 labels) or selects it (new labels) is reconciled again and its status written, and the
 Principal's own status names the policies that select it.
 
+:func:`reconcile_secret` is a watched Secret's side: every AgentPolicy that uses it
+(:func:`policies_using_secret`: named in its spec, generated for it, or a selected Principal's
+bearer token) is reconciled again at once and its status written.
+
 :func:`prune_agent_policies` removes the NetworkPolicies a policy placed in agent namespaces
 (owner references cannot cross namespaces; everything else is garbage-collected through them).
 
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -73,9 +77,12 @@ from .runtime import (
 
 __all__ = [
     "PolicyOutcome",
+    "policies_using_secret",
     "prune_agent_policies",
     "reconcile_policy",
     "reconcile_principal",
+    "reconcile_secret",
+    "referenced_keys",
 ]
 
 
@@ -89,9 +96,9 @@ class PolicyOutcome:
     message: str
 
 
-async def _check_references(kube: Kube, namespace: str, spec: AgentPolicySpec) -> list[str]:
-    """Referenced Secrets and ConfigMaps (and keys) that do not exist, by name."""
-    missing: list[str] = []
+def referenced_keys(spec: AgentPolicySpec) -> list[tuple[str, str, str]]:
+    """Every (kind, name, key) of a Secret or ConfigMap the AgentPolicy's spec names: the
+    listener's certificate, the downstream credential and CA, the store URL, the client CA."""
     wanted: list[tuple[str, str, str]] = [
         ("Secret", spec.tls.secret_name, "tls.crt"),
         ("Secret", spec.tls.secret_name, "tls.key"),
@@ -107,6 +114,67 @@ async def _check_references(kube: Kube, namespace: str, spec: AgentPolicySpec) -
         wanted.append(("ConfigMap", spec.downstream.ca.name, spec.downstream.ca.key))
     if spec.tls.client_ca is not None:
         wanted.append(("ConfigMap", spec.tls.client_ca.name, spec.tls.client_ca.key))
+    return wanted
+
+
+def policies_using_secret(
+    secret: str, policies: Sequence[Mapping[str, Any]], principals: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The AgentPolicies (of one namespace) whose rendering reads the Secret named ``secret``:
+    one their spec names (:func:`referenced_keys`), one the operator generated for them (its
+    bearer token, the grant signing key), or the bearer-token Secret of a Principal they
+    select. Policies being deleted and objects that do not validate are left out (their own
+    handlers report them)."""
+    bearer_of: list[tuple[str, Mapping[str, str] | None]] = []
+    for item in principals:
+        meta = item.get("metadata") or {}
+        try:
+            pspec = PrincipalSpec.model_validate(item.get("spec") or {})
+        except ValidationError:
+            continue
+        if pspec.bearer is not None and not meta.get("deletionTimestamp"):
+            bearer_of.append((pspec.bearer.secret_key_ref.name, meta.get("labels")))
+    using: list[Mapping[str, Any]] = []
+    for policy in policies:
+        if (policy.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        try:
+            spec = AgentPolicySpec.model_validate(policy.get("spec") or {})
+        except ValidationError:
+            continue
+        generated = names(policy_ref(policy))
+        named = {name for kind, name, _ in referenced_keys(spec) if kind == "Secret"}
+        named |= {generated.operator_token, generated.authority_key}
+        if secret in named or any(
+            name == secret and spec.principal_selector.matches(labels) for name, labels in bearer_of
+        ):
+            using.append(policy)
+    return using
+
+
+async def reconcile_secret(rt: Runtime, body: Mapping[str, Any]) -> list[str]:
+    """A watched Secret changed (created, updated, deleted): re-render every AgentPolicy of its
+    namespace that uses it (:func:`policies_using_secret`) and write their status; the names of
+    the policies re-rendered. Nothing of the Secret is read here beyond its name: each reconcile
+    reads what it needs itself.
+
+    Raises ``ApiError`` for the API server's refusals."""
+    meta = body["metadata"]
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    policies = await rt.kube.list_objects("AgentPolicy", namespace)
+    if not policies:
+        return []
+    principals = await rt.kube.list_objects("Principal", namespace)
+    using = policies_using_secret(name, policies, principals)
+    for policy in using:
+        await _rereconcile(rt, policy)
+    return [str(policy["metadata"]["name"]) for policy in using]
+
+
+async def _check_references(kube: Kube, namespace: str, spec: AgentPolicySpec) -> list[str]:
+    """Referenced Secrets and ConfigMaps (and keys) that do not exist, by name."""
+    missing: list[str] = []
+    wanted = referenced_keys(spec)
     cache: dict[tuple[str, str], dict[str, Any] | None] = {}
     for kind, name, key in wanted:
         if (kind, name) not in cache:

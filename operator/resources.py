@@ -107,14 +107,17 @@ RESOURCES: Final[tuple[Resource, ...]] = (
         why="executor ingress/egress; agents' egress in agent namespaces",
     ),
     # Secrets: referenced ones are read (existence, bearer digests, the listener's CA);
-    # generated ones (the operator's bearer, the grant signing key) are created once.
+    # generated ones (the operator's bearer, the grant signing key) are created once; the
+    # labelled ones (agentsafe.io/watch) are watched so that a change reconciles at once.
+    # Bounded by namespace in the chart (a Role per watched namespace when
+    # operator.watchNamespaces is set); never update, patch or delete.
     Resource(
         "Secret",
         "",
         "v1",
         "secrets",
-        ("get", "create"),
-        why="read referenced Secrets; create the generated ones (never updated)",
+        ("get", "list", "watch", "create"),
+        why="read referenced Secrets; watch the labelled ones; create the generated ones",
     ),
     # Where executor pods answer: the halt reaches every endpoint.
     Resource(

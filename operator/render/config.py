@@ -41,7 +41,7 @@ from agentsafe.executor.door.principals_file import (
 from agentsafe.executor.principals import Role, Scope
 
 from ..models import ConditionReason, PrincipalSpec
-from .common import RenderError, RenderInput, child_meta, names
+from .common import WATCH_LABEL, WATCH_VALUE, RenderError, RenderInput, child_meta, names
 
 __all__ = [
     "AUTHORITY_KEY_KEY",
@@ -167,6 +167,12 @@ def render_configmap(inp: RenderInput) -> dict[str, Any]:
     }
 
 
+def _watched(meta: dict[str, Any]) -> dict[str, Any]:
+    """A generated Secret's metadata with the watch label: deleting it re-renders at once."""
+    meta["labels"] = {**meta["labels"], WATCH_LABEL: WATCH_VALUE}
+    return meta
+
+
 def render_operator_token_secret(inp: RenderInput, token: str) -> dict[str, Any]:
     """The operator's bearer token for this policy's executors: created once, never updated,
     never mounted into an executor (which holds only its SHA-256)."""
@@ -174,7 +180,7 @@ def render_operator_token_secret(inp: RenderInput, token: str) -> dict[str, Any]
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": child_meta(inp.policy, names(inp.policy).operator_token),
+        "metadata": _watched(child_meta(inp.policy, names(inp.policy).operator_token)),
         "data": {OPERATOR_TOKEN_KEY: base64.b64encode(token.encode("ascii")).decode("ascii")},
     }
 
@@ -190,6 +196,6 @@ def render_authority_key_secret(inp: RenderInput, key: Ed25519PrivateKey) -> dic
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": child_meta(inp.policy, names(inp.policy).authority_key),
+        "metadata": _watched(child_meta(inp.policy, names(inp.policy).authority_key)),
         "data": {AUTHORITY_KEY_KEY: base64.b64encode(pem).decode("ascii")},
     }
