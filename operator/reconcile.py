@@ -63,7 +63,7 @@ from .render import (
     render_children,
     render_operator_token_secret,
 )
-from .render.common import OWNER_LABEL
+from .render.common import OWNER_LABEL, WATCH_LABEL, WATCH_VALUE
 from .render.config import OPERATOR_TOKEN_KEY
 from .runtime import (
     EventType,
@@ -171,14 +171,30 @@ async def reconcile_secret(rt: Runtime, body: Mapping[str, Any]) -> list[str]:
     return [str(policy["metadata"]["name"]) for policy in using]
 
 
-async def _check_references(kube: Kube, namespace: str, spec: AgentPolicySpec) -> list[str]:
-    """Referenced Secrets and ConfigMaps (and keys) that do not exist, by name."""
+def _note_unwatched(secret: Mapping[str, Any] | None, unwatched: list[str]) -> None:
+    """Add a Secret read without the watch label to ``unwatched`` (its changes wait for the
+    drift repair; the Reconciled message says so)."""
+    meta = (secret or {}).get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if secret is not None and labels.get(WATCH_LABEL) != WATCH_VALUE:
+        name = str(meta.get("name"))
+        if name not in unwatched:
+            unwatched.append(name)
+
+
+async def _check_references(
+    kube: Kube, namespace: str, spec: AgentPolicySpec, unwatched: list[str]
+) -> list[str]:
+    """Referenced Secrets and ConfigMaps (and keys) that do not exist, by name; Secrets read
+    without the watch label are added to ``unwatched``."""
     missing: list[str] = []
     wanted = referenced_keys(spec)
     cache: dict[tuple[str, str], dict[str, Any] | None] = {}
     for kind, name, key in wanted:
         if (kind, name) not in cache:
             cache[(kind, name)] = await kube.get(kind, namespace, name)
+            if kind == "Secret":
+                _note_unwatched(cache[(kind, name)], unwatched)
         found = cache[(kind, name)]
         if found is None:
             text = f"{kind} {namespace}/{name}"
@@ -192,9 +208,10 @@ async def _check_references(kube: Kube, namespace: str, spec: AgentPolicySpec) -
 
 
 async def _select_principals(
-    kube: Kube, ref: PolicyRef, spec: AgentPolicySpec
+    kube: Kube, ref: PolicyRef, spec: AgentPolicySpec, unwatched: list[str]
 ) -> tuple[list[SelectedPrincipal], list[str], list[str]]:
-    """(selected principals, missing references, invalid principal names)."""
+    """(selected principals, missing references, invalid principal names); bearer Secrets
+    read without the watch label are added to ``unwatched``."""
     selected: list[SelectedPrincipal] = []
     missing: list[str] = []
     invalid: list[str] = []
@@ -214,6 +231,7 @@ async def _select_principals(
         if pspec.bearer is not None:
             sref = pspec.bearer.secret_key_ref
             secret = await kube.get("Secret", ref.namespace, sref.name)
+            _note_unwatched(secret, unwatched)
             token = decode_secret_key(secret, sref.key)
             if not token:
                 missing.append(f"Secret {ref.namespace}/{sref.name} (key {sref.key})")
@@ -267,10 +285,11 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
     spec = parse_spec(AgentPolicySpec, body)
     labels = (body.get("metadata") or {}).get("labels")
     inp = RenderInput(policy=ref, spec=spec, settings=rt.settings, jwks=rt.jwks)
+    unwatched: list[str] = []
     try:
         check_policy(inp)
-        missing = await _check_references(rt.kube, ref.namespace, spec)
-        selected, missing_p, invalid = await _select_principals(rt.kube, ref, spec)
+        missing = await _check_references(rt.kube, ref.namespace, spec, unwatched)
+        selected, missing_p, invalid = await _select_principals(rt.kube, ref, spec, unwatched)
         missing += [m for m in missing_p if m not in missing]
         if missing:
             raise RenderError(ConditionReason.SECRET_MISSING, "missing: " + ", ".join(missing))
@@ -319,6 +338,11 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
     message = f"{len(rendered.objects)} objects applied; {len(rendered.principals)} principals"
     if spec.tests:
         message += f"; {len(spec.tests)} policy tests passed"
+    if unwatched:
+        message += (
+            f"; not labelled {WATCH_LABEL}={WATCH_VALUE}, so their changes wait for the drift "
+            f"repair: Secret {', '.join(unwatched)}"
+        )
     conditions = set_condition(
         previous,
         type=ConditionType.RECONCILED,

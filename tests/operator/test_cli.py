@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import pytest
+
 from agentsafe.operator.cli import default_priority, register
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,3 +41,15 @@ def test_crds_check_and_generate(tmp_path: Path) -> None:
 
 def test_default_priority_is_positive_and_bounded() -> None:
     assert 1 <= default_priority() <= 2**30
+
+
+def test_reconcile_interval_is_parsed_and_refused_when_not_positive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _parser().parse_args(["operator"]).reconcile_interval == 60.0
+    monkeypatch.setenv("AGENTSAFE_OPERATOR_RECONCILE_INTERVAL", "15")
+    args = _parser().parse_args(["operator"])
+    assert args.reconcile_interval == 15.0
+    args = _parser().parse_args(["operator", "--reconcile-interval", "0"])
+    with pytest.raises(SystemExit, match="--reconcile-interval must be > 0"):
+        args.run(args)

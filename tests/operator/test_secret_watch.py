@@ -19,7 +19,6 @@ from typing import Any
 import kopf
 
 from agentsafe.operator.handlers import (
-    SECRET_LABELS,
     build_registry,
     configure_watching,
     policy_handler,
@@ -89,7 +88,6 @@ async def test_a_rotated_bearer_token_reaches_the_principals_file_at_once(
     await _reconciled(runtime, kube)
     before = _bearer_digests(kube)["treasury-lead"]
     rotated = secret(NS, "treasury-lead-token", {"token": b"a-new-approver-token-0123456789"})
-    rotated["metadata"]["labels"] = dict(SECRET_LABELS)
     kube.put(rotated)
     mark = len(kube.calls)
     await _event(runtime, rotated)
@@ -118,7 +116,7 @@ async def test_unrelated_secrets_and_the_initial_listing_touch_nothing(
 ) -> None:
     await _reconciled(runtime, kube)
     mark = len(kube.calls)
-    await _event(runtime, secret(NS, "someone-elses-secret", {"k": b"v"}))
+    await _event(runtime, secret(NS, "someone-elses-secret", {"k": b"v"}, watched=False))
     assert [c for c in kube.calls[mark:] if c[0] != "list"] == []
     mark = len(kube.calls)
     await _event(runtime, copy.deepcopy(kube.objects[("Secret", NS, "payouts-downstream")]), None)
@@ -158,3 +156,23 @@ def test_the_generated_secrets_carry_the_watch_label(render_input: Any) -> None:
     ):
         assert obj["metadata"]["labels"][WATCH_LABEL] == "true"
         assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "agentsafe-operator"
+
+
+async def test_the_reconciled_message_names_unwatched_secrets(
+    runtime: Runtime, kube: FakeKube
+) -> None:
+    def reconciled_message() -> str:
+        status = kube.objects[("AgentPolicy", NS, "payouts")]["status"]
+        return str({c["type"]: c for c in status["conditions"]}["Reconciled"]["message"])
+
+    await _reconciled(runtime, kube)
+    assert "not labelled" not in reconciled_message()  # the fixtures' Secrets are labelled
+    for name in ("payouts-downstream", "treasury-lead-token"):
+        unlabelled = copy.deepcopy(kube.objects[("Secret", NS, name)])
+        unlabelled["metadata"]["labels"] = {}
+        kube.put(unlabelled)
+    await _reconciled(runtime, kube)
+    assert reconciled_message().endswith(
+        "not labelled agentsafe.io/watch=true, so their changes wait for the drift repair: "
+        "Secret payouts-downstream, treasury-lead-token"
+    )
