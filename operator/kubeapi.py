@@ -16,8 +16,9 @@ file), elsewhere the kubeconfig with everything kubectl's loader knows (``token`
 its refresh). What this module adds is one rule the library lacks: an answer 401 means the
 credentials may have rotated (a projected token replaced by the kubelet, an exec plugin's token
 expired), so :class:`KubeClient` loads them again through :class:`Login` (the token file read
-again, the exec plugin run again) and retries that call once. A second 401 is the caller's
-(``ApiError``), and the next call tries a fresh login again; never the same token forever.
+again, the exec plugin run again) and retries that call once. A second 401, or credentials
+that no longer load, is the caller's (``ApiError`` 401), and the next call tries a fresh login
+again; never the same token forever.
 
 Paths still come from ``resources.py`` (``ApiClient.call_api`` with the table's path), so the
 resources the client can reach and the RBAC generated from the same table cannot disagree;
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
+import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config import ConfigException
@@ -183,8 +185,12 @@ class Login:
         load, :class:`LoginFailed` when what is there does not load."""
         try:
             return await self._load()
-        except ConfigException as exc:
-            raise LoginFailed(f"Kubernetes credentials did not load: {exc}") from None
+        except (ConfigException, yaml.YAMLError, OSError, ValueError, KeyError) as exc:
+            # The library's own error, a kubeconfig that does not parse or lacks a key, a file
+            # that went away: named by type and message (paths and keys, never a credential).
+            raise LoginFailed(
+                f"Kubernetes credentials did not load: {type(exc).__name__}: {exc}"
+            ) from None
 
     async def _load(self) -> LoadedCredentials:
         configuration = Configuration()
@@ -312,7 +318,11 @@ class KubeClient:
                 if exc.status == 404 and missing_ok:
                     return None
                 if exc.status == 401 and attempt == 1:
-                    await self._relogin(api)
+                    try:
+                        await self._relogin(api)
+                    except LoginFailed as failed:
+                        # Still a refusal for the steps (their one error type): kopf retries.
+                        raise ApiError(401, "Unauthorized", str(failed)[:500]) from None
                     continue
                 raise _api_error(exc) from None
         raise AssertionError("unreachable")  # pragma: no cover

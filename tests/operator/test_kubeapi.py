@@ -31,6 +31,7 @@ from agentsafe.operator.kubeapi import (
     ApiError,
     CredentialsMissing,
     KubeClient,
+    LoadedCredentials,
     Login,
     LoginFailed,
     connection_fields,
@@ -367,3 +368,40 @@ def test_in_cluster_is_the_projected_token(tmp_path: Path) -> None:
     login = Login(environ={"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, token_file=token)
     assert login.in_cluster()
     assert not Login(environ={}, token_file=token).in_cluster()
+
+
+async def test_credentials_that_stop_loading_are_a_401_for_the_steps(
+    served: Served, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("old-token")
+    served.stand_in.accepted = {"old-token"}
+    login = _kubeconfig(tmp_path / "kubeconfig", served.server, {"tokenFile": str(token_file)})
+    client = await KubeClient.connect(login)
+    try:
+        served.stand_in.accepted = set()
+        (tmp_path / "kubeconfig").write_text("not: [a kubeconfig")
+        with pytest.raises(ApiError) as info:
+            await client.get_json("/version")
+        assert info.value.status == 401
+        assert isinstance(to_kopf_error(info.value), kopf.TemporaryError)
+    finally:
+        await client.close()
+
+
+def test_a_client_certificate_login_reaches_kopf(tmp_path: Path) -> None:
+    from kubernetes_asyncio.client import Configuration
+
+    config = Configuration()
+    config.host = "https://127.0.0.1:6443"
+    config.ssl_ca_cert = str(tmp_path / "ca.crt")
+    config.cert_file = str(tmp_path / "admin.crt")
+    config.key_file = str(tmp_path / "admin.key")
+    fields = connection_fields(LoadedCredentials(config, "kubeconfig"))
+    assert fields["scheme"] is None
+    assert fields["token"] is None
+    assert fields["certificate_path"] == str(tmp_path / "admin.crt")
+    assert fields["private_key_path"] == str(tmp_path / "admin.key")
+    assert fields["insecure"] is False
+    info = kopf.ConnectionInfo(**fields)
+    assert "Authorization" not in info.as_http_headers()
