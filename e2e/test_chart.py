@@ -85,7 +85,8 @@ def test_rbac_rules_are_generated_from_the_operator_table() -> None:
 
 def test_secrets_are_granted_per_watched_namespace_only(k8s_tools: Tools) -> None:
     """With operator.watchNamespaces, the Secret watch's list/watch lands in a Role per watched
-    namespace, never in a ClusterRole (docs/operator.md, "Secret changes")."""
+    namespace, never in a ClusterRole nor in the operator's own unwatched namespace
+    (docs/operator.md, "Secret changes")."""
 
     def secret_verbs(obj: Mapping[str, Any]) -> set[str]:
         return {
@@ -104,6 +105,8 @@ def test_secrets_are_granted_per_watched_namespace_only(k8s_tools: Tools) -> Non
     assert roles == {
         ("Role", "team-a"): {"get", "list", "watch", "create"},
         ("Role", "team-b"): {"get", "list", "watch", "create"},
+        # The operator's own namespace, not watched: the webhook CA's Secret, never watched.
+        ("Role", "agentsafe-system"): {"get", "create"},
     }
     cluster_wide = _render(k8s_tools, [])
     assert [

@@ -28,6 +28,10 @@ class Resource:
     verbs: tuple[str, ...]
     namespaced: bool = True
     why: str = ""
+    where_watched: tuple[str, ...] = ()
+    """Of ``verbs``, the ones needed only in the namespaces the operator watches (the Secret
+    watch's ``list`` and ``watch``): ``charts/generate_rbac.py`` leaves them out of the rules
+    for the operator's own namespace when that one is not watched (the webhook CA's Secret)."""
     only_named: str | None = None
     """Granted only on one object the chart names (RBAC ``resourceNames``): the key of that
     name (the chart's ``agentsafe.<key>Name`` template; ``rbac.render_rbac`` takes it as an
@@ -122,6 +126,7 @@ RESOURCES: Final[tuple[Resource, ...]] = (
         "secrets",
         ("get", "list", "watch", "create"),
         why="read referenced Secrets; watch the labelled ones; create the generated ones",
+        where_watched=("list", "watch"),
     ),
     # Where executor pods answer: the halt reaches every endpoint.
     Resource(
