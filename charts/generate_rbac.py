@@ -72,8 +72,9 @@ def render_rules() -> dict[str, Any]:
     # In agent namespaces the operator writes only the egress NetworkPolicy that keeps agents
     # from reaching the downstream around the executor.
     agent = [resource for resource in namespaced if resource.kind in AGENT_NAMESPACE_KINDS]
-    # The operator's own namespace, when it is not watched: the webhook CA's Secret only.
-    # Nothing is watched there: the verbs only watched namespaces need stay out.
+    # The operator's own namespace, when it is not watched: its own Secrets only (the webhook
+    # CA, the metrics principal's token). Nothing is watched there: the verbs only watched
+    # namespaces need stay out.
     own = [
         replace(r, verbs=tuple(v for v in r.verbs if v not in r.where_watched))
         for r in namespaced
