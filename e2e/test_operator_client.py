@@ -291,6 +291,8 @@ def _running_operator(operator: Operator, workdir: Path, kubeconfig: Path) -> It
         "100",
         "--liveness",
         f"http://127.0.0.1:{free_port()}/healthz",
+        "--metrics-port",
+        "0",  # never a fixed port on a shared machine
     ]
     with log.open("wb") as sink:
         process = subprocess.Popen(
