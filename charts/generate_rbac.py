@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +73,13 @@ def render_rules() -> dict[str, Any]:
     # from reaching the downstream around the executor.
     agent = [resource for resource in namespaced if resource.kind in AGENT_NAMESPACE_KINDS]
     # The operator's own namespace, when it is not watched: its own Secrets only (the webhook
-    # CA, the metrics principal's token).
-    own = [resource for resource in namespaced if resource.kind in OPERATOR_NAMESPACE_KINDS]
+    # CA, the metrics principal's token). Nothing is watched there: the verbs only watched
+    # namespaces need stay out.
+    own = [
+        replace(r, verbs=tuple(v for v in r.verbs if v not in r.where_watched))
+        for r in namespaced
+        if r.kind in OPERATOR_NAMESPACE_KINDS
+    ]
     return {
         "namespacedRules": _rules(namespaced),
         "agentNamespaceRules": _rules(agent),

@@ -99,6 +99,37 @@ def test_rbac_rules_are_generated_from_the_operator_table() -> None:
     assert result.returncode == 0, result.stderr
 
 
+def test_secrets_are_granted_per_watched_namespace_only(k8s_tools: Tools) -> None:
+    """With operator.watchNamespaces, the Secret watch's list/watch lands in a Role per watched
+    namespace, never in a ClusterRole nor in the operator's own unwatched namespace
+    (docs/operator.md, "Secret changes")."""
+
+    def secret_verbs(obj: Mapping[str, Any]) -> set[str]:
+        return {
+            verb
+            for rule in obj.get("rules") or []
+            if "secrets" in rule.get("resources", []) and "" in rule.get("apiGroups", [])
+            for verb in rule["verbs"]
+        }
+
+    objects = _render(k8s_tools, VARIANTS["namespaced"])
+    roles = {
+        (o["kind"], o["metadata"].get("namespace")): secret_verbs(o)
+        for o in objects
+        if o["kind"] in ("Role", "ClusterRole") and secret_verbs(o)
+    }
+    assert roles == {
+        ("Role", "team-a"): {"get", "list", "watch", "create"},
+        ("Role", "team-b"): {"get", "list", "watch", "create"},
+        # The operator's own namespace, not watched: the webhook CA's Secret, never watched.
+        ("Role", "agentsafe-system"): {"get", "create"},
+    }
+    cluster_wide = _render(k8s_tools, [])
+    assert [
+        secret_verbs(o) for o in cluster_wide if o["kind"] == "ClusterRole" and secret_verbs(o)
+    ] == [{"get", "list", "watch", "create"}]
+
+
 def test_helm_lint_passes(k8s_tools: Tools) -> None:
     result = _helm(k8s_tools, "lint", "--strict", str(CHART))
     assert "0 chart(s) failed" in result.stdout
@@ -736,9 +767,12 @@ def test_helm_install_into_the_local_control_plane(
         assert can("patch", "networkpolicies.networking.k8s.io")
         assert can("get", "secrets")
         assert can("patch", "clusterkopfpeerings.kopf.dev", None)
-        # Least privilege: no listing or changing Secrets, no pods, no RBAC, no deleting CRDs.
-        assert not can("list", "secrets")
+        # The Secret watch (docs/operator.md, "Secret changes"): list and watch, no more.
+        assert can("list", "secrets")
+        assert can("watch", "secrets")
+        # Least privilege: no changing Secrets, no pods, no RBAC, no deleting CRDs.
         assert not can("update", "secrets")
+        assert not can("patch", "secrets")
         assert not can("delete", "secrets")
         assert not can("create", "pods")
         assert not can("create", "rolebindings.rbac.authorization.k8s.io")

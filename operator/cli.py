@@ -29,6 +29,17 @@ from typing import Any
 __all__ = ["register"]
 
 
+def _positive_seconds(text: str) -> float:
+    """An argparse type: seconds, a number above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be > 0 seconds")
+    return value
+
+
 def register(subparsers: Any) -> None:
     op = subparsers.add_parser("operator", help="run the Kubernetes operator (kopf)")
     op.add_argument(
@@ -62,6 +73,13 @@ def register(subparsers: Any) -> None:
         "--issuer",
         default=os.environ.get("AGENTSAFE_OPERATOR_ISSUER"),
         help="service-account issuer (default: discovered from the API server)",
+    )
+    op.add_argument(
+        "--reconcile-interval",
+        type=_positive_seconds,
+        default=os.environ.get("AGENTSAFE_OPERATOR_RECONCILE_INTERVAL", "60"),
+        help="seconds between drift repairs of every AgentPolicy (default 60; changes of the "
+        "objects and watched Secrets reconcile at once regardless)",
     )
     op.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
@@ -176,22 +194,27 @@ def default_priority() -> int:
     return 1 + int.from_bytes(digest[:4], "big") % (2**30)
 
 
-SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-
-
 def credentials_source(
-    environ: Mapping[str, str], *, token: Path = SERVICE_ACCOUNT_TOKEN, home: Path | None = None
+    environ: Mapping[str, str], *, token: Path | None = None, home: Path | None = None
 ) -> str | None:
     """Where the operator's Kubernetes credentials would come from, or ``None`` when nowhere:
     in a pod, the projected service-account token; elsewhere a kubeconfig (``KUBECONFIG``, else
-    ``~/.kube/config``), as the clients look for them. Checked before kopf starts, so a missing
-    credential is one line and exit 78, not a traceback from inside kopf's start-up."""
-    if environ.get("KUBERNETES_SERVICE_HOST") and token.is_file():
+    ``~/.kube/config``), as :class:`~.kubeapi.Login` looks for them (the one rule). Checked
+    before kopf starts, so a missing credential is one line and exit 78, not a traceback from
+    inside kopf's start-up."""
+    from .kubeapi import Login
+
+    env = dict(environ)
+    if home is not None:
+        env["HOME"] = str(home)
+    login = Login.from_environment(env)
+    if token is not None:
+        login = replace(login, token_file=token)
+    if login.in_cluster():
         return "service account"
-    if environ.get("KUBECONFIG"):
+    if login.kubeconfig:
         return "KUBECONFIG"
-    config = (home if home is not None else Path.home()) / ".kube" / "config"
-    return "~/.kube/config" if config.is_file() else None
+    return "~/.kube/config" if login.kubeconfig_paths() else None
 
 
 def _run_operator(args: argparse.Namespace) -> int:
@@ -226,8 +249,8 @@ def _run_operator(args: argparse.Namespace) -> int:
 def _operate(args: argparse.Namespace) -> int:
     import kopf
 
-    from .apply import ApiError, KubeClient
-    from .handlers import KopfEvents, build_registry
+    from .handlers import KopfEvents, build_registry, configure_watching
+    from .kubeapi import ApiError, KubeClient, Login, LoginFailed, connection_fields
     from .metrics import OperatorMetrics
     from .resources import FINALIZER
     from .runtime import Runtime, refresh_jwks
@@ -258,6 +281,7 @@ def _operate(args: argparse.Namespace) -> int:
     if not 1 <= args.executor_port <= 65535:
         raise SystemExit("agentsafe operator: --executor-port must be 1..65535")
     settings = replace(settings, port=args.executor_port)
+    settings = replace(settings, reconcile_interval_seconds=args.reconcile_interval)
     _check_webhook_args(args)
     registry = build_registry(
         reconcile_interval=settings.reconcile_interval_seconds,
@@ -265,11 +289,19 @@ def _operate(args: argparse.Namespace) -> int:
         admission=args.webhook_port != 0,
     )
     memo = kopf.Memo()
+    credentials = Login.from_environment()
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        """In a pod, the projected service-account token; elsewhere, the kubeconfig."""
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        """kopf's own connection, from the credentials the operator's client loads: in a pod
+        the projected service-account token, elsewhere the kubeconfig (exec plugins and OIDC
+        included). Loaded afresh each time: kopf logs in again after a 401 and before an exec
+        plugin's token expires, so a rotated token is picked up."""
+        try:
+            loaded = await credentials.load()
+        except LoginFailed as exc:
+            raise kopf.LoginError(str(exc)) from None
+        return kopf.ConnectionInfo(**connection_fields(loaded))
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -288,12 +320,11 @@ def _operate(args: argparse.Namespace) -> int:
         settings.posting.reporting_component = "agentsafe"  # Events say agentsafe, not kopf
         settings.posting.reporting_instance = socket.gethostname()
         settings.persistence.finalizer = FINALIZER
-        info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
-            settings=settings
-        )
-        if info is None:
-            raise kopf.PermanentError("no Kubernetes credentials (service account or kubeconfig)")
-        kube = KubeClient(info)
+        configure_watching(settings)
+        try:
+            kube = await KubeClient.connect(credentials)
+        except LoginFailed as exc:
+            raise kopf.PermanentError(str(exc)) from None
         operator_settings = settings_holder["settings"]
         if args.issuer:
             operator_settings = replace(operator_settings, issuer=args.issuer)
@@ -405,7 +436,7 @@ async def _webhook_tls_loop(
     """Sign a new serving certificate before the old one expires (kopf's server notices the
     files within a minute) and set caBundle again (a re-installed chart clears it)."""
     from .admission import ADMISSION_WEBHOOK_ID
-    from .apply import ApiError
+    from .kubeapi import ApiError
     from .webhook_tls import needs_renewal, publish_ca_bundle, write_serving
 
     while True:

@@ -23,9 +23,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .apply import ApiError
 from .conditions import now_rfc3339, set_condition, stored_conditions
 from .control import ControlResult, executor_endpoints, trust_context
+from .kubeapi import ApiError
 from .models import (
     AgentPolicySpec,
     ConditionReason,

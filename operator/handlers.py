@@ -16,10 +16,13 @@ modules named for what they do and never import kopf:
   is stored; a refusal is ``kopf.AdmissionError`` (HTTP 422 to the client).
 - Executor StatefulSets (the ones the renderer labels): every watch event runs
   :func:`~.readiness.refresh_ready` for the owning AgentPolicy; it never renders or applies.
+- Secrets labelled ``agentsafe.io/watch: "true"`` (:data:`SECRET_LABELS`; the API server
+  filters the watch by it, :func:`configure_watching`): a change runs
+  :func:`~.reconcile.reconcile_secret`, which re-renders the AgentPolicies that use the Secret.
 
 Errors are mapped here and only here: a stored object that does not validate
 (:class:`~.runtime.InvalidSpec`) is a ``Ready=False``/``SpecInvalid`` condition, a Warning Event
-and ``kopf.PermanentError``; an API refusal (:class:`~.apply.ApiError`) is
+and ``kopf.PermanentError``; an API refusal (:class:`~.kubeapi.ApiError`) is
 ``kopf.TemporaryError`` or ``kopf.PermanentError`` through :func:`to_kopf_error`.
 
 Every handler run is counted and timed by its handler name and how it ended
@@ -39,9 +42,9 @@ from typing import Any
 import kopf
 
 from .admission import ADMISSION_WEBHOOK_ID, AdmissionRefused, review_policy
-from .apply import ApiError
 from .conditions import spec_invalid_status
 from .halt import enforce_halt, halt_acknowledged
+from .kubeapi import ApiError
 from .models import (
     GROUP,
     VERSION,
@@ -54,21 +57,29 @@ from .models import (
     ResourceStatus,
 )
 from .readiness import owning_policy, ready_moved, refresh_ready
-from .reconcile import prune_agent_policies, reconcile_policy, reconcile_principal
-from .render.common import EXECUTOR_COMPONENT, MANAGED_BY
+from .reconcile import (
+    prune_agent_policies,
+    reconcile_policy,
+    reconcile_principal,
+    reconcile_secret,
+)
+from .render.common import EXECUTOR_COMPONENT, MANAGED_BY, WATCH_LABEL, WATCH_VALUE
 from .resources import migrated_finalizers
 from .runtime import EventType, InvalidSpec, Runtime, policy_ref
 
 __all__ = [
     "EXECUTOR_LABELS",
+    "SECRET_LABELS",
     "KopfEvents",
     "build_registry",
+    "configure_watching",
     "halt_handler",
     "halt_retry_timer",
     "policy_admission_handler",
     "policy_delete_handler",
     "policy_handler",
     "principal_handler",
+    "secret_handler",
     "statefulset_handler",
     "to_kopf_error",
 ]
@@ -213,6 +224,21 @@ async def principal_handler(
         patch.status.update(status.patch())
 
 
+async def secret_handler(
+    body: kopf.Body, memo: kopf.Memo, type: str | None = None, **_: Any
+) -> None:
+    """A watched Secret was added, modified or deleted: re-render the policies that use it.
+    The initial listing (``type`` ``None``) is skipped: at start every policy is reconciled by
+    its own resume handler already."""
+    if type is None:
+        return
+    rt: Runtime = memo["runtime"]
+    try:
+        await reconcile_secret(rt, dict(body))
+    except ApiError as exc:
+        raise to_kopf_error(exc) from None
+
+
 async def halt_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
     """create / update / resume / delete of a HaltSwitch (and its retry timer)."""
     rt: Runtime = memo["runtime"]
@@ -251,6 +277,17 @@ EXECUTOR_LABELS: Mapping[str, str] = {
     "app.kubernetes.io/managed-by": MANAGED_BY,
 }
 """Labels of every executor StatefulSet the operator renders (``render.common.policy_labels``)."""
+
+SECRET_LABELS: Mapping[str, str] = {WATCH_LABEL: WATCH_VALUE}
+"""The Secrets the operator watches (docs/operator.md, "Secret changes")."""
+
+
+def configure_watching(settings: kopf.OperatorSettings) -> None:
+    """Have the API server filter the Secret watch by :data:`SECRET_LABELS` (kopf's handler
+    filter alone would still receive every Secret of the watched namespaces)."""
+    settings.watching.label_selectors["v1", "secrets"] = ",".join(
+        f"{key}={value}" for key, value in SECRET_LABELS.items()
+    )
 
 
 def finalizer_migration_handler(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
@@ -312,6 +349,11 @@ def build_registry(
         id="readiness",
         labels=EXECUTOR_LABELS,
     )(statefulset_handler)
+    # Secret changes: only labelled Secrets (the server-side selector of configure_watching,
+    # and this filter again), stateless like the StatefulSet watch.
+    kopf.on.event("v1", "secrets", registry=registry, id="references", labels=SECRET_LABELS)(
+        secret_handler
+    )
     kopf.timer(
         GROUP,
         VERSION,

@@ -38,8 +38,8 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from .apply import ApiError
 from .conditions import set_condition, stored_conditions
+from .kubeapi import ApiError
 from .models import (
     API_VERSION,
     AgentPolicySpec,

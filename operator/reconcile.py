@@ -16,10 +16,14 @@ reported as ``Reconciled=False`` and ``Ready=False`` with its reason. The result
 labels) or selects it (new labels) is reconciled again and its status written, and the
 Principal's own status names the policies that select it.
 
+:func:`reconcile_secret` is a watched Secret's side: every AgentPolicy that uses it
+(:func:`policies_using_secret`: named in its spec, generated for it, or a selected Principal's
+bearer token) is reconciled again at once and its status written.
+
 :func:`prune_agent_policies` removes the NetworkPolicies a policy placed in agent namespaces
 (owner references cannot cross namespaces; everything else is garbage-collected through them).
 
-No kopf here: API refusals leave as :class:`~.apply.ApiError`, a stored object that does not
+No kopf here: API refusals leave as :class:`~.kubeapi.ApiError`, a stored object that does not
 validate as :class:`~.runtime.InvalidSpec`; ``handlers.py`` maps both to kopf's errors.
 
 Callers: ``handlers.py`` (the handler tests drive it through the handlers).
@@ -29,16 +33,16 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
-from .apply import Kube
 from .conditions import set_condition, spec_invalid_status, stored_conditions
 from .halt import sync_halt
+from .kubeapi import Kube
 from .models import (
     AgentPolicySpec,
     AgentPolicyStatus,
@@ -60,7 +64,7 @@ from .render import (
     render_metrics_token_secret,
     render_operator_token_secret,
 )
-from .render.common import OWNER_LABEL
+from .render.common import OWNER_LABEL, WATCH_LABEL, WATCH_VALUE
 from .render.config import OPERATOR_TOKEN_KEY
 from .runtime import (
     EventType,
@@ -74,9 +78,12 @@ from .runtime import (
 
 __all__ = [
     "PolicyOutcome",
+    "policies_using_secret",
     "prune_agent_policies",
     "reconcile_policy",
     "reconcile_principal",
+    "reconcile_secret",
+    "referenced_keys",
 ]
 
 
@@ -90,9 +97,9 @@ class PolicyOutcome:
     message: str
 
 
-async def _check_references(kube: Kube, namespace: str, spec: AgentPolicySpec) -> list[str]:
-    """Referenced Secrets and ConfigMaps (and keys) that do not exist, by name."""
-    missing: list[str] = []
+def referenced_keys(spec: AgentPolicySpec) -> list[tuple[str, str, str]]:
+    """Every (kind, name, key) of a Secret or ConfigMap the AgentPolicy's spec names: the
+    listener's certificate, the downstream credential and CA, the store URL, the client CA."""
     wanted: list[tuple[str, str, str]] = [
         ("Secret", spec.tls.secret_name, "tls.crt"),
         ("Secret", spec.tls.secret_name, "tls.key"),
@@ -108,10 +115,87 @@ async def _check_references(kube: Kube, namespace: str, spec: AgentPolicySpec) -
         wanted.append(("ConfigMap", spec.downstream.ca.name, spec.downstream.ca.key))
     if spec.tls.client_ca is not None:
         wanted.append(("ConfigMap", spec.tls.client_ca.name, spec.tls.client_ca.key))
+    return wanted
+
+
+def policies_using_secret(
+    secret: str, policies: Sequence[Mapping[str, Any]], principals: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The AgentPolicies (of one namespace) whose rendering reads the Secret named ``secret``:
+    one their spec names (:func:`referenced_keys`), one the operator generated for them (its
+    bearer token, the grant signing key), or the bearer-token Secret of a Principal they
+    select. Policies being deleted and objects that do not validate are left out (their own
+    handlers report them)."""
+    bearer_of: list[tuple[str, Mapping[str, str] | None]] = []
+    for item in principals:
+        meta = item.get("metadata") or {}
+        try:
+            pspec = PrincipalSpec.model_validate(item.get("spec") or {})
+        except ValidationError:
+            continue
+        if pspec.bearer is not None and not meta.get("deletionTimestamp"):
+            bearer_of.append((pspec.bearer.secret_key_ref.name, meta.get("labels")))
+    using: list[Mapping[str, Any]] = []
+    for policy in policies:
+        if (policy.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        try:
+            spec = AgentPolicySpec.model_validate(policy.get("spec") or {})
+        except ValidationError:
+            continue
+        generated = names(policy_ref(policy))
+        named = {name for kind, name, _ in referenced_keys(spec) if kind == "Secret"}
+        named |= {generated.operator_token, generated.authority_key}
+        if secret in named or any(
+            name == secret and spec.principal_selector.matches(labels) for name, labels in bearer_of
+        ):
+            using.append(policy)
+    return using
+
+
+async def reconcile_secret(rt: Runtime, body: Mapping[str, Any]) -> list[str]:
+    """A watched Secret changed (created, updated, deleted): re-render every AgentPolicy of its
+    namespace that uses it (:func:`policies_using_secret`) and write their status; the names of
+    the policies re-rendered. Nothing of the Secret is read here beyond its name: each reconcile
+    reads what it needs itself.
+
+    Raises ``ApiError`` for the API server's refusals."""
+    meta = body["metadata"]
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    policies = await rt.kube.list_objects("AgentPolicy", namespace)
+    if not policies:
+        return []
+    principals = await rt.kube.list_objects("Principal", namespace)
+    using = policies_using_secret(name, policies, principals)
+    for policy in using:
+        await _rereconcile(rt, policy)
+    return [str(policy["metadata"]["name"]) for policy in using]
+
+
+def _note_unwatched(secret: Mapping[str, Any] | None, unwatched: list[str]) -> None:
+    """Add a Secret read without the watch label to ``unwatched`` (its changes wait for the
+    drift repair; the Reconciled message says so)."""
+    meta = (secret or {}).get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if secret is not None and labels.get(WATCH_LABEL) != WATCH_VALUE:
+        name = str(meta.get("name"))
+        if name not in unwatched:
+            unwatched.append(name)
+
+
+async def _check_references(
+    kube: Kube, namespace: str, spec: AgentPolicySpec, unwatched: list[str]
+) -> list[str]:
+    """Referenced Secrets and ConfigMaps (and keys) that do not exist, by name; Secrets read
+    without the watch label are added to ``unwatched``."""
+    missing: list[str] = []
+    wanted = referenced_keys(spec)
     cache: dict[tuple[str, str], dict[str, Any] | None] = {}
     for kind, name, key in wanted:
         if (kind, name) not in cache:
             cache[(kind, name)] = await kube.get(kind, namespace, name)
+            if kind == "Secret":
+                _note_unwatched(cache[(kind, name)], unwatched)
         found = cache[(kind, name)]
         if found is None:
             text = f"{kind} {namespace}/{name}"
@@ -125,9 +209,10 @@ async def _check_references(kube: Kube, namespace: str, spec: AgentPolicySpec) -
 
 
 async def _select_principals(
-    kube: Kube, ref: PolicyRef, spec: AgentPolicySpec
+    kube: Kube, ref: PolicyRef, spec: AgentPolicySpec, unwatched: list[str]
 ) -> tuple[list[SelectedPrincipal], list[str], list[str]]:
-    """(selected principals, missing references, invalid principal names)."""
+    """(selected principals, missing references, invalid principal names); bearer Secrets
+    read without the watch label are added to ``unwatched``."""
     selected: list[SelectedPrincipal] = []
     missing: list[str] = []
     invalid: list[str] = []
@@ -147,6 +232,7 @@ async def _select_principals(
         if pspec.bearer is not None:
             sref = pspec.bearer.secret_key_ref
             secret = await kube.get("Secret", ref.namespace, sref.name)
+            _note_unwatched(secret, unwatched)
             token = decode_secret_key(secret, sref.key)
             if not token:
                 missing.append(f"Secret {ref.namespace}/{sref.name} (key {sref.key})")
@@ -218,10 +304,11 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
     spec = parse_spec(AgentPolicySpec, body)
     labels = (body.get("metadata") or {}).get("labels")
     inp = RenderInput(policy=ref, spec=spec, settings=rt.settings, jwks=rt.jwks)
+    unwatched: list[str] = []
     try:
         check_policy(inp)
-        missing = await _check_references(rt.kube, ref.namespace, spec)
-        selected, missing_p, invalid = await _select_principals(rt.kube, ref, spec)
+        missing = await _check_references(rt.kube, ref.namespace, spec, unwatched)
+        selected, missing_p, invalid = await _select_principals(rt.kube, ref, spec, unwatched)
         missing += [m for m in missing_p if m not in missing]
         if missing:
             raise RenderError(ConditionReason.SECRET_MISSING, "missing: " + ", ".join(missing))
@@ -274,6 +361,11 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
     message = f"{len(rendered.objects)} objects applied; {len(rendered.principals)} principals"
     if spec.tests:
         message += f"; {len(spec.tests)} policy tests passed"
+    if unwatched:
+        message += (
+            f"; not labelled {WATCH_LABEL}={WATCH_VALUE}, so their changes wait for the drift "
+            f"repair: Secret {', '.join(unwatched)}"
+        )
     conditions = set_condition(
         previous,
         type=ConditionType.RECONCILED,

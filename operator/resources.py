@@ -1,10 +1,10 @@
 """Every Kubernetes resource the operator touches, and what it does to each.
 
-One table (:data:`RESOURCES`) drives both the API client's paths (``apply.py``) and the
+One table (:data:`RESOURCES`) drives both the API client's paths (``kubeapi.py``) and the
 operator's RBAC (``rbac.py``): a resource the operator uses without listing it here has no path
 and no permission, so the two cannot drift apart.
 
-Callers: ``apply.py``, ``rbac.py``, ``charts/generate_rbac.py``, the tests.
+Callers: ``kubeapi.py``, ``rbac.py``, ``charts/generate_rbac.py``, the tests.
 """
 
 from __future__ import annotations
@@ -56,6 +56,10 @@ class Resource:
     verbs: tuple[str, ...]
     namespaced: bool = True
     why: str = ""
+    where_watched: tuple[str, ...] = ()
+    """Of ``verbs``, the ones needed only in the namespaces the operator watches (the Secret
+    watch's ``list`` and ``watch``): ``charts/generate_rbac.py`` leaves them out of the rules
+    for the operator's own namespace when that one is not watched (the webhook CA's Secret)."""
     only_named: str | None = None
     """Granted only on one object the chart names (RBAC ``resourceNames``): the key of that
     name (the chart's ``agentsafe.<key>Name`` template; ``rbac.render_rbac`` takes it as an
@@ -139,14 +143,18 @@ RESOURCES: Final[tuple[Resource, ...]] = (
         why="executor ingress/egress; agents' egress in agent namespaces",
     ),
     # Secrets: referenced ones are read (existence, bearer digests, the listener's CA);
-    # generated ones (the operator's bearer, the grant signing key) are created once.
+    # generated ones (the operator's bearer, the grant signing key) are created once; the
+    # labelled ones (agentsafe.io/watch) are watched so that a change reconciles at once.
+    # Bounded by namespace in the chart (a Role per watched namespace when
+    # operator.watchNamespaces is set); never update, patch or delete.
     Resource(
         "Secret",
         "",
         "v1",
         "secrets",
-        ("get", "create"),
-        why="read referenced Secrets; create the generated ones (never updated)",
+        ("get", "list", "watch", "create"),
+        why="read referenced Secrets; watch the labelled ones; create the generated ones",
+        where_watched=("list", "watch"),
     ),
     # Where executor pods answer: the halt reaches every endpoint.
     Resource(

@@ -1,7 +1,7 @@
 """What every reconcile step shares: the :class:`Runtime` and the readers of stored objects.
 
 One :class:`Runtime` lives in kopf's ``memo`` for the operator's life (``cli.py`` builds it at
-startup): the API client (:class:`~.apply.Kube`), the operator's settings, where Events go,
+startup): the API client (:class:`~.kubeapi.Kube`), the operator's settings, where Events go,
 the control-route client and the cluster's service-account JWKS, which :func:`refresh_jwks`
 reads again on a timer. Tests build one over an in-memory API stand-in.
 
@@ -26,8 +26,8 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from .apply import ApiError, Kube
 from .control import ControlClient
+from .kubeapi import ApiError, Kube
 from .metrics import OperatorMetrics
 from .render import PolicyRef
 from .settings import OperatorSettings

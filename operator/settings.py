@@ -4,7 +4,7 @@
 variables and handed to every render function, so rendering stays a pure function of
 (AgentPolicy, selected Principals, settings, cluster JWKS).
 
-Callers: ``cli.py``, ``runtime.py``, ``apply.py`` and ``halt.py`` (the field managers),
+Callers: ``cli.py``, ``runtime.py``, ``kubeapi.py`` and ``halt.py`` (the field managers),
 ``render/common.py``, the tests.
 """
 

@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from .apply import Kube
+from .kubeapi import Kube
 from .runtime import decode_secret_key
 
 __all__ = [

@@ -222,9 +222,10 @@ ALLOWED: dict[str, Allowance] = {
         "routes; runs in its own short-lived process, not in the executor",
     ),
     # -- the operator: its own process, which talks to the API server and to executors ----
-    "operator/apply.py": allow(
-        HTTP_CLIENT,
-        reason="the operator's Kubernetes API client (one session with kopf's credentials)",
+    "operator/kubeapi.py": allow(
+        KUBE,
+        reason="the operator's Kubernetes API client (kubernetes_asyncio) and the login it "
+        "shares with kopf; the operator's own process",
     ),
     "operator/control.py": allow(
         HTTP_CLIENT,

@@ -23,6 +23,8 @@ __all__ = [
     "EXECUTOR_COMPONENT",
     "MANAGED_BY",
     "SPREAD_MIN_REPLICAS",
+    "WATCH_LABEL",
+    "WATCH_VALUE",
     "PolicyRef",
     "RenderError",
     "RenderInput",
@@ -39,6 +41,12 @@ MANAGED_BY: Final = "agentsafe-operator"
 """``app.kubernetes.io/managed-by`` of every child (the StatefulSet watch filters on it)."""
 POLICY_LABEL: Final = f"{GROUP}/policy"
 OWNER_LABEL: Final = f"{GROUP}/owner"
+WATCH_LABEL: Final = f"{GROUP}/watch"
+"""``agentsafe.io/watch: "true"`` on a Secret: the operator watches it, and a change re-renders
+at once every AgentPolicy that uses it (docs/operator.md, "Secret changes"). The Secrets the
+operator generates carry it; a referenced Secret gets it from whoever writes it (a
+cert-manager Certificate's ``secretTemplate``, ``kubectl label``)."""
+WATCH_VALUE: Final = "true"
 SPREAD_MIN_REPLICAS: Final = 2
 """From this many replicas on, executors get a PodDisruptionBudget and topology spread; below it
 neither is rendered (a budget over one pod would protect nothing or block every drain)."""

@@ -43,7 +43,15 @@ from agentsafe.executor.principals import Role, Scope
 
 from ..models import ConditionReason, PrincipalSpec
 from ..settings import OperatorSettings
-from .common import MANAGED_BY, RenderError, RenderInput, child_meta, names
+from .common import (
+    MANAGED_BY,
+    WATCH_LABEL,
+    WATCH_VALUE,
+    RenderError,
+    RenderInput,
+    child_meta,
+    names,
+)
 
 __all__ = [
     "AUTHORITY_KEY_KEY",
@@ -191,6 +199,12 @@ def render_configmap(inp: RenderInput) -> dict[str, Any]:
     }
 
 
+def _watched(meta: dict[str, Any]) -> dict[str, Any]:
+    """A generated Secret's metadata with the watch label: deleting it re-renders at once."""
+    meta["labels"] = {**meta["labels"], WATCH_LABEL: WATCH_VALUE}
+    return meta
+
+
 def render_operator_token_secret(inp: RenderInput, token: str) -> dict[str, Any]:
     """The operator's bearer token for this policy's executors: created once, never updated,
     never mounted into an executor (which holds only its SHA-256)."""
@@ -198,7 +212,7 @@ def render_operator_token_secret(inp: RenderInput, token: str) -> dict[str, Any]
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": child_meta(inp.policy, names(inp.policy).operator_token),
+        "metadata": _watched(child_meta(inp.policy, names(inp.policy).operator_token)),
         "data": {OPERATOR_TOKEN_KEY: base64.b64encode(token.encode("ascii")).decode("ascii")},
     }
 
@@ -234,6 +248,6 @@ def render_authority_key_secret(inp: RenderInput, key: Ed25519PrivateKey) -> dic
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": child_meta(inp.policy, names(inp.policy).authority_key),
+        "metadata": _watched(child_meta(inp.policy, names(inp.policy).authority_key)),
         "data": {AUTHORITY_KEY_KEY: base64.b64encode(pem).decode("ascii")},
     }

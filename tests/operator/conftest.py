@@ -82,11 +82,15 @@ def render_input(
     )
 
 
-def secret(namespace: str, name: str, data: dict[str, bytes]) -> dict[str, Any]:
+def secret(
+    namespace: str, name: str, data: dict[str, bytes], *, watched: bool = True
+) -> dict[str, Any]:
+    """A Secret; ``watched``: labelled for the operator's Secret watch, as the examples are."""
+    labels = {"agentsafe.io/watch": "true"} if watched else {}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {"name": name, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
     }
 

@@ -1,4 +1,4 @@
-"""An in-memory stand-in for the Kubernetes API (``agentsafe.operator.apply.Kube``).
+"""An in-memory stand-in for the Kubernetes API (``agentsafe.operator.kubeapi.Kube``).
 
 Not a Kubernetes: it stores objects by (kind, namespace, name), implements server-side apply
 as "replace the fields this manager gave" at the top level of ``data`` for ConfigMaps (enough to
@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agentsafe.operator.apply import ApiError
+from agentsafe.operator.kubeapi import ApiError
 from agentsafe.operator.models import (
     AgentPolicyStatus,
     ConditionReason,

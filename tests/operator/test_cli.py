@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agentsafe.operator.cli import credentials_source, default_priority, register
 from agentsafe.operator.resources import FINALIZER, migrated_finalizers
 
@@ -43,6 +45,19 @@ def test_crds_check_and_generate(tmp_path: Path) -> None:
 
 def test_default_priority_is_positive_and_bounded() -> None:
     assert 1 <= default_priority() <= 2**30
+
+
+def test_reconcile_interval_is_parsed_and_refused_when_not_positive(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _parser().parse_args(["operator"]).reconcile_interval == 60.0
+    monkeypatch.setenv("AGENTSAFE_OPERATOR_RECONCILE_INTERVAL", "15")
+    args = _parser().parse_args(["operator"])
+    assert args.reconcile_interval == 15.0
+    for refused in ("0", "-5", "soon"):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["operator", "--reconcile-interval", refused])
+        assert "--reconcile-interval" in capsys.readouterr().err
 
 
 def test_without_credentials_the_operator_says_so_in_one_json_line(tmp_path: Path) -> None:

@@ -21,7 +21,6 @@ import pytest
 from aiohttp import web
 
 from agentsafe.executor.door.principals_file import parse_principals
-from agentsafe.operator.apply import ApiError
 from agentsafe.operator.handlers import (
     build_registry,
     halt_handler,
@@ -30,6 +29,7 @@ from agentsafe.operator.handlers import (
     policy_handler,
     principal_handler,
 )
+from agentsafe.operator.kubeapi import ApiError
 from agentsafe.operator.runtime import Runtime, refresh_jwks
 from agentsafe.operator.settings import HALT_FIELD_MANAGER, OperatorSettings
 from tests.support.pki import Issued, TestCA
@@ -350,6 +350,7 @@ def test_registry_wires_every_handler() -> None:
     }
     assert watching == {
         ("apps", "v1", "statefulsets", "statefulset_handler"),
+        ("", "v1", "secrets", "secret_handler"),  # tests/operator/test_secret_watch.py
         *(
             ("agentsafe.io", "v1alpha1", plural, "finalizer_migration_handler")
             for plural in ("agentpolicies", "principals", "haltswitches")

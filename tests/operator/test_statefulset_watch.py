@@ -14,8 +14,8 @@ from typing import Any
 import kopf
 import pytest
 
-from agentsafe.operator.apply import ApiError
 from agentsafe.operator.handlers import policy_handler, statefulset_handler
+from agentsafe.operator.kubeapi import ApiError
 from agentsafe.operator.runtime import Runtime
 from agentsafe.operator.settings import OperatorSettings
 

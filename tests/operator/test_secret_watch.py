@@ -1,0 +1,178 @@
+"""The Secret watch: a labelled Secret's change re-renders, at once, the AgentPolicies using it.
+
+The handler is called as kopf calls an event handler (``body``, ``memo``, ``type``) against the
+in-memory API stand-in (``FakeKube``). What it must do: find every policy that reads the Secret
+(named in its spec, generated for it, a selected Principal's bearer token) and only those,
+re-render them (a rotated bearer token reaches the principals file), skip kopf's initial
+listing, and be registered for labelled Secrets only, with the API server filtering the watch.
+The real API server (RBAC, the label selector, the operator process) is exercised by
+``e2e/test_operator_client.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+import kopf
+
+from agentsafe.operator.handlers import (
+    build_registry,
+    configure_watching,
+    policy_handler,
+    secret_handler,
+)
+from agentsafe.operator.reconcile import policies_using_secret
+from agentsafe.operator.render.common import WATCH_LABEL
+from agentsafe.operator.runtime import Runtime
+
+from .conftest import NS, memo_for, secret
+from .fakekube import FakeKube
+
+CONFIG = ("ConfigMap", NS, "payouts-executor-config")
+
+
+async def _reconciled(rt: Runtime, kube: FakeKube) -> None:
+    patch = kopf.Patch()
+    body = copy.deepcopy(kube.objects[("AgentPolicy", NS, "payouts")])
+    await policy_handler(body=kopf.Body(body), patch=patch, memo=memo_for(rt))
+    await kube.patch_status("AgentPolicy", NS, "payouts", dict(patch["status"]))
+
+
+def _bearer_digests(kube: FakeKube) -> dict[str, str]:
+    document = json.loads(kube.objects[CONFIG]["data"]["principals.json"])
+    return {
+        p["id"]: p["credential"]["token_sha256"]
+        for p in document["principals"]
+        if "token_sha256" in (p.get("credential") or {})
+    }
+
+
+async def _event(rt: Runtime, body: dict[str, Any], type_: str | None = "MODIFIED") -> None:
+    await secret_handler(body=kopf.Body(body), memo=memo_for(rt), type=type_, logger=None)
+
+
+def _names(kube: FakeKube, secret_name: str) -> list[str]:
+    policies = [o for k, o in kube.objects.items() if k[0] == "AgentPolicy"]
+    principals = [o for k, o in kube.objects.items() if k[0] == "Principal"]
+    using = policies_using_secret(secret_name, policies, principals)
+    return [p["metadata"]["name"] for p in using]
+
+
+def test_which_policies_use_a_secret(kube: FakeKube) -> None:
+    # Named in the spec, generated for the policy, or a selected Principal's bearer token.
+    for name in (
+        "payouts-executor-tls",
+        "payouts-downstream",
+        "payouts-operator-token",
+        "payouts-authority-key",
+        "treasury-lead-token",
+    ):
+        assert _names(kube, name) == ["payouts"], name
+    assert _names(kube, "someone-elses-secret") == []
+    # A Principal the policy no longer selects does not tie its Secret to the policy.
+    lead = kube.objects[("Principal", NS, "treasury-lead")]
+    lead["metadata"]["labels"] = {"agentsafe.io/policy": "another"}
+    assert _names(kube, "treasury-lead-token") == []
+    # A policy being deleted is its own handlers' business.
+    lead["metadata"]["labels"] = {"agentsafe.io/policy": "payouts"}
+    kube.objects[("AgentPolicy", NS, "payouts")]["metadata"]["deletionTimestamp"] = "now"
+    assert _names(kube, "treasury-lead-token") == []
+
+
+async def test_a_rotated_bearer_token_reaches_the_principals_file_at_once(
+    runtime: Runtime, kube: FakeKube
+) -> None:
+    await _reconciled(runtime, kube)
+    before = _bearer_digests(kube)["treasury-lead"]
+    rotated = secret(NS, "treasury-lead-token", {"token": b"a-new-approver-token-0123456789"})
+    kube.put(rotated)
+    mark = len(kube.calls)
+    await _event(runtime, rotated)
+    after = _bearer_digests(kube)["treasury-lead"]
+    assert after != before
+    assert after == hashlib.sha256(b"a-new-approver-token-0123456789").hexdigest()
+    # The policy's status was written by the watch path (nobody else would).
+    assert ("patch_status", "AgentPolicy", NS, "payouts") in kube.calls[mark:]
+
+
+async def test_a_deleted_secret_makes_the_policy_report_it(
+    runtime: Runtime, kube: FakeKube
+) -> None:
+    await _reconciled(runtime, kube)
+    gone = copy.deepcopy(kube.objects[("Secret", NS, "payouts-downstream")])
+    await kube.delete("Secret", NS, "payouts-downstream")
+    await _event(runtime, gone, "DELETED")
+    status = kube.objects[("AgentPolicy", NS, "payouts")]["status"]
+    ready = {c["type"]: c for c in status["conditions"]}["Reconciled"]
+    assert (ready["status"], ready["reason"]) == ("False", "SecretMissing")
+    assert "payouts-downstream" in ready["message"]
+
+
+async def test_unrelated_secrets_and_the_initial_listing_touch_nothing(
+    runtime: Runtime, kube: FakeKube
+) -> None:
+    await _reconciled(runtime, kube)
+    mark = len(kube.calls)
+    await _event(runtime, secret(NS, "someone-elses-secret", {"k": b"v"}, watched=False))
+    assert [c for c in kube.calls[mark:] if c[0] != "list"] == []
+    mark = len(kube.calls)
+    await _event(runtime, copy.deepcopy(kube.objects[("Secret", NS, "payouts-downstream")]), None)
+    assert kube.calls[mark:] == []
+
+
+def test_only_labelled_secrets_are_watched_and_the_api_server_filters() -> None:
+    registry = build_registry()
+    (handler,) = [
+        h
+        for h in registry._watching.get_all_handlers()  # kopf's registry, as kopf reads it
+        if getattr(h, "id", "") == "references"
+    ]
+    assert handler.labels == {WATCH_LABEL: "true"}
+    settings = kopf.OperatorSettings()
+    configure_watching(settings)
+    (selector,) = list(settings.watching.label_selectors)
+    assert (selector.group, selector.version, selector.plural or selector.any_name) == (
+        "",
+        "v1",
+        "secrets",
+    )
+    assert settings.watching.label_selectors[selector] == f"{WATCH_LABEL}=true"
+
+
+def test_the_generated_secrets_carry_the_watch_label(render_input: Any) -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from agentsafe.operator.render import (
+        render_authority_key_secret,
+        render_operator_token_secret,
+    )
+
+    for obj in (
+        render_operator_token_secret(render_input, "t"),
+        render_authority_key_secret(render_input, Ed25519PrivateKey.generate()),
+    ):
+        assert obj["metadata"]["labels"][WATCH_LABEL] == "true"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "agentsafe-operator"
+
+
+async def test_the_reconciled_message_names_unwatched_secrets(
+    runtime: Runtime, kube: FakeKube
+) -> None:
+    def reconciled_message() -> str:
+        status = kube.objects[("AgentPolicy", NS, "payouts")]["status"]
+        return str({c["type"]: c for c in status["conditions"]}["Reconciled"]["message"])
+
+    await _reconciled(runtime, kube)
+    assert "not labelled" not in reconciled_message()  # the fixtures' Secrets are labelled
+    for name in ("payouts-downstream", "treasury-lead-token"):
+        unlabelled = copy.deepcopy(kube.objects[("Secret", NS, name)])
+        unlabelled["metadata"]["labels"] = {}
+        kube.put(unlabelled)
+    await _reconciled(runtime, kube)
+    assert reconciled_message().endswith(
+        "not labelled agentsafe.io/watch=true, so their changes wait for the drift repair: "
+        "Secret payouts-downstream, treasury-lead-token"
+    )
