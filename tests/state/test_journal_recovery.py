@@ -25,7 +25,6 @@ import pytest
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import JournalError
 from agentsafe.executor.state.journal import ATTEMPTS_DIR, AttemptJournal, TornLine, scan_journal
-
 from tests.support.intents import numbered_intent
 
 from .test_journal import DAY, NOW, open_attempt
