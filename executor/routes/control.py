@@ -20,7 +20,14 @@ from ..events import Streams
 from ..host.halt import HaltCause, HaltState
 from ..host.metrics import ExecutorMetrics
 from ..principals import Principal, Role, Scope
-from .answers import AttemptDecided, EvidenceManifest, HaltStatus, OpenAttempts, SecretsReload, Status
+from .answers import (
+    AttemptDecided,
+    EvidenceManifest,
+    HaltStatus,
+    OpenAttempts,
+    SecretsReload,
+    Status,
+)
 from .app import Call, Route, RouteHandler
 
 __all__ = ["ControlPlane", "control_routes"]
