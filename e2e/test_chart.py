@@ -25,6 +25,7 @@ import yaml
 from cluster.build import KUBERNETES_VERSION, Tools
 from cluster.control_plane import ControlPlane
 
+from agentsafe.operator.admission import ADMISSION_WEBHOOK_ID
 from agentsafe.operator.cli import register
 from agentsafe.operator.rbac import render_rbac
 
@@ -32,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "agentsafe"
 SCHEMA_VERSION = KUBERNETES_VERSION.lstrip("v").rsplit(".", 1)[0] + ".0"
 # Kinds with no upstream schema: kopf's peering objects (their CRDs ship in the chart).
-CUSTOM_KINDS = {"ClusterKopfPeering", "KopfPeering"}
+CUSTOM_KINDS = {"ClusterKopfPeering", "KopfPeering", "Certificate", "Issuer"}
 VARIANTS: dict[str, list[str]] = {
     "defaults": [],
     "namespaced": [
@@ -45,6 +46,8 @@ VARIANTS: dict[str, list[str]] = {
     ],
     "minimal": ["--set", "peering.installCRDs=false", "--set", "tests.enabled=false"],
     "digest": ["--set", f"image.digest=sha256:{'a' * 64}", "--set", "executor.image=x/y:1"],
+    "certManager": ["--set", "webhook.tls.mode=certManager"],
+    "noWebhook": ["--set", "webhook.enabled=false"],
 }
 
 
@@ -189,7 +192,21 @@ def test_operator_network_policy(k8s_tools: Tools) -> None:
     selector = policy["spec"]["podSelector"]["matchLabels"]
     assert all(pod_labels[key] == value for key, value in selector.items())
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    (rule,) = policy["spec"]["ingress"]
+    rule, webhook = policy["spec"]["ingress"]
+    # The API server reaches the webhook from an address no selector names: any source, on
+    # that port only (webhook.ingressFrom narrows it).
+    assert webhook == {"ports": [{"port": "webhook", "protocol": "TCP"}]}
+    narrowed = _render_values(
+        k8s_tools, {"webhook": {"ingressFrom": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]}}
+    )
+    (narrow,) = [o for o in narrowed if o["kind"] == "NetworkPolicy"]
+    assert narrow["spec"]["ingress"][1]["from"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
+    (no_webhook,) = [
+        o
+        for o in _render(k8s_tools, ["--set", "webhook.enabled=false"])
+        if o["kind"] == "NetworkPolicy"
+    ]
+    assert len(no_webhook["spec"]["ingress"]) == 1
     assert rule["ports"] == [{"port": "health", "protocol": "TCP"}]
     assert rule["from"] == [
         {
@@ -236,6 +253,9 @@ def test_values_schema_refuses_bad_values(k8s_tools: Tools) -> None:
         ["--set", "operator.replicas=0"],
         ["--set", "image.digest=latest"],
         ["--set", "unknownKey=1"],
+        ["--set", "webhook.failurePolicy=Sometimes"],
+        ["--set", "webhook.timeoutSeconds=31"],
+        ["--set", "webhook.tls.mode=helm"],
     ]
     for extra in bad:
         args = ["template", "x", str(CHART), "--kube-version", KUBERNETES_VERSION, *extra]
@@ -258,7 +278,7 @@ def test_operator_deployment_posture(k8s_tools: Tools) -> None:
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (container,) = pod["containers"]
     assert container["args"][0] == "operator"
-    assert container["args"] == ["operator", "--liveness=http://0.0.0.0:8080/healthz"]
+    assert container["args"][:2] == ["operator", "--liveness=http://0.0.0.0:8080/healthz"]
     env = {item["name"]: item for item in container["env"]}
     # kopf's identity and the operator's distinct peering priority both come from the pod.
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -273,13 +293,112 @@ def test_operator_deployment_posture(k8s_tools: Tools) -> None:
     assert labels["app.kubernetes.io/name"] == "agentsafe-operator"
     namespaced = _deployment(_render(k8s_tools, VARIANTS["namespaced"]))
     args = namespaced["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[2:] == ["--namespace=team-a", "--namespace=team-b"]
+    assert args[2:4] == ["--namespace=team-a", "--namespace=team-b"]
     # The arguments parse as `agentsafe operator` parses them (its own registration).
     parser = argparse.ArgumentParser(prog="agentsafe")
     register(parser.add_subparsers(dest="command", required=True))
     parsed = parser.parse_args(args)
     assert parsed.namespace == ["team-a", "team-b"]
     assert parsed.liveness == "http://0.0.0.0:8080/healthz"
+    assert parsed.webhook_port == 9443
+    assert parsed.webhook_ca_secret == "agentsafe-operator-webhook-ca"
+    assert parsed.webhook_configuration == "agentsafe-operator"
+    assert parsed.webhook_dns_name == [
+        "agentsafe-operator.agentsafe-system.svc",
+        "agentsafe-operator.agentsafe-system.svc.cluster.local",
+    ]
+
+
+def _webhook(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    (configuration,) = [o for o in objects if o["kind"] == "ValidatingWebhookConfiguration"]
+    return configuration
+
+
+def test_webhook_configuration_reaches_the_operators_handler(k8s_tools: Tools) -> None:
+    objects = _render(k8s_tools, [])
+    configuration = _webhook(objects)
+    (hook,) = configuration["webhooks"]
+    # kopf routes POST /<handler id>: another path would reach no handler (and be admitted).
+    assert hook["name"] == ADMISSION_WEBHOOK_ID
+    service = hook["clientConfig"]["service"]
+    assert service["path"] == f"/{ADMISSION_WEBHOOK_ID}"
+    assert "caBundle" not in hook["clientConfig"]  # the operator or cert-manager sets it
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["timeoutSeconds"] == 5
+    assert hook["sideEffects"] == "None"
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["agentsafe.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["agentpolicies"],
+            "scope": "Namespaced",
+        }
+    ]
+    assert {c["name"] for c in hook["matchConditions"]} == {"spec-changed", "not-deleting"}
+    # The Service it names exists and answers 443 on the operator's webhook port.
+    (svc,) = [o for o in objects if o["kind"] == "Service"]
+    assert svc["metadata"]["name"] == service["name"]
+    assert {"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"} in svc[
+        "spec"
+    ]["ports"]
+    assert service["port"] == 443
+    container = _deployment(objects)["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "webhook", "containerPort": 9443, "protocol": "TCP"} in container["ports"]
+    # Only the watched namespaces; values reach the object.
+    namespaced = _webhook(
+        _render(
+            k8s_tools,
+            [*VARIANTS["namespaced"], "--set", "webhook.failurePolicy=Ignore"],
+        )
+    )["webhooks"][0]
+    assert namespaced["failurePolicy"] == "Ignore"
+    assert namespaced["namespaceSelector"]["matchExpressions"] == [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+    ]
+    assert not [
+        o
+        for o in _render(k8s_tools, VARIANTS["noWebhook"])
+        if o["kind"] == "ValidatingWebhookConfiguration"
+    ]
+
+
+def test_webhook_tls_from_cert_manager(k8s_tools: Tools) -> None:
+    objects = _render(k8s_tools, VARIANTS["certManager"])
+    configuration = _webhook(objects)
+    (certificate,) = [o for o in objects if o["kind"] == "Certificate"]
+    (issuer,) = [o for o in objects if o["kind"] == "Issuer"]
+    assert issuer["spec"] == {"selfSigned": {}}
+    assert configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+        f"agentsafe-system/{certificate['metadata']['name']}"
+    )
+    assert certificate["spec"]["dnsNames"] == [
+        "agentsafe-operator.agentsafe-system.svc",
+        "agentsafe-operator.agentsafe-system.svc.cluster.local",
+    ]
+    pod = _deployment(objects)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--webhook-cert-dir=/etc/agentsafe/webhook-tls" in container["args"]
+    assert not [a for a in container["args"] if a.startswith("--webhook-ca-secret")]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["webhook-tls"]["secret"]["secretName"] == certificate["spec"]["secretName"]
+    # No operator CA: no by-name grant on the webhook configuration.
+    rules = [r for o in objects if o["kind"] == "ClusterRole" for r in o["rules"]]
+    assert not [r for r in rules if "validatingwebhookconfigurations" in r.get("resources", [])]
+    # A chosen issuer replaces the self-signed one.
+    issued = _render(
+        k8s_tools,
+        [
+            *VARIANTS["certManager"],
+            "--set",
+            "webhook.tls.certManager.issuerRef.name=bank-ca",
+            "--set",
+            "webhook.tls.certManager.issuerRef.kind=ClusterIssuer",
+        ],
+    )
+    assert not [o for o in issued if o["kind"] == "Issuer"]
+    (certificate,) = [o for o in issued if o["kind"] == "Certificate"]
+    assert certificate["spec"]["issuerRef"] == {"name": "bank-ca", "kind": "ClusterIssuer"}
 
 
 def _permissions(rules: Iterable[Mapping[str, Any]]) -> set[tuple[str, ...]]:
@@ -309,9 +428,19 @@ def test_namespaced_variant_grants_nothing_cluster_wide(k8s_tools: Tools) -> Non
     cluster_resources = {
         resource for rule in cluster_roles[0]["rules"] for resource in rule.get("resources", [])
     }
-    assert cluster_resources == {"namespaces", "customresourcedefinitions", "clusterkopfpeerings"}
+    assert cluster_resources == {
+        "namespaces",
+        "customresourcedefinitions",
+        "clusterkopfpeerings",
+        "validatingwebhookconfigurations",  # its own, by name (test_webhook_*)
+    }
     roles = {obj["metadata"]["namespace"]: obj for obj in objects if obj["kind"] == "Role"}
-    assert set(roles) == {"team-a", "team-b", "agents"}
+    # The webhook CA's Secret: in the release namespace, which is not watched.
+    assert set(roles) == {"team-a", "team-b", "agents", "agentsafe-system"}
+    assert roles["agentsafe-system"]["metadata"]["name"].endswith("-webhook-ca")
+    assert {r for rule in roles["agentsafe-system"]["rules"] for r in rule["resources"]} == {
+        "secrets"
+    }
     agent_resources = {r for rule in roles["agents"]["rules"] for r in rule["resources"]}
     assert agent_resources == {"networkpolicies"}
     peerings = [obj for obj in objects if obj["kind"] == "KopfPeering"]
@@ -412,6 +541,11 @@ def test_helm_install_into_the_local_control_plane(
         assert not can("create", "pods")
         assert not can("create", "rolebindings.rbac.authorization.k8s.io")
         assert not can("delete", "customresourcedefinitions.apiextensions.k8s.io", None)
+        # Its own webhook configuration's caBundle, by name; never another admission control.
+        webhooks = "validatingwebhookconfigurations.admissionregistration.k8s.io"
+        assert can("patch", f"{webhooks}/agentsafe-operator", None)
+        assert not can("patch", f"{webhooks}/another-webhook", None)
+        assert not can("delete", f"{webhooks}/agentsafe-operator", None)
     finally:
         # Always: the scenario installs its own release, which shares the peering object.
         control_plane.helm("uninstall", release, "-n", namespace, check=False)

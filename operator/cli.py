@@ -65,6 +65,48 @@ def register(subparsers: Any) -> None:
     op.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
     )
+    hook = op.add_argument_group(
+        "admission webhook",
+        "refuse an AgentPolicy whose CEL `when` rules or parameter schemas do not compile "
+        "before it is stored (docs/operator.md, 'Admission webhook'); the chart sets these",
+    )
+    hook.add_argument(
+        "--webhook-port",
+        type=int,
+        default=int(os.environ.get("AGENTSAFE_OPERATOR_WEBHOOK_PORT", "0")),
+        help="serve the validating webhook (HTTPS) on this port; 0 (default): no webhook",
+    )
+    hook.add_argument(
+        "--webhook-address",
+        default="0.0.0.0",  # noqa: S104 -- in a pod the API server dials the pod's address
+        help="the address the webhook listens on",
+    )
+    tls = hook.add_mutually_exclusive_group()
+    tls.add_argument(
+        "--webhook-cert-dir",
+        type=Path,
+        default=None,
+        help="a directory with tls.crt, tls.key and ca.crt (cert-manager's Secret, mounted); "
+        "re-read when they change",
+    )
+    tls.add_argument(
+        "--webhook-ca-secret",
+        default=None,
+        help="the operator keeps its own CA in this Secret of its namespace (created once) and "
+        "signs each replica's serving certificate from it",
+    )
+    hook.add_argument(
+        "--webhook-dns-name",
+        action="append",
+        default=[],
+        help="a name (DNS or IP) of the serving certificate (repeatable; --webhook-ca-secret)",
+    )
+    hook.add_argument(
+        "--webhook-configuration",
+        default=None,
+        help="the ValidatingWebhookConfiguration whose caBundle the operator sets "
+        "(--webhook-ca-secret)",
+    )
     op.set_defaults(run=_run_operator)
 
     crds = subparsers.add_parser("crds", help="generate or check the CRD manifests")
@@ -115,9 +157,11 @@ def _run_operator(args: argparse.Namespace) -> int:
     if not 1 <= args.executor_port <= 65535:
         raise SystemExit("agentsafe operator: --executor-port must be 1..65535")
     settings = replace(settings, port=args.executor_port)
+    _check_webhook_args(args)
     registry = build_registry(
         reconcile_interval=settings.reconcile_interval_seconds,
         halt_retry=settings.halt_retry_seconds,
+        admission=args.webhook_port != 0,
     )
     memo = kopf.Memo()
 
@@ -162,12 +206,15 @@ def _run_operator(args: argparse.Namespace) -> int:
         await refresh_jwks(runtime)
         memo["runtime"] = runtime
         memo["jwks_task"] = asyncio.create_task(_jwks_loop(runtime))
+        if args.webhook_port:
+            await _start_webhook(args, settings, kube, operator_settings.operator_namespace, memo)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        task = memo.get("jwks_task")
-        if task is not None:
-            task.cancel()
+        for name in ("jwks_task", "webhook_tls_task"):
+            task = memo.get(name)
+            if task is not None:
+                task.cancel()
         runtime = memo.get("runtime")
         if runtime is not None:
             await runtime.kube.close()
@@ -184,6 +231,84 @@ def _run_operator(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def _check_webhook_args(args: argparse.Namespace) -> None:
+    if not args.webhook_port:
+        return
+    if not 1 <= args.webhook_port <= 65535:
+        raise SystemExit("agentsafe operator: --webhook-port must be 1..65535 (or 0: no webhook)")
+    if args.webhook_cert_dir is None and args.webhook_ca_secret is None:
+        raise SystemExit(
+            "agentsafe operator: --webhook-port needs --webhook-cert-dir (cert-manager's files) "
+            "or --webhook-ca-secret (the operator's own CA)"
+        )
+    if args.webhook_ca_secret is not None and not (
+        args.webhook_dns_name and args.webhook_configuration
+    ):
+        raise SystemExit(
+            "agentsafe operator: --webhook-ca-secret needs --webhook-dns-name (the Service's "
+            "name) and --webhook-configuration (the ValidatingWebhookConfiguration to trust it)"
+        )
+
+
+WEBHOOK_TLS_CHECK_SECONDS = 3600.0
+
+
+async def _start_webhook(
+    args: argparse.Namespace, settings: Any, kube: Any, namespace: str, memo: Any
+) -> None:
+    """Configure kopf's webhook server (TLS from cert-manager's files, or the operator's CA);
+    the chart renders the ValidatingWebhookConfiguration, so kopf manages none."""
+    import tempfile
+
+    import kopf
+
+    from .admission import ADMISSION_WEBHOOK_ID
+    from .webhook_tls import WebhookTlsError, ensure_ca, publish_ca_bundle, write_serving
+
+    if args.webhook_cert_dir is not None:
+        directory = Path(args.webhook_cert_dir)
+    else:
+        try:
+            ca = await ensure_ca(kube, namespace, args.webhook_ca_secret)
+        except WebhookTlsError as exc:
+            raise kopf.PermanentError(str(exc)) from None
+        directory = Path(tempfile.mkdtemp(prefix="agentsafe-webhook-"))
+        files = write_serving(directory, ca, args.webhook_dns_name)
+        await publish_ca_bundle(kube, args.webhook_configuration, [ADMISSION_WEBHOOK_ID], ca)
+        memo["webhook_tls_task"] = asyncio.create_task(
+            _webhook_tls_loop(args, kube, ca, directory, files)
+        )
+    settings.admission.managed = None
+    settings.admission.server = kopf.WebhookServer(
+        addr=args.webhook_address,
+        port=args.webhook_port,
+        certfile=directory / "tls.crt",
+        pkeyfile=directory / "tls.key",
+        cafile=directory / "ca.crt",
+    )
+
+
+async def _webhook_tls_loop(
+    args: argparse.Namespace, kube: Any, ca: Any, directory: Path, files: Any
+) -> None:
+    """Sign a new serving certificate before the old one expires (kopf's server notices the
+    files within a minute) and set caBundle again (a re-installed chart clears it)."""
+    from .admission import ADMISSION_WEBHOOK_ID
+    from .apply import ApiError
+    from .webhook_tls import needs_renewal, publish_ca_bundle, write_serving
+
+    while True:
+        await asyncio.sleep(WEBHOOK_TLS_CHECK_SECONDS)
+        if needs_renewal(files):
+            files = write_serving(directory, ca, args.webhook_dns_name)
+        try:
+            await publish_ca_bundle(kube, args.webhook_configuration, [ADMISSION_WEBHOOK_ID], ca)
+        except ApiError as exc:
+            print(
+                f"agentsafe operator: setting the webhook caBundle failed: {exc}", file=sys.stderr
+            )
 
 
 async def _jwks_loop(runtime: Any) -> None:

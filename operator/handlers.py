@@ -11,6 +11,9 @@ modules named for what they do and never import kopf:
   AgentPolicies that select it (before and after).
 - HaltSwitch: create/update/resume/delete run :func:`~.halt.enforce_halt`; a timer retries
   while a pod has not acknowledged (:func:`~.halt.halt_acknowledged`).
+- AgentPolicy admission (only when the operator serves its webhook): a create or a change of
+  ``spec`` runs :func:`~.admission.review_policy`, the reconcile's own checks, before the object
+  is stored; a refusal is ``kopf.AdmissionError`` (HTTP 422 to the client).
 - Executor StatefulSets (the ones the renderer labels): every watch event runs
   :func:`~.readiness.refresh_ready` for the owning AgentPolicy; it never renders or applies.
 
@@ -32,6 +35,7 @@ from typing import Any
 
 import kopf
 
+from .admission import ADMISSION_WEBHOOK_ID, AdmissionRefused, review_policy
 from .apply import ApiError
 from .conditions import spec_invalid_status
 from .halt import enforce_halt, halt_acknowledged
@@ -55,6 +59,7 @@ __all__ = [
     "build_registry",
     "halt_handler",
     "halt_retry_timer",
+    "policy_admission_handler",
     "policy_delete_handler",
     "policy_handler",
     "principal_handler",
@@ -111,6 +116,24 @@ async def policy_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **
         rt.events.post(
             data, type=outcome.event_type, reason=outcome.reason, message=outcome.message
         )
+
+
+ADMISSION_HINT = (
+    " (paths are under spec.policy; `agentsafe policy lint FILE` compiles a policy before you "
+    "apply it)"
+)
+
+
+async def policy_admission_handler(
+    body: kopf.Body, old: Any = None, operation: str | None = None, **_: Any
+) -> None:
+    """Validating admission of an AgentPolicy: refused with the reason and message its
+    condition would carry, before anything is stored."""
+    try:
+        review_policy(operation, dict(body), dict(old) if isinstance(old, Mapping) else None)
+    except AdmissionRefused as exc:
+        hint = ADMISSION_HINT if exc.reason is ConditionReason.POLICY_INVALID else ""
+        raise kopf.AdmissionError(f"AgentPolicy refused: {exc}{hint}", code=422) from None
 
 
 async def policy_delete_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -192,11 +215,22 @@ EXECUTOR_LABELS: Mapping[str, str] = {
 
 
 def build_registry(
-    *, reconcile_interval: float = 60.0, halt_retry: float = 5.0
+    *, reconcile_interval: float = 60.0, halt_retry: float = 5.0, admission: bool = False
 ) -> kopf.OperatorRegistry:
     """A registry with every handler (kept out of kopf's global registry so that importing
-    this module registers nothing)."""
+    this module registers nothing). ``admission``: also the AgentPolicy validate handler (the
+    caller configures kopf's webhook server; kopf refuses to start a validate handler without
+    one)."""
     registry = kopf.OperatorRegistry()
+    if admission:
+        kopf.on.validate(
+            GROUP,
+            VERSION,
+            "agentpolicies",
+            registry=registry,
+            id=ADMISSION_WEBHOOK_ID,
+            operations=["CREATE", "UPDATE"],
+        )(policy_admission_handler)
     for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
         on(GROUP, VERSION, "agentpolicies", registry=registry, id="reconcile")(policy_handler)
         on(GROUP, VERSION, "principals", registry=registry, id="render")(principal_handler)

@@ -4,8 +4,10 @@
 grouped by API group and verb set, plus ``get`` on the issuer's discovery URLs) and a
 ClusterRoleBinding to the operator's ServiceAccount. Cluster-scoped because AgentPolicies may
 live in any watched namespace and agent-namespace NetworkPolicies land in other namespaces.
-Nothing is granted that the table does not name: no ``update`` (everything is server-side
-apply, i.e. ``patch``), no ``delete`` on Secrets, no Pods, no ``*``.
+Nothing is granted that the table does not name, and what the table marks ``only_named``
+(the webhook's ValidatingWebhookConfiguration) only on that object (``resourceNames``): no
+``update`` (everything is server-side apply, i.e. ``patch``), no ``delete`` on Secrets, no
+Pods, no ``*``.
 
 Callers: the tests and ``e2e/test_chart.py``, which checks that the chart's rules (generated
 from the same table) equal these.
@@ -13,6 +15,7 @@ from the same table) equal these.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .resources import NON_RESOURCE_URLS, RESOURCES
@@ -25,12 +28,26 @@ def render_rbac(
     service_account: str = "agentsafe-operator",
     namespace: str = "agentsafe-system",
     name: str = "agentsafe-operator",
+    named: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
+    """``named``: the object names of the resources granted only by name
+    (:attr:`~.resources.Resource.only_named`; default: ``name``)."""
     grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    rules: list[dict[str, Any]] = []
     for resource in RESOURCES:
         verbs = tuple(sorted(set(resource.verbs)))
+        if resource.only_named is not None:
+            rules.append(
+                {
+                    "apiGroups": [resource.group],
+                    "resources": [resource.plural],
+                    "resourceNames": [(named or {}).get(resource.only_named, name)],
+                    "verbs": list(verbs),
+                }
+            )
+            continue
         grouped.setdefault((resource.group, verbs), []).append(resource.plural)
-    rules: list[dict[str, Any]] = [
+    rules[:0] = [
         {"apiGroups": [group], "resources": sorted(set(plurals)), "verbs": list(verbs)}
         for (group, verbs), plurals in sorted(grouped.items())
     ]

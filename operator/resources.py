@@ -28,6 +28,10 @@ class Resource:
     verbs: tuple[str, ...]
     namespaced: bool = True
     why: str = ""
+    only_named: str | None = None
+    """Granted only on one object the chart names (RBAC ``resourceNames``): the key of that
+    name (the chart's ``agentsafe.<key>Name`` template; ``rbac.render_rbac`` takes it as an
+    argument)."""
 
     @property
     def api_version(self) -> str:
@@ -127,6 +131,18 @@ RESOURCES: Final[tuple[Resource, ...]] = (
     ),
     Resource("Event", "", "v1", "events", ("create", "patch"), why="what the operator did"),
     Resource("Event.events.k8s.io", "events.k8s.io", "v1", "events", ("create", "patch")),
+    # The admission webhook's own CA (operator TLS mode, webhook_tls.py): caBundle of the one
+    # ValidatingWebhookConfiguration the chart renders, by name.
+    Resource(
+        "ValidatingWebhookConfiguration",
+        "admissionregistration.k8s.io",
+        "v1",
+        "validatingwebhookconfigurations",
+        ("patch",),
+        namespaced=False,
+        why="caBundle of the operator's own webhook (server-side apply of that field)",
+        only_named="webhookConfiguration",
+    ),
     # kopf itself: CRD discovery, namespaces, peering.
     Resource(
         "CustomResourceDefinition",

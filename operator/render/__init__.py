@@ -3,7 +3,7 @@
 Callers: ``reconcile.py``, ``operator/halt.py``, ``readiness.py``, ``runtime.py``, the tests.
 """
 
-from .children import Rendered, check_policy, render_children
+from .children import Rendered, check_policy, compile_spec_policy, render_children
 from .common import PolicyRef, RenderError, RenderInput, SelectedPrincipal, names
 from .config import (
     render_authority_key_secret,
@@ -26,6 +26,7 @@ __all__ = [
     "Rendered",
     "SelectedPrincipal",
     "check_policy",
+    "compile_spec_policy",
     "names",
     "render_agent_network_policies",
     "render_authority_key_secret",

@@ -1,7 +1,8 @@
 """Everything one AgentPolicy becomes, in the order it is applied.
 
-:func:`render_children` compiles the policy first (the executor's
-:func:`~agentsafe.executor.policy.policy.compile_policy`): an invalid CEL expression or parameter
+:func:`render_children` compiles the policy first (:func:`compile_spec_policy`, the executor's
+:func:`~agentsafe.executor.policy.policy.compile_policy`; the admission webhook applies the same
+function before the object is stored): an invalid CEL expression or parameter
 schema is a ``RenderError`` with reason ``PolicyInvalid`` and the compiler's message, and nothing is
 rendered, so existing children stay as they were; so is a case of ``spec.tests`` the policy does
 not answer as expected (reason ``PolicyTestsFailed``).
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentsafe.executor.errors import PolicyError
-from agentsafe.executor.policy.policy import CompiledPolicy, compile_policy
+from agentsafe.executor.policy.policy import CompiledPolicy, PolicyDocument, compile_policy
 from agentsafe.executor.policy.trial import run_cases
 
 from ..models import ConditionReason
@@ -29,7 +30,7 @@ from .network import (
 )
 from .workload import config_digest, render_service_account, render_statefulset
 
-__all__ = ["Rendered", "check_policy", "render_children"]
+__all__ = ["Rendered", "check_policy", "compile_spec_policy", "render_children"]
 
 
 @dataclass(frozen=True)
@@ -41,14 +42,23 @@ class Rendered:
     principals: tuple[str, ...]
 
 
-def check_policy(inp: RenderInput) -> CompiledPolicy:
-    """Compile ``spec.policy`` as the executor will (``PolicyInvalid`` with the compiler's
-    message if it does not compile), then run ``spec.tests`` through the authority's evaluation
-    as ``agentsafe policy test`` does (``PolicyTestsFailed`` naming the failing cases)."""
+def compile_spec_policy(policy: PolicyDocument) -> CompiledPolicy:
+    """Compile ``spec.policy`` as the executor will: every parameter schema checked, every CEL
+    ``when`` compiled by the authority's own compiler. A refusal is ``RenderError`` with reason
+    ``PolicyInvalid`` and the compiler's message, which starts with the rule's path
+    (``actions[0].rules[1].when: ...``). The one check both the reconcile (a condition,
+    afterwards) and the admission webhook (``admission.py``, a refusal, before) apply."""
     try:
-        compiled = compile_policy(inp.spec.policy)
+        return compile_policy(policy)
     except PolicyError as exc:
         raise RenderError(ConditionReason.POLICY_INVALID, str(exc)) from None
+
+
+def check_policy(inp: RenderInput) -> CompiledPolicy:
+    """Compile ``spec.policy`` (:func:`compile_spec_policy`), then run ``spec.tests`` through
+    the authority's evaluation as ``agentsafe policy test`` does (``PolicyTestsFailed`` naming
+    the failing cases)."""
+    compiled = compile_spec_policy(inp.spec.policy)
     failed = [result for result in run_cases(compiled, inp.spec.tests) if not result.passed]
     if failed:
         shown = "; ".join(f"{r.name!r}: {', '.join(r.failures)}" for r in failed[:5])

@@ -46,3 +46,20 @@ def test_least_privilege() -> None:
             "verbs": ["get"],
         }
     ]
+
+
+def test_the_webhook_configuration_is_granted_by_name_only() -> None:
+    """Patching any ValidatingWebhookConfiguration would let the operator switch off another
+    admission control: it may patch only its own, by name."""
+    role, _ = render_rbac(named={"webhookConfiguration": "agentsafe-operator"})
+    rules = [
+        r for r in role["rules"] if "validatingwebhookconfigurations" in r.get("resources", [])
+    ]
+    assert rules == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"],
+            "resourceNames": ["agentsafe-operator"],
+            "verbs": ["patch"],
+        }
+    ]

@@ -63,3 +63,37 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "agentsafe.containerSecurityContext" -}}
 {{- toYaml .Values.operator.securityContext -}}
 {{- end -}}
+
+{{/* The admission webhook: its configuration's name (cluster-scoped), how its serving
+     certificate is issued, and the Secrets that hold it. */}}
+{{- define "agentsafe.webhookConfigurationName" -}}
+{{- include "agentsafe.operatorName" . -}}
+{{- end -}}
+
+{{- define "agentsafe.webhookTlsMode" -}}
+{{- $mode := .Values.webhook.tls.mode -}}
+{{- if eq $mode "auto" -}}
+{{- if .Capabilities.APIVersions.Has "cert-manager.io/v1" -}}certManager{{- else -}}operator{{- end -}}
+{{- else -}}
+{{- $mode -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "agentsafe.webhookCaSecretName" -}}
+{{- printf "%s-webhook-ca" (include "agentsafe.operatorName" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "agentsafe.webhookCertificateName" -}}
+{{- printf "%s-webhook" (include "agentsafe.operatorName" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "agentsafe.webhookTlsSecretName" -}}
+{{- printf "%s-webhook-tls" (include "agentsafe.operatorName" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The DNS names the API server dials: the operator Service in the release namespace. */}}
+{{- define "agentsafe.webhookDnsNames" -}}
+{{- $service := include "agentsafe.operatorName" . -}}
+- {{ printf "%s.%s.svc" $service .Release.Namespace }}
+- {{ printf "%s.%s.svc.cluster.local" $service .Release.Namespace }}
+{{- end -}}

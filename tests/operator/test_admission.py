@@ -1,0 +1,138 @@
+"""The AgentPolicy admission review refuses what the reconcile would report, with the same words.
+
+``review_policy`` is driven with the objects the API server would send; the kopf handler is
+called as kopf's webhook server calls it. ``e2e/test_admission_webhook.py`` proves the same with
+a real kube-apiserver calling the operator's webhook over TLS.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kopf
+import pytest
+
+from agentsafe.operator.admission import ADMISSION_WEBHOOK_ID, AdmissionRefused, review_policy
+from agentsafe.operator.handlers import build_registry, policy_admission_handler, policy_handler
+from agentsafe.operator.runtime import Runtime
+
+from .conftest import memo_for
+
+BROKEN_WHEN = "params.amountMinor <<< 1"
+
+
+def _broken(policy_body: dict[str, Any], rule: int = 1, when: str = BROKEN_WHEN) -> dict[str, Any]:
+    broken = copy.deepcopy(policy_body)
+    broken["spec"]["policy"]["actions"][0]["rules"][rule]["when"] = when
+    return broken
+
+
+def _refusal(operation: str, body: dict[str, Any], old: dict[str, Any] | None = None) -> Any:
+    with pytest.raises(AdmissionRefused) as info:
+        review_policy(operation, body, old)
+    return info.value
+
+
+def test_a_valid_policy_is_admitted(policy_body: dict[str, Any]) -> None:
+    review_policy("CREATE", policy_body)
+    changed = copy.deepcopy(policy_body)
+    changed["spec"]["policy"]["actions"][0]["rules"][0]["when"] = "params.amountMinor <= 100"
+    review_policy("UPDATE", changed, policy_body)
+
+
+def test_a_rule_that_does_not_compile_is_refused_by_path(policy_body: dict[str, Any]) -> None:
+    refused = _refusal("CREATE", _broken(policy_body))
+    assert refused.reason == "PolicyInvalid"
+    assert refused.message.startswith("actions[0].rules[1].when: ")
+    # An update that breaks a rule is refused too.
+    refused = _refusal("UPDATE", _broken(policy_body, rule=2), policy_body)
+    assert refused.message.startswith("actions[0].rules[2].when: ")
+
+
+@pytest.mark.parametrize(
+    ("when", "words"),
+    [
+        ("principal.role == secret", "undeclared reference to secret"),
+        ("sha256(params.iban) == 'x'", "unknown function sha256"),
+        ("   ", "expression is empty"),
+    ],
+)
+def test_the_authoritys_own_compiler_decides(
+    policy_body: dict[str, Any], when: str, words: str
+) -> None:
+    refused = _refusal("CREATE", _broken(policy_body, rule=0, when=when))
+    assert refused.message.startswith("actions[0].rules[0].when: ")
+    assert words in refused.message
+
+
+def test_a_parameter_schema_that_does_not_compile_is_refused(policy_body: dict[str, Any]) -> None:
+    broken = copy.deepcopy(policy_body)
+    broken["spec"]["policy"]["actions"][0]["parameters"] = {"type": "no-such-type"}
+    refused = _refusal("CREATE", broken)
+    assert refused.reason == "PolicyInvalid"
+    assert refused.message.startswith("actions[0].parameters")
+
+
+def test_a_spec_the_model_refuses_is_spec_invalid_without_its_value(
+    policy_body: dict[str, Any],
+) -> None:
+    broken = copy.deepcopy(policy_body)
+    rule = broken["spec"]["policy"]["actions"][0]["rules"][1]
+    rule["approvers"] = []
+    refused = _refusal("CREATE", broken)
+    assert refused.reason == "SpecInvalid"
+    assert "approver" in refused.message
+    broken = copy.deepcopy(policy_body)
+    broken["spec"]["downstream"]["baseUrl"] = "https://secret-host.invalid:99999/x?token=hunter2"
+    refused = _refusal("CREATE", broken)
+    assert "hunter2" not in str(refused)
+    assert "secret-host" not in str(refused)
+
+
+def test_only_a_change_of_spec_is_reviewed(policy_body: dict[str, Any]) -> None:
+    """An object stored before the webhook existed can still lose its finalizer and be
+    deleted: metadata-only updates and deletions are admitted."""
+    stored = _broken(policy_body)
+    relabelled = copy.deepcopy(stored)
+    relabelled["metadata"]["finalizers"] = []
+    review_policy("UPDATE", relabelled, stored)
+    deleting = _broken(policy_body, rule=2)
+    deleting["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    review_policy("UPDATE", deleting, stored)
+    review_policy("DELETE", stored, stored)
+    review_policy("CONNECT", stored)
+
+
+async def test_the_refusal_is_the_condition_the_reconcile_reports(
+    runtime: Runtime, policy_body: dict[str, Any]
+) -> None:
+    broken = _broken(policy_body)
+    refused = _refusal("CREATE", broken)
+    patch = kopf.Patch()
+    await policy_handler(body=kopf.Body(broken), patch=patch, memo=memo_for(runtime))
+    ready = next(c for c in patch["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["reason"], ready["message"]) == (refused.reason, refused.message)
+
+
+async def test_the_kopf_handler_answers_422_with_reason_and_path(
+    policy_body: dict[str, Any],
+) -> None:
+    with pytest.raises(kopf.AdmissionError) as info:
+        await policy_admission_handler(body=kopf.Body(_broken(policy_body)), operation="CREATE")
+    assert info.value.code == 422
+    text = str(info.value)
+    assert text.startswith("AgentPolicy refused: PolicyInvalid: actions[0].rules[1].when: ")
+    assert "spec.policy" in text
+    assert "agentsafe policy lint" in text
+    await policy_admission_handler(body=kopf.Body(policy_body), operation="CREATE")
+    await policy_admission_handler(
+        body=kopf.Body(_broken(policy_body)), old=_broken(policy_body), operation="UPDATE"
+    )
+
+
+def test_the_validate_handler_is_registered_only_with_a_webhook() -> None:
+    assert not build_registry()._webhooks.get_all_handlers()
+    (handler,) = build_registry(admission=True)._webhooks.get_all_handlers()
+    assert handler.id == ADMISSION_WEBHOOK_ID
+    assert set(handler.operations or ()) == {"CREATE", "UPDATE"}
