@@ -54,6 +54,7 @@ async def test_an_attempt_only_opened_reads_back_with_no_grant(tmp_path: Path) -
         None,
     )
     assert attempt.last_status is None
+    assert attempt.closed_unknown is False  # nothing closed it, not even as UNKNOWN
     with pytest.raises(dataclasses.FrozenInstanceError):
         attempt.grant_claimed = True  # type: ignore[misc]
 
