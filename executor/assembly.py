@@ -24,12 +24,19 @@ from typing import Any, TextIO
 from .banking.registration import HANDLER_PREFIX, banking_handlers
 from .clock import Clock, SystemClock
 from .codes import Code
-from .config import CredentialKind, EffectMismatchAction, ExecutorConfig, load_config
+from .config import (
+    IDEMPOTENCY_KEY_PLACEHOLDER,
+    PROVIDER_REFERENCE_PLACEHOLDER,
+    CredentialKind,
+    EffectMismatchAction,
+    ExecutorConfig,
+    load_config,
+)
+from .dispatch.effects import EffectRegister
 from .dispatch.forward import ForwardRequestHandler
 from .dispatch.registration import (
     ActionRegistrar,
     Downstream,
-    EffectRegister,
     PlanRegistrar,
     Registration,
     Seam,
@@ -41,7 +48,6 @@ from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.refusal_lines import RefusalEvent
 from .door.workload import JwksSource, WorkloadVerifier
-from .effects.adapter import EffectRecords
 from .effects.receipts import ProviderKeys
 from .egress.credentials import (
     DownstreamCredential,
@@ -97,7 +103,7 @@ __all__ = [
     "load_principals",
 ]
 
-PLACEHOLDERS = ("{idempotency_key}", "{provider_reference}")
+PLACEHOLDERS = (IDEMPOTENCY_KEY_PLACEHOLDER, PROVIDER_REFERENCE_PLACEHOLDER)
 
 
 def _prefix(url: str) -> str:
@@ -488,7 +494,10 @@ async def assemble(
             parameters_schema=_forward_schema(document),
         )
         registry.register("forward_request", forward)
-        effects = EffectRecords()
+        effects = EffectRegister()  # one per process: handlers put, attempts take
+        receipts = ProviderKeys.from_entries(
+            entry.model_dump(by_alias=True) for entry in document.provider_keys or ()
+        )
         if any(action.handler.startswith(HANDLER_PREFIX) for action in document.actions):
             banking_handlers(
                 registry,
@@ -500,9 +509,7 @@ async def assemble(
                 adapter_id=config.banking_adapter_id,
                 adapter_version=config.banking_adapter_version,
                 register=effects,
-                receipts=ProviderKeys.from_entries(
-                    entry.model_dump(by_alias=True) for entry in document.provider_keys or ()
-                ),
+                receipts=receipts,
                 security=streams.security,
             )
         seam = Seam(
@@ -517,7 +524,7 @@ async def assemble(
             ),
             credential=credential,
             fetch=transport,
-            effects=EffectRegister(streams.evidence),
+            effects=effects,
             plans=PlanRegistrar(),
             closers=closers,
         )
@@ -537,7 +544,7 @@ async def assemble(
         else:
             key = SigningKey.generate()
             streams.security.emit("AUTHORITY_KEY_EPHEMERAL", {"kid": key.kid})
-        authority = LocalAuthority(policy, keys=key, store=store, clock=clock)
+        authority = LocalAuthority(policy, keys=key, store=store, clock=clock, receipts=receipts)
 
         def authority_key_rotated(name: str, handle: Any) -> None:
             if name != "EXECUTOR_AUTHORITY_SIGNING_KEY":

@@ -274,3 +274,9 @@ def sha256_hex(data: bytes) -> str:
 def sha256_digest(value: Any) -> str:
     """``"sha256:" + hex(sha256(JCS(value)))``, the form every agentsafe digest takes."""
     return "sha256:" + sha256_hex(canonical_json(value))
+
+
+def sha256_bytes_digest(data: bytes | str) -> str:
+    """``"sha256:" + hex(sha256(data))`` of raw bytes (a text as UTF-8): a provider's body or a
+    token named by its digest rather than by its JSON value."""
+    return "sha256:" + sha256_hex(data.encode("utf-8") if isinstance(data, str) else data)

@@ -534,6 +534,31 @@ class Code(StrEnum):
         None,
         "the provider's effect receipt does not verify against its registered key",
     )
+    EFFECT_RECEIPT_ISSUER_MISMATCH = (
+        "EFFECT_RECEIPT_ISSUER_MISMATCH",
+        None,
+        "the effect receipt's issuer is not the one its key is registered for",
+    )
+    EFFECT_RECEIPT_GRANT_MISMATCH = (
+        "EFFECT_RECEIPT_GRANT_MISMATCH",
+        None,
+        "the effect receipt names another grant",
+    )
+    EFFECT_RECEIPT_CLAIM_MISMATCH = (
+        "EFFECT_RECEIPT_CLAIM_MISMATCH",
+        None,
+        "the effect receipt answers another claim (claim_token_digest)",
+    )
+    EFFECT_RECEIPT_STATUS_MISMATCH = (
+        "EFFECT_RECEIPT_STATUS_MISMATCH",
+        None,
+        "the effect receipt's status contradicts the provider's answer",
+    )
+    EFFECT_RECEIPT_DIGEST_MISMATCH = (
+        "EFFECT_RECEIPT_DIGEST_MISMATCH",
+        None,
+        "the effect receipt's effect digest is not the authorised (or the observed) effect",
+    )
     PROVIDER_KEY_INVALID = (
         "PROVIDER_KEY_INVALID",
         None,
@@ -899,6 +924,20 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
 """The reason codes the executor itself emits in a verdict's ``reason_codes`` or a reconciliation's
 ``reason_code`` (``LOOKUP_STATUS`` is a prefix: ``LOOKUP_STATUS_503``). Besides these, a handler's
 failure is reported by its error's own code (an egress, transport or provider code)."""
+
+ADMISSION_CODES: Final[frozenset[Code]] = frozenset(
+    {
+        Code.ACTION_TARGET_MISMATCH,
+        Code.BANKING_ACTION_INVALID,
+        Code.BANKING_CURRENCY_UNKNOWN,
+        Code.BANKING_AMOUNT_INVALID,
+        Code.BANKING_IBAN_INVALID,
+        Code.BANKING_BIC_INVALID,
+    }
+)
+"""What a handler that derives its action refuses a proposal with before the authority is asked
+(``dispatch/seam.Registry.admit``: the effect plane's bridge, ``effects/adapter.py``, and the
+banking family's checks, ``banking/actions.py``); each is 422 and changes nothing."""
 
 WORK_GATE_CODES: Final[frozenset[Code]] = frozenset(
     {

@@ -77,12 +77,14 @@ __all__ = [
     "HARD_LIMIT_WINDOW_COUNT_MAX",
     "HARD_LIMIT_WINDOW_SECONDS_MAX",
     "HEADER_TIMEOUT_SECONDS_DEFAULT",
+    "IDEMPOTENCY_KEY_PLACEHOLDER",
     "INTENT_TTL_SECONDS_DEFAULT",
     "INTENT_TTL_SECONDS_MAX",
     "MAX_CONNECTIONS_DEFAULT",
     "MAX_CONNECTIONS_PER_SOURCE_DEFAULT",
     "MAX_TEXT",
     "PRODUCTION",
+    "PROVIDER_REFERENCE_PLACEHOLDER",
     "SECRET_FILE_SUFFIX",
     "SECRET_NAMES",
     "ConfigRow",
@@ -107,6 +109,10 @@ __all__ = [
 ]
 
 PRODUCTION: Final = "production"
+IDEMPOTENCY_KEY_PLACEHOLDER: Final = "{idempotency_key}"
+"""What ``DOWNSTREAM_LOOKUP_URL`` must contain: the lookup is by the idempotency key."""
+PROVIDER_REFERENCE_PLACEHOLDER: Final = "{provider_reference}"
+"""What ``DOWNSTREAM_LOOKUP_BY_REFERENCE_URL`` must contain: the read-back is by reference."""
 SECRET_FILE_SUFFIX: Final = "_FILE"
 
 # Rules the operator's AgentPolicy schema states too: it imports these, never copies them.
@@ -636,8 +642,8 @@ _LIST_FIELDS: Final[Mapping[str, Callable[[str], tuple[str, ...]]]] = {
 # The downstream URLs and the placeholder each must contain.
 _DOWNSTREAM_URLS: Final[Mapping[str, str | None]] = {
     "downstream_url": None,
-    "downstream_lookup_url": "{idempotency_key}",
-    "downstream_lookup_by_reference_url": "{provider_reference}",
+    "downstream_lookup_url": IDEMPOTENCY_KEY_PLACEHOLDER,
+    "downstream_lookup_by_reference_url": PROVIDER_REFERENCE_PLACEHOLDER,
     "downstream_token_url": None,
 }
 

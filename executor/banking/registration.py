@@ -13,9 +13,10 @@ Callers: ``assembly.py`` (when the policy names a ``banking.`` handler); tests.
 
 from __future__ import annotations
 
+from ..dispatch.effects import EffectRegister
 from ..dispatch.forward import ForwardRequestHandler
 from ..dispatch.seam import Registry
-from ..effects.adapter import AdapterHandler, EffectRecords
+from ..effects.adapter import AdapterHandler
 from ..effects.receipts import ProviderKeys
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import Transport
@@ -38,7 +39,7 @@ def banking_handlers(
     timeout_ms: int,
     adapter_id: str,
     adapter_version: str,
-    register: EffectRecords,
+    register: EffectRegister,
     receipts: ProviderKeys | None = None,
     security: EventSink | None = None,
 ) -> list[str]:

@@ -33,14 +33,14 @@ Callers: ``banking/registration.py``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from ..canonical import sha256_digest
+from ..canonical import sha256_bytes_digest, sha256_digest
 from ..codes import Code
+from ..config import PROVIDER_REFERENCE_PLACEHOLDER
 from ..dispatch.forward import (
     ForwardRequestHandler,
     effect_receipt,
@@ -58,7 +58,7 @@ from .actions import ActionKind, prepare_action, projection
 
 __all__ = ["REFERENCE_PLACEHOLDER", "CoreBankingHttpAdapter"]
 
-REFERENCE_PLACEHOLDER = "{provider_reference}"
+REFERENCE_PLACEHOLDER = PROVIDER_REFERENCE_PLACEHOLDER
 _TOOK = frozenset({"ACCEPTED", "PENDING"})
 _POSTED = frozenset({"POSTED", "BOOKED"})
 _UNKNOWN_4XX = frozenset({408, 409})
@@ -131,7 +131,7 @@ class CoreBankingHttpAdapter:
             extra_headers={"x-agent-safe-banking-action": prepared.transport_action},
         )
         status = response.status
-        digest = sha256_digest({"status": status, "body": _body_digest(response.body)})
+        digest = sha256_digest({"status": status, "body": sha256_bytes_digest(response.body)})
         answer = _json_object(response.body)
         receipt = effect_receipt(response)
         if 200 <= status < 300 and answer is not None:
@@ -222,7 +222,3 @@ class CoreBankingHttpAdapter:
         """The reference handler's read-only lookup by idempotency key (signed with the lost
         attempt's intent hash, as every lookup is)."""
         return await self._forward.reconcile(idempotency_key, intent_hash=intent_hash)
-
-
-def _body_digest(body: bytes) -> str:
-    return "sha256:" + hashlib.sha256(body).hexdigest()

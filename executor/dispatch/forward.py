@@ -21,7 +21,10 @@ nothing sent (refused, connection refused)    FAILED_BEFORE_DISPATCH
 this key is still in progress", which is not a refusal.
 
 The result carries the status, ``accepted`` and the provider's ``reference`` (or ``id``) when it
-is a short identifier (letters, digits, ``._:-``, at most 128); never the body. A refusal's
+is a short identifier (letters, digits, ``._:-``, at most 128); never the body. The provider's
+``x-agent-safe-effect-receipt``, when it has the shape of a compact JWS within the bound, is
+carried verbatim (``effect_receipt`` in the result, or on a refusal's ``ProviderRefused``) to the
+authority's finalization. A refusal's
 reason comes from a JSON body's ``code`` (or ``reason``), reduced to UPPER_SNAKE; one longer than
 64 characters is not cut short (a cut value would hide what it was from the redactor) but
 replaced by ``PROVIDER_REFUSED_<status>``, as is a body without one. The registry then screens
@@ -51,6 +54,7 @@ from urllib.parse import quote
 
 from ..canonical import canonical_json
 from ..codes import Code
+from ..config import IDEMPOTENCY_KEY_PLACEHOLDER
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import ConfigError, HandlerError
@@ -72,7 +76,7 @@ __all__ = [
 ]
 
 MAX_TIMEOUT_MS = 15_000
-PLACEHOLDER = "{idempotency_key}"
+PLACEHOLDER = IDEMPOTENCY_KEY_PLACEHOLDER
 _REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]{2,2048}\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,512}$")
 _UNKNOWN_4XX = frozenset({408, 409})
@@ -230,7 +234,11 @@ class ForwardRequestHandler:
                 result["effect_receipt"] = receipt
             return result
         if 400 <= status < 500 and status not in _UNKNOWN_4XX and response.body.strip():
-            raise ProviderRefused(provider_reason(status, response.body), status=status)
+            raise ProviderRefused(
+                provider_reason(status, response.body),
+                status=status,
+                receipt=effect_receipt(response),
+            )
         if 300 <= status < 400:
             code = Code.PROVIDER_REDIRECT
         elif status >= 500:

@@ -14,8 +14,9 @@ of the installed distributions (every one, in name order). It receives a :class:
   it for headers at the moment of dispatch and keeps nothing;
 * ``seam.fetch`` -- the one guarded outbound client (``egress/guard.py``): the configuration's
   origins and path prefixes and nothing else;
-* ``seam.effects`` -- the register where a handler that observes an effect records what it saw (an
-  ``EFFECT_OBSERVED`` evidence line bound to the exact authorization, digests only);
+* ``seam.effects`` -- the register where a handler that observes an effect records what it saw
+  (``dispatch/effects.py``): bound to the exact authorization, handed to the authority's
+  finalization and written as one ``EFFECT_OBSERVED`` evidence line, digests only;
 * ``seam.plans`` -- plan step executors (``register(step_executor)``) and read-only MCP tools
   (``await register_mcp_read_tool(session, tool_name=..., count_rows=...)``) for the plan routes;
 * ``seam.on_close(callback)`` -- something to close when the executor stops (an MCP session).
@@ -33,12 +34,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
-from ..canonical import sha256_digest
 from ..codes import Code
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import Transport
@@ -46,13 +46,13 @@ from ..errors import AgentSafeError, ConfigError
 from ..events import EventSink
 from ..plans.execute import StepExecutor
 from ..plans.mcp_adapter import McpSession, create_read_only_mcp_executor
-from .seam import ExecutionContext, Handler, Registry
+from .effects import EffectRegister
+from .seam import Handler, Registry
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ActionRegistrar",
     "Downstream",
-    "EffectRegister",
     "PlanRegistrar",
     "Registration",
     "Seam",
@@ -125,32 +125,6 @@ class PlanRegistrar:
     def seal(self) -> tuple[StepExecutor, ...]:
         self._sealed = True
         return tuple(self._executors)
-
-
-class EffectRegister:
-    """Where a handler records the effect it observed, bound to the exact authorization.
-
-    ``record(ctx, observation)`` writes one ``EFFECT_OBSERVED`` evidence line: the action's
-    intent hash, the grant and dossier, and the SHA-256 of the observation's canonical JSON
-    (never the observation itself, which may carry provider data). It returns that digest, which
-    the handler may put in its result so the outcome and the evidence name the same thing.
-    """
-
-    def __init__(self, evidence: EventSink) -> None:
-        self._evidence = evidence
-
-    def record(self, ctx: ExecutionContext, observation: Mapping[str, Any]) -> str:
-        digest = sha256_digest(dict(observation))
-        self._evidence.emit(
-            "EFFECT_OBSERVED",
-            {
-                "intent_hash": ctx.intent.intent_hash,
-                "grant_id": ctx.authorization.grant_id,
-                "dossier_id": ctx.authorization.dossier_id,
-                "observation_digest": digest,
-            },
-        )
-        return digest
 
 
 @dataclass(frozen=True)

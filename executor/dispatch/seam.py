@@ -185,15 +185,19 @@ class DispatchRefused(AgentSafeError):
 class ProviderRefused(AgentSafeError):
     """The provider was reached and refused deterministically: nothing was effected.
 
-    ``reason`` is the provider's reason code (UPPER_SNAKE), reported among the reason codes.
+    ``reason`` is the provider's reason code (UPPER_SNAKE), reported among the reason codes;
+    ``receipt`` the provider's signed effect receipt of the refusal, verbatim, when it sent one.
     """
 
     code = Code.PROVIDER_REFUSED
 
-    def __init__(self, reason: str, *, status: int | None = None) -> None:
+    def __init__(
+        self, reason: str, *, status: int | None = None, receipt: str | None = None
+    ) -> None:
         super().__init__("the provider refused the request", code=Code.PROVIDER_REFUSED)
         self.reason = reason
         self.status = status
+        self.receipt = receipt
 
 
 class Dispatch:
@@ -236,6 +240,9 @@ class ExecutionReport:
     result: Mapping[str, Any] | None = None
     reason_codes: tuple[str, ...] = ()
     dispatched: bool = False
+    effect_receipt: str | None = None
+    """A refusing provider's signed effect receipt, verbatim (``ProviderRefused.receipt``): a
+    refusal returns no result to carry it, and the finalization is handed it all the same."""
 
 
 _EXECUTED: dict[Outcome, bool | None] = {
@@ -251,6 +258,7 @@ def _report(
     *codes: str,
     dispatched: bool,
     result: Mapping[str, Any] | None = None,
+    effect_receipt: str | None = None,
 ) -> ExecutionReport:
     return ExecutionReport(
         outcome=outcome,
@@ -258,6 +266,7 @@ def _report(
         result=result,
         reason_codes=tuple(dict.fromkeys(codes)),
         dispatched=dispatched,
+        effect_receipt=effect_receipt,
     )
 
 
@@ -398,7 +407,12 @@ class Registry:
             if not dispatch.started:
                 return _report(failed, reason, dispatched=False)
             self._emit_refused(name, reason, refused.status)
-            return _report(Outcome.DEFINITELY_NOT_EXECUTED, reason, dispatched=True)
+            return _report(
+                Outcome.DEFINITELY_NOT_EXECUTED,
+                reason,
+                dispatched=True,
+                effect_receipt=self._receipt(name, refused.receipt),
+            )
         except TransportError as exc:
             if not exc.sent:
                 return _report(failed, exc.code, dispatched=False)
@@ -460,6 +474,12 @@ class Registry:
         if self._security is not None:
             self._security.emit("PROVIDER_STRING_WITHHELD", {"action": action, "field": field})
         return True
+
+    def _receipt(self, action: str, receipt: str | None) -> str | None:
+        """A refusal's receipt, screened like every string of a result (dropped if withheld)."""
+        if receipt is None or self._withheld(action, "effect_receipt", receipt):
+            return None
+        return receipt
 
     def _provider_code(self, action: str, field: str, reason: object) -> str:
         if not isinstance(reason, str) or not PROVIDER_CODE.fullmatch(reason):

@@ -17,10 +17,13 @@ three of them pure.
 :class:`AdapterHandler` makes any adapter a registry handler: ``prepare``, then ``execute``
 inside the dispatch (the transport is given ``ctx.remaining()``, so never more than the grant has
 left), then ``observe_effect``, then the field-by-field comparison against what was authorised,
-the receipt comparison (``receipts.py``), and the :class:`EffectRecord`, registered in the
-:class:`EffectRecords` under the grant id for the attempt to read after the registry returns.
+the receipt comparison (``receipts.py``), and the :class:`EffectRecord`, registered in the one
+effect register (``dispatch/effects.py``) under the grant id: the attempt takes it after the
+registry returns and hands it to the authority's finalization, with the receipt verbatim (in the
+result, or on the refusal's ``ProviderRefused``).
 A refusal is registered before :class:`~agentsafe.executor.dispatch.seam.ProviderRefused` is
-raised, so its observation reaches the evidence although the answer has no effect block.
+raised, so its observation reaches the finalization and the evidence although the answer has no
+effect block.
 :meth:`AdapterHandler.admit` is ``prepare`` before the authority is asked: the derived target must
 be the proposal's, and the family's amount projection is what the host ceilings read.
 
@@ -39,13 +42,12 @@ names of the fields that differ, the observation method, both effect digests, th
 digest, the provider's reference, the receipt comparison and the record's digest: never a
 provider body, a parameter value or a credential.
 
-Callers: families (``agentsafe.executor.banking``); ``assembly.py`` (the register);
-``lifecycle/attempt.py`` (takes the record); ``lifecycle/pipeline.py`` (``admit``).
+Callers: families (``agentsafe.executor.banking``); ``lifecycle/attempt.py`` (reads the
+record it takes from the register); the pipeline reaches ``admit`` through the registry.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -53,6 +55,7 @@ from typing import Any, Protocol
 
 from ..canonical import sha256_digest
 from ..codes import Code
+from ..dispatch.effects import EffectRegister
 from ..dispatch.seam import (
     Dispatch,
     ExecutionContext,
@@ -69,7 +72,6 @@ __all__ = [
     "Comparison",
     "Confirmation",
     "EffectRecord",
-    "EffectRecords",
     "ObservationMethod",
     "Prepared",
     "ProviderOutcome",
@@ -217,24 +219,13 @@ class EffectRecord:
         return sha256_digest(self._fields())
 
     def block(self) -> dict[str, Any]:
-        """The answer's ``effect`` block and the evidence line's fields."""
+        """The answer's ``effect`` block, the evidence line's fields and what the authority's
+        finalization carries."""
         return {**self._fields(), "record_digest": self.digest}
 
-
-class EffectRecords:
-    """Effect records by grant id, put by the bridge and taken once by the attempt."""
-
-    def __init__(self) -> None:
-        self._records: dict[str, EffectRecord] = {}
-        self._lock = threading.Lock()
-
-    def put(self, record: EffectRecord) -> None:
-        with self._lock:
-            self._records[record.grant_id] = record
-
-    def take(self, grant_id: str) -> EffectRecord | None:
-        with self._lock:
-            return self._records.pop(grant_id, None)
+    def evidence(self) -> dict[str, Any]:
+        """The register's view (``dispatch/effects.py``): the block."""
+        return self.block()
 
 
 def _claim_token_digest(attestation: str | None) -> str | None:
@@ -254,7 +245,7 @@ class AdapterHandler:
         self,
         adapter: Adapter,
         *,
-        register: EffectRecords,
+        register: EffectRegister,
         receipts: ProviderKeys | None = None,
     ) -> None:
         self._adapter = adapter
@@ -327,7 +318,9 @@ class AdapterHandler:
         )
         self._register.put(record)
         if not committed:
-            raise ProviderRefused(result.reason or Code.PROVIDER_REFUSED, status=result.status)
+            raise ProviderRefused(
+                result.reason or Code.PROVIDER_REFUSED, status=result.status, receipt=result.receipt
+            )
         answer: dict[str, Any] = {"status": result.status, "accepted": True}
         if result.provider_reference is not None:
             answer["provider_reference"] = result.provider_reference

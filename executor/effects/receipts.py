@@ -26,10 +26,14 @@ authenticated is a disagreement an operator must look at, never silence. A recei
 compared: it never changes the outcome and never makes a finalization fail (the pipeline
 finalizes first and reads the effect record afterwards).
 
-The JWS is read and verified by ``jws.py``, the one JWS module.
+The JWS is read and verified by ``jws.py``, the one JWS module; its ``typ`` is the provider
+side's (``provider.py``). :meth:`ProviderKeys.check` is the one verification (key, signature,
+issuer, grant, claim): the bridge compares through it, and the built-in authority's finalization
+(``policy/authority.py``) verifies the receipt it is handed through it.
 
 Callers: ``effects/adapter.py`` (the bridge compares every receipt a transport carried);
-``assembly.py`` builds :class:`ProviderKeys` from the policy.
+``assembly.py`` builds one :class:`ProviderKeys` from the policy for the bridge and the
+authority.
 """
 
 from __future__ import annotations
@@ -41,14 +45,19 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from ..canonical import sha256_digest
+from ..canonical import sha256_bytes_digest
 from ..codes import Code
 from ..errors import ConfigError
 from ..jws import TokenRefused, b64url_decode, split_compact, verify_compact
+from ..provider import EFFECT_RECEIPT_TYP
 
-__all__ = ["EFFECT_RECEIPT_TYP", "ProviderKeys", "ReceiptComparison", "ReceiptReading"]
+__all__ = [
+    "ProviderKeys",
+    "ReceiptCheck",
+    "ReceiptComparison",
+    "ReceiptReading",
+]
 
-EFFECT_RECEIPT_TYP = "agentsafe-effect-receipt+jwt"
 _COMMITTED_STATUSES = frozenset({"EFFECTED", "POSTED", "ACCEPTED"})
 _REFUSED_STATUSES = frozenset({"REFUSED"})
 
@@ -68,7 +77,18 @@ class ReceiptReading:
     status: str | None = None
     digest: str | None = None  # sha256 of the token's bytes
     effect_digest: str | None = None
-    reason: str | None = None  # why MISMATCH, a code-like word for the security event
+    reason: str | None = None  # why MISMATCH: an EFFECT_RECEIPT_* code, for the security event
+
+
+@dataclass(frozen=True)
+class ReceiptCheck:
+    """A receipt verified (or not) against the registered keys and its authorization."""
+
+    digest: str  # sha256 of the token's bytes
+    verified: bool
+    status: str | None = None
+    effect_digest: str | None = None
+    reason: str | None = None  # why it did not verify: an EFFECT_RECEIPT_* code
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,44 @@ class ProviderKeys:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def check(self, receipt: str, *, grant_id: str, claim_token_digest: str | None) -> ReceiptCheck:
+        """Verify ``receipt`` against the registered keys and the authorization it must name:
+        the signature under a registered ``kid``, the ``typ``, the key's issuer, the grant
+        (``sub``) and, when the claim was attested, the claim (``claim_token_digest``).
+
+        This is the one verification: the bridge's :meth:`compare` and the built-in authority's
+        finalization (``policy/authority.py``) both read a receipt through it."""
+        digest = sha256_bytes_digest(receipt)
+        try:
+            compact = split_compact(receipt)
+            if compact.header.get("typ") != EFFECT_RECEIPT_TYP:
+                raise TokenRefused("not an effect receipt", code=Code.JWS_TYPE_MISMATCH)
+            entry = self._keys.get(str(compact.header.get("kid")))
+            if entry is None:
+                raise TokenRefused("no registered provider key", code=Code.JWS_KEY_UNKNOWN)
+            verify_compact(compact, entry.key, algorithms=["EdDSA"])
+        except TokenRefused:
+            return ReceiptCheck(digest, verified=False, reason=Code.EFFECT_RECEIPT_INVALID)
+        claims = compact.payload
+        status = claims.get("status") if isinstance(claims.get("status"), str) else None
+        effect = claims.get("effect_digest")
+        effect_digest = effect if isinstance(effect, str) else None
+
+        def refused(reason: str) -> ReceiptCheck:
+            return ReceiptCheck(
+                digest, verified=False, status=status, effect_digest=effect_digest, reason=reason
+            )
+
+        if claims.get("iss") != entry.issuer:
+            return refused(Code.EFFECT_RECEIPT_ISSUER_MISMATCH)
+        if claims.get("sub") != grant_id:
+            return refused(Code.EFFECT_RECEIPT_GRANT_MISMATCH)
+        if claim_token_digest is not None and claims.get("claim_token_digest") != (
+            claim_token_digest
+        ):
+            return refused(Code.EFFECT_RECEIPT_CLAIM_MISMATCH)
+        return ReceiptCheck(digest, verified=True, status=status, effect_digest=effect_digest)
+
     def compare(
         self,
         receipt: str | None,
@@ -118,51 +176,34 @@ class ProviderKeys:
         """Read ``receipt`` against the executor's own account (see the module docstring)."""
         if receipt is None:
             return ReceiptReading(ReceiptComparison.ABSENT)
-        digest = sha256_digest(receipt)
-        try:
-            compact = split_compact(receipt)
-            if compact.header.get("typ") != EFFECT_RECEIPT_TYP:
-                raise TokenRefused("not an effect receipt", code=Code.JWS_TYPE_MISMATCH)
-            entry = self._keys.get(str(compact.header.get("kid")))
-            if entry is None:
-                raise TokenRefused("no registered provider key", code=Code.JWS_KEY_UNKNOWN)
-            verify_compact(compact, entry.key, algorithms=["EdDSA"])
-        except TokenRefused:
-            return ReceiptReading(
-                ReceiptComparison.MISMATCH, digest=digest, reason=Code.EFFECT_RECEIPT_INVALID
-            )
-        claims = compact.payload
-        status = claims.get("status") if isinstance(claims.get("status"), str) else None
-        effect = claims.get("effect_digest")
-        effect_digest = effect if isinstance(effect, str) else None
+        checked = self.check(receipt, grant_id=grant_id, claim_token_digest=claim_token_digest)
+        status, effect_digest = checked.status, checked.effect_digest
 
         def mismatch(reason: str) -> ReceiptReading:
             return ReceiptReading(
                 ReceiptComparison.MISMATCH,
                 status=status,
-                digest=digest,
+                digest=checked.digest,
                 effect_digest=effect_digest,
                 reason=reason,
             )
 
-        if claims.get("iss") != entry.issuer:
-            return mismatch("RECEIPT_ISSUER_MISMATCH")
-        if claims.get("sub") != grant_id:
-            return mismatch("RECEIPT_GRANT_MISMATCH")
-        named_claim = claims.get("claim_token_digest")
-        if claim_token_digest is not None and named_claim != claim_token_digest:
-            return mismatch("RECEIPT_CLAIM_MISMATCH")
+        if not checked.verified:
+            return mismatch(checked.reason or Code.EFFECT_RECEIPT_INVALID)
         committed = status in _COMMITTED_STATUSES
         if (provider_committed and not committed) or (
             not provider_committed and status not in _REFUSED_STATUSES
         ):
-            return mismatch("RECEIPT_STATUS_MISMATCH")
+            return mismatch(Code.EFFECT_RECEIPT_STATUS_MISMATCH)
         if effect_digest is None:
-            return ReceiptReading(ReceiptComparison.SILENT, status=status, digest=digest)
+            return ReceiptReading(ReceiptComparison.SILENT, status=status, digest=checked.digest)
         if effect_digest != authorised_digest or (
             observed_digest is not None and effect_digest != observed_digest
         ):
-            return mismatch("RECEIPT_DIGEST_MISMATCH")
+            return mismatch(Code.EFFECT_RECEIPT_DIGEST_MISMATCH)
         return ReceiptReading(
-            ReceiptComparison.MATCH, status=status, digest=digest, effect_digest=effect_digest
+            ReceiptComparison.MATCH,
+            status=status,
+            digest=checked.digest,
+            effect_digest=effect_digest,
         )

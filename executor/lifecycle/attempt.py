@@ -8,14 +8,18 @@ on its own with every collaborator passed in:
 3. claim the single-use grant with the authority (a refused claim closes the attempt NOT_CLAIMED);
 4. run the handler once through the registry, which journals GRANT_CLAIMED before the handler's
    body (``on_claimed``);
-5. finalize with the authority; journal ATTEMPT_CLOSED unless the outcome is unknown, in which
-   case the answer carries a signed recovery object for ``POST /v1/reconciliations``;
-6. read the effect record an adapter registered for the grant (``effects/adapter.py``): one
-   EFFECT_OBSERVED evidence line; an effect (or a receipt) that is not the authorised one adds
-   EFFECT_MISMATCH to the reason codes, an EFFECT_MISMATCH / EFFECT_RECEIPT_MISMATCH security
-   event and ``on_effect_mismatch`` (the halt, or only the count). The finalization is made before
-   the record is read, so neither an observation nor a receipt can make it fail;
-7. one OUTCOME evidence line, one count, one answer (with the ``effect`` block when COMPLETED).
+5. take the effect record the handler registered for the grant (``dispatch/effects.py``: an
+   adapter's record, ``effects/adapter.py``, or an ordinary handler's observation), a refusal's
+   included, and finalize with the authority, handing it the record's evidence and the
+   provider's receipt verbatim; the authority's ``effect_report`` goes into the OUTCOME line.
+   A finalization that fails is NOT_RECORDED and changes nothing else;
+6. one EFFECT_OBSERVED evidence line for the record; an adapter's effect (or receipt) that is
+   not the authorised one adds EFFECT_MISMATCH to the reason codes, an EFFECT_MISMATCH /
+   EFFECT_RECEIPT_MISMATCH security event and ``on_effect_mismatch`` (the halt, or only the
+   count);
+7. journal ATTEMPT_CLOSED unless the outcome is unknown, in which case the answer carries a
+   signed recovery object for ``POST /v1/reconciliations``;
+8. one OUTCOME evidence line, one count, one answer (with the ``effect`` block when COMPLETED).
 
 The caller learns that the attempt started through the :class:`Progress` it passes in (set
 before anything durable is written): from then on its idempotency key is never freed.
@@ -34,8 +38,9 @@ from typing import Any, Protocol
 
 from ..clock import Clock
 from ..codes import Code
+from ..dispatch.effects import EffectEvidence, EffectRegister
 from ..dispatch.seam import Authorization, ExecutionContext, ExecutionReport, Outcome, Registry
-from ..effects.adapter import Comparison, EffectRecord, EffectRecords
+from ..effects.adapter import Comparison, EffectRecord
 from ..effects.receipts import ReceiptComparison
 from ..errors import AgentSafeError, JournalError, RequestRejected, StoreError
 from ..events import Streams
@@ -108,7 +113,7 @@ class Attempt:
     count_outcome: Callable[[Outcome], None] = lambda outcome: None
     on_unknown: Callable[[str], None] = lambda attempt_id: None
     """Told the attempt id of every UNKNOWN_AFTER_DISPATCH (``/ready``'s live count)."""
-    effects: EffectRecords | None = None
+    effects: EffectRegister | None = None
     on_effect_mismatch: Callable[[str], None] = lambda grant_id: None
     on_ceiling_refused: Callable[[CapturedIntent, Principal, str, str], None] = (
         lambda intent, principal, code, stage: None
@@ -248,22 +253,35 @@ class Attempt:
                 await reservation.release()
             except AgentSafeError as exc:
                 log.warning("the ceiling reservation was not released (%s)", exc.code)
+        # The effect record the handler registered (a refusal's too) goes to the finalization
+        # with the provider's receipt verbatim; nothing in either can make the finalization
+        # fail or change the outcome.
+        entry = self.effects.take(claim.grant_id) if self.effects is not None else None
+        receipt = _receipt_token(report)
+        effect_report: Mapping[str, Any] | None = None
         try:
-            finalization = await self.authority.finalize(
-                claim, outcome=outcome.value, executed=report.executed
+            finalized = await self.authority.finalize(
+                claim,
+                outcome=outcome.value,
+                executed=report.executed,
+                effect=entry.evidence() if entry is not None else None,
+                effect_receipt=receipt,
             )
+            finalization, effect_report = finalized.status, finalized.effect_report
         except AgentSafeError as exc:
             log.warning("the authority did not record the finalization (%s)", exc.code)
+            finalization = "NOT_RECORDED"
+        except Exception:  # past the point of no return: the outcome stands
+            log.exception("the finalization failed")
             finalization = "NOT_RECORDED"
         recovery = None
         if outcome is Outcome.UNKNOWN_AFTER_DISPATCH:
             recovery = self._recovery_object(intent, attempt_id, claim.grant_id, claim.expires_at)
         reason_codes = list(report.reason_codes)
-        record = None
+        record = entry if isinstance(entry, EffectRecord) else None
         try:
-            record = self.effects.take(claim.grant_id) if self.effects is not None else None
-            if record is not None:
-                reason_codes = self._effect(intent, principal, record, reason_codes)
+            if entry is not None:
+                reason_codes = self._effect(intent, principal, entry, reason_codes)
         except AgentSafeError as exc:  # past the point of no return: the outcome stands
             log.warning("the effect record was not fully reported (%s)", exc.code)
         body = decision_answer(
@@ -303,7 +321,8 @@ class Attempt:
                     "reason_codes": reason_codes,
                     "finalization": finalization,
                     "caller": principal.id,
-                    **_receipt(report.result),
+                    **({"effect_receipt": receipt} if receipt is not None else {}),
+                    **({"effect_report": dict(effect_report)} if effect_report else {}),
                 },
             )
         except AgentSafeError as exc:
@@ -353,17 +372,19 @@ class Attempt:
         self,
         intent: CapturedIntent,
         principal: Principal,
-        record: EffectRecord,
+        entry: EffectEvidence,
         reason_codes: list[str],
     ) -> list[str]:
-        """One EFFECT_OBSERVED evidence line naming the observer; a mismatch adds
-        EFFECT_MISMATCH, its security events, and the configured behaviour."""
+        """One EFFECT_OBSERVED evidence line (an adapter's record names its observer); an
+        adapter's mismatch adds EFFECT_MISMATCH, its security events, and the configured
+        behaviour."""
         self.streams.evidence.emit(
             "EFFECT_OBSERVED",
-            {"intent_id": intent.intent_id, "caller": principal.id, **record.block()},
+            {"intent_id": intent.intent_id, "caller": principal.id, **entry.evidence()},
         )
-        if not record.mismatch:
+        if not isinstance(entry, EffectRecord) or not entry.mismatch:
             return reason_codes
+        record = entry
         fields = {
             "intent_id": intent.intent_id,
             "grant_id": record.grant_id,
@@ -407,7 +428,10 @@ class Attempt:
         return {"intent": dict(intent.binding), "reference": reference}
 
 
-def _receipt(result: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The provider's signed effect receipt, carried verbatim into the evidence."""
-    receipt = (result or {}).get("effect_receipt")
-    return {"effect_receipt": receipt} if isinstance(receipt, str) else {}
+def _receipt_token(report: ExecutionReport) -> str | None:
+    """The provider's signed effect receipt as the seam screened it, verbatim, whatever the
+    outcome: a refusal's (``report.effect_receipt``), else the result's ``effect_receipt``."""
+    if report.effect_receipt is not None:
+        return report.effect_receipt
+    receipt = (report.result or {}).get("effect_receipt")
+    return receipt if isinstance(receipt, str) else None

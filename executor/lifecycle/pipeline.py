@@ -48,9 +48,9 @@ from ..canonical import sha256_digest
 from ..clock import Clock, format_ms
 from ..codes import Code
 from ..config import EscalationMode, ExecutorMode
+from ..dispatch.effects import EffectRegister
 from ..dispatch.seam import Outcome, ReconcileResult, ReconcileStatus, Registry
 from ..door.door import check_action
-from ..effects.adapter import EffectRecords
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
 from ..host.metrics import ExecutorMetrics
@@ -131,7 +131,7 @@ class Pipeline:
         settle_margin_s: float = 0.0,
         approval_origin: str | None = None,
         on_approval_requested: Callable[[ApprovalRequest, str], None] = lambda request, url: None,
-        effects: EffectRecords | None = None,
+        effects: EffectRegister | None = None,
         on_effect_mismatch: Callable[[str], None] = lambda grant_id: None,
     ) -> None:
         self.mode = mode

@@ -20,8 +20,14 @@ later); :class:`LocalAuthority` is the built-in one, evaluating the compiled pol
    and never past the intent's expiry. The grant never leaves the process.
 
 :meth:`LocalAuthority.claim` verifies a grant against the presented intent and consumes it once,
-atomically, in the use store. :meth:`LocalAuthority.sign_token` / :meth:`verify_token` sign the
-executor's other hand-outs (escalation objects, recovery references) under the same key.
+atomically, in the use store. :meth:`LocalAuthority.finalize` records how the attempt ended with
+the effect record the handler registered and the provider's effect receipt verbatim: the receipt
+is verified against the provider keys registered with this authority (the policy's
+``providerKeys``), reported whether or not it verifies, and read as ``SIGNED_RECEIPT`` effect
+evidence when it states the expected effect (:class:`Finalization`'s ``effect_report``); a
+receipt is never a reason to refuse a finalization. :meth:`LocalAuthority.sign_token` /
+:meth:`verify_token` sign the executor's other hand-outs (escalation objects, recovery
+references) under the same key.
 
 Callers: ``lifecycle/pipeline.py`` (evaluate; escalation and recovery tokens),
 ``lifecycle/attempt.py`` (claim, finalize, recovery tokens), ``assembly.py`` (construction),
@@ -31,6 +37,7 @@ Callers: ``lifecycle/pipeline.py`` (evaluate; escalation and recovery tokens),
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 import uuid
@@ -40,7 +47,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..canonical import sha256_digest
+from ..canonical import sha256_bytes_digest, sha256_digest
 from ..clock import Clock
 from ..codes import Code
 from ..errors import AgentSafeError
@@ -54,6 +61,8 @@ from .policy import CompiledAction, CompiledPolicy, CompiledRule, Verdict
 if TYPE_CHECKING:
     from ..state.usestore import UseStore
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "ESCALATION_TYP",
     "GRANT_TTL_SECONDS",
@@ -63,9 +72,13 @@ __all__ = [
     "Authority",
     "Claim",
     "Decision",
+    "EffectEvidence",
     "Evaluation",
+    "Finalization",
     "GrantRefused",
     "LocalAuthority",
+    "ReceiptVerification",
+    "ReceiptVerifier",
     "RuleTrial",
     "Stage",
     "Verdict",
@@ -136,6 +149,64 @@ class Claim:
     intent_hash: str
     execution_payload_digest: str
     attestation: str | None = None  # the authority's signed claim attestation (compact JWS)
+    claim_token_digest: str | None = None  # the digest of the grant the claim consumed
+
+
+class ReceiptChecked(Protocol):
+    """One provider receipt as the verifier read it (``effects/receipts.py``'s ``ReceiptCheck``)."""
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def verified(self) -> bool: ...
+
+    @property
+    def effect_digest(self) -> str | None: ...
+
+    @property
+    def reason(self) -> str | None: ...
+
+
+class ReceiptVerifier(Protocol):
+    """The provider keys registered with this authority (the policy's ``providerKeys``): verifies
+    a receipt's key, signature, issuer, grant and claim (``effects/receipts.py``'s
+    ``ProviderKeys``, handed in by ``assembly.py``)."""
+
+    def check(
+        self, receipt: str, *, grant_id: str, claim_token_digest: str | None
+    ) -> ReceiptChecked: ...
+
+
+class EffectEvidence(StrEnum):
+    """What the authority reads as the effect's evidence at finalization."""
+
+    SIGNED_RECEIPT = "SIGNED_RECEIPT"  # a verified receipt stating the effect the attempt expected
+    OBSERVATION = "OBSERVATION"  # the executor's own record of what a handler observed
+    NONE = "NONE"
+
+
+class ReceiptVerification(StrEnum):
+    VERIFIED = "VERIFIED"
+    UNVERIFIED = "UNVERIFIED"
+    ABSENT = "ABSENT"
+
+
+@dataclass(frozen=True)
+class Finalization:
+    """What the authority recorded for one claimed attempt (:meth:`Authority.finalize`).
+
+    ``effect_report`` is what the authority made of the effect evidence it was handed:
+    ``effect_evidence`` (:class:`EffectEvidence`), ``record_digest`` (the effect record's, or
+    ``None``), ``receipt`` (:class:`ReceiptVerification`), ``receipt_digest`` and
+    ``receipt_reason`` (why a receipt did not verify: an ``EFFECT_RECEIPT_*`` code)."""
+
+    status: str
+    outcome: str
+    executed: bool | None
+    effect: Mapping[str, Any] | None
+    effect_receipt: str | None
+    effect_report: Mapping[str, Any]
 
 
 class Authority(Protocol):
@@ -151,12 +222,23 @@ class Authority(Protocol):
         """Consume ``grant`` for ``intent``; raises :class:`GrantRefused`."""
         ...
 
-    async def finalize(self, claim: Claim, *, outcome: str, executed: bool | None) -> str:
-        """Record how a claimed attempt ended; returns ``"RECORDED"``."""
+    async def finalize(
+        self,
+        claim: Claim,
+        *,
+        outcome: str,
+        executed: bool | None,
+        effect: Mapping[str, Any] | None = None,
+        effect_receipt: str | None = None,
+    ) -> Finalization:
+        """Record how a claimed attempt ended, with the effect record the handler registered
+        (``effect``: the record's evidence fields, digests only) and the provider's receipt
+        verbatim (``effect_receipt``). A receipt is never a reason to refuse a finalization."""
         ...
 
 
-Finalizer = Callable[[Claim, str, bool | None], Awaitable[None]]
+Finalizer = Callable[[Claim, Finalization], Awaitable[None]]
+"""Told every finalization the built-in authority records (a remote authority's hook)."""
 
 
 class LocalAuthority:
@@ -172,6 +254,7 @@ class LocalAuthority:
         retired_keys: tuple[SigningKey, ...] = (),
         grant_ttl_seconds: float = GRANT_TTL_SECONDS,
         finalizer: Finalizer | None = None,
+        receipts: ReceiptVerifier | None = None,
     ) -> None:
         if not 0 < grant_ttl_seconds <= GRANT_TTL_SECONDS:
             raise ValueError(f"grant_ttl_seconds must be in (0, {GRANT_TTL_SECONDS}]")
@@ -183,6 +266,7 @@ class LocalAuthority:
         self._clock = clock
         self._grant_ttl = grant_ttl_seconds
         self._finalizer = finalizer
+        self._receipts = receipts
 
     @property
     def policy(self) -> CompiledPolicy:
@@ -333,6 +417,7 @@ class LocalAuthority:
         )
         if not claimed:
             raise GrantRefused(Code.GRANT_ALREADY_CLAIMED, "the grant was already claimed")
+        token_digest = claim_token_digest(grant)
         claim = Claim(
             grant_id=fields.grant_id,
             decision_id=fields.decision_id,
@@ -340,16 +425,80 @@ class LocalAuthority:
             expires_at=fields.expires_at,
             intent_hash=binding["intent_hash"],
             execution_payload_digest=binding["execution_payload_digest"],
+            claim_token_digest=token_digest,
         )
         attestation = issue_claim_attestation(
-            claim, claim_token_digest=claim_token_digest(grant), key=self._key, now=now
+            claim, claim_token_digest=token_digest, key=self._key, now=now
         )
         return dataclasses.replace(claim, attestation=attestation)
 
-    async def finalize(self, claim: Claim, *, outcome: str, executed: bool | None) -> str:
+    # -- finalize ------------------------------------------------------------------------------
+
+    async def finalize(
+        self,
+        claim: Claim,
+        *,
+        outcome: str,
+        executed: bool | None,
+        effect: Mapping[str, Any] | None = None,
+        effect_receipt: str | None = None,
+    ) -> Finalization:
+        """Record the end of ``claim`` with its effect evidence (see :class:`Finalization`).
+
+        The receipt is verified against the registered provider keys and reported whether or
+        not it verifies; a verified one that states the effect the record was authorised for
+        (its ``authorised_effect_digest``, derived from the parameters the grant binds) is the
+        effect's evidence as ``SIGNED_RECEIPT``, else the record is (``OBSERVATION``). Nothing
+        in a receipt, however malformed, makes this fail."""
+        finalization = Finalization(
+            status="RECORDED",
+            outcome=outcome,
+            executed=executed,
+            effect=dict(effect) if effect is not None else None,
+            effect_receipt=effect_receipt,
+            effect_report=self._effect_report(claim, effect, effect_receipt),
+        )
         if self._finalizer is not None:
-            await self._finalizer(claim, outcome, executed)
-        return "RECORDED"
+            await self._finalizer(claim, finalization)
+        return finalization
+
+    def _effect_report(
+        self, claim: Claim, effect: Mapping[str, Any] | None, receipt: str | None
+    ) -> dict[str, Any]:
+        record_digest = effect.get("record_digest") if effect is not None else None
+        report: dict[str, Any] = {
+            "effect_evidence": (
+                EffectEvidence.OBSERVATION if effect is not None else EffectEvidence.NONE
+            ).value,
+            "record_digest": record_digest if isinstance(record_digest, str) else None,
+            "receipt": ReceiptVerification.ABSENT.value,
+            "receipt_digest": None,
+            "receipt_reason": None,
+        }
+        if receipt is None:
+            return report
+        report["receipt"] = ReceiptVerification.UNVERIFIED.value
+        report["receipt_digest"] = sha256_bytes_digest(receipt)
+        if self._receipts is None:
+            report["receipt_reason"] = Code.EFFECT_RECEIPT_INVALID.value  # no keys registered
+            return report
+        try:
+            checked = self._receipts.check(
+                receipt, grant_id=claim.grant_id, claim_token_digest=claim.claim_token_digest
+            )
+        except Exception:  # a receipt is never a reason to refuse a finalization
+            log.exception("the effect receipt could not be read")
+            report["receipt_reason"] = Code.EFFECT_RECEIPT_INVALID.value
+            return report
+        report["receipt_digest"] = checked.digest
+        if not checked.verified:
+            report["receipt_reason"] = checked.reason or Code.EFFECT_RECEIPT_INVALID.value
+            return report
+        report["receipt"] = ReceiptVerification.VERIFIED.value
+        expected = effect.get("authorised_effect_digest") if effect is not None else None
+        if checked.effect_digest is not None and checked.effect_digest == expected:
+            report["effect_evidence"] = EffectEvidence.SIGNED_RECEIPT.value
+        return report
 
     # -- other signed tokens -------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 
 from ..canonical import DuplicateKeyError, parse_json
-from ..codes import Code
+from ..codes import ADMISSION_CODES, Code
 from ..config import BODY_TIMEOUT_SECONDS_DEFAULT
 from ..errors import CanonicalizationError, RequestRejected, StoreError
 from ..intent import MAX_BODY_BYTES, check_json_bounds
@@ -523,13 +523,15 @@ _ONCE = frozenset(
 PROPOSE_CODES = (
     _ONCE
     | _CEILINGS
+    | ADMISSION_CODES
     | {
         Code.ACTION_NOT_PERMITTED_FOR_PRINCIPAL,
         Code.ACTION_NOT_REGISTERED,
     }
 )
 """What ``POST /v1/actions`` refuses with past the door and the body (``lifecycle/pipeline.py``,
-``lifecycle/ceilings.py``, ``door.check_action``)."""
+``lifecycle/ceilings.py``, ``door.check_action``, and a deriving handler's admission,
+``codes.ADMISSION_CODES``)."""
 RECONCILE_CODES = frozenset(
     {
         Code.RECOVERY_BINDING_MISMATCH,

@@ -100,11 +100,11 @@ async def run_checks(environ: Mapping[str, str]) -> list[Check]:
     from ..clock import SystemClock
     from ..codes import Code
     from ..config import load_config
+    from ..dispatch.effects import EffectRegister
     from ..dispatch.forward import ForwardRequestHandler
     from ..dispatch.registration import (
         ActionRegistrar,
         Downstream,
-        EffectRegister,
         PlanRegistrar,
         Seam,
         load_registrations,
@@ -220,7 +220,7 @@ async def run_checks(environ: Mapping[str, str]) -> list[Check]:
                     ),
                     credential=credential,
                     fetch=transport,
-                    effects=EffectRegister(streams.evidence),
+                    effects=EffectRegister(),
                     plans=PlanRegistrar(),
                 )
                 loaded = load_registrations(config.executor_handlers)

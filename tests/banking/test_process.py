@@ -152,6 +152,7 @@ async def test_each_answer_of_the_core_bank_and_the_halt_on_an_effect_mismatch(
         # Posted, then read back by the provider's reference: CONFIRMED, the receipt MATCHes.
         status, body = await estate.propose(session, sepa(), "post-1")
         assert status == 200, body
+        posted = body
         assert (body["outcome"], body["executed"]) == ("COMPLETED", True)
         effect = body["effect"]
         assert set(effect) == BLOCK_KEYS
@@ -217,6 +218,7 @@ async def test_each_answer_of_the_core_bank_and_the_halt_on_an_effect_mismatch(
         assert effect["differing_fields"] == ["amountMinor"]
         assert effect["confirmation"] == "UNKNOWN"
         assert effect["receipt_comparison"] == "MISMATCH"
+        lied = body
 
         async def halted() -> bool:
             async with session.get(estate.executor.url + "/ready") as r:
@@ -236,6 +238,32 @@ async def test_each_answer_of_the_core_bank_and_the_halt_on_an_effect_mismatch(
     assert observed[refused_grant]["outcome"] == "REFUSED"
     assert observed[refused_grant]["confirmation"] == "NOT_EFFECTED"
     assert len(estate.security("PROVIDER_REFUSED")) == 1
+
+    # The finalization received every record and receipt: the authority's effect report is in
+    # the OUTCOME line, naming the record the answer (or, for a refusal, the evidence) carries.
+    reports = {e["grant_id"]: e for e in estate.evidence("OUTCOME")}
+    good = reports[posted["authorization"]["grant_id"]]
+    assert good["effect_report"] == {
+        "effect_evidence": "SIGNED_RECEIPT",  # verified, stating the authorised effect
+        "record_digest": posted["effect"]["record_digest"],
+        "receipt": "VERIFIED",
+        "receipt_digest": posted["effect"]["receipt_digest"],
+        "receipt_reason": None,
+    }
+    # The token itself is redacted on the evidence stream (a JWS); its digest names it.
+    assert good["effect_receipt"] == "[REDACTED:JWS]"
+    refused = reports[refused_grant]
+    assert refused["effect_report"]["record_digest"] == observed[refused_grant]["record_digest"]
+    assert refused["effect_report"]["receipt"] == "VERIFIED"  # the bank signed its refusal
+    assert refused["effect_report"]["effect_evidence"] == "OBSERVATION"
+    assert refused["effect_receipt"] == "[REDACTED:JWS]"  # a refusal's receipt is carried too
+    assert refused["effect_report"]["receipt_digest"].startswith("sha256:")
+    lie = reports[lied["authorization"]["grant_id"]]
+    # The bank signed the amount it booked: a verified receipt of another effect is not
+    # evidence of the authorised one.
+    assert lie["effect_report"]["receipt"] == "VERIFIED"
+    assert lie["effect_report"]["effect_evidence"] == "OBSERVATION"
+    assert lie["finalization"] == "RECORDED"
 
 
 async def test_alert_records_and_counts_a_mismatch_without_halting(tmp_path: Path) -> None:

@@ -736,3 +736,60 @@ async def test_a_lookup_for_another_intent_is_refused_by_the_provider(
     assert await handler.reconcile("payout-21", intent_hash=IH) == ReconcileResult(
         ReconcileStatus.UNKNOWN, reason_code="LOOKUP_STATUS_409"
     )
+
+
+class Answering:
+    """A transport that answers every POST with one fixed response (no socket)."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        self.response = response
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout: float,
+    ) -> HttpResponse:
+        return self.response
+
+    async def close(self) -> None:
+        return None
+
+
+RECEIPT = "eyJhbGciOiJFZERTQSJ9.eyJzdGF0dXMiOiJSRUZVU0VEIn0.c2lnbmF0dXJlLWJ5dGVz"
+
+
+async def test_a_refusals_receipt_is_carried_screened_to_the_report() -> None:
+    refusal = HttpResponse(
+        422, {"x-agent-safe-effect-receipt": RECEIPT}, b'{"code": "INSUFFICIENT_FUNDS"}'
+    )
+    registry, _ = build("http://127.0.0.1:9", Answering(refusal))
+    report, _ = await run(registry, "refused-with-receipt")
+    assert report.outcome is Outcome.DEFINITELY_NOT_EXECUTED
+    assert report.effect_receipt == RECEIPT  # verbatim, for the finalization
+    # Not the shape of a compact JWS: not carried.
+    odd = HttpResponse(422, {"x-agent-safe-effect-receipt": "not a jws"}, b'{"code": "NO"}')
+    registry, _ = build("http://127.0.0.1:9", Answering(odd))
+    report, _ = await run(registry, "refused-odd-receipt")
+    assert report.effect_receipt is None
+    # A receipt that reflects a secret is withheld like every provider string.
+    handler = ForwardRequestHandler(
+        url="http://127.0.0.1:9/payouts",
+        lookup_url=None,
+        timeout_ms=5_000,
+        transport=Answering(refusal),
+        credential=None,
+        parameters_schema=SCHEMA,
+    )
+    security = MemorySink()
+    screened = Registry(
+        security=security, screen=lambda text: text.replace("c2lnbmF0dXJl", "[REDACTED]")
+    )
+    screened.register("create_payout", handler)
+    screened.seal()
+    report, _ = await run(screened, "refused-secret-receipt")
+    assert report.effect_receipt is None
+    assert security.named("PROVIDER_STRING_WITHHELD")[0]["field"] == "effect_receipt"

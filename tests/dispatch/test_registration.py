@@ -157,6 +157,10 @@ async def test_a_registered_action_runs_through_the_lifecycle(tmp_path: Path) ->
         observed = [f for e, f in evidence.events if e == "EFFECT_OBSERVED"]
         assert observed
         assert observed[0]["observation_digest"] == answer["result"]["observation"]
+        # The seam's register is the attempt's: the observation reached the finalization.
+        [outcome] = [f for e, f in evidence.events if e == "OUTCOME"]
+        assert outcome["effect_report"]["effect_evidence"] == "OBSERVATION"
+        assert outcome["effect_report"]["record_digest"] == observed[0]["record_digest"]
         # The seam a registration kept is sealed: nothing registers after start.
         with pytest.raises(AgentSafeError) as info:
             KEPT[-1].registry.register("late", Stamp(KEPT[-1]))

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from agentsafe.executor.dispatch.effects import EffectRegister
 from agentsafe.executor.dispatch.seam import (
     Dispatch,
     ExecutionContext,
@@ -21,7 +22,6 @@ from agentsafe.executor.dispatch.seam import (
 )
 from agentsafe.executor.effects.adapter import (
     AdapterHandler,
-    EffectRecords,
     ObservationMethod,
     Prepared,
     ProviderOutcome,
@@ -30,7 +30,30 @@ from agentsafe.executor.effects.adapter import (
 from agentsafe.executor.errors import HandlerError, RequestRejected
 from agentsafe.executor.lifecycle.attempt import Attempt, Progress
 from agentsafe.executor.lifecycle.ceilings import HostCeilings
+from agentsafe.executor.policy.authority import Claim, Finalization, LocalAuthority
 from tests.lifecycle.test_attempt import EXAMPLE, PROPOSER, World, common
+
+RECEIPT = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJub3QtdGhpcy1ncmFudCJ9.c2lnbmF0dXJl"
+"""A receipt with the shape of a compact JWS that no registered key signed."""
+
+
+class Finalizations:
+    """The real local authority, with every finalization it recorded kept for the test."""
+
+    def __init__(self, inner: LocalAuthority) -> None:
+        self.inner = inner
+        self.seen: list[Finalization] = []
+
+    async def evaluate(self, intent: Any, **kwargs: Any) -> Any:
+        return await self.inner.evaluate(intent, **kwargs)
+
+    async def claim(self, grant: str, *, intent: Any) -> Claim:
+        return await self.inner.claim(grant, intent=intent)
+
+    async def finalize(self, claim: Claim, **kwargs: Any) -> Finalization:
+        finalized = await self.inner.finalize(claim, **kwargs)
+        self.seen.append(finalized)
+        return finalized
 
 
 class ScriptedAdapter:
@@ -60,7 +83,11 @@ class ScriptedAdapter:
             raise HandlerError("no answer", code="PROVIDER_ANSWER_INDETERMINATE")
         if self.script == "refuse":
             return ProviderResult(
-                ProviderOutcome.REFUSED, 422, "sha256:" + "0" * 64, reason="INSUFFICIENT_FUNDS"
+                ProviderOutcome.REFUSED,
+                422,
+                "sha256:" + "0" * 64,
+                reason="INSUFFICIENT_FUNDS",
+                receipt=RECEIPT,
             )
         amount = prepared.expected["amountMinor"] * (10 if self.script == "lie" else 1)
         return ProviderResult(
@@ -71,6 +98,7 @@ class ScriptedAdapter:
             reported={"amountMinor": amount, "currency": "EUR", "secret": "never shown"},
             method=ObservationMethod.READ_BACK,
             posted=True,
+            receipt=RECEIPT if self.script == "receipt" else None,
         )
 
     def observe_effect(
@@ -85,16 +113,27 @@ class ScriptedAdapter:
 
 
 def attempt_with(
-    world: World, script: str, halts: list[str], ceilings: HostCeilings | None = None
+    world: World,
+    script: str,
+    halts: list[str],
+    ceilings: HostCeilings | None = None,
+    *,
+    authority: Finalizations | None = None,
+    handler: Any = None,
 ) -> tuple[Attempt, list[tuple[str, str]]]:
-    register = EffectRecords()
+    register = EffectRegister()
     registry = Registry(security=world.streams.security)
-    registry.register("forward_request", AdapterHandler(ScriptedAdapter(script), register=register))
+    registry.register(
+        "forward_request",
+        handler(register)
+        if handler is not None
+        else AdapterHandler(ScriptedAdapter(script), register=register),
+    )
     registry.seal()
     refused: list[tuple[str, str]] = []
     return (
         Attempt(
-            authority=world.authority,
+            authority=authority if authority is not None else world.authority,
             signer=world.authority,
             registry=registry,
             journal=world.journal,
@@ -190,7 +229,7 @@ async def test_a_ceiling_refusal_at_commit_is_reported(world: World) -> None:
 
 
 async def test_admit_refuses_a_target_the_action_does_not_derive() -> None:
-    handler = AdapterHandler(ScriptedAdapter("honest"), register=EffectRecords())
+    handler = AdapterHandler(ScriptedAdapter("honest"), register=EffectRegister())
     registry = Registry()
     registry.register("forward_request", handler)
     registry.seal()
@@ -199,3 +238,84 @@ async def test_admit_refuses_a_target_the_action_does_not_derive() -> None:
     with pytest.raises(RequestRejected) as caught:
         registry.admit("forward_request", "payout:someone-else", {"amountMinor": 7})
     assert caught.value.code == "ACTION_TARGET_MISMATCH"
+
+
+async def test_the_finalization_receives_the_record_and_the_receipt(world: World) -> None:
+    authority = Finalizations(world.authority)
+    attempt, _ = attempt_with(world, "receipt", [], authority=authority)
+    body = await run(world, attempt)
+    assert body["outcome"] == "COMPLETED"
+    [finalized] = authority.seen
+    assert finalized.effect == body["effect"]
+    assert finalized.effect_receipt == RECEIPT
+    # The authority verified the receipt itself (no key is registered: UNVERIFIED), recorded
+    # it all the same, and the finalization stands.
+    assert body["finalization"] == "RECORDED"
+    assert finalized.effect_report["receipt"] == "UNVERIFIED"
+    assert finalized.effect_report["record_digest"] == body["effect"]["record_digest"]
+    [outcome] = world.evidence.named("OUTCOME")
+    assert outcome["effect_report"] == dict(finalized.effect_report)
+    assert outcome["effect_receipt"] == RECEIPT
+
+
+async def test_a_refusals_record_and_receipt_reach_the_finalization(world: World) -> None:
+    authority = Finalizations(world.authority)
+    attempt, _ = attempt_with(world, "refuse", [], authority=authority)
+    body = await run(world, attempt)
+    assert (body["outcome"], body["effect"]) == ("DEFINITELY_NOT_EXECUTED", None)
+    [finalized] = authority.seen
+    assert finalized.outcome == "DEFINITELY_NOT_EXECUTED"
+    assert finalized.effect is not None
+    assert (finalized.effect["outcome"], finalized.effect["confirmation"]) == (
+        "REFUSED",
+        "NOT_EFFECTED",
+    )
+    assert finalized.effect_receipt == RECEIPT
+    assert finalized.effect_report["effect_evidence"] == "OBSERVATION"
+    [observed] = world.evidence.named("EFFECT_OBSERVED")
+    assert observed["record_digest"] == finalized.effect["record_digest"]
+
+
+async def test_an_unknown_outcome_finalizes_without_a_record(world: World) -> None:
+    authority = Finalizations(world.authority)
+    attempt, _ = attempt_with(world, "vanish", [], authority=authority)
+    await run(world, attempt)
+    [finalized] = authority.seen
+    assert (finalized.outcome, finalized.effect) == ("UNKNOWN_AFTER_DISPATCH", None)
+    assert finalized.effect_report["effect_evidence"] == "NONE"
+
+
+class ObservingHandler:
+    """An ordinary handler (no adapter) that records its observation through the register."""
+
+    parameters_schema: Mapping[str, Any] = EXAMPLE["actions"][0]["parameters"]
+
+    def __init__(self, register: EffectRegister) -> None:
+        self.register = register
+
+    async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+        async def send(key: str) -> str:
+            return key
+
+        await dispatch.run(send)
+        digest = self.register.record(ctx, {"account": "acct-1", "status": 201})
+        return {"accepted": True, "observation": digest}
+
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str = "") -> ReconcileResult:
+        return ReconcileResult(ReconcileStatus.UNKNOWN)
+
+
+async def test_an_ordinary_handlers_observation_is_the_same_register(world: World) -> None:
+    authority = Finalizations(world.authority)
+    attempt, _ = attempt_with(world, "", [], authority=authority, handler=ObservingHandler)
+    body = await run(world, attempt)
+    assert body["outcome"] == "COMPLETED"
+    assert body["effect"] is None  # no adapter, no block
+    [finalized] = authority.seen
+    assert finalized.effect is not None
+    assert finalized.effect["observation_digest"] == body["result"]["observation"]
+    assert "acct-1" not in str(finalized.effect)
+    [observed] = world.evidence.named("EFFECT_OBSERVED")
+    assert observed["grant_id"] == body["authorization"]["grant_id"]
+    assert observed["observation_digest"] == body["result"]["observation"]
+    assert observed["record_digest"] == finalized.effect_report["record_digest"]

@@ -36,6 +36,7 @@ from agentsafe.executor.policy.authority import (
     Authority,
     Claim,
     Decision,
+    Finalization,
     GrantRefused,
     LocalAuthority,
     Verdict,
@@ -486,6 +487,7 @@ async def test_claim_round_trip(
         intent_hash=subject.intent_hash,
         execution_payload_digest=subject.payload_digest,
         attestation=claim.attestation,
+        claim_token_digest=claim_token_digest(decision.grant),
     )
     # The claim attestation verifies against the published keys and names this claim.
     attested = verify_claim_attestation(claim.attestation, keys=authority.key_set)
@@ -497,7 +499,8 @@ async def test_claim_round_trip(
     binding_digest, expires_at, claimed_at = store.claims[claim.grant_id]
     assert binding_digest.startswith("sha256:")
     assert (expires_at, claimed_at) == (claim.expires_at, clock.now())
-    assert await authority.finalize(claim, outcome="COMPLETED", executed=True) == "RECORDED"
+    finalized = await authority.finalize(claim, outcome="COMPLETED", executed=True)
+    assert finalized.status == "RECORDED"
 
 
 async def refused(authority: LocalAuthority, grant: str, subject: CapturedIntent) -> str:
@@ -665,8 +668,8 @@ def test_tokens_cannot_be_grants(authority: LocalAuthority) -> None:
 async def test_finalizer_hook(clock: ManualClock) -> None:
     seen: list[tuple[str, str, bool | None]] = []
 
-    async def record(claim: Claim, outcome: str, executed: bool | None) -> None:
-        seen.append((claim.grant_id, outcome, executed))
+    async def record(claim: Claim, finalization: Finalization) -> None:
+        seen.append((claim.grant_id, finalization.outcome, finalization.executed))
 
     local = LocalAuthority(
         policy(), keys=SigningKey.generate(), store=FakeUseStore(), clock=clock, finalizer=record
@@ -675,9 +678,8 @@ async def test_finalizer_hook(clock: ManualClock) -> None:
     decision = await local.evaluate(subject, principal=PROPOSER)
     assert decision.grant is not None
     claim = await local.claim(decision.grant, intent=subject)
-    assert await local.finalize(claim, outcome="UNKNOWN_AFTER_DISPATCH", executed=None) == (
-        "RECORDED"
-    )
+    finalized = await local.finalize(claim, outcome="UNKNOWN_AFTER_DISPATCH", executed=None)
+    assert finalized.status == "RECORDED"
     assert seen == [(claim.grant_id, "UNKNOWN_AFTER_DISPATCH", None)]
 
 
