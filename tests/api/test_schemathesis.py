@@ -7,8 +7,9 @@ registered the way an adopter's package does (``tests/api/st_plan_host.py``), an
 provider behind it. The test reads the OpenAPI document the executor serves to its OPERATOR
 (``GET /v1/control/openapi.json``), checks it is the document ``docs/openapi.json`` holds for
 those routes, seeds pending approval requests (proposals the example policy escalates) and the
-valid bodies chains start from (``tests/api/st_hooks.py``: a plan of the proposer's, an approval
-request, a step), and runs ``st`` on it twice with every standard check (``--checks all``: no 500,
+valid bodies chains start from (``tests/api/st_hooks.py``: a proposal that escalates, an
+escalation, a plan of the proposer's, an approval request, a step), and runs ``st`` on it with
+every standard check (``--checks all``: no 500,
 status codes, content types, headers and bodies conform to the document, negative data is
 refused, auth is not ignored, unsupported methods answer 405, ...) and the custom refusal
 contract (``tests/api/st_hooks.py``); each operation is called as a principal of the role (and
