@@ -204,7 +204,8 @@ async def test_optional_fields_read_back_as_null_or_text(tmp_path: Path) -> None
     scan = scan_journal(tmp_path / "j", retain_days=1, now=NOW, wanted=frozenset({"a-1"}))
     (still,) = scan.open_attempts
     assert (still.attempt_id, still.last_status) == ("a-2", "STILL_UNKNOWN")
-    assert scan.settled["a-1"].outcome == "COMPLETED"
+    settled = scan.settled["a-1"]
+    assert (settled.outcome, settled.executed, settled.answer) == ("COMPLETED", True, None)
 
 
 def test_a_journal_that_cannot_be_read_says_which_part(tmp_path: Path) -> None:
