@@ -224,3 +224,42 @@ def test_a_journal_that_cannot_be_read_says_which_part(tmp_path: Path) -> None:
         "JOURNAL_UNAVAILABLE",
         f"{ATTEMPTS_DIR}/{DAY}.jsonl cannot be read: Is a directory",
     )
+
+
+async def test_the_attempts_asked_for_read_back_how_each_was_opened_and_settled(
+    tmp_path: Path,
+) -> None:
+    """``wanted`` ids: which were ever opened, and how each that finished was settled (a close,
+    or a closing reconciliation); an id not asked for is never reported."""
+    journal = await AttemptJournal.open(tmp_path / "j", retain_days=1, clock=ManualClock(NOW))
+    for number in (1, 2, 3):
+        await open_attempt(journal, number)
+    await journal.reconciled(attempt_id="a-1", status="COMPLETED", by="RESTART")
+    await journal.reconciled(attempt_id="a-3", status="NOT_EXECUTED", by="RESTART")
+    await journal.close()
+    wanted = frozenset({"a-1", "a-2", "a-9"})
+    scan = scan_journal(tmp_path / "j", retain_days=1, now=NOW, wanted=wanted)
+    assert scan.opened == frozenset({"a-1", "a-2"})
+    assert set(scan.settled) == {"a-1"}
+    assert (scan.settled["a-1"].status, scan.settled["a-1"].outcome) == ("COMPLETED", None)
+    assert [a.attempt_id for a in scan.open_attempts] == ["a-2"]
+
+
+async def test_a_grant_recorded_when_the_attempt_opened_reads_back(tmp_path: Path) -> None:
+    journal = await AttemptJournal.open(tmp_path / "j", retain_days=1, clock=ManualClock(NOW))
+    intent = numbered_intent(1)
+    await journal.opened(
+        attempt_id="a-1",
+        intent_id=intent.intent_id,
+        intent_hash=intent.intent_hash,
+        decision_id="dec-1",
+        dossier_id="dos-1",
+        caller="agent-1",
+        action=intent.action,
+        binding=intent.binding,
+        grant_id="g-1",
+        grant_expires_at=NOW + 30,
+    )
+    await journal.close()
+    (attempt,) = scan_journal(tmp_path / "j", retain_days=1, now=NOW).open_attempts
+    assert (attempt.grant_id, attempt.grant_expires_at) == ("g-1", "2027-01-15T08:00:30.000Z")
