@@ -24,15 +24,32 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md image-requirements.txt ./
 COPY executor/ executor/
 COPY operator/ operator/
+# Exactly the hashed lock (`make lock`), nothing resolved here: --require-hashes refuses any file
+# whose sha256 is not in image-requirements.txt, --no-deps installs no dependency it does not
+# name. Then agentsafe itself from this source tree, built with the locked setuptools offline.
+# The CEL binding's REPL (typer, prompt-toolkit) is in it: cel/__init__.py imports cel.cli.
 RUN --mount=type=secret,id=pip_cert \
     if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
  && python3 -m venv /opt/agentsafe \
- && /opt/agentsafe/bin/pip install --no-compile ".[operator]" \
+ && /opt/agentsafe/bin/pip install --no-compile --no-deps --require-hashes -r image-requirements.txt \
+ && /opt/agentsafe/bin/pip install --no-compile --no-deps --no-index --no-build-isolation . \
  && /opt/agentsafe/bin/pip uninstall -y pip setuptools wheel \
  && /opt/agentsafe/bin/python -m compileall -q --invalidation-mode unchecked-hash /opt/agentsafe
+# The CycloneDX SBOM of exactly what the runtime carries (/opt/agentsafe), written by the
+# maintained cyclonedx-bom over that installed environment. The tool lives in a venv of its own
+# that never reaches the runtime stage.
+ARG CYCLONEDX_BOM_VERSION=7.5.0
+RUN --mount=type=secret,id=pip_cert \
+    if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi \
+ && python3 -m venv /opt/sbom-tool \
+ && /opt/sbom-tool/bin/pip install --no-compile "cyclonedx-bom==${CYCLONEDX_BOM_VERSION}" \
+ && mkdir -p /opt/agentsafe-sbom \
+ && /opt/sbom-tool/bin/cyclonedx-py environment --pyproject pyproject.toml \
+      --output-reproducible --output-format JSON \
+      --output-file /opt/agentsafe-sbom/agentsafe.cdx.json /opt/agentsafe/bin/python
 
 # --- runtime: distroless python, non-root ---------------------------------------------------
 FROM gcr.io/distroless/python3-debian12:nonroot AS runtime
@@ -40,6 +57,7 @@ LABEL org.opencontainers.image.title="agentsafe" \
       org.opencontainers.image.description="The execution boundary between AI agents and the systems they change" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/agentsafe /opt/agentsafe
+COPY --from=build /opt/agentsafe-sbom/agentsafe.cdx.json /usr/share/doc/agentsafe/sbom.cdx.json
 ENV AGENTSAFE_ENV=production \
     PATH=/opt/agentsafe/bin:/usr/local/bin:/usr/bin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 
 .PHONY: help venv demo test lint format typecheck unit browser e2e e2e-build e2e-kind bench clean \
         image node-build cluster-up cluster-down cluster-status e2e-node \
-        policy-test fuzz-smoke fuzz mutation api-test
+        policy-test fuzz-smoke fuzz mutation api-test lock
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
@@ -34,6 +34,7 @@ help:
 	@echo "make cluster-status  is a node running (-o json: make cluster-status OUTPUT=json)"
 	@echo "make e2e-node   the scenario on that node (brings it up first, down after)"
 	@echo "make image      build agentsafe:dev with buildah (no Docker)"
+	@echo "make lock       regenerate image-requirements.txt, the image's hashed lock (uv)"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -144,7 +145,7 @@ NODE_CLI = cd e2e && $(abspath $(BIN))/python -m cluster.node
 OUTPUT ?= text
 
 image: $(STAMP)
-	$(BIN)/python e2e/cluster/images.py
+	$(BIN)/python e2e/cluster/images.py --verify $(if $(IMAGE_TAG),--tag $(IMAGE_TAG))
 
 node-build: $(STAMP)
 	$(BIN)/python e2e/cluster/node_build.py
@@ -176,3 +177,16 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .demo
+
+# issue 22: the image installs exactly image-requirements.txt (pip --require-hashes --no-deps):
+# the runtime and operator dependencies of pyproject.toml and its build-system requirements,
+# for the image's Python (3.11, x86_64 Linux). Run after changing a dependency; a test fails when
+# the lock is stale. The CEL binding's REPL (typer, prompt-toolkit) stays: cel/__init__.py
+# imports cel.cli, so `import cel` fails without them (`make image` showed it:
+# ModuleNotFoundError: typer, in `agentsafe policy lint`).
+lock: $(STAMP)
+	$(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' \
+	  | $(BIN)/uv pip compile --quiet pyproject.toml - --extra operator --generate-hashes \
+	      --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+	      --no-header --annotation-style line \
+	      --output-file image-requirements.txt

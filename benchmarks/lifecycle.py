@@ -8,24 +8,28 @@ In one run, each on its own loopback process and measured by the same client:
 * ALLOW: the full path - the above plus the grant, the durable journal (fsync), the single-use
   claim in SQLite (synchronous=FULL), and the POST to a loopback synthetic provider.
 
-Prints requests/s, p50 and p99 for each and the ratio to the baseline. Speed is never asserted in
+The client is the compiled load generator (``benchmarks/loadgen``, built on demand; see
+``benchmarks/loadclient.py``) when ``go`` is on PATH, else the Python client; ``--client``
+chooses. Every request carries its own idempotency key. Prints requests/s, p50 and p99 for each,
+the ratio to the baseline, and the load average before and after. Speed is never asserted in
 tests; record the figures in docs/performance.md.
 
-    python benchmarks/lifecycle.py [--requests N] [--concurrency C]
+    python benchmarks/lifecycle.py [--requests N] [--concurrency C] [--client go|python]
+                                   [--soak N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
+import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from loadclient import default_client, drive, proposal_template
 from rich.console import Console
 from rich.table import Table
 
@@ -38,63 +42,10 @@ from agentsafe.executor.tools.harness import (
 )
 
 
-async def _drive(
-    url: str, bodies: list[dict[str, Any]], headers: dict[str, str], concurrency: int
-) -> tuple[float, list[float], int]:
-    latencies: list[float] = []
-    failures = 0
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    for body in bodies:
-        queue.put_nowait(body)
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
-
-        async def worker() -> None:
-            nonlocal failures
-            while not queue.empty():
-                body = queue.get_nowait()
-                started = time.perf_counter()
-                async with session.post(url, json=body, headers=headers) as response:
-                    await response.read()
-                    if response.status != 200:
-                        failures += 1
-                latencies.append(time.perf_counter() - started)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return elapsed, latencies, failures
-
-
-def _proposals(prefix: str, amount: int, count: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "proposal": {
-                "action": "create_payout",
-                "target": f"payout:bench-{i}",
-                "parameters": {"amountMinor": amount, "currency": "EUR"},
-            },
-            "idempotency_key": f"{prefix}-{i}",
-        }
-        for i in range(count)
-    ]
-
-
-def _row(name: str, elapsed: float, latencies: list[float], failures: int) -> dict[str, Any]:
-    ordered = sorted(latencies)
-    return {
-        "name": name,
-        "rps": len(latencies) / elapsed,
-        "p50": statistics.median(ordered) * 1000,
-        "p99": ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000,
-        "n": len(latencies),
-        "failures": failures,
-    }
-
-
-async def run(requests: int, concurrency: int) -> list[dict[str, Any]]:
+async def run(requests: int, concurrency: int, client: str, soak: int = 0) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="agentsafe-bench-"))
     rows: list[dict[str, Any]] = []
+    warmup = max(requests // 10, concurrency)
     port = free_port()
     baseline = await asyncio.create_subprocess_exec(
         sys.executable, str(Path(__file__).parent / "baseline_server.py"), str(port)
@@ -112,12 +63,17 @@ async def run(requests: int, concurrency: int) -> list[dict[str, Any]]:
                 return False
 
         await wait_until(up, timeout=30, what="the baseline server")
-        body = _proposals("warm", 100, requests)
-        await _drive(f"http://127.0.0.1:{port}/v1/actions", body[: requests // 10], {}, concurrency)
         rows.append(
-            _row(
+            await drive(
+                client,
                 "baseline: raw aiohttp JSON",
-                *await _drive(f"http://127.0.0.1:{port}/v1/actions", body, {}, concurrency),
+                [f"http://127.0.0.1:{port}/v1/actions"],
+                proposal_template("base", 100),
+                {},
+                requests=requests,
+                concurrency=concurrency,
+                warmup=warmup,
+                pids=[baseline.pid],
             )
         )
     finally:
@@ -131,36 +87,48 @@ async def run(requests: int, concurrency: int) -> list[dict[str, Any]]:
     executor = ExecutorProcess(env, root)
     await executor.start()
     headers = {"authorization": f"Bearer {workspace.caller_token}"}
-    url = executor.url + "/v1/actions"
+    urls = [executor.url + "/v1/actions"]
     try:
-        await _drive(url, _proposals("warm-block", 900000, requests // 10), headers, concurrency)
-        rows.append(
-            _row(
-                "BLOCK (over policy)",
-                *await _drive(url, _proposals("block", 900000, requests), headers, concurrency),
+        phases = [
+            ("BLOCK (over policy)", "block", 900000, requests),
+            ("ALLOW and execute once", "allow", 100, requests),
+        ]
+        if soak:
+            phases.append((f"ALLOW, {soak} more (RSS growth)", "soak", 100, soak))
+        for name, prefix, amount, count in phases:
+            rows.append(
+                await drive(
+                    client,
+                    name,
+                    urls,
+                    proposal_template(prefix, amount),
+                    headers,
+                    requests=count,
+                    concurrency=concurrency,
+                    warmup=warmup,
+                    pids=[executor.process.pid] if executor.process else None,
+                )
             )
-        )
-        rows.append(
-            _row(
-                "ALLOW and execute once",
-                *await _drive(url, _proposals("allow", 100, requests), headers, concurrency),
-            )
-        )
     finally:
         executor.terminate()
         provider.terminate()
     return rows
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--concurrency", type=int, default=16)
-    args = parser.parse_args()
-    rows = asyncio.run(run(args.requests, args.concurrency))
+def render(title: str, rows: list[dict[str, Any]], against: str) -> None:
     base = rows[0]["rps"]
-    table = Table(title=f"lifecycle: {args.requests} requests, concurrency {args.concurrency}")
-    for column in ("path", "req/s", "p50 ms", "p99 ms", "throughput vs baseline", "non-200"):
+    table = Table(title=title)
+    columns = (
+        "path",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "p99/p50",
+        f"vs {against}",
+        "CPU ms/req",
+        "RSS MiB",
+    )
+    for column in (*columns, "non-200"):
         table.add_column(column, justify="left" if column == "path" else "right")
     for row in rows:
         table.add_row(
@@ -168,10 +136,33 @@ def main() -> int:
             f"{row['rps']:.0f}",
             f"{row['p50']:.2f}",
             f"{row['p99']:.2f}",
+            f"{row['p99'] / row['p50']:.2f}" if row["p50"] else "-",
             f"{row['rps'] / base:.3f}",
+            f"{row['cpu_ms']:.2f}" if "cpu_ms" in row else "-",
+            f"{row['rss_mb']:.0f}" if "rss_mb" in row else "-",
             str(row["failures"]),
         )
-    Console(width=120).print(table)
+    Console(width=140).print(table)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--client", choices=("go", "python"), default=default_client())
+    parser.add_argument(
+        "--soak", type=int, default=0, help="then N more ALLOW requests, to compare the RSS"
+    )
+    args = parser.parse_args()
+    before = os.getloadavg()
+    rows = asyncio.run(run(args.requests, args.concurrency, args.client, args.soak))
+    after = os.getloadavg()
+    render(
+        f"lifecycle: {args.requests} requests, concurrency {args.concurrency}, "
+        f"{args.client} client, load average {before[0]:.1f} -> {after[0]:.1f}",
+        rows,
+        "baseline",
+    )
     return 0
 
 

@@ -1,6 +1,6 @@
 """Shared-store benchmark: the ALLOW-and-execute path on PostgreSQL beside SQLite.
 
-In one run, with the same client, provider and policy (``benchmarks/lifecycle.py``'s driver):
+In one run, with the same client, provider and policy (``benchmarks/loadclient.py``):
 
 * ALLOW on SQLite: the embedded store (``EXECUTOR_STATE_DIR``, WAL, ``synchronous=FULL``);
 * ALLOW on PostgreSQL, one replica: ``EXECUTOR_STORE_URL`` to a throwaway loopback server
@@ -20,68 +20,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
-import statistics
+import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from rich.console import Console
-from rich.table import Table
+from lifecycle import render
+from loadclient import default_client, drive, proposal_template
 
 from agentsafe.executor.tools.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
 from agentsafe.executor.tools.pgserver import postgres_server
-
-
-def _proposals(prefix: str, count: int) -> list[dict[str, Any]]:
-    return [
-        {
-            "proposal": {
-                "action": "create_payout",
-                "target": f"payout:bench-{i}",
-                "parameters": {"amountMinor": 100, "currency": "EUR"},
-            },
-            "idempotency_key": f"{prefix}-{i}",
-        }
-        for i in range(count)
-    ]
-
-
-async def _drive(
-    urls: list[str], bodies: list[dict[str, Any]], headers: dict[str, str], concurrency: int
-) -> dict[str, Any]:
-    latencies: list[float] = []
-    failures = 0
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    for body in bodies:
-        queue.put_nowait(body)
-    targets = itertools.cycle(urls)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
-
-        async def worker() -> None:
-            nonlocal failures
-            while not queue.empty():
-                body = queue.get_nowait()
-                started = time.perf_counter()
-                async with s.post(next(targets), json=body, headers=headers) as response:
-                    await response.read()
-                    if response.status != 200:
-                        failures += 1
-                latencies.append(time.perf_counter() - started)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    ordered = sorted(latencies)
-    return {
-        "rps": len(latencies) / elapsed,
-        "p50": statistics.median(ordered) * 1000,
-        "p99": ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000,
-        "failures": failures,
-    }
 
 
 async def _measure(
@@ -91,6 +40,7 @@ async def _measure(
     token: str,
     requests: int,
     concurrency: int,
+    client: str,
 ) -> dict[str, Any]:
     executors = [ExecutorProcess(env, root, f"{name}-{i}") for i, env in enumerate(envs)]
     await asyncio.gather(*(e.start() for e in executors))
@@ -98,15 +48,23 @@ async def _measure(
     urls = [e.url + "/v1/actions" for e in executors]
     try:
         slug = "".join(c if c.isalnum() else "-" for c in name.lower())
-        await _drive(urls, _proposals(f"warm-{slug}", requests // 10), headers, concurrency)
-        row = await _drive(urls, _proposals(slug, requests), headers, concurrency)
+        return await drive(
+            client,
+            name,
+            urls,
+            proposal_template(slug, 100),
+            headers,
+            requests=requests,
+            concurrency=concurrency,
+            warmup=max(requests // 10, concurrency),
+            pids=[e.process.pid for e in executors if e.process is not None],
+        )
     finally:
         for executor in executors:
             executor.terminate()
-    return {"name": name, **row}
 
 
-async def run(requests: int, concurrency: int) -> list[dict[str, Any]]:
+async def run(requests: int, concurrency: int, client: str) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="agentsafe-bench-store-"))
     provider = ProviderProcess(root)
     await provider.start()
@@ -116,7 +74,13 @@ async def run(requests: int, concurrency: int) -> list[dict[str, Any]]:
         sqlite_env = workspace.environment(provider_url=provider.url, port=free_port())
         rows.append(
             await _measure(
-                "ALLOW on SQLite", [sqlite_env], root, workspace.caller_token, requests, concurrency
+                "ALLOW on SQLite",
+                [sqlite_env],
+                root,
+                workspace.caller_token,
+                requests,
+                concurrency,
+                client,
             )
         )
         with postgres_server() as server:
@@ -141,7 +105,9 @@ async def run(requests: int, concurrency: int) -> list[dict[str, Any]]:
                     envs.append(env)
                 name = f"ALLOW on PostgreSQL, {replicas} replica{'s' if replicas > 1 else ''}"
                 rows.append(
-                    await _measure(name, envs, root, workspace.caller_token, requests, concurrency)
+                    await _measure(
+                        name, envs, root, workspace.caller_token, requests, concurrency, client
+                    )
                 )
     finally:
         provider.terminate()
@@ -152,22 +118,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--client", choices=("go", "python"), default=default_client())
     args = parser.parse_args()
-    rows = asyncio.run(run(args.requests, args.concurrency))
-    base = rows[0]["rps"]
-    table = Table(title=f"shared store: {args.requests} requests, concurrency {args.concurrency}")
-    for column in ("path", "req/s", "p50 ms", "p99 ms", "throughput vs SQLite", "non-200"):
-        table.add_column(column, justify="left" if column == "path" else "right")
-    for row in rows:
-        table.add_row(
-            row["name"],
-            f"{row['rps']:.0f}",
-            f"{row['p50']:.2f}",
-            f"{row['p99']:.2f}",
-            f"{row['rps'] / base:.3f}",
-            str(row["failures"]),
-        )
-    Console(width=120).print(table)
+    before = os.getloadavg()
+    rows = asyncio.run(run(args.requests, args.concurrency, args.client))
+    after = os.getloadavg()
+    render(
+        f"shared store: {args.requests} requests, concurrency {args.concurrency}, "
+        f"{args.client} client, load average {before[0]:.1f} -> {after[0]:.1f}",
+        rows,
+        "SQLite",
+    )
     return 0
 
 

@@ -71,7 +71,8 @@ def render_rules() -> dict[str, Any]:
     # In agent namespaces the operator writes only the egress NetworkPolicy that keeps agents
     # from reaching the downstream around the executor.
     agent = [resource for resource in namespaced if resource.kind in AGENT_NAMESPACE_KINDS]
-    # The operator's own namespace, when it is not watched: the webhook CA's Secret only.
+    # The operator's own namespace, when it is not watched: its own Secrets only (the webhook
+    # CA, the metrics principal's token).
     own = [resource for resource in namespaced if resource.kind in OPERATOR_NAMESPACE_KINDS]
     return {
         "namespacedRules": _rules(namespaced),

@@ -28,12 +28,20 @@ from cluster.control_plane import ControlPlane
 from agentsafe.operator.admission import ADMISSION_WEBHOOK_ID
 from agentsafe.operator.cli import register
 from agentsafe.operator.rbac import render_rbac
+from agentsafe.operator.settings import parse_labels
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "agentsafe"
 SCHEMA_VERSION = KUBERNETES_VERSION.lstrip("v").rsplit(".", 1)[0] + ".0"
 # Kinds with no upstream schema: kopf's peering objects (their CRDs ship in the chart).
-CUSTOM_KINDS = {"ClusterKopfPeering", "KopfPeering", "Certificate", "Issuer"}
+CUSTOM_KINDS = {
+    "ClusterKopfPeering",
+    "KopfPeering",
+    "Certificate",
+    "Issuer",
+    "ServiceMonitor",
+    "PrometheusRule",
+}
 VARIANTS: dict[str, list[str]] = {
     "defaults": [],
     "namespaced": [
@@ -46,6 +54,14 @@ VARIANTS: dict[str, list[str]] = {
     ],
     "minimal": ["--set", "peering.installCRDs=false", "--set", "tests.enabled=false"],
     "digest": ["--set", f"image.digest=sha256:{'a' * 64}", "--set", "executor.image=x/y:1"],
+    "monitoring": [
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "metrics.prometheusRule.enabled=true",
+        "--set",
+        "metrics.scraper.namespaceSelector.kubernetes\\.io/metadata\\.name=monitoring",
+    ],
     "certManager": ["--set", "webhook.tls.mode=certManager"],
     "noWebhook": ["--set", "webhook.enabled=false"],
 }
@@ -401,6 +417,176 @@ def test_webhook_tls_from_cert_manager(k8s_tools: Tools) -> None:
     assert certificate["spec"]["issuerRef"] == {"name": "bank-ca", "kind": "ClusterIssuer"}
 
 
+def test_monitoring_is_off_by_default_and_each_toggle_renders_its_object(
+    k8s_tools: Tools,
+) -> None:
+    defaults = _render(k8s_tools, [])
+    assert not {"ServiceMonitor", "PrometheusRule"} & {o["kind"] for o in defaults}
+    only_rules = _render(k8s_tools, ["--set", "metrics.prometheusRule.enabled=true"])
+    assert "ServiceMonitor" not in {o["kind"] for o in only_rules}
+    assert "PrometheusRule" in {o["kind"] for o in only_rules}
+    only_monitors = _render(k8s_tools, ["--set", "metrics.serviceMonitor.enabled=true"])
+    assert "PrometheusRule" not in {o["kind"] for o in only_monitors}
+    assert len([o for o in only_monitors if o["kind"] == "ServiceMonitor"]) == 2
+
+
+def test_the_prometheus_rule_is_the_alert_file_with_runbook_urls(k8s_tools: Tools) -> None:
+    base = "https://runbooks.bank.example/agentsafe"
+    objects = _render(
+        k8s_tools,
+        [
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            f"metrics.prometheusRule.runbookBaseUrl={base}/",
+            "--set",
+            "metrics.prometheusRule.labels.release=kube-prometheus",
+        ],
+    )
+    (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+    source = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    assert [g["name"] for g in rule["spec"]["groups"]] == [g["name"] for g in source["groups"]]
+    rendered = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    expected = [r for g in source["groups"] for r in g["rules"]]
+    assert len(rendered) == len(expected) >= 6
+    for got, want in zip(rendered, expected, strict=True):
+        assert got["alert"] == want["alert"]
+        assert got["expr"] == want["expr"]
+        assert got.get("for") == want.get("for")
+        assert got["labels"] == want["labels"]
+        playbook = want["annotations"]["playbook"]
+        assert got["annotations"]["runbook_url"] == f"{base}/{playbook}.md"
+        assert (REPO / "docs" / "playbooks" / f"{playbook}.md").is_file()
+        assert "playbook" not in got["annotations"]
+        # Prometheus's own templates reach it verbatim (helm does not evaluate them).
+        assert got["annotations"]["description"] == want["annotations"]["description"]
+
+
+def test_service_monitors_scrape_executors_with_the_metrics_token_and_the_operator(
+    k8s_tools: Tools,
+) -> None:
+    values = {
+        "operator": {"watchNamespaces": ["payments"]},
+        "metrics": {
+            "serviceMonitor": {
+                "enabled": True,
+                "interval": "15s",
+                "labels": {"release": "kube-prometheus"},
+                "executorTlsConfig": {
+                    "ca": {"secret": {"name": "executor-ca", "key": "ca.crt"}},
+                    "serverName": "payouts-executor.payments.svc",
+                },
+            },
+            "scraper": {
+                "namespaceSelector": {"kubernetes.io/metadata.name": "monitoring"},
+                "podSelector": {"app.kubernetes.io/name": "prometheus"},
+            },
+        },
+    }
+    objects = _render_values(k8s_tools, values)
+    monitors = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ServiceMonitor"}
+    executors = monitors["agentsafe-executors"]["spec"]
+    assert executors["namespaceSelector"] == {"matchNames": ["payments"]}
+    assert executors["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "agentsafe-executor",
+        "app.kubernetes.io/managed-by": "agentsafe-operator",
+    }
+    (endpoint,) = executors["endpoints"]
+    assert (endpoint["port"], endpoint["scheme"], endpoint["path"]) == (
+        "https",
+        "https",
+        "/metrics",
+    )
+    assert endpoint["interval"] == "15s"
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": "agentsafe-metrics-token", "key": "token"},
+    }
+    assert endpoint["tlsConfig"]["serverName"] == "payouts-executor.payments.svc"
+    operator = monitors["agentsafe-operator"]["spec"]
+    assert operator["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    service = next(o for o in objects if o["kind"] == "Service")
+    assert {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"} in (
+        service["spec"]["ports"]
+    )
+    assert all(o["metadata"]["labels"]["release"] == "kube-prometheus" for o in monitors.values())
+    container = _deployment(objects)["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    # The operator's metrics port admits only the scraper.
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    by_port = {rule["ports"][0]["port"]: rule for rule in policy["spec"]["ingress"]}
+    health, metrics = by_port["health"], by_port["metrics"]
+    assert metrics == {
+        "ports": [{"port": "metrics", "protocol": "TCP"}],
+        "from": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+            }
+        ],
+    }
+    assert health["ports"] == [{"port": "health", "protocol": "TCP"}]
+
+
+def test_the_operator_reads_the_monitoring_values_as_the_chart_renders_them(
+    k8s_tools: Tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = {
+        "metrics": {
+            "operatorPort": 9191,
+            "tokenSecretName": "scrape-token",
+            "scraper": {
+                "namespaceSelector": {"kubernetes.io/metadata.name": "monitoring", "team": "sre"},
+                "podSelector": {"app.kubernetes.io/name": "prometheus"},
+            },
+        }
+    }
+    objects = _render_values(k8s_tools, values)
+    (configmap,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    for name, value in configmap["data"].items():
+        monkeypatch.setenv(name, value)
+    parser = argparse.ArgumentParser(prog="agentsafe")
+    register(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args(["operator"])
+    assert parsed.metrics_port == 9191
+    assert parsed.metrics_token_secret == "scrape-token"
+    assert parse_labels(parsed.scraper_namespace_selector, what="ns") == {
+        "kubernetes.io/metadata.name": "monitoring",
+        "team": "sre",
+    }
+    assert parse_labels(parsed.scraper_pod_selector, what="pod") == {
+        "app.kubernetes.io/name": "prometheus"
+    }
+    off = _render_values(k8s_tools, {"metrics": {"operatorPort": 0}})
+    container = _deployment(off)["spec"]["template"]["spec"]["containers"][0]
+    assert "metrics" not in [p["name"] for p in container["ports"]]
+    service = next(o for o in off if o["kind"] == "Service")
+    assert "metrics" not in [p["name"] for p in service["spec"]["ports"]]
+
+
+def test_monitoring_values_that_cannot_work_are_refused(k8s_tools: Tools) -> None:
+    refused = [
+        (["--set", "metrics.serviceMonitor.interval=soon"], "schema"),
+        (["--set", "metrics.prometheusRule.runbookBaseUrl=ftp://x"], "schema"),
+        (["--set", "metrics.operatorPort=70000"], "schema"),
+        (["--set", "metrics.tokenSecretName=Not_A_Name"], "schema"),
+        (
+            ["--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.tokenSecretName="],
+            "metrics.tokenSecretName",
+        ),
+        (
+            ["--set", "metrics.scraper.podSelector.app=prometheus"],
+            "metrics.scraper.namespaceSelector",
+        ),
+    ]
+    for extra, said in refused:
+        args = ["template", "x", str(CHART), "--kube-version", KUBERNETES_VERSION, *extra]
+        result = _helm(k8s_tools, *args, check=False)
+        assert result.returncode != 0, extra
+        assert said in result.stderr, result.stderr
+
+
 def _permissions(rules: Iterable[Mapping[str, Any]]) -> set[tuple[str, ...]]:
     """(group, resource, verb) and (url, verb) triples: rule grouping does not matter."""
     found: set[tuple[str, ...]] = set()
@@ -435,16 +621,32 @@ def test_namespaced_variant_grants_nothing_cluster_wide(k8s_tools: Tools) -> Non
         "validatingwebhookconfigurations",  # its own, by name (test_webhook_*)
     }
     roles = {obj["metadata"]["namespace"]: obj for obj in objects if obj["kind"] == "Role"}
-    # The webhook CA's Secret: in the release namespace, which is not watched.
+    # The operator's own Secrets (the webhook CA, the metrics token): in the release namespace,
+    # which is not watched.
     assert set(roles) == {"team-a", "team-b", "agents", "agentsafe-system"}
-    assert roles["agentsafe-system"]["metadata"]["name"].endswith("-webhook-ca")
+    assert roles["agentsafe-system"]["metadata"]["name"].endswith("-own-namespace")
     assert {r for rule in roles["agentsafe-system"]["rules"] for r in rule["resources"]} == {
         "secrets"
     }
     agent_resources = {r for rule in roles["agents"]["rules"] for r in rule["resources"]}
     assert agent_resources == {"networkpolicies"}
-    peerings = [obj for obj in objects if obj["kind"] == "KopfPeering"]
-    assert {obj["metadata"]["namespace"] for obj in peerings} == {"team-a", "team-b"}
+    assert roles["agentsafe-system"]["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "get"]}
+    ]
+    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert any(b["metadata"]["namespace"] == "agentsafe-system" for b in bindings)
+    # Neither Secret wanted there: no Role there.
+    without = _render(
+        k8s_tools,
+        [*VARIANTS["namespaced"], *VARIANTS["noWebhook"], "--set", "metrics.tokenSecretName="],
+    )
+    assert "agentsafe-system" not in {
+        o["metadata"]["namespace"] for o in without if o["kind"] == "Role"
+    }
+    only_metrics = _render(k8s_tools, [*VARIANTS["namespaced"], *VARIANTS["noWebhook"]])
+    assert "agentsafe-system" in {
+        o["metadata"]["namespace"] for o in only_metrics if o["kind"] == "Role"
+    }
 
 
 # --- against the real API server --------------------------------------------------------------

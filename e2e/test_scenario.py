@@ -25,6 +25,7 @@ the previous one left the cluster, as a person following the README would.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -43,6 +44,7 @@ from typing import Any
 
 import pytest
 from cluster import pods
+from cluster.chart_install import MONITORING
 from cluster.control_plane import ControlPlane
 from cluster.kind_backend import KindBackend, kind_backend
 from cluster.pki import ServingPair, issue_serving_pair
@@ -372,6 +374,74 @@ def _executor_container(scenario: Scenario) -> dict[str, Any]:
 
 def _executor_port(scenario: Scenario) -> int:
     return int(_executor_container(scenario)["ports"][0]["containerPort"])
+
+
+SCRAPE = """
+import json, ssl, sys, urllib.error, urllib.request
+url, token, ca = sys.argv[1], sys.argv[2], sys.argv[3]
+context = ssl.create_default_context(cadata=ca)
+request = urllib.request.Request(url, headers={"Authorization": "Bearer " + token})
+try:
+    with urllib.request.urlopen(request, context=context, timeout=30) as r:
+        print(json.dumps({"status": r.status, "body": r.read().decode()}))
+except urllib.error.HTTPError as e:
+    print(json.dumps({"status": e.code, "body": e.read().decode()}))
+"""
+
+
+def _secret_token(scenario: Scenario, namespace: str, name: str) -> str:
+    encoded = scenario.plane.kubectl(
+        "get", "secret", name, "-n", namespace, "-o", "jsonpath={.data.token}"
+    ).stdout
+    return base64.b64decode(encoded).decode()
+
+
+def test_the_scraper_reads_metrics_with_the_metrics_token_and_nothing_else(
+    scenario: Scenario, executor_pod: None
+) -> None:
+    """Issue 22: Prometheus can scrape an operator-deployed executor. The executor NetworkPolicy
+    admits the scraper's namespace (the chart's metrics.scraper) and nobody else's; the metrics
+    principal the operator renders reads /metrics and nothing more; the operator's own token
+    cannot read /metrics."""
+    plane = scenario.plane
+    image = str(_executor_container(scenario)["image"])
+    port = _executor_port(scenario)
+    operator_namespace = os.environ.get(OPERATOR_NAMESPACE_ENV) or "agentsafe-system"
+    for namespace in (MONITORING, OUTSIDER):
+        plane.kubectl("create", "namespace", namespace, check=False)
+    scraper = pods.Prober.start(plane, name="probe-scraper", namespace=MONITORING, image=image)
+    outsider = pods.Prober.start(plane, name="probe-outsider", namespace=OUTSIDER, image=image)
+    try:
+        executor_ip = pods.pod_ip(plane, f"{EXECUTOR}-0", NAMESPACE)
+        assert scraper.connect(executor_ip, port) == "open"
+        assert outsider.connect(executor_ip, port) == "blocked"
+        metrics_token = _secret_token(scenario, operator_namespace, "agentsafe-metrics-token")
+        operator_token = _secret_token(scenario, NAMESPACE, f"{POLICY}-operator-token")
+        base = f"https://{EXECUTOR}.{NAMESPACE}.svc:{port}"
+        ca = scenario.executor_tls.ca_pem.decode()
+
+        def scrape(path: str, token: str) -> dict[str, Any]:
+            argv = ["exec", scraper.name, "-n", MONITORING, "-c", scraper.container, "--"]
+            argv += ["python", "-c", SCRAPE, base + path, token, ca]
+            answer: dict[str, Any] = json.loads(plane.kubectl(*argv, timeout=90).stdout)
+            return answer
+
+        scraped = scrape("/metrics", metrics_token)
+        assert scraped["status"] == 200, scraped
+        assert "agentsafe_build_info{" in scraped["body"]
+        assert "agentsafe_request_duration_seconds_bucket{" in scraped["body"]
+        assert "\nagentsafe_halted " in scraped["body"]
+        # The metrics principal reads metrics only; the operator's principal has no metrics.
+        status = scrape("/v1/control/status", metrics_token)
+        assert status["status"] == 403, status
+        assert json.loads(status["body"])["error"]["code"] == "SCOPE_FORBIDDEN"
+        refused = scrape("/metrics", operator_token)
+        assert refused["status"] == 403, refused
+    finally:
+        scraper.stop()
+        outsider.stop()
+        for namespace in (MONITORING, OUTSIDER):
+            plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 def _agent_pod(scenario: Scenario, name: str, script: str, env: dict[str, str]) -> dict[str, Any]:

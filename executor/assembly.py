@@ -437,6 +437,9 @@ async def assemble(
                 routine_security_events=frozenset(RefusalEvent),
             )
             _count_chained(chained, metrics)
+            for resumed in (chained.evidence.resumption, chained.security.resumption):
+                if resumed is not None and resumed.gap:
+                    metrics.integrity_findings.inc(finding="CHAIN_GAP")
             for deferred, sink, name in (
                 (streams.evidence, chained.evidence, "evidence"),
                 (streams.security, chained.security, "security"),

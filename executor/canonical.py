@@ -21,6 +21,15 @@ and read infinities; so is a ``\\u`` escape of a lone surrogate in any string or
 (``JSON_INVALID``), which Python's ``json`` reads into a ``str`` that has no UTF-8 form and that
 would fail only later, when it is hashed. Each caller maps the refusal to its own code.
 
+Writing takes one of two routes to the same bytes. Most values the executor hashes (evidence
+lines, intents, journal records) hold only strings, safe integers, booleans, ``None``, lists and
+plain ``dict`` objects with keys inside the Basic Multilingual Plane: for those, and only after a
+walk has checked exactly that, the standard library's C encoder writes the form (its escapes,
+separators and code-point key order are then ECMAScript's). Everything else (a float, a key
+beyond U+FFFF, whose UTF-16 order differs from code-point order, any other type, a lone
+surrogate, nesting past :data:`MAX_DEPTH`) goes through the writer below, which refuses what has
+no canonical form. ``tests/test_canonical.py`` holds the two routes to the same output.
+
 Callers: intent capture, grants, the journal, evidence chains and bundles, plans, the policy
 loader, the request body reader (``routes/app.py``), the provider's verifier.
 """
@@ -30,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -255,11 +265,53 @@ def _write(value: Any, out: list[str], depth: int) -> None:
         )
 
 
-def canonical_text(value: Any) -> str:
-    """The RFC 8785 canonical JSON text of ``value``."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_KEY_OUTSIDE_ORDER = re.compile("[\ud800-\udfff\U00010000-\U0010ffff]")
+_C_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+)
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """Whether the C encoder writes ``value`` exactly as :func:`_write` would (see the module
+    docstring); anything unusual answers False and takes the writer, which may refuse it."""
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(value, str):
+        return value.isascii() or _SURROGATE.search(value) is None
+    kind = type(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return False
+            if not key.isascii() and _KEY_OUTSIDE_ORDER.search(key) is not None:
+                return False
+            if not _plain(item, depth + 1):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        # A loop, not all(...): one frame per level, as the writer has.
+        for item in value:  # noqa: SIM110
+            if not _plain(item, depth + 1):
+                return False
+        return True
+    if kind is int:
+        return bool(-MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER)
+    return value is None or kind is bool
+
+
+def _written(value: Any) -> str:
+    """The writer's route: every type and refusal rule, in Python."""
     out: list[str] = []
     _write(value, out, 0)
     return "".join(out)
+
+
+def canonical_text(value: Any) -> str:
+    """The RFC 8785 canonical JSON text of ``value``."""
+    if _plain(value, 0):
+        return _C_ENCODER.encode(value)
+    return _written(value)
 
 
 def canonical_json(value: Any) -> bytes:

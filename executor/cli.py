@@ -38,23 +38,40 @@ def _config(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
 
-    from .config import describe_config, render_config_table
-    from .errors import ConfigError
+    from .config import describe_config, load_config, render_config_table
+    from .errors import AgentSafeError, ConfigError
+    from .policy.policy import compile_policy, load_policy
     from .tools.doctor import read_environment
 
+    environ = read_environment(args.env_file)
     try:
-        rows = describe_config(read_environment(args.env_file))
+        rows = describe_config(environ)
     except ConfigError as exc:
         if args.output == "json":
             error = {"code": exc.code, "variable": exc.variable, "message": str(exc)}
             sys.stdout.write(json.dumps({"valid": False, "error": error}, indent=2) + "\n")
         print(f"agentsafe: configuration invalid: {exc}", file=sys.stderr)
         return exc.exit_status
+    try:
+        # serve would refuse this policy at start-up: the same code and the same status.
+        compile_policy(load_policy(load_config(environ).executor_policy_file))
+        problem = None
+    except AgentSafeError as exc:
+        problem = exc
     if args.output == "json":
-        body = {"valid": True, "variables": [asdict(row) for row in rows]}
+        body: dict[str, Any] = {"valid": problem is None, "variables": [asdict(r) for r in rows]}
+        if problem is not None:
+            body["error"] = {
+                "code": problem.code,
+                "variable": "EXECUTOR_POLICY_FILE",
+                "message": str(problem),
+            }
         sys.stdout.write(json.dumps(body, indent=2) + "\n")
-        return 0
-    sys.stdout.write(render_config_table(rows))
+    else:
+        sys.stdout.write(render_config_table(rows))
+    if problem is not None:
+        print(f"agentsafe: policy invalid: {problem.code}: {problem}", file=sys.stderr)
+        return ConfigError.exit_status
     return 0
 
 
@@ -140,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
         "config",
         help="print the resolved configuration and where each value came from",
         description="Print every configuration key, its resolved value and its source "
-        "(env, file, default). Secrets are shown only as <set>. Exit 78 if invalid.",
+        "(env, file, default), then load and compile the policy file as serve does. Secrets "
+        "are shown only as <set>. Exit 78 if the configuration or the policy is invalid.",
     )
     config.add_argument(
         "--env-file", help="a KEY=VALUE file (as agentsafe init writes) over the environment"

@@ -874,6 +874,25 @@ class Code(StrEnum):
     MCP_TOOL_NOT_READ_ONLY = "MCP_TOOL_NOT_READ_ONLY", 502, "the MCP tool is not read-only"
     MCP_TOOL_UNKNOWN = "MCP_TOOL_UNKNOWN", 502, "the MCP server has no such tool"
 
+    # -- operations: the readiness probe and the operator process --------------------------------
+    READY = "READY", None, "GET /ready: the executor takes proposals (200)"
+    RECONCILING = "RECONCILING", None, "GET /ready: startup reconciliation is still running (503)"
+    UNKNOWN_ATTEMPTS_OPEN = (
+        "UNKNOWN_ATTEMPTS_OPEN",
+        None,
+        "GET /ready: attempts of unknown outcome are open and readiness requires none (503)",
+    )
+    KUBE_CREDENTIALS_MISSING = (
+        "KUBE_CREDENTIALS_MISSING",
+        None,
+        "the operator found no Kubernetes credentials (service account or kubeconfig); exit 78",
+    )
+    OPERATOR_START_FAILED = (
+        "OPERATOR_START_FAILED",
+        None,
+        "the operator could not start (its log says why); exit 1",
+    )
+
 
 REASON_CODES: Final[frozenset[Code]] = frozenset(
     {

@@ -6,12 +6,17 @@ thing that happened to the process). Components receive an :class:`EventSink` fo
 ``emit(event, fields)``; they never format lines themselves. The chained, redacted implementation
 lives in ``chain.py``; :class:`MemorySink` is for tests and for composing sinks.
 
+Operational logs (Python ``logging``: aiohttp, warnings, the executor's own diagnostics) share
+standard error as JSON lines too, :data:`LOG_SCHEMA` with a ``level`` field, formatted by
+:class:`JsonLogFormatter`; nothing on standard error is plain text (``serve.py`` installs it).
+
 Fields must never carry request parameters, provider bodies or secret values.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
@@ -20,20 +25,62 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
 from .clock import format_ms
+from .codes import Code
 
 __all__ = [
     "EVIDENCE_SCHEMA",
     "GENESIS_HASH",
+    "LOG_SCHEMA",
     "SECURITY_SCHEMA",
     "DeferredSink",
     "EventSink",
     "JsonLinesSink",
+    "JsonLogFormatter",
     "MemorySink",
     "Streams",
+    "security_level",
 ]
 
 EVIDENCE_SCHEMA = "agent-safe.executor-evidence/1"
 SECURITY_SCHEMA = "agent-safe.security/1"
+LOG_SCHEMA = "agent-safe.log/1"
+
+_ROUTINE_SECURITY_EVENTS = frozenset(
+    {
+        "LISTENING",
+        "STOPPING",
+        "RESUMED",
+        "CHAIN_RESUMED",
+        "JWKS_RELOADED",
+        "SECRET_ROTATED",
+        "TLS_CONTEXT_ROTATED",
+        "AUTHORITY_KEY_ROTATED",
+        "POSTURE_RESTORED",
+        "BEARER_PRINCIPAL_CONFIGURED",
+        "APPROVAL_NOTIFIED",
+        "RECONCILIATION",
+        "SHADOW_REPORT",
+        "HANDLERS_REGISTERED",
+        "STORE_OPENED",
+        "STORE_AVAILABLE",
+        "JOURNAL_RECOVERED",
+        "HALT_CAUSE_LIFTED",
+    }
+)
+_ERROR_SECURITY_EVENTS = frozenset({Code.REFUSED_TO_START, "LEAK_SUSPECTED"})
+
+
+def security_level(event: str) -> str:
+    """The ``level`` of a security line: ``INFO`` for what a running executor does routinely
+    (listening, stopping, a rotation that took, its handlers and store at start, a journal, store
+    or halt cause that recovered), ``ERROR`` for a refusal to start and a suspected
+    leak, ``WARNING`` for everything else the stream exists to report (a halt, a refusal, a
+    waived or drifted posture, an egress refusal)."""
+    if event in _ROUTINE_SECURITY_EVENTS:
+        return "INFO"
+    return "ERROR" if event in _ERROR_SECURITY_EVENTS else "WARNING"
+
+
 GENESIS_HASH = "sha256:" + "0" * 64
 """The ``prev_hash`` of a chain's first line (``evidence/chain.py`` writes it, ``chainverify.py``
 checks it)."""
@@ -60,10 +107,38 @@ class JsonLinesSink:
             "at": format_ms(time.time()),
             **(fields or {}),
         }
+        if self._schema == SECURITY_SCHEMA:
+            line.setdefault("level", security_level(event))
         text = json.dumps(line, separators=(",", ":"), ensure_ascii=False, default=str) + "\n"
         with self._lock:
             self._stream.write(text)
             self._stream.flush()
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One ``logging`` record as one JSON line: ``schema``, ``at``, ``level`` (``DEBUG`` ..
+    ``CRITICAL``), ``logger``, ``message`` and, with an exception, ``exception`` (the traceback
+    as one string, so a multi-line traceback is still one line). Put a redacting filter before
+    it: it formats what the record holds."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "schema": LOG_SCHEMA,
+            "at": format_ms(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = record.stack_info
+        code = getattr(record, "code", None)
+        if code is not None:
+            line["code"] = str(code)
+        return json.dumps(line, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 @dataclass

@@ -33,13 +33,13 @@ from .door.passkeys import Passkeys
 from .door.principals_file import PrincipalSet
 from .door.workload import JwksSource
 from .egress.webhook import ApprovalWebhook
-from .errors import AgentSafeError, ConfigError, RequestRejected
+from .errors import AgentSafeError, ConfigError, RequestRejected, StoreError
 from .events import Streams
 from .evidence.bundle import BundleError, export_bundle
 from .evidence.chain import ChainedStreams
 from .evidence.redact import Redactor
 from .host.halt import HaltState
-from .host.metrics import ExecutorMetrics
+from .host.metrics import ExecutorMetrics, StateSnapshot
 from .host.posture import PostureMonitor, PostureReport
 from .host.secrets import SecretStore
 from .host.tlsctx import ReloadingTlsContext
@@ -66,7 +66,7 @@ from .routes.listener import GuardedSite, ListenerLimits, handler_settings
 from .routes.table import Approvals, route_table
 from .state.journal import AttemptJournal, JournalScan, Settled
 from .state.pgstore import PostgresStore
-from .state.usestore import OrphanKey, UseStore
+from .state.usestore import ApprovalState, OrphanKey, UseStore
 
 __all__ = ["DRAIN_SECONDS", "Executor", "Startup", "WorkGate"]
 
@@ -84,6 +84,8 @@ STORE_PING_SECONDS = 1.0
 JOURNAL_CHECK_SECONDS = 0.5
 """How often a failed journal is retried (recovery); the halt itself comes from the failing
 append, at once."""
+METRICS_STORE_SECONDS = 2.0
+"""How long a scrape waits for the store's count of pending escalations (else: the last one)."""
 RECHECK_SECONDS = 15.0
 """How often attempts whose outcome is unknown are asked about again."""
 
@@ -167,6 +169,8 @@ class Executor:
     unresolved_keys: list[dict[str, Any]] = field(default_factory=list)
     """In-flight keys start-up could not settle (their attempt is in no journal day file it can
     read): listed by ``open-attempts``, counted as unknown."""
+    _pending_escalations: int = 0
+    """The last count the store gave (kept while the store does not answer)."""
     _runner: web.AppRunner | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -197,6 +201,7 @@ class Executor:
             self.routes,
             door=self.door,
             body_timeout=float(self.config.executor_body_timeout_seconds),
+            metrics=self.metrics,
         )
         if self.journal is not None:
             self.journal.on_failure = self._journal_failed
@@ -226,7 +231,9 @@ class Executor:
         return None if record is None else record.principal
 
     def readiness(self) -> ReadyState:
-        body: dict[str, Any] = {
+        """Ready or not, the one code that says why (anonymous ``GET /ready`` answers only
+        these two), and the details an OPERATOR reads in ``GET /v1/control/status``."""
+        details: dict[str, Any] = {
             "mode": self.config.executor_mode.value,
             "actions": list(self.policy.actions),
             "unknown_attempts": self.unknown_attempts,
@@ -235,11 +242,20 @@ class Executor:
             "store": "postgresql" if self.shared is not None else "sqlite",
             "store_available": self.store_health.available,
         }
-        ready = not self.reconciling and not self.halt.halted and self.store_health.available
-        if self.config.executor_ready_requires_no_unknown_attempts and self.unknown_attempts:
-            ready = False
-        body["ready"] = ready
-        return ReadyState(ready=ready, body=body)
+        if self.halt.halted:
+            code = Code.EXECUTOR_HALTED
+        elif not self.store_health.available:
+            code = Code.STORE_UNAVAILABLE
+        elif self.reconciling:
+            code = Code.RECONCILING
+        elif self.config.executor_ready_requires_no_unknown_attempts and self.unknown_attempts:
+            code = Code.UNKNOWN_ATTEMPTS_OPEN
+        else:
+            code = Code.READY
+        ready = code is Code.READY
+        details["ready"] = ready
+        details["code"] = code
+        return ReadyState(ready=ready, code=code, details=details)
 
     async def status(self) -> dict[str, Any]:
         door = self.door.door.principals
@@ -252,6 +268,7 @@ class Executor:
             "posture": self.posture.as_status(),
             "posture_drift": list(self.posture_monitor.drifted_checks()),
             "unknown_attempts": self.unknown_attempts,
+            "readiness": dict(self.readiness().details),
             "open_attempts": await self.open_attempts(),
             "policy_digest": self.policy.digest,
             "chain_heads": self._heads(),
@@ -259,6 +276,36 @@ class Executor:
         if self.config.executor_mode is ExecutorMode.SHADOW:
             out["shadow_report"] = self.shadow.as_dict()
         return out
+
+    async def metrics_state(self) -> StateSnapshot:
+        """What the state gauges show at a scrape. Nothing here reads the journal's day files
+        (the open count is kept live) or waits on a store that does not answer."""
+        now = self.clock.now()
+        if (
+            self.config.executor_escalation is EscalationMode.APPROVAL
+            and self.store_health.available
+        ):
+            with contextlib.suppress(StoreError, TimeoutError):
+                async with asyncio.timeout(METRICS_STORE_SECONDS):
+                    pending = await self.store.approval_list(state=ApprovalState.PENDING, now=now)
+                self._pending_escalations = len(pending)
+        journal_bytes = 0
+        if self.journal is not None:
+            with contextlib.suppress(OSError):
+                journal_bytes = await asyncio.to_thread(self.journal.size_bytes)
+        expiry: dict[str, float] = {}
+        if self.tls is not None:
+            expiry = await asyncio.to_thread(self.tls.certificate_expiry, now)
+        return StateSnapshot(
+            halted=self.halt.halted,
+            open_attempts=(self.journal.open_count if self.journal is not None else 0)
+            + len(self.unresolved_keys),
+            unknown_attempts=self.unknown_attempts,
+            pending_escalations=self._pending_escalations,
+            journal_bytes=journal_bytes,
+            store_available=self.store_health.available,
+            certificate_expiry_seconds=expiry,
+        )
 
     def action_catalog(self, principal: Principal) -> list[dict[str, Any]]:
         """``GET /v1/actions``: what ``principal`` may propose here (``lifecycle/catalog.py``)."""
@@ -446,6 +493,9 @@ class Executor:
                 wanted = frozenset(o.attempt_id for o in orphans if o.attempt_id is not None)
                 scan = await self.journal.scan(wanted)
                 report_scan(scan, self.streams)
+                findings = self.metrics.integrity_findings
+                findings.inc(len(scan.torn_lines), finding="JOURNAL_TORN_LINE")
+                findings.inc(len(scan.missing_days), finding="JOURNAL_DAY_FILE_MISSING")
                 resolutions = await reconcile_open_attempts(
                     self.journal,
                     reconciler=self._reconciler(),

@@ -29,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from .assembly import assemble
+from .codes import Code
 from .config import ExecutorMode
 from .errors import AgentSafeError, ConfigError
-from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, Streams
+from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, JsonLogFormatter, Streams
 from .evidence.chain import ChainedStreams, LineWriter, LineWriterHandler
 from .evidence.redact import RedactingLogFilter, Redactor
 from .host.audithook import Guard, install_guard
+from .lifecycle.shadow import closing_line
 
 __all__ = ["main"]
 
@@ -96,16 +98,21 @@ async def _run(environ: Mapping[str, str], guard: Guard) -> int:
                         await task
         executor.streams.security.emit("STOPPING", {"signal": "SIGTERM"})
     finally:
-        await executor.close()
         if executor.config.executor_mode is ExecutorMode.SHADOW:
-            sys.stderr.write(executor.shadow.render() + "\n")
+            # The report at stop, as a chained security line like everything else on stderr.
+            with contextlib.suppress(AgentSafeError):
+                executor.streams.security.emit(
+                    "SHADOW_REPORT",
+                    {**executor.shadow.as_dict(), "next": closing_line()},
+                )
+        await executor.close()
     return 0
 
 
 def _log_through(writer: LineWriter, redactor: Redactor, chained: ChainedStreams) -> None:
     """Operational logs share the security stream's writer (never a shared line) and redactor."""
     handler = LineWriterHandler(writer)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonLogFormatter())
     handler.addFilter(RedactingLogFilter(redactor, on_redaction=chained.report_log_redactions))
     root = logging.getLogger()
     for existing in list(root.handlers):
@@ -113,19 +120,35 @@ def _log_through(writer: LineWriter, redactor: Redactor, chained: ChainedStreams
     root.addHandler(handler)
 
 
-def main() -> int:
-    logging.basicConfig(
-        level=os.environ.get("AGENTSAFE_LOG_LEVEL", "WARNING"),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+def _refused(code: str, message: str) -> None:
+    """A start-up refusal: one JSON line on stderr (never plain text), level ERROR."""
+    JsonLinesSink(sys.stderr, schema=SECURITY_SCHEMA).emit(
+        Code.REFUSED_TO_START,
+        {"level": "ERROR", "code": code, "message": f"agentsafe: refused to start: {message}"},
     )
+
+
+def _uncaught(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """An exception nothing handled: logged as one JSON line, not Python's plain traceback."""
+    logging.getLogger("agentsafe.executor").critical(
+        "unhandled %s", kind.__name__, exc_info=(kind, value, tb)
+    )
+
+
+def main() -> int:
+    level = os.environ.get("AGENTSAFE_LOG_LEVEL", "WARNING")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.captureWarnings(True)  # warnings.warn becomes a JSON line too
+    sys.excepthook = _uncaught
     environ = dict(os.environ)
     try:
         guard = install_guard(writable_dirs=_writable_dirs(environ))
         return asyncio.run(_run(environ, guard))
     except ConfigError as exc:
-        sys.stderr.write(f"agentsafe: refused to start: {exc.code}: {exc}\n")
+        _refused(exc.code, f"{exc.code}: {exc}")
         return exc.exit_status
     except AgentSafeError as exc:
-        sys.stderr.write(f"agentsafe: refused to start: {exc.code}: {exc.message}\n")
+        _refused(exc.code, f"{exc.code}: {exc.message}")
         return 78

@@ -21,6 +21,7 @@ import hashlib
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,38 @@ def register(subparsers: Any) -> None:
     )
     op.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
+    )
+    op.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("AGENTSAFE_OPERATOR_METRICS_PORT", "9090")),
+        help="serve the operator's own /metrics (reconciles, errors, durations) on this port;"
+        " 0: do not serve",
+    )
+    op.add_argument(
+        "--metrics-address",
+        default=os.environ.get("AGENTSAFE_OPERATOR_METRICS_ADDRESS", "0.0.0.0"),  # noqa: S104
+        help="the address /metrics binds (default every address of the pod)",
+    )
+    op.add_argument(
+        "--metrics-token-secret",
+        default=os.environ.get(
+            "AGENTSAFE_OPERATOR_METRICS_TOKEN_SECRET", "agentsafe-metrics-token"
+        ),
+        help="Secret in the operator's namespace holding the metrics principal's bearer token"
+        " (created once when absent); every executor admits it for GET /metrics only."
+        " Empty: no metrics principal",
+    )
+    op.add_argument(
+        "--scraper-namespace-selector",
+        default=os.environ.get("AGENTSAFE_OPERATOR_SCRAPER_NAMESPACE_SELECTOR", ""),
+        help="key=value[,...]: labels of the namespace Prometheus runs in; executor"
+        " NetworkPolicies admit it to the listener port. Empty: no scraper admitted",
+    )
+    op.add_argument(
+        "--scraper-pod-selector",
+        default=os.environ.get("AGENTSAFE_OPERATOR_SCRAPER_POD_SELECTOR", ""),
+        help="key=value[,...]: labels of the scraper's pods in that namespace (empty: any pod)",
     )
     hook = op.add_argument_group(
         "admission webhook",
@@ -143,15 +176,83 @@ def default_priority() -> int:
     return 1 + int.from_bytes(digest[:4], "big") % (2**30)
 
 
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+def credentials_source(
+    environ: Mapping[str, str], *, token: Path = SERVICE_ACCOUNT_TOKEN, home: Path | None = None
+) -> str | None:
+    """Where the operator's Kubernetes credentials would come from, or ``None`` when nowhere:
+    in a pod, the projected service-account token; elsewhere a kubeconfig (``KUBECONFIG``, else
+    ``~/.kube/config``), as the clients look for them. Checked before kopf starts, so a missing
+    credential is one line and exit 78, not a traceback from inside kopf's start-up."""
+    if environ.get("KUBERNETES_SERVICE_HOST") and token.is_file():
+        return "service account"
+    if environ.get("KUBECONFIG"):
+        return "KUBECONFIG"
+    config = (home if home is not None else Path.home()) / ".kube" / "config"
+    return "~/.kube/config" if config.is_file() else None
+
+
 def _run_operator(args: argparse.Namespace) -> int:
+    import logging
+
+    import kopf
+
+    from agentsafe.executor.codes import Code
+
+    # kopf's JSON lines (timestamp, severity, message, the object's reference) at INFO, on
+    # stderr; every line the operator process writes there is one of them.
+    kopf.configure(log_format=kopf.LogFormat.JSON)
+    log = logging.getLogger("agentsafe.operator")
+    if credentials_source(os.environ) is None:
+        log.error(
+            "no Kubernetes credentials: run in a pod with a service account, "
+            "or set KUBECONFIG (or ~/.kube/config)",
+            extra={"code": Code.KUBE_CREDENTIALS_MISSING},
+        )
+        return 78
+    try:
+        return _operate(args)
+    except Exception as exc:  # kopf has logged the cause, with its traceback, as JSON
+        cause = exc.__cause__ or exc
+        log.error(
+            f"the operator could not start: {type(cause).__name__}: {cause}",
+            extra={"code": Code.OPERATOR_START_FAILED},
+        )
+        return 1
+
+
+def _operate(args: argparse.Namespace) -> int:
     import kopf
 
     from .apply import ApiError, KubeClient
     from .handlers import KopfEvents, build_registry
+    from .metrics import OperatorMetrics
+    from .resources import FINALIZER
     from .runtime import Runtime, refresh_jwks
-    from .settings import OperatorSettings
+    from .settings import OperatorSettings, parse_labels
 
-    settings = OperatorSettings(operator_namespace=args.operator_namespace)
+    try:
+        scraper_namespace = parse_labels(
+            args.scraper_namespace_selector, what="--scraper-namespace-selector"
+        )
+        scraper_pods = parse_labels(args.scraper_pod_selector, what="--scraper-pod-selector")
+    except ValueError as exc:
+        raise SystemExit(f"agentsafe operator: {exc}") from None
+    if scraper_pods and not scraper_namespace:
+        raise SystemExit(
+            "agentsafe operator: --scraper-pod-selector needs --scraper-namespace-selector"
+            " (the namespace Prometheus runs in)"
+        )
+    if not 0 <= args.metrics_port <= 65535:
+        raise SystemExit("agentsafe operator: --metrics-port must be 0..65535")
+    settings = OperatorSettings(
+        operator_namespace=args.operator_namespace,
+        metrics_token_secret=args.metrics_token_secret,
+        scraper_namespace_labels=scraper_namespace,
+        scraper_pod_labels=scraper_pods,
+    )
     if args.executor_image:
         settings = replace(settings, executor_image=args.executor_image)
     if not 1 <= args.executor_port <= 65535:
@@ -184,6 +285,9 @@ def _run_operator(args: argparse.Namespace) -> int:
             prefix="agentsafe.io", key="last-handled-configuration"
         )
         settings.posting.level = 20  # INFO and up become Events
+        settings.posting.reporting_component = "agentsafe"  # Events say agentsafe, not kopf
+        settings.posting.reporting_instance = socket.gethostname()
+        settings.persistence.finalizer = FINALIZER
         info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(
             settings=settings
         )
@@ -202,7 +306,9 @@ def _run_operator(args: argparse.Namespace) -> int:
                     "agentsafe operator: issuer discovery failed; using the default",
                     file=sys.stderr,
                 )
-        runtime = Runtime(kube=kube, settings=operator_settings, events=KopfEvents())
+        runtime = Runtime(
+            kube=kube, settings=operator_settings, events=KopfEvents(), metrics=metrics
+        )
         await refresh_jwks(runtime)
         memo["runtime"] = runtime
         memo["jwks_task"] = asyncio.create_task(_jwks_loop(runtime))
@@ -221,6 +327,9 @@ def _run_operator(args: argparse.Namespace) -> int:
 
     settings_holder = {"settings": settings}
     namespaces = list(args.namespace)
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_address, args.metrics_port)
     asyncio.run(
         kopf.operator(
             registry=registry,

@@ -22,6 +22,9 @@ Errors are mapped here and only here: a stored object that does not validate
 and ``kopf.PermanentError``; an API refusal (:class:`~.apply.ApiError`) is
 ``kopf.TemporaryError`` or ``kopf.PermanentError`` through :func:`to_kopf_error`.
 
+Every handler run is counted and timed by its handler name and how it ended
+(:class:`~.metrics.OperatorMetrics`, the operator's ``/metrics``).
+
 Everything the handlers need lives in one :class:`~.runtime.Runtime` in kopf's ``memo``; tests
 build one with an in-memory API stand-in and call the handler functions directly.
 
@@ -44,6 +47,8 @@ from .models import (
     VERSION,
     AgentPolicyStatus,
     ConditionReason,
+    ConditionStatus,
+    ConditionType,
     HaltSwitchStatus,
     PrincipalStatus,
     ResourceStatus,
@@ -51,6 +56,7 @@ from .models import (
 from .readiness import owning_policy, ready_moved, refresh_ready
 from .reconcile import prune_agent_policies, reconcile_policy, reconcile_principal
 from .render.common import EXECUTOR_COMPONENT, MANAGED_BY
+from .resources import migrated_finalizers
 from .runtime import EventType, InvalidSpec, Runtime, policy_ref
 
 __all__ = [
@@ -105,17 +111,34 @@ async def policy_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **
     """create / update / resume / timer of an AgentPolicy."""
     rt: Runtime = memo["runtime"]
     data = dict(body)
-    try:
-        outcome = await reconcile_policy(rt, data)
-    except InvalidSpec as exc:
-        raise _spec_invalid(rt, AgentPolicyStatus, data, patch, exc) from None
-    except ApiError as exc:
-        raise to_kopf_error(exc) from None
+    meta = data.get("metadata") or {}
+    with rt.metrics.timed("agentpolicy") as run:
+        try:
+            outcome = await reconcile_policy(rt, data)
+        except InvalidSpec as exc:
+            run["result"] = "invalid"
+            rt.metrics.policy_ready(str(meta.get("namespace")), str(meta.get("name")), False)
+            raise _spec_invalid(rt, AgentPolicyStatus, data, patch, exc) from None
+        except ApiError as exc:
+            run["result"] = "api_error"
+            raise to_kopf_error(exc) from None
+        applied = outcome.event_type is EventType.NORMAL
+        run["result"] = "applied" if applied else "not_ready"
+    rt.metrics.policy_ready(
+        str(meta.get("namespace")), str(meta.get("name")), _is_ready(outcome.status)
+    )
     patch.status.update(outcome.status.patch())
     if outcome.event_type is EventType.WARNING or ready_moved(data, outcome.status):
         rt.events.post(
             data, type=outcome.event_type, reason=outcome.reason, message=outcome.message
         )
+
+
+def _is_ready(status: AgentPolicyStatus) -> bool:
+    return any(
+        c.type == ConditionType.READY and c.status is ConditionStatus.TRUE
+        for c in status.conditions or []
+    )
 
 
 ADMISSION_HINT = (
@@ -139,10 +162,15 @@ async def policy_admission_handler(
 async def policy_delete_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Remove what owner references cannot reach: agent-namespace NetworkPolicies."""
     rt: Runtime = memo["runtime"]
-    try:
-        await prune_agent_policies(rt.kube, policy_ref(dict(body)), keep=set())
-    except ApiError as exc:
-        raise to_kopf_error(exc) from None
+    ref = policy_ref(dict(body))
+    with rt.metrics.timed("agentpolicy.delete") as run:
+        try:
+            await prune_agent_policies(rt.kube, ref, keep=set())
+        except ApiError as exc:
+            run["result"] = "api_error"
+            raise to_kopf_error(exc) from None
+        run["result"] = "applied"
+    rt.metrics.policy_ready(ref.namespace, ref.name, None)
 
 
 async def statefulset_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -153,10 +181,13 @@ async def statefulset_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> Non
     namespace = (data.get("metadata") or {}).get("namespace")
     if owner is None or not namespace:
         return
-    try:
-        await refresh_ready(rt, str(namespace), owner.name, uid=owner.uid)
-    except ApiError as exc:
-        raise to_kopf_error(exc) from None
+    with rt.metrics.timed("readiness") as run:
+        try:
+            await refresh_ready(rt, str(namespace), owner.name, uid=owner.uid)
+        except ApiError as exc:
+            run["result"] = "api_error"
+            raise to_kopf_error(exc) from None
+        run["result"] = "applied"
 
 
 async def principal_handler(
@@ -168,12 +199,16 @@ async def principal_handler(
     old_labels = (
         ((old or {}).get("metadata") or {}).get("labels") if isinstance(old, Mapping) else None
     )
-    try:
-        status = await reconcile_principal(rt, data, old_labels=old_labels)
-    except InvalidSpec as exc:
-        raise _spec_invalid(rt, PrincipalStatus, data, patch, exc) from None
-    except ApiError as exc:
-        raise to_kopf_error(exc) from None
+    with rt.metrics.timed("principal") as run:
+        try:
+            status = await reconcile_principal(rt, data, old_labels=old_labels)
+        except InvalidSpec as exc:
+            run["result"] = "invalid"
+            raise _spec_invalid(rt, PrincipalStatus, data, patch, exc) from None
+        except ApiError as exc:
+            run["result"] = "api_error"
+            raise to_kopf_error(exc) from None
+        run["result"] = "applied"
     if status is not None:
         patch.status.update(status.patch())
 
@@ -183,12 +218,16 @@ async def halt_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_:
     rt: Runtime = memo["runtime"]
     data = dict(body)
     deleting = bool(data["metadata"].get("deletionTimestamp"))
-    try:
-        status = await enforce_halt(rt, data, deleting=deleting)
-    except InvalidSpec as exc:
-        raise _spec_invalid(rt, HaltSwitchStatus, data, patch, exc) from None
-    except ApiError as exc:
-        raise to_kopf_error(exc) from None
+    with rt.metrics.timed("haltswitch") as run:
+        try:
+            status = await enforce_halt(rt, data, deleting=deleting)
+        except InvalidSpec as exc:
+            run["result"] = "invalid"
+            raise _spec_invalid(rt, HaltSwitchStatus, data, patch, exc) from None
+        except ApiError as exc:
+            run["result"] = "api_error"
+            raise to_kopf_error(exc) from None
+        run["result"] = "applied"
     if not deleting:
         patch.status.update(status.patch())
     rt.events.post(
@@ -212,6 +251,16 @@ EXECUTOR_LABELS: Mapping[str, str] = {
     "app.kubernetes.io/managed-by": MANAGED_BY,
 }
 """Labels of every executor StatefulSet the operator renders (``render.common.policy_labels``)."""
+
+
+def finalizer_migration_handler(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    """Objects from an operator before issue 22 carry kopf's default finalizer name; rename it
+    to agentsafe.io's (or drop it from an object being deleted) so deletes are never stuck."""
+    finalizers = list(body.get("metadata", {}).get("finalizers") or [])
+    deleting = body.get("metadata", {}).get("deletionTimestamp") is not None
+    migrated = migrated_finalizers(finalizers, deleting=deleting)
+    if migrated is not None:
+        patch.setdefault("metadata", {})["finalizers"] = migrated
 
 
 def build_registry(
@@ -244,6 +293,10 @@ def build_registry(
         interval=reconcile_interval,
         initial_delay=reconcile_interval,
     )(policy_handler)
+    for plural in ("agentpolicies", "principals", "haltswitches"):
+        kopf.on.event(GROUP, VERSION, plural, registry=registry, id="finalizer-name")(
+            finalizer_migration_handler
+        )
     kopf.on.delete(GROUP, VERSION, "agentpolicies", registry=registry, id="cleanup")(
         policy_delete_handler
     )

@@ -1,15 +1,15 @@
 """The reconcile: what one AgentPolicy becomes, applied, and the status it reports.
 
 :func:`reconcile_policy` re-validates the stored AgentPolicy, checks that every Secret and
-ConfigMap it references exists (with its keys), selects its Principals (resolving bearer
-tokens to their SHA-256, never copying them), generates the operator's bearer token and the
-grant signing key once, renders every child with the pure ``render`` package and applies them
-with server-side apply, prunes the agent-namespace NetworkPolicies and the PodDisruptionBudget
-it no longer renders (the budget exists only with two or more replicas),
-writes the halt key (``halt.sync_halt``) and decides ``Ready`` (``readiness.py``). A
-``RenderError`` (invalid policy, a failing case of ``spec.tests``, missing Secret, Principals
-or configuration the executor would refuse) leaves every child untouched and is reported as
-``Reconciled=False`` and ``Ready=False`` with its reason. The result is a
+ConfigMap it references exists (with its keys), selects its Principals (resolving bearer tokens to
+their SHA-256, never copying them), generates the operator's bearer token and the grant signing key
+once (and the metrics token, in the operator's namespace), renders every child with the pure
+``render`` package and applies them with server-side apply, prunes the agent-namespace
+NetworkPolicies and the PodDisruptionBudget it no longer renders (the budget exists only with two
+or more replicas), writes the halt key (``halt.sync_halt``) and decides ``Ready``
+(``readiness.py``). A ``RenderError`` (invalid policy, a failing case of ``spec.tests``, missing
+Secret, Principals or configuration the executor would refuse) leaves every child untouched and is
+reported as ``Reconciled=False`` and ``Ready=False`` with its reason. The result is a
 :class:`PolicyOutcome`: the status and the Event to post.
 
 :func:`reconcile_principal` is a Principal's side: every AgentPolicy that selected it (old
@@ -57,6 +57,7 @@ from .render import (
     names,
     render_authority_key_secret,
     render_children,
+    render_metrics_token_secret,
     render_operator_token_secret,
 )
 from .render.common import OWNER_LABEL
@@ -170,6 +171,24 @@ async def _operator_token(kube: Kube, inp: RenderInput) -> str:
     return token.decode("ascii")
 
 
+async def _metrics_token_sha256(kube: Kube, inp: RenderInput) -> str:
+    """The metrics principal's bearer digest, from the Secret in the operator's namespace: the
+    operator creates it once (a random token) when absent, and never updates it; ``""`` when no
+    metrics principal is configured."""
+    settings = inp.settings
+    if not settings.metrics_token_secret:
+        return ""
+    namespace, name = settings.operator_namespace, settings.metrics_token_secret
+    secret = await kube.get("Secret", namespace, name)
+    if secret is None:
+        await kube.create(render_metrics_token_secret(settings, secrets.token_urlsafe(32)))
+        secret = await kube.get("Secret", namespace, name)
+    token = decode_secret_key(secret, OPERATOR_TOKEN_KEY)
+    if not token:
+        raise RenderError(ConditionReason.SECRET_MISSING, f"Secret {namespace}/{name} has no token")
+    return hashlib.sha256(token).hexdigest()
+
+
 async def _ensure_authority_key(kube: Kube, inp: RenderInput) -> None:
     name = names(inp.policy).authority_key
     if await kube.get("Secret", inp.policy.namespace, name) is None:
@@ -214,7 +233,11 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
         inp = replace(inp, principals=tuple(selected))
         await _ensure_authority_key(rt.kube, inp)
         token = await _operator_token(rt.kube, inp)
-        inp = replace(inp, operator_token_sha256=hashlib.sha256(token.encode()).hexdigest())
+        inp = replace(
+            inp,
+            operator_token_sha256=hashlib.sha256(token.encode()).hexdigest(),
+            metrics_token_sha256=await _metrics_token_sha256(rt.kube, inp),
+        )
         rendered = render_children(inp)
     except RenderError as exc:
         conditions = previous

@@ -9,12 +9,40 @@ Callers: ``apply.py``, ``rbac.py``, ``charts/generate_rbac.py``, the tests.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from .models import GROUP, VERSION
 
-__all__ = ["NON_RESOURCE_URLS", "RESOURCES", "Resource", "resource_for"]
+__all__ = [
+    "FINALIZER",
+    "LEGACY_FINALIZER",
+    "NON_RESOURCE_URLS",
+    "RESOURCES",
+    "Resource",
+    "migrated_finalizers",
+    "resource_for",
+]
+
+FINALIZER: Final = "agentsafe.io/finalizer"
+"""The finalizer the operator puts on AgentPolicies, Principals and HaltSwitches (kopf's
+``settings.persistence.finalizer``), so that a delete waits for its clean-up handlers."""
+LEGACY_FINALIZER: Final = "kopf.zalando.org/KopfFinalizerMarker"
+"""kopf's default name, which operators before issue 22 put on the same objects."""
+
+
+def migrated_finalizers(finalizers: Sequence[str], *, deleting: bool) -> list[str] | None:
+    """The finalizer list with :data:`LEGACY_FINALIZER` renamed to :data:`FINALIZER`, or
+    ``None`` when there is nothing to migrate. On an object being deleted the old name is only
+    dropped: its clean-up has run under the new name or will not run under the old one, which no
+    current operator removes, so keeping it would hold the object forever."""
+    if LEGACY_FINALIZER not in finalizers:
+        return None
+    kept = [name for name in finalizers if name != LEGACY_FINALIZER]
+    if not deleting and FINALIZER not in kept:
+        kept.append(FINALIZER)
+    return kept
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from .apply import ApiError, Kube
 from .control import ControlClient
+from .metrics import OperatorMetrics
 from .render import PolicyRef
 from .settings import OperatorSettings
 
@@ -68,6 +69,7 @@ class Runtime:
     events: EventPoster
     control: ControlClient = field(default_factory=ControlClient)
     jwks: dict[str, Any] = field(default_factory=lambda: {"keys": []})
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
 
 
 class InvalidSpec(Exception):

@@ -10,11 +10,35 @@ Callers: ``cli.py``, ``runtime.py``, ``apply.py`` and ``halt.py`` (the field man
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["FIELD_MANAGER", "HALT_FIELD_MANAGER", "OperatorSettings"]
+__all__ = ["FIELD_MANAGER", "HALT_FIELD_MANAGER", "OperatorSettings", "parse_labels"]
+
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+
+
+def parse_labels(text: str, *, what: str) -> dict[str, str]:
+    """``key=value,key=value`` (a label selector's matchLabels); ``""`` is none. Raises
+    ``ValueError`` naming ``what`` and the rule when an entry is not a Kubernetes label."""
+    out: dict[str, str] = {}
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        key, sep, value = entry.partition("=")
+        if not sep or not _LABEL_KEY.match(key) or not _LABEL_VALUE.match(value):
+            raise ValueError(
+                f"{what}: each entry must be key=value with a Kubernetes label key and value"
+            )
+        out[key] = value
+    return out
+
 
 FIELD_MANAGER: Final = "agentsafe-operator"
 """The one field manager every child of an AgentPolicy is applied with."""
@@ -40,6 +64,17 @@ class OperatorSettings:
     dns_namespace: str = "kube-system"
     dns_pod_labels: Mapping[str, str] = field(default_factory=lambda: {"k8s-app": "kube-dns"})
     operator_principal_id: str = "agentsafe-operator"
+    metrics_principal_id: str = "agentsafe-metrics"
+    metrics_token_secret: str = "agentsafe-metrics-token"
+    """The Secret in the operator's namespace (key ``token``) whose SHA-256 every executor
+    admits as the metrics principal (OPERATOR, scope ``metrics`` only: a scraper's identity,
+    never the operator's). The operator creates it once when absent and never updates it; the
+    chart's ServiceMonitor presents it. Empty: no metrics principal is rendered."""
+    scraper_namespace_labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels of the namespace the scraper (Prometheus) runs in: the executor NetworkPolicy
+    admits its pods to the listener port. Empty: no scraper is admitted."""
+    scraper_pod_labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels of the scraper's pods in that namespace. Empty: every pod there."""
     reconcile_interval_seconds: float = 60.0
     jwks_refresh_seconds: float = 300.0
     halt_retry_seconds: float = 5.0

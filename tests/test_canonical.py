@@ -14,6 +14,7 @@ from agentsafe.executor.canonical import (
     MAX_DEPTH,
     DuplicateKeyError,
     canonical_json,
+    canonical_text,
     format_number,
     parse_json,
     sha256_digest,
@@ -282,3 +283,78 @@ def test_parse_json_refuses_a_lone_surrogate(text: str) -> None:
 def test_parse_json_keeps_an_escaped_surrogate_pair_and_a_literal_backslash_u() -> None:
     assert parse_json('["\\ud83d\\ude00"]') == ["\U0001f600"]
     assert parse_json('"\\\\ud800"') == "\\ud800"  # an escaped backslash, then text
+
+
+# The C encoder's route must write exactly what the writer writes (canonical.py's docstring).
+
+plain_text = st.text(
+    alphabet=st.characters(
+        blacklist_categories=("Cs",),  # lone surrogates take the writer, which refuses them
+    )
+)
+plain_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)
+    | plain_text
+    | st.sampled_from(["\x00", "\x1f", "\x7f", "\u2028", "\ue000", "\uffff", "\U0001f600", '"\\'])
+    ,
+    lambda children: (
+        st.lists(children, max_size=6)
+        | st.dictionaries(plain_text | st.sampled_from(["\ue000", "\uffff", "a", "\x00"]),
+                          children, max_size=6)
+    ),
+    max_leaves=40,
+)  # fmt: skip
+
+
+@given(plain_values)
+def test_the_c_encoder_route_writes_what_the_writer_writes(value: object) -> None:
+    from agentsafe.executor.canonical import _written
+
+    assert canonical_text(value) == _written(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"\U0001f600": 1, "\uffff": 2},  # code-point order and UTF-16 order differ here
+        {"a": 1.5},
+        {"a": 2**53},
+        [{"k": (1, 2.0)}],
+        {1: "int key"},
+        "lone \ud800",
+    ],
+)
+def test_what_the_c_encoder_would_write_differently_takes_the_writer(value: object) -> None:
+    from agentsafe.executor.canonical import _plain, _written
+
+    assert not _plain(value, 0)
+    try:
+        expected: object = _written(value)
+    except CanonicalizationError as exc:
+        expected = exc.code
+    try:
+        got: object = canonical_text(value)
+    except CanonicalizationError as exc:
+        got = exc.code
+    assert got == expected
+
+
+def test_utf16_order_is_kept_where_code_points_disagree() -> None:
+    assert canonical_text({"\U0001f600": 1, "\uffff": 2}) == '{"\U0001f600":1,"\uffff":2}'
+
+
+def test_str_and_tuple_subclasses_and_depth_on_the_c_route() -> None:
+    from enum import StrEnum
+
+    class Verdict(StrEnum):
+        ALLOW = "ALLOW"
+
+    assert canonical_text({"v": Verdict.ALLOW, "t": (1, "x")}) == '{"t":[1,"x"],"v":"ALLOW"}'
+    deep: object = "x"
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(CanonicalizationError) as refused:
+        canonical_text(deep)
+    assert refused.value.code == "JSON_TOO_DEEP"

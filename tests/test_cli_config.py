@@ -53,3 +53,27 @@ def test_serve_refuses_to_start_with_one_line(tmp_path: Path) -> None:
     assert result.returncode == 78
     assert "DOWNSTREAM_URL" in result.stderr
     assert len([line for line in result.stderr.splitlines() if "refused" in line]) == 1
+
+
+def test_an_invalid_policy_exits_78_with_its_code_and_path(tmp_path: Path) -> None:
+    """serve refuses such a policy at start-up; config says so as well, never exit 0 (issue 22)."""
+    workspace = Workspace(tmp_path)
+    env = workspace.environment(provider_url="http://127.0.0.1:9", port=8443)
+    policy = tmp_path / "broken-policy.yaml"
+    policy.write_text("version: 1\nactions:\n  - name: create_payout\n    rules: 7\n")
+    env["EXECUTOR_POLICY_FILE"] = str(policy)
+    result = run(env)
+    assert result.returncode == 78, result.stdout
+    assert "EXECUTOR_POLICY_FILE" in result.stdout  # the table is still printed
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("agentsafe: policy invalid: POLICY_INVALID: ")
+
+
+def test_an_unreadable_policy_exits_78(tmp_path: Path) -> None:
+    workspace = Workspace(tmp_path)
+    env = workspace.environment(provider_url="http://127.0.0.1:9", port=8443)
+    env["EXECUTOR_POLICY_FILE"] = str(tmp_path / "missing.yaml")
+    result = run(env)
+    assert result.returncode == 78
+    assert "POLICY_FILE_UNREADABLE" in result.stderr

@@ -81,7 +81,8 @@ text, and its exceptions have their own root (``AgentSafeClientError``)."""
 
 def _modules() -> list[tuple[Path, ast.Module]]:
     out = []
-    for path in sorted(EXECUTOR.rglob("*.py")):
+    # The operator raises and logs registry codes too (its start-up refusals).
+    for path in sorted([*EXECUTOR.rglob("*.py"), *(EXECUTOR.parent / "operator").rglob("*.py")]):
         if (path.name == "codes.py" and path.parent == EXECUTOR) or path in _OWN_VOCABULARY:
             continue
         if CLIENT in path.parents:  # agentsafe.client: its own package, reads the wire's codes

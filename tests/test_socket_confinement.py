@@ -28,7 +28,8 @@ The kinds of use, each matched by the names below wherever they appear in a modu
 * ``connect``: asyncio's and the loop's connection calls (``open_connection``,
   ``create_connection``, ``sock_connect``, their Unix and datagram forms).
 * ``listen``: opening a listening socket (``start_server``, ``create_server``, aiohttp's
-  ``TCPSite``/``UnixSite``/``SockSite``, ``run_app``, importing ``uvicorn``).
+  ``TCPSite``/``UnixSite``/``SockSite``, ``run_app``, prometheus_client's
+  ``start_http_server``/``start_wsgi_server``, importing ``uvicorn``).
 * ``resolve``: name resolution, which is egress too (``getaddrinfo``, ``gethostbyname``...,
   aiohttp's concrete resolvers).
 * ``kube``: a Kubernetes client library (``kopf``, ``kubernetes``, ``kubernetes_asyncio``); the
@@ -119,6 +120,8 @@ _NAMES: dict[str, str] = {
     "UnixSite": LISTEN,
     "SockSite": LISTEN,
     "run_app": LISTEN,
+    "start_http_server": LISTEN,
+    "start_wsgi_server": LISTEN,
     "getaddrinfo": RESOLVE,
     "getnameinfo": RESOLVE,
     "gethostbyname": RESOLVE,
@@ -238,6 +241,11 @@ ALLOWED: dict[str, Allowance] = {
         KUBE,
         reason="kopf handlers; kopf posts their Events and patches to the API server",
     ),
+    "operator/metrics.py": allow(
+        LISTEN,
+        reason="the operator's own /metrics (prometheus_client's server, accepts only; the "
+        "chart's NetworkPolicy admits only the scraper to that port)",
+    ),
 }
 
 
@@ -257,6 +265,10 @@ def _module_kind(name: str) -> str | None:
         if name == module or name.startswith(module + "."):
             return kind
     return None
+
+
+_NAMED_FROM = ("asyncio", "ssl", "prometheus_client", "prometheus_client.exposition")
+"""Modules whose network functions are matched when imported by name."""
 
 
 def scan_source(source: str, path: str = "<source>") -> list[Finding]:
@@ -288,7 +300,7 @@ def scan_source(source: str, path: str = "<source>") -> list[Finding]:
                         sub = HTTP_CLIENT
                     elif alias.name in _AIOHTTP_RESOLVERS:
                         sub = RESOLVE
-                if sub is None and alias.name in _NAMES and node.module in ("asyncio", "ssl"):
+                if sub is None and alias.name in _NAMES and node.module in _NAMED_FROM:
                     sub = _NAMES[alias.name]
                 if sub is not None:
                     note(node, sub, f"from {node.module} import {alias.name}")
@@ -502,6 +514,9 @@ def test_every_module_is_scanned() -> None:
         ("from aiohttp.connector import TCPConnector", HTTP_CLIENT),
         ("import asyncio\nasyncio.open_connection('h', 1)", CONNECT),
         ("from asyncio import open_connection", CONNECT),
+        ("from prometheus_client import start_http_server", LISTEN),
+        ("from prometheus_client.exposition import start_wsgi_server", LISTEN),
+        ("import prometheus_client\nprometheus_client.start_http_server(9090)", LISTEN),
         ("loop.create_connection(f, 'h', 1)", CONNECT),
         ("loop.sock_connect(s, ('h', 1))", CONNECT),
         ("ctx.wrap_socket(sock)", TLS),

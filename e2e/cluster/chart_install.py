@@ -19,6 +19,10 @@ IMAGE_TAG = "dev"
 IMAGE = f"{IMAGE_REPOSITORY}:{IMAGE_TAG}"
 
 
+MONITORING = "agentsafe-e2e-monitoring"
+"""The namespace the chart tells the operator Prometheus runs in (``metrics.scraper``)."""
+
+
 def install_chart(plane: ControlPlane, *, namespace: str = NAMESPACE) -> None:
     """``helm upgrade --install ... --wait`` from the repository's chart, then ``helm test``."""
     from .kind_backend import REPO
@@ -46,6 +50,9 @@ def install_chart(plane: ControlPlane, *, namespace: str = NAMESPACE) -> None:
         f"image.tag={IMAGE_TAG}",
         "--set",
         "image.pullPolicy=Never",
+        # The namespace the scenario's scraper runs in (test_the_scraper_reads_metrics_...).
+        "--set",
+        f"metrics.scraper.namespaceSelector.kubernetes\\.io/metadata\\.name={MONITORING}",
         "--wait",
         "--timeout",
         "5m",

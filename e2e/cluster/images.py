@@ -56,6 +56,9 @@ AGENTSAFE_IMAGE = "agentsafe:dev"
 RUNTIME_ROOTS = ("python3-minimal", "python3.11", "libpython3.11-stdlib", "tzdata")
 RUNTIME_EXCLUDED = frozenset({"dpkg", "debconf", "debconf-2.0", "perl-base", "mime-support"})
 NONROOT = 65532
+BASE_LOCK = Path(__file__).resolve().parent / "base-packages.lock"
+"""Every Debian package of the debootstrap tree, ``name version`` per line: the pin."""
+LOCK = REPO / "image-requirements.txt"
 
 
 class ImageError(RuntimeError):
@@ -114,8 +117,9 @@ def base_tarball() -> Path:
     return cache_root() / "base" / f"{SUITE}-minbase-{base_key()}.tar"
 
 
-def ensure_base_tarball() -> Path:
-    """The debootstrap minbase tree as a tarball, built once (about 3.5 min cold)."""
+def ensure_base_tarball(*, check: bool = True) -> Path:
+    """The debootstrap minbase tree as a tarball, built once (about 3.5 min cold), its
+    packages checked against :data:`BASE_LOCK` before it is kept."""
     target = base_tarball()
     if target.exists():
         return target
@@ -134,10 +138,55 @@ def ensure_base_tarball() -> Path:
             ],
             what=f"debootstrap {SUITE} minbase (+{','.join(INCLUDE)})",
         )
+        if check:
+            check_base_pin(rootfs)
         partial = target.with_suffix(".partial")
         _run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], what="archive the base tree")
         partial.replace(target)
     return target
+
+
+def installed_packages(rootfs: Path) -> str:
+    """``name version`` of every Debian package installed in ``rootfs``, sorted, one a line."""
+    result = subprocess.run(
+        ["chroot", str(rootfs), "dpkg-query", "-W", "-f=${Package} ${Version}\\n"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ImageError(f"dpkg-query -W in the base tree: {result.stderr.strip()}")
+    return "".join(f"{line}\n" for line in sorted(result.stdout.splitlines()) if line)
+
+
+def check_base_pin(rootfs: Path) -> None:
+    """Refuse a base tree whose packages differ from :data:`BASE_LOCK`.
+
+    debootstrap installs what the suite holds today and cannot be told a version, so the pin is
+    checked after the fact: a Debian point release that changed a package stops the build here,
+    naming the packages, instead of changing the image silently. Accept a new release with
+    ``python e2e/cluster/images.py --write-base-lock`` and commit the file."""
+    found = installed_packages(rootfs)
+    pinned = BASE_LOCK.read_text()
+    if found == pinned:
+        return
+    changed = sorted(set(found.splitlines()) ^ set(pinned.splitlines()))
+    raise ImageError(
+        f"the {SUITE} base differs from {BASE_LOCK.name} ({len(changed)} lines: "
+        f"{', '.join(changed[:8])}{' ...' if len(changed) > 8 else ''}); review, then "
+        "python e2e/cluster/images.py --write-base-lock and commit it"
+    )
+
+
+def write_base_lock() -> Path:
+    """Record the packages of the cached base tarball (built first if absent) in BASE_LOCK."""
+    tarball = ensure_base_tarball(check=False)
+    with tempfile.TemporaryDirectory(prefix="agentsafe-base-") as work:
+        rootfs = Path(work)
+        _run(["tar", "-C", str(rootfs), "-xpf", str(tarball)], what="unpack the base tree")
+        BASE_LOCK.write_text(installed_packages(rootfs))
+    _log(f"wrote {BASE_LOCK}")
+    return BASE_LOCK
 
 
 def _depends(rootfs: Path, package: str) -> list[str]:
@@ -272,6 +321,7 @@ def ensure_base_images() -> None:
         rootfs = Path(work) / "rootfs"
         rootfs.mkdir()
         _run(["tar", "-C", str(rootfs), "-xpf", str(tarball)], what="unpack the base tree")
+        check_base_pin(rootfs)
         if not image_exists(BUILD_BASE):
             _commit_tree(rootfs, BUILD_BASE, config=["--cmd", "/bin/bash"])
         if not image_exists(RUNTIME_BASE):
@@ -293,15 +343,133 @@ def host_ca_bundle() -> Path | None:
     return None
 
 
+def image_digest(name: str) -> str:
+    """The ``sha256:`` digest of a local image's manifest."""
+    return _run(
+        ["buildah", "inspect", "--type", "image", "--format", "{{.FromImageDigest}}", name],
+        what=f"digest of {name}",
+    ).strip()
+
+
+def base_labels() -> list[str]:
+    """Labels that record the bases by digest (they are built here, never pulled, so the digest
+    is the record a reader checks the image against) and the Debian release and package pin they
+    came from. buildah itself writes the OCI annotations ``org.opencontainers.image.base.name``
+    and ``.base.digest`` into the manifest (the digest of the base's OCI manifest); these labels
+    carry the digests of the manifests as buildah's store holds them (``buildah images
+    --digests``), for both stages."""
+    return [
+        f"io.agentsafe.base.runtime-digest={image_digest(RUNTIME_BASE)}",
+        f"io.agentsafe.base.build-digest={image_digest(BUILD_BASE)}",
+        f"io.agentsafe.base.debian={SUITE} {MIRROR}",
+        f"io.agentsafe.base.packages-sha256={_sha256(BASE_LOCK.read_bytes())}",
+    ]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def build_agentsafe(tag: str = AGENTSAFE_IMAGE) -> None:
     """``buildah bud`` the repository's Dockerfile into ``tag`` (layers cached by buildah)."""
     ensure_base_images()
     argv = [*_nice(), "buildah", "bud", "--isolation", "chroot", "--pull=never", "--layers"]
+    for label in base_labels():
+        argv += ["--label", label]
     ca = host_ca_bundle()
     if ca is not None:
         argv += ["--secret", f"id=pip_cert,src={ca}"]
     argv += ["-t", tag, "-f", str(REPO / "Dockerfile"), str(REPO)]
     _run(argv, what=f"buildah bud {tag} from the Dockerfile")
+
+
+def _lock_names() -> set[str]:
+    names = set()
+    for line in LOCK.read_text().splitlines():
+        if line and not line[0].isspace() and not line.startswith("#") and "==" in line:
+            names.add(_normal(line.split("==", 1)[0]))
+    return names
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+_INSTALLED = (
+    "import importlib.metadata as m, json; "
+    "print(json.dumps(sorted({d.metadata['Name']: d.version for d in m.distributions()}.items())))"
+)
+
+
+def verify_agentsafe(tag: str = AGENTSAFE_IMAGE) -> dict[str, object]:
+    """Prove what the image carries, in the image (``buildah run``): exactly the lock's
+    distributions plus agentsafe (no development-only package, no pip or setuptools); an SBOM
+    naming each of them at its version; and the example policy's lint and tests passing in the
+    image (CEL compiles and evaluates there). Raises :class:`ImageError`."""
+    import json
+
+    container = _run(["buildah", "from", "--pull=never", tag], what=f"container of {tag}").strip()
+    container = container.splitlines()[-1]
+    try:
+
+        def run(*argv: str, volume: str | None = None) -> str:
+            extra = ["--volume", volume] if volume else []
+            return _run(
+                ["buildah", "run", "--isolation", "chroot", *extra, container, "--", *argv],
+                what=f"in {tag}: {' '.join(argv)[:60]}",
+            )
+
+        installed = dict(json.loads(run("/opt/agentsafe/bin/python", "-c", _INSTALLED)))
+        names = {_normal(name) for name in installed}
+        expected = _lock_names() - {"pip", "setuptools", "wheel"} | {"agentsafe"}
+        if names != expected:
+            raise ImageError(
+                f"{tag} carries {sorted(names - expected)} beyond the lock and lacks "
+                f"{sorted(expected - names)}"
+            )
+        forbidden = names & {"pip", "setuptools", "wheel", *_dev_packages()}
+        if forbidden:
+            raise ImageError(f"{tag} carries development-only packages: {sorted(forbidden)}")
+        mount = _run(["buildah", "mount", container], what=f"mount {tag}").strip().splitlines()[-1]
+        sbom = json.loads((Path(mount) / "usr/share/doc/agentsafe/sbom.cdx.json").read_text())
+        listed = {_normal(c["name"]): c.get("version") for c in sbom.get("components", [])}
+        listed[_normal(sbom["metadata"]["component"]["name"])] = sbom["metadata"]["component"].get(
+            "version"
+        )
+        missing = {
+            name: version
+            for name, version in installed.items()
+            if listed.get(_normal(name)) != version
+        }
+        if sbom.get("bomFormat") != "CycloneDX" or missing:
+            raise ImageError(f"the SBOM in {tag} does not list {missing}")
+        examples = REPO / "examples"
+        run(
+            "agentsafe",
+            "policy",
+            "lint",
+            "/examples/policy.yaml",
+            volume=f"{examples}:/examples:ro",
+        )
+        run("agentsafe", "policy", "test", "/examples", volume=f"{examples}:/examples:ro")
+        report = {
+            "distributions": len(installed),
+            "sbom_components": len(sbom.get("components", [])),
+            "sbom_spec": sbom.get("specVersion"),
+        }
+        _log(f"verified {tag}: {report}")
+        return report
+    finally:
+        subprocess.run(["buildah", "umount", container], capture_output=True, check=False)
+        subprocess.run(["buildah", "rm", container], capture_output=True, check=False)
+
+
+def _dev_packages() -> set[str]:
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    dev = extras["optional-dependencies"]["dev"]
+    return {_normal(re.split(r"[\s<>=!~\[;]", spec, maxsplit=1)[0]) for spec in dev}
 
 
 def build_single_binary(name: str, binary: Path, *, args: Sequence[str] = ()) -> None:
@@ -329,13 +497,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--tag", default=AGENTSAFE_IMAGE, help="the image name (agentsafe:dev)")
     parser.add_argument("--archive", type=Path, help="also write a docker archive here")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="after the build, check in the image: only the lock's packages, the SBOM, CEL",
+    )
+    parser.add_argument(
+        "--write-base-lock",
+        action="store_true",
+        help=f"record the cached base tree's Debian packages in {BASE_LOCK.name} and exit",
+    )
     args = parser.parse_args(argv)
     missing = missing_tools()
     if missing:
         _log(f"needs {', '.join(missing)}: apt-get install -y {' '.join(missing)}")
         return 2
     try:
+        if args.write_base_lock:
+            write_base_lock()
+            return 0
         build_agentsafe(args.tag)
+        if args.verify:
+            verify_agentsafe(args.tag)
         if args.archive:
             export_archive(args.tag, args.archive)
     except ImageError as error:

@@ -41,6 +41,7 @@ helm upgrade --install agentsafe charts/agentsafe \
   --set image.repository="${IMAGE%:*}" \
   --set image.tag="${IMAGE##*:}" \
   --set image.pullPolicy=Never \
+  --set 'metrics.scraper.namespaceSelector.kubernetes\.io/metadata\.name=agentsafe-e2e-monitoring' \
   --wait --timeout 5m
 helm test agentsafe --namespace "$NAMESPACE" --timeout 2m
 

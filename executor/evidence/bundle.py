@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -214,6 +215,8 @@ def export_bundle(
 
 def _new_directory(root: Path, created_at: str) -> Path:
     base = created_at.replace(":", "-").replace(".", "-")
+    with contextlib.suppress(OSError):  # a fresh volume has none yet; refused below if unusable
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not root.is_dir():
         raise BundleError("the evidence directory is not a directory", code=Code.EVIDENCE_DIR)
     for attempt in range(1000):

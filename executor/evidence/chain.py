@@ -56,7 +56,7 @@ from ..canonical import MAX_SAFE_INTEGER, canonical_text, sha256_digest
 from ..clock import Clock, format_ms
 from ..codes import Code
 from ..errors import AgentSafeError
-from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, SECURITY_SCHEMA, Streams
+from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, SECURITY_SCHEMA, Streams, security_level
 from ..host.durable import fsync_directory, write_all
 from .redact import Redaction, Redactor
 
@@ -310,6 +310,9 @@ class ChainedSink:
                 # An earlier checkpoint failed; writing on unpersisted would break the bound a
                 # crash resumption relies on, so persist first or refuse the line (raises).
                 self._persist(clean=False)
+            if self.schema == SECURITY_SCHEMA:
+                # every line on stderr carries a level (docs/evidence.md)
+                clean_fields.setdefault("level", security_level(event))
             line: dict[str, Any] = {
                 **clean_fields,
                 "schema": self.schema,

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..canonical import canonical_text, parse_json, sha256_digest
 from ..errors import CanonicalizationError
-from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, SECURITY_SCHEMA
+from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, LOG_SCHEMA, SECURITY_SCHEMA
 
 __all__ = [
     "ALTERED",
@@ -204,6 +204,9 @@ def verify_chain(
     return ChainReport(tuple(findings), summaries, tuple(foreign), total)
 
 
+_LOG_PREFIX = '{"schema":"' + LOG_SCHEMA + '"'
+
+
 def _classify(number: int, raw: str) -> _Item | None:
     try:
         obj = parse_json(raw)
@@ -223,7 +226,10 @@ def _classify(number: int, raw: str) -> _Item | None:
 
 def _looks_like_chain(raw: str) -> bool:
     # Keys are written sorted, so a torn line may hold none of ours; any torn JSON object
-    # counts (operational logs are plain text, never JSON objects).
+    # counts, but an operational log line (events.JsonLogFormatter, which writes its schema
+    # first where a chain line, canonical, starts with "at") is foreign even torn.
+    if raw.lstrip().startswith(_LOG_PREFIX):
+        return False
     return (
         raw.lstrip().startswith("{")
         or '"prev_hash":' in raw

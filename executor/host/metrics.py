@@ -1,14 +1,29 @@
-"""The executor's counters, rendered as OpenMetrics text for ``GET /metrics``.
+"""The executor's metrics, rendered as OpenMetrics text for ``GET /metrics`` (docs/monitoring.md).
 
-Every counter has fixed label names and a bounded set of label values: a value outside the
-counter's known set (or, for open-ended names such as secret names, beyond a small cap of
-distinct values) is counted as ``OTHER``, so no caller can grow the exposition without bound.
+Three kinds, each cheap where it is recorded:
+
+- **Counters** (``agentsafe_*_total``): one ``inc`` where the event happens. Every counter has
+  fixed label names and a bounded set of label values: a value outside the counter's known set
+  (or, for open-ended names such as secret names, beyond a small cap of distinct values) is
+  counted as ``OTHER``, so no caller can grow the exposition without bound. A scrape is counted
+  (``agentsafe_metrics_scrapes_total``), never written as a chained line.
+- **One latency histogram** (``agentsafe_request_duration_seconds``): one ``observe`` per request
+  in ``routes/app.py``, by the route's template (a row of the route table, never the raw path),
+  its method and the answer's outcome class (:data:`REQUEST_OUTCOMES`).
+- **State gauges**, set at scrape time from a :class:`StateSnapshot` the control plane takes
+  (halted, open and unknown attempts, pending escalations, journal bytes, whether the store
+  answers, the seconds until each TLS certificate's ``notAfter``): nothing is recorded on the
+  request path for them.
+  ``agentsafe_build_info`` is 1 with the version, the interpreter and the commit (when known).
+
 The registry is this object's own :class:`prometheus_client.CollectorRegistry`, never the global
 one, so two executors in one test process never share a count.
 
 Callers: ``door/door.py`` (refusals, locks), ``lifecycle/pipeline.py`` (proposals,
-executions), ``host/halt.py``, ``host/tlsctx.py``, ``routes/control.py`` (operator actions, and
-``GET /metrics`` serves :meth:`ExecutorMetrics.render`); ``assembly.py`` builds it and hands its
+executions), ``host/halt.py``, ``host/tlsctx.py``, ``routes/app.py`` (request durations),
+``routes/control.py`` (operator actions, and ``GET /metrics`` serves
+:meth:`ExecutorMetrics.render` after :meth:`ExecutorMetrics.set_state`), ``plane.py`` (the
+snapshot); ``assembly.py`` builds it and hands its
 counters to the egress guard, the secret store, the posture monitor, the redactor
 and the chained sinks. The label values of ``proposals`` and ``executions`` are the policy's
 ``Verdict`` and the seam's ``Outcome``: ``host/`` sits below both wings and cannot import them,
@@ -17,16 +32,30 @@ so ``assembly.py`` passes them in and there is no second copy here.
 
 from __future__ import annotations
 
+import json
+import platform
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from .. import __version__
 from ..codes import Code
 
-__all__ = ["OTHER", "BoundedCounter", "ExecutorMetrics"]
+__all__ = [
+    "DURATION_BUCKETS",
+    "OTHER",
+    "REQUEST_OUTCOMES",
+    "BoundedCounter",
+    "ExecutorMetrics",
+    "StateSnapshot",
+    "build_commit",
+    "outcome_of_status",
+]
 
 OTHER = "OTHER"
 _NAME_VALUE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
@@ -71,6 +100,7 @@ HALT_CAUSES = (
     "EGRESS_SPIKE",
     "POSTURE_DRIFT",
     "CLOCK_SKEW",
+    "JOURNAL",
     Code.EFFECT_MISMATCH.value,
 )
 CEILING_CODES = tuple(code.value for code in Code if code.value.startswith("HARD_LIMIT_"))
@@ -80,10 +110,65 @@ OPERATOR_ACTIONS = (
     "secrets.reload",
     "status",
     "open-attempts",
-    "metrics",
+    "open-attempts.decision",
     "evidence",
 )
 STREAMS = ("evidence", "security")
+VERDICT_OUTCOMES = ("ALLOW", "BLOCK", "ESCALATE")
+"""The outcome of a request a decision answered: its verdict (``routes/app.py`` marks it)."""
+REQUEST_OUTCOMES = (*VERDICT_OUTCOMES, "ok", "refused", "unavailable", "error")
+"""The outcome label of a request's duration: a decision's verdict, else its answer's class
+(2xx ``ok``, 4xx ``refused``, 503 ``unavailable``, any other 5xx ``error``)."""
+DURATION_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+"""Seconds: a BLOCK answers in milliseconds; an ALLOW waits for the provider (its timeout is
+``DOWNSTREAM_TIMEOUT_MS``), so the top buckets reach the longest dispatch."""
+CERTIFICATES = ("serving", "client_ca")
+INTEGRITY_FINDINGS = ("CHAIN_GAP", "JOURNAL_DAY_FILE_MISSING", "JOURNAL_TORN_LINE")
+"""What start-up finds that an incident reader must see: a chain resumed past a crash (lines
+a dead process may have written are not in the chain), a journal day file gone, a torn line."""
+
+
+def outcome_of_status(status: int) -> str:
+    """The outcome class of an answer that carries no verdict."""
+    if status == 503:
+        return "unavailable"
+    if status >= 500:
+        return "error"
+    if status >= 400:
+        return "refused"
+    return "ok"
+
+
+def build_commit() -> str:
+    """The commit this installation was built from, when the installer recorded one (a
+    ``pip install`` from a VCS URL writes it into ``direct_url.json``); ``unknown`` otherwise."""
+    try:
+        text = metadata.distribution("agentsafe").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+    try:
+        commit = json.loads(text or "{}").get("vcs_info", {}).get("commit_id")
+    except (ValueError, AttributeError):
+        return "unknown"
+    return (
+        commit if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{7,64}", commit) else "unknown"
+    )
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """What the state gauges show, taken by the control plane when a scrape arrives."""
+
+    halted: bool
+    open_attempts: int
+    unknown_attempts: int
+    pending_escalations: int
+    journal_bytes: int
+    store_available: bool = True
+    certificate_expiry_seconds: Mapping[str, float] = field(default_factory=dict)
+    """``notAfter`` minus now, by certificate (:data:`CERTIFICATES`); absent: not configured."""
 
 
 class BoundedCounter:
@@ -180,6 +265,50 @@ class ExecutorMetrics:
         self.chained_lines = self._counter(
             "chained_lines", "Chained lines written by stream", stream=STREAMS
         )
+        self.scrapes = self._counter("metrics_scrapes", "Scrapes of GET /metrics")
+        self.integrity_findings = self._counter(
+            "evidence_integrity_findings",
+            "Gaps found in the evidence chain or the journal, by finding",
+            finding=INTEGRITY_FINDINGS,
+        )
+        for finding in INTEGRITY_FINDINGS:  # every series from the start: an increase over 0
+            self.integrity_findings.inc(0, finding=finding)
+        self._durations = Histogram(
+            "request_duration_seconds",
+            "Request durations by route template, method and outcome",
+            labelnames=("route", "method", "outcome"),
+            namespace=namespace,
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self._routes: frozenset[tuple[str, str]] = frozenset()
+        self._outcomes = frozenset(REQUEST_OUTCOMES)
+        self._state_gauges = {
+            name: Gauge(name, doc, namespace=namespace, registry=self.registry)
+            for name, doc in (
+                ("halted", "1 while the executor is halted (any cause), else 0"),
+                ("open_attempts", "Attempts the journal holds open"),
+                ("unknown_attempts", "Attempts whose outcome nobody knows now"),
+                ("pending_escalations", "Approval requests waiting for a decision"),
+                ("journal_bytes", "Bytes in the attempt journal's day files"),
+                ("store_available", "1 while the use store answers its ping, else 0"),
+            )
+        }
+        self._expiry = Gauge(
+            "tls_certificate_expiry_seconds",
+            "Seconds until the certificate's notAfter (negative: expired)",
+            labelnames=("certificate",),
+            namespace=namespace,
+            registry=self.registry,
+        )
+        Info(
+            "build",
+            "The build: version, interpreter, commit (unknown when not recorded)",
+            namespace=namespace,
+            registry=self.registry,
+        ).info(
+            {"version": __version__, "python": platform.python_version(), "commit": build_commit()}
+        )
 
     def _counter(
         self, metric_name: str, documentation: str, /, **labels: Iterable[str] | None
@@ -197,6 +326,48 @@ class ExecutorMetrics:
             label_names=label_names,
             allowed=allowed,
         )
+
+    def declare_routes(self, routes: Iterable[tuple[str, str]]) -> None:
+        """The (method, route template) pairs durations may be recorded for (the route table)."""
+        self._routes = frozenset(routes)
+
+    def observe_request(self, method: str, route: str, outcome: str, seconds: float) -> None:
+        """One request's duration (``routes/app.py``); an undeclared route or outcome is
+        ``OTHER``, so the label set stays the table's."""
+        if (method, route) not in self._routes:
+            method, route = OTHER, OTHER
+        if outcome not in self._outcomes:
+            outcome = OTHER
+        self._durations.labels(route=route, method=method, outcome=outcome).observe(seconds)
+
+    def request_count(self, method: str, route: str, outcome: str) -> float:
+        """How many durations were recorded for these labels (tests)."""
+        value = self.registry.get_sample_value(
+            f"{self._ns}_request_duration_seconds_count",
+            {"route": route, "method": method, "outcome": outcome},
+        )
+        return 0.0 if value is None else float(value)
+
+    def set_state(self, state: StateSnapshot) -> None:
+        """Set the state gauges from a snapshot (the metrics route, just before rendering)."""
+        gauges = self._state_gauges
+        gauges["halted"].set(1 if state.halted else 0)
+        gauges["open_attempts"].set(state.open_attempts)
+        gauges["unknown_attempts"].set(state.unknown_attempts)
+        gauges["pending_escalations"].set(state.pending_escalations)
+        gauges["journal_bytes"].set(state.journal_bytes)
+        gauges["store_available"].set(1 if state.store_available else 0)
+        for name in CERTIFICATES:
+            seconds = state.certificate_expiry_seconds.get(name)
+            if seconds is None:
+                if self._has_expiry(name):
+                    self._expiry.remove(name)
+            else:
+                self._expiry.labels(certificate=name).set(seconds)
+
+    def _has_expiry(self, name: str) -> bool:
+        sample = f"{self._ns}_tls_certificate_expiry_seconds"
+        return self.registry.get_sample_value(sample, {"certificate": name}) is not None
 
     def render(self) -> tuple[bytes, str]:
         """The OpenMetrics exposition and its content type."""

@@ -60,6 +60,7 @@ __all__ = [
     "TlsSettings",
     "build_server_context",
     "certificate_sha256",
+    "earliest_not_after",
     "peer_certificate_der",
     "peer_san_uris",
 ]
@@ -245,11 +246,36 @@ class ReloadingTlsContext:
             self._metrics.tls_rotations.inc()
         return True
 
+    def certificate_expiry(self, now: float) -> dict[str, float]:
+        """Seconds from ``now`` to the earliest ``notAfter`` of the serving certificate file
+        (``serving``) and of the client CA bundle (``client_ca``), as the files stand now (a
+        rotation shows at once); a file that cannot be read or parsed now is left out (blocking:
+        call it in a thread)."""
+        out: dict[str, float] = {}
+        files = {"serving": self._settings.cert_file, "client_ca": self._settings.client_ca_file}
+        for name, path in files.items():
+            not_after = earliest_not_after(path) if path is not None else None
+            if not_after is not None:
+                out[name] = not_after - now
+        return out
+
     async def watch(self, *, interval: float = 5.0) -> None:
         """Poll for rotated material every ``interval`` seconds until cancelled."""
         while True:
             await asyncio.sleep(interval)
             await asyncio.to_thread(self.maybe_reload)
+
+
+def earliest_not_after(path: Path) -> float | None:
+    """The earliest ``notAfter`` (POSIX seconds) of the PEM certificates in ``path``; ``None``
+    when it holds none or cannot be read."""
+    try:
+        certificates = x509.load_pem_x509_certificates(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not certificates:
+        return None
+    return min(cert.not_valid_after_utc.timestamp() for cert in certificates)
 
 
 def _file_digest(path: Path | None) -> str | None:

@@ -29,6 +29,7 @@ __all__ = [
     "RECORDED_STATUSES",
     "VERDICTS",
     "ShadowReport",
+    "closing_line",
     "render_report",
 ]
 
@@ -97,6 +98,10 @@ def render_report(data: Mapping[str, Any]) -> str:
         lines.append("(no proposals)")
     lines.append("")
     lines.append("Observations: " + ", ".join(f"{s} {n}" for s, n in data["observations"].items()))
-    switch = data.get("enforcement_switch", ENFORCEMENT_SWITCH)
-    lines.append(f"To enforce these decisions, restart with {switch}")
+    lines.append(closing_line(data.get("enforcement_switch", ENFORCEMENT_SWITCH)))
     return "\n".join(lines) + "\n"
+
+
+def closing_line(switch: str = ENFORCEMENT_SWITCH) -> str:
+    """What to do next, as the report ends (and ``serve.py``'s SHADOW_REPORT line says)."""
+    return f"To enforce these decisions, restart with {switch}"

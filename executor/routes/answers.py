@@ -5,7 +5,8 @@ JSON Schemas into the OpenAPI document, and schemathesis checks every answer of 
 ``agentsafe serve`` against them (``tests/routes/test_schemathesis.py``). They describe what the
 handlers build (``lifecycle/answers.py``, ``plane.py``, ``routes/approvals.py``): the fields a
 client may rely on are listed and typed; an answer may carry more (``extra="allow"``), so a new
-field is additive and never breaks a client.
+field is additive and never breaks a client. The one exception is :class:`Readiness`, anonymous
+``/ready``: closed, so that nothing is added to what anyone on the probe port learns.
 
 A refusal is not here: its one shape (``{"error": {"code", "message"}}``) is written by
 ``routes/openapi.py`` per route and status from ``routes/contract.py``.
@@ -18,6 +19,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ..codes import Code
 
 __all__ = [
     "ActionCatalog",
@@ -33,6 +36,7 @@ __all__ = [
     "OpenApiDocument",
     "OpenAttempts",
     "Readiness",
+    "ReadinessDetails",
     "SecretsReload",
     "Status",
 ]
@@ -47,16 +51,40 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+ReadyCode = Literal[
+    Code.READY,
+    Code.RECONCILING,
+    Code.EXECUTOR_HALTED,
+    Code.STORE_UNAVAILABLE,
+    Code.UNKNOWN_ATTEMPTS_OPEN,
+]
+"""Why the executor is ready or not: the one code ``/ready`` and ``readiness`` carry."""
+
+
 class Readiness(BaseModel):
-    """``GET /ready``: 200 when ready, 503 (same shape) when not."""
+    """``GET /ready``: 200 when ready, 503 (same shape) when not. Anyone who reaches the probe
+    port may call it, so it says ready or not and one stable code, and nothing else: closed,
+    unlike the other answers (a field added here would tell an anonymous peer more); the
+    details are ``readiness`` in ``GET /v1/control/status`` (issue 22)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ready: bool
+    code: ReadyCode
+
+
+class ReadinessDetails(BaseModel):
+    """``readiness`` in ``GET /v1/control/status``: what ``/ready`` decided, and from what."""
 
     model_config = _Open
     ready: bool
+    code: ReadyCode
     mode: str
     actions: list[str]
     unknown_attempts: int = Field(ge=0)
     reconciling: bool
     halted: bool
+    store: Literal["sqlite", "postgresql"]
+    store_available: bool
 
 
 class CatalogAction(BaseModel):
@@ -168,6 +196,7 @@ class Status(BaseModel):
     actions: list[str]
     halt: HaltStatus
     unknown_attempts: int = Field(ge=0)
+    readiness: ReadinessDetails
     open_attempts: list[OpenAttempt]
     policy_digest: str
 

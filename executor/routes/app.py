@@ -16,6 +16,8 @@ order inside a route is fixed in one place: the door (authentication, the row's 
 then the query and the body (read, bounded, checked against the row's strict models), then the
 handler. Every refusal and status a route answers is checked against its row
 (``routes/contract.py``), the data the OpenAPI document is generated from (``routes/openapi.py``).
+With the executor's metrics, every request's duration is recorded once, by its row's template
+(never the raw path), its method and its outcome (a decision's verdict, else the answer's class).
 This module holds the rows of the agent's own routes (:func:`core_routes`).
 
 Callers: ``plane.py`` builds the application; ``routes/listener.py`` serves it;
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -40,13 +43,14 @@ from ..canonical import DuplicateKeyError, parse_json
 from ..codes import ADMISSION_CODES, Code
 from ..config import BODY_TIMEOUT_SECONDS_DEFAULT
 from ..errors import CanonicalizationError, RequestRejected, StoreError
+from ..host.metrics import ExecutorMetrics, outcome_of_status
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import Pipeline, Proposal
 from ..principals import Principal, Role, Scope
 from .answers import Decision, Health, Jwks, Readiness
 from .contract import check_refusal, check_status
-from .refusals import code_for_http_error, refusal
+from .refusals import code_for_http_error, refusal, status_of
 
 __all__ = [
     "AnyJson",
@@ -74,6 +78,8 @@ SERVER_HEADER = "agentsafe"
 """Every response's ``Server``: no interpreter or library version for a scanner to match."""
 BODY_TIMEOUT_SECONDS = float(BODY_TIMEOUT_SECONDS_DEFAULT)
 """``EXECUTOR_BODY_TIMEOUT_SECONDS``' default: how long a route waits for a whole body."""
+VERDICT_KEY: web.ResponseKey[str] = web.ResponseKey("agentsafe.verdict", str)
+"""Where a decision's response carries its verdict for the request-duration histogram."""
 
 
 class Door(Protocol):
@@ -86,8 +92,14 @@ class Door(Protocol):
 
 @dataclass(frozen=True)
 class ReadyState:
+    """What ``GET /ready`` knows. Anonymous callers get ``ready`` and ``code`` only (a stable
+    code: READY, RECONCILING, EXECUTOR_HALTED, STORE_UNAVAILABLE, UNKNOWN_ATTEMPTS_OPEN); the
+    mode, the action names and the counts are ``details``, for OPERATORs in
+    ``GET /v1/control/status`` (``readiness``), never for whoever reaches the probe port."""
+
     ready: bool
-    body: Mapping[str, Any]
+    code: Code
+    details: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -262,6 +274,9 @@ def parse_body(raw: bytes) -> Any:
 def _respond(answer: Answer) -> web.Response:
     response = web.json_response(dict(answer.body), status=answer.status)
     response.headers.update(answer.headers)
+    verdict = answer.body.get("verdict")
+    if isinstance(verdict, str):
+        response[VERDICT_KEY] = verdict
     return response
 
 
@@ -327,14 +342,23 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
 
 
 def build_app(
-    routes: Sequence[Route], *, door: Door, body_timeout: float = BODY_TIMEOUT_SECONDS
+    routes: Sequence[Route],
+    *,
+    door: Door,
+    body_timeout: float = BODY_TIMEOUT_SECONDS,
+    metrics: ExecutorMetrics | None = None,
 ) -> web.Application:
     """The executor's aiohttp application, one handler per row of ``routes``; each body is read
-    within ``body_timeout`` seconds (``EXECUTOR_BODY_TIMEOUT_SECONDS``)."""
+    within ``body_timeout`` seconds (``EXECUTOR_BODY_TIMEOUT_SECONDS``); with ``metrics``, every
+    request's duration is recorded by its row's template, method and outcome."""
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
     app.on_response_prepare.append(_security_headers)
+    if metrics is not None:
+        metrics.declare_routes((route.method, route.path) for route in routes)
     for route in routes:
         handler = _bind(route, door, body_timeout)
+        if metrics is not None:
+            handler = _timed(route, handler, metrics)
         if route.method == "GET":
             app.router.add_get(route.path, handler)
         else:
@@ -360,6 +384,40 @@ def _bind(
             raise
         check_status(route, response.status)
         return response
+
+    return handle
+
+
+def _timed(
+    route: Route,
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    metrics: ExecutorMetrics,
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """``handler`` with its duration recorded once per request: by the row's template (never the
+    raw path), its method, and the outcome (a decision's verdict, else the answer's class)."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            response = await handler(request)
+        except RequestRejected as exc:
+            outcome = outcome_of_status(status_of(exc.code))
+            raise
+        except StoreError as exc:
+            outcome = "unavailable" if exc.code == Code.STORE_UNAVAILABLE else "error"
+            raise
+        except web.HTTPException as exc:
+            outcome = outcome_of_status(exc.status)
+            raise
+        else:
+            verdict = response.get(VERDICT_KEY)
+            outcome = verdict if isinstance(verdict, str) else outcome_of_status(response.status)
+            return response
+        finally:
+            metrics.observe_request(
+                route.method, route.path, outcome, time.perf_counter() - started
+            )
 
     return handle
 
@@ -401,7 +459,8 @@ def core_routes(
 
     async def ready(call: Call) -> web.StreamResponse:
         state = readiness()
-        return web.json_response(dict(state.body), status=200 if state.ready else 503)
+        body = {"ready": state.ready, "code": state.code}
+        return web.json_response(body, status=200 if state.ready else 503)
 
     async def grant_jwks(call: Call) -> web.StreamResponse:
         return web.json_response(dict(jwks()))

@@ -2,6 +2,8 @@
 
 Every route passes the door as an OPERATOR with the route's scope; every action is one
 ``OPERATOR_ACTION`` line on the security stream with the principal and the action, and one count.
+A scrape of ``GET /metrics`` is the exception: it reads and changes nothing, and arrives every
+few seconds, so it is counted (``agentsafe_metrics_scrapes_total``) and writes no chained line.
 The work itself is done by the :class:`ControlPlane` (``plane.Executor``); this module is only the
 HTTP shape.
 
@@ -18,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..codes import Code
 from ..events import Streams
 from ..host.halt import HaltCause, HaltState
-from ..host.metrics import ExecutorMetrics
+from ..host.metrics import ExecutorMetrics, StateSnapshot
 from ..principals import Principal, Role, Scope
 from .answers import (
     AttemptDecided,
@@ -45,6 +47,10 @@ class ControlPlane(Protocol):
         ...
 
     async def open_attempts(self) -> list[dict[str, Any]]: ...
+
+    async def metrics_state(self) -> StateSnapshot:
+        """What the state gauges show now (taken at each scrape)."""
+        ...
 
     async def decide_attempt(
         self, *, attempt_id: str, executed: bool, reason: str, principal: Principal
@@ -127,6 +133,8 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
         return web.json_response(await plane.reload_secrets())
 
     async def metrics(call: Call) -> web.StreamResponse:
+        plane.metrics.scrapes.inc()
+        plane.metrics.set_state(await plane.metrics_state())
         body, content_type = plane.metrics.render()
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
@@ -212,7 +220,7 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             op,
             Scope.METRICS,
             None,
-            operator("metrics", metrics),
+            metrics,
             summary="Prometheus metrics (OpenMetrics text)",
             answers={200: None},
             text_media_type="application/openmetrics-text",

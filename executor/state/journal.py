@@ -256,6 +256,8 @@ class AttemptJournal:
         self._closed = False
         self._submitted = 0
         self._mirror = mirror
+        self._live_open: set[str] = set()
+        self._seeded = False
         self.on_failure: Callable[[], None] | None = None
         """Called (on the event loop) by the append whose write or fsync failed, the moment it
         fails: the control plane halts then, not at its next poll."""
@@ -295,6 +297,23 @@ class AttemptJournal:
     def submitted(self) -> int:
         """How many records were handed to the writer (monitoring and tests)."""
         return self._submitted
+
+    @property
+    def open_count(self) -> int:
+        """How many attempts are open now, kept live from this process's own appends over the
+        open set its first :meth:`scan` read (start-up reconciliation scans before any work):
+        the metrics gauge, without reading the day files at every scrape."""
+        return len(self._live_open)
+
+    def size_bytes(self) -> int:
+        """The bytes of every day file (blocking: call it in a thread)."""
+        total = 0
+        with os.scandir(self._root) as entries:
+            for entry in entries:
+                if _DAY_FILE.match(entry.name):
+                    with contextlib.suppress(OSError):
+                        total += entry.stat(follow_symlinks=False).st_size
+        return total
 
     @property
     def failed(self) -> bool:
@@ -360,6 +379,7 @@ class AttemptJournal:
         if grant_expires_at is not None:
             fields["grant_expires_at"] = format_ms(grant_expires_at)
         await self._append(RecordType.ATTEMPT_OPENED, fields)
+        self._live_open.add(attempt_id)
 
     async def grant_claimed(
         self, *, attempt_id: str, grant_id: str, expires_at: float, payload_digest: str
@@ -399,6 +419,8 @@ class AttemptJournal:
         if answer is not None:
             fields["answer"] = dict(answer)
         await self._append(RecordType.ATTEMPT_CLOSED, fields)
+        if outcome != _UNKNOWN_OUTCOME:
+            self._live_open.discard(attempt_id)
 
     async def reconciled(
         self,
@@ -419,17 +441,23 @@ class AttemptJournal:
         if reason is not None or decided_by is not None:
             fields.update(reason=reason, decided_by=decided_by)
         await self._append(RecordType.RECONCILED, fields)
+        if status in CLOSING_STATUSES:
+            self._live_open.discard(attempt_id)
 
     async def scan(self, wanted: frozenset[str] = frozenset()) -> JournalScan:
         """Read every day file back (see :func:`scan_journal`); for the attempt ids in
         ``wanted``, also whether they were opened and how they were settled."""
-        return await asyncio.to_thread(
+        scan = await asyncio.to_thread(
             scan_journal,
             self._root.parent,
             retain_days=self._retain_days,
             now=self._clock.now(),
             wanted=wanted,
         )
+        if not self._seeded:
+            self._seeded = True
+            self._live_open.update(a.attempt_id for a in scan.open_attempts)
+        return scan
 
     async def prune(self, scan: JournalScan | None = None) -> tuple[str, ...]:
         """Delete day files older than the retention window that hold no open attempt (an old

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from pathlib import Path
 
 import aiohttp
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from ..codes import Code
@@ -47,6 +49,8 @@ from .harness import (
 )
 
 __all__ = ["main", "run_demo"]
+
+_UNBOUNDED = 10_000
 
 
 @dataclass(frozen=True)
@@ -307,21 +311,37 @@ def _print_table(console: Console, steps: list[Step]) -> None:
     for step in steps:
         mark = "[green]✓[/green]" if step.ok else "[red]✗[/red]"
         table.add_row(step.case, step.expected, step.observed, str(step.provider_requests), mark)
+    if console.is_terminal:
+        console.print(table)
+        return
+    # Piped or redirected: rich would assume 80 columns and fold every cell; a file or a pager
+    # has no width, so the table gets the width its cells need.
+    wide = console.options.update(max_width=_UNBOUNDED)
+    console.width = max(console.width, Measurement.get(console, wide, table).maximum)
     console.print(table)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(*, keep_serving: bool = True, workdir: Path | None = None) -> int:
     console = Console()
     root = workdir or Path(tempfile.mkdtemp(prefix="agentsafe-demo-"))
     console.print(f"[bold]agentsafe demo[/bold] (working directory {root})")
+    # SIGTERM stops the demo as Ctrl-C does: run_demo's finally stops every process it started.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         steps = asyncio.run(run_demo(root, console=console, keep_serving=keep_serving))
     except KeyboardInterrupt:
         console.print("stopped.")
         return 0
-    except (RuntimeError, TimeoutError) as exc:
-        console.print(f"[red]demo failed:[/red] {exc}")
+    except (RuntimeError, TimeoutError, aiohttp.ClientError) as exc:
+        # a process that stopped answering: say so and where its logs are, not a traceback
+        console.print(f"[red]demo failed:[/red] {exc}; logs are in {root}/logs")
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     ok = all(step.ok for step in steps) and len(steps) == 7
     if ok and workdir is None:
         shutil.rmtree(root, ignore_errors=True)

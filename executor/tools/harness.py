@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -209,6 +209,24 @@ class _Process:
             handle.close()
         self._files = []
 
+    async def _await_up(self, up: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+        """Wait for ``up``; when the process never comes up, stop it, close its log files and
+        say what its stderr last said (a test's temporary directory may be gone by the time
+        anyone reads the file)."""
+        try:
+            await wait_until(up, timeout=timeout, what=what)
+        except BaseException as exc:
+            if self.process is not None and self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(timeout=30)
+            self._close_files()
+            tail = ""
+            with contextlib.suppress(OSError):
+                tail = self.stderr_path.read_text(encoding="utf-8", errors="replace")[-2000:]
+            if isinstance(exc, Exception) and tail:
+                exc.add_note(f"--- {self.name} stderr (last lines) ---\n{tail}")
+            raise
+
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -287,7 +305,7 @@ class ProviderProcess(_Process):
             except aiohttp.ClientError:
                 return False
 
-        await wait_until(up, timeout=timeout, what="the synthetic provider")
+        await self._await_up(up, timeout, "the synthetic provider")
 
     async def set_mode(self, mode: str) -> None:
         async with (
@@ -354,7 +372,7 @@ class ExecutorProcess(_Process):
             except aiohttp.ClientError:
                 return False
 
-        await wait_until(up, timeout=timeout, what=f"{self.name} to become ready")
+        await self._await_up(up, timeout, f"{self.name} to become ready")
 
     async def propose(
         self,

@@ -2,11 +2,11 @@
 
 It calls ``GET /v1/control/status`` with an OPERATOR credential that carries the ``status``
 scope (a bearer token from ``--token-file`` or ``AGENTSAFE_OPERATOR_TOKEN(_FILE)``, or a client
-certificate for an mTLS principal) and prints the mode, the halt and its causes, the open
-attempts, the chain heads and the posture; in shadow it ends with the shadow report by action
-and the switch that turns enforcement on (``lifecycle/shadow.py`` renders it from the route's
-own JSON, so the terminal and ``-o json`` say the same thing). ``-o json`` prints the route's
-JSON unchanged.
+certificate for an mTLS principal) and prints the mode, the halt and its causes, readiness (ready
+or not, and its code), the open attempts, the chain heads and the posture; in shadow it ends
+with the shadow report by action and the switch that turns enforcement on
+(``lifecycle/shadow.py`` renders it from the route's own JSON, so the terminal and ``-o json``
+say the same thing). ``-o json`` prints the route's JSON unchanged.
 
 The executor's URL is ``--url`` or ``AGENTSAFE_EXECUTOR_URL``. Exit statuses: 0 the executor
 answered, 1 it answered but is halted, 2 it could not be asked (the message says why).
@@ -80,6 +80,10 @@ def render_status(status: Mapping[str, Any], url: str) -> str:
         lines.append(f"halt          HALTED ({causes}); resume with POST /v1/control/resume")
     else:
         lines.append("halt          not halted")
+    readiness = status.get("readiness")
+    if readiness:  # what anonymous /ready only answers as ready and one code (issue 22)
+        answer = "yes" if readiness.get("ready") else "no"
+        lines.append(f"ready         {answer} ({readiness.get('code')})")
     attempts = status.get("open_attempts", [])
     lines.append(f"open attempts {len(attempts)}")
     for attempt in attempts:

@@ -8,6 +8,7 @@ from .common import PolicyRef, RenderError, RenderInput, SelectedPrincipal, name
 from .config import (
     render_authority_key_secret,
     render_configmap,
+    render_metrics_token_secret,
     render_operator_token_secret,
     render_principals_document,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "render_configmap",
     "render_environment",
     "render_executor_network_policy",
+    "render_metrics_token_secret",
     "render_operator_token_secret",
     "render_pdb",
     "render_principals_document",

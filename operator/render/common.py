@@ -1,11 +1,11 @@
 """What every render function takes and shares: the input record, names, labels, owners.
 
-Rendering is pure: :class:`RenderInput` carries everything (the AgentPolicy's identity and
-spec, the selected Principals with their bearer digests already resolved, the operator's
-settings, the cluster JWKS, the operator's own bearer digest) and each ``render_*`` function
-returns plain manifests. A problem found while rendering is a :class:`RenderError` with the
-condition reason the reconcile writes (``PolicyInvalid``, ``PrincipalsInvalid``, ``ConfigInvalid``,
-``SpecInvalid``) and nothing is applied.
+Rendering is pure: :class:`RenderInput` carries everything (the AgentPolicy's identity and spec,
+the selected Principals with their bearer digests already resolved, the operator's settings, the
+cluster JWKS, the operator's own bearer digest and the metrics principal's) and each ``render_*``
+function returns plain manifests. A problem found while rendering is a :class:`RenderError` with
+the condition reason the reconcile writes (``PolicyInvalid``, ``PrincipalsInvalid``,
+``ConfigInvalid``, ``SpecInvalid``) and nothing is applied.
 
 Callers: ``render/*``, ``reconcile.py`` and ``handlers.py`` (labels), the tests.
 """
@@ -84,6 +84,8 @@ class RenderInput:
     settings: OperatorSettings
     principals: tuple[SelectedPrincipal, ...] = ()
     operator_token_sha256: str = ""
+    metrics_token_sha256: str = ""
+    """The metrics principal's bearer digest; empty: no metrics principal is rendered."""
     jwks: Mapping[str, Any] = field(default_factory=lambda: {"keys": []})
 
     @property

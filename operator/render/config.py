@@ -4,7 +4,8 @@ The ConfigMap ``<policy>-executor-config`` holds ``policy.json`` (the executor's
 :class:`~agentsafe.executor.policy.policy.PolicyDocument`, exactly ``spec.policy``),
 ``principals.json`` (an ``agent-safe.principals/1``
 :class:`~agentsafe.executor.door.principals_file.PrincipalsDocument` built from the selected
-Principals plus the operator's own OPERATOR principal) and ``jwks.json`` (the cluster's
+Principals plus the operator's own OPERATOR principal and the metrics principal, an OPERATOR
+with the ``metrics`` scope alone that a scraper presents) and ``jwks.json`` (the cluster's
 service-account JWKS). The halt key is not rendered here: it is rendered by ``render/halt.py``
 and applied by ``operator/halt.py`` under its own field manager. No Secret value is ever
 rendered: a bearer Principal contributes the SHA-256 of its token, resolved by ``reconcile.py``.
@@ -41,18 +42,21 @@ from agentsafe.executor.door.principals_file import (
 from agentsafe.executor.principals import Role, Scope
 
 from ..models import ConditionReason, PrincipalSpec
-from .common import RenderError, RenderInput, child_meta, names
+from ..settings import OperatorSettings
+from .common import MANAGED_BY, RenderError, RenderInput, child_meta, names
 
 __all__ = [
     "AUTHORITY_KEY_KEY",
     "HALT_KEY",
     "JWKS_KEY",
+    "METRICS_PRINCIPAL_SCOPES",
     "OPERATOR_PRINCIPAL_SCOPES",
     "OPERATOR_TOKEN_KEY",
     "POLICY_KEY",
     "PRINCIPALS_KEY",
     "render_authority_key_secret",
     "render_configmap",
+    "render_metrics_token_secret",
     "render_operator_token_secret",
     "render_principals_document",
 ]
@@ -66,6 +70,8 @@ AUTHORITY_KEY_KEY: Final = "signing-key.pem"
 OPERATOR_PRINCIPAL_SCOPES: Final = (Scope.HALT, Scope.RESUME, Scope.STATUS)
 """What the operator's own principal may do on its executors (of the executor's scopes, the
 ones a HaltSwitch needs and the status read)."""
+METRICS_PRINCIPAL_SCOPES: Final = (Scope.METRICS,)
+"""What the metrics principal may do: read ``GET /metrics``, nothing else (no status, no halt)."""
 
 
 def _entry(
@@ -114,9 +120,22 @@ def _entry(
     )
 
 
+def _bearer_operator(
+    principal_id: str, scopes: tuple[Scope, ...], token_sha256: str
+) -> PrincipalEntry:
+    """An OPERATOR principal of the operator's own making: a bearer digest and its scopes."""
+    return PrincipalEntry(
+        id=principal_id,
+        role=Role.OPERATOR,
+        scopes=[scope.value for scope in scopes],
+        credential=BearerCredential(kind="BEARER", token_sha256=token_sha256),
+    )
+
+
 def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
-    """The selected Principals (by name) plus the operator's OPERATOR principal, checked with
-    the executor's own rules; refuses with ``PrincipalsInvalid``."""
+    """The selected Principals (by name) plus the operator's OPERATOR principal and, with a
+    metrics token, the metrics principal, checked with the executor's own rules; refuses with
+    ``PrincipalsInvalid``."""
     if not inp.operator_token_sha256:
         raise RenderError(
             ConditionReason.SECRET_MISSING, "the operator's bearer token was not resolved"
@@ -126,13 +145,18 @@ def render_principals_document(inp: RenderInput) -> PrincipalsDocument:
         for p in sorted(inp.principals, key=lambda p: p.name)
     ]
     entries.append(
-        PrincipalEntry(
-            id=inp.settings.operator_principal_id,
-            role=Role.OPERATOR,
-            scopes=[scope.value for scope in OPERATOR_PRINCIPAL_SCOPES],
-            credential=BearerCredential(kind="BEARER", token_sha256=inp.operator_token_sha256),
+        _bearer_operator(
+            inp.settings.operator_principal_id, OPERATOR_PRINCIPAL_SCOPES, inp.operator_token_sha256
         )
     )
+    if inp.metrics_token_sha256:
+        entries.append(
+            _bearer_operator(
+                inp.settings.metrics_principal_id,
+                METRICS_PRINCIPAL_SCOPES,
+                inp.metrics_token_sha256,
+            )
+        )
     try:
         document = PrincipalsDocument(version="agent-safe.principals/1", principals=entries)
         build_principal_set(
@@ -175,6 +199,26 @@ def render_operator_token_secret(inp: RenderInput, token: str) -> dict[str, Any]
         "kind": "Secret",
         "type": "Opaque",
         "metadata": child_meta(inp.policy, names(inp.policy).operator_token),
+        "data": {OPERATOR_TOKEN_KEY: base64.b64encode(token.encode("ascii")).decode("ascii")},
+    }
+
+
+def render_metrics_token_secret(settings: OperatorSettings, token: str) -> dict[str, Any]:
+    """The metrics principal's bearer token, in the operator's namespace (where the chart's
+    ServiceMonitor reads it): created once, never updated, never mounted into an executor."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": settings.metrics_token_secret,
+            "namespace": settings.operator_namespace,
+            "labels": {
+                "app.kubernetes.io/name": "agentsafe-metrics",
+                "app.kubernetes.io/managed-by": MANAGED_BY,
+                "app.kubernetes.io/part-of": "agentsafe",
+            },
+        },
         "data": {OPERATOR_TOKEN_KEY: base64.b64encode(token.encode("ascii")).decode("ascii")},
     }
 

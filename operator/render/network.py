@@ -5,10 +5,11 @@
   down at a time. With one replica a budget of ``maxUnavailable: 1`` would protect nothing and
   one of 0 would block every node drain, so none is rendered (``reconcile.py`` deletes one left
   from an earlier, larger ``replicas``).
-- NetworkPolicy ``<policy>-executor``: ingress only from the ``agentNamespaces`` and the
-  operator's pods, on the listener port; egress only to cluster DNS, to ``downstream.cidrs``
-  on the ports the downstream URLs name, and with ``spec.store`` to the database (its pods or
-  its ``cidrs``) on the store's port.
+- NetworkPolicy ``<policy>-executor``: ingress only from the ``agentNamespaces``, the
+  operator's pods and, when the operator is told where it runs, the metrics scraper
+  (``--scraper-namespace-selector``, ``--scraper-pod-selector``), on the listener port; egress
+  only to cluster DNS, to ``downstream.cidrs`` on the ports the downstream URLs name, and with
+  ``spec.store`` to the database (its pods or its ``cidrs``) on the store's port.
 - In each agent namespace, NetworkPolicy ``agentsafe-<ns>-<policy>-no-downstream``: every pod
   may send anywhere except ``downstream.cidrs``, so agents cannot go around the executor.
   These live in other namespaces, so they carry the ``agentsafe.io/owner`` label instead of an
@@ -129,6 +130,13 @@ def render_executor_network_policy(inp: RenderInput) -> dict[str, Any]:
             "podSelector": {"matchLabels": dict(settings.operator_pod_labels)},
         }
     ]
+    if settings.scraper_namespace_labels:
+        scraper: dict[str, Any] = {
+            "namespaceSelector": {"matchLabels": dict(settings.scraper_namespace_labels)}
+        }
+        if settings.scraper_pod_labels:
+            scraper["podSelector"] = {"matchLabels": dict(settings.scraper_pod_labels)}
+        sources.append(scraper)
     if inp.spec.agent_namespaces:
         sources.insert(
             0,

@@ -120,6 +120,9 @@ def render_environment(inp: RenderInput) -> dict[str, str]:
         "EXECUTOR_TLS_KEY_FILE": f"{SECRETS_DIR}/{_TLS_KEY}",
         "EXECUTOR_TLS_MIN_VERSION": spec.tls.min_version.value,
         "EXECUTOR_JOURNAL_DIR": f"{DATA_DIR}/journal",
+        # Evidence bundles (POST /v1/control/evidence-export) on the same writable data volume
+        # as the journal they are cut from; the executor creates the directory on first export.
+        "EXECUTOR_EVIDENCE_DIR": f"{DATA_DIR}/evidence",
         "EXECUTOR_HALT_FILE": f"{CONFIG_DIR}/{HALT_KEY}",
         "DOWNSTREAM_URL": down.url,
         "DOWNSTREAM_SYSTEM": down.system,

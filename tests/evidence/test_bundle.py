@@ -250,10 +250,34 @@ def test_export_refusals(tmp_path: Path) -> None:
     with pytest.raises(b.BundleError) as info:
         b.export_bundle(evidence_dir=tmp_path, reason="", **common)
     assert info.value.code == "EVIDENCE_REASON_INVALID"
+    occupied = tmp_path / "a-file"
+    occupied.write_text("")
     with pytest.raises(b.BundleError) as info:
-        b.export_bundle(evidence_dir=tmp_path / "absent", reason="x", **common)
+        b.export_bundle(evidence_dir=occupied, reason="x", **common)
     assert info.value.code == "EVIDENCE_DIR"
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [occupied]
+
+
+def test_export_creates_a_missing_evidence_directory(tmp_path: Path) -> None:
+    """A fresh volume (the operator renders EXECUTOR_EVIDENCE_DIR on the data volume) has no
+    evidence directory yet: the first export creates it, owner-only (issue 22)."""
+    clock = ManualClock()
+    root = tmp_path / "data" / "evidence"
+    bundle = b.export_bundle(
+        evidence_dir=root,
+        reason="incident 7",
+        streams=make_streams(clock).sinks(),
+        open_attempts=[],
+        posture={},
+        config_digest="sha256:" + "0" * 64,
+        image_digest=None,
+        secret_rotations={},
+        signing_key=None,
+        clock=clock,
+    )
+    assert root.is_dir()
+    assert root.stat().st_mode & 0o777 == 0o700
+    assert bundle.directory.parent == root
 
 
 def test_cli_reads_the_key_from_the_environment(

@@ -313,3 +313,54 @@ def test_a_secret_with_escaped_characters_is_found_in_either_escape_case() -> No
         out, found = r.redact(f"lookup?key={form}")
         assert form not in out
         assert found
+
+
+# The hot path's shortcuts (redact.py) keep the exact results of the plain forms they replace.
+
+
+@given(st.binary(min_size=1, max_size=64), st.binary(max_size=200))
+def test_the_digest_is_hmac_sha256(key: bytes, data: bytes) -> None:
+    import hashlib
+    import hmac
+
+    from agentsafe.executor.evidence.redact import _hmac_states
+
+    redactor = Redactor()
+    redactor._inner, redactor._outer = _hmac_states(key)
+    assert redactor._digest(data) == hmac.new(key, data, hashlib.sha256).digest()
+
+
+@given(st.text(max_size=60))
+def test_squashing_is_casefold_then_letters_and_digits(text: str) -> None:
+    from agentsafe.executor.evidence.redact import _squashed
+
+    assert _squashed(text) == "".join(ch for ch in text.casefold() if ch.isalnum())
+
+
+@given(st.text(max_size=40))
+def test_the_whitespace_test_is_str_isspace(text: str) -> None:
+    if text:
+        assert (text.split() != [text]) == any(ch.isspace() for ch in text)
+
+
+def test_a_text_found_clean_is_scanned_again_once_a_secret_or_header_changes() -> None:
+    redactor = Redactor()
+    value = "tok-" + secrets.token_hex(12)
+    line = f"x-api-key: {value}"
+    assert redactor.redact(value) == (value, ())
+    assert redactor.redact(line) == (line, ())
+    redactor.set_secret("api", value.encode())
+    assert redactor.redact(value) == ("[REDACTED:SECRET]", (Redaction(KIND_SECRET, "api"),))
+    redactor.remove_secret("api")
+    assert redactor.redact(value) == (value, ())
+    assert redactor.redact(line) == (line, ())
+    redactor.set_credential_headers(["X-Api-Key"])
+    assert redactor.redact(line)[0] == "x-api-key: [REDACTED:CREDENTIAL_HEADER]"
+
+
+def test_the_jws_choice_is_remembered_apart() -> None:
+    redactor = Redactor()
+    jws = "eyJhbGciOiJFZERTQSJ9.eyJhIjoxfQ.c2lnbmF0dXJl"
+    assert redactor.redact(jws, jws=False) == (jws, ())
+    assert redactor.redact(jws)[0] == "[REDACTED:JWS]"
+    assert redactor.redact(jws, jws=False) == (jws, ())

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from agentsafe.executor.dispatch.seam import Outcome
-from agentsafe.executor.host.metrics import ExecutorMetrics
+from agentsafe.executor.host.metrics import ExecutorMetrics, StateSnapshot, outcome_of_status
 from agentsafe.executor.policy.policy import Verdict
 
 
@@ -101,3 +101,76 @@ def test_proposal_and_execution_labels_are_the_verdicts_and_outcomes() -> None:
     body, _ = metrics.render()
     assert b'agentsafe_proposals_total{verdict="ALLOW"} 1.0' in body
     assert b'agentsafe_executions_total{outcome="ESCALATE_PENDING"} 1.0' in body
+
+
+def test_durations_are_labelled_only_by_declared_routes_and_known_outcomes() -> None:
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
+    metrics.declare_routes([("POST", "/v1/actions"), ("GET", "/approve/{request_id}")])
+    metrics.observe_request("POST", "/v1/actions", "ALLOW", 0.02)
+    metrics.observe_request("GET", "/approve/{request_id}", "ok", 0.001)
+    metrics.observe_request("GET", "/approve/req-123", "ok", 0.001)  # a raw path: never a label
+    metrics.observe_request("POST", "/v1/actions", "<script>", 0.001)
+    assert metrics.request_count("POST", "/v1/actions", "ALLOW") == 1
+    assert metrics.request_count("GET", "/approve/{request_id}", "ok") == 1
+    assert metrics.request_count("OTHER", "OTHER", "ok") == 1
+    assert metrics.request_count("POST", "/v1/actions", "OTHER") == 1
+    body = metrics.render()[0].decode()
+    assert "req-123" not in body
+    assert "<script>" not in body
+
+
+def test_state_gauges_follow_each_snapshot() -> None:
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
+
+    def gauges() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = metrics.render()[0].decode()
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            if family.type == "gauge"
+            for s in family.samples
+        }
+
+    metrics.set_state(
+        StateSnapshot(
+            halted=True,
+            open_attempts=3,
+            unknown_attempts=2,
+            pending_escalations=4,
+            journal_bytes=1234,
+            store_available=False,
+            certificate_expiry_seconds={"serving": 86400.0, "client_ca": -5.0},
+        )
+    )
+    first = gauges()
+    assert first[("agentsafe_halted", ())] == 1
+    assert first[("agentsafe_open_attempts", ())] == 3
+    assert first[("agentsafe_unknown_attempts", ())] == 2
+    assert first[("agentsafe_pending_escalations", ())] == 4
+    assert first[("agentsafe_journal_bytes", ())] == 1234
+    assert first[("agentsafe_store_available", ())] == 0
+    expiry = "agentsafe_tls_certificate_expiry_seconds"
+    assert first[(expiry, (("certificate", "serving"),))] == 86400
+    assert first[(expiry, (("certificate", "client_ca"),))] == -5
+    metrics.set_state(
+        StateSnapshot(
+            halted=False,
+            open_attempts=0,
+            unknown_attempts=0,
+            pending_escalations=0,
+            journal_bytes=0,
+            certificate_expiry_seconds={"serving": 100.0},
+        )
+    )
+    second = gauges()
+    assert second[("agentsafe_halted", ())] == 0
+    assert second[("agentsafe_store_available", ())] == 1
+    assert second[(expiry, (("certificate", "serving"),))] == 100
+    # A certificate no longer configured leaves the exposition rather than keep its old value.
+    assert (expiry, (("certificate", "client_ca"),)) not in second
+
+
+def test_outcome_classes_by_status() -> None:
+    assert [outcome_of_status(s) for s in (200, 201, 401, 409, 413, 500, 503)] == [
+        "ok", "ok", "refused", "refused", "refused", "error", "unavailable",
+    ]  # fmt: skip

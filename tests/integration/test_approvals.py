@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from agentsafe.executor.assembly import assemble
 from agentsafe.executor.clock import Clock, ManualClock
@@ -701,3 +702,36 @@ async def test_a_webhook_that_refuses_is_reported_and_the_request_stays_pending(
         assert (status, item["state"]) == (200, "PENDING")
     finally:
         await receiver.stop()
+
+
+async def test_the_pending_escalations_gauge_follows_the_store(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, _ = node
+    n = await start()
+
+    async def pending() -> float:
+        headers = {"authorization": f"Bearer {n.principals.token(OPERATOR)}"}
+        async with n.session.get(n.url + "/metrics", headers=headers) as response:
+            assert response.status == 200
+            text = await response.text()
+        [family] = [
+            f
+            for f in text_string_to_metric_families(text)
+            if f.name == "agentsafe_pending_escalations"
+        ]
+        return float(family.samples[0].value)
+
+    assert await pending() == 0
+    _, first = await n.propose(20000, "esc-gauge-1")
+    _, second = await n.propose(30000, "esc-gauge-2")
+    assert await pending() == 2
+    status, _ = await n.call(
+        "POST",
+        f"/v1/approvals/{first['escalation']['request_id']}",
+        APPROVER,
+        {"decision": "DENY", "reason": "no"},
+    )
+    assert status == 200
+    assert await pending() == 1
+    assert second["outcome"] == "ESCALATE_PENDING"

@@ -358,5 +358,9 @@ async def test_metrics_count_verdicts_outcomes_refusals_and_operator_actions(
     assert "SECRETMARK" not in reply.text
     assert agent not in reply.text
     assert "drill" not in reply.text
-    # The scrape itself is an operator action.
-    assert _operator_actions(estate)[-1] == {"principal": "watcher", "action": "metrics"}
+    # A scrape is counted, never written as a chained line (it arrives every few seconds).
+    assert _operator_actions(estate)[-1] == {"principal": "ops", "action": "resume"}
+    assert _value(samples, "agentsafe_metrics_scrapes_total") == 1
+    again = _samples((await client.get("/metrics", token=estate.cast.watcher.token)).text)
+    assert _value(again, "agentsafe_metrics_scrapes_total") == 2
+    assert _operator_actions(estate)[-1] == {"principal": "ops", "action": "resume"}

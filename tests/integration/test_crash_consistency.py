@@ -112,10 +112,18 @@ def environment(
 
 
 async def kill_mid_dispatch(
-    tmp_path: Path, provider: ProviderProcess, env: dict[str, str], keys: list[str]
+    tmp_path: Path,
+    provider: ProviderProcess,
+    env: dict[str, str],
+    keys: list[str],
+    *,
+    token: str | None = None,
 ) -> None:
-    """Each key's payout reaches the provider, which acts and never answers; then SIGKILL."""
+    """Each key's payout reaches the provider, which acts and never answers; then SIGKILL.
+    ``token``: the proposer's bearer when ``env`` names a principals file."""
     executor = ExecutorProcess(env, tmp_path, "executor-1")
+    if token is not None:
+        executor.token = token
     await executor.start()
     await provider.set_mode("hang")
     async with aiohttp.ClientSession() as session:
@@ -127,6 +135,17 @@ async def kill_mid_dispatch(
         for task in pending:
             with contextlib.suppress(aiohttp.ClientError):
                 await task
+
+
+async def readiness(
+    process: ExecutorProcess, session: aiohttp.ClientSession, operator: dict[str, str]
+) -> dict[str, Any]:
+    """The readiness details (counts, cause) an OPERATOR reads in ``/v1/control/status``:
+    anonymous ``/ready`` answers only ``ready`` and ``code`` (issue 22)."""
+    async with session.get(process.url + "/v1/control/status", headers=operator) as r:
+        assert r.status == 200, await r.text()
+        details: dict[str, Any] = (await r.json())["readiness"]
+    return details
 
 
 def events(process: ExecutorProcess, name: str) -> list[dict[str, Any]]:
@@ -251,7 +270,7 @@ async def test_health_answers_while_concurrent_lookups_hold_ready(
         await provider_count(provider, "lookups_waiting", 3)  # all three asked at once
         async with aiohttp.ClientSession() as session:
             status, ready = await restarted.get_json(session, "/ready")
-            assert (status, ready["reconciling"]) == (503, True)
+            assert (status, ready) == (503, {"ready": False, "code": "RECONCILING"})
             status, _ = await restarted.get_json(session, "/health")
             assert status == 200
             status, body = await restarted.propose(session, amount=4000, key="new-1")
@@ -276,12 +295,18 @@ async def test_a_lagging_lookup_is_not_taken_for_not_executed_while_the_grant_li
     tmp_path: Path, provider: ProviderProcess
 ) -> None:
     workspace = Workspace(tmp_path / "ws")
-    env = environment(workspace, provider)
-    await kill_mid_dispatch(tmp_path, provider, env, ["lag-1"])
+    principals = BearerPrincipals()
+    env = principals_env(
+        environment(workspace, provider), principals.write(tmp_path / "principals.json")
+    )
+    proposer = principals.token("treasury-workflow")
+    operator = {"authorization": f"Bearer {principals.token(OPERATOR_ID)}"}
+    await kill_mid_dispatch(tmp_path, provider, env, ["lag-1"], token=proposer)
     await provider.set_mode("normal")
     await provider.set_lookup("lag")  # 404, although it acted
 
     restarted = ExecutorProcess(env, tmp_path, "executor-2")
+    restarted.token = proposer
     await restarted.start()
     try:
         (reconciliation,) = events(restarted, "RECONCILIATION")
@@ -292,7 +317,9 @@ async def test_a_lagging_lookup_is_not_taken_for_not_executed_while_the_grant_li
             assert status == 409  # still in flight: never "not executed", never freed
             assert body["error"]["code"] == "IDEMPOTENCY_IN_PROGRESS"
             status, ready = await restarted.get_json(session, "/ready")
-            assert ready["unknown_attempts"] == 1
+            # readiness does not require none here; the count is the operator's to read
+            assert (status, ready) == (200, {"ready": True, "code": "READY"})
+            assert (await readiness(restarted, session, operator))["unknown_attempts"] == 1
     finally:
         assert restarted.terminate() == 0
 
@@ -313,7 +340,7 @@ async def test_ready_follows_a_runtime_unknown_attempt_and_its_reconciliation(
             status, body = await executor.propose(session, amount=4000, key="unk-1")
             assert (status, body["outcome"]) == (200, "UNKNOWN_AFTER_DISPATCH")
             status, ready = await executor.get_json(session, "/ready")
-            assert (status, ready["unknown_attempts"]) == (503, 1)
+            assert (status, ready) == (503, {"ready": False, "code": "UNKNOWN_ATTEMPTS_OPEN"})
             headers = {"authorization": f"Bearer {executor.token}"}
             async with session.post(
                 executor.url + "/v1/reconciliations",
@@ -323,7 +350,7 @@ async def test_ready_follows_a_runtime_unknown_attempt_and_its_reconciliation(
                 assert r.status == 200
                 assert (await r.json())["outcome"] == "COMPLETED"
             status, ready = await executor.get_json(session, "/ready")
-            assert (status, ready["unknown_attempts"]) == (200, 0)
+            assert (status, ready) == (200, {"ready": True, "code": "READY"})
     finally:
         assert executor.terminate() == 0
 
@@ -414,7 +441,7 @@ async def test_a_full_journal_disk_after_dispatch_answers_completed_then_halts_a
 
             # The failing append halted the executor itself: no poll to wait for.
             status, ready = await executor.get_json(session, "/ready")
-            assert (status, ready["halted"], ready["ready"]) == (503, True, False), ready
+            assert (status, ready) == (503, {"ready": False, "code": "EXECUTOR_HALTED"}), ready
             assert int((await provider.received())["count"]) >= completed
 
             filler.unlink()  # the storage recovers
@@ -779,10 +806,11 @@ async def test_an_operators_decision_settles_a_binding_mismatch_and_ready_return
 
             async def settled_start() -> dict[str, Any] | None:
                 _, ready = await second.get_json(session, "/ready")
-                return None if ready["reconciling"] else ready
+                return None if ready["code"] == "RECONCILING" else ready
 
             ready = await wait_until(settled_start, timeout=60, what="start-up reconciliation")
-            assert (ready["ready"], ready["unknown_attempts"]) == (False, 1)
+            assert ready == {"ready": False, "code": "UNKNOWN_ATTEMPTS_OPEN"}
+            assert (await readiness(second, session, operator))["unknown_attempts"] == 1
             (reconciliation,) = events(second, "RECONCILIATION")
             assert reconciliation["resolution"] == "BINDING_MISMATCH"
             async with session.get(second.url + "/v1/control/open-attempts", headers=operator) as r:
@@ -826,7 +854,8 @@ async def test_an_operators_decision_settles_a_binding_mismatch_and_ready_return
                 "by": "OPERATOR",
             }
             status, ready = await second.get_json(session, "/ready")
-            assert (status, ready["unknown_attempts"]) == (200, 0)
+            assert (status, ready) == (200, {"ready": True, "code": "READY"})
+            assert (await readiness(second, session, operator))["unknown_attempts"] == 0
             async with session.get(second.url + "/v1/control/open-attempts", headers=operator) as r:
                 assert (await r.json())["open_attempts"] == []
             status, body = await second.propose(session, amount=4000, key="mismatch-1")

@@ -111,7 +111,7 @@ class Target:
     async def halted(self) -> bool:
         status, body = await self.call("GET", "/ready")
         assert status in (200, 503), body
-        return bool(body["halted"])
+        return bool(body["code"] == "EXECUTOR_HALTED")
 
     def security(self, event: str) -> list[dict[str, Any]]:
         return [e for e in self.executor.stderr_events() if e.get("event") == event]

@@ -648,7 +648,7 @@ async def test_an_egress_refusal_spike_halts_a_real_serve(tmp_path: Path) -> Non
     assert listener.connections == 0
     security = process.stderr_events()
     refused = [e for e in security if e["event"] == "EGRESS_REFUSED"]
-    chain_fields = {"schema", "event", "at", "seq", "hash", "prev_hash"}
+    chain_fields = {"schema", "event", "at", "level", "seq", "hash", "prev_hash"}
     assert [{k: v for k, v in e.items() if k not in chain_fields} for e in refused] == [
         {"origin": f"https://localhost:{listener.port}", "code": "EGRESS_ADDRESS_REFUSED"}
     ] * 2

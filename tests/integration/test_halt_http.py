@@ -67,7 +67,7 @@ async def assert_halted(estate: Estate, *, key: str) -> None:
     assert len(estate.provider.received) == received
     ready = await estate.client.get("/ready")
     assert ready.status == 503
-    assert ready.body["halted"] is True
+    assert ready.body == {"ready": False, "code": "EXECUTOR_HALTED"}
     assert (await estate.client.get("/health")).status == 200
 
 
@@ -167,7 +167,7 @@ async def test_a_process_started_with_the_halt_file_present_starts_halted(
         async with aiohttp.ClientSession() as session:
             async with session.get(process.url + "/ready") as r:
                 assert r.status == 503
-                assert (await r.json())["halted"] is True
+                assert (await r.json())["code"] == "EXECUTOR_HALTED"
             async with session.post(process.url + "/v1/actions", json=proposal, headers=agent) as r:
                 assert r.status == 503
                 assert r.headers["Retry-After"] == "30"

@@ -265,7 +265,7 @@ def assert_still_serving(served: Served) -> None:
         except OSError:
             return False
         assert response.status == 200, response.raw
-        assert response.json["halted"] is False
+        assert response.json == {"ready": True, "code": "READY"}
         return True
 
     asyncio.run(wait_until(ready, timeout=60, what="the executor to answer /ready"))

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from agentsafe.executor.clock import ManualClock, parse_ms
+from agentsafe.executor.host.halt import HaltCause
 from agentsafe.executor.tools.harness import wait_until
 
 from .conftest import Factory
@@ -376,14 +377,26 @@ async def test_request_may_not_supply_identity_or_unknown_fields(
     assert field not in answer["error"]["message"]
 
 
-async def test_ready_reports_mode_and_actions(running: Factory) -> None:
+async def test_anonymous_ready_says_only_ready_and_a_code(running: Factory) -> None:
+    """A bank's probe port is reachable by more than its kubelet: anonymous /ready never names
+    the mode, the actions or the counts (issue 22); an OPERATOR reads them in the status."""
     run = await running()
     async with run.session.get(run.url + "/ready") as response:
         assert response.status == 200
         body = await response.json()
-    assert body["mode"] == "ENFORCEMENT"
-    assert body["actions"] == ["create_payout"]
-    assert body["unknown_attempts"] == 0
+    assert body == {"ready": True, "code": "READY"}
+    details = (await run.executor.status())["readiness"]
+    assert details["mode"] == "ENFORCEMENT"
+    assert details["actions"] == ["create_payout"]
+    assert (details["unknown_attempts"], details["code"]) == (0, "READY")
+
+
+async def test_ready_names_why_it_is_not(running: Factory) -> None:
+    run = await running()
+    run.executor.halt.halt(HaltCause.OPERATOR, reason="drill", by="test")
+    async with run.session.get(run.url + "/ready") as response:
+        assert response.status == 503
+        assert await response.json() == {"ready": False, "code": "EXECUTOR_HALTED"}
 
 
 async def test_grant_jwks_is_published(running: Factory) -> None:

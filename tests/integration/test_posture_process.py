@@ -46,32 +46,39 @@ class Refusal:
         return [line for line in self.stderr.splitlines() if line.strip()]
 
     @property
-    def human(self) -> list[str]:
-        """The lines that are not JSON: the refusal must be exactly one of them."""
-        out: list[str] = []
+    def records(self) -> list[dict[str, Any]]:
+        """Every line parsed: standard error is JSON lines only (issue 22), so a line that is
+        not a JSON object fails the test here."""
+        records = []
         for line in self.lines:
-            try:
-                json.loads(line)
-            except ValueError:
-                out.append(line)
-        return out
+            value = json.loads(line)
+            assert isinstance(value, dict), line
+            records.append(value)
+        return records
+
+    @property
+    def refusals(self) -> list[str]:
+        """The message of each REFUSED_TO_START line: the refusal must be exactly one."""
+        return [
+            str(r["message"])
+            for r in self.records
+            if r.get("event") == "REFUSED_TO_START" and r.get("level") == "ERROR"
+        ]
 
     @property
     def line(self) -> str:
-        assert len(self.human) == 1, self.stderr
-        return self.human[0]
+        assert len(self.refusals) == 1, self.stderr
+        return self.refusals[0]
+
+    @property
+    def last(self) -> str:
+        """The message of the last line written (the refusal comes after what start-up said)."""
+        return str(self.records[-1].get("message"))
 
     @property
     def security(self) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        for line in self.lines:
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict):
-                events.append(value)
-        return events
+        """The security lines start-up said before it refused (the refusal itself left out)."""
+        return [r for r in self.records if r.get("event") != "REFUSED_TO_START"]
 
 
 def serve(env: Mapping[str, str], cwd: Path) -> Refusal:
@@ -186,7 +193,7 @@ def test_a_world_readable_secret_file_is_refused_naming_secret_file_mode(setup: 
     assert_no_value_escaped(setup, refusal)
     # The waivers said before the refusal are on stderr, before the one line.
     assert "ROOT_UID" in waived_checks(refusal) or os.geteuid() != 0
-    assert refusal.lines[-1] == refusal.line
+    assert refusal.last == refusal.line
 
 
 def test_a_world_readable_secret_file_refusal_names_the_variable(setup: Setup) -> None:
@@ -285,13 +292,13 @@ def test_an_unusable_journal_directory_is_refused_after_the_posture_waivers(
         REFUSAL_PREFIX + "JOURNAL_UNAVAILABLE: EXECUTOR_JOURNAL_DIR: cannot be opened for appending"
     )
     # The security lines the start said before refusing are kept, in order, before the line.
-    assert refusal.lines[-1] == refusal.line
+    assert refusal.last == refusal.line
     events = refusal.security
     assert events, "the waivers were lost"
     assert {e["schema"] for e in events} == {"agent-safe.security/1"}
     assert {e["event"] for e in events} == {"POSTURE_WAIVED"}
     for event in events:
-        assert set(event) == {"schema", "event", "at", "check", "detail"}
+        assert set(event) == {"schema", "event", "at", "level", "check", "detail"}
     waived = waived_checks(refusal)
     if os.geteuid() == 0:
         assert "ROOT_UID" in waived

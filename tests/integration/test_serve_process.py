@@ -379,8 +379,8 @@ def assert_rotated_lines(lines: list[dict[str, Any]]) -> None:
     assert lines
     for line in lines:
         assert line["secret"] == "EXECUTOR_CALLER_TOKEN"
-        assert set(line) == {"schema", "event", "at", "seq", "hash", "prev_hash", "secret",
-                             "version"}  # fmt: skip
+        assert set(line) == {"schema", "event", "at", "level", "seq", "hash", "prev_hash",
+                             "secret", "version"}  # fmt: skip
 
 
 async def rotate_and_wait(
@@ -609,7 +609,7 @@ async def test_sigterm_while_the_provider_never_answers_ends_within_the_drain_bo
         # The key's "unknown" answer was settled by the restart's reconciliation.
         assert (again["outcome"], again["replayed"]) == ("DEFINITELY_NOT_EXECUTED", True)
         assert again["reason_codes"] == ["RECONCILED_NOT_EXECUTED"]
-        assert ready["unknown_attempts"] == 0
+        assert ready == {"ready": True, "code": "READY"}
         assert gated.arrived == ["stuck"], "reconciliation looks up; it never sends again"
     finally:
         for process in (first, second):

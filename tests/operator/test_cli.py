@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 from pathlib import Path
 
-from agentsafe.operator.cli import default_priority, register
+from agentsafe.operator.cli import credentials_source, default_priority, register
+from agentsafe.operator.resources import FINALIZER, migrated_finalizers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,3 +43,66 @@ def test_crds_check_and_generate(tmp_path: Path) -> None:
 
 def test_default_priority_is_positive_and_bounded() -> None:
     assert 1 <= default_priority() <= 2**30
+
+
+def test_without_credentials_the_operator_says_so_in_one_json_line(tmp_path: Path) -> None:
+    """No service account and no kubeconfig: one kopf-format JSON line and exit 78, not kopf's
+    50-line traceback (issue 22)."""
+    agentsafe = str(Path(sys.executable).parent / "agentsafe")
+    result = subprocess.run(
+        [agentsafe, "operator"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert result.returncode == 78
+    assert result.stdout == ""
+    [line] = result.stderr.splitlines()
+    record = json.loads(line)
+    assert record["code"] == "KUBE_CREDENTIALS_MISSING"
+    assert record["severity"] == "error"
+    assert "timestamp" in record
+    assert "KUBECONFIG" in record["message"]
+
+
+def test_credentials_are_found_where_the_clients_look(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    assert credentials_source({}, token=token, home=tmp_path) is None
+    token.write_text("t")
+    assert credentials_source({}, token=token, home=tmp_path) is None  # not in a pod
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    assert credentials_source(pod, token=token, home=tmp_path) == "service account"
+    assert credentials_source({"KUBECONFIG": "/x"}, token=tmp_path / "no", home=tmp_path) == (
+        "KUBECONFIG"
+    )
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text("{}")
+    assert credentials_source({}, token=tmp_path / "no", home=tmp_path) == "~/.kube/config"
+
+
+def test_the_legacy_finalizer_is_renamed_under_agentsafe_io() -> None:
+    legacy = "kopf.zalando.org/KopfFinalizerMarker"
+    assert FINALIZER == "agentsafe.io/finalizer"
+    assert migrated_finalizers(["other", FINALIZER], deleting=False) is None
+    assert migrated_finalizers(["other", legacy], deleting=False) == ["other", FINALIZER]
+    assert migrated_finalizers([legacy, FINALIZER], deleting=False) == [FINALIZER]
+    # being deleted: the old name only goes, so nothing holds the object forever
+    assert migrated_finalizers(["other", legacy], deleting=True) == ["other"]
+
+
+def test_the_migration_handler_patches_only_objects_with_the_old_name() -> None:
+    import kopf
+
+    from agentsafe.operator.handlers import build_registry, finalizer_migration_handler
+
+    patch = kopf.Patch()
+    body = kopf.Body({"metadata": {"finalizers": ["kopf.zalando.org/KopfFinalizerMarker"]}})
+    finalizer_migration_handler(body=body, patch=patch)
+    assert patch == {"metadata": {"finalizers": [FINALIZER]}}
+    untouched = kopf.Patch()
+    finalizer_migration_handler(body=kopf.Body({"metadata": {}}), patch=untouched)
+    assert untouched == {}
+    ids = {h.id for h in build_registry()._watching.get_all_handlers()}
+    assert "finalizer-name" in ids

@@ -301,7 +301,11 @@ async def test_principal_change_rerenders_selecting_policies(
     kube.put(deleting)
     await principal_handler(body=kopf.Body(deleting), patch=kopf.Patch(), memo=memo_for(runtime))
     principals = json.loads(kube.objects[CONFIG]["data"]["principals.json"])
-    assert [p["id"] for p in principals["principals"]] == ["payout-agent", "agentsafe-operator"]
+    assert [p["id"] for p in principals["principals"]] == [
+        "payout-agent",
+        "agentsafe-operator",
+        "agentsafe-metrics",
+    ]
     assert kube.objects[("AgentPolicy", NS, "payouts")]["status"]["principals"] == ["payout-agent"]
 
 
@@ -344,8 +348,14 @@ def test_registry_wires_every_handler() -> None:
         (h.selector.group, h.selector.version, h.selector.any_name, h.fn.__name__)
         for h in registry._watching.get_all_handlers()
     }
-    assert watching == {("apps", "v1", "statefulsets", "statefulset_handler")}
-    (watch,) = registry._watching.get_all_handlers()
+    assert watching == {
+        ("apps", "v1", "statefulsets", "statefulset_handler"),
+        *(
+            ("agentsafe.io", "v1alpha1", plural, "finalizer_migration_handler")
+            for plural in ("agentpolicies", "principals", "haltswitches")
+        ),
+    }
+    (watch,) = [h for h in registry._watching.get_all_handlers() if h.selector.group == "apps"]
     # Only the StatefulSets the renderer labels (the owner reference then names the policy).
     assert dict(watch.labels or {}) == {
         "app.kubernetes.io/name": "agentsafe-executor",

@@ -142,6 +142,34 @@ def test_ephemeral_journal_uses_empty_dir(render_input: RenderInput) -> None:
     assert restricted_violations(sts) == []
 
 
+@pytest.mark.parametrize("ephemeral", [False, True])
+def test_evidence_export_has_a_writable_directory(
+    render_input: RenderInput, ephemeral: bool
+) -> None:
+    """EXECUTOR_EVIDENCE_DIR is rendered (without it evidence export answers 409
+    EVIDENCE_NOT_CONFIGURED) on a mount that is not read-only: the data volume, a claim or an
+    emptyDir, which the pod's fsGroup makes writable to the executor (issue 22)."""
+    if ephemeral:
+        render_input = _with_spec(render_input, **{"journal.size": None, "journal.ephemeral": True})
+    env = render_environment(render_input)
+    evidence = Path(env["EXECUTOR_EVIDENCE_DIR"])
+    assert load_config(env).executor_evidence_dir == evidence
+    sts = render_statefulset(render_input, digest="0" * 64)
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    [mount] = [m for m in container["volumeMounts"] if evidence.is_relative_to(m["mountPath"])]
+    assert mount["name"] == "data"
+    assert mount.get("readOnly", False) is False
+    assert not any(  # no read-only mount deeper in the path shadows it
+        evidence.is_relative_to(m["mountPath"]) and m.get("readOnly")
+        for m in container["volumeMounts"]
+    )
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    claims = {c["metadata"]["name"] for c in sts["spec"].get("volumeClaimTemplates", [])}
+    assert ("emptyDir" in volumes["data"]) if ephemeral else ("data" in claims)
+    assert {"name": "EXECUTOR_EVIDENCE_DIR", "value": str(evidence)} in container["env"]
+
+
 def test_environment_is_what_the_executor_accepts(render_input: RenderInput) -> None:
     env = render_environment(render_input)
     config = load_config(env)

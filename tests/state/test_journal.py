@@ -600,3 +600,37 @@ async def test_a_grant_claim_the_shared_store_cannot_take_fails_the_append(
         assert "STORE_UNAVAILABLE" in err.value.message
     finally:
         await journal.close()
+
+
+# -- the live count the metrics read -----------------------------------------------------------
+
+
+async def test_the_live_open_count_agrees_with_a_scan_across_a_restart(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    first = await AttemptJournal.open(tmp_path / "j", retain_days=7, clock=clock)
+    await first.scan()
+    for number in (1, 2, 3, 4):
+        await open_attempt(first, number, claimed=number > 1)
+    await first.closed(attempt_id="a-1", outcome="COMPLETED", executed=True, finalization=None)
+    await first.closed(
+        attempt_id="a-2", outcome="UNKNOWN_AFTER_DISPATCH", executed=None, finalization=None
+    )  # recorded, still open
+    await first.reconciled(attempt_id="a-3", status="STILL_UNKNOWN", by="RESTART")
+    assert first.open_count == 3
+    assert first.size_bytes() == sum(p.stat().st_size for p in first.path.glob("*.jsonl"))
+    assert first.size_bytes() > 0
+    await first.close()
+
+    second = await AttemptJournal.open(tmp_path / "j", retain_days=7, clock=clock)
+    try:
+        assert second.open_count == 0  # not seeded before the first scan
+        scan = await second.scan()
+        assert second.open_count == len(scan.open_attempts) == 3
+        await second.reconciled(attempt_id="a-4", status="UNCLAIMED", by="RESTART")
+        await second.reconciled(attempt_id="a-3", status="NOT_EXECUTED", by="OPERATOR")
+        assert second.open_count == 1
+        assert [a.attempt_id for a in (await second.scan()).open_attempts] == ["a-2"]
+        assert second.open_count == 1
+    finally:
+        await second.close()

@@ -206,6 +206,7 @@ async def test_status_asks_a_running_executor_and_ends_with_the_shadow_report(
         assert code == 0, err
         assert "mode          SHADOW" in out
         assert "halt          not halted" in out
+        assert "ready         yes (READY)" in out
         assert "open attempts 0" in out
         assert "chain head" in out
         assert out.rstrip().endswith(

@@ -1,0 +1,244 @@
+"""The benchmarks' two load generators, one interface: the compiled client and the Python one.
+
+* ``go``: ``benchmarks/loadgen`` (Go, standard library only), a closed loop of ``concurrency``
+  kept-alive connections, each with one request in flight. It is built on demand into
+  ``$AGENTSAFE_CACHE_DIR/bench`` (default ``~/.cache/agentsafe/bench``), keyed by a hash of its
+  source, and never committed. It is the default whenever ``go`` is on PATH: at a few thousand
+  requests per second the Python client spends as much CPU as the server it measures.
+* ``python``: the aiohttp client the benchmarks always had (no toolchain needed).
+
+Both send the same bodies (each with its own idempotency key: ``{i}`` in the template is the
+request's index), warm up first, and return the same row: requests/s, p50, p99, the non-2xx
+count.
+
+Callers: ``benchmarks/lifecycle.py``, ``benchmarks/shared_store.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+LOADGEN_SOURCE = Path(__file__).resolve().parent / "loadgen"
+
+
+def cache_dir() -> Path:
+    """``$AGENTSAFE_CACHE_DIR`` or ``$XDG_CACHE_HOME/agentsafe`` or ``~/.cache/agentsafe``."""
+    explicit = os.environ.get("AGENTSAFE_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "agentsafe"
+
+
+def build_loadgen(cache: Path | None = None) -> Path:
+    """Build the Go load generator (once per source revision) and return the binary's path."""
+    go = shutil.which("go")
+    if go is None:
+        raise RuntimeError("the compiled load generator needs the Go toolchain on PATH")
+    digest = hashlib.sha256()
+    for name in ("go.mod", "main.go"):
+        digest.update((LOADGEN_SOURCE / name).read_bytes())
+    binary = (cache or cache_dir()) / "bench" / f"loadgen-{digest.hexdigest()[:16]}"
+    if not binary.exists():
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        partial = binary.with_suffix(".partial")
+        subprocess.run(
+            [go, "build", "-trimpath", "-o", str(partial), "."],
+            cwd=LOADGEN_SOURCE,
+            check=True,
+            env={**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"},
+        )
+        partial.replace(binary)
+    return binary
+
+
+def default_client() -> str:
+    return "go" if shutil.which("go") else "python"
+
+
+def row(name: str, rps: float, p50: float, p99: float, n: int, failures: int) -> dict[str, Any]:
+    return {"name": name, "rps": rps, "p50": p50, "p99": p99, "n": n, "failures": failures}
+
+
+async def drive_go(
+    name: str,
+    urls: list[str],
+    template: str,
+    headers: dict[str, str],
+    *,
+    requests: int,
+    concurrency: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """One measured phase with the compiled client (several URLs: one client per URL, sharing
+    ``concurrency`` between them, run at the same time; the row sums them)."""
+    binary = build_loadgen()
+    share, extra = divmod(concurrency, len(urls))
+    procs = []
+    for index, url in enumerate(urls):
+        argv = [
+            str(binary),
+            "-url",
+            url,
+            "-requests",
+            str(requests // len(urls)),
+            "-warmup",
+            str(warmup // len(urls)),
+            "-concurrency",
+            str(share + (1 if index < extra else 0)),
+            # Each URL's client numbers its own requests: keep the keys apart.
+            "-body",
+            template.replace("{i}", f"u{index}-{{i}}"),
+        ]
+        for key, value in headers.items():
+            argv += ["-header", f"{key}: {value}"]
+        procs.append(
+            await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stderr=None)
+        )
+    results = []
+    for proc in procs:
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"the load generator exited {proc.returncode}")
+        results.append(json.loads(out))
+    return row(
+        name,
+        sum(r["rps"] for r in results),
+        max(r["p50_ms"] for r in results),
+        max(r["p99_ms"] for r in results),
+        sum(r["requests"] for r in results),
+        sum(r["unexpected"] for r in results),
+    )
+
+
+async def _python_phase(
+    urls: list[str], bodies: list[bytes], headers: dict[str, str], concurrency: int
+) -> tuple[float, list[float], int]:
+    latencies: list[float] = []
+    failures = 0
+    pending = iter(bodies)
+    targets = itertools.cycle(urls)
+    headers = {"content-type": "application/json", **headers}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            nonlocal failures
+            for body in pending:
+                started = time.perf_counter()
+                async with session.post(next(targets), data=body, headers=headers) as response:
+                    await response.read()
+                    if response.status != 200:
+                        failures += 1
+                latencies.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return elapsed, latencies, failures
+
+
+async def drive_python(
+    name: str,
+    urls: list[str],
+    template: str,
+    headers: dict[str, str],
+    *,
+    requests: int,
+    concurrency: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """One measured phase with the aiohttp client (several URLs: round-robin)."""
+
+    def bodies(first: int, count: int) -> list[bytes]:
+        return [template.replace("{i}", str(i)).encode() for i in range(first, first + count)]
+
+    if warmup:
+        await _python_phase(urls, bodies(0, warmup), headers, concurrency)
+    elapsed, latencies, failures = await _python_phase(
+        urls, bodies(warmup, requests), headers, concurrency
+    )
+    ordered = sorted(latencies)
+    return row(
+        name,
+        len(latencies) / elapsed,
+        statistics.median(ordered) * 1000,
+        ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000,
+        len(latencies),
+        failures,
+    )
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU the processes have used so far (all their threads), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+def rss_bytes(pid: int) -> int:
+    """The process's resident set size now (VmRSS), from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+async def drive(
+    client: str,
+    name: str,
+    urls: list[str],
+    template: str,
+    headers: dict[str, str],
+    *,
+    requests: int,
+    concurrency: int,
+    warmup: int,
+    pids: list[int] | None = None,
+) -> dict[str, Any]:
+    """Warm up, then one measured phase with ``client`` (``go`` or ``python``). With ``pids``
+    (the servers), the row also says how much CPU they spent per measured request
+    (``cpu_ms``: on a loaded machine that is steadier than requests/s) and the largest one's
+    resident set size after the phase (``rss_mb``)."""
+    run = drive_go if client == "go" else drive_python
+    if warmup:
+        await run(
+            name, urls, template.replace("{i}", "w{i}"), headers,
+            requests=warmup, concurrency=concurrency, warmup=0,
+        )  # fmt: skip
+    before = cpu_seconds(pids) if pids else 0.0
+    result = await run(
+        name, urls, template, headers, requests=requests, concurrency=concurrency, warmup=0
+    )
+    if pids:
+        result["cpu_ms"] = (cpu_seconds(pids) - before) / max(result["n"], 1) * 1000
+        result["rss_mb"] = max(rss_bytes(pid) for pid in pids) / 2**20
+    return result
+
+
+def proposal_template(prefix: str, amount: int) -> str:
+    """A create_payout proposal whose idempotency key and target are unique per request."""
+    body = {
+        "proposal": {
+            "action": "create_payout",
+            "target": "payout:bench-{i}",
+            "parameters": {"amountMinor": amount, "currency": "EUR"},
+        },
+        "idempotency_key": f"{prefix}-{{i}}",
+    }
+    return json.dumps(body, separators=(",", ":"))

@@ -1,0 +1,3 @@
+module agentsafe.invalid/benchmarks/loadgen
+
+go 1.22

@@ -1,0 +1,125 @@
+"""Profile one executor process under BLOCK or ALLOW load: where its CPU goes, by part.
+
+Starts a synthetic provider and ``agentsafe serve`` (as ``benchmarks/lifecycle.py`` does), drives
+it with the compiled load generator, and samples the executor with py-spy (``pip install py-spy``
+into the venv; it is a profiling tool, not a dependency) for the whole measured phase. Every
+thread is sampled while it runs Python or waits in a C call, idle threads are not. Prints each
+part's share of the samples (inclusive: a frame anywhere on the stack counts it, so the shares
+can add up to more than 100%) and the top functions by own time; ``--out`` keeps the collapsed
+stacks (flamegraph.pl, speedscope) for a closer look.
+
+    python benchmarks/profile.py --path allow [--requests N] [--concurrency C] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from loadclient import drive, proposal_template
+
+from agentsafe.executor.tools.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
+
+# (part, a substring of a frame "function (file:line)") - the first match on a stack names it.
+PARTS: list[tuple[str, tuple[str, ...]]] = [
+    ("evidence: redaction", ("evidence/redact.py",)),
+    ("evidence: RFC 8785 canonical JSON", ("canonical.py",)),
+    ("evidence: chain (hash, line, write)", ("evidence/chain.py",)),
+    ("journal (append, fsync)", ("state/journal.py",)),
+    ("use store (SQLite commit)", ("state/usestore.py",)),
+    ("Ed25519 grant (sign, verify)", ("grants.py", "jws.py")),
+    ("egress (resolve, connect, POST)", ("egress/",)),
+    ("policy (schema, CEL)", ("policy/", "schema.py")),
+    ("door (authenticate)", ("door/",)),
+    ("aiohttp server (parse, answer)", ("aiohttp/web_protocol.py", "aiohttp/http_parser.py")),
+    ("asyncio event loop", ("asyncio/",)),
+]
+
+
+def _parse(collapsed: Path) -> tuple[int, collections.Counter[str], collections.Counter[str]]:
+    total = 0
+    parts: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        own[frames[-1]] += n
+        for part, needles in PARTS:
+            if any(needle in frame for frame in frames for needle in needles):
+                parts[part] += n
+    return total, parts, own
+
+
+async def run(path: str, requests: int, concurrency: int, out: Path, rate: int) -> None:
+    py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if py_spy is None:
+        raise SystemExit("profile.py needs py-spy: .venv/bin/pip install py-spy")
+    root = Path(tempfile.mkdtemp(prefix="agentsafe-profile-"))
+    provider = ProviderProcess(root)
+    await provider.start()
+    workspace = Workspace(root / "ws")
+    env = workspace.environment(provider_url=provider.url, port=free_port())
+    env.update({k: v for k, v in os.environ.items() if k.startswith("EXECUTOR_")})
+    executor = ExecutorProcess(env, root)
+    await executor.start()
+    headers = {"authorization": f"Bearer {workspace.caller_token}"}
+    amount = 900000 if path == "block" else 100
+    try:
+        urls = [executor.url + "/v1/actions"]
+        template = proposal_template(f"warm-{path}", amount)
+        await drive("go", "warm", urls, template, headers, requests=requests // 5,
+                    concurrency=concurrency, warmup=0)  # fmt: skip
+        assert executor.process is not None
+        sampler = subprocess.Popen(  # noqa: ASYNC220 - a benchmark, nothing else runs
+            [py_spy, "record", "--pid", str(executor.process.pid), "--format", "raw",
+             "--rate", str(rate), "--threads", "--nonblocking", "--output", str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        await asyncio.sleep(1.0)  # py-spy attaches before the load starts
+        row = await drive("go", path, urls, proposal_template(path, amount), headers,
+                          requests=requests, concurrency=concurrency, warmup=0)  # fmt: skip
+        sampler.send_signal(2)  # SIGINT: py-spy writes its output and exits
+        _, err = sampler.communicate(timeout=60)
+        if not out.exists():  # noqa: ASYNC240
+            raise SystemExit(f"py-spy wrote nothing: {err.decode()[-500:]}")
+    finally:
+        executor.terminate()
+        provider.terminate()
+    total, parts, own = _parse(out)
+    print(
+        f"{path.upper()}: {row['rps']:.0f} req/s, p50 {row['p50']:.1f} ms, p99 {row['p99']:.1f} ms,"
+        f" {row['failures']} non-200; {total} samples at {rate} Hz; load average"
+        f" {os.getloadavg()[0]:.1f}"
+    )
+    print("\n| part | share of samples (inclusive) |\n| --- | ---: |")
+    for part, _ in PARTS:
+        print(f"| {part} | {100 * parts[part] / max(total, 1):.1f}% |")
+    print("\n| function (own time) | share |\n| --- | ---: |")
+    for frame, n in own.most_common(15):
+        print(f"| `{frame}` | {100 * n / max(total, 1):.1f}% |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", choices=("allow", "block"), default="allow")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rate", type=int, default=250, help="samples per second")
+    parser.add_argument("--out", type=Path, help="keep the collapsed stacks here")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="agentsafe-stacks-")) / "stacks.txt"
+    asyncio.run(run(args.path, args.requests, args.concurrency, out, args.rate))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
