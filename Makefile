@@ -120,7 +120,7 @@ e2e-kind: $(STAMP)
 
 # issue 23: the policies under examples/ ship with <policy>.test.yaml files (docs/policy-testing.md).
 policy-test: $(STAMP)
-	$(BIN)/agentsafe policy lint examples/policy.yaml
+	$(BIN)/agentsafe policy lint examples/policy.yaml examples/handlers/policy.yaml
 	$(BIN)/agentsafe policy test examples
 
 # issue 23: one atheris target per parser of untrusted input (docs/fuzzing.md). The corpus in

@@ -23,10 +23,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..codes import Code
 
 __all__ = [
+    "ActionCatalog",
     "ApprovalList",
     "ApprovalView",
     "AttemptDecided",
     "Decision",
+    "Escalation",
     "EvidenceManifest",
     "HaltStatus",
     "Health",
@@ -85,11 +87,41 @@ class ReadinessDetails(BaseModel):
     store_available: bool
 
 
+class CatalogAction(BaseModel):
+    model_config = _Open
+    name: str
+    description: str | None
+    parameters: dict[str, Any]
+    """The action's strict parameter schema (JSON Schema)."""
+    destructive: bool
+
+
+class ActionCatalog(BaseModel):
+    """``GET /v1/actions``: the actions the calling proposer may propose, in name order."""
+
+    model_config = _Open
+    actions: list[CatalogAction]
+
+
 class Jwks(BaseModel):
     """The authority's public grant keys (RFC 7517)."""
 
     model_config = _Open
     keys: list[dict[str, Any]]
+
+
+class Escalation(BaseModel):
+    """A pending approval request (``EXECUTOR_ESCALATION=APPROVAL``): the signed object the
+    proposer presents back to ``/v1/escalations`` as it is, once an APPROVER decided it at
+    ``approval_url`` (or withdraws with ``/v1/escalations/cancel``)."""
+
+    model_config = _Open
+    mode: Literal["APPROVAL"]
+    intent: dict[str, Any]
+    request_id: str
+    approval_url: str
+    expires_at: str
+    token: str
 
 
 class Decision(BaseModel):
@@ -114,7 +146,8 @@ class Decision(BaseModel):
     result: dict[str, Any] | None
     recovery: dict[str, Any] | None
     replayed: bool
-    escalation: dict[str, Any] | None = None
+    escalation: Escalation | None = None
+    """An ESCALATE verdict's approval request; absent (or null) otherwise."""
 
 
 class HaltStatus(BaseModel):

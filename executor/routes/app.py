@@ -56,6 +56,7 @@ __all__ = [
     "AnyJson",
     "Call",
     "Door",
+    "Link",
     "ReadyState",
     "Route",
     "RouteHandler",
@@ -128,6 +129,24 @@ class AnyJson(RootModel[Any]):
 
 
 @dataclass(frozen=True)
+class Link:
+    """What a client does next with an answer of this row: one OpenAPI link, which
+    schemathesis's stateful phase follows (``routes/openapi.py`` writes it and checks it).
+
+    ``target`` is the other row, ``"METHOD /path"``; a link whose target is not served (an
+    optional section that is off) is left out. ``parameters`` maps the target's path parameters
+    and ``body`` fields of its JSON body (nested as in the body) to a runtime expression:
+    ``$response.body#/pointer`` (this row's answer) or ``$request.body#/pointer`` (the request
+    it answered)."""
+
+    target: str
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    body: Mapping[str, Any] = field(default_factory=dict)
+    status: int = 200
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class Route:
     """One row of the wire contract."""
 
@@ -156,6 +175,9 @@ class Route:
     """The handler passes a host's own codes through (answered 422), besides ``codes``."""
     text_media_type: str = "text/plain"
     """The media type of a text answer."""
+    links: tuple[Link, ...] = ()
+    """The next steps a client takes with an answer (besides those ``routes/openapi.py`` infers
+    from a path parameter the answer carries)."""
 
 
 # ---------------------------------------------------------------------- request schemas
@@ -464,6 +486,8 @@ def core_routes(
 
     proposer = Role.PROPOSER
     decision = {200: Decision, 503: Decision}
+    escalation = "$response.body#/escalation"
+    request_id = {"request_id": "$response.body#/escalation/request_id"}
     return (
         Route(
             "GET",
@@ -505,6 +529,14 @@ def core_routes(
             summary="Propose an action: pin the intent, ask the authority, run it once on ALLOW",
             answers=decision,
             codes=PROPOSE_CODES,
+            links=(
+                Link("GET /v1/approvals/{request_id}", request_id, description="Review it"),
+                Link("POST /v1/approvals/{request_id}", request_id, description="Decide it"),
+                Link("POST /v1/escalations", body={"escalation": escalation}),
+                Link("POST /v1/escalations/cancel", body={"escalation": escalation}),
+                Link("POST /v1/control/approvals/{request_id}/cancel", request_id),
+                Link("POST /v1/control/evidence-export", description="Export its evidence"),
+            ),
         ),
         Route(
             "POST",
@@ -527,6 +559,10 @@ def core_routes(
             summary="Present an escalation object back once a person decided it",
             answers=decision,
             codes=ESCALATION_CODES,
+            links=(
+                Link("POST /v1/escalations/cancel", body={"escalation": escalation}),
+                Link("GET /v1/approvals/{request_id}", request_id),
+            ),
         ),
     )
 

@@ -58,7 +58,7 @@ from ..lifecycle.pipeline import APPROVAL_PAGE_PATH, approval_url
 from ..principals import Principal, Role, Scope, Verification
 from ..state.usestore import ApprovalError, ApprovalRecord, ApprovalState, UseStore
 from .answers import ApprovalList, ApprovalView
-from .app import AnyJson, Call, Route
+from .app import AnyJson, Call, Link, Route
 
 __all__ = ["approval_routes", "describe_record", "required_verification"]
 
@@ -400,6 +400,8 @@ def approval_routes(
     approver_role = Role.APPROVER
     one_path = "/v1/approvals/{request_id}"
     operator = Role.OPERATOR
+    request_id = {"request_id": "$response.body#/request_id"}
+    read_back = Link(f"GET {one_path}", request_id, description="Read it back")
     return (
         Route(
             "GET",
@@ -422,6 +424,10 @@ def approval_routes(
             summary="One approval request, with the intent it would release",
             answers={200: ApprovalView},
             codes=frozenset({Code.APPROVAL_NOT_FOUND, Code.STORE_UNAVAILABLE}),
+            links=(
+                Link(f"POST {one_path}", request_id, description="Decide it"),
+                Link(f"POST {one_path}/challenge", request_id, description="Decide it by passkey"),
+            ),
         ),
         Route(
             "POST",
@@ -434,6 +440,7 @@ def approval_routes(
             summary="Decide an approval request once: APPROVE or DENY, with a reason",
             answers={200: ApprovalView},
             codes=DECIDE_CODES | PASSKEY_CODES,
+            links=(read_back,),
         ),
         Route(
             "POST",
@@ -489,6 +496,7 @@ def approval_routes(
             summary="Cancel a pending escalation, with a reason",
             answers={200: ApprovalView},
             codes=DECIDE_CODES,
+            links=(read_back,),
         ),
         Route(
             "POST",

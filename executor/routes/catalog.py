@@ -13,7 +13,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from ..principals import Role
-from .app import Call, Route
+from .answers import ActionCatalog
+from .app import Call, Link, Route
 from .control import ControlPlane
 
 __all__ = ["catalog_routes"]
@@ -23,4 +24,21 @@ def catalog_routes(plane: ControlPlane) -> tuple[Route, ...]:
     async def actions(call: Call) -> web.StreamResponse:
         return web.json_response({"actions": plane.action_catalog(call.caller)})
 
-    return (Route("GET", "/v1/actions", Role.PROPOSER, None, None, actions),)
+    propose = Link(
+        "POST /v1/actions",
+        body={"proposal": {"action": "$response.body#/actions/0/name"}},
+        description="Propose one of them",
+    )
+    return (
+        Route(
+            "GET",
+            "/v1/actions",
+            Role.PROPOSER,
+            None,
+            None,
+            actions,
+            summary="The actions the calling proposer may propose, with their parameter schemas",
+            answers={200: ActionCatalog},
+            links=(propose,),
+        ),
+    )

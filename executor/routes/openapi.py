@@ -12,8 +12,10 @@ it: one operation per row, with
 - the security the door applies: ``bearer`` (a principal's token or a workload JWT) or
   ``mtls`` (a client certificate), never both at once, or none for an open route; the role and
   the scope the door requires are the ``x-agentsafe-role`` and ``x-agentsafe-scope`` extensions;
-- links from an answer that carries another operation's path parameter to that operation, which
-  schemathesis's stateful phase follows.
+- links, which schemathesis's stateful phase follows: from a collection's answer whose items
+  carry another operation's path parameter to that operation, and the links a row declares
+  (``Route.links``: an escalation presented back, a plan's dry run to its approval to its step,
+  a receipt to its verification), each checked against the models it names.
 
 The executor serves the document of the routes it serves to OPERATOR principals
 (:func:`openapi_route`); ``docs/openapi.json`` is the document of every route with every optional
@@ -28,12 +30,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal, get_args
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from aiohttp import web
-from pydantic import BaseModel
+from pydantic import BaseModel, RootModel
 from pydantic.json_schema import models_json_schema
 
 from ..codes import HOST_CODE_STATUS
@@ -147,31 +150,116 @@ def _refusal_ref(schema: dict[str, Any], status: int, refusals: dict[str, Any]) 
     return {"$ref": _REF.format(model=name)}
 
 
+def _items(annotation: Any) -> tuple[Any, bool]:
+    """``annotation`` without ``| None``, and whether it is a list (of what)."""
+    args = [arg for arg in get_args(annotation) if arg is not type(None)]
+    if get_origin(annotation) in (list, tuple) and args:
+        return args[0], True
+    if get_origin(annotation) in (Union, UnionType) and len(args) == 1:
+        return _items(args[0])
+    return annotation, False
+
+
+def _model(annotation: Any) -> type[BaseModel] | None:
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    return annotation if is_model and not issubclass(annotation, RootModel) else None
+
+
 def _pointers(model: type[BaseModel], name: str) -> list[str]:
-    """Where an answer of ``model`` carries a field ``name``: at the top, or in the first item
-    of a list of models."""
+    """Where an answer of ``model`` carries a field ``name`` in the first item of a list of
+    models: a collection's answer, whose items each name a resource of their own. Any other
+    next step is declared by its row (``Route.links``)."""
     found = []
     for field_name, field in model.model_fields.items():
-        if field_name == name:
-            found.append(f"/{name}")
-        for inner in get_args(field.annotation):
-            model_type = isinstance(inner, type) and issubclass(inner, BaseModel)
-            if model_type and name in inner.model_fields:
-                found.append(f"/{field_name}/0/{name}")
+        inner, is_list = _items(field.annotation)
+        inner_model = _model(inner)
+        if is_list and inner_model is not None and name in inner_model.model_fields:
+            found.append(f"/{field_name}/0/{name}")
     return found
 
 
+_EXPRESSION = re.compile(r"^\$(response|request)\.body#((?:/[^/]+)+)$")
+
+
+def _resolves(model: type[BaseModel] | None, pointer: str) -> bool:
+    """Whether ``pointer`` can name a value in a body of ``model`` (``None``: a body the route's
+    own library checks, ``AnyJson``, where any pointer may)."""
+    annotation: Any = model
+    for segment in pointer.strip("/").split("/"):
+        inner, is_list = _items(annotation)
+        if is_list:
+            if not segment.isdigit():
+                return False
+            annotation = inner
+            continue
+        current = _model(inner)
+        if current is None:
+            return inner is not str and inner is not int and inner is not bool
+        field = current.model_fields.get(segment)
+        if field is None:
+            return False
+        annotation = field.annotation
+    return True
+
+
+def _leaves(body: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, str]]:
+    """``(pointer, expression)`` of each value of a link's (nested) body."""
+    for name, value in body.items():
+        if isinstance(value, Mapping):
+            yield from _leaves(value, f"{prefix}/{name}")
+        else:
+            yield f"{prefix}/{name}", value
+
+
+def _declared_links(route: Route, routes: Sequence[Route], status: int) -> dict[str, Any]:
+    """The links the row declares (``Route.links``) from its ``status`` answer, checked: the
+    target's path parameters are all given, the body fields are the target's, and every
+    expression names a field of this row's answer or request."""
+    links: dict[str, Any] = {}
+    where = f"{route.method} {route.path}"
+    for link in route.links:
+        if link.status != status:
+            continue
+        method, _, path = link.target.partition(" ")
+        target = next((r for r in routes if (r.method, r.path) == (method, path)), None)
+        if target is None:
+            continue  # an optional section that is off
+        if set(link.parameters) != set(_PARAM.findall(target.path)):
+            raise ValueError(f"{where}: the link to {link.target} must give each path parameter")
+        if link.body and target.body is None:
+            raise ValueError(f"{where}: {link.target} reads no body")
+        body = list(_leaves(link.body))
+        for pointer, _ in body:
+            if not _resolves(_model(target.body), pointer):
+                raise ValueError(f"{where}: {link.target} reads no {pointer}")
+        for expression in (*link.parameters.values(), *(value for _, value in body)):
+            found = _EXPRESSION.match(expression)
+            source = route.answers.get(status) if found and found[1] == "response" else route.body
+            if found is None or not _resolves(_model(source), found[2]):
+                raise ValueError(f"{where}: the link to {link.target}: no {expression}")
+        definition: dict[str, Any] = {"operationId": _operation_id(target)}
+        if link.parameters:
+            definition["parameters"] = dict(link.parameters)
+        if link.body:
+            definition["requestBody"] = json.loads(json.dumps(link.body))
+        if link.description:
+            definition["description"] = link.description
+        links[_operation_id(target)] = definition
+    return links
+
+
 def _links(route: Route, routes: Sequence[Route], status: int) -> dict[str, Any]:
-    """OpenAPI links from an answer to every operation whose path parameter the answer carries
-    (``GET /v1/approvals`` -> ``/v1/approvals/{request_id}``): the stateful tests follow them."""
+    """OpenAPI links from a collection's answer to every operation whose path parameter its
+    items carry (``GET /v1/approvals`` -> ``/v1/approvals/{request_id}``), and those the row
+    declares: the stateful tests follow them."""
     model = route.answers.get(status)
     if model is None or not 200 <= status < 300:
         return {}
     links: dict[str, Any] = {}
     for target in routes:
         names = _PARAM.findall(target.path)
-        if not names:
-            continue
+        if not names or target is route:
+            continue  # no parameter to carry, or the same call again
         parameters = {}
         for name in names:
             pointers = _pointers(model, name)
@@ -180,7 +268,7 @@ def _links(route: Route, routes: Sequence[Route], status: int) -> dict[str, Any]
         if len(parameters) == len(names):
             target_id = _operation_id(target)
             links[target_id] = {"operationId": target_id, "parameters": parameters}
-    return links
+    return {**links, **_declared_links(route, routes, status)}
 
 
 def _operation_id(route: Route) -> str:

@@ -37,7 +37,7 @@ from ..events import Streams
 from ..plans.errors import AgentExecutionError, AgentSafetyError
 from ..plans.service import PlanService
 from ..principals import Principal, Role, Scope
-from .app import AnyJson, Call, Route, RouteHandler
+from .app import AnyJson, Call, Link, Route, RouteHandler
 from .refusals import refusal
 
 __all__ = ["plan_routes"]
@@ -101,6 +101,7 @@ def plan_routes(
         summary: str,
         *,
         gated: bool = False,
+        links: tuple[Link, ...] = (),
     ) -> Route:
         return Route(
             "POST",
@@ -113,6 +114,7 @@ def plan_routes(
             answers={200: AnyJson},
             codes=PLAN_CODES | WORK_GATE_CODES if gated else PLAN_CODES,
             host_codes=True,
+            links=links,
         )
 
     proposer, approver, operator = Role.PROPOSER, Role.APPROVER, Role.OPERATOR
@@ -123,6 +125,13 @@ def plan_routes(
             None,
             run("PLAN_DRY_RUN", dry_run),
             "Dry-run a plan: its steps, bindings and digest",
+            links=(
+                Link(
+                    "POST /v1/plans/approvals",
+                    body={"dryRun": "$response.body#/dryRun"},
+                    description="An APPROVER signs the dry run",
+                ),
+            ),
         ),
         row(
             "/v1/plans/approvals",
@@ -130,6 +139,16 @@ def plan_routes(
             None,
             run("PLAN_APPROVAL_ISSUED", approve),
             "Sign an approval of a dry run (limits may narrow, never widen)",
+            links=(
+                Link(
+                    "POST /v1/plans/steps",
+                    body={
+                        "dryRun": "$request.body#/dryRun",
+                        "approval": "$response.body#/approval",
+                    },
+                    description="The proposer runs an approved step",
+                ),
+            ),
         ),
         row(
             "/v1/plans/steps",
@@ -138,6 +157,19 @@ def plan_routes(
             run("PLAN_STEP", step, gated=True),
             "Run one approved step: the frozen value and its signed receipt",
             gated=True,
+            links=(
+                Link(
+                    "POST /v1/plans/receipts/verify",
+                    body={
+                        "receipt": "$response.body#/receipt",
+                        "dryRun": "$request.body#/dryRun",
+                        "approval": "$request.body#/approval",
+                        "context": "$request.body#/context",
+                    },
+                    description="An OPERATOR verifies the step's receipt",
+                ),
+                Link("POST /v1/control/evidence-export", description="Export its evidence"),
+            ),
         ),
         row(
             "/v1/plans/receipts/verify",

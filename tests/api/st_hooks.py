@@ -4,7 +4,14 @@ Loaded by the ``st`` process through ``SCHEMATHESIS_HOOKS=st_hooks`` with this d
 repository root) on ``PYTHONPATH``; ``tests/api/test_schemathesis.py`` starts it.
 
 - :class:`RoleAuth` authenticates each operation as a principal of the role its
-  ``x-agentsafe-role`` names (tokens from ``AGENTSAFE_API_TOKENS``, a JSON file of role -> token).
+  ``x-agentsafe-role`` names, one holding the scope its ``x-agentsafe-scope`` names (tokens from
+  ``AGENTSAFE_API_TOKENS``, a JSON file of role, or ``"ROLE scope"``, -> token).
+- :func:`flatmap_case` replaces the body of one positive case in four (every positive case of the
+  stateful phase), for the operations ``AGENTSAFE_API_SEEDS`` (a JSON file of ``"METHOD /path"``
+  -> bodies) names, with one of those valid bodies: chains start where random data never would
+  (a proposal the policy escalates, a plan whose digests hold), and the stateful phase follows
+  the links from their answers, which put the live values (a request id, an escalation, a dry
+  run, an approval, a receipt) into the next call.
 - :func:`refusal_contract` is the custom check: every answer carries the four security headers
   and ``Cache-Control: no-store``; every refusal is exactly ``{"error": {"code", "message"}}``
   (the plan routes may add the ``receipt`` of a step that ran), with an UPPER_SNAKE code whose
@@ -17,14 +24,21 @@ repository root) on ``PYTHONPATH``; ``tests/api/test_schemathesis.py`` starts it
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
 import schemathesis
+from hypothesis import strategies as st
+from schemathesis.generation.meta import TestPhase
 
+from agentsafe.executor.clock import format_ms
 from agentsafe.executor.codes import Code
 from agentsafe.executor.routes.refusals import code_for_http_error, status_of
 
@@ -49,15 +63,63 @@ def _document() -> str:
         return handle.read()
 
 
+@cache
+def _seeds() -> dict[str, list[Any]]:
+    path = os.environ.get("AGENTSAFE_API_SEEDS")
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        seeds: dict[str, list[Any]] = json.load(handle)
+    return seeds
+
+
 @schemathesis.auth(refresh_interval=None)
 class RoleAuth:
     def get(self, case: Any, ctx: Any) -> dict[str, str]:
         return _tokens()
 
     def set(self, case: Any, data: dict[str, str], ctx: Any) -> None:
-        role = case.operation.definition.raw.get("x-agentsafe-role", "anyone")
-        if role in data:
-            case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data[role]}"}
+        raw = case.operation.definition.raw
+        role = raw.get("x-agentsafe-role", "anyone")
+        scoped = f"{role} {raw.get('x-agentsafe-scope')}"
+        token = data.get(scoped, data.get(role))
+        if token is not None:
+            case.headers = {**(case.headers or {}), "Authorization": f"Bearer {token}"}
+
+
+_FRESH = itertools.count(1)
+
+
+def _seeded(case: Any, body: Any) -> Any:
+    """``case`` with a copy of the valid ``body``, made fresh where the server wants it fresh:
+    a new idempotency key (a new proposal), an approval issued now (within the clock skew), a
+    new execution id (a step runs once per approval)."""
+    body = copy.deepcopy(body)
+    label = case.operation.label
+    if label == "POST /v1/actions":
+        body["idempotency_key"] = f"chain-{next(_FRESH)}"
+    elif label == "POST /v1/plans/approvals":
+        now = time.time()
+        body["request"]["issuedAt"] = format_ms(now - 1)
+        body["request"]["expiresAt"] = format_ms(now + 1200)
+    elif label == "POST /v1/plans/steps":
+        body["executionId"] = f"exec-{next(_FRESH)}"
+    case.body = body
+    return case
+
+
+@schemathesis.hook
+def flatmap_case(ctx: Any, case: Any) -> Any:
+    """One positive case in four, or every one in the stateful phase (whose chains are the point;
+    the other phases fuzz these operations), gets a seeded body."""
+    seeds = _seeds().get(ctx.operation.label) if ctx.operation is not None else None
+    meta = case.meta
+    if not seeds or meta is None or not meta.generation.mode.is_positive:
+        return st.just(case)
+    seeded = st.sampled_from(seeds).map(lambda body: _seeded(case, body))
+    if meta.phase.name is TestPhase.STATEFUL:
+        return seeded
+    return st.integers(0, 3).flatmap(lambda n: seeded if n == 0 else st.just(case))
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -91,10 +153,23 @@ def _sent(case: Any) -> set[str]:
     return sent
 
 
+def _keys(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield str(key)
+            yield from _keys(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _keys(item)
+
+
 def _own_words(code: str, case: Any) -> set[str]:
-    """Words a message may spell whatever was sent: the code, and anything the OpenAPI document
-    spells (field names, enum values, patterns)."""
-    return {code, _document()}
+    """Words a message may spell whatever was sent: the code, anything the OpenAPI document
+    spells (field names, enum values, patterns), and the field names of the valid bodies of the
+    operation (the plan routes' shapes are the plan library's, which the document does not
+    spell: ``issuedAt is too far from now`` names a field, it echoes no value)."""
+    label = getattr(case.operation, "label", None)
+    return {code, _document(), *_keys(_seeds().get(label, []) if label else [])}
 
 
 def _page(case: Any) -> bool:

@@ -11,6 +11,10 @@ it), *survived* when they all pass. The score is killed / mutants.
     .venv/bin/python tests/mutation/run.py --list
     .venv/bin/python tests/mutation/run.py --recheck OLD.json [--json NEW.json]  # survivors only
 
+A report records each module's source digest; ``--recheck`` refuses a module whose source changed
+since (its mutants, and their line numbers, are others: a stale survivor list would count every
+new mutant as killed).
+
 Why a driver and not ``mutmut run``: mutmut 2's runner keeps its results in a pony/SQLite cache
 that lost track of lines here (``Attribute Mutant.line is required``) and recorded mutants its
 own single-mutant rerun kills as survivors; and mutmut 3 imports a copied ``src`` tree, which
@@ -23,6 +27,7 @@ docs/mutation.md has the scores and why each remaining survivor is equivalent.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import subprocess
@@ -164,12 +169,20 @@ def _diff(module: str, original: str, mutated: str, line: int) -> str:
 
 
 def run_module(
-    root: Path, module: str, tests: list[str], only: set[str] | None = None
+    root: Path,
+    module: str,
+    tests: list[str],
+    only: set[str] | None = None,
+    source_sha256: str | None = None,
 ) -> dict[str, object]:
     """Try every mutant of ``module``; with ``only`` (survivor diffs of an earlier report on the
-    same source), only those, counting every other mutant as killed as it was then."""
+    same source, whose digest is ``source_sha256``), only those, counting every other mutant as
+    killed as it was then. A recheck of another source is refused: its mutants are others."""
     path = root / module
     original = path.read_text()
+    digest = hashlib.sha256(original.encode()).hexdigest()
+    if source_sha256 is not None and source_sha256 != digest:
+        raise SystemExit(f"mutation: {module} changed since the report: run it whole again")
     start = time.monotonic()
     if not tests_pass(root, tests, timeout=600):
         raise SystemExit(f"mutation: the tests of {module} fail without any mutant")
@@ -207,6 +220,7 @@ def run_module(
     total = len(found)
     detected = killed + timed_out
     return {
+        "source_sha256": digest,
         "mutants": total,
         "killed": detected,
         "timed_out": timed_out,
@@ -227,10 +241,12 @@ def main() -> int:
         report_file = Path(args[at + 1])
         del args[at : at + 2]
     earlier: dict[str, set[str]] = {}
+    digests: dict[str, str | None] = {}
     if "--recheck" in args:  # re-try only an earlier report's survivors (tests changed since)
         at = args.index("--recheck")
         previous = json.loads(Path(args[at + 1]).read_text())
         earlier = {module: set(s["survivors"]) for module, s in previous.items()}
+        digests = {module: s.get("source_sha256") for module, s in previous.items()}
         del args[at : at + 2]
         args = args or list(earlier)
     chosen = args or list(MODULES)
@@ -241,7 +257,9 @@ def main() -> int:
     root = scratch_copy()
     scores = {}
     for module in chosen:
-        scores[module] = run_module(root, module, MODULES[module], earlier.get(module))
+        scores[module] = run_module(
+            root, module, MODULES[module], earlier.get(module), digests.get(module)
+        )
         s = scores[module]
         print(
             f"mutation: {module}: {s['killed']}/{s['mutants']} killed ({s['score']}%), "

@@ -530,6 +530,7 @@ def test_the_cloudnativepg_example_renders_a_replicated_executor(
     example = EXAMPLES.parent / "cloudnativepg" / "20-agentpolicy.yaml"
     body = yaml.safe_load(example.read_text())
     inp = dataclasses.replace(render_input, spec=AgentPolicySpec.model_validate(body["spec"]))
+    assert len(inp.spec.tests) == 2  # run by render_children, as the operator does
     objects = render_children(inp).objects
     for obj in objects:
         _valid(obj)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from agentsafe.executor.errors import PolicyError
 from agentsafe.executor.policy.authority import evaluate_policy
@@ -56,6 +57,20 @@ def test_the_examples_ship_with_passing_tests() -> None:
         compiled = compile_policy(load_policy(policy_for(path, test_file)))
         for case in test_file.tests:
             assert run_case(compiled, case).passed, case.name
+
+
+def test_every_example_policy_ships_with_tests() -> None:
+    """Each policy file under examples/ has its ``<policy>.test.yaml`` (``make policy-test``
+    runs them), and each example AgentPolicy carries ``spec.tests`` (the operator runs them)."""
+    tested = {
+        policy_for(path, load_test_file(path)) for path in discover_test_files([REPO / "examples"])
+    }
+    for policy in sorted((REPO / "examples").rglob("policy.yaml")):
+        assert policy in tested, f"{policy} has no test file beside it"
+    for manifest in sorted((REPO / "examples").rglob("*.yaml")):
+        for document in yaml.safe_load_all(manifest.read_text(encoding="utf-8")):
+            if isinstance(document, dict) and document.get("kind") == "AgentPolicy":
+                assert document["spec"].get("tests"), f"{manifest}: an AgentPolicy without tests"
 
 
 def test_a_case_is_decided_by_the_authoritys_evaluation(policy: Any) -> None:

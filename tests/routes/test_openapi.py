@@ -9,8 +9,10 @@ Regenerate the copy in docs/ after changing a route:
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
+import re
 import warnings
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +27,7 @@ from aiohttp.test_utils import TestServer
 from agentsafe.executor.codes import Code
 from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.principals import Principal, Role, Scope
-from agentsafe.executor.routes.app import Call, Route, build_app
+from agentsafe.executor.routes.app import Call, Link, Route, build_app
 from agentsafe.executor.routes.contract import (
     BODY,
     DOOR,
@@ -198,10 +200,6 @@ def test_an_undeclared_refusal_warns() -> None:
             check_refusal(host, Code.HALT_CAUSE_PERSISTS)
 
 
-async def _nothing(call: Call) -> web.StreamResponse:
-    return web.json_response({})
-
-
 class AnyDoor:
     async def authenticate(
         self, request: web.Request, *, role: Role, scope: Scope | None
@@ -231,3 +229,86 @@ async def test_a_route_that_refuses_with_an_undeclared_code_fails_the_suite(
     async with aiohttp.ClientSession() as session, session.post(undeclared) as response:
         body: Any = await response.json()
     assert (response.status, body["error"]["code"]) == (500, "INTERNAL_ERROR")
+
+
+# -- links ---------------------------------------------------------------------------------------
+
+
+def _links(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out = {}
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                for name, link in response.get("links", {}).items():
+                    out[f"{method.upper()} {path} {status} -> {name}"] = link
+    return out
+
+
+def test_the_links_are_the_next_steps_of_each_answer() -> None:
+    """A collection links to each item; a row declares its other next steps (a proposal's
+    escalation presented back, a plan's dry run to its approval to its step to its receipt)."""
+    links = _links(openapi_document(every_route()))
+    escalation = "$response.body#/escalation"
+    assert links["POST /v1/actions 200 -> post_v1_escalations"] == {
+        "operationId": "post_v1_escalations",
+        "requestBody": {"escalation": escalation},
+    }
+    assert links["POST /v1/actions 200 -> get_v1_approvals_request_id"]["parameters"] == {
+        "request_id": "$response.body#/escalation/request_id"
+    }
+    assert links["GET /v1/approvals 200 -> get_approve_request_id"]["parameters"] == {
+        "request_id": "$response.body#/approvals/0/request_id"
+    }
+    assert links["POST /v1/plans/approvals 200 -> post_v1_plans_steps"]["requestBody"] == {
+        "dryRun": "$request.body#/dryRun",
+        "approval": "$response.body#/approval",
+    }
+    assert links["GET /v1/actions 200 -> post_v1_actions"]["requestBody"] == {
+        "proposal": {"action": "$response.body#/actions/0/name"}
+    }
+    # Every link names another operation of the document, never the same call again.
+    document = openapi_document(every_route())
+    operations = [op for ops in document["paths"].values() for op in ops.values()]
+    ids = {op["operationId"] for op in operations}
+    for op in operations:
+        for response in op["responses"].values():
+            for link in response.get("links", {}).values():
+                assert link["operationId"] in ids
+                assert link["operationId"] != op["operationId"]
+    assert len(links) == 22
+
+
+@pytest.mark.parametrize(
+    ("link", "problem"),
+    [
+        (Link("GET /v1/approvals/{request_id}"), "must give each path parameter"),
+        (Link("GET /v1/approvals", body={"x": "$response.body#/approvals"}), "reads no body"),
+        (Link("POST /v1/escalations", body={"nope": "$response.body#/escalation"}), "reads no"),
+        (Link("POST /v1/escalations", body={"escalation": "$response.body#/nope"}), "no $resp"),
+        (Link("POST /v1/escalations", body={"escalation": "response.body#/x"}), "no response"),
+        (
+            Link("POST /v1/escalations", body={"escalation": "$response.body#/escalation/x/y"}),
+            "no $response.body#/escalation/x/y",
+        ),
+    ],
+)
+def test_a_declared_link_that_names_nothing_real_is_refused(link: Link, problem: str) -> None:
+    """A link is checked against the models it names when the document is built, so a renamed
+    field or route breaks the test suite, never a client."""
+    table = every_route()
+    source = next(r for r in table if (r.method, r.path) == ("POST", "/v1/actions"))
+    broken = dataclasses.replace(source, links=(link,))
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        openapi_document([broken if r is source else r for r in table])
+
+
+def test_a_link_to_a_route_that_is_not_served_is_left_out() -> None:
+    """The approval routes are off without ``EXECUTOR_ESCALATION=APPROVAL``: no dangling link."""
+    table = [r for r in every_route() if "approv" not in r.path or r.path.startswith("/v1/plans")]
+    links = _links(openapi_document(table))
+    assert "POST /v1/actions 200 -> post_v1_escalations" in links
+    assert not [name for name in links if "approvals_request_id" in name]
+
+
+async def _nothing(call: Call) -> web.StreamResponse:
+    return web.json_response({})

@@ -245,6 +245,7 @@ async def test_open_attempts_follow_the_records(journal: AttemptJournal) -> None
     assert unknown.grant_expires_at == "2027-01-15T08:00:30.000Z"
     assert unknown.payload_digest == numbered_intent(3).payload_digest
     assert unknown.last_status is None
+    assert (unknown.closed_unknown, still.closed_unknown) == (True, False)
     assert still.last_status == ReconciledStatus.STILL_UNKNOWN
     intent = numbered_intent(4)
     assert still.binding == intent.binding

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
+import hmac
 import json
 import sqlite3
 import stat
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from agentsafe.executor.canonical import sha256_digest
+from agentsafe.executor.canonical import canonical_text, sha256_digest
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import StoreError
 from agentsafe.executor.state.usestore import (
@@ -32,6 +34,7 @@ from agentsafe.executor.state.usestore import (
     IdempotencyKind,
     IdempotencyState,
     SQLiteUseStore,
+    consumption_token,
 )
 
 NOW = 1_800_000_000.0
@@ -299,14 +302,20 @@ async def test_complete_keeps_the_first_final_answer(store: SQLiteUseStore) -> N
     ids = {"tenant": "acme", "principal": "agent-1", "key": "k"}
     with pytest.raises(StoreError) as missing:
         await store.idempotency_complete(**ids, response={"x": 1}, now=NOW)
-    assert missing.value.code == "IDEMPOTENCY_RECORD_MISSING"
+    assert (missing.value.code, missing.value.message) == (
+        "IDEMPOTENCY_RECORD_MISSING",
+        "no idempotency record for this key",
+    )
 
     await store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW)
     await store.idempotency_complete(**ids, response={"x": 1}, now=NOW)
     await store.idempotency_complete(**ids, response={"x": 1}, now=NOW + 5)  # same: accepted
     with pytest.raises(StoreError) as changed:
         await store.idempotency_complete(**ids, response={"x": 2}, now=NOW + 5)
-    assert changed.value.code == "IDEMPOTENCY_ALREADY_COMPLETE"
+    assert (changed.value.code, changed.value.message) == (
+        "IDEMPOTENCY_ALREADY_COMPLETE",
+        "this key already has a final answer",
+    )
     replay = await store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW)
     assert replay.response == {"x": 1}
 
@@ -359,6 +368,27 @@ async def test_consume_once_and_verify(store: SQLiteUseStore) -> None:
     other = await store.consume("other-namespace", "a-1", binding=binding, now=NOW)
     assert other is not None
     assert other.nonce != record.nonce
+    for nonce in (record.nonce, other.nonce):  # 128 random bits, in hex
+        assert len(nonce) == 32
+        assert set(nonce) <= set("0123456789abcdef")
+
+
+def test_the_consumption_token_is_one_hmac_of_five_named_fields() -> None:
+    """Both stores (SQLite here, PostgreSQL in ``pgstore``) compute a consumption token this one
+    way, and a token recorded before an upgrade verifies after it: HMAC-SHA256 under the store's
+    secret of the RFC 8785 text of exactly these five fields, by these names."""
+    fields = {
+        "namespace": "plan-approval",
+        "key": "a-1",
+        "nonce": "0f" * 16,
+        "consumed_at": NOW,
+        "binding_digest": "sha256:" + "ab" * 32,
+    }
+    message = canonical_text(fields).encode()
+    token = consumption_token(b"the store's secret", **fields)
+    assert token == hmac.new(b"the store's secret", message, hashlib.sha256).hexdigest()
+    # The same, computed by hand from the sorted-key text: the rule itself, pinned.
+    assert token == "fa6a24540eb4a98798ed4567b8fa817f745051008c78abf2ab4f79a4c7a4e39c"
 
 
 async def test_verify_refuses_tampered_or_unknown_records(store: SQLiteUseStore) -> None:
@@ -372,6 +402,7 @@ async def test_verify_refuses_tampered_or_unknown_records(store: SQLiteUseStore)
         dataclasses.replace(record, nonce="0" * 32),
         dataclasses.replace(record, consumed_at=NOW + 1),
         dataclasses.replace(record, key="a-2"),
+        dataclasses.replace(record, consumed_at=float("nan")),  # no canonical form: no token
     ]
     for candidate in tampered:
         assert not await store.verify_consumption(candidate), candidate
