@@ -1,7 +1,7 @@
 """The AgentPolicy admission review refuses what the reconcile would report, with the same words.
 
 ``review_policy`` is driven with the objects the API server would send; the kopf handler is
-called as kopf's webhook server calls it. ``e2e/test_admission_webhook.py`` proves the same with
+called as kopf's webhook server calls it. ``e2e/test_webhook_admission.py`` proves the same with
 a real kube-apiserver calling the operator's webhook over TLS.
 """
 

@@ -10,6 +10,10 @@ this test's namespace alone, so no other test's AgentPolicy meets it. Then ``kub
 the broken rule is refused with its path and the compiler's message, the good policy is
 admitted unchanged, a metadata-only change of a stored object never calls the webhook, and the
 CA Secret stays the one the operator created.
+
+The file sorts after ``test_chart.py`` on purpose: it applies the CRDs with kubectl to the shared
+loopback API server, and the chart tests' ``helm install --dry-run`` refuses CRDs that exist
+without Helm's ownership labels (a clean-clone CI run failed on exactly that order).
 """
 
 from __future__ import annotations
