@@ -358,3 +358,58 @@ def test_str_and_tuple_subclasses_and_depth_on_the_c_route() -> None:
     with pytest.raises(CanonicalizationError) as refused:
         canonical_text(deep)
     assert refused.value.code == "JSON_TOO_DEEP"
+
+
+# The writer's own route: plain values take the C encoder, so each pinned form above is also
+# held against the Python writer directly (mutation testing found its escape table, key order
+# and integer bounds otherwise unexercised once the C route existed).
+
+
+@pytest.mark.parametrize("path", VECTORS, ids=lambda p: p.stem)
+def test_the_writer_reproduces_each_conformance_vector(path: Path) -> None:
+    from agentsafe.executor.canonical import _written
+
+    vector = json.loads(path.read_text(encoding="utf-8"))
+    if "canonical_json" in vector:
+        assert _written(vector["binding"]).encode("utf-8") == vector["canonical_json"].encode()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('"\\\b\f\n\r\t', '"\\"\\\\\\b\\f\\n\\r\\t"'),
+        ({'"\\\b\f\n\r\t': 1}, '{"\\"\\\\\\b\\f\\n\\r\\t":1}'),
+        ("\x00\x1f\x1b\x7f ", '"\\u0000\\u001f\\u001b\x7f "'),
+        ("\u0001\n\u2028", '"\\u0001\\n\u2028"'),
+        ("\ud7ff\ue000", '"\ud7ff\ue000"'),
+        ([2**53 - 1, -(2**53 - 1)], "[9007199254740991,-9007199254740991]"),
+        ({"b": [None, True, False], "a": [1, "x"]}, '{"a":[1,"x"],"b":[null,true,false]}'),
+        (
+            {"\uff21": 1, "Z": 3, "za": 4, "z\u00e9": 5, "\u00c9clair": 6},
+            '{"Z":3,"za":4,"z\u00e9":5,"\u00c9clair":6,"\uff21":1}',
+        ),
+        ({}, "{}"),
+        ([], "[]"),
+        ("", '""'),
+        ({"a": {"b": [[], {}]}}, '{"a":{"b":[[],{}]}}'),
+    ],
+)
+def test_the_writer_holds_every_pinned_form(value: object, expected: str) -> None:
+    from agentsafe.executor.canonical import _written
+
+    assert _written(value) == expected
+    assert canonical_text(value) == expected
+
+
+@pytest.mark.parametrize("value", [2**53, -(2**53), chr(0xD800), {chr(0xDFFF): 1}, {1: "a"}])
+def test_the_writer_refuses_what_has_no_form(value: object) -> None:
+    from agentsafe.executor.canonical import _written
+
+    with pytest.raises(CanonicalizationError):
+        _written(value)
+
+
+def test_the_writer_does_not_normalise() -> None:
+    from agentsafe.executor.canonical import _written
+
+    assert _written("caf\u00e9") != _written("cafe\u0301")
