@@ -87,6 +87,8 @@ __all__ = [
     "PROVIDER_REFERENCE_PLACEHOLDER",
     "SECRET_FILE_SUFFIX",
     "SECRET_NAMES",
+    "WORKERS_DEFAULT",
+    "WORKERS_MAX",
     "ConfigRow",
     "CredentialKind",
     "EffectMismatchAction",
@@ -123,6 +125,9 @@ HEADER_TIMEOUT_SECONDS_DEFAULT: Final = 10
 BODY_TIMEOUT_SECONDS_DEFAULT: Final = 10
 MAX_CONNECTIONS_DEFAULT: Final = 1024
 MAX_CONNECTIONS_PER_SOURCE_DEFAULT: Final = 128
+# EXECUTOR_WORKERS (worker processes behind one listener): its bounds, stated once for both.
+WORKERS_DEFAULT: Final = 1
+WORKERS_MAX: Final = 16
 DOWNSTREAM_TIMEOUT_MS_MAX: Final = 15_000
 HARD_LIMIT_WINDOW_SECONDS_MAX: Final = 2_592_000
 HARD_LIMIT_WINDOW_COUNT_MAX: Final = 1_000_000_000
