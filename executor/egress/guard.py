@@ -556,12 +556,10 @@ class _Pool:
 
     def __init__(self) -> None:
         self._lanes: dict[_LaneKey, _Lane] = {}
-        self.open = 0
-        self._closed = False
+        self._live: dict[Any, _Lane] = {}
+        self.closed = False
 
     def lane(self, key: _LaneKey, answer: ResolvedAddress) -> _Lane:
-        if self._closed:
-            raise RuntimeError("the egress pool is closed")
         lane = self._lanes.get(key)
         if lane is None:
             for other in [v for v in self._lanes.values() if not v.open and not v.users]:
@@ -576,22 +574,35 @@ class _Pool:
     def opened(self, lane: _Lane, protocol: Any) -> None:
         closed = protocol.closed  # None: already lost, nothing to count
         if closed is not None:
+            self._live[protocol] = lane
             lane.open += 1
-            self.open += 1
-            closed.add_done_callback(functools.partial(self._gone, lane))
+            closed.add_done_callback(functools.partial(self._gone, protocol))
 
-    def _gone(self, lane: _Lane, future: asyncio.Future[None]) -> None:
+    def _gone(self, protocol: Any, future: asyncio.Future[None]) -> None:
         if not future.cancelled():
             future.exception()  # retrieved: a connection lost with an error is expected here
-        lane.open -= 1
-        self.open -= 1
+        self._forget(protocol)
 
-    def keep(self) -> bool:
-        """Whether a connection that has just finished an exchange may stay pooled."""
-        return not self._closed and self.open <= POOL_MAX_CONNECTIONS
+    def _forget(self, protocol: Any) -> None:
+        lane = self._live.pop(protocol, None)
+        if lane is not None:
+            lane.open -= 1
+
+    @property
+    def open(self) -> int:
+        """Connections open now, in use or idle, across all lanes."""
+        return len(self._live)
+
+    def keep(self, protocol: Any) -> bool:
+        """Whether the connection just handed to a request may stay pooled after it; when
+        not, it no longer counts (the connector has aiohttp close it after the exchange)."""
+        if not self.closed and len(self._live) <= POOL_MAX_CONNECTIONS:
+            return True
+        self._forget(protocol)
+        return False
 
     async def close(self) -> None:
-        self._closed = True
+        self.closed = True
         lanes, self._lanes = list(self._lanes.values()), {}
         for lane in lanes:
             await lane.session.close()
@@ -633,17 +644,18 @@ class _GuardedConnector(aiohttp.TCPConnector):
     async def connect(
         self, req: aiohttp.ClientRequest, traces: list[Any], timeout: aiohttp.ClientTimeout
     ) -> Connection:
-        for _ in range(POOL_MAX_CONNECTIONS + 1):
+        while True:  # ends: each turn takes a kept-alive connection out, or makes a new one
             conn = await super().connect(req, traces, timeout)
             protocol = conn.protocol
-            if protocol is None or protocol not in self._served:
-                if protocol is not None:
-                    self._served.add(protocol)
-                return conn  # a new connection
-            if _still_open(conn.transport):
+            if protocol is None:
                 return conn
-            conn.close()  # the peer closed it while it was idle: nothing of this request left
-        raise aiohttp.ClientConnectionError("no usable connection")
+            if protocol in self._served and not _still_open(conn.transport):
+                conn.close()  # the peer closed it while it was idle: nothing of this request left
+                continue
+            self._served.add(protocol)
+            if self._pool is not None and not self._pool.keep(protocol):
+                protocol.force_close()  # past the cap: closed after this exchange, not kept
+            return conn
 
     async def _wrap_create_connection(
         self, *args: Any, **kwargs: Any
@@ -872,13 +884,15 @@ class GuardedClient:
         """One request on a kept-alive connection to exactly ``answer`` (or a new one in its
         lane); once more, on a fresh one-request connection, only when it failed on a reused
         connection before aiohttp was about to write its first byte."""
+        if self._pool.closed:
+            raise TransportError(
+                Code.TRANSPORT_CONNECT_FAILED, False, "the egress client is closed"
+            )
         key = _LaneKey(answer.ip, answer.port, rule.scheme, rule.host, rule.ssl_context, rule.pins)
         lane = self._pool.lane(key, answer)
         lane.users += 1
         try:
-            return await self._attempt(
-                lane.session, method, url, rule, headers, body, progress, pooled=True
-            )
+            return await self._attempt(lane.session, method, url, rule, headers, body, progress)
         except _ExchangeLost:
             if progress.written or not progress.reused:
                 raise
@@ -887,9 +901,7 @@ class GuardedClient:
         progress.reused = False
         connector = _GuardedConnector(answer=answer, pins=rule.pins)
         async with _client_session(connector) as session:
-            return await self._attempt(
-                session, method, url, rule, headers, body, progress, pooled=False
-            )
+            return await self._attempt(session, method, url, rule, headers, body, progress)
 
     async def _attempt(
         self,
@@ -900,8 +912,6 @@ class GuardedClient:
         headers: Mapping[str, str],
         body: bytes | None,
         progress: _Progress,
-        *,
-        pooled: bool,
     ) -> HttpResponse:
         async with session.request(
             method,
@@ -923,8 +933,6 @@ class GuardedClient:
             for name, value in response.headers.items():
                 key = name.lower()
                 joined[key] = f"{joined[key]}, {value}" if key in joined else value
-            if pooled and not self._pool.keep():
-                response.close()  # past the cap: this connection is not kept
             return HttpResponse(status=response.status, headers=joined, body=data)
 
     async def _read_body(self, response: aiohttp.ClientResponse) -> bytes:
