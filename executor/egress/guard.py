@@ -16,8 +16,20 @@ the IPv4 address they carry), a cloud metadata address, or no answer at all
 (EGRESS_ADDRESS_REFUSED). Private-use blocks (RFC 1918, shared address space, unique local) are
 refused too unless ``EXECUTOR_EGRESS_ALLOW_CIDRS`` names the part a deliberate private
 destination answers from; the metadata addresses inside them stay refused. The name is resolved
-once per request and the connection goes to exactly the checked address: the per-request
-connector's resolver can only return that answer, so DNS rebinding has nothing to rebind.
+once per request and the connection goes to exactly the checked address: the connector's
+resolver can only return that answer, so DNS rebinding has nothing to rebind.
+
+Connections are kept alive between requests (:class:`_Pool`), in lanes keyed by everything
+that makes a connection what it is: the checked address and port, the scheme, the TLS server
+name and the destination's sealed TLS context and pins. A request may reuse only a connection
+of the lane of the answer it has just checked; a rebinding gets a new lane and a new, checked
+connection. No request is written twice: aiohttp's own re-send of idempotent methods on a lost
+connection is cut off (:class:`_ExchangeLost`); a kept-alive connection the kernel knows the
+peer closed is discarded before a byte is written; a request that fails once aiohttp was about
+to write it (request tracing) is ``sent=True``, and only one that failed on a reused connection
+before that point is sent once more, on a fresh connection. Idle connections are closed after
+:data:`POOL_IDLE_SECONDS`, at most :data:`POOL_MAX_CONNECTIONS` stay open, and ``close()``
+closes them all.
 
 Then TLS 1.2+ against the destination's anchor with hostname verification (EGRESS_TLS_REJECTED)
 and the pins over the presented chain (EGRESS_TLS_PIN_MISMATCH, checked before a request byte is
@@ -549,14 +561,15 @@ class _Pool:
 
     A connection idle for more than :data:`POOL_IDLE_SECONDS` is closed, never reused, and at
     most :data:`POOL_MAX_CONNECTIONS` connections stay open across all lanes: past that, a
-    connection that finishes its exchange is closed instead of kept (a request never waits for
-    a pooled connection). A lane with no open connection and no request is dropped when a new
-    lane is made.
+    connection handed to a request is closed after its exchange instead of kept (a request
+    never waits for a pooled connection). A lane with no open connection and no request is
+    dropped when a new lane is made.
     """
 
     def __init__(self) -> None:
         self._lanes: dict[_LaneKey, _Lane] = {}
         self._live: dict[Any, _Lane] = {}
+        self._closing: set[asyncio.Task[None]] = set()
         self.closed = False
 
     def lane(self, key: _LaneKey, answer: ResolvedAddress) -> _Lane:
@@ -564,7 +577,9 @@ class _Pool:
         if lane is None:
             for other in [v for v in self._lanes.values() if not v.open and not v.users]:
                 del self._lanes[other.key]
-                asyncio.get_running_loop().create_task(other.session.close())
+                closing = asyncio.get_running_loop().create_task(other.session.close())
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
             connector = _GuardedConnector(answer=answer, pins=key.pins, pool=self)
             lane = _Lane(key, _client_session(connector))
             connector.lane = lane
@@ -606,6 +621,8 @@ class _Pool:
         lanes, self._lanes = list(self._lanes.values()), {}
         for lane in lanes:
             await lane.session.close()
+        for closing in list(self._closing):
+            await closing
 
 
 class _GuardedConnector(aiohttp.TCPConnector):

@@ -458,3 +458,22 @@ async def test_a_failure_on_a_reused_connection_before_any_byte_goes_once_on_a_f
     assert await call(client, provider.port, "PUT") == b"ok"
     assert provider.connections == 2
     assert [h.split(" ")[0] for h in provider.heads] == ["POST", "PUT"]
+
+
+async def test_a_lane_left_without_connections_is_dropped(
+    providers: Callable[..., Provider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(guard_module, "POOL_IDLE_SECONDS", 0.05)
+    first = providers()
+    second = _second_loopback(first.port, providers)
+    dns = Dns(["127.0.0.1"])
+    client = guarded(first.port, dns=dns)
+    await call(client, first.port)
+    deadline = time.monotonic() + DEADLINE_S
+    while client._pool.open:
+        assert time.monotonic() < deadline, "the idle connection was kept"
+        await asyncio.sleep(0.01)
+    dns.answer = ["127.0.0.2"]
+    await call(client, first.port)
+    assert [lane.key.ip for lane in client._pool._lanes.values()] == ["127.0.0.2"]
+    assert len(second.heads) == 1
