@@ -467,6 +467,7 @@ async def assemble(
             halt.record_egress_refusal()
 
         transport = build_transport(config, streams, on_refusal=egress_refused)
+        closers.append(transport.close)  # its kept-alive connections, on a refused build too
         webhook = (
             ApprovalWebhook(
                 url=config.executor_approval_webhook_url, transport=transport, streams=streams

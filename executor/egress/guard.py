@@ -16,8 +16,20 @@ the IPv4 address they carry), a cloud metadata address, or no answer at all
 (EGRESS_ADDRESS_REFUSED). Private-use blocks (RFC 1918, shared address space, unique local) are
 refused too unless ``EXECUTOR_EGRESS_ALLOW_CIDRS`` names the part a deliberate private
 destination answers from; the metadata addresses inside them stay refused. The name is resolved
-once per request and the connection goes to exactly the checked address: the per-request
-connector's resolver can only return that answer, so DNS rebinding has nothing to rebind.
+once per request and the connection goes to exactly the checked address: the connector's
+resolver can only return that answer, so DNS rebinding has nothing to rebind.
+
+Connections are kept alive between requests (:class:`_Pool`), in lanes keyed by everything
+that makes a connection what it is: the checked address and port, the scheme, the TLS server
+name and the destination's sealed TLS context and pins. A request may reuse only a connection
+of the lane of the answer it has just checked; a rebinding gets a new lane and a new, checked
+connection. No request is written twice: aiohttp's own re-send of idempotent methods on a lost
+connection is cut off (:class:`_ExchangeLost`); a kept-alive connection the kernel knows the
+peer closed is discarded before a byte is written; a request that fails once aiohttp was about
+to write it (request tracing) is ``sent=True``, and only one that failed on a reused connection
+before that point is sent once more, on a fresh connection. Idle connections are closed after
+:data:`POOL_IDLE_SECONDS`, at most :data:`POOL_MAX_CONNECTIONS` stay open, and ``close()``
+closes them all.
 
 Then TLS 1.2+ against the destination's anchor with hostname verification (EGRESS_TLS_REJECTED)
 and the pins over the presented chain (EGRESS_TLS_PIN_MISMATCH, checked before a request byte is
@@ -39,19 +51,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import ipaddress
 import re
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.connector import Connection
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from yarl import URL
@@ -66,6 +82,8 @@ from .transport import DEFAULT_MAX_RESPONSE_BYTES, HttpResponse, TransportError
 __all__ = [
     "MAX_RESPONSE_BYTES_RANGE",
     "METADATA_ADDRESSES",
+    "POOL_IDLE_SECONDS",
+    "POOL_MAX_CONNECTIONS",
     "SPECIAL_PURPOSE_BLOCKS",
     "Destination",
     "GuardedClient",
@@ -82,6 +100,15 @@ _NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 * 1024
 _ENCODING_DER = getattr(getattr(ssl, "_ssl", None), "ENCODING_DER", 1)
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)
+_TCP_ESTABLISHED = 1  # tcpi_state, include/net/tcp_states.h
+
+POOL_IDLE_SECONDS = 2.0
+"""A kept-alive provider connection idle longer than this is closed, never reused: well below
+the shortest keep-alive timeout common servers use (Node.js 5 s, Go and aiohttp more, nginx
+75 s), so the provider is not closing a connection as the executor starts to write on it."""
+POOL_MAX_CONNECTIONS = 32
+"""At most this many provider connections stay open across all pooled addresses."""
 
 Resolve = Callable[[str, int], Awaitable[Sequence[str]]]
 """Resolve ``(host, port)`` to IP address strings (the default uses the loop's getaddrinfo)."""
@@ -128,7 +155,12 @@ class _Rule:
 
 @dataclass
 class _Progress:
+    """How far one request got: a connection (new or ``reused``), and ``written``: aiohttp
+    was about to write the request's first byte (so it may have reached the peer)."""
+
     connected: bool = False
+    reused: bool = False
+    written: bool = False
 
 
 class _Refusal(Exception):
@@ -417,21 +449,230 @@ class _PinnedResolver(AbstractResolver):
         return None
 
 
+class _ExchangeLost(Exception):
+    """The connection failed during an exchange (aiohttp's ``ClientOSError`` or
+    ``ServerDisconnectedError``), raised past aiohttp's request loop so it cannot re-send.
+
+    Deliberately neither an ``OSError`` nor an ``aiohttp.ClientError``: aiohttp 3.x re-sends a
+    GET, HEAD, OPTIONS, TRACE, PUT or DELETE once, by itself, when one of those two errors
+    leaves its connect-and-send step (``ClientSession._request``, the
+    ``retry_persistent_connection`` branch), on a reused connection or a fresh one alike. The
+    request's one client middleware (:func:`_never_resend`) turns them into this, which that
+    branch does not catch, so every request is written at most once per call of
+    :meth:`GuardedClient.request`.
+    """
+
+
+async def _never_resend(
+    request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+) -> aiohttp.ClientResponse:
+    try:
+        return await handler(request)
+    except aiohttp.ClientConnectorError:
+        raise  # no connection was made: never retried by aiohttp, classified by the caller
+    except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as exc:
+        raise _ExchangeLost() from exc
+
+
+async def _on_connection_created(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+) -> None:
+    progress: _Progress = ctx.trace_request_ctx
+    progress.connected = True
+    progress.reused = False
+
+
+async def _on_connection_reused(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+) -> None:
+    progress: _Progress = ctx.trace_request_ctx
+    progress.connected = True
+    progress.reused = True
+
+
+async def _on_headers_sent(
+    session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+) -> None:
+    # aiohttp calls this just before it serialises the headers, and writes nothing of the
+    # request before it: from here on a byte may have reached the peer; before it, none has.
+    progress: _Progress = ctx.trace_request_ctx
+    progress.written = True
+
+
+def _tracing() -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(_on_connection_created)
+    trace.on_connection_reuseconn.append(_on_connection_reused)
+    trace.on_request_headers_sent.append(_on_headers_sent)
+    return trace
+
+
+_TRACING = _tracing()
+
+
+def _still_open(transport: asyncio.BaseTransport | None) -> bool:
+    """False when the peer has closed (or reset) a kept-alive connection, as far as the kernel
+    knows now, even if the event loop has not yet read the FIN.
+
+    Linux's ``TCP_INFO`` gives the socket's state in its first byte; anything but ESTABLISHED
+    (CLOSE_WAIT after the peer's FIN, CLOSE after a reset) means the connection must not carry
+    another request. Where ``TCP_INFO`` is unavailable the transport's own state is all there is.
+    """
+    if transport is None or transport.is_closing():
+        return False
+    sock = transport.get_extra_info("socket")
+    if sock is None or _TCP_INFO is None:
+        return True
+    try:
+        state = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)
+    except OSError:
+        return False
+    return bool(state) and state[0] == _TCP_ESTABLISHED
+
+
+@dataclass(frozen=True)
+class _LaneKey:
+    """What makes a connection what it is: the checked address it goes to, the origin it
+    speaks for (scheme, TLS server name and ``Host``), and the TLS it was set up with (the
+    destination's sealed context: trust anchor, and a client certificate were one loaded; the
+    pins checked over its chain)."""
+
+    ip: str
+    port: int
+    scheme: str
+    server_name: str
+    ssl_context: ssl.SSLContext | None
+    pins: frozenset[bytes]
+
+
+@dataclass(eq=False)
+class _Lane:
+    """The kept-alive connections of one :class:`_LaneKey`, in one aiohttp session whose
+    connector can only connect to the lane's address."""
+
+    key: _LaneKey
+    session: aiohttp.ClientSession
+    open: int = 0
+    users: int = 0
+
+
+class _Pool:
+    """Kept-alive provider connections, by :class:`_LaneKey` (see ``docs/egress.md``).
+
+    A connection idle for more than :data:`POOL_IDLE_SECONDS` is closed, never reused, and at
+    most :data:`POOL_MAX_CONNECTIONS` connections stay open across all lanes: past that, a
+    connection handed to a request is closed after its exchange instead of kept (a request
+    never waits for a pooled connection). A lane with no open connection and no request is
+    dropped when a new lane is made.
+    """
+
+    def __init__(self) -> None:
+        self._lanes: dict[_LaneKey, _Lane] = {}
+        self._live: dict[Any, _Lane] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    def lane(self, key: _LaneKey, answer: ResolvedAddress) -> _Lane:
+        lane = self._lanes.get(key)
+        if lane is None:
+            for other in [v for v in self._lanes.values() if not v.open and not v.users]:
+                del self._lanes[other.key]
+                closing = asyncio.get_running_loop().create_task(other.session.close())
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+            connector = _GuardedConnector(answer=answer, pins=key.pins, pool=self)
+            lane = _Lane(key, _client_session(connector))
+            connector.lane = lane
+            self._lanes[key] = lane
+        return lane
+
+    def opened(self, lane: _Lane, protocol: Any) -> None:
+        closed = protocol.closed  # None: already lost, nothing to count
+        if closed is not None:
+            self._live[protocol] = lane
+            lane.open += 1
+            closed.add_done_callback(functools.partial(self._gone, protocol))
+
+    def _gone(self, protocol: Any, future: asyncio.Future[None]) -> None:
+        if not future.cancelled():
+            future.exception()  # retrieved: a connection lost with an error is expected here
+        self._forget(protocol)
+
+    def _forget(self, protocol: Any) -> None:
+        lane = self._live.pop(protocol, None)
+        if lane is not None:
+            lane.open -= 1
+
+    @property
+    def open(self) -> int:
+        """Connections open now, in use or idle, across all lanes."""
+        return len(self._live)
+
+    def keep(self, protocol: Any) -> bool:
+        """Whether the connection just handed to a request may stay pooled after it; when
+        not, it no longer counts (the connector has aiohttp close it after the exchange)."""
+        if not self.closed and len(self._live) <= POOL_MAX_CONNECTIONS:
+            return True
+        self._forget(protocol)
+        return False
+
+    async def close(self) -> None:
+        self.closed = True
+        lanes, self._lanes = list(self._lanes.values()), {}
+        for lane in lanes:
+            await lane.session.close()
+        for closing in list(self._closing):
+            await closing
+
+
 class _GuardedConnector(aiohttp.TCPConnector):
-    """A one-request connector: connects only to the checked answer, then checks the pins."""
+    """Connects only to the checked answer, inside ``allowed_egress``, then checks the pins.
+
+    With ``pool`` None it is a one-request connector (``force_close``); with a pool, the
+    connector of one lane: it keeps connections alive for :data:`POOL_IDLE_SECONDS`, and
+    before it hands out a kept-alive one it asks the kernel whether the peer has closed it
+    (:func:`_still_open`), discarding those before a byte of the request is written.
+    """
 
     def __init__(
-        self, *, answer: ResolvedAddress, pins: frozenset[bytes], progress: _Progress
+        self, *, answer: ResolvedAddress, pins: frozenset[bytes], pool: _Pool | None = None
     ) -> None:
-        super().__init__(
-            resolver=_PinnedResolver(answer),
-            use_dns_cache=False,
-            force_close=True,
-            limit=1,
-            happy_eyeballs_delay=None,
-        )
+        if pool is None:
+            super().__init__(
+                resolver=_PinnedResolver(answer),
+                use_dns_cache=False,
+                force_close=True,
+                limit=1,
+                happy_eyeballs_delay=None,
+            )
+        else:
+            super().__init__(
+                resolver=_PinnedResolver(answer),
+                use_dns_cache=False,
+                keepalive_timeout=POOL_IDLE_SECONDS,
+                limit=0,
+                happy_eyeballs_delay=None,
+            )
         self._pins = pins
-        self._progress = progress
+        self._pool = pool
+        self.lane: _Lane | None = None
+        self._served: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def connect(
+        self, req: aiohttp.ClientRequest, traces: list[Any], timeout: aiohttp.ClientTimeout
+    ) -> Connection:
+        while True:  # ends: each turn takes a kept-alive connection out, or makes a new one
+            conn = await super().connect(req, traces, timeout)
+            protocol = conn.protocol
+            if protocol is None:
+                return conn
+            if protocol in self._served and not _still_open(conn.transport):
+                conn.close()  # the peer closed it while it was idle: nothing of this request left
+                continue
+            self._served.add(protocol)
+            if self._pool is not None and not self._pool.keep(protocol):
+                protocol.force_close()  # past the cap: closed after this exchange, not kept
+            return conn
 
     async def _wrap_create_connection(
         self, *args: Any, **kwargs: Any
@@ -441,8 +682,23 @@ class _GuardedConnector(aiohttp.TCPConnector):
         if self._pins and not _chain_matches(transport, self._pins):
             transport.abort()
             raise _Refusal(Code.EGRESS_TLS_PIN_MISMATCH)
-        self._progress.connected = True
+        if self._pool is not None and self.lane is not None:
+            self._pool.opened(self.lane, protocol)
         return transport, protocol
+
+
+def _client_session(connector: _GuardedConnector) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        raise_for_status=False,
+        timeout=aiohttp.ClientTimeout(total=None),
+        trust_env=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trace_configs=[_TRACING],
+        middlewares=(_never_resend,),
+    )
 
 
 def _chain_matches(transport: asyncio.BaseTransport, pins: frozenset[bytes]) -> bool:
@@ -496,6 +752,7 @@ class GuardedClient:
     _rules: tuple[_Rule, ...] = field(init=False, repr=False)
     _local: frozenset[str] = field(init=False, repr=False)
     _allowed: tuple[_Network, ...] = field(init=False, repr=False)
+    _pool: _Pool = field(init=False, repr=False, default_factory=lambda: _Pool())
 
     def __post_init__(self) -> None:
         low, high = MAX_RESPONSE_BYTES_RANGE
@@ -515,7 +772,9 @@ class GuardedClient:
         return f"GuardedClient(origins={sorted({r.origin for r in self._rules})})"
 
     async def close(self) -> None:
-        """Nothing is pooled between requests; kept for the ``Transport`` lifecycle."""
+        """Close the kept-alive connections (the process calls it on shutdown); a request
+        after it is refused."""
+        await self._pool.close()
 
     async def request(
         self,
@@ -541,7 +800,7 @@ class GuardedClient:
             raise self._refused(refusal, origin) from None
         except TimeoutError:
             raise self._refused(
-                _Refusal(Code.EGRESS_TIMEOUT, sent=progress.connected), origin
+                _Refusal(Code.EGRESS_TIMEOUT, sent=progress.connected or progress.written), origin
             ) from None
         except TransportError:
             raise
@@ -555,12 +814,18 @@ class GuardedClient:
             raise TransportError(
                 Code.TRANSPORT_CONNECT_FAILED, False, "the peer could not be reached"
             ) from None
+        except _ExchangeLost:
+            raise TransportError(
+                Code.TRANSPORT_CONNECTION_LOST,
+                progress.connected or progress.written,
+                "the connection failed during the exchange",
+            ) from None
         except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError):
             raise self._refused(_Refusal(Code.EGRESS_RESPONSE_INVALID, sent=True), origin) from None
         except (aiohttp.ClientError, OSError):
             raise TransportError(
                 Code.TRANSPORT_CONNECTION_LOST,
-                progress.connected,
+                progress.connected or progress.written,
                 "the connection failed during the exchange",
             ) from None
 
@@ -633,17 +898,47 @@ class GuardedClient:
         body: bytes | None,
         progress: _Progress,
     ) -> HttpResponse:
-        async with (
-            self._session(answer, rule, progress) as session,
-            session.request(
-                method,
-                url,
-                headers=dict(headers),
-                data=body,
-                allow_redirects=False,
-                ssl=rule.ssl_context or False,
-            ) as response,
-        ):
+        """One request on a kept-alive connection to exactly ``answer`` (or a new one in its
+        lane); once more, on a fresh one-request connection, only when it failed on a reused
+        connection before aiohttp was about to write its first byte."""
+        if self._pool.closed:
+            raise TransportError(
+                Code.TRANSPORT_CONNECT_FAILED, False, "the egress client is closed"
+            )
+        key = _LaneKey(answer.ip, answer.port, rule.scheme, rule.host, rule.ssl_context, rule.pins)
+        lane = self._pool.lane(key, answer)
+        lane.users += 1
+        try:
+            return await self._attempt(lane.session, method, url, rule, headers, body, progress)
+        except _ExchangeLost:
+            if progress.written or not progress.reused:
+                raise
+        finally:
+            lane.users -= 1
+        progress.reused = False
+        connector = _GuardedConnector(answer=answer, pins=rule.pins)
+        async with _client_session(connector) as session:
+            return await self._attempt(session, method, url, rule, headers, body, progress)
+
+    async def _attempt(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        url: URL,
+        rule: _Rule,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        progress: _Progress,
+    ) -> HttpResponse:
+        async with session.request(
+            method,
+            url,
+            headers=dict(headers),
+            data=body,
+            allow_redirects=False,
+            ssl=rule.ssl_context or False,
+            trace_request_ctx=progress,
+        ) as response:
             if response.status in _REDIRECTS:
                 raise _Refusal(
                     Code.EGRESS_REDIRECT_REFUSED,
@@ -656,22 +951,6 @@ class GuardedClient:
                 key = name.lower()
                 joined[key] = f"{joined[key]}, {value}" if key in joined else value
             return HttpResponse(status=response.status, headers=joined, body=data)
-
-    @contextlib.asynccontextmanager
-    async def _session(
-        self, answer: ResolvedAddress, rule: _Rule, progress: _Progress
-    ) -> AsyncIterator[aiohttp.ClientSession]:
-        connector = _GuardedConnector(answer=answer, pins=rule.pins, progress=progress)
-        async with aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            raise_for_status=False,
-            timeout=aiohttp.ClientTimeout(total=None),
-            trust_env=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-        ) as session:
-            yield session
 
     async def _read_body(self, response: aiohttp.ClientResponse) -> bytes:
         limit = self.max_response_bytes

@@ -76,7 +76,7 @@ class Transport(Protocol):
     ) -> HttpResponse: ...
 
     async def close(self) -> None:
-        """Release what the implementation holds (the guard pools nothing between requests)."""
+        """Release what the implementation holds (the guard's kept-alive connections)."""
         ...
 
 
