@@ -40,7 +40,6 @@ import dataclasses
 import logging
 import math
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -52,6 +51,7 @@ from ..clock import Clock
 from ..codes import Code
 from ..errors import AgentSafeError
 from ..grants import KeySet, SigningKey, TokenRefused, sign_jws, verify_jws
+from ..ids import uuid4_text
 from ..intent import UUID4, CapturedIntent
 from ..principals import Principal, Verification
 from .attestation import claim_token_digest, issue_claim_attestation
@@ -327,9 +327,9 @@ class LocalAuthority:
     def _allow(
         self, intent: CapturedIntent, reasons: tuple[str, ...], *, rule: str, now: float
     ) -> Decision:
-        decision_id = str(uuid.uuid4())
-        dossier_id = str(uuid.uuid4())
-        grant_id = str(uuid.uuid4())
+        decision_id = uuid4_text()
+        dossier_id = uuid4_text()
+        grant_id = uuid4_text()
         issued = _floor_ms(now)
         expires = _floor_ms(min(now + self._grant_ttl, intent.expires_at))
         if expires <= now:
@@ -373,8 +373,8 @@ class LocalAuthority:
     ) -> Decision:
         return Decision(
             verdict=verdict,
-            decision_id=str(uuid.uuid4()),
-            dossier_id=str(uuid.uuid4()),
+            decision_id=uuid4_text(),
+            dossier_id=uuid4_text(),
             reason_codes=reasons,
             rule=rule,
             approvers=approvers,
