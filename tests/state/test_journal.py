@@ -451,6 +451,40 @@ async def test_two_hundred_concurrent_appends_share_fsyncs(
     assert sorted(ids) == sorted(f"a-{n}" for n in range(201))
 
 
+async def test_appends_sharing_an_fsync_wake_their_loop_once(
+    journal: AttemptJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer answers a whole fsynced batch in one cross-thread wakeup, not one per record."""
+    await open_attempt(journal, 0)
+    gate = threading.Event()
+    calls: list[int] = []
+    real_fsync = os.fsync
+
+    def gated_fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            gate.wait(timeout=60)
+        real_fsync(fd)
+
+    loop = asyncio.get_running_loop()
+    inner = loop.call_soon_threadsafe
+    from_writer = 0
+
+    def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal from_writer
+        if threading.current_thread().name == "agentsafe-journal":
+            from_writer += 1
+        return inner(callback, *args, **kwargs)
+
+    monkeypatch.setattr(journal_module.os, "fsync", gated_fsync)
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    tasks = [asyncio.create_task(open_attempt(journal, n)) for n in range(1, 101)]
+    await poll(lambda: journal.submitted == 101)
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert from_writer == len(calls) <= 2  # one wakeup per fsynced batch
+
+
 async def test_an_append_fails_if_fsync_fails_and_the_journal_stays_failed(
     journal: AttemptJournal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
