@@ -485,6 +485,34 @@ async def test_appends_sharing_an_fsync_wake_their_loop_once(
     assert from_writer == len(calls) <= 2  # one wakeup per fsynced batch
 
 
+async def test_an_append_whose_caller_gave_up_is_written_and_the_writer_goes_on(
+    journal: AttemptJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller cancelled while its record waits for the fsync: the record is journaled (it was
+    submitted) and the writer answers the next append (it once raised on a cancelled future)."""
+    await open_attempt(journal, 0)
+    gate = threading.Event()
+    in_fsync = threading.Event()
+    real_fsync = os.fsync
+
+    def gated_fsync(fd: int) -> None:
+        in_fsync.set()
+        gate.wait(timeout=60)
+        real_fsync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fsync", gated_fsync)
+    abandoned = asyncio.create_task(open_attempt(journal, 1))
+    assert await asyncio.to_thread(in_fsync.wait, 60)
+    abandoned.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await abandoned
+    gate.set()
+    await asyncio.wait_for(open_attempt(journal, 2), timeout=30)  # a dead writer never answers
+    ids = [r["attempt_id"] for r in read_lines(journal.path / f"{DAY}.jsonl")]
+    assert ids == ["a-0", "a-1", "a-2"]
+    assert not journal.failed
+
+
 async def test_an_append_fails_if_fsync_fails_and_the_journal_stays_failed(
     journal: AttemptJournal, monkeypatch: pytest.MonkeyPatch
 ) -> None:
