@@ -609,7 +609,11 @@ class _Writer(threading.Thread):
 
     def _recover(self, item: _Recover) -> None:
         """Prove the directory takes a synced write again; then the day file is reopened (and its
-        torn tail cut) by the next append."""
+        torn tail cut) by the next append. A caller that already gave up is skipped (its future
+        is cancelled; setting it would raise here and end this thread); once taken, it cannot be
+        cancelled."""
+        if not item.done.set_running_or_notify_cancel():
+            return
         if not self._failed:
             item.done.set_result(None)
             return

@@ -349,6 +349,35 @@ async def test_a_failed_journal_refuses_until_its_storage_recovers(tmp_path: Pat
         await journal.close()
 
 
+async def test_a_recovery_its_caller_gave_up_on_leaves_the_writer_running(
+    journal: AttemptJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recover() cancelled while queued behind a slow append: the writer skips it and goes on."""
+    await open_attempt(journal, 0)
+    gate, in_fsync = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def gated_fsync(fd: int) -> None:
+        in_fsync.set()
+        gate.wait(timeout=60)
+        real_fsync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fsync", gated_fsync)
+    slow = asyncio.create_task(open_attempt(journal, 1))
+    assert await asyncio.to_thread(in_fsync.wait, 60)
+    journal._writer._failed = True  # what a failed write leaves behind (read by recover())
+    given_up = asyncio.create_task(journal.recover())
+    await poll(lambda: journal._writer._queue.qsize() == 1)
+    given_up.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await given_up
+    journal._writer._failed = False
+    gate.set()
+    await slow
+    assert await asyncio.wait_for(journal.recover(), timeout=30) is True
+    await asyncio.wait_for(open_attempt(journal, 2), timeout=30)  # a dead writer never answers
+
+
 # -- damage ------------------------------------------------------------------------------------
 
 
