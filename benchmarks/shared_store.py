@@ -4,8 +4,11 @@ In one run, with the same client, provider and policy (``benchmarks/loadclient.p
 
 * ALLOW on SQLite: the embedded store (``EXECUTOR_STATE_DIR``, WAL, ``synchronous=FULL``);
 * ALLOW on PostgreSQL, one replica: ``EXECUTOR_STORE_URL`` to a throwaway loopback server
-  (``tools/pgserver.py``: initdb in a temporary directory; ``fsync=off``, so the figure is the
-  protocol's cost, not a disk's);
+  (``tools/pgserver.py``: initdb in a temporary directory) with PostgreSQL's durability ON by
+  default: ``fsync=on``, ``synchronous_commit=on``, ``full_page_writes=on``, read back from the
+  running server with ``SHOW`` and printed with the figures (SQLite's row is ``synchronous=FULL``,
+  so only this compares like with like). ``--postgres-fsync-off`` measures the protocol alone
+  (``fsync=off``), a figure that says nothing about a durable path, and says so in its title;
 * ALLOW on PostgreSQL, three replicas: the same database, requests spread round-robin.
 
 Each ALLOW claims a grant, records idempotency, journals the attempt (the file journal with
@@ -13,7 +16,7 @@ fsync, and on PostgreSQL the open-attempt row and its lease) and POSTs to a loop
 provider. Prints requests/s, p50 and p99 and the ratio to SQLite. Speed is never asserted in
 tests; record the figures in docs/performance.md.
 
-    python benchmarks/shared_store.py [--requests N] [--concurrency C]
+    python benchmarks/shared_store.py [--requests N] [--concurrency C] [--postgres-fsync-off]
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from lifecycle import render
 from loadclient import default_client, drive, proposal_template
 
 from agentsafe.executor.tools.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
-from agentsafe.executor.tools.pgserver import postgres_server
+from agentsafe.executor.tools.pgserver import DURABILITY_SETTINGS, postgres_server
 
 
 async def _measure(
@@ -64,12 +67,15 @@ async def _measure(
             executor.terminate()
 
 
-async def run(requests: int, concurrency: int, client: str) -> list[dict[str, Any]]:
+async def run(
+    requests: int, concurrency: int, client: str, *, durable: bool = True
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
     root = Path(tempfile.mkdtemp(prefix="agentsafe-bench-store-"))
     provider = ProviderProcess(root)
     await provider.start()
     workspace = Workspace(root / "ws")
     rows: list[dict[str, Any]] = []
+    settings: dict[str, str] = {}
     try:
         sqlite_env = workspace.environment(provider_url=provider.url, port=free_port())
         rows.append(
@@ -83,7 +89,10 @@ async def run(requests: int, concurrency: int, client: str) -> list[dict[str, An
                 client,
             )
         )
-        with postgres_server() as server:
+        with postgres_server(durable=durable) as server:
+            settings = server.settings(*(name for name, _ in DURABILITY_SETTINGS))
+            if durable and settings != dict(DURABILITY_SETTINGS):
+                raise SystemExit(f"PostgreSQL did not start durable: {settings}")
             for replicas in (1, 3):
                 url = server.create_database()
                 envs = []
@@ -111,7 +120,7 @@ async def run(requests: int, concurrency: int, client: str) -> list[dict[str, An
                 )
     finally:
         provider.terminate()
-    return rows
+    return rows, settings
 
 
 def main() -> int:
@@ -119,13 +128,27 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--client", choices=("go", "python"), default=default_client())
+    parser.add_argument(
+        "--postgres-fsync-off",
+        action="store_true",
+        help="run PostgreSQL with fsync=off: the protocol's cost alone, not a durable path",
+    )
     args = parser.parse_args()
     before = os.getloadavg()
-    rows = asyncio.run(run(args.requests, args.concurrency, args.client))
+    rows, settings = asyncio.run(
+        run(args.requests, args.concurrency, args.client, durable=not args.postgres_fsync_off)
+    )
     after = os.getloadavg()
+    shown = ", ".join(f"{name}={value}" for name, value in settings.items())
+    durability = (
+        "PostgreSQL durability OFF, not a durable path"
+        if args.postgres_fsync_off
+        else "PostgreSQL durability ON"
+    )
     render(
         f"shared store: {args.requests} requests, concurrency {args.concurrency}, "
-        f"{args.client} client, load average {before[0]:.1f} -> {after[0]:.1f}",
+        f"{args.client} client, load average {before[0]:.1f} -> {after[0]:.1f}; "
+        f"{durability} ({shown}); SQLite synchronous=FULL",
         rows,
         "SQLite",
     )

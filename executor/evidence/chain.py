@@ -45,6 +45,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -52,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
-from ..canonical import MAX_SAFE_INTEGER, canonical_text, sha256_digest
+from ..canonical import MAX_SAFE_INTEGER, canonical_text, sha256_digest, sha256_hex
 from ..clock import Clock, format_ms
 from ..codes import Code
 from ..errors import AgentSafeError
@@ -323,8 +324,7 @@ class ChainedSink:
             }
             if self._head is None and self.resumption is None and not resumption:
                 line["genesis"] = True
-            line["hash"] = sha256_digest(line)
-            text = canonical_text(line)
+            text = _hashed_text(line)
             self._writer.write_line(text)
             (self._routine if event in self._routine_events else self._window).append((seq, text))
             self._head = ChainHead(self.stream, self.schema, seq, line["hash"])
@@ -511,6 +511,34 @@ class ChainedSink:
                 code=Code.CHAIN_JOURNAL,
             ) from exc
         self._persisted_seq = self._head.seq
+
+
+# A per-process value no caller can know in advance, written where the hash will go.
+_HASH_PLACEHOLDER = "sha256:" + secrets.token_hex(32)
+_PLACEHOLDER_MEMBER = f'"hash":"{_HASH_PLACEHOLDER}",'
+
+
+def _hashed_text(line: dict[str, Any]) -> str:
+    """Set ``line["hash"]`` to ``sha256_digest`` of the line without it; the line's canonical
+    text with it. One canonicalisation instead of two.
+
+    The line is canonicalised once with the placeholder as its hash. ``hash`` is never the
+    first or last key (``at`` sorts before it, ``seq`` after), so the text without it is the
+    draft less the member ``"hash":"<placeholder>",``; the written text is the draft with the
+    digest in the placeholder's place. That holds only if the placeholder occurs once (at the
+    top level, where it always is): otherwise, and whenever the member is not where expected,
+    the line takes the two canonicalisations. ``tests/evidence/test_chain.py`` holds this to
+    them with hypothesis."""
+    line["hash"] = _HASH_PLACEHOLDER
+    draft = canonical_text(line)
+    if draft.count(_HASH_PLACEHOLDER) == 1 and _PLACEHOLDER_MEMBER in draft:
+        unhashed = draft.replace(_PLACEHOLDER_MEMBER, "", 1)
+        digest = "sha256:" + sha256_hex(unhashed.encode("utf-8"))
+        line["hash"] = digest
+        return draft.replace(_HASH_PLACEHOLDER, digest, 1)
+    del line["hash"]
+    line["hash"] = sha256_digest(line)
+    return canonical_text(line)
 
 
 def _join(path: str, key: str) -> str:

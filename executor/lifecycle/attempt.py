@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -44,6 +43,7 @@ from ..effects.adapter import Comparison, EffectRecord
 from ..effects.receipts import ReceiptComparison
 from ..errors import AgentSafeError, JournalError, RequestRejected, StoreError
 from ..events import Streams
+from ..ids import uuid4_text
 from ..intent import CapturedIntent
 from ..policy.authority import RECOVERY_TYP, Authority, Decision, GrantRefused
 from ..principals import Principal
@@ -96,7 +96,7 @@ class Progress:
     attempt it will journal (a crash on either side of the journal is settled from it)."""
 
     started: bool = False
-    attempt_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    attempt_id: str = field(default_factory=uuid4_text)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,6 +53,7 @@ from ..door.door import check_action
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..events import Streams
 from ..host.metrics import ExecutorMetrics
+from ..ids import uuid4_text
 from ..intent import (
     CapturedIntent,
     DownstreamTarget,
@@ -358,6 +358,7 @@ class Pipeline:
             target=self._target,
             now=self._clock.now(),
             ttl_seconds=self._ttl,
+            intent_id=uuid4_text(),
             correlation_id=proposal.correlation_id,
         )
         self._streams.evidence.emit(
@@ -518,7 +519,7 @@ class Pipeline:
         object the proposer presents back. Otherwise the hold is the answer."""
         if self.escalation is not EscalationMode.APPROVAL:
             return None
-        request_id = str(uuid.uuid4())
+        request_id = uuid4_text()
         actor = principal.actor.id if principal.actor is not None else principal.id
         request = ApprovalRequest(
             request_id=request_id,

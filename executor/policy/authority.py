@@ -40,7 +40,6 @@ import dataclasses
 import logging
 import math
 import re
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -52,10 +51,11 @@ from ..clock import Clock
 from ..codes import Code
 from ..errors import AgentSafeError
 from ..grants import KeySet, SigningKey, TokenRefused, sign_jws, verify_jws
+from ..ids import uuid4_text
 from ..intent import UUID4, CapturedIntent
 from ..principals import Principal, Verification
 from .attestation import claim_token_digest, issue_claim_attestation
-from .celexpr import Activation, EvaluationError
+from .celexpr import VARIABLES, Activation, EvaluationError
 from .policy import CompiledAction, CompiledPolicy, CompiledRule, Verdict
 
 if TYPE_CHECKING:
@@ -327,9 +327,9 @@ class LocalAuthority:
     def _allow(
         self, intent: CapturedIntent, reasons: tuple[str, ...], *, rule: str, now: float
     ) -> Decision:
-        decision_id = str(uuid.uuid4())
-        dossier_id = str(uuid.uuid4())
-        grant_id = str(uuid.uuid4())
+        decision_id = uuid4_text()
+        dossier_id = uuid4_text()
+        grant_id = uuid4_text()
         issued = _floor_ms(now)
         expires = _floor_ms(min(now + self._grant_ttl, intent.expires_at))
         if expires <= now:
@@ -373,8 +373,8 @@ class LocalAuthority:
     ) -> Decision:
         return Decision(
             verdict=verdict,
-            decision_id=str(uuid.uuid4()),
-            dossier_id=str(uuid.uuid4()),
+            decision_id=uuid4_text(),
+            dossier_id=uuid4_text(),
             reason_codes=reasons,
             rule=rule,
             approvers=approvers,
@@ -619,7 +619,7 @@ def evaluate_policy(
     checked = _check_parameters(action, intent.parameters)
     if checked is not None:
         return Evaluation(Verdict.BLOCK, (checked,), None, (), Stage.PARAMETERS)
-    activation = Activation(_variables(intent, principal=principal, now=now))
+    activation = Activation(_variables(intent, action.variables, principal=principal, now=now))
     trials: list[RuleTrial] = []
     matched: CompiledRule | None = None
     for rule in action.rules:
@@ -703,18 +703,25 @@ def _check_parameters(action: CompiledAction, parameters: Mapping[str, Any]) -> 
     return None if valid else Code.PARAMETERS_INVALID
 
 
-def _variables(intent: CapturedIntent, *, principal: Principal, now: float) -> dict[str, Any]:
+def _variables(
+    intent: CapturedIntent, names: frozenset[str], *, principal: Principal, now: float
+) -> dict[str, Any]:
+    """The activation's variables among ``names`` (those the action's rules refer to): each is
+    built and converted for CEL only when a rule can read it."""
     binding = intent.binding
-    action = binding.get("action") or {}
-    return {
-        "action": {"type": action.get("type"), "resource": action.get("resource")},
-        "target": dict(binding.get("downstream_target") or {}),
-        "params": intent.parameters,
-        "principal": principal.view(),
-        "tenant": intent.tenant_id,
-        "context": dict(binding.get("context") or {}),
-        "now": datetime.fromtimestamp(now, tz=UTC),
+    makers: dict[str, Callable[[], Any]] = {
+        "action": lambda: {
+            "type": (binding.get("action") or {}).get("type"),
+            "resource": (binding.get("action") or {}).get("resource"),
+        },
+        "target": lambda: dict(binding.get("downstream_target") or {}),
+        "params": lambda: intent.parameters,
+        "principal": principal.view,
+        "tenant": lambda: intent.tenant_id,
+        "context": lambda: dict(binding.get("context") or {}),
+        "now": lambda: datetime.fromtimestamp(now, tz=UTC),
     }
+    return {name: makers[name]() for name in VARIABLES & names}
 
 
 def _actor_id(principal: Principal) -> str | None:

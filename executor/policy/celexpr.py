@@ -106,6 +106,9 @@ class Expression:
 
     source: str
     _program: Any
+    variables: frozenset[str] = VARIABLES
+    """The authority's variables the expression refers to (the engine's own reference list);
+    an evaluation binds only these, and one it missed is unbound: an error, so BLOCK."""
 
     def evaluate(self, activation: Mapping[str, Any] | Activation) -> bool:
         """Evaluate; raises :class:`EvaluationError` on any error or a non-boolean result."""
@@ -167,7 +170,8 @@ def compile_expression(text: str, *, path: str | None = None) -> Expression:
             path=path,
             code=Code.POLICY_EXPRESSION_INVALID,
         )
-    return Expression(source=text, _program=program)
+    variables = frozenset(references["variables"]) & VARIABLES
+    return Expression(source=text, _program=program, variables=variables)
 
 
 def _is_operator(name: str) -> bool:

@@ -213,6 +213,8 @@ class CompiledAction:
     handler: str
     validator: Validator
     rules: tuple[CompiledRule, ...]
+    variables: frozenset[str] = frozenset()
+    """Every variable any of the rules refers to: what one evaluation converts for CEL."""
 
 
 @dataclass(frozen=True)
@@ -306,7 +308,11 @@ def compile_policy(
             for position, rule in enumerate(action.rules)
         )
         actions[action.name] = CompiledAction(
-            name=action.name, handler=action.handler, validator=validator, rules=rules
+            name=action.name,
+            handler=action.handler,
+            validator=validator,
+            rules=rules,
+            variables=frozenset().union(*(rule.expression.variables for rule in rules)),
         )
     return CompiledPolicy(document=doc, actions=actions, digest=sha256_digest(doc.as_json()))
 

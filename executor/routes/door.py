@@ -4,7 +4,10 @@
 to the routes: it reads every ``Authorization`` header the request carries (more than one is
 ``AUTH_AMBIGUOUS``), the peer certificate of the TLS connection, and the peer address, which keys
 the window for failed attempts (``door.source_key``: an anonymous peer that floods fills its own
-window, never anyone else's; ``docs/door.md``).
+window, never anyone else's; ``docs/door.md``). ``source_key`` is a pure function of the address
+text; a kept-alive peer presents the same text on every request, so the adapter remembers the last
+:data:`SOURCE_KEYS_REMEMBERED` answers (:data:`remembered_source_key`) rather than parse the
+address each time.
 
 Callers: ``assembly.py`` (builds it and hands it to every route, which sees it through the
 application's ``Door`` protocol), ``plane.py``.
@@ -12,13 +15,19 @@ application's ``Door`` protocol), ``plane.py``.
 
 from __future__ import annotations
 
+import functools
+
 from aiohttp import web
 
 from ..door.door import Door, source_key
 from ..host.tlsctx import peer_certificate_der
 from ..principals import Principal, Role, Scope
 
-__all__ = ["HttpDoor"]
+__all__ = ["SOURCE_KEYS_REMEMBERED", "HttpDoor", "remembered_source_key"]
+
+SOURCE_KEYS_REMEMBERED = 4096
+#: ``door.source_key``, memoised: the same key for the same text, the least recent forgotten.
+remembered_source_key = functools.lru_cache(maxsize=SOURCE_KEYS_REMEMBERED)(source_key)
 
 
 class HttpDoor:
@@ -33,5 +42,5 @@ class HttpDoor:
             peer_cert_der=peer_certificate_der(request.transport),
             route_role=role,
             route_scope=scope,
-            source=source_key(request.remote),
+            source=remembered_source_key(request.remote),
         )

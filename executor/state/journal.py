@@ -219,9 +219,16 @@ class AttemptMirror(Protocol):
 
 @dataclass(frozen=True)
 class _Pending:
+    """One append: its line and the future its caller awaits on ``loop``.
+
+    The writer settles a whole fsynced segment with one ``call_soon_threadsafe`` per loop
+    (:func:`_acknowledge`), not one wakeup per record; a caller that stopped waiting leaves its
+    record written all the same (it was submitted, so it is journaled)."""
+
     day: str
     data: bytes  # the line, newline included
-    done: concurrent.futures.Future[None]
+    loop: asyncio.AbstractEventLoop
+    waiter: asyncio.Future[None]
 
 
 @dataclass(frozen=True)
@@ -515,11 +522,12 @@ class AttemptJournal:
                 code=Code.JOURNAL_RECORD_TOO_LARGE,
             )
         day = utc_day(now)
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._writer.submit(_Pending(day, data + b"\n", done))
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._writer.submit(_Pending(day, data + b"\n", loop, waiter))
         self._submitted += 1
         try:
-            await asyncio.wrap_future(done)
+            await waiter
         except JournalError:
             if self.failed and self.on_failure is not None:  # this write failed it
                 self.on_failure()
@@ -597,12 +605,15 @@ class _Writer(threading.Thread):
                 self._failed = True
                 _fail(segment, "the journal could not write a record")
                 continue
-            for pending in segment:
-                pending.done.set_result(None)
+            _acknowledge(segment, None)
 
     def _recover(self, item: _Recover) -> None:
         """Prove the directory takes a synced write again; then the day file is reopened (and its
-        torn tail cut) by the next append."""
+        torn tail cut) by the next append. A caller that already gave up is skipped (its future
+        is cancelled; setting it would raise here and end this thread); once taken, it cannot be
+        cancelled."""
+        if not item.done.set_running_or_notify_cancel():
+            return
         if not self._failed:
             item.done.set_result(None)
             return
@@ -655,8 +666,29 @@ class _Writer(threading.Thread):
 
 
 def _fail(segment: list[_Pending], message: str) -> None:
+    _acknowledge(segment, message)
+
+
+def _acknowledge(segment: list[_Pending], error: str | None) -> None:
+    """On the writer's thread: answer every append of ``segment`` (written and fsynced when
+    ``error`` is None, else refused with that message), one wakeup per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
     for pending in segment:
-        pending.done.set_exception(JournalError(message, code=Code.JOURNAL_UNAVAILABLE))
+        by_loop.setdefault(pending.loop, []).append(pending.waiter)
+    for loop, waiters in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            loop.call_soon_threadsafe(_settle, waiters, error)
+
+
+def _settle(waiters: list[asyncio.Future[None]], error: str | None) -> None:
+    """On the event loop: each waiter still waiting takes the segment's outcome."""
+    for waiter in waiters:
+        if waiter.done():
+            continue
+        if error is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(JournalError(error, code=Code.JOURNAL_UNAVAILABLE))
 
 
 def _cut_torn_tail(fd: int, name: str) -> TornLine | None:

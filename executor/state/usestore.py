@@ -536,7 +536,9 @@ class SQLiteUseStore:
         """
         if self._closed:
             raise StoreError("the use store is closed", code=Code.STORE_CLOSED)
-        write = _Write(fn)
+        loop = asyncio.get_running_loop()
+        write = _Write(fn, loop, loop.create_future())
+        write.waiter.add_done_callback(write.abandoned)
         with self._pending_lock:
             self._pending.append(write)
             if not self._drain_scheduled:
@@ -546,7 +548,7 @@ class SQLiteUseStore:
                     self._pending.remove(write)
                     raise StoreError("the use store is closed", code=Code.STORE_CLOSED) from None
                 self._drain_scheduled = True
-        result: _T = await asyncio.wrap_future(write.done)
+        result: _T = await write.waiter
         return result
 
     def _take(self) -> list[_Write]:
@@ -558,11 +560,13 @@ class SQLiteUseStore:
     def _drain(self) -> None:
         """On the store's thread: commit what is pending now, then let queued reads run before
         the next group (the next drain is queued behind them)."""
+        group: list[_Write] = []
         try:
             group = self._take()
             if group:
                 _commit_group(self._conn, group, self._commit)
         finally:
+            _deliver(group)
             with self._pending_lock:
                 stranded: list[_Write] = []
                 if self._pending:
@@ -574,7 +578,9 @@ class SQLiteUseStore:
                 else:
                     self._drain_scheduled = False
             closed = StoreError("the use store is closed", code=Code.STORE_CLOSED)
-            _fail([w for w in stranded if w.done.set_running_or_notify_cancel()], closed)
+            stranded = [w for w in stranded if w.done.set_running_or_notify_cancel()]
+            _fail(stranded, closed)
+            _deliver(stranded)
 
     def _close_connection(self) -> None:
         """On the store's thread: commit every write accepted before :meth:`close`, then close."""
@@ -584,8 +590,11 @@ class SQLiteUseStore:
                     if not self._pending:
                         break
                 group = self._take()
-                if group:
-                    _commit_group(self._conn, group, self._commit)
+                try:
+                    if group:
+                        _commit_group(self._conn, group, self._commit)
+                finally:
+                    _deliver(group)
         finally:
             self._conn.close()
 
@@ -1121,10 +1130,53 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
 
 @dataclass(eq=False)
 class _Write:
-    """One queued write: the work and the future its caller awaits."""
+    """One queued write: the work, its outcome (``done``, settled on the store's thread) and
+    the future its caller awaits on the event loop (``waiter``).
+
+    The store's thread settles ``done`` for every write of a group only after the group's
+    COMMIT returned, then hands the whole group to each waiting loop in one
+    ``call_soon_threadsafe`` (:func:`_deliver`): one cross-thread wakeup per group, not per
+    write. A caller that gives up (``waiter`` cancelled) cancels ``done``, so a write not yet
+    taken into a group is never applied; one already taken commits as it would have."""
 
     fn: Callable[[sqlite3.Connection], Any]
+    loop: asyncio.AbstractEventLoop
+    waiter: asyncio.Future[Any]
     done: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
+
+    def abandoned(self, waiter: asyncio.Future[Any]) -> None:
+        if waiter.cancelled():
+            self.done.cancel()
+
+
+def _deliver(writes: list[_Write]) -> None:
+    """On the store's thread: pass each settled write's outcome to its caller's loop, one
+    wakeup per loop for the whole list."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[_Write]] = {}
+    for write in writes:
+        by_loop.setdefault(write.loop, []).append(write)
+    for loop, batch in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            loop.call_soon_threadsafe(_settle, batch)
+
+
+def _settle(writes: list[_Write]) -> None:
+    """On the event loop: each waiter takes its write's outcome (a waiter already cancelled
+    keeps its cancellation)."""
+    for write in writes:
+        if write.waiter.done():
+            continue
+        done = write.done
+        if not done.done():  # never settled (cannot happen): fail closed, never hang
+            write.waiter.set_exception(
+                StoreError("the use store failed", code=Code.STORE_UNAVAILABLE)
+            )
+        elif done.cancelled():
+            write.waiter.cancel()
+        elif (error := done.exception()) is not None:
+            write.waiter.set_exception(error)
+        else:
+            write.waiter.set_result(done.result())
 
 
 _SAVEPOINT = "agentsafe_write"

@@ -1,10 +1,12 @@
 """A throwaway PostgreSQL server: initdb into a temporary directory, a free loopback port.
 
-For tests and benchmarks of the shared store, never for production (``fsync=off``, ``trust``
-authentication on loopback). The binaries come from the Debian ``postgresql`` package
-(``/usr/lib/postgresql/<v>/bin``); PostgreSQL refuses to run as root, so as root the server runs
-as the ``postgres`` user the package creates. :meth:`PostgresServer.stop` and
-:meth:`PostgresServer.start` make the database go away and come back.
+For tests and benchmarks of the shared store, never for production (``trust`` authentication on
+loopback; ``fsync=off`` unless ``durable=True``, which a benchmark of a durable path needs:
+``fsync``, ``synchronous_commit`` and ``full_page_writes`` on, :data:`DURABILITY_SETTINGS`).
+The binaries come from the Debian ``postgresql`` package (``/usr/lib/postgresql/<v>/bin``);
+PostgreSQL refuses to run as root, so as root the server runs as the ``postgres`` user the
+package creates. :meth:`PostgresServer.stop` and :meth:`PostgresServer.start` make the database
+go away and come back.
 
 ``postgres_server(listen=(...))`` also listens on the addresses given (the end-to-end node's
 bridge address, so its pods reach it); :meth:`PostgresServer.allow_network` then admits one
@@ -30,7 +32,16 @@ from pathlib import Path
 
 from .harness import free_port
 
-__all__ = ["PostgresServer", "PostgresUnavailable", "find_binaries", "postgres_server"]
+__all__ = [
+    "DURABILITY_SETTINGS",
+    "PostgresServer",
+    "PostgresUnavailable",
+    "find_binaries",
+    "postgres_server",
+]
+
+#: What a ``durable`` server is started with: every commit on the disk before it returns.
+DURABILITY_SETTINGS = (("fsync", "on"), ("synchronous_commit", "on"), ("full_page_writes", "on"))
 
 
 def find_binaries() -> Path | None:
@@ -56,6 +67,7 @@ class PostgresServer:
     port: int
     user: str | None  # run as this user (when the tests run as root)
     listen: tuple[str, ...] = ()  # addresses beside 127.0.0.1
+    durable: bool = False  # DURABILITY_SETTINGS, else fsync=off (tests: the protocol, not a disk)
 
     def _run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         command = list(argv)
@@ -78,9 +90,11 @@ class PostgresServer:
 
     def start(self) -> None:
         addresses = ",".join(("127.0.0.1", *self.listen))
+        settings = DURABILITY_SETTINGS if self.durable else (("fsync", "off"),)
         options = (
             f"-p {self.port} -c listen_addresses={addresses} -c unix_socket_directories="
-            f"{self.datadir} -c fsync=off -c max_connections=200"
+            f"{self.datadir} {' '.join(f'-c {k}={v}' for k, v in settings)} "
+            "-c max_connections=200"
         )
         self._run(
             str(self.bindir / "pg_ctl"),
@@ -100,6 +114,10 @@ class PostgresServer:
         self._run(
             str(self.bindir / "pg_ctl"), "-D", str(self.datadir / "data"), "-m", mode, "-w", "stop"
         )
+
+    def settings(self, *names: str) -> dict[str, str]:
+        """The running server's values of ``names`` (``SHOW``): what it really runs with."""
+        return {name: self.psql("postgres", f"SHOW {name}").strip() for name in names}
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://agentsafe@127.0.0.1:{self.port}/{database}"
@@ -142,9 +160,11 @@ class PostgresServer:
 
 
 @contextlib.contextmanager
-def postgres_server(*, listen: tuple[str, ...] = ()) -> Iterator[PostgresServer]:
-    """Start a server for the ``with`` block (on loopback and ``listen``);
-    :class:`PostgresUnavailable` without binaries."""
+def postgres_server(
+    *, listen: tuple[str, ...] = (), durable: bool = False
+) -> Iterator[PostgresServer]:
+    """Start a server for the ``with`` block (on loopback and ``listen``; with ``durable``,
+    :data:`DURABILITY_SETTINGS`); :class:`PostgresUnavailable` without binaries."""
     bindir = find_binaries()
     if bindir is None:
         raise PostgresUnavailable("PostgreSQL binaries absent (apt-get install -y postgresql)")
@@ -164,7 +184,7 @@ def postgres_server(*, listen: tuple[str, ...] = ()) -> Iterator[PostgresServer]
         os.chown(datadir, entry.pw_uid, entry.pw_gid)
     os.chmod(datadir, 0o700)
     server = PostgresServer(
-        bindir=bindir, datadir=datadir, port=free_port(), user=user, listen=listen
+        bindir=bindir, datadir=datadir, port=free_port(), user=user, listen=listen, durable=durable
     )
     try:
         server.initdb()

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentsafe.executor.canonical import canonical_text, sha256_digest
 from agentsafe.executor.clock import ManualClock, format_ms
@@ -278,3 +280,60 @@ def test_streams_record_the_evidence_resumption_on_the_security_stream(tmp_path:
     assert records[0]["resumption"]["seq"] == evidence[-1]["seq"]
     assert verify_chain(ev.getvalue().splitlines()).ok
     assert verify_chain(se.getvalue().splitlines()).ok
+
+
+_JSON_LEAF = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+    | st.sampled_from(["hash", "sha256:" + "0" * 64, '"hash":"', chain_module._HASH_PLACEHOLDER])
+)
+_JSON = st.recursive(
+    _JSON_LEAF,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.text(max_size=8) | st.sampled_from(["hash", "h", "i"]), inner, max_size=4
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@given(
+    st.dictionaries(
+        st.text(max_size=10).filter(lambda k: k not in chain_module.RESERVED_FIELDS),
+        _JSON,
+        max_size=6,
+    ),
+    st.booleans(),
+)
+def test_one_canonicalisation_gives_the_hash_and_text_of_two(
+    fields: dict[str, Any], genesis: bool
+) -> None:
+    """The shortcut in ``_hashed_text`` against the code it replaced: ``sha256_digest`` of the
+    line without ``hash``, then ``canonical_text`` of the line with it."""
+    line: dict[str, Any] = {
+        **fields,
+        "schema": EVIDENCE_SCHEMA,
+        "seq": 7,
+        "at": "2026-08-14T10:00:00.000Z",
+        "event": "E",
+        "prev_hash": "sha256:" + "1" * 64,
+    }
+    if genesis:
+        line["genesis"] = True
+    expected = dict(line)
+    expected["hash"] = sha256_digest(expected)
+    assert chain_module._hashed_text(line) == canonical_text(expected)
+    assert line == expected
+
+
+def test_a_field_holding_the_placeholder_takes_the_two_canonicalisations() -> None:
+    line = {"note": chain_module._HASH_PLACEHOLDER, "at": "a", "event": "E", "seq": 1}
+    line.update({"prev_hash": "p", "schema": "s"})
+    expected = dict(line)
+    expected["hash"] = sha256_digest(expected)
+    assert chain_module._hashed_text(line) == canonical_text(expected)

@@ -28,27 +28,51 @@ def activation(**overrides: object) -> dict[str, object]:
     return base
 
 
-@pytest.mark.parametrize(
-    ("source", "expected"),
-    [
-        ("params.amountMinor <= 5000", True),
-        ("params.amountMinor > 5000", False),
-        ("params.currency == 'EUR' && tenant == 'acme'", True),
-        ("params.meta.tags.exists(t, t == 'b')", True),
-        ("params.meta.tags.all(t, t.size() == 1)", True),
-        ("'amountMinor' in params && has(params.currency)", True),
-        ("!has(params.reference)", True),
-        ("principal.role == 'PROPOSER' && principal.actor.startsWith('bot-')", True),
-        ("target.endpoint.matches('^https://')", True),
-        ("action.type == 'create_payout' && action.resource == 'payouts'", True),
-        ("context.caller_principal == principal.id", True),
-        ("now.getHours() == 10 && now > timestamp('2026-01-01T00:00:00Z')", True),
-        ("now < timestamp('2026-08-14T10:00:00Z')", False),
-        ("params.amountMinor * 1000000 > 4000000000", True),
-    ],
-)
+_OVER_VARIABLES = [
+    ("params.amountMinor <= 5000", True),
+    ("params.amountMinor > 5000", False),
+    ("params.currency == 'EUR' && tenant == 'acme'", True),
+    ("params.meta.tags.exists(t, t == 'b')", True),
+    ("params.meta.tags.all(t, t.size() == 1)", True),
+    ("'amountMinor' in params && has(params.currency)", True),
+    ("!has(params.reference)", True),
+    ("principal.role == 'PROPOSER' && principal.actor.startsWith('bot-')", True),
+    ("target.endpoint.matches('^https://')", True),
+    ("action.type == 'create_payout' && action.resource == 'payouts'", True),
+    ("context.caller_principal == principal.id", True),
+    ("now.getHours() == 10 && now > timestamp('2026-01-01T00:00:00Z')", True),
+    ("now < timestamp('2026-08-14T10:00:00Z')", False),
+    ("params.amountMinor * 1000000 > 4000000000", True),
+]
+
+
+@pytest.mark.parametrize(("source", "expected"), _OVER_VARIABLES)
 def test_expressions_over_policy_variables(source: str, expected: bool) -> None:
     assert compile_expression(source).evaluate(activation()) is expected
+
+
+@pytest.mark.parametrize("source", [source for source, _ in _OVER_VARIABLES])
+def test_an_expression_reads_only_the_variables_it_names(source: str) -> None:
+    """An evaluation binds only :attr:`Expression.variables` (the authority builds no more):
+    the answer is the one the full activation gives, and without them it is an error."""
+    expression = compile_expression(source)
+    every = activation()
+    only = {name: value for name, value in every.items() if name in expression.variables}
+    assert expression.evaluate(Activation(only)) is expression.evaluate(Activation(every))
+    if expression.variables:
+        with pytest.raises(EvaluationError):
+            expression.evaluate(Activation({}))
+
+
+def test_the_named_variables_leave_out_comprehension_binders_and_literals() -> None:
+    assert compile_expression("true").variables == frozenset()
+    assert compile_expression("[1, 2].all(x, x > 0)").variables == frozenset()
+    assert compile_expression(
+        "params.meta.tags.exists(now, now == 'a') && tenant == 'acme'"
+    ).variables == frozenset({"params", "now", "tenant"})
+    assert compile_expression("has(context.x) || principal.id == 'a'").variables == frozenset(
+        {"context", "principal"}
+    )
 
 
 def test_prepared_activation_gives_the_same_answers() -> None:

@@ -349,6 +349,35 @@ async def test_a_failed_journal_refuses_until_its_storage_recovers(tmp_path: Pat
         await journal.close()
 
 
+async def test_a_recovery_its_caller_gave_up_on_leaves_the_writer_running(
+    journal: AttemptJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recover() cancelled while queued behind a slow append: the writer skips it and goes on."""
+    await open_attempt(journal, 0)
+    gate, in_fsync = threading.Event(), threading.Event()
+    real_fsync = os.fsync
+
+    def gated_fsync(fd: int) -> None:
+        in_fsync.set()
+        gate.wait(timeout=60)
+        real_fsync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fsync", gated_fsync)
+    slow = asyncio.create_task(open_attempt(journal, 1))
+    assert await asyncio.to_thread(in_fsync.wait, 60)
+    journal._writer._failed = True  # what a failed write leaves behind (read by recover())
+    given_up = asyncio.create_task(journal.recover())
+    await poll(lambda: journal._writer._queue.qsize() == 1)
+    given_up.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await given_up
+    journal._writer._failed = False
+    gate.set()
+    await slow
+    assert await asyncio.wait_for(journal.recover(), timeout=30) is True
+    await asyncio.wait_for(open_attempt(journal, 2), timeout=30)  # a dead writer never answers
+
+
 # -- damage ------------------------------------------------------------------------------------
 
 
@@ -449,6 +478,68 @@ async def test_two_hundred_concurrent_appends_share_fsyncs(
     assert len(records) == 201
     ids = [r["attempt_id"] for r in records]
     assert sorted(ids) == sorted(f"a-{n}" for n in range(201))
+
+
+async def test_appends_sharing_an_fsync_wake_their_loop_once(
+    journal: AttemptJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer answers a whole fsynced batch in one cross-thread wakeup, not one per record."""
+    await open_attempt(journal, 0)
+    gate = threading.Event()
+    calls: list[int] = []
+    real_fsync = os.fsync
+
+    def gated_fsync(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            gate.wait(timeout=60)
+        real_fsync(fd)
+
+    loop = asyncio.get_running_loop()
+    inner = loop.call_soon_threadsafe
+    from_writer = 0
+
+    def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal from_writer
+        if threading.current_thread().name == "agentsafe-journal":
+            from_writer += 1
+        return inner(callback, *args, **kwargs)
+
+    monkeypatch.setattr(journal_module.os, "fsync", gated_fsync)
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counting)
+    tasks = [asyncio.create_task(open_attempt(journal, n)) for n in range(1, 101)]
+    await poll(lambda: journal.submitted == 101)
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert from_writer == len(calls) <= 2  # one wakeup per fsynced batch
+
+
+async def test_an_append_whose_caller_gave_up_is_written_and_the_writer_goes_on(
+    journal: AttemptJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller cancelled while its record waits for the fsync: the record is journaled (it was
+    submitted) and the writer answers the next append (it once raised on a cancelled future)."""
+    await open_attempt(journal, 0)
+    gate = threading.Event()
+    in_fsync = threading.Event()
+    real_fsync = os.fsync
+
+    def gated_fsync(fd: int) -> None:
+        in_fsync.set()
+        gate.wait(timeout=60)
+        real_fsync(fd)
+
+    monkeypatch.setattr(journal_module.os, "fsync", gated_fsync)
+    abandoned = asyncio.create_task(open_attempt(journal, 1))
+    assert await asyncio.to_thread(in_fsync.wait, 60)
+    abandoned.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await abandoned
+    gate.set()
+    await asyncio.wait_for(open_attempt(journal, 2), timeout=30)  # a dead writer never answers
+    ids = [r["attempt_id"] for r in read_lines(journal.path / f"{DAY}.jsonl")]
+    assert ids == ["a-0", "a-1", "a-2"]
+    assert not journal.failed
 
 
 async def test_an_append_fails_if_fsync_fails_and_the_journal_stays_failed(

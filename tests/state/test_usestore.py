@@ -722,6 +722,38 @@ async def test_two_hundred_concurrent_begins_share_one_commit(tmp_path: Path) ->
         await store.close()
 
 
+async def test_a_group_wakes_its_callers_loop_once(tmp_path: Path) -> None:
+    """A group's answers cross from the store's thread to the event loop in one wakeup, not one
+    per write (each wakeup is a write to the loop's self-pipe and a turn of the selector)."""
+    store = await SQLiteUseStore.open(tmp_path / "state", clock=ManualClock(NOW))
+    loop = asyncio.get_running_loop()
+    store_thread_calls = 0
+    inner = loop.call_soon_threadsafe
+
+    def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal store_thread_calls
+        if threading.current_thread().name.startswith("agentsafe-usestore"):
+            store_thread_calls += 1
+        return inner(callback, *args, **kwargs)
+
+    try:
+        async with held_worker(store):
+            loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+            tasks = [
+                asyncio.ensure_future(
+                    store.claim_grant(f"g-{i}", binding_digest="d", expires_at=NOW + 60, now=NOW)
+                )
+                for i in range(50)
+            ]
+            await _queued(store, len(tasks))
+        assert await asyncio.gather(*tasks) == [True] * 50
+        # the held read's own answer is one wakeup (run_in_executor); the group's is the other
+        assert store_thread_calls <= 2
+    finally:
+        loop.call_soon_threadsafe = inner  # type: ignore[method-assign]
+        await store.close()
+
+
 async def test_callers_are_answered_only_after_their_commit_returned(tmp_path: Path) -> None:
     state_dir = tmp_path / "state"
     store = await SQLiteUseStore.open(state_dir, clock=ManualClock(NOW))
