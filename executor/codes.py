@@ -332,6 +332,20 @@ class Code(StrEnum):
     JOURNAL_RECORD_INVALID = "JOURNAL_RECORD_INVALID", None, "a record does not bind its intent"
     JOURNAL_RECORD_TOO_LARGE = "JOURNAL_RECORD_TOO_LARGE", None, "a record is over 256 KiB"
 
+    # -- worker processes (EXECUTOR_WORKERS) -----------------------------------------------------
+    WORKER_JOURNAL_UNSETTLED = (
+        "WORKER_JOURNAL_UNSETTLED",
+        None,
+        "a journal directory no worker of this EXECUTOR_WORKERS will open still holds work (open"
+        " attempts, or a process that did not stop cleanly): start with the EXECUTOR_WORKERS that"
+        " left it until it is settled",
+    )
+    WORKER_REFUSED_TO_START = (
+        "WORKER_REFUSED_TO_START",
+        None,
+        "a worker process refused to start; the supervisor stopped every worker and exits",
+    )
+
     # -- policy, the authority and grants --------------------------------------------------------
     POLICY_EVALUATION_ERROR = (
         "POLICY_EVALUATION_ERROR",

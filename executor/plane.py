@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from .clock import Clock
+from .clock import Clock, format_ms
 from .codes import Code
 from .config import EscalationMode, ExecutorConfig, ExecutorMode
 from .dispatch.seam import Registry
@@ -43,6 +44,7 @@ from .host.metrics import ExecutorMetrics, StateSnapshot
 from .host.posture import PostureMonitor, PostureReport
 from .host.secrets import SecretStore
 from .host.tlsctx import ReloadingTlsContext
+from .host.workers import PUBLISH_SECONDS, WorkerLink
 from .lifecycle.answers import reconciled_answer
 from .lifecycle.catalog import ActionReconciler, PolicyCatalog
 from .lifecycle.leases import LeaseKeeper
@@ -162,6 +164,8 @@ class Executor:
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     """What registration functions asked to close at stop (``seam.on_close``), run in reverse."""
     startup: Startup = field(default_factory=lambda: Startup(reconciling=True))  # and this
+    worker: WorkerLink | None = None
+    """Under ``EXECUTOR_WORKERS`` above 1: this worker's index and its group's runtime files."""
     routes: tuple[Route, ...] = field(init=False)
     app: web.Application = field(init=False)
     port: int = 0
@@ -275,7 +279,40 @@ class Executor:
         }
         if self.config.executor_mode is ExecutorMode.SHADOW:
             out["shadow_report"] = self.shadow.as_dict()
+        if self.worker is not None:
+            self.publish_worker()  # this worker's own entry is never a second old
+            out["worker"] = self.worker.index
+            out["workers"] = await asyncio.to_thread(self.worker.roster)
         return out
+
+    def publish_worker(self) -> None:
+        """This worker's entry in its group's roster (``host/workers.py``)."""
+        if self.worker is None:
+            return
+        with contextlib.suppress(OSError):
+            self.worker.publish(
+                {
+                    "pid": os.getpid(),
+                    "ready": self.readiness().ready,
+                    "halted": self.halt.halted,
+                    "reconciling": self.reconciling,
+                    "open_attempts": (self.journal.open_count if self.journal is not None else 0)
+                    + len(self.unresolved_keys),
+                    "updated_at": format_ms(self.clock.now()),
+                }
+            )
+
+    async def _worker_loop(self) -> None:
+        """Publish this worker's entry every second; refresh its multiprocess state gauges
+        every few (a scrape on another worker reads them)."""
+        turns = 0
+        while True:
+            self.publish_worker()
+            if turns % 5 == 0 and self.metrics.multiprocess_dir is not None:
+                with contextlib.suppress(AgentSafeError, OSError):
+                    self.metrics.set_state(await self.metrics_state())
+            turns += 1
+            await asyncio.sleep(PUBLISH_SECONDS)
 
     async def metrics_state(self) -> StateSnapshot:
         """What the state gauges show at a scrape. Nothing here reads the journal's day files
@@ -687,6 +724,7 @@ class Executor:
             limits=limits,
             ssl_context=self.tls.context if self.tls is not None else None,
             security=self.streams.security,
+            reuse_port=self.worker is not None,
         )
         await self.site.start()
         self.port = self.site.port
@@ -702,11 +740,15 @@ class Executor:
                 "max_connections_per_source": limits.max_connections_per_source,
             },
         )
+        self.publish_worker()
 
     def start_background(self) -> None:
         """Halt file, secret files, posture drift, TLS material and JWKS, each polled; the
         journal's health, housekeeping (purge and prune) and the re-ask of unknown attempts."""
         self._spawn(self.halt.watch(interval=HALT_FILE_POLL_SECONDS))
+        if self.worker is not None:
+            self._spawn(self.halt.follow())
+            self._spawn(self._worker_loop())
         if self.journal is not None:
             self._spawn(self._journal_health_loop())
             self._spawn(self._recheck_loop())

@@ -8,7 +8,9 @@ other four and carries the chain heads, the configuration digest, the platform's
 (``self_verified: false``), every secret's name with its rotation count, the reason and the time.
 With a signing key the manifest carries an Ed25519 ``signature`` over its canonical form without
 ``signature`` and ``manifest_digest``; ``manifest_digest`` covers everything else, signature
-included.
+included. Under ``EXECUTOR_WORKERS`` above 1 a bundle holds the chains of the worker that answered
+the export (each chain entry names its ``worker``); every worker's whole chains are on the
+standard streams the supervisor forwards, which ``agentsafe verify chain`` walks chain by chain.
 
 ``verify_bundle`` establishes INTERNAL_CONSISTENCY, or ORIGIN_AND_CONSISTENCY when the signature
 verifies against a public key the reader supplies (``AGENTSAFE_EVIDENCE_PUBLIC_KEY``) — never a key
@@ -43,7 +45,7 @@ from ..errors import AgentSafeError, CanonicalizationError
 from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
 from ..host.durable import fsync_directory, write_all
 from .chain import ChainedSink, ChainHead
-from .chainverify import ChainReport, verify_chain
+from .chainverify import ChainReport, chain_key, verify_chain
 from .redact import Redactor
 
 __all__ = [
@@ -182,6 +184,9 @@ def export_bundle(
             "head": _head(snapshot.head) if snapshot.lines else None,
             "elided": [list(r) for r in snapshot.elided],
         }
+        worker = streams[name].worker
+        if worker is not None:  # EXECUTOR_WORKERS: the chain of the worker that exported
+            chains[name]["worker"] = worker
     document: dict[str, Any] = {
         "schema": MANIFEST_SCHEMA,
         "created_at": created_at,
@@ -389,12 +394,17 @@ def verify_bundle(
         bad = report.first_bad
         if bad is not None:
             problems.append(BundleProblem(filename, "CHAIN", f"{bad.describe()}: {bad.detail}"))
-        foreign_schemas = set(report.streams) - {STREAM_SCHEMAS[name]}
+        worker = claim.get("worker") if isinstance(claim, dict) else None
+        if worker is not None and (type(worker) is not int or worker < 0):
+            problems.append(BundleProblem(MANIFEST, "MANIFEST_CHAINS", "worker is malformed"))
+            worker = None
+        expected = chain_key(STREAM_SCHEMAS[name], worker)
+        foreign_schemas = set(report.streams) - {expected}
         if foreign_schemas or report.foreign_lines:
             problems.append(
                 BundleProblem(filename, "CHAIN_SCHEMA", f"lines that are not {name} chain lines")
             )
-        summary = report.streams.get(STREAM_SCHEMAS[name])
+        summary = report.streams.get(expected)
         actual = None if summary is None else {"seq": summary.last_seq, "hash": summary.last_hash}
         if not isinstance(claim, dict) or claim.get("head") != actual:
             problems.append(
