@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -209,6 +210,8 @@ class Executor:
         )
         if self.journal is not None:
             self.journal.on_failure = self._journal_failed
+        if self.worker is not None:  # the roster shows a halt at once, not at the next second
+            self.halt.add_listener(lambda halted: self.publish_worker())
 
     @property
     def reconciling(self) -> bool:
@@ -305,8 +308,11 @@ class Executor:
     async def _worker_loop(self) -> None:
         """Publish this worker's entry every second; refresh its multiprocess state gauges
         every few (a scrape on another worker reads them)."""
-        turns = 0
+        turns, parent = 0, os.getppid()
         while True:
+            if os.getppid() != parent:  # the supervisor is gone: never serve unsupervised
+                log.error("the supervisor exited; this worker stops")
+                signal.raise_signal(signal.SIGTERM)
             self.publish_worker()
             if turns % 5 == 0 and self.metrics.multiprocess_dir is not None:
                 with contextlib.suppress(AgentSafeError, OSError):

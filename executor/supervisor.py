@@ -116,7 +116,7 @@ async def unsettled_journals(config: ExecutorConfig) -> list[tuple[Path, int]]:
     for entry in await asyncio.to_thread(_worker_dirs, base):
         index = int(entry.name.removeprefix("worker-"))
         if count == 1 or index >= count:
-            candidates.append((entry, index + 1))
+            candidates.append((entry, max(index + 1, 2)))  # one process never opens worker-0
     unsettled: list[tuple[Path, int]] = []
     for directory, settles_with in candidates:
         if await _holds_work(directory, retain_days=config.executor_journal_retain_days):
@@ -446,17 +446,16 @@ async def refuse_unsettled(config: ExecutorConfig) -> None:
             "EXECUTOR_JOURNAL_DIR", "a journal directory is held by another process", code=exc.code
         ) from exc
     if unsettled:
-        directory, settles_with = unsettled[0]
-        base = config.executor_journal_dir
-        where = (
-            "EXECUTOR_JOURNAL_DIR itself"
-            if Path(directory) == Path(str(base))
-            else f"EXECUTOR_JOURNAL_DIR/{directory.name}"
+        base = Path(str(config.executor_journal_dir))
+        where = ", ".join(
+            "EXECUTOR_JOURNAL_DIR itself" if d == base else f"EXECUTOR_JOURNAL_DIR/{d.name}"
+            for d, _ in unsettled
         )
+        settles_with = max(n for _, n in unsettled)
         raise ConfigError(
             "EXECUTOR_WORKERS",
             f"{where} holds work no worker of EXECUTOR_WORKERS={config.executor_workers} would"
-            f" reconcile; start once with EXECUTOR_WORKERS={settles_with} and stop it cleanly"
-            " (SIGTERM) after it is ready, then start again",
+            f" reconcile; start once with EXECUTOR_WORKERS={settles_with}, stop it cleanly"
+            " (SIGTERM) once it is ready and its open attempts are resolved, then start again",
             code=Code.WORKER_JOURNAL_UNSETTLED,
         )
