@@ -336,14 +336,13 @@ class Code(StrEnum):
     WORKER_JOURNAL_UNSETTLED = (
         "WORKER_JOURNAL_UNSETTLED",
         None,
-        "a journal directory no worker of this EXECUTOR_WORKERS will open still holds work (open"
-        " attempts, or a process that did not stop cleanly): start with the EXECUTOR_WORKERS that"
-        " left it until it is settled",
+        "a journal no worker of this EXECUTOR_WORKERS opens still holds work; start with the"
+        " larger N",
     )
     WORKER_REFUSED_TO_START = (
         "WORKER_REFUSED_TO_START",
         None,
-        "a worker process refused to start; the supervisor stopped every worker and exits",
+        "a worker refused to start; the supervisor stopped every worker",
     )
 
     # -- policy, the authority and grants --------------------------------------------------------

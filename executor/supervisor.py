@@ -418,7 +418,7 @@ class Supervisor:
                 self._reservation.close()
         if self.refused is not None:
             self.say(
-                "REFUSED_TO_START",
+                Code.REFUSED_TO_START,
                 "ERROR",
                 code=Code.WORKER_REFUSED_TO_START,
                 message=(
@@ -438,12 +438,17 @@ async def supervise(environ: Mapping[str, str], config: ExecutorConfig) -> int:
 
 
 async def refuse_unsettled(config: ExecutorConfig) -> None:
-    """Raise ``WORKER_JOURNAL_UNSETTLED`` naming the first journal no worker would settle."""
+    """Raise ``WORKER_JOURNAL_UNSETTLED`` naming every journal no worker would settle."""
     try:
         unsettled = await unsettled_journals(config)
     except AgentSafeError as exc:
         raise ConfigError(
-            "EXECUTOR_JOURNAL_DIR", "a journal directory is held by another process", code=exc.code
+            "EXECUTOR_JOURNAL_DIR",
+            f"a worker journal directory cannot be checked ({exc.code}: another process may hold"
+            " it)",
+            code=Code.JOURNAL_LOCKED
+            if exc.code == Code.JOURNAL_LOCKED
+            else Code.JOURNAL_UNAVAILABLE,
         ) from exc
     if unsettled:
         base = Path(str(config.executor_journal_dir))

@@ -50,6 +50,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -142,6 +143,18 @@ CERTIFICATES = ("serving", "client_ca")
 INTEGRITY_FINDINGS = ("CHAIN_GAP", "JOURNAL_DAY_FILE_MISSING", "JOURNAL_TORN_LINE")
 """What start-up finds that an incident reader must see: a chain resumed past a crash (lines
 a dead process may have written are not in the chain), a journal day file gone, a torn line."""
+
+
+_GaugeMode = Literal["livemax", "livesum", "livemin"]
+_STATE_GAUGES: tuple[tuple[str, str, _GaugeMode], ...] = (
+    ("halted", "1 while the executor is halted (any cause), else 0", "livemax"),
+    ("open_attempts", "Attempts the journal holds open", "livesum"),
+    ("unknown_attempts", "Attempts whose outcome nobody knows now", "livesum"),
+    ("pending_escalations", "Approval requests waiting for a decision", "livemax"),
+    ("journal_bytes", "Bytes in the attempt journal's day files", "livesum"),
+    ("store_available", "1 while the use store answers its ping, else 0", "livemin"),
+)
+"""The state gauges, and how each combines over ``EXECUTOR_WORKERS`` workers."""
 
 
 def outcome_of_status(status: int) -> str:
@@ -303,14 +316,7 @@ class ExecutorMetrics:
             name: Gauge(
                 name, doc, namespace=namespace, registry=self.registry, multiprocess_mode=mode
             )
-            for name, doc, mode in (
-                ("halted", "1 while the executor is halted (any cause), else 0", "livemax"),
-                ("open_attempts", "Attempts the journal holds open", "livesum"),
-                ("unknown_attempts", "Attempts whose outcome nobody knows now", "livesum"),
-                ("pending_escalations", "Approval requests waiting for a decision", "livemax"),
-                ("journal_bytes", "Bytes in the attempt journal's day files", "livesum"),
-                ("store_available", "1 while the use store answers its ping, else 0", "livemin"),
-            )
+            for name, doc, mode in _STATE_GAUGES
         }
         self._expiry = Gauge(
             "tls_certificate_expiry_seconds",
