@@ -180,6 +180,24 @@ async def test_two_workers_answer_on_one_port_and_every_view_names_both(
             if s.name == "agentsafe_proposals_total" and s.labels == {"verdict": "ALLOW"}
         ]
         assert allowed == [2.0]
+
+        # SIGHUP reaches every worker: each re-reads the principals file (here: refuses it).
+        principals_file = Path(group.env["EXECUTOR_PRINCIPALS_FILE"])
+        good = principals_file.read_text()
+        principals_file.write_text("{not json")
+        assert group.process.process is not None
+        group.process.process.send_signal(signal.SIGHUP)
+
+        async def both_reloaded() -> bool:
+            refused = [
+                e["worker"]
+                for e in group.process.stderr_events()
+                if e.get("event") == "PRINCIPALS_RELOAD_REFUSED"
+            ]
+            return sorted(refused) == [0, 1]
+
+        await wait_until(both_reloaded, timeout=20, what="both workers to re-read their secrets")
+        principals_file.write_text(good)
     finally:
         for session in sessions:
             await session.close()
@@ -476,3 +494,30 @@ async def test_a_journal_left_by_a_larger_group_refuses_the_start_until_it_is_se
     )  # fmt: skip
     await after.process.start()
     assert after.process.terminate() == 0
+
+
+@pytest.mark.xdist_group("postgres")
+async def test_on_postgresql_the_same_key_through_both_workers_executes_once(
+    tmp_path: Path, provider: ProviderProcess, pg_url: str
+) -> None:
+    group = Group(tmp_path, provider)
+    group.env["EXECUTOR_STORE_URL"] = pg_url
+    group.env.pop("EXECUTOR_STATE_DIR")  # optional with the shared store
+    group.process = ExecutorProcess(group.env, tmp_path, "executor-pg")
+    await group.process.start()
+    first, second = await group.pinned(0), await group.pinned(1)
+    try:
+        replies = await asyncio.gather(
+            *(group.propose(s, key="pg-same") for s in (first, second) for _ in range(10))
+        )
+        executed = [body for status, body in replies if status == 200 and not body["replayed"]]
+        assert len(executed) == 1, replies
+        assert {status for status, _ in replies} <= {200, 409}
+        assert await received(provider) == 1
+        roster = await group.roster(second)
+        assert [w["state"] for w in roster] == ["running", "running"]
+    finally:
+        await first.close()
+        await second.close()
+        assert group.process.terminate() == 0
+    assert await received(provider) == 1
