@@ -255,13 +255,26 @@ class Supervisor:
     # -- the runtime directory and the port ----------------------------------------------------
 
     def prepare(self) -> int:
-        """A fresh runtime directory; the port every worker binds."""
-        if self.runtime.exists():
-            shutil.rmtree(self.runtime)
-        self.runtime.mkdir(mode=0o700, parents=True)
-        (self.runtime / METRICS_DIR_NAME).mkdir(mode=0o700)
-        for index in range(self.config.executor_workers):
-            worker_dir(self.base, index).mkdir(mode=0o700, exist_ok=True)
+        """A fresh runtime directory; the port every worker binds. Raises ``ConfigError``."""
+        try:
+            if self.runtime.exists():
+                shutil.rmtree(self.runtime)
+            self.runtime.mkdir(mode=0o700, parents=True)
+            (self.runtime / METRICS_DIR_NAME).mkdir(mode=0o700)
+            for index in range(self.config.executor_workers):
+                worker_dir(self.base, index).mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                "EXECUTOR_JOURNAL_DIR",
+                f"the workers' directories cannot be made in it ({exc.strerror})",
+                code=Code.JOURNAL_UNAVAILABLE,
+            ) from None
+        try:
+            return self._port()
+        except OSError as exc:
+            raise ConfigError("PORT", f"cannot be bound ({exc.strerror})") from None
+
+    def _port(self) -> int:
         port = self.config.port
         if port == 0:
             host = self.config.executor_bind_address
