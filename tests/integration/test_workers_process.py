@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import signal
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,10 @@ from agentsafe.executor.tools.harness import (
     free_port,
     wait_until,
 )
+from tests.support.pki import TestCA
 
 from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
+from .estate import write_private
 
 pytestmark = pytest.mark.slow
 
@@ -521,3 +524,39 @@ async def test_on_postgresql_the_same_key_through_both_workers_executes_once(
         await second.close()
         assert group.process.terminate() == 0
     assert await received(provider) == 1
+
+
+async def test_both_workers_answer_on_the_tls_listener(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    ca = TestCA("agentsafe workers test CA")
+    server = ca.issue_server()
+    group = Group(tmp_path, provider)
+    cert_file = group.workspace.root / "listener.crt"
+    key_file = group.workspace.secrets_dir / "listener.key"
+    write_private(cert_file, server.cert_pem, mode=0o644)
+    write_private(key_file, server.key_pem)
+    group.env.pop("EXECUTOR_ALLOW_PLAINTEXT_LISTENER")
+    group.env.update(
+        {"EXECUTOR_TLS_CERT_FILE": str(cert_file), "EXECUTOR_TLS_KEY_FILE": str(key_file)}
+    )
+    group.process = ExecutorProcess(group.env, tmp_path, "executor-tls")
+    group.process.url = f"https://127.0.0.1:{group.process.port}"
+    trusting = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    group.process.spawn()
+    try:
+        seen: set[int] = set()
+
+        async def both_seen() -> bool:
+            connector = aiohttp.TCPConnector(ssl=trusting, force_close=True)
+            async with aiohttp.ClientSession(connector=connector) as session:
+                with contextlib.suppress(aiohttp.ClientError, json.JSONDecodeError):
+                    status, body = await group.get(session, "/v1/control/status")
+                    if status == 200:
+                        seen.add(body["worker"])
+            assert group.process.running, "the supervisor exited"
+            return seen == {0, 1}
+
+        await wait_until(both_seen, timeout=60, what="both workers over TLS")
+    finally:
+        assert group.process.terminate() == 0
