@@ -26,7 +26,8 @@ Role: one process per core behind one listener. The supervisor serves nothing it
 - stops every worker and exits 78 (``WORKER_REFUSED_TO_START``) when one exits 78 (a
   configuration or posture refusal): fail closed, never a group with a hole in it;
 - on SIGTERM (or SIGINT) forwards SIGTERM to every worker, waits for each to drain and exit
-  (each finishes its in-flight work and journals it), then exits 0; SIGHUP is forwarded (each
+  (each finishes its in-flight work and journals it), then exits 0 (1 when a worker did not
+  exit 0, or had to be killed after :data:`STOP_GRACE_SECONDS`); SIGHUP is forwarded (each
   worker re-reads its secret files).
 
 Its own lines (worker started, exited, restarted, torn line, refusal) are ``agent-safe.log/1``
@@ -190,6 +191,7 @@ class _Worker:
     state: str = "starting"
     restarts: int = 0
     started_at: float = 0.0
+    stop_status: int | None = None
     pumps: list[asyncio.Task[None]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -344,6 +346,7 @@ class Supervisor:
             ran = time.monotonic() - worker.started_at
             if self.stopping.is_set():
                 worker.state = "stopped"
+                worker.stop_status = status
                 self.say("WORKER_STOPPED", worker=worker.index, pid=process.pid, status=status)
                 break
             if status == REFUSED:
@@ -440,6 +443,10 @@ class Supervisor:
                 ),
             )
             return REFUSED
+        unclean = [w.index for w in self.workers if w.stop_status not in (0, None)]
+        if unclean:  # a worker killed, or one that failed its own stop: never "all drained"
+            self.say("SUPERVISOR_STOPPED", "ERROR", workers_not_drained=unclean)
+            return 1
         self.say("SUPERVISOR_STOPPED")
         return 0
 

@@ -231,9 +231,10 @@ class HaltState:
 
     def check_shared(self) -> bool:
         """Apply the group's latest operator halt or resume once; True when one was new."""
-        if self._shared is None:
-            return False
-        record = self._shared.read()
+        return self.apply_shared(self._shared.read() if self._shared is not None else None)
+
+    def apply_shared(self, record: dict[str, Any] | None) -> bool:
+        """Apply a record read from the group's shared halt; True when it was new."""
         if record is None:
             return False
         generation = int(record["generation"])
@@ -258,9 +259,13 @@ class HaltState:
         return True
 
     async def follow(self, *, interval: float = HALT_POLL_SECONDS) -> None:
-        """Poll the group's shared halt every ``interval`` seconds until cancelled."""
+        """Poll the group's shared halt every ``interval`` seconds until cancelled: read in a
+        thread, applied on the event loop (its listeners run there)."""
+        shared = self._shared
+        if shared is None:
+            return
         while True:
-            await asyncio.to_thread(self.check_shared)
+            self.apply_shared(await asyncio.to_thread(shared.read))
             await asyncio.sleep(interval)
 
     # -- automatic causes ---------------------------------------------------------------------

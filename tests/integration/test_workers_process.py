@@ -139,6 +139,19 @@ class Group:
         workers: list[dict[str, Any]] = body["workers"]
         return workers
 
+    async def all_ready(self) -> None:
+        """Every worker published that it is ready (its start-up reconciliation done)."""
+
+        async def ready() -> bool:
+            async with aiohttp.ClientSession() as session:
+                try:
+                    roster = await self.roster(session)
+                except (aiohttp.ClientError, AssertionError):
+                    return False
+            return all(w["published"] and w.get("ready") for w in roster)
+
+        await wait_until(ready, timeout=60, what="every worker to become ready")
+
     def supervisor_events(self, event: str) -> list[dict[str, Any]]:
         return [
             e
@@ -156,6 +169,7 @@ async def test_two_workers_answer_on_one_port_and_every_view_names_both(
 ) -> None:
     group = Group(tmp_path, provider)
     await group.process.start()
+    await group.all_ready()
     sessions: list[aiohttp.ClientSession] = []
     try:
         sessions = [await group.pinned(0), await group.pinned(1)]
@@ -224,6 +238,7 @@ async def test_a_halt_on_one_worker_halts_every_worker_and_a_resume_lifts_it(
 ) -> None:
     group = Group(tmp_path, provider)
     await group.process.start()
+    await group.all_ready()
     first, second = await group.pinned(0), await group.pinned(1)
     try:
         status, _ = await group.post(first, "/v1/control/halt", {"reason": "incident 7"})
@@ -267,6 +282,7 @@ async def test_the_same_key_raced_through_both_workers_executes_once(
 ) -> None:
     group = Group(tmp_path, provider)
     await group.process.start()
+    await group.all_ready()
     first, second = await group.pinned(0), await group.pinned(1)
     try:
         await provider.set_mode("hold")  # the first dispatch waits at the provider
@@ -304,6 +320,7 @@ async def test_sigkill_of_a_worker_mid_load_restarts_it_and_reconciles_its_attem
 ) -> None:
     group = Group(tmp_path, provider)
     await group.process.start()
+    await group.all_ready()
     first, second = await group.pinned(0), await group.pinned(1)
     try:
         victim = (await group.roster(first))[1]["pid"]
@@ -357,6 +374,7 @@ async def test_sigterm_drains_every_worker_and_exits_0(
 ) -> None:
     group = Group(tmp_path, provider)
     await group.process.start()
+    await group.all_ready()
     first, second = await group.pinned(0), await group.pinned(1)
     try:
         await provider.set_mode("hold")
@@ -430,6 +448,7 @@ async def test_a_journal_left_by_a_larger_group_refuses_the_start_until_it_is_se
 ) -> None:
     group = Group(tmp_path, provider)
     await group.process.start()
+    await group.all_ready()
     second = await group.pinned(1)
     try:
         pids = [w["pid"] for w in await group.roster(second)]
@@ -482,6 +501,7 @@ async def test_a_journal_left_by_a_larger_group_refuses_the_start_until_it_is_se
         tmp_path, provider, name="again", workspace=group.workspace, principals=group.principals
     )
     await again.process.start()
+    await again.all_ready()
     session = aiohttp.ClientSession()
     try:
         status, body = await again.propose(session, key="left-open")
@@ -497,6 +517,8 @@ async def test_a_journal_left_by_a_larger_group_refuses_the_start_until_it_is_se
     )  # fmt: skip
     await after.process.start()
     assert after.process.terminate() == 0
+    reconciled = [e for e in again.process.stdout_events() if e.get("event") == "RECONCILIATION"]
+    assert [(e["worker"], e["resolution"]) for e in reconciled] == [(1, "RECONCILED_COMPLETED")]
 
 
 @pytest.mark.xdist_group("postgres")
@@ -508,6 +530,7 @@ async def test_on_postgresql_the_same_key_through_both_workers_executes_once(
     group.env.pop("EXECUTOR_STATE_DIR")  # optional with the shared store
     group.process = ExecutorProcess(group.env, tmp_path, "executor-pg")
     await group.process.start()
+    await group.all_ready()
     first, second = await group.pinned(0), await group.pinned(1)
     try:
         replies = await asyncio.gather(
