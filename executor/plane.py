@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,14 +40,14 @@ from .egress.webhook import ApprovalWebhook
 from .errors import AgentSafeError, ConfigError, RequestRejected, StoreError
 from .events import Streams
 from .evidence.bundle import BundleError, export_bundle
-from .evidence.chain import ChainedStreams
+from .evidence.chain import ChainedStreams, ChainHead, ChainSnapshot
 from .evidence.redact import Redactor
 from .host.halt import HaltState
 from .host.metrics import ExecutorMetrics, StateSnapshot
 from .host.posture import PostureMonitor, PostureReport
 from .host.secrets import SecretStore
 from .host.tlsctx import ReloadingTlsContext
-from .host.workers import PUBLISH_SECONDS, WorkerLink
+from .host.workers import EXPORT_POLL_SECONDS, PUBLISH_SECONDS, WorkerLink
 from .lifecycle.answers import reconciled_answer
 from .lifecycle.catalog import ActionReconciler, PolicyCatalog
 from .lifecycle.leases import LeaseKeeper
@@ -79,6 +81,9 @@ log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 20.0
 HALT_FILE_POLL_SECONDS = 0.5
+STREAMS = ("evidence", "security")
+EXPORT_PEER_SECONDS = 5.0
+"""How long an evidence export waits for the other workers' windows (``EXECUTOR_WORKERS``)."""
 SECRETS_POLL_SECONDS = 5.0
 REFUSAL_LINES_POLL_SECONDS = 2.0
 
@@ -481,6 +486,7 @@ class Executor:
             signing_key = loaded
         attempts = await self.open_attempts()
         self.door.door.flush_lines()  # the summaries of repeated refusals that are due
+        peers, workers = await self._peer_windows()
         try:
             manifest = await asyncio.to_thread(
                 export_bundle,
@@ -495,6 +501,8 @@ class Executor:
                 signing_key=signing_key,
                 clock=self.clock,
                 redactor=self.redactor,
+                peers=peers,
+                workers=workers,
             )
         except BundleError as exc:
             raise RequestRejected(exc.code, exc.message) from None
@@ -502,6 +510,59 @@ class Executor:
             "EVIDENCE_EXPORTED", {"principal": principal.id, "signed": signing_key is not None}
         )
         return dict(manifest.document)
+
+    async def _peer_windows(
+        self,
+    ) -> tuple[dict[int, dict[str, ChainSnapshot]], dict[str, Any] | None]:
+        """``EXECUTOR_WORKERS``: every other running worker's chain windows, asked for through
+        the group's files and awaited for at most :data:`EXPORT_PEER_SECONDS`; and the
+        manifest's ``workers`` entry (who exported, who did not answer)."""
+        if self.worker is None:
+            return {}, None
+        link = self.worker
+        request = await asyncio.to_thread(link.request_windows, uuid.uuid4().hex)
+        roster = await asyncio.to_thread(link.roster)
+        wanted = {w["index"] for w in roster if not w["this_worker"] and w["published"]}
+        answers: dict[int, dict[str, Any]] = {}
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(EXPORT_PEER_SECONDS):
+                while not wanted <= set(answers):
+                    answers = await asyncio.to_thread(link.answers, request)
+                    if not wanted <= set(answers):
+                        await asyncio.sleep(EXPORT_POLL_SECONDS)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(shutil.rmtree, request)
+        peers: dict[int, dict[str, ChainSnapshot]] = {}
+        for index, answer in answers.items():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                peers[index] = {
+                    name: _snapshot(name, answer[name]) for name in ("evidence", "security")
+                }
+        missing = sorted(i for i in range(link.count) if i != link.index and i not in peers)
+        return peers, {"exported_by": link.index, "count": link.count, "not_answered": missing}
+
+    def _windows(self) -> dict[str, Any]:
+        """This worker's chain windows, for another worker's export (``host/workers.py``)."""
+        assert self.chained is not None
+        out: dict[str, Any] = {}
+        for name, sink in self.chained.sinks().items():
+            snapshot = sink.snapshot()
+            out[name] = {
+                "lines": list(snapshot.lines),
+                "head": snapshot.head.as_dict() if snapshot.head is not None else None,
+                "elided": [list(r) for r in snapshot.elided],
+            }
+        return out
+
+    async def _export_answer_loop(self) -> None:
+        """Answer other workers' evidence exports with this worker's windows."""
+        assert self.worker is not None
+        link = self.worker
+        while True:
+            for request in await asyncio.to_thread(link.pending_requests):
+                windows = self._windows()
+                await asyncio.to_thread(link.answer, request, windows)
+            await asyncio.sleep(EXPORT_POLL_SECONDS)
 
     # -------------------------------------------------------------- lifecycle
 
@@ -755,6 +816,8 @@ class Executor:
         if self.worker is not None:
             self._spawn(self.halt.follow())
             self._spawn(self._worker_loop())
+            if self.chained is not None:
+                self._spawn(self._export_answer_loop())
         if self.journal is not None:
             self._spawn(self._journal_health_loop())
             self._spawn(self._recheck_loop())
@@ -901,3 +964,18 @@ class Executor:
         self.door.door.flush_lines(everything=True)
         if self.chained is not None:
             self.chained.close()
+
+
+def _snapshot(stream: str, window: dict[str, Any]) -> ChainSnapshot:
+    """Another worker's window as it answered (``Executor._windows``); the bundle's verifier
+    re-walks its lines, so nothing here is trusted beyond its shape."""
+    head = window["head"]
+    return ChainSnapshot(
+        lines=tuple(str(line) for line in window["lines"]),
+        head=(
+            ChainHead(stream, str(head["schema"]), int(head["seq"]), str(head["hash"]))
+            if head is not None
+            else None
+        ),
+        elided=tuple((int(a), int(b)) for a, b in window["elided"]),
+    )

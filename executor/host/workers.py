@@ -15,7 +15,10 @@ The runtime directory holds, each file replaced atomically (temp, rename):
 - ``halt.json``: the operator's halt or resume from the control route of any worker, with a
   generation number taken under ``halt.lock`` (``flock``), so two racing operators are ordered.
   Every worker follows it (``HaltState.follow``), within :data:`HALT_POLL_SECONDS`.
-- ``metrics/``: ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess files).
+- ``metrics/``: ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess files);
+- ``exports/<id>/``: an evidence export asking every other worker for the window of its chains
+  (:meth:`WorkerLink.request_windows`); each answers ``worker-<j>.json`` within
+  :data:`EXPORT_POLL_SECONDS` (chained lines, already redacted, and their heads).
 
 Nothing here is a secret or a request's data. Reading is tolerant: a file half-written by a
 worker that died is never seen (rename is atomic), and a missing file is a worker that has not
@@ -38,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "EXPORT_POLL_SECONDS",
     "HALT_POLL_SECONDS",
     "INDEX_ENV",
     "METRICS_DIR_NAME",
@@ -57,6 +61,8 @@ RUNTIME_DIR_NAME = ".workers"
 METRICS_DIR_NAME = "metrics"
 PUBLISH_SECONDS = 1.0
 HALT_POLL_SECONDS = 0.2
+EXPORT_POLL_SECONDS = 0.2
+EXPORTS_DIR = "exports"
 SUPERVISOR_FILE = "supervisor.json"
 HALT_FILE = "halt.json"
 
@@ -126,6 +132,44 @@ class WorkerLink:
                 for name in ("ready", "halted", "reconciling", "open_attempts", "updated_at"):
                     row[name] = own.get(name)
             out.append(row)
+        return out
+
+    def request_windows(self, request_id: str) -> Path:
+        """Ask every other worker for its chains' windows (an evidence export); the directory
+        their answers arrive in."""
+        directory = self.runtime / EXPORTS_DIR / request_id
+        directory.mkdir(mode=0o700, parents=True)
+        write_json(directory / "request.json", {"from_worker": self.index})
+        return directory
+
+    def pending_requests(self) -> list[Path]:
+        """Requests of other workers this worker has not answered yet."""
+        try:
+            entries = list((self.runtime / EXPORTS_DIR).iterdir())
+        except OSError:
+            return []
+        pending: list[Path] = []
+        for directory in entries:
+            request = read_json(directory / "request.json")
+            if (
+                request is not None
+                and request.get("from_worker") != self.index
+                and not (directory / f"worker-{self.index}.json").exists()
+            ):
+                pending.append(directory)
+        return pending
+
+    def answer(self, request: Path, windows: Mapping[str, Any]) -> None:
+        with contextlib.suppress(OSError):  # the requester may have given up and removed it
+            write_json(request / f"worker-{self.index}.json", windows)
+
+    def answers(self, request: Path) -> dict[int, dict[str, Any]]:
+        out: dict[int, dict[str, Any]] = {}
+        for index in range(self.count):
+            if index != self.index:
+                found = read_json(request / f"worker-{index}.json")
+                if found is not None:
+                    out[index] = found
         return out
 
     def shared_halt(self) -> SharedHalt:

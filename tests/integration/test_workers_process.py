@@ -25,6 +25,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from agentsafe.executor.clock import SystemClock
 from agentsafe.executor.events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
+from agentsafe.executor.evidence.bundle import verify_bundle
 from agentsafe.executor.evidence.chainverify import chain_key, verify_chain_file
 from agentsafe.executor.state.journal import AttemptJournal
 from agentsafe.executor.tools.harness import (
@@ -583,3 +584,44 @@ async def test_both_workers_answer_on_the_tls_listener(
         await wait_until(both_seen, timeout=60, what="both workers over TLS")
     finally:
         assert group.process.terminate() == 0
+
+
+async def test_an_evidence_export_from_one_worker_holds_every_workers_chains(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    group = Group(tmp_path, provider)
+    await group.process.start()
+    await group.all_ready()
+    first, second = await group.pinned(0), await group.pinned(1)
+    try:
+        for index, session in enumerate((first, second)):
+            status, _ = await group.propose(session, key=f"export-{index}")
+            assert status == 200
+        status, manifest = await group.post(
+            second, "/v1/control/evidence-export", {"reason": "drill"}
+        )
+        assert status == 200, manifest
+    finally:
+        await first.close()
+        await second.close()
+        assert group.process.terminate() == 0
+    assert manifest["workers"] == {"exported_by": 1, "count": 2, "not_answered": []}
+    assert {name: c.get("worker") for name, c in manifest["chains"].items()} == {
+        "evidence": 1,
+        "security": 1,
+        "evidence@worker-0": 0,
+        "security@worker-0": 0,
+    }
+    (bundle,) = [p for p in (group.workspace.root / "evidence").iterdir() if p.is_dir()]
+    report = verify_bundle(bundle, public_key=None)
+    assert report.ok, report.problems
+    # Each worker's DECISION for its own proposal is in the bundle, in that worker's file.
+    for index, filename in ((1, "evidence.jsonl"), (0, "evidence.worker-0.jsonl")):
+        lines = [json.loads(line) for line in (bundle / filename).read_text().splitlines()]
+        assert {line["worker"] for line in lines} == {index}
+        assert any(line["event"] == "DECISION" for line in lines)
+    # A line removed from the other worker's window is found.
+    peer = bundle / "evidence.worker-0.jsonl"
+    kept = peer.read_text().splitlines()
+    peer.write_text("\n".join(kept[:2] + kept[3:]) + "\n")
+    assert not verify_bundle(bundle, public_key=None).ok
