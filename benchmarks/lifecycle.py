@@ -14,8 +14,14 @@ chooses. Every request carries its own idempotency key. Prints requests/s, p50 a
 the ratio to the baseline, and the load average before and after. Speed is never asserted in
 tests; record the figures in docs/performance.md.
 
+With ``--workers N`` (N above 1) the same run then starts a second executor with
+``EXECUTOR_WORKERS=N`` (its own workspace, the same provider and client) and adds the row
+"ALLOW and execute once, N workers", and its ratio to the one-process ALLOW row (issue 18's goal:
+2 workers on 2 cores at least 1.7 times one). Its CPU and RSS columns cover the supervisor and
+every worker (RSS: the largest process).
+
     python benchmarks/lifecycle.py [--requests N] [--concurrency C] [--client go|python]
-                                   [--soak N]
+                                   [--soak N] [--workers N]
 """
 
 from __future__ import annotations
@@ -42,7 +48,15 @@ from agentsafe.executor.tools.harness import (
 )
 
 
-async def run(requests: int, concurrency: int, client: str, soak: int = 0) -> list[dict[str, Any]]:
+def group_pids(pid: int) -> list[int]:
+    """A supervisor and its worker processes (``EXECUTOR_WORKERS``), from /proc."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *map(int, children)]
+
+
+async def run(
+    requests: int, concurrency: int, client: str, soak: int = 0, workers: int = 1
+) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="agentsafe-bench-"))
     rows: list[dict[str, Any]] = []
     warmup = max(requests // 10, concurrency)
@@ -109,6 +123,38 @@ async def run(requests: int, concurrency: int, client: str, soak: int = 0) -> li
                     pids=[executor.process.pid] if executor.process else None,
                 )
             )
+        executor.terminate()
+        if workers > 1:
+            group_env = Workspace(root / "ws-workers").environment(
+                provider_url=provider.url,
+                port=free_port(),
+                extra={"EXECUTOR_WORKERS": str(workers)},
+            )
+            group = ExecutorProcess(group_env, root, "executor-workers")
+            await group.start()
+            try:
+                assert group.process is not None
+                supervisor = group.process.pid
+
+                async def all_up() -> bool:  # every worker started, not only the first
+                    return len(group_pids(supervisor)) == workers + 1
+
+                await wait_until(all_up, timeout=60, what="every worker")
+                rows.append(
+                    await drive(
+                        client,
+                        f"ALLOW and execute once, {workers} workers",
+                        [group.url + "/v1/actions"],
+                        proposal_template("allow-w", 100),
+                        {"authorization": f"Bearer {group.token}"},
+                        requests=requests,
+                        concurrency=concurrency,
+                        warmup=warmup,
+                        pids=group_pids(supervisor),
+                    )
+                )
+            finally:
+                group.terminate()
     finally:
         executor.terminate()
         provider.terminate()
@@ -153,9 +199,17 @@ def main() -> int:
     parser.add_argument(
         "--soak", type=int, default=0, help="then N more ALLOW requests, to compare the RSS"
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="then ALLOW again on an executor with EXECUTOR_WORKERS=N (N above 1)",
+    )
     args = parser.parse_args()
     before = os.getloadavg()
-    rows = asyncio.run(run(args.requests, args.concurrency, args.client, args.soak))
+    rows = asyncio.run(
+        run(args.requests, args.concurrency, args.client, args.soak, workers=args.workers)
+    )
     after = os.getloadavg()
     render(
         f"lifecycle: {args.requests} requests, concurrency {args.concurrency}, "
@@ -163,6 +217,10 @@ def main() -> int:
         rows,
         "baseline",
     )
+    one = next((r for r in rows if r["name"] == "ALLOW and execute once"), None)
+    group = next((r for r in rows if r["name"].endswith(" workers")), None)
+    if one is not None and group is not None and one["rps"]:
+        print(f"ALLOW, {args.workers} workers / one process: {group['rps'] / one['rps']:.2f}x")
     return 0
 
 

@@ -69,6 +69,7 @@ from .host.metrics import ExecutorMetrics
 from .host.posture import PostureInputs, PostureMonitor, check_posture
 from .host.secrets import SecretStore, inspect_sources
 from .host.tlsctx import ReloadingTlsContext, TlsSettings
+from .host.workers import WorkerLink
 from .lifecycle.catalog import ActionReconciler, PolicyCatalog
 from .lifecycle.ceilings import HostCeilings
 from .lifecycle.leases import LeaseKeeper
@@ -90,7 +91,7 @@ from .principals import legacy_principal
 from .routes.door import HttpDoor
 from .state.journal import AttemptJournal
 from .state.pgstore import PostgresStore, SharedAttemptMirror, check_store_url
-from .state.usestore import SQLiteUseStore, UseStore
+from .state.usestore import SQLiteUseStore, SQLiteWindow, UseStore
 from .windows import DoorWindows
 
 __all__ = [
@@ -347,6 +348,8 @@ async def assemble(
     gateway's handler this way).
     """
     config = load_config(environ)
+    # EXECUTOR_WORKERS: the supervisor made the journal directory and replica id this worker's
+    worker = WorkerLink.from_environ(environ, count=config.executor_workers)
     streams = streams or Streams.standard()
     clock = clock or SystemClock()
     secrets_dir = Path(config.executor_secrets_dir) if config.executor_secrets_dir else None
@@ -435,6 +438,7 @@ async def assemble(
                 window_lines=config.executor_evidence_window_lines,
                 redactor=redactor,
                 routine_security_events=frozenset(RefusalEvent),
+                worker=worker.index if worker is not None else None,
             )
             _count_chained(chained, metrics)
             for resumed in (chained.evidence.resumption, chained.security.resumption):
@@ -461,6 +465,8 @@ async def assemble(
             auth_spike=config.executor_halt_on_auth_failures,
             egress_spike=config.executor_halt_on_egress_refusals,
         )
+        if worker is not None:
+            halt.share(worker.shared_halt())  # an operator's halt is the whole group's
 
         def egress_refused(code: str) -> None:
             metrics.egress_refusals.inc(code=code)
@@ -582,7 +588,14 @@ async def assemble(
             window_count=config.executor_hard_limit_window_count,
             window_sum_minor=config.executor_hard_limit_window_sum_minor,
             clock=clock,
-            window=shared.window if shared is not None else None,
+            window=(
+                shared.window
+                if shared is not None
+                # EXECUTOR_WORKERS: one window for every worker, in the SQLite store they share
+                else SQLiteWindow(store)
+                if worker is not None and isinstance(store, SQLiteUseStore)
+                else None
+            ),
         )
         shadow = ShadowReport()
         store_health = StoreHealth()
@@ -660,6 +673,7 @@ async def assemble(
             store_health=store_health,
             closers=closers,
             startup=startup,
+            worker=worker,
         )
         if mirror is not None and journal is not None:
             executor.leases = LeaseKeeper(

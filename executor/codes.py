@@ -332,6 +332,19 @@ class Code(StrEnum):
     JOURNAL_RECORD_INVALID = "JOURNAL_RECORD_INVALID", None, "a record does not bind its intent"
     JOURNAL_RECORD_TOO_LARGE = "JOURNAL_RECORD_TOO_LARGE", None, "a record is over 256 KiB"
 
+    # -- worker processes (EXECUTOR_WORKERS) -----------------------------------------------------
+    WORKER_JOURNAL_UNSETTLED = (
+        "WORKER_JOURNAL_UNSETTLED",
+        None,
+        "a journal no worker of this EXECUTOR_WORKERS opens still holds work; start with the"
+        " larger N",
+    )
+    WORKER_REFUSED_TO_START = (
+        "WORKER_REFUSED_TO_START",
+        None,
+        "a worker refused to start; the supervisor stopped every worker",
+    )
+
     # -- policy, the authority and grants --------------------------------------------------------
     POLICY_EVALUATION_ERROR = (
         "POLICY_EVALUATION_ERROR",

@@ -255,6 +255,7 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "EXECUTOR_STATE_DIR",
     "EXECUTOR_BIND_ADDRESS",
     "PORT",
+    "EXECUTOR_WORKERS",
     "EXECUTOR_HEADER_TIMEOUT_SECONDS",
     "EXECUTOR_BODY_TIMEOUT_SECONDS",
     "EXECUTOR_MAX_CONNECTIONS",
@@ -556,6 +557,7 @@ _BOOL_FIELDS: Final = (
 )
 _INT_FIELDS: Final = (
     "port",
+    "executor_workers",
     "executor_header_timeout_seconds",
     "executor_body_timeout_seconds",
     "executor_max_connections",
@@ -681,6 +683,7 @@ class ExecutorConfig(BaseModel):
         default=HEADER_TIMEOUT_SECONDS_DEFAULT, ge=1, le=300
     )
     executor_body_timeout_seconds: int = Field(default=BODY_TIMEOUT_SECONDS_DEFAULT, ge=1, le=300)
+    executor_workers: int = Field(default=WORKERS_DEFAULT, ge=1, le=WORKERS_MAX)
     executor_max_connections: int = Field(default=MAX_CONNECTIONS_DEFAULT, ge=1, le=65_535)
     executor_max_connections_per_source: int = Field(
         default=MAX_CONNECTIONS_PER_SOURCE_DEFAULT, ge=1, le=65_535
@@ -1119,6 +1122,11 @@ class ExecutorConfig(BaseModel):
             raise ConfigError(
                 "EXECUTOR_JOURNAL_DIR",
                 "is required in enforcement unless EXECUTOR_JOURNAL_REQUIRED=false",
+            )
+        if self.executor_workers > 1 and self.executor_journal_dir is None:
+            raise ConfigError(
+                "EXECUTOR_WORKERS",
+                "above 1 needs EXECUTOR_JOURNAL_DIR (each worker journals in its own directory)",
             )
         if self.executor_evidence_signing_key.given and self.executor_evidence_dir is None:
             raise ConfigError(

@@ -16,6 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
+import signal
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +28,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from .clock import Clock
+from .clock import Clock, format_ms
 from .codes import Code
 from .config import EscalationMode, ExecutorConfig, ExecutorMode
 from .dispatch.seam import Registry
@@ -36,13 +40,14 @@ from .egress.webhook import ApprovalWebhook
 from .errors import AgentSafeError, ConfigError, RequestRejected, StoreError
 from .events import Streams
 from .evidence.bundle import BundleError, export_bundle
-from .evidence.chain import ChainedStreams
+from .evidence.chain import ChainedStreams, ChainHead, ChainSnapshot
 from .evidence.redact import Redactor
 from .host.halt import HaltState
 from .host.metrics import ExecutorMetrics, StateSnapshot
 from .host.posture import PostureMonitor, PostureReport
 from .host.secrets import SecretStore
 from .host.tlsctx import ReloadingTlsContext
+from .host.workers import EXPORT_POLL_SECONDS, PUBLISH_SECONDS, WorkerLink
 from .lifecycle.answers import reconciled_answer
 from .lifecycle.catalog import ActionReconciler, PolicyCatalog
 from .lifecycle.leases import LeaseKeeper
@@ -76,6 +81,9 @@ log = logging.getLogger(__name__)
 
 DRAIN_SECONDS = 20.0
 HALT_FILE_POLL_SECONDS = 0.5
+STREAMS = ("evidence", "security")
+EXPORT_PEER_SECONDS = 5.0
+"""How long an evidence export waits for the other workers' windows (``EXECUTOR_WORKERS``)."""
 SECRETS_POLL_SECONDS = 5.0
 REFUSAL_LINES_POLL_SECONDS = 2.0
 
@@ -162,6 +170,8 @@ class Executor:
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     """What registration functions asked to close at stop (``seam.on_close``), run in reverse."""
     startup: Startup = field(default_factory=lambda: Startup(reconciling=True))  # and this
+    worker: WorkerLink | None = None
+    """Under ``EXECUTOR_WORKERS`` above 1: this worker's index and its group's runtime files."""
     routes: tuple[Route, ...] = field(init=False)
     app: web.Application = field(init=False)
     port: int = 0
@@ -205,6 +215,8 @@ class Executor:
         )
         if self.journal is not None:
             self.journal.on_failure = self._journal_failed
+        if self.worker is not None:  # the roster shows a halt at once, not at the next second
+            self.halt.add_listener(lambda halted: self.publish_worker())
 
     @property
     def reconciling(self) -> bool:
@@ -275,7 +287,43 @@ class Executor:
         }
         if self.config.executor_mode is ExecutorMode.SHADOW:
             out["shadow_report"] = self.shadow.as_dict()
+        if self.worker is not None:
+            self.publish_worker()  # this worker's own entry is never a second old
+            out["worker"] = self.worker.index
+            out["workers"] = await asyncio.to_thread(self.worker.roster)
         return out
+
+    def publish_worker(self) -> None:
+        """This worker's entry in its group's roster (``host/workers.py``)."""
+        if self.worker is None:
+            return
+        with contextlib.suppress(OSError):
+            self.worker.publish(
+                {
+                    "pid": os.getpid(),
+                    "ready": self.readiness().ready,
+                    "halted": self.halt.halted,
+                    "reconciling": self.reconciling,
+                    "open_attempts": (self.journal.open_count if self.journal is not None else 0)
+                    + len(self.unresolved_keys),
+                    "updated_at": format_ms(self.clock.now()),
+                }
+            )
+
+    async def _worker_loop(self) -> None:
+        """Publish this worker's entry every second; refresh its multiprocess state gauges
+        every few (a scrape on another worker reads them)."""
+        turns, parent = 0, os.getppid()
+        while True:
+            if os.getppid() != parent:  # the supervisor is gone: never serve unsupervised
+                log.error("the supervisor exited; this worker stops")
+                signal.raise_signal(signal.SIGTERM)
+            self.publish_worker()
+            if turns % 5 == 0 and self.metrics.multiprocess_dir is not None:
+                with contextlib.suppress(AgentSafeError, OSError):
+                    self.metrics.set_state(await self.metrics_state())
+            turns += 1
+            await asyncio.sleep(PUBLISH_SECONDS)
 
     async def metrics_state(self) -> StateSnapshot:
         """What the state gauges show at a scrape. Nothing here reads the journal's day files
@@ -438,6 +486,7 @@ class Executor:
             signing_key = loaded
         attempts = await self.open_attempts()
         self.door.door.flush_lines()  # the summaries of repeated refusals that are due
+        peers, workers = await self._peer_windows()
         try:
             manifest = await asyncio.to_thread(
                 export_bundle,
@@ -452,6 +501,8 @@ class Executor:
                 signing_key=signing_key,
                 clock=self.clock,
                 redactor=self.redactor,
+                peers=peers,
+                workers=workers,
             )
         except BundleError as exc:
             raise RequestRejected(exc.code, exc.message) from None
@@ -459,6 +510,59 @@ class Executor:
             "EVIDENCE_EXPORTED", {"principal": principal.id, "signed": signing_key is not None}
         )
         return dict(manifest.document)
+
+    async def _peer_windows(
+        self,
+    ) -> tuple[dict[int, dict[str, ChainSnapshot]], dict[str, Any] | None]:
+        """``EXECUTOR_WORKERS``: every other running worker's chain windows, asked for through
+        the group's files and awaited for at most :data:`EXPORT_PEER_SECONDS`; and the
+        manifest's ``workers`` entry (who exported, who did not answer)."""
+        if self.worker is None:
+            return {}, None
+        link = self.worker
+        request = await asyncio.to_thread(link.request_windows, uuid.uuid4().hex)
+        roster = await asyncio.to_thread(link.roster)
+        wanted = {w["index"] for w in roster if not w["this_worker"] and w["published"]}
+        answers: dict[int, dict[str, Any]] = {}
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(EXPORT_PEER_SECONDS):
+                while not wanted <= set(answers):
+                    answers = await asyncio.to_thread(link.answers, request)
+                    if not wanted <= set(answers):
+                        await asyncio.sleep(EXPORT_POLL_SECONDS)
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(shutil.rmtree, request)
+        peers: dict[int, dict[str, ChainSnapshot]] = {}
+        for index, answer in answers.items():
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                peers[index] = {
+                    name: _snapshot(name, answer[name]) for name in ("evidence", "security")
+                }
+        missing = sorted(i for i in range(link.count) if i != link.index and i not in peers)
+        return peers, {"exported_by": link.index, "count": link.count, "not_answered": missing}
+
+    def _windows(self) -> dict[str, Any]:
+        """This worker's chain windows, for another worker's export (``host/workers.py``)."""
+        assert self.chained is not None
+        out: dict[str, Any] = {}
+        for name, sink in self.chained.sinks().items():
+            snapshot = sink.snapshot()
+            out[name] = {
+                "lines": list(snapshot.lines),
+                "head": snapshot.head.as_dict() if snapshot.head is not None else None,
+                "elided": [list(r) for r in snapshot.elided],
+            }
+        return out
+
+    async def _export_answer_loop(self) -> None:
+        """Answer other workers' evidence exports with this worker's windows."""
+        assert self.worker is not None
+        link = self.worker
+        while True:
+            for request in await asyncio.to_thread(link.pending_requests):
+                windows = self._windows()
+                await asyncio.to_thread(link.answer, request, windows)
+            await asyncio.sleep(EXPORT_POLL_SECONDS)
 
     # -------------------------------------------------------------- lifecycle
 
@@ -687,6 +791,7 @@ class Executor:
             limits=limits,
             ssl_context=self.tls.context if self.tls is not None else None,
             security=self.streams.security,
+            reuse_port=self.worker is not None,
         )
         await self.site.start()
         self.port = self.site.port
@@ -702,11 +807,17 @@ class Executor:
                 "max_connections_per_source": limits.max_connections_per_source,
             },
         )
+        self.publish_worker()
 
     def start_background(self) -> None:
         """Halt file, secret files, posture drift, TLS material and JWKS, each polled; the
         journal's health, housekeeping (purge and prune) and the re-ask of unknown attempts."""
         self._spawn(self.halt.watch(interval=HALT_FILE_POLL_SECONDS))
+        if self.worker is not None:
+            self._spawn(self.halt.follow())
+            self._spawn(self._worker_loop())
+            if self.chained is not None:
+                self._spawn(self._export_answer_loop())
         if self.journal is not None:
             self._spawn(self._journal_health_loop())
             self._spawn(self._recheck_loop())
@@ -853,3 +964,18 @@ class Executor:
         self.door.door.flush_lines(everything=True)
         if self.chained is not None:
             self.chained.close()
+
+
+def _snapshot(stream: str, window: dict[str, Any]) -> ChainSnapshot:
+    """Another worker's window as it answered (``Executor._windows``); the bundle's verifier
+    re-walks its lines, so nothing here is trusted beyond its shape."""
+    head = window["head"]
+    return ChainSnapshot(
+        lines=tuple(str(line) for line in window["lines"]),
+        head=(
+            ChainHead(stream, str(head["schema"]), int(head["seq"]), str(head["hash"]))
+            if head is not None
+            else None
+        ),
+        elided=tuple((int(a), int(b)) for a, b in window["elided"]),
+    )

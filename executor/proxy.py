@@ -167,6 +167,10 @@ async def run(
         sys.stdout.flush()
 
     config = load_config(env)
+    if config.executor_workers > 1:  # never a setting that is read and then does nothing
+        raise ConfigError(
+            "EXECUTOR_WORKERS", "is for agentsafe serve; agentsafe proxy runs one process"
+        )
     exchanges = Exchanges()
     evidence, security = DeferredSink(), DeferredSink()
     evidence_out, security_out = outputs

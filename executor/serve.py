@@ -13,6 +13,13 @@ their own process); :func:`~agentsafe.executor.assembly.assemble` builds the exe
 signals, the chained standard streams, operational logs through the security stream's writer,
 and the exit status.
 
+Under ``EXECUTOR_WORKERS`` above 1 this process is the supervisor of N workers instead
+(``supervisor.py``): it parses the configuration (refusing as a single process would), installs
+no audit hook, and starts the workers, each of which runs this module again as a single process
+told its index (``host/workers.py``). With ``EXECUTOR_WORKERS=1`` (the default) nothing of that
+runs: one process, exactly as before, which only first refuses to start over a ``worker-<k>``
+journal directory an earlier, larger group left holding work.
+
 Callers: ``cli.py``.
 """
 
@@ -30,24 +37,33 @@ from typing import Any
 
 from .assembly import assemble
 from .codes import Code
-from .config import ExecutorMode
+from .config import ExecutorMode, load_config
 from .errors import AgentSafeError, ConfigError
 from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, JsonLogFormatter, Streams
 from .evidence.chain import ChainedStreams, LineWriter, LineWriterHandler
 from .evidence.redact import RedactingLogFilter, Redactor
 from .host.audithook import Guard, install_guard
+from .host.workers import INDEX_ENV, RUNTIME_ENV
 from .lifecycle.shadow import closing_line
+from .supervisor import refuse_unsettled, supervise
 
 __all__ = ["main"]
 
 
 def _writable_dirs(environ: Mapping[str, str]) -> list[Path]:
     """The directories the audit hook lets this process write, read before configuration."""
-    names = ("EXECUTOR_JOURNAL_DIR", "EXECUTOR_STATE_DIR", "EXECUTOR_EVIDENCE_DIR")
+    names = (
+        "EXECUTOR_JOURNAL_DIR",
+        "EXECUTOR_STATE_DIR",
+        "EXECUTOR_EVIDENCE_DIR",
+        RUNTIME_ENV,  # a worker's group files and its multiprocess metrics (host/workers.py)
+    )
     return [Path(environ[n]) for n in names if environ.get(n, "").startswith("/")]
 
 
 async def _run(environ: Mapping[str, str], guard: Guard) -> int:
+    if INDEX_ENV not in environ:  # a single process: no journal left by a group goes unread
+        await refuse_unsettled(load_config(environ))
     evidence, security = DeferredSink(), DeferredSink()
     writer = LineWriter.for_stream(sys.stderr)
     try:
@@ -144,6 +160,10 @@ def main() -> int:
     sys.excepthook = _uncaught
     environ = dict(os.environ)
     try:
+        if INDEX_ENV not in environ:
+            config = load_config(environ)
+            if config.executor_workers > 1:
+                return asyncio.run(supervise(environ, config))
         guard = install_guard(writable_dirs=_writable_dirs(environ))
         return asyncio.run(_run(environ, guard))
     except ConfigError as exc:

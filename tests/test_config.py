@@ -22,6 +22,8 @@ from agentsafe.executor.canonical import MAX_SAFE_INTEGER
 from agentsafe.executor.config import (
     CONFIG_KEYS,
     SECRET_NAMES,
+    WORKERS_DEFAULT,
+    WORKERS_MAX,
     ConfigRow,
     CredentialKind,
     EffectMismatchAction,
@@ -330,6 +332,7 @@ RANGES = [
     ("EXECUTOR_AUDIT_CHECKPOINT_LINES", 1, 100_000),
     ("EXECUTOR_MAX_CLOCK_SKEW_MS", 100, 60_000),
     ("PORT", 0, 65_535),
+    ("EXECUTOR_WORKERS", 1, 16),
 ]
 
 
@@ -1293,6 +1296,20 @@ def test_listener_limits_have_sane_defaults() -> None:
 )
 def test_listener_limits_out_of_range_are_refused(variable: str, value: str) -> None:
     refused(legacy_env(**{variable: value}), variable)
+
+
+def test_workers_default_to_one_and_above_one_need_the_journal() -> None:
+    assert load_config(legacy_env()).executor_workers == WORKERS_DEFAULT == 1
+    assert load_config(legacy_env(EXECUTOR_WORKERS=str(WORKERS_MAX))).executor_workers == 16
+    for value in ("two", "1.5", "-1", "0"):
+        refused(legacy_env(EXECUTOR_WORKERS=value), "EXECUTOR_WORKERS", value)
+    env = legacy_env(
+        EXECUTOR_WORKERS="2", EXECUTOR_JOURNAL_DIR=None, EXECUTOR_JOURNAL_REQUIRED="false"
+    )
+    error = refused(env, "EXECUTOR_WORKERS")
+    assert "EXECUTOR_JOURNAL_DIR" in error.problem
+    rows = {row.key: row for row in describe_config(legacy_env(EXECUTOR_WORKERS="4"))}
+    assert (rows["EXECUTOR_WORKERS"].value, rows["EXECUTOR_WORKERS"].source) == ("4", "env")
 
 
 def test_a_per_source_cap_above_the_total_is_refused() -> None:

@@ -171,6 +171,11 @@ ALLOWED: dict[str, Allowance] = {
         reason="the executor's listener, and `agentsafe proxy`'s gateway behind it (server "
         "side, accepts only; no outbound connection)",
     ),
+    "executor/supervisor.py": allow(
+        SOCKET,
+        reason="EXECUTOR_WORKERS' supervisor binds one SO_REUSEPORT socket (never listening, "
+        "never connecting) that holds PORT=0's port for its workers' restarts; it serves nothing",
+    ),
     # Not listed because they use none of the APIs: routes/app.py (builds the aiohttp application;
     # routes/listener.py binds it for plane.py), host/tlsctx.py and host/posture.py (build and
     # inspect SSLContexts only).

@@ -8,7 +8,10 @@ other four and carries the chain heads, the configuration digest, the platform's
 (``self_verified: false``), every secret's name with its rotation count, the reason and the time.
 With a signing key the manifest carries an Ed25519 ``signature`` over its canonical form without
 ``signature`` and ``manifest_digest``; ``manifest_digest`` covers everything else, signature
-included.
+included. Under ``EXECUTOR_WORKERS`` above 1 the worker that answers the export asks every other
+worker for its windows (``host/workers.py``) and the bundle holds them too, as
+``<stream>.worker-<j>.jsonl`` beside its own (every chain entry names its ``worker``; the
+manifest's ``workers`` names the exporter and any worker that did not answer in time).
 
 ``verify_bundle`` establishes INTERNAL_CONSISTENCY, or ORIGIN_AND_CONSISTENCY when the signature
 verifies against a public key the reader supplies (``AGENTSAFE_EVIDENCE_PUBLIC_KEY``) — never a key
@@ -42,8 +45,8 @@ from ..codes import Code
 from ..errors import AgentSafeError, CanonicalizationError
 from ..events import EVIDENCE_SCHEMA, SECURITY_SCHEMA
 from ..host.durable import fsync_directory, write_all
-from .chain import ChainedSink, ChainHead
-from .chainverify import ChainReport, verify_chain
+from .chain import ChainedSink, ChainHead, ChainSnapshot
+from .chainverify import ChainReport, chain_key, verify_chain
 from .redact import Redactor
 
 __all__ = [
@@ -155,8 +158,14 @@ def export_bundle(
     signing_key: Ed25519PrivateKey | None,
     clock: Clock,
     redactor: Redactor | None = None,
+    peers: Mapping[int, Mapping[str, ChainSnapshot]] | None = None,
+    workers: Mapping[str, Any] | None = None,
 ) -> Manifest:
-    """Write a new bundle directory; raises :class:`BundleError` and leaves no partial manifest."""
+    """Write a new bundle directory; raises :class:`BundleError` and leaves no partial manifest.
+
+    ``peers`` (``EXECUTOR_WORKERS``): the other workers' windows by worker index, each written
+    as ``<stream>.worker-<j>.jsonl`` with its chain entry ``<stream>@worker-<j>``; ``workers``
+    says which worker exported and which did not answer."""
     if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_LENGTH:
         raise BundleError("reason must be 1..1024 characters", code=Code.EVIDENCE_REASON_INVALID)
     if set(streams) != set(STREAM_FILES):
@@ -182,6 +191,22 @@ def export_bundle(
             "head": _head(snapshot.head) if snapshot.lines else None,
             "elided": [list(r) for r in snapshot.elided],
         }
+        worker = streams[name].worker
+        if worker is not None:  # EXECUTOR_WORKERS: the chain of the worker that exported
+            chains[name]["worker"] = worker
+    for index, windows in sorted((peers or {}).items()):
+        for name in STREAM_FILES:
+            snapshot = windows[name]
+            filename = peer_file(name, index)
+            files[filename] = "".join(line + "\n" for line in snapshot.lines).encode("utf-8")
+            chains[f"{name}@worker-{index}"] = {
+                "schema": STREAM_SCHEMAS[name],
+                "file": filename,
+                "lines": len(snapshot.lines),
+                "head": _head(snapshot.head) if snapshot.lines else None,
+                "elided": [list(r) for r in snapshot.elided],
+                "worker": index,
+            }
     document: dict[str, Any] = {
         "schema": MANIFEST_SCHEMA,
         "created_at": created_at,
@@ -191,6 +216,7 @@ def export_bundle(
             for filename, data in files.items()
         },
         "chains": chains,
+        **({"workers": dict(workers)} if workers is not None else {}),
         "config_digest": config_digest,
         "image": {"digest": image_digest, "self_verified": False},
         "secrets": [
@@ -231,6 +257,21 @@ def _new_directory(root: Path, created_at: str) -> Path:
             ) from exc
         return candidate
     raise BundleError("too many bundles for one instant", code=Code.EVIDENCE_DIR)
+
+
+def peer_file(stream: str, worker: int) -> str:
+    """The file of another worker's window of ``stream`` in a bundle (``EXECUTOR_WORKERS``)."""
+    return f"{stream}.worker-{worker}.jsonl"
+
+
+def _peer_chains(claimed: Any) -> dict[str, tuple[str, str, int]]:
+    """The other workers' chain entries a manifest claims: name -> (stream, file, worker)."""
+    out: dict[str, tuple[str, str, int]] = {}
+    for key in claimed if isinstance(claimed, dict) else ():
+        stream, _, tail = str(key).partition("@worker-")
+        if stream in STREAM_FILES and tail.isdigit() and len(tail) <= 6:
+            out[str(key)] = (stream, peer_file(stream, int(tail)), int(tail))
+    return out
 
 
 def _head(head: ChainHead | None) -> dict[str, Any] | None:
@@ -345,13 +386,15 @@ def verify_bundle(
         )
 
     listed = document.get("files")
-    if not isinstance(listed, dict) or set(listed) != set(BUNDLE_FILES) - {MANIFEST}:
+    peers = _peer_chains(document.get("chains"))
+    peer_files = {filename for _, filename, _ in peers.values()}
+    if not isinstance(listed, dict) or set(listed) != (set(BUNDLE_FILES) - {MANIFEST}) | peer_files:
         return fail(MANIFEST, "MANIFEST_FILES", "the manifest does not list the four files")
     try:
         present = {p.name for p in root.iterdir()}
     except OSError:
         return fail(".", "DIRECTORY_READABLE", "the bundle directory cannot be listed")
-    for extra in sorted(present - set(BUNDLE_FILES)):
+    for extra in sorted(present - set(BUNDLE_FILES) - peer_files):
         problems.append(BundleProblem(extra, "UNLISTED_FILE", "a file the manifest does not list"))
     contents: dict[str, bytes] = {}
     for filename in sorted(listed):
@@ -372,29 +415,42 @@ def verify_bundle(
             )
 
     claimed_chains = document.get("chains")
-    if not isinstance(claimed_chains, dict) or set(claimed_chains) != set(STREAM_FILES):
+    if not isinstance(claimed_chains, dict) or set(claimed_chains) != set(STREAM_FILES) | set(
+        peers
+    ):
         problems.append(BundleProblem(MANIFEST, "MANIFEST_CHAINS", "chain heads missing"))
         claimed_chains = {}
-    for name, filename in STREAM_FILES.items():
+    walks: list[tuple[str, str, str, int | None]] = [
+        (name, name, filename, None) for name, filename in STREAM_FILES.items()
+    ]
+    walks += [(key, stream, f, worker) for key, (stream, f, worker) in sorted(peers.items())]
+    for key, name, filename, peer in walks:
         if filename not in contents:
             continue
-        claim = claimed_chains.get(name)
+        claim = claimed_chains.get(key)
         lines = contents[filename].decode("utf-8", errors="replace").split("\n")
         elided = _elided(claim)
         if elided is None:
             problems.append(BundleProblem(MANIFEST, "MANIFEST_CHAINS", "elided is malformed"))
             elided = ()
         report = verify_chain(lines, elided=elided)
-        chains[name] = report
+        chains[key] = report
         bad = report.first_bad
         if bad is not None:
             problems.append(BundleProblem(filename, "CHAIN", f"{bad.describe()}: {bad.detail}"))
-        foreign_schemas = set(report.streams) - {STREAM_SCHEMAS[name]}
+        worker = claim.get("worker") if isinstance(claim, dict) else None
+        if (worker is not None and (type(worker) is not int or worker < 0)) or (
+            peer is not None and worker != peer
+        ):
+            problems.append(BundleProblem(MANIFEST, "MANIFEST_CHAINS", "worker is malformed"))
+            worker = peer
+        expected = chain_key(STREAM_SCHEMAS[name], worker)
+        foreign_schemas = set(report.streams) - {expected}
         if foreign_schemas or report.foreign_lines:
             problems.append(
                 BundleProblem(filename, "CHAIN_SCHEMA", f"lines that are not {name} chain lines")
             )
-        summary = report.streams.get(STREAM_SCHEMAS[name])
+        summary = report.streams.get(expected)
         actual = None if summary is None else {"seq": summary.last_seq, "hash": summary.last_hash}
         if not isinstance(claim, dict) or claim.get("head") != actual:
             problems.append(

@@ -8,6 +8,9 @@
 written as RFC 8785 canonical JSON plus ``"\\n"``, where ``hash`` is ``canonical.sha256_digest``
 of the line without ``hash`` and ``prev_hash`` is the previous line's ``hash``. The first line of
 a fresh chain has ``seq`` 1, ``prev_hash`` :data:`GENESIS_HASH` and ``"genesis": true``.
+Under ``EXECUTOR_WORKERS`` above 1 every line also carries ``"worker": <index>`` (hashed like
+every field): each worker writes its own two chains, whose heads live in its own journal
+directory, and the supervisor interleaves whole lines of all of them on the standard streams.
 
 Every string field (keys and values, recursively) passes the :class:`~.redact.Redactor` before it
 is hashed; each redaction is reported to ``on_redaction`` with the field path and kind, so the
@@ -87,7 +90,18 @@ HEAD_SCHEMA = "agent-safe.chain-head/1"
 
 #: Fields the sink writes itself; a caller passing one is a programming error.
 RESERVED_FIELDS = frozenset(
-    {"schema", "seq", "at", "event", "prev_hash", "hash", "genesis", "resumed_from", "gap"}
+    {
+        "schema",
+        "seq",
+        "at",
+        "event",
+        "prev_hash",
+        "hash",
+        "genesis",
+        "resumed_from",
+        "gap",
+        "worker",
+    }
 )
 _RESERVED_EVENTS = frozenset({CHAIN_RESUMED})
 
@@ -206,6 +220,7 @@ class ChainedSink:
         redactor: Redactor | None = None,
         on_redaction: Callable[[str, tuple[Leak, ...]], None] | None = None,
         routine_events: frozenset[str] = frozenset(),
+        worker: int | None = None,
     ) -> None:
         if checkpoint_lines < 1:
             raise ValueError("checkpoint_lines must be at least 1")
@@ -213,7 +228,10 @@ class ChainedSink:
             raise ValueError("window_lines must be at least 1")
         if not stream.replace("-", "").replace("_", "").isalnum():
             raise ValueError("stream names are letters, digits, '-' and '_'")
+        if worker is not None and (isinstance(worker, bool) or worker < 0):
+            raise ValueError("worker is a non-negative index")
         self._writer = out if isinstance(out, LineWriter) else LineWriter.for_stream(out)
+        self.worker = worker
         self.stream = stream
         self.schema = schema
         self._clock = clock
@@ -322,6 +340,8 @@ class ChainedSink:
                 "event": event,
                 "prev_hash": prev_hash,
             }
+            if self.worker is not None:
+                line["worker"] = self.worker
             if self._head is None and self.resumption is None and not resumption:
                 line["genesis"] = True
             text = _hashed_text(line)
@@ -609,6 +629,7 @@ def open_chained_streams(
     window_lines: int = DEFAULT_WINDOW_LINES,
     redactor: Redactor | None = None,
     routine_security_events: frozenset[str] = frozenset(),
+    worker: int | None = None,
 ) -> ChainedStreams:
     """Open (or resume) both streams; the security stream also records evidence's resumption.
 
@@ -624,6 +645,7 @@ def open_chained_streams(
         window_lines=window_lines,
         redactor=redactor,
         routine_events=routine_security_events,
+        worker=worker,
     )
     try:
         evidence = ChainedSink(
@@ -635,6 +657,7 @@ def open_chained_streams(
             checkpoint_lines=checkpoint_lines,
             window_lines=window_lines,
             redactor=redactor,
+            worker=worker,
         )
     except BaseException:
         with contextlib.suppress(ChainError):

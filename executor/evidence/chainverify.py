@@ -3,6 +3,10 @@
 It needs nothing from the running process: it recomputes each line's hash (RFC 8785 canonical
 JSON without ``hash``), follows ``prev_hash`` links and ``seq`` increments, and classifies the
 first break it meets. Lines of both schemas may share a file; each schema is walked on its own.
+Under ``EXECUTOR_WORKERS`` above 1 a collected log interleaves the chains of several workers:
+every line names its ``worker``, and each (schema, worker) pair is walked as its own chain
+(:func:`chain_key` names it in :attr:`ChainReport.streams`). A torn fragment whose worker cannot
+be read belongs to the chain of the line before it, as its schema does.
 Lines that are not ours (other logs) are listed as foreign and otherwise ignored: a chain line
 that went missing among them is still found by its ``seq``/``prev_hash``.
 
@@ -18,6 +22,7 @@ tests.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +49,7 @@ __all__ = [
     "ChainFinding",
     "ChainReport",
     "StreamSummary",
+    "chain_key",
     "main",
     "verify_chain",
     "verify_chain_file",
@@ -77,6 +83,7 @@ class ChainFinding:
     seq: int | None
     line: int
     detail: str
+    worker: int | None = None
 
     @property
     def tampering(self) -> bool:
@@ -84,7 +91,15 @@ class ChainFinding:
 
     def describe(self) -> str:
         where = f"seq {self.seq}" if self.seq is not None else "unknown seq"
-        return f"{self.kind} at {where} (line {self.line}, {self.schema or 'unknown stream'})"
+        stream = self.schema or "unknown stream"
+        if self.worker is not None:
+            stream = f"{stream}, worker {self.worker}"
+        return f"{self.kind} at {where} (line {self.line}, {stream})"
+
+
+def chain_key(schema: str, worker: int | None) -> str:
+    """How :attr:`ChainReport.streams` names a chain: its schema, and its worker if any."""
+    return schema if worker is None else f"{schema}@worker-{worker}"
 
 
 @dataclass(frozen=True)
@@ -97,6 +112,7 @@ class StreamSummary:
     last_seq: int | None
     last_hash: str | None
     resumptions: int
+    worker: int | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +144,8 @@ class _Item:
     schema: str | None
     problem: str | None = None  # set when the line is structurally unusable
     consistent: bool = False  # parsed, well formed, canonical, and its hash matches
+    worker: int | None = None
+    worker_known: bool = True
 
 
 @dataclass
@@ -145,9 +163,10 @@ class _Walk:
     elided: frozenset[tuple[int, int]] = frozenset()
     findings: list[ChainFinding] = field(default_factory=list)
     resumptions: int = 0
+    worker: int | None = None
 
     def add(self, kind: str, seq: int | None, item: _Item, detail: str) -> None:
-        self.findings.append(ChainFinding(kind, self.schema, seq, item.line, detail))
+        self.findings.append(ChainFinding(kind, self.schema, seq, item.line, detail, self.worker))
 
 
 def verify_chain(
@@ -168,6 +187,7 @@ def verify_chain(
     items: list[_Item] = []
     foreign: list[int] = []
     last_schema: str | None = None
+    last_worker: int | None = None
     total = 0
     for number, raw_line in enumerate(lines, start=1):
         total = number
@@ -182,6 +202,10 @@ def verify_chain(
             item.schema = last_schema
         else:
             last_schema = item.schema
+        if item.worker_known:
+            last_worker = item.worker
+        else:
+            item.worker = last_worker
         items.append(item)
     # A fragment whose stream could not be told belongs to the stream that follows it, or else
     # to the only stream present.
@@ -192,14 +216,20 @@ def verify_chain(
     last_line = max((i.line for i in items), default=0)
     findings: list[ChainFinding] = []
     summaries: dict[str, StreamSummary] = {}
-    schemas = list(dict.fromkeys(i.schema for i in items if i.schema is not None))
-    for schema in schemas:
+    chains = list(dict.fromkeys((i.schema, i.worker) for i in items if i.schema is not None))
+    for schema, worker in chains:
+        assert schema is not None
         walk = _Walk(
-            schema, [i for i in items if i.schema == schema], last_line, require_genesis, declared
+            schema,
+            [i for i in items if i.schema == schema and i.worker == worker],
+            last_line,
+            require_genesis,
+            declared,
+            worker=worker,
         )
         _walk(walk)
         findings.extend(walk.findings)
-        summaries[schema] = _summarise(walk)
+        summaries[chain_key(schema, worker)] = _summarise(walk)
     findings.sort(key=lambda f: f.line)
     return ChainReport(tuple(findings), summaries, tuple(foreign), total)
 
@@ -213,7 +243,16 @@ def _classify(number: int, raw: str) -> _Item | None:
     except (ValueError, CanonicalizationError, RecursionError):
         if _looks_like_chain(raw):
             schema = next((s for s in KNOWN_SCHEMAS if s in raw), None)
-            return _Item(number, raw, None, schema, "unparsable")
+            found = _WORKER_FIELD.search(raw)
+            return _Item(
+                number,
+                raw,
+                None,
+                schema,
+                "unparsable",
+                worker=int(found.group(1)) if found else None,
+                worker_known=found is not None,
+            )
         return None
     if not isinstance(obj, dict):
         return None
@@ -221,7 +260,13 @@ def _classify(number: int, raw: str) -> _Item | None:
     known = schema if schema in KNOWN_SCHEMAS else None
     if known is None and "prev_hash" not in obj and "hash" not in obj:
         return None
-    return _Item(number, raw, obj, known)
+    worker = obj.get("worker")
+    if not isinstance(worker, int) or isinstance(worker, bool) or worker < 0:
+        worker = None  # absent (one process); anything else fails the line's hash or structure
+    return _Item(number, raw, obj, known, worker=worker)
+
+
+_WORKER_FIELD = re.compile(r'"worker":(\d{1,6})[,}]')
 
 
 def _looks_like_chain(raw: str) -> bool:
@@ -454,6 +499,7 @@ def _summarise(walk: _Walk) -> StreamSummary:
     valid = [i.obj for i in walk.items if i.obj is not None and i.problem is None]
     last = walk.items[-1].obj if walk.items and walk.items[-1].problem is None else None
     return StreamSummary(
+        worker=walk.worker,
         schema=walk.schema,
         lines=len(walk.items),
         first_seq=valid[0]["seq"] if valid else None,
@@ -481,9 +527,9 @@ def format_report(report: ChainReport) -> str:
         out.append("NO CHAIN: no chained lines found")
     else:
         out.append("INTACT")
-    for summary in report.streams.values():
+    for key, summary in report.streams.items():
         out.append(
-            f"  {summary.schema}: {summary.lines} lines, "
+            f"  {key}: {summary.lines} lines, "
             f"seq {summary.first_seq}..{summary.last_seq}, {summary.resumptions} resumption(s)"
         )
     for finding in report.findings:

@@ -17,6 +17,14 @@ Each new cause is one ``HALTED`` line on the security stream (cause, reason, by)
 one ``RESUMED`` line; an operator's reason is their own words, kept but bounded in length and
 stripped of control characters. Listeners are called with the new halted flag on every change.
 
+Under ``EXECUTOR_WORKERS`` above 1 an operator's halt and resume (the control route, on whichever
+worker a connection reached) are the group's: :meth:`HaltState.share` links the state to the
+group's :class:`~.workers.SharedHalt`, the acting worker records the change there after making it
+its own, and :meth:`HaltState.follow` applies every worker's change within
+``HALT_POLL_SECONDS`` (a worker starting while the group is halted starts halted). The automatic
+causes, and the spike detectors that feed them, stay each worker's own: a door refusal spike is
+counted per worker, and halts that worker (docs/configuration.md, ``EXECUTOR_WORKERS``).
+
 Callers: ``assembly.py`` builds it and wires what feeds it (the door's
 refusal spikes, the egress guard, the posture monitor, the authority client's skew) and what
 reads it (503 EXECUTOR_HALTED while halted, ``/ready`` 503); ``routes/control.py`` (the control
@@ -39,6 +47,7 @@ from ..errors import RequestRejected
 from ..events import EventSink
 from ..windows import RateRule, SpikeDetector
 from .metrics import ExecutorMetrics
+from .workers import HALT_POLL_SECONDS, SharedHalt
 
 __all__ = ["MAX_REASON_CHARS", "HaltCause", "HaltRecord", "HaltState", "bound_reason"]
 
@@ -103,6 +112,8 @@ class HaltState:
         self._posture_checks: set[str] = set()
         self._listeners: list[Callable[[bool], None]] = []
         self._lock = threading.RLock()
+        self._shared: SharedHalt | None = None
+        self._shared_generation = 0
         self.check_file()
 
     # -- reading ------------------------------------------------------------------------------
@@ -132,8 +143,16 @@ class HaltState:
 
     # -- halting ------------------------------------------------------------------------------
 
-    def halt(self, cause: HaltCause, *, reason: str, by: str | None = None) -> bool:
-        """Add a cause; True when it is new. An operator's halt needs a non-empty reason."""
+    def halt(
+        self,
+        cause: HaltCause,
+        *,
+        reason: str,
+        by: str | None = None,
+        _from_worker: int | None = None,
+    ) -> bool:
+        """Add a cause; True when it is new. An operator's halt needs a non-empty reason (and
+        is the whole group's under ``EXECUTOR_WORKERS``, see :meth:`share`)."""
         text = bound_reason(reason)
         if cause is HaltCause.OPERATOR and not text:
             raise RequestRejected(Code.REASON_REQUIRED, "a halt needs a reason")
@@ -143,7 +162,12 @@ class HaltState:
             was_halted = bool(self._causes)
             self._causes[cause] = HaltRecord(cause=cause, reason=text, by=by, at=self._clock.now())
             listeners = list(self._listeners)
-        self._security.emit("HALTED", {"cause": cause.value, "reason": text, "by": by})
+        line: dict[str, Any] = {"cause": cause.value, "reason": text, "by": by}
+        if _from_worker is not None:
+            line["from_worker"] = _from_worker
+        self._security.emit("HALTED", line)
+        if cause is HaltCause.OPERATOR and _from_worker is None:
+            self._share(halted=True, reason=text, by=by)
         if self._metrics is not None:
             self._metrics.halts.inc(cause=cause.value)
         if not was_halted:
@@ -151,8 +175,10 @@ class HaltState:
                 listener(True)
         return True
 
-    def resume(self, *, reason: str, by: str) -> None:
-        """An operator takes work again; refused while the halt file or a posture drift stands."""
+    def resume(self, *, reason: str, by: str | None, _from_worker: int | None = None) -> None:
+        """An operator takes work again; refused while the halt file or a posture drift stands.
+        Under ``EXECUTOR_WORKERS`` every worker follows it (each refuses it while a cause of
+        its own stands)."""
         text = bound_reason(reason)
         if not text:
             raise RequestRejected(Code.REASON_REQUIRED, "a resume needs a reason")
@@ -162,6 +188,8 @@ class HaltState:
                     Code.HALT_CAUSE_PERSISTS, "the cause of the halt still stands"
                 )
             if not self._causes:
+                if _from_worker is None:
+                    self._share(halted=False, reason=text, by=by)
                 return
             cleared = [c.value for c in self._causes]
             self._causes.clear()
@@ -170,9 +198,75 @@ class HaltState:
             if self._egress_spike is not None:
                 self._egress_spike.reset()
             listeners = list(self._listeners)
-        self._security.emit("RESUMED", {"reason": text, "by": by, "causes": cleared})
+        line: dict[str, Any] = {"reason": text, "by": by, "causes": cleared}
+        if _from_worker is not None:
+            line["from_worker"] = _from_worker
+        self._security.emit("RESUMED", line)
+        if _from_worker is None:
+            self._share(halted=False, reason=text, by=by)
         for listener in listeners:
             listener(False)
+
+    # -- the group (EXECUTOR_WORKERS) ---------------------------------------------------------
+
+    def share(self, shared: SharedHalt) -> None:
+        """Follow the group's operator halts from now on; halts at once if the group is."""
+        self._shared = shared
+        record = shared.read()
+        if record is not None:
+            self._shared_generation = int(record["generation"])
+            if record.get("halted") is True:
+                self.halt(
+                    HaltCause.OPERATOR,
+                    reason=str(record.get("reason") or "halted by another worker"),
+                    by=record.get("by") if isinstance(record.get("by"), str) else None,
+                    _from_worker=int(record.get("worker", -1)),
+                )
+
+    def _share(self, *, halted: bool, reason: str, by: str | None) -> None:
+        if self._shared is not None:
+            generation = self._shared.publish(halted=halted, reason=reason, by=by)
+            with self._lock:
+                self._shared_generation = max(self._shared_generation, generation)
+
+    def check_shared(self) -> bool:
+        """Apply the group's latest operator halt or resume once; True when one was new."""
+        return self.apply_shared(self._shared.read() if self._shared is not None else None)
+
+    def apply_shared(self, record: dict[str, Any] | None) -> bool:
+        """Apply a record read from the group's shared halt; True when it was new."""
+        if record is None:
+            return False
+        generation = int(record["generation"])
+        with self._lock:
+            if generation <= self._shared_generation:
+                return False
+            self._shared_generation = generation
+        origin = record.get("worker")
+        worker = origin if isinstance(origin, int) else -1
+        by = record.get("by") if isinstance(record.get("by"), str) else None
+        reason = str(record.get("reason") or "")
+        if record.get("halted") is True:
+            self.halt(HaltCause.OPERATOR, reason=reason or "halted", by=by, _from_worker=worker)
+        else:
+            try:
+                self.resume(reason=reason or "resumed", by=by, _from_worker=worker)
+            except RequestRejected:  # a cause of this worker's own still stands: stay halted
+                self._security.emit(
+                    "RESUME_NOT_FOLLOWED",
+                    {"code": Code.HALT_CAUSE_PERSISTS, "from_worker": worker},
+                )
+        return True
+
+    async def follow(self, *, interval: float = HALT_POLL_SECONDS) -> None:
+        """Poll the group's shared halt every ``interval`` seconds until cancelled: read in a
+        thread, applied on the event loop (its listeners run there)."""
+        shared = self._shared
+        if shared is None:
+            return
+        while True:
+            self.apply_shared(await asyncio.to_thread(shared.read))
+            await asyncio.sleep(interval)
 
     # -- automatic causes ---------------------------------------------------------------------
 

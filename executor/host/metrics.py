@@ -19,6 +19,16 @@ Three kinds, each cheap where it is recorded:
 The registry is this object's own :class:`prometheus_client.CollectorRegistry`, never the global
 one, so two executors in one test process never share a count.
 
+Under ``EXECUTOR_WORKERS`` above 1 the supervisor gives every worker the same fresh, private
+``PROMETHEUS_MULTIPROC_DIR`` (``host/workers.py``) before the worker imports prometheus_client:
+counters and the histogram are then summed over every worker (a dead worker's counts stay, as
+a counter's must), and :meth:`ExecutorMetrics.render` reads the whole group through
+``MultiProcessCollector``, so a scrape that reaches any worker reports all of them. The state
+gauges then follow each live worker (``live*`` modes: a dead worker's files are marked dead by
+the supervisor): ``halted`` and ``pending_escalations`` the maximum, open and unknown attempts
+and journal bytes the sum, ``store_available`` and certificate expiry the minimum; every worker
+refreshes its own every few seconds (``plane.py``), the scraped one at the scrape.
+
 Callers: ``door/door.py`` (refusals, locks), ``lifecycle/pipeline.py`` (proposals,
 executions), ``host/halt.py``, ``host/tlsctx.py``, ``routes/app.py`` (request durations),
 ``routes/control.py`` (operator actions, and ``GET /metrics`` serves
@@ -33,14 +43,17 @@ so ``assembly.py`` passes them in and there is no second copy here.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import __version__
@@ -48,6 +61,7 @@ from ..codes import Code
 
 __all__ = [
     "DURATION_BUCKETS",
+    "MULTIPROC_ENV",
     "OTHER",
     "REQUEST_OUTCOMES",
     "BoundedCounter",
@@ -58,6 +72,7 @@ __all__ = [
 ]
 
 OTHER = "OTHER"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _NAME_VALUE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 
 DOOR_METHODS = ("bearer", "workload", "mtls", "none")
@@ -128,6 +143,18 @@ CERTIFICATES = ("serving", "client_ca")
 INTEGRITY_FINDINGS = ("CHAIN_GAP", "JOURNAL_DAY_FILE_MISSING", "JOURNAL_TORN_LINE")
 """What start-up finds that an incident reader must see: a chain resumed past a crash (lines
 a dead process may have written are not in the chain), a journal day file gone, a torn line."""
+
+
+_GaugeMode = Literal["livemax", "livesum", "livemin"]
+_STATE_GAUGES: tuple[tuple[str, str, _GaugeMode], ...] = (
+    ("halted", "1 while the executor is halted (any cause), else 0", "livemax"),
+    ("open_attempts", "Attempts the journal holds open", "livesum"),
+    ("unknown_attempts", "Attempts whose outcome nobody knows now", "livesum"),
+    ("pending_escalations", "Approval requests waiting for a decision", "livemax"),
+    ("journal_bytes", "Bytes in the attempt journal's day files", "livesum"),
+    ("store_available", "1 while the use store answers its ping, else 0", "livemin"),
+)
+"""The state gauges, and how each combines over ``EXECUTOR_WORKERS`` workers."""
 
 
 def outcome_of_status(status: int) -> str:
@@ -232,6 +259,8 @@ class ExecutorMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._ns = namespace
+        # Read by prometheus_client at its import: set by the supervisor, never changed later.
+        self.multiprocess_dir = os.environ.get(MULTIPROC_ENV) or None
         self.proposals = self._counter(
             "proposals", "Proposals by the authority's verdict", verdict=map(str, verdicts)
         )
@@ -284,15 +313,10 @@ class ExecutorMetrics:
         self._routes: frozenset[tuple[str, str]] = frozenset()
         self._outcomes = frozenset(REQUEST_OUTCOMES)
         self._state_gauges = {
-            name: Gauge(name, doc, namespace=namespace, registry=self.registry)
-            for name, doc in (
-                ("halted", "1 while the executor is halted (any cause), else 0"),
-                ("open_attempts", "Attempts the journal holds open"),
-                ("unknown_attempts", "Attempts whose outcome nobody knows now"),
-                ("pending_escalations", "Approval requests waiting for a decision"),
-                ("journal_bytes", "Bytes in the attempt journal's day files"),
-                ("store_available", "1 while the use store answers its ping, else 0"),
+            name: Gauge(
+                name, doc, namespace=namespace, registry=self.registry, multiprocess_mode=mode
             )
+            for name, doc, mode in _STATE_GAUGES
         }
         self._expiry = Gauge(
             "tls_certificate_expiry_seconds",
@@ -300,13 +324,15 @@ class ExecutorMetrics:
             labelnames=("certificate",),
             namespace=namespace,
             registry=self.registry,
+            multiprocess_mode="livemin",
         )
-        Info(
+        self._build = Info(
             "build",
             "The build: version, interpreter, commit (unknown when not recorded)",
             namespace=namespace,
             registry=self.registry,
-        ).info(
+        )
+        self._build.info(
             {"version": __version__, "python": platform.python_version(), "commit": build_commit()}
         )
 
@@ -360,7 +386,8 @@ class ExecutorMetrics:
         for name in CERTIFICATES:
             seconds = state.certificate_expiry_seconds.get(name)
             if seconds is None:
-                if self._has_expiry(name):
+                # (a multiprocess gauge cannot be removed; an unconfigured one is never set)
+                if self.multiprocess_dir is None and self._has_expiry(name):
                     self._expiry.remove(name)
             else:
                 self._expiry.labels(certificate=name).set(seconds)
@@ -370,6 +397,12 @@ class ExecutorMetrics:
         return self.registry.get_sample_value(sample, {"certificate": name}) is not None
 
     def render(self) -> tuple[bytes, str]:
-        """The OpenMetrics exposition and its content type."""
-        body: bytes = generate_latest(self.registry)  # type: ignore[no-untyped-call]
+        """The OpenMetrics exposition and its content type: this process's registry, or under
+        ``EXECUTOR_WORKERS`` every worker's files (and this build's info)."""
+        registry = self.registry
+        if self.multiprocess_dir is not None:
+            registry = CollectorRegistry(auto_describe=False)
+            MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
+            registry.register(self._build)
+        body: bytes = generate_latest(registry)  # type: ignore[no-untyped-call]
         return body, CONTENT_TYPE_LATEST

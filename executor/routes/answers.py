@@ -39,6 +39,7 @@ __all__ = [
     "ReadinessDetails",
     "SecretsReload",
     "Status",
+    "WorkerEntry",
 ]
 
 _Open = ConfigDict(extra="allow")
@@ -188,8 +189,27 @@ class AttemptDecided(BaseModel):
     by: Literal["OPERATOR"]
 
 
+class WorkerEntry(BaseModel):
+    """One worker of an ``EXECUTOR_WORKERS`` group, as ``GET /v1/control/status`` names it:
+    the supervisor's view (pid, state, restarts) and, once the worker with that pid published,
+    its own (ready, halted, reconciling, open attempts)."""
+
+    model_config = _Open
+    index: int = Field(ge=0)
+    pid: int | None
+    state: str
+    restarts: int = Field(ge=0)
+    this_worker: bool
+    published: bool
+    ready: bool | None = None
+    halted: bool | None = None
+    reconciling: bool | None = None
+    open_attempts: int | None = None
+
+
 class Status(BaseModel):
-    """``GET /v1/control/status``: the executor at a glance."""
+    """``GET /v1/control/status``: the executor at a glance; under ``EXECUTOR_WORKERS`` above 1
+    also ``worker`` (the one that answered) and ``workers`` (every worker of the group)."""
 
     model_config = _Open
     mode: str
@@ -199,6 +219,8 @@ class Status(BaseModel):
     readiness: ReadinessDetails
     open_attempts: list[OpenAttempt]
     policy_digest: str
+    worker: int | None = None
+    workers: list[WorkerEntry] | None = None
 
 
 class SecretsReload(BaseModel):

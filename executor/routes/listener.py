@@ -21,7 +21,9 @@ an error page); nothing here parses HTTP itself.
   one more connection than either allows is answered 503 ``CONNECTION_LIMIT_REACHED`` (the
   refusal contract, ``Retry-After: 1``) and closed before a byte of it is read. The per-source
   cap keeps one peer from taking every connection, so a flood from one address does not keep
-  an operator out. Refusals are summarised on the security stream (``CONNECTIONS_REFUSED``, at
+  an operator out. Under ``EXECUTOR_WORKERS`` both caps are each worker's (the kernel hands
+  a new connection to one worker, which counts only its own). Refusals are summarised on the
+  security stream (``CONNECTIONS_REFUSED``, at
   most one line every ten seconds). A connection still in its TLS handshake is not yet counted;
   the handshake deadline bounds how long it can be held.
 - **The refusal contract everywhere**: aiohttp's own answers (a request line or header it
@@ -247,7 +249,7 @@ class _ContractHandler(web.RequestHandler):
 class GuardedSite(web.BaseSite):
     """A TCP listener whose connections pass the gate and the deadlines (module docstring)."""
 
-    __slots__ = ("_bound_port", "_gate", "_host", "_limits", "_port")
+    __slots__ = ("_bound_port", "_gate", "_host", "_limits", "_port", "_reuse_port")
 
     def __init__(
         self,
@@ -259,8 +261,10 @@ class GuardedSite(web.BaseSite):
         ssl_context: ssl.SSLContext | None = None,
         backlog: int = 128,
         security: EventSink | None = None,
+        reuse_port: bool = False,
     ) -> None:
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._reuse_port = reuse_port
         self._host = host
         self._port = port
         self._limits = limits
@@ -302,6 +306,9 @@ class GuardedSite(web.BaseSite):
             ),
             backlog=self._backlog,
             reuse_address=True,
+            # EXECUTOR_WORKERS: every worker binds the same address; the kernel spreads
+            # new connections over them (the TLS listener too: the handshake is per worker)
+            reuse_port=self._reuse_port or None,
         )
         sockets = self._server.sockets
         self._bound_port = int(sockets[0].getsockname()[1]) if sockets else self._port

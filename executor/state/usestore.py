@@ -83,6 +83,7 @@ __all__ = [
     "OrphanKey",
     "PasskeyRecord",
     "SQLiteUseStore",
+    "SQLiteWindow",
     "UseStore",
 ]
 
@@ -1366,6 +1367,7 @@ def _migrate(conn: sqlite3.Connection) -> bytes:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         _ensure_approver_schema(conn)
+        conn.execute(_CEILING_WINDOW_TABLE)
         conn.execute(
             "INSERT INTO meta (name, value) VALUES ('consumption_key', ?)"
             " ON CONFLICT (name) DO NOTHING",
@@ -1376,6 +1378,70 @@ def _migrate(conn: sqlite3.Connection) -> bytes:
     if len(secret) < 32:
         raise StoreError("the use store's key is damaged", code=Code.STORE_UNAVAILABLE)
     return secret
+
+
+_CEILING_WINDOW_TABLE = """CREATE TABLE IF NOT EXISTS ceiling_window (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, amount_minor INTEGER NOT NULL)"""
+"""The host ceilings' window shared by ``EXECUTOR_WORKERS`` workers (:class:`SQLiteWindow`);
+created where missing on every open, whatever the schema version."""
+
+
+class SQLiteWindow:
+    """The host-ceiling window shared by every worker process of one SQLite store.
+
+    Implements ``lifecycle/ceilings.py``'s ``CeilingWindow`` on the wall clock: every
+    reservation re-counts the window and takes its place inside one write transaction (SQLite's
+    write lock, across processes), so N allowed means N in total, never N per worker. Used only
+    under ``EXECUTOR_WORKERS`` above 1 (one process keeps its window in memory).
+    """
+
+    def __init__(self, store: SQLiteUseStore) -> None:
+        self._store = store
+
+    async def usage(self, window_seconds: float) -> tuple[int, int]:
+        horizon = self._store._clock.now() - window_seconds
+        return await self._store._write(lambda conn: _window_usage(conn, horizon))
+
+    async def reserve(
+        self,
+        *,
+        window_seconds: float,
+        amount_minor: int,
+        count_limit: int | None,
+        sum_limit: int | None,
+    ) -> tuple[str | None, object]:
+        """``(None, token)`` with a place taken, or ``("COUNT" | "SUM", None)``."""
+        now = self._store._clock.now()
+
+        def work(conn: sqlite3.Connection) -> tuple[str | None, object]:
+            count, total = _window_usage(conn, now - window_seconds)
+            if count_limit is not None and count + 1 > count_limit:
+                return "COUNT", None
+            if sum_limit is not None and total + amount_minor > sum_limit:
+                return "SUM", None
+            cur = conn.execute(
+                "INSERT INTO ceiling_window (at, amount_minor) VALUES (?, ?)", (now, amount_minor)
+            )
+            return None, int(cur.lastrowid or 0)
+
+        return await self._store._write(work)
+
+    async def release(self, token: object) -> None:
+        if not isinstance(token, int):
+            return
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM ceiling_window WHERE id = ?", (token,))
+
+        await self._store._write(work)
+
+
+def _window_usage(conn: sqlite3.Connection, horizon: float) -> tuple[int, int]:
+    conn.execute("DELETE FROM ceiling_window WHERE at <= ?", (horizon,))
+    row = conn.execute(
+        "SELECT count(*), coalesce(sum(amount_minor), 0) FROM ceiling_window"
+    ).fetchone()
+    return int(row[0]), int(row[1])
 
 
 def _approval_from_row(row: tuple[Any, ...]) -> ApprovalRecord:

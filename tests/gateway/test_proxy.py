@@ -677,3 +677,31 @@ async def test_an_escalation_through_the_gateway_is_held_then_forwarded_once_on_
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
+
+
+async def test_executor_workers_is_refused_by_a_configured_gateway_which_runs_one_process(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    from agentsafe.executor.gateway.demo import DEMO_POLICY
+    from agentsafe.executor.tools.harness import Workspace
+
+    policy = tmp_path / "gateway-policy.yaml"
+    policy.write_text(DEMO_POLICY)
+    env = Workspace(tmp_path / "ws").environment(
+        provider_url=upstream.url, port=free_port(), mode="SHADOW", policy_file=policy
+    )
+    env["DOWNSTREAM_URL"] = upstream.url
+    env.pop("DOWNSTREAM_LOOKUP_URL")
+    env["EXECUTOR_WORKERS"] = "2"
+    env["EXECUTOR_JOURNAL_DIR"] = str(tmp_path / "ws" / "journal")  # shadow's Workspace drops it
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [AGENTSAFE, "proxy", "--upstream", upstream.url, "--port", str(free_port())],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 78, result.stderr
+    assert b"EXECUTOR_WORKERS: is for agentsafe serve" in result.stderr
