@@ -141,6 +141,12 @@ async def test_ready_when_replicas_are_ready(
     assert "not yet observed" in _ready(status)["message"]
 
 
+def _executor_env(kube: FakeKube) -> dict[str, Any]:
+    statefulset = kube.objects[("StatefulSet", NS, "payouts-executor")]
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
 async def test_the_workers_are_reported_and_a_tight_limit_is_warned_about_once(
     runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
 ) -> None:
@@ -149,16 +155,14 @@ async def test_the_workers_are_reported_and_a_tight_limit_is_warned_about_once(
     Warning Event once, not on every drift repair."""
     status = await _reconcile(runtime, policy_body)
     assert status["workers"] == 1
+    assert "EXECUTOR_WORKERS" not in _executor_env(kube)
     assert not [e for e in runtime.events.posted if e[1] == "WorkersOverResources"]  # type: ignore[attr-defined]
     policy_body["spec"]["workers"] = 4
     policy_body["spec"]["pod"] = {"resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}
     policy_body["metadata"]["generation"] = 2
     status = await _reconcile(runtime, policy_body)
     assert status["workers"] == 4
-    env = kube.objects[("StatefulSet", NS, "payouts-executor")]["spec"]["template"]["spec"][
-        "containers"
-    ][0]["env"]
-    assert {"name": "EXECUTOR_WORKERS", "value": "4"} in env
+    assert _executor_env(kube)["EXECUTOR_WORKERS"] == "4"
     reconciled = next(c for c in status["conditions"] if c["type"] == "Reconciled")
     assert reconciled["status"] == "True"
     assert "; warning: 4 workers (spec.workers) share a CPU limit of 2:" in reconciled["message"]
@@ -187,10 +191,7 @@ async def test_the_operators_default_worker_count_is_rendered_and_reported(
     )
     status = await _reconcile(rt, policy_body)
     assert status["workers"] == 2
-    env = kube.objects[("StatefulSet", NS, "payouts-executor")]["spec"]["template"]["spec"][
-        "containers"
-    ][0]["env"]
-    assert {"name": "EXECUTOR_WORKERS", "value": "2"} in env
+    assert _executor_env(kube)["EXECUTOR_WORKERS"] == "2"
 
 
 async def test_missing_secret_is_a_condition_naming_it(
