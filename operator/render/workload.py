@@ -326,8 +326,8 @@ def worker_warnings(spec: AgentPolicySpec, settings: OperatorSettings) -> list[s
     if cpu is not None and quantity(cpu) < workers:
         out.append(
             f"{workers} workers ({source}) share a CPU limit of {cpu}: each worker is a process "
-            f"that uses up to one core, so they are throttled; set spec.pod.resources.limits.cpu "
-            f"to at least {workers} or lower the workers"
+            "that uses up to one core, so under load they are throttled; set "
+            f"spec.pod.resources.limits.cpu to at least {workers} or lower the workers"
         )
     memory = resources.limits.get("memory")
     if memory is not None and quantity(memory) < workers * quantity(WORKER_MEMORY):
