@@ -25,8 +25,10 @@ import yaml
 from cluster.build import KUBERNETES_VERSION, Tools
 from cluster.control_plane import ControlPlane
 
+from agentsafe.executor.config import WORKERS_DEFAULT, WORKERS_MAX
 from agentsafe.operator.admission import ADMISSION_WEBHOOK_ID
 from agentsafe.operator.cli import register
+from agentsafe.operator.models import WORKER_MEMORY
 from agentsafe.operator.rbac import render_rbac
 from agentsafe.operator.settings import parse_labels
 
@@ -64,6 +66,7 @@ VARIANTS: dict[str, list[str]] = {
     ],
     "certManager": ["--set", "webhook.tls.mode=certManager"],
     "noWebhook": ["--set", "webhook.enabled=false"],
+    "workers": ["--set", "executor.workers=4"],
 }
 
 
@@ -131,8 +134,9 @@ def test_secrets_are_granted_per_watched_namespace_only(k8s_tools: Tools) -> Non
 
 
 def test_helm_lint_passes(k8s_tools: Tools) -> None:
-    result = _helm(k8s_tools, "lint", "--strict", str(CHART))
-    assert "0 chart(s) failed" in result.stdout
+    for extra in ([], VARIANTS["workers"]):
+        result = _helm(k8s_tools, "lint", "--strict", str(CHART), *extra)
+        assert "0 chart(s) failed" in result.stdout
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -303,6 +307,10 @@ def test_values_schema_refuses_bad_values(k8s_tools: Tools) -> None:
         ["--set", "webhook.failurePolicy=Sometimes"],
         ["--set", "webhook.timeoutSeconds=31"],
         ["--set", "webhook.tls.mode=helm"],
+        ["--set", "executor.workers=0"],
+        ["--set", f"executor.workers={WORKERS_MAX + 1}"],
+        ["--set", "executor.workers=two"],
+        ["--set", "executor.workers=1.5"],
     ]
     for extra in bad:
         args = ["template", "x", str(CHART), "--kube-version", KUBERNETES_VERSION, *extra]
@@ -594,6 +602,31 @@ def test_the_operator_reads_the_monitoring_values_as_the_chart_renders_them(
     assert "metrics" not in [p["name"] for p in container["ports"]]
     service = next(o for o in off if o["kind"] == "Service")
     assert "metrics" not in [p["name"] for p in service["spec"]["ports"]]
+
+
+def test_the_operator_reads_the_default_worker_count_as_the_chart_renders_it(
+    k8s_tools: Tools, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for values, expected in (({}, WORKERS_DEFAULT), ({"executor": {"workers": 4}}, 4)):
+        (configmap,) = [o for o in _render_values(k8s_tools, values) if o["kind"] == "ConfigMap"]
+        assert configmap["data"]["AGENTSAFE_OPERATOR_EXECUTOR_WORKERS"] == str(expected)
+        for name, value in configmap["data"].items():
+            monkeypatch.setenv(name, value)
+        parser = argparse.ArgumentParser(prog="agentsafe")
+        register(parser.add_subparsers(dest="command", required=True))
+        assert parser.parse_args(["operator"]).executor_workers == expected
+
+
+def test_the_worker_count_value_is_bounded_as_the_executor_bounds_it() -> None:
+    """values.schema.json and values.yaml cannot import the executor's constants: this is
+    where a copy that drifts from agentsafe.executor.config fails."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    workers = schema["properties"]["executor"]["properties"]["workers"]
+    assert workers == {"type": "integer", "minimum": 1, "maximum": WORKERS_MAX}
+    values_text = (CHART / "values.yaml").read_text()
+    assert yaml.safe_load(values_text)["executor"]["workers"] == WORKERS_DEFAULT
+    assert f"(EXECUTOR_WORKERS, 1-{WORKERS_MAX})" in values_text
+    assert f"about {WORKER_MEMORY}" in values_text
 
 
 def test_monitoring_values_that_cannot_work_are_refused(k8s_tools: Tools) -> None:

@@ -8,8 +8,9 @@ templates/webhook.yaml``) with two changes the loopback cluster needs: ``clientC
 instead of the Service (no kubelet, no pods, no Service routing here) and a namespaceSelector for
 this test's namespace alone, so no other test's AgentPolicy meets it. Then ``kubectl apply``:
 the broken rule is refused with its path and the compiler's message, the good policy is
-admitted unchanged, a metadata-only change of a stored object never calls the webhook, and the
-CA Secret stays the one the operator created.
+admitted unchanged, a metadata-only change of a stored object never calls the webhook, workers
+over their CPU limit are admitted with the webhook's warning (the CRD itself refuses a count out
+of range), and the CA Secret stays the one the operator created.
 
 The file sorts after ``test_chart.py`` on purpose: it applies the CRDs with kubectl to the shared
 loopback API server, and the chart tests' ``helm install --dry-run`` refuses CRDs that exist
@@ -33,6 +34,8 @@ import pytest
 import yaml
 from cluster.control_plane import ControlPlane, free_port
 from cluster.polling import poll
+
+from agentsafe.executor.config import WORKERS_MAX
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "agentsafe"
@@ -223,6 +226,33 @@ def test_a_good_policy_is_admitted_unchanged_and_an_update_that_breaks_it_refuse
     dry = plane.kubectl("apply", "--dry-run=server", "-f", "-", input=broken, check=False)
     assert dry.returncode != 0
     assert "PolicyInvalid" in dry.stderr
+
+
+def test_workers_over_the_cpu_limit_are_admitted_with_a_warning_and_out_of_range_refused(
+    control_plane: ControlPlane, webhook: dict[str, Any]
+) -> None:
+    """kubectl prints the webhook's warning and stores the policy; a worker count past the
+    executor's bound never reaches the webhook: the CRD's own schema refuses it."""
+    plane, namespace = control_plane, webhook["namespace"]
+    tight = _policy(namespace, "tight")
+    tight["spec"]["workers"] = 4
+    tight["spec"]["pod"] = {"resources": {"limits": {"cpu": "1"}}}
+    result = _apply(plane, tight)
+    assert result.returncode == 0, result.stderr
+    print(result.stderr)  # what a platform engineer reads (shown with pytest -s)
+    assert "Warning: 4 workers (spec.workers) share a CPU limit of 1:" in result.stderr
+    stored = json.loads(
+        plane.kubectl("get", "agentpolicy", "tight", "-n", namespace, "-o", "json").stdout
+    )
+    assert stored["spec"]["workers"] == 4
+    for bad in (0, WORKERS_MAX + 1):
+        wrong = _policy(namespace, "wrong")
+        wrong["spec"]["workers"] = bad
+        result = _apply(plane, wrong)
+        assert result.returncode != 0, bad
+        assert "spec.workers" in result.stderr, result.stderr
+        assert "webhook" not in result.stderr  # the schema, before any webhook
+    assert plane.kubectl("get", "agentpolicy", "wrong", "-n", namespace, check=False).returncode
 
 
 def test_the_ca_bundle_is_the_ca_the_operator_keeps(

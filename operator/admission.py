@@ -13,6 +13,12 @@ operator serves a validating admission webhook (kopf's ``@kopf.on.validate``, re
   reason ``PolicyInvalid``, with the compiler's message, which starts with the path of the rule
   (``actions[0].rules[1].when: ...``).
 
+An admitted spec may still come back with warnings (the API server hands them to the client:
+``kubectl apply`` prints ``Warning: ...``): those of
+:func:`~.render.workload.worker_warnings`, a CPU or memory limit the workers would not fit in,
+counted with the operator's own default when ``spec.workers`` is unset. The reconcile reports
+the same words in its ``Reconciled`` message and a Warning Event.
+
 A refusal (:class:`AdmissionRefused`) carries exactly the reason and message the
 ``Reconciled``/``Ready`` conditions would report for the same spec, so the webhook and the
 condition never disagree; the messages name paths and compiler errors, never a value of the
@@ -37,7 +43,9 @@ from typing import Any, Final
 
 from .models import AgentPolicySpec, ConditionReason
 from .render import RenderError, compile_spec_policy
+from .render.workload import worker_warnings
 from .runtime import InvalidSpec, parse_spec
+from .settings import OperatorSettings
 
 __all__ = ["ADMISSION_WEBHOOK_ID", "AdmissionRefused", "review_policy"]
 
@@ -66,14 +74,17 @@ def review_policy(
     operation: str | None,
     body: Mapping[str, Any],
     old: Mapping[str, Any] | None = None,
-) -> None:
-    """Admit (return) or refuse (:class:`AdmissionRefused`) one AgentPolicy admission request."""
+    *,
+    settings: OperatorSettings | None = None,
+) -> list[str]:
+    """Admit one AgentPolicy admission request, with the warnings for its author (the workers'
+    resources, with ``settings``' defaults), or refuse it (:class:`AdmissionRefused`)."""
     if operation not in REVIEWED_OPERATIONS:
-        return
+        return []
     if (body.get("metadata") or {}).get("deletionTimestamp"):
-        return
+        return []
     if operation == "UPDATE" and old is not None and _spec_of(old) == _spec_of(body):
-        return
+        return []
     try:
         spec = parse_spec(AgentPolicySpec, body)
     except InvalidSpec as exc:
@@ -82,3 +93,4 @@ def review_policy(
         compile_spec_policy(spec.policy)
     except RenderError as exc:
         raise AdmissionRefused(exc.reason, exc.message) from None
+    return worker_warnings(spec, settings or OperatorSettings())

@@ -40,7 +40,22 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _worker_count(text: str) -> int:
+    """An argparse type: a worker count the executor accepts (1..WORKERS_MAX)."""
+    from agentsafe.executor.config import WORKERS_MAX
+
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= WORKERS_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number 1..{WORKERS_MAX} (--executor-workers, "
+            "AGENTSAFE_OPERATOR_EXECUTOR_WORKERS)"
+        )
+    return int(text)
+
+
 def register(subparsers: Any) -> None:
+    from agentsafe.executor.config import WORKERS_DEFAULT, WORKERS_MAX
+
     op = subparsers.add_parser("operator", help="run the Kubernetes operator (kopf)")
     op.add_argument(
         "--namespace",
@@ -58,6 +73,14 @@ def register(subparsers: Any) -> None:
         "--executor-image",
         default=os.environ.get("AGENTSAFE_OPERATOR_EXECUTOR_IMAGE"),
         help="default executor image for AgentPolicies that name none",
+    )
+    op.add_argument(
+        "--executor-workers",
+        type=_worker_count,
+        default=os.environ.get("AGENTSAFE_OPERATOR_EXECUTOR_WORKERS", str(WORKERS_DEFAULT)),
+        help=f"worker processes per executor pod (EXECUTOR_WORKERS, 1..{WORKERS_MAX}) for "
+        f"AgentPolicies whose spec.workers is unset (default {WORKERS_DEFAULT}); each worker "
+        "is a process wanting up to a CPU core and its own memory",
     )
     op.add_argument(
         "--executor-port",
@@ -280,7 +303,7 @@ def _operate(args: argparse.Namespace) -> int:
         settings = replace(settings, executor_image=args.executor_image)
     if not 1 <= args.executor_port <= 65535:
         raise SystemExit("agentsafe operator: --executor-port must be 1..65535")
-    settings = replace(settings, port=args.executor_port)
+    settings = replace(settings, port=args.executor_port, executor_workers=args.executor_workers)
     settings = replace(settings, reconcile_interval_seconds=args.reconcile_interval)
     _check_webhook_args(args)
     registry = build_registry(

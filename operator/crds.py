@@ -87,6 +87,7 @@ RESOURCES: Final[tuple[CrdResource, ...]] = (
             ("Ready", "string", _READY),
             ("Halted", "boolean", ".status.halted"),
             ("Replicas", "integer", ".spec.replicas"),
+            ("Workers", "integer", ".status.workers"),
             ("Age", "date", ".metadata.creationTimestamp"),
         ),
         description="A policy and the hardened executor workload that enforces it.",

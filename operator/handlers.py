@@ -64,6 +64,7 @@ from .reconcile import (
     reconcile_secret,
 )
 from .render.common import EXECUTOR_COMPONENT, MANAGED_BY, WATCH_LABEL, WATCH_VALUE
+from .render.workload import WORKERS_WARNING
 from .resources import migrated_finalizers
 from .runtime import EventType, InvalidSpec, Runtime, policy_ref
 
@@ -143,6 +144,8 @@ async def policy_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **
         rt.events.post(
             data, type=outcome.event_type, reason=outcome.reason, message=outcome.message
         )
+    for warning in outcome.warnings:
+        rt.events.post(data, type=EventType.WARNING, reason=WORKERS_WARNING, message=warning)
 
 
 def _is_ready(status: AgentPolicyStatus) -> bool:
@@ -159,15 +162,29 @@ ADMISSION_HINT = (
 
 
 async def policy_admission_handler(
-    body: kopf.Body, old: Any = None, operation: str | None = None, **_: Any
+    body: kopf.Body,
+    old: Any = None,
+    operation: str | None = None,
+    warnings: list[str] | None = None,
+    memo: kopf.Memo | None = None,
+    **_: Any,
 ) -> None:
     """Validating admission of an AgentPolicy: refused with the reason and message its
-    condition would carry, before anything is stored."""
+    condition would carry, before anything is stored; an admitted one may carry warnings
+    (kopf's ``warnings`` list, which the API server hands to the client)."""
+    rt: Runtime | None = memo.get("runtime") if memo is not None else None
     try:
-        review_policy(operation, dict(body), dict(old) if isinstance(old, Mapping) else None)
+        found = review_policy(
+            operation,
+            dict(body),
+            dict(old) if isinstance(old, Mapping) else None,
+            settings=rt.settings if rt is not None else None,
+        )
     except AdmissionRefused as exc:
         hint = ADMISSION_HINT if exc.reason is ConditionReason.POLICY_INVALID else ""
         raise kopf.AdmissionError(f"AgentPolicy refused: {exc}{hint}", code=422) from None
+    if warnings is not None:
+        warnings.extend(found)
 
 
 async def policy_delete_handler(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:

@@ -11,11 +11,11 @@ before acting on it.
 :class:`~agentsafe.executor.policy.policy.PolicyDocument`; the enumerations, the numeric ranges
 and the value rules the executor enforces on what a resource renders into are the executor's own,
 imported: its configuration's (:mod:`agentsafe.executor.config`: modes, credential kinds,
-intent TTL, downstream timeout, host-ceiling windows, currency codes, text length), its
-principals file's (:mod:`agentsafe.executor.door.principals_file`: roles, operator scopes, how
-many actions and scopes, SAN URIs, digests) and its halt's (the longest reason). Nothing here
-copies them; what stays here is what only the custom resources say (replicas, journal size,
-names).
+intent TTL, downstream timeout, host-ceiling windows, currency codes, text length, worker
+count), its principals file's (:mod:`agentsafe.executor.door.principals_file`: roles, operator
+scopes, how many actions and scopes, SAN URIs, digests) and its halt's (the longest reason).
+Nothing here copies them; what stays here is what only the custom resources say (replicas,
+journal size, names, the executor container's default resources per worker).
 
 Callers: ``crds.py`` (schemas); ``reconcile.py``, ``halt.py``, ``readiness.py`` and
 ``render/halt.py`` (parsing); ``render/*`` (rendering); ``resources.py`` and ``handlers.py`` (the
@@ -41,6 +41,7 @@ from agentsafe.executor.config import (
     INTENT_TTL_SECONDS_DEFAULT,
     INTENT_TTL_SECONDS_MAX,
     MAX_TEXT,
+    WORKERS_MAX,
     CredentialKind,
     EscalationMode,
     ExecutorMode,
@@ -62,7 +63,10 @@ from agentsafe.executor.principals import Role, Scope, Verification
 __all__ = [
     "API_VERSION",
     "GROUP",
+    "RESOURCES_PER_WORKER",
+    "RESOURCE_QUANTITY_PATTERN",
     "VERSION",
+    "WORKER_MEMORY",
     "AgentPolicySpec",
     "AgentPolicyStatus",
     "Condition",
@@ -447,9 +451,9 @@ class StoreSpec(_Model):
     )
 
 
-ResourceQuantity = Annotated[
-    str, Field(pattern=r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$", max_length=32)
-]
+RESOURCE_QUANTITY_PATTERN: Final = r"^([0-9]+(\.[0-9]+)?)(m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+"""A compute resource quantity: a decimal number (group 1) and an optional suffix (group 3)."""
+ResourceQuantity = Annotated[str, Field(pattern=RESOURCE_QUANTITY_PATTERN, max_length=32)]
 _RESOURCE_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
 ResourceName = Annotated[str, Field(min_length=1, max_length=253, pattern=_RESOURCE_NAME)]
 
@@ -495,6 +499,21 @@ class LocalObjectReference(_Model):
     name: DnsSubdomain = Field(description="the Secret's name")
 
 
+RESOURCES_PER_WORKER: Final[Mapping[str, Mapping[str, str]]] = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"memory": "512Mi"},
+}
+"""The executor container's resources for each worker when ``spec.pod.resources`` is unset (the
+render multiplies every quantity by the workers). ``requests.memory`` is also the least memory
+limit per worker an explicit ``resources`` may give before it is warned about (one executor
+process holds about 115-125 MiB resident: docs/performance.md)."""
+WORKER_MEMORY: Final = RESOURCES_PER_WORKER["requests"]["memory"]
+_PER_WORKER_TEXT: Final = (
+    f"requests cpu {RESOURCES_PER_WORKER['requests']['cpu']}, memory {WORKER_MEMORY}, "
+    f"limit memory {RESOURCES_PER_WORKER['limits']['memory']}"
+)
+
+
 class ResourceRequirementsSpec(_Model):
     """The executor container's compute resources."""
 
@@ -534,8 +553,8 @@ class ExecutorPodSpec(_Model):
     )
     resources: ResourceRequirementsSpec | None = Field(
         default=None,
-        description="the executor container's requests and limits; default: requests cpu 100m, "
-        "memory 128Mi, limit memory 512Mi",
+        description="the executor container's requests and limits; default: "
+        f"{_PER_WORKER_TEXT}, each multiplied by the workers (spec.workers)",
     )
 
 
@@ -570,6 +589,17 @@ class AgentPolicySpec(_Model):
     )
     replicas: Annotated[int, Field(ge=1, le=16)] = 1
     """how many executor pods; more than one needs store"""
+    workers: Annotated[int, Field(ge=1, le=WORKERS_MAX)] | None = Field(
+        default=None,
+        description="EXECUTOR_WORKERS: executor worker processes per pod, behind one listener "
+        "and sharing the pod's store and journal volume; unset: the operator's default "
+        "(--executor-workers, chart executor.workers, normally 1). Each worker is a process of "
+        f"its own, using up to one CPU core and about {WORKER_MEMORY} of memory. Without "
+        f"spec.pod.resources the defaults ({_PER_WORKER_TEXT}) are multiplied by the workers; "
+        "with it, a CPU limit below the workers in cores (they would be throttled) or a memory "
+        f"limit below {WORKER_MEMORY} per worker (they would be OOM-killed) is a warning: at "
+        "admission, in the Reconciled condition's message and as an Event",
+    )
     store: StoreSpec | None = Field(
         default=None, description="the shared PostgreSQL store; required for replicas > 1"
     )
@@ -623,6 +653,10 @@ class AgentPolicyStatus(ResourceStatus):
     mode: ExecutorMode | None = Field(default=None, description="the executors' mode")
     halted: bool = Field(default=False, description="a HaltSwitch halts this policy's executors")
     replicas: int | None = Field(default=None, description="executors asked for")
+    workers: int | None = Field(
+        default=None,
+        description="worker processes per executor pod: spec.workers or the operator's default",
+    )
     audience: str | None = Field(
         default=None, description="the audience agents' service-account tokens must carry"
     )

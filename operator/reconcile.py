@@ -10,7 +10,9 @@ or more replicas), writes the halt key (``halt.sync_halt``) and decides ``Ready`
 (``readiness.py``). A ``RenderError`` (invalid policy, a failing case of ``spec.tests``, missing
 Secret, Principals or configuration the executor would refuse) leaves every child untouched and is
 reported as ``Reconciled=False`` and ``Ready=False`` with its reason. The result is a
-:class:`PolicyOutcome`: the status and the Event to post.
+:class:`PolicyOutcome`: the status and the Event to post, and the warnings about the workers'
+resources (``render.workload.worker_warnings``) that the stored ``Reconciled`` message does not
+carry yet, each for a Warning Event of its own (so the drift timer does not repeat them).
 
 :func:`reconcile_principal` is a Principal's side: every AgentPolicy that selected it (old
 labels) or selects it (new labels) is reconciled again and its status written, and the
@@ -66,6 +68,7 @@ from .render import (
 )
 from .render.common import OWNER_LABEL, WATCH_LABEL, WATCH_VALUE
 from .render.config import OPERATOR_TOKEN_KEY
+from .render.workload import worker_warnings
 from .runtime import (
     EventType,
     InvalidSpec,
@@ -95,6 +98,9 @@ class PolicyOutcome:
     event_type: EventType
     reason: str
     message: str
+    warnings: tuple[str, ...] = ()
+    """New warnings about the workers' resources: one Warning Event each
+    (``render.workload.WORKERS_WARNING``)."""
 
 
 def referenced_keys(spec: AgentPolicySpec) -> list[tuple[str, str, str]]:
@@ -301,6 +307,7 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
     """
     ref = policy_ref(body)
     previous = stored_conditions(body)
+    previous_reconciled = next((c for c in previous if c.type == ConditionType.RECONCILED), None)
     spec = parse_spec(AgentPolicySpec, body)
     labels = (body.get("metadata") or {}).get("labels")
     inp = RenderInput(policy=ref, spec=spec, settings=rt.settings, jwks=rt.jwks)
@@ -341,6 +348,7 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
             observed_generation=ref.generation,
             mode=spec.mode,
             replicas=spec.replicas,
+            workers=inp.workers,
             audience=inp.audience,
             halted=await sync_halt(rt, ref, labels),
             conditions=conditions,
@@ -366,6 +374,10 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
             f"; not labelled {WATCH_LABEL}={WATCH_VALUE}, so their changes wait for the drift "
             f"repair: Secret {', '.join(unwatched)}"
         )
+    warnings = worker_warnings(spec, rt.settings)
+    for warning in warnings:
+        message += f"; warning: {warning}"
+    reported = previous_reconciled.message if previous_reconciled is not None else ""
     conditions = set_condition(
         previous,
         type=ConditionType.RECONCILED,
@@ -379,13 +391,20 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
         observed_generation=ref.generation,
         mode=spec.mode,
         replicas=spec.replicas,
+        workers=inp.workers,
         audience=inp.audience,
         halted=halted,
         principals=list(rendered.principals),
         policy_digest=rendered.policy_digest,
         conditions=set_ready(conditions, readiness, generation=ref.generation),
     )
-    return PolicyOutcome(applied, EventType.NORMAL, ConditionType.RECONCILED, message)
+    return PolicyOutcome(
+        applied,
+        EventType.NORMAL,
+        ConditionType.RECONCILED,
+        message,
+        warnings=tuple(w for w in warnings if w not in reported),
+    )
 
 
 async def _rereconcile(rt: Runtime, policy: Mapping[str, Any]) -> None:

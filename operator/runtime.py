@@ -55,7 +55,8 @@ class EventType(StrEnum):
 
 
 class EventPoster(Protocol):
-    """Posts one Kubernetes Event about ``body``; its reason is a condition reason or type."""
+    """Posts one Kubernetes Event about ``body``; its reason is a condition reason or type, or
+    ``render.workload.WORKERS_WARNING``."""
 
     def post(
         self, body: Mapping[str, Any], *, type: EventType, reason: str, message: str

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
+from agentsafe.executor.config import WORKERS_DEFAULT
+
 __all__ = ["FIELD_MANAGER", "HALT_FIELD_MANAGER", "OperatorSettings", "parse_labels"]
 
 _LABEL_KEY = re.compile(
@@ -52,6 +54,9 @@ class OperatorSettings:
     """Defaults and cluster facts the operator brings to every AgentPolicy."""
 
     executor_image: str = "ghcr.io/agentsafe/agentsafe:0.1.0"
+    executor_workers: int = WORKERS_DEFAULT
+    """Worker processes per executor pod for AgentPolicies whose ``spec.workers`` is unset
+    (``--executor-workers``, the chart's ``executor.workers``)."""
     issuer: str = "https://kubernetes.default.svc.cluster.local"
     """The cluster's service-account token issuer (``iss`` of projected tokens)."""
     operator_namespace: str = "agentsafe-system"

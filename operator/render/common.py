@@ -34,6 +34,7 @@ __all__ = [
     "owner_reference",
     "policy_labels",
     "selector_labels",
+    "worker_count",
 ]
 
 EXECUTOR_COMPONENT: Final = "agentsafe-executor"
@@ -103,6 +104,15 @@ class RenderInput:
     @property
     def image(self) -> str:
         return self.spec.image or self.settings.executor_image
+
+    @property
+    def workers(self) -> int:
+        return worker_count(self.spec, self.settings)
+
+
+def worker_count(spec: AgentPolicySpec, settings: OperatorSettings) -> int:
+    """Worker processes per executor pod: ``spec.workers``, else the operator's default."""
+    return spec.workers if spec.workers is not None else settings.executor_workers
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,19 @@ nodes and zones (``topologySpreadConstraints``; ``network.py`` adds their PodDis
 imagePullSecrets and the container's resources through to the pod template, and its
 topologySpreadConstraints replace the default spread (a constraint without a labelSelector counts
 this AgentPolicy's executor pods).
+
+Workers: ``EXECUTOR_WORKERS`` is rendered when the count (:attr:`~.common.RenderInput.workers`:
+``spec.workers``, else the operator's ``--executor-workers``) is not the executor's own default
+(:data:`~agentsafe.executor.config.WORKERS_DEFAULT`), so a policy that asks for nothing keeps the
+environment (and the pod template) it had. Without ``spec.pod.resources`` the default requests
+and limits are :data:`~..models.RESOURCES_PER_WORKER` times the workers; with it,
+:func:`worker_warnings` says what the workers would lack (a CPU limit below one core each, a
+memory limit below :data:`~..models.WORKER_MEMORY` each), for the admission review, the
+``Reconciled`` message and a Warning Event. Quantities are parsed here (:func:`quantity`): the
+model's pattern already bounds their form to a number and one suffix, and no library the
+operator depends on parses them (``kubernetes_asyncio`` has no quantity parser; the synchronous
+``kubernetes`` client's would be a second Kubernetes client for ten lines).
+
 - ``/var/lib/agentsafe`` (a PersistentVolumeClaim per replica, or emptyDir when the journal is
   ephemeral): ``journal/`` and ``state/`` (the use store).
 - ``/tmp``: a small in-memory emptyDir; the root filesystem is read-only.
@@ -32,13 +45,29 @@ Callers: ``render/children.py``, the tests.
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any, Final
 
 from agentsafe.executor.canonical import canonical_json
-from agentsafe.executor.config import CONFIG_KEYS, CredentialKind, ExecutorConfig, load_config
+from agentsafe.executor.config import (
+    CONFIG_KEYS,
+    WORKERS_DEFAULT,
+    CredentialKind,
+    ExecutorConfig,
+    load_config,
+)
 from agentsafe.executor.errors import ConfigError
 
-from ..models import ConditionReason
+from ..models import (
+    RESOURCE_QUANTITY_PATTERN,
+    RESOURCES_PER_WORKER,
+    WORKER_MEMORY,
+    AgentPolicySpec,
+    ConditionReason,
+)
+from ..settings import OperatorSettings
 from .common import (
     SPREAD_MIN_REPLICAS,
     RenderError,
@@ -47,6 +76,7 @@ from .common import (
     names,
     policy_labels,
     selector_labels,
+    worker_count,
 )
 from .config import AUTHORITY_KEY_KEY, HALT_KEY, JWKS_KEY, POLICY_KEY, PRINCIPALS_KEY
 from .network import downstream_networks
@@ -55,10 +85,13 @@ __all__ = [
     "CONFIG_DIR",
     "DATA_DIR",
     "SECRETS_DIR",
+    "WORKERS_WARNING",
     "config_digest",
+    "quantity",
     "render_environment",
     "render_service_account",
     "render_statefulset",
+    "worker_warnings",
 ]
 
 CONFIG_DIR: Final = "/etc/agentsafe/config"
@@ -159,6 +192,8 @@ def render_environment(inp: RenderInput) -> dict[str, str]:
     env[variable] = f"{SECRETS_DIR}/{filename}"
     if spec.store is not None:
         env["EXECUTOR_STORE_URL_FILE"] = f"{SECRETS_DIR}/{_STORE_URL}"
+    if inp.workers != WORKERS_DEFAULT:
+        env["EXECUTOR_WORKERS"] = str(inp.workers)
     if cred.kind is CredentialKind.STATIC_HEADER:
         _optional(env, "DOWNSTREAM_CREDENTIAL_HEADER", cred.header)
     elif cred.kind is CredentialKind.PRIVATE_KEY_JWT:
@@ -246,17 +281,74 @@ def _config_sources(inp: RenderInput) -> list[dict[str, Any]]:
     return sources
 
 
-_DEFAULT_RESOURCES: Final = {
-    "requests": {"cpu": "100m", "memory": "128Mi"},
-    "limits": {"memory": "512Mi"},
+_QUANTITY: Final = re.compile(RESOURCE_QUANTITY_PATTERN)
+_SUFFIXES: Final[Mapping[str, Decimal]] = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    **{suffix: Decimal(1000) ** (i + 1) for i, suffix in enumerate("kMGTPE")},
+    **{f"{suffix}i": Decimal(1024) ** (i + 1) for i, suffix in enumerate("KMGTPE")},
 }
+
+WORKERS_WARNING: Final = "WorkersOverResources"
+"""The reason of the Warning Event that carries a :func:`worker_warnings` message."""
+
+
+def quantity(text: str) -> Decimal:
+    """A Kubernetes resource quantity (``500m``, ``2``, ``1.5Gi``) as a number (cores,
+    bytes); ``ValueError`` for what the model's pattern refuses."""
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        raise ValueError("not a resource quantity")
+    return Decimal(match.group(1)) * _SUFFIXES[match.group(3) or ""]
+
+
+def _times(text: str, factor: int) -> str:
+    """A quantity multiplied by a whole number, in its own suffix (``128Mi`` x 4 = ``512Mi``)."""
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        raise ValueError("not a resource quantity")
+    return f"{Decimal(match.group(1)) * factor:f}{match.group(3) or ''}"
+
+
+def worker_warnings(spec: AgentPolicySpec, settings: OperatorSettings) -> list[str]:
+    """What more than one worker would lack under an explicit ``spec.pod.resources``: a CPU
+    limit below one core per worker (they are throttled), a memory limit below
+    :data:`~..models.WORKER_MEMORY` per worker (they are OOM-killed). Empty with one worker or
+    with the default resources (which are per worker). For people: each message names the
+    workers' source and what to change."""
+    workers = worker_count(spec, settings)
+    resources = spec.pod.resources
+    if workers <= 1 or resources is None:
+        return []
+    source = "spec.workers" if spec.workers is not None else "the operator's --executor-workers"
+    out: list[str] = []
+    cpu = resources.limits.get("cpu")
+    if cpu is not None and quantity(cpu) < workers:
+        out.append(
+            f"{workers} workers ({source}) share a CPU limit of {cpu}: each worker is a process "
+            "that uses up to one core, so under load they are throttled; set "
+            f"spec.pod.resources.limits.cpu to at least {workers} or lower the workers"
+        )
+    memory = resources.limits.get("memory")
+    if memory is not None and quantity(memory) < workers * quantity(WORKER_MEMORY):
+        out.append(
+            f"{workers} workers ({source}) share a memory limit of {memory}: each worker is a "
+            f"process that holds about {WORKER_MEMORY}, so the pod may be OOM-killed; set "
+            f"spec.pod.resources.limits.memory to at least {_times(WORKER_MEMORY, workers)} or "
+            "lower the workers"
+        )
+    return out
 
 
 def _resources(inp: RenderInput) -> dict[str, Any]:
-    """spec.pod.resources when given (as written), else the defaults."""
+    """spec.pod.resources when given (as written), else the defaults per worker times the
+    workers."""
     resources = inp.spec.pod.resources
     if resources is None:
-        return {key: dict(value) for key, value in _DEFAULT_RESOURCES.items()}
+        return {
+            key: {name: _times(value, inp.workers) for name, value in values.items()}
+            for key, values in RESOURCES_PER_WORKER.items()
+        }
     out: dict[str, Any] = {}
     if resources.requests:
         out["requests"] = dict(resources.requests)

@@ -8,14 +8,17 @@ a real kube-apiserver calling the operator's webhook over TLS.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import kopf
 import pytest
 
+from agentsafe.executor.config import WORKERS_MAX
 from agentsafe.operator.admission import ADMISSION_WEBHOOK_ID, AdmissionRefused, review_policy
 from agentsafe.operator.handlers import build_registry, policy_admission_handler, policy_handler
 from agentsafe.operator.runtime import Runtime
+from agentsafe.operator.settings import OperatorSettings
 
 from .conftest import memo_for
 
@@ -129,6 +132,51 @@ async def test_the_kopf_handler_answers_422_with_reason_and_path(
     await policy_admission_handler(
         body=kopf.Body(_broken(policy_body)), old=_broken(policy_body), operation="UPDATE"
     )
+
+
+def test_workers_over_their_limits_are_admitted_with_a_warning(
+    policy_body: dict[str, Any],
+) -> None:
+    assert review_policy("CREATE", policy_body) == []
+    tight = copy.deepcopy(policy_body)
+    tight["spec"]["workers"] = 4
+    tight["spec"]["pod"] = {"resources": {"limits": {"cpu": "1", "memory": "256Mi"}}}
+    cpu, memory = review_policy("CREATE", tight)
+    assert cpu.startswith("4 workers (spec.workers) share a CPU limit of 1:")
+    assert memory.startswith("4 workers (spec.workers) share a memory limit of 256Mi:")
+    # Unset, the operator's default counts: the one the webhook's operator runs with.
+    unset = copy.deepcopy(tight)
+    del unset["spec"]["workers"]
+    assert review_policy("UPDATE", unset, tight) == []
+    (cpu,) = review_policy("UPDATE", unset, tight, settings=OperatorSettings(executor_workers=2))
+    assert cpu.startswith("2 workers (the operator's --executor-workers) share a CPU limit")
+    # Out of range is refused before it is stored, as the CRD would.
+    wrong = copy.deepcopy(policy_body)
+    wrong["spec"]["workers"] = WORKERS_MAX + 1
+    refused = _refusal("CREATE", wrong)
+    assert refused.reason == "SpecInvalid"
+    assert refused.message.startswith("spec.workers: ")
+
+
+async def test_the_kopf_handler_hands_the_warnings_to_the_api_server(
+    runtime: Runtime, policy_body: dict[str, Any]
+) -> None:
+    tight = copy.deepcopy(policy_body)
+    tight["spec"]["pod"] = {"resources": {"limits": {"cpu": "500m"}}}
+    rt = dataclasses.replace(
+        runtime, settings=dataclasses.replace(runtime.settings, executor_workers=3)
+    )
+    warnings: list[str] = []
+    await policy_admission_handler(
+        body=kopf.Body(tight), operation="CREATE", warnings=warnings, memo=memo_for(rt)
+    )
+    (warning,) = warnings
+    assert warning.startswith("3 workers (the operator's --executor-workers) share a CPU limit")
+    warnings.clear()
+    await policy_admission_handler(
+        body=kopf.Body(policy_body), operation="CREATE", warnings=warnings, memo=memo_for(rt)
+    )
+    assert warnings == []
 
 
 def test_the_validate_handler_is_registered_only_with_a_webhook() -> None:

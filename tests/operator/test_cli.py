@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agentsafe.executor.config import WORKERS_DEFAULT, WORKERS_MAX
 from agentsafe.operator.cli import credentials_source, default_priority, register
 from agentsafe.operator.resources import FINALIZER, migrated_finalizers
 
@@ -58,6 +59,26 @@ def test_reconcile_interval_is_parsed_and_refused_when_not_positive(
         with pytest.raises(SystemExit):
             _parser().parse_args(["operator", "--reconcile-interval", refused])
         assert "--reconcile-interval" in capsys.readouterr().err
+
+
+def test_the_default_worker_count_is_parsed_and_refused_out_of_the_executors_range(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _parser().parse_args(["operator"]).executor_workers == WORKERS_DEFAULT
+    assert _parser().parse_args(["operator", "--executor-workers", "4"]).executor_workers == 4
+    monkeypatch.setenv("AGENTSAFE_OPERATOR_EXECUTOR_WORKERS", str(WORKERS_MAX))
+    assert _parser().parse_args(["operator"]).executor_workers == WORKERS_MAX
+    for refused in ("0", str(WORKERS_MAX + 1), "-1", "two", "1.5", ""):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["operator", "--executor-workers", refused])
+        err = capsys.readouterr().err
+        assert f"--executor-workers: must be a whole number 1..{WORKERS_MAX}" in err
+    monkeypatch.setenv("AGENTSAFE_OPERATOR_EXECUTOR_WORKERS", "0")
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["operator"])
+    assert "AGENTSAFE_OPERATOR_EXECUTOR_WORKERS" in capsys.readouterr().err
+    # Only the operator reads it: another subcommand parses whatever the variable says.
+    assert callable(_parser().parse_args(["crds", "check"]).run)
 
 
 def test_without_credentials_the_operator_says_so_in_one_json_line(tmp_path: Path) -> None:

@@ -12,9 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import cel
+import jsonschema
 import kubernetes_validate
 import pytest
 
+from agentsafe.executor.config import WORKERS_MAX
 from agentsafe.operator.crds import generate_crds, peering_crds, plain_text
 from agentsafe.operator.models import AgentPolicySpec, HaltSwitchSpec, PrincipalSpec
 
@@ -71,7 +73,7 @@ def test_schema_is_structural(kind: str) -> None:
 @pytest.mark.parametrize(
     ("kind", "columns", "short"),
     [
-        ("AgentPolicy", ["Mode", "Ready", "Halted", "Replicas", "Age"], "ap"),
+        ("AgentPolicy", ["Mode", "Ready", "Halted", "Replicas", "Workers", "Age"], "ap"),
         ("Principal", ["Role", "Credential", "Policies", "Age"], "asp"),
         ("HaltSwitch", ["Halted", "Reason", "Acknowledged", "Age"], "halt"),
     ],
@@ -184,6 +186,24 @@ def test_static_header_credential_needs_a_header() -> None:
     ref = {"secretKeyRef": {"name": "s", "key": "k"}}
     assert not _passes("AgentPolicy", path, {"kind": "STATIC_HEADER", **ref})
     assert _passes("AgentPolicy", path, {"kind": "STATIC_HEADER", "header": "X-Key", **ref})
+
+
+def test_the_api_server_refuses_a_worker_count_out_of_range(policy_body: dict[str, Any]) -> None:
+    """The CRD's schema (what the API server validates) and the model both refuse 0 and
+    WORKERS_MAX + 1; unset has no default in the CRD, so the operator's own default applies."""
+    node = _root("AgentPolicy")["properties"]["spec"]["properties"]["workers"]
+    assert "default" not in node
+    schema = jsonschema.Draft202012Validator(node)
+    for good in (1, 2, WORKERS_MAX):
+        assert schema.is_valid(good), good
+        AgentPolicySpec.model_validate({**policy_body["spec"], "workers": good})
+    assert not schema.is_valid("2")
+    for bad in (0, -1, WORKERS_MAX + 1, 1.5):
+        assert not schema.is_valid(bad), bad
+        with pytest.raises(ValueError, match="workers"):
+            AgentPolicySpec.model_validate({**policy_body["spec"], "workers": bad})
+    status = _root("AgentPolicy")["properties"]["status"]["properties"]
+    assert status["workers"]["type"] == "integer"
 
 
 def test_policy_name_is_bounded() -> None:

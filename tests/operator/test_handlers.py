@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import json
 import ssl
 from collections.abc import AsyncIterator
@@ -138,6 +139,59 @@ async def test_ready_when_replicas_are_ready(
     status = await _reconcile(runtime, policy_body)
     assert (_ready(status)["status"], _ready(status)["reason"]) == ("False", "ExecutorsNotReady")
     assert "not yet observed" in _ready(status)["message"]
+
+
+def _executor_env(kube: FakeKube) -> dict[str, Any]:
+    statefulset = kube.objects[("StatefulSet", NS, "payouts-executor")]
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+async def test_the_workers_are_reported_and_a_tight_limit_is_warned_about_once(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    """status.workers says what the pods run (the operator's default when the spec says
+    nothing); a CPU limit below the workers is in the Reconciled message on every pass and a
+    Warning Event once, not on every drift repair."""
+    status = await _reconcile(runtime, policy_body)
+    assert status["workers"] == 1
+    assert "EXECUTOR_WORKERS" not in _executor_env(kube)
+    assert not [e for e in runtime.events.posted if e[1] == "WorkersOverResources"]  # type: ignore[attr-defined]
+    policy_body["spec"]["workers"] = 4
+    policy_body["spec"]["pod"] = {"resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}
+    policy_body["metadata"]["generation"] = 2
+    status = await _reconcile(runtime, policy_body)
+    assert status["workers"] == 4
+    assert _executor_env(kube)["EXECUTOR_WORKERS"] == "4"
+    reconciled = next(c for c in status["conditions"] if c["type"] == "Reconciled")
+    assert reconciled["status"] == "True"
+    assert "; warning: 4 workers (spec.workers) share a CPU limit of 2:" in reconciled["message"]
+    warned = [e for e in runtime.events.posted if e[1] == "WorkersOverResources"]  # type: ignore[attr-defined]
+    assert [(kind, text.split(":")[0]) for kind, _, text in warned] == [
+        ("Warning", "4 workers (spec.workers) share a CPU limit of 2")
+    ]
+    policy_body["status"] = status
+    again = await _reconcile(runtime, policy_body)  # the timer's pass: the stored message has it
+    assert next(c for c in again["conditions"] if c["type"] == "Reconciled") == reconciled
+    assert [e for e in runtime.events.posted if e[1] == "WorkersOverResources"] == warned  # type: ignore[attr-defined]
+    policy_body["spec"]["pod"]["resources"]["limits"]["cpu"] = "4"
+    policy_body["metadata"]["generation"] = 3
+    policy_body["status"] = await _reconcile(runtime, policy_body)
+    fixed = next(c for c in policy_body["status"]["conditions"] if c["type"] == "Reconciled")
+    assert "warning" not in fixed["message"]
+
+
+async def test_the_operators_default_worker_count_is_rendered_and_reported(
+    kube: FakeKube, settings: OperatorSettings, policy_body: dict[str, Any]
+) -> None:
+    rt = Runtime(
+        kube=kube,
+        settings=dataclasses.replace(settings, executor_workers=2),
+        events=RecordingEvents(),
+    )
+    status = await _reconcile(rt, policy_body)
+    assert status["workers"] == 2
+    assert _executor_env(kube)["EXECUTOR_WORKERS"] == "2"
 
 
 async def test_missing_secret_is_a_condition_naming_it(

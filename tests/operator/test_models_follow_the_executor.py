@@ -14,12 +14,13 @@ import annotated_types
 import pytest
 from pydantic import BaseModel
 
-from agentsafe.executor.config import ExecutorConfig
+from agentsafe.executor.config import WORKERS_DEFAULT, WORKERS_MAX, ExecutorConfig
 from agentsafe.executor.door.principals_file import PrincipalEntry
 from agentsafe.executor.host.halt import MAX_REASON_CHARS
 from agentsafe.executor.principals import Role, Scope
 from agentsafe.operator.crds import structural_schema
 from agentsafe.operator.models import AgentPolicySpec, HaltSwitchSpec, PrincipalSpec
+from agentsafe.operator.settings import OperatorSettings
 
 
 def _executor_bounds(attribute: str) -> tuple[Any, Any, Any]:
@@ -75,6 +76,16 @@ def test_an_mtls_principal_is_checked_as_the_executor_checks_it() -> None:
     for key in ("minLength", "maxLength", "pattern"):
         assert mtls["sanURI"][key] == executor["san_uri"][key]
     assert mtls["certSHA256"]["pattern"] == executor["cert_sha256"]["anyOf"][0]["pattern"]
+
+
+def test_the_worker_count_is_bounded_as_the_executor_bounds_it() -> None:
+    """spec.workers states the executor's bounds of EXECUTOR_WORKERS (config.WORKERS_MAX), and
+    has no default of its own: unset, the operator's default applies (itself WORKERS_DEFAULT
+    unless --executor-workers says otherwise)."""
+    node = _node(AgentPolicySpec, "workers")
+    assert (node["minimum"], node["maximum"]) == (1, WORKERS_MAX)
+    assert "default" not in node
+    assert OperatorSettings().executor_workers == WORKERS_DEFAULT
 
 
 def test_a_halt_reason_fits_the_executors_control_route() -> None:

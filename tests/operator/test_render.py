@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agentsafe.executor.config import load_config
+from agentsafe.executor.config import WORKERS_DEFAULT, WORKERS_MAX, load_config
 from agentsafe.executor.door.principals_file import load_principals_file, parse_principals
 from agentsafe.executor.policy.policy import load_policy
 from agentsafe.operator.models import AgentPolicySpec, PrincipalSpec
@@ -34,7 +35,12 @@ from agentsafe.operator.render import (
     render_service_account,
     render_statefulset,
 )
-from agentsafe.operator.render.workload import SECRETS_DIR, check_environment
+from agentsafe.operator.render.workload import (
+    SECRETS_DIR,
+    check_environment,
+    quantity,
+    worker_warnings,
+)
 
 from .conftest import APPROVER_TOKEN, EXAMPLES, OPERATOR_TOKEN
 
@@ -612,3 +618,141 @@ def test_an_empty_spread_list_turns_the_default_spread_off(render_input: RenderI
     (off,) = [c for c in render_children(inp2).objects if c["kind"] == "StatefulSet"]
     assert len(default["spec"]["template"]["spec"]["topologySpreadConstraints"]) == 2
     assert "topologySpreadConstraints" not in off["spec"]["template"]["spec"]
+
+
+def _env(statefulset: dict[str, Any]) -> dict[str, str | None]:
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def _statefulset(inp: RenderInput) -> dict[str, Any]:
+    (statefulset,) = [c for c in render_children(inp).objects if c["kind"] == "StatefulSet"]
+    _valid(statefulset)
+    assert restricted_violations(statefulset) == []
+    return statefulset
+
+
+def test_one_worker_keeps_the_environment_and_resources_it_had(render_input: RenderInput) -> None:
+    """A policy that asks for nothing renders no EXECUTOR_WORKERS (the executor's own default,
+    one worker), so its pod template does not change under a new operator."""
+    assert render_input.spec.workers is None
+    statefulset = _statefulset(render_input)
+    assert "EXECUTOR_WORKERS" not in _env(statefulset)
+    explicit = _statefulset(_with_spec(render_input, workers=WORKERS_DEFAULT))
+    assert explicit["spec"] == statefulset["spec"]
+
+
+def test_spec_workers_renders_executor_workers_and_resources_per_worker(
+    render_input: RenderInput,
+) -> None:
+    inp = _with_spec(render_input, workers=4)
+    statefulset = _statefulset(inp)
+    env = _env(statefulset)
+    assert env["EXECUTOR_WORKERS"] == "4"
+    # The executor's own loader accepts the rendered environment with the count in it.
+    assert check_environment(render_environment(inp)).executor_workers == 4
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {
+        "requests": {"cpu": "400m", "memory": "512Mi"},
+        "limits": {"memory": "2048Mi"},
+    }
+    # Every worker journals under the one data volume: nothing about it changes.
+    assert env["EXECUTOR_JOURNAL_DIR"] == "/var/lib/agentsafe/journal"
+    assert (
+        statefulset["spec"]["volumeClaimTemplates"]
+        == _statefulset(render_input)["spec"]["volumeClaimTemplates"]
+    )
+    # Explicit resources are passed through as written, whatever the workers.
+    resources = {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    given = _statefulset(_with_spec(inp, **{"pod.resources": resources}))
+    assert given["spec"]["template"]["spec"]["containers"][0]["resources"] == resources
+
+
+def test_the_operators_default_applies_when_the_spec_says_nothing(
+    render_input: RenderInput,
+) -> None:
+    inp = dataclasses.replace(
+        render_input, settings=dataclasses.replace(render_input.settings, executor_workers=3)
+    )
+    assert _env(_statefulset(inp))["EXECUTOR_WORKERS"] == "3"
+    # spec.workers wins over the default, also when it asks for the executor's own default.
+    assert _env(_statefulset(_with_spec(inp, workers=2)))["EXECUTOR_WORKERS"] == "2"
+    one = _statefulset(_with_spec(inp, workers=1))
+    assert "EXECUTOR_WORKERS" not in _env(one)
+    assert one["spec"] == _statefulset(render_input)["spec"]
+
+
+def test_the_executor_refuses_what_the_schema_would_refuse(render_input: RenderInput) -> None:
+    """A count past the executor's bound never reaches a pod: the model refuses it first, and
+    the executor's loader refuses the variable the same way (ConfigInvalid, not a crash)."""
+    with pytest.raises(ValueError, match="workers"):
+        _with_spec(render_input, workers=WORKERS_MAX + 1)
+    env = render_environment(_with_spec(render_input, workers=2))
+    env["EXECUTOR_WORKERS"] = str(WORKERS_MAX + 1)
+    with pytest.raises(RenderError) as info:
+        check_environment(env)
+    assert info.value.reason == "ConfigInvalid"
+    assert "EXECUTOR_WORKERS" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("500m", Decimal("0.5")),
+        ("2", Decimal(2)),
+        ("1.5", Decimal("1.5")),
+        ("128Mi", Decimal(128 * 2**20)),
+        ("1.5Gi", Decimal(3 * 2**29)),
+        ("1k", Decimal(1000)),
+        ("2G", Decimal(2 * 10**9)),
+    ],
+)
+def test_quantities_are_read_as_kubernetes_reads_them(text: str, value: Decimal) -> None:
+    assert quantity(text) == value
+
+
+def test_a_quantity_the_pattern_refuses_is_refused() -> None:
+    for text in ("", "1.", "-1", "1mi", "1 Gi", "e3"):
+        with pytest.raises(ValueError, match="quantity"):
+            quantity(text)
+
+
+def _warnings(inp: RenderInput, **changes: Any) -> list[str]:
+    changed = _with_spec(inp, **changes)
+    return worker_warnings(changed.spec, changed.settings)
+
+
+def test_workers_over_the_cpu_or_memory_limit_are_warned_about(
+    render_input: RenderInput,
+) -> None:
+    fits = {"limits": {"cpu": "4", "memory": "512Mi"}}
+    assert _warnings(render_input, workers=4, **{"pod.resources": fits}) == []
+    (cpu,) = _warnings(render_input, workers=4, **{"pod.resources": {"limits": {"cpu": "1500m"}}})
+    assert cpu.startswith("4 workers (spec.workers) share a CPU limit of 1500m")
+    assert "spec.pod.resources.limits.cpu to at least 4" in cpu
+    tight = {"limits": {"cpu": "2", "memory": "256Mi"}}
+    cpu, memory = _warnings(render_input, workers=3, **{"pod.resources": tight})
+    assert "CPU limit of 2:" in cpu
+    assert memory.startswith("3 workers (spec.workers) share a memory limit of 256Mi")
+    assert "spec.pod.resources.limits.memory to at least 384Mi" in memory
+    # Exactly one core and 128Mi per worker is enough; requests alone bound nothing.
+    exact = {"limits": {"cpu": "2000m", "memory": "256Mi"}}
+    assert _warnings(render_input, workers=2, **{"pod.resources": exact}) == []
+    requests = {"requests": {"cpu": "100m", "memory": "64Mi"}}
+    assert _warnings(render_input, workers=8, **{"pod.resources": requests}) == []
+
+
+def test_no_warning_for_one_worker_or_for_the_default_resources(
+    render_input: RenderInput,
+) -> None:
+    small = {"limits": {"cpu": "250m", "memory": "256Mi"}}
+    assert _warnings(render_input, **{"pod.resources": small}) == []
+    assert _warnings(render_input, workers=1, **{"pod.resources": small}) == []
+    assert _warnings(render_input, workers=WORKERS_MAX) == []
+
+
+def test_a_warning_names_the_operators_default_as_its_source(render_input: RenderInput) -> None:
+    settings = dataclasses.replace(render_input.settings, executor_workers=2)
+    spec = _with_spec(render_input, **{"pod.resources": {"limits": {"cpu": "1"}}}).spec
+    (warning,) = worker_warnings(spec, settings)
+    assert warning.startswith("2 workers (the operator's --executor-workers) share a CPU limit")
