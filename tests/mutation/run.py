@@ -43,6 +43,12 @@ MODULES: dict[str, list[str]] = {
     "executor/canonical.py": ["tests/test_canonical.py"],
     "executor/intent.py": ["tests/test_intent.py"],
     "executor/grants.py": ["tests/test_grants.py", "tests/test_grants_messages.py"],
+    # compact JWS: its own tests, and grants' (verify_jws, the words of each refusal) over it
+    "executor/jws.py": [
+        "tests/test_jws.py",
+        "tests/test_grants.py",
+        "tests/test_grants_messages.py",
+    ],
     "executor/door/door.py": ["tests/door"],  # test_door_messages.py among them
     "executor/state/usestore.py": ["tests/state/test_usestore.py"],
     "executor/state/journal.py": [
