@@ -526,3 +526,13 @@ def test_a_flush_before_the_interval_is_over_holds_the_summary(world: World) -> 
     world.clock.advance(INTERVAL_SECONDS)
     world.door.flush_lines()
     assert [e["count"] for e in world.security.named(REPEATED_EVENT)] == [5]
+
+
+def test_a_scope_refusal_locks_the_principal_and_never_counts_to_the_spike(world: World) -> None:
+    """Found by mutation testing (issue 23): SCOPE_FORBIDDEN, like ROLE_FORBIDDEN, is the proven
+    principal's own mistake, so it counts towards its lock and never towards AUTH_SPIKE."""
+    for _ in range(3):
+        world.refused(403, "SCOPE_FORBIDDEN", cert=world.ops_cert.der, role=Role.OPERATOR,
+                      scope="evidence")  # fmt: skip
+    assert world.refusals == 0
+    assert [e["principal"] for e in world.security.named("PRINCIPAL_LOCKED")] == ["ops-oncall"]
