@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -413,3 +415,135 @@ def test_the_writer_does_not_normalise() -> None:
     from agentsafe.executor.canonical import _written
 
     assert _written("caf\u00e9") != _written("cafe\u0301")
+
+
+# Found by mutation testing on the C-encoder source (issue 23, docs/mutation.md).
+
+
+def _refusal(call: Callable[[Any], object], value: object) -> tuple[str, str]:
+    with pytest.raises(CanonicalizationError) as info:
+        call(value)
+    return (info.value.code, str(info.value))
+
+
+@pytest.mark.parametrize(
+    ("call", "value", "code", "message"),
+    [
+        (parse_json, '{"a": 1, "a": 2}', "JSON_DUPLICATE_KEY", "a key appears twice in one object"),
+        (parse_json, "[NaN]", "NUMBER_NOT_FINITE", "NaN is not a JSON number"),
+        (parse_json, "-Infinity", "NUMBER_NOT_FINITE", "-Infinity is not a JSON number"),
+        (parse_json, "1e999", "NUMBER_NOT_FINITE", "a number overflows a double"),
+        (parse_json, "9" * 5000, "NUMBER_OUT_OF_RANGE", "an integer has too many digits"),
+        (parse_json, '["\\ud800"]', "JSON_INVALID", "a string holds a lone surrogate"),
+        (canonical_json, "\ud800", "JSON_INVALID", "string contains a lone surrogate"),
+        (canonical_json, {"\udfff": 1}, "JSON_INVALID", "key contains a lone surrogate"),
+        (format_number, True, "JSON_INVALID", "a boolean is not a number"),
+        (
+            canonical_json,
+            [2**53],
+            "NUMBER_OUT_OF_RANGE",
+            "integer outside the exactly representable range",
+        ),
+        (canonical_json, {"n": math.inf}, "NUMBER_NOT_FINITE", "non-finite number"),
+        (canonical_json, {1: "a"}, "JSON_INVALID", "object key is not a string"),
+        (canonical_json, [b"x"], "JSON_INVALID", "value of type bytes has no JSON form"),
+        (canonical_json, {"a": object()}, "JSON_INVALID", "value of type object has no JSON form"),
+    ],
+)
+def test_what_each_refusal_says(
+    call: Callable[[Any], object], value: object, code: str, message: str
+) -> None:
+    """The code is the contract; the words are what an operator reads when a file of theirs is
+    refused (the policy loader, the principals file), and they name the rule, never the data."""
+    assert _refusal(call, value) == (code, message)
+
+
+def test_the_depth_refusal_says_what_was_too_deep() -> None:
+    deep: object = []
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    assert _refusal(canonical_json, deep) == ("JSON_TOO_DEEP", "value nested too deeply")
+
+
+def test_a_lone_surrogate_after_a_scalar_is_still_found() -> None:
+    # the walk pops the last item first: a number, then the string behind it
+    for text in ('["\\ud800", 1]', '["\\ud800", null, true]', '{"a": "\\udc00", "b": 2}'):
+        with pytest.raises(CanonicalizationError) as info:
+            parse_json(text)
+        assert info.value.code == "JSON_INVALID"
+
+
+def test_the_characters_beside_the_surrogate_range_are_read() -> None:
+    # an escape anywhere makes the reader look for surrogates; U+D7FF and U+E000 are not ones
+    assert parse_json('["\\u0041", "\ue000", "\ud7ff"]') == ["A", "\ue000", "\ud7ff"]
+    assert parse_json('{"\\ue000": "\\ud7ff"}') == {"\ue000": "\ud7ff"}
+
+
+def _nested(leaf: object, levels: int, wrap: Callable[[object], object]) -> object:
+    for _ in range(levels):
+        leaf = wrap(leaf)
+    return leaf
+
+
+@pytest.mark.parametrize(
+    ("wrap", "opening", "closing"),
+    [(lambda v: [v], "[", "]"), (lambda v: {"a": v}, '{"a":', "}")],
+    ids=["array", "object"],
+)
+def test_the_writer_nests_to_the_bound_and_refuses_past_it(
+    wrap: Callable[[object], object], opening: str, closing: str
+) -> None:
+    # a float anywhere sends the value to the writer: its own depth bound is the one probed
+    deep = _nested(1.5, MAX_DEPTH, wrap)
+    assert canonical_text(deep) == opening * MAX_DEPTH + "1.5" + closing * MAX_DEPTH
+    with pytest.raises(CanonicalizationError) as info:
+        canonical_text(wrap(deep))
+    assert info.value.code == "JSON_TOO_DEEP"
+
+
+PLAIN = [
+    None,
+    True,
+    False,
+    0,
+    2**53 - 1,
+    -(2**53 - 1),
+    "ascii",
+    "caf\u00e9 \u2028 \uffff",
+    [1, "x", None],
+    (True, "t"),
+    {"a": [1, {"b": False}], "\u00e9t\u00e9": None, "\uffff": 0},
+    _nested("x", MAX_DEPTH, lambda v: [v]),
+    _nested("x", MAX_DEPTH, lambda v: {"k": v}),
+]
+
+
+@pytest.mark.parametrize("value", PLAIN, ids=range(len(PLAIN)))
+def test_plain_values_take_the_c_encoder_and_never_the_writer(
+    value: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The C route is the measured gain of docs/performance.md: every plain value, to the depth
+    bound, with non-ASCII text and keys of the Basic Multilingual Plane and either integer bound,
+    takes it; the bytes are the writer's."""
+    from agentsafe.executor import canonical
+
+    expected = canonical._written(value)
+    assert canonical._plain(value, 0)
+
+    def no_writer(_: object) -> str:
+        raise AssertionError("a plain value took the writer")
+
+    monkeypatch.setattr(canonical, "_written", no_writer)
+    assert canonical_text(value) == expected
+
+
+def test_sha256_bytes_digest_names_raw_bytes_and_text_as_utf8() -> None:
+    from agentsafe.executor.canonical import sha256_bytes_digest
+
+    abc = "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert sha256_bytes_digest(b"abc") == abc
+    assert sha256_bytes_digest("abc") == abc
+    assert sha256_bytes_digest("\u00e9") == sha256_bytes_digest(b"\xc3\xa9")
+    assert sha256_bytes_digest("\u00e9") == (
+        "sha256:" + "4a99557e4033c3539de2eb65472017cad5f9557f7a0625a09f1c3f6e2ba69c4c"
+    )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -274,3 +276,88 @@ def test_array_items_add_up_across_arrays() -> None:
     count = MAX_ENTRIES // per + 1  # every array is within bounds, together they are not
     assert _code({f"k{i}": [0] * per for i in range(count)}) == "REQUEST_TOO_LARGE"
     check_json_bounds({f"k{i}": [0] * per for i in range(MAX_ENTRIES // per - 1)})
+
+
+# What each refusal says: the code is the contract, and the words go back to the caller in the
+# refusal's body, so they name the rule broken and never the data (mutation testing, issue 23).
+
+
+def _said(call: Callable[[], object]) -> tuple[str, str]:
+    with pytest.raises(RequestRejected) as info:
+        call()
+    return (str(info.value.code), info.value.message)
+
+
+def _presented(mutate: Callable[[dict[str, Any]], object]) -> Callable[[], object]:
+    binding = copy.deepcopy(dict(_capture().binding))  # type: ignore[attr-defined]
+    mutate(binding)
+    return lambda: intent_from_binding(binding)
+
+
+def test_what_each_bounds_refusal_says() -> None:
+    cases: list[tuple[object, tuple[str, str]]] = [
+        (_nested(MAX_DEPTH + 1), ("REQUEST_TOO_DEEP", "JSON nests deeper than 20")),
+        ({"a": {"__proto__": 1}}, ("REQUEST_INVALID", "a forbidden key was supplied")),
+        (
+            [0] * (MAX_ARRAY_LENGTH + 1),
+            ("REQUEST_TOO_LARGE", "an array holds more than 1000 items"),
+        ),
+        (
+            {str(i): i for i in range(MAX_ENTRIES + 1)},
+            ("REQUEST_TOO_LARGE", "JSON holds more than 5000 entries"),
+        ),
+        ({"n": float("inf")}, ("REQUEST_INVALID", "numbers must be finite")),
+        ([2**53], ("REQUEST_INVALID", "an integer is outside the exact range")),
+    ]
+    for value, said in cases:
+        assert _said(lambda value=value: check_json_bounds(value)) == said
+
+
+def test_what_each_presented_intent_refusal_says() -> None:
+    not_an_intent = ("REQUEST_INVALID", "the intent is not an agent-safe.intent/1")
+    cases: list[tuple[Callable[[dict[str, Any]], object], tuple[str, str]]] = [
+        (lambda b: b.pop("context"), not_an_intent),
+        (lambda b: b["action"].update(extra=1), not_an_intent),
+        (lambda b: b.update(actor="agent-1"), not_an_intent),
+        (
+            lambda b: b.update(protocol_version="agent-safe.intent/2"),
+            ("REQUEST_INVALID", "unknown intent protocol version"),
+        ),
+        (lambda b: b.update(intent_id="x"), ("REQUEST_INVALID", "intent_id is not a UUIDv4")),
+        (
+            lambda b: b.update(expires_at="tomorrow"),
+            ("REQUEST_INVALID", "intent timestamps are malformed"),
+        ),
+    ]
+    for mutate, said in cases:
+        assert _said(_presented(mutate)) == said
+    assert _said(lambda: intent_from_binding([])) == not_an_intent
+
+
+def test_what_each_principal_refusal_says() -> None:
+    import dataclasses
+
+    from agentsafe.executor.intent import check_intent_owner, check_separation
+    from agentsafe.executor.principals import Principal, Role
+
+    intent: Any = _capture()
+    no_tenant = dataclasses.replace(PRINCIPAL, tenant_id=None)
+    assert _said(lambda: _capture(principal=no_tenant)) == (
+        "ROLE_FORBIDDEN",
+        "this principal cannot propose",
+    )
+    other = dataclasses.replace(PRINCIPAL, id="someone-else")
+    assert _said(lambda: check_intent_owner(other, intent)) == (
+        "INTENT_PRINCIPAL_MISMATCH",
+        "the intent belongs to another principal",
+    )
+    operator = Principal(id="lead", role=Role.OPERATOR)
+    assert _said(lambda: check_separation(operator, intent)) == (
+        "ROLE_FORBIDDEN",
+        "only an approver may decide",
+    )
+    proposer = Principal(id="legacy-caller", role=Role.APPROVER)
+    assert _said(lambda: check_separation(proposer, intent)) == (
+        "SEPARATION_OF_DUTIES_VIOLATED",
+        "an approver may not decide an intent it proposed",
+    )

@@ -144,3 +144,128 @@ def test_the_provider_and_the_executor_agree_on_every_mutation() -> None:
     for name, mutated in found.items():
         verdicts = (executor_refuses(mutated, keys), provider_refuses(mutated, keys.jwks()))
         assert verdicts == (True, True), name
+
+
+# ------------------------------------------------------------- found by mutation testing (#23)
+
+
+EDDSA_HEADER = b64(b'{"alg":"EdDSA"}')
+
+
+def _said(call: Any) -> tuple[str, str]:
+    with pytest.raises(TokenRefused) as info:
+        call()
+    return (str(info.value.code), str(info.value))
+
+
+def _sized(length: int) -> str:
+    """A compact JWS of exactly ``length`` characters (read, never verified)."""
+    head = EDDSA_HEADER
+    for size in range(length):
+        for signature in range(4):
+            token = f"{head}.{b64(json.dumps({'p': 'x' * size}).encode())}.{b64(bytes(signature))}"
+            if len(token) == length:
+                return token
+    raise AssertionError(length)
+
+
+def test_the_length_bound_is_16_kib_and_a_token_at_it_is_read() -> None:
+    assert jws.MAX_COMPACT_LENGTH == 16 * 1024 == 16384
+    assert jws.split_compact(_sized(16384)).header == {"alg": "EdDSA"}
+    assert _said(lambda: jws.split_compact(_sized(16385))) == (
+        "JWS_MALFORMED",
+        "the token is not a compact JWS",
+    )
+    short = _sized(100)
+    assert jws.split_compact(short, max_length=100).token == short
+    assert _said(lambda: jws.split_compact(short, max_length=99))[0] == "JWS_MALFORMED"
+
+
+@pytest.mark.parametrize(
+    "token",
+    [None, b"a.b.c", "", "e30.e30", "e30.e30.AA.AA", ".e30.AA", "e30..AA"],
+    ids=["none", "bytes", "empty", "two", "four", "no header", "no payload"],
+)
+def test_what_is_not_three_segments_of_text_is_refused(token: Any) -> None:
+    assert _said(lambda: jws.split_compact(token)) == (
+        "JWS_MALFORMED",
+        "the token is not a compact JWS",
+    )
+
+
+def test_an_empty_signature_segment_is_read_and_never_verifies() -> None:
+    key = ed25519.Ed25519PrivateKey.generate()
+    compact = jws.split_compact(f"{EDDSA_HEADER}.{b64(b'{}')}.")
+    assert compact.signature == b""
+    with pytest.raises(TokenRefused) as info:
+        jws.verify_compact(compact, key.public_key(), algorithms=["EdDSA"])
+    assert info.value.code == Code.JWS_SIGNATURE_INVALID
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b'{"alg":"EdDSA","crit":["x"]}', b'{"alg":"EdDSA","b64":false}'],
+    ids=["crit", "b64"],
+)
+def test_each_refused_header_alone_is_refused(header: bytes) -> None:
+    token = f"{b64(header)}.{b64(b'{}')}.{b64(bytes(64))}"
+    assert _said(lambda: jws.split_compact(token)) == (
+        "JWS_MALFORMED",
+        "the header names an extension that is not supported",
+    )
+
+
+@pytest.mark.parametrize(
+    ("header", "payload", "said"),
+    [
+        (b"[" * 3000 + b"]" * 3000, b"{}", "the header is not a JSON object"),
+        (b'{"alg":"EdDSA","alg":"none"}', b"{}", "the header is not a JSON object"),
+        (b'{"alg":"\xff"}', b"{}", "the header is not a JSON object"),
+        (b'{"alg":"EdDSA"}', b'{"n":NaN}', "the payload is not a JSON object"),
+        (b'{"alg":"EdDSA"}', b'"a string"', "the payload is not a JSON object"),
+    ],
+    ids=["too deep", "duplicate member", "not utf-8", "nan", "not an object"],
+)
+def test_a_header_or_payload_that_is_no_i_json_object_is_refused(
+    header: bytes, payload: bytes, said: str
+) -> None:
+    token = f"{b64(header)}.{b64(payload)}.{b64(bytes(64))}"
+    assert _said(lambda: jws.split_compact(token)) == ("JWS_MALFORMED", said)
+
+
+def test_a_compact_read_is_frozen() -> None:
+    import dataclasses
+
+    compact = jws.split_compact(f"{EDDSA_HEADER}.{b64(b'{}')}.")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        compact.token = "x"  # type: ignore[misc]
+
+
+def test_the_algorithm_refusals_say_so_before_any_key() -> None:
+    key = ed25519.Ed25519PrivateKey.generate()
+    refused = ("JWS_ALGORITHM_REFUSED", "the token's algorithm is not accepted")
+    for header in (b'{"alg":1}', b"{}", b'{"alg":"ES256"}'):
+        compact = jws.split_compact(f"{b64(header)}.{b64(b'{}')}.{b64(bytes(64))}")
+        assert _said(lambda c=compact: jws.verify_compact(c, key, algorithms=["EdDSA"])) == refused
+    # allowed, but no algorithm the library knows: refused as an algorithm, not a signature
+    unknown_header = b64(b'{"alg":"XY1"}')
+    unknown = jws.split_compact(f"{unknown_header}.{b64(b'{}')}.{b64(bytes(64))}")
+    assert _said(lambda: jws.verify_compact(unknown, key, algorithms=("XY1",))) == refused
+
+
+def test_a_key_below_the_minimum_length_never_verifies() -> None:
+    weak = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+    token = jws.sign_compact({"alg": "RS256"}, b"{}", weak)  # signed; never accepted
+    assert _said(
+        lambda: jws.verify_compact(
+            jws.split_compact(token), weak.public_key(), algorithms=["RS256"]
+        )
+    ) == ("JWS_SIGNATURE_INVALID", "the signature does not verify")
+
+
+@pytest.mark.parametrize("alg", [None, 256, "none", "HS256", "HS512"])
+def test_only_an_asymmetric_algorithm_named_in_text_is_signed(alg: Any) -> None:
+    with pytest.raises(ValueError) as info:
+        jws.sign_compact({"alg": alg}, b"{}", b"secret")
+    assert str(info.value) == "sign_compact signs with an asymmetric algorithm"
+    assert not isinstance(info.value, TokenRefused)

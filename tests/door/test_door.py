@@ -385,6 +385,9 @@ def test_repeated_refusals_are_summarised(world: World) -> None:
         ("2001:db8:1:2:bbbb::9", "2001:db8:1:2::/64"),
         ("::ffff:192.0.2.7", "192.0.2.7"),
         ("fe80::1%eth0", "fe80::/64"),
+        # the zone is cut before the address is read, whatever it holds (mutation testing)
+        ("fe80::1%", "fe80::/64"),
+        ("fe80::1%a%b", "fe80::/64"),
         (None, "unknown"),
         ("not-an-address", "unknown"),
     ],
@@ -493,3 +496,46 @@ def test_request_time_checks(world: World) -> None:
     with pytest.raises(RequestRejected) as info:
         check_separation(batch, intent)
     assert info.value.code == "ROLE_FORBIDDEN"
+
+
+def test_failures_that_prove_no_principal_lock_nobody(world: World) -> None:
+    """Found by mutation testing (issue 23): an attempt names the principal a failure counts
+    against only once it proved intent; an unknown bearer, a bad header or an unknown SAN names
+    none, so no lock is ever kept, or announced, for a principal of no name."""
+    bad_san = world.ca.issue_client("spiffe://bank.example/ns/x/sa/y").der
+    for n in range(10):
+        attempts: list[dict[str, Any]] = [
+            {"bearer": f"guess-{n}-" + BATCH_TOKEN},
+            {"header": "Basic dXNlcjpwYXNz"},
+            {"cert": bad_san, "role": Role.OPERATOR},
+        ]
+        for kind, attempt in enumerate(attempts):
+            with pytest.raises(RequestRejected) as info:
+                world.auth(**attempt, source=f"10.0.{4 + kind}.{n}")
+            assert info.value.code == "AUTH_FAILED"
+    assert world.security.named("PRINCIPAL_LOCKED") == []
+    assert not world.windows.lockout.locked("")
+    assert world.auth(bearer=BATCH_TOKEN).id == "batch-runner"
+
+
+def test_a_flush_before_the_interval_is_over_holds_the_summary(world: World) -> None:
+    """Found by mutation testing (issue 23): the door's periodic flush writes only the intervals
+    that are over; everything is written only when asked (at shutdown)."""
+    for n in range(BURST + 5):
+        with pytest.raises(RequestRejected):
+            world.auth(bearer="wrong", source=f"10.8.0.{n}")
+    world.door.flush_lines()
+    assert world.security.named(REPEATED_EVENT) == []
+    world.clock.advance(INTERVAL_SECONDS)
+    world.door.flush_lines()
+    assert [e["count"] for e in world.security.named(REPEATED_EVENT)] == [5]
+
+
+def test_a_scope_refusal_locks_the_principal_and_never_counts_to_the_spike(world: World) -> None:
+    """Found by mutation testing (issue 23): SCOPE_FORBIDDEN, like ROLE_FORBIDDEN, is the proven
+    principal's own mistake, so it counts towards its lock and never towards AUTH_SPIKE."""
+    for _ in range(3):
+        world.refused(403, "SCOPE_FORBIDDEN", cert=world.ops_cert.der, role=Role.OPERATOR,
+                      scope="evidence")  # fmt: skip
+    assert world.refusals == 0
+    assert [e["principal"] for e in world.security.named("PRINCIPAL_LOCKED")] == ["ops-oncall"]

@@ -177,3 +177,10 @@ def test_an_action_outside_the_principals_list_says_so(world: World) -> None:
         "ACTION_NOT_PERMITTED_FOR_PRINCIPAL",
         "the caller may not propose this action",
     )
+
+
+def test_several_authorization_headers_are_refused_in_words(world: World) -> None:
+    header = [f"Bearer {BATCH_TOKEN}", f"Bearer {BATCH_TOKEN}"]
+    assert said(world, 401, "AUTH_AMBIGUOUS", header=header) == (
+        "send one Authorization header, not several"
+    )

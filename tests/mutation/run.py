@@ -43,6 +43,12 @@ MODULES: dict[str, list[str]] = {
     "executor/canonical.py": ["tests/test_canonical.py"],
     "executor/intent.py": ["tests/test_intent.py"],
     "executor/grants.py": ["tests/test_grants.py", "tests/test_grants_messages.py"],
+    # compact JWS: its own tests, and grants' (verify_jws, the words of each refusal) over it
+    "executor/jws.py": [
+        "tests/test_jws.py",
+        "tests/test_grants.py",
+        "tests/test_grants_messages.py",
+    ],
     "executor/door/door.py": ["tests/door"],  # test_door_messages.py among them
     "executor/state/usestore.py": ["tests/state/test_usestore.py"],
     "executor/state/journal.py": [
@@ -53,6 +59,7 @@ MODULES: dict[str, list[str]] = {
 # A quick first pass for a module whose guard has slow tests: a mutant these tests kill is killed
 # (they are a subset of the guard); one they miss is tried against the whole guard.
 FIRST_PASS: dict[str, list[str]] = {
+    "executor/door/door.py": ["tests/door/test_door.py", "tests/door/test_door_messages.py"],
     "executor/state/usestore.py": ["-k", "not processes", "tests/state/test_usestore.py"],
     "executor/state/journal.py": [
         "-k",
