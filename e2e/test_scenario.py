@@ -1309,6 +1309,81 @@ def _gone(scenario: Scenario, kind: str, name: str) -> Callable[[], bool | None]
     return lambda: True if scenario.get(kind, name) is None else None
 
 
+def _get(scenario: Scenario, path: str, *, token: str) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        f"{scenario.backend.executor_url()}{path}",
+        headers={"authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(
+            request, context=_executor_context(scenario), timeout=15
+        ) as reply:
+            return int(reply.status), json.loads(reply.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        with error:
+            return int(error.code), json.loads(error.read() or b"{}")
+
+
+def test_two_workers_in_one_pod_share_the_port_and_execute_once(
+    scenario: Scenario, executor_pod: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 18: ``spec.workers: 2`` reaches the pod as ``EXECUTOR_WORKERS=2``; from our image,
+    under the enforced posture and the restricted profile, the supervisor runs two worker
+    processes on one port. The control status names both; proposals over new connections reach
+    both (their evidence lines say which worker wrote them) and each executes once; the
+    rollout back to one worker (SIGTERM drains both) starts cleanly."""
+    plane = scenario.plane
+    _patch_policy(plane, {"workers": 2})
+    try:
+        _rolled_out(scenario, 1)
+        env = {e["name"]: e.get("value") for e in _executor_container(scenario).get("env", [])}
+        assert env.get("EXECUTOR_WORKERS") == "2", env
+        operator_token = _secret_token(scenario, NAMESPACE, f"{POLICY}-operator-token")
+
+        def both_published() -> dict[str, Any] | None:
+            status, body = _get(scenario, "/v1/control/status", token=operator_token)
+            workers = body.get("workers") or []
+            if status == 200 and len(workers) == 2 and all(w.get("ready") for w in workers):
+                return body
+            return None
+
+        status = poll("both workers ready in the control status", both_published, deadline=60)
+        pids = {w["pid"] for w in status["workers"]}
+        assert len(pids) == 2, status["workers"]
+        token = _agent_token(scenario)
+        keys: list[str] = []
+        intents: set[str] = set()
+
+        def seen_by_both() -> bool | None:
+            key = f"workers-{uuid.uuid4().hex[:8]}"
+            keys.append(key)
+            answer, body = scenario.post_proposal(token, key)
+            assert answer == 200, (body, scenario.backend.executor_tail())
+            assert body["outcome"] == "COMPLETED", body
+            intents.add(str(body["intent_id"]))
+            log = plane.kubectl("logs", f"{EXECUTOR}-0", "-n", NAMESPACE).stdout
+            lines = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+            # Whose OUTCOME line each of these proposals has: the worker that executed it.
+            writers = {
+                line.get("worker")
+                for line in lines
+                if line.get("event") == "OUTCOME" and line.get("intent_id") in intents
+            }
+            return True if writers == {0, 1} else None
+
+        poll("proposals answered by both workers", seen_by_both, deadline=120, interval=0.2)
+        received = scenario.received()
+        assert all(received.count(key) == 1 for key in keys), keys
+        with capsys.disabled():
+            print(f"\nworkers: 2 worker processes (pids {sorted(pids)}), {len(keys)} proposals")
+    finally:
+        _patch_policy(plane, {"workers": None})
+    _rolled_out(scenario, 1)
+    env = {e["name"]: e.get("value") for e in _executor_container(scenario).get("env", [])}
+    assert "EXECUTOR_WORKERS" not in env, env
+    assert _ready(scenario)
+
+
 def test_deleting_the_agent_policy_removes_its_children(scenario: Scenario) -> None:
     policy = scenario.get("agentpolicy", POLICY)
     assert policy is not None
