@@ -9,6 +9,10 @@ can add up to more than 100%) and the top functions by own time; ``--out`` keeps
 stacks (flamegraph.pl, speedscope) for a closer look.
 
     python benchmarks/profile.py --path allow [--requests N] [--concurrency C] [--out FILE]
+                                 [--store sqlite|postgresql]
+
+``--store postgresql`` runs the executor on a throwaway loopback PostgreSQL (durability on, as
+``benchmarks/shared_store.py`` runs it) instead of the embedded SQLite store.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 from loadclient import drive, proposal_template
 
 from agentsafe.executor.tools.harness import ExecutorProcess, ProviderProcess, Workspace, free_port
+from agentsafe.executor.tools.pgserver import postgres_server
 
 # (part, a substring of a frame "function (file:line)") - the first match on a stack names it.
 PARTS: list[tuple[str, tuple[str, ...]]] = [
@@ -34,6 +39,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("evidence: chain (hash, line, write)", ("evidence/chain.py",)),
     ("journal (append, fsync)", ("state/journal.py",)),
     ("use store (SQLite commit)", ("state/usestore.py",)),
+    ("use store (PostgreSQL)", ("state/pgstore.py", "psycopg")),
     ("Ed25519 grant (sign, verify)", ("grants.py", "jws.py")),
     ("egress (resolve, connect, POST)", ("egress/",)),
     ("policy (schema, CEL)", ("policy/", "schema.py")),
@@ -59,7 +65,9 @@ def _parse(collapsed: Path) -> tuple[int, collections.Counter[str], collections.
     return total, parts, own
 
 
-async def run(path: str, requests: int, concurrency: int, out: Path, rate: int) -> None:
+async def run(
+    path: str, requests: int, concurrency: int, out: Path, rate: int, store_url: str | None = None
+) -> None:
     py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if py_spy is None:
         raise SystemExit("profile.py needs py-spy: .venv/bin/pip install py-spy")
@@ -69,6 +77,16 @@ async def run(path: str, requests: int, concurrency: int, out: Path, rate: int) 
     workspace = Workspace(root / "ws")
     env = workspace.environment(provider_url=provider.url, port=free_port())
     env.update({k: v for k, v in os.environ.items() if k.startswith("EXECUTOR_")})
+    if store_url is not None:
+        own = root / "own"
+        for sub in ("journal", "evidence"):
+            (own / sub).mkdir(parents=True, mode=0o700)
+        env.pop("EXECUTOR_STATE_DIR", None)
+        env.update(
+            EXECUTOR_STORE_URL=store_url,
+            EXECUTOR_JOURNAL_DIR=str(own / "journal"),
+            EXECUTOR_EVIDENCE_DIR=str(own / "evidence"),
+        )
     executor = ExecutorProcess(env, root)
     await executor.start()
     headers = {"authorization": f"Bearer {workspace.caller_token}"}
@@ -115,9 +133,15 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rate", type=int, default=250, help="samples per second")
     parser.add_argument("--out", type=Path, help="keep the collapsed stacks here")
+    parser.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="agentsafe-stacks-")) / "stacks.txt"
-    asyncio.run(run(args.path, args.requests, args.concurrency, out, args.rate))
+    if args.store == "postgresql":
+        with postgres_server(durable=True) as server:
+            url = server.create_database()
+            asyncio.run(run(args.path, args.requests, args.concurrency, out, args.rate, url))
+    else:
+        asyncio.run(run(args.path, args.requests, args.concurrency, out, args.rate))
     return 0
 
 
