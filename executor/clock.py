@@ -48,23 +48,11 @@ class ManualClock:
         self._mono += seconds
 
 
-# The last whole second formatted, as one (second, text) tuple: replacing it is atomic, so
-# threads that format at once at worst each format the same second.
-_last_second: tuple[int, str] = (0, "1970-01-01T00:00:00")
-
-
 def format_ms(epoch_seconds: float) -> str:
-    """Millisecond-precision UTC timestamp with ``Z``: ``2026-08-14T10:00:00.000Z``.
-
-    A request writes a dozen timestamps, nearly all in the same second: the date and time of
-    the last second formatted is kept, so only the milliseconds are formatted each time."""
-    global _last_second
-    second, millis = divmod(round(epoch_seconds * 1000), 1000)
-    cached = _last_second
-    if cached[0] != second:
-        text = datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
-        cached = _last_second = (second, text)
-    return f"{cached[1]}.{millis:03d}Z"
+    """Millisecond-precision UTC timestamp with ``Z``: ``2026-08-14T10:00:00.000Z``."""
+    millis = round(epoch_seconds * 1000)
+    dt = datetime.fromtimestamp(millis // 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{millis % 1000:03d}Z"
 
 
 def utc_day(epoch_seconds: float) -> str:
