@@ -1341,7 +1341,10 @@ def test_two_workers_in_one_pod_share_the_port_and_execute_once(
         operator_token = _secret_token(scenario, NAMESPACE, f"{POLICY}-operator-token")
 
         def both_published() -> dict[str, Any] | None:
-            status, body = _get(scenario, "/v1/control/status", token=operator_token)
+            try:  # the forward to the new pod may drop a connection or two as it settles
+                status, body = _get(scenario, "/v1/control/status", token=operator_token)
+            except (urllib.error.URLError, OSError):
+                return None
             workers = body.get("workers") or []
             if status == 200 and len(workers) == 2 and all(w.get("ready") for w in workers):
                 return body
@@ -1356,8 +1359,11 @@ def test_two_workers_in_one_pod_share_the_port_and_execute_once(
 
         def seen_by_both() -> bool | None:
             key = f"workers-{uuid.uuid4().hex[:8]}"
+            try:
+                answer, body = scenario.post_proposal(token, key)
+            except (urllib.error.URLError, OSError):
+                return None  # a dropped forward: no answer to check (its key is not counted)
             keys.append(key)
-            answer, body = scenario.post_proposal(token, key)
             assert answer == 200, (body, scenario.backend.executor_tail())
             assert body["outcome"] == "COMPLETED", body
             intents.add(str(body["intent_id"]))
