@@ -11,7 +11,8 @@ The audit hook is installed here and nowhere else (it is permanent, so tests nev
 their own process); :func:`~agentsafe.executor.assembly.assemble` builds the executor and
 :class:`~agentsafe.executor.plane.Executor` runs it. This module is only the process around them:
 signals, the chained standard streams, operational logs through the security stream's writer,
-and the exit status.
+the start-up heap kept out of the collector's walks (:func:`freeze_startup_heap`), and the exit
+status.
 
 Under ``EXECUTOR_WORKERS`` above 1 this process is the supervisor of N workers instead
 (``supervisor.py``): it parses the configuration (refusing as a single process would), installs
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -47,7 +49,7 @@ from .host.workers import INDEX_ENV, RUNTIME_ENV
 from .lifecycle.shadow import closing_line
 from .supervisor import refuse_unsettled, supervise
 
-__all__ = ["main"]
+__all__ = ["freeze_startup_heap", "main"]
 
 
 def _writable_dirs(environ: Mapping[str, str]) -> list[Path]:
@@ -79,6 +81,7 @@ async def _run(environ: Mapping[str, str], guard: Guard) -> int:
         raise
     if executor.chained is not None:
         _log_through(writer, executor.redactor, executor.chained)
+    freeze_startup_heap()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -123,6 +126,22 @@ async def _run(environ: Mapping[str, str], guard: Guard) -> int:
                 )
         await executor.close()
     return 0
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then keep what start-up built out of every later collection.
+
+    The assembled executor (policy, schemas, CEL programs, keys, the routes) is about 120,000
+    objects that live as long as the process. Left in the collector's oldest generation, each
+    full collection walks all of them: about 70 ms with the event loop stopped, every few seconds
+    under load, so every request in flight waited for it (a p99 cost, not a CPU one). Frozen
+    (``gc.freeze``), a full collection walks only what requests allocate (about 1 ms). Garbage is
+    collected first, so nothing unreachable is kept; reference counting still frees frozen objects
+    that are not in cycles. Returns how many objects were frozen.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 def _log_through(writer: LineWriter, redactor: Redactor, chained: ChainedStreams) -> None:
