@@ -5,18 +5,24 @@ in-memory API stand-in (``FakeKube``). What it must do: find every policy that r
 (named in its spec, generated for it, a selected Principal's bearer token) and only those,
 re-render them (a rotated bearer token reaches the principals file), skip kopf's initial
 listing, and be registered for labelled Secrets only, with the API server filtering the watch.
+Two events' renders run at once in kopf (one task per Secret): ``PausingKube`` holds one render
+mid-apply while another finishes, and the slower one must not write its older status over the
+newer one (the intermittent e2e failure: ``Applied`` written over ``SecretMissing``).
 The real API server (RBAC, the label selector, the operator process) is exercised by
 ``e2e/test_operator_client.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
+import pytest
 
 from agentsafe.operator.handlers import (
     build_registry,
@@ -24,12 +30,13 @@ from agentsafe.operator.handlers import (
     policy_handler,
     secret_handler,
 )
-from agentsafe.operator.reconcile import policies_using_secret
+from agentsafe.operator.reconcile import STATUS_WRITE_ATTEMPTS, policies_using_secret
 from agentsafe.operator.render.common import WATCH_LABEL
 from agentsafe.operator.runtime import Runtime
+from agentsafe.operator.settings import FIELD_MANAGER, OperatorSettings
 
 from .conftest import NS, memo_for, secret
-from .fakekube import FakeKube
+from .fakekube import FakeKube, RecordingEvents
 
 CONFIG = ("ConfigMap", NS, "payouts-executor-config")
 
@@ -176,3 +183,83 @@ async def test_the_reconciled_message_names_unwatched_secrets(
         "not labelled agentsafe.io/watch=true, so their changes wait for the drift repair: "
         "Secret payouts-downstream, treasury-lead-token"
     )
+
+
+class PausingKube(FakeKube):
+    """Stand-in whose next apply of the executor StatefulSet (once :attr:`armed`) waits until
+    :attr:`release` is set: a reconcile still applying the children after the ConfigMap, as a
+    slow one on a loaded API server is, while another event's reconcile runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.paused = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def apply(
+        self, obj: Mapping[str, Any], *, field_manager: str = FIELD_MANAGER
+    ) -> dict[str, Any]:
+        if self.armed and obj["kind"] == "StatefulSet":
+            self.armed = False
+            self.paused.set()
+            await self.release.wait()
+        return await super().apply(obj, field_manager=field_manager)
+
+
+def _pausing(kube: FakeKube, settings: OperatorSettings) -> tuple[Runtime, PausingKube]:
+    pausing = PausingKube()
+    pausing.objects = copy.deepcopy(kube.objects)
+    pausing._version = kube._version
+    return Runtime(kube=pausing, settings=settings, events=RecordingEvents()), pausing
+
+
+async def test_a_slower_reconcile_never_overwrites_a_deleted_secrets_report(
+    runtime: Runtime, kube: FakeKube, settings: OperatorSettings
+) -> None:
+    """The e2e's intermittent failure: a rotated token's reconcile (it read every Secret
+    before the delete) is still applying when a watched Secret is deleted; the delete's
+    reconcile writes SecretMissing first. The slower one must not then write Applied over it:
+    its status write is conditional on the policy's version it read, so it reads again."""
+    await _reconciled(runtime, kube)
+    rt, racing = _pausing(kube, settings)
+    rotated = secret(NS, "treasury-lead-token", {"token": b"a-new-approver-token-0123456789"})
+    racing.put(rotated)
+    racing.armed = True
+    slow = asyncio.create_task(_event(rt, rotated))
+    await asyncio.wait_for(racing.paused.wait(), timeout=10)
+    # Paused after the ConfigMap: the rotated digest is already in the principals file.
+    assert (
+        _bearer_digests(racing)["treasury-lead"]
+        == hashlib.sha256(b"a-new-approver-token-0123456789").hexdigest()
+    )
+    gone = copy.deepcopy(racing.objects[("Secret", NS, "payouts-downstream")])
+    await racing.delete("Secret", NS, "payouts-downstream")
+    await _event(rt, gone, "DELETED")
+    assert _reconciled_condition(racing)["reason"] == "SecretMissing"
+    racing.release.set()
+    await asyncio.wait_for(slow, timeout=10)
+    reconciled = _reconciled_condition(racing)
+    assert (reconciled["status"], reconciled["reason"]) == ("False", "SecretMissing")
+    assert "payouts-downstream" in reconciled["message"]
+
+
+async def test_persistent_conflicts_leave_as_an_api_error(
+    runtime: Runtime, kube: FakeKube, settings: OperatorSettings
+) -> None:
+    """Another writer before every status patch: bounded attempts, then the API's 409 (kopf
+    logs it); never an endless loop."""
+    from .test_statefulset_watch import RacingKube
+
+    await _reconciled(runtime, kube)
+    racing = RacingKube(races=100)
+    racing.objects = copy.deepcopy(kube.objects)
+    racing._version = kube._version
+    rt = Runtime(kube=racing, settings=settings, events=RecordingEvents())
+    with pytest.raises(kopf.TemporaryError):
+        await _event(rt, copy.deepcopy(racing.objects[("Secret", NS, "payouts-downstream")]))
+    assert [c[0] for c in racing.calls].count("patch_status") == STATUS_WRITE_ATTEMPTS
+
+
+def _reconciled_condition(kube: FakeKube) -> dict[str, Any]:
+    status = kube.objects[("AgentPolicy", NS, "payouts")]["status"]
+    return dict({c["type"]: c for c in status["conditions"]}["Reconciled"])
