@@ -18,7 +18,9 @@ modules named for what they do and never import kopf:
   :func:`~.readiness.refresh_ready` for the owning AgentPolicy; it never renders or applies.
 - Secrets labelled ``agentsafe.io/watch: "true"`` (:data:`SECRET_LABELS`; the API server
   filters the watch by it, :func:`configure_watching`): a change runs
-  :func:`~.reconcile.reconcile_secret`, which re-renders the AgentPolicies that use the Secret.
+  :func:`~.reconcile.reconcile_secret`, which re-renders the AgentPolicies that use the Secret;
+  a re-list of the watch (:class:`~.runtime.SecretListings`) runs
+  :func:`~.reconcile.reconcile_relisted` for its namespace, since a listing shows no deletes.
 
 Errors are mapped here and only here: a stored object that does not validate
 (:class:`~.runtime.InvalidSpec`) is a ``Ready=False``/``SpecInvalid`` condition, a Warning Event
@@ -61,6 +63,7 @@ from .reconcile import (
     prune_agent_policies,
     reconcile_policy,
     reconcile_principal,
+    reconcile_relisted,
     reconcile_secret,
 )
 from .render.common import EXECUTOR_COMPONENT, MANAGED_BY, WATCH_LABEL, WATCH_VALUE
@@ -245,13 +248,20 @@ async def secret_handler(
     body: kopf.Body, memo: kopf.Memo, type: str | None = None, **_: Any
 ) -> None:
     """A watched Secret was added, modified or deleted: re-render the policies that use it.
-    The initial listing (``type`` ``None``) is skipped: at start every policy is reconciled by
-    its own resume handler already."""
-    if type is None:
-        return
+
+    A listing event (``type`` ``None``) of the first listing is skipped: at start every policy
+    is reconciled by its own resume handler already. The first event of a re-list (the watch
+    listed again; :class:`~.runtime.SecretListings` tells) re-renders every policy of the
+    namespace instead, since a listing never shows what was deleted while nobody watched."""
     rt: Runtime = memo["runtime"]
+    data = dict(body)
     try:
-        await reconcile_secret(rt, dict(body))
+        if type is None:
+            if rt.secret_listings.listed(data):
+                await reconcile_relisted(rt, str(data["metadata"]["namespace"]))
+            return
+        rt.secret_listings.watched(type, data)
+        await reconcile_secret(rt, data)
     except ApiError as exc:
         raise to_kopf_error(exc) from None
 

@@ -27,6 +27,9 @@ Both sides write a policy's status only over the version of the policy they rend
 Principal's events in tasks of their own, so a slower render that read a Secret before it was
 deleted must never write ``Applied`` over the ``SecretMissing`` the delete's render wrote.
 
+:func:`reconcile_relisted` is the Secret watch's re-list (kopf listed a namespace again and
+reports no deletes): every AgentPolicy of the namespace is reconciled again.
+
 :func:`prune_agent_policies` removes the NetworkPolicies a policy placed in agent namespaces
 (owner references cannot cross namespaces; everything else is garbage-collected through them).
 
@@ -91,6 +94,7 @@ __all__ = [
     "prune_agent_policies",
     "reconcile_policy",
     "reconcile_principal",
+    "reconcile_relisted",
     "reconcile_secret",
     "referenced_keys",
 ]
@@ -188,6 +192,27 @@ async def reconcile_secret(rt: Runtime, body: Mapping[str, Any]) -> list[str]:
     for policy in using:
         await _rereconcile(rt, policy)
     return [str(policy["metadata"]["name"]) for policy in using]
+
+
+async def reconcile_relisted(rt: Runtime, namespace: str) -> list[str]:
+    """The Secret watch listed ``namespace`` again (``runtime.SecretListings``): a Secret may
+    have been deleted, changed or created while it was not watching, and a listing reports no
+    deletes. Every AgentPolicy of the namespace is re-rendered (each reads its Secrets afresh,
+    so one deleted meanwhile is ``SecretMissing``) and its status written; their names.
+    Policies being deleted or that do not validate are left to their own handlers.
+
+    Raises ``ApiError`` for the API server's refusals."""
+    rendered: list[str] = []
+    for policy in await rt.kube.list_objects("AgentPolicy", namespace):
+        if (policy.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        try:
+            AgentPolicySpec.model_validate(policy.get("spec") or {})
+        except ValidationError:
+            continue
+        await _rereconcile(rt, policy)
+        rendered.append(str(policy["metadata"]["name"]))
+    return rendered
 
 
 def _note_unwatched(secret: Mapping[str, Any] | None, unwatched: list[str]) -> None:

@@ -8,6 +8,9 @@ listing, and be registered for labelled Secrets only, with the API server filter
 Two events' renders run at once in kopf (one task per Secret): ``PausingKube`` holds one render
 mid-apply while another finishes, and the slower one must not write its older status over the
 newer one (the intermittent e2e failure: ``Applied`` written over ``SecretMissing``).
+``FakeSecretWatch`` (a fake of kopf's watcher, not kopf) replays listings and watch events: a
+Secret deleted while the watch was down shows in no event, and the re-list's first event must
+re-render the namespace's policies, once per re-list.
 The real API server (RBAC, the label selector, the operator process) is exercised by
 ``e2e/test_operator_client.py``.
 """
@@ -32,7 +35,7 @@ from agentsafe.operator.handlers import (
 )
 from agentsafe.operator.reconcile import STATUS_WRITE_ATTEMPTS, policies_using_secret
 from agentsafe.operator.render.common import WATCH_LABEL
-from agentsafe.operator.runtime import Runtime
+from agentsafe.operator.runtime import Runtime, SecretListings
 from agentsafe.operator.settings import FIELD_MANAGER, OperatorSettings
 
 from .conftest import NS, memo_for, secret
@@ -263,3 +266,92 @@ async def test_persistent_conflicts_leave_as_an_api_error(
 def _reconciled_condition(kube: FakeKube) -> dict[str, Any]:
     status = kube.objects[("AgentPolicy", NS, "payouts")]["status"]
     return dict({c["type"]: c for c in status["conditions"]}["Reconciled"])
+
+
+class FakeSecretWatch:
+    """A fake of kopf's Secret watch (not kopf): it hands ``secret_handler`` what kopf's
+    watcher would, from the in-memory API: a listing is every labelled Secret with ``type``
+    ``None`` (at start, and again after a ``410 Gone`` or a pause), and a watch event is one
+    Secret with its type. A delete while the watch is down is simply never seen, as with kopf."""
+
+    def __init__(self, rt: Runtime, kube: FakeKube) -> None:
+        self.rt, self.kube = rt, kube
+
+    async def listing(self) -> None:
+        for found in await self.kube.list_objects("Secret", NS, label_selector=SELECTOR):
+            await _event(self.rt, found, None)
+
+    async def event(self, type_: str, body: dict[str, Any]) -> None:
+        await _event(self.rt, body, type_)
+
+
+SELECTOR = f"{WATCH_LABEL}=true"
+
+
+def _with_uids(kube: FakeKube) -> None:
+    """Give every Secret a uid, as the API server does (kopf keys its events by it)."""
+    for (kind, _, name), obj in kube.objects.items():
+        if kind == "Secret":
+            obj["metadata"].setdefault("uid", f"uid-{name}")
+
+
+async def test_a_secret_deleted_while_the_watch_was_down_is_reported_by_the_relist(
+    runtime: Runtime, kube: FakeKube
+) -> None:
+    await _reconciled(runtime, kube)
+    _with_uids(kube)
+    watch = FakeSecretWatch(runtime, kube)
+    mark = len(kube.calls)
+    await watch.listing()  # the first listing: every policy's resume handler does the work
+    assert [c for c in kube.calls[mark:] if c[0] == "patch_status"] == []
+    # The watch stream ends (410 Gone); the Secret is deleted before kopf lists again.
+    await kube.delete("Secret", NS, "payouts-downstream")
+    mark = len(kube.calls)
+    await watch.listing()
+    reconciled = _reconciled_condition(kube)
+    assert (reconciled["status"], reconciled["reason"]) == ("False", "SecretMissing")
+    assert "payouts-downstream" in reconciled["message"]
+    # One re-render for the whole re-list, not one per listed Secret.
+    assert [c[0] for c in kube.calls[mark:]].count("patch_status") == 1
+
+
+async def test_every_relist_is_told_from_the_first_listing_and_watch_events_between(
+    runtime: Runtime, kube: FakeKube
+) -> None:
+    await _reconciled(runtime, kube)
+    _with_uids(kube)
+    watch = FakeSecretWatch(runtime, kube)
+    await watch.listing()
+    # A Secret created and another modified while watching: watch events, not a re-list.
+    created = secret(NS, "payouts-new", {"k": b"v"})
+    kube.put(created)
+    _with_uids(kube)
+    await watch.event("ADDED", copy.deepcopy(kube.objects[("Secret", NS, "payouts-new")]))
+    rotated = copy.deepcopy(kube.objects[("Secret", NS, "treasury-lead-token")])
+    await watch.event("MODIFIED", rotated)
+    for round_ in range(2):  # two re-lists: each one re-renders once
+        mark = len(kube.calls)
+        await watch.listing()
+        assert [c[0] for c in kube.calls[mark:]].count("patch_status") == 1, round_
+    # A Secret deleted through the watch is forgotten: the next listing does not show it.
+    gone = copy.deepcopy(kube.objects[("Secret", NS, "payouts-new")])
+    await kube.delete("Secret", NS, "payouts-new")
+    await watch.event("DELETED", gone)
+    mark = len(kube.calls)
+    await watch.listing()
+    assert [c[0] for c in kube.calls[mark:]].count("patch_status") == 1
+
+
+def test_secret_listings_per_namespace() -> None:
+    listings = SecretListings()
+
+    def body(namespace: str, name: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": namespace, "name": name, "uid": f"{namespace}-{name}"}}
+
+    first = [body("a", "x"), body("a", "y"), body("b", "x")]
+    assert [listings.listed(b) for b in first] == [False, False, False]
+    # A re-list of both namespaces: the first event of each starts its round.
+    assert [listings.listed(b) for b in first] == [True, False, True]
+    # A Secret created while the watch was down is listed in the round already begun.
+    assert listings.listed(body("a", "z")) is False
+    assert [listings.listed(b) for b in (body("a", "z"), body("a", "x"))] == [True, False]
