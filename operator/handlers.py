@@ -25,7 +25,9 @@ modules named for what they do and never import kopf:
 Errors are mapped here and only here: a stored object that does not validate
 (:class:`~.runtime.InvalidSpec`) is a ``Ready=False``/``SpecInvalid`` condition, a Warning Event
 and ``kopf.PermanentError``; an API refusal (:class:`~.kubeapi.ApiError`) is
-``kopf.TemporaryError`` or ``kopf.PermanentError`` through :func:`to_kopf_error`.
+``kopf.TemporaryError`` or ``kopf.PermanentError`` through :func:`to_kopf_error`. kopf never
+retries an event handler (it only logs the error), so a Secret event's re-render is tried again
+here after a passing refusal (409, 429, 5xx; :data:`SECRET_EVENT_ATTEMPTS`) before it is one.
 
 Every handler run is counted and timed by its handler name and how it ended
 (:class:`~.metrics.OperatorMetrics`, the operator's ``/metrics``).
@@ -38,8 +40,9 @@ Callers: ``cli.py`` (:func:`build_registry`, :class:`KopfEvents`), the tests.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
 
 import kopf
 
@@ -73,6 +76,7 @@ from .runtime import EventType, InvalidSpec, Runtime, policy_ref
 
 __all__ = [
     "EXECUTOR_LABELS",
+    "SECRET_EVENT_ATTEMPTS",
     "SECRET_LABELS",
     "KopfEvents",
     "build_registry",
@@ -255,15 +259,36 @@ async def secret_handler(
     namespace instead, since a listing never shows what was deleted while nobody watched."""
     rt: Runtime = memo["runtime"]
     data = dict(body)
-    try:
-        if type is None:
-            if rt.secret_listings.listed(data):
-                await reconcile_relisted(rt, str(data["metadata"]["namespace"]))
+    if type is None:
+        if not rt.secret_listings.listed(data):
             return
-        rt.secret_listings.watched(type, data)
-        await reconcile_secret(rt, data)
-    except ApiError as exc:
-        raise to_kopf_error(exc) from None
+        namespace = str(data["metadata"]["namespace"])
+        await _retried(lambda: reconcile_relisted(rt, namespace))
+        return
+    rt.secret_listings.watched(type, data)
+    await _retried(lambda: reconcile_secret(rt, data))
+
+
+SECRET_EVENT_ATTEMPTS: Final = 3
+"""Attempts of one Secret event's re-render: kopf never retries an event handler (its errors
+are only logged), so a passing refusal (409, 429, 5xx) would drop the event for good."""
+
+SECRET_RETRY_SECONDS = 1.0
+"""The pause before the second attempt (doubled before the third); tests set 0."""
+
+
+async def _retried(step: Callable[[], Awaitable[object]]) -> None:
+    """Run one Secret event's re-render, again after a passing refusal; the last refusal, or
+    one a person must fix (401, 403, 404, other 4xx), leaves as kopf's error (kopf logs it)."""
+    for attempt in range(1, SECRET_EVENT_ATTEMPTS + 1):
+        try:
+            await step()
+            return
+        except ApiError as exc:
+            passing = exc.status in (409, 429) or exc.status >= 500
+            if not passing or attempt == SECRET_EVENT_ATTEMPTS:
+                raise to_kopf_error(exc) from None
+        await asyncio.sleep(SECRET_RETRY_SECONDS * 2 ** (attempt - 1))  # backoff, not a sync
 
 
 async def halt_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:

@@ -27,12 +27,15 @@ from typing import Any
 import kopf
 import pytest
 
+from agentsafe.operator import handlers
 from agentsafe.operator.handlers import (
+    SECRET_EVENT_ATTEMPTS,
     build_registry,
     configure_watching,
     policy_handler,
     secret_handler,
 )
+from agentsafe.operator.kubeapi import ApiError
 from agentsafe.operator.reconcile import STATUS_WRITE_ATTEMPTS, policies_using_secret
 from agentsafe.operator.render.common import WATCH_LABEL
 from agentsafe.operator.runtime import Runtime, SecretListings
@@ -42,6 +45,12 @@ from .conftest import NS, memo_for, secret
 from .fakekube import FakeKube, RecordingEvents
 
 CONFIG = ("ConfigMap", NS, "payouts-executor-config")
+
+
+@pytest.fixture(autouse=True)
+def _no_retry_pause(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handler's pause between attempts after a passing refusal is backoff; none here."""
+    monkeypatch.setattr(handlers, "SECRET_RETRY_SECONDS", 0.0)
 
 
 async def _reconciled(rt: Runtime, kube: FakeKube) -> None:
@@ -260,7 +269,32 @@ async def test_persistent_conflicts_leave_as_an_api_error(
     rt = Runtime(kube=racing, settings=settings, events=RecordingEvents())
     with pytest.raises(kopf.TemporaryError):
         await _event(rt, copy.deepcopy(racing.objects[("Secret", NS, "payouts-downstream")]))
-    assert [c[0] for c in racing.calls].count("patch_status") == STATUS_WRITE_ATTEMPTS
+    assert [c[0] for c in racing.calls].count("patch_status") == (
+        STATUS_WRITE_ATTEMPTS * SECRET_EVENT_ATTEMPTS
+    )
+
+
+@pytest.mark.parametrize(("status", "attempts"), [(503, 2), (429, 2), (403, 1)])
+async def test_a_passing_refusal_is_retried_since_kopf_never_retries_an_event(
+    runtime: Runtime, kube: FakeKube, status: int, attempts: int
+) -> None:
+    """kopf only logs an event handler's error: a 503 or 429 is tried again (the rotated
+    token still reaches the principals file); a 403 (RBAC, for a person to fix) is not."""
+    await _reconciled(runtime, kube)
+    rotated = secret(NS, "treasury-lead-token", {"token": b"a-new-approver-token-0123456789"})
+    kube.put(rotated)
+    kube.fail_next = ApiError(status, "Refused", "try again")
+    mark = len(kube.calls)
+    if attempts == 1:
+        with pytest.raises((kopf.TemporaryError, kopf.PermanentError)):
+            await _event(runtime, rotated)
+        assert kube.calls[mark:] == []
+        return
+    await _event(runtime, rotated)
+    assert (
+        _bearer_digests(kube)["treasury-lead"]
+        == hashlib.sha256(b"a-new-approver-token-0123456789").hexdigest()
+    )
 
 
 def _reconciled_condition(kube: FakeKube) -> dict[str, Any]:
