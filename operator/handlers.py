@@ -18,12 +18,16 @@ modules named for what they do and never import kopf:
   :func:`~.readiness.refresh_ready` for the owning AgentPolicy; it never renders or applies.
 - Secrets labelled ``agentsafe.io/watch: "true"`` (:data:`SECRET_LABELS`; the API server
   filters the watch by it, :func:`configure_watching`): a change runs
-  :func:`~.reconcile.reconcile_secret`, which re-renders the AgentPolicies that use the Secret.
+  :func:`~.reconcile.reconcile_secret`, which re-renders the AgentPolicies that use the Secret;
+  a re-list of the watch (:class:`~.runtime.SecretListings`) runs
+  :func:`~.reconcile.reconcile_relisted` for its namespace, since a listing shows no deletes.
 
 Errors are mapped here and only here: a stored object that does not validate
 (:class:`~.runtime.InvalidSpec`) is a ``Ready=False``/``SpecInvalid`` condition, a Warning Event
 and ``kopf.PermanentError``; an API refusal (:class:`~.kubeapi.ApiError`) is
-``kopf.TemporaryError`` or ``kopf.PermanentError`` through :func:`to_kopf_error`.
+``kopf.TemporaryError`` or ``kopf.PermanentError`` through :func:`to_kopf_error`. kopf never
+retries an event handler (it only logs the error), so a Secret event's re-render is tried again
+here after a passing refusal (409, 429, 5xx; :data:`SECRET_EVENT_ATTEMPTS`) before it is one.
 
 Every handler run is counted and timed by its handler name and how it ended
 (:class:`~.metrics.OperatorMetrics`, the operator's ``/metrics``).
@@ -36,8 +40,9 @@ Callers: ``cli.py`` (:func:`build_registry`, :class:`KopfEvents`), the tests.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
 
 import kopf
 
@@ -61,6 +66,7 @@ from .reconcile import (
     prune_agent_policies,
     reconcile_policy,
     reconcile_principal,
+    reconcile_relisted,
     reconcile_secret,
 )
 from .render.common import EXECUTOR_COMPONENT, MANAGED_BY, WATCH_LABEL, WATCH_VALUE
@@ -70,6 +76,7 @@ from .runtime import EventType, InvalidSpec, Runtime, policy_ref
 
 __all__ = [
     "EXECUTOR_LABELS",
+    "SECRET_EVENT_ATTEMPTS",
     "SECRET_LABELS",
     "KopfEvents",
     "build_registry",
@@ -245,15 +252,43 @@ async def secret_handler(
     body: kopf.Body, memo: kopf.Memo, type: str | None = None, **_: Any
 ) -> None:
     """A watched Secret was added, modified or deleted: re-render the policies that use it.
-    The initial listing (``type`` ``None``) is skipped: at start every policy is reconciled by
-    its own resume handler already."""
-    if type is None:
-        return
+
+    A listing event (``type`` ``None``) of the first listing is skipped: at start every policy
+    is reconciled by its own resume handler already. The first event of a re-list (the watch
+    listed again; :class:`~.runtime.SecretListings` tells) re-renders every policy of the
+    namespace instead, since a listing never shows what was deleted while nobody watched."""
     rt: Runtime = memo["runtime"]
-    try:
-        await reconcile_secret(rt, dict(body))
-    except ApiError as exc:
-        raise to_kopf_error(exc) from None
+    data = dict(body)
+    if type is None:
+        if not rt.secret_listings.listed(data):
+            return
+        namespace = str(data["metadata"]["namespace"])
+        await _retried(lambda: reconcile_relisted(rt, namespace))
+        return
+    rt.secret_listings.watched(type, data)
+    await _retried(lambda: reconcile_secret(rt, data))
+
+
+SECRET_EVENT_ATTEMPTS: Final = 3
+"""Attempts of one Secret event's re-render: kopf never retries an event handler (its errors
+are only logged), so a passing refusal (409, 429, 5xx) would drop the event for good."""
+
+SECRET_RETRY_SECONDS = 1.0
+"""The pause before the second attempt (doubled before the third); tests set 0."""
+
+
+async def _retried(step: Callable[[], Awaitable[object]]) -> None:
+    """Run one Secret event's re-render, again after a passing refusal; the last refusal, or
+    one a person must fix (401, 403, 404, other 4xx), leaves as kopf's error (kopf logs it)."""
+    for attempt in range(1, SECRET_EVENT_ATTEMPTS + 1):
+        try:
+            await step()
+            return
+        except ApiError as exc:
+            passing = exc.status in (409, 429) or exc.status >= 500
+            if not passing or attempt == SECRET_EVENT_ATTEMPTS:
+                raise to_kopf_error(exc) from None
+        await asyncio.sleep(SECRET_RETRY_SECONDS * 2 ** (attempt - 1))  # backoff, not a sync
 
 
 async def halt_handler(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:

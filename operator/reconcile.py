@@ -22,6 +22,14 @@ Principal's own status names the policies that select it.
 (:func:`policies_using_secret`: named in its spec, generated for it, or a selected Principal's
 bearer token) is reconciled again at once and its status written.
 
+Both sides write a policy's status only over the version of the policy they rendered from (a
+409 reads it and renders again, :data:`STATUS_WRITE_ATTEMPTS`): kopf runs each Secret's and
+Principal's events in tasks of their own, so a slower render that read a Secret before it was
+deleted must never write ``Applied`` over the ``SecretMissing`` the delete's render wrote.
+
+:func:`reconcile_relisted` is the Secret watch's re-list (kopf listed a namespace again and
+reports no deletes): every AgentPolicy of the namespace is reconciled again.
+
 :func:`prune_agent_policies` removes the NetworkPolicies a policy placed in agent namespaces
 (owner references cannot cross namespaces; everything else is garbage-collected through them).
 
@@ -37,14 +45,14 @@ import hashlib
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from pydantic import ValidationError
 
 from .conditions import set_condition, spec_invalid_status, stored_conditions
 from .halt import sync_halt
-from .kubeapi import Kube
+from .kubeapi import ApiError, Kube
 from .models import (
     AgentPolicySpec,
     AgentPolicyStatus,
@@ -80,14 +88,22 @@ from .runtime import (
 )
 
 __all__ = [
+    "STATUS_WRITE_ATTEMPTS",
     "PolicyOutcome",
     "policies_using_secret",
     "prune_agent_policies",
     "reconcile_policy",
     "reconcile_principal",
+    "reconcile_relisted",
     "reconcile_secret",
     "referenced_keys",
 ]
+
+
+STATUS_WRITE_ATTEMPTS: Final = 5
+"""Attempts of one re-render's status write: each is conditional on the policy's version the
+render read, and a 409 (the policy changed meanwhile: another re-render or kopf wrote) reads it
+again and renders again."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +192,27 @@ async def reconcile_secret(rt: Runtime, body: Mapping[str, Any]) -> list[str]:
     for policy in using:
         await _rereconcile(rt, policy)
     return [str(policy["metadata"]["name"]) for policy in using]
+
+
+async def reconcile_relisted(rt: Runtime, namespace: str) -> list[str]:
+    """The Secret watch listed ``namespace`` again (``runtime.SecretListings``): a Secret may
+    have been deleted, changed or created while it was not watching, and a listing reports no
+    deletes. Every AgentPolicy of the namespace is re-rendered (each reads its Secrets afresh,
+    so one deleted meanwhile is ``SecretMissing``) and its status written; their names.
+    Policies being deleted or that do not validate are left to their own handlers.
+
+    Raises ``ApiError`` for the API server's refusals."""
+    rendered: list[str] = []
+    for policy in await rt.kube.list_objects("AgentPolicy", namespace):
+        if (policy.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        try:
+            AgentPolicySpec.model_validate(policy.get("spec") or {})
+        except ValidationError:
+            continue
+        await _rereconcile(rt, policy)
+        rendered.append(str(policy["metadata"]["name"]))
+    return rendered
 
 
 def _note_unwatched(secret: Mapping[str, Any] | None, unwatched: list[str]) -> None:
@@ -408,13 +445,40 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
 
 
 async def _rereconcile(rt: Runtime, policy: Mapping[str, Any]) -> None:
-    """Re-render a policy from another object's handler and write its status directly."""
-    try:
-        status = (await reconcile_policy(rt, policy)).status
-    except InvalidSpec as exc:
-        status = spec_invalid_status(AgentPolicyStatus, policy, str(exc))
+    """Re-render a policy from another object's handler and write its status directly.
+
+    Several of these run at once (kopf runs each Secret's and Principal's events in a task of
+    its own), and each reads the Secrets at its own moment. The write is therefore conditional
+    on the policy's ``resourceVersion`` that the render started from: a render that read a
+    Secret before it was deleted, and finishes after the delete's own render wrote
+    ``SecretMissing``, gets 409 instead of writing ``Applied`` over it, and reads the policy
+    and renders again (up to :data:`STATUS_WRITE_ATTEMPTS`; then the 409 leaves as
+    ``ApiError``). A policy gone or being deleted meanwhile is left to its own handlers."""
+    current: Mapping[str, Any] = policy
     meta = policy["metadata"]
-    await rt.kube.patch_status("AgentPolicy", meta["namespace"], meta["name"], status.patch())
+    namespace, name, uid = str(meta["namespace"]), str(meta["name"]), meta.get("uid")
+    for attempt in range(1, STATUS_WRITE_ATTEMPTS + 1):
+        try:
+            status = (await reconcile_policy(rt, current)).status
+        except InvalidSpec as exc:
+            status = spec_invalid_status(AgentPolicyStatus, current, str(exc))
+        try:
+            await rt.kube.patch_status(
+                "AgentPolicy",
+                namespace,
+                name,
+                status.patch(),
+                resource_version=(current.get("metadata") or {}).get("resourceVersion"),
+            )
+            return
+        except ApiError as exc:
+            if exc.status != 409 or attempt == STATUS_WRITE_ATTEMPTS:
+                raise
+        found = await rt.kube.get("AgentPolicy", namespace, name)
+        found_meta = (found or {}).get("metadata") or {}
+        if found is None or found_meta.get("deletionTimestamp") or found_meta.get("uid") != uid:
+            return
+        current = found
 
 
 async def reconcile_principal(

@@ -2,8 +2,9 @@
 
 One :class:`Runtime` lives in kopf's ``memo`` for the operator's life (``cli.py`` builds it at
 startup): the API client (:class:`~.kubeapi.Kube`), the operator's settings, where Events go,
-the control-route client and the cluster's service-account JWKS, which :func:`refresh_jwks`
-reads again on a timer. Tests build one over an in-memory API stand-in.
+the control-route client, the cluster's service-account JWKS, which :func:`refresh_jwks`
+reads again on a timer, and the Secret watch's :class:`SecretListings` (which tells a re-list
+from the first listing). Tests build one over an in-memory API stand-in.
 
 The readers here turn a stored object into what the steps act on: :func:`policy_ref` (an
 AgentPolicy's identity), :func:`parse_spec` (the ``spec`` re-validated through its model; an
@@ -37,6 +38,7 @@ __all__ = [
     "EventType",
     "InvalidSpec",
     "Runtime",
+    "SecretListings",
     "decode_secret_key",
     "generation_of",
     "parse_spec",
@@ -63,6 +65,55 @@ class EventPoster(Protocol):
     ) -> None: ...
 
 
+class SecretListings:
+    """Tells the Secret watch's re-lists from its first listing, per namespace.
+
+    kopf hands a listing's objects to event handlers with ``type`` ``None``, both at start and
+    after the watch had to list again (a ``410 Gone``, a pause by peering): it never says which,
+    and never reports a Secret deleted (or changed) while it was not watching, since a listing
+    has no tombstones. The first listing needs nothing (every policy is reconciled by its own
+    resume handler); a re-list must have every policy of the namespace read its Secrets again.
+    A re-list shows itself as a listing event of a Secret this object has already seen listed
+    in the current round: that one event starts a new round (:meth:`listed` answers ``True``)
+    and the rest of that listing answers ``False``. A namespace whose every watched Secret went
+    while the watch was down lists nothing and shows no re-list; each AgentPolicy's generated
+    Secrets (labelled, recreated by its reconcile) keep that from a namespace with policies.
+    """
+
+    def __init__(self) -> None:
+        self._round: dict[str, int] = {}
+        self._listed_in: dict[str, int] = {}
+
+    @staticmethod
+    def _key(body: Mapping[str, Any]) -> tuple[str, str]:
+        """(namespace, the Secret's uid; its namespace/name where a body carries none)."""
+        meta = body.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "")
+        return namespace, str(meta.get("uid") or f"{namespace}/{meta.get('name')}")
+
+    def listed(self, body: Mapping[str, Any]) -> bool:
+        """One listing event (``type`` ``None``); ``True`` when it begins a re-list of its
+        namespace."""
+        namespace, uid = self._key(body)
+        current = self._round.setdefault(namespace, 0)
+        seen = self._listed_in.get(uid)
+        if seen is not None and seen >= current:
+            self._round[namespace] = current + 1
+            self._listed_in[uid] = current + 1
+            return True
+        self._listed_in[uid] = current
+        return False
+
+    def watched(self, kind: str, body: Mapping[str, Any]) -> None:
+        """One watch event (``ADDED``, ``MODIFIED``, ``DELETED``): the Secret counts as listed
+        in the current round (the next listing of it is a re-list), or is forgotten."""
+        namespace, uid = self._key(body)
+        if kind == "DELETED":
+            self._listed_in.pop(uid, None)
+        else:
+            self._listed_in[uid] = self._round.setdefault(namespace, 0)
+
+
 @dataclass
 class Runtime:
     kube: Kube
@@ -71,6 +122,7 @@ class Runtime:
     control: ControlClient = field(default_factory=ControlClient)
     jwks: dict[str, Any] = field(default_factory=lambda: {"keys": []})
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    secret_listings: SecretListings = field(default_factory=SecretListings)
 
 
 class InvalidSpec(Exception):
