@@ -19,7 +19,10 @@ Role: one process per core behind one listener. The supervisor serves nothing it
 - reads each worker's stdout and stderr through its own pipes and forwards whole lines only
   (lines longer than ``PIPE_BUF`` from two writers to one pipe could interleave otherwise); a
   last line torn by a dying worker is never forwarded (it was never acknowledged; the worker's
-  chain resumes past it with ``gap: true``), and is reported as ``WORKER_TORN_LINE``;
+  chain resumes past it with ``gap: true``), and is reported as ``WORKER_TORN_LINE``. Each pipe
+  has its own pump thread (:func:`_pump`: a blocking ``read``, then every whole line of it in
+  one ``write`` under the stream's lock), off the event loop: the forwarding sits on every
+  request's output, and a thread costs a fraction of an asyncio stream per line;
 - restarts a worker that dies, with backoff (:data:`RESTART_BACKOFF_SECONDS` doubling up to
   :data:`RESTART_BACKOFF_MAX_SECONDS`, reset once it has run :data:`HEALTHY_SECONDS`); its
   start-up reconciliation resolves what it left open;
@@ -48,6 +51,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -173,14 +177,53 @@ def _read_head(path: Path) -> dict[str, Any] | None:
 
 
 class _Out:
-    """Whole lines to one of this process's standard streams (one writer: this event loop)."""
+    """Whole lines to one of this process's standard streams. Its writers are the pump threads
+    and the event loop: each write of whole lines is made under :attr:`lock`, so two never
+    interleave inside a line whatever the line's length."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.lock = threading.Lock()
 
     def line(self, data: bytes) -> None:
-        with contextlib.suppress(OSError):
-            write_all(self.fd, data if data.endswith(b"\n") else data + b"\n")
+        self.lines(data if data.endswith(b"\n") else data + b"\n")
+
+    def lines(self, data: bytes) -> None:
+        """``data``: one or more whole lines, each ending in a newline."""
+        with self.lock, contextlib.suppress(OSError):
+            write_all(self.fd, data)
+
+
+def _pump(fd: int, out: _Out) -> int:
+    """On a pump thread: forward the whole lines read from ``fd`` until end of file, each
+    read's whole lines in one write; the length of the torn last line left over (0: none).
+
+    A line longer than :data:`_MAX_LINE` (no worker writes one) is forwarded as it stands
+    rather than held in memory without bound."""
+    parts: list[bytes] = []  # the current line's bytes so far (no newline among them)
+    held = 0
+    try:
+        while True:
+            try:
+                chunk = os.read(fd, _READ_CHUNK)
+            except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
+                continue
+            if not chunk:
+                return held
+            cut = chunk.rfind(b"\n")
+            if cut < 0:
+                parts.append(chunk)
+                held += len(chunk)
+                if held > _MAX_LINE:
+                    out.line(b"".join(parts))
+                    parts, held = [], 0
+                continue
+            parts.append(chunk[: cut + 1])
+            out.lines(b"".join(parts))
+            rest = chunk[cut + 1 :]
+            parts, held = ([rest], len(rest)) if rest else ([], 0)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -192,7 +235,7 @@ class _Worker:
     restarts: int = 0
     started_at: float = 0.0
     stop_status: int | None = None
-    pumps: list[asyncio.Task[None]] = field(default_factory=list)
+    pumps: list[asyncio.Future[None]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -231,28 +274,42 @@ class Supervisor:
         }
         self.stderr.line(json.dumps(line, sort_keys=False).encode("utf-8"))
 
-    async def _pump(self, worker: _Worker, reader: asyncio.StreamReader, out: _Out) -> None:
-        pending = b""
-        while True:
-            chunk = await reader.read(_READ_CHUNK)
-            if not chunk:
-                break
-            pending += chunk
-            if b"\n" in pending:
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    out.line(line)
-            if len(pending) > _MAX_LINE:  # no worker writes such a line; never hold it all
-                out.line(pending)
-                pending = b""
-        if pending:
-            self.say(
-                "WORKER_TORN_LINE",
-                "WARNING",
-                worker=worker.index,
-                bytes=len(pending),
-                stream="stdout" if out is self.stdout else "stderr",
-            )
+    def _start_pump(self, worker: _Worker, fd: int, out: _Out) -> asyncio.Future[None]:
+        """A pump thread for one of ``worker``'s pipes; its future settles at end of file, once
+        a torn last line (if any) was reported as ``WORKER_TORN_LINE``."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        stream = "stdout" if out is self.stdout else "stderr"
+
+        def settle(error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(None)
+
+        def run() -> None:
+            error: BaseException | None = None
+            try:
+                torn = _pump(fd, out)
+                if torn:
+                    self.say(
+                        "WORKER_TORN_LINE",
+                        "WARNING",
+                        worker=worker.index,
+                        bytes=torn,
+                        stream=stream,
+                    )
+            except BaseException as exc:  # pragma: no cover - reported to the awaiting keeper
+                error = exc
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                loop.call_soon_threadsafe(settle, error)
+
+        threading.Thread(
+            target=run, name=f"agentsafe-pump-{worker.index}-{stream}", daemon=True
+        ).start()
+        return done
 
     # -- the runtime directory and the port ----------------------------------------------------
 
@@ -314,21 +371,29 @@ class Supervisor:
     # -- workers -------------------------------------------------------------------------------
 
     async def _spawn(self, worker: _Worker) -> asyncio.subprocess.Process:
-        process = await asyncio.create_subprocess_exec(
-            *WORKER_ARGV,
-            env=worker.env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        assert process.stdout is not None
-        assert process.stderr is not None
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *WORKER_ARGV,
+                env=worker.env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out_write,
+                stderr=err_write,
+            )
+        except BaseException:
+            for fd in (out_read, err_read):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_write, err_write):  # the worker holds its own copies
+                os.close(fd)
         worker.process = process
         worker.state = "running"
         worker.started_at = time.monotonic()
         worker.pumps = [
-            asyncio.ensure_future(self._pump(worker, process.stdout, self.stdout)),
-            asyncio.ensure_future(self._pump(worker, process.stderr, self.stderr)),
+            self._start_pump(worker, out_read, self.stdout),
+            self._start_pump(worker, err_read, self.stderr),
         ]
         self.publish()
         self.say("WORKER_STARTED", worker=worker.index, pid=process.pid)

@@ -1,0 +1,62 @@
+"""benchmarks/profile.py's reading of py-spy's collapsed stacks: parts, own time, and under
+``--workers`` each process's samples alone (a worker's stacks sit under the supervisor's
+``process`` frame, so the innermost one names the process)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _profile_module() -> ModuleType:
+    # profile.py imports its sibling as ``loadclient``; never under the stdlib's name ``profile``
+    sys.modules.setdefault("loadclient", _load("loadclient", BENCHMARKS / "loadclient.py"))
+    return _load("agentsafe_bench_profile", BENCHMARKS / "profile.py")
+
+
+SUPERVISOR = 'process 10:"python -m agentsafe.executor.cli serve"'
+WORKER_0 = 'process 11:"python -I -m agentsafe.executor.cli serve"'
+WORKER_1 = 'process 110:"python -I -m agentsafe.executor.cli serve"'
+
+
+def test_each_process_is_read_alone_and_the_group_as_a_whole(tmp_path: Path) -> None:
+    collapsed = tmp_path / "stacks.txt"
+    collapsed.write_text(
+        "\n".join(
+            [
+                f"{SUPERVISOR};thread (10): MainThread;_pump (executor/supervisor.py:208) 4",
+                f"{SUPERVISOR};{WORKER_0};thread (11): MainThread;"
+                "commit (executor/state/usestore.py:1) 3",
+                f"{SUPERVISOR};{WORKER_1};thread (110): MainThread;"
+                "emit (executor/evidence/chain.py:2);sha256_hex (executor/canonical.py:3) 2",
+                f"{SUPERVISOR};{WORKER_1};thread (110): MainThread;"
+                "commit (executor/state/usestore.py:1) 1",
+            ]
+        )
+        + "\n"
+    )
+    profile = _profile_module()
+    total, parts, own = profile._parse(collapsed)
+    assert total == 10
+    assert parts["use store (SQLite commit)"] == 4
+    assert own["_pump (executor/supervisor.py:208)"] == 4
+    assert profile._parse(collapsed, "10")[0] == 4  # the supervisor's own stacks only
+    assert profile._parse(collapsed, "11")[0] == 3  # never worker 1's (pid 110 starts with 11)
+    total, parts, own = profile._parse(collapsed, "110")
+    assert total == 3
+    assert parts["evidence: chain (hash, line, write)"] == 2
+    assert parts["evidence: RFC 8785 canonical JSON"] == 2
+    assert parts["use store (SQLite commit)"] == 1
