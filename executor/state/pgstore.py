@@ -9,23 +9,34 @@ Connections come from one psycopg 3 async pool per process.
 
 Every transaction runs at ``SERIALIZABLE`` and is re-run from the start when the database answers
 a serialization failure (``40001``) or a deadlock (``40P01``), up to :data:`MAX_RETRIES` times, so
-the same SQL is correct on PostgreSQL-compatible distributed engines. Which guarantee rests on
-which statement:
+the same SQL is correct on PostgreSQL-compatible distributed engines. A step that is one
+statement runs as that statement alone (:meth:`PostgresStore.statement`, autocommit): it is its
+own transaction, at ``SERIALIZABLE`` too (every pooled session sets
+``default_transaction_isolation``), and committed (durably, with ``synchronous_commit``) when its
+answer arrives, without the ``BEGIN`` and ``COMMIT`` round trips. Each of the six durable steps of
+an ALLOW (``idempotency_begin``, ``claim_grant``, the mirror's ``opened``, ``grant_claimed`` and
+``settle``, ``idempotency_complete``) is one statement in the common case; a key found already
+there, or one that cannot take its answer, goes on to the full transaction below. Which
+guarantee rests on which statement:
 
 ===============================  ==================================================================
 guarantee                        statement
 ===============================  ==================================================================
 a grant is claimed once          ``INSERT INTO grant_claims ... ON CONFLICT DO NOTHING``: the
                                  primary key admits one row; ``rowcount`` says who won
-one request per idempotency key  ``INSERT INTO idempotency ... ON CONFLICT DO NOTHING``; the loser
-                                 reads the winner's row (IN_PROGRESS, CONFLICT or REPLAY)
+one request per idempotency key  ``INSERT INTO idempotency ... ON CONFLICT DO NOTHING`` (alone);
+                                 the loser runs it again in a transaction that reads the winner's
+                                 row (IN_PROGRESS, CONFLICT or REPLAY)
 a key never stays held by a      ``SELECT ... FOR UPDATE`` on the key's row; it is taken over
 request that died before its     (``UPDATE ... SET holder``) only when its lease lapsed with no
 attempt opened                   attempt, or its attempt is CLOSED without a claimed grant
-an attempt opens only under the  ``UPDATE idempotency SET opened_attempt ... WHERE holder = <its
-key's current holder             holder>`` (one row, or nothing opens) in the attempt's INSERT
-                                 transaction
-the first final answer stays     ``SELECT ... FOR UPDATE`` on the key's row, then ``UPDATE``
+an attempt opens only under the  ``WITH fenced AS (UPDATE idempotency SET opened_attempt ... WHERE
+key's current holder             holder = <its holder> RETURNING 1) INSERT INTO attempts ... SELECT
+                                 ... FROM fenced``: one statement; the attempt's row exists only
+                                 if the key's row was its holder's (or nothing opens)
+the first final answer stays     ``UPDATE ... WHERE state <> 'DONE' AND holder`` is this request's
+                                 (or none); when no row matches, ``SELECT ... FOR UPDATE`` on the
+                                 key's row says why, or takes the answer, then ``UPDATE``
 a consumption happens once       ``INSERT INTO consumptions ... ON CONFLICT DO NOTHING``
 an approval is decided once      ``SELECT ... FOR UPDATE`` on the request, then ``UPDATE ... WHERE
                                  state = 'PENDING'``
@@ -50,9 +61,12 @@ finds it more than a lease later; reconciliation then settles the key.
 
 The database failing is its own state: a connection that cannot be had within
 ``connect_timeout`` seconds, a dropped connection or a failed COMMIT raise
-``StoreError(STORE_UNAVAILABLE)``; nothing is retried that might have committed. A pooled
-connection the server dropped fails before COMMIT and is replaced once, and the pool reconnects
-for ever, so service resumes by itself when the database returns.
+``StoreError(STORE_UNAVAILABLE)``; nothing is retried that might have committed: a statement
+alone that fails once sent may have committed, so it is never re-run. A pooled connection the
+server closed while it idled (a restart: the server sends its FATAL and closes) has input
+waiting, found by one ``poll`` before anything is sent on it, and is replaced (no round trip per
+checkout); a transaction whose connection fails before COMMIT runs once more on a fresh one; and
+the pool reconnects for ever, so service resumes by itself when the database returns.
 
 Callers: ``assembly.py`` (opens one :class:`PostgresStore` when ``EXECUTOR_STORE_URL`` is set and
 hands its three faces to the authority, the pipeline, the ceilings and the journal),
@@ -1092,7 +1106,7 @@ def _attempt_from_row(row: TupleRow) -> AttemptRow:
 class PostgresAttempts:
     """The journal's open-attempt state, owned by replicas under leases.
 
-    ``opened`` inserts the attempt owned by this replica (and, in the same transaction, makes the
+    ``opened`` inserts the attempt owned by this replica (and, in the same statement, makes the
     key its request holds the attempt's, or refuses if that key was taken over);
     ``grant_claimed`` and ``closed`` update
     it; ``renew`` extends every lease this replica holds; ``take_lapsed`` moves one attempt whose
