@@ -6,6 +6,7 @@ import asyncio
 
 import psycopg
 import pytest
+from psycopg.rows import TupleRow
 
 from agentsafe.executor.errors import StoreError
 from agentsafe.executor.state.journal import RecordType
@@ -435,7 +436,7 @@ async def test_pooled_connections_a_restart_dropped_are_replaced_before_anything
         await store.close()
 
 
-async def _sleep_briefly(conn: psycopg.AsyncConnection[object]) -> None:
+async def _sleep_briefly(conn: psycopg.AsyncConnection[TupleRow]) -> None:
     await conn.execute("SELECT pg_sleep(0.05)")
 
 
