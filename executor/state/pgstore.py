@@ -9,23 +9,34 @@ Connections come from one psycopg 3 async pool per process.
 
 Every transaction runs at ``SERIALIZABLE`` and is re-run from the start when the database answers
 a serialization failure (``40001``) or a deadlock (``40P01``), up to :data:`MAX_RETRIES` times, so
-the same SQL is correct on PostgreSQL-compatible distributed engines. Which guarantee rests on
-which statement:
+the same SQL is correct on PostgreSQL-compatible distributed engines. A step that is one
+statement runs as that statement alone (:meth:`PostgresStore.statement`, autocommit): it is its
+own transaction, at ``SERIALIZABLE`` too (every pooled session sets
+``default_transaction_isolation``), and committed (durably, with ``synchronous_commit``) when its
+answer arrives, without the ``BEGIN`` and ``COMMIT`` round trips. Each of the six durable steps of
+an ALLOW (``idempotency_begin``, ``claim_grant``, the mirror's ``opened``, ``grant_claimed`` and
+``settle``, ``idempotency_complete``) is one statement in the common case; a key found already
+there, or one that cannot take its answer, goes on to the full transaction below. Which
+guarantee rests on which statement:
 
 ===============================  ==================================================================
 guarantee                        statement
 ===============================  ==================================================================
 a grant is claimed once          ``INSERT INTO grant_claims ... ON CONFLICT DO NOTHING``: the
                                  primary key admits one row; ``rowcount`` says who won
-one request per idempotency key  ``INSERT INTO idempotency ... ON CONFLICT DO NOTHING``; the loser
-                                 reads the winner's row (IN_PROGRESS, CONFLICT or REPLAY)
+one request per idempotency key  ``INSERT INTO idempotency ... ON CONFLICT DO NOTHING`` (alone);
+                                 the loser runs it again in a transaction that reads the winner's
+                                 row (IN_PROGRESS, CONFLICT or REPLAY)
 a key never stays held by a      ``SELECT ... FOR UPDATE`` on the key's row; it is taken over
 request that died before its     (``UPDATE ... SET holder``) only when its lease lapsed with no
 attempt opened                   attempt, or its attempt is CLOSED without a claimed grant
-an attempt opens only under the  ``UPDATE idempotency SET opened_attempt ... WHERE holder = <its
-key's current holder             holder>`` (one row, or nothing opens) in the attempt's INSERT
-                                 transaction
-the first final answer stays     ``SELECT ... FOR UPDATE`` on the key's row, then ``UPDATE``
+an attempt opens only under the  ``WITH fenced AS (UPDATE idempotency SET opened_attempt ... WHERE
+key's current holder             holder = <its holder> RETURNING 1) INSERT INTO attempts ... SELECT
+                                 ... FROM fenced``: one statement; the attempt's row exists only
+                                 if the key's row was its holder's (or nothing opens)
+the first final answer stays     ``UPDATE ... WHERE state <> 'DONE' AND holder`` is this request's
+                                 (or none); when no row matches, ``SELECT ... FOR UPDATE`` on the
+                                 key's row says why, or takes the answer, then ``UPDATE``
 a consumption happens once       ``INSERT INTO consumptions ... ON CONFLICT DO NOTHING``
 an approval is decided once      ``SELECT ... FOR UPDATE`` on the request, then ``UPDATE ... WHERE
                                  state = 'PENDING'``
@@ -50,9 +61,12 @@ finds it more than a lease later; reconciliation then settles the key.
 
 The database failing is its own state: a connection that cannot be had within
 ``connect_timeout`` seconds, a dropped connection or a failed COMMIT raise
-``StoreError(STORE_UNAVAILABLE)``; nothing is retried that might have committed. A pooled
-connection the server dropped fails before COMMIT and is replaced once, and the pool reconnects
-for ever, so service resumes by itself when the database returns.
+``StoreError(STORE_UNAVAILABLE)``; nothing is retried that might have committed: a statement
+alone that fails once sent may have committed, so it is never re-run. A pooled connection the
+server closed while it idled (a restart: the server sends its FATAL and closes) has input
+waiting, found by one ``poll`` before anything is sent on it, and is replaced (no round trip per
+checkout); a transaction whose connection fails before COMMIT runs once more on a fresh one; and
+the pool reconnects for ever, so service resumes by itself when the database returns.
 
 Callers: ``assembly.py`` (opens one :class:`PostgresStore` when ``EXECUTOR_STORE_URL`` is set and
 hands its three faces to the authority, the pipeline, the ceilings and the journal),
@@ -62,12 +76,14 @@ hands its three faces to the authority, the pipeline, the ceilings and the journ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import enum
 import hmac
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Mapping
+import select
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
@@ -226,6 +242,8 @@ class PostgresStore:
         async def configure(conn: _Conn) -> None:
             await conn.set_autocommit(True)
             await conn.set_isolation_level(psycopg.IsolationLevel.SERIALIZABLE)
+            # A statement run on its own (``statement``) is its own transaction: at this level.
+            await conn.execute("SET default_transaction_isolation = 'serializable'")
 
         pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
             url,
@@ -247,6 +265,20 @@ class PostgresStore:
     def schema_version(self) -> int:
         return SCHEMA_VERSION
 
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[_Conn]:
+        """A pooled connection the server has not dropped while it idled in the pool: one that
+        is closed or has input waiting (a restart sends its FATAL and closes; nothing else
+        speaks unasked on these sessions) is closed, so the pool drops it, and another taken.
+        Nothing was sent on it, so this changes nothing. One ``poll``, no round trip."""
+        for _ in range(_MAX_STALE):
+            async with self._pool.connection(timeout=self._timeout) as conn:
+                if not _spoke_while_idle(conn):
+                    yield conn
+                    return
+                await conn.close()
+        raise StoreError("the shared store keeps dropping connections", code=Code.STORE_UNAVAILABLE)
+
     async def transaction(self, fn: Callable[[_Conn], Awaitable[_T]]) -> _T:
         """Run ``fn`` in one SERIALIZABLE transaction, re-run on 40001/40P01."""
         if self._closed:
@@ -256,7 +288,7 @@ class PostgresStore:
         for _ in range(MAX_RETRIES):
             committing = False
             try:
-                async with self._pool.connection(timeout=self._timeout) as conn:
+                async with self._connection() as conn:
                     async with conn.transaction():
                         result = await fn(conn)
                         committing = True
@@ -276,6 +308,36 @@ class PostgresStore:
                     # A pooled connection the server dropped (a restart) fails before COMMIT:
                     # nothing was committed, so the work runs once more on a fresh connection.
                     stale_retried = True
+                    continue
+                raise _unavailable(exc) from None
+            except PoolTimeout as exc:
+                raise _unavailable(exc) from None
+        raise StoreError(
+            "the shared store stayed contended; try again", code=Code.STORE_UNAVAILABLE
+        )
+
+    async def statement(
+        self, sql: str, params: Sequence[object] = ()
+    ) -> tuple[int, TupleRow | None]:
+        """Run one statement as its own SERIALIZABLE transaction (autocommit: no ``BEGIN`` and
+        ``COMMIT`` round trips; its answer arrives once it committed); its row count and first
+        row. Re-run on 40001/40P01 (the statement rolled back). A statement that failed once it
+        was sent may have committed, so it is never re-run: ``StoreError(STORE_UNAVAILABLE)``.
+        A pooled connection the server dropped or spoke on while it idled is discarded before
+        anything is sent on it (a server restart), and the statement runs on another."""
+        if self._closed:
+            raise StoreError("the shared store is closed", code=Code.STORE_CLOSED)
+        delay = 0.002
+        for _ in range(MAX_RETRIES):
+            try:
+                async with self._connection() as conn:
+                    cur = await conn.execute(sql, params)
+                    row = await cur.fetchone() if cur.description is not None else None
+                    return cur.rowcount, row
+            except psycopg.Error as exc:
+                if exc.sqlstate in _RETRY_STATES:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.1)
                     continue
                 raise _unavailable(exc) from None
             except PoolTimeout as exc:
@@ -316,6 +378,20 @@ class PostgresStore:
         await self._pool.close()
 
 
+_MAX_STALE: Final = 64
+"""Dropped pooled connections discarded for one transaction before STORE_UNAVAILABLE."""
+
+
+def _spoke_while_idle(conn: _Conn) -> bool:
+    """True when an idle connection is closed or has input waiting."""
+    pgconn = conn.pgconn
+    if conn.closed or pgconn.status != psycopg.pq.ConnStatus.OK:
+        return True
+    poller = select.poll()
+    poller.register(pgconn.socket, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 async def _db_now(conn: _Conn) -> float:
     cur = await conn.execute(f"SELECT {_NOW}")
     row = await cur.fetchone()
@@ -332,22 +408,18 @@ class PostgresUseStore:
     async def claim_grant(
         self, grant_id: str, *, binding_digest: str, expires_at: float, now: float
     ) -> bool:
-        async def work(conn: _Conn) -> bool:
-            cur = await conn.execute(
-                "INSERT INTO grant_claims (grant_id, binding_digest, expires_at, claimed_at)"
-                " VALUES (%s, %s, %s, %s) ON CONFLICT (grant_id) DO NOTHING",
-                (grant_id, binding_digest, expires_at, now),
-            )
-            return cur.rowcount == 1
-
-        return await self._store.transaction(work)
+        rowcount, _ = await self._store.statement(
+            "INSERT INTO grant_claims (grant_id, binding_digest, expires_at, claimed_at)"
+            " VALUES (%s, %s, %s, %s) ON CONFLICT (grant_id) DO NOTHING",
+            (grant_id, binding_digest, expires_at, now),
+        )
+        return rowcount == 1
 
     async def grant_claimed(self, grant_id: str) -> bool:
-        async def work(conn: _Conn) -> bool:
-            cur = await conn.execute("SELECT 1 FROM grant_claims WHERE grant_id = %s", (grant_id,))
-            return await cur.fetchone() is not None
-
-        return await self._store.transaction(work)
+        _, row = await self._store.statement(
+            "SELECT 1 FROM grant_claims WHERE grant_id = %s", (grant_id,)
+        )
+        return row is not None
 
     async def idempotency_orphans(self, *, owner: str, before: float) -> list[OrphanKey]:
         async def work(conn: _Conn) -> list[OrphanKey]:
@@ -390,15 +462,16 @@ class PostgresUseStore:
         holder = secrets.token_hex(16)
         lease = self._store.lease_seconds
         _HELD.set(None)
+        insert = (
+            "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"  # noqa: S608
+            " created_at, holder, lease_until, attempt_id, owner)"
+            f" VALUES (%s, %s, %s, %s, 'IN_PROGRESS', %s, %s, {_NOW} + %s, %s, %s)"
+            " ON CONFLICT (tenant, principal, key) DO NOTHING"
+        )
+        values = (tenant, principal, key, payload_digest, now, holder, lease, attempt_id, owner)
 
         async def work(conn: _Conn) -> IdempotencyState:
-            cur = await conn.execute(
-                "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"  # noqa: S608
-                " created_at, holder, lease_until, attempt_id, owner)"
-                f" VALUES (%s, %s, %s, %s, 'IN_PROGRESS', %s, %s, {_NOW} + %s, %s, %s)"
-                " ON CONFLICT (tenant, principal, key) DO NOTHING",
-                (tenant, principal, key, payload_digest, now, holder, lease, attempt_id, owner),
-            )
+            cur = await conn.execute(insert, values)
             if cur.rowcount == 1:
                 return IdempotencyState(IdempotencyKind.NEW)
             # Read without a lock (a key in flight is the common case, many retries at once);
@@ -434,7 +507,14 @@ class PostgresUseStore:
             )
             return IdempotencyState(IdempotencyKind.NEW)
 
-        state = await self._store.transaction(work)
+        # A new key (the common case) is the INSERT alone, its own transaction; a key already
+        # there is read and, when stale, taken over in one transaction that starts again from
+        # the INSERT (the key may have been freed in between).
+        inserted, _ = await self._store.statement(insert, values)
+        if inserted == 1:
+            state = IdempotencyState(IdempotencyKind.NEW)
+        else:
+            state = await self._store.transaction(work)
         if state.kind is IdempotencyKind.NEW:
             _HELD.set(((tenant, principal, key), holder))
         return state
@@ -448,6 +528,8 @@ class PostgresUseStore:
         held = _holder_of((tenant, principal, key))
 
         async def work(conn: _Conn) -> None:
+            # Read again under the row lock: say why the key cannot take this answer, or take it
+            # (the key changed since the statement below found it would not).
             row = await _locked_key(conn, tenant, principal, key)
             if row is None:
                 raise StoreError(
@@ -470,7 +552,17 @@ class PostgresUseStore:
             )
 
         try:
-            await self._store.transaction(work)
+            # The common case, a key IN_PROGRESS under this request's holder (or a key with no
+            # holder to fence), is one UPDATE, its own transaction; any other key is read under
+            # its row lock and answered for in one transaction.
+            done, _ = await self._store.statement(
+                "UPDATE idempotency SET state = 'DONE', response = %s, completed_at = %s"
+                " WHERE tenant = %s AND principal = %s AND key = %s AND state <> 'DONE'"
+                " AND (holder IS NULL OR %s::text IS NULL OR holder = %s)",
+                (text, now, tenant, principal, key, held, held),
+            )
+            if done != 1:
+                await self._store.transaction(work)
         finally:
             _let_go((tenant, principal, key))
 
@@ -1014,7 +1106,7 @@ def _attempt_from_row(row: TupleRow) -> AttemptRow:
 class PostgresAttempts:
     """The journal's open-attempt state, owned by replicas under leases.
 
-    ``opened`` inserts the attempt owned by this replica (and, in the same transaction, makes the
+    ``opened`` inserts the attempt owned by this replica (and, in the same statement, makes the
     key its request holds the attempt's, or refuses if that key was taken over);
     ``grant_claimed`` and ``closed`` update
     it; ``renew`` extends every lease this replica holds; ``take_lapsed`` moves one attempt whose
@@ -1036,73 +1128,66 @@ class PostgresAttempts:
     ) -> None:
         binding_text = canonical_text(dict(binding))
         held = _HELD.get()
-
-        async def work(conn: _Conn) -> None:
-            if held is not None:  # the key this request holds now belongs to the attempt
-                (tenant, principal, key), holder = held
-                cur = await conn.execute(
-                    "UPDATE idempotency SET opened_attempt = %s WHERE tenant = %s"
-                    " AND principal = %s AND key = %s AND holder = %s AND state = 'IN_PROGRESS'",
-                    (attempt_id, tenant, principal, key, holder),
-                )
-                if cur.rowcount != 1:
-                    raise StoreError(
-                        "a later request took this key over", code=Code.IDEMPOTENCY_TAKEN_OVER
-                    )
-            await conn.execute(
-                "INSERT INTO attempts (attempt_id, owner, lease_until, state, intent_id,"  # noqa: S608
-                " intent_hash, decision_id, dossier_id, principal, action, binding, opened_at)"
-                f" VALUES (%s, %s, {_NOW} + %s, 'OPEN', %s, %s, %s, %s, %s, %s, %s, %s)",
-                (
-                    attempt_id,
-                    owner,
-                    lease_seconds,
-                    fields.get("intent_id"),
-                    fields["intent_hash"],
-                    fields.get("decision_id"),
-                    fields.get("dossier_id"),
-                    fields.get("caller"),
-                    fields.get("action"),
-                    binding_text,
-                    opened_at,
-                ),
+        row = (
+            attempt_id,
+            owner,
+            lease_seconds,
+            fields.get("intent_id"),
+            fields["intent_hash"],
+            fields.get("decision_id"),
+            fields.get("dossier_id"),
+            fields.get("caller"),
+            fields.get("action"),
+            binding_text,
+            opened_at,
+        )
+        columns = (
+            "INSERT INTO attempts (attempt_id, owner, lease_until, state, intent_id,"
+            " intent_hash, decision_id, dossier_id, principal, action, binding, opened_at)"
+        )
+        if held is None:
+            await self._store.statement(
+                f"{columns} VALUES (%s, %s, {_NOW} + %s, 'OPEN', %s, %s, %s, %s, %s, %s, %s, %s)",
+                row,
             )
-
-        await self._store.transaction(work)
+            return
+        # The key this request holds becomes the attempt's, and the attempt is inserted, in one
+        # statement (one transaction): the INSERT takes its row only from the UPDATE's, so
+        # nothing opens unless the key's holder is still this request's.
+        (tenant, principal, key), holder = held
+        inserted, _ = await self._store.statement(
+            "WITH fenced AS (UPDATE idempotency SET opened_attempt = %s WHERE tenant = %s"  # noqa: S608
+            " AND principal = %s AND key = %s AND holder = %s AND state = 'IN_PROGRESS'"
+            f" RETURNING 1) {columns} SELECT %s, %s, {_NOW} + %s, 'OPEN', %s, %s, %s, %s, %s,"
+            " %s, %s, %s FROM fenced",
+            (attempt_id, tenant, principal, key, holder, *row),
+        )
+        if inserted != 1:
+            raise StoreError("a later request took this key over", code=Code.IDEMPOTENCY_TAKEN_OVER)
 
     async def grant_claimed(
         self, *, attempt_id: str, grant_id: str, grant_expires_at: str, payload_digest: str
     ) -> None:
-        async def work(conn: _Conn) -> None:
-            cur = await conn.execute(
-                "UPDATE attempts SET grant_claimed = true, grant_id = %s, grant_expires_at = %s,"
-                " payload_digest = %s WHERE attempt_id = %s",
-                (grant_id, grant_expires_at, payload_digest, attempt_id),
-            )
-            if cur.rowcount != 1:
-                raise StoreError(
-                    "the attempt is not in the shared store", code=Code.STORE_UNAVAILABLE
-                )
-
-        await self._store.transaction(work)
+        updated, _ = await self._store.statement(
+            "UPDATE attempts SET grant_claimed = true, grant_id = %s, grant_expires_at = %s,"
+            " payload_digest = %s WHERE attempt_id = %s",
+            (grant_id, grant_expires_at, payload_digest, attempt_id),
+        )
+        if updated != 1:
+            raise StoreError("the attempt is not in the shared store", code=Code.STORE_UNAVAILABLE)
 
     async def settle(self, *, attempt_id: str, closed: bool, status: str) -> None:
         """Close the attempt, or record the status that leaves it open."""
-
-        async def work(conn: _Conn) -> None:
-            if closed:
-                await conn.execute(
-                    f"UPDATE attempts SET state = 'CLOSED', last_status = %s, closed_at = {_NOW}"  # noqa: S608
-                    " WHERE attempt_id = %s",
-                    (status, attempt_id),
-                )
-            else:
-                await conn.execute(
-                    "UPDATE attempts SET last_status = %s WHERE attempt_id = %s",
-                    (status, attempt_id),
-                )
-
-        await self._store.transaction(work)
+        if closed:
+            await self._store.statement(
+                f"UPDATE attempts SET state = 'CLOSED', last_status = %s, closed_at = {_NOW}"  # noqa: S608
+                " WHERE attempt_id = %s",
+                (status, attempt_id),
+            )
+        else:
+            await self._store.statement(
+                "UPDATE attempts SET last_status = %s WHERE attempt_id = %s", (status, attempt_id)
+            )
 
     async def renew(self, *, owner: str, lease_seconds: float) -> int:
         async def work(conn: _Conn) -> int:

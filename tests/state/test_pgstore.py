@@ -6,6 +6,7 @@ import asyncio
 
 import psycopg
 import pytest
+from psycopg.rows import TupleRow
 
 from agentsafe.executor.errors import StoreError
 from agentsafe.executor.state.journal import RecordType
@@ -361,3 +362,104 @@ async def _until_true(url: str, sql: str) -> None:
                 await asyncio.sleep(0.05)
 
     await asyncio.wait_for(wait(), timeout=10)
+
+
+async def test_a_statement_on_its_own_is_a_serializable_transaction(pg_url: str) -> None:
+    """``statement`` sends no BEGIN: the session's default level is what it runs at."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        _, row = await store.statement("SELECT current_setting('transaction_isolation')")
+        assert row == ("serializable",)
+    finally:
+        await store.close()
+
+
+async def test_a_statement_cut_off_after_it_was_sent_is_unavailable_and_never_run_again(
+    pg_url: str,
+) -> None:
+    """A claim waiting on another transaction's uncommitted claim of the same grant has its
+    backend terminated: STORE_UNAVAILABLE (it may have committed, as far as the executor can
+    tell), and nothing re-runs it: once the other transaction rolls back, the grant is free."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as other:
+            await other.execute("BEGIN")
+            await other.execute(
+                "INSERT INTO grant_claims (grant_id, binding_digest, expires_at, claimed_at)"
+                " VALUES ('g-cut', 'd', 100, 1)"
+            )
+            claim = asyncio.create_task(
+                store.use_store.claim_grant("g-cut", binding_digest="d", expires_at=100.0, now=1.0)
+            )
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+                deadline = asyncio.get_running_loop().time() + 30
+                while True:
+                    cur = await admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO grant_claims%'"
+                    )
+                    if await cur.fetchall():
+                        break
+                    assert asyncio.get_running_loop().time() < deadline, "the claim never waited"
+                    await asyncio.sleep(0.05)
+            with pytest.raises(StoreError) as err:
+                await claim
+            assert err.value.code == "STORE_UNAVAILABLE"
+            await other.execute("ROLLBACK")
+        assert await store.use_store.claim_grant(
+            "g-cut", binding_digest="d", expires_at=100.0, now=1.0
+        )
+    finally:
+        await store.close()
+
+
+async def test_pooled_connections_a_restart_dropped_are_replaced_before_anything_is_sent(
+    postgres: PostgresServer, pg_url: str
+) -> None:
+    """After the server restarted, every pooled connection is dead; the next statements and
+    transactions run at once on fresh ones (no error, no waiting for the pool to notice)."""
+    store = await PostgresStore.open(pg_url, max_connections=4)
+    try:
+        # Fill the pool: four transactions at once hold four connections.
+        await asyncio.gather(*(store.transaction(_sleep_briefly) for _ in range(4)))
+        await asyncio.to_thread(postgres.stop)
+        await asyncio.to_thread(postgres.start)
+        results = await asyncio.gather(
+            *(
+                store.use_store.claim_grant(f"g-r{i}", binding_digest="d", expires_at=9.0, now=1.0)
+                for i in range(4)
+            ),
+            store.ping(),
+        )
+        assert results == [True] * 5
+    finally:
+        await store.close()
+
+
+async def _sleep_briefly(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+    await conn.execute("SELECT pg_sleep(0.05)")
+
+
+async def test_idempotency_complete_takes_the_first_answer_and_refuses_a_missing_key(
+    pg_url: str,
+) -> None:
+    store = await PostgresStore.open(pg_url)
+    try:
+        scope = {"tenant": "t", "principal": "p", "key": "k-complete"}
+        answer = {"status": 200, "body": {"outcome": "COMPLETED"}}
+        with pytest.raises(StoreError) as err:
+            await store.use_store.idempotency_complete(**scope, response=answer, now=1.0)
+        assert err.value.code == "IDEMPOTENCY_RECORD_MISSING"
+
+        async def request() -> None:  # its own task, as aiohttp runs requests: its own holder
+            begun = await store.use_store.idempotency_begin(**scope, payload_digest="x", now=1.0)
+            assert begun.kind is IdempotencyKind.NEW
+            await store.use_store.idempotency_complete(**scope, response=answer, now=2.0)
+            await store.use_store.idempotency_complete(**scope, response=answer, now=3.0)
+
+        await asyncio.create_task(request())
+        replay = await store.use_store.idempotency_begin(**scope, payload_digest="x", now=4.0)
+        assert replay.kind is IdempotencyKind.REPLAY
+        assert replay.response == answer
+    finally:
+        await store.close()
