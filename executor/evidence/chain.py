@@ -18,11 +18,18 @@ streams can raise ``LEAK_SUSPECTED`` (see :func:`open_chained_streams`).
 
 With a ``journal_dir`` the head is persisted atomically to
 ``<journal_dir>/chain/<stream>.head.json`` after the first line a process writes, every
-``checkpoint_lines`` lines after that, and at :meth:`ChainedSink.close` (``clean: true``). A sink
-opened over an existing head continues the chain with a ``CHAIN_RESUMED`` line: seamlessly after
-a clean stop, or after a crash beyond any sequence number the dead process could have written,
-with ``gap: true``. A line is never written more than ``checkpoint_lines`` past the persisted
-head, so that bound holds even when a checkpoint fails (the sink then refuses to write).
+about every ``checkpoint_lines`` lines after that, and at :meth:`ChainedSink.close` (``clean:
+true``). A sink opened over an existing head continues the chain with a ``CHAIN_RESUMED`` line:
+seamlessly after a clean stop, or after a crash beyond any sequence number the dead process could
+have written, with ``gap: true``. A line is never written more than ``checkpoint_lines`` past the
+persisted head, so that bound holds even when a checkpoint fails (the sink then refuses to write).
+
+The periodic checkpoints are written by a thread of the sink's own (two ``fsync`` calls each, the
+file and its directory), started when the head is three quarters of the way to the bound, so the
+caller (the event loop) does not wait on the disk for them; the line that would pass the bound
+waits for that checkpoint (or, when it failed, persists the head itself or is refused). The first
+line, a resumption and :meth:`ChainedSink.close` persist before they return, as before. The head
+file only moves forward: a checkpoint never replaces a newer head (nor a clean one) with an older.
 
 The window an incident bundle carries (:meth:`ChainedSink.snapshot`) keeps the last
 ``window_lines`` lines of two kinds apart: *routine* lines (on the security stream the door's
@@ -52,6 +59,7 @@ import secrets
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
@@ -244,6 +252,15 @@ class ChainedSink:
         self._lock = threading.Lock()
         self._head: ChainHead | None = None
         self._persisted_seq: int | None = None
+        # Head-file replacements and ``_persisted_seq`` (which only grows) are under this lock,
+        # never ``_lock``: the checkpoint thread must not need ``_lock``, which a writer waiting
+        # for that checkpoint holds.
+        self._persist_lock = threading.Lock()
+        self._persisted_clean = False
+        self._early_lines = max(1, checkpoint_lines - checkpoint_lines // 4)
+        self._checkpointer: ThreadPoolExecutor | None = None
+        self._checkpoint: Future[None] | None = None
+        self._checkpoint_failure: ChainError | None = None
         self._closed = False
         self._lines_written = 0
         self._lock_fd: int | None = None
@@ -292,6 +309,12 @@ class ChainedSink:
         with self._lock:
             self._persist(clean=False)
 
+    def wait_checkpoint(self) -> None:
+        """Return once the checkpoint running in the background (if any) has landed or failed."""
+        pending = self._checkpoint
+        if pending is not None:
+            pending.result()
+
     def close(self) -> None:
         """Persist the head marked ``clean`` and release the journal; idempotent."""
         with self._lock:
@@ -299,6 +322,9 @@ class ChainedSink:
                 return
             self._closed = True
             try:
+                self.wait_checkpoint()
+                if self._checkpointer is not None:
+                    self._checkpointer.shutdown(wait=True)
                 self._persist(clean=True)
             finally:
                 if self._lock_fd is not None:
@@ -321,14 +347,14 @@ class ChainedSink:
                 not resumption
                 and self._head_path is not None
                 and self._head is not None
-                and (
-                    self._persisted_seq is None
-                    or seq > self._persisted_seq + self._checkpoint_lines
-                )
+                and self._beyond_bound(seq)
             ):
-                # An earlier checkpoint failed; writing on unpersisted would break the bound a
-                # crash resumption relies on, so persist first or refuse the line (raises).
-                self._persist(clean=False)
+                # The checkpoint started early is still on the disk: wait for it. When it failed,
+                # writing on unpersisted would break the bound a crash resumption relies on, so
+                # persist first or refuse the line (raises).
+                self.wait_checkpoint()
+                if self._beyond_bound(seq):
+                    self._persist(clean=False)
             if self.schema == SECURITY_SCHEMA:
                 # every line on stderr carries a level (docs/evidence.md)
                 clean_fields.setdefault("level", security_level(event))
@@ -349,17 +375,40 @@ class ChainedSink:
             (self._routine if event in self._routine_events else self._window).append((seq, text))
             self._head = ChainHead(self.stream, self.schema, seq, line["hash"])
             self._lines_written += 1
-            if self._head_path is not None and (
-                self._persisted_seq is None
-                or seq >= self._persisted_seq + self._checkpoint_lines
-                or resumption
-            ):
-                try:
-                    self._persist(clean=False)
-                except ChainError:
-                    _log.exception("chain checkpoint failed for stream %s", self.stream)
+            failure: ChainError | None = None
+            if self._head_path is not None:
+                if self._persisted_seq is None or resumption:
+                    try:
+                        self._persist(clean=False)
+                    except ChainError as exc:
+                        failure = exc
+                elif seq >= self._persisted_seq + self._early_lines and (
+                    self._checkpoint is None or self._checkpoint.done()
+                ):
+                    failure, self._checkpoint_failure = self._checkpoint_failure, None
+                    if self._checkpointer is None:
+                        self._checkpointer = ThreadPoolExecutor(
+                            max_workers=1, thread_name_prefix=f"agentsafe-chain-{self.stream}"
+                        )
+                    self._checkpoint = self._checkpointer.submit(
+                        self._persist_in_background, self._head
+                    )
+        if failure is not None:
+            _log.error("chain checkpoint failed for stream %s", self.stream, exc_info=failure)
         if leaks and self.on_redaction is not None:
             self.on_redaction(self.stream, tuple(leaks))
+
+    def _beyond_bound(self, seq: int) -> bool:
+        """True when writing line ``seq`` now would pass the persisted head's crash bound."""
+        persisted = self._persisted_seq
+        return persisted is None or seq > persisted + self._checkpoint_lines
+
+    def _persist_in_background(self, head: ChainHead) -> None:
+        """The checkpoint thread's job: persist ``head``; a failure is logged by the next line."""
+        try:
+            self._persist_head(head, clean=False)
+        except ChainError as exc:
+            self._checkpoint_failure = exc
 
     def _next_position(self) -> tuple[int, str]:
         if self._head is not None:
@@ -501,15 +550,34 @@ class ChainedSink:
         return head, clean, interval
 
     def _persist(self, *, clean: bool) -> None:
-        """Atomically replace the head file (temp, fsync, rename, fsync dir). Lock held."""
-        if self._head_path is None or self._head is None:
+        """Persist the current head now. ``_lock`` held."""
+        if self._head is not None:
+            self._persist_head(self._head, clean=clean)
+
+    def _persist_head(self, head: ChainHead, *, clean: bool) -> None:
+        """Atomically replace the head file (temp, fsync, rename, fsync dir) with ``head``,
+        unless it already holds a newer one (or this one, clean)."""
+        if self._head_path is None:
             return
+        with self._persist_lock:
+            persisted = self._persisted_seq
+            if persisted is not None and (
+                head.seq < persisted
+                or (head.seq == persisted and self._persisted_clean and not clean)
+            ):
+                return
+            self._replace_head_file(head, clean=clean)
+            self._persisted_seq = head.seq
+            self._persisted_clean = clean
+
+    def _replace_head_file(self, head: ChainHead, *, clean: bool) -> None:
+        assert self._head_path is not None
         record = {
             "schema": HEAD_SCHEMA,
             "stream": self.stream,
             "stream_schema": self.schema,
-            "seq": self._head.seq,
-            "hash": self._head.hash,
+            "seq": head.seq,
+            "hash": head.hash,
             "clean": clean,
             "checkpoint_lines": self._checkpoint_lines,
             "at": format_ms(self._clock.now()),
@@ -530,7 +598,6 @@ class ChainedSink:
                 f"chain head for stream {self.stream} could not be persisted",
                 code=Code.CHAIN_JOURNAL,
             ) from exc
-        self._persisted_seq = self._head.seq
 
 
 # A per-process value no caller can know in advance, written where the hash will go.

@@ -7,6 +7,7 @@ import datetime
 import io
 import json
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -186,8 +187,11 @@ def test_checkpoints_after_the_first_line_every_interval_and_clean_at_close(
     seen: list[int] = []
     for _ in range(12):
         s.emit("E", {})
+        s.wait_checkpoint()
         seen.append(json.loads(head_file.read_text())["seq"])
-    assert seen == [1, 1, 1, 1, 1, 6, 6, 6, 6, 6, 11, 11]
+    # The first line at once; then from three quarters of the interval past the persisted head
+    # (here 4 lines), in the background.
+    assert seen == [1, 1, 1, 1, 5, 5, 5, 5, 9, 9, 9, 9]
     assert json.loads(head_file.read_text())["clean"] is False
     s.close()
     s.close()  # idempotent
@@ -198,6 +202,39 @@ def test_checkpoints_after_the_first_line_every_interval_and_clean_at_close(
     with pytest.raises(ChainError) as info:
         s.emit("E", {})
     assert info.value.code == "CHAIN_CLOSED"
+
+
+def test_a_checkpoint_on_the_disk_holds_back_only_the_line_past_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = io.StringIO()
+    s = sink(out, journal_dir=tmp_path, checkpoint_lines=4)
+    s.emit("E", {})  # persisted at seq 1, by the caller
+    disk = threading.Event()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:  # the checkpoint thread's fsync waits for the test
+        if threading.current_thread().name.startswith("agentsafe-chain"):
+            assert disk.wait(30)
+        real_fsync(fd)
+
+    monkeypatch.setattr(chain_module.os, "fsync", slow_fsync)
+    for _ in range(4):  # seq 2..5: the checkpoint of seq 4 starts, and nobody waits for it
+        s.emit("E", {})
+    assert [line["seq"] for line in lines_of(out)] == [1, 2, 3, 4, 5]
+    past = threading.Thread(target=s.emit, args=("E", {}))
+    past.start()  # seq 6 would be 5 past the persisted 1: it waits for the checkpoint
+    past.join(timeout=0.3)
+    assert past.is_alive()
+    assert [line["seq"] for line in lines_of(out)] == [1, 2, 3, 4, 5]
+    disk.set()
+    past.join(timeout=30)
+    assert not past.is_alive()
+    assert [line["seq"] for line in lines_of(out)] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((tmp_path / "chain" / "evidence.head.json").read_text())["seq"] == 4
+    s.close()
+    stored = json.loads((tmp_path / "chain" / "evidence.head.json").read_text())
+    assert (stored["seq"], stored["clean"]) == (6, True)
 
 
 def test_a_resumed_process_persists_its_head_at_once(tmp_path: Path) -> None:
