@@ -245,6 +245,52 @@ def _wait_ready(
     raise ControlPlaneError(f"kube-apiserver not ready before the deadline ({last})\n{tails}")
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: every probe stays bound until all are chosen."""
+    with contextlib.ExitStack() as stack:
+        probes = [
+            stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            for _ in range(count)
+        ]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+
+
+_PORT_ATTEMPTS = 3
+"""etcd starts on fresh ports this many times when a port it was given was taken meanwhile."""
+
+
+def _start_etcd(
+    binaries: Binaries, workdir: Path, processes: list[_Process], *, deadline: float
+) -> int:
+    """Start etcd and wait until it is healthy; returns its client port. A free port can be
+    taken by another process between the probe and etcd's bind: that start is retried on new
+    ports (any other failure is not)."""
+    for attempt in range(_PORT_ATTEMPTS):
+        client_port, peer_port = free_ports(2)
+        data_dir = workdir / "etcd"
+        shutil.rmtree(data_dir, ignore_errors=True)
+        etcd = _spawn(
+            "etcd",
+            etcd_argv(
+                binaries.etcd, data_dir=data_dir, client_port=client_port, peer_port=peer_port
+            ),
+            workdir=workdir,
+        )
+        processes.append(etcd)
+        try:
+            _wait_etcd(client_port, etcd, deadline=deadline)
+        except ControlPlaneError as exc:
+            taken = "address already in use" in str(exc)
+            if not taken or attempt == _PORT_ATTEMPTS - 1:
+                raise
+            processes.remove(etcd)
+            continue
+        return client_port
+    raise AssertionError("unreachable")
+
+
 def _wait_etcd(port: int, process: _Process, *, deadline: float) -> None:
     while time.monotonic() < deadline:
         if process.popen.poll() is not None:
@@ -337,19 +383,7 @@ def running_control_plane(
         (workdir / "home").mkdir()
         pki = make_pki(workdir / "pki")
         started = time.monotonic()
-        etcd_port = free_port()
-        etcd = _spawn(
-            "etcd",
-            etcd_argv(
-                binaries.etcd,
-                data_dir=workdir / "etcd",
-                client_port=etcd_port,
-                peer_port=free_port(),
-            ),
-            workdir=workdir,
-        )
-        processes.append(etcd)
-        _wait_etcd(etcd_port, etcd, deadline=started + ready_deadline)
+        etcd_port = _start_etcd(binaries, workdir, processes, deadline=started + ready_deadline)
         secure_port = free_port()
         server = f"https://127.0.0.1:{secure_port}"
         apiserver = _spawn(
