@@ -946,9 +946,12 @@ class Executor:
             self._runner = None
         for task in self._tasks:
             task.cancel()
+        if self._tasks:
+            # Bounded: a task that swallowed its cancellation never holds the stop (SIGTERM).
+            await asyncio.wait(self._tasks, timeout=DRAIN_SECONDS)
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a loop's last error is not re-reported at exit
         self._tasks.clear()
         for close in reversed(self.closers):
             with contextlib.suppress(Exception):

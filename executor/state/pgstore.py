@@ -161,6 +161,16 @@ def check_store_url(url: str) -> str:
     return url
 
 
+def _cancelled() -> None:
+    """Re-raise a cancellation psycopg turned into an error: a task cancelled mid-query (a
+    SIGTERM's close) has psycopg cancel the query and raise ``QueryCanceled`` or an
+    ``OperationalError``; reported as ``StoreError`` the cancellation was lost, and a loop
+    that treats the store as unavailable (``Executor._store_health_loop``) ran on for ever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 def _unavailable(exc: BaseException) -> StoreError:
     return StoreError(f"the shared store failed: {type(exc).__name__}", code=Code.STORE_UNAVAILABLE)
 
@@ -297,6 +307,7 @@ class PostgresStore:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.1)
             except psycopg.Error as exc:
+                _cancelled()
                 if exc.sqlstate in _RETRY_STATES:
                     await asyncio.sleep(delay)
                     continue
@@ -335,6 +346,7 @@ class PostgresStore:
                     row = await cur.fetchone() if cur.description is not None else None
                     return cur.rowcount, row
             except psycopg.Error as exc:
+                _cancelled()
                 if exc.sqlstate in _RETRY_STATES:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 0.1)
