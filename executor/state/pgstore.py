@@ -322,6 +322,7 @@ class PostgresStore:
                     continue
                 raise _unavailable(exc) from None
             except PoolTimeout as exc:
+                _cancelled()
                 raise _unavailable(exc) from None
         raise StoreError(
             "the shared store stayed contended; try again", code=Code.STORE_UNAVAILABLE
@@ -353,6 +354,7 @@ class PostgresStore:
                     continue
                 raise _unavailable(exc) from None
             except PoolTimeout as exc:
+                _cancelled()
                 raise _unavailable(exc) from None
         raise StoreError(
             "the shared store stayed contended; try again", code=Code.STORE_UNAVAILABLE
@@ -368,6 +370,7 @@ class PostgresStore:
         try:
             return await self.transaction(work)
         except StoreError:
+            _cancelled()  # a cancelled ping is a cancellation, never "the store is down"
             return False
 
     async def now(self) -> float:
