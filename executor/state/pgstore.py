@@ -172,6 +172,9 @@ def _cancelled() -> None:
 
 
 def _unavailable(exc: BaseException) -> StoreError:
+    """The store's failure as ``StoreError``; a failure of a task being cancelled is re-raised
+    as the cancellation (every conversion of a psycopg error passes here)."""
+    _cancelled()
     return StoreError(f"the shared store failed: {type(exc).__name__}", code=Code.STORE_UNAVAILABLE)
 
 
