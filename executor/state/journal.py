@@ -64,13 +64,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..canonical import DuplicateKeyError, canonical_json, parse_json, sha256_digest
 from ..clock import Clock, format_ms, utc_day
 from ..codes import Code
 from ..errors import AgentSafeError, CanonicalizationError, JournalError
 from ..host.durable import fsync_directory, write_all
+
+if TYPE_CHECKING:
+    from .usestore import AttemptFence
 
 __all__ = [
     "ATTEMPTS_DIR",
@@ -212,6 +215,11 @@ class AttemptMirror(Protocol):
     """Where each journaled step is also written (the shared store's open-attempt state)."""
 
     async def record(self, kind: RecordType, record: Mapping[str, Any]) -> None: ...
+
+    def fence(self, attempt_id: str) -> AttemptFence | None:
+        """The fencing token of an attempt this process holds (issue 29), if the mirror keeps
+        leases; the attempt's grant claim is made under it."""
+        ...
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -387,6 +395,10 @@ class AttemptJournal:
             fields["grant_expires_at"] = format_ms(grant_expires_at)
         await self._append(RecordType.ATTEMPT_OPENED, fields)
         self._live_open.add(attempt_id)
+
+    def fence(self, attempt_id: str) -> AttemptFence | None:
+        """The shared store's fencing token of ``attempt_id`` (``None`` without a mirror)."""
+        return self._mirror.fence(attempt_id) if self._mirror is not None else None
 
     async def grant_claimed(
         self, *, attempt_id: str, grant_id: str, expires_at: float, payload_digest: str
