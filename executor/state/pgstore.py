@@ -13,9 +13,10 @@ the same SQL is correct on PostgreSQL-compatible distributed engines. A step tha
 statement runs as that statement alone (:meth:`PostgresStore.statement`, autocommit): it is its
 own transaction, at ``SERIALIZABLE`` too (every pooled session sets
 ``default_transaction_isolation``), and committed (durably, with ``synchronous_commit``) when its
-answer arrives, without the ``BEGIN`` and ``COMMIT`` round trips. Each of the six durable steps of
-an ALLOW (``idempotency_begin``, ``claim_grant``, the mirror's ``opened``, ``grant_claimed`` and
-``settle``, ``idempotency_complete``) is one statement in the common case; a key found already
+answer arrives, without the ``BEGIN`` and ``COMMIT`` round trips. Each of the five durable steps of
+an ALLOW (``idempotency_begin``, the mirror's ``opened``, ``claim_grant`` -- which also records
+the mirror's GRANT_CLAIMED --, ``settle``, ``idempotency_complete``) is one statement in the
+common case; a key found already
 there, or one that cannot take its answer, goes on to the full transaction below. Which
 guarantee rests on which statement:
 
@@ -24,6 +25,14 @@ guarantee                        statement
 ===============================  ==================================================================
 a grant is claimed once          ``INSERT INTO grant_claims ... ON CONFLICT DO NOTHING``: the
                                  primary key admits one row; ``rowcount`` says who won
+a grant is claimed only by the   ``WITH fenced AS (UPDATE attempts SET grant_claimed = true ...
+attempt's current owner, under   WHERE attempt_id AND owner AND epoch AND state = 'OPEN' AND NOT
+a live lease (issue 29)          grant_claimed AND lease_until > now RETURNING ...) INSERT INTO
+                                 grant_claims ... SELECT ... FROM fenced``: one statement; no
+                                 claim, and no GRANT_CLAIMED, once the lease lapsed or the
+                                 attempt was taken over (``ATTEMPT_FENCED``)
+every takeover fences the old    ``UPDATE attempts SET owner, lease_until, epoch = epoch + 1`` in
+owner off                        the transaction that locked the row
 one request per idempotency key  ``INSERT INTO idempotency ... ON CONFLICT DO NOTHING`` (alone);
                                  the loser runs it again in a transaction that reads the winner's
                                  row (IN_PROGRESS, CONFLICT or REPLAY)
