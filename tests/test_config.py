@@ -993,7 +993,8 @@ def test_a_shared_store_lease_must_outlive_a_send_between_two_renewals() -> None
     assert error.variable == "EXECUTOR_ATTEMPT_LEASE_SECONDS"
     assert error.code == "ATTEMPT_LEASE_TOO_SHORT"
     assert error.exit_status == 78
-    assert "DOWNSTREAM_TIMEOUT_MS" in error.problem and "= 9" in error.problem
+    assert "DOWNSTREAM_TIMEOUT_MS" in error.problem
+    assert "= 9" in error.problem
     assert url not in str(error)
     # 1.5 x (2 + 1) = 4.5 <= 5: accepted; without a shared store the lease bounds nothing.
     fits = legacy_env(

@@ -181,7 +181,9 @@ async def test_a_holder_whose_lease_lapsed_claims_nothing_and_a_taken_over_one_n
         await _open(a, "att-2", intent)
         await _lapse(a_store, pg_url, "att-2")
         state, taken = await b_store.attempts.take("att-2", owner="b", lease_seconds=30)
-        assert state == "TAKEN" and taken is not None and taken.epoch == 2
+        assert state == "TAKEN"
+        assert taken is not None
+        assert taken.epoch == 2
         state, _ = await a_store.attempts.take("att-2", owner="a", lease_seconds=30)
         assert state == "HELD"
     finally:
@@ -200,7 +202,8 @@ async def test_renewal_moves_the_local_deadline_only_of_attempts_still_held_at_t
         await _open(a, "att-kept", intent)
         await _open(a, "att-lost", intent)
         kept, lost = a.fence("att-kept"), a.fence("att-lost")
-        assert kept is not None and lost is not None
+        assert kept is not None
+        assert lost is not None
         await _lapse(a_store, pg_url, "att-lost")
         await _lapse(a_store, pg_url, "att-kept")
         async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
@@ -209,7 +212,8 @@ async def test_renewal_moves_the_local_deadline_only_of_attempts_still_held_at_t
                 "UPDATE attempts SET opened_at = '2000-01-01' WHERE attempt_id = 'att-lost'"
             )
         taken = await b_store.attempts.take_lapsed(owner="b", lease_seconds=30)
-        assert taken is not None and taken.attempt_id == "att-lost"
+        assert taken is not None
+        assert taken.attempt_id == "att-lost"
         before = lost.deadline
         ticks.now += 100
         assert await a.renew() == 1
@@ -244,6 +248,7 @@ async def test_an_existing_schema_migrates_and_its_open_attempts_start_at_epoch_
             assert await cur.fetchall() == [(SCHEMA_VERSION,)]
         assert (await _row(pg_url, "att-old"))[:2] == ("a", 1)
         row = await store.attempts.take_lapsed(owner="b", lease_seconds=30)
-        assert row is not None and (row.attempt_id, row.epoch) == ("att-old", 2)
+        assert row is not None
+        assert (row.attempt_id, row.epoch) == ("att-old", 2)
     finally:
         await store.close()
