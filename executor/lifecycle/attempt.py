@@ -247,7 +247,7 @@ class Attempt:
             if fence is not None and not fence.can_dispatch():
                 # Send only under a live lease: this one may lapse before the send ends.
                 lapsed = True
-                raise RequestRejected(Code.ATTEMPT_LEASE_LAPSED, "the lease would lapse")
+                raise _LeaseLapsed
             claimed = True
             self.streams.evidence.emit(
                 "DISPATCH", {"intent_id": intent.intent_id, "grant_id": claim.grant_id}
@@ -500,6 +500,10 @@ class Attempt:
             typ=RECOVERY_TYP,
         )
         return {"intent": dict(intent.binding), "reference": reference}
+
+
+class _LeaseLapsed(Exception):
+    """Raised by ``on_claimed`` to stop the seam before the handler: the lease would lapse."""
 
 
 def _receipt_token(report: ExecutionReport) -> str | None:

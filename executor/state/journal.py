@@ -40,12 +40,13 @@ With a shared store (``EXECUTOR_STORE_URL``), an :class:`AttemptMirror` is hande
 record is on the device, the same step is written to the shared store's open-attempt state (owner
 and lease there), and the append returns only once both hold; a mirror that fails fails the append
 (JOURNAL_UNAVAILABLE), so a GRANT_CLAIMED that cannot be made durable in the shared store stops the
-seam before dispatch.
+seam before dispatch. The mirror also keeps each held attempt's fencing token (issue 29), handed
+to the attempt by :meth:`AttemptJournal.fence`.
 
-Callers: ``lifecycle/attempt.py`` (opened, grant_claimed through the seam's GRANT_CLAIMED
-decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records reconciled by
-CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open), ``plane.py``
-(close, ``GET /v1/control/open-attempts``).
+Callers: ``lifecycle/attempt.py`` (opened, fence, grant_claimed through the seam's
+GRANT_CLAIMED decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records
+reconciled by CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open),
+``plane.py`` (close, ``GET /v1/control/open-attempts``).
 """
 
 from __future__ import annotations
