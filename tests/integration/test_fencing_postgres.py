@@ -133,3 +133,61 @@ async def test_a_replica_paused_before_its_claim_never_sends_after_another_ran_t
             if replica.running:
                 replica.terminate()
         provider.terminate()
+
+
+async def test_a_send_in_flight_when_the_lease_lapses_is_reconciled_never_sent_again(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A is stopped while its POST is at the provider (which acted and holds its answer); its
+    lease lapses, another replica takes the attempt and asks the provider (COMPLETED); a retry
+    replays that; A resumes: still one POST, and A's own answer never says "not executed"."""
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    _, replicas = await _start_replicas(tmp_path, provider, pg_url, **LEASE)
+    a, b = replicas[0], replicas[1]
+    stopped = False
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+            await provider.set_mode("hang")
+            pending = asyncio.ensure_future(a.propose(session, amount=4300, key="F"))
+
+            async def arrived() -> bool:
+                return int((await provider.received())["count"]) == 1
+
+            await wait_until(arrived, timeout=30, what="the provider to receive A's POST")
+            os.kill(_pid(a), signal.SIGSTOP)
+            stopped = True
+            await provider.set_mode("normal")
+
+            async def reconciled() -> bool:
+                return any(
+                    e.get("event") == "RECONCILIATION"
+                    and e.get("resolution") == "RECONCILED_COMPLETED"
+                    for r in replicas[1:]
+                    for e in r.stdout_events()
+                )
+
+            await wait_until(reconciled, timeout=60, what="another replica to reconcile")
+
+            async def settled() -> bool:
+                status, _ = await b.propose(session, amount=4300, key="F")
+                return status != 409
+
+            await wait_until(settled, timeout=30, what="the reconciled answer to be recorded")
+            status, body = await b.propose(session, amount=4300, key="F")
+            assert status == 200, body
+            assert (body["replayed"], body["outcome"]) == (True, "COMPLETED")
+            os.kill(_pid(a), signal.SIGCONT)
+            stopped = False
+            status, answer = await asyncio.wait_for(pending, timeout=120)
+            assert status == 200, answer
+            assert answer["outcome"] in ("COMPLETED", "UNKNOWN_AFTER_DISPATCH"), answer
+            assert answer["executed"] is not False
+            assert int((await provider.received())["count"]) == 1
+    finally:
+        if stopped:
+            os.kill(_pid(a), signal.SIGCONT)
+        for replica in replicas:
+            if replica.running:
+                replica.terminate()
+        provider.terminate()
