@@ -319,6 +319,21 @@ class Code(StrEnum):
         409,
         "the key's lease lapsed before its attempt opened and a later request with it took it over",
     )
+    ATTEMPT_FENCED = (
+        "ATTEMPT_FENCED",
+        409,
+        "the attempt was lost (lease lapsed or taken over) before its claim: nothing sent; retry",
+    )
+    ATTEMPT_LEASE_LAPSED = (
+        "ATTEMPT_LEASE_LAPSED",
+        None,
+        "the attempt's lease would not outlive the dispatch deadline: nothing was sent",
+    )
+    ATTEMPT_LEASE_TOO_SHORT = (
+        "ATTEMPT_LEASE_TOO_SHORT",
+        None,
+        "the attempt lease is too short for the dispatch deadline and renewal period; exit 78",
+    )
     STORE_CLOSED = "STORE_CLOSED", None, "the use store is closed"
     STORE_RECORD_DAMAGED = "STORE_RECORD_DAMAGED", None, "a stored record is damaged"
     STORE_SCHEMA_UNSUPPORTED = "STORE_SCHEMA_UNSUPPORTED", None, "a newer agentsafe wrote the store"
@@ -938,6 +953,7 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         Code.ACTION_NOT_REGISTERED,
         Code.GRANT_BINDING_MISMATCH,
         Code.JOURNAL_UNAVAILABLE,
+        Code.ATTEMPT_LEASE_LAPSED,
         Code.HANDLER_FAILED,
         Code.HANDLER_CONTRACT_VIOLATED,
         Code.RECONCILE_FAILED,
