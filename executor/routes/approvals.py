@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..clock import Clock, format_ms
 from ..codes import Code
-from ..display import amount_text, inert_json, inert_value
+from ..display import amount_text, field_warnings, inert_json, inert_value
 from ..door.passkeys import Passkeys
 from ..errors import RequestRejected
 from ..events import Streams
@@ -183,6 +183,15 @@ def describe_record(
             "parameters": inert_value(parameters),
             "proposer": inert_value(proposer),
             "intent": inert_json(dict(intent)),
+            # Look-alikes, mixed scripts and invisible characters, named (issue 30).
+            "warnings": field_warnings(
+                {
+                    "action": action.get("type"),
+                    "target": action.get("resource"),
+                    "parameters": parameters,
+                    "proposer": proposer,
+                }
+            ),
         },
     }
 

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 import ssl
 import sys
 import time
@@ -735,3 +736,81 @@ async def test_the_pending_escalations_gauge_follows_the_store(
     assert status == 200
     assert await pending() == 1
     assert second["outcome"] == "ESCALATE_PENDING"
+
+
+# Issue 30, items 9-11: what a person reads in the terminal (a real `agentsafe` process).
+INVISIBLE = "\u3164\u115f\u1160\uffa0\u034f\ufe0f\U000e0100\u2800"
+INVISIBLE_TARGET = "payout:bene" + INVISIBLE + "ficiary-1"
+HOMOGLYPH_TARGET = "p\u0430yout:beneficiary-1"  # a Cyrillic а
+
+
+async def propose_target(n: Node, target: str, key: str) -> tuple[str, dict[str, Any]]:
+    body = {
+        "proposal": {
+            "action": "create_payout",
+            "target": target,
+            "parameters": {"amountMinor": 20000, "currency": "EUR"},
+        },
+        "idempotency_key": key,
+    }
+    status, held = await n.call("POST", "/v1/actions", PROPOSER, body)
+    assert (status, held["outcome"]) == (200, "ESCALATE_PENDING"), held
+    return str(held["escalation"]["request_id"]), held
+
+
+async def test_invisible_characters_and_look_alikes_reach_no_one_raw(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, _ = node
+    n = await start(clock=ManualClock(start=time.time()))
+    hidden_id, _ = await propose_target(n, INVISIBLE_TARGET, "cli-invisible")
+    alike_id, _ = await propose_target(n, HOMOGLYPH_TARGET, "cli-homoglyph")
+
+    # The API's display fields: escaped, and the look-alike marked with the scripts it mixes.
+    status, item = await n.call("GET", f"/v1/approvals/{hidden_id}", APPROVER)
+    assert status == 200
+    assert item["display"]["target"] == (
+        '"payout:bene\\u3164\\u115f\\u1160\\uffa0\\u034f\\ufe0f\\udb40\\udd00\\u2800ficiary-1"'
+    )
+    assert not any(ch in json.dumps(item["display"], ensure_ascii=False) for ch in INVISIBLE)
+    assert item["intent"]["target"] == INVISIBLE_TARGET  # the raw value is still there, exact
+    status, item = await n.call("GET", f"/v1/approvals/{alike_id}", APPROVER)
+    assert item["display"]["target"] == '"p\\u0430yout:beneficiary-1"'
+    [warning] = item["display"]["warnings"]
+    assert warning.startswith("target: p\\u0430yout: mixed scripts: Cyrillic, Latin")
+    assert "\u0430" not in json.dumps(item["display"], ensure_ascii=False)
+
+    code, out, err = await run_cli(n, APPROVER, "approvals", "show", hidden_id)
+    assert code == 0, err
+    assert "\\u3164\\u115f\\u1160\\uffa0\\u034f\\ufe0f\\udb40\\udd00\\u2800" in out
+    assert not any(ch in out for ch in INVISIBLE)
+    code, out, err = await run_cli(n, APPROVER, "approvals", "show", alike_id)
+    assert code == 0, err
+    assert '"p\\u0430yout:beneficiary-1"' in out
+    assert "mixed scripts: Cyrillic, Latin" in out
+    assert "\u0430" not in out
+    code, out, err = await run_cli(n, APPROVER, "approvals", "list")
+    assert code == 0, err
+    assert not any(ch in out for ch in INVISIBLE + "\u0430")
+    assert f"{alike_id} target: p\\u0430yout: mixed scripts: Cyrillic, Latin" in out
+
+
+def table_column(out: str, index: int) -> str:
+    """One column of a rich table's body, its folded lines joined (styles removed)."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    cells = [line.split("\u2502")[index].strip() for line in plain.split("\n") if "\u2502" in line]
+    return "".join(cells)
+
+
+async def test_the_list_never_cuts_the_tail_of_a_long_target(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, _ = node
+    n = await start(clock=ManualClock(start=time.time()))
+    target = "payout:" + "x" * 493 + "MALLORY-ACCT"
+    assert len(target) == 512
+    await propose_target(n, target, "cli-long")
+    code, out, err = await run_cli(n, APPROVER, "approvals", "list")
+    assert code == 0, err
+    assert "\u2026" not in out
+    assert table_column(out, 3) == f'"{target}"'
