@@ -116,7 +116,7 @@ def _shape(glyph: Any) -> str:
     return str(glyph.get("c", "")).replace("\u200e", "").replace("\u200f", "")
 
 
-_LIKE_ASCII: Final = {
+_LIKE_ASCII: Final[dict[str, str]] = {
     shape: key
     for key, glyphs in _CONFUSABLES.items()
     if key.isascii() and key.isprintable() and not key.isspace()
@@ -132,7 +132,7 @@ def _looks_like(char: str) -> str | None:
     if char.isascii():
         return None
     if char in _LIKE_ASCII:
-        return _LIKE_ASCII[char]
+        return str(_LIKE_ASCII[char])
     for glyph in _CONFUSABLES.get(char) or ():
         shape = _shape(glyph)
         if shape and shape.isascii() and shape.isprintable() and not shape.isspace():
