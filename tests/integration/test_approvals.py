@@ -652,10 +652,11 @@ async def test_a_pending_escalation_is_posted_to_the_webhook_slack_compatible(
         [(path, headers, message)] = receiver.received
         assert path == "/hooks/approvals"
         assert headers["Content-Type"] == "application/json"
-        assert set(message) == {"text", "blocks"}
-        assert message["blocks"][0]["type"] == "section"
-        assert message["blocks"][0]["text"]["type"] == "mrkdwn"
-        shown = message["blocks"][0]["text"]["text"]
+        assert set(message) == {"text", "blocks", "unfurl_links", "unfurl_media"}
+        assert all(block["type"] == "section" for block in message["blocks"])
+        own = message["blocks"][0]["text"]
+        assert (own["type"], own["verbatim"]) == ("mrkdwn", True)
+        shown = "\n".join(block["text"]["text"] for block in message["blocks"])
         request_id = held["escalation"]["request_id"]
         assert f"/approve/{request_id}" in shown
         assert request_id in message["text"]
@@ -663,7 +664,7 @@ async def test_a_pending_escalation_is_posted_to_the_webhook_slack_compatible(
         assert held["intent_hash"] in shown
         assert "*Rule*: medium" in shown
         # The agent's text can make neither a link nor a mention.
-        assert "&lt;https://evil.example|click&gt; &lt;!channel&gt; &amp; co" in shown
+        assert "&lt;https[:]//evil[.]example|click&gt; &lt;[!]channel&gt; &amp; co" in shown
         assert "<https://evil" not in shown
         assert "<!channel>" not in shown
         assert "amountMinor" not in json.dumps(message)
@@ -814,3 +815,73 @@ async def test_the_list_never_cuts_the_tail_of_a_long_target(
     assert code == 0, err
     assert "\u2026" not in out
     assert table_column(out, 3) == f'"{target}"'
+
+
+async def start_receiver_process(tmp_path: Path) -> tuple[asyncio.subprocess.Process, int, Path]:
+    """``tests/support/webhook_receiver.py`` in its own process, HTTPS on loopback."""
+    ca = TestCA("webhook receiver process CA")
+    ca_file = ca.write(tmp_path, "receiver-ca")
+    cert, key = ca.issue_server().write(tmp_path, "receiver")
+    script = Path(__file__).resolve().parents[1] / "support" / "webhook_receiver.py"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        str(cert),
+        str(key),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    first = await asyncio.wait_for(process.stdout.readline(), 30)
+    assert first.startswith(b"listening "), first
+    return process, int(first.split()[1]), ca_file
+
+
+async def test_the_webhook_neutralises_agent_text_for_slack(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    """Issue 30, item 12: a target holding a URL, formatting and a channel name reaches a real
+    receiver process as text no Slack client can link, format or mention."""
+    start, _ = node
+    receiver, port, ca_file = await start_receiver_process(tmp_path)
+    try:
+        n = await start(
+            extra={
+                "EXECUTOR_APPROVAL_WEBHOOK_URL": f"https://localhost:{port}/hooks/approvals",
+                "EXECUTOR_APPROVAL_WEBHOOK_CA_FILE": str(ca_file),
+                "EXECUTOR_APPROVAL_WEBHOOK_ALLOW_INSECURE_LOOPBACK": "true",
+            }
+        )
+        target = "https://evil.example/approve/now *Decide* #treasury-ops @here :bank: p\u0430y"
+        request_id, held = await propose_target(n, target, "webhook-neutral")
+        assert receiver.stdout is not None
+        line = await asyncio.wait_for(receiver.stdout.readline(), 30)
+        received = json.loads(line)
+        assert received["path"] == "/hooks/approvals"
+        message = received["body"]
+        texts = [block["text"] for block in message["blocks"]]
+        mrkdwn = [t for t in texts if t["type"] == "mrkdwn"]
+        plain = [t for t in texts if t["type"] == "plain_text"]
+        # Slack parses mrkdwn only where the executor wrote it, and even there verbatim.
+        assert mrkdwn and all(t.get("verbatim") is True for t in mrkdwn)
+        assert all(t.get("emoji") is False for t in plain)
+        own = "\n".join(t["text"] for t in mrkdwn) + message["text"]
+        for fragment in ("evil", "Decide* #", "treasury-ops", "@here", ":bank:", "p\u0430y"):
+            assert fragment not in own, fragment  # no agent text where Slack formats
+        [shown] = [t["text"] for t in plain if t["text"].startswith("Target: ")]
+        assert shown == (
+            'Target: "https[:]//evil[.]example/approve/now *Decide* [#]treasury-ops [@]here'
+            ' :bank: p\\u0430y"'
+        )
+        everything = json.dumps(message, ensure_ascii=False)
+        for raw in ("https://evil", "evil.example", "#treasury", "@here", "\u0430"):
+            assert raw not in everything, raw
+        [look] = [t["text"] for t in plain if t["text"].startswith("\u26a0")]
+        assert "mixed scripts: Cyrillic, Latin" in look
+        assert f"/approve/{request_id}" in own
+        assert held["intent_hash"] in own
+        assert (message["unfurl_links"], message["unfurl_media"]) == (False, False)
+    finally:
+        if receiver.returncode is None:
+            receiver.terminate()
+        await asyncio.wait_for(receiver.wait(), 30)
