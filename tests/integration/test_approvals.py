@@ -863,7 +863,8 @@ async def test_the_webhook_neutralises_agent_text_for_slack(
         mrkdwn = [t for t in texts if t["type"] == "mrkdwn"]
         plain = [t for t in texts if t["type"] == "plain_text"]
         # Slack parses mrkdwn only where the executor wrote it, and even there verbatim.
-        assert mrkdwn and all(t.get("verbatim") is True for t in mrkdwn)
+        assert mrkdwn
+        assert all(t.get("verbatim") is True for t in mrkdwn)
         assert all(t.get("emoji") is False for t in plain)
         own = "\n".join(t["text"] for t in mrkdwn) + message["text"]
         for fragment in ("evil", "Decide* #", "treasury-ops", "@here", ":bank:", "p\u0430y"):
