@@ -886,3 +886,58 @@ async def test_the_webhook_neutralises_agent_text_for_slack(
         if receiver.returncode is None:
             receiver.terminate()
         await asyncio.wait_for(receiver.wait(), 30)
+
+
+async def test_an_approver_spelling_the_proposers_actor_in_capitals_cannot_decide(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    """Issue 30, item 13, on a running executor: after a reload, the approver's actor is
+    ``Synthetic-Payout-Agent``, the actor that proposed as ``synthetic-payout-agent``. The
+    file loads (no two principals spell one name differently any more), and the decision is
+    refused: separation of duties compares names folded, wherever it compares them."""
+    start, provider = node
+    n = await start()
+    _, held = await n.propose(20000, "sod-capitals")
+    request_id = held["escalation"]["request_id"]
+    document = n.principals.document()
+    for entry in document["principals"]:
+        if entry["id"] == PROPOSER:
+            entry["actor"]["id"] = "synthetic-payout-agent-v2"
+        if entry["id"] == APPROVER:
+            entry["actor"]["id"] = "Synthetic-Payout-Agent"
+    path = tmp_path / "principals0.json"
+    path.write_text(json.dumps(document))
+    status, reloaded = await n.call("POST", "/v1/control/secrets/reload", OPERATOR)
+    assert status == 200, reloaded
+    status, refused = await n.call(
+        "POST", f"/v1/approvals/{request_id}", APPROVER, {"decision": "APPROVE", "reason": "me"}
+    )
+    assert (status, refused["error"]["code"]) == (422, "SEPARATION_OF_DUTIES_VIOLATED")
+    status, item = await n.call("GET", f"/v1/approvals/{request_id}", APPROVER)
+    assert (status, item["state"]) == (200, "PENDING")
+    assert provider.received == []
+
+
+async def test_a_principals_file_spelling_one_actor_twice_is_refused_on_reload(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    """Issue 30, item 13: ``Mallory@Bank.example`` beside ``mallory@bank.example`` is refused
+    with a stable code that names principals by id only; the loaded set stays in force."""
+    start, _ = node
+    n = await start()
+    document = n.principals.document()
+    for entry in document["principals"]:
+        if entry["id"] == APPROVER:
+            entry["actor"]["id"] = "Mallory@Bank.example"
+        if entry["id"] == OTHER_APPROVER:
+            entry["actor"]["id"] = "mallory@bank.example"
+    (tmp_path / "principals0.json").write_text(json.dumps(document))
+    status, reloaded = await n.call("POST", "/v1/control/secrets/reload", OPERATOR)
+    assert (status, reloaded["principals"]["ok"]) == (200, False)
+    refusals = [f for e, f in n.security.events if e == "PRINCIPALS_RELOAD_REFUSED"]
+    assert refusals == [
+        {"code": "PRINCIPALS_ACTOR_COLLISION", "variable": "EXECUTOR_PRINCIPALS_FILE"}
+    ]
+    assert "allory" not in json.dumps([reloaded, n.security.events])
+    _, held = await n.propose(20000, "after-refused-reload")
+    assert held["outcome"] == "ESCALATE_PENDING"  # the old set still answers
