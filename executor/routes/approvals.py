@@ -6,8 +6,9 @@ listed by the rule lists what they may decide and decides it once:
 
 - ``GET /v1/approvals?state=PENDING``: the requests this approver may decide;
 - ``GET /v1/approvals/{request_id}``: one of them, with the intent it would release, shown inert
-  (``display``: :mod:`~agentsafe.executor.display`), the rule and reason that escalated it, the
-  intent hash, and the verification its decision needs;
+  (``display``: :mod:`~agentsafe.executor.display`; ``display.warnings`` names look-alikes, mixed
+  scripts and invisible characters), the rule and reason that escalated it, the intent hash, and
+  the verification its decision needs;
 - ``POST /v1/approvals/{request_id}/challenge`` ``{"decision"}``: WebAuthn request options whose
   challenge is bound to this request, its intent hash and the decision (``door/passkeys.py``);
 - ``POST /v1/approvals/{request_id}`` ``{"decision": "APPROVE"|"DENY", "reason": "...",
