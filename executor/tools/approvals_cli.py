@@ -9,7 +9,10 @@ and asks to confirm before it decides anything. ``--yes`` skips the question for
 Everything the agent wrote is printed inert (:mod:`~agentsafe.executor.display`): as JSON, with
 every character that would not print as itself escaped, and through ``rich`` with markup and
 highlighting off, so ``[conceal]…[/conceal]`` or an ANSI escape in a target shows literally
-instead of hiding text from the person deciding. A request whose rule or approver requires a
+instead of hiding text from the person deciding. Look-alikes, mixed scripts and invisible
+characters are escaped and named on ``warning`` lines (``show``) and under the table (``list``);
+the table folds every cell, so a long target is shown whole, tail included (issue 30). A request
+whose rule or approver requires a
 passkey cannot be decided here (403 APPROVAL_VERIFICATION_REQUIRED): the command prints its
 ``approval_url``.
 
