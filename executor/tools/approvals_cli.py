@@ -11,10 +11,9 @@ every character that would not print as itself escaped, and through ``rich`` wit
 highlighting off, so ``[conceal]…[/conceal]`` or an ANSI escape in a target shows literally
 instead of hiding text from the person deciding. Look-alikes, mixed scripts and invisible
 characters are escaped and named on ``warning`` lines (``show``) and under the table (``list``);
-the table folds every cell, so a long target is shown whole, tail included (issue 30). A request
-whose rule or approver requires a
-passkey cannot be decided here (403 APPROVAL_VERIFICATION_REQUIRED): the command prints its
-``approval_url``.
+the table folds every cell, so a long target is shown whole, tail included (issue 30). A
+request whose rule or approver requires a passkey cannot be decided here (403
+APPROVAL_VERIFICATION_REQUIRED): the command prints its ``approval_url``.
 
 ``approvers`` is the OPERATOR's (scope ``approvers``; ``AGENTSAFE_OPERATOR_TOKEN_FILE`` or
 ``AGENTSAFE_OPERATOR_TOKEN``): ``enrol PRINCIPAL_ID`` issues a one-time passkey enrolment token
