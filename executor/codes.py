@@ -139,6 +139,11 @@ class Code(StrEnum):
         None,
         "an allowed action has no handler",
     )
+    PRINCIPALS_ACTOR_COLLISION = (
+        "PRINCIPALS_ACTOR_COLLISION",
+        None,
+        "two principals spell one actor differently (case or compatibility form)",
+    )
     PRINCIPALS_CREDENTIAL_SHARED = (
         "PRINCIPALS_CREDENTIAL_SHARED",
         None,

@@ -55,7 +55,7 @@ from ..errors import AgentSafeError
 from ..grants import KeySet, SigningKey, TokenRefused, sign_jws, verify_jws
 from ..ids import uuid4_text
 from ..intent import UUID4, CapturedIntent
-from ..principals import Principal, Verification
+from ..principals import Principal, Verification, same_actor
 from .attestation import claim_token_digest, issue_claim_attestation
 from .celexpr import VARIABLES, Activation, EvaluationError
 from .policy import CompiledAction, CompiledPolicy, CompiledRule, Verdict
@@ -698,8 +698,10 @@ def _resolve_approval(
     ):
         return Verdict.BLOCK, Code.APPROVAL_BINDING_MISMATCH
     proposer_actor = (intent.binding.get("actor") or {}).get("id")
-    if approver == principal.id or (
-        approver_actor is not None and approver_actor in (proposer_actor, _actor_id(principal))
+    # Separation of duties under the one comparison of actor names (principals.same_actor).
+    if same_actor(approver, principal.id) or (
+        isinstance(approver_actor, str)
+        and same_actor(approver_actor, (proposer_actor, _actor_id(principal)))
     ):
         return Verdict.BLOCK, Code.SEPARATION_OF_DUTIES_VIOLATED
     if decision == "DENY":

@@ -108,7 +108,7 @@ from ..clock import format_ms
 from ..codes import Code
 from ..config import LEASE_MARGIN_SECONDS
 from ..errors import AgentSafeError, ConfigError, StoreError
-from ..principals import Verification
+from ..principals import Verification, same_actor
 from .journal import CLOSING_STATUSES, ReconciledStatus, RecordType
 from .pgschema import SCHEMA_VERSION, migrate
 from .usestore import _APPROVAL_COLUMNS as _APPROVAL_COLUMNS
@@ -841,7 +841,8 @@ class PostgresUseStore:
             records = [
                 r
                 for r in records
-                if approver in r.request.approvers and approver != r.request.proposer_principal
+                if approver in r.request.approvers
+                and not same_actor(approver, r.request.proposer_principal)
             ]
         return records
 

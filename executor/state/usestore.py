@@ -66,7 +66,7 @@ from ..canonical import canonical_text, sha256_digest
 from ..clock import Clock
 from ..codes import Code
 from ..errors import AgentSafeError, StoreError
-from ..principals import Verification
+from ..principals import Verification, same_actor
 
 __all__ = [
     "DATABASE_NAME",
@@ -262,7 +262,9 @@ def decision_state(decision: str, reason: str) -> ApprovalState:
 def check_decidable(record: ApprovalRecord, *, approver: str, now: float) -> None:
     """Refuse a decision the request does not allow: an approver it does not name or its
     proposer (separation of duties), a decided request, an expired one (every store)."""
-    if approver not in record.request.approvers or approver == record.request.proposer_principal:
+    if approver not in record.request.approvers or same_actor(  # separation of duties
+        approver, record.request.proposer_principal
+    ):
         raise ApprovalError(
             "this principal may not decide this request", code=Code.APPROVAL_NOT_PERMITTED
         )
@@ -966,7 +968,8 @@ class SQLiteUseStore:
                 records = [
                     r
                     for r in records
-                    if approver in r.request.approvers and approver != r.request.proposer_principal
+                    if approver in r.request.approvers
+                    and not same_actor(approver, r.request.proposer_principal)
                 ]
             return records
 
