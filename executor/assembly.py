@@ -81,9 +81,11 @@ from .plans.service import ExecutorRegistry, PlanService
 from .plans.signing import Ed25519Signer
 from .policy.authority import LocalAuthority
 from .policy.policy import (
+    FORWARD_HANDLER,
     CompiledPolicy,
     PolicyDocument,
     Verdict,
+    check_strict_schemas,
     compile_policy,
     load_policy,
 )
@@ -318,7 +320,7 @@ def build_tls(
 
 def _forward_schema(document: PolicyDocument) -> dict[str, Any]:
     """The forward handler accepts exactly what the policy's actions it runs accept."""
-    schemas = [dict(a.parameters) for a in document.actions if a.handler == "forward_request"]
+    schemas = [dict(a.parameters) for a in document.actions if a.handler == FORWARD_HANDLER]
     if not schemas:  # no action runs it (agentsafe proxy's policy): it accepts nothing
         return {"type": "object", "additionalProperties": False, "maxProperties": 0}
     if len(schemas) == 1:
@@ -496,6 +498,7 @@ async def assemble(
             clock,
             on_token=lambda token: redactor.set_secret("DOWNSTREAM_ACCESS_TOKEN", token),
         )
+        check_strict_schemas(document)  # the policy's words (action, path) before the seam's
         forward = ForwardRequestHandler(
             url=config.downstream_url,
             lookup_url=config.downstream_lookup_url,
@@ -504,7 +507,7 @@ async def assemble(
             credential=credential,
             parameters_schema=_forward_schema(document),
         )
-        registry.register("forward_request", forward)
+        registry.register(FORWARD_HANDLER, forward)
         effects = EffectRegister()  # one per process: handlers put, attempts take
         receipts = ProviderKeys.from_entries(
             entry.model_dump(by_alias=True) for entry in document.provider_keys or ()

@@ -199,7 +199,11 @@ class Code(StrEnum):
         "the idempotency key was used for another proposal",
     )
     IDEMPOTENCY_IN_PROGRESS = "IDEMPOTENCY_IN_PROGRESS", 409, "a request with this key is in flight"
-    INTENT_EXPIRED = "INTENT_EXPIRED", 409, "the intent is past its TTL; nothing revives it"
+    INTENT_EXPIRED = (
+        "INTENT_EXPIRED",
+        None,
+        "the intent is past its TTL; nothing revives it (a BLOCK's reason, never a refusal)",
+    )
     RECOVERY_BINDING_MISMATCH = (
         "RECOVERY_BINDING_MISMATCH",
         409,

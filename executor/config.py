@@ -346,6 +346,7 @@ CONFIG_KEYS: Final[tuple[str, ...]] = (
     "DOWNSTREAM_LOOKUP_BY_REFERENCE_URL",
     "DOWNSTREAM_SYSTEM",
     "DOWNSTREAM_OPERATION",
+    "DOWNSTREAM_ENVIRONMENT",
     "DOWNSTREAM_TIMEOUT_MS",
     "DOWNSTREAM_CA_FILE",
     "DOWNSTREAM_SPKI_PINS",
@@ -597,6 +598,7 @@ _TEXT_FIELDS: Final = (
     "banking_adapter_version",
     "downstream_system",
     "downstream_operation",
+    "downstream_environment",
     "downstream_client_id",
     "downstream_private_key_id",
     "downstream_token_audience",
@@ -790,6 +792,7 @@ class ExecutorConfig(BaseModel):
     downstream_lookup_by_reference_url: str | None = None
     downstream_system: str
     downstream_operation: str
+    downstream_environment: str | None = None
     downstream_timeout_ms: int = Field(
         default=DOWNSTREAM_TIMEOUT_MS_DEFAULT, ge=1, le=DOWNSTREAM_TIMEOUT_MS_MAX
     )
@@ -1257,6 +1260,7 @@ class ExecutorConfig(BaseModel):
             system=self.downstream_system,
             operation=self.downstream_operation,
             endpoint=self.downstream_endpoint,
+            environment=self.downstream_environment,
         )
 
     def secret_source(self, name: str) -> SecretSource:

@@ -62,12 +62,20 @@ UUID4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9
 
 @dataclass(frozen=True)
 class DownstreamTarget:
+    """The downstream target an intent names (``DOWNSTREAM_SYSTEM``, ``_OPERATION``, the
+    endpoint of ``DOWNSTREAM_URL`` and, when set, ``DOWNSTREAM_ENVIRONMENT``). Without an
+    environment the binding has exactly the three members the peer vectors hash."""
+
     system: str
     operation: str
     endpoint: str
+    environment: str | None = None
 
     def as_binding(self) -> dict[str, str]:
-        return {"system": self.system, "operation": self.operation, "endpoint": self.endpoint}
+        binding = {"system": self.system, "operation": self.operation, "endpoint": self.endpoint}
+        if self.environment is not None:
+            binding["environment"] = self.environment
+        return binding
 
 
 @dataclass(frozen=True)

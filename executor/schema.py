@@ -19,6 +19,11 @@ U+2029. :data:`EcmaValidator` evaluates every pattern with ``regress`` (Python b
 evaluated with Python ``re`` internally, and there is no hook to change that. Everything else is
 ``jsonschema``'s own Draft 2020-12 implementation, unchanged.
 
+:func:`is_strict` is the one rule of what a parameter schema must be (``type: object`` with
+``additionalProperties: false``, or ``type: object`` with ``anyOf`` such schemas): the policy's
+compiler, and so ``serve``, ``agentsafe config``, ``doctor``, ``policy lint`` and the operator's
+admission, apply it, and so does the seam to a handler's own schema.
+
 Ground floor: imports nothing of agentsafe. Callers: ``policy/policy.py``
 (a policy action's parameter schema), ``dispatch/seam.py`` (a handler's parameter schema).
 """
@@ -33,9 +38,21 @@ import jsonschema
 import regress
 from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
 
-__all__ = ["EcmaValidator", "check_schema", "ecma_search"]
+__all__ = ["EcmaValidator", "check_schema", "ecma_search", "is_strict"]
 
 FLAGS = "u"
+
+
+def is_strict(schema: Any) -> bool:
+    """``type: object`` and ``additionalProperties: false``, or ``type: object`` with a
+    non-empty ``anyOf`` of such schemas (one handler serving several actions): nothing the
+    schema does not name reaches a handler."""
+    if not isinstance(schema, Mapping) or schema.get("type") != "object":
+        return False
+    if schema.get("additionalProperties") is False:
+        return True
+    branches = schema.get("anyOf")
+    return isinstance(branches, list) and bool(branches) and all(is_strict(b) for b in branches)
 
 
 @functools.lru_cache(maxsize=1024)

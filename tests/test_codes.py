@@ -227,8 +227,8 @@ def test_every_member_is_its_own_name_with_a_status_and_one_line_meaning() -> No
 
 
 def test_the_edge_maps_a_code_to_the_registry_status() -> None:
-    assert status_of(Code.INTENT_EXPIRED) == 409
-    assert status_of("INTENT_EXPIRED") == 409
+    assert status_of(Code.IDEMPOTENCY_IN_PROGRESS) == 409
+    assert status_of("IDEMPOTENCY_IN_PROGRESS") == 409
     assert status_of(Code.APPROVAL_EXPIRED) == 409  # one status, on every route
     assert status_of(Code.REQUEST_TOO_LARGE) == 413  # the body limit and the JSON bounds
     assert status_of("A_HOST_EXECUTORS_OWN_CODE") == HOST_CODE_STATUS == 422

@@ -268,9 +268,16 @@ def test_parsed_values() -> None:
     assert isinstance(config.executor_policy_file, Path)
 
 
-def test_downstream_environment_is_refused_since_nothing_reads_it() -> None:
-    error = refused(legacy_env(DOWNSTREAM_ENVIRONMENT="sandbox"), "DOWNSTREAM_ENVIRONMENT")
-    assert "not a variable the executor knows" in error.problem
+def test_downstream_environment_is_the_targets_environment() -> None:
+    """The specification's DOWNSTREAM_ENVIRONMENT names the target's environment; unset, the
+    target keeps exactly today's three members (the peer vectors' bytes)."""
+    config = load_config(legacy_env(DOWNSTREAM_ENVIRONMENT="sandbox"))
+    assert config.downstream_environment == "sandbox"
+    assert config.downstream_target().as_binding()["environment"] == "sandbox"
+    plain = load_config(legacy_env()).downstream_target().as_binding()
+    assert set(plain) == {"system", "operation", "endpoint"}
+    for bad in (" sandbox", "sand\x07box", "x" * 10_000):
+        refused(legacy_env(DOWNSTREAM_ENVIRONMENT=bad), "DOWNSTREAM_ENVIRONMENT")
 
 
 def test_the_model_is_frozen() -> None:

@@ -55,6 +55,26 @@ def test_binding_carries_configuration_not_request_identity() -> None:
     assert intent.intent_hash == intent_hash(binding)  # type: ignore[attr-defined]
 
 
+def test_the_downstream_environment_is_bound_only_when_configured() -> None:
+    """DOWNSTREAM_ENVIRONMENT: the target gains ``environment`` and the hash covers it; without
+    it the target's bytes are today's (the peer vectors, tests/conformance, still match)."""
+    plain = _capture(intent_id="11111111-1111-4111-8111-111111111111")
+    staged = _capture(
+        intent_id="11111111-1111-4111-8111-111111111111",
+        target=DownstreamTarget("synthetic-bank", "payout", "POST /payouts", "sandbox"),
+    )
+    assert plain.binding["downstream_target"] == {  # type: ignore[attr-defined]
+        "system": "synthetic-bank",
+        "operation": "payout",
+        "endpoint": "POST /payouts",
+    }
+    assert staged.binding["downstream_target"]["environment"] == "sandbox"  # type: ignore[attr-defined]
+    assert staged.intent_hash != plain.intent_hash  # type: ignore[attr-defined]
+    # Presented back (an escalation, a reconciliation), it is re-hashed with the environment.
+    again = intent_from_binding(copy.deepcopy(staged.binding))  # type: ignore[attr-defined]
+    assert again.intent_hash == staged.intent_hash  # type: ignore[attr-defined]
+
+
 def test_presented_intent_is_rehashed_and_changes_are_visible() -> None:
     intent = _capture()
     again = intent_from_binding(copy.deepcopy(dict(intent.binding)))  # type: ignore[attr-defined]

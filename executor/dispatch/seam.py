@@ -68,7 +68,7 @@ from ..egress.transport import TransportError
 from ..errors import AgentSafeError, CanonicalizationError, HandlerError, RequestRejected
 from ..events import EventSink
 from ..intent import CapturedIntent, execution_payload_digest
-from ..schema import EcmaValidator, check_schema
+from ..schema import EcmaValidator, check_schema, is_strict
 
 __all__ = [
     "Authorization",
@@ -270,26 +270,12 @@ def _report(
     )
 
 
-def _strict(schema: Any) -> bool:
-    """``type: object`` and ``additionalProperties: false``, or a union of such schemas."""
-    if not isinstance(schema, Mapping) or schema.get("type") != "object":
-        return False
-    if schema.get("additionalProperties") is False:
-        return True
-    branches = schema.get("anyOf")
-    return (
-        isinstance(branches, list)
-        and bool(branches)
-        and all(_strict(branch) for branch in branches)
-    )
-
-
 def check_parameters_schema(schema: Any) -> SchemaValidator:
     """Accept only a strict object schema (``type: object``, ``additionalProperties: false``),
     or ``type: object`` with ``anyOf`` strict schemas (one handler serving several actions)."""
     if not isinstance(schema, Mapping):
         raise HandlerError("a parameter schema must be a JSON object", code=Code.SCHEMA_NOT_STRICT)
-    if not _strict(schema):
+    if not is_strict(schema):
         raise HandlerError(
             "a parameter schema must be type object with additionalProperties false",
             code=Code.SCHEMA_NOT_STRICT,

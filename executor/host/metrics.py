@@ -53,8 +53,8 @@ from importlib import metadata
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import __version__
 from ..codes import Code
@@ -396,13 +396,19 @@ class ExecutorMetrics:
         sample = f"{self._ns}_tls_certificate_expiry_seconds"
         return self.registry.get_sample_value(sample, {"certificate": name}) is not None
 
-    def render(self) -> tuple[bytes, str]:
-        """The OpenMetrics exposition and its content type: this process's registry, or under
-        ``EXECUTOR_WORKERS`` every worker's files (and this build's info)."""
+    def render(self, accept: str | None = None) -> tuple[bytes, str]:
+        """The exposition and its content type: this process's registry, or under
+        ``EXECUTOR_WORKERS`` every worker's files (and this build's info).
+
+        The format follows the scraper's ``Accept`` header exactly as prometheus_client's own
+        exporters negotiate it (``choose_encoder``): OpenMetrics when the scraper asks for
+        ``application/openmetrics-text`` (Prometheus does), otherwise the classic text format
+        0.0.4, which ``promtool check metrics`` and older scrapers read."""
         registry = self.registry
         if self.multiprocess_dir is not None:
             registry = CollectorRegistry(auto_describe=False)
             MultiProcessCollector(registry, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
             registry.register(self._build)
-        body: bytes = generate_latest(registry)  # type: ignore[no-untyped-call]
-        return body, CONTENT_TYPE_LATEST
+        encoder, content_type = choose_encoder(accept or "")
+        body: bytes = encoder(registry)
+        return body, content_type

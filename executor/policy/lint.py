@@ -35,7 +35,7 @@ import cel
 from ..codes import Code
 from ..errors import PolicyError
 from .celexpr import VARIABLES, compile_expression
-from .policy import ActionPolicy, PolicyDocument, build_validator, parse_policy
+from .policy import FORWARD_HANDLER, ActionPolicy, PolicyDocument, build_validator, parse_policy
 
 __all__ = ["Finding", "lint_document", "lint_policy"]
 
@@ -72,7 +72,11 @@ def lint_document(document: PolicyDocument) -> list[Finding]:
     for index, action in enumerate(document.actions):
         base = f"actions[{index}]"
         try:
-            build_validator(action.parameters, path=f"{base}.parameters")
+            build_validator(
+                action.parameters,
+                path=f"{base}.parameters",
+                strict=action.handler == FORWARD_HANDLER,
+            )
         except PolicyError as exc:
             findings.append(Finding("error", exc.code, exc.path or base, _problem(exc)))
         compiled = True

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import jsonschema
 import yaml
@@ -43,10 +43,11 @@ from ..codes import Code
 from ..errors import CanonicalizationError, PolicyError
 from ..plans.policy import PlanPolicy
 from ..principals import Verification
-from ..schema import EcmaValidator, check_schema
+from ..schema import EcmaValidator, check_schema, is_strict
 from .celexpr import Expression, compile_expression
 
 __all__ = [
+    "FORWARD_HANDLER",
     "MAX_POLICY_BYTES",
     "ActionPolicy",
     "CompiledAction",
@@ -58,6 +59,7 @@ __all__ = [
     "RuleApproval",
     "Verdict",
     "build_validator",
+    "check_strict_schemas",
     "compile_policy",
     "load_policy",
     "parse_policy",
@@ -242,6 +244,28 @@ def parse_policy(data: Any) -> PolicyDocument:
         raise PolicyError(message, path=path or "policy", code=Code.POLICY_INVALID) from None
 
 
+FORWARD_HANDLER: Final = "forward_request"
+"""The reference handler (``dispatch/forward.py``): it sends the parameters the policy's own
+schema accepts, so an action it runs must have a strict schema (:func:`build_validator`)."""
+
+
+_NOT_STRICT: Final = (
+    "the parameter schema must set additionalProperties: false (or be anyOf such schemas), so"
+    " that no parameter the policy does not name reaches a handler"
+)
+
+
+def check_strict_schemas(doc: PolicyDocument) -> None:
+    """The strictness part of :func:`compile_policy` alone (``SCHEMA_NOT_STRICT`` with the
+    action's path), for the assembly to ask before it registers :data:`FORWARD_HANDLER` with
+    the policy's schemas, so ``serve`` refuses with the same words as every other judge."""
+    for index, action in enumerate(doc.actions):
+        if action.handler == FORWARD_HANDLER and not is_strict(action.parameters):
+            raise PolicyError(
+                _NOT_STRICT, path=f"actions[{index}].parameters", code=Code.SCHEMA_NOT_STRICT
+            )
+
+
 def load_policy(path: str | Path) -> PolicyDocument:
     """Read a policy from a YAML or JSON file (``.json`` parsed strictly as JSON)."""
     return parse_policy(read_document(path, code=Code.POLICY_INVALID, what="policy file"))
@@ -294,7 +318,11 @@ def compile_policy(
                 path=f"{base}.handler",
                 code=Code.POLICY_HANDLER_UNKNOWN,
             )
-        validator = build_validator(action.parameters, path=f"{base}.parameters")
+        validator = build_validator(
+            action.parameters,
+            path=f"{base}.parameters",
+            strict=action.handler == FORWARD_HANDLER,
+        )
         rules = tuple(
             CompiledRule(
                 name=rule.name,
@@ -317,9 +345,13 @@ def compile_policy(
     return CompiledPolicy(document=doc, actions=actions, digest=sha256_digest(doc.as_json()))
 
 
-def build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
+def build_validator(schema: Mapping[str, Any], *, path: str, strict: bool = False) -> Validator:
     """The parameter schema's validator: Draft 2020-12, formats asserted, and every regular
-    expression ECMA-262 as JSON Schema specifies (:mod:`agentsafe.executor.schema`)."""
+    expression ECMA-262 as JSON Schema specifies (:mod:`agentsafe.executor.schema`).
+
+    ``strict``: the schema is also the handler's own (:data:`FORWARD_HANDLER`'s), so it must be
+    strict (:func:`~agentsafe.executor.schema.is_strict`), as the seam requires of every
+    handler's schema (``SCHEMA_NOT_STRICT``, with the action's path)."""
     declared = schema.get("$schema")
     if declared is not None and declared != "https://json-schema.org/draft/2020-12/schema":
         raise PolicyError(
@@ -329,6 +361,8 @@ def build_validator(schema: Mapping[str, Any], *, path: str) -> Validator:
         raise PolicyError(
             "the parameter schema must declare type: object", path=path, code=Code.POLICY_INVALID
         )
+    if strict and not is_strict(schema):
+        raise PolicyError(_NOT_STRICT, path=path, code=Code.SCHEMA_NOT_STRICT)
     try:
         check_schema(schema)
     except jsonschema.SchemaError as exc:

@@ -173,8 +173,8 @@ class Route:
     """The strict model of the query string; ``None``: the route reads none."""
     host_codes: bool = False
     """The handler passes a host's own codes through (answered 422), besides ``codes``."""
-    text_media_type: str = "text/plain"
-    """The media type of a text answer."""
+    text_media_type: str | tuple[str, ...] = "text/plain"
+    """The media type of a text answer, or the media types it is negotiated between."""
     links: tuple[Link, ...] = ()
     """The next steps a client takes with an answer (besides those ``routes/openapi.py`` infers
     from a path parameter the answer carries)."""
@@ -603,7 +603,6 @@ ESCALATION_CODES = _ONCE | {
     Code.ESCALATION_NOT_CONFIGURED,
     Code.ESCALATION_BINDING_MISMATCH,
     Code.INTENT_PRINCIPAL_MISMATCH,
-    Code.INTENT_EXPIRED,
     Code.APPROVAL_NOT_FOUND,
     Code.ACTION_NOT_REGISTERED,
 }

@@ -555,7 +555,6 @@ CANCEL_CODES = frozenset(
         Code.ESCALATION_NOT_CONFIGURED,
         Code.ESCALATION_BINDING_MISMATCH,
         Code.INTENT_PRINCIPAL_MISMATCH,
-        Code.INTENT_EXPIRED,
     }
 )
 """What a proposer's cancellation refuses with besides a decision's (the escalation object)."""

@@ -135,7 +135,7 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
     async def metrics(call: Call) -> web.StreamResponse:
         plane.metrics.scrapes.inc()
         plane.metrics.set_state(await plane.metrics_state())
-        body, content_type = plane.metrics.render()
+        body, content_type = plane.metrics.render(call.request.headers.get("Accept"))
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
@@ -221,9 +221,9 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             Scope.METRICS,
             None,
             metrics,
-            summary="Prometheus metrics (OpenMetrics text)",
+            summary="Prometheus metrics (OpenMetrics or the text format, as Accept asks)",
             answers={200: None},
-            text_media_type="application/openmetrics-text",
+            text_media_type=("application/openmetrics-text", "text/plain"),
         ),
         Route(
             "POST",

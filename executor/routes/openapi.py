@@ -78,6 +78,17 @@ _RETRY_AFTER = {
     }
 }
 
+_WWW_AUTHENTICATE = {
+    "WWW-Authenticate": {
+        "description": (
+            'The Bearer challenge (RFC 6750 §3): `Bearer realm="agentsafe"`, with '
+            '`error="invalid_token"` when a credential was presented and refused.'
+        ),
+        "schema": {"type": "string", "pattern": '^Bearer realm="agentsafe"'},
+        "required": True,
+    }
+}
+
 _DESCRIPTION = (
     "The execution boundary between AI agents and the systems they can change. Every answer, "
     "refusals included, carries Content-Security-Policy, X-Frame-Options, "
@@ -291,7 +302,9 @@ def _responses(
         if status in route.answers:
             model = route.answers[status]
             if model is None:
-                content[route.text_media_type] = {"schema": {"type": "string"}}
+                media = route.text_media_type
+                for media_type in (media,) if isinstance(media, str) else media:
+                    content[media_type] = {"schema": {"type": "string"}}
                 descriptions.append("The answer, as text.")
             else:
                 schemas.append(refs[(model, "serialization")])
@@ -306,6 +319,8 @@ def _responses(
         response: dict[str, Any] = {"description": "\n\n".join(descriptions), "content": content}
         if status in (429, 503):
             response["headers"] = _RETRY_AFTER
+        elif status == 401:
+            response["headers"] = _WWW_AUTHENTICATE
         links = _links(route, routes, status)
         if links:
             response["links"] = links

@@ -9,6 +9,11 @@ registry code with no HTTP status of its own that a plan refusal carries.
 aiohttp's own HTTP errors (no route, wrong method, body too large) keep aiohttp's status and
 take the registry code with that status, else ``REQUEST_REFUSED``.
 
+Every 401 carries ``WWW-Authenticate`` (RFC 9110 §11.6.1, §15.5.2): the Bearer challenge of
+RFC 6750 §3, with ``error="invalid_token"`` when a credential was presented and refused (the
+code says which; the challenge never echoes the token). A client that reads the challenge, such
+as an MCP client, then shows the refusal rather than starting an OAuth flow of its own.
+
 Callers: ``routes/app.py`` (the error middleware, for every route that raises
 :class:`~agentsafe.executor.errors.RequestRejected`), ``routes/plans.py``.
 """
@@ -23,7 +28,10 @@ from aiohttp import web
 from ..codes import HOST_CODE_STATUS, Code
 from ..lifecycle.answers import error_body
 
-__all__ = ["code_for_http_error", "refusal", "status_of"]
+__all__ = ["BEARER_REALM", "challenge", "code_for_http_error", "refusal", "status_of"]
+
+BEARER_REALM = "agentsafe"
+"""The realm every 401's Bearer challenge names."""
 
 _AIOHTTP_ERRORS: dict[int, Code] = {
     code.status: code
@@ -50,6 +58,14 @@ def code_for_http_error(status: int) -> Code:
     return _AIOHTTP_ERRORS.get(status, Code.REQUEST_REFUSED)
 
 
+def challenge(code: str) -> str:
+    """The ``WWW-Authenticate`` value of a 401 with ``code``: no ``error`` when no credential
+    was presented (RFC 6750 §3.1), ``invalid_token`` otherwise."""
+    if code == Code.AUTH_REQUIRED.value:
+        return f'Bearer realm="{BEARER_REALM}"'
+    return f'Bearer realm="{BEARER_REALM}", error="invalid_token"'
+
+
 def refusal(
     code: str,
     message: str,
@@ -63,7 +79,10 @@ def refusal(
     body = error_body(code, message)
     if extra:
         body.update(extra)
-    response = web.json_response(body, status=status if status is not None else status_of(code))
+    answered = status if status is not None else status_of(code)
+    response = web.json_response(body, status=answered)
     if headers:
         response.headers.update(headers)
+    if answered == 401 and "WWW-Authenticate" not in response.headers:
+        response.headers["WWW-Authenticate"] = challenge(code)
     return response

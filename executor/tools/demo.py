@@ -79,14 +79,14 @@ async def run_demo(
     logs = root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     provider = ProviderProcess(logs)
-    say("starting the synthetic provider")
-    await provider.start()
     workspace = Workspace(root / "enforcement")
     port = free_port()
     env = workspace.environment(provider_url=provider.url, port=port)
     executor = ExecutorProcess(env, logs, "executor")
     shadow: ExecutorProcess | None = None
-    try:
+    try:  # from the first process on: an interrupt at any point stops what was started
+        say("starting the synthetic provider")
+        await provider.start()
         say("starting the executor in ENFORCEMENT (development posture, plaintext loopback)")
         await executor.start()
         async with aiohttp.ClientSession() as session:
@@ -321,27 +321,60 @@ def _print_table(console: Console, steps: list[Step]) -> None:
     console.print(table)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+def _quiet(signum: int, frame: object) -> None:
+    """SIGINT and SIGTERM outside the demo's event loop: nothing left to stop, nothing said."""
+
+
+async def _stoppable(root: Path, console: Console, keep_serving: bool) -> list[Step] | None:
+    """Run the demo until a SIGINT or SIGTERM: the first cancels it at its next ``await`` (never
+    inside a process spawn, which a raised KeyboardInterrupt could leave half done), so
+    ``run_demo``'s clean-up stops every process it started; every later signal (a second
+    Ctrl-C, or ``timeout``, which signals twice) is ignored while it does. ``None``: stopped."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    stopping = False
+
+    def stop() -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            task.cancel()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop)
+    try:
+        steps = await run_demo(root, console=console, keep_serving=keep_serving)
+    except asyncio.CancelledError:
+        if not stopping:
+            raise
+        return None
+    return None if stopping else steps
 
 
 def main(*, keep_serving: bool = True, workdir: Path | None = None) -> int:
     console = Console()
     root = workdir or Path(tempfile.mkdtemp(prefix="agentsafe-demo-"))
     console.print(f"[bold]agentsafe demo[/bold] (working directory {root})")
-    # SIGTERM stops the demo as Ctrl-C does: run_demo's finally stops every process it started.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM stops the demo as Ctrl-C does (``_stoppable``); before and after the event loop a
+    # signal is answered by a quiet handler, so no signal ever prints a traceback. They stay so:
+    # the demo is the last thing ``agentsafe demo`` does, and a signal while it exits changes
+    # nothing.
+    signal.signal(signal.SIGTERM, _quiet)
+    signal.signal(signal.SIGINT, _quiet)
     try:
-        steps = asyncio.run(run_demo(root, console=console, keep_serving=keep_serving))
-    except KeyboardInterrupt:
-        console.print("stopped.")
-        return 0
+        steps = asyncio.run(_stoppable(root, console, keep_serving))
     except (RuntimeError, TimeoutError, aiohttp.ClientError) as exc:
         # a process that stopped answering: say so and where its logs are, not a traceback
         console.print(f"[red]demo failed:[/red] {exc}; logs are in {root}/logs")
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # the event loop's close put the default handlers back
+        signal.signal(signal.SIGTERM, _quiet)
+        signal.signal(signal.SIGINT, _quiet)
+    if steps is None:
+        console.print("stopped.")
+        return 0
     ok = all(step.ok for step in steps) and len(steps) == 7
     if ok and workdir is None:
         shutil.rmtree(root, ignore_errors=True)

@@ -54,6 +54,7 @@ from agentsafe.client import (
 )
 
 from ..codes import Code
+from ..routes.refusals import BEARER_REALM
 
 __all__ = ["RESUME_TOOL", "add_parser", "build_server", "tool_input_schema"]
 
@@ -318,7 +319,10 @@ async def _http(args: argparse.Namespace) -> None:
                             "message": "send Authorization: Bearer <the agent's executor token>",
                         }
                     }
-                    await JSONResponse(body, status_code=401)(scope, receive, send)
+                    challenge = {"WWW-Authenticate": f'Bearer realm="{BEARER_REALM}"'}
+                    await JSONResponse(body, status_code=401, headers=challenge)(
+                        scope, receive, send
+                    )
                     return
             await inner(scope, receive, send)
 

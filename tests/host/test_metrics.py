@@ -9,6 +9,8 @@ from agentsafe.executor.dispatch.seam import Outcome
 from agentsafe.executor.host.metrics import ExecutorMetrics, StateSnapshot, outcome_of_status
 from agentsafe.executor.policy.policy import Verdict
 
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
 
 def test_two_instances_do_not_share_counts() -> None:
     a, b = (
@@ -59,7 +61,7 @@ def test_render_is_parseable_openmetrics() -> None:
     metrics.redactions.inc()
     metrics.tls_rotations.inc()
     metrics.chained_lines.inc(stream="security")
-    body, content_type = metrics.render()
+    body, content_type = metrics.render(OPENMETRICS)
     assert content_type.startswith("application/openmetrics-text")
     assert body.endswith(b"# EOF\n")
     samples = {
@@ -123,7 +125,7 @@ def test_state_gauges_follow_each_snapshot() -> None:
     metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
 
     def gauges() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = metrics.render()[0].decode()
+        text = metrics.render(OPENMETRICS)[0].decode()
         return {
             (s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text)
@@ -174,3 +176,40 @@ def test_outcome_classes_by_status() -> None:
     assert [outcome_of_status(s) for s in (200, 201, 401, 409, 413, 500, 503)] == [
         "ok", "ok", "refused", "refused", "refused", "error", "unavailable",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("accept", "media_type"),
+    [
+        (None, "text/plain"),
+        ("text/plain", "text/plain"),
+        ("*/*", "text/plain"),
+        (OPENMETRICS, "application/openmetrics-text"),
+        (
+            "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+            "application/openmetrics-text",
+        ),
+    ],
+)
+def test_the_exposition_follows_the_scrapers_accept_header(
+    accept: str | None, media_type: str
+) -> None:
+    """``promtool check metrics`` and older scrapers ask for the text format (or nothing) and
+    cannot read OpenMetrics' ``info`` type: they get text 0.0.4; Prometheus asks for
+    OpenMetrics and gets it (the negotiation is prometheus_client's own)."""
+    from prometheus_client.parser import text_string_to_metric_families as text_families
+
+    metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
+    metrics.proposals.inc(verdict="ALLOW")
+    body, content_type = metrics.render(accept)
+    assert content_type.split(";")[0] == media_type
+    if media_type == "text/plain":
+        assert "version=0.0.4" in content_type
+        assert not body.endswith(b"# EOF\n")
+        families = {f.name: f.type for f in text_families(body.decode())}
+        assert families["agentsafe_build_info"] == "gauge"  # OpenMetrics' info, as text reads it
+        assert b"# TYPE agentsafe_build_info info" not in body
+    else:
+        assert body.endswith(b"# EOF\n")
+        families = {f.name: f.type for f in text_string_to_metric_families(body.decode())}
+        assert families["agentsafe_build"] == "info"

@@ -526,6 +526,15 @@ def assert_door_refusal(
         assert secret not in reply.text
         for value in reply.headers.values():
             assert secret not in value
+    if status == 401:
+        # RFC 9110 §15.5.2: every 401 carries a challenge (RFC 6750 §3), "invalid_token" when
+        # a credential was presented and refused.
+        expected = 'Bearer realm="agentsafe"'
+        if code != "AUTH_REQUIRED":
+            expected += ', error="invalid_token"'
+        assert reply.headers.get("WWW-Authenticate") == expected, reply.headers
+    else:
+        assert "WWW-Authenticate" not in reply.headers
 
 
 Starter = Callable[..., Awaitable[Estate]]

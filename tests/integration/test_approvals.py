@@ -713,7 +713,10 @@ async def test_the_pending_escalations_gauge_follows_the_store(
     n = await start()
 
     async def pending() -> float:
-        headers = {"authorization": f"Bearer {n.principals.token(OPERATOR)}"}
+        headers = {
+            "authorization": f"Bearer {n.principals.token(OPERATOR)}",
+            "accept": "application/openmetrics-text; version=1.0.0",
+        }
         async with n.session.get(n.url + "/metrics", headers=headers) as response:
             assert response.status == 200
             text = await response.text()

@@ -25,6 +25,8 @@ from .estate import (
     estates,
 )
 
+OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0"}
+
 
 @pytest.fixture
 async def start(tmp_path: Path) -> AsyncIterator[Starter]:
@@ -321,7 +323,7 @@ async def test_metrics_count_verdicts_outcomes_refusals_and_operator_actions(
     await client.post("/v1/control/halt", {"reason": "drill"}, token=estate.cast.ops.token)
     await client.post("/v1/control/resume", {"reason": "drill over"}, token=estate.cast.ops.token)
 
-    reply = await client.get("/metrics", token=estate.cast.watcher.token)
+    reply = await client.get("/metrics", token=estate.cast.watcher.token, headers=OPENMETRICS)
     assert reply.status == 200, reply.text
     assert reply.headers["Content-Type"].startswith("application/openmetrics-text")
     assert reply.text.rstrip().endswith("# EOF")
@@ -361,6 +363,8 @@ async def test_metrics_count_verdicts_outcomes_refusals_and_operator_actions(
     # A scrape is counted, never written as a chained line (it arrives every few seconds).
     assert _operator_actions(estate)[-1] == {"principal": "ops", "action": "resume"}
     assert _value(samples, "agentsafe_metrics_scrapes_total") == 1
-    again = _samples((await client.get("/metrics", token=estate.cast.watcher.token)).text)
+    again = _samples(
+        (await client.get("/metrics", token=estate.cast.watcher.token, headers=OPENMETRICS)).text
+    )
     assert _value(again, "agentsafe_metrics_scrapes_total") == 2
     assert _operator_actions(estate)[-1] == {"principal": "ops", "action": "resume"}

@@ -99,3 +99,51 @@ def test_sigterm_stops_the_demo_and_every_process_it_started(tmp_path: Path) -> 
         "provider never answers; SIGKILL; restart" in line and "✓" in line
         for line in text.splitlines()
     ), text
+
+
+@pytest.mark.parametrize(
+    ("when", "signals"),
+    [
+        ("serving", (signal.SIGINT, signal.SIGINT)),
+        ("serving", (signal.SIGTERM, signal.SIGTERM)),  # what `timeout` does to `make demo`
+        ("starting", (signal.SIGINT, signal.SIGTERM, signal.SIGINT)),
+    ],
+)
+def test_a_second_signal_during_the_clean_up_stays_quiet(
+    tmp_path: Path, when: str, signals: tuple[signal.Signals, ...]
+) -> None:
+    """Interrupted more than once (a second Ctrl-C, or `timeout`), the demo still stops every
+    process it started and prints no traceback (issue 31)."""
+    agentsafe = str(Path(sys.executable).parent / "agentsafe")
+    output = tmp_path / "demo.out"
+    marker = "Press Ctrl-C to stop." if when == "serving" else "starting"
+    with output.open("wb") as out:
+        demo = subprocess.Popen(
+            [agentsafe, "demo"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={"PATH": "/usr/bin:/bin", "TERM": "dumb"},
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while marker not in output.read_text(errors="replace"):
+                assert demo.poll() is None, output.read_text(errors="replace")
+                assert time.monotonic() < deadline, f"the demo never printed {marker!r}"
+                time.sleep(0.05)
+            children = _descendants(demo.pid)
+            for sent in signals:
+                demo.send_signal(sent)
+            assert demo.wait(timeout=60) == 0, output.read_text(errors="replace")
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in children):
+        assert time.monotonic() < deadline, [pid for pid in children if _alive(pid)]
+        time.sleep(0.1)
+    text = output.read_text()
+    assert "Traceback" not in text, text
+    assert "KeyboardInterrupt" not in text, text
+    assert "stopped." in text

@@ -134,7 +134,11 @@ async def test_a_scrape_of_a_real_serve_shows_latency_state_and_build(
                 assert r.status == 200
 
             async def scrape() -> str:
-                async with session.get(https + "/metrics", headers=ops, ssl=trusting) as r:
+                async with session.get(
+                    https + "/metrics",
+                    headers={**ops, "accept": "application/openmetrics-text; version=1.0.0"},
+                    ssl=trusting,
+                ) as r:
                     assert r.status == 200
                     assert r.headers["Content-Type"].startswith("application/openmetrics-text")
                     return await r.text()
@@ -223,7 +227,10 @@ async def test_a_restart_after_sigkill_counts_the_chain_gap_of_both_streams(
     async def findings(executor: ExecutorProcess) -> dict[str, float]:
         async with (
             aiohttp.ClientSession() as session,
-            session.get(executor.url + "/metrics", headers=ops) as r,
+            session.get(
+                executor.url + "/metrics",
+                headers={**ops, "accept": "application/openmetrics-text; version=1.0.0"},
+            ) as r,
         ):
             assert r.status == 200
             _, samples = parse(await r.text())

@@ -108,8 +108,11 @@ class Group:
         )
         return pinned
 
-    async def get(self, session: aiohttp.ClientSession, path: str) -> tuple[int, Any]:
-        async with session.get(self.process.url + path, headers=self.ops) as r:
+    async def get(
+        self, session: aiohttp.ClientSession, path: str, *, accept: str | None = None
+    ) -> tuple[int, Any]:
+        headers = self.ops if accept is None else {**self.ops, "accept": accept}
+        async with session.get(self.process.url + path, headers=headers) as r:
             text = await r.text()
             return r.status, (json.loads(text) if r.content_type == "application/json" else text)
 
@@ -189,7 +192,9 @@ async def test_two_workers_answer_on_one_port_and_every_view_names_both(
             assert [w["this_worker"] for w in roster] == [index == 0, index == 1]
 
         # A scrape of one worker counts the proposals both answered.
-        status, text = await group.get(sessions[0], "/metrics")
+        status, text = await group.get(
+            sessions[0], "/metrics", accept="application/openmetrics-text; version=1.0.0"
+        )
         assert status == 200
         allowed = [
             s.value

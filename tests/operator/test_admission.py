@@ -77,6 +77,18 @@ def test_a_parameter_schema_that_does_not_compile_is_refused(policy_body: dict[s
     assert refused.message.startswith("actions[0].parameters")
 
 
+def test_a_loose_schema_serve_would_refuse_is_refused_by_path(policy_body: dict[str, Any]) -> None:
+    """The same check as serve, config, doctor and policy lint (issue 31): an action the
+    reference handler runs needs additionalProperties: false."""
+    loose = copy.deepcopy(policy_body)
+    assert loose["spec"]["policy"]["actions"][0]["handler"] == "forward_request"
+    loose["spec"]["policy"]["actions"][0]["parameters"].pop("additionalProperties")
+    refused = _refusal("CREATE", loose)
+    assert refused.reason == "PolicyInvalid"
+    assert refused.message.startswith("actions[0].parameters: ")
+    assert "additionalProperties: false" in refused.message
+
+
 def test_a_spec_the_model_refuses_is_spec_invalid_without_its_value(
     policy_body: dict[str, Any],
 ) -> None:

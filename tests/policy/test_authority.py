@@ -75,7 +75,9 @@ class FakeUseStore:
 def policy(extra_actions: list[dict[str, Any]] | None = None) -> Any:
     data = copy.deepcopy(EXAMPLE)
     data["actions"].extend(extra_actions or [])
-    return compile_policy(parse_policy(data), registered_handlers={"forward_request"})
+    return compile_policy(
+        parse_policy(data), registered_handlers={"forward_request", "loose_handler"}
+    )
 
 
 @pytest.fixture
@@ -101,7 +103,7 @@ def authority(clock: ManualClock, store: FakeUseStore, key: SigningKey) -> Local
 EXTRA: list[dict[str, Any]] = [
     {
         "name": "broken_rule",
-        "handler": "forward_request",
+        "handler": "loose_handler",
         "parameters": {"type": "object"},
         "rules": [
             {"name": "typed", "when": "params.amount > 1", "verdict": "ALLOW"},
@@ -110,13 +112,13 @@ EXTRA: list[dict[str, Any]] = [
     },
     {
         "name": "non_boolean",
-        "handler": "forward_request",
+        "handler": "loose_handler",
         "parameters": {"type": "object"},
         "rules": [{"name": "number", "when": "1 + 1", "verdict": "ALLOW"}],
     },
     {
         "name": "narrow",
-        "handler": "forward_request",
+        "handler": "loose_handler",
         "parameters": {"type": "object"},
         "rules": [
             {"name": "only-eur", "when": "params.currency == 'EUR'", "verdict": "ALLOW"},
@@ -125,7 +127,7 @@ EXTRA: list[dict[str, Any]] = [
     },
     {
         "name": "contextual",
-        "handler": "forward_request",
+        "handler": "loose_handler",
         "parameters": {"type": "object"},
         "rules": [
             {
@@ -145,7 +147,7 @@ EXTRA: list[dict[str, Any]] = [
     },
     {
         "name": "dangling_ref",
-        "handler": "forward_request",
+        "handler": "loose_handler",
         "parameters": {"type": "object", "properties": {"x": {"$ref": "https://example.test/s"}}},
         "rules": [{"name": "any", "when": "true", "verdict": "ALLOW"}],
     },
@@ -727,7 +729,9 @@ def webauthn_authority(clock: ManualClock, store: FakeUseStore, key: SigningKey)
     for rule in data["actions"][0]["rules"]:
         if rule["verdict"] == "ESCALATE":
             rule["approval"] = {"verification": "WEBAUTHN"}
-    compiled = compile_policy(parse_policy(data), registered_handlers={"forward_request"})
+    compiled = compile_policy(
+        parse_policy(data), registered_handlers={"forward_request", "loose_handler"}
+    )
     return LocalAuthority(compiled, keys=key, store=store, clock=clock)
 
 

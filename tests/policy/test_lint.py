@@ -16,6 +16,7 @@ SCHEMA: dict[str, Any] = {
         "currency": {"type": "string", "enum": ["EUR", "USD"]},
         "note": {"type": "string"},
     },
+    "additionalProperties": False,
 }
 
 

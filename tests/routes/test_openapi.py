@@ -24,7 +24,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from agentsafe.executor.codes import Code
+from agentsafe.executor.codes import REASON_CODES, Code
 from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.principals import Principal, Role, Scope
 from agentsafe.executor.routes.app import Call, Link, Route, build_app
@@ -312,3 +312,14 @@ def test_a_link_to_a_route_that_is_not_served_is_left_out() -> None:
 
 async def _nothing(call: Call) -> web.StreamResponse:
     return web.json_response({})
+
+
+def test_intent_expired_is_answered_one_way() -> None:
+    """An intent past its TTL is a BLOCK whose reasons name INTENT_EXPIRED (an approval never
+    revives it), on every route: no route declares it as a refusal, the registry gives it no
+    status of its own, and the document lists it under no error answer (issue 31)."""
+    assert Code.INTENT_EXPIRED.status is None
+    assert Code.INTENT_EXPIRED in REASON_CODES
+    for route in every_route():
+        assert Code.INTENT_EXPIRED not in refusal_codes(route), route.path
+    assert "INTENT_EXPIRED" not in json.dumps(openapi_document(every_route())["paths"])

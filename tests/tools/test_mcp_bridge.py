@@ -317,6 +317,8 @@ async def test_streamable_http_passes_each_callers_bearer_to_the_door(
             refused = await anonymous.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "x"})
             assert refused.status_code == 401
             assert refused.json()["error"]["code"] == "AUTH_FAILED"
+            assert refused.headers["www-authenticate"] == 'Bearer realm="agentsafe"'
+
         token = node.principals.token("treasury-workflow")
         async with (
             httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}) as http,

@@ -171,6 +171,43 @@ async def test_doctor_reports_an_invalid_variable_and_config_json(tmp_path: Path
     assert token not in out
 
 
+async def test_every_judge_refuses_a_loose_schema_naming_the_action_and_path(
+    tmp_path: Path, provider: str
+) -> None:
+    """doctor, policy lint, config and serve judge a policy with one function (issue 31): a
+    parameter schema without additionalProperties: false, on an action the reference handler
+    runs, is SCHEMA_NOT_STRICT at actions[0].parameters everywhere, never "ready"."""
+    env_file = _legacy_env(tmp_path, provider)
+    policy = env_file.parent / "policy.yaml"
+    text = policy.read_text()
+    assert "additionalProperties: false" in text
+    policy.write_text(text.replace("additionalProperties: false", "additionalProperties: true", 1))
+    where = "actions[0].parameters"
+
+    code, out, err = await _cli("policy", "lint", str(policy), cwd=tmp_path)
+    assert code != 0, out + err
+    assert "SCHEMA_NOT_STRICT" in out + err and where in out + err
+
+    code, out, err = await _cli("config", "--env-file", str(env_file), cwd=tmp_path)
+    assert code == 78, out + err
+    assert "SCHEMA_NOT_STRICT" in out + err and where in out + err
+
+    code, out, err = await _cli("doctor", "--env-file", str(env_file), cwd=tmp_path)
+    assert code == 1, out + err
+    [line] = [line for line in out.splitlines() if line.startswith("fail  policy")]
+    assert "SCHEMA_NOT_STRICT" in line and where in line, line
+    assert "ready for agentsafe serve" not in out
+
+    environ = dict(
+        line.split("=", 1)
+        for line in env_file.read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    code, out, err = await _cli("serve", cwd=tmp_path, env=environ)
+    assert code == 78, out + err
+    assert "SCHEMA_NOT_STRICT" in err and where in err, err
+
+
 async def test_status_asks_a_running_executor_and_ends_with_the_shadow_report(
     tmp_path: Path, provider: str
 ) -> None:
