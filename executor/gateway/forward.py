@@ -34,7 +34,9 @@ from ..dispatch.seam import Dispatch, ExecutionContext, ReconcileResult, Reconci
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import HandlerError
+from ..headers import SIGNATURE_HEADERS
 from .intercept import body_digest
+from .screen import echoes
 
 __all__ = [
     "HANDLER",
@@ -73,6 +75,17 @@ class Exchange:
     body: bytes
     response: HttpResponse | None = None
     held_until: float | None = None  # epoch seconds: held for an approval until the intent expires
+    echoed: str | None = None  # the field of the answer that echoed a credential value sent
+
+    def same_request(self, other: Exchange) -> bool:
+        """Whether ``other`` is this request exactly: method, path, query, headers, body."""
+        return (self.method, self.path, self.query, self.headers, self.body) == (
+            other.method,
+            other.path,
+            other.query,
+            other.headers,
+            other.body,
+        )
 
 
 @dataclass
@@ -82,8 +95,15 @@ class Exchanges:
 
     _by_key: dict[str, Exchange] = field(default_factory=dict)
 
-    def put(self, key: str, exchange: Exchange) -> None:
+    def put(self, key: str, exchange: Exchange) -> Exchange | None:
+        """Keep ``exchange`` under ``key`` unless one is already there (held for an approval or
+        in flight): that one is returned and never replaced, so what an approver saw is what
+        is forwarded, and a request is never swapped under another's grant."""
+        existing = self._by_key.get(key)
+        if existing is not None:
+            return existing
         self._by_key[key] = exchange
+        return None
 
     def hold(self, key: str, exchange: Exchange, *, until: float, now: float) -> None:
         """Keep ``exchange`` for a resume after approval; drop every hold already expired, and
@@ -161,6 +181,7 @@ class GatewayForwardHandler:
                 "x-agent-safe-decision-id": auth.decision_id,
             }
         )
+        extra: Mapping[str, str] = {}
         if self._credential is not None:
             extra = await self._credential.headers_for(
                 method=exchange.method,
@@ -186,6 +207,9 @@ class GatewayForwardHandler:
 
         response = await dispatch.run(send)
         exchange.response = response
+        # The redactor cannot see a credential cut short: look for the values just sent.
+        sent = [v for k, v in extra.items() if k.lower() not in SIGNATURE_HEADERS]
+        exchange.echoed = echoes(response, sent)
         if exchange.held_until is not None:  # resumed after approval: sent; hold it no longer
             self._exchanges.pop(ctx.idempotency_key)
         return {

@@ -20,11 +20,12 @@ Callers: ``gateway/listener.py``, ``gateway/forward.py``.
 from __future__ import annotations
 
 import hashlib
-import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
+from urllib.parse import parse_qsl
 
-from ..canonical import canonical_json
+from ..canonical import canonical_json, parse_json
 from ..codes import Code
 from ..errors import CanonicalizationError
 from ..headers import is_reserved
@@ -33,11 +34,16 @@ from ..intent import MAX_BODY_BYTES
 __all__ = [
     "HOP_BY_HOP",
     "MAX_BODY_BYTES",
+    "METHOD_OVERRIDE_HEADERS",
     "READ_METHODS",
+    "UNREADABLE",
     "WRITE_METHODS",
     "body_digest",
     "capture",
     "forwardable_headers",
+    "normalised_path",
+    "overrides_method",
+    "read_body",
     "refusal_for",
     "response_headers",
 ]
@@ -59,6 +65,17 @@ HOP_BY_HOP: Final = frozenset(
         "content-length",
     }
 )
+METHOD_OVERRIDE_HEADERS: Final = frozenset(
+    {"x-http-method-override", "x-http-method", "x-method-override"}
+)
+"""Headers some frameworks read as the request's real method: refused, never forwarded."""
+_METHOD_FIELD = "_method"  # the query/form convention (Rails, Laravel, Symfony)
+
+_UNRESERVED: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+# RFC 3986 pchar without ";" (a path parameter: Tomcat and Spring strip "/..;/" to "/../"),
+# plus "/" and the "%" of an escape.
+_PATH_CHARS: Final = _UNRESERVED | frozenset("!$&'()*+,=:@/%")
+_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
 
 
 def refusal_for(method: str, headers: Iterable[tuple[str, str]]) -> Code | None:
@@ -70,6 +87,8 @@ def refusal_for(method: str, headers: Iterable[tuple[str, str]]) -> Code | None:
         return Code.GATEWAY_UPGRADE_REFUSED
     if method not in WRITE_METHODS | READ_METHODS:
         return Code.GATEWAY_METHOD_REFUSED
+    if names & METHOD_OVERRIDE_HEADERS:
+        return Code.GATEWAY_METHOD_OVERRIDE_REFUSED
     if "transfer-encoding" in names:
         return Code.GATEWAY_STREAMING_REFUSED
     lengths = [v for n, v in lowered if n == "content-length"]
@@ -86,44 +105,105 @@ def body_digest(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
-def _json_body(body: bytes, content_type: str | None) -> Any:
-    if not body or content_type is None:
+def normalised_path(target: str) -> str | None:
+    """The one path the policy judges and the upstream receives, or ``None`` when the request
+    target is ambiguous (refused, ``GATEWAY_PATH_AMBIGUOUS``).
+
+    Normalised (RFC 3986 section 6.2.2): an escape of an unreserved character is decoded
+    (``/%61dmin`` is ``/admin``) and every other escape is written in upper case. Ambiguous: a
+    target that is not origin-form (``/...``), a character outside RFC 3986's ``pchar`` (a
+    backslash, a space, a raw non-ASCII byte) or ``;`` (a path parameter), a malformed escape,
+    an escaped ``/``, ``\\``, ``%`` or control character, an empty segment (``//``) and a dot
+    segment (``.`` or ``..``, escaped or not): each means different paths to different servers.
+    """
+    path = target.split("?", 1)[0].split("#", 1)[0]
+    if not path.startswith("/") or any(c not in _PATH_CHARS for c in path):
         return None
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media != "application/json" and not media.endswith("+json"):
+    if _ESCAPE.sub("", path).count("%"):
+        return None  # a "%" that does not start an escape of two hex digits
+
+    def escape(match: re.Match[str]) -> str:
+        char = chr(int(match.group(1), 16))
+        return char if char in _UNRESERVED else f"%{match.group(1).upper()}"
+
+    normal = _ESCAPE.sub(escape, path)
+    lowered = normal.lower()
+    if any(f"%{c:02x}" in lowered for c in (*range(0x20), 0x7F, 0x2F, 0x5C, 0x25)):
+        return None
+    segments = normal.split("/")[1:]
+    for n, segment in enumerate(segments):
+        if segment in (".", "..") or (segment == "" and n < len(segments) - 1):
+            return None
+    return normal
+
+
+UNREADABLE: Final = object()
+"""What :func:`read_body` returns for a body the policy could not read."""
+
+
+def read_body(body: bytes) -> Any:
+    """The body as the policy reads it: ``None`` when empty, else the JSON document read by the
+    project's one strict parser (``canonical.parse_json``) whatever the declared media type (an
+    upstream may read JSON sent as ``text/plain``), and only when it has one canonical form (no
+    duplicate key, no number beyond I-JSON); anything else is :data:`UNREADABLE` and the
+    request is refused (``GATEWAY_BODY_UNREADABLE``): never judged as if it had no body."""
+    if not body:
         return None
     try:
-        value = json.loads(body)
+        value = parse_json(body)
         canonical_json(value)  # only what has one canonical form is a parameter
-    except (ValueError, UnicodeDecodeError, CanonicalizationError, RecursionError):
-        return None
+    except (ValueError, CanonicalizationError, RecursionError):
+        return UNREADABLE
     return value
 
 
-def capture(
-    *, method: str, path: str, query: str, body: bytes, content_type: str | None
-) -> dict[str, Any]:
-    """The intent's parameters for one request (see the module docstring)."""
+def overrides_method(query: str, body: Any) -> bool:
+    """Whether the query string or the JSON body carries the ``_method`` override convention."""
+    fields = [name for name, _ in parse_qsl(query, keep_blank_values=True)]
+    if isinstance(body, dict):
+        fields.extend(body)
+    return any(name.strip().casefold() == _METHOD_FIELD for name in fields)
+
+
+def capture(*, method: str, path: str, query: str, body: bytes, value: Any) -> dict[str, Any]:
+    """The intent's parameters for one request (see the module docstring); ``value`` is
+    :func:`read_body`'s reading of ``body``."""
     return {
         "method": method,
         "path": path,
         "query": query,
         "body_digest": body_digest(body),
-        "body": _json_body(body, content_type),
+        "body": value,
     }
 
 
+def _connection_named(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
+    """The header names a ``Connection`` header lists (RFC 9110 section 7.6.1): hop-by-hop."""
+    return frozenset(
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == "connection"
+        for token in value.split(",")
+        if token.strip()
+    )
+
+
 def forwardable_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """The client's end-to-end headers (first value of each, comma-joined if repeated)."""
+    """The client's end-to-end headers (comma-joined if repeated): not the hop-by-hop set, not
+    a header its ``Connection`` names, nothing the executor writes itself."""
+    headers = list(headers)
+    named = _connection_named(headers)
     out: dict[str, str] = {}
     for name, value in headers:
         key = name.lower()
-        if key in HOP_BY_HOP or (is_reserved(key) and key != "content-type"):
+        if key in HOP_BY_HOP or key in named or (is_reserved(key) and key != "content-type"):
             continue
         out[key] = f"{out[key]}, {value}" if key in out else value
     return out
 
 
 def response_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """The upstream's response headers a client may see (no hop-by-hop, no framing)."""
-    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+    """The upstream's response headers a client may see (no hop-by-hop, none its
+    ``Connection`` names, no framing)."""
+    named = _connection_named(headers.items())
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP | named}
