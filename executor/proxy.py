@@ -12,6 +12,13 @@ defaults to SHADOW), and the policy must have an ``http_request`` action run by
 loopback and says so on every line it prints. The gateway proposes as the legacy caller, or as
 ``--principal`` from the principals file.
 
+The gateway's traffic (forwarding, lookups, pass-through reads) goes through a guarded client of
+its own, with the same egress policy, whose refusals count towards the egress halt only when they
+are about where the connection goes (:data:`HALTING_REFUSALS`): a path, a header or an answer of
+the upstream is the client's choice, and no client may halt the gateway. The executor's background
+polls run as in ``serve`` (the store's health among them: 503 ``STORE_UNAVAILABLE`` while it does
+not answer).
+
 Output: one line per request on standard output; the chained evidence and security streams go
 to ``gateway-evidence.jsonl`` and ``gateway-security.jsonl`` in the journal directory (the state
 directory without one). The process guard (``host/audithook.py``) is installed as ``serve``

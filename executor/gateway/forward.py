@@ -16,7 +16,14 @@ ESCALATE with ``EXECUTOR_ESCALATION=APPROVAL``: the listener holds the captured 
 (``POST /v1/escalations`` on the executor's routes, ``--serve-routes``) after an APPROVER
 approved it, the pipeline decides again and runs this handler once under the approval's own
 idempotency scope: the held bytes are forwarded then, once, and the hold is dropped. A second
-resume replays the first answer; nothing is sent twice.
+resume replays the first answer; nothing is sent twice. A held request is immutable:
+:meth:`Exchanges.put` never replaces what is under a key (held or in flight), so a re-send with
+other headers or another body is refused by the listener (409 ``GATEWAY_HELD_REQUEST_CONFLICT``)
+and the resume forwards exactly what was held when the approver decided.
+
+After sending, the handler looks for the credential values it has just sent in the answer
+(``gateway/screen.py``'s :func:`~agentsafe.executor.gateway.screen.echoes`: half a value is
+enough) and marks the exchange, so the listener withholds it.
 
 Callers: ``proxy.py`` (registers it), ``gateway/listener.py`` (the exchanges).
 """

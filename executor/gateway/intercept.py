@@ -1,18 +1,27 @@
 """What the gateway captures from one HTTP request, and what it refuses before capturing.
 
 Pure functions, no I/O. :func:`refusal_for` refuses, with a code, what cannot be bound to an
-intent: a protocol upgrade (``Upgrade``, ``Connection: upgrade``, ``CONNECT``), a streaming body
-(``Transfer-Encoding`` of any kind: its length is not known before it is read), and a declared
-body over :data:`MAX_BODY_BYTES`. The framing attacks (``Content-Length`` with
-``Transfer-Encoding``, duplicate ``Content-Length``, folded headers) never reach here: aiohttp's
-llhttp parser refuses them, and the executor's listener answers with ``HTTP_MALFORMED``
-(``routes/listener.py``, as for ``serve``).
+intent: a protocol upgrade (``Upgrade``, ``Connection: upgrade``, ``CONNECT``), a method-override
+header (:data:`METHOD_OVERRIDE_HEADERS`: the policy judges the method the request line names, and
+nothing else may name another), a streaming body (``Transfer-Encoding`` of any kind: its length
+is not known before it is read), and a declared body over :data:`MAX_BODY_BYTES`. The framing
+attacks (``Content-Length`` with ``Transfer-Encoding``, duplicate ``Content-Length``, folded
+headers) never reach here: aiohttp's llhttp parser refuses them, and the executor's listener
+answers with ``HTTP_MALFORMED`` (``routes/listener.py``, as for ``serve``).
 
-:func:`capture` is the intent's parameters: the method, the path, the query string, the SHA-256
-of the body bytes, and the body parsed as JSON when it is a JSON document (else ``null``; the
-digest binds it either way). :func:`forwardable_headers` is what is sent on: the client's headers
-without the hop-by-hop ones and without anything the executor writes itself (its content type is
-kept: it describes the bytes forwarded).
+:func:`normalised_path` is the one path the policy judges and the upstream receives (escapes
+of unreserved characters decoded, RFC 3986 section 6.2.2), or ``None`` for a target that could
+mean another path to another server (refused: an escaped separator, a dot or empty segment, a
+backslash, a path parameter). :func:`read_body` reads the body as the policy reads it: JSON by
+the one strict parser whatever the media type, or :data:`UNREADABLE` (refused, never judged as
+``null``). :func:`overrides_method` finds the ``_method`` convention in the query or the body.
+
+:func:`capture` is the intent's parameters: the method, the normalised path, the query string,
+the SHA-256 of the body bytes, and the body as read. :func:`forwardable_headers` is what is sent
+on: the client's headers without the hop-by-hop ones (the standard set and every header its
+``Connection`` names, RFC 9110 section 7.6.1) and without anything the executor writes itself
+(its content type is kept: it describes the bytes forwarded); :func:`response_headers` the same
+for the upstream's answer.
 
 Callers: ``gateway/listener.py``, ``gateway/forward.py``.
 """

@@ -23,6 +23,14 @@ authority cannot be reached              503 ``GATEWAY_AUTHORITY_UNAVAILABLE``, 
 halted                                   503 ``EXECUTOR_HALTED``, ``Retry-After``
 outcome unknown after sending            502 ``GATEWAY_OUTCOME_UNKNOWN`` with the recovery object
 not sent                                 502 ``GATEWAY_NOT_EXECUTED`` with the reason codes
+the answer carries a credential           502 ``GATEWAY_ANSWER_WITHHELD`` with the upstream's status
+                                         (``gateway/screen.py``; never the answer)
+the store does not answer                503 ``STORE_UNAVAILABLE``, ``Retry-After``
+an ambiguous path                        400 ``GATEWAY_PATH_AMBIGUOUS`` (``intercept.py``)
+a method override (header or _method)    400 ``GATEWAY_METHOD_OVERRIDE_REFUSED``
+a body the policy cannot read            422 ``GATEWAY_BODY_UNREADABLE``
+a body on a read passed through unbound  400 ``GATEWAY_READ_BODY_REFUSED``
+another request under a held key         409 ``GATEWAY_HELD_REQUEST_CONFLICT``; the hold is kept
 an upgrade                               400 ``GATEWAY_UPGRADE_REFUSED``
 a streaming body                         411 ``GATEWAY_STREAMING_REFUSED``
 an oversize body (over 100 KiB)          413 ``GATEWAY_BODY_TOO_LARGE``
@@ -228,7 +236,7 @@ class Gateway:
         if answer.status == 503:
             # Why the boundary takes no work now (halted, the store down, ...): its own code.
             code = next(
-                (Code(r) for r in reasons if r in WORK_GATE_CODES), Code.GATEWAY_NOT_EXECUTED
+                (Code[r] for r in reasons if r in WORK_GATE_CODES), Code.GATEWAY_NOT_EXECUTED
             )
             self.log(f"{method} {path} -> {summary}; nothing forwarded")
             return _refusal(
