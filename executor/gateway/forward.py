@@ -31,6 +31,7 @@ Callers: ``proxy.py`` (registers it), ``gateway/listener.py`` (the exchanges).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -41,7 +42,7 @@ from ..dispatch.seam import Dispatch, ExecutionContext, ReconcileResult, Reconci
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import HandlerError
-from ..headers import SIGNATURE_HEADERS
+from ..headers import is_reserved
 from .intercept import body_digest
 from .screen import echoes
 
@@ -102,12 +103,16 @@ class Exchanges:
 
     _by_key: dict[str, Exchange] = field(default_factory=dict)
 
-    def put(self, key: str, exchange: Exchange) -> Exchange | None:
+    def put(self, key: str, exchange: Exchange, *, now: float | None = None) -> Exchange | None:
         """Keep ``exchange`` under ``key`` unless one is already there (held for an approval or
         in flight): that one is returned and never replaced, so what an approver saw is what
-        is forwarded, and a request is never swapped under another's grant."""
+        is forwarded, and a request is never swapped under another's grant. A hold whose
+        intent has expired (``now``, epoch seconds) is gone: nothing can resume it."""
         existing = self._by_key.get(key)
-        if existing is not None:
+        moment = time.time() if now is None else now
+        if existing is not None and not (
+            existing.held_until is not None and existing.held_until <= moment
+        ):
             return existing
         self._by_key[key] = exchange
         return None
@@ -215,7 +220,8 @@ class GatewayForwardHandler:
         response = await dispatch.run(send)
         exchange.response = response
         # The redactor cannot see a credential cut short: look for the values just sent.
-        sent = [v for k, v in extra.items() if k.lower() not in SIGNATURE_HEADERS]
+        # (a signing credential returns the covered binding headers too: no secret there)
+        sent = [v for k, v in extra.items() if not is_reserved(k)]
         exchange.echoed = echoes(response, sent)
         if exchange.held_until is not None:  # resumed after approval: sent; hold it no longer
             self._exchanges.pop(ctx.idempotency_key)

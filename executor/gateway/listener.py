@@ -276,7 +276,7 @@ class Gateway:
         if outcome == "COMPLETED":
             if exchange is not None and exchange.response is not None:
                 self.log(f"{method} {path} -> {summary}; forwarded once under a claimed grant")
-                out = self._relay(exchange.response, common, echoed=exchange.echoed)
+                out = await self._relay(exchange.response, common, echoed=exchange.echoed)
                 out.headers["x-agentsafe-intent-hash"] = str(decided.get("intent_hash"))
                 return out
             self.log(f"{method} {path} -> {summary}; a replay, nothing sent again")
@@ -312,9 +312,9 @@ class Gateway:
                 "the upstream could not be reached",
                 transport=exc.code,
             )
-        return self._relay(upstream, {})
+        return await self._relay(upstream, {})
 
-    def _relay(
+    async def _relay(
         self, upstream: HttpResponse, common: Mapping[str, Any], *, echoed: str | None = None
     ) -> web.Response:
         """The upstream's answer as the client sees it, or 502 ``GATEWAY_ANSWER_WITHHELD``
@@ -324,7 +324,7 @@ class Gateway:
             headers=_client_headers(upstream.headers),
             body=upstream.body,
         )
-        where = echoed or withheld_field(relayed, self.screen)
+        where = echoed or await asyncio.to_thread(withheld_field, relayed, self.screen)
         if where is None:
             return _from_upstream(relayed)
         self.security.emit("PROVIDER_STRING_WITHHELD", {"action": "http_request", "field": where})
