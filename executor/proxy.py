@@ -48,7 +48,7 @@ from aiohttp import web
 
 from .assembly import assemble, build_transport
 from .codes import Code
-from .config import ExecutorMode, load_config
+from .config import ExecutorConfig, ExecutorMode, load_config
 from .dispatch.registration import Seam
 from .door.door import LegacyCaller
 from .egress.guard import GuardedClient
@@ -148,7 +148,9 @@ def _register(exchanges: Exchanges, timeout_ms: int, transport: Any = None) -> A
     return register
 
 
-def gateway_transport(config: Any, streams: Streams, executor: list[Executor]) -> GuardedClient:
+def gateway_transport(
+    config: ExecutorConfig, streams: Streams, executor: list[Executor]
+) -> GuardedClient:
     """The guarded client for the gateway's traffic: the same policy as the process's, with
     only :data:`HALTING_REFUSALS` counted towards the halt (``executor`` holds the executor
     once it is assembled; a refusal before that is counted nowhere, and none can happen)."""

@@ -32,7 +32,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
-from urllib.parse import parse_qsl
+from urllib.parse import unquote_plus
 
 from ..canonical import canonical_json, parse_json
 from ..codes import Code
@@ -168,7 +168,8 @@ def read_body(body: bytes) -> Any:
 
 def overrides_method(query: str, body: Any) -> bool:
     """Whether the query string or the JSON body carries the ``_method`` override convention."""
-    fields = [name for name, _ in parse_qsl(query, keep_blank_values=True)]
+    # "&" and ";" both separate parameters for some servers; a name is compared decoded.
+    fields = [unquote_plus(part.split("=", 1)[0]) for part in re.split(r"[&;]", query)]
     if isinstance(body, dict):
         fields.extend(body)
     return any(name.strip().casefold() == _METHOD_FIELD for name in fields)

@@ -119,6 +119,9 @@ def test_method_overrides_are_found() -> None:
     assert overrides_method("_method=DELETE", None)
     assert overrides_method("a=1&%5Fmethod=DELETE", None)
     assert overrides_method("_METHOD=DELETE", None)
+    assert overrides_method("a=1;_method=DELETE", None)
+    assert overrides_method("_method", None)
+    assert overrides_method("%5f%6Dethod=DELETE", None)
     assert overrides_method("", {"_method": "DELETE"})
     assert not overrides_method("method=x", {"method": "x"})
 
