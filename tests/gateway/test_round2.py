@@ -157,6 +157,26 @@ async def test_the_downstream_credential_never_reaches_the_agent(
     assert any("answer withheld" in line for line in gateway.lines())
 
 
+async def test_in_shadow_the_processs_redactor_screens_what_is_passed_through(
+    tmp_path: Path, echo: EchoUpstream
+) -> None:
+    proxy = await start_proxy(tmp_path, echo)  # type: ignore[arg-type]
+    try:
+        async with aiohttp.ClientSession() as session:
+            for send in (session.post, session.get):
+                async with send(
+                    f"{proxy.url}/body/echo",
+                    headers={"authorization": "Bearer abcdefghijklmnopqrstuvwxyz012345"},
+                ) as r:
+                    assert r.status == 502
+                    seen = await r.text()
+                assert "abcdefghijklmnop" not in seen
+                assert json.loads(seen)["error"]["code"] == "GATEWAY_ANSWER_WITHHELD"
+    finally:
+        proxy.stop()
+    assert len(echo.received) == 2, "in shadow both were carried out as before"
+
+
 async def test_an_answer_without_a_credential_is_relayed_untouched(
     gateway: Proxy, echo: EchoUpstream
 ) -> None:
