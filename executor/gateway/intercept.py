@@ -150,14 +150,23 @@ UNREADABLE: Final = object()
 """What :func:`read_body` returns for a body the policy could not read."""
 
 
-def read_body(body: bytes) -> Any:
+_FIELD_MEDIA: Final = ("application/x-www-form-urlencoded", "multipart/")
+
+
+def read_body(body: bytes, content_type: str | None = None) -> Any:
     """The body as the policy reads it: ``None`` when empty, else the JSON document read by the
     project's one strict parser (``canonical.parse_json``) whatever the declared media type (an
     upstream may read JSON sent as ``text/plain``), and only when it has one canonical form (no
     duplicate key, no number beyond I-JSON); anything else is :data:`UNREADABLE` and the
-    request is refused (``GATEWAY_BODY_UNREADABLE``): never judged as if it had no body."""
+    request is refused (``GATEWAY_BODY_UNREADABLE``): never judged as if it had no body. A body
+    declared as form fields (form-encoded, multipart) is unreadable even when it parses as JSON:
+    the upstream reads fields out of it that the policy would not see (the JSON string
+    ``"x&amountMinor=900000"`` is a form with an ``amountMinor``)."""
     if not body:
         return None
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media.startswith(_FIELD_MEDIA):
+        return UNREADABLE
     try:
         value = parse_json(body)
         canonical_json(value)  # only what has one canonical form is a parameter

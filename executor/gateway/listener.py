@@ -162,7 +162,7 @@ class Gateway:
         query = request.rel_url.raw_query_string
         headers = forwardable_headers(raw)
         bound = method in WRITE_METHODS or self.read_action
-        value = read_body(body)
+        value = read_body(body, request.headers.get("content-type"))
         code = None
         if overrides_method(query, value):
             code = Code.GATEWAY_METHOD_OVERRIDE_REFUSED

@@ -95,6 +95,10 @@ def test_the_body_as_the_policy_reads_it() -> None:
     assert read_body(b"") is None
     assert read_body(b'{"amountMinor": 900000}') == {"amountMinor": 900000}
     assert read_body(b"[1, 2]") == [1, 2]
+    assert read_body(b'{"a": 1}', "text/plain; charset=utf-8") == {"a": 1}
+    assert read_body(b'"x&amountMinor=900000"', "Application/X-WWW-Form-Urlencoded") is UNREADABLE
+    assert read_body(b'{"a": 1}', "multipart/form-data; boundary=b") is UNREADABLE
+    assert read_body(b"", "application/x-www-form-urlencoded") is None
     for unreadable in (
         b"amountMinor=900000",
         b'{"a": 1e400}',

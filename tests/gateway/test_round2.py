@@ -306,7 +306,7 @@ async def test_a_read_that_passes_unbound_may_not_carry_a_body(
 async def test_json_sent_as_another_media_type_is_read_by_the_policy(
     gateway: Proxy, echo: EchoUpstream
 ) -> None:
-    for media in ("text/plain", "application/x-www-form-urlencoded", "application/octet-stream"):
+    for media in ("text/plain", "application/octet-stream", "application/json; charset=utf-8"):
         status, answer = status_and_json(
             await raw(
                 gateway.port,
@@ -320,6 +320,9 @@ async def test_json_sent_as_another_media_type_is_read_by_the_policy(
 
 UNREADABLE = [
     (b"amountMinor=900000", "application/x-www-form-urlencoded"),
+    (b'{"amountMinor": 900000}', "application/x-www-form-urlencoded"),
+    (b'"x&amountMinor=900000&y"', "application/x-www-form-urlencoded; charset=utf-8"),
+    (b'{"amountMinor": 900000}', "multipart/form-data; boundary=x"),
     (b'{"amountMinor": 1e400}', "application/json"),
     (b'{"amountMinor": 90000000000000000000000}', "application/json"),
     (b'{"amountMinor": 9e99999}', "application/json"),
