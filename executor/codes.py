@@ -526,6 +526,36 @@ class Code(StrEnum):
         None,
         "the captured request is not held by this process; nothing was sent",
     )
+    GATEWAY_PATH_AMBIGUOUS = (
+        "GATEWAY_PATH_AMBIGUOUS",
+        400,
+        "the request path is ambiguous (escaped separator, dot or empty segment, backslash)",
+    )
+    GATEWAY_METHOD_OVERRIDE_REFUSED = (
+        "GATEWAY_METHOD_OVERRIDE_REFUSED",
+        400,
+        "a method-override header or _method field is refused",
+    )
+    GATEWAY_BODY_UNREADABLE = (
+        "GATEWAY_BODY_UNREADABLE",
+        422,
+        "the body is not a strict JSON document the policy can read; nothing was sent",
+    )
+    GATEWAY_READ_BODY_REFUSED = (
+        "GATEWAY_READ_BODY_REFUSED",
+        400,
+        "a read that passes unbound carries a body the policy would never see",
+    )
+    GATEWAY_HELD_REQUEST_CONFLICT = (
+        "GATEWAY_HELD_REQUEST_CONFLICT",
+        409,
+        "another request under the key of one held or in flight; the held one is kept",
+    )
+    GATEWAY_ANSWER_WITHHELD = (
+        "GATEWAY_ANSWER_WITHHELD",
+        502,
+        "the upstream's answer carried a credential and is withheld",
+    )
 
     # -- dispatch: the handler seam --------------------------------------------------------------
     ACTION_ALREADY_REGISTERED = "ACTION_ALREADY_REGISTERED", None, "an action is registered twice"

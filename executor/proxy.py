@@ -12,6 +12,13 @@ defaults to SHADOW), and the policy must have an ``http_request`` action run by
 loopback and says so on every line it prints. The gateway proposes as the legacy caller, or as
 ``--principal`` from the principals file.
 
+The gateway's traffic (forwarding, lookups, pass-through reads) goes through a guarded client of
+its own, with the same egress policy, whose refusals count towards the egress halt only when they
+are about where the connection goes (:data:`HALTING_REFUSALS`): a path, a header or an answer of
+the upstream is the client's choice, and no client may halt the gateway. The executor's background
+polls run as in ``serve`` (the store's health among them: 503 ``STORE_UNAVAILABLE`` while it does
+not answer).
+
 Output: one line per request on standard output; the chained evidence and security streams go
 to ``gateway-evidence.jsonl`` and ``gateway-security.jsonl`` in the journal directory (the state
 directory without one). The process guard (``host/audithook.py``) is installed as ``serve``
@@ -39,10 +46,12 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from .assembly import assemble
-from .config import ExecutorMode, load_config
+from .assembly import assemble, build_transport
+from .codes import Code
+from .config import ExecutorConfig, ExecutorMode, load_config
 from .dispatch.registration import Seam
 from .door.door import LegacyCaller
+from .egress.guard import GuardedClient
 from .errors import AgentSafeError, ConfigError
 from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, Streams
 from .gateway.demo import BANNER, demo_environment
@@ -101,7 +110,27 @@ def _environment(
     return env, False
 
 
-def _register(exchanges: Exchanges, timeout_ms: int) -> Any:
+HALTING_REFUSALS = frozenset(
+    {
+        Code.EGRESS_ADDRESS_REFUSED,
+        Code.EGRESS_ORIGIN_NOT_ALLOWED,
+        Code.EGRESS_SCHEME_NOT_ALLOWED,
+        Code.EGRESS_TLS_REJECTED,
+        Code.EGRESS_TLS_PIN_MISMATCH,
+    }
+)
+"""The egress refusals of the gateway's traffic that count towards the egress halt: where the
+connection would go (the upstream's address, origin, scheme, certificate), which no client of
+the gateway chooses. A path, a header, or what the upstream answers a path the client chose (a
+redirect, an oversize body, a timeout, a malformed answer) are the client's choice: each is
+still refused, counted in the metrics and on the security stream, but never halts the gateway
+(an anonymous peer is never handed a way to stop the boundary)."""
+
+
+def _register(exchanges: Exchanges, timeout_ms: int, transport: Any = None) -> Any:
+    """The ``gateway_forward`` registration; ``transport`` is the gateway's own guarded client
+    (``None``: the seam's, for tests that build a gateway in process)."""
+
     def register(seam: Seam) -> list[str]:
         seam.registry.register(
             HANDLER,
@@ -109,7 +138,7 @@ def _register(exchanges: Exchanges, timeout_ms: int) -> Any:
                 upstream=seam.downstream.url,
                 lookup_url=seam.downstream.lookup_url,
                 timeout_ms=timeout_ms,
-                transport=seam.fetch,
+                transport=transport if transport is not None else seam.fetch,
                 credential=seam.credential,
                 exchanges=exchanges,
             ),
@@ -117,6 +146,22 @@ def _register(exchanges: Exchanges, timeout_ms: int) -> Any:
         return [HANDLER]
 
     return register
+
+
+def gateway_transport(
+    config: ExecutorConfig, streams: Streams, executor: list[Executor]
+) -> GuardedClient:
+    """The guarded client for the gateway's traffic: the same policy as the process's, with
+    only :data:`HALTING_REFUSALS` counted towards the halt (``executor`` holds the executor
+    once it is assembled; a refusal before that is counted nowhere, and none can happen)."""
+
+    def refused(code: str) -> None:
+        for running in executor:
+            running.metrics.egress_refusals.inc(code=code)
+            if code in HALTING_REFUSALS:
+                running.halt.record_egress_refusal()
+
+    return build_transport(config, streams, on_refusal=refused)
 
 
 def _principal(executor: Executor, principal_id: str | None) -> Any:
@@ -173,19 +218,27 @@ async def run(
         )
     exchanges = Exchanges()
     evidence, security = DeferredSink(), DeferredSink()
+    streams = Streams(evidence=evidence, security=security)
     evidence_out, security_out = outputs
+    assembled: list[Executor] = []
+    transport = gateway_transport(config, streams, assembled)
     try:
         executor = await assemble(
             env,
-            streams=Streams(evidence=evidence, security=security),
+            streams=streams,
             chain=(evidence_out, security_out),
             guard=guard,
-            registrations=[("gateway", _register(exchanges, config.downstream_timeout_ms))],
+            registrations=[
+                ("gateway", _register(exchanges, config.downstream_timeout_ms, transport))
+            ],
         )
     except BaseException:
+        await transport.close()
         if not security.attached:
             security.drain(JsonLinesSink(security_out, schema=SECURITY_SCHEMA))
         raise
+    assembled.append(executor)
+    executor.closers.append(transport.close)
     try:
         if "http_request" not in executor.policy.actions:
             raise ConfigError(
@@ -195,15 +248,20 @@ async def run(
             pipeline=executor.pipeline,
             principal=_principal(executor, args.principal),
             upstream=args.upstream.rstrip("/"),
-            transport=executor.transport,
+            transport=transport,
             exchanges=exchanges,
             read_action="http_read" in executor.policy.actions,
             authority="demo" if demo else "local",
             timeout=config.downstream_timeout_ms / 1000,
             log=say,
+            screen=lambda text: executor.redactor.redact(text, jws=False)[0],
+            security=executor.streams.security,
             body_timeout=float(config.executor_body_timeout_seconds),
         )
         await executor.reconcile_at_start()
+        # As serve: the halt file, the store's health (503 STORE_UNAVAILABLE at once while it
+        # does not answer), secrets, posture and the journal, each polled.
+        executor.start_background()
         if args.serve_routes:
             if demo:
                 raise ConfigError("--serve-routes", "needs a configuration (principals)")

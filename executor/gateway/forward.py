@@ -16,7 +16,14 @@ ESCALATE with ``EXECUTOR_ESCALATION=APPROVAL``: the listener holds the captured 
 (``POST /v1/escalations`` on the executor's routes, ``--serve-routes``) after an APPROVER
 approved it, the pipeline decides again and runs this handler once under the approval's own
 idempotency scope: the held bytes are forwarded then, once, and the hold is dropped. A second
-resume replays the first answer; nothing is sent twice.
+resume replays the first answer; nothing is sent twice. A held request is immutable:
+:meth:`Exchanges.put` never replaces what is under a key (held or in flight), so a re-send with
+other headers or another body is refused by the listener (409 ``GATEWAY_HELD_REQUEST_CONFLICT``)
+and the resume forwards exactly what was held when the approver decided.
+
+After sending, the handler looks for the credential values it has just sent in the answer
+(``gateway/screen.py``'s :func:`~agentsafe.executor.gateway.screen.echoes`: half a value is
+enough) and marks the exchange, so the listener withholds it.
 
 Callers: ``proxy.py`` (registers it), ``gateway/listener.py`` (the exchanges).
 """
@@ -24,6 +31,7 @@ Callers: ``proxy.py`` (registers it), ``gateway/listener.py`` (the exchanges).
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -34,7 +42,9 @@ from ..dispatch.seam import Dispatch, ExecutionContext, ReconcileResult, Reconci
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import HandlerError
+from ..headers import is_reserved
 from .intercept import body_digest
+from .screen import echoes
 
 __all__ = [
     "HANDLER",
@@ -73,6 +83,17 @@ class Exchange:
     body: bytes
     response: HttpResponse | None = None
     held_until: float | None = None  # epoch seconds: held for an approval until the intent expires
+    echoed: str | None = None  # the field of the answer that echoed a credential value sent
+
+    def same_request(self, other: Exchange) -> bool:
+        """Whether ``other`` is this request exactly: method, path, query, headers, body."""
+        return (self.method, self.path, self.query, self.headers, self.body) == (
+            other.method,
+            other.path,
+            other.query,
+            other.headers,
+            other.body,
+        )
 
 
 @dataclass
@@ -82,8 +103,19 @@ class Exchanges:
 
     _by_key: dict[str, Exchange] = field(default_factory=dict)
 
-    def put(self, key: str, exchange: Exchange) -> None:
+    def put(self, key: str, exchange: Exchange, *, now: float | None = None) -> Exchange | None:
+        """Keep ``exchange`` under ``key`` unless one is already there (held for an approval or
+        in flight): that one is returned and never replaced, so what an approver saw is what
+        is forwarded, and a request is never swapped under another's grant. A hold whose
+        intent has expired (``now``, epoch seconds) is gone: nothing can resume it."""
+        existing = self._by_key.get(key)
+        moment = time.time() if now is None else now
+        if existing is not None and not (
+            existing.held_until is not None and existing.held_until <= moment
+        ):
+            return existing
         self._by_key[key] = exchange
+        return None
 
     def hold(self, key: str, exchange: Exchange, *, until: float, now: float) -> None:
         """Keep ``exchange`` for a resume after approval; drop every hold already expired, and
@@ -161,6 +193,7 @@ class GatewayForwardHandler:
                 "x-agent-safe-decision-id": auth.decision_id,
             }
         )
+        extra: Mapping[str, str] = {}
         if self._credential is not None:
             extra = await self._credential.headers_for(
                 method=exchange.method,
@@ -186,6 +219,10 @@ class GatewayForwardHandler:
 
         response = await dispatch.run(send)
         exchange.response = response
+        # The redactor cannot see a credential cut short: look for the values just sent.
+        # (a signing credential returns the covered binding headers too: no secret there)
+        sent = [v for k, v in extra.items() if not is_reserved(k)]
+        exchange.echoed = echoes(response, sent)
         if exchange.held_until is not None:  # resumed after approval: sent; hold it no longer
             self._exchanges.pop(ctx.idempotency_key)
         return {

@@ -23,6 +23,14 @@ authority cannot be reached              503 ``GATEWAY_AUTHORITY_UNAVAILABLE``, 
 halted                                   503 ``EXECUTOR_HALTED``, ``Retry-After``
 outcome unknown after sending            502 ``GATEWAY_OUTCOME_UNKNOWN`` with the recovery object
 not sent                                 502 ``GATEWAY_NOT_EXECUTED`` with the reason codes
+the answer carries a credential           502 ``GATEWAY_ANSWER_WITHHELD`` with the upstream's status
+                                         (``gateway/screen.py``; never the answer)
+the store does not answer                503 ``STORE_UNAVAILABLE``, ``Retry-After``
+an ambiguous path                        400 ``GATEWAY_PATH_AMBIGUOUS`` (``intercept.py``)
+a method override (header or _method)    400 ``GATEWAY_METHOD_OVERRIDE_REFUSED``
+a body the policy cannot read            422 ``GATEWAY_BODY_UNREADABLE``
+a body on a read passed through unbound  400 ``GATEWAY_READ_BODY_REFUSED``
+another request under a held key         409 ``GATEWAY_HELD_REQUEST_CONFLICT``; the hold is kept
 an upgrade                               400 ``GATEWAY_UPGRADE_REFUSED``
 a streaming body                         411 ``GATEWAY_STREAMING_REFUSED``
 an oversize body (over 100 KiB)          413 ``GATEWAY_BODY_TOO_LARGE``
@@ -57,21 +65,27 @@ from typing import Any, Final
 from aiohttp import web, web_request
 
 from ..clock import parse_ms
-from ..codes import Code
+from ..codes import WORK_GATE_CODES, Code
 from ..egress.transport import HttpResponse, Transport, TransportError
-from ..errors import RequestRejected
+from ..errors import AgentSafeError, RequestRejected
+from ..events import EventSink
 from ..lifecycle.answers import error_body
 from ..lifecycle.pipeline import Pipeline, Proposal
 from ..principals import Principal
 from .forward import Exchange, Exchanges
 from .intercept import (
     MAX_BODY_BYTES,
+    UNREADABLE,
     WRITE_METHODS,
     capture,
     forwardable_headers,
+    normalised_path,
+    overrides_method,
+    read_body,
     refusal_for,
     response_headers,
 )
+from .screen import Screen, withheld_field
 
 __all__ = ["Gateway"]
 
@@ -107,6 +121,8 @@ class Gateway:
     authority: str  # the x-agentsafe-authority value: "local" or "demo"
     timeout: float
     log: Callable[[str], None]
+    screen: Screen  # the process's redactor, as serve screens provider strings
+    security: EventSink
     body_timeout: float = 30.0  # EXECUTOR_BODY_TIMEOUT_SECONDS
 
     @property
@@ -122,10 +138,14 @@ class Gateway:
         method = request.method
         raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
         code = refusal_for(method, raw)
-        path = request.rel_url.raw_path
+        path = normalised_path(request.raw_path)
+        shown = path or "(ambiguous path)"  # a refused target is never written anywhere
+        if code is None and path is None:
+            code = Code.GATEWAY_PATH_AMBIGUOUS
         if code is not None:
-            self.log(f"{method} {path} -> refused {code}")
+            self.log(f"{method} {shown} -> refused {code}")
             return _refusal(code, _MESSAGES[code])
+        assert path is not None
         try:
             async with asyncio.timeout(self.body_timeout):
                 body = await request.content.read()  # bounded: Content-Length was checked
@@ -141,19 +161,34 @@ class Gateway:
             return _refusal(Code.GATEWAY_BODY_TOO_LARGE, _MESSAGES[Code.GATEWAY_BODY_TOO_LARGE])
         query = request.rel_url.raw_query_string
         headers = forwardable_headers(raw)
-        if method not in WRITE_METHODS and not self.read_action:
+        bound = method in WRITE_METHODS or self.read_action
+        value = read_body(body, request.headers.get("content-type"))
+        code = None
+        if overrides_method(query, value):
+            code = Code.GATEWAY_METHOD_OVERRIDE_REFUSED
+        elif not bound and body:
+            code = Code.GATEWAY_READ_BODY_REFUSED
+        elif value is UNREADABLE:
+            code = Code.GATEWAY_BODY_UNREADABLE
+        if code is not None:
+            self.log(f"{method} {path} -> refused {code}")
+            return _refusal(code, _MESSAGES[code])
+        if not bound:
             self.log(f"{method} {path} -> passed through (the policy names no http_read)")
             return await self._pass_through(method, path, query, headers, body)
         given = request.headers.get("idempotency-key", "")
         key = given if _KEY.match(given) else f"gw-{uuid.uuid4()}"
-        parameters = capture(
-            method=method,
-            path=path,
-            query=query,
-            body=body,
-            content_type=request.headers.get("content-type"),
-        )
-        self.exchanges.put(key, Exchange(method, path, query, headers, body))
+        parameters = capture(method=method, path=path, query=query, body=body, value=value)
+        captured = Exchange(method, path, query, headers, body)
+        existing = self.exchanges.put(key, captured)
+        if existing is not None and not (
+            existing.held_until is not None and existing.same_request(captured)
+        ):
+            # Held for an approval (or in flight) under this key: never replaced, never dropped.
+            code = Code.GATEWAY_HELD_REQUEST_CONFLICT
+            self.log(f"{method} {path} -> refused {code}")
+            return _refusal(code, _MESSAGES[code])
+        exchange: Exchange | None = existing
         try:
             answer = await self.pipeline.propose(
                 self.principal,
@@ -167,8 +202,18 @@ class Gateway:
         except RequestRejected as exc:
             self.log(f"{method} {path} -> refused {exc.code}")
             return _refusal(exc.code, exc.message, headers=dict(exc.headers or {}))
+        except AgentSafeError as exc:
+            if exc.code != Code.STORE_UNAVAILABLE:
+                raise
+            self.log(f"{method} {path} -> refused {Code.STORE_UNAVAILABLE}; nothing forwarded")
+            return _refusal(
+                Code.STORE_UNAVAILABLE,
+                "the use store cannot answer; nothing was sent",
+                headers={"Retry-After": _RETRY_AFTER},
+            )
         finally:
-            exchange = self.exchanges.pop(key)
+            if existing is None:  # the hold, if this re-sent a held request, stays as it was
+                exchange = self.exchanges.pop(key)
         decided: dict[str, Any] = dict(answer.body)
         reasons = list(decided.get("reason_codes") or [])
         verdict = decided.get("verdict")
@@ -189,10 +234,9 @@ class Gateway:
             forwarded.headers["x-agentsafe-shadow-verdict"] = str(verdict)
             return forwarded
         if answer.status == 503:
-            code = (
-                Code.EXECUTOR_HALTED
-                if Code.EXECUTOR_HALTED in reasons
-                else Code.GATEWAY_NOT_EXECUTED
+            # Why the boundary takes no work now (halted, the store down, ...): its own code.
+            code = next(
+                (Code[r] for r in reasons if r in WORK_GATE_CODES), Code.GATEWAY_NOT_EXECUTED
             )
             self.log(f"{method} {path} -> {summary}; nothing forwarded")
             return _refusal(
@@ -232,7 +276,7 @@ class Gateway:
         if outcome == "COMPLETED":
             if exchange is not None and exchange.response is not None:
                 self.log(f"{method} {path} -> {summary}; forwarded once under a claimed grant")
-                out = _from_upstream(exchange.response)
+                out = await self._relay(exchange.response, common, echoed=exchange.echoed)
                 out.headers["x-agentsafe-intent-hash"] = str(decided.get("intent_hash"))
                 return out
             self.log(f"{method} {path} -> {summary}; a replay, nothing sent again")
@@ -268,14 +312,39 @@ class Gateway:
                 "the upstream could not be reached",
                 transport=exc.code,
             )
-        return _from_upstream(upstream)
+        return await self._relay(upstream, {})
+
+    async def _relay(
+        self, upstream: HttpResponse, common: Mapping[str, Any], *, echoed: str | None = None
+    ) -> web.Response:
+        """The upstream's answer as the client sees it, or 502 ``GATEWAY_ANSWER_WITHHELD``
+        when any part of it carries a credential (``gateway/screen.py``)."""
+        relayed = HttpResponse(
+            status=upstream.status,
+            headers=_client_headers(upstream.headers),
+            body=upstream.body,
+        )
+        where = echoed or await asyncio.to_thread(withheld_field, relayed, self.screen)
+        if where is None:
+            return _from_upstream(relayed)
+        self.security.emit("PROVIDER_STRING_WITHHELD", {"action": "http_request", "field": where})
+        self.log(f"answer withheld: the upstream's {where.split(':')[0]} carried a credential")
+        return _refusal(
+            Code.GATEWAY_ANSWER_WITHHELD,
+            "the upstream answered, and its answer carried a credential: it is withheld",
+            upstream_status=upstream.status,
+            **common,
+        )
+
+
+def _client_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in response_headers(headers).items() if k != "content-encoding"}
 
 
 def _from_upstream(upstream: HttpResponse) -> web.Response:
-    headers = {
-        k: v for k, v in response_headers(upstream.headers).items() if k != "content-encoding"
-    }
-    return web.Response(status=upstream.status, body=upstream.body, headers=headers)
+    return web.Response(
+        status=upstream.status, body=upstream.body, headers=_client_headers(upstream.headers)
+    )
 
 
 _MESSAGES: dict[Code, str] = {
@@ -285,4 +354,13 @@ _MESSAGES: dict[Code, str] = {
     Code.GATEWAY_BODY_TOO_LARGE: f"the body is larger than {MAX_BODY_BYTES} bytes",
     Code.GATEWAY_METHOD_REFUSED: "this method is not intercepted",
     Code.HTTP_MALFORMED: "the request's framing is ambiguous or malformed",
+    Code.GATEWAY_PATH_AMBIGUOUS: "the request path is ambiguous (an escaped separator, a dot or "
+    "empty segment, a backslash or a path parameter); send it in its plain form",
+    Code.GATEWAY_METHOD_OVERRIDE_REFUSED: "a method-override header or _method field is refused: "
+    "send the method itself",
+    Code.GATEWAY_READ_BODY_REFUSED: "a read passed through unbound may not carry a body",
+    Code.GATEWAY_BODY_UNREADABLE: "the body is not a strict JSON document (one canonical form) "
+    "the policy can read; nothing was sent",
+    Code.GATEWAY_HELD_REQUEST_CONFLICT: "a different request is held or in flight under this "
+    "idempotency key; it is kept as it was and nothing was sent",
 }

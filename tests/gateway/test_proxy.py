@@ -402,6 +402,8 @@ async def test_an_unreachable_authority_is_its_own_state_never_a_verdict(
         authority="demo",
         timeout=5.0,
         log=lambda line: None,
+        screen=lambda text: executor.redactor.redact(text, jws=False)[0],
+        security=executor.streams.security,
     )
     runner, site = await listen(gateway, executor, "127.0.0.1", 0)
     port = site.port
