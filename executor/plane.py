@@ -42,7 +42,7 @@ from .events import Streams
 from .evidence.bundle import BundleError, export_bundle
 from .evidence.chain import ChainedStreams, ChainHead, ChainSnapshot
 from .evidence.redact import Redactor
-from .host.halt import HaltState
+from .host.halt import HaltCause, HaltState, bound_reason
 from .host.metrics import ExecutorMetrics, StateSnapshot
 from .host.posture import PostureMonitor, PostureReport
 from .host.secrets import SecretStore
@@ -178,7 +178,10 @@ class Executor:
     site: GuardedSite | None = None
     unresolved_keys: list[dict[str, Any]] = field(default_factory=list)
     """In-flight keys start-up could not settle (their attempt is in no journal day file it can
-    read): listed by ``open-attempts``, counted as unknown."""
+    read): listed by ``open-attempts``, counted as unknown, settled by an operator's decision."""
+    _decided_keys: dict[str, str] = field(default_factory=dict)
+    """Listed keys whose operator decision is journaled but whose use store settle failed: the
+    status decided (a second decision must agree)."""
     _pending_escalations: int = 0
     """The last count the store gave (kept while the store does not answer)."""
     _runner: web.AppRunner | None = None
@@ -397,7 +400,12 @@ class Executor:
             (a for a in await self.journal.open_attempts() if a.attempt_id == attempt_id), None
         )
         if attempt is None:
-            raise RequestRejected(Code.ATTEMPT_NOT_OPEN, "no open attempt has this id")
+            listed = next((k for k in self.unresolved_keys if k["attempt_id"] == attempt_id), None)
+            if listed is None:
+                raise RequestRejected(Code.ATTEMPT_NOT_OPEN, "no open attempt has this id")
+            return await self._decide_key(
+                listed, executed=executed, reason=reason, principal=principal
+            )
         status = "COMPLETED" if executed else "NOT_EXECUTED"
         await self.journal.reconciled(
             attempt_id=attempt_id,
@@ -428,6 +436,60 @@ class Executor:
                 "by": principal.id,
             },
         )
+        return {"attempt_id": attempt_id, "status": status, "by": "OPERATOR"}
+
+    async def _decide_key(
+        self, listed: dict[str, Any], *, executed: bool, reason: str, principal: Principal
+    ) -> dict[str, Any]:
+        """An operator's decision for an in-flight key start-up could not settle (its
+        attempt is in no journal day file it can read: ``JOURNAL_RECORD_MISSING``), named by
+        the attempt id it is listed under. RECONCILED by OPERATOR is journaled first (so the
+        next start settles the key from it even if the use store refuses now), then the key
+        gets the reconciled answer and leaves the list. A decision, once journaled, is the
+        key's: a second one that says otherwise is refused, so "executed" never turns into
+        "not executed" (the use store itself never rewrites a settled answer)."""
+        assert self.journal is not None
+        attempt_id = str(listed["attempt_id"])
+        status = "COMPLETED" if executed else "NOT_EXECUTED"
+        journaled = self._decided_keys.get(attempt_id)
+        if journaled is None:
+            await self.journal.reconciled(
+                attempt_id=attempt_id,
+                status=status,
+                by="OPERATOR",
+                reason=reason,
+                decided_by=principal.id,
+            )
+            self._decided_keys[attempt_id] = status
+        elif journaled != status:
+            raise RequestRejected(
+                Code.ATTEMPT_ALREADY_DECIDED, "an operator already decided this key otherwise"
+            )
+        record = await self.store.idempotency_for_attempt(attempt_id)
+        body = reconciled_answer(
+            mode=self.config.executor_mode.value, intent_id=None, intent_hash="", status=status
+        )
+        if record is not None and body is not None:
+            await self.store.idempotency_settle(
+                **record.scope, response={"status": 200, "body": body}, now=self.clock.now()
+            )
+        self.unresolved_keys.remove(listed)
+        self._decided_keys.pop(attempt_id, None)
+        decided = {
+            "attempt_id": attempt_id,
+            "status": status,
+            "by": principal.id,
+            "record": "JOURNAL_RECORD_MISSING",
+            "reason": bound_reason(reason),
+        }
+        try:
+            self.streams.evidence.emit(
+                "IDEMPOTENCY_KEY_SETTLED",
+                {"attempt_id": attempt_id, "resolution": status, "by": "OPERATOR"},
+            )
+            self.streams.security.emit("ATTEMPT_DECIDED", decided)
+        except AgentSafeError as exc:  # the journal's RECONCILED is the durable record
+            log.error("the decision for a key was not chained (%s)", exc.code)
         return {"attempt_id": attempt_id, "status": status, "by": "OPERATOR"}
 
     async def reload_secrets(self) -> dict[str, Any]:

@@ -74,7 +74,9 @@ REASON_INVALID = 'the body must be {"reason": "..."} (1-500 characters)'
 
 
 class AttemptDecision(BaseModel):
-    """The body of an operator's decision for an open attempt."""
+    """The body of an operator's decision for an open attempt, or for an in-flight key listed
+    ``JOURNAL_RECORD_MISSING`` (its journal record is gone), each named by the ``attempt_id``
+    ``GET /v1/control/open-attempts`` lists it under."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     attempt_id: str = Field(min_length=1, max_length=128)
@@ -200,9 +202,12 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             AttemptDecision,
             operator("open-attempts.decision", decide),
             DECISION_INVALID,
-            summary="Record an operator's decision for an open attempt nobody else can resolve",
+            summary=(
+                "Record an operator's decision for an open attempt, or a key whose journal"
+                " record is missing, that nobody else can resolve"
+            ),
             answers={200: AttemptDecided},
-            codes=frozenset({Code.ATTEMPT_NOT_OPEN}),
+            codes=frozenset({Code.ATTEMPT_NOT_OPEN, Code.ATTEMPT_ALREADY_DECIDED}),
         ),
         Route(
             "POST",
