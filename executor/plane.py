@@ -218,6 +218,8 @@ class Executor:
         )
         if self.journal is not None:
             self.journal.on_failure = self._journal_failed
+        if self.chained is not None:
+            self.chained.on_failure(self._chain_heads_failed)
         if self.worker is not None:  # the roster shows a halt at once, not at the next second
             self.halt.add_listener(lambda halted: self.publish_worker())
 
@@ -883,6 +885,8 @@ class Executor:
         if self.journal is not None:
             self._spawn(self._journal_health_loop())
             self._spawn(self._recheck_loop())
+        if self.chained is not None:
+            self._spawn(self._chain_heads_health_loop())
         self._spawn(self._housekeeping_loop())
         self._spawn(self.secrets.watch(SECRETS_POLL_SECONDS))
         self._spawn(self._posture_loop())
@@ -937,6 +941,40 @@ class Executor:
                     self.streams.security.emit("JOURNAL_RECOVERED", {})
                 with contextlib.suppress(AgentSafeError):
                     self.halt.journal_recovered()
+
+    def _chain_heads_failed(self) -> None:
+        """A chain head could not be persisted (a full disk under the journal directory's
+        ``chain/``): halt now (cause CHAIN_HEADS, one CHAIN_HEADS_FAILED line, ``/ready`` 503).
+        Called after each line a stream writes or refuses while its head is unpersisted, and
+        by the health loop as a backstop. The first failed checkpoint comes a quarter of the
+        chain's bound before it refuses lines, so these lines still fit; the halt never
+        depends on them."""
+        try:
+            if self.halt.chain_heads_failed():
+                log.error("a chain head could not be persisted: halted (cause CHAIN_HEADS)")
+                self.streams.security.emit(
+                    "CHAIN_HEADS_FAILED", {"code": Code.CHAIN_HEADS_UNAVAILABLE}
+                )
+        except AgentSafeError as exc:
+            log.error("CHAIN_HEADS_FAILED was not recorded (%s)", exc.code)
+
+    async def _chain_heads_health_loop(self) -> None:
+        """While a head is unpersisted or the CHAIN_HEADS cause stands, probe every interval
+        (both heads persisted: a synced write each); the cause lifts itself once the probe
+        lands (CHAIN_HEADS_RECOVERED)."""
+        assert self.chained is not None
+        while True:
+            await asyncio.sleep(JOURNAL_CHECK_SECONDS)
+            if not self.chained.failed and not self.halt.has_cause(HaltCause.CHAIN_HEADS):
+                continue
+            if self.chained.failed:
+                self._chain_heads_failed()
+            if await asyncio.to_thread(self.chained.recover):
+                log.warning("the chain heads persist again: the CHAIN_HEADS halt lifts")
+                with contextlib.suppress(AgentSafeError):
+                    self.streams.security.emit("CHAIN_HEADS_RECOVERED", {})
+                with contextlib.suppress(AgentSafeError):
+                    self.halt.chain_heads_recovered()
 
     async def housekeeping(self) -> dict[str, Any]:
         """Record the final answers the use store refused earlier (a full disk); purge the use

@@ -183,8 +183,12 @@ async def test_an_operator_settles_a_key_whose_journal_record_is_missing(
     assert (recorded["attempt_id"], recorded["status"]) == (attempt_id, "COMPLETED")
     assert (recorded["decided_by"], recorded["reason"]) == (OPERATOR_ID, reason)
     (line,) = events(second, "ATTEMPT_DECIDED")
-    assert (line["attempt_id"], line["by"], line["status"]) == (attempt_id, OPERATOR_ID, "COMPLETED")
-    assert line["record"] == "JOURNAL_RECORD_MISSING"
+    assert (line["attempt_id"], line["by"], line["status"]) == (
+        attempt_id,
+        OPERATOR_ID,
+        "COMPLETED",
+    )
+    assert (line["record"], line["reason"]) == ("JOURNAL_RECORD_MISSING", reason)
     for path in (second.stdout_path, second.stderr_path):
         result = verify_chain(path)
         assert result.returncode == 0, result.stdout + result.stderr
@@ -208,10 +212,12 @@ async def test_an_operator_settles_a_key_whose_journal_record_is_missing(
 
 
 @pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A real 1 MiB tmpfs (we are root), unmounted afterwards."""
-    mount = tmp_path / "small"
-    mount.mkdir()
+def heads_fs(tmp_path: Path) -> Iterator[tuple[Workspace, Path]]:
+    """A workspace whose ``journal/chain`` (where the chain heads live) is a real 1 MiB tmpfs
+    of its own (we are root), unmounted afterwards; the attempt journal stays on its disk."""
+    workspace = Workspace(tmp_path / "ws")
+    mount = workspace.root / "journal" / "chain"
+    mount.mkdir(mode=0o700)
     result = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)],
         capture_output=True,
@@ -220,7 +226,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     if result.returncode != 0:
         pytest.skip("cannot mount a tmpfs here: " + result.stderr.decode(errors="replace"))
     try:
-        yield mount
+        yield workspace, mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
@@ -246,3 +252,75 @@ def fill(mount: Path) -> Path:
     finally:
         os.close(fd)
     return filler
+
+
+async def test_full_chain_heads_halt_with_their_own_cause_and_lift_when_the_disk_recovers(
+    tmp_path: Path, provider: ProviderProcess, heads_fs: tuple[Workspace, Path]
+) -> None:
+    workspace, mount = heads_fs
+    principals = BearerPrincipals()
+    env = principals_env(
+        workspace.environment(provider_url=provider.url, port=free_port()),
+        principals.write(tmp_path / "principals.json"),
+    )
+    proposer = principals.token("treasury-workflow")
+    operator = {"authorization": f"Bearer {principals.token(OPERATOR_ID)}"}
+    executor = ExecutorProcess(env, tmp_path)
+    executor.token = proposer
+    await executor.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            status, body = await executor.propose(session, amount=4000, key="heads-0")
+            assert (status, body["outcome"]) == (200, "COMPLETED"), body
+            filler = fill(mount)  # the heads' next replacement hits ENOSPC
+
+            # Propose until the halt: every answer is coded and true to the provider; never
+            # a bare 500 (a checkpoint persists the head every ~75 lines of a stream).
+            answers: list[tuple[int, str]] = []
+            for n in range(1, 120):
+                status, body = await executor.propose(session, amount=4000, key=f"heads-{n}")
+                assert status in (200, 503), body
+                if status == 200:
+                    assert body["outcome"] == "COMPLETED", body
+                    answers.append((status, body["outcome"]))
+                    continue
+                assert body["reason_codes"] == ["EXECUTOR_HALTED"], body
+                assert (body["outcome"], body["executed"]) == ("BLOCKED", False)
+                break
+            else:
+                raise AssertionError("full chain heads never halted the executor")
+            completed = len(answers) + 1
+            assert int((await provider.received())["count"]) == completed
+
+            status, ready = await executor.get_json(session, "/ready")
+            assert (status, ready) == (503, {"ready": False, "code": "EXECUTOR_HALTED"}), ready
+            async with session.get(executor.url + "/v1/control/status", headers=operator) as r:
+                assert r.status == 200, await r.text()
+                halt = (await r.json())["halt"]
+            assert [c["cause"] for c in halt["causes"]] == ["CHAIN_HEADS"]
+            # More refusals than the chain has room for before its bound: each stays coded.
+            for n in range(40):
+                status, body = await executor.propose(session, amount=4000, key=f"halted-{n}")
+                assert (status, body["reason_codes"]) == (503, ["EXECUTOR_HALTED"]), body
+            assert int((await provider.received())["count"]) == completed
+
+            filler.unlink()  # the disk takes writes again
+
+            async def ready_again() -> bool:
+                return (await executor.get_json(session, "/ready"))[0] == 200
+
+            await wait_until(ready_again, timeout=30, what="the chain heads to recover")
+            status, body = await executor.propose(session, amount=4000, key="heads-99")
+            assert (status, body["outcome"]) == (200, "COMPLETED"), body
+    finally:
+        assert executor.terminate() == 0
+    names = [e.get("event") for e in executor.stderr_events()]
+    assert "CHAIN_HEADS_FAILED" in names
+    assert "CHAIN_HEADS_RECOVERED" in names
+    (halted,) = [e for e in executor.stderr_events() if e.get("event") == "HALTED"]
+    assert halted["cause"] == "CHAIN_HEADS"
+    (lifted,) = [e for e in executor.stderr_events() if e.get("event") == "HALT_CAUSE_LIFTED"]
+    assert lifted["cause"] == "CHAIN_HEADS"
+    for path in (executor.stdout_path, executor.stderr_path):
+        result = verify_chain(path)
+        assert result.returncode == 0, result.stdout + result.stderr
