@@ -737,8 +737,8 @@ class Code(StrEnum):
     CHAIN_UNAVAILABLE = "CHAIN_UNAVAILABLE", None, "the chain cannot continue safely"
     CHAIN_HEADS_UNAVAILABLE = (
         "CHAIN_HEADS_UNAVAILABLE",
-        None,
-        "the chain heads cannot be persisted (a full disk): the executor halts (cause CHAIN_HEADS)",
+        503,
+        "the chain heads cannot be persisted (a full disk); the executor halts (CHAIN_HEADS)",
     )
     EVENT_RESERVED = "EVENT_RESERVED", None, "the event name is the chain's own"
     FIELD_RESERVED = "FIELD_RESERVED", None, "a field name is the chain's own"
