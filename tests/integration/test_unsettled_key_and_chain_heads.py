@@ -254,13 +254,24 @@ def fill(mount: Path) -> Path:
     return filler
 
 
+@pytest.mark.parametrize("checkpoint_lines", ["100", "12"])
 async def test_full_chain_heads_halt_with_their_own_cause_and_lift_when_the_disk_recovers(
-    tmp_path: Path, provider: ProviderProcess, heads_fs: tuple[Workspace, Path]
+    tmp_path: Path,
+    provider: ProviderProcess,
+    heads_fs: tuple[Workspace, Path],
+    checkpoint_lines: str,
 ) -> None:
+    """With the default interval the halt lands between proposals; with 12 lines it lands in
+    the middle of one (a proposal writes about six evidence lines), whose later lines the
+    chain refuses: every answer is still coded and true to the provider's record."""
     workspace, mount = heads_fs
     principals = BearerPrincipals()
     env = principals_env(
-        workspace.environment(provider_url=provider.url, port=free_port()),
+        workspace.environment(
+            provider_url=provider.url,
+            port=free_port(),
+            extra={"EXECUTOR_AUDIT_CHECKPOINT_LINES": checkpoint_lines},
+        ),
         principals.write(tmp_path / "principals.json"),
     )
     proposer = principals.token("treasury-workflow")
@@ -268,41 +279,50 @@ async def test_full_chain_heads_halt_with_their_own_cause_and_lift_when_the_disk
     executor = ExecutorProcess(env, tmp_path)
     executor.token = proposer
     await executor.start()
+    answers: dict[str, tuple[int, dict[str, Any]]] = {}
     try:
         async with aiohttp.ClientSession() as session:
             status, body = await executor.propose(session, amount=4000, key="heads-0")
             assert (status, body["outcome"]) == (200, "COMPLETED"), body
             filler = fill(mount)  # the heads' next replacement hits ENOSPC
 
-            # Propose until the halt: every answer is coded and true to the provider; never
-            # a bare 500 (a checkpoint persists the head every ~75 lines of a stream).
-            answers: list[tuple[int, str]] = []
+            # Propose until the halt: every answer is coded, never a bare 500.
             for n in range(1, 120):
-                status, body = await executor.propose(session, amount=4000, key=f"heads-{n}")
+                key = f"heads-{n}"
+                status, body = await executor.propose(session, amount=4000, key=key)
+                answers[key] = (status, body)
                 assert status in (200, 503), body
-                if status == 200:
-                    assert body["outcome"] == "COMPLETED", body
-                    answers.append((status, body["outcome"]))
-                    continue
-                assert body["reason_codes"] == ["EXECUTOR_HALTED"], body
-                assert (body["outcome"], body["executed"]) == ("BLOCKED", False)
-                break
+                if status == 503 and body.get("reason_codes") == ["EXECUTOR_HALTED"]:
+                    assert (body["outcome"], body["executed"]) == ("BLOCKED", False)
+                    break
+                if status == 503:
+                    assert body["error"]["code"] == "CHAIN_HEADS_UNAVAILABLE", body
             else:
                 raise AssertionError("full chain heads never halted the executor")
-            completed = len(answers) + 1
-            assert int((await provider.received())["count"]) == completed
 
             status, ready = await executor.get_json(session, "/ready")
             assert (status, ready) == (503, {"ready": False, "code": "EXECUTOR_HALTED"}), ready
-            async with session.get(executor.url + "/v1/control/status", headers=operator) as r:
-                assert r.status == 200, await r.text()
-                halt = (await r.json())["halt"]
-            assert [c["cause"] for c in halt["causes"]] == ["CHAIN_HEADS"]
-            # More refusals than the chain has room for before its bound: each stays coded.
+            # More refusals, and operator reads, than the chains have room for before their
+            # bound: each stays coded, and the operator can read the halt.
             for n in range(40):
-                status, body = await executor.propose(session, amount=4000, key=f"halted-{n}")
+                key = f"halted-{n}"
+                status, body = await executor.propose(session, amount=4000, key=key)
+                answers[key] = (status, body)
                 assert (status, body["reason_codes"]) == (503, ["EXECUTOR_HALTED"]), body
-            assert int((await provider.received())["count"]) == completed
+                async with session.get(executor.url + "/v1/control/status", headers=operator) as r:
+                    assert r.status == 200, await r.text()
+                    halt = (await r.json())["halt"]
+                assert [c["cause"] for c in halt["causes"]] == ["CHAIN_HEADS"]
+
+            # What each answer said is what the provider did.
+            executed = set((await provider.received())["keys"])
+            for key, (status, body) in answers.items():
+                if status == 200 and body["outcome"] == "COMPLETED":
+                    assert key in executed, key
+                elif status == 200 and body["outcome"] == "UNKNOWN_AFTER_DISPATCH":
+                    assert body["recovery"]["reference"], key
+                elif body.get("executed") is False or "error" in body:
+                    assert key not in executed, (key, body)
 
             filler.unlink()  # the disk takes writes again
 
