@@ -317,20 +317,21 @@ def test_an_unpersisted_head_is_reported_on_every_line_until_a_probe_lands(
         s.emit("E", {})
     s.wait_checkpoint()
     assert s.failed
-    assert calls == []  # nothing wrote since the failure
+    before = len(calls)  # 0, or 1 when the thread failed before line 7's emit returned
+    assert before <= 1
     s.emit("E", {})  # seq 8: written (still within the bound), and the failure reported
-    assert calls == [True]
+    assert calls == [True] * (before + 1)
     assert s.recover() is False  # the probe fails while the disk does
     s.emit("E", {})  # seq 9, the bound
     with pytest.raises(ChainError):
         s.emit("E", {})  # seq 10 would pass it: refused, and reported
-    assert len(calls) == 3
+    assert calls == [True] * (before + 3)
     monkeypatch.undo()
     assert s.recover() is True
     assert not s.failed
     s.emit("E", {})
     assert [line["seq"] for line in lines_of(out)] == list(range(1, 11))
-    assert len(calls) == 3  # nothing reported once the head persists again
+    assert len(calls) == before + 3  # nothing reported once the head persists again
     s.close()
 
 
