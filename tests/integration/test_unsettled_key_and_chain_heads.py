@@ -254,16 +254,18 @@ def fill(mount: Path) -> Path:
     return filler
 
 
-@pytest.mark.parametrize("checkpoint_lines", ["100", "12"])
+@pytest.mark.parametrize("checkpoint_lines", ["100", "8"])
 async def test_full_chain_heads_halt_with_their_own_cause_and_lift_when_the_disk_recovers(
     tmp_path: Path,
     provider: ProviderProcess,
     heads_fs: tuple[Workspace, Path],
     checkpoint_lines: str,
 ) -> None:
-    """With the default interval the halt lands between proposals; with 12 lines it lands in
-    the middle of one (a proposal writes about six evidence lines), whose later lines the
-    chain refuses: every answer is still coded and true to the provider's record."""
+    """With the default interval the halt lands between proposals. With 8 lines it lands in
+    the middle of one: a proposal writes five evidence lines, the head persisted at line 1, the
+    checkpoint started at line 7 fails, and line 10 (the second proposal's OUTCOME, after its
+    dispatch) is past the bound and refused. Every answer is still coded and true to the
+    provider's record."""
     workspace, mount = heads_fs
     principals = BearerPrincipals()
     env = principals_env(
