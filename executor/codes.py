@@ -465,6 +465,11 @@ class Code(StrEnum):
         "start-up reconciliation is still running; nothing was executed; retry shortly",
     )
     ATTEMPT_NOT_OPEN = "ATTEMPT_NOT_OPEN", 404, "no open attempt has this id"
+    ATTEMPT_ALREADY_DECIDED = (
+        "ATTEMPT_ALREADY_DECIDED",
+        409,
+        "an operator's decision for this key is already journaled and says otherwise",
+    )
     LOOKUP_NOT_CONFIGURED = (
         "LOOKUP_NOT_CONFIGURED",
         None,
@@ -784,6 +789,11 @@ class Code(StrEnum):
     CHAIN_JOURNAL = "CHAIN_JOURNAL", None, "a chain head cannot be persisted"
     CHAIN_JOURNAL_IN_USE = "CHAIN_JOURNAL_IN_USE", None, "another process holds the chain journal"
     CHAIN_UNAVAILABLE = "CHAIN_UNAVAILABLE", None, "the chain cannot continue safely"
+    CHAIN_HEADS_UNAVAILABLE = (
+        "CHAIN_HEADS_UNAVAILABLE",
+        503,
+        "the chain heads cannot be persisted (a full disk); the executor halts (CHAIN_HEADS)",
+    )
     EVENT_RESERVED = "EVENT_RESERVED", None, "the event name is the chain's own"
     FIELD_RESERVED = "FIELD_RESERVED", None, "a field name is the chain's own"
     EVIDENCE_DIR = "EVIDENCE_DIR", 409, "the evidence directory is unusable"
