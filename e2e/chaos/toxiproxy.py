@@ -45,7 +45,7 @@ class Toxiproxy:
             if self.process.poll() is not None:
                 raise RuntimeError(f"toxiproxy exited; see {self.log}")
             try:
-                self._call("GET", "/version")
+                self._call("GET", "/proxies")
                 return
             except OSError:
                 if time.monotonic() > deadline:
