@@ -1,4 +1,5 @@
-"""The nemesis harness of issue 29 (``make chaos``): real replicas, real faults, an independent check.
+"""The nemesis harness of issue 29 (``make chaos``): real replicas, real faults, an independent
+check.
 
 Role: run three ``agentsafe serve`` replicas on a PostgreSQL primary with a streaming standby and
 the synthetic provider, every replica reaching the database and the provider through toxiproxy;

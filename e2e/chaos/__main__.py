@@ -52,10 +52,7 @@ def _run(args: argparse.Namespace) -> int:
     seeds = args.seed or list(SHORT_SEEDS)
     failed: list[int] = []
     for seed in seeds:
-        if args.seconds:
-            schedule = long_schedule(seed, args.seconds)
-        else:
-            schedule = short_schedule(seed, only)
+        schedule = long_schedule(seed, args.seconds) if args.seconds else short_schedule(seed, only)
         out = Path(args.out) / f"seed-{seed}" if args.out else default_out(seed)
         options = RunOptions(seed=seed, schedule=schedule, out=out, toxiproxy=binary)
         if asyncio.run(run(options)) != 0:

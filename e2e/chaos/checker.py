@@ -233,7 +233,8 @@ def _verify_chain(agentsafe: str, path: Path) -> tuple[bool, str]:
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         return False, str(error)
-    return done.returncode == 0, (done.stdout + done.stderr).strip().splitlines()[0:1].__str__()
+    first = (done.stdout + done.stderr).strip().splitlines()
+    return done.returncode == 0, first[0] if first else f"exit {done.returncode}"
 
 
 def check_evidence(history: History, agentsafe: str | None) -> PropertyResult:

@@ -8,20 +8,20 @@ driven to a final answer again. Background keys arrive about once a second on ra
 Every answer goes to ``answers.jsonl`` (status, outcome, code, grant id; never a token).
 
 How a point-targeted fault finds its point (the nemesis may look at the database; the checker
-never does): the target replica's database links get a 700 ms downstream latency toxic, so each
+never does): the target replica's database links get a 500 ms downstream latency toxic, so each
 answer the database sends it takes that long to arrive (what the database committed is visible at
-once, the replica learns it 700 ms later), and the nemesis polls the primary. A replica paused
+once, the replica learns it 500 ms later), and the nemesis polls the primary. A replica paused
 there finds the answer waiting in its socket when it resumes and carries on from that point:
 
 =============  ==================================================================================
-before-open    the key's idempotency row exists and names no attempt yet
+before-open    the key's idempotency row exists and its attempt row does not yet
 after-open     the attempt row is OPEN and no grant claim exists yet
 after-claim    the grant claim row exists (the mirror and the send come after)
 during-send    the provider's record has the request (the answer back is delayed 1200 ms)
 after-send     the provider's record has its answer (closing the attempt is a statement away)
 =============  ==================================================================================
 
-A pause lasts longer than the attempt lease (lease + 2 s + the episode's hold); a killed replica
+A pause lasts longer than the attempt lease (lease + 1 s + the episode's hold); a killed replica
 restarts after the episode's hold. Partitions disable the replica's proxies for the lease plus the
 hold (the provider partition strikes while a request is in flight). A failover crashes the primary
 while a burst of keys is in flight (asynchronous: with the replication link cut first, so the
@@ -55,9 +55,9 @@ from .system import REPLICAS, System, SystemSettings
 
 __all__ = ["RunOptions", "run"]
 
-DB_LATENCY_MS = 700
+DB_LATENCY_MS = 500
 SEND_LATENCY_MS = 1200
-REQUEST_TIMEOUT = 4.0
+REQUEST_TIMEOUT = 8.0
 RETRY_PAUSE = 0.5
 #: After the faults heal, every key must have a final answer within this many seconds: the
 #: lease, the grant's lifetime (a claimed grant whose send never happened is concluded
@@ -223,12 +223,12 @@ class Nemesis:
         if state is None:
             return False
         if point == "before-open":
-            return state["attempt_id"] is None
+            return state["attempt_state"] is None
         if point == "after-open":
             return state["attempt_state"] == "OPEN" and state["grant_claims"] == 0
         return bool(state["grant_claims"])  # after-claim
 
-    async def _settle(self, task: asyncio.Task[None], timeout: float = 8.0) -> None:
+    async def _settle(self, task: asyncio.Task[None], timeout: float = 5.0) -> None:
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(task), timeout)
 
@@ -242,6 +242,7 @@ class Nemesis:
             "failover-async": self._failover,
             "clock-step": self._clock_step,
         }[episode.kind if "@" in episode.fault else episode.fault]
+        await self.system.ready(episode.replica)
         return await handler(episode)
 
     async def _at_point(self, episode: Episode) -> str:
@@ -264,11 +265,11 @@ class Nemesis:
         for link in [*system.links(index, database=True), *system.links(index, database=False)]:
             self.proxy.clear(link)
         if episode.kind == "pause":
-            await asyncio.sleep(system.settings.lease_seconds + 2 + episode.hold_seconds)
+            await asyncio.sleep(system.settings.lease_seconds + 1 + episode.hold_seconds)
             system.resume(index)
         else:
             await asyncio.sleep(episode.hold_seconds)
-            await system.restart(index)
+            system.restart_soon(index)
         await self._settle(task)
         return observed
 
@@ -411,7 +412,7 @@ async def run(options: RunOptions) -> int:
             log("healing: every proxy enabled, toxics cleared, clocks reset, replicas running")
             system.heal_all()
             for index in range(REPLICAS):
-                await system.restart(index)
+                await system.ready(index)
             meta["healed_at"] = time.time()
             keys = sorted(clients.amounts)
             log(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
 from agentsafe.executor.tools.harness import (
     ExecutorProcess,
     ProviderProcess,
@@ -61,6 +62,7 @@ class System:
     clock_file: Path | None = None
     paused: set[int] = field(default_factory=set)
     primary_link: str = "db1"
+    restarting: dict[int, asyncio.Future[None]] = field(default_factory=dict)
 
     @property
     def record_path(self) -> Path:
@@ -157,10 +159,20 @@ class System:
         self.replicas[index].kill()
         self.paused.discard(index)
 
-    async def restart(self, index: int) -> None:
+    def restart_soon(self, index: int) -> None:
+        """Start a killed replica again without waiting for it (see :meth:`ready`)."""
         replica = self.replicas[index]
-        if not replica.running:
-            await replica.start(timeout=120, expect_ready=False)
+        if not replica.running and index not in self.restarting:
+            self.restarting[index] = asyncio.ensure_future(
+                replica.start(timeout=120, expect_ready=False)
+            )
+
+    async def ready(self, index: int) -> None:
+        """The replica runs and answers (a restart under way is awaited)."""
+        self.restart_soon(index)
+        pending = self.restarting.pop(index, None)
+        if pending is not None:
+            await pending
 
     def step_clock(self, offset_seconds: int) -> None:
         assert self.clock_file is not None
@@ -184,7 +196,8 @@ class System:
 
     def failover(self) -> None:
         """Crash the primary, promote the standby, build a new standby behind the other host."""
-        assert self.pg is not None and self.proxy is not None
+        assert self.pg is not None
+        assert self.proxy is not None
         dead_link = self.primary_link
         new_primary = self.pg.failover()
         self.proxy.retarget("replication", new_primary.port)

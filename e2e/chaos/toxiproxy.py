@@ -1,4 +1,4 @@
-"""toxiproxy v2.5.0 (built by ``make e2e-build``): the process and the few API calls the nemesis uses.
+"""toxiproxy v2.5.0 (built by ``make e2e-build``): its process and the API calls the nemesis uses.
 
 Role: every replica reaches the database and the provider through its own proxy, so a partition
 is a real TCP fault: :meth:`Toxiproxy.partition` disables a proxy (toxiproxy closes its
