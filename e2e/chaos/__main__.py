@@ -3,8 +3,9 @@
 ``run`` (``make chaos``): the short run by default, every fault class once per seed of
 :data:`SHORT_SEEDS`; ``--seed N`` (repeatable) replays those seeds; ``--seconds S`` (``make chaos
 CHAOS_SECONDS=S``) makes a long run of about S seconds per seed; ``--only FAULT`` plays only
-those fault classes. Exits 0 when every property holds for every seed, 1 when one fails, and 0
-with one line when toxiproxy or PostgreSQL is missing (77 would hide it under ``make``), unless
+those fault classes; ``--replica-python PATH`` runs the replicas from another checkout's venv
+(the same schedule against other code). Exits 0 when every property holds for every seed, 1
+when one fails, and 0 with one line when toxiproxy or PostgreSQL is missing, unless
 ``AGENTSAFE_E2E=require``, which makes that a failure. ``check DIR`` runs only the checker.
 
 Callers: ``make chaos``.
@@ -54,7 +55,13 @@ def _run(args: argparse.Namespace) -> int:
     for seed in seeds:
         schedule = long_schedule(seed, args.seconds) if args.seconds else short_schedule(seed, only)
         out = Path(args.out) / f"seed-{seed}" if args.out else default_out(seed)
-        options = RunOptions(seed=seed, schedule=schedule, out=out, toxiproxy=binary)
+        options = RunOptions(
+            seed=seed,
+            schedule=schedule,
+            out=out,
+            toxiproxy=binary,
+            replica_python=args.replica_python,
+        )
         if asyncio.run(run(options)) != 0:
             failed.append(seed)
             print(
@@ -85,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_parser.add_argument("--only", action="append", choices=FAULT_CLASSES)
     run_parser.add_argument("--out", help="keep the histories under this directory")
+    run_parser.add_argument(
+        "--replica-python",
+        help="run the replicas with this interpreter (another checkout's .venv/bin/python)",
+    )
     run_parser.set_defaults(handler=_run)
     check_parser = sub.add_parser("check", help="check a saved history directory")
     check_parser.add_argument("directory")

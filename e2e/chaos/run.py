@@ -74,6 +74,7 @@ class RunOptions:
     bound_seconds: float = BOUND_SECONDS
     settings: SystemSettings = field(default_factory=SystemSettings)
     background_interval: float = 1.0
+    replica_python: str | None = None
 
 
 class _Log:
@@ -369,11 +370,14 @@ async def run(options: RunOptions) -> int:
     log(f"seed {options.seed}: {len(options.schedule)} episodes; history in {out}")
     for episode in options.schedule:
         log(f"  {episode.describe()}")
-    system = System(out / "system", options.toxiproxy, options.settings)
+    system = System(
+        out / "system", options.toxiproxy, options.settings, replica_python=options.replica_python
+    )
     meta: dict[str, Any] = {
         "seed": options.seed,
         "schedule": [e.as_dict() for e in options.schedule],
         "bound_seconds": options.bound_seconds,
+        "replica_python": options.replica_python or sys.executable,
         "settings": {
             "lease_seconds": options.settings.lease_seconds,
             "intent_ttl_seconds": options.settings.intent_ttl_seconds,

@@ -63,6 +63,9 @@ class System:
     paused: set[int] = field(default_factory=set)
     primary_link: str = "db1"
     restarting: dict[int, asyncio.Future[None]] = field(default_factory=dict)
+    #: Another interpreter for the replicas (``--replica-python``: another checkout's venv, to
+    #: run the same schedule against other code); None: this one.
+    replica_python: str | None = None
 
     @property
     def record_path(self) -> Path:
