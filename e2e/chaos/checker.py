@@ -255,9 +255,9 @@ def check_evidence(history: History, agentsafe: str | None) -> PropertyResult:
         for line in _lines(chain):
             if line.get("event") == "DISPATCH" and isinstance(line.get("grant_id"), str):
                 dispatched.add(str(line["grant_id"]))
-    for key, line in sorted(acted.items()):
-        if line.get("grant_id") not in dispatched:
-            offending[key] = f"grant {line.get('grant_id')} has no DISPATCH evidence"
+    for key, request in sorted(acted.items()):
+        if request.get("grant_id") not in dispatched:
+            offending[key] = f"grant {request.get('grant_id')} has no DISPATCH evidence"
     return PropertyResult(
         "evidence-verifies-offline",
         "FAIL" if offending else "PASS",

@@ -226,7 +226,7 @@ class Nemesis:
         if point == "before-open":
             return state["attempt_state"] is None
         if point == "after-open":
-            return state["attempt_state"] == "OPEN" and state["grant_claims"] == 0
+            return bool(state["attempt_state"] == "OPEN" and state["grant_claims"] == 0)
         return bool(state["grant_claims"])  # after-claim
 
     async def _settle(self, task: asyncio.Task[None], timeout: float = 5.0) -> None:

@@ -120,7 +120,7 @@ class System:
         for sub in ("journal", "evidence"):
             (own / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
         provider_url = f"http://127.0.0.1:{self.ports[f'r{index}-provider']}"
-        env = self.workspace.environment(
+        env: dict[str, str] = self.workspace.environment(
             provider_url=provider_url,
             port=free_port(),
             extra={
