@@ -167,3 +167,24 @@ def test_a_chain_that_does_not_verify_or_lacks_a_dispatch_fails(tmp_path: Path) 
     result = checker.check_evidence(history, agentsafe)
     assert result.status == "FAIL"
     assert "chain:r0.stdout.jsonl" in result.offending
+
+
+def test_a_key_only_halted_replicas_answered_is_exempt_and_named() -> None:
+    halted = [_answer("k", status=503, code="EXECUTOR_HALTED", lost_writes=True)]
+    result = checker.check_final_answer(_history([], halted))
+    assert result.status == "PASS"
+    assert result.checked == 0
+    assert "exempt, halted for lost writes: k" in result.note
+
+
+def test_the_schedule_is_the_seed_s_and_the_short_run_has_every_fault_class() -> None:
+    from chaos.schedule import FAULT_CLASSES, long_schedule, short_schedule
+
+    short = short_schedule(29)
+    assert sorted(e.fault for e in short) == sorted(FAULT_CLASSES)
+    assert [e.as_dict() for e in short] == [e.as_dict() for e in short_schedule(29)]
+    assert [e.fault for e in short] != [e.fault for e in short_schedule(30)]
+    long = long_schedule(29, 600)
+    assert len(long) > len(short)
+    assert [e.fault for e in long[: len(short)]] == [e.fault for e in short]
+    assert len({e.key for e in long}) == len(long)

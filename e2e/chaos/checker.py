@@ -22,7 +22,10 @@ Properties (each PASS or FAIL, with counts and the offending keys):
     answer names;
 ``final-answer-within-bound``
     every key a client sent has a final answer (a settled outcome, or a 4xx refusal) no later
-    than ``bound_seconds`` after the faults healed (or after it was first sent, if later);
+    than ``bound_seconds`` after the faults healed (or after it was first sent, if later). A key
+    whose only answers after the faults came from replicas halted for lost writes
+    (``lost_writes``: the answer names STORE_LOST_WRITES) waits for an operator by design; it is
+    listed in the note as exempt, never counted as passing;
 ``evidence-verifies-offline``
     every chain file verifies (``agentsafe verify chain`` exits 0) and every grant the provider
     acted on appears in a DISPATCH line of one of them (NOT CHECKED when the history has no
@@ -199,26 +202,35 @@ def check_final_answer(history: History) -> PropertyResult:
     healed_at = float(history.meta.get("healed_at") or 0)
     first_sent: dict[str, float] = {}
     final_at: dict[str, float] = {}
+    halted: set[str] = set()
     for answer in history.answers:
         key = str(answer.get("key"))
+        if answer.get("lost_writes"):
+            halted.add(key)
         sent = float(answer.get("sent") or 0)
         first_sent[key] = min(first_sent.get(key, sent), sent)
         if is_final(answer):
             at = float(answer.get("at") or 0)
             final_at[key] = min(final_at.get(key, at), at)
     offending: dict[str, str] = {}
+    exempt: list[str] = []
     for key, sent in sorted(first_sent.items()):
         deadline = max(sent, healed_at) + bound
-        if key not in final_at:
+        if key not in final_at and key in halted:
+            exempt.append(key)
+        elif key not in final_at:
             offending[key] = "no final answer"
         elif final_at[key] > deadline:
             offending[key] = f"final answer {final_at[key] - deadline:.1f} s after the bound"
+    note = f"bound {bound:.0f} s after the faults healed"
+    if exempt:
+        note += f"; {len(exempt)} exempt, halted for lost writes: {', '.join(exempt[:10])}"
     return PropertyResult(
         "final-answer-within-bound",
         "FAIL" if offending else "PASS",
-        len(first_sent),
+        len(first_sent) - len(exempt),
         offending,
-        note=f"bound {bound:.0f} s after the faults healed",
+        note=note,
     )
 
 

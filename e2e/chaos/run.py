@@ -63,6 +63,8 @@ RETRY_PAUSE = 0.5
 #: lease, the grant's lifetime (a claimed grant whose send never happened is concluded
 #: not-executed only after it expired) plus the dispatch deadline, and the reconciliation period.
 BOUND_SECONDS = 90
+#: The halt cause of a replica that found the database lacking a claim it acknowledged.
+LOST_WRITES = "STORE_LOST_WRITES"
 
 
 @dataclass
@@ -137,6 +139,7 @@ class Clients:
                     "reason_codes": body.get("reason_codes"),
                     "replayed": body.get("replayed"),
                     "grant_id": (body.get("authorization") or {}).get("grant_id"),
+                    "lost_writes": LOST_WRITES in json.dumps(body),
                 }
             )
         entry["at"] = time.time()
