@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import subprocess
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,8 +261,9 @@ def check_evidence(history: History, agentsafe: str | None) -> PropertyResult:
         )
     offending: dict[str, str] = {}
     dispatched: set[str] = set()
-    for chain in chains:
-        ok, summary = _verify_chain(agentsafe, chain)
+    with ThreadPoolExecutor(max_workers=len(chains)) as pool:  # one verifier process per chain
+        verdicts = list(pool.map(lambda chain: _verify_chain(agentsafe, chain), chains))
+    for chain, (ok, summary) in zip(chains, verdicts, strict=True):
         if not ok:
             offending[f"chain:{chain.name}"] = f"agentsafe verify chain failed: {summary}"
         for line in _lines(chain):
