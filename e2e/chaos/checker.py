@@ -40,8 +40,8 @@ from __future__ import annotations
 import json
 import subprocess
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
