@@ -124,6 +124,7 @@ e2e-kind: $(STAMP)
 # streaming standby, toxiproxy (built by e2e-build), the synthetic provider; a seeded fault schedule
 # and an independent checker. The short run (fixed seeds, every fault class once) is a stage of
 # `make test`; SEED=n replays one seed, CHAOS_SECONDS=s makes a long run of about s s per seed.
+# toxiproxy comes from e2e/cluster/build.py (found in the cache, or built once, before any test).
 # Run from e2e/ so that the repository root never reaches sys.path. The clock step needs Debian's
 # libfaketime (installed here as root, as `make browser` installs chromium).
 FAKETIME_LIB ?= /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
@@ -138,6 +139,7 @@ faketime:
 	fi
 
 chaos: $(STAMP) faketime
+	$(BIN)/python e2e/cluster/build.py --only-toxiproxy
 	$(BIN)/pytest -q -p no:cacheprovider e2e/test_chaos_checker.py
 	cd e2e && CHAOS_SECONDS=$(CHAOS_SECONDS) $(abspath $(BIN))/python -m chaos run $(if $(SEED),--seed $(SEED))
 
