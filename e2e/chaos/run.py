@@ -426,7 +426,7 @@ async def run(options: RunOptions) -> int:
             log("healing: every proxy enabled, toxics cleared, clocks reset, replicas running")
             system.heal_all()
             for index in range(REPLICAS):
-                await system.ready(index)
+                await system.ready(index, timeout=10)
             meta["healed_at"] = time.time()
             keys = sorted(clients.amounts)
             log(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psycopg
 
 from agentsafe.executor.tools.harness import (
@@ -170,12 +171,23 @@ class System:
                 replica.start(timeout=120, expect_ready=False)
             )
 
-    async def ready(self, index: int) -> None:
-        """The replica runs and answers (a restart under way is awaited)."""
+    async def ready(self, index: int, timeout: float = 20.0) -> None:
+        """The replica runs (a restart under way is awaited) and, within ``timeout``, says it is
+        ready (a restarted replica reconciles first: a fault aimed at it meanwhile would find
+        its keys refused, not in flight). Past ``timeout`` the episode goes on regardless."""
         self.restart_soon(index)
         pending = self.restarting.pop(index, None)
         if pending is not None:
             await pending
+        url = self.replicas[index].url + "/ready"
+        deadline = asyncio.get_running_loop().time() + timeout
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as session:
+            while asyncio.get_running_loop().time() < deadline:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.get(url) as response:
+                        if response.status == 200:
+                            return
+                await asyncio.sleep(0.1)
 
     def step_clock(self, offset_seconds: int) -> None:
         assert self.clock_file is not None
