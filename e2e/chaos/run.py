@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import random
 import shutil
 import sys
@@ -455,7 +454,3 @@ async def run(options: RunOptions) -> int:
 def default_out(seed: int) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"agentsafe-chaos-{seed}-"))
 
-
-def toxiproxy_from_env() -> Path | None:
-    explicit = os.environ.get("AGENTSAFE_TOXIPROXY")
-    return Path(explicit) if explicit else None
