@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def _run(args: argparse.Namespace) -> int:
             print(
                 f"chaos: seed {seed} FAILED; history kept in {out}; replay: make chaos SEED={seed}"
             )
+        elif not args.out:  # a passing run's history is not kept unless asked for (--out)
+            shutil.rmtree(out, ignore_errors=True)
     if failed:
         print(f"chaos: {len(failed)} of {len(seeds)} seeds failed: {failed}")
         return 1

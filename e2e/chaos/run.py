@@ -453,4 +453,3 @@ async def run(options: RunOptions) -> int:
 
 def default_out(seed: int) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"agentsafe-chaos-{seed}-"))
-
