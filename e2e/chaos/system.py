@@ -105,7 +105,10 @@ class System:
         self.clock_file = self.root / "faketime-r2"
         self.clock_file.write_text("+0\n")
         for index in range(REPLICAS):
-            self.replicas.append(ExecutorProcess(self._replica_env(index), self.root, f"r{index}"))
+            replica = ExecutorProcess(self._replica_env(index), self.root, f"r{index}")
+            if self.replica_python is not None:  # another checkout's code (--replica-python)
+                replica.argv[0] = self.replica_python
+            self.replicas.append(replica)
         await asyncio.gather(*(replica.start(timeout=120) for replica in self.replicas))
 
     def store_url(self, index: int) -> str:
