@@ -15,6 +15,10 @@ holds no credential for any downstream and decides nothing.
   refusal (``AUTH_FAILED``, ``ACTION_NOT_PERMITTED_FOR_PRINCIPAL``...) or an unavailable executor
   is a result with ``isError: true`` naming the code. An outcome unknown after dispatch is
   reconciled once, read-only, with the recovery object the answer carried.
+* A call of a tool outside the caller's catalog (re-read from ``GET /v1/actions`` at each call)
+  is answered by the bridge itself with the JSON-RPC error ``-32602`` (the MCP specification's
+  answer to an unknown tool) and never sent as a proposal: a model guessing tool names would
+  otherwise spend its principal's door refusals and lock it out (``423 PRINCIPAL_LOCKED``).
 * One more tool, :data:`RESUME_TOOL` (``agentsafe_resume_escalation``, input ``{"escalation"}``):
   with ``EXECUTOR_ESCALATION=APPROVAL`` an ESCALATE result carries the escalation object (in
   ``structuredContent.escalation`` and in its text) and its ``approval_url``; once an APPROVER
@@ -72,6 +76,8 @@ RESUME_SCHEMA: dict[str, Any] = {
     },
 }
 ClientFor = Callable[[Any], AgentSafeClient]
+UNKNOWN_TOOL_MESSAGE = "unknown tool: not one of this caller's tools (tools/list)"
+"""The JSON-RPC ``-32602`` message for a tool outside the caller's catalog (no name echoed)."""
 
 
 def add_parser(sub: Any) -> None:
@@ -153,6 +159,8 @@ def build_server(client_for: ClientFor) -> Any:
     """The MCP server; ``client_for(ctx)`` is the executor client for one request's caller."""
     import mcp_types as types
     from mcp.server.lowlevel import Server
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import INVALID_PARAMS
 
     from .. import __version__
 
@@ -211,6 +219,9 @@ def build_server(client_for: ClientFor) -> Any:
                     error=True,
                 )
             return await answer(ctx, lambda client: client.resume(escalation))
+        refused = await unknown_tool(ctx, params.name)
+        if refused is not None:
+            return refused
         target, parameters = arguments.get("target"), arguments.get("parameters")
         if not isinstance(target, str) or not isinstance(parameters, dict):
             return result(
@@ -228,6 +239,31 @@ def build_server(client_for: ClientFor) -> Any:
             ),
         )
 
+    def refused_result(refused: Refused) -> Any:
+        return result(
+            f"refused by the boundary: {refused.code} ({refused.status}): {refused.message}",
+            error=True,
+        )
+
+    async def unknown_tool(ctx: Any, name: str) -> Any:
+        """``None`` when ``name`` is in this caller's catalog (``GET /v1/actions``). A tool
+        outside it is answered here with JSON-RPC ``-32602`` (the MCP specification's answer
+        to an unknown tool) and never proposed: each such proposal would be a refusal the
+        door counts towards the principal's lockout, so a model that guesses tool names
+        would lock its own principal out. The name is not echoed."""
+        try:
+            async with client_for(ctx) as client:
+                actions = await client.actions()
+        except Refused as refused:
+            return refused_result(refused)
+        except Unavailable as unavailable:
+            return result(
+                f"the boundary is unavailable ({unavailable}); nothing was proposed", error=True
+            )
+        if not any(action.name == name for action in actions):
+            raise MCPError(INVALID_PARAMS, UNKNOWN_TOOL_MESSAGE)
+        return None
+
     async def answer(ctx: Any, call: Callable[[AgentSafeClient], Awaitable[Decision]]) -> Any:
         try:
             async with client_for(ctx) as client:
@@ -235,10 +271,7 @@ def build_server(client_for: ClientFor) -> Any:
                 if decision.needs_reconciliation and decision.recovery is not None:
                     decision = await client.reconcile(decision.recovery)
         except Refused as refused:
-            return result(
-                f"refused by the boundary: {refused.code} ({refused.status}): {refused.message}",
-                error=True,
-            )
+            return refused_result(refused)
         except Unavailable as unavailable:
             return result(
                 f"the boundary is unavailable ({unavailable}); nothing new was executed; retry "
