@@ -37,8 +37,9 @@ Then TLS 1.2+ against the destination's anchor with hostname verification (EGRES
 and the pins over the presented chain (EGRESS_TLS_PIN_MISMATCH, checked before a request byte is
 written); a redirect is refused, never followed (EGRESS_REDIRECT_REFUSED, reported with whether
 it leaves the origin); the body is read whole up to ``max_response_bytes``
-(EGRESS_BODY_TOO_LARGE); the total time is bounded (EGRESS_TIMEOUT); a malformed response is
-EGRESS_RESPONSE_INVALID.
+(EGRESS_BODY_TOO_LARGE); a response header field may be up to
+:data:`MAX_RESPONSE_HEADER_FIELD_BYTES`; the total time is bounded (EGRESS_TIMEOUT); a malformed
+response is EGRESS_RESPONSE_INVALID.
 
 Each refusal raises ``TransportError(code, sent)``, emits EGRESS_REFUSED on the security stream
 with the origin and code (never the path or query) and calls ``on_refusal(code)``, through which
@@ -83,6 +84,7 @@ from .transport import DEFAULT_MAX_RESPONSE_BYTES, HttpResponse, TransportError
 
 __all__ = [
     "MAX_RESPONSE_BYTES_RANGE",
+    "MAX_RESPONSE_HEADER_FIELD_BYTES",
     "METADATA_ADDRESSES",
     "POOL_IDLE_SECONDS",
     "POOL_MAX_CONNECTIONS",
@@ -111,6 +113,11 @@ the shortest keep-alive timeout common servers use (Node.js 5 s, Go and aiohttp 
 75 s), so the provider is not closing a connection as the executor starts to write on it."""
 POOL_MAX_CONNECTIONS = 32
 """At most this many provider connections stay open across all pooled addresses."""
+MAX_RESPONSE_HEADER_FIELD_BYTES = 64 * 1024
+"""The longest response header field the guard reads (aiohttp's default is 8190): a provider's
+effect receipt beyond that default must not turn an answer the executor can read (a committed
+payment) into EGRESS_RESPONSE_INVALID, an unknown outcome. aiohttp's bound of 128 header fields
+still holds. A longer field makes the response invalid (issue 30, item 17)."""
 
 Resolve = Callable[[str, int], Awaitable[Sequence[str]]]
 """Resolve ``(host, port)`` to IP address strings (the default uses the loop's getaddrinfo)."""
@@ -719,6 +726,7 @@ class _GuardedConnector(aiohttp.TCPConnector):
 def _client_session(connector: _GuardedConnector) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=connector,
+        max_field_size=MAX_RESPONSE_HEADER_FIELD_BYTES,
         auto_decompress=False,
         skip_auto_headers=("User-Agent", "Accept-Encoding"),
         raise_for_status=False,
