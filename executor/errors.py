@@ -140,7 +140,8 @@ class PolicyError(AgentSafeError):
     def public_message(self) -> str:
         """The path and :attr:`public` (else the code's meaning): never a value of the
         document (a CEL expression, a pattern, a name)."""
-        words = self.public or Code(self.code).meaning
+        code = self.code
+        words = self.public or (code.meaning if isinstance(code, Code) else "the policy is invalid")
         return f"{self.path}: {words}" if self.path else words
 
 

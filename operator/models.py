@@ -373,8 +373,7 @@ class DownstreamSpec(_Model):
     url: Annotated[str, Field(min_length=1, max_length=2048), _downstream_url()]
     """the downstream endpoint executions are sent to (https)"""
     lookup_url: (
-        Annotated[str, Field(max_length=2048), _downstream_url(IDEMPOTENCY_KEY_PLACEHOLDER)]
-        | None
+        Annotated[str, Field(max_length=2048), _downstream_url(IDEMPOTENCY_KEY_PLACEHOLDER)] | None
     ) = None
     """the downstream's lookup endpoint for reconciling unknown attempts"""
     lookup_by_reference_url: (

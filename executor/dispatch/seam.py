@@ -261,9 +261,7 @@ class DispatchBoundFetch:
                 sent=False,
                 message="a send through seam.fetch before dispatch.run is refused",
             )
-        return await self._inner.request(
-            method, url, headers=headers, body=body, timeout=timeout
-        )
+        return await self._inner.request(method, url, headers=headers, body=body, timeout=timeout)
 
     async def close(self) -> None:
         await self._inner.close()

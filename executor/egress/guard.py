@@ -349,9 +349,10 @@ def address_refusal(
     IPv4 address (6to4, Teredo, NAT64; IPv4-mapped and -compatible are judged as the IPv4
     address they are; RFC 2765's IPv4-translated too), named with what it carries;
     then every special-purpose block (:data:`SPECIAL_PURPOSE_BLOCKS`); then the floor: IPv6
-    outside 2000::/3, and what ``ipaddress`` calls reserved or not global. A private-use block (RFC 1918, shared address space,
-    unique local) is allowed only inside one of ``allowed`` (``EXECUTOR_EGRESS_ALLOW_CIDRS``),
-    the explicit override for a deliberate private destination; nothing else can be opened.
+    outside 2000::/3, and what ``ipaddress`` calls reserved or not global. A private-use block
+    (RFC 1918, shared address space, unique local) is allowed only inside one of ``allowed``
+    (``EXECUTOR_EGRESS_ALLOW_CIDRS``), the explicit override for a deliberate private
+    destination; nothing else can be opened.
     """
     try:
         raw = ipaddress.ip_address(address.split("%", 1)[0])

@@ -83,9 +83,7 @@ def _samples(block: str) -> list[str]:
     return sorted({str(kind(first)), str(kind(last)), str(kind((first + last) // 2))})
 
 
-@pytest.mark.parametrize(
-    ("block", "name"), IANA_IPV4_SPECIAL_PURPOSE + IANA_IPV6_SPECIAL_PURPOSE
-)
+@pytest.mark.parametrize(("block", "name"), IANA_IPV4_SPECIAL_PURPOSE + IANA_IPV6_SPECIAL_PURPOSE)
 def test_every_registry_block_is_refused(block: str, name: str) -> None:
     for address in _samples(block):
         assert address_refusal(address, allow_loopback=False) is not None, (block, name, address)

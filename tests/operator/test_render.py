@@ -12,8 +12,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from pydantic import ValidationError
 import yaml
+from pydantic import ValidationError
 
 from agentsafe.executor.config import WORKERS_DEFAULT, WORKERS_MAX, load_config
 from agentsafe.executor.door.principals_file import load_principals_file, parse_principals
