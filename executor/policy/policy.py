@@ -262,7 +262,10 @@ def check_strict_schemas(doc: PolicyDocument) -> None:
     for index, action in enumerate(doc.actions):
         if action.handler == FORWARD_HANDLER and not is_strict(action.parameters):
             raise PolicyError(
-                _NOT_STRICT, path=f"actions[{index}].parameters", code=Code.SCHEMA_NOT_STRICT
+                _NOT_STRICT,
+                path=f"actions[{index}].parameters",
+                code=Code.SCHEMA_NOT_STRICT,
+                public=_NOT_STRICT,
             )
 
 
@@ -369,7 +372,7 @@ def build_validator(schema: Mapping[str, Any], *, path: str, strict: bool = Fals
             public="the parameter schema must declare type: object",
         )
     if strict and not is_strict(schema):
-        raise PolicyError(_NOT_STRICT, path=path, code=Code.SCHEMA_NOT_STRICT)
+        raise PolicyError(_NOT_STRICT, path=path, code=Code.SCHEMA_NOT_STRICT, public=_NOT_STRICT)
     try:
         check_schema(schema)
     except jsonschema.SchemaError as exc:
