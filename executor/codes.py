@@ -575,6 +575,11 @@ class Code(StrEnum):
     SCHEMA_NOT_STRICT = "SCHEMA_NOT_STRICT", None, "a parameter schema is not strict"
     DISPATCH_REFUSED = "DISPATCH_REFUSED", None, "dispatch would not start"
     DISPATCH_TWICE = "DISPATCH_TWICE", None, "dispatch runs once per execution"
+    SEND_BEFORE_DISPATCH = (
+        "SEND_BEFORE_DISPATCH",
+        None,
+        "a handler sent through seam.fetch before dispatch.run; refused, nothing was sent",
+    )
     PROVIDER_REFUSED = "PROVIDER_REFUSED", None, "the provider refused deterministically"
     BASE64_NOT_CANONICAL = (
         "BASE64_NOT_CANONICAL",
@@ -1005,6 +1010,7 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         Code.ATTEMPT_LEASE_LAPSED,
         Code.HANDLER_FAILED,
         Code.HANDLER_CONTRACT_VIOLATED,
+        Code.SEND_BEFORE_DISPATCH,
         Code.RECONCILE_FAILED,
         Code.PROVIDER_REASON_WITHHELD,
         Code.INTERNAL_ERROR,

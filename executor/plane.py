@@ -125,6 +125,7 @@ class WorkGate:
     def refusal(self) -> Code | None:
         if self.posture_monitor.is_degraded():
             return Code.POSTURE_DEGRADED
+        self.halt.sync_shared()  # the group's halt, as answered on any worker (EXECUTOR_WORKERS)
         if self.halt.halted:
             return Code.EXECUTOR_HALTED
         if not self.store.available:

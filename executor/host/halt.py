@@ -24,8 +24,11 @@ halt stands all the same: it never depends on the line.
 Under ``EXECUTOR_WORKERS`` above 1 an operator's halt and resume (the control route, on whichever
 worker a connection reached) are the group's: :meth:`HaltState.share` links the state to the
 group's :class:`~.workers.SharedHalt`, the acting worker records the change there after making it
-its own, and :meth:`HaltState.follow` applies every worker's change within
-``HALT_POLL_SECONDS`` (a worker starting while the group is halted starts halted). The automatic
+its own (before the route answers), and every worker's work gate reads it synchronously
+(:meth:`HaltState.sync_shared`, one ``stat`` while nothing changed) before it starts new work, so
+once a halt is answered no worker starts anything; :meth:`HaltState.follow` also applies every
+worker's change within ``HALT_POLL_SECONDS`` for what is not work (``/ready``, the roster; a
+worker starting while the group is halted starts halted). The automatic
 causes, and the spike detectors that feed them, stay each worker's own: a door refusal spike is
 counted per worker, and halts that worker (docs/configuration.md, ``EXECUTOR_WORKERS``).
 
@@ -122,6 +125,7 @@ class HaltState:
         self._lock = threading.RLock()
         self._shared: SharedHalt | None = None
         self._shared_generation = 0
+        self._shared_stamp: tuple[int, int, int] | None = None
         self.check_file()
 
     # -- reading ------------------------------------------------------------------------------
@@ -239,6 +243,19 @@ class HaltState:
             generation = self._shared.publish(halted=halted, reason=reason, by=by)
             with self._lock:
                 self._shared_generation = max(self._shared_generation, generation)
+
+    def sync_shared(self) -> None:
+        """Apply the group's shared halt now if it changed since it was last read: one ``stat``
+        when it did not. The work gate calls this before every piece of new work, so an
+        operator's halt answered on any worker holds here at once, not at the next poll."""
+        shared = self._shared
+        if shared is None:
+            return
+        stamp = shared.stamp()
+        if stamp is None or stamp == self._shared_stamp:
+            return
+        self._shared_stamp = stamp
+        self.apply_shared(shared.read())
 
     def check_shared(self) -> bool:
         """Apply the group's latest operator halt or resume once; True when one was new."""
