@@ -323,6 +323,12 @@ class Code(StrEnum):
     STORE_RECORD_DAMAGED = "STORE_RECORD_DAMAGED", None, "a stored record is damaged"
     STORE_SCHEMA_UNSUPPORTED = "STORE_SCHEMA_UNSUPPORTED", None, "a newer agentsafe wrote the store"
     STORE_VALUE_INVALID = "STORE_VALUE_INVALID", None, "a value has no canonical JSON form"
+    STORE_LOST_WRITES = (
+        "STORE_LOST_WRITES",
+        None,
+        "the shared database lacks grant claims this replica acknowledged (it went back in time,"
+        " e.g. an asynchronous failover); a halt cause, lifted only by an operator",
+    )
 
     # -- the attempt journal ---------------------------------------------------------------------
     JOURNAL_CLOSED = "JOURNAL_CLOSED", None, "the journal is closed"
