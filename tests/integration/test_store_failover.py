@@ -130,7 +130,7 @@ async def test_an_asynchronous_failover_that_lost_a_claim_halts_and_never_sends_
     await provider.start()
     principals = BearerPrincipals()
     workspace = Workspace(tmp_path / "ws")
-    url = async_pair.url(database)
+    url = async_pair.url(database, form="uri")
     owner = _replica(tmp_path, workspace, provider, principals, url, "r0")
     other = _replica(tmp_path, workspace, provider, principals, url, "r1")
     await owner.start()
