@@ -419,6 +419,7 @@ async def assemble(
                 shared.attempts,
                 owner=config.replica_id,
                 lease_seconds=config.executor_attempt_lease_seconds,
+                dispatch_seconds=config.downstream_timeout_ms / 1000.0,
             )
         if config.executor_journal_dir is not None:
             try:

@@ -139,6 +139,11 @@ class Code(StrEnum):
         None,
         "an allowed action has no handler",
     )
+    PRINCIPALS_ACTOR_COLLISION = (
+        "PRINCIPALS_ACTOR_COLLISION",
+        None,
+        "two principals spell one actor differently (case or compatibility form)",
+    )
     PRINCIPALS_CREDENTIAL_SHARED = (
         "PRINCIPALS_CREDENTIAL_SHARED",
         None,
@@ -318,6 +323,21 @@ class Code(StrEnum):
         "IDEMPOTENCY_TAKEN_OVER",
         409,
         "the key's lease lapsed before its attempt opened and a later request with it took it over",
+    )
+    ATTEMPT_FENCED = (
+        "ATTEMPT_FENCED",
+        409,
+        "the attempt was lost (lease lapsed or taken over) before its claim: nothing sent; retry",
+    )
+    ATTEMPT_LEASE_LAPSED = (
+        "ATTEMPT_LEASE_LAPSED",
+        None,
+        "the attempt's lease would not outlive the dispatch deadline: nothing was sent",
+    )
+    ATTEMPT_LEASE_TOO_SHORT = (
+        "ATTEMPT_LEASE_TOO_SHORT",
+        None,
+        "the attempt lease is too short for the dispatch deadline and renewal period; exit 78",
     )
     STORE_CLOSED = "STORE_CLOSED", None, "the use store is closed"
     STORE_RECORD_DAMAGED = "STORE_RECORD_DAMAGED", None, "a stored record is damaged"
@@ -944,6 +964,7 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         Code.ACTION_NOT_REGISTERED,
         Code.GRANT_BINDING_MISMATCH,
         Code.JOURNAL_UNAVAILABLE,
+        Code.ATTEMPT_LEASE_LAPSED,
         Code.HANDLER_FAILED,
         Code.HANDLER_CONTRACT_VIOLATED,
         Code.RECONCILE_FAILED,

@@ -59,6 +59,7 @@ from pydantic import (
 
 from . import base64url
 from .canonical import MAX_SAFE_INTEGER, sha256_digest
+from .codes import Code
 from .errors import ConfigError
 from .headers import HEADER_NAME, is_reserved
 from .intent import DownstreamTarget
@@ -80,6 +81,8 @@ __all__ = [
     "IDEMPOTENCY_KEY_PLACEHOLDER",
     "INTENT_TTL_SECONDS_DEFAULT",
     "INTENT_TTL_SECONDS_MAX",
+    "LEASE_MARGIN_SECONDS",
+    "LEASE_RENEWALS_PER_LEASE",
     "MAX_CONNECTIONS_DEFAULT",
     "MAX_CONNECTIONS_PER_SOURCE_DEFAULT",
     "MAX_TEXT",
@@ -121,6 +124,10 @@ SECRET_FILE_SUFFIX: Final = "_FILE"
 INTENT_TTL_SECONDS_DEFAULT: Final = 60
 INTENT_TTL_SECONDS_MAX: Final = 300
 DOWNSTREAM_TIMEOUT_MS_DEFAULT: Final = 10_000
+# Fencing (issue 29): a replica renews its attempts' leases this many times per lease, and takes
+# this margin off its local view of a lease (clock rates differ slightly); see _lease_rules.
+LEASE_RENEWALS_PER_LEASE: Final = 3
+LEASE_MARGIN_SECONDS: Final = 1.0
 HEADER_TIMEOUT_SECONDS_DEFAULT: Final = 10
 BODY_TIMEOUT_SECONDS_DEFAULT: Final = 10
 MAX_CONNECTIONS_DEFAULT: Final = 1024
@@ -966,6 +973,7 @@ class ExecutorConfig(BaseModel):
         self._caller_rules()
         self._listener_rules()
         self._storage_rules()
+        self._lease_rules()
         self._ceiling_rules()
         self._downstream_rules()
         return self
@@ -1131,6 +1139,30 @@ class ExecutorConfig(BaseModel):
         if self.executor_evidence_signing_key.given and self.executor_evidence_dir is None:
             raise ConfigError(
                 self.executor_evidence_signing_key.variable, "needs EXECUTOR_EVIDENCE_DIR"
+            )
+
+    def _lease_rules(self) -> None:
+        """Fencing (issue 29, docs/high-availability.md "Fencing"): with a shared store a
+        replica sends only while its attempt's lease, renewed every third of it, outlives the
+        dispatch deadline by :data:`LEASE_MARGIN_SECONDS`. Between two renewals a lease has at
+        least two thirds of itself left, so ``lease * 2/3 >= dispatch + margin`` lets a healthy
+        replica dispatch at any moment; a shorter lease would withhold sends, or tempt a longer
+        one, and is refused here."""
+        if not self.executor_store_url.given:
+            return
+        dispatch = self.downstream_timeout_ms / 1000.0
+        needed = (
+            LEASE_RENEWALS_PER_LEASE
+            / (LEASE_RENEWALS_PER_LEASE - 1)
+            * (dispatch + LEASE_MARGIN_SECONDS)
+        )
+        if self.executor_attempt_lease_seconds < needed:
+            raise ConfigError(
+                "EXECUTOR_ATTEMPT_LEASE_SECONDS",
+                f"must be at least 1.5 x (DOWNSTREAM_TIMEOUT_MS in seconds"
+                f" + {LEASE_MARGIN_SECONDS:g}) = {needed:g} with a shared store, so a send always"
+                " ends under a live lease: raise it, or lower DOWNSTREAM_TIMEOUT_MS",
+                code=Code.ATTEMPT_LEASE_TOO_SHORT,
             )
 
     def _ceiling_rules(self) -> None:

@@ -29,7 +29,7 @@ from .canonical import MAX_SAFE_INTEGER, sha256_digest
 from .clock import format_ms, parse_ms
 from .codes import Code
 from .errors import RequestRejected
-from .principals import Principal, Role
+from .principals import Principal, Role, same_actor
 
 __all__ = [
     "FORBIDDEN_KEYS",
@@ -256,7 +256,10 @@ def intent_from_binding(binding: Any) -> CapturedIntent:
 
 
 def check_intent_owner(principal: Principal, intent: CapturedIntent) -> None:
-    """A reconciliation or escalation may present only the caller's own intent (403)."""
+    """A reconciliation or escalation may present only the caller's own intent (403).
+
+    Exact, on purpose: this check admits, and a near spelling never grants (see
+    :func:`~agentsafe.executor.principals.same_actor`)."""
     owner = intent.caller_principal
     if owner is None or not hmac.compare_digest(owner.encode(), principal.id.encode()):
         raise RequestRejected(
@@ -265,15 +268,22 @@ def check_intent_owner(principal: Principal, intent: CapturedIntent) -> None:
 
 
 def check_separation(approver: Principal, intent: CapturedIntent) -> None:
-    """An approver may never decide an intent its own actor (or id) proposed (422)."""
+    """An approver may never decide an intent its own actor (or id) proposed (422).
+
+    Names are compared under :func:`~agentsafe.executor.principals.actor_key` (Unicode
+    compatibility caseless match): ``Mallory@Bank.example`` proposed what ``mallory@bank.example``
+    would approve (issue 30)."""
     proposer_actor = intent.binding.get("actor")
     proposer_actor_id = proposer_actor.get("id") if isinstance(proposer_actor, dict) else None
-    names = {approver.id}
+    names = [approver.id]
     if approver.actor is not None:
-        names.add(approver.actor.id)
+        names.append(approver.actor.id)
     if approver.role is not Role.APPROVER:
         raise RequestRejected(Code.ROLE_FORBIDDEN, "only an approver may decide")
-    if proposer_actor_id in names or intent.caller_principal in names:
+    proposers = [
+        name for name in (proposer_actor_id, intent.caller_principal) if isinstance(name, str)
+    ]
+    if any(same_actor(name, names) for name in proposers):
         raise RequestRejected(
             Code.SEPARATION_OF_DUTIES_VIOLATED,
             "an approver may not decide an intent it proposed",

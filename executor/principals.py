@@ -8,8 +8,12 @@ PROPOSER from the ``EXECUTOR_TENANT_ID``/``EXECUTOR_ACTOR_*`` variables (:func:`
 
 from __future__ import annotations
 
+import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+import regex
 
 __all__ = [
     "LEGACY_PRINCIPAL_ID",
@@ -18,8 +22,45 @@ __all__ = [
     "Role",
     "Scope",
     "Verification",
+    "actor_key",
     "legacy_principal",
+    "same_actor",
 ]
+
+_IGNORABLE = regex.compile(r"\p{Default_Ignorable_Code_Point}+")
+
+
+def actor_key(name: str) -> str:
+    """The one form in which principal ids and actor ids are compared (issue 30).
+
+    Unicode's *compatibility caseless match* (The Unicode Standard, chapter 3.13, D146):
+    ``NFKD(casefold(NFKD(casefold(NFD(name)))))``, after removing every
+    ``Default_Ignorable_Code_Point`` as ``NFKC_Casefold`` does. So ``Mallory@Bank.example``,
+    ``mallory@bank.example``, ``ｍallory@bank.example`` (fullwidth) and
+    ``mal\u00adlory@bank.example`` (a soft hyphen) are one actor. Look-alikes of other scripts
+    stay distinct here; a principals file that holds two spellings of one key is refused at load
+    (``PRINCIPALS_ACTOR_COLLISION``).
+    """
+    text = _IGNORABLE.sub("", name)
+    text = unicodedata.normalize("NFKD", unicodedata.normalize("NFD", text).casefold())
+    return unicodedata.normalize("NFKD", text.casefold())
+
+
+def same_actor(name: str | None, others: str | Iterable[str | None] | None) -> bool:
+    """Whether ``name`` is, under :func:`actor_key`, ``others`` (or one of them); None is no one.
+
+    Used wherever a check REFUSES because two names are one actor (separation of duties): the
+    principals file's rules, :func:`~agentsafe.executor.intent.check_separation`, the use store's
+    ``check_decidable`` and approval listings, the authority's resolution of an approval. A check
+    that ADMITS because a name matches (the intent's owner, an approver a rule names) stays
+    exact: a near spelling never grants anything.
+    """
+    if name is None:
+        return False
+    candidates = (others,) if others is None or isinstance(others, str) else others
+    key = actor_key(name)
+    return any(other is not None and actor_key(other) == key for other in candidates)
+
 
 LEGACY_PRINCIPAL_ID = "legacy-caller"
 

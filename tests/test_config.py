@@ -977,6 +977,38 @@ def test_replica_id_and_lease() -> None:
     refused(legacy_env(EXECUTOR_ATTEMPT_LEASE_SECONDS="1"), "EXECUTOR_ATTEMPT_LEASE_SECONDS")
 
 
+def test_a_shared_store_lease_must_outlive_a_send_between_two_renewals() -> None:
+    """Issue 29: with a shared store, two thirds of the lease (what is left between renewals)
+    must cover the dispatch deadline plus the margin, or start refuses, saying what to change."""
+    url = "postgresql://agentsafe@db/agentsafe"
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            legacy_env(
+                EXECUTOR_STORE_URL=url,
+                EXECUTOR_ATTEMPT_LEASE_SECONDS="5",
+                DOWNSTREAM_TIMEOUT_MS="5000",
+            )
+        )
+    error = caught.value
+    assert error.variable == "EXECUTOR_ATTEMPT_LEASE_SECONDS"
+    assert error.code == "ATTEMPT_LEASE_TOO_SHORT"
+    assert error.exit_status == 78
+    assert "DOWNSTREAM_TIMEOUT_MS" in error.problem
+    assert "= 9" in error.problem
+    assert url not in str(error)
+    # 1.5 x (2 + 1) = 4.5 <= 5: accepted; without a shared store the lease bounds nothing.
+    fits = legacy_env(
+        EXECUTOR_STORE_URL=url, EXECUTOR_ATTEMPT_LEASE_SECONDS="5", DOWNSTREAM_TIMEOUT_MS="2000"
+    )
+    assert load_config(fits).executor_attempt_lease_seconds == 5
+    alone = legacy_env(EXECUTOR_ATTEMPT_LEASE_SECONDS="5", DOWNSTREAM_TIMEOUT_MS="5000")
+    assert load_config(alone).executor_attempt_lease_seconds == 5
+    # the defaults (30 s, 10 s) and the largest dispatch deadline (15 s) fit
+    assert load_config(legacy_env(EXECUTOR_STORE_URL=url)).executor_attempt_lease_seconds == 30
+    largest = legacy_env(EXECUTOR_STORE_URL=url, DOWNSTREAM_TIMEOUT_MS="15000")
+    assert load_config(largest).downstream_timeout_ms == 15000
+
+
 def test_production_takes_the_store_url_only_from_a_file() -> None:
     error = refused(
         production_env(EXECUTOR_STORE_URL="postgresql://agentsafe@db/agentsafe"),

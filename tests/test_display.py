@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from agentsafe.executor.display import amount_text, inert, inert_json, inert_value
+from agentsafe.executor.display import (
+    amount_text,
+    field_warnings,
+    inert,
+    inert_json,
+    inert_value,
+    text_warnings,
+)
 
 
 @pytest.mark.parametrize(
@@ -74,3 +81,60 @@ def test_amounts_at_their_currency_scale(parameters: dict[str, object], shown: s
 )
 def test_no_amount_is_guessed(parameters: dict[str, object]) -> None:
     assert amount_text(parameters) is None
+
+
+# Issue 30, item 9: invisible characters that escaped the category rule (Lo, Mn, So).
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("hangul \u3164filler", "hangul \\u3164filler"),
+        ("choseong \u115f jungseong \u1160", "choseong \\u115f jungseong \\u1160"),
+        ("halfwidth \uffa0", "halfwidth \\uffa0"),
+        ("cgj a\u034fb", "cgj a\\u034fb"),
+        ("vs16 x\ufe0f", "vs16 x\\ufe0f"),
+        ("vs17 x\U000e0100", "vs17 x\\udb40\\udd00"),
+        ("braille \u2800blank", "braille \\u2800blank"),
+        ("nbsp a\u00a0b ideographic\u3000", "nbsp a\\u00a0b ideographic\\u3000"),
+        ("soft\u00adhyphen", "soft\\u00adhyphen"),
+    ],
+)
+def test_every_invisible_or_blank_character_is_escaped(text: str, shown: str) -> None:
+    assert inert(text) == shown
+    assert inert_value(text) == f'"{shown}"'
+    assert text_warnings(text)  # and the person is told
+
+
+# Issue 30, item 10: look-alikes and mixed scripts are escaped and marked.
+def test_a_cyrillic_a_in_a_latin_word_is_escaped_and_marked() -> None:
+    target = "p\u0430yout:beneficiary-1"
+    assert inert(target) == "p\\u0430yout:beneficiary-1"
+    assert inert_value(target) == '"p\\u0430yout:beneficiary-1"'
+    [warning] = text_warnings(target)
+    assert "mixed scripts: Cyrillic, Latin" in warning
+    assert "U+0430 CYRILLIC SMALL LETTER A" in warning
+    assert field_warnings({"target": target}) == [f"target: {warning}"]
+    assert json.loads(inert_value({"t": target})) == {"t": target}  # still the same JSON
+
+
+@pytest.mark.parametrize(
+    ("text", "shown", "marked"),
+    [
+        ("\u0440\u0430\u0443\u0440\u0430l", "\\u0440\\u0430\\u0443\\u0440\\u0430l", "Cyrillic"),
+        ("\u0440\u0430\u0443\u0440\u0430", "\\u0440\\u0430\\u0443\\u0440\\u0430", "LETTER ER"),
+        ("\uff50ayout", "\\uff50ayout", "FULLWIDTH"),
+        ("acc\u03bfunt-7", "acc\\u03bfunt-7", "Greek, Latin"),
+        ("IBAN DE89\u0661", "IBAN DE89\\u0661", "Arabic, Latin"),
+    ],
+)
+def test_look_alikes_are_escaped(text: str, shown: str, marked: str) -> None:
+    assert inert(text) == shown
+    assert any(marked in w for w in text_warnings(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["\u0410\u043b\u0435\u043a\u0441\u0435\u0439 P", "東京 tokyo", "日本語テキストabc", "café"],
+)
+def test_ordinary_writing_is_shown_as_itself(text: str) -> None:
+    assert inert(text) == text
+    assert text_warnings(text) == []

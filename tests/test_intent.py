@@ -361,3 +361,26 @@ def test_what_each_principal_refusal_says() -> None:
         "SEPARATION_OF_DUTIES_VIOLATED",
         "an approver may not decide an intent it proposed",
     )
+
+
+def test_separation_of_duties_compares_names_folded() -> None:
+    """Issue 30, item 13: ``Mallory@Bank.example`` may not approve what ``mallory@bank.example``
+    proposed (case, compatibility forms and default-ignorables folded)."""
+    from agentsafe.executor.intent import check_separation
+    from agentsafe.executor.principals import Principal, Role
+
+    intent = _capture()  # proposed by "legacy-caller" whose actor is "agent-1"
+    for pid, actor in [
+        ("lead", "AGENT-1"),
+        ("lead", "\uff41gent-1"),  # fullwidth a
+        ("lead", "agent\u00ad-1"),  # a soft hyphen
+        ("Legacy-Caller", None),
+        ("lead", "LEGACY-CALLER"),
+    ]:
+        who = Principal(id=pid, role=Role.APPROVER, actor=Actor(actor, "HUMAN") if actor else None)
+        with pytest.raises(RequestRejected) as info:
+            check_separation(who, intent)  # type: ignore[arg-type]
+        assert info.value.code == "SEPARATION_OF_DUTIES_VIOLATED", (pid, actor)
+    # a look-alike of another script is another name here (the display marks it instead)
+    other = Principal(id="lead", role=Role.APPROVER, actor=Actor("\u0430gent-1", "HUMAN"))
+    check_separation(other, intent)  # type: ignore[arg-type]

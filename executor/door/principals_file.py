@@ -11,7 +11,14 @@ code and, where one principal is at fault, that principal's id, never a credenti
     PRINCIPALS_FILE_TOO_LARGE, PRINCIPALS_FILE_INVALID (schema), PRINCIPALS_TOO_MANY,
     PRINCIPALS_DUPLICATE_ID, PRINCIPALS_CREDENTIAL_SHARED, PRINCIPALS_ROLE_INVALID,
     PRINCIPALS_ACTION_UNKNOWN, PRINCIPALS_JWT_UNCONFIGURED, PRINCIPALS_MTLS_UNCONFIGURED,
-    PRINCIPALS_RATE_LIMIT_INVALID, SEPARATION_OF_DUTIES_VIOLATED
+    PRINCIPALS_RATE_LIMIT_INVALID, PRINCIPALS_ACTOR_COLLISION, SEPARATION_OF_DUTIES_VIOLATED
+
+Principal ids and actor ids are compared as :func:`~agentsafe.executor.principals.actor_key`
+writes them (Unicode compatibility caseless match, default-ignorables removed; issue 30): a file
+in which two principals spell one name differently (``Mallory@Bank.example`` and
+``mallory@bank.example``, as an id or an actor id) is refused with PRINCIPALS_ACTOR_COLLISION,
+naming the later principal and the earlier one by id, never the names compared; the separation of
+duties below compares under the same key.
 
 The result is a :class:`PrincipalSet`, the door's lookup table: bearer tokens by digest compared
 in constant time against every bearer principal, workload tokens by (issuer, subject),
@@ -40,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..codes import Code
 from ..errors import ConfigError
-from ..principals import Actor, Principal, Role, Scope, Verification
+from ..principals import Actor, Principal, Role, Scope, Verification, actor_key
 from ..windows import RateRule
 
 __all__ = [
@@ -382,6 +389,7 @@ def build_principal_set(
                 principal=_principal(entry, registered), credential=cred, rate_limit=rule
             )
         )
+    _check_collisions(records)
     _check_separation(records)
     return PrincipalSet(records)
 
@@ -451,25 +459,46 @@ def _principal(entry: PrincipalEntry, registered: frozenset[str]) -> Principal:
     )
 
 
+def _names(principal: Principal) -> tuple[str, ...]:
+    return (principal.id,) if principal.actor is None else (principal.id, principal.actor.id)
+
+
+def _check_collisions(records: list[PrincipalRecord]) -> None:
+    """Refuse two principals whose ids or actor ids are one name under :func:`actor_key` but
+    spelled differently: which spelling a comparison meets would decide who is whom."""
+    seen: dict[str, dict[str, str]] = {}  # key -> {spelling: the first principal using it}
+    for record in records:
+        for name in _names(record.principal):
+            spellings = seen.setdefault(actor_key(name), {})
+            others = {owner for spelling, owner in spellings.items() if owner != record.id}
+            if others and spellings.get(name, record.id) == record.id:
+                raise PrincipalsFileError(
+                    Code.PRINCIPALS_ACTOR_COLLISION,
+                    "its id or actor id spells the same actor as principal "
+                    f"{min(others)!r} differently (case or compatibility form)",
+                    principal_id=record.id,
+                )
+            spellings.setdefault(name, record.id)
+
+
 def _check_separation(records: list[PrincipalRecord]) -> None:
-    """Refuse the obvious self-approval shapes: proposer as approver, proposer actor as operator."""
+    """Refuse the obvious self-approval shapes: proposer as approver, proposer actor as operator
+    (names compared under :func:`actor_key`)."""
     approver_names: set[str] = set()
     operator_actors: set[str] = set()
     for record in records:
         p = record.principal
         if p.role is Role.APPROVER:
-            approver_names.add(p.id)
-            if p.actor is not None:
-                approver_names.add(p.actor.id)
+            approver_names.update(actor_key(name) for name in _names(p))
         elif p.role is Role.OPERATOR and p.actor is not None:
-            operator_actors.add(p.actor.id)
+            operator_actors.add(actor_key(p.actor.id))
     for record in records:
         p = record.principal
         if p.role is not Role.PROPOSER:
             continue
-        actor_id = p.actor.id if p.actor is not None else None
+        actor_id = actor_key(p.actor.id) if p.actor is not None else None
         if (
-            p.id in approver_names
+            actor_key(p.id) in approver_names
             or (actor_id is not None and actor_id in approver_names)
             or (actor_id is not None and actor_id in operator_actors)
         ):

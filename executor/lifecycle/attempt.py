@@ -5,9 +5,20 @@ on its own with every collaborator passed in:
 
 1. commit the host ceilings (a reservation released if nothing was sent);
 2. journal ATTEMPT_OPENED (a journal that refuses is FAILED_BEFORE_DISPATCH, fail closed);
-3. claim the single-use grant with the authority (a refused claim closes the attempt NOT_CLAIMED);
+3. claim the single-use grant with the authority (a refused claim closes the attempt NOT_CLAIMED).
+   With a shared store the claim is fenced (issue 29): the journal hands over the attempt's
+   fencing token (``AttemptJournal.fence``: owner, epoch, local lease deadline) and the claim is
+   made only while the attempt is still this replica's under a live lease, in one statement. A
+   fenced-out claim sent nothing: ATTEMPT_FENCED evidence, the attempt closed FENCED in the
+   journal, and the caller refused 409 ATTEMPT_FENCED (never an answer saying "not executed":
+   another replica may have run the key since);
 4. run the handler once through the registry, which journals GRANT_CLAIMED before the handler's
-   body (``on_claimed``);
+   body (``on_claimed``); with a fence, ``on_claimed`` then lets the handler send only if the
+   lease, on the local monotonic clock, outlives the dispatch deadline: otherwise nothing is sent
+   and the answer is FAILED_BEFORE_DISPATCH with ATTEMPT_LEASE_LAPSED (true: the grant is
+   claimed, so nobody else can send it; a replica that takes the attempt over asks the
+   provider). A send already started when the lease lapses is never sent again: whoever takes
+   the attempt over resolves it read-only (``reconcile.py``);
 5. take the effect record the handler registered for the grant (``dispatch/effects.py``: an
    adapter's record, ``effects/adapter.py``, or an ordinary handler's observation), a refusal's
    included, and finalize with the authority, handing it the record's evidence and the
@@ -30,6 +41,7 @@ Callers: ``pipeline.py``; tests (``tests/lifecycle/test_attempt.py``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,7 +61,7 @@ from ..policy.authority import RECOVERY_TYP, Authority, Decision, GrantRefused
 from ..principals import Principal
 from ..state.journal import AttemptJournal
 from .answers import Answer, decision_answer
-from .ceilings import HostCeilings
+from .ceilings import HostCeilings, Reservation
 
 __all__ = ["Attempt", "Progress", "TokenSigner", "UnknownAttempts"]
 
@@ -169,18 +181,20 @@ class Attempt:
             if reservation is not None:
                 await reservation.release()
             return self._failed_before_dispatch(common, [Code.JOURNAL_UNAVAILABLE])
+        fence = journal.fence(attempt_id) if journal is not None else None
         try:
-            claim = await self.authority.claim(decision.grant, intent=intent)
-        except (GrantRefused, StoreError) as exc:  # a store that failed claimed nothing we use
-            await self._close_quietly(
-                attempt_id,
-                outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
-                executed=False,
-                finalization="NOT_CLAIMED",
-            )
-            if reservation is not None:
-                await reservation.release()
-            return self._failed_before_dispatch(common, [exc.code])
+            claim = await self.authority.claim(decision.grant, intent=intent, fence=fence)
+        except StoreError as exc:
+            if exc.code != Code.ATTEMPT_FENCED:
+                return await self._not_claimed(attempt_id, reservation, common, exc.code)
+            await self._fenced(intent, principal, attempt_id, reservation)
+            raise RequestRejected(
+                Code.ATTEMPT_FENCED,
+                "this replica lost the attempt before claiming its grant; nothing was sent:"
+                " retry with the same idempotency key",
+            ) from None
+        except GrantRefused as exc:
+            return await self._not_claimed(attempt_id, reservation, common, exc.code)
         authorization = Authorization(
             decision_id=claim.decision_id,
             dossier_id=claim.dossier_id,
@@ -219,9 +233,10 @@ class Attempt:
             attestation=claim.attestation,
         )
         claimed = False
+        lapsed = False
 
         async def on_claimed(_: ExecutionContext) -> None:
-            nonlocal claimed
+            nonlocal claimed, lapsed
             if journal is not None:
                 await journal.grant_claimed(
                     attempt_id=attempt_id,
@@ -229,6 +244,10 @@ class Attempt:
                     expires_at=claim.expires_at,
                     payload_digest=claim.execution_payload_digest,
                 )
+            if fence is not None and not fence.can_dispatch():
+                # Send only under a live lease: this one may lapse before the send ends.
+                lapsed = True
+                raise _LeaseLapsed
             claimed = True
             self.streams.evidence.emit(
                 "DISPATCH", {"intent_id": intent.intent_id, "grant_id": claim.grant_id}
@@ -245,6 +264,16 @@ class Attempt:
                 executed=None if claimed else False,
                 reason_codes=(Code.INTERNAL_ERROR,),
                 dispatched=claimed,
+            )
+        if lapsed and not report.dispatched:
+            report = dataclasses.replace(report, reason_codes=(Code.ATTEMPT_LEASE_LAPSED,))
+            self.streams.security.emit(
+                "DISPATCH_WITHHELD",
+                {
+                    "attempt_id": attempt_id,
+                    "grant_id": claim.grant_id,
+                    "code": Code.ATTEMPT_LEASE_LAPSED,
+                },
             )
         outcome = Outcome(report.outcome)
         # -- after the point of no return: nothing below may change the outcome --------------
@@ -328,6 +357,51 @@ class Attempt:
         except AgentSafeError as exc:
             log.warning("the evidence stream refused OUTCOME (%s)", exc.code)
         return Answer(200, body)
+
+    async def _not_claimed(
+        self, attempt_id: str, reservation: Reservation | None, common: Mapping[str, Any], code: str
+    ) -> Answer:
+        """A refused claim (or a store that failed: it claimed nothing we use): closed
+        NOT_CLAIMED, FAILED_BEFORE_DISPATCH."""
+        await self._close_quietly(
+            attempt_id,
+            outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
+            executed=False,
+            finalization="NOT_CLAIMED",
+        )
+        if reservation is not None:
+            await reservation.release()
+        return self._failed_before_dispatch(common, [code])
+
+    async def _fenced(
+        self,
+        intent: CapturedIntent,
+        principal: Principal,
+        attempt_id: str,
+        reservation: Reservation | None,
+    ) -> None:
+        """The claim was fenced out: nothing was claimed or sent. The evidence says so, the
+        journal closes the attempt FENCED (the shared store's row is the new owner's: the close
+        is fenced there too, and changes nothing), the ceiling reservation is released."""
+        with contextlib.suppress(AgentSafeError):
+            self.streams.evidence.emit(
+                "ATTEMPT_FENCED",
+                {
+                    "intent_id": intent.intent_id,
+                    "attempt_id": attempt_id,
+                    "caller": principal.id,
+                    "code": Code.ATTEMPT_FENCED,
+                },
+            )
+        await self._close_quietly(
+            attempt_id,
+            outcome=Outcome.FAILED_BEFORE_DISPATCH.value,
+            executed=False,
+            finalization="FENCED",
+        )
+        if reservation is not None:
+            with contextlib.suppress(AgentSafeError):
+                await reservation.release()
 
     async def _close_quietly(
         self,
@@ -426,6 +500,10 @@ class Attempt:
             typ=RECOVERY_TYP,
         )
         return {"intent": dict(intent.binding), "reference": reference}
+
+
+class _LeaseLapsed(Exception):
+    """Raised by ``on_claimed`` to stop the seam before the handler: the lease would lapse."""
 
 
 def _receipt_token(report: ExecutionReport) -> str | None:

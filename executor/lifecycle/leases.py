@@ -5,10 +5,13 @@ Role: with a shared store, each attempt a replica opens is owned by it under a l
 replica; each tick (a third of the lease):
 
 1. writes again the closes the shared store missed (``SharedAttemptMirror.flush``);
-2. renews the lease of every attempt this replica still holds open;
+2. renews the lease of every attempt this replica still holds open (``SharedAttemptMirror.renew``:
+   the local lease deadline of each attempt moves on only when the database renewed it at the
+   epoch this replica holds, so a replica whose attempt was taken over never sends for it);
 3. takes, one at a time, an open attempt whose lease lapsed -- the row is locked ``FOR UPDATE
-   SKIP LOCKED`` and its owner changed in the same transaction, so two replicas never reconcile
-   the same attempt -- and resolves it read-only exactly as startup reconciliation does
+   SKIP LOCKED`` and its owner changed and its fencing token (``epoch``) incremented in the same
+   transaction, so two replicas never reconcile the same attempt and the previous owner can no
+   longer claim its grant -- and resolves it read-only exactly as startup reconciliation does
    (``lifecycle/reconcile.py``), then hands the resolution to the same idempotency settlement, so
    a caller retrying the key on any replica gets that one recorded answer;
 4. asks again, at most once per lease, about every attempt this replica owns whose last
@@ -34,6 +37,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
+from ..config import LEASE_RENEWALS_PER_LEASE
 from ..errors import StoreError
 from ..events import Streams
 from ..state.journal import AttemptJournal, OpenAttempt
@@ -68,13 +72,16 @@ class LeaseKeeper:
 
     @property
     def interval(self) -> float:
-        return self._mirror.lease_seconds / 3
+        return self._mirror.lease_seconds / LEASE_RENEWALS_PER_LEASE
 
     async def gate(self, attempt: OpenAttempt) -> bool:
         """Take ``attempt`` (from this replica's journal) for startup reconciliation."""
-        state, _ = await self._mirror.attempts.take(
+        sent_at = self._monotonic()
+        state, row = await self._mirror.attempts.take(
             attempt.attempt_id, owner=self._mirror.owner, lease_seconds=self._mirror.lease_seconds
         )
+        if row is not None:
+            self._mirror.held(row, sent_at=sent_at)
         if state in ("HELD", "CLOSED"):
             self._streams.security.emit(
                 "RECONCILIATION_SKIPPED",
@@ -87,16 +94,16 @@ class LeaseKeeper:
         """One round: flush, renew, take and resolve what lapsed, ask again about what this
         replica owns and is still unknown. Raises ``StoreError``."""
         await self._mirror.flush()
-        await self._mirror.attempts.renew(
-            owner=self._mirror.owner, lease_seconds=self._mirror.lease_seconds
-        )
+        await self._mirror.renew()
         resolutions: list[Resolution] = []
         while True:
+            sent_at = self._monotonic()
             row = await self._mirror.attempts.take_lapsed(
                 owner=self._mirror.owner, lease_seconds=self._mirror.lease_seconds
             )
             if row is None:
                 break
+            self._mirror.held(row, sent_at=sent_at)
             self._streams.security.emit(
                 "ATTEMPT_TAKEN_OVER",
                 {"attempt_id": row.attempt_id, "owner": self._mirror.owner},

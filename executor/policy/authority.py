@@ -20,7 +20,9 @@ later); :class:`LocalAuthority` is the built-in one, evaluating the compiled pol
    and never past the intent's expiry. The grant never leaves the process.
 
 :meth:`LocalAuthority.claim` verifies a grant against the presented intent and consumes it once,
-atomically, in the use store. :meth:`LocalAuthority.finalize` records how the attempt ended with
+atomically, in the use store; with a shared store the claim is fenced by the attempt's current
+owner, epoch and lease (the :class:`~agentsafe.executor.state.usestore.AttemptFence` the attempt
+hands it), in the same statement. :meth:`LocalAuthority.finalize` records how the attempt ended with
 the effect record the handler registered and the provider's effect receipt verbatim: the receipt
 is verified against the provider keys registered with this authority (the policy's
 ``providerKeys``), reported whether or not it verifies, and read as ``SIGNED_RECEIPT`` effect
@@ -53,13 +55,13 @@ from ..errors import AgentSafeError
 from ..grants import KeySet, SigningKey, TokenRefused, sign_jws, verify_jws
 from ..ids import uuid4_text
 from ..intent import UUID4, CapturedIntent
-from ..principals import Principal, Verification
+from ..principals import Principal, Verification, same_actor
 from .attestation import claim_token_digest, issue_claim_attestation
 from .celexpr import VARIABLES, Activation, EvaluationError
 from .policy import CompiledAction, CompiledPolicy, CompiledRule, Verdict
 
 if TYPE_CHECKING:
-    from ..state.usestore import UseStore
+    from ..state.usestore import AttemptFence, UseStore
 
 log = logging.getLogger(__name__)
 
@@ -218,8 +220,13 @@ class Authority(Protocol):
         approval: Mapping[str, Any] | None = None,
     ) -> Decision: ...
 
-    async def claim(self, grant: str, *, intent: CapturedIntent) -> Claim:
-        """Consume ``grant`` for ``intent``; raises :class:`GrantRefused`."""
+    async def claim(
+        self, grant: str, *, intent: CapturedIntent, fence: AttemptFence | None = None
+    ) -> Claim:
+        """Consume ``grant`` for ``intent``; raises :class:`GrantRefused`. With ``fence`` (the
+        attempt's fencing token, shared store), the claim is made only while the attempt is
+        still its holder's under a live lease, in the same statement; a fenced-out claim raises
+        ``StoreError(ATTEMPT_FENCED)`` and claims nothing."""
         ...
 
     async def finalize(
@@ -387,7 +394,9 @@ class LocalAuthority:
 
     # -- claim ---------------------------------------------------------------------------------
 
-    async def claim(self, grant: str, *, intent: CapturedIntent) -> Claim:
+    async def claim(
+        self, grant: str, *, intent: CapturedIntent, fence: AttemptFence | None = None
+    ) -> Claim:
         try:
             payload = verify_jws(grant, typ=GRANT_TYP, keys=self._key_set)
         except TokenRefused as exc:
@@ -409,12 +418,22 @@ class LocalAuthority:
             != PAYLOAD_CANONICALIZATION_PROFILE
         ):
             raise GrantRefused(Code.GRANT_BINDING_MISMATCH, "the grant is bound to another intent")
-        claimed = await self._store.claim_grant(
-            fields.grant_id,
-            binding_digest=sha256_digest(binding),
-            expires_at=fields.expires_at,
-            now=now,
-        )
+        if fence is None:
+            claimed = await self._store.claim_grant(
+                fields.grant_id,
+                binding_digest=sha256_digest(binding),
+                expires_at=fields.expires_at,
+                now=now,
+            )
+        else:  # fenced by the attempt's owner, epoch and lease, in the claim's own statement
+            claimed = await self._store.claim_grant(
+                fields.grant_id,
+                binding_digest=sha256_digest(binding),
+                expires_at=fields.expires_at,
+                now=now,
+                fence=fence,
+                payload_digest=binding["execution_payload_digest"],
+            )
         if not claimed:
             raise GrantRefused(Code.GRANT_ALREADY_CLAIMED, "the grant was already claimed")
         token_digest = claim_token_digest(grant)
@@ -679,8 +698,10 @@ def _resolve_approval(
     ):
         return Verdict.BLOCK, Code.APPROVAL_BINDING_MISMATCH
     proposer_actor = (intent.binding.get("actor") or {}).get("id")
-    if approver == principal.id or (
-        approver_actor is not None and approver_actor in (proposer_actor, _actor_id(principal))
+    # Separation of duties under the one comparison of actor names (principals.same_actor).
+    if same_actor(approver, principal.id) or (
+        isinstance(approver_actor, str)
+        and same_actor(approver_actor, (proposer_actor, _actor_id(principal)))
     ):
         return Verdict.BLOCK, Code.SEPARATION_OF_DUTIES_VIOLATED
     if decision == "DENY":

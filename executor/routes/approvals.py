@@ -6,8 +6,9 @@ listed by the rule lists what they may decide and decides it once:
 
 - ``GET /v1/approvals?state=PENDING``: the requests this approver may decide;
 - ``GET /v1/approvals/{request_id}``: one of them, with the intent it would release, shown inert
-  (``display``: :mod:`~agentsafe.executor.display`), the rule and reason that escalated it, the
-  intent hash, and the verification its decision needs;
+  (``display``: :mod:`~agentsafe.executor.display`; ``display.warnings`` names look-alikes, mixed
+  scripts and invisible characters), the rule and reason that escalated it, the intent hash, and
+  the verification its decision needs;
 - ``POST /v1/approvals/{request_id}/challenge`` ``{"decision"}``: WebAuthn request options whose
   challenge is bound to this request, its intent hash and the decision (``door/passkeys.py``);
 - ``POST /v1/approvals/{request_id}`` ``{"decision": "APPROVE"|"DENY", "reason": "...",
@@ -48,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..clock import Clock, format_ms
 from ..codes import Code
-from ..display import amount_text, inert_json, inert_value
+from ..display import amount_text, field_warnings, inert_json, inert_value
 from ..door.passkeys import Passkeys
 from ..errors import RequestRejected
 from ..events import Streams
@@ -183,6 +184,15 @@ def describe_record(
             "parameters": inert_value(parameters),
             "proposer": inert_value(proposer),
             "intent": inert_json(dict(intent)),
+            # Look-alikes, mixed scripts and invisible characters, named (issue 30).
+            "warnings": field_warnings(
+                {
+                    "action": action.get("type"),
+                    "target": action.get("resource"),
+                    "parameters": parameters,
+                    "proposer": proposer,
+                }
+            ),
         },
     }
 

@@ -40,12 +40,13 @@ With a shared store (``EXECUTOR_STORE_URL``), an :class:`AttemptMirror` is hande
 record is on the device, the same step is written to the shared store's open-attempt state (owner
 and lease there), and the append returns only once both hold; a mirror that fails fails the append
 (JOURNAL_UNAVAILABLE), so a GRANT_CLAIMED that cannot be made durable in the shared store stops the
-seam before dispatch.
+seam before dispatch. The mirror also keeps each held attempt's fencing token (issue 29), handed
+to the attempt by :meth:`AttemptJournal.fence`.
 
-Callers: ``lifecycle/attempt.py`` (opened, grant_claimed through the seam's GRANT_CLAIMED
-decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records reconciled by
-CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open), ``plane.py``
-(close, ``GET /v1/control/open-attempts``).
+Callers: ``lifecycle/attempt.py`` (opened, fence, grant_claimed through the seam's
+GRANT_CLAIMED decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records
+reconciled by CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open),
+``plane.py`` (close, ``GET /v1/control/open-attempts``).
 """
 
 from __future__ import annotations
@@ -64,13 +65,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..canonical import DuplicateKeyError, canonical_json, parse_json, sha256_digest
 from ..clock import Clock, format_ms, utc_day
 from ..codes import Code
 from ..errors import AgentSafeError, CanonicalizationError, JournalError
 from ..host.durable import fsync_directory, write_all
+
+if TYPE_CHECKING:
+    from .usestore import AttemptFence
 
 __all__ = [
     "ATTEMPTS_DIR",
@@ -212,6 +216,11 @@ class AttemptMirror(Protocol):
     """Where each journaled step is also written (the shared store's open-attempt state)."""
 
     async def record(self, kind: RecordType, record: Mapping[str, Any]) -> None: ...
+
+    def fence(self, attempt_id: str) -> AttemptFence | None:
+        """The fencing token of an attempt this process holds (issue 29), if the mirror keeps
+        leases; the attempt's grant claim is made under it."""
+        ...
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -387,6 +396,10 @@ class AttemptJournal:
             fields["grant_expires_at"] = format_ms(grant_expires_at)
         await self._append(RecordType.ATTEMPT_OPENED, fields)
         self._live_open.add(attempt_id)
+
+    def fence(self, attempt_id: str) -> AttemptFence | None:
+        """The shared store's fencing token of ``attempt_id`` (``None`` without a mirror)."""
+        return self._mirror.fence(attempt_id) if self._mirror is not None else None
 
     async def grant_claimed(
         self, *, attempt_id: str, grant_id: str, expires_at: float, payload_digest: str

@@ -20,7 +20,8 @@ passkeys            the WebAuthn credentials of APPROVER principals (issue 21)
 enrolment_tokens    one-time passkey enrolment tokens, by SHA-256 digest (issue 21)
 ceiling_lock        one row per window, locked ``FOR UPDATE`` by every reservation
 ceiling_window      the reservations inside the host-ceiling window
-attempts            the attempt journal's open-attempt state, with its owner and lease
+attempts            the attempt journal's open-attempt state, with its owner, lease and
+                    fencing token (``epoch``: incremented by every takeover)
 ==================  ==============================================================================
 
 Callers: ``state/pgstore.py`` (at open, and for ``agentsafe store migrate``).
@@ -115,6 +116,11 @@ MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         """ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS lease_until double precision""",
         """ALTER TABLE idempotency ADD COLUMN IF NOT EXISTS opened_attempt text""",
     ),
+    # issue 29: each attempt's fencing token. 1 when it opens; every takeover (a new owner)
+    # increments it in the transaction that changes the owner, and the grant claim is made only
+    # under the owner and epoch its claimant holds. Rows of an older schema start at 1 (their
+    # owner is unchanged; a takeover from here on increments it). IF NOT EXISTS: composes.
+    ("""ALTER TABLE attempts ADD COLUMN IF NOT EXISTS epoch bigint NOT NULL DEFAULT 1""",),
 )
 SCHEMA_VERSION: Final = len(MIGRATIONS)
 

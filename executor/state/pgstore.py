@@ -13,9 +13,10 @@ the same SQL is correct on PostgreSQL-compatible distributed engines. A step tha
 statement runs as that statement alone (:meth:`PostgresStore.statement`, autocommit): it is its
 own transaction, at ``SERIALIZABLE`` too (every pooled session sets
 ``default_transaction_isolation``), and committed (durably, with ``synchronous_commit``) when its
-answer arrives, without the ``BEGIN`` and ``COMMIT`` round trips. Each of the six durable steps of
-an ALLOW (``idempotency_begin``, ``claim_grant``, the mirror's ``opened``, ``grant_claimed`` and
-``settle``, ``idempotency_complete``) is one statement in the common case; a key found already
+answer arrives, without the ``BEGIN`` and ``COMMIT`` round trips. Each of the five durable steps of
+an ALLOW (``idempotency_begin``, the mirror's ``opened``, ``claim_grant`` -- which also records
+the mirror's GRANT_CLAIMED --, ``settle``, ``idempotency_complete``) is one statement in the
+common case; a key found already
 there, or one that cannot take its answer, goes on to the full transaction below. Which
 guarantee rests on which statement:
 
@@ -24,6 +25,14 @@ guarantee                        statement
 ===============================  ==================================================================
 a grant is claimed once          ``INSERT INTO grant_claims ... ON CONFLICT DO NOTHING``: the
                                  primary key admits one row; ``rowcount`` says who won
+a grant is claimed only by the   ``WITH fenced AS (UPDATE attempts SET grant_claimed = true ...
+attempt's current owner, under   WHERE attempt_id AND owner AND epoch AND state = 'OPEN' AND NOT
+a live lease (issue 29)          grant_claimed AND lease_until > now RETURNING ...) INSERT INTO
+                                 grant_claims ... SELECT ... FROM fenced``: one statement; no
+                                 claim, and no GRANT_CLAIMED, once the lease lapsed or the
+                                 attempt was taken over (``ATTEMPT_FENCED``)
+every takeover fences the old    ``UPDATE attempts SET owner, lease_until, epoch = epoch + 1`` in
+owner off                        the transaction that locked the row
 one request per idempotency key  ``INSERT INTO idempotency ... ON CONFLICT DO NOTHING`` (alone);
                                  the loser runs it again in a transaction that reads the winner's
                                  row (IN_PROGRESS, CONFLICT or REPLAY)
@@ -83,6 +92,7 @@ import hmac
 import json
 import secrets
 import select
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -95,9 +105,11 @@ from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..canonical import canonical_text
+from ..clock import format_ms
 from ..codes import Code
+from ..config import LEASE_MARGIN_SECONDS
 from ..errors import AgentSafeError, ConfigError, StoreError
-from ..principals import Verification
+from ..principals import Verification, same_actor
 from .journal import CLOSING_STATUSES, ReconciledStatus, RecordType
 from .pgschema import SCHEMA_VERSION, migrate
 from .usestore import _APPROVAL_COLUMNS as _APPROVAL_COLUMNS
@@ -108,6 +120,7 @@ from .usestore import (
     ApprovalRecord,
     ApprovalRequest,
     ApprovalState,
+    AttemptFence,
     ConsumptionRecord,
     EnrolmentToken,
     IdempotencyKind,
@@ -130,6 +143,7 @@ from .usestore import (
 
 __all__ = [
     "MAX_RETRIES",
+    "OPENING_EPOCH",
     "AttemptRow",
     "PostgresAttempts",
     "PostgresStore",
@@ -153,6 +167,8 @@ the store is unavailable until the host list leads to a primary."""
 ServerWatch = Callable[["psycopg.AsyncConnection[TupleRow]"], Awaitable[None]]
 """Awaited with every new connection before it is used (``state/lostwrites.py``)."""
 _NOW: Final = "extract(epoch from clock_timestamp())::double precision"
+OPENING_EPOCH: Final = 1
+"""An attempt's fencing token when it opens; every takeover increments it (issue 29)."""
 
 _Scope = tuple[str, str, str]  # (tenant, principal, key)
 _HELD: ContextVar[tuple[_Scope, str] | None] = ContextVar("agentsafe_key_holder", default=None)
@@ -479,14 +495,64 @@ class PostgresUseStore:
         self._store = store
 
     async def claim_grant(
-        self, grant_id: str, *, binding_digest: str, expires_at: float, now: float
+        self,
+        grant_id: str,
+        *,
+        binding_digest: str,
+        expires_at: float,
+        now: float,
+        fence: AttemptFence | None = None,
+        payload_digest: str | None = None,
     ) -> bool:
-        rowcount, _ = await self._store.statement(
-            "INSERT INTO grant_claims (grant_id, binding_digest, expires_at, claimed_at)"
-            " VALUES (%s, %s, %s, %s) ON CONFLICT (grant_id) DO NOTHING",
-            (grant_id, binding_digest, expires_at, now),
+        """As :meth:`UseStore.claim_grant`. With ``fence``, one statement: the attempt's row is
+        updated (GRANT_CLAIMED, its lease extended) only where it is still ``fence.owner``'s at
+        ``fence.epoch``, open, unclaimed and under a live lease on the database's clock, and the
+        ``grant_claims`` row is inserted only from that update's row. A fenced-out claim claims
+        nothing and raises ``StoreError(ATTEMPT_FENCED)``."""
+        if fence is None:
+            rowcount, _ = await self._store.statement(
+                "INSERT INTO grant_claims (grant_id, binding_digest, expires_at, claimed_at)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (grant_id) DO NOTHING",
+                (grant_id, binding_digest, expires_at, now),
+            )
+            return rowcount == 1
+        if payload_digest is None:
+            raise ValueError("a fenced claim records the payload digest in the attempt's row")
+        sent_at = fence.monotonic()
+        _, row = await self._store.statement(
+            "WITH fenced AS (UPDATE attempts SET grant_claimed = true, grant_id = %s,"  # noqa: S608
+            f" grant_expires_at = %s, payload_digest = %s, lease_until = {_NOW} + %s"
+            " WHERE attempt_id = %s AND owner = %s AND epoch = %s AND state = 'OPEN'"
+            f" AND NOT grant_claimed AND lease_until > {_NOW} RETURNING attempt_id),"
+            " claimed AS (INSERT INTO grant_claims (grant_id, binding_digest, expires_at,"
+            " claimed_at) SELECT %s, %s, %s, %s FROM fenced ON CONFLICT (grant_id) DO NOTHING"
+            " RETURNING grant_id)"
+            " SELECT (SELECT count(*) FROM fenced), (SELECT count(*) FROM claimed)",
+            (
+                grant_id,
+                format_ms(expires_at),
+                payload_digest,
+                fence.lease_seconds,
+                fence.attempt_id,
+                fence.owner,
+                fence.epoch,
+                grant_id,
+                binding_digest,
+                expires_at,
+                now,
+            ),
         )
-        return rowcount == 1
+        if row is None or int(row[0]) != 1:
+            raise StoreError(
+                "the attempt is no longer this replica's (its lease lapsed or it was taken"
+                " over): nothing was claimed",
+                code=Code.ATTEMPT_FENCED,
+            )
+        fence.renewed(sent_at)
+        if int(row[1]) != 1:
+            return False  # claimed before (the attempt's row now says claimed: asked, never run)
+        fence.claimed = True
+        return True
 
     async def grant_claimed(self, grant_id: str) -> bool:
         _, row = await self._store.statement(
@@ -830,7 +896,8 @@ class PostgresUseStore:
             records = [
                 r
                 for r in records
-                if approver in r.request.approvers and approver != r.request.proposer_principal
+                if approver in r.request.approvers
+                and not same_actor(approver, r.request.proposer_principal)
             ]
         return records
 
@@ -1071,7 +1138,7 @@ async def _reopen_unanswered(conn: _Conn, attempt_id: str) -> None:
     and reconciles it read-only, and that settles the key."""
     await conn.execute(
         f"UPDATE attempts SET state = 'OPEN', lease_until = {_NOW} - 1,"  # noqa: S608
-        " last_status = 'ANSWER_NOT_RECORDED', closed_at = NULL"
+        " last_status = 'ANSWER_NOT_RECORDED', closed_at = NULL, epoch = epoch + 1"
         " WHERE attempt_id = %s AND state = 'CLOSED' AND grant_claimed",
         (attempt_id,),
     )
@@ -1159,12 +1226,14 @@ class AttemptRow:
     grant_expires_at: str | None
     payload_digest: str | None
     last_status: str | None
+    epoch: int = OPENING_EPOCH
+    """The fencing token: incremented by every takeover, with the owner."""
 
 
 _ATTEMPT_COLUMNS = (
     "attempt_id, owner, lease_until, intent_id, intent_hash, decision_id, dossier_id, principal,"
     " action, binding, opened_at, grant_claimed, grant_id, grant_expires_at, payload_digest,"
-    " last_status"
+    " last_status, epoch"
 )
 
 
@@ -1173,17 +1242,20 @@ def _attempt_from_row(row: TupleRow) -> AttemptRow:
     values[2] = float(values[2])
     values[9] = _load_object(values[9])
     values[11] = bool(values[11])
+    values[16] = int(values[16])
     return AttemptRow(*values)
 
 
 class PostgresAttempts:
     """The journal's open-attempt state, owned by replicas under leases.
 
-    ``opened`` inserts the attempt owned by this replica (and, in the same statement, makes the
-    key its request holds the attempt's, or refuses if that key was taken over);
-    ``grant_claimed`` and ``closed`` update
-    it; ``renew`` extends every lease this replica holds; ``take_lapsed`` moves one attempt whose
-    lease ran out to this replica (one row lock); ``take`` does the same for a named attempt.
+    ``opened`` inserts the attempt owned by this replica at :data:`OPENING_EPOCH` (and, in the
+    same statement, makes the key its request holds the attempt's, or refuses if that key was
+    taken over); ``grant_claimed`` and ``settle`` update it, fenced by its owner and epoch when
+    given; ``renew`` extends every lease this replica holds; ``take_lapsed`` moves one attempt
+    whose lease ran out to this replica (one row lock); ``take`` does the same for a named
+    attempt. Every move increments the attempt's ``epoch`` in the transaction that changes its
+    owner, so whatever the previous owner still holds is fenced off.
     """
 
     def __init__(self, store: PostgresStore) -> None:
@@ -1239,37 +1311,68 @@ class PostgresAttempts:
             raise StoreError("a later request took this key over", code=Code.IDEMPOTENCY_TAKEN_OVER)
 
     async def grant_claimed(
-        self, *, attempt_id: str, grant_id: str, grant_expires_at: str, payload_digest: str
+        self,
+        *,
+        attempt_id: str,
+        grant_id: str,
+        grant_expires_at: str,
+        payload_digest: str,
+        owner: str | None = None,
+        epoch: int | None = None,
     ) -> None:
+        """Record GRANT_CLAIMED (when the claim itself did not: an unfenced claim). With
+        ``owner`` (and ``epoch``), only on the row still theirs and open: ``ATTEMPT_FENCED``
+        otherwise."""
         updated, _ = await self._store.statement(
             "UPDATE attempts SET grant_claimed = true, grant_id = %s, grant_expires_at = %s,"
-            " payload_digest = %s WHERE attempt_id = %s",
-            (grant_id, grant_expires_at, payload_digest, attempt_id),
+            " payload_digest = %s WHERE attempt_id = %s AND (%s::text IS NULL OR (owner = %s"
+            " AND state = 'OPEN')) AND (%s::bigint IS NULL OR epoch = %s)",
+            (grant_id, grant_expires_at, payload_digest, attempt_id, owner, owner, epoch, epoch),
         )
         if updated != 1:
+            if owner is not None:
+                raise StoreError(
+                    "the attempt is no longer this replica's", code=Code.ATTEMPT_FENCED
+                )
             raise StoreError("the attempt is not in the shared store", code=Code.STORE_UNAVAILABLE)
 
-    async def settle(self, *, attempt_id: str, closed: bool, status: str) -> None:
-        """Close the attempt, or record the status that leaves it open."""
+    async def settle(
+        self,
+        *,
+        attempt_id: str,
+        closed: bool,
+        status: str,
+        owner: str | None = None,
+        epoch: int | None = None,
+    ) -> int:
+        """Close the attempt, or record the status that leaves it open. With ``owner`` and
+        ``epoch``, only while the row is still theirs (a close from a holder that was taken over
+        changes nothing: the new owner resolves it). How many rows changed."""
+        fence = " AND (%s::text IS NULL OR owner = %s) AND (%s::bigint IS NULL OR epoch = %s)"
         if closed:
-            await self._store.statement(
+            updated, _ = await self._store.statement(
                 f"UPDATE attempts SET state = 'CLOSED', last_status = %s, closed_at = {_NOW}"  # noqa: S608
-                " WHERE attempt_id = %s",
-                (status, attempt_id),
+                " WHERE attempt_id = %s" + fence,
+                (status, attempt_id, owner, owner, epoch, epoch),
             )
         else:
-            await self._store.statement(
-                "UPDATE attempts SET last_status = %s WHERE attempt_id = %s", (status, attempt_id)
+            updated, _ = await self._store.statement(
+                "UPDATE attempts SET last_status = %s WHERE attempt_id = %s" + fence,  # noqa: S608
+                (status, attempt_id, owner, owner, epoch, epoch),
             )
+        return updated
 
-    async def renew(self, *, owner: str, lease_seconds: float) -> int:
-        async def work(conn: _Conn) -> int:
+    async def renew(self, *, owner: str, lease_seconds: float) -> list[tuple[str, int]]:
+        """Extend every open attempt's lease ``owner`` holds; the ``(attempt_id, epoch)`` of
+        each one renewed (a lease this replica lost to a takeover is not among them)."""
+
+        async def work(conn: _Conn) -> list[tuple[str, int]]:
             cur = await conn.execute(
                 f"UPDATE attempts SET lease_until = {_NOW} + %s"  # noqa: S608
-                " WHERE owner = %s AND state = 'OPEN'",
+                " WHERE owner = %s AND state = 'OPEN' RETURNING attempt_id, epoch",
                 (lease_seconds, owner),
             )
-            return cur.rowcount
+            return [(str(r[0]), int(r[1])) for r in await cur.fetchall()]
 
         return await self._store.transaction(work)
 
@@ -1339,8 +1442,10 @@ class PostgresAttempts:
 
 
 async def _move(conn: _Conn, attempt_id: str, owner: str, lease_seconds: float) -> AttemptRow:
+    """Make ``owner`` the attempt's owner under a new lease and increment its fencing token,
+    in the caller's transaction (the row is already locked ``FOR UPDATE``)."""
     cur = await conn.execute(
-        f"UPDATE attempts SET owner = %s, lease_until = {_NOW} + %s"  # noqa: S608
+        f"UPDATE attempts SET owner = %s, lease_until = {_NOW} + %s, epoch = epoch + 1"  # noqa: S608
         f" WHERE attempt_id = %s RETURNING {_ATTEMPT_COLUMNS}",
         (owner, lease_seconds, attempt_id),
     )
@@ -1357,21 +1462,76 @@ class SharedAttemptMirror:
     dispatch). A close or reconciliation that cannot be written is never allowed to turn a known
     outcome into an error: it is kept and written again by :meth:`flush` (the lease keeper calls
     it), and until then the attempt stays open, renewed by this replica.
+
+    Fencing (issue 29): for every attempt this replica opened (at :data:`OPENING_EPOCH`) or took
+    over (:meth:`held`), the mirror keeps an :class:`AttemptFence`: :meth:`fence` hands it to the
+    attempt, whose grant claim is fenced by it; :meth:`renew` moves its local lease deadline on
+    only for the attempts the database renewed at the same epoch. GRANT_CLAIMED is written by the
+    fenced claim itself (nothing more here); closes are fenced by owner and epoch.
     """
 
-    def __init__(self, attempts: PostgresAttempts, *, owner: str, lease_seconds: float) -> None:
+    def __init__(
+        self,
+        attempts: PostgresAttempts,
+        *,
+        owner: str,
+        lease_seconds: float,
+        dispatch_seconds: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.attempts = attempts
         self.owner = owner
         self.lease_seconds = lease_seconds
+        self.dispatch_seconds = dispatch_seconds
+        """The dispatch deadline (``DOWNSTREAM_TIMEOUT_MS``): a send must end under the lease."""
+        self._monotonic = monotonic
         self._backlog: list[tuple[str, bool, str]] = []
+        self._fences: dict[str, AttemptFence] = {}
 
     @property
     def backlog(self) -> int:
         return len(self._backlog)
 
+    def fence(self, attempt_id: str) -> AttemptFence | None:
+        """The fencing token of an attempt this replica opened or took over, if it holds one."""
+        return self._fences.get(attempt_id)
+
+    def held(self, row: AttemptRow, *, sent_at: float) -> AttemptFence:
+        """Remember the fence of an attempt this replica just took (``take``/``take_lapsed``,
+        whose statement was sent at ``sent_at``)."""
+        fence = self._new_fence(row.attempt_id, row.epoch, sent_at)
+        fence.claimed = row.grant_claimed
+        return fence
+
+    def _new_fence(self, attempt_id: str, epoch: int, sent_at: float) -> AttemptFence:
+        fence = AttemptFence(
+            attempt_id=attempt_id,
+            owner=self.owner,
+            epoch=epoch,
+            lease_seconds=self.lease_seconds,
+            dispatch_seconds=self.dispatch_seconds,
+            margin_seconds=LEASE_MARGIN_SECONDS,
+            sent_at=sent_at,
+            monotonic=self._monotonic,
+        )
+        self._fences[attempt_id] = fence
+        return fence
+
+    async def renew(self) -> int:
+        """Extend every lease this replica holds; the local deadline of each attempt renewed at
+        the epoch this replica holds moves on (one taken from it does not). How many."""
+        sent_at = self._monotonic()
+        renewed = await self.attempts.renew(owner=self.owner, lease_seconds=self.lease_seconds)
+        for attempt_id, epoch in renewed:
+            fence = self._fences.get(attempt_id)
+            if fence is not None and fence.epoch == epoch:
+                fence.renewed(sent_at)
+        return len(renewed)
+
     async def record(self, kind: RecordType, record: Mapping[str, Any]) -> None:
         attempt_id = str(record["attempt_id"])
         if kind is RecordType.ATTEMPT_OPENED:
+            sent_at = self._monotonic()
             await self.attempts.opened(
                 owner=self.owner,
                 lease_seconds=self.lease_seconds,
@@ -1380,13 +1540,21 @@ class SharedAttemptMirror:
                 binding=record["intent"],
                 opened_at=str(record["at"]),
             )
+            self._new_fence(attempt_id, OPENING_EPOCH, sent_at)
         elif kind is RecordType.GRANT_CLAIMED:
+            fence = self._fences.get(attempt_id)
+            if fence is not None and fence.claimed:
+                return  # the fenced claim wrote it, in the claim's own statement
             await self.attempts.grant_claimed(
                 attempt_id=attempt_id,
                 grant_id=str(record["grant_id"]),
                 grant_expires_at=str(record["grant_expires_at"]),
                 payload_digest=str(record["payload_digest"]),
+                owner=self.owner,
+                epoch=fence.epoch if fence is not None else None,
             )
+            if fence is not None:
+                fence.claimed = True
         elif kind is RecordType.ATTEMPT_CLOSED:
             outcome = str(record["outcome"])
             await self._settle(attempt_id, outcome != "UNKNOWN_AFTER_DISPATCH", outcome)
@@ -1396,16 +1564,30 @@ class SharedAttemptMirror:
 
     async def _settle(self, attempt_id: str, closed: bool, status: str) -> None:
         try:
-            await self.attempts.settle(attempt_id=attempt_id, closed=closed, status=status)
+            await self._write_settle(attempt_id, closed, status)
         except StoreError:
             self._backlog.append((attempt_id, closed, status))
+
+    async def _write_settle(self, attempt_id: str, closed: bool, status: str) -> None:
+        """A close of an attempt this replica holds a fence for is fenced by it: once another
+        replica took the attempt, the close changes nothing (the new owner resolves it)."""
+        fence = self._fences.get(attempt_id)
+        await self.attempts.settle(
+            attempt_id=attempt_id,
+            closed=closed,
+            status=status,
+            owner=self.owner if fence is not None else None,
+            epoch=fence.epoch if fence is not None else None,
+        )
+        if closed:
+            self._fences.pop(attempt_id, None)
 
     async def flush(self) -> int:
         """Write the kept closes again, in order; returns how many are still kept."""
         while self._backlog:
             attempt_id, closed, status = self._backlog[0]
             try:
-                await self.attempts.settle(attempt_id=attempt_id, closed=closed, status=status)
+                await self._write_settle(attempt_id, closed, status)
             except StoreError:
                 break
             self._backlog.pop(0)

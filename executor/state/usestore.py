@@ -66,7 +66,7 @@ from ..canonical import canonical_text, sha256_digest
 from ..clock import Clock
 from ..codes import Code
 from ..errors import AgentSafeError, StoreError
-from ..principals import Verification
+from ..principals import Verification, same_actor
 
 __all__ = [
     "DATABASE_NAME",
@@ -76,6 +76,7 @@ __all__ = [
     "ApprovalRecord",
     "ApprovalRequest",
     "ApprovalState",
+    "AttemptFence",
     "ConsumptionRecord",
     "EnrolmentToken",
     "IdempotencyKind",
@@ -261,7 +262,9 @@ def decision_state(decision: str, reason: str) -> ApprovalState:
 def check_decidable(record: ApprovalRecord, *, approver: str, now: float) -> None:
     """Refuse a decision the request does not allow: an approver it does not name or its
     proposer (separation of duties), a decided request, an expired one (every store)."""
-    if approver not in record.request.approvers or approver == record.request.proposer_principal:
+    if approver not in record.request.approvers or same_actor(  # separation of duties
+        approver, record.request.proposer_principal
+    ):
         raise ApprovalError(
             "this principal may not decide this request", code=Code.APPROVAL_NOT_PERMITTED
         )
@@ -298,13 +301,83 @@ def settles(recorded: object) -> bool:
     return isinstance(body, dict) and body.get("outcome") == "UNKNOWN_AFTER_DISPATCH"
 
 
+class AttemptFence:
+    """The fencing token of one attempt this process opened or took over (issue 29).
+
+    ``owner`` and ``epoch`` are the attempt's row in the shared store as this process last made
+    it: every takeover increments ``epoch`` in the transaction that changes ``owner``, so a claim
+    fenced by both (:meth:`UseStore.claim_grant`) is refused once anyone else took the attempt.
+    ``deadline`` is the local view of the lease, on the monotonic clock: the moment the last
+    statement that extended it was *sent*, plus the lease, minus ``margin_seconds``
+    (``LEASE_MARGIN_SECONDS``, ``config.py``: the monotonic clocks of a replica and of the
+    database may run at slightly different rates); the database's lease can only end later.
+    :meth:`can_dispatch` says whether a dispatch of at most ``dispatch_seconds`` still ends under
+    it. ``claimed`` is set once the fenced grant claim also recorded GRANT_CLAIMED in the
+    attempt's row (one statement).
+
+    Built by the shared store's attempt mirror (``state/pgstore.py``); read by the attempt
+    (``lifecycle/attempt.py``, through the journal) and the claim (``policy/authority.py``).
+    """
+
+    __slots__ = ("attempt_id", "claimed", "deadline", "dispatch_seconds", "epoch", "lease_seconds",
+                 "margin_seconds", "monotonic", "owner")  # fmt: skip
+
+    def __init__(
+        self,
+        *,
+        attempt_id: str,
+        owner: str,
+        epoch: int,
+        lease_seconds: float,
+        dispatch_seconds: float,
+        margin_seconds: float,
+        sent_at: float,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.attempt_id = attempt_id
+        self.owner = owner
+        self.epoch = epoch
+        self.lease_seconds = lease_seconds
+        self.dispatch_seconds = dispatch_seconds
+        self.margin_seconds = margin_seconds
+        self.monotonic = monotonic
+        self.claimed = False
+        self.deadline = sent_at + lease_seconds - margin_seconds
+
+    def renewed(self, sent_at: float) -> None:
+        """The lease was extended by a statement sent at ``sent_at`` (monotonic)."""
+        self.deadline = max(self.deadline, sent_at + self.lease_seconds - self.margin_seconds)
+
+    def remaining(self) -> float:
+        """Seconds the lease surely still runs (negative once it may have lapsed)."""
+        return self.deadline - self.monotonic()
+
+    def can_dispatch(self) -> bool:
+        """A dispatch bounded by ``dispatch_seconds`` would end before the lease may lapse."""
+        return self.remaining() > self.dispatch_seconds
+
+
 class UseStore(Protocol):
     """Durable single-use and idempotency state shared by every executor process on a store."""
 
     async def claim_grant(
-        self, grant_id: str, *, binding_digest: str, expires_at: float, now: float
+        self,
+        grant_id: str,
+        *,
+        binding_digest: str,
+        expires_at: float,
+        now: float,
+        fence: AttemptFence | None = None,
+        payload_digest: str | None = None,
     ) -> bool:
-        """True exactly once per ``grant_id``, across every process sharing the store."""
+        """True exactly once per ``grant_id``, across every process sharing the store.
+
+        With ``fence`` (a shared store, an attempt journaled), the claim is made only while the
+        attempt is still ``fence.owner``'s at ``fence.epoch``, open, unclaimed and under a live
+        lease, in the same statement that records GRANT_CLAIMED (with ``payload_digest``) in the
+        attempt's row and extends its lease; otherwise nothing is claimed and ``StoreError``
+        (``ATTEMPT_FENCED``) is raised. A store with no leases (SQLite: one journal per process,
+        no takeover while its process lives) ignores it."""
         ...
 
     async def grant_claimed(self, grant_id: str) -> bool:
@@ -602,8 +675,20 @@ class SQLiteUseStore:
     # -- grant claims --------------------------------------------------------------------------
 
     async def claim_grant(
-        self, grant_id: str, *, binding_digest: str, expires_at: float, now: float
+        self,
+        grant_id: str,
+        *,
+        binding_digest: str,
+        expires_at: float,
+        now: float,
+        fence: AttemptFence | None = None,
+        payload_digest: str | None = None,
     ) -> bool:
+        """As :meth:`UseStore.claim_grant`. ``fence`` is not needed here: no attempt of this
+        store is ever taken over while the process that opened it lives (its journal's lock is
+        held until it dies; docs/high-availability.md, "Fencing")."""
+        del fence, payload_digest
+
         def work(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 "INSERT INTO grant_claims (grant_id, binding_digest, expires_at, claimed_at)"
@@ -883,7 +968,8 @@ class SQLiteUseStore:
                 records = [
                     r
                     for r in records
-                    if approver in r.request.approvers and approver != r.request.proposer_principal
+                    if approver in r.request.approvers
+                    and not same_actor(approver, r.request.proposer_principal)
                 ]
             return records
 

@@ -9,9 +9,11 @@ and asks to confirm before it decides anything. ``--yes`` skips the question for
 Everything the agent wrote is printed inert (:mod:`~agentsafe.executor.display`): as JSON, with
 every character that would not print as itself escaped, and through ``rich`` with markup and
 highlighting off, so ``[conceal]…[/conceal]`` or an ANSI escape in a target shows literally
-instead of hiding text from the person deciding. A request whose rule or approver requires a
-passkey cannot be decided here (403 APPROVAL_VERIFICATION_REQUIRED): the command prints its
-``approval_url``.
+instead of hiding text from the person deciding. Look-alikes, mixed scripts and invisible
+characters are escaped and named on ``warning`` lines (``show``) and under the table (``list``);
+the table folds every cell, so a long target is shown whole, tail included (issue 30). A
+request whose rule or approver requires a passkey cannot be decided here (403
+APPROVAL_VERIFICATION_REQUIRED): the command prints its ``approval_url``.
 
 ``approvers`` is the OPERATOR's (scope ``approvers``; ``AGENTSAFE_OPERATOR_TOKEN_FILE`` or
 ``AGENTSAFE_OPERATOR_TOKEN``): ``enrol PRINCIPAL_ID`` issues a one-time passkey enrolment token
@@ -37,7 +39,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..codes import Code
-from ..display import amount_text, inert, inert_json, inert_value
+from ..display import amount_text, field_warnings, inert, inert_json, inert_value
 
 __all__ = ["add_approvers_parser", "add_parser", "render_request"]
 
@@ -197,11 +199,29 @@ def render_request(item: dict[str, Any]) -> list[Text]:
         line = Text(f"{label:<13}", style="bold")
         line.append(value)
         lines.append(line)
+    for warning in _warnings(item):
+        line = Text(f"{'warning':<13}", style="bold red")
+        line.append("\u26a0 " + warning)
+        lines.append(line)
     raw = intent.get("binding")
     if isinstance(raw, dict):
         lines.append(Text("exact intent", style="bold"))
         lines.append(Text(inert_json(raw)))
     return lines
+
+
+def _warnings(item: dict[str, Any]) -> list[str]:
+    """Look-alikes, mixed scripts and invisible characters in what the agent wrote, named
+    (computed here from the intent, so an older executor's answer is checked too)."""
+    intent = item.get("intent") or {}
+    return field_warnings(
+        {
+            "action": intent.get("action"),
+            "target": intent.get("target"),
+            "parameters": intent.get("parameters"),
+            "proposer": item.get("proposer"),
+        }
+    )
 
 
 def _print(console: Console, text: Text | str) -> None:
@@ -222,9 +242,16 @@ def _run_list(args: argparse.Namespace, console: Console) -> int:
         sys.stdout.write(json.dumps(items, indent=2) + "\n")
         return 0
     table = Table(title=f"{args.state.lower()} approval requests you may decide", highlight=False)
+    # Every cell folds onto as many lines as it needs: nothing is cut with "…", least of all
+    # the tail of a target, where an attacker's account would sit (issue 30).
     for column in ("request", "action", "target", "amount", "proposer", "expires"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold", no_wrap=False)
+    warned: list[Text] = []
     for item in items:
+        for warning in _warnings(item):
+            line = Text("\u26a0 ", style="bold red")
+            line.append(inert(str(item["request_id"])) + " " + warning)
+            warned.append(line)
         intent = item["intent"]
         parameters = intent.get("parameters")
         amount = amount_text(parameters) if isinstance(parameters, dict) else None
@@ -237,6 +264,8 @@ def _run_list(args: argparse.Namespace, console: Console) -> int:
             Text(inert(str(item["expires_at"]))),
         )
     console.print(table)
+    for line in warned:
+        _print(console, line)
     return 0
 
 

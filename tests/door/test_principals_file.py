@@ -312,3 +312,53 @@ def test_an_approver_may_require_a_passkey_and_nobody_else_carries_approval() ->
     doc["principals"][2]["approval"] = {"verification": "WEBAUTHN"}
     error = refused(doc)
     assert (error.code, error.principal_id) == ("PRINCIPALS_ROLE_INVALID", "ops-oncall")
+
+
+# Issue 30, item 13: names are compared once, as principals.actor_key writes them.
+@pytest.mark.parametrize(
+    ("mutate", "code"),
+    [
+        # two spellings of the approver's actor: another principal's actor differs in case only
+        (
+            lambda d: d["principals"][2].update(
+                actor={"id": "Alice@Bank.example", "type": "HUMAN"}
+            ),
+            "PRINCIPALS_ACTOR_COLLISION",
+        ),
+        # a principal id that differs from another's in case only
+        (lambda d: d["principals"][2].update(id="ALICE"), "PRINCIPALS_ACTOR_COLLISION"),
+        # a fullwidth letter (NFKC) and a soft hyphen (default-ignorable)
+        (
+            lambda d: d["principals"][1]["actor"].update(id="\uff41lice@bank.example"),
+            "PRINCIPALS_ACTOR_COLLISION",
+        ),
+        (
+            lambda d: d["principals"][1]["actor"].update(id="al\u00adice@bank.example"),
+            "PRINCIPALS_ACTOR_COLLISION",
+        ),
+    ],
+)
+def test_two_spellings_of_one_actor_are_refused(mutate: Any, code: str) -> None:
+    doc = document()
+    mutate(doc)
+    error = refused(doc)
+    assert error.code == code
+    assert error.principal_id == "alice"  # the later of the two, by id; the names are not echoed
+    assert "bank.example" not in str(error).lower()
+
+
+def test_one_spelling_shared_by_two_principals_is_still_one_person() -> None:
+    doc = document()  # the approver is also the on-call operator: the same spelling is allowed
+    doc["principals"][2]["actor"] = {"id": "alice@bank.example", "type": "HUMAN"}
+    assert len(parse(doc)) == 4
+    doc = document()  # one principal may spell itself two ways (id and actor)
+    doc["principals"][3]["actor"]["id"] = "Alice"
+    assert len(parse(doc)) == 4
+
+
+def test_separation_of_duties_at_load_folds_case() -> None:
+    doc = document()
+    doc["principals"][3]["actor"]["id"] = "Synthetic-Batch-Agent"  # the proposer's, in capitals
+    error = refused(doc)
+    assert error.code in {"SEPARATION_OF_DUTIES_VIOLATED", "PRINCIPALS_ACTOR_COLLISION"}
+    assert error.principal_id in {"batch-runner", "alice"}

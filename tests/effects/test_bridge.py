@@ -47,7 +47,7 @@ class Finalizations:
     async def evaluate(self, intent: Any, **kwargs: Any) -> Any:
         return await self.inner.evaluate(intent, **kwargs)
 
-    async def claim(self, grant: str, *, intent: Any) -> Claim:
+    async def claim(self, grant: str, *, intent: Any, fence: Any = None) -> Claim:
         return await self.inner.claim(grant, intent=intent)
 
     async def finalize(self, claim: Claim, **kwargs: Any) -> Finalization:

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 import ssl
 import sys
 import time
@@ -651,10 +652,11 @@ async def test_a_pending_escalation_is_posted_to_the_webhook_slack_compatible(
         [(path, headers, message)] = receiver.received
         assert path == "/hooks/approvals"
         assert headers["Content-Type"] == "application/json"
-        assert set(message) == {"text", "blocks"}
-        assert message["blocks"][0]["type"] == "section"
-        assert message["blocks"][0]["text"]["type"] == "mrkdwn"
-        shown = message["blocks"][0]["text"]["text"]
+        assert set(message) == {"text", "blocks", "unfurl_links", "unfurl_media"}
+        assert all(block["type"] == "section" for block in message["blocks"])
+        own = message["blocks"][0]["text"]
+        assert (own["type"], own["verbatim"]) == ("mrkdwn", True)
+        shown = "\n".join(block["text"]["text"] for block in message["blocks"])
         request_id = held["escalation"]["request_id"]
         assert f"/approve/{request_id}" in shown
         assert request_id in message["text"]
@@ -662,7 +664,7 @@ async def test_a_pending_escalation_is_posted_to_the_webhook_slack_compatible(
         assert held["intent_hash"] in shown
         assert "*Rule*: medium" in shown
         # The agent's text can make neither a link nor a mention.
-        assert "&lt;https://evil.example|click&gt; &lt;!channel&gt; &amp; co" in shown
+        assert "&lt;https[:]//evil[.]example|click&gt; &lt;[!]channel&gt; &amp; co" in shown
         assert "<https://evil" not in shown
         assert "<!channel>" not in shown
         assert "amountMinor" not in json.dumps(message)
@@ -735,3 +737,207 @@ async def test_the_pending_escalations_gauge_follows_the_store(
     assert status == 200
     assert await pending() == 1
     assert second["outcome"] == "ESCALATE_PENDING"
+
+
+# Issue 30, items 9-11: what a person reads in the terminal (a real `agentsafe` process).
+INVISIBLE = "\u3164\u115f\u1160\uffa0\u034f\ufe0f\U000e0100\u2800"
+INVISIBLE_TARGET = "payout:bene" + INVISIBLE + "ficiary-1"
+HOMOGLYPH_TARGET = "p\u0430yout:beneficiary-1"  # a Cyrillic а
+
+
+async def propose_target(n: Node, target: str, key: str) -> tuple[str, dict[str, Any]]:
+    body = {
+        "proposal": {
+            "action": "create_payout",
+            "target": target,
+            "parameters": {"amountMinor": 20000, "currency": "EUR"},
+        },
+        "idempotency_key": key,
+    }
+    status, held = await n.call("POST", "/v1/actions", PROPOSER, body)
+    assert (status, held["outcome"]) == (200, "ESCALATE_PENDING"), held
+    return str(held["escalation"]["request_id"]), held
+
+
+async def test_invisible_characters_and_look_alikes_reach_no_one_raw(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, _ = node
+    n = await start(clock=ManualClock(start=time.time()))
+    hidden_id, _ = await propose_target(n, INVISIBLE_TARGET, "cli-invisible")
+    alike_id, _ = await propose_target(n, HOMOGLYPH_TARGET, "cli-homoglyph")
+
+    # The API's display fields: escaped, and the look-alike marked with the scripts it mixes.
+    status, item = await n.call("GET", f"/v1/approvals/{hidden_id}", APPROVER)
+    assert status == 200
+    assert item["display"]["target"] == (
+        '"payout:bene\\u3164\\u115f\\u1160\\uffa0\\u034f\\ufe0f\\udb40\\udd00\\u2800ficiary-1"'
+    )
+    assert not any(ch in json.dumps(item["display"], ensure_ascii=False) for ch in INVISIBLE)
+    assert item["intent"]["target"] == INVISIBLE_TARGET  # the raw value is still there, exact
+    status, item = await n.call("GET", f"/v1/approvals/{alike_id}", APPROVER)
+    assert item["display"]["target"] == '"p\\u0430yout:beneficiary-1"'
+    [warning] = item["display"]["warnings"]
+    assert warning.startswith("target: p\\u0430yout: mixed scripts: Cyrillic, Latin")
+    assert "\u0430" not in json.dumps(item["display"], ensure_ascii=False)
+
+    code, out, err = await run_cli(n, APPROVER, "approvals", "show", hidden_id)
+    assert code == 0, err
+    assert "\\u3164\\u115f\\u1160\\uffa0\\u034f\\ufe0f\\udb40\\udd00\\u2800" in out
+    assert not any(ch in out for ch in INVISIBLE)
+    code, out, err = await run_cli(n, APPROVER, "approvals", "show", alike_id)
+    assert code == 0, err
+    assert '"p\\u0430yout:beneficiary-1"' in out
+    assert "mixed scripts: Cyrillic, Latin" in out
+    assert "\u0430" not in out
+    code, out, err = await run_cli(n, APPROVER, "approvals", "list")
+    assert code == 0, err
+    assert not any(ch in out for ch in INVISIBLE + "\u0430")
+    assert f"{alike_id} target: p\\u0430yout: mixed scripts: Cyrillic, Latin" in out
+
+
+def table_column(out: str, index: int) -> str:
+    """One column of a rich table's body, its folded lines joined (styles removed)."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    cells = [line.split("\u2502")[index].strip() for line in plain.split("\n") if "\u2502" in line]
+    return "".join(cells)
+
+
+async def test_the_list_never_cuts_the_tail_of_a_long_target(
+    node: tuple[Start, SyntheticProvider],
+) -> None:
+    start, _ = node
+    n = await start(clock=ManualClock(start=time.time()))
+    target = "payout:" + "x" * 493 + "MALLORY-ACCT"
+    assert len(target) == 512
+    await propose_target(n, target, "cli-long")
+    code, out, err = await run_cli(n, APPROVER, "approvals", "list")
+    assert code == 0, err
+    assert "\u2026" not in out
+    assert table_column(out, 3) == f'"{target}"'
+
+
+async def start_receiver_process(tmp_path: Path) -> tuple[asyncio.subprocess.Process, int, Path]:
+    """``tests/support/webhook_receiver.py`` in its own process, HTTPS on loopback."""
+    ca = TestCA("webhook receiver process CA")
+    ca_file = ca.write(tmp_path, "receiver-ca")
+    cert, key = ca.issue_server().write(tmp_path, "receiver")
+    script = Path(__file__).resolve().parents[1] / "support" / "webhook_receiver.py"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        str(cert),
+        str(key),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    first = await asyncio.wait_for(process.stdout.readline(), 30)
+    assert first.startswith(b"listening "), first
+    return process, int(first.split()[1]), ca_file
+
+
+async def test_the_webhook_neutralises_agent_text_for_slack(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    """Issue 30, item 12: a target holding a URL, formatting and a channel name reaches a real
+    receiver process as text no Slack client can link, format or mention."""
+    start, _ = node
+    receiver, port, ca_file = await start_receiver_process(tmp_path)
+    try:
+        n = await start(
+            extra={
+                "EXECUTOR_APPROVAL_WEBHOOK_URL": f"https://localhost:{port}/hooks/approvals",
+                "EXECUTOR_APPROVAL_WEBHOOK_CA_FILE": str(ca_file),
+                "EXECUTOR_APPROVAL_WEBHOOK_ALLOW_INSECURE_LOOPBACK": "true",
+            }
+        )
+        target = "https://evil.example/approve/now *Decide* #treasury-ops @here :bank: p\u0430y"
+        request_id, held = await propose_target(n, target, "webhook-neutral")
+        assert receiver.stdout is not None
+        line = await asyncio.wait_for(receiver.stdout.readline(), 30)
+        received = json.loads(line)
+        assert received["path"] == "/hooks/approvals"
+        message = received["body"]
+        texts = [block["text"] for block in message["blocks"]]
+        mrkdwn = [t for t in texts if t["type"] == "mrkdwn"]
+        plain = [t for t in texts if t["type"] == "plain_text"]
+        # Slack parses mrkdwn only where the executor wrote it, and even there verbatim.
+        assert mrkdwn
+        assert all(t.get("verbatim") is True for t in mrkdwn)
+        assert all(t.get("emoji") is False for t in plain)
+        own = "\n".join(t["text"] for t in mrkdwn) + message["text"]
+        for fragment in ("evil", "Decide* #", "treasury-ops", "@here", ":bank:", "p\u0430y"):
+            assert fragment not in own, fragment  # no agent text where Slack formats
+        [shown] = [t["text"] for t in plain if t["text"].startswith("Target: ")]
+        assert shown == (
+            'Target: "https[:]//evil[.]example/approve/now *Decide* [#]treasury-ops [@]here'
+            ' :bank: p\\u0430y"'
+        )
+        everything = json.dumps(message, ensure_ascii=False)
+        for raw in ("https://evil", "evil.example", "#treasury", "@here", "\u0430"):
+            assert raw not in everything, raw
+        [look] = [t["text"] for t in plain if t["text"].startswith("\u26a0")]
+        assert "mixed scripts: Cyrillic, Latin" in look
+        assert f"/approve/{request_id}" in own
+        assert held["intent_hash"] in own
+        assert (message["unfurl_links"], message["unfurl_media"]) == (False, False)
+    finally:
+        if receiver.returncode is None:
+            receiver.terminate()
+        await asyncio.wait_for(receiver.wait(), 30)
+
+
+async def test_an_approver_spelling_the_proposers_actor_in_capitals_cannot_decide(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    """Issue 30, item 13, on a running executor: after a reload, the approver's actor is
+    ``Synthetic-Payout-Agent``, the actor that proposed as ``synthetic-payout-agent``. The
+    file loads (no two principals spell one name differently any more), and the decision is
+    refused: separation of duties compares names folded, wherever it compares them."""
+    start, provider = node
+    n = await start()
+    _, held = await n.propose(20000, "sod-capitals")
+    request_id = held["escalation"]["request_id"]
+    document = n.principals.document()
+    for entry in document["principals"]:
+        if entry["id"] == PROPOSER:
+            entry["actor"]["id"] = "synthetic-payout-agent-v2"
+        if entry["id"] == APPROVER:
+            entry["actor"]["id"] = "Synthetic-Payout-Agent"
+    path = tmp_path / "principals0.json"
+    path.write_text(json.dumps(document))
+    status, reloaded = await n.call("POST", "/v1/control/secrets/reload", OPERATOR)
+    assert status == 200, reloaded
+    status, refused = await n.call(
+        "POST", f"/v1/approvals/{request_id}", APPROVER, {"decision": "APPROVE", "reason": "me"}
+    )
+    assert (status, refused["error"]["code"]) == (422, "SEPARATION_OF_DUTIES_VIOLATED")
+    status, item = await n.call("GET", f"/v1/approvals/{request_id}", APPROVER)
+    assert (status, item["state"]) == (200, "PENDING")
+    assert provider.received == []
+
+
+async def test_a_principals_file_spelling_one_actor_twice_is_refused_on_reload(
+    node: tuple[Start, SyntheticProvider], tmp_path: Path
+) -> None:
+    """Issue 30, item 13: ``Mallory@Bank.example`` beside ``mallory@bank.example`` is refused
+    with a stable code that names principals by id only; the loaded set stays in force."""
+    start, _ = node
+    n = await start()
+    document = n.principals.document()
+    for entry in document["principals"]:
+        if entry["id"] == APPROVER:
+            entry["actor"]["id"] = "Mallory@Bank.example"
+        if entry["id"] == OTHER_APPROVER:
+            entry["actor"]["id"] = "mallory@bank.example"
+    (tmp_path / "principals0.json").write_text(json.dumps(document))
+    status, reloaded = await n.call("POST", "/v1/control/secrets/reload", OPERATOR)
+    assert (status, reloaded["principals"]["ok"]) == (200, False)
+    refusals = [f for e, f in n.security.events if e == "PRINCIPALS_RELOAD_REFUSED"]
+    assert refusals == [
+        {"code": "PRINCIPALS_ACTOR_COLLISION", "variable": "EXECUTOR_PRINCIPALS_FILE"}
+    ]
+    assert "allory" not in json.dumps([reloaded, n.security.events])
+    _, held = await n.propose(20000, "after-refused-reload")
+    assert held["outcome"] == "ESCALATE_PENDING"  # the old set still answers

@@ -152,7 +152,11 @@ async def test_a_replica_killed_mid_dispatch_is_reconciled_by_another_after_its_
     provider = ProviderProcess(tmp_path)
     await provider.start()
     _, replicas = await _start_replicas(
-        tmp_path, provider, pg_url, EXECUTOR_ATTEMPT_LEASE_SECONDS="5"
+        tmp_path,
+        provider,
+        pg_url,
+        EXECUTOR_ATTEMPT_LEASE_SECONDS="5",
+        DOWNSTREAM_TIMEOUT_MS="2000",  # the lease must outlive a send (issue 29)
     )
     try:
         async with aiohttp.ClientSession() as session:
@@ -205,7 +209,11 @@ async def test_a_taken_over_attempt_still_unknown_is_asked_again_by_its_living_n
     provider = ProviderProcess(tmp_path)
     await provider.start()
     _, replicas = await _start_replicas(
-        tmp_path, provider, pg_url, EXECUTOR_ATTEMPT_LEASE_SECONDS="5"
+        tmp_path,
+        provider,
+        pg_url,
+        EXECUTOR_ATTEMPT_LEASE_SECONDS="5",
+        DOWNSTREAM_TIMEOUT_MS="2000",  # the lease must outlive a send (issue 29)
     )
     try:
         async with aiohttp.ClientSession() as session:

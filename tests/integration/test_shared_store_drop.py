@@ -42,6 +42,7 @@ async def test_a_key_recorded_just_before_the_database_drops_ends_settled(
         EXECUTOR_STORE_URL=pg_url,
         EXECUTOR_REPLICA_ID="solo",
         EXECUTOR_ATTEMPT_LEASE_SECONDS="5",
+        DOWNSTREAM_TIMEOUT_MS="2000",  # the lease must outlive a send (issue 29)
     )
     shared = run.executor.shared
     assert shared is not None

@@ -780,3 +780,29 @@ def test_only_an_escalate_rule_asks_a_verification() -> None:
     data["actions"][0]["rules"][1]["approval"] = {"verification": "FACE"}
     with pytest.raises(PolicyError):
         parse_policy(data)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{"approver_actor": "BOT-1"}, {"approver_actor": "\uff42ot-1"}, {"approver": "Agent-1"}],
+)
+async def test_self_approval_in_other_capitals_is_refused(
+    clock: ManualClock, overrides: dict[str, Any]
+) -> None:
+    """Issue 30, item 13: the authority compares approver and proposer names folded."""
+    data = copy.deepcopy(EXAMPLE)
+    data["actions"][0]["rules"][1]["approvers"] = ["treasury-lead", "Agent-1"]
+    local = LocalAuthority(
+        compile_policy(parse_policy(data)),
+        keys=SigningKey.generate(),
+        store=FakeUseStore(),
+        clock=clock,
+    )
+    subject = intent(clock, amount=20000)
+    decision = await local.evaluate(
+        subject, principal=PROPOSER, approval=approval(subject, **overrides)
+    )
+    assert (decision.verdict, decision.reason_codes) == (
+        Verdict.BLOCK,
+        ("SEPARATION_OF_DUTIES_VIOLATED",),
+    )

@@ -292,3 +292,38 @@ async def test_an_assertion_made_for_another_intent_is_refused(served: Served) -
     assert (await served.resume(first))["outcome"] == "ESCALATE_PENDING"
     assert (await served.resume(second))["outcome"] == "COMPLETED"
     assert len(served.provider.received) == 1
+
+
+async def test_invisible_characters_and_look_alikes_are_shown_escaped_and_marked(
+    served: Served,
+) -> None:
+    """Issue 30, items 9 and 10: in the browser, no invisible character or look-alike is raw."""
+    shots = artifact_dir("look-alikes")
+    invisible = "\u3164\u115f\u1160\uffa0\u034f\ufe0f\U000e0100\u2800"
+    target = "p\u0430yout:beneficiary-1" + invisible
+    body = {
+        "proposal": {
+            "action": "create_payout",
+            "target": target,
+            "parameters": {"amountMinor": 20000, "currency": "EUR"},
+        },
+        "idempotency_key": "page-look-alikes",
+    }
+    status, held = await served.call("POST", "/v1/actions", PROPOSER, body)
+    assert status == 200, held
+    escalation = held["escalation"]
+    async with chromium_page(served.server.cert) as page:
+        await sign_in(page, escalation["approval_url"], served.principals.token(APPROVER))
+        await status_text(page, "Signed in")
+        shown = str(await page.text_content("#f-target"))
+        assert shown == (
+            '"p\\u0430yout:beneficiary-1\\u3164\\u115f\\u1160\\uffa0\\u034f\\ufe0f'
+            '\\udb40\\udd00\\u2800"'
+        )
+        assert await page.locator("#warnings").is_visible()
+        warnings = await page.locator("#f-warnings li").all_text_contents()
+        assert any("mixed scripts: Cyrillic, Latin" in w for w in warnings), warnings
+        assert any("U+0430 CYRILLIC SMALL LETTER A" in w for w in warnings), warnings
+        whole = str(await page.text_content("body"))
+        assert not any(ch in whole for ch in invisible + "\u0430")
+        await page.screenshot(path=str(shots / "1-marked.png"), full_page=True)

@@ -231,3 +231,24 @@ async def test_a_store_without_the_approver_schema_gains_it_in_place(tmp_path: P
         await store.enrolment_issue(token())
     finally:
         await store.close()
+
+
+async def test_the_proposer_in_other_capitals_neither_lists_nor_decides(store: UseStore) -> None:
+    """Issue 30, item 13: separation of duties compares principal ids folded (actor_key), in
+    both stores: ``Treasury-Workflow`` is the proposer ``treasury-workflow``."""
+    listed = ("Treasury-Workflow", "treasury-lead")
+    await store.approval_create(pending(approvers=listed))
+    mine = await store.approval_list(
+        state=ApprovalState.PENDING, now=NOW, approver="Treasury-Workflow"
+    )
+    assert mine == []
+    with pytest.raises(ApprovalError) as caught:
+        await store.approval_decide(
+            "req-1", decision="APPROVE", approver="Treasury-Workflow", reason="", now=NOW
+        )
+    assert caught.value.code == "APPROVAL_NOT_PERMITTED"
+    record = await store.approval_get("req-1")
+    assert record is not None
+    assert record.stored_state is ApprovalState.PENDING
+    lead = await store.approval_list(state=ApprovalState.PENDING, now=NOW, approver="treasury-lead")
+    assert [r.request.request_id for r in lead] == ["req-1"]

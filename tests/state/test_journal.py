@@ -647,6 +647,9 @@ class _Mirror:
         self.failing = failing
         self.records: list[tuple[RecordType, dict[str, Any]]] = []
 
+    def fence(self, attempt_id: str) -> None:
+        return None
+
     async def record(self, kind: RecordType, record: Any) -> None:
         if kind in self.failing:
             raise StoreError("the database is away", code="STORE_UNAVAILABLE")

@@ -44,6 +44,14 @@
     $("f-verification").textContent = data.verification.required +
       (data.passkeys ? " (you have " + data.passkeys + " passkey(s))" : "");
     $("f-intent").textContent = d.intent;
+    const warnings = $("f-warnings");
+    warnings.replaceChildren();
+    for (const text of d.warnings || []) {
+      const entry = document.createElement("li");
+      entry.textContent = "\u26a0 " + text;
+      warnings.appendChild(entry);
+    }
+    $("warnings").hidden = warnings.childElementCount === 0;
     $("decide").hidden = data.state !== "PENDING";
     $("request").hidden = false;
   }
