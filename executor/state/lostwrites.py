@@ -21,10 +21,12 @@ What a lost claim does. For each GRANT_CLAIMED (grant not yet past retention) wh
 
 1. the claim is asserted again (``INSERT INTO grant_claims ... ON CONFLICT DO NOTHING``): the
    grant can never be claimed a second time;
-2. the attempt is asserted again OPEN with its grant claimed, its lease lapsed and its last
-   status ``STORE_LOST_WRITES`` (``INSERT ... ON CONFLICT (attempt_id) DO UPDATE``): a lease
-   keeper of any replica takes it and asks the provider, read-only, exactly as for a replica
-   that died (``lifecycle/leases.py``), and that settles the key;
+2. the attempt is asserted again OPEN with its grant claimed, owned by no living replica
+   (``STORE_LOST_WRITES:<replica>``, so nobody renews it), its lease lapsed, its fencing token
+   (``epoch``) raised when the row survived, and its last status ``STORE_LOST_WRITES``
+   (``INSERT ... ON CONFLICT (attempt_id) DO UPDATE``): a lease keeper of any replica takes it
+   and asks the provider, read-only, exactly as for a replica that died
+   (``lifecycle/leases.py``), and that settles the key;
 3. the key is asserted again IN_PROGRESS for that attempt (``INSERT INTO idempotency ... ON
    CONFLICT DO UPDATE ... WHERE state = 'IN_PROGRESS'``): a retry on any replica finds a key
    whose attempt opened and claimed its grant, so it answers 409 IDEMPOTENCY_IN_PROGRESS and is
@@ -296,6 +298,7 @@ class LostWritesGuard:
                     " opened_at, grant_claimed, grant_id, grant_expires_at, payload_digest,"
                     f" last_status) VALUES (%s, %s, {_NOW} - 1, 'OPEN', %s, %s, %s, %s, %s, %s,"
                     " %s, %s, true, %s, %s, %s, %s) ON CONFLICT (attempt_id) DO UPDATE SET"
+                    " owner = EXCLUDED.owner, epoch = attempts.epoch + 1,"
                     f" state = 'OPEN', lease_until = {_NOW} - 1, grant_claimed = true,"
                     " grant_id = EXCLUDED.grant_id, grant_expires_at = EXCLUDED.grant_expires_at,"
                     " payload_digest = EXCLUDED.payload_digest, last_status = %s,"

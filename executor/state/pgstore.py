@@ -351,9 +351,11 @@ class PostgresStore:
                     except psycopg.Error as exc:
                         if exc.sqlstate in _WRONG_SERVER:
                             # A server that is no longer the primary (read-only, or in
-                            # recovery): drop the connection, so the next one is opened through
-                            # the host list (target_session_attrs=read-write) to the new one.
+                            # recovery): this connection and every other pooled one lead to it,
+                            # so all are dropped and the next are opened through the host list
+                            # (target_session_attrs=read-write) to the new primary.
                             await conn.close()
+                            await self._pool.drain()
                         raise
                     return
                 await conn.close()

@@ -160,6 +160,13 @@ async def test_the_guard_reasserts_a_lost_claim_and_leaves_a_kept_one(
     await (await PostgresStore.open(pg_url)).close()
     async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
         await conn.execute("INSERT INTO grant_claims VALUES ('g-2', 'd', %s, 1)", (NOW,))
+        # a-1's row survived the failover (it was opened before the lost claim), still under
+        # r0's live lease and unclaimed: left so, r0 would renew it and nobody reconcile it
+        await conn.execute(
+            "INSERT INTO attempts (attempt_id, owner, lease_until, state, intent_hash, binding,"
+            " opened_at) VALUES ('a-1', 'r0', %s, 'OPEN', 'h', '{}', 'x')",
+            (NOW + 3600,),
+        )
     guard = LostWritesGuard(journal, owner="r0")
     found: list[object] = []
     guard.on_lost = found.extend
@@ -169,7 +176,9 @@ async def test_the_guard_reasserts_a_lost_claim_and_leaves_a_kept_one(
         cur = await conn.execute("SELECT grant_id FROM grant_claims ORDER BY grant_id")
         granted = [r[0] for r in await cur.fetchall()]
         cur = await conn.execute(
-            "SELECT state, owner, grant_claimed, last_status FROM attempts WHERE attempt_id = 'a-1'"
+            "SELECT state, owner, grant_claimed, last_status, epoch,"
+            " lease_until < extract(epoch from clock_timestamp())"
+            " FROM attempts WHERE attempt_id = 'a-1'"
         )
         attempt = await cur.fetchone()
         cur = await conn.execute("SELECT state, opened_attempt FROM idempotency WHERE key = 'k-1'")
@@ -179,5 +188,5 @@ async def test_the_guard_reasserts_a_lost_claim_and_leaves_a_kept_one(
     assert [c.attempt_id for c in guard.lost.values()] == ["a-1"]
     assert len(found) == 1
     assert granted == ["g-1", "g-2"]
-    assert attempt == ("OPEN", "STORE_LOST_WRITES:r0", True, "STORE_LOST_WRITES")
+    assert attempt == ("OPEN", "STORE_LOST_WRITES:r0", True, "STORE_LOST_WRITES", 2, True)
     assert key == ("IN_PROGRESS", "a-1")
