@@ -346,8 +346,7 @@ class Code(StrEnum):
     STORE_LOST_WRITES = (
         "STORE_LOST_WRITES",
         None,
-        "the shared database lacks grant claims this replica acknowledged (it went back in time,"
-        " e.g. an asynchronous failover); a halt cause, lifted only by an operator",
+        "the shared database lost grant claims this replica acknowledged; a halt an operator lifts",
     )
 
     # -- the attempt journal ---------------------------------------------------------------------

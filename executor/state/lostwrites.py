@@ -63,6 +63,7 @@ from psycopg.rows import TupleRow
 
 from ..canonical import canonical_text, sha256_digest
 from ..clock import format_ms
+from ..codes import Code
 from .journal import ATTEMPTS_DIR, RecordType
 from .usestore import RETENTION_SECONDS
 
@@ -72,7 +73,7 @@ log = logging.getLogger("agentsafe.store")
 
 _Conn = psycopg.AsyncConnection[TupleRow]
 
-LOST_STATUS: Final = "STORE_LOST_WRITES"
+LOST_STATUS: Final = Code.STORE_LOST_WRITES.value
 """The ``last_status`` of an attempt asserted again after the database lost its claim."""
 _MARGIN_SECONDS: Final = 3600.0
 """Claims this close to their retention are not checked (the database may purge them)."""
