@@ -43,8 +43,9 @@ serve (no living journal holds it), and a retry that reaches another replica bef
 acknowledging replica checked. Both are why more than one replica requires synchronous
 replication (docs/high-availability.md, "Fault model").
 
-Callers: ``assembly.py`` (builds one per process with a shared store and hands it to
-``state/pgstore.py``'s ``PostgresStore.open``), ``plane.py`` (halts on it, lists its keys).
+Callers: ``assembly.py`` (builds one per process with a shared store and hands it to the store's
+``PostgresStore.open`` as its ``server_watch``, which awaits it with each new connection),
+``plane.py`` (halts on it, lists its keys).
 """
 
 from __future__ import annotations
