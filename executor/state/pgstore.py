@@ -77,6 +77,14 @@ waiting, found by one ``poll`` before anything is sent on it, and is replaced (n
 checkout); a transaction whose connection fails before COMMIT runs once more on a fresh one; and
 the pool reconnects for ever, so service resumes by itself when the database returns.
 
+Failover: the connection string may name several hosts with ``target_session_attrs=read-write``
+(:func:`check_store_url` refuses several without it); every connection the pool opens goes
+through that list, so after a promotion the next one reaches the new primary, without a restart.
+A server that answers ``25006`` (read-only: a demoted or fenced primary, a standby) is never a
+domain error: the pool drops every connection it holds and the statement, refused before it ran,
+runs once more on a new one. ``PostgresStore.open(server_watch=...)`` awaits a check with every
+new connection before it is used (``state/lostwrites.py``: a server that went back in time).
+
 Callers: ``assembly.py`` (opens one :class:`PostgresStore` when ``EXECUTOR_STORE_URL`` is set and
 hands its three faces to the authority, the pipeline, the ceilings and the journal),
 ``tools/store_cli.py`` (``agentsafe store migrate``), ``lifecycle/leases.py`` (the mirror).
