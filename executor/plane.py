@@ -219,9 +219,13 @@ class Executor:
         if self.journal is not None:
             self.journal.on_failure = self._journal_failed
         if self.lost_writes is not None:
-            self.lost_writes.on_lost = self._store_lost_writes
-            if self.lost_writes.lost:  # found at start, before this plane existed
-                self._store_lost_writes(list(self.lost_writes.lost.values()))
+            guard = self.lost_writes
+            guard.on_lost = self._store_lost_writes
+            if guard.lost:  # found at start, before this plane existed
+                self._store_lost_writes(list(guard.lost.values()))
+            # An operator's resume is the acknowledgement: the list (and the operator's
+            # StoreLostWrites condition) clears; the claims stay reasserted in the database.
+            self.halt.add_listener(lambda halted: None if halted else guard.lost.clear())
         if self.worker is not None:  # the roster shows a halt at once, not at the next second
             self.halt.add_listener(lambda halted: self.publish_worker())
 

@@ -192,6 +192,27 @@ async def test_an_asynchronous_failover_that_lost_a_claim_halts_and_never_sends_
             assert answers[-1]["replayed"] is True
             assert answers[-1]["outcome"] == "COMPLETED"
             assert int((await provider.received())["count"]) == 1
+            # only an OPERATOR lifts the halt: anonymous, or as the proposer, it is refused
+            reason = {"reason": "incident 42: lost-1 reconciled with the provider"}
+            async with session.post(owner.url + "/v1/control/resume", json=reason) as r:
+                assert r.status == 401
+            proposer = {"authorization": f"Bearer {owner.token}"}
+            async with session.post(
+                owner.url + "/v1/control/resume", json=reason, headers=proposer
+            ) as r:
+                assert r.status == 403
+            assert (await _status(owner, session, principals))["halt"]["halted"] is True
+            operator = {"authorization": f"Bearer {principals.token(OPERATOR_ID)}"}
+            async with session.post(
+                owner.url + "/v1/control/resume", json=reason, headers=operator
+            ) as r:
+                assert r.status == 200
+            state = await _status(owner, session, principals)
+            assert state["halt"]["halted"] is False
+            assert state["store_lost_writes"] == []
+            status, body = await owner.propose(session, amount=4000, key="lost-1")
+            assert (status, body.get("replayed")) == (200, True)
+            assert int((await provider.received())["count"]) == 1
     finally:
         owner.terminate()
         other.terminate()
