@@ -217,3 +217,49 @@ async def test_an_asynchronous_failover_that_lost_a_claim_halts_and_never_sends_
         owner.terminate()
         other.terminate()
         provider.terminate()
+
+
+async def test_a_replica_down_during_the_failover_finds_its_lost_claim_at_start(
+    tmp_path: Path, async_pair: PostgresPair
+) -> None:
+    database = async_pair.create_database()
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    principals = BearerPrincipals()
+    workspace = Workspace(tmp_path / "ws")
+    url = async_pair.url(database)
+    owner = _replica(tmp_path, workspace, provider, principals, url, "r0")
+    other = _replica(tmp_path, workspace, provider, principals, url, "r1")
+    await owner.start()
+    await other.start()
+    restarted: ExecutorProcess | None = None
+    try:
+        async with aiohttp.ClientSession() as session:
+            async_pair.wait_caught_up()
+            async_pair.detach_standby()
+            status, body = await owner.propose(session, amount=4000, key="lost-2")
+            assert (status, body["outcome"]) == (200, "COMPLETED")
+            assert owner.terminate() == 0  # down through the failover
+            async_pair.fail_over()
+            restarted = ExecutorProcess(owner.env, tmp_path, "r0-again")
+            restarted.token = owner.token
+            await restarted.start(expect_ready=False)  # halted from its first connection
+            state = await _status(restarted, session, principals)
+            assert [c["cause"] for c in state["halt"]["causes"]] == ["STORE_LOST_WRITES"]
+            (lost,) = state["store_lost_writes"]
+            assert lost["idempotency_key"] == "lost-2"
+            status, _ = await restarted.propose(session, amount=4000, key="lost-2")
+            assert status == 503
+
+            async def settled() -> bool:
+                status, body = await other.propose(session, amount=4000, key="lost-2")
+                assert status in (200, 409, 503), body
+                return status == 200 and body.get("replayed") is True
+
+            await wait_until(settled, timeout=60, what="the lost key to be reconciled")
+            assert int((await provider.received())["count"]) == 1
+    finally:
+        if restarted is not None:
+            restarted.terminate()
+        other.terminate()
+        provider.terminate()
