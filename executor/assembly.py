@@ -92,6 +92,7 @@ from .policy.policy import (
 from .principals import legacy_principal
 from .routes.door import HttpDoor
 from .state.journal import AttemptJournal
+from .state.lostwrites import LostWritesGuard
 from .state.pgstore import PostgresStore, SharedAttemptMirror, check_store_url
 from .state.usestore import SQLiteUseStore, SQLiteWindow, UseStore
 from .windows import DoorWindows
@@ -398,10 +399,19 @@ async def assemble(
     store: UseStore | None = None
     shared: PostgresStore | None = None
     mirror: SharedAttemptMirror | None = None
+    lost_writes: LostWritesGuard | None = None
     try:
         if config.executor_store_url.given:
+            if config.executor_journal_dir is not None:
+                # Every new database server is checked against this replica's journal before
+                # any work reaches it (a failover that lost acknowledged claims halts).
+                lost_writes = LostWritesGuard(
+                    Path(config.executor_journal_dir), owner=config.replica_id
+                )
             shared = await open_shared_store(
-                secrets, lease_seconds=config.executor_attempt_lease_seconds
+                secrets,
+                lease_seconds=config.executor_attempt_lease_seconds,
+                lost_writes=lost_writes,
             )
             streams.security.emit(
                 "STORE_OPENED",
@@ -674,6 +684,7 @@ async def assemble(
                 executors=plan_executors,
             ),
             shared=shared,
+            lost_writes=lost_writes,
             store_health=store_health,
             closers=closers,
             startup=startup,
@@ -797,7 +808,9 @@ def _journal_refusal(exc: JournalError) -> str:
     return "cannot be opened for appending"
 
 
-async def open_shared_store(secrets: SecretStore, *, lease_seconds: float) -> PostgresStore:
+async def open_shared_store(
+    secrets: SecretStore, *, lease_seconds: float, lost_writes: LostWritesGuard | None = None
+) -> PostgresStore:
     """Open (and migrate) the shared store named by ``EXECUTOR_STORE_URL``; ``ConfigError``
     naming the variable, never the URL, when it is not a PostgreSQL URL; ``StoreError`` when the
     database does not answer or its schema is newer than this agentsafe. ``lease_seconds``
@@ -808,4 +821,6 @@ async def open_shared_store(secrets: SecretStore, *, lease_seconds: float) -> Po
         raise ConfigError("EXECUTOR_STORE_URL", "is set but could not be read")
     with handle.reveal() as value:
         url = bytes(value).decode("utf-8", errors="replace").strip()
-    return await PostgresStore.open(check_store_url(url), lease_seconds=lease_seconds)
+    return await PostgresStore.open(
+        check_store_url(url), lease_seconds=lease_seconds, server_watch=lost_writes
+    )

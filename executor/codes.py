@@ -347,6 +347,11 @@ class Code(StrEnum):
     STORE_RECORD_DAMAGED = "STORE_RECORD_DAMAGED", None, "a stored record is damaged"
     STORE_SCHEMA_UNSUPPORTED = "STORE_SCHEMA_UNSUPPORTED", None, "a newer agentsafe wrote the store"
     STORE_VALUE_INVALID = "STORE_VALUE_INVALID", None, "a value has no canonical JSON form"
+    STORE_LOST_WRITES = (
+        "STORE_LOST_WRITES",
+        None,
+        "the shared database lost grant claims this replica acknowledged; a halt an operator lifts",
+    )
 
     # -- the attempt journal ---------------------------------------------------------------------
     JOURNAL_CLOSED = "JOURNAL_CLOSED", None, "the journal is closed"

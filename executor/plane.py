@@ -70,6 +70,7 @@ from .routes.door import HttpDoor
 from .routes.listener import GuardedSite, ListenerLimits, handler_settings
 from .routes.table import Approvals, route_table
 from .state.journal import AttemptJournal, JournalScan, Settled
+from .state.lostwrites import LostClaim, LostWritesGuard
 from .state.pgstore import PostgresStore
 from .state.usestore import ApprovalState, OrphanKey, UseStore
 
@@ -166,6 +167,8 @@ class Executor:
     plans: PlanService | None = None
     shared: PostgresStore | None = None  # EXECUTOR_STORE_URL: the store every replica shares
     leases: LeaseKeeper | None = None
+    lost_writes: LostWritesGuard | None = None
+    """With a shared store: checks each new database server against this replica's journal."""
     webhook: ApprovalWebhook | None = None  # EXECUTOR_APPROVAL_WEBHOOK_URL
     store_health: StoreHealth = field(default_factory=StoreHealth)  # the WorkGate's too
     closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
@@ -221,12 +224,41 @@ class Executor:
             self.journal.on_failure = self._journal_failed
         if self.chained is not None:
             self.chained.on_failure(self._chain_heads_failed)
+        if self.lost_writes is not None:
+            guard = self.lost_writes
+            guard.on_lost = self._store_lost_writes
+            if guard.lost:  # found at start, before this plane existed
+                self._store_lost_writes(list(guard.lost.values()))
+            # An operator's resume is the acknowledgement: the list (and the operator's
+            # StoreLostWrites condition) clears; the claims stay reasserted in the database.
+            self.halt.add_listener(lambda halted: None if halted else guard.lost.clear())
         if self.worker is not None:  # the roster shows a halt at once, not at the next second
             self.halt.add_listener(lambda halted: self.publish_worker())
 
     @property
     def reconciling(self) -> bool:
         return self.startup.reconciling
+
+    def _store_lost_writes(self, found: list[LostClaim]) -> None:
+        """The shared database lacks grant claims this replica acknowledged (a failover that
+        lost writes): one ``STORE_LOST_WRITES`` line naming them, and the halt (cause
+        ``STORE_LOST_WRITES``) an operator lifts after reconciling them with the provider."""
+        self.streams.security.emit(
+            "STORE_LOST_WRITES",
+            {
+                "code": Code.STORE_LOST_WRITES,
+                "count": len(found),
+                "claims": [claim.as_dict() for claim in found],
+            },
+        )
+        total = len(self.lost_writes.lost) if self.lost_writes is not None else len(found)
+        self.halt.store_lost_writes(total)
+
+    def store_lost_writes(self) -> list[dict[str, Any]]:
+        """The claims the shared database lost (``GET /v1/control/status``)."""
+        if self.lost_writes is None:
+            return []
+        return [claim.as_dict() for claim in self.lost_writes.lost.values()]
 
     @property
     def unknown_attempts(self) -> int:
@@ -260,6 +292,8 @@ class Executor:
             "store": "postgresql" if self.shared is not None else "sqlite",
             "store_available": self.store_health.available,
         }
+        if self.lost_writes is not None:
+            details["store_lost_writes"] = len(self.lost_writes.lost)
         if self.halt.halted:
             code = Code.EXECUTOR_HALTED
         elif not self.store_health.available:
@@ -291,6 +325,8 @@ class Executor:
             "policy_digest": self.policy.digest,
             "chain_heads": self._heads(),
         }
+        if self.lost_writes is not None:
+            out["store_lost_writes"] = self.store_lost_writes()
         if self.config.executor_mode is ExecutorMode.SHADOW:
             out["shadow_report"] = self.shadow.as_dict()
         if self.worker is not None:

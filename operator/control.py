@@ -7,13 +7,16 @@ them at once, as the operator's OPERATOR principal (its bearer token), over TLS 
 :func:`trust_context` against the executor's own certificate (``ca.crt`` of its TLS Secret when
 present, else the certificate itself, pinned). Each pod's answer is one
 :class:`ControlResult`; a refusal carries the HTTP status and the executor's error code, never
-the body.
+the body. :meth:`ControlClient.status_all` reads ``GET /v1/control/status`` of each the same way
+and keeps only ``store_lost_writes`` (the claims the shared database lost,
+``state/lostwrites.py``), one :class:`StatusResult` per pod.
 
 The reason is cut to the executor's own bound
 (:data:`~agentsafe.executor.host.halt.MAX_REASON_CHARS`) so that a long HaltSwitch reason is
 never a refused call.
 
-Callers: ``halt.py`` (:func:`~.halt.enforce_halt`), ``runtime.py`` (the default client), the tests.
+Callers: ``halt.py`` (:func:`~.halt.enforce_halt`), ``lostwrites.py`` (the ``StoreLostWrites``
+condition), ``runtime.py`` (the default client), the tests.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "ControlClient",
     "ControlResult",
     "Endpoint",
+    "StatusResult",
     "executor_endpoints",
     "trust_context",
 ]
@@ -48,6 +52,15 @@ class Endpoint:
 class ControlResult:
     pod: str
     acknowledged: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StatusResult:
+    """One pod's ``store_lost_writes`` (``None`` when it could not be read: ``error`` says why)."""
+
+    pod: str
+    lost: tuple[dict[str, Any], ...] | None
     error: str | None = None
 
 
@@ -114,6 +127,43 @@ class ControlClient:
                         return ControlResult(endpoint.pod, False, f"HTTP {response.status} {code}")
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     return ControlResult(endpoint.pod, False, type(exc).__name__)
+
+            return list(await asyncio.gather(*(one(e) for e in endpoints)))
+
+    async def status_all(
+        self,
+        endpoints: Sequence[Endpoint],
+        *,
+        token: str,
+        port: int,
+        server_hostname: str,
+        context: ssl.SSLContext,
+    ) -> list[StatusResult]:
+        """``GET /v1/control/status`` on every endpoint at once: each pod's lost claims."""
+        headers = {"Authorization": f"Bearer {token}"}
+        connector = aiohttp.TCPConnector(ssl=context, force_close=True)
+        async with aiohttp.ClientSession(connector=connector, timeout=self._timeout) as session:
+
+            async def one(endpoint: Endpoint) -> StatusResult:
+                host = f"[{endpoint.address}]" if ":" in endpoint.address else endpoint.address
+                url = f"https://{host}:{port}/v1/control/status"
+                try:
+                    async with session.get(
+                        url, headers=headers, server_hostname=server_hostname
+                    ) as response:
+                        if response.status != 200:
+                            code = await _error_code(response)
+                            error = f"HTTP {response.status} {code}"
+                            return StatusResult(endpoint.pod, None, error)
+                        data = await response.json(content_type=None)
+                except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                    return StatusResult(endpoint.pod, None, type(exc).__name__)
+                lost = data.get("store_lost_writes") if isinstance(data, dict) else None
+                if not isinstance(lost, list):
+                    return StatusResult(endpoint.pod, ())
+                return StatusResult(
+                    endpoint.pod, tuple(item for item in lost if isinstance(item, dict))
+                )
 
             return list(await asyncio.gather(*(one(e) for e in endpoints)))
 

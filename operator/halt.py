@@ -12,19 +12,22 @@ bookkeeping. A resume is not sent to a policy another HaltSwitch still holds.
 
 No kopf here (``handlers.py`` is the boundary).
 
-Callers: ``handlers.py``, ``reconcile.py`` (:func:`sync_halt`), the tests.
+Callers: ``handlers.py``, ``reconcile.py`` (:func:`sync_halt`), ``lostwrites.py``
+(:func:`control_target`), the tests.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from .conditions import now_rfc3339, set_condition, stored_conditions
-from .control import ControlResult, executor_endpoints, trust_context
+from .control import ControlResult, Endpoint, executor_endpoints, trust_context
 from .kubeapi import ApiError
 from .models import (
     AgentPolicySpec,
@@ -41,7 +44,7 @@ from .render.halt import halt_document, render_halt_configmap, switches_halting
 from .runtime import Runtime, decode_secret_key, generation_of, parse_spec, policy_ref
 from .settings import HALT_FIELD_MANAGER
 
-__all__ = ["enforce_halt", "halt_acknowledged", "sync_halt"]
+__all__ = ["ControlTarget", "control_target", "enforce_halt", "halt_acknowledged", "sync_halt"]
 
 
 async def sync_halt(
@@ -61,37 +64,65 @@ async def sync_halt(
     return bool(halting)
 
 
-async def _control_policy(
-    rt: Runtime, ref: PolicyRef, spec: AgentPolicySpec, *, action: str, reason: str
-) -> list[ControlResult]:
+@dataclass(frozen=True)
+class ControlTarget:
+    """How to reach a policy's executors as the operator: their endpoints and, when the
+    operator token and the executor's certificate exist, the credentials (else ``missing``)."""
+
+    endpoints: list[Endpoint]
+    token: str = ""
+    context: ssl.SSLContext | None = None
+    server_hostname: str = ""
+
+    @property
+    def missing(self) -> bool:
+        return not self.token or self.context is None
+
+
+async def control_target(rt: Runtime, ref: PolicyRef, spec: AgentPolicySpec) -> ControlTarget:
+    """The executor endpoints of ``ref`` and the operator's credentials for their control
+    routes (the halt's calls, and ``lostwrites.py``'s status reads)."""
     n = names(ref)
     slices = await rt.kube.list_objects(
         "EndpointSlice", ref.namespace, label_selector=f"kubernetes.io/service-name={n.service}"
     )
     endpoints = executor_endpoints(slices)
     if not endpoints:
-        return []
+        return ControlTarget([])
     token_secret = await rt.kube.get("Secret", ref.namespace, n.operator_token)
     tls_secret = await rt.kube.get("Secret", ref.namespace, spec.tls.secret_name)
     token = decode_secret_key(token_secret, OPERATOR_TOKEN_KEY)
     ca = decode_secret_key(tls_secret, "ca.crt")
     cert = decode_secret_key(tls_secret, "tls.crt")
     if not token or not (ca or cert):
-        return [
-            ControlResult(e.pod, False, "operator token or executor certificate missing")
-            for e in endpoints
-        ]
+        return ControlTarget(endpoints)
     context = trust_context(
         ca_pem=ca.decode() if ca else None, certificate_pem=cert.decode() if cert else None
     )
+    return ControlTarget(
+        endpoints, token.decode("ascii"), context, f"{n.service}.{ref.namespace}.svc"
+    )
+
+
+async def _control_policy(
+    rt: Runtime, ref: PolicyRef, spec: AgentPolicySpec, *, action: str, reason: str
+) -> list[ControlResult]:
+    target = await control_target(rt, ref, spec)
+    if not target.endpoints:
+        return []
+    if target.missing or target.context is None:
+        return [
+            ControlResult(e.pod, False, "operator token or executor certificate missing")
+            for e in target.endpoints
+        ]
     return await rt.control.call_all(
-        endpoints,
+        target.endpoints,
         action=action,
         reason=reason,
-        token=token.decode("ascii"),
+        token=target.token,
         port=rt.settings.port,
-        server_hostname=f"{n.service}.{ref.namespace}.svc",
-        context=context,
+        server_hostname=target.server_hostname,
+        context=target.context,
     )
 
 

@@ -207,6 +207,10 @@ class ConditionType(StrEnum):
     select it), HaltSwitch (every selected executor acknowledged)."""
     RECONCILED = "Reconciled"
     """AgentPolicy: every child was rendered and applied for ``observedGeneration``."""
+    STORE_LOST_WRITES = "StoreLostWrites"
+    """AgentPolicy with ``spec.store``: ``True`` when an executor found grant claims its
+    PostgreSQL store lost (an asynchronous failover) and halted with cause
+    ``STORE_LOST_WRITES``; the message names the pods and keys and the playbook."""
 
 
 class ConditionReason(StrEnum):
@@ -245,6 +249,11 @@ class ConditionReason(StrEnum):
     """HaltSwitch, ``Ready=False``: an executor has not acknowledged yet (the timer retries)."""
     RENDERED = "Rendered"
     """Principal, ``Ready=True``: rendered into every AgentPolicy that selects it."""
+    LOST_WRITES_FOUND = "LostWritesFound"
+    """AgentPolicy, ``StoreLostWrites=True``: an executor lists claims its store lost
+    (docs/playbooks/store-lost-writes.md)."""
+    NO_LOST_WRITES = "NoLostWrites"
+    """AgentPolicy, ``StoreLostWrites=False``: every executor that answered lists none."""
 
 
 class Condition(_Model):

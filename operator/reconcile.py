@@ -53,6 +53,7 @@ from pydantic import ValidationError
 from .conditions import set_condition, spec_invalid_status, stored_conditions
 from .halt import sync_halt
 from .kubeapi import ApiError, Kube
+from .lostwrites import lost_writes_condition, read_lost_writes
 from .models import (
     AgentPolicySpec,
     AgentPolicyStatus,
@@ -423,6 +424,12 @@ async def reconcile_policy(rt: Runtime, body: Mapping[str, Any]) -> PolicyOutcom
         message=message,
         generation=ref.generation,
     )
+    if spec.store is not None:
+        # Which keys the executors' database lost (an asynchronous failover): the executors
+        # halted on them; the policy's status names them (docs/playbooks/store-lost-writes.md).
+        conditions = lost_writes_condition(
+            conditions, await read_lost_writes(rt, ref, spec), generation=ref.generation
+        )
     readiness = executor_readiness(desired_replicas=spec.replicas, statefulset=sts, halted=halted)
     applied = AgentPolicyStatus(
         observed_generation=ref.generation,

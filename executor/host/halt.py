@@ -13,7 +13,9 @@ only cause lifted without an operator, by :meth:`journal_recovered` once it writ
 ``EFFECT_MISMATCH`` (an observed effect, or a provider's receipt, that is not the authorised
 one, under ``EXECUTOR_ON_EFFECT_MISMATCH=HALT``), ``CHAIN_HEADS`` (the evidence chains' heads
 cannot be persisted, a full disk; lifted like ``JOURNAL``, by :meth:`chain_heads_recovered` once
-a synced probe write lands).
+a synced probe write lands), ``STORE_LOST_WRITES`` (the shared database lacks grant claims this
+replica acknowledged, ``state/lostwrites.py``; lifted only by an operator's resume, after
+reconciling the listed keys with the provider, docs/playbooks/store-lost-writes.md).
 
 Each new cause is one ``HALTED`` line on the security stream (cause, reason, by) and each resume
 one ``RESUMED`` line; an operator's reason is their own words, kept but bounded in length and
@@ -74,6 +76,7 @@ class HaltCause(StrEnum):
     JOURNAL = "JOURNAL"  # the attempt journal cannot write; lifted by itself when it can again
     EFFECT_MISMATCH = "EFFECT_MISMATCH"
     CHAIN_HEADS = "CHAIN_HEADS"  # the chain heads cannot be persisted; lifted like JOURNAL
+    STORE_LOST_WRITES = "STORE_LOST_WRITES"  # the database forgot acknowledged claims
 
 
 @dataclass(frozen=True)
@@ -367,6 +370,15 @@ class HaltState:
         """An observed effect that is not the authorised one (``EXECUTOR_ON_EFFECT_MISMATCH=HALT``):
         an operator reconciles it, then resumes."""
         self.halt(HaltCause.EFFECT_MISMATCH, reason=f"effect mismatch under grant {grant_id}")
+
+    def store_lost_writes(self, count: int) -> bool:
+        """The shared database lacks ``count`` grant claims this replica acknowledged
+        (``STORE_LOST_WRITES``): an operator reconciles the listed keys with the provider, then
+        resumes. True when newly halted."""
+        return self.halt(
+            HaltCause.STORE_LOST_WRITES,
+            reason=f"the shared store lacks {count} acknowledged grant claim(s)",
+        )
 
     def clock_skew(self, skew_ms: float) -> None:
         self.halt(HaltCause.CLOCK_SKEW, reason=f"authority clock skew of {int(skew_ms)} ms")

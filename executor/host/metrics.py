@@ -118,6 +118,7 @@ HALT_CAUSES = (
     "JOURNAL",
     Code.EFFECT_MISMATCH.value,
     "CHAIN_HEADS",
+    Code.STORE_LOST_WRITES.value,
 )
 CEILING_CODES = tuple(code.value for code in Code if code.value.startswith("HARD_LIMIT_"))
 OPERATOR_ACTIONS = (

@@ -86,6 +86,8 @@ class ReadinessDetails(BaseModel):
     halted: bool
     store: Literal["sqlite", "postgresql"]
     store_available: bool
+    store_lost_writes: int | None = Field(default=None, ge=0)
+    """With a shared store: how many acknowledged grant claims the database lost."""
 
 
 class CatalogAction(BaseModel):
@@ -207,6 +209,21 @@ class WorkerEntry(BaseModel):
     open_attempts: int | None = None
 
 
+class LostClaim(BaseModel):
+    """A grant claim this replica acknowledged that the shared database lost (a failover):
+    reasserted so it is never sent again; the replica halted (``STORE_LOST_WRITES``)."""
+
+    model_config = _Open
+    attempt_id: str
+    grant_id: str
+    tenant: str | None
+    principal: str | None
+    idempotency_key: str | None
+    claimed_at: str
+    rerun_elsewhere: bool
+    """A retry on another replica had taken the key before the check: it may have run twice."""
+
+
 class Status(BaseModel):
     """``GET /v1/control/status``: the executor at a glance; under ``EXECUTOR_WORKERS`` above 1
     also ``worker`` (the one that answered) and ``workers`` (every worker of the group)."""
@@ -219,6 +236,8 @@ class Status(BaseModel):
     readiness: ReadinessDetails
     open_attempts: list[OpenAttempt]
     policy_digest: str
+    store_lost_writes: list[LostClaim] | None = None
+    """With a shared store: the claims it lost (docs/playbooks/store-lost-writes.md)."""
     worker: int | None = None
     workers: list[WorkerEntry] | None = None
 

@@ -77,6 +77,14 @@ waiting, found by one ``poll`` before anything is sent on it, and is replaced (n
 checkout); a transaction whose connection fails before COMMIT runs once more on a fresh one; and
 the pool reconnects for ever, so service resumes by itself when the database returns.
 
+Failover: the connection string may name several hosts with ``target_session_attrs=read-write``
+(:func:`check_store_url` refuses several without it); every connection the pool opens goes
+through that list, so after a promotion the next one reaches the new primary, without a restart.
+A server that answers ``25006`` (read-only: a demoted or fenced primary, a standby) is never a
+domain error: the pool drops every connection it holds and the statement, refused before it ran,
+runs once more on a new one. ``PostgresStore.open(server_watch=...)`` awaits a check with every
+new connection before it is used (``state/lostwrites.py``: a server that went back in time).
+
 Callers: ``assembly.py`` (opens one :class:`PostgresStore` when ``EXECUTOR_STORE_URL`` is set and
 hands its three faces to the authority, the pipeline, the ceilings and the journal),
 ``tools/store_cli.py`` (``agentsafe store migrate``), ``lifecycle/leases.py`` (the mirror).
@@ -100,6 +108,7 @@ from typing import Any, Final, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -159,6 +168,12 @@ _Conn = psycopg.AsyncConnection[TupleRow]
 MAX_RETRIES: Final = 20
 """Serialization failures re-run a transaction at most this many times before STORE_CONTENDED."""
 _RETRY_STATES: Final = frozenset({"40001", "40P01"})
+_WRONG_SERVER: Final = frozenset({"25006"})
+"""A server that is not (or no longer) the primary: ``read_only_sql_transaction``, what a standby
+or a server set read-only answers a write. Never a domain error: the connection is dropped and
+the store is unavailable until the host list leads to a primary."""
+ServerWatch = Callable[["psycopg.AsyncConnection[TupleRow]"], Awaitable[None]]
+"""Awaited with every new connection before it is used (``state/lostwrites.py``)."""
 _NOW: Final = "extract(epoch from clock_timestamp())::double precision"
 OPENING_EPOCH: Final = 1
 """An attempt's fencing token when it opens; every takeover increments it (issue 29)."""
@@ -170,10 +185,32 @@ attempt it opens in the same task is fenced by it, and only it completes or free
 
 
 def check_store_url(url: str) -> str:
-    """``url`` if it is a ``postgresql://`` (or ``postgres://``) URL; ``ConfigError`` naming
-    ``EXECUTOR_STORE_URL`` otherwise (the value is never echoed)."""
-    if not url.startswith(("postgresql://", "postgres://")) or any(c in url for c in "\r\n"):
-        raise ConfigError("EXECUTOR_STORE_URL", "must be a postgresql:// URL")
+    """``url`` if libpq would take it as a connection string: a ``postgresql://`` (or
+    ``postgres://``) URL or ``key=value`` pairs, with one host or several (``host=a,b`` or
+    ``postgresql://a:5432,b:5432/db``). Several hosts need ``target_session_attrs`` of
+    ``read-write`` or ``primary``: without it libpq takes the first host that answers, which
+    may be a standby that refuses every write. ``ConfigError`` naming ``EXECUTOR_STORE_URL``
+    otherwise (the value is never echoed)."""
+    if any(c in url for c in "\r\n\x00"):
+        raise ConfigError("EXECUTOR_STORE_URL", "must be a PostgreSQL connection string")
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        raise ConfigError(
+            "EXECUTOR_STORE_URL", "must be a PostgreSQL connection string (URL or key=value)"
+        ) from None
+    if not url.startswith(("postgresql://", "postgres://")) and "=" not in url:
+        raise ConfigError("EXECUTOR_STORE_URL", "must be a PostgreSQL connection string")
+    hosts = [h for h in str(params.get("host") or "").split(",") if h]
+    addresses = [h for h in str(params.get("hostaddr") or "").split(",") if h]
+    if max(len(hosts), len(addresses)) > 1 and params.get("target_session_attrs") not in (
+        "read-write",
+        "primary",
+    ):
+        raise ConfigError(
+            "EXECUTOR_STORE_URL",
+            "names several hosts: add target_session_attrs=read-write, so only the primary is used",
+        )
     return url
 
 
@@ -244,12 +281,20 @@ class PostgresStore:
         max_connections: int = 10,
         connect_timeout: float = 5.0,
         lease_seconds: float = 30.0,
+        server_watch: ServerWatch | None = None,
     ) -> PostgresStore:
-        """Migrate (under the advisory lock), read the consumption key, open the pool."""
+        """Migrate (under the advisory lock), read the consumption key, open the pool.
+
+        ``server_watch`` (``state/lostwrites.py``) is awaited with every new connection before
+        it is used (the migration's first, then each the pool opens): a server that went back
+        in time is found before any work reaches it. If it raises, the connection is not used
+        (``STORE_UNAVAILABLE``)."""
         conn = await _connect(url, connect_timeout=connect_timeout)
         try:
             try:
                 await migrate(conn)
+                if server_watch is not None:
+                    await server_watch(conn)
                 async with conn.transaction():
                     await conn.execute(
                         "INSERT INTO agentsafe_meta (name, value) VALUES ('consumption_key', %s)"
@@ -269,10 +314,16 @@ class PostgresStore:
             raise StoreError("the shared store's key is damaged", code=Code.STORE_UNAVAILABLE)
 
         async def configure(conn: _Conn) -> None:
-            await conn.set_autocommit(True)
-            await conn.set_isolation_level(psycopg.IsolationLevel.SERIALIZABLE)
-            # A statement run on its own (``statement``) is its own transaction: at this level.
-            await conn.execute("SET default_transaction_isolation = 'serializable'")
+            try:
+                await conn.set_autocommit(True)
+                await conn.set_isolation_level(psycopg.IsolationLevel.SERIALIZABLE)
+                # A statement run on its own (``statement``) is its own transaction: this level.
+                await conn.execute("SET default_transaction_isolation = 'serializable'")
+                if server_watch is not None:
+                    await server_watch(conn)
+            except BaseException:
+                await conn.close()  # the pool discards it; closed here, not left to the GC
+                raise
 
         pool: AsyncConnectionPool[_Conn] = AsyncConnectionPool(
             url,
@@ -303,7 +354,17 @@ class PostgresStore:
         for _ in range(_MAX_STALE):
             async with self._pool.connection(timeout=self._timeout) as conn:
                 if not _spoke_while_idle(conn):
-                    yield conn
+                    try:
+                        yield conn
+                    except psycopg.Error as exc:
+                        if exc.sqlstate in _WRONG_SERVER:
+                            # A server that is no longer the primary (read-only, or in
+                            # recovery): this connection and every other pooled one lead to it,
+                            # so all are dropped and the next are opened through the host list
+                            # (target_session_attrs=read-write) to the new primary.
+                            await conn.close()
+                            await self._pool.drain()
+                        raise
                     return
                 await conn.close()
         raise StoreError("the shared store keeps dropping connections", code=Code.STORE_UNAVAILABLE)
@@ -331,10 +392,8 @@ class PostgresStore:
                     await asyncio.sleep(delay)
                     continue
                 if (
-                    isinstance(exc, psycopg.OperationalError)
-                    and not committing
-                    and not stale_retried
-                ):
+                    isinstance(exc, psycopg.OperationalError) or exc.sqlstate in _WRONG_SERVER
+                ) and (not committing and not stale_retried):
                     # A pooled connection the server dropped (a restart) fails before COMMIT:
                     # nothing was committed, so the work runs once more on a fresh connection.
                     stale_retried = True
@@ -359,6 +418,7 @@ class PostgresStore:
         if self._closed:
             raise StoreError("the shared store is closed", code=Code.STORE_CLOSED)
         delay = 0.002
+        refused_retried = False
         for _ in range(MAX_RETRIES):
             try:
                 async with self._connection() as conn:
@@ -370,6 +430,11 @@ class PostgresStore:
                 if exc.sqlstate in _RETRY_STATES:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 0.1)
+                    continue
+                if exc.sqlstate in _WRONG_SERVER and not refused_retried:
+                    # Refused before it ran (the server is not the primary): nothing committed,
+                    # so it runs once more, on a connection to the new primary.
+                    refused_retried = True
                     continue
                 raise _unavailable(exc) from None
             except PoolTimeout as exc:

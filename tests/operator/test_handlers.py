@@ -436,6 +436,13 @@ class ControlStandIn:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, dict[str, Any]]] = []
         self.halt_file_blocks_resume = False
+        self.lost: list[dict[str, Any]] = []  # what GET /v1/control/status lists
+
+    async def status(self, request: web.Request) -> web.Response:
+        self.calls.append(("status", request.headers.get("Authorization", ""), {}))
+        return web.json_response(
+            {"halt": {"halted": bool(self.lost)}, "store_lost_writes": self.lost}
+        )
 
     async def handle(self, request: web.Request) -> web.Response:
         action = request.match_info["action"]
@@ -458,6 +465,7 @@ async def control(tmp_path: Path) -> AsyncIterator[tuple[ControlStandIn, int, Is
     stand_in = ControlStandIn()
     app = web.Application()
     app.router.add_post("/v1/control/{action}", stand_in.handle)
+    app.router.add_get("/v1/control/status", stand_in.status)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
@@ -723,3 +731,60 @@ async def test_invalid_halt_switch_is_permanent(
     body["spec"]["surprise"] = True
     with pytest.raises(kopf.PermanentError):
         await _flip(rt, body)
+
+
+# --------------------------------------------------------------------------------------------
+# StoreLostWrites: the keys an executor's shared database lost, in the policy's status
+
+
+def _lost_writes(status: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in status["conditions"] if c["type"] == "StoreLostWrites"), None)
+
+
+async def test_a_policy_names_the_keys_its_executors_store_lost(
+    halting: tuple[Runtime, ControlStandIn, str], kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    rt, stand_in, token = halting
+    policy_body["spec"]["store"] = {
+        "secretKeyRef": {"name": "payouts-pg-app", "key": "uri"},
+        "podSelector": {"matchLabels": {"cnpg.io/cluster": "payouts-pg"}},
+    }
+    policy_body["spec"]["replicas"] = 2
+    kube.put(secret(NS, "payouts-pg-app", {"uri": b"postgresql://app@payouts-pg-rw/app"}))
+    status = await _reconcile(rt, policy_body)
+    condition = _lost_writes(status)
+    assert condition is not None
+    assert (condition["status"], condition["reason"]) == ("False", "NoLostWrites")
+    assert ("status", f"Bearer {token}", {}) in stand_in.calls
+    stand_in.lost = [
+        {
+            "attempt_id": "att-1",
+            "grant_id": "g-1",
+            "tenant": "t-1",
+            "principal": "treasury-workflow",
+            "idempotency_key": "payout-42",
+            "claimed_at": "2026-12-02T10:00:00.000Z",
+            "rerun_elsewhere": False,
+        }
+    ]
+    status = await _reconcile(rt, policy_body)
+    condition = _lost_writes(status)
+    assert condition is not None
+    assert (condition["status"], condition["reason"]) == ("True", "LostWritesFound")
+    assert "payouts-executor-0: 1 (t-1/treasury-workflow/payout-42)" in condition["message"]
+    assert "docs/playbooks/store-lost-writes.md" in condition["message"]
+    # executors that cannot be asked leave the last word standing
+    kube.put(_slice({}))
+    status = await _reconcile(rt, {**policy_body, "status": status})
+    condition = _lost_writes(status)
+    assert condition is not None
+    assert condition["status"] == "True"
+
+
+async def test_a_policy_without_a_store_asks_nothing(
+    halting: tuple[Runtime, ControlStandIn, str], policy_body: dict[str, Any]
+) -> None:
+    rt, stand_in, _ = halting
+    status = await _reconcile(rt, policy_body)
+    assert _lost_writes(status) is None
+    assert not [c for c in stand_in.calls if c[0] == "status"]
