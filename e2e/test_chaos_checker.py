@@ -102,6 +102,27 @@ def test_a_not_executed_answer_for_a_key_that_ran_fails() -> None:
     assert checker.check_no_false_not_executed(quiet).status == "PASS"
 
 
+def test_a_not_executed_answer_a_later_retry_overtook_is_true() -> None:
+    """FAILED_BEFORE_DISPATCH before any claim (nothing sent), then the key's retry ran once:
+    the first answer was true. The same answer naming the grant the provider later acted
+    under is false, whenever the provider acted."""
+    later = {**_received("k", "g2"), "at": 150.0}
+    overtaken = _history(
+        [later],
+        [_answer("k", status=200, outcome="FAILED_BEFORE_DISPATCH", executed=False)],
+    )
+    assert checker.check_no_false_not_executed(overtaken).status == "PASS"
+    same_grant = _history(
+        [{**later, "grant_id": "g1"}],
+        [
+            _answer(
+                "k", status=200, outcome="DEFINITELY_NOT_EXECUTED", executed=False, grant_id="g1"
+            )
+        ],
+    )
+    assert list(checker.check_no_false_not_executed(same_grant).offending) == ["k"]
+
+
 def test_a_completed_under_another_grant_fails() -> None:
     answers = [_answer("k", status=200, outcome="COMPLETED", grant_id="g2")]
     assert checker.check_completed_matches(_history([_received("k", "g1")], answers)).status == (

@@ -16,7 +16,9 @@ Properties (each PASS or FAIL, with counts and the offending keys):
     no key reaches the provider more than once (``received`` lines per key);
 ``no-false-not-executed``
     no answer says not-executed (outcome FAILED_BEFORE_DISPATCH, DEFINITELY_NOT_EXECUTED, BLOCKED,
-    ``executed: false``, or a 4xx refusal) for a key the provider acted on;
+    ``executed: false``, or a 4xx refusal) for a key the provider acted on under the grant that
+    answer names, or had acted on by the time the answer was given. A not-executed answer that
+    the key's later retry overtook (nothing had been sent for it; the retry ran once) is true;
 ``completed-matches-one-execution``
     every COMPLETED answer's key was acted on by the provider exactly once, under the grant the
     answer names;
@@ -159,7 +161,7 @@ def check_at_most_once(history: History) -> PropertyResult:
 
 
 def check_no_false_not_executed(history: History) -> PropertyResult:
-    executed = {key for key, lines in _received(history.record).items() if _acted(lines)}
+    acted = {key: _acted(lines) for key, lines in _received(history.record).items()}
     offending: dict[str, str] = {}
     checked = 0
     for answer in history.answers:
@@ -167,7 +169,15 @@ def check_no_false_not_executed(history: History) -> PropertyResult:
         if not _not_executed(answer):
             continue
         checked += 1
-        if key in executed and key not in offending:
+        grant, answered_at = answer.get("grant_id"), answer.get("at")
+        contradicted = [
+            line
+            for line in acted.get(key, [])
+            if (grant is not None and line.get("grant_id") == grant)
+            or not isinstance(answered_at, int | float)
+            or float(line.get("at", 0.0)) <= float(answered_at)
+        ]
+        if contradicted and key not in offending:
             what = answer.get("outcome") or answer.get("code") or answer.get("status")
             offending[key] = f"answered {what} by {answer.get('replica')} but the provider acted"
     return PropertyResult(
