@@ -41,35 +41,71 @@ class Config:
     name: str
     defines: tuple[str, ...]
     covers: str
+    cycles: bool = False
+    """Search for non-progress cycles (``-DNP``, ``pan -l``) instead of the safety properties:
+    none means every run of this configuration ends, so the check at quiescence covers
+    "eventually"."""
 
 
-# Every configuration has 2 replicas and a client that retries its key (2 requests); the
-# fault counts are per run. docs/protocol.md ("What is checked") repeats this table.
+# Every configuration has 2 replicas; a key's client retries it on any replica (the first request
+# goes to replica 0: the replicas are symmetric). Fault counts are per run. docs/protocol.md
+# ("What is checked") repeats this table with the numbers of a run.
 CONFIGS: tuple[Config, ...] = (
     Config(
+        "two-keys-retry",
+        ("NK=2", "LEAN", "MAXPAUSE=0", "MAXCRASH=0", "MAXPART=0", "MAXFAIL=0"),
+        "2 keys (key 0 retried: 3 requests), no fault: retries racing the first request",
+    ),
+    Config(
         "two-keys-pause",
-        ("NK=2", "LEAN", "MAXPAUSE=1", "MAXCRASH=0", "MAXPART=0", "MAXFAIL=0"),
-        "2 keys (3 requests), 1 pause: the issue's reproduction and its neighbours",
+        ("NK=2", "MAXREQ=1", "LEAN", "MAXPAUSE=1", "MAXCRASH=0", "MAXPART=0", "MAXFAIL=0"),
+        "2 keys (1 request each), 1 pause: one replica's stall lapses both",
     ),
     Config(
         "pauses",
         ("NK=1", "MAXPAUSE=2", "MAXCRASH=0", "MAXPART=0", "MAXFAIL=0"),
-        "1 key, 2 pauses (of one replica twice, or of both)",
+        "1 key retried (2 requests), 2 pauses: issue 29's reproduction and its neighbours",
     ),
     Config(
         "pause-crash",
         ("NK=1", "MAXPAUSE=1", "MAXCRASH=1", "MAXPART=0", "MAXFAIL=0"),
-        "1 key, 1 pause and 1 crash (restart from the journal)",
+        "1 key retried, 1 pause and 1 crash (a restart from the journal)",
+    ),
+    Config(
+        "pause-failover-sync",
+        ("NK=1", "MAXPAUSE=1", "MAXCRASH=0", "MAXPART=0", "MAXFAIL=1"),
+        "1 key retried, 1 pause, 1 failover to a synchronous standby",
     ),
     Config(
         "partition-failover-sync",
-        ("NK=1", "MAXPAUSE=1", "MAXCRASH=0", "MAXPART=1", "MAXFAIL=1"),
-        "1 key, 1 pause, 1 replica-database partition, 1 failover without lost writes",
+        ("NK=1", "MAXPAUSE=0", "MAXCRASH=0", "MAXPART=1", "MAXFAIL=1"),
+        "1 key retried, 1 replica-database partition, 1 failover to a synchronous standby",
+    ),
+    Config(
+        "pauses-cycles",
+        ("NK=1", "MAXPAUSE=2", "MAXCRASH=0", "MAXPART=0", "MAXFAIL=0"),
+        "the same as pauses: no run cycles without end (non-progress cycles, pan -l)",
+        cycles=True,
     ),
     Config(
         "failover-async",
-        ("NK=1", "MAXPAUSE=1", "MAXCRASH=0", "MAXPART=0", "MAXFAIL=1", "ASYNC"),
-        "1 key, 1 pause, 1 failover that loses the writes the standby lacked",
+        ("NK=1", "MAXPAUSE=0", "MAXCRASH=0", "MAXPART=0", "MAXFAIL=1", "ASYNC"),
+        "1 key retried, 1 failover to an asynchronous standby that lost writes",
+    ),
+)
+
+# Larger bounds, on demand only (by name): tens of millions of states, more than MODEL_MEMLIM's
+# default; run with MODEL_MEMLIM=8000 or more.
+DEEP: tuple[Config, ...] = (
+    Config(
+        "deep-two-keys-retry-pause",
+        ("NK=2", "LEAN", "MAXPAUSE=1", "MAXCRASH=0", "MAXPART=0", "MAXFAIL=0"),
+        "2 keys (key 0 retried), 1 pause",
+    ),
+    Config(
+        "deep-pause-crash-async",
+        ("NK=1", "MAXPAUSE=1", "MAXCRASH=1", "MAXPART=0", "MAXFAIL=1", "ASYNC"),
+        "1 key retried, 1 pause, 1 crash, 1 failover that lost writes",
     ),
 )
 
@@ -88,14 +124,17 @@ def spin_available() -> bool:
     return shutil.which(SPIN) is not None and shutil.which(CC) is not None
 
 
-def build(workdir: Path, defines: tuple[str, ...], *, collapse: bool = True) -> Path:
-    """``spin -a`` the model into ``workdir`` with ``defines`` and compile the verifier."""
+def build(
+    workdir: Path, defines: tuple[str, ...], *, collapse: bool = True, cycles: bool = False
+) -> Path:
+    """``spin -a`` the model into ``workdir`` with ``defines`` and compile the verifier (for
+    non-progress cycles with ``cycles``)."""
     shutil.copy(MODEL, workdir / MODEL.name)
     flags = [f"-D{d}" for d in defines]
     subprocess.run(
         [SPIN, "-a", *flags, MODEL.name], cwd=workdir, check=True, capture_output=True, text=True
     )
-    cflags = ["-O2", "-w", "-DSAFETY", f"-DMEMLIM={MEMLIM_MB}"]
+    cflags = ["-O2", "-w", "-DNP" if cycles else "-DSAFETY", f"-DMEMLIM={MEMLIM_MB}"]
     if collapse:
         cflags.append("-DCOLLAPSE")
     subprocess.run(
@@ -104,11 +143,15 @@ def build(workdir: Path, defines: tuple[str, ...], *, collapse: bool = True) -> 
     return workdir / "pan"
 
 
-def verify(workdir: Path) -> Result:
+def verify(workdir: Path, *, cycles: bool = False) -> Result:
     """Run the verifier: stop at the first error (its trail is written), search the rest."""
     started = time.monotonic()
     proc = subprocess.run(
-        ["./pan", f"-m{DEPTH}"], cwd=workdir, capture_output=True, text=True, check=False
+        ["./pan", f"-m{DEPTH}", *(["-l"] if cycles else [])],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     seconds = time.monotonic() - started
     out = proc.stdout + proc.stderr
@@ -144,10 +187,10 @@ def trail(workdir: Path, defines: tuple[str, ...]) -> list[str]:
 
 def main(argv: list[str]) -> int:
     if "--list" in argv:
-        for config in CONFIGS:
+        for config in (*CONFIGS, *DEEP):
             print(f"{config.name:26} {' '.join(config.defines):60} {config.covers}")
         return 0
-    wanted = [c for c in CONFIGS if not argv or c.name in argv]
+    wanted = [c for c in (*CONFIGS, *DEEP) if c.name in argv] if argv else list(CONFIGS)
     if not spin_available():
         print(f"model: no {SPIN} or {CC} on PATH (make model installs Debian's spin as root)")
         return 2
@@ -155,13 +198,14 @@ def main(argv: list[str]) -> int:
     for n, config in enumerate(wanted, 1):
         print(
             f"model [{n}/{len(wanted)}] {config.name}: {config.covers}\n"
-            f"        spin -a {' '.join('-D' + d for d in config.defines)} ...",
+            f"        spin -a {' '.join('-D' + d for d in config.defines)}"
+            f"{' (non-progress cycles)' if config.cycles else ''} ...",
             flush=True,
         )
         with tempfile.TemporaryDirectory(prefix="agentsafe-model-") as tmp:
             workdir = Path(tmp)
-            build(workdir, config.defines)
-            result = verify(workdir)
+            build(workdir, config.defines, cycles=config.cycles)
+            result = verify(workdir, cycles=config.cycles)
             verdict = "ok" if result.complete and result.errors == 0 else "FAILED"
             print(
                 f"        {verdict}: errors {result.errors}, {result.states} states,"

@@ -25,6 +25,8 @@ import pytest
 
 from tests.model.check import build, spin_available, trail, verify
 
+pytestmark = pytest.mark.slow  # each builds and searches a verifier: seconds to a minute
+
 # The setting: three replicas, one key, a client that retries it, one pause; no grant
 # expires within the run, so a double execution is the only thing that can go wrong.
 REPRO = ("NR=3", "NK=1", "MAXPAUSE=1", "MAXCRASH=0", "MAXPART=0", "MAXFAIL=0", "NOEXPIRE")
