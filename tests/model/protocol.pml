@@ -133,6 +133,7 @@ bool paused[NR]; bool down[NR]; bool parted[NR]; bool halted[NR]; bool starting[
 byte inc[NR];                       /* incarnation: a crash ends every task of the process */
 bool unk[NA];                       /* the process's in-memory set of unknown attempts */
 byte holds[NA];                     /* r+1: replica r's process holds the attempt's fence */
+byte settling[NA];                  /* r+1: replica r's keeper resolved it, its key not settled yet */
 /* ---- requests ---- */
 byte req_rep[NA]; byte req_inc[NA]; bool req_live[NA]; byte ans[NA];
 /* ---- ghosts for the properties ---- */
@@ -151,8 +152,10 @@ byte npause, ncrash, npart, nfail;
 #define UNANSWERED(k) (k_att[k] != NONE && a_state[k_att[k]] == A_CLOSED && a_claimed[k_att[k]])
 
 /* "closed more than a lease ago": its request, which closes and then completes within
-   milliseconds, has finished or is stopped */
-#define CLOSED_LONG_AGO(k) (!req_live[k_att[k]] || STALLED(req_rep[k_att[k]]))
+   milliseconds, has finished or is stopped, and so has the reconciler that closed it and is about
+   to settle its key */
+#define CLOSED_LONG_AGO(k) ((!req_live[k_att[k]] || STALLED(req_rep[k_att[k]])) && \
+  (settling[k_att[k]] == 0 || STALLED(settling[k_att[k]] - 1)))
 
 #ifdef NOFENCE
 #define EPOCH_IS(x, e) true
@@ -426,7 +429,9 @@ proctype keeper(byte r)
 end_keeper:
   do
   /* a crash lost the process's memory: start again */
-  :: atomic { myinc != inc[r] && !down[r] -> myinc = inc[r]; phase = 0; t = NONE; si = 0 }
+  :: atomic { myinc != inc[r] && !down[r] ->
+       if :: t != NONE && settling[t] == r + 1 -> settling[t] = 0 :: else -> skip fi;
+       myinc = inc[r]; phase = 0; t = NONE; si = 0 }
 
   /* start-up reconciliation: each attempt this replica's journal still holds open is taken
      (LeaseKeeper.gate -> PostgresAttempts.take: SELECT ... FOR UPDATE, _move) and resolved */
@@ -560,7 +565,7 @@ end_keeper:
        printf("STEP resolve r=%d a=%d k=%d resolution=%d\n", r, t, KEY(t), res);
        if
        :: res == R_UNKNOWN -> phase = 0; t = NONE
-       :: else -> phase = 2
+       :: else -> phase = 2; settling[t] = r + 1
        fi }
 
   /* settle_idempotency (plane.py): UNCLAIMED frees the key (idempotency_release, only if
@@ -581,7 +586,7 @@ end_keeper:
        :: res != R_UNCLAIMED && k_state[i] != K_INPROG -> skip
        fi;
        printf("STEP settle r=%d a=%d k=%d resolution=%d\n", r, t, i, res);
-       phase = 0; t = NONE }
+       settling[t] = 0; phase = 0; t = NONE }
   od
 }
 
