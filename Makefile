@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 
 .PHONY: help venv demo test lint format typecheck unit browser e2e e2e-build e2e-kind bench clean \
         image node-build cluster-up cluster-down cluster-status e2e-node \
-        policy-test fuzz-smoke fuzz mutation api-test lock chaos faketime
+        policy-test fuzz-smoke fuzz mutation api-test lock chaos faketime model
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
@@ -20,6 +20,7 @@ help:
 	@echo "make typecheck  mypy --strict on executor/ and operator/"
 	@echo "make unit       the test suite only (tests/), in parallel (UNIT_WORKERS=$(UNIT_WORKERS))"
 	@echo "make browser    install Debian's chromium (as root) for the approval page's browser tests"
+	@echo "make model      check the protocol's Promela model with spin (docs/protocol.md)"
 	@echo "make policy-test  lint the example policy and run its tests (agentsafe policy)"
 	@echo "make fuzz-smoke   a few seconds of every atheris fuzz target (tests/fuzz/)"
 	@echo "make api-test     schemathesis against a real agentsafe serve (docs/openapi.md)"
@@ -96,6 +97,22 @@ browser:
 	    echo "no $(CHROMIUM): the approval page's browser tests will skip (make browser as root)"; \
 	  fi; \
 	fi
+
+# issue 29: the exactly-once protocol as a Promela model (tests/model/protocol.pml), checked by
+# Debian's spin: each configuration of tests/model/check.py is built (spin -a, cc), searched
+# exhaustively (pan, MODEL_MEMLIM MB at most) and must report 0 errors (docs/protocol.md). As root
+# on a machine without spin this installs it with apt-get; otherwise it stops with one line.
+model:
+	@if ! command -v spin >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing spin from Debian (apt-get) for the protocol model ..."; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq spin; \
+	  else \
+	    echo "no spin: install Debian's spin (apt-get install spin), or run make model as root"; \
+	    exit 1; \
+	  fi; \
+	fi
+	$(PYTHON) tests/model/check.py
 
 # Every binary the suites need (kube-apiserver, kubectl, kube-controller-manager, etcd, helm,
 # and toxiproxy for `make chaos`),
@@ -189,7 +206,7 @@ e2e-node: e2e-build
 
 # `make test` runs these targets in this order, each timed by .ci/stage (.ci/run prints the
 # summary). e2e-build comes before any pytest starts.
-TEST_STAGES := venv lint typecheck e2e-build chaos unit api-test policy-test fuzz-smoke e2e
+TEST_STAGES := venv lint model typecheck e2e-build chaos unit api-test policy-test fuzz-smoke e2e
 
 test:
 	@for stage in $(TEST_STAGES); do \
