@@ -176,10 +176,19 @@ class Attempt:
                     grant_id=decision.grant_id,
                     grant_expires_at=decision.grant_expires_at,
                 )
-        except AgentSafeError:
-            log.exception("the journal refused ATTEMPT_OPENED")
+        except AgentSafeError as exc:
             if reservation is not None:
                 await reservation.release()
+            if exc.code == Code.IDEMPOTENCY_TAKEN_OVER:
+                # This request's key lease lapsed before its attempt opened, and a later request
+                # with the key took it over (and may have run it): never "not executed" here.
+                await self._fenced(intent, principal, attempt_id, None, Code.IDEMPOTENCY_TAKEN_OVER)
+                raise RequestRejected(
+                    Code.IDEMPOTENCY_TAKEN_OVER,
+                    "a later request with this idempotency key took it over before this one"
+                    " opened its attempt; nothing was sent: retry with the same key for its answer",
+                ) from None
+            log.exception("the journal refused ATTEMPT_OPENED")
             return self._failed_before_dispatch(common, [Code.JOURNAL_UNAVAILABLE])
         fence = journal.fence(attempt_id) if journal is not None else None
         try:
@@ -379,10 +388,13 @@ class Attempt:
         principal: Principal,
         attempt_id: str,
         reservation: Reservation | None,
+        code: Code = Code.ATTEMPT_FENCED,
     ) -> None:
-        """The claim was fenced out: nothing was claimed or sent. The evidence says so, the
-        journal closes the attempt FENCED (the shared store's row is the new owner's: the close
-        is fenced there too, and changes nothing), the ceiling reservation is released."""
+        """The claim was fenced out (``ATTEMPT_FENCED``), or the key was taken over before the
+        attempt opened (``IDEMPOTENCY_TAKEN_OVER``): nothing was claimed or sent. The evidence
+        says so, the journal closes the attempt FENCED (the shared store's row is the new
+        owner's, or was never written: the close changes nothing there), the ceiling
+        reservation is released."""
         with contextlib.suppress(AgentSafeError):
             self.streams.evidence.emit(
                 "ATTEMPT_FENCED",
@@ -390,7 +402,7 @@ class Attempt:
                     "intent_id": intent.intent_id,
                     "attempt_id": attempt_id,
                     "caller": principal.id,
-                    "code": Code.ATTEMPT_FENCED,
+                    "code": code,
                 },
             )
         await self._close_quietly(

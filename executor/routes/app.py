@@ -590,7 +590,14 @@ _CEILINGS = frozenset(
     }
 )
 _ONCE = frozenset(
-    {Code.IDEMPOTENCY_KEY_CONFLICT, Code.IDEMPOTENCY_IN_PROGRESS, Code.STORE_UNAVAILABLE}
+    {
+        Code.IDEMPOTENCY_KEY_CONFLICT,
+        Code.IDEMPOTENCY_IN_PROGRESS,
+        Code.STORE_UNAVAILABLE,
+        # a shared store's attempt lost before it sent anything (issue 29): retry, same key
+        Code.IDEMPOTENCY_TAKEN_OVER,
+        Code.ATTEMPT_FENCED,
+    }
 )
 PROPOSE_CODES = (
     _ONCE

@@ -549,6 +549,8 @@ class AttemptJournal:
             try:
                 await self._mirror.record(kind, record)
             except AgentSafeError as exc:
+                if exc.code == Code.IDEMPOTENCY_TAKEN_OVER:
+                    raise  # the key is another request's now: the attempt must say so (409)
                 raise JournalError(
                     f"the shared store did not take the record ({exc.code})",
                     code=Code.JOURNAL_UNAVAILABLE,

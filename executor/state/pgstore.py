@@ -1372,15 +1372,28 @@ class PostgresAttempts:
             )
         return updated
 
-    async def renew(self, *, owner: str, lease_seconds: float) -> list[tuple[str, int]]:
-        """Extend every open attempt's lease ``owner`` holds; the ``(attempt_id, epoch)`` of
-        each one renewed (a lease this replica lost to a takeover is not among them)."""
+    async def renew(
+        self, *, owner: str, lease_seconds: float, held: Mapping[str, int]
+    ) -> list[tuple[str, int]]:
+        """Extend the lease of each open attempt in ``held`` (attempt id -> epoch) that
+        ``owner`` still holds at that epoch; the ``(attempt_id, epoch)`` of each one renewed.
+
+        Only the attempts this process holds a fence for: an attempt of the same
+        ``EXECUTOR_REPLICA_ID`` that this process knows nothing of (its predecessor's, after a
+        restart, or one taken over and not resolved before a crash) is left to lapse, so another
+        replica takes it and reconciles it, rather than being renewed for ever with nobody to
+        resolve it (found by the protocol model, docs/protocol.md, GAP_RENEW_ALL)."""
+        if not held:
+            return []
+        ids, epochs = list(held), [held[attempt_id] for attempt_id in held]
 
         async def work(conn: _Conn) -> list[tuple[str, int]]:
             cur = await conn.execute(
-                f"UPDATE attempts SET lease_until = {_NOW} + %s"  # noqa: S608
-                " WHERE owner = %s AND state = 'OPEN' RETURNING attempt_id, epoch",
-                (lease_seconds, owner),
+                f"UPDATE attempts a SET lease_until = {_NOW} + %s"  # noqa: S608
+                " FROM unnest(%s::text[], %s::bigint[]) AS h(attempt_id, epoch)"
+                " WHERE a.attempt_id = h.attempt_id AND a.epoch = h.epoch AND a.owner = %s"
+                " AND a.state = 'OPEN' RETURNING a.attempt_id, a.epoch",
+                (lease_seconds, ids, epochs, owner),
             )
             return [(str(r[0]), int(r[1])) for r in await cur.fetchall()]
 
@@ -1531,7 +1544,10 @@ class SharedAttemptMirror:
         """Extend every lease this replica holds; the local deadline of each attempt renewed at
         the epoch this replica holds moves on (one taken from it does not). How many."""
         sent_at = self._monotonic()
-        renewed = await self.attempts.renew(owner=self.owner, lease_seconds=self.lease_seconds)
+        held = {attempt_id: fence.epoch for attempt_id, fence in self._fences.items()}
+        renewed = await self.attempts.renew(
+            owner=self.owner, lease_seconds=self.lease_seconds, held=held
+        )
         for attempt_id, epoch in renewed:
             fence = self._fences.get(attempt_id)
             if fence is not None and fence.epoch == epoch:

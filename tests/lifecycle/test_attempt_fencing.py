@@ -142,6 +142,43 @@ async def test_an_attempt_taken_over_before_its_claim_is_refused_and_sends_nothi
     assert (row.owner, row.epoch, row.grant_claimed) == ("replica-b", 2, False)
 
 
+async def test_an_attempt_whose_key_was_taken_over_before_it_opened_never_says_not_executed(
+    fenced: Fenced,
+) -> None:
+    """The request paused between its key's record and its attempt's open; its key lease lapsed
+    and a retry took the key over (and may have run it). The open is refused in the database,
+    and the answer is 409 IDEMPOTENCY_TAKEN_OVER, never FAILED_BEFORE_DISPATCH with
+    ``executed: false`` (the protocol model's GAP_TAKEN_OVER_NOT_EXECUTED, docs/protocol.md)."""
+    from agentsafe.executor.state import pgstore
+
+    intent = fenced.intent()
+    decision = await fenced.allow(intent)
+    attempt: Attempt = fenced.attempt()
+    # the key this request began is now another request's: its holder token no longer matches
+    held = pgstore._HELD.set((("tenant", "principal", "key"), "the-holder-that-lost-it"))
+    try:
+        with pytest.raises(RequestRejected) as refused:
+            await run(fenced, attempt, intent, decision)
+    finally:
+        pgstore._HELD.reset(held)
+    assert refused.value.code == "IDEMPOTENCY_TAKEN_OVER"
+    assert fenced.handler.sent == 0
+    assert await _claims(fenced.url) == 0
+    assert await fenced.store.attempts.open_attempts() == []  # nothing opened in the database
+    [line] = fenced.evidence.named("ATTEMPT_FENCED")
+    assert line["code"] == "IDEMPOTENCY_TAKEN_OVER"
+    assert "OUTCOME" not in fenced.events()
+    closes = [
+        r
+        for f in sorted((fenced.journal.path).glob("*.jsonl"))
+        for r in map(_json, f.read_text().splitlines())
+        if r["record"] == "ATTEMPT_CLOSED"
+    ]
+    assert [(c["outcome"], c["executed"], c["finalization"]) for c in closes] == [
+        ("FAILED_BEFORE_DISPATCH", False, "FENCED")
+    ]
+
+
 async def test_a_lease_that_would_lapse_before_the_send_ends_sends_nothing(
     fenced: Fenced,
 ) -> None:

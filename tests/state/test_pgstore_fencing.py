@@ -224,6 +224,30 @@ async def test_renewal_moves_the_local_deadline_only_of_attempts_still_held_at_t
         await b_store.close()
 
 
+async def test_a_restarted_replica_renews_only_the_attempts_it_holds_fences_for(
+    pg_url: str,
+) -> None:
+    """Same EXECUTOR_REPLICA_ID, new process: an open attempt of its predecessor that this
+    process holds no fence for is not renewed, so it lapses and another replica takes it and
+    reconciles it (the protocol model's GAP_RENEW_ALL: it was renewed for ever, its key 409 for
+    ever)."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        before = SharedAttemptMirror(store.attempts, owner="a", lease_seconds=30)
+        await _open(before, "att-orphan", make_intent(now=1.0))
+        after = SharedAttemptMirror(store.attempts, owner="a", lease_seconds=30)  # the restart
+        await _open(after, "att-own", make_intent(now=1.0))
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute("UPDATE attempts SET lease_until = 0")  # both lapsed
+        assert await after.renew() == 1
+        taken = await store.attempts.take_lapsed(owner="b", lease_seconds=30)
+        assert taken is not None
+        assert taken.attempt_id == "att-orphan"
+        assert await store.attempts.take_lapsed(owner="b", lease_seconds=30) is None
+    finally:
+        await store.close()
+
+
 async def test_an_existing_schema_migrates_and_its_open_attempts_start_at_epoch_one(
     pg_url: str,
 ) -> None:
