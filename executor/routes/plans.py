@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from pydantic import RootModel
 
 from ..codes import WORK_GATE_CODES, Code
 from ..events import Streams
@@ -39,6 +40,7 @@ from ..plans.service import PlanService
 from ..principals import Principal, Role, Scope
 from .app import AnyJson, Call, Link, Route, RouteHandler
 from .refusals import refusal
+from .schemas import PlanApprovalBody, PlanDryRunBody, PlanReceiptBody, PlanStepBody
 
 __all__ = ["plan_routes"]
 
@@ -57,7 +59,7 @@ def plan_routes(
     ) -> RouteHandler:
         async def handler(call: Call) -> web.StreamResponse:
             principal = call.caller
-            body: AnyJson = call.body
+            body: RootModel[Any] = call.body
             stopped = work_refusal() if gated else None
             if stopped is not None:
                 streams.evidence.emit(event, {"caller": principal.id, "code": stopped})
@@ -97,6 +99,7 @@ def plan_routes(
         path: str,
         role: Role,
         scope: Scope | None,
+        body: type[RootModel[Any]],
         handler: RouteHandler,
         summary: str,
         *,
@@ -108,7 +111,7 @@ def plan_routes(
             path,
             role,
             scope,
-            AnyJson,
+            body,
             handler,
             summary=summary,
             answers={200: AnyJson},
@@ -123,6 +126,7 @@ def plan_routes(
             "/v1/plans/dry-run",
             proposer,
             None,
+            PlanDryRunBody,
             run("PLAN_DRY_RUN", dry_run),
             "Dry-run a plan: its steps, bindings and digest",
             links=(
@@ -137,6 +141,7 @@ def plan_routes(
             "/v1/plans/approvals",
             approver,
             None,
+            PlanApprovalBody,
             run("PLAN_APPROVAL_ISSUED", approve),
             "Sign an approval of a dry run (limits may narrow, never widen)",
             links=(
@@ -154,6 +159,7 @@ def plan_routes(
             "/v1/plans/steps",
             proposer,
             None,
+            PlanStepBody,
             run("PLAN_STEP", step, gated=True),
             "Run one approved step: the frozen value and its signed receipt",
             gated=True,
@@ -175,6 +181,7 @@ def plan_routes(
             "/v1/plans/receipts/verify",
             operator,
             Scope.EVIDENCE,
+            PlanReceiptBody,
             run("PLAN_RECEIPT_VERIFIED", verify),
             "Verify a step's signed receipt",
         ),

@@ -1,0 +1,172 @@
+"""The JSON Schemas of what the executor reads beyond a strict model: what the OpenAPI document
+says a body may hold, so that a request the document calls valid is never refused as
+REQUEST_INVALID (issue 31).
+
+Every body passes :func:`~agentsafe.executor.intent.check_json_bounds` (integers within
+±(2**53-1), no ``__proto__``/``prototype``/``constructor`` key, at most 1000 items in an array):
+``JsonValue`` says so for every free-form value (a proposal's parameters, the plan routes'
+members). An escalation or a recovery presents back an ``agent-safe.intent/1`` binding, which
+:func:`~agentsafe.executor.intent.intent_from_binding` checks member by member: ``Intent`` is that
+check as a schema. The plan routes read any bounded JSON and leave the members' shapes to the
+plan library (``executor/plans/service.py``), whose refusals are its own codes; their bodies say
+which members are required (:class:`PlanDryRunBody` and its siblings).
+
+A model names a shared schema through :data:`JsonObject`, :data:`IntentBinding` (``allOf`` of
+a ``$ref``: pydantic resolves a bare ``$ref`` itself), and ``routes/openapi.py`` puts
+:data:`SHARED_SCHEMAS` into the document's components.
+
+Callers: ``routes/app.py``, ``routes/approvals.py``, ``routes/plans.py``, ``routes/openapi.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import ConfigDict, RootModel, WithJsonSchema
+
+from ..canonical import MAX_SAFE_INTEGER
+from ..intent import FORBIDDEN_KEYS, INTENT_MEMBERS, MAX_ARRAY_LENGTH, PROTOCOL_VERSION, UUID4
+
+__all__ = [
+    "SHARED_SCHEMAS",
+    "EscalationObject",
+    "IntentBinding",
+    "JsonObject",
+    "PlanApprovalBody",
+    "PlanDryRunBody",
+    "PlanReceiptBody",
+    "PlanStepBody",
+    "RecoveryObject",
+]
+
+_COMPONENT = "#/components/schemas/{}"
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": _COMPONENT.format(name)}
+
+
+_OBJECT: dict[str, Any] = {
+    "type": "object",
+    "propertyNames": {"not": {"enum": sorted(FORBIDDEN_KEYS)}},
+    "additionalProperties": _ref("JsonValue"),
+}
+# parse_ms: exactly format_ms's 24 characters, a date that exists (no 29 February: the
+# document may be stricter than the server, never looser).
+_TIMESTAMP = (
+    r"^[1-9][0-9]{3}-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)"
+    r"|(0[13578]|1[02])-31)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{3}Z$"
+)
+_TEXT: dict[str, Any] = {"type": "string"}
+
+SHARED_SCHEMAS: Mapping[str, Any] = {
+    "JsonValue": {
+        "description": (
+            "Any JSON value the executor reads: numbers within ±(2^53-1) (RFC 8785's exact "
+            "range), arrays of at most 1000 items, no key named __proto__, prototype or "
+            "constructor."
+        ),
+        "anyOf": [
+            {"type": "null"},
+            {"type": "boolean"},
+            _TEXT,
+            {"type": "number", "minimum": -MAX_SAFE_INTEGER, "maximum": MAX_SAFE_INTEGER},
+            {"type": "array", "maxItems": MAX_ARRAY_LENGTH, "items": _ref("JsonValue")},
+            _OBJECT,
+        ],
+    },
+    "Intent": {
+        "description": (
+            f"An {PROTOCOL_VERSION} binding, presented back exactly as the executor returned it "
+            "(an escalation's or a recovery's intent)."
+        ),
+        "type": "object",
+        "required": list(INTENT_MEMBERS),
+        "additionalProperties": False,
+        "properties": {
+            "protocol_version": {"const": PROTOCOL_VERSION},
+            "tenant_id": _TEXT,
+            "intent_id": {"type": "string", "pattern": f"^{UUID4.pattern}$"},
+            "idempotency_key": _TEXT,
+            "captured_at": {"type": "string", "pattern": _TIMESTAMP},
+            "expires_at": {"type": "string", "pattern": _TIMESTAMP},
+            "actor": _OBJECT,
+            "action": {
+                "type": "object",
+                "required": ["type", "resource", "parameters"],
+                "additionalProperties": False,
+                "properties": {"type": _TEXT, "resource": _TEXT, "parameters": _OBJECT},
+            },
+            "context": _OBJECT,
+            "downstream_target": _OBJECT,
+        },
+    },
+}
+
+JsonObject = Annotated[dict[str, Any], WithJsonSchema(_OBJECT)]
+"""A free-form JSON object of bounded values (a proposal's parameters)."""
+
+
+def _holding(members: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """An object with ``members`` (``required`` of them), more of any bounded value."""
+    return {**_OBJECT, "required": required, "properties": members}
+
+
+IntentBinding = Annotated[dict[str, Any], WithJsonSchema({"allOf": [_ref("Intent")]})]
+"""An ``agent-safe.intent/1`` binding presented back."""
+
+EscalationObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        _holding(
+            {"intent": {"allOf": [_ref("Intent")]}, "request_id": _TEXT, "token": _TEXT},
+            ["intent"],
+        )
+    ),
+]
+"""The escalation object ``/v1/actions`` answered, presented back."""
+
+RecoveryObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        _holding(
+            {"intent": {"allOf": [_ref("Intent")]}, "reference": _TEXT}, ["intent", "reference"]
+        )
+    ),
+]
+"""The recovery object an attempt answered, presented to ``/v1/reconciliations``."""
+
+
+def _plan_body(*members: str) -> ConfigDict:
+    schema = {
+        "type": "object",
+        "required": list(members),
+        "additionalProperties": False,
+        "properties": {name: _ref("JsonValue") for name in members},
+    }
+    return ConfigDict(json_schema_extra=schema)
+
+
+class PlanDryRunBody(RootModel[Any]):
+    """A plan to dry-run; its shape is the plan library's (``executor/plans/``)."""
+
+    model_config = _plan_body("plan")
+
+
+class PlanApprovalBody(RootModel[Any]):
+    """A dry run and the approval request an APPROVER signs (the plan library's shapes)."""
+
+    model_config = _plan_body("dryRun", "request")
+
+
+class PlanStepBody(RootModel[Any]):
+    """One approved step to run (the plan library's shapes)."""
+
+    model_config = _plan_body("dryRun", "approval", "context", "stepId", "operation", "executionId")
+
+
+class PlanReceiptBody(RootModel[Any]):
+    """A step's receipt to verify (the plan library's shapes)."""
+
+    model_config = _plan_body("receipt", "dryRun", "approval", "context")
