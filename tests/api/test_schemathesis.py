@@ -296,6 +296,9 @@ def _same_as_docs(served: dict[str, object]) -> None:
 # not_a_server_error: 500 (and any 5xx but two) fails. 503 is a documented, fail-closed answer
 # (halted: schemathesis halts the executor itself; not ready; the store unreachable) and 502 a plan
 # step executor's failure, each checked by the schema and by the refusal contract.
+#
+# negative_data_rejection: schemathesis's own list, and 413: a value the document refuses by a
+# count (JsonValue's maxItems) is refused with REQUEST_TOO_LARGE.
 STATED = "^/v1/(actions|reconciliations|escalations(/cancel)?)$"
 CHECKED_BEYOND = (
     "^/v1/(plans/.*|control/(halt|resume)"
@@ -311,6 +314,9 @@ algorithms = []
 
 [checks.not_a_server_error]
 expected-statuses = ["2xx", "3xx", "4xx", 502, 503]
+
+[checks.negative_data_rejection]
+expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429, "5xx"]
 
 [[operations]]
 include-path-regex = "{STATED}"
