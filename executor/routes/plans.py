@@ -31,7 +31,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from pydantic import RootModel
 
 from ..codes import WORK_GATE_CODES, Code
 from ..events import Streams
@@ -40,7 +39,7 @@ from ..plans.service import PlanService
 from ..principals import Principal, Role, Scope
 from .app import AnyJson, Call, Link, Route, RouteHandler
 from .refusals import refusal
-from .schemas import PlanApprovalBody, PlanDryRunBody, PlanReceiptBody, PlanStepBody
+from .schemas import plan_body
 
 __all__ = ["plan_routes"]
 
@@ -59,7 +58,7 @@ def plan_routes(
     ) -> RouteHandler:
         async def handler(call: Call) -> web.StreamResponse:
             principal = call.caller
-            body: RootModel[Any] = call.body
+            body: AnyJson = call.body
             stopped = work_refusal() if gated else None
             if stopped is not None:
                 streams.evidence.emit(event, {"caller": principal.id, "code": stopped})
@@ -99,7 +98,7 @@ def plan_routes(
         path: str,
         role: Role,
         scope: Scope | None,
-        body: type[RootModel[Any]],
+        body: type[AnyJson],
         handler: RouteHandler,
         summary: str,
         *,
@@ -186,6 +185,30 @@ def plan_routes(
             "Verify a step's signed receipt",
         ),
     )
+
+
+class PlanDryRunBody(AnyJson):
+    """A plan to dry-run; its shape is the plan library's (``executor/plans/``)."""
+
+    model_config = plan_body("plan")
+
+
+class PlanApprovalBody(AnyJson):
+    """A dry run and the approval request an APPROVER signs (the plan library's shapes)."""
+
+    model_config = plan_body("dryRun", "request")
+
+
+class PlanStepBody(AnyJson):
+    """One approved step to run (the plan library's shapes)."""
+
+    model_config = plan_body("dryRun", "approval", "context", "stepId", "operation", "executionId")
+
+
+class PlanReceiptBody(AnyJson):
+    """A step's receipt to verify (the plan library's shapes)."""
+
+    model_config = plan_body("receipt", "dryRun", "approval", "context")
 
 
 PLAN_CODES = frozenset(

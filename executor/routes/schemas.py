@@ -9,7 +9,7 @@ members). An escalation or a recovery presents back an ``agent-safe.intent/1`` b
 :func:`~agentsafe.executor.intent.intent_from_binding` checks member by member: ``Intent`` is that
 check as a schema. The plan routes read any bounded JSON and leave the members' shapes to the
 plan library (``executor/plans/service.py``), whose refusals are its own codes; their bodies say
-which members are required (:class:`PlanDryRunBody` and its siblings).
+which members are required (:func:`plan_body`).
 
 A model names a shared schema through :data:`JsonObject`, :data:`IntentBinding` (``allOf`` of
 a ``$ref``: pydantic resolves a bare ``$ref`` itself), and ``routes/openapi.py`` puts
@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, RootModel, WithJsonSchema
+from pydantic import ConfigDict, WithJsonSchema
+from pydantic.config import JsonDict
 
 from ..canonical import MAX_SAFE_INTEGER
 from ..intent import FORBIDDEN_KEYS, INTENT_MEMBERS, MAX_ARRAY_LENGTH, PROTOCOL_VERSION, UUID4
@@ -33,11 +34,8 @@ __all__ = [
     "EscalationObject",
     "IntentBinding",
     "JsonObject",
-    "PlanApprovalBody",
-    "PlanDryRunBody",
-    "PlanReceiptBody",
-    "PlanStepBody",
     "RecoveryObject",
+    "plan_body",
 ]
 
 _COMPONENT = "#/components/schemas/{}"
@@ -138,35 +136,14 @@ RecoveryObject = Annotated[
 """The recovery object an attempt answered, presented to ``/v1/reconciliations``."""
 
 
-def _plan_body(*members: str) -> ConfigDict:
-    schema = {
+def plan_body(*members: str) -> ConfigDict:
+    """The model configuration of a plan route's body (``routes/plans.py``): an object of
+    exactly ``members``, each any bounded JSON value (the plan library checks its shape)."""
+    properties: JsonDict = {name: {"$ref": _COMPONENT.format("JsonValue")} for name in members}
+    schema: JsonDict = {
         "type": "object",
         "required": list(members),
         "additionalProperties": False,
-        "properties": {name: _ref("JsonValue") for name in members},
+        "properties": properties,
     }
     return ConfigDict(json_schema_extra=schema)
-
-
-class PlanDryRunBody(RootModel[Any]):
-    """A plan to dry-run; its shape is the plan library's (``executor/plans/``)."""
-
-    model_config = _plan_body("plan")
-
-
-class PlanApprovalBody(RootModel[Any]):
-    """A dry run and the approval request an APPROVER signs (the plan library's shapes)."""
-
-    model_config = _plan_body("dryRun", "request")
-
-
-class PlanStepBody(RootModel[Any]):
-    """One approved step to run (the plan library's shapes)."""
-
-    model_config = _plan_body("dryRun", "approval", "context", "stepId", "operation", "executionId")
-
-
-class PlanReceiptBody(RootModel[Any]):
-    """A step's receipt to verify (the plan library's shapes)."""
-
-    model_config = _plan_body("receipt", "dryRun", "approval", "context")

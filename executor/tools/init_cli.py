@@ -79,10 +79,10 @@ def add_parser(sub: Any) -> None:
         "init",
         help="write a commented configuration (env file, policy, principals, secrets)",
         description="Write a commented starting configuration for one shape: legacy (bearer "
-        "tokens for the agent, an approver and an operator; loopback), mtls (principals with client certificates) or workload "
-        "(principals with Kubernetes projected service account tokens). Secrets are generated "
-        "with mode 0600. It starts in SHADOW. Then: agentsafe doctor --env-file "
-        "DIR/agentsafe.env",
+        "tokens for the agent, an approver and an operator; loopback), mtls (principals with "
+        "client certificates) or workload (principals with Kubernetes projected service "
+        "account tokens). Secrets are generated with mode 0600. It starts in SHADOW. Then: "
+        "agentsafe doctor --env-file DIR/agentsafe.env",
     )
     parser.add_argument("--shape", choices=SHAPES, default="legacy")
     parser.add_argument("--dir", default="agentsafe", help="where to write (default ./agentsafe)")
