@@ -57,6 +57,22 @@ _TIMESTAMP = (
     r"|(0[13578]|1[02])-31)T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{3}Z$"
 )
 _TEXT: dict[str, Any] = {"type": "string"}
+_SCALAR: dict[str, Any] = {
+    "anyOf": [
+        {"type": "null"},
+        {"type": "boolean"},
+        {"type": "string"},
+        {"type": "number", "minimum": -MAX_SAFE_INTEGER, "maximum": MAX_SAFE_INTEGER},
+    ]
+}
+# The intent's actor, context and downstream target: objects of scalars as the executor writes
+# them (stricter than the server, which reads any bounded value; a schema this flat keeps
+# schemathesis's stateful phase able to draw a body around a linked escalation).
+_FLAT: dict[str, Any] = {
+    "type": "object",
+    "propertyNames": {"not": {"enum": sorted(FORBIDDEN_KEYS)}},
+    "additionalProperties": _SCALAR,
+}
 
 SHARED_SCHEMAS: Mapping[str, Any] = {
     "JsonValue": {
@@ -89,15 +105,15 @@ SHARED_SCHEMAS: Mapping[str, Any] = {
             "idempotency_key": _TEXT,
             "captured_at": {"type": "string", "pattern": _TIMESTAMP},
             "expires_at": {"type": "string", "pattern": _TIMESTAMP},
-            "actor": _OBJECT,
+            "actor": _FLAT,
             "action": {
                 "type": "object",
                 "required": ["type", "resource", "parameters"],
                 "additionalProperties": False,
                 "properties": {"type": _TEXT, "resource": _TEXT, "parameters": _OBJECT},
             },
-            "context": _OBJECT,
-            "downstream_target": _OBJECT,
+            "context": _FLAT,
+            "downstream_target": _FLAT,
         },
     },
 }
@@ -117,10 +133,19 @@ IntentBinding = Annotated[dict[str, Any], WithJsonSchema({"allOf": [_ref("Intent
 EscalationObject = Annotated[
     dict[str, Any],
     WithJsonSchema(
-        _holding(
-            {"intent": {"allOf": [_ref("Intent")]}, "request_id": _TEXT, "token": _TEXT},
-            ["intent"],
-        )
+        {
+            "type": "object",
+            "required": ["intent"],
+            "additionalProperties": False,
+            "properties": {
+                "mode": {"const": "APPROVAL"},
+                "intent": {"allOf": [_ref("Intent")]},
+                "request_id": _TEXT,
+                "approval_url": _TEXT,
+                "expires_at": _TEXT,
+                "token": _TEXT,
+            },
+        }
     ),
 ]
 """The escalation object ``/v1/actions`` answered, presented back."""
