@@ -33,7 +33,7 @@ credential-less requests on purpose, and a locked or halted door would hide ever
 Afterwards the executor's own log must hold no unhandled error and no ``UndeclaredRefusal``
 (a refusal its row does not declare, ``routes/contract.py``). ``API_TEST_EXAMPLES`` (default 25)
 sets schemathesis's ``--max-examples``, ``API_TEST_SCENARIOS`` (default 100) the stateful
-phase's in each round, ``API_TEST_ROUNDS`` (default 6) the most rounds it may take.
+phase's in each round, ``API_TEST_ROUNDS`` (default 10) the most rounds it may take.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ ROLES = {
     "OPERATOR approvers": APPROVERS_OPERATOR_ID,  # the scope the other OPERATOR does not hold
 }
 HOUR_MS = 3_600_000
-ROUNDS = int(os.environ.get("API_TEST_ROUNDS", "6"))
+ROUNDS = int(os.environ.get("API_TEST_ROUNDS", "10"))
 
 
 @pytest.mark.timeout(900)
