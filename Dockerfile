@@ -24,7 +24,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md image-requirements.txt ./
+COPY pyproject.toml setup.py README.md image-requirements.txt ./
 COPY executor/ executor/
 COPY operator/ operator/
 # Exactly the hashed lock (`make lock`), nothing resolved here: --require-hashes refuses any file

@@ -33,6 +33,7 @@ from .principals import Principal, Role, same_actor
 
 __all__ = [
     "FORBIDDEN_KEYS",
+    "INTENT_MEMBERS",
     "MAX_ARRAY_LENGTH",
     "MAX_BODY_BYTES",
     "MAX_DEPTH",
@@ -222,7 +223,7 @@ def capture_intent(
     return CapturedIntent(binding=binding, intent_hash=intent_hash(binding))
 
 
-_REQUIRED = (
+INTENT_MEMBERS = (
     "protocol_version",
     "tenant_id",
     "intent_id",
@@ -238,7 +239,7 @@ _REQUIRED = (
 
 def intent_from_binding(binding: Any) -> CapturedIntent:
     """Re-hash a presented binding (reconciliations, escalations); refuses a malformed one."""
-    if not isinstance(binding, dict) or set(binding) != set(_REQUIRED):
+    if not isinstance(binding, dict) or set(binding) != set(INTENT_MEMBERS):
         raise RequestRejected(Code.REQUEST_INVALID, "the intent is not an agent-safe.intent/1")
     if binding["protocol_version"] != PROTOCOL_VERSION:
         raise RequestRejected(Code.REQUEST_INVALID, "unknown intent protocol version")

@@ -1,15 +1,23 @@
 """The distribution ships every package of the repository.
 
-``pyproject.toml`` lists the packages explicitly (``executor/`` installs as ``agentsafe.executor``
-through ``package-dir``). The editable install the tests use finds a package that is missing from
-the list anyway, so only a non-editable install (the image) would lose it: this test keeps the
-list equal to the folders.
+``executor/`` installs as ``agentsafe.executor`` (and ``operator/``, ``executor/client/``) through
+``package-dir``; ``setup.py`` finds the packages under that mapping, nothing is listed by hand.
+The editable install the tests use finds a package that is missing anyway, so only a
+non-editable install (the image) would lose it: the wheel is built here and must hold every file
+of every package folder, and its build must not warn (issue 31: the hand-listed packages warned
+about ``routes/page`` on every install).
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TOPS = {
@@ -34,11 +42,68 @@ def _folders() -> set[str]:
     return found
 
 
-def test_every_package_folder_is_in_the_distribution() -> None:
+def test_the_mapping_is_the_one_setup_py_reads() -> None:
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    data_only = set(setuptools["package-data"]) - _folders()  # e.g. executor/examples (YAML only)
-    assert sorted(setuptools["packages"]) == sorted(_folders() | data_only)
+    assert "packages" not in setuptools, "setup.py finds the packages; list none by hand"
     assert setuptools["package-dir"] == {name: top for top, name in TOPS.items()}
+
+
+def _shipped() -> set[str]:
+    """Every file of the three roots the wheel must hold, by its path inside the wheel."""
+    files: set[str] = set()
+    for top, name in TOPS.items():
+        for path in (REPO / top).rglob("*"):
+            relative = path.relative_to(REPO)
+            if not path.is_file() or "__pycache__" in relative.parts or path.suffix == ".pyc":
+                continue
+            folder = relative.parent.as_posix()
+            owner = max((t for t in TOPS if folder == t or folder.startswith(t + "/")), key=len)
+            if owner != top:
+                continue
+            inside = path.relative_to(REPO / top).as_posix()
+            files.add(f"{name.replace('.', '/')}/{inside}")
+    return files
+
+
+@pytest.mark.slow
+def test_the_wheel_holds_every_file_and_builds_without_a_warning(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for top in ("executor", "operator"):
+        shutil.copytree(
+            REPO / top, source / top, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--verbose",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
+    output = built.stdout + built.stderr
+    assert "absent from the `packages` configuration" not in output, output[-4000:]
+    (wheel,) = (tmp_path / "dist").glob("agentsafe-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = {n for n in archive.namelist() if ".dist-info/" not in n}
+    expected = _shipped()
+    assert {"agentsafe/executor/routes/page/approve.html", "agentsafe/client/py.typed"} & expected
+    assert expected - names == set(), "the wheel lacks these files"
+    assert names - expected == set(), "the wheel holds files of no package folder"
 
 
 def test_the_folders_are_found() -> None:
@@ -52,9 +117,6 @@ def test_the_folders_are_found() -> None:
 def test_the_client_imports_in_an_installed_environment(tmp_path: Path) -> None:
     """``import agentsafe.client`` works from anywhere (not only from the source tree), and
     importing it loads nothing of the server."""
-    import subprocess
-    import sys
-
     code = (
         "import sys, agentsafe.client as c; "
         "assert c.AgentSafeClient and c.Decision; "

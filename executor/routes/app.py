@@ -51,6 +51,7 @@ from ..principals import Principal, Role, Scope
 from .answers import Decision, Health, Jwks, Readiness
 from .contract import check_refusal, check_status
 from .refusals import code_for_http_error, refusal, status_of
+from .schemas import EscalationObject, JsonObject, RecoveryObject
 
 __all__ = [
     "AnyJson",
@@ -190,7 +191,7 @@ class ProposalModel(BaseModel):
     model_config = _Strict
     action: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
     target: str = Field(min_length=1, max_length=512)
-    parameters: dict[str, Any]
+    parameters: JsonObject
 
 
 class ActionRequest(BaseModel):
@@ -204,12 +205,12 @@ class ActionRequest(BaseModel):
 
 class RecoveryRequest(BaseModel):
     model_config = _Strict
-    recovery: dict[str, Any]
+    recovery: RecoveryObject
 
 
 class EscalationRequest(BaseModel):
     model_config = _Strict
-    escalation: dict[str, Any]
+    escalation: EscalationObject
 
 
 def _schema_error(exc: ValidationError) -> RequestRejected:

@@ -60,6 +60,7 @@ from ..principals import Principal, Role, Scope, Verification
 from ..state.usestore import ApprovalError, ApprovalRecord, ApprovalState, UseStore
 from .answers import ApprovalList, ApprovalView
 from .app import AnyJson, Call, Link, Route
+from .schemas import EscalationObject
 
 __all__ = ["approval_routes", "describe_record", "required_verification"]
 
@@ -116,7 +117,7 @@ class CancelRequest(BaseModel):
 
 class EscalationCancelRequest(BaseModel):
     model_config = _Strict
-    escalation: dict[str, Any]
+    escalation: EscalationObject
     reason: str = Field(min_length=1, max_length=500)
 
 

@@ -5,7 +5,9 @@ models they name, so the description is the server's own data and never a file w
 it: one operation per row, with
 
 - the request body's JSON Schema from the row's strict model (``body``), the query parameters
-  from its ``query`` model and the path parameters from its path;
+  from its ``query`` model and the path parameters from its path; what the models name beyond
+  themselves (``JsonValue``, ``Intent``: ``routes/schemas.py``) is in the components, so a body
+  the document calls valid is one the server reads;
 - one response per status: the row's answer models (``answers``, ``routes/answers.py``) and the
   refusals the row may answer (``routes/contract.py``), each ``{"error": {"code", "message"}}``
   with ``code`` an ``enum`` of exactly the codes with that status, described one per line;
@@ -44,6 +46,7 @@ from ..principals import Role
 from .answers import OpenApiDocument
 from .app import Call, Route
 from .contract import refusal_statuses
+from .schemas import SHARED_SCHEMAS
 
 __all__ = ["OPENAPI_PATH", "openapi_document", "openapi_route"]
 
@@ -396,7 +399,7 @@ def openapi_document(routes: Sequence[Route]) -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": dict(sorted({**defs, **shared}.items())),
+            "schemas": dict(sorted({**defs, **shared, **SHARED_SCHEMAS}.items())),
             "securitySchemes": _SECURITY_SCHEMES,
         },
     }

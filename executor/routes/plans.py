@@ -39,6 +39,7 @@ from ..plans.service import PlanService
 from ..principals import Principal, Role, Scope
 from .app import AnyJson, Call, Link, Route, RouteHandler
 from .refusals import refusal
+from .schemas import plan_body
 
 __all__ = ["plan_routes"]
 
@@ -97,6 +98,7 @@ def plan_routes(
         path: str,
         role: Role,
         scope: Scope | None,
+        body: type[AnyJson],
         handler: RouteHandler,
         summary: str,
         *,
@@ -108,7 +110,7 @@ def plan_routes(
             path,
             role,
             scope,
-            AnyJson,
+            body,
             handler,
             summary=summary,
             answers={200: AnyJson},
@@ -123,6 +125,7 @@ def plan_routes(
             "/v1/plans/dry-run",
             proposer,
             None,
+            PlanDryRunBody,
             run("PLAN_DRY_RUN", dry_run),
             "Dry-run a plan: its steps, bindings and digest",
             links=(
@@ -137,6 +140,7 @@ def plan_routes(
             "/v1/plans/approvals",
             approver,
             None,
+            PlanApprovalBody,
             run("PLAN_APPROVAL_ISSUED", approve),
             "Sign an approval of a dry run (limits may narrow, never widen)",
             links=(
@@ -154,6 +158,7 @@ def plan_routes(
             "/v1/plans/steps",
             proposer,
             None,
+            PlanStepBody,
             run("PLAN_STEP", step, gated=True),
             "Run one approved step: the frozen value and its signed receipt",
             gated=True,
@@ -175,10 +180,35 @@ def plan_routes(
             "/v1/plans/receipts/verify",
             operator,
             Scope.EVIDENCE,
+            PlanReceiptBody,
             run("PLAN_RECEIPT_VERIFIED", verify),
             "Verify a step's signed receipt",
         ),
     )
+
+
+class PlanDryRunBody(AnyJson):
+    """A plan to dry-run; its shape is the plan library's (``executor/plans/``)."""
+
+    model_config = plan_body("plan")
+
+
+class PlanApprovalBody(AnyJson):
+    """A dry run and the approval request an APPROVER signs (the plan library's shapes)."""
+
+    model_config = plan_body("dryRun", "request")
+
+
+class PlanStepBody(AnyJson):
+    """One approved step to run (the plan library's shapes)."""
+
+    model_config = plan_body("dryRun", "approval", "context", "stepId", "operation", "executionId")
+
+
+class PlanReceiptBody(AnyJson):
+    """A step's receipt to verify (the plan library's shapes)."""
+
+    model_config = plan_body("receipt", "dryRun", "approval", "context")
 
 
 PLAN_CODES = frozenset(

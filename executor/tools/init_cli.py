@@ -2,8 +2,9 @@
 
 Three shapes, each a directory with everything ``agentsafe serve`` reads:
 
-``legacy``    one caller with one bearer token (``EXECUTOR_CALLER_TOKEN_FILE``), a plaintext
-              listener on loopback: the laptop try-out
+``legacy``    the laptop try-out: a principals file of bearer tokens only (the agent, an approver
+              and an operator, so ``agentsafe status`` works at once), a plaintext listener on
+              loopback, the DEVELOPMENT posture
 ``mtls``      a principals file: the agent proves itself with a client certificate (URI SAN), an
               approver and an operator with bearer tokens; a TLS listener that asks for client
               certificates
@@ -12,8 +13,8 @@ Three shapes, each a directory with everything ``agentsafe serve`` reads:
               approver and an operator with bearer tokens; a TLS listener
 
 Each writes ``agentsafe.env`` (every variable with a comment that says what it does and what to
-change), ``policy.yaml`` (commented rules), ``principals.json`` (not for legacy; JSON carries no
-comments, so ``agentsafe.env`` explains each principal), and ``secrets/`` with freshly generated
+change), ``policy.yaml`` (commented rules), ``principals.json`` (JSON carries no comments, so
+``agentsafe.env`` explains each principal), and ``secrets/`` with freshly generated
 values (the grant signing key, the bearer tokens), each file mode 0600 in a 0700 directory, plus
 the ``state``, ``journal`` and ``evidence`` directories. It starts in SHADOW: nothing executes
 until the switch is turned. Material it cannot make for you (your TLS certificate, the cluster's
@@ -77,11 +78,11 @@ def add_parser(sub: Any) -> None:
     parser = sub.add_parser(
         "init",
         help="write a commented configuration (env file, policy, principals, secrets)",
-        description="Write a commented starting configuration for one shape: legacy (one "
-        "caller, one token, loopback), mtls (principals with client certificates) or workload "
-        "(principals with Kubernetes projected service account tokens). Secrets are generated "
-        "with mode 0600. It starts in SHADOW. Then: agentsafe doctor --env-file "
-        "DIR/agentsafe.env",
+        description="Write a commented starting configuration for one shape: legacy (bearer "
+        "tokens for the agent, an approver and an operator; loopback), mtls (principals with "
+        "client certificates) or workload (principals with Kubernetes projected service "
+        "account tokens). Secrets are generated with mode 0600. It starts in SHADOW. Then: "
+        "agentsafe doctor --env-file DIR/agentsafe.env",
     )
     parser.add_argument("--shape", choices=SHAPES, default="legacy")
     parser.add_argument("--dir", default="agentsafe", help="where to write (default ./agentsafe)")
@@ -119,9 +120,11 @@ def _bearer(principal_id: str, role: str, actor: str, token: str, **extra: Any) 
     return entry
 
 
-def _principals(shape: str, approver: str, operator: str) -> dict[str, Any]:
-    if shape == "mtls":
-        credential: dict[str, Any] = {
+def _principals(shape: str, approver: str, operator: str, caller: str) -> dict[str, Any]:
+    if shape == "legacy":
+        credential: dict[str, Any] = {"kind": "BEARER", "token_sha256": _digest(caller)}
+    elif shape == "mtls":
+        credential = {
             "kind": "MTLS",
             "san_uri": "spiffe://bank.example/ns/agents/sa/payout-agent",
         }
@@ -187,12 +190,13 @@ def _env(shape: str, root: Path) -> str:
         ]
     if shape == "legacy":
         lines += [
-            "# One caller: whoever presents this token is the one proposer below.",
-            "# Give the agent's host the token in secrets/caller-token; never the agent itself.",
-            f"EXECUTOR_CALLER_TOKEN_FILE={s / 'caller-token'}",
-            f"EXECUTOR_TENANT_ID={TENANT}",
-            "EXECUTOR_ACTOR_ID=payout-agent",
-            "EXECUTOR_ACTOR_TYPE=AI_AGENT",
+            "# Who may call: principals.json, bearer tokens only. payout-agent (PROPOSER) may",
+            "# propose create_payout with secrets/caller-token (give it to the agent's host, never",
+            "# the agent itself); treasury-lead (APPROVER, secrets/approver-token) decides",
+            "# escalations; ops-oncall (OPERATOR, secrets/operator-token) may ask status, halt and",
+            "# resume (agentsafe status --token-file secrets/operator-token).",
+            "# principals.json holds token digests only, never a token.",
+            f"EXECUTOR_PRINCIPALS_FILE={root / 'principals.json'}",
             "# Loopback without TLS is for a laptop only; put the certificate lines below to use.",
             "EXECUTOR_BIND_ADDRESS=127.0.0.1",
             "PORT=8443",
@@ -274,14 +278,13 @@ def write_configuration(shape: str, root: Path, *, force: bool = False) -> list[
         (s / "authority-signing-key.pem", pem, 0o600),
         (s / "downstream-credential", "Bearer replace-with-your-downstream-credential\n", 0o600),
     ]
+    approver, operator, caller = _token(), _token(), _token()
+    document = _principals(shape, approver, operator, caller)
+    files.append((root / "principals.json", json.dumps(document, indent=2) + "\n", 0o600))
+    files.append((s / "approver-token", approver + "\n", 0o600))
+    files.append((s / "operator-token", operator + "\n", 0o600))
     if shape == "legacy":
-        files.append((s / "caller-token", _token() + "\n", 0o600))
-    else:
-        approver, operator = _token(), _token()
-        document = _principals(shape, approver, operator)
-        files.append((root / "principals.json", json.dumps(document, indent=2) + "\n", 0o600))
-        files.append((s / "approver-token", approver + "\n", 0o600))
-        files.append((s / "operator-token", operator + "\n", 0o600))
+        files.append((s / "caller-token", caller + "\n", 0o600))
     existing = [path for path, _, _ in files if path.exists()]
     if existing and not force:
         raise FileExistsError(", ".join(str(p) for p in existing))

@@ -20,6 +20,11 @@ repository root) on ``PYTHONPATH``; ``tests/api/test_schemathesis.py`` starts it
   body, query, path or credential that the OpenAPI document does not spell itself). A 503 that
   is not a refusal is the fail-closed verdict (``verdict`` BLOCK, ``executed`` false) or a
   readiness answer.
+- :func:`valid_is_read` is the other custom check (issue 31): a request the document calls valid
+  (a positive case) on a route whose body the document states in full (``/v1/actions``,
+  ``/v1/reconciliations``, ``/v1/escalations``, ``/v1/escalations/cancel``, the plan routes) is
+  never refused with REQUEST_INVALID, the code for "the request does not match the route's
+  schema": the bounds and shapes the server checks are in the document.
 """
 
 from __future__ import annotations
@@ -231,4 +236,25 @@ def refusal_contract(ctx: Any, response: Any, case: Any) -> bool | None:
     for sent in _sent(case):
         if sent in message and not any(sent in word for word in own):
             raise AssertionError(f"{code}: the message echoes what the request sent")
+    return None
+
+
+SCHEMA_STATED = re.compile(r"^/v1/(actions|reconciliations|escalations(/cancel)?|plans/.+)$")
+"""The routes whose every REQUEST_INVALID the document states (``routes/schemas.py``)."""
+
+
+@schemathesis.check
+def valid_is_read(ctx: Any, response: Any, case: Any) -> bool | None:
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive:
+        return None
+    if response.status_code != 400 or not SCHEMA_STATED.match(str(case.operation.path)):
+        return None
+    try:
+        error = json.loads(response.content)["error"]
+    except (ValueError, KeyError, TypeError):
+        return None  # refusal_contract says what is wrong with the shape
+    if isinstance(error, dict) and error.get("code") == Code.REQUEST_INVALID:
+        message = error.get("message")
+        raise AssertionError(f"a body the document calls valid was refused: {message!r}")
     return None

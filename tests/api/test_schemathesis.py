@@ -33,7 +33,7 @@ credential-less requests on purpose, and a locked or halted door would hide ever
 Afterwards the executor's own log must hold no unhandled error and no ``UndeclaredRefusal``
 (a refusal its row does not declare, ``routes/contract.py``). ``API_TEST_EXAMPLES`` (default 25)
 sets schemathesis's ``--max-examples``, ``API_TEST_SCENARIOS`` (default 100) the stateful
-phase's in each round, ``API_TEST_ROUNDS`` (default 6) the most rounds it may take.
+phase's in each round, ``API_TEST_ROUNDS`` (default 10) the most rounds it may take.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ ROLES = {
     "OPERATOR approvers": APPROVERS_OPERATOR_ID,  # the scope the other OPERATOR does not hold
 }
 HOUR_MS = 3_600_000
-ROUNDS = int(os.environ.get("API_TEST_ROUNDS", "6"))
+ROUNDS = int(os.environ.get("API_TEST_ROUNDS", "10"))
 
 
 @pytest.mark.timeout(900)
@@ -281,12 +281,14 @@ def _same_as_docs(served: dict[str, object]) -> None:
     assert served == docs, "the served document differs from docs/openapi.json"
 
 
-# positive_data_acceptance: a schema-valid request must not be refused, except where the server
-# checks a body beyond what JSON Schema can say, and says so with a stable code:
-# - the RFC 8785 bounds of every free-form object (a proposal's parameters, a recovery, an
-#   escalation, a WebAuthn credential): integers within +-(2**53-1), nesting, counts (400/413);
-# - the intent's ceilings (422), the intent binding inside a recovery or an escalation (400/409);
-# - the plan library's own shapes (400/422, a host's code);
+# positive_data_acceptance: a schema-valid request must not be refused. The document states every
+# bound and shape the server checks on /v1/actions, /v1/reconciliations, /v1/escalations and
+# /v1/escalations/cancel (routes/schemas.py: integers within +-(2**53-1), the intent's own
+# schema; issue 31), so none of them may answer 400 to it; what they check beyond a schema is
+# state (409), a ceiling (413: the count of entries), the intent's and the policy's own rules
+# (422). Elsewhere the server checks a body beyond what JSON Schema can say, with a stable code:
+# - the plan library's own shapes (400/422, a host's code): the plan routes' bodies name their
+#   required members, and ``valid_is_read`` (st_hooks.py) fails any REQUEST_INVALID there;
 # - a halt or resume reason that is blank once trimmed (422);
 # - an enrolment token for a principal the principals file does not hold as an APPROVER (422), or
 #   a TTL spelled with a fraction (``2.0`` is JSON Schema's integer, not the strict model's: 400).
@@ -294,8 +296,12 @@ def _same_as_docs(served: dict[str, object]) -> None:
 # not_a_server_error: 500 (and any 5xx but two) fails. 503 is a documented, fail-closed answer
 # (halted: schemathesis halts the executor itself; not ready; the store unreachable) and 502 a plan
 # step executor's failure, each checked by the schema and by the refusal contract.
+#
+# negative_data_rejection: schemathesis's own list, and 413: a value the document refuses by a
+# count (JsonValue's maxItems) is refused with REQUEST_TOO_LARGE.
+STATED = "^/v1/(actions|reconciliations|escalations(/cancel)?)$"
 CHECKED_BEYOND = (
-    "^/v1/(actions|reconciliations|escalations(/cancel)?|plans/.*|control/(halt|resume)"
+    "^/v1/(plans/.*|control/(halt|resume)"
     "|approvals/[^/]+|approvers/enrolment|control/approvers/[^/]+/enrolment-tokens)$"
 )
 CONFIG = f"""
@@ -308,6 +314,15 @@ algorithms = []
 
 [checks.not_a_server_error]
 expected-statuses = ["2xx", "3xx", "4xx", 502, 503]
+
+[checks.negative_data_rejection]
+expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422, 428, 429, "5xx"]
+
+[[operations]]
+include-path-regex = "{STATED}"
+checks.positive_data_acceptance.expected-statuses = [
+  "2xx", "3xx", 401, 403, 404, 409, 413, 422, 429, "5xx",
+]
 
 [[operations]]
 include-path-regex = "{CHECKED_BEYOND}"

@@ -11,12 +11,28 @@ from typing import Any
 
 import pytest
 
-from tests.api.st_hooks import SECURITY_HEADERS, refusal_contract
+from tests.api.st_hooks import SECURITY_HEADERS, refusal_contract, valid_is_read
 
 
 @dataclass
 class Operation:
     definition: Any = field(default_factory=lambda: type("D", (), {"raw": {}})())
+    path: str = "/v1/actions"
+
+
+@dataclass
+class Mode:
+    is_positive: bool = True
+
+
+@dataclass
+class Generation:
+    mode: Mode = field(default_factory=Mode)
+
+
+@dataclass
+class Meta:
+    generation: Generation = field(default_factory=Generation)
 
 
 @dataclass
@@ -27,6 +43,7 @@ class Case:
     path_parameters: Any = None
     headers: Any = None
     operation: Operation = field(default_factory=Operation)
+    meta: Meta | None = None
 
 
 @dataclass
@@ -108,3 +125,28 @@ def test_an_echo_of_the_request_fails_but_the_documents_own_words_do_not() -> No
         check(Response(401, refusal("AUTH_FAILED", "s3cr3t-token-value is wrong")), secret)
     named = Case(body={"idempotency_key": "x" * 3})
     check(Response(400, refusal("REQUEST_INVALID", "the schema at 'idempotency_key'")), named)
+
+
+def positive(path: str, *, is_positive: bool = True) -> Case:
+    meta = Meta(Generation(Mode(is_positive)))
+    return Case(path=path, operation=Operation(path=path), meta=meta)
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/actions", "/v1/escalations/cancel", "/v1/reconciliations", "/v1/plans/dry-run"]
+)
+def test_a_valid_body_refused_as_not_matching_the_schema_fails(path: str) -> None:
+    """issue 31: the document must state what the server reads on these routes."""
+    answer = Response(400, refusal("REQUEST_INVALID", "an integer is outside the exact range"))
+    with pytest.raises(AssertionError, match="the document calls valid"):
+        valid_is_read(None, answer, positive(path))
+
+
+def test_other_refusals_and_negative_cases_pass_the_valid_body_check() -> None:
+    invalid = Response(400, refusal("REQUEST_INVALID"))
+    valid_is_read(None, invalid, positive("/v1/actions", is_positive=False))  # negative data
+    valid_is_read(None, invalid, positive("/v1/control/approvers/x/enrolment-tokens"))
+    valid_is_read(None, Response(400, refusal("PLAN_INVALID")), positive("/v1/plans/dry-run"))
+    valid_is_read(
+        None, Response(409, refusal("ESCALATION_BINDING_MISMATCH")), positive("/v1/escalations")
+    )

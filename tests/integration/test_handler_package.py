@@ -1,9 +1,16 @@
 """An adopter's package (examples/handlers) pip-installed into a venv and run by a real
-``agentsafe serve``: its second action and its plan step executor, with nothing patched."""
+``agentsafe serve``: its second action and its plan step executor, with nothing patched.
+
+The two commands are docs/handlers.md's, read from its last block (issue 31: the page is run as
+written): ``pip install ./examples/handlers`` from a directory holding the example, into a fresh
+venv that sees agentsafe from this environment (a ``.pth``), and ``EXECUTOR_HANDLERS=...
+EXECUTOR_POLICY_FILE=examples/handlers/policy.yaml agentsafe serve`` from that directory, with the
+page's variables on top of the test's listener, principals and downstream."""
 
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,7 +36,31 @@ from tests.plans import support as s
 
 from .bearer_principals import OPERATOR_ID, BearerPrincipals, principals_env
 
-EXAMPLE = Path(__file__).parents[2] / "examples" / "handlers"
+REPO = Path(__file__).parents[2]
+EXAMPLE = REPO / "examples" / "handlers"
+PAGE = REPO / "docs" / "handlers.md"
+
+
+def documented() -> tuple[list[str], dict[str, str], list[str]]:
+    """docs/handlers.md's last block: the pip command's words, and the serve command's
+    variables and words."""
+    text = PAGE.read_text(encoding="utf-8")
+    block = text[text.rindex("```\n", 0, text.rindex("```")) + 4 : text.rindex("```")]
+    install, serve = (shlex.split(line) for line in block.splitlines() if line.strip())
+    variables = {}
+    while "=" in serve[0]:
+        name, _, value = serve.pop(0).partition("=")
+        variables[name] = value
+    return install, variables, serve
+
+
+INSTALL, VARIABLES, SERVE = documented()
+
+
+def test_the_page_says_what_this_test_runs() -> None:
+    assert INSTALL[:2] == ["pip", "install"]
+    assert SERVE == ["agentsafe", "serve"]
+    assert set(VARIABLES) == {"EXECUTOR_HANDLERS", "EXECUTOR_POLICY_FILE"}
 
 
 def make_venv(root: Path) -> Path:
@@ -46,22 +77,10 @@ def make_venv(root: Path) -> Path:
     ).stdout.strip()
     ours = sysconfig.get_paths()["purelib"]
     Path(purelib, "agentsafe-base.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
-    source = root / "src"
-    shutil.copytree(EXAMPLE, source)
+    shutil.copytree(EXAMPLE, root / "examples" / "handlers")
+    # the page's command, by the pip of this environment into the venv (it has none of its own)
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            str(source),
-        ],
+        [sys.executable, "-m", "pip", "--python", str(python), *INSTALL[1:], "--quiet"],
         check=True,
         cwd=root,
     )
@@ -87,9 +106,9 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     provider = ProviderProcess(tmp_path)
     await provider.start()
     # The example policy as it ships (docs/handlers.md's command): its own plans section.
-    document = yaml.safe_load((EXAMPLE / "policy.yaml").read_text())
+    policy_file = Path(VARIABLES["EXECUTOR_POLICY_FILE"])
+    document = yaml.safe_load((tmp_path / policy_file).read_text())
     assert document["plans"] == s.policy(), "the example's plans section is the one tested here"
-    policy_file = EXAMPLE / "policy.yaml"
     principals = BearerPrincipals()
     doc = principals.document()
     doc["principals"][0]["allowed_actions"] = ["create_payout", "post_ledger_note"]
@@ -100,7 +119,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     env = principals_env(
         workspace.environment(provider_url=provider.url, port=free_port(), policy_file=policy_file),
         principals_file,
-        EXECUTOR_HANDLERS="bank_notes",
+        **VARIABLES,
     )
     executor = ExecutorProcess(env, tmp_path)
     executor.argv[0] = str(python)

@@ -63,16 +63,19 @@ def test_init_writes_a_commented_configuration_that_parses(tmp_path: Path, shape
         assert stat.S_IMODE((root / name).stat().st_mode) == 0o700
     for secret in (root / "secrets").iterdir():
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600, secret
-    if shape == "legacy":
-        assert config.executor_principals_file is None
-        assert (root / "secrets" / "caller-token").exists()
-    else:
-        document = json.loads((root / "principals.json").read_text())
-        kinds = {p["id"]: p["credential"]["kind"] for p in document["principals"]}
-        assert kinds["payout-agent"] == ("MTLS" if shape == "mtls" else "WORKLOAD_JWT")
-        token = (root / "secrets" / "operator-token").read_text().strip()
+    # every shape has an operator (issue 31: legacy had none, so `agentsafe status` could not ask)
+    document = json.loads((root / "principals.json").read_text())
+    kinds = {p["id"]: p["credential"]["kind"] for p in document["principals"]}
+    agent = {"legacy": "BEARER", "mtls": "MTLS", "workload": "WORKLOAD_JWT"}[shape]
+    assert kinds == {"payout-agent": agent, "treasury-lead": "BEARER", "ops-oncall": "BEARER"}
+    roles = {p["id"]: p["role"] for p in document["principals"]}
+    assert roles["ops-oncall"] == "OPERATOR"
+    for name in ("operator-token", "approver-token") + (
+        ("caller-token",) if shape == "legacy" else ()
+    ):
+        token = (root / "secrets" / name).read_text().strip()
         assert token not in (root / "principals.json").read_text(), "digests only"
-        assert stat.S_IMODE((root / "principals.json").stat().st_mode) == 0o600
+    assert stat.S_IMODE((root / "principals.json").stat().st_mode) == 0o600
     again = cli("init", "--shape", shape, "--dir", "conf", cwd=tmp_path)
     assert again.returncode == 1
     assert "--force" in again.stderr
@@ -120,8 +123,9 @@ async def test_doctor_passes_a_good_configuration_one_line_per_check(
     for check in ("install", "config", "secrets", "handlers", "policy", "downstream", "lookup"):
         assert lines[check].startswith("ok"), lines.get(check)
     assert "404" in lines["lookup"]
-    assert lines["principals"].startswith("warn")
-    assert "->" in lines["principals"], "a check that is not ok says what to do next"
+    assert lines["principals"].startswith("ok")
+    assert lines["tls"].startswith("warn")
+    assert "->" in lines["tls"], "a check that is not ok says what to do next"
     assert "ready for agentsafe serve" in out
     token = (env_file.parent / "secrets" / "caller-token").read_text().strip()
     assert token not in out
@@ -131,7 +135,7 @@ async def test_doctor_json_names_a_readable_secret_and_an_unreachable_downstream
     tmp_path: Path, provider: str
 ) -> None:
     env_file = _legacy_env(tmp_path, provider)
-    os.chmod(env_file.parent / "secrets" / "caller-token", 0o644)
+    os.chmod(env_file.parent / "secrets" / "authority-signing-key.pem", 0o644)
     unreachable = f"http://127.0.0.1:{free_port()}"
     env_file.write_text(env_file.read_text().replace(provider, unreachable))
     code, out, _ = await _cli("doctor", "--env-file", str(env_file), "-o", "json", cwd=tmp_path)
@@ -143,7 +147,7 @@ async def test_doctor_json_names_a_readable_secret_and_an_unreachable_downstream
         by_check.setdefault(check["check"], []).append(check)
     secret = by_check["secrets"][0]
     assert secret["status"] == "fail"
-    assert "EXECUTOR_CALLER_TOKEN_FILE" in secret["detail"]
+    assert "EXECUTOR_AUTHORITY_SIGNING_KEY_FILE" in secret["detail"]
     assert "SECRET_FILE_MODE" in secret["detail"]
     assert secret["next"]
     assert by_check["handlers"][0]["status"] == "skip"
@@ -166,7 +170,7 @@ async def test_doctor_reports_an_invalid_variable_and_config_json(tmp_path: Path
     assert code == 0
     rows = {row["key"]: row for row in json.loads(out)["variables"]}
     assert rows["EXECUTOR_MODE"] == {"key": "EXECUTOR_MODE", "value": "SHADOW", "source": "env"}
-    assert rows["EXECUTOR_CALLER_TOKEN"]["value"] == "<set>"
+    assert rows["EXECUTOR_AUTHORITY_SIGNING_KEY"]["value"] == "<set>"
     token = (env_file.parent / "secrets" / "caller-token").read_text().strip()
     assert token not in out
 
