@@ -133,7 +133,6 @@ e2e-build: $(STAMP)
 e2e: e2e-build
 	$(BIN)/pytest -q e2e
 	$(NODE_CLI) run -- $(abspath $(BIN))/pytest -q test_scenario.py --backend=node -p no:cacheprovider
-	$(NODE_CLI) run -- $(abspath $(BIN))/pytest -q test_cluster_doc.py --backend=node -p no:cacheprovider
 
 e2e-kind: $(STAMP)
 	bash e2e/kind/run.sh
