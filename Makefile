@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 
 .PHONY: help venv demo test lint format typecheck unit browser e2e e2e-build e2e-kind bench clean \
         image node-build cluster-up cluster-down cluster-status e2e-node \
-        policy-test fuzz-smoke fuzz mutation api-test lock
+        policy-test fuzz-smoke fuzz mutation api-test lock chaos faketime
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
@@ -28,6 +28,7 @@ help:
 	@echo "make e2e-build  build (or find, cached by version) every binary the e2e suite needs"
 	@echo "make e2e        e2e-build, then the end-to-end suite against a real kube-apiserver"
 	@echo "make e2e-kind   the same scenarios on kind (needs docker, kind, kubectl, helm)"
+	@echo "make chaos      the nemesis harness, short run (SEED=n replays a seed; CHAOS_SECONDS=s: long run)"
 	@echo "make bench      benchmarks/ (prints ratios to a raw aiohttp baseline)"
 	@echo "make cluster-up    a real one-node cluster here, no Docker (kubeconfig: .cluster/kubeconfig)"
 	@echo "make cluster-down  stop it and restore the host (idempotent)"
@@ -96,7 +97,8 @@ browser:
 	  fi; \
 	fi
 
-# Every binary the suites need (kube-apiserver, kubectl, kube-controller-manager, etcd, helm),
+# Every binary the suites need (kube-apiserver, kubectl, kube-controller-manager, etcd, helm,
+# and toxiproxy for `make chaos`),
 # built from the Go module proxy with progress lines, or found in the cache (~/.cache/agentsafe,
 # by version). A new binary is a new step in e2e/cluster/build.py, which stays the one entry point.
 # Without Go it builds nothing and the suite skips with one line, unless AGENTSAFE_E2E=require
@@ -117,6 +119,29 @@ e2e: e2e-build
 
 e2e-kind: $(STAMP)
 	bash e2e/kind/run.sh
+
+# issue 29: the nemesis harness (e2e/chaos/, docs/chaos.md): 3 replicas, a PostgreSQL primary with a
+# streaming standby, toxiproxy (built by e2e-build), the synthetic provider; a seeded fault schedule
+# and an independent checker. The short run (fixed seeds, every fault class once) is a stage of
+# `make test`; SEED=n replays one seed, CHAOS_SECONDS=s makes a long run of about s s per seed.
+# toxiproxy comes from e2e/cluster/build.py (found in the cache, or built once, before any test).
+# Run from e2e/ so that the repository root never reaches sys.path. The clock step needs Debian's
+# libfaketime (installed here as root, as `make browser` installs chromium).
+FAKETIME_LIB ?= /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+faketime:
+	@if [ ! -e $(FAKETIME_LIB) ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing faketime from Debian (apt-get) for the chaos clock step ..."; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; \
+	  else \
+	    echo "no $(FAKETIME_LIB): the chaos run has no clock step (make faketime as root)"; \
+	  fi; \
+	fi
+
+chaos: $(STAMP) faketime
+	$(BIN)/python e2e/cluster/build.py --only-toxiproxy
+	$(BIN)/pytest -q -p no:cacheprovider e2e/test_chaos_checker.py
+	cd e2e && CHAOS_SECONDS=$(CHAOS_SECONDS) $(abspath $(BIN))/python -m chaos run $(if $(SEED),--seed $(SEED))
 
 # issue 23: the policies under examples/ ship with <policy>.test.yaml files (docs/policy-testing.md).
 policy-test: $(STAMP)
@@ -164,7 +189,7 @@ e2e-node: e2e-build
 
 # `make test` runs these targets in this order, each timed by .ci/stage (.ci/run prints the
 # summary). e2e-build comes before any pytest starts.
-TEST_STAGES := venv lint typecheck e2e-build unit api-test policy-test fuzz-smoke e2e
+TEST_STAGES := venv lint typecheck e2e-build chaos unit api-test policy-test fuzz-smoke e2e
 
 test:
 	@for stage in $(TEST_STAGES); do \

@@ -20,6 +20,7 @@ from cluster.build import (
     BUILD_COMMAND,
     HELM_VERSION,
     KUBERNETES_VERSION,
+    TOXIPROXY_VERSION,
     BuildRequest,
     cached_binaries,
     missing_binaries,
@@ -52,6 +53,7 @@ def _plant_all(cache: Path, *, controller_manager: bool = True) -> None:
     (kube / "manifest.json").write_text(json.dumps({"pins": {"etcd": ETCD}}))
     _plant(cache / "etcd" / ETCD / "etcd")
     _plant(cache / "helm" / HELM_VERSION / "helm")
+    _plant(cache / "toxiproxy" / TOXIPROXY_VERSION / "toxiproxy-server")
 
 
 def test_an_empty_cache_names_every_missing_binary(empty_cache: Path) -> None:
@@ -105,10 +107,41 @@ def test_the_build_step_finds_a_full_cache_without_building(
     out, err = capsys.readouterr()
     assert f"all binaries cached under {empty_cache}" in err
     assert f"etcd: {empty_cache}/etcd/{ETCD}/etcd" in out
+    assert f"toxiproxy: {empty_cache}/toxiproxy/{TOXIPROXY_VERSION}/toxiproxy-server" in out
 
 
 def _no_build(request: BuildRequest) -> build.Binaries:
     raise AssertionError("a full cache must not be built")
+
+
+def test_toxiproxy_is_a_build_step_found_in_the_cache_or_built_once(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built: list[str] = []
+
+    def ensure(version: str = TOXIPROXY_VERSION) -> Path:
+        built.append(version)
+        target = empty_cache / "toxiproxy" / version / "toxiproxy-server"
+        _plant(target)
+        return target
+
+    monkeypatch.setattr(build, "ensure_toxiproxy", ensure)
+    monkeypatch.setattr(build, "go_executable", lambda: "/usr/local/go/bin/go")
+    assert build.toxiproxy_binary() is None
+    assert build.main(["--only-toxiproxy"]) == 0
+    assert built == [TOXIPROXY_VERSION]
+    assert build.main(["--only-toxiproxy"]) == 0  # cached: not built again
+    assert built == [TOXIPROXY_VERSION]
+    path = empty_cache / "toxiproxy" / TOXIPROXY_VERSION / "toxiproxy-server"
+    assert build.toxiproxy_binary() == path
+    _, err = capsys.readouterr()
+    assert f"building toxiproxy {TOXIPROXY_VERSION}" in err
+    assert f"toxiproxy {TOXIPROXY_VERSION} cached: {path}" in err
+    monkeypatch.setattr(build, "go_executable", lambda: None)
+    path.unlink()
+    monkeypatch.delenv("AGENTSAFE_E2E", raising=False)
+    assert build.main(["--only-toxiproxy"]) == 0
+    assert "toxiproxy not built, make chaos will skip" in capsys.readouterr().err
 
 
 def test_without_go_the_build_step_skips_unless_required(

@@ -195,7 +195,8 @@ def test_a_broken_when_rule_is_refused_at_admission(
     # An undeclared variable (the authority's own variable list) is refused the same way.
     result = _apply(plane, _policy(namespace, "broken", when="secret.value == 'x'"))
     assert result.returncode != 0
-    assert "undeclared reference to secret" in result.stderr
+    assert "undeclared reference" in result.stderr
+    assert "secret.value" not in result.stderr  # never the expression (issue 30, item 18)
 
 
 def test_a_good_policy_is_admitted_unchanged_and_an_update_that_breaks_it_refused(

@@ -43,7 +43,7 @@ from .dispatch.registration import (
     load_registrations,
     run_registrations,
 )
-from .dispatch.seam import Outcome, Registry
+from .dispatch.seam import DispatchBoundFetch, Outcome, Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.refusal_lines import RefusalEvent
@@ -537,7 +537,7 @@ async def assemble(
                 operation=config.downstream_operation,
             ),
             credential=credential,
-            fetch=transport,
+            fetch=DispatchBoundFetch(transport),
             effects=effects,
             plans=PlanRegistrar(),
             closers=closers,

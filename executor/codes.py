@@ -465,6 +465,11 @@ class Code(StrEnum):
         "start-up reconciliation is still running; nothing was executed; retry shortly",
     )
     ATTEMPT_NOT_OPEN = "ATTEMPT_NOT_OPEN", 404, "no open attempt has this id"
+    ATTEMPT_ALREADY_DECIDED = (
+        "ATTEMPT_ALREADY_DECIDED",
+        409,
+        "an operator's decision for this key is already journaled and says otherwise",
+    )
     LOOKUP_NOT_CONFIGURED = (
         "LOOKUP_NOT_CONFIGURED",
         None,
@@ -570,6 +575,11 @@ class Code(StrEnum):
     SCHEMA_NOT_STRICT = "SCHEMA_NOT_STRICT", None, "a parameter schema is not strict"
     DISPATCH_REFUSED = "DISPATCH_REFUSED", None, "dispatch would not start"
     DISPATCH_TWICE = "DISPATCH_TWICE", None, "dispatch runs once per execution"
+    SEND_BEFORE_DISPATCH = (
+        "SEND_BEFORE_DISPATCH",
+        None,
+        "a handler sent through seam.fetch before dispatch.run; refused, nothing was sent",
+    )
     PROVIDER_REFUSED = "PROVIDER_REFUSED", None, "the provider refused deterministically"
     BASE64_NOT_CANONICAL = (
         "BASE64_NOT_CANONICAL",
@@ -784,6 +794,11 @@ class Code(StrEnum):
     CHAIN_JOURNAL = "CHAIN_JOURNAL", None, "a chain head cannot be persisted"
     CHAIN_JOURNAL_IN_USE = "CHAIN_JOURNAL_IN_USE", None, "another process holds the chain journal"
     CHAIN_UNAVAILABLE = "CHAIN_UNAVAILABLE", None, "the chain cannot continue safely"
+    CHAIN_HEADS_UNAVAILABLE = (
+        "CHAIN_HEADS_UNAVAILABLE",
+        503,
+        "the chain heads cannot be persisted (a full disk); the executor halts (CHAIN_HEADS)",
+    )
     EVENT_RESERVED = "EVENT_RESERVED", None, "the event name is the chain's own"
     FIELD_RESERVED = "FIELD_RESERVED", None, "a field name is the chain's own"
     EVIDENCE_DIR = "EVIDENCE_DIR", 409, "the evidence directory is unusable"
@@ -995,6 +1010,7 @@ REASON_CODES: Final[frozenset[Code]] = frozenset(
         Code.ATTEMPT_LEASE_LAPSED,
         Code.HANDLER_FAILED,
         Code.HANDLER_CONTRACT_VIOLATED,
+        Code.SEND_BEFORE_DISPATCH,
         Code.RECONCILE_FAILED,
         Code.PROVIDER_REASON_WITHHELD,
         Code.INTERNAL_ERROR,

@@ -106,6 +106,7 @@ __all__ = [
     "SecretSource",
     "SigningAlgorithm",
     "TlsMinVersion",
+    "check_downstream_url",
     "describe_config",
     "is_production",
     "iso4217_listed",
@@ -473,6 +474,26 @@ def _parse_url(value: str, *, placeholder: str | None = None) -> SplitResult:
     if placeholder is not None and placeholder in urlsplit(value).netloc:
         raise ValueError(f"must carry {placeholder} in its path or query, not its host")
     return parts
+
+
+def check_downstream_url(
+    value: str, *, placeholder: str | None = None, allow_insecure_loopback: bool = False
+) -> None:
+    """The one validation of a downstream URL (``DOWNSTREAM_URL``, ``DOWNSTREAM_LOOKUP_URL``,
+    ``DOWNSTREAM_LOOKUP_BY_REFERENCE_URL``, ``DOWNSTREAM_TOKEN_URL``): an absolute URL without
+    white space, credentials (``user:password@``) or a fragment, with a valid port (1-65535),
+    ``placeholder`` in its path or query when one is required, and https, or plain http only to
+    a loopback literal with ``allow_insecure_loopback``. Raises ``ValueError`` whose words never
+    hold the value. The configuration loader (:class:`ExecutorConfig`), and the operator's
+    ``spec.downstream`` model (``operator/models.py``, so its admission review and its
+    reconcile) use it."""
+    parts = _parse_url(value, placeholder=placeholder)
+    if parts.scheme == "https":
+        return
+    if not _is_loopback_literal(parts.hostname or ""):
+        raise ValueError("must be https (plain http only to a loopback address)")
+    if not allow_insecure_loopback:
+        raise ValueError("plain http to loopback needs DOWNSTREAM_ALLOW_INSECURE_LOOPBACK=true")
 
 
 def _is_loopback_literal(host: str) -> bool:
@@ -909,8 +930,12 @@ class ExecutorConfig(BaseModel):
     @field_validator(*_DOWNSTREAM_URLS, mode="after")
     @classmethod
     def _downstream_urls(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value is not None:
-            _parse_url(value, placeholder=_DOWNSTREAM_URLS[str(info.field_name)])
+        if value is not None:  # the shape here; https or loopback in _downstream_rules
+            check_downstream_url(
+                value,
+                placeholder=_DOWNSTREAM_URLS[str(info.field_name)],
+                allow_insecure_loopback=True,
+            )
         return value
 
     @field_validator("executor_jwks_url", mode="after")
@@ -1185,19 +1210,18 @@ class ExecutorConfig(BaseModel):
             )
 
     def _downstream_rules(self) -> None:
-        for attribute in _DOWNSTREAM_URLS:
+        for attribute, placeholder in _DOWNSTREAM_URLS.items():
             url = getattr(self, attribute)
-            if url is None or urlsplit(url).scheme == "https":
+            if url is None:
                 continue
-            variable = attribute.upper()
-            host = urlsplit(url).hostname or ""
-            if not _is_loopback_literal(host):
-                raise ConfigError(variable, "must be https (plain http only to a loopback address)")
-            if not self.downstream_allow_insecure_loopback:
-                raise ConfigError(
-                    variable,
-                    "plain http to loopback needs DOWNSTREAM_ALLOW_INSECURE_LOOPBACK=true",
+            try:
+                check_downstream_url(
+                    url,
+                    placeholder=placeholder,
+                    allow_insecure_loopback=self.downstream_allow_insecure_loopback,
                 )
+            except ValueError as exc:
+                raise ConfigError(attribute.upper(), str(exc)) from None
         kind = self.downstream_credential_kind
         for other, keys in _KIND_KEYS.items():
             if other is kind:

@@ -118,11 +118,31 @@ class RequestRejected(AgentSafeError):
 
 
 class PolicyError(AgentSafeError):
+    """A policy (or policy test file) refused. ``public`` is what may be said of it where the
+    document's author is not the reader (the operator's admission refusals and conditions):
+    words that hold no value of the document; :attr:`public_message` prefixes the path."""
+
     code = Code.POLICY_INVALID
 
-    def __init__(self, message: str, *, path: str | None = None, code: Code | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        code: Code | None = None,
+        public: str | None = None,
+    ) -> None:
         super().__init__(f"{path}: {message}" if path else message, code=code)
         self.path = path
+        self.public = public
+
+    @property
+    def public_message(self) -> str:
+        """The path and :attr:`public` (else the code's meaning): never a value of the
+        document (a CEL expression, a pattern, a name)."""
+        code = self.code
+        words = self.public or (code.meaning if isinstance(code, Code) else "the policy is invalid")
+        return f"{self.path}: {words}" if self.path else words
 
 
 class StoreError(AgentSafeError):

@@ -64,6 +64,7 @@ _ROUTINE_SECURITY_EVENTS = frozenset(
         "STORE_OPENED",
         "STORE_AVAILABLE",
         "JOURNAL_RECOVERED",
+        "CHAIN_HEADS_RECOVERED",
         "HALT_CAUSE_LIFTED",
     }
 )

@@ -42,7 +42,7 @@ from .events import Streams
 from .evidence.bundle import BundleError, export_bundle
 from .evidence.chain import ChainedStreams, ChainHead, ChainSnapshot
 from .evidence.redact import Redactor
-from .host.halt import HaltState
+from .host.halt import HaltCause, HaltState, bound_reason
 from .host.metrics import ExecutorMetrics, StateSnapshot
 from .host.posture import PostureMonitor, PostureReport
 from .host.secrets import SecretStore
@@ -130,6 +130,7 @@ class WorkGate:
     def refusal(self) -> Code | None:
         if self.posture_monitor.is_degraded():
             return Code.POSTURE_DEGRADED
+        self.halt.sync_shared()  # the group's halt, as answered on any worker (EXECUTOR_WORKERS)
         if self.halt.halted:
             return Code.EXECUTOR_HALTED
         if not self.store.available:
@@ -183,7 +184,10 @@ class Executor:
     site: GuardedSite | None = None
     unresolved_keys: list[dict[str, Any]] = field(default_factory=list)
     """In-flight keys start-up could not settle (their attempt is in no journal day file it can
-    read): listed by ``open-attempts``, counted as unknown."""
+    read): listed by ``open-attempts``, counted as unknown, settled by an operator's decision."""
+    _decided_keys: dict[str, str] = field(default_factory=dict)
+    """Listed keys whose operator decision is journaled but whose use store settle failed: the
+    status decided (a second decision must agree)."""
     _pending_escalations: int = 0
     """The last count the store gave (kept while the store does not answer)."""
     _runner: web.AppRunner | None = None
@@ -220,6 +224,8 @@ class Executor:
         )
         if self.journal is not None:
             self.journal.on_failure = self._journal_failed
+        if self.chained is not None:
+            self.chained.on_failure(self._chain_heads_failed)
         if self.worker is not None:  # the roster shows a halt at once, not at the next second
             self.halt.add_listener(lambda halted: self.publish_worker())
 
@@ -402,7 +408,12 @@ class Executor:
             (a for a in await self.journal.open_attempts() if a.attempt_id == attempt_id), None
         )
         if attempt is None:
-            raise RequestRejected(Code.ATTEMPT_NOT_OPEN, "no open attempt has this id")
+            listed = next((k for k in self.unresolved_keys if k["attempt_id"] == attempt_id), None)
+            if listed is None:
+                raise RequestRejected(Code.ATTEMPT_NOT_OPEN, "no open attempt has this id")
+            return await self._decide_key(
+                listed, executed=executed, reason=reason, principal=principal
+            )
         status = "COMPLETED" if executed else "NOT_EXECUTED"
         await self.journal.reconciled(
             attempt_id=attempt_id,
@@ -433,6 +444,60 @@ class Executor:
                 "by": principal.id,
             },
         )
+        return {"attempt_id": attempt_id, "status": status, "by": "OPERATOR"}
+
+    async def _decide_key(
+        self, listed: dict[str, Any], *, executed: bool, reason: str, principal: Principal
+    ) -> dict[str, Any]:
+        """An operator's decision for an in-flight key start-up could not settle (its
+        attempt is in no journal day file it can read: ``JOURNAL_RECORD_MISSING``), named by
+        the attempt id it is listed under. RECONCILED by OPERATOR is journaled first (so the
+        next start settles the key from it even if the use store refuses now), then the key
+        gets the reconciled answer and leaves the list. A decision, once journaled, is the
+        key's: a second one that says otherwise is refused, so "executed" never turns into
+        "not executed" (the use store itself never rewrites a settled answer)."""
+        assert self.journal is not None
+        attempt_id = str(listed["attempt_id"])
+        status = "COMPLETED" if executed else "NOT_EXECUTED"
+        journaled = self._decided_keys.get(attempt_id)
+        if journaled is None:
+            await self.journal.reconciled(
+                attempt_id=attempt_id,
+                status=status,
+                by="OPERATOR",
+                reason=reason,
+                decided_by=principal.id,
+            )
+            self._decided_keys[attempt_id] = status
+        elif journaled != status:
+            raise RequestRejected(
+                Code.ATTEMPT_ALREADY_DECIDED, "an operator already decided this key otherwise"
+            )
+        record = await self.store.idempotency_for_attempt(attempt_id)
+        body = reconciled_answer(
+            mode=self.config.executor_mode.value, intent_id=None, intent_hash="", status=status
+        )
+        if record is not None and body is not None:
+            await self.store.idempotency_settle(
+                **record.scope, response={"status": 200, "body": body}, now=self.clock.now()
+            )
+        self.unresolved_keys.remove(listed)
+        self._decided_keys.pop(attempt_id, None)
+        decided = {
+            "attempt_id": attempt_id,
+            "status": status,
+            "by": principal.id,
+            "record": "JOURNAL_RECORD_MISSING",
+            "reason": bound_reason(reason),
+        }
+        try:
+            self.streams.evidence.emit(
+                "IDEMPOTENCY_KEY_SETTLED",
+                {"attempt_id": attempt_id, "resolution": status, "by": "OPERATOR"},
+            )
+            self.streams.security.emit("ATTEMPT_DECIDED", decided)
+        except AgentSafeError as exc:  # the journal's RECONCILED is the durable record
+            log.error("the decision for a key was not chained (%s)", exc.code)
         return {"attempt_id": attempt_id, "status": status, "by": "OPERATOR"}
 
     async def reload_secrets(self) -> dict[str, Any]:
@@ -826,6 +891,8 @@ class Executor:
         if self.journal is not None:
             self._spawn(self._journal_health_loop())
             self._spawn(self._recheck_loop())
+        if self.chained is not None:
+            self._spawn(self._chain_heads_health_loop())
         self._spawn(self._housekeeping_loop())
         self._spawn(self.secrets.watch(SECRETS_POLL_SECONDS))
         self._spawn(self._posture_loop())
@@ -889,6 +956,40 @@ class Executor:
                     self.streams.security.emit("JOURNAL_RECOVERED", {})
                 with contextlib.suppress(AgentSafeError):
                     self.halt.journal_recovered()
+
+    def _chain_heads_failed(self) -> None:
+        """A chain head could not be persisted (a full disk under the journal directory's
+        ``chain/``): halt now (cause CHAIN_HEADS, one CHAIN_HEADS_FAILED line, ``/ready`` 503).
+        Called after each line a stream writes or refuses while its head is unpersisted, and
+        by the health loop as a backstop. The first failed checkpoint comes a quarter of the
+        chain's bound before it refuses lines, so these lines still fit; the halt never
+        depends on them."""
+        try:
+            if self.halt.chain_heads_failed():
+                log.error("a chain head could not be persisted: halted (cause CHAIN_HEADS)")
+                self.streams.security.emit(
+                    "CHAIN_HEADS_FAILED", {"code": Code.CHAIN_HEADS_UNAVAILABLE}
+                )
+        except AgentSafeError as exc:
+            log.error("CHAIN_HEADS_FAILED was not recorded (%s)", exc.code)
+
+    async def _chain_heads_health_loop(self) -> None:
+        """While a head is unpersisted or the CHAIN_HEADS cause stands, probe every interval
+        (both heads persisted: a synced write each); the cause lifts itself once the probe
+        lands (CHAIN_HEADS_RECOVERED)."""
+        assert self.chained is not None
+        while True:
+            await asyncio.sleep(JOURNAL_CHECK_SECONDS)
+            if not self.chained.failed and not self.halt.has_cause(HaltCause.CHAIN_HEADS):
+                continue
+            if self.chained.failed:
+                self._chain_heads_failed()
+            if await asyncio.to_thread(self.chained.recover):
+                log.warning("the chain heads persist again: the CHAIN_HEADS halt lifts")
+                with contextlib.suppress(AgentSafeError):
+                    self.streams.security.emit("CHAIN_HEADS_RECOVERED", {})
+                with contextlib.suppress(AgentSafeError):
+                    self.halt.chain_heads_recovered()
 
     async def housekeeping(self) -> dict[str, Any]:
         """Record the final answers the use store refused earlier (a full disk); purge the use

@@ -7,11 +7,16 @@ operator serves a validating admission webhook (kopf's ``@kopf.on.validate``, re
 :func:`review_policy` is what it decides, with nothing written twice:
 
 - the stored shape: ``spec`` through :class:`~.models.AgentPolicySpec`
-  (:func:`~.runtime.parse_spec`, the reconcile's own reader): reason ``SpecInvalid``;
+  (:func:`~.runtime.parse_spec`, the reconcile's own reader): reason ``SpecInvalid``; the
+  downstream URLs there go through the executor's one URL validation
+  (``config.check_downstream_url``, which its configuration loader uses too), so a URL the
+  executor would refuse (``ftp:``, port 99999, ``user:password@``) is refused here, before it
+  is stored;
 - the policy: :func:`~.render.compile_spec_policy` (the executor's ``compile_policy``: every
   parameter schema checked, every CEL ``when`` compiled by the policy authority's compiler):
-  reason ``PolicyInvalid``, with the compiler's message, which starts with the path of the rule
-  (``actions[0].rules[1].when: ...``).
+  reason ``PolicyInvalid``, with the path of the rule and what is wrong
+  (``actions[0].rules[1].when: the expression does not compile ...``), never the compiler's
+  own text, which quotes the expression or the pattern.
 
 An admitted spec may still come back with warnings (the API server hands them to the client:
 ``kubectl apply`` prints ``Warning: ...``): those of

@@ -39,9 +39,11 @@ from agentsafe.executor.config import (
     DOWNSTREAM_TIMEOUT_MS_MAX,
     HARD_LIMIT_WINDOW_COUNT_MAX,
     HARD_LIMIT_WINDOW_SECONDS_MAX,
+    IDEMPOTENCY_KEY_PLACEHOLDER,
     INTENT_TTL_SECONDS_DEFAULT,
     INTENT_TTL_SECONDS_MAX,
     MAX_TEXT,
+    PROVIDER_REFERENCE_PLACEHOLDER,
     WORKERS_MAX,
     CredentialKind,
     EscalationMode,
@@ -49,6 +51,7 @@ from agentsafe.executor.config import (
     PrivateKeyAlgorithm,
     SigningAlgorithm,
     TlsMinVersion,
+    check_downstream_url,
 )
 from agentsafe.executor.door.principals_file import (
     MAX_ALLOWED_ACTIONS,
@@ -317,6 +320,18 @@ class HostCeilingsSpec(_Model):
     )
 
 
+def _downstream_url(placeholder: str | None = None) -> AfterValidator:
+    """The executor's one downstream URL validation (``config.check_downstream_url``, https
+    only: the operator never renders ``DOWNSTREAM_ALLOW_INSECURE_LOOPBACK``), so admission,
+    the reconcile and the executor's loader refuse the same URLs, in words without the URL."""
+
+    def check(value: str) -> str:
+        check_downstream_url(value, placeholder=placeholder)
+        return value
+
+    return AfterValidator(check)
+
+
 class DownstreamCredentialSpec(_Model):
     """How the executor authenticates to the downstream; the secret stays in its Secret."""
 
@@ -327,7 +342,7 @@ class DownstreamCredentialSpec(_Model):
     header: Annotated[str, Field(max_length=128)] | None = Field(
         default=None, description="STATIC_HEADER: the header that carries the credential"
     )
-    token_url: Annotated[str, Field(max_length=2048)] | None = None
+    token_url: Annotated[str, Field(max_length=2048), _downstream_url()] | None = None
     """OAuth token endpoint (https), PRIVATE_KEY_JWT"""
     client_id: Text | None = None
     """OAuth client id, PRIVATE_KEY_JWT"""
@@ -356,11 +371,16 @@ class DownstreamCredentialSpec(_Model):
 class DownstreamSpec(_Model):
     """The system the executor changes, and the network it lives in."""
 
-    url: Annotated[str, Field(min_length=1, max_length=2048)]
+    url: Annotated[str, Field(min_length=1, max_length=2048), _downstream_url()]
     """the downstream endpoint executions are sent to (https)"""
-    lookup_url: Annotated[str, Field(max_length=2048)] | None = None
+    lookup_url: (
+        Annotated[str, Field(max_length=2048), _downstream_url(IDEMPOTENCY_KEY_PLACEHOLDER)] | None
+    ) = None
     """the downstream's lookup endpoint for reconciling unknown attempts"""
-    lookup_by_reference_url: Annotated[str, Field(max_length=2048)] | None = None
+    lookup_by_reference_url: (
+        Annotated[str, Field(max_length=2048), _downstream_url(PROVIDER_REFERENCE_PLACEHOLDER)]
+        | None
+    ) = None
     """the downstream's lookup-by-reference endpoint"""
     system: Text
     """the downstream system's name, pinned into every intent"""

@@ -20,6 +20,9 @@ What is built and how:
 * ``etcd``: the same way, from ``go.etcd.io/etcd/server/v3`` (whose root package is etcd's
   ``main``) at the version the Kubernetes release itself pins.
 * ``helm``: ``go install helm.sh/helm/v3/cmd/helm@<pinned>``.
+* ``toxiproxy-server`` (the nemesis harness's fault-injecting TCP proxy, ``make chaos``,
+  ``e2e/chaos/``): ``go install github.com/Shopify/toxiproxy/v2/cmd/server@<pinned>`` into
+  ``<cache>/toxiproxy/<version>/`` (:func:`ensure_toxiproxy`, :func:`toxiproxy_binary`).
 
 Everything is built with ``CGO_ENABLED=0 GOFLAGS=-mod=mod`` under ``nice`` so that the build
 shares two cores politely. A finished binary is moved into place atomically, and a
@@ -45,6 +48,8 @@ from typing import IO
 
 KUBERNETES_VERSION = "v1.36.3"
 HELM_VERSION = "v3.21.4"
+TOXIPROXY_VERSION = "v2.5.0"
+TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2"
 #: None: take the etcd release that the Kubernetes release pins in its go.mod.
 ETCD_VERSION: str | None = None
 
@@ -530,6 +535,81 @@ def _build_missing(
         yield CONTROLLER_MANAGER, seconds
 
 
+def toxiproxy_binary(version: str = TOXIPROXY_VERSION) -> Path | None:
+    """The cached ``toxiproxy-server`` for ``version``, or None; never builds."""
+    path = cache_root() / "toxiproxy" / version / "toxiproxy-server"
+    return path if _executable(path) else None
+
+
+def ensure_toxiproxy(version: str = TOXIPROXY_VERSION) -> Path:
+    """The cached ``toxiproxy-server``, built once per version from the Go module proxy
+    (``go install <module>/cmd/server@<version>``). Raises :class:`BuildUnavailable`."""
+    found = toxiproxy_binary(version)
+    if found is not None:
+        return found
+    go = go_executable()
+    if go is None:
+        raise BuildUnavailable("no Go toolchain on PATH to build toxiproxy")
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with (cache_root() / ".build.lock").open("w") as lock:
+        if _locked(lock):
+            _log("another build holds the lock; waiting for it")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = toxiproxy_binary(version)
+        if found is not None:
+            return found
+        directory = cache_root() / "toxiproxy" / version
+        with tempfile.TemporaryDirectory(prefix="agentsafe-toxiproxy-build-") as work:
+            env = _go_env(go)
+            env["GOBIN"] = str(Path(work) / "bin")
+            started = time.monotonic()
+            _run(
+                [
+                    *_nice_prefix(),
+                    go,
+                    "install",
+                    "-trimpath",
+                    "-p",
+                    "2",
+                    "-ldflags",
+                    f"-s -w -X {TOXIPROXY_MODULE}.Version={version.removeprefix('v')}",
+                    f"{TOXIPROXY_MODULE}/cmd/server@{version}",
+                ],
+                cwd=Path(work),
+                env=env,
+                what=f"build toxiproxy {version}",
+            )
+            seconds = time.monotonic() - started
+            _install(Path(work) / "bin" / "server", directory / "toxiproxy-server")
+        go_version = subprocess.run(
+            [go, "version"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        entry = {"version": version, "seconds": round(seconds, 1), "go": go_version}
+        _record(directory, "toxiproxy-server", entry)
+        _log(f"toxiproxy-server: built in {seconds:.0f} s")
+    return directory / "toxiproxy-server"
+
+
+def _toxiproxy_step() -> int:
+    """The build's toxiproxy step: found in the cache, built, or (no Go) skipped."""
+    found = toxiproxy_binary()
+    if found is not None:
+        _log(f"toxiproxy {TOXIPROXY_VERSION} cached: {found}")
+        print(f"toxiproxy: {found}")
+        return 0
+    if go_executable() is None and not e2e_required():
+        _log("no Go toolchain on PATH: toxiproxy not built, make chaos will skip")
+        return 0
+    _log(f"cache {cache_root()}: building toxiproxy {TOXIPROXY_VERSION}")
+    try:
+        built = ensure_toxiproxy()
+    except BuildUnavailable as error:
+        _log(f"cannot provide toxiproxy: {error}")
+        return 1
+    print(f"toxiproxy: {built}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--kubernetes-version", default=KUBERNETES_VERSION)
@@ -543,7 +623,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" the default when {GC_ENV}=0)",
     )
     parser.add_argument("--gomaxprocs", type=int, default=None)
+    parser.add_argument(
+        "--only-toxiproxy",
+        action="store_true",
+        help="build (or find) only toxiproxy-server, the chaos harness's proxy",
+    )
     args = parser.parse_args(argv)
+    if args.only_toxiproxy:
+        return _toxiproxy_step()
     request = BuildRequest(
         kubernetes_version=args.kubernetes_version,
         helm_version=args.helm_version,
@@ -570,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(f"all binaries cached under {cache_root()} ({time.monotonic() - started:.1f} s)")
     for field in dataclasses.fields(binaries):
         print(f"{field.name}: {getattr(binaries, field.name)}")
-    return 0
+    return _toxiproxy_step()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ The result carries the status, ``accepted`` and the provider's ``reference`` (or
 is a short identifier (letters, digits, ``._:-``, at most 128); never the body. The provider's
 ``x-agent-safe-effect-receipt``, when it has the shape of a compact JWS within the bound, is
 carried verbatim (``effect_receipt`` in the result, or on a refusal's ``ProviderRefused``) to the
-authority's finalization. A refusal's
+authority's finalization; a header that is there but is not one is carried as
+:data:`INVALID_RECEIPT`, which verifies as nothing (a present receipt is never ABSENT). A refusal's
 reason comes from a JSON body's ``code`` (or ``reason``), reduced to UPPER_SNAKE; one longer than
 64 characters is not cut short (a cut value would hide what it was from the redactor) but
 replaced by ``PROVIDER_REFUSED_<status>``, as is a body without one. The registry then screens
@@ -68,6 +69,7 @@ from .seam import (
 )
 
 __all__ = [
+    "INVALID_RECEIPT",
     "MAX_TIMEOUT_MS",
     "ForwardRequestHandler",
     "effect_receipt",
@@ -80,6 +82,10 @@ PLACEHOLDER = IDEMPOTENCY_KEY_PLACEHOLDER
 _REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _COMPACT_JWS = re.compile(r"^[A-Za-z0-9_-]{2,2048}\.[A-Za-z0-9_-]{2,8192}\.[A-Za-z0-9_-]{2,512}$")
 _UNKNOWN_4XX = frozenset({408, 409})
+INVALID_RECEIPT = "invalid"
+"""What stands for a receipt header that is present but not a compact JWS within the bound: it
+verifies as nothing, so the comparison reads it MISMATCH (``EFFECT_RECEIPT_INVALID``), never
+ABSENT, and the header itself (any size) is not carried (issue 30, item 17)."""
 _UNREPRESENTABLE = re.compile(r"[/%\\]")
 
 
@@ -127,9 +133,13 @@ def provider_reference(body: bytes) -> str | None:
 
 
 def effect_receipt(response: HttpResponse) -> str | None:
-    """``x-agent-safe-effect-receipt`` when it has the shape of a compact JWS within the bound."""
+    """``x-agent-safe-effect-receipt`` when it has the shape of a compact JWS within the bound;
+    :data:`INVALID_RECEIPT` when the header is there but is not one (garbage, an empty
+    signature segment, beyond the bound); ``None`` only when the provider sent no header."""
     receipt = response.headers.get("x-agent-safe-effect-receipt")
-    return receipt if receipt is not None and _COMPACT_JWS.match(receipt) else None
+    if receipt is None:
+        return None
+    return receipt if _COMPACT_JWS.match(receipt) else INVALID_RECEIPT
 
 
 class ForwardRequestHandler:

@@ -13,7 +13,9 @@ of the installed distributions (every one, in name order). It receives a :class:
 * ``seam.credential`` -- the credential that proves this process to the downstream; a handler asks
   it for headers at the moment of dispatch and keeps nothing;
 * ``seam.fetch`` -- the one guarded outbound client (``egress/guard.py``): the configuration's
-  origins and path prefixes and nothing else;
+  origins and path prefixes and nothing else; inside an execution it sends only from
+  ``dispatch.run`` on (a send before it is refused, ``SEND_BEFORE_DISPATCH``, nothing sent:
+  ``seam.DispatchBoundFetch``);
 * ``seam.effects`` -- the register where a handler that observes an effect records what it saw
   (``dispatch/effects.py``): bound to the exact authorization, handed to the authority's
   finalization and written as one ``EFFECT_OBSERVED`` evidence line, digests only;

@@ -24,6 +24,9 @@ every execution in the same steps, so an ordinary handler gets them without know
    ======================================  ===========================  ==========
 
    (The last row is a handler breaking its contract, reported HANDLER_CONTRACT_VIOLATED.)
+   Those rows hold because nothing a handler sends before ``dispatch.run`` can leave: the seam's
+   ``fetch`` (:class:`DispatchBoundFetch`) refuses such a send with ``SEND_BEFORE_DISPATCH``
+   (``sent=False``) before a byte is written.
 
 Deadlines are monotonic: the context carries ``deadline_monotonic`` (never later than the grant's
 expiry), :meth:`ExecutionContext.remaining` is what a handler may give its provider, and
@@ -54,6 +57,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
@@ -64,7 +68,7 @@ from jsonschema.protocols import Validator as SchemaValidator
 from ..canonical import canonical_json
 from ..clock import Clock, format_ms
 from ..codes import Code
-from ..egress.transport import TransportError
+from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import AgentSafeError, CanonicalizationError, HandlerError, RequestRejected
 from ..events import EventSink
 from ..intent import CapturedIntent, execution_payload_digest
@@ -73,6 +77,7 @@ from ..schema import EcmaValidator, check_schema, is_strict
 __all__ = [
     "Authorization",
     "Dispatch",
+    "DispatchBoundFetch",
     "DispatchRefused",
     "ExecutionContext",
     "ExecutionReport",
@@ -219,6 +224,47 @@ class Dispatch:
             raise DispatchRefused("the grant expired before dispatch", code=Code.GRANT_EXPIRED)
         self._started = True
         return await fn(self._ctx.idempotency_key)
+
+
+_EXECUTING: ContextVar[Dispatch | None] = ContextVar("agentsafe_executing", default=None)
+"""The dispatch of the execution running in this context (set by :meth:`Registry.execute`
+around a handler's body; tasks the handler starts inherit it)."""
+
+
+class DispatchBoundFetch:
+    """``seam.fetch``: the guarded client, refusing a send a handler makes before its
+    ``dispatch.run``.
+
+    Inside :meth:`Registry.execute`, a request through ``seam.fetch`` before ``dispatch.run``
+    started raises ``TransportError(SEND_BEFORE_DISPATCH, sent=False)`` before any byte leaves:
+    the seam would report such an attempt FAILED_BEFORE_DISPATCH, ``executed=false``, while the
+    provider had the request (issue 30, item 16). From ``dispatch.run`` on (inside it, and a
+    read-back after it) and outside any execution (``reconcile``, plan steps, registration) it
+    is the guarded client itself."""
+
+    def __init__(self, inner: Transport) -> None:
+        self._inner = inner
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout: float,
+    ) -> HttpResponse:
+        executing = _EXECUTING.get()
+        if executing is not None and not executing.started:
+            raise TransportError(
+                Code.SEND_BEFORE_DISPATCH,
+                sent=False,
+                message="a send through seam.fetch before dispatch.run is refused",
+            )
+        return await self._inner.request(method, url, headers=headers, body=body, timeout=timeout)
+
+    async def close(self) -> None:
+        await self._inner.close()
 
 
 class Handler(Protocol):
@@ -386,6 +432,7 @@ class Registry:
             return _report(failed, Code.JOURNAL_UNAVAILABLE, dispatched=False)
 
         dispatch = Dispatch(ctx)
+        executing = _EXECUTING.set(dispatch)
         try:
             result = await handler.execute(ctx, dispatch)
         except ProviderRefused as refused:
@@ -411,6 +458,8 @@ class Registry:
                 _code_of(exc, Code.HANDLER_FAILED),
                 dispatched=True,
             )
+        finally:
+            _EXECUTING.reset(executing)
         if not dispatch.started:
             return _report(failed, Code.HANDLER_CONTRACT_VIOLATED, dispatched=False)
         if not _json_mapping(result):

@@ -33,12 +33,13 @@ How refusals count (``docs/door.md`` states the model and why):
   the window's own 429s do not count. A proven principal's refusals (its lock, its rate limit,
   its role and scope, and :meth:`Door.record_refusal` after the door) never count towards the
   halt: an authorization mistake is not an authentication attack.
-* A principal's lockout (``EXECUTOR_AUTH_LOCKOUT``) counts only failures that prove intent
-  against this executor: a certificate our client CA issued for the principal's SAN that does not
-  match its pin, a workload token naming a key we hold whose signature does not verify, and the
-  proven principal's own authorization refusals. A genuine token replayed for another audience,
-  or stale, counts only in its source's window, so a stranger holding it cannot lock the
-  principal out.
+* A principal's lockout (``EXECUTOR_AUTH_LOCKOUT``) counts only failures an outsider cannot
+  produce at will: a certificate our client CA issued for the principal's SAN that does not
+  match its pin, and the proven principal's own authorization refusals. No workload token
+  failure counts: a bad signature under a known ``kid`` and subject is anyone's to forge with a
+  key of their own, and a genuine token replayed for another audience, or stale, is a
+  stranger's to replay; both count only in their source's window, so nobody who merely knows a
+  key id and a subject can lock the principal out.
 
 Legacy mode (:class:`LegacyCaller`): one PROPOSER ``legacy-caller`` whose bearer is the caller
 token, read from its secret handle on every request (so a rotated token applies from the next
@@ -307,7 +308,6 @@ class Door:
             try:
                 record = self._workload.verify(token, principals)
             except JwtRefused as refused:
-                attempt.intent_principal = refused.principal_id
                 code = refused.code if refused.code != Code.JWT_MALFORMED else Code.AUTH_FAILED
                 raise _Refusal(code, "the workload token is not accepted") from None
             return record.principal, record.rate_limit

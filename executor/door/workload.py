@@ -26,11 +26,11 @@ reads the segments strictly first); the rules around it are ours:
 Codes (each refusal its own): JWT_MALFORMED, JWT_ALGORITHM_REFUSED, JWT_SIGNATURE_INVALID,
 JWT_ISSUER_UNKNOWN, JWT_SUBJECT_UNKNOWN, JWT_EXPIRED (expired, not yet valid, or older than a
 day), JWT_AUDIENCE_MISMATCH, JWT_CLAIM_MISMATCH (including a missing required claim).
-:class:`JwtRefused` carries ``principal_id`` only when the failure proves intent against this
-executor: a token that names a key of its issuer's set (by ``kid``) and a principal's subject
-but whose signature does not verify. The door counts only those against the principal's lockout:
-a genuine token for another audience, or a stale one, is what a stranger holding it can replay,
-and it must not lock the principal out.
+No workload token failure counts towards a principal's lockout, so :class:`JwtRefused` names no
+principal: a token that names a key of the issuer's set (a ``kid`` is public, in the JWKS) and a
+principal's subject but whose signature does not verify is what anyone can produce at will, with
+a key of their own (issue 30, item 20); a genuine token for another audience, or a stale one, is
+what a stranger holding it can replay. Each counts in its source's window only (``door.py``).
 
 Key sets and their issuers. ``EXECUTOR_JWKS_FILE`` is a JWKS (``{"keys": [...]}``), optionally
 with an ``"issuer"`` member naming the issuer its keys belong to, or several bound sets
@@ -97,15 +97,14 @@ FetchJwks = Callable[[], Awaitable[bytes]]
 
 
 class JwtRefused(AgentSafeError):
-    """A workload token refused; ``principal_id`` is set only when the failure proved intent
-    against this executor (a known key, a known subject, a signature that does not verify)."""
+    """A workload token refused. It names no principal: no workload token failure counts
+    towards a principal's lockout (see the module docstring)."""
 
     code: Code
 
-    def __init__(self, code: Code, message: str, *, principal_id: str | None = None) -> None:
+    def __init__(self, code: Code, message: str) -> None:
         super().__init__(message, code=code)
         self.code = code
-        self.principal_id = principal_id
 
 
 @dataclass(frozen=True)
@@ -426,16 +425,7 @@ class WorkloadVerifier:
             if k.alg == alg and (kid is None or k.kid == kid)
         ]
         if not any(_verifies(compact, k) for k in candidates):
-            named = (
-                principals.by_workload(issuer, subject)
-                if kid is not None and candidates and isinstance(subject, str)
-                else None
-            )
-            raise JwtRefused(
-                Code.JWT_SIGNATURE_INVALID,
-                "the token's signature does not verify",
-                principal_id=named.id if named is not None else None,
-            )
+            raise JwtRefused(Code.JWT_SIGNATURE_INVALID, "the token's signature does not verify")
         if not isinstance(subject, str):
             raise JwtRefused(Code.JWT_SUBJECT_UNKNOWN, "the token names no subject")
         record = principals.by_workload(issuer, subject)

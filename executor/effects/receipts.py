@@ -15,8 +15,11 @@ the ``effect_digest`` of what it applied.
 MATCH      it verifies, names this grant and claim, and its digest is the authorised effect's
            (and the observed one's, when there is an observation)
 SILENT     it verifies and names this grant and claim, but states no effect digest
-ABSENT     the provider sent none
-MISMATCH   it does not verify (unknown key, bad signature, wrong ``typ`` or issuer), names
+ABSENT     the provider sent no receipt header at all
+MISMATCH   it is not a compact JWS within the bound (the handler hands
+           ``dispatch/forward.py``'s ``INVALID_RECEIPT`` for such a header: garbage, ``alg``
+           none with an empty signature, oversized), it does not verify (unknown key, bad
+           signature, wrong ``typ`` or issuer), names
            another grant or claim, its status contradicts the provider's answer, or its digest
            differs from the authorised or the observed effect
 =========  =================================================================================

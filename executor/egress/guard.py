@@ -11,8 +11,10 @@ credentials in the URL or another origin (EGRESS_ORIGIN_NOT_ALLOWED), plain HTTP
 loopback answer of a destination that explicitly allows it (EGRESS_SCHEME_NOT_ALLOWED), a path
 outside the prefix or one with dot segments or encoded separators (EGRESS_PATH_NOT_ALLOWED), a
 non-canonical numeric host or an answer that is this host, loopback (unless allowed), in any
-block of the IANA special-purpose registries (6to4, Teredo and NAT64 forms included, named with
-the IPv4 address they carry), a cloud metadata address, or no answer at all
+block of the IANA special-purpose registries (6to4, Teredo, NAT64 and IPv4-translated forms
+included, named with the IPv4 address they carry), IPv6 outside global unicast (2000::/3), what
+the interpreter's ``ipaddress`` calls reserved or not global, a cloud metadata address, or no
+answer at all
 (EGRESS_ADDRESS_REFUSED). Private-use blocks (RFC 1918, shared address space, unique local) are
 refused too unless ``EXECUTOR_EGRESS_ALLOW_CIDRS`` names the part a deliberate private
 destination answers from; the metadata addresses inside them stay refused. The name is resolved
@@ -35,8 +37,9 @@ Then TLS 1.2+ against the destination's anchor with hostname verification (EGRES
 and the pins over the presented chain (EGRESS_TLS_PIN_MISMATCH, checked before a request byte is
 written); a redirect is refused, never followed (EGRESS_REDIRECT_REFUSED, reported with whether
 it leaves the origin); the body is read whole up to ``max_response_bytes``
-(EGRESS_BODY_TOO_LARGE); the total time is bounded (EGRESS_TIMEOUT); a malformed response is
-EGRESS_RESPONSE_INVALID.
+(EGRESS_BODY_TOO_LARGE); a response header field may be up to
+:data:`MAX_RESPONSE_HEADER_FIELD_BYTES`; the total time is bounded (EGRESS_TIMEOUT); a malformed
+response is EGRESS_RESPONSE_INVALID.
 
 Each refusal raises ``TransportError(code, sent)``, emits EGRESS_REFUSED on the security stream
 with the origin and code (never the path or query) and calls ``on_refusal(code)``, through which
@@ -81,6 +84,7 @@ from .transport import DEFAULT_MAX_RESPONSE_BYTES, HttpResponse, TransportError
 
 __all__ = [
     "MAX_RESPONSE_BYTES_RANGE",
+    "MAX_RESPONSE_HEADER_FIELD_BYTES",
     "METADATA_ADDRESSES",
     "POOL_IDLE_SECONDS",
     "POOL_MAX_CONNECTIONS",
@@ -109,6 +113,11 @@ the shortest keep-alive timeout common servers use (Node.js 5 s, Go and aiohttp 
 75 s), so the provider is not closing a connection as the executor starts to write on it."""
 POOL_MAX_CONNECTIONS = 32
 """At most this many provider connections stay open across all pooled addresses."""
+MAX_RESPONSE_HEADER_FIELD_BYTES = 64 * 1024
+"""The longest response header field the guard reads (aiohttp's default is 8190): a provider's
+effect receipt beyond that default must not turn an answer the executor can read (a committed
+payment) into EGRESS_RESPONSE_INVALID, an unknown outcome. aiohttp's bound of 128 header fields
+still holds. A longer field makes the response invalid (issue 30, item 17)."""
 
 Resolve = Callable[[str, int], Awaitable[Sequence[str]]]
 """Resolve ``(host, port)`` to IP address strings (the default uses the loop's getaddrinfo)."""
@@ -215,14 +224,25 @@ def _blocks(*rows: tuple[str, str] | tuple[str, str, bool]) -> tuple[_Block, ...
 
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765 (SIIT)
+_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
+"""The only IPv6 space IANA allocates for global unicast (the IPv6 Address Space registry):
+every address outside it is special, unassigned or reserved, and never a downstream."""
 
-# Every entry of the IANA IPv4 and IPv6 Special-Purpose Address Registries (RFC 6890 and its
-# updates, as published in 2025), plus multicast, the limited broadcast and the deprecated
-# site-local and IPv4-compatible blocks. Hand-written, not ``ipaddress``'s ``is_private`` /
-# ``is_global``: those flags differ between Python versions and leave out entries the
-# registries list as globally reachable (AS112, AMT, the anycast assignments), which are not
-# where an executor's downstream lives either. Every block is refused; only the ``private``
-# ones can be opened, address by address, with ``EXECUTOR_EGRESS_ALLOW_CIDRS``.
+# The one table: every entry of the IANA IPv4 and IPv6 Special-Purpose Address Registries
+# (RFC 6890 and its updates, as published in 2025), plus multicast, the limited broadcast, the
+# deprecated site-local and IPv4-compatible blocks and RFC 2765's IPv4-translated block.
+# ``tests/egress/test_guard_registries.py`` holds both registries as data and checks every
+# block is refused. Why a table of our own rather than ``ipaddress``'s ``is_private`` /
+# ``is_global``: those flags follow the registries only from CPython 3.11.10 / 3.12.4 (gh-113171)
+# and this project supports 3.11.0 on; on an older interpreter they call 192.0.0.0/24 and the
+# 3fff::/20 documentation block global. They still count, as a floor: whatever the running
+# interpreter's ``ipaddress`` calls not global or reserved is refused too (a newer table can
+# only add refusals), and IPv6 outside 2000::/3 (the IANA IPv6 Address Space registry's global
+# unicast) is refused whatever it is. Entries the registries list as globally reachable (AS112,
+# AMT, the anycast assignments) are refused as well: no executor's downstream lives there.
+# Only the ``private`` blocks can be opened, address by address, with
+# ``EXECUTOR_EGRESS_ALLOW_CIDRS``.
 SPECIAL_PURPOSE_BLOCKS: tuple[_Block, ...] = _blocks(
     # IPv4
     ("0.0.0.0/8", "this network"),
@@ -249,6 +269,7 @@ SPECIAL_PURPOSE_BLOCKS: tuple[_Block, ...] = _blocks(
     ("::1/128", "loopback"),
     ("::/96", "IPv4-compatible (deprecated)"),
     ("::ffff:0:0/96", "IPv4-mapped"),
+    ("::ffff:0:0:0/96", "IPv4-translated"),
     ("64:ff9b::/96", "NAT64 translation"),
     ("64:ff9b:1::/48", "local-use IPv4/IPv6 translation"),
     ("100::/64", "discard-only"),
@@ -291,13 +312,26 @@ METADATA_ADDRESSES: frozenset[_Address] = frozenset(
 
 
 def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4Address] | None:
-    """The IPv4 address a 6to4, Teredo or NAT64 address carries, and the form's name."""
+    """The IPv4 address a 6to4, Teredo, NAT64 or IPv4-translated (RFC 2765) address carries,
+    and the form's name."""
     if ip.sixtofour is not None:
         return "6to4", ip.sixtofour
     if ip.teredo is not None:
         return "Teredo", ip.teredo[1]
     if ip in _NAT64:
         return "NAT64", ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip in _IPV4_TRANSLATED:
+        return "IPv4-translated", ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+def _not_global(ip: _Address) -> str | None:
+    """The floor under the table: IPv6 outside global unicast, or what the running
+    interpreter's ``ipaddress`` calls reserved, multicast or not global."""
+    if isinstance(ip, ipaddress.IPv6Address) and ip not in _GLOBAL_UNICAST:
+        return "outside IPv6 global unicast"
+    if ip.is_reserved or ip.is_multicast or ip.is_unspecified or not ip.is_global:
+        return "special purpose"
     return None
 
 
@@ -313,10 +347,12 @@ def address_refusal(
     In order: a cloud metadata address (always); loopback (unless the destination allows it,
     ``allow_insecure_loopback``); this host's own addresses; an IPv6 form that carries an
     IPv4 address (6to4, Teredo, NAT64; IPv4-mapped and -compatible are judged as the IPv4
-    address they are), named with what it carries; then every special-purpose block
-    (:data:`SPECIAL_PURPOSE_BLOCKS`). A private-use block (RFC 1918, shared address space,
-    unique local) is allowed only inside one of ``allowed`` (``EXECUTOR_EGRESS_ALLOW_CIDRS``),
-    the explicit override for a deliberate private destination; nothing else can be opened.
+    address they are; RFC 2765's IPv4-translated too), named with what it carries;
+    then every special-purpose block (:data:`SPECIAL_PURPOSE_BLOCKS`); then the floor: IPv6
+    outside 2000::/3, and what ``ipaddress`` calls reserved or not global. A private-use block
+    (RFC 1918, shared address space, unique local) is allowed only inside one of ``allowed``
+    (``EXECUTOR_EGRESS_ALLOW_CIDRS``), the explicit override for a deliberate private
+    destination; nothing else can be opened.
     """
     try:
         raw = ipaddress.ip_address(address.split("%", 1)[0])
@@ -337,12 +373,13 @@ def address_refusal(
                 str(inner), allow_loopback=False, local_addresses=local_addresses, allowed=()
             )
             return f"{form} of {inner_reason}" if inner_reason else form
+    opened = any(ip.version == n.version and ip in n for n in allowed)
     for block in SPECIAL_PURPOSE_BLOCKS:
         if ip.version == block.network.version and ip in block.network:
-            if block.private and any(ip.version == n.version and ip in n for n in allowed):
+            if block.private and opened:
                 continue
             return block.name
-    return None
+    return None if opened else _not_global(ip)
 
 
 def local_interface_addresses() -> frozenset[str]:
@@ -690,6 +727,7 @@ class _GuardedConnector(aiohttp.TCPConnector):
 def _client_session(connector: _GuardedConnector) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=connector,
+        max_field_size=MAX_RESPONSE_HEADER_FIELD_BYTES,
         auto_decompress=False,
         skip_auto_headers=("User-Agent", "Accept-Encoding"),
         raise_for_status=False,

@@ -30,6 +30,11 @@ caller (the event loop) does not wait on the disk for them; the line that would 
 waits for that checkpoint (or, when it failed, persists the head itself or is refused). The first
 line, a resumption and :meth:`ChainedSink.close` persist before they return, as before. The head
 file only moves forward: a checkpoint never replaces a newer head (nor a clean one) with an older.
+A head that cannot be persisted (a full disk) makes the sink :attr:`~ChainedSink.failed` until a
+persist lands again (:meth:`~ChainedSink.recover` is the synced probe); every line written or
+refused meanwhile calls ``on_failure``, which ``plane.py`` turns into a halt (cause
+``CHAIN_HEADS``): the first failed checkpoint comes a quarter of the bound before lines are
+refused, so the halt and its security lines are written while the chain still has room.
 
 The window an incident bundle carries (:meth:`ChainedSink.snapshot`) keeps the last
 ``window_lines`` lines of two kinds apart: *routine* lines (on the security stream the door's
@@ -261,6 +266,10 @@ class ChainedSink:
         self._checkpointer: ThreadPoolExecutor | None = None
         self._checkpoint: Future[None] | None = None
         self._checkpoint_failure: ChainError | None = None
+        self._heads_failed = False
+        self.on_failure: Callable[[], None] | None = None
+        """Called (in the emitting thread, no lock held) after each line that finds the head
+        unpersisted: a failed checkpoint, or a line refused at the bound (``plane.py`` halts)."""
         self._closed = False
         self._lines_written = 0
         self._lock_fd: int | None = None
@@ -283,7 +292,25 @@ class ChainedSink:
             raise ChainError(
                 f"fields {sorted(clash)} are written by the chain itself", code=Code.FIELD_RESERVED
             )
-        self._write(event, given)
+        try:
+            self._write(event, given)
+        finally:
+            if self._heads_failed and self.on_failure is not None:
+                self.on_failure()
+
+    @property
+    def failed(self) -> bool:
+        """The last attempt to persist the head failed (a full disk), none has landed since."""
+        return self._heads_failed
+
+    def recover(self) -> bool:
+        """A synced probe: persist the current head now (not clean); True when it landed (the
+        heads take writes again, :attr:`failed` is false)."""
+        try:
+            self.checkpoint()
+        except ChainError:
+            return False
+        return not self._heads_failed
 
     def head(self) -> ChainHead | None:
         with self._lock:
@@ -566,7 +593,12 @@ class ChainedSink:
                 or (head.seq == persisted and self._persisted_clean and not clean)
             ):
                 return
-            self._replace_head_file(head, clean=clean)
+            try:
+                self._replace_head_file(head, clean=clean)
+            except ChainError:
+                self._heads_failed = True
+                raise
+            self._heads_failed = False
             self._persisted_seq = head.seq
             self._persisted_clean = clean
 
@@ -660,6 +692,23 @@ class ChainedStreams:
 
     def heads(self) -> dict[str, ChainHead | None]:
         return {name: sink.head() for name, sink in self.sinks().items()}
+
+    @property
+    def failed(self) -> bool:
+        """A stream's head could not be persisted, and has not been since."""
+        return self.evidence.failed or self.security.failed
+
+    def on_failure(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after each line a stream writes (or refuses) with its head
+        unpersisted (``plane.py``: the halt, cause ``CHAIN_HEADS``)."""
+        self.evidence.on_failure = callback
+        self.security.on_failure = callback
+
+    def recover(self) -> bool:
+        """Persist both heads now (a synced write each); True when both landed."""
+        evidence = self.evidence.recover()
+        security = self.security.recover()
+        return evidence and security
 
     def report_leaks(self, stream: str, leaks: tuple[Leak, ...]) -> None:
         """Raise LEAK_SUSPECTED on the security stream, once per leak; never recursive."""

@@ -11,17 +11,24 @@ Causes: ``OPERATOR`` (with a reason and the principal), ``FILE`` (``EXECUTOR_HAL
 :meth:`posture_restored`), ``CLOCK_SKEW``, ``JOURNAL`` (the attempt journal failed a write; the
 only cause lifted without an operator, by :meth:`journal_recovered` once it writes again),
 ``EFFECT_MISMATCH`` (an observed effect, or a provider's receipt, that is not the authorised
-one, under ``EXECUTOR_ON_EFFECT_MISMATCH=HALT``).
+one, under ``EXECUTOR_ON_EFFECT_MISMATCH=HALT``), ``CHAIN_HEADS`` (the evidence chains' heads
+cannot be persisted, a full disk; lifted like ``JOURNAL``, by :meth:`chain_heads_recovered` once
+a synced probe write lands).
 
 Each new cause is one ``HALTED`` line on the security stream (cause, reason, by) and each resume
 one ``RESUMED`` line; an operator's reason is their own words, kept but bounded in length and
 stripped of control characters. Listeners are called with the new halted flag on every change.
+A ``HALTED`` line the security stream cannot take (its own chain is failing) is logged and the
+halt stands all the same: it never depends on the line.
 
 Under ``EXECUTOR_WORKERS`` above 1 an operator's halt and resume (the control route, on whichever
 worker a connection reached) are the group's: :meth:`HaltState.share` links the state to the
 group's :class:`~.workers.SharedHalt`, the acting worker records the change there after making it
-its own, and :meth:`HaltState.follow` applies every worker's change within
-``HALT_POLL_SECONDS`` (a worker starting while the group is halted starts halted). The automatic
+its own (before the route answers), and every worker's work gate reads it synchronously
+(:meth:`HaltState.sync_shared`, one ``stat`` while nothing changed) before it starts new work, so
+once a halt is answered no worker starts anything; :meth:`HaltState.follow` also applies every
+worker's change within ``HALT_POLL_SECONDS`` for what is not work (``/ready``, the roster; a
+worker starting while the group is halted starts halted). The automatic
 causes, and the spike detectors that feed them, stay each worker's own: a door refusal spike is
 counted per worker, and halts that worker (docs/configuration.md, ``EXECUTOR_WORKERS``).
 
@@ -34,6 +41,7 @@ routes).
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +51,7 @@ from typing import Any
 
 from ..clock import Clock, format_ms
 from ..codes import Code
-from ..errors import RequestRejected
+from ..errors import AgentSafeError, RequestRejected
 from ..events import EventSink
 from ..windows import RateRule, SpikeDetector
 from .metrics import ExecutorMetrics
@@ -52,6 +60,8 @@ from .workers import HALT_POLL_SECONDS, SharedHalt
 __all__ = ["MAX_REASON_CHARS", "HaltCause", "HaltRecord", "HaltState", "bound_reason"]
 
 MAX_REASON_CHARS = 500
+
+_log = logging.getLogger(__name__)
 
 
 class HaltCause(StrEnum):
@@ -63,6 +73,7 @@ class HaltCause(StrEnum):
     CLOCK_SKEW = "CLOCK_SKEW"
     JOURNAL = "JOURNAL"  # the attempt journal cannot write; lifted by itself when it can again
     EFFECT_MISMATCH = "EFFECT_MISMATCH"
+    CHAIN_HEADS = "CHAIN_HEADS"  # the chain heads cannot be persisted; lifted like JOURNAL
 
 
 @dataclass(frozen=True)
@@ -114,6 +125,7 @@ class HaltState:
         self._lock = threading.RLock()
         self._shared: SharedHalt | None = None
         self._shared_generation = 0
+        self._shared_stamp: tuple[int, int, int] | None = None
         self.check_file()
 
     # -- reading ------------------------------------------------------------------------------
@@ -165,7 +177,10 @@ class HaltState:
         line: dict[str, Any] = {"cause": cause.value, "reason": text, "by": by}
         if _from_worker is not None:
             line["from_worker"] = _from_worker
-        self._security.emit("HALTED", line)
+        try:
+            self._security.emit("HALTED", line)
+        except AgentSafeError as exc:  # a failing chain: the halt stands without its line
+            _log.error("HALTED (cause %s) was not recorded (%s)", cause.value, exc.code)
         if cause is HaltCause.OPERATOR and _from_worker is None:
             self._share(halted=True, reason=text, by=by)
         if self._metrics is not None:
@@ -228,6 +243,19 @@ class HaltState:
             generation = self._shared.publish(halted=halted, reason=reason, by=by)
             with self._lock:
                 self._shared_generation = max(self._shared_generation, generation)
+
+    def sync_shared(self) -> None:
+        """Apply the group's shared halt now if it changed since it was last read: one ``stat``
+        when it did not. The work gate calls this before every piece of new work, so an
+        operator's halt answered on any worker holds here at once, not at the next poll."""
+        shared = self._shared
+        if shared is None:
+            return
+        stamp = shared.stamp()
+        if stamp is None or stamp == self._shared_stamp:
+            return
+        self._shared_stamp = stamp
+        self.apply_shared(shared.read())
 
     def check_shared(self) -> bool:
         """Apply the group's latest operator halt or resume once; True when one was new."""
@@ -299,24 +327,41 @@ class HaltState:
         return self.halt(HaltCause.JOURNAL, reason="the attempt journal cannot write")
 
     def journal_recovered(self) -> None:
-        """The journal's storage takes synced writes again: its own cause is lifted (the only
-        cause that lifts itself: nothing was executed while it stood, and nothing else halted
-        is cleared). One ``RESUMED`` line when no other cause remains."""
+        """The journal's storage takes synced writes again: its own cause is lifted (one of the
+        two causes that lift themselves: nothing was executed while it stood, and nothing else
+        halted is cleared). One ``RESUMED`` line when no other cause remains."""
+        self._lift(HaltCause.JOURNAL, "journal recovered", "the attempt journal recovered")
+
+    def chain_heads_failed(self) -> bool:
+        """The evidence chains' heads cannot be persisted (``CHAIN_HEADS``); True when newly
+        halted."""
+        return self.halt(HaltCause.CHAIN_HEADS, reason="the chain heads cannot be persisted")
+
+    def chain_heads_recovered(self) -> None:
+        """A synced probe write of the chain heads landed: their own cause is lifted, as
+        :meth:`journal_recovered` lifts ``JOURNAL``."""
+        self._lift(HaltCause.CHAIN_HEADS, "chain heads recovered", "the chain heads recovered")
+
+    def has_cause(self, cause: HaltCause) -> bool:
         with self._lock:
-            if self._causes.pop(HaltCause.JOURNAL, None) is None:
+            return cause in self._causes
+
+    def _lift(self, cause: HaltCause, reason: str, resumed_reason: str) -> None:
+        with self._lock:
+            if self._causes.pop(cause, None) is None:
                 return
             resumed = not self._causes
             listeners = list(self._listeners) if resumed else []
-        self._security.emit(
-            "HALT_CAUSE_LIFTED", {"cause": HaltCause.JOURNAL.value, "reason": "journal recovered"}
-        )
-        if resumed:
-            self._security.emit(
-                "RESUMED",
-                {"reason": "the attempt journal recovered", "by": None, "causes": ["JOURNAL"]},
-            )
-            for listener in listeners:
-                listener(False)
+        try:
+            self._security.emit("HALT_CAUSE_LIFTED", {"cause": cause.value, "reason": reason})
+            if resumed:
+                self._security.emit(
+                    "RESUMED", {"reason": resumed_reason, "by": None, "causes": [cause.value]}
+                )
+        except AgentSafeError as exc:  # the cause is lifted all the same
+            _log.error("the lift of cause %s was not recorded (%s)", cause.value, exc.code)
+        for listener in listeners:
+            listener(False)
 
     def effect_mismatch(self, grant_id: str) -> None:
         """An observed effect that is not the authorised one (``EXECUTOR_ON_EFFECT_MISMATCH=HALT``):

@@ -117,6 +117,7 @@ HALT_CAUSES = (
     "CLOCK_SKEW",
     "JOURNAL",
     Code.EFFECT_MISMATCH.value,
+    "CHAIN_HEADS",
 )
 CEILING_CODES = tuple(code.value for code in Code if code.value.startswith("HARD_LIMIT_"))
 OPERATOR_ACTIONS = (

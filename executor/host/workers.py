@@ -14,7 +14,10 @@ The runtime directory holds, each file replaced atomically (temp, rename):
   change (pid, ready, halted, reconciling, open attempts);
 - ``halt.json``: the operator's halt or resume from the control route of any worker, with a
   generation number taken under ``halt.lock`` (``flock``), so two racing operators are ordered.
-  Every worker follows it (``HaltState.follow``), within :data:`HALT_POLL_SECONDS`.
+  The acting worker writes it before its control route answers, and every worker checks it at
+  its work gate before starting new work (:meth:`SharedHalt.stamp`, one ``stat``), so a halt
+  that was answered holds on every worker; ``HaltState.follow`` also applies it within
+  :data:`HALT_POLL_SECONDS` for what is not work (``/ready``, the roster).
 - ``metrics/``: ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's multiprocess files);
 - ``exports/<id>/``: an evidence export asking every other worker for the window of its chains
   (:meth:`WorkerLink.request_windows`); each answers ``worker-<j>.json`` within
@@ -206,6 +209,16 @@ class SharedHalt:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
+
+    def stamp(self) -> tuple[int, int, int] | None:
+        """A cheap identity of ``halt.json`` as it stands (inode, size, mtime): every publish
+        replaces the file (a new inode), so a changed stamp means a record to read. ``None``
+        while nothing was published."""
+        try:
+            found = os.stat(self._path)
+        except OSError:
+            return None
+        return (found.st_ino, found.st_size, found.st_mtime_ns)
 
     def read(self) -> dict[str, Any] | None:
         record = read_json(self._path)

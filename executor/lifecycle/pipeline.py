@@ -223,9 +223,12 @@ class Pipeline:
         refusal = self._refusal()
         if refusal is None:
             return None
-        self._streams.evidence.emit(
-            "EXECUTION_BLOCKED", {"caller": principal.id, "reason_codes": [refusal]}
-        )
+        try:
+            self._streams.evidence.emit(
+                "EXECUTION_BLOCKED", {"caller": principal.id, "reason_codes": [refusal]}
+            )
+        except AgentSafeError as exc:  # a halt for a failing chain (CHAIN_HEADS): still coded
+            log.warning("EXECUTION_BLOCKED was not recorded (%s)", exc.code)
         self._count_outcome(Outcome.BLOCKED)
         return halted_answer(self.mode.value, refusal)
 

@@ -136,12 +136,18 @@ def compile_expression(text: str, *, path: str | None = None) -> Expression:
     ``path`` (``actions[0].rules[1].when``) prefixes the message so an operator can find the rule.
     """
     if not isinstance(text, str) or not text.strip():
-        raise PolicyError("expression is empty", path=path, code=Code.POLICY_EXPRESSION_INVALID)
+        raise PolicyError(
+            "expression is empty",
+            path=path,
+            code=Code.POLICY_EXPRESSION_INVALID,
+            public="expression is empty",
+        )
     if len(text) > MAX_EXPRESSION_LENGTH:
         raise PolicyError(
             f"expression longer than {MAX_EXPRESSION_LENGTH} characters",
             path=path,
             code=Code.POLICY_EXPRESSION_INVALID,
+            public=f"expression longer than {MAX_EXPRESSION_LENGTH} characters",
         )
     try:
         program = cel.compile(text)
@@ -150,7 +156,10 @@ def compile_expression(text: str, *, path: str | None = None) -> Expression:
         raise
     except BaseException as exc:
         raise PolicyError(
-            _compiler_message(exc), path=path, code=Code.POLICY_EXPRESSION_INVALID
+            _compiler_message(exc),
+            path=path,
+            code=Code.POLICY_EXPRESSION_INVALID,
+            public="the expression does not compile (agentsafe policy lint shows where)",
         ) from None
     bound = set(_BINDER.findall(text))
     unknown_variables = sorted(set(references["variables"]) - VARIABLES - bound)
@@ -160,6 +169,7 @@ def compile_expression(text: str, *, path: str | None = None) -> Expression:
             f"(available: {', '.join(sorted(VARIABLES))})",
             path=path,
             code=Code.POLICY_EXPRESSION_INVALID,
+            public=f"undeclared reference (available: {', '.join(sorted(VARIABLES))})",
         )
     unknown_functions = sorted(
         name for name in references["functions"] if not _is_operator(name) and name not in FUNCTIONS
@@ -169,6 +179,7 @@ def compile_expression(text: str, *, path: str | None = None) -> Expression:
             f"unknown function {', '.join(unknown_functions)}",
             path=path,
             code=Code.POLICY_EXPRESSION_INVALID,
+            public="unknown function",
         )
     variables = frozenset(references["variables"]) & VARIABLES
     return Expression(source=text, _program=program, variables=variables)

@@ -149,7 +149,7 @@ class ActionPolicy(_Model):
         seen: set[str] = set()
         for rule in self.rules:
             if rule.name in seen:
-                raise ValueError(f"rule name {rule.name!r} is used twice")
+                raise ValueError("a rule name is used twice")
             seen.add(rule.name)
         return self
 
@@ -188,7 +188,7 @@ class PolicyDocument(_Model):
         seen: set[str] = set()
         for action in self.actions:
             if action.name in seen:
-                raise ValueError(f"action name {action.name!r} is used twice")
+                raise ValueError("an action name is used twice")
             seen.add(action.name)
         return self
 
@@ -262,7 +262,10 @@ def check_strict_schemas(doc: PolicyDocument) -> None:
     for index, action in enumerate(doc.actions):
         if action.handler == FORWARD_HANDLER and not is_strict(action.parameters):
             raise PolicyError(
-                _NOT_STRICT, path=f"actions[{index}].parameters", code=Code.SCHEMA_NOT_STRICT
+                _NOT_STRICT,
+                path=f"actions[{index}].parameters",
+                code=Code.SCHEMA_NOT_STRICT,
+                public=_NOT_STRICT,
             )
 
 
@@ -317,6 +320,7 @@ def compile_policy(
                 f"no registered handler is named {action.handler!r}",
                 path=f"{base}.handler",
                 code=Code.POLICY_HANDLER_UNKNOWN,
+                public="no registered handler has this name",
             )
         validator = build_validator(
             action.parameters,
@@ -355,21 +359,30 @@ def build_validator(schema: Mapping[str, Any], *, path: str, strict: bool = Fals
     declared = schema.get("$schema")
     if declared is not None and declared != "https://json-schema.org/draft/2020-12/schema":
         raise PolicyError(
-            "parameter schemas are JSON Schema Draft 2020-12", path=path, code=Code.POLICY_INVALID
+            "parameter schemas are JSON Schema Draft 2020-12",
+            path=path,
+            code=Code.POLICY_INVALID,
+            public="parameter schemas are JSON Schema Draft 2020-12",
         )
     if schema.get("type") != "object":
         raise PolicyError(
-            "the parameter schema must declare type: object", path=path, code=Code.POLICY_INVALID
+            "the parameter schema must declare type: object",
+            path=path,
+            code=Code.POLICY_INVALID,
+            public="the parameter schema must declare type: object",
         )
     if strict and not is_strict(schema):
-        raise PolicyError(_NOT_STRICT, path=path, code=Code.SCHEMA_NOT_STRICT)
+        raise PolicyError(_NOT_STRICT, path=path, code=Code.SCHEMA_NOT_STRICT, public=_NOT_STRICT)
     try:
         check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = _format_path(tuple(exc.absolute_path))
         detail = f" at {where}" if where else ""
         raise PolicyError(
-            f"invalid JSON Schema{detail}: {exc.message}", path=path, code=Code.POLICY_INVALID
+            f"invalid JSON Schema{detail}: {exc.message}",
+            path=path,
+            code=Code.POLICY_INVALID,
+            public=f"invalid JSON Schema{detail}",
         ) from None
     except (OverflowError, RecursionError, MemoryError):
         # A pattern or a nesting beyond what can be compiled (found by fuzzing).
@@ -377,6 +390,7 @@ def build_validator(schema: Mapping[str, Any], *, path: str, strict: bool = Fals
             "invalid JSON Schema: a pattern or nesting is beyond what can be compiled",
             path=path,
             code=Code.POLICY_INVALID,
+            public="invalid JSON Schema: a pattern or nesting is beyond what can be compiled",
         ) from None
     validator: Validator = EcmaValidator(schema, format_checker=EcmaValidator.FORMAT_CHECKER)
     return validator

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
 from ..canonical import DuplicateKeyError, parse_json
 from ..codes import ADMISSION_CODES, Code
 from ..config import BODY_TIMEOUT_SECONDS_DEFAULT
-from ..errors import CanonicalizationError, RequestRejected, StoreError
+from ..errors import AgentSafeError, CanonicalizationError, RequestRejected, StoreError
 from ..host.metrics import ExecutorMetrics, outcome_of_status
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer
@@ -311,6 +311,19 @@ async def _errors(
         allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
         return refusal(
             code_for_http_error(exc.status), exc.reason, status=exc.status, headers=allow
+        )
+    except AgentSafeError as exc:
+        if exc.code != Code.CHAIN_JOURNAL:
+            return _internal_error(request)
+        # A chained line this request needed was refused: the heads cannot be persisted (the
+        # executor halts, cause CHAIN_HEADS). Coded, and, like the 500, it never says whether
+        # anything was executed (the pipeline answers for what it dispatched).
+        log.error("a chained line was refused in %s %s", request.method, request.path)
+        return refusal(
+            Code.CHAIN_HEADS_UNAVAILABLE,
+            "the evidence chain cannot record this request (its heads cannot be persisted);"
+            " retry with the same idempotency key to learn the outcome",
+            headers={"Retry-After": "30"},
         )
     except Exception:
         return _internal_error(request)

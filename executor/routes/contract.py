@@ -6,7 +6,8 @@ from what stands in front of the handler, so they are derived here, never listed
 
 - every route may answer 500 ``INTERNAL_ERROR`` (:data:`EVERY_ROUTE`);
 - a route behind the door may answer every refusal of the door (:data:`DOOR`), and
-  ``SCOPE_FORBIDDEN`` when its row names a scope;
+  ``SCOPE_FORBIDDEN`` when its row names a scope, and 503 ``CHAIN_HEADS_UNAVAILABLE`` (a chained
+  line it needed was refused: the chain heads cannot be persisted, :data:`CHAINED`);
 - a route that reads a body may answer every refusal of the body reader (:data:`BODY`).
 
 Two readers use the same sets, so the description and the server cannot drift apart:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BODY",
+    "CHAINED",
     "DOOR",
     "EVERY_ROUTE",
     "UndeclaredRefusal",
@@ -44,6 +46,11 @@ __all__ = [
 
 EVERY_ROUTE: frozenset[Code] = frozenset({Code.INTERNAL_ERROR})
 """What any route may answer: the error middleware's 500 for a fault nobody foresaw."""
+
+CHAINED: frozenset[Code] = frozenset({Code.CHAIN_HEADS_UNAVAILABLE})
+"""What a route behind the door may answer when a chain refuses a line it writes (the door's
+refusals, an operator's action, a proposal's evidence): the error middleware's 503 while the
+chain heads cannot be persisted (the executor halts, cause ``CHAIN_HEADS``)."""
 
 DOOR: frozenset[Code] = frozenset(
     {
@@ -89,7 +96,7 @@ def refusal_codes(route: Route) -> frozenset[Code]:
     """Every registry code ``route`` may refuse with."""
     codes = set(EVERY_ROUTE) | set(route.codes)
     if route.role is not None:
-        codes |= DOOR
+        codes |= DOOR | CHAINED
         if route.scope is not None:
             codes.add(Code.SCOPE_FORBIDDEN)
     if route.body is not None or route.query is not None:

@@ -4,6 +4,8 @@ Every route passes the door as an OPERATOR with the route's scope; every action 
 ``OPERATOR_ACTION`` line on the security stream with the principal and the action, and one count.
 A scrape of ``GET /metrics`` is the exception: it reads and changes nothing, and arrives every
 few seconds, so it is counted (``agentsafe_metrics_scrapes_total``) and writes no chained line.
+An action whose line a failing chain refuses (cause ``CHAIN_HEADS``) is still answered: it was
+done, and the operator must be able to read the halt.
 The work itself is done by the :class:`ControlPlane` (``plane.Executor``); this module is only the
 HTTP shape.
 
@@ -12,12 +14,14 @@ Callers: ``routes/table.py`` gathers these rows (:func:`control_routes`).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..codes import Code
+from ..errors import AgentSafeError
 from ..events import Streams
 from ..host.halt import HaltCause, HaltState
 from ..host.metrics import ExecutorMetrics, StateSnapshot
@@ -33,6 +37,8 @@ from .answers import (
 from .app import Call, Route, RouteHandler
 
 __all__ = ["ControlPlane", "control_routes"]
+
+log = logging.getLogger(__name__)
 
 
 class ControlPlane(Protocol):
@@ -74,7 +80,9 @@ REASON_INVALID = 'the body must be {"reason": "..."} (1-500 characters)'
 
 
 class AttemptDecision(BaseModel):
-    """The body of an operator's decision for an open attempt."""
+    """The body of an operator's decision for an open attempt, or for an in-flight key listed
+    ``JOURNAL_RECORD_MISSING`` (its journal record is gone), each named by the ``attempt_id``
+    ``GET /v1/control/open-attempts`` lists it under."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     attempt_id: str = Field(min_length=1, max_length=128)
@@ -94,10 +102,14 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
 
         async def handler(call: Call) -> web.StreamResponse:
             response = await run(call)
-            plane.streams.security.emit(
-                "OPERATOR_ACTION", {"principal": call.caller.id, "action": action}
-            )
             plane.metrics.operator_actions.inc(action=action)
+            try:
+                plane.streams.security.emit(
+                    "OPERATOR_ACTION", {"principal": call.caller.id, "action": action}
+                )
+            except AgentSafeError as exc:  # a chain that refuses lines (CHAIN_HEADS): the
+                # action was done; its answer stands, so the operator can read the halt
+                log.error("OPERATOR_ACTION %s was not recorded (%s)", action, exc.code)
             return response
 
         return handler
@@ -200,9 +212,12 @@ def control_routes(plane: ControlPlane) -> tuple[Route, ...]:
             AttemptDecision,
             operator("open-attempts.decision", decide),
             DECISION_INVALID,
-            summary="Record an operator's decision for an open attempt nobody else can resolve",
+            summary=(
+                "Record an operator's decision for an open attempt, or a key whose journal"
+                " record is missing, that nobody else can resolve"
+            ),
             answers={200: AttemptDecided},
-            codes=frozenset({Code.ATTEMPT_NOT_OPEN}),
+            codes=frozenset({Code.ATTEMPT_NOT_OPEN, Code.ATTEMPT_ALREADY_DECIDED}),
         ),
         Route(
             "POST",

@@ -15,6 +15,11 @@ holds no credential for any downstream and decides nothing.
   refusal (``AUTH_FAILED``, ``ACTION_NOT_PERMITTED_FOR_PRINCIPAL``...) or an unavailable executor
   is a result with ``isError: true`` naming the code. An outcome unknown after dispatch is
   reconciled once, read-only, with the recovery object the answer carried.
+* A call of a tool outside the caller's catalog (``GET /v1/actions``, kept per caller for
+  :data:`CATALOG_SECONDS` and read again before a name is refused) is answered by the bridge
+  itself with the JSON-RPC error ``-32602`` (the MCP specification's answer to an unknown tool)
+  and never sent as a proposal: a model guessing tool names would otherwise spend its
+  principal's door refusals and lock it out (``423 PRINCIPAL_LOCKED``).
 * Parameters outside the tool's input schema: the executor answers BLOCK ``PARAMETERS_INVALID``
   and, by design, names no value. The bridge then checks the same parameters against the same
   schema (``GET /v1/actions``, :func:`~..policy.policy.build_validator`) and answers a result with
@@ -46,9 +51,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -82,6 +89,12 @@ RESUME_SCHEMA: dict[str, Any] = {
     },
 }
 ClientFor = Callable[[Any], AgentSafeClient]
+UNKNOWN_TOOL_MESSAGE = "unknown tool: not one of this caller's tools (tools/list)"
+"""The JSON-RPC ``-32602`` message for a tool outside the caller's catalog (no name echoed)."""
+CATALOG_SECONDS = 30.0
+"""How long a caller's catalog answers a known tool name without being read again."""
+CATALOG_CALLERS_MAX = 1024
+"""At most this many callers' catalogs are kept (streamable HTTP serves many bearers)."""
 
 
 def add_parser(sub: Any) -> None:
@@ -216,16 +229,29 @@ def _invalid_text(fields: list[dict[str, str]]) -> str:
     )
 
 
-def build_server(client_for: ClientFor) -> Any:
-    """The MCP server; ``client_for(ctx)`` is the executor client for one request's caller."""
+def build_server(client_for: ClientFor, caller_of: Callable[[Any], str] = lambda ctx: "") -> Any:
+    """The MCP server; ``client_for(ctx)`` is the executor client for one request's caller, and
+    ``caller_of(ctx)`` names that caller for the catalog cache (a digest, never a token)."""
     import mcp_types as types
     from mcp.server.lowlevel import Server
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import INVALID_PARAMS
 
     from .. import __version__
+
+    catalogs: dict[str, tuple[float, frozenset[str]]] = {}
+
+    def remember(ctx: Any, actions: list[ActionInfo]) -> frozenset[str]:
+        if len(catalogs) >= CATALOG_CALLERS_MAX:
+            catalogs.clear()
+        names = frozenset(action.name for action in actions)
+        catalogs[caller_of(ctx)] = (time.monotonic(), names)
+        return names
 
     async def list_tools(ctx: Any, params: Any) -> Any:
         async with client_for(ctx) as client:
             actions = await client.actions()
+        remember(ctx, actions)
         return types.ListToolsResult(
             tools=[
                 types.Tool(
@@ -278,6 +304,9 @@ def build_server(client_for: ClientFor) -> Any:
                     error=True,
                 )
             return await answer(ctx, lambda client: client.resume(escalation))
+        refused = await unknown_tool(ctx, params.name)
+        if refused is not None:
+            return refused
         target, parameters = arguments.get("target"), arguments.get("parameters")
         if not isinstance(target, str) or not isinstance(parameters, dict):
             return result(
@@ -296,6 +325,37 @@ def build_server(client_for: ClientFor) -> Any:
             checked=(params.name, parameters),
         )
 
+    def refused_result(refused: Refused) -> Any:
+        return result(
+            f"refused by the boundary: {refused.code} ({refused.status}): {refused.message}",
+            error=True,
+        )
+
+    async def unknown_tool(ctx: Any, name: str) -> Any:
+        """``None`` when ``name`` is in this caller's catalog (``GET /v1/actions``). A tool
+        outside it is answered here with JSON-RPC ``-32602`` (the MCP specification's answer
+        to an unknown tool) and never proposed: each such proposal would be a refusal the
+        door counts towards the principal's lockout, so a model that guesses tool names
+        would lock its own principal out. The name is not echoed. A catalog read within
+        :data:`CATALOG_SECONDS` answers a known name; any other name reads it again first, so
+        an action granted a moment ago is found."""
+        cached = catalogs.get(caller_of(ctx))
+        fresh = cached is not None and time.monotonic() - cached[0] < CATALOG_SECONDS
+        if fresh and cached is not None and name in cached[1]:
+            return None
+        try:
+            async with client_for(ctx) as client:
+                names = remember(ctx, await client.actions())
+        except Refused as refused:
+            return refused_result(refused)
+        except Unavailable as unavailable:
+            return result(
+                f"the boundary is unavailable ({unavailable}); nothing was proposed", error=True
+            )
+        if name not in names:
+            raise MCPError(INVALID_PARAMS, UNKNOWN_TOOL_MESSAGE)
+        return None
+
     async def answer(
         ctx: Any,
         call: Callable[[AgentSafeClient], Awaitable[Decision]],
@@ -313,10 +373,7 @@ def build_server(client_for: ClientFor) -> Any:
                     schemas = {a.name: a.parameters for a in await client.actions()}
                     fields = invalid_fields(schemas.get(name, {}), parameters)
         except Refused as refused:
-            return result(
-                f"refused by the boundary: {refused.code} ({refused.status}): {refused.message}",
-                error=True,
-            )
+            return refused_result(refused)
         except Unavailable as unavailable:
             return result(
                 f"the boundary is unavailable ({unavailable}); nothing new was executed; retry "
@@ -381,7 +438,10 @@ async def _http(args: argparse.Namespace) -> None:
             raise Refused(401, Code.AUTH_FAILED, "no bearer credential")
         return AgentSafeClient(args.url, token=token, ca_file=args.ca_file)
 
-    server = build_server(client_for)
+    def caller_of(ctx: Any) -> str:
+        return hashlib.sha256((_bearer(ctx) or "").encode()).hexdigest()
+
+    server = build_server(client_for, caller_of)
     app = server.streamable_http_app(
         streamable_http_path="/mcp", json_response=True, stateless_http=True, host=args.host
     )

@@ -40,6 +40,12 @@ It behaves the way a payment API does where that matters to the executor, and no
   credential requirement refused (``refusals``), so a test or the demo can assert that nothing
   reached the provider (shadow mode, refusals) or wait until a request is held.
 * ``GET /``: says that this is a synthetic provider.
+* With a record file (``record=`` or ``--record FILE``), every payout request is appended to it as
+  one JSON line, flushed and fsynced before the provider acts on it (``"event": "received"``: the
+  idempotency key, the grant id header, the mode, the body's SHA-256, whether it was ``new`` or
+  a ``repeat`` of a key already seen) and again when it answers (``"event": "answered"``, the
+  status). No header value but the grant id and the key is written. The nemesis harness
+  (``e2e/chaos/``) checks at-most-once on this record, which survives the provider's process.
 * With a credential requirement (``require=`` or ``--require-credential FILE``,
   :mod:`agentsafe.executor.tools.synthetic_credentials`), every payout and every lookup that does
   not prove the executor is ``401 {"code": ...}`` and changes nothing, and under PRIVATE_KEY_JWT
@@ -62,12 +68,16 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import hashlib
 import json
+import os
 import signal
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -122,12 +132,14 @@ class SyntheticProvider:
         host: str = "127.0.0.1",
         port: int = 0,
         require: CredentialRequirement | None = None,
+        record: Path | None = None,
     ) -> None:
         if not is_loopback_host(host):
             raise ValueError("the synthetic provider binds loopback only")
         self.host = host
         self.port = port
         self.require = require
+        self.record = record
         self.refusals: list[str] = []
         self.state = _State()
         self._release = asyncio.Event()
@@ -307,10 +319,44 @@ class SyntheticProvider:
             return _json(404, {"code": "NOT_FOUND"})
         return _json(200, {"reference": payout.reference, "status": "executed"})
 
+    def _write_record(self, entry: Mapping[str, Any]) -> None:
+        """Append one line to the record file and fsync it (a blocking write, by design: the
+        line is on the disk before the provider acts)."""
+        if self.record is None:
+            return
+        line = json.dumps({"at": time.time(), **entry}, sort_keys=True) + "\n"
+        fd = os.open(self.record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     async def _create(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         key = request.headers.get("idempotency-key")
         mode = self._mode_for(request, body)
+        serial = len(self.state.received)
+        self._write_record(
+            {
+                "event": "received",
+                "serial": serial,
+                "key": key,
+                "grant_id": request.headers.get("x-agent-safe-grant-id"),
+                "mode": mode,
+                "body_sha256": hashlib.sha256(body).hexdigest(),
+                "first": key is not None and key not in self.state.payouts,
+            }
+        )
+        response = await self._create_answer(request, body, key, mode)
+        self._write_record(
+            {"event": "answered", "serial": serial, "key": key, "status": response.status}
+        )
+        return response
+
+    async def _create_answer(
+        self, request: web.Request, body: bytes, key: str | None, mode: str
+    ) -> web.StreamResponse:
         self.state.received.append(
             ReceivedRequest(
                 idempotency_key=key,
@@ -385,8 +431,10 @@ def _json(status: int, payload: Any) -> web.Response:
     return web.json_response(payload, status=status)
 
 
-async def _serve(host: str, port: int, require: CredentialRequirement | None) -> None:
-    provider = SyntheticProvider(host=host, port=port, require=require)
+async def _serve(
+    host: str, port: int, require: CredentialRequirement | None, record: Path | None
+) -> None:
+    provider = SyntheticProvider(host=host, port=port, require=require, record=record)
     url = await provider.start()
     print(url, flush=True)
     print(_BANNER, file=sys.stderr, flush=True)
@@ -412,6 +460,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a JSON credential requirement (see tools/synthetic_credentials.py): refuse any "
         "payout or lookup that does not prove the executor",
     )
+    parser.add_argument(
+        "--record",
+        metavar="FILE",
+        help="append every payout request to FILE (JSON lines, fsynced before acting on it)",
+    )
     args = parser.parse_args(argv)
     if not is_loopback_host(args.host):
         parser.error("the synthetic provider binds loopback only")
@@ -422,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                 require = CredentialRequirement.from_document(json.load(handle))
         except (OSError, ValueError) as exc:
             parser.error(f"--require-credential: {exc}")
-    asyncio.run(_serve(args.host, args.port, require))
+    record = Path(args.record) if args.record else None
+    asyncio.run(_serve(args.host, args.port, require, record))
     return 0
 
 

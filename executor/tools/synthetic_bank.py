@@ -27,6 +27,8 @@ told to misbehave in every way the effect plane must notice:
   the claim (from ``x-agent-safe-claim-attestation`` when the request carried one) and the digest
   of the effect it booked (in ``lie`` mode, the lie; ``--receipt-lie`` makes an honest booking's
   receipt state another digest).
+* ``POST /_control/receipt-form`` ``{"form"}``: send receipts signed (the default) or malformed
+  (:data:`RECEIPT_FORMS`).
 * ``GET /_control/received``: how many requests arrived and in which modes.
 
 Run it alone with ``python -m agentsafe.executor.tools.synthetic_bank --port N``; it binds loopback
@@ -57,12 +59,16 @@ from ..banking.actions import ACTIONS, prepare_action
 from ..canonical import sha256_digest
 from ..egress.transport import is_loopback_host
 from ..errors import RequestRejected
-from ..jws import TokenRefused, split_compact
-from ..provider import sign_effect_receipt
+from ..jws import TokenRefused, b64url_encode, split_compact
+from ..provider import EFFECT_RECEIPT_TYP, sign_effect_receipt
 
-__all__ = ["BANK_MODES", "SyntheticBank", "main"]
+__all__ = ["BANK_MODES", "RECEIPT_FORMS", "SyntheticBank", "main"]
 
 BANK_MODES = ("post", "take", "refuse", "timeout", "lie")
+RECEIPT_FORMS = ("signed", "none-alg", "garbage", "oversized")
+"""How the receipt header is sent (``POST /_control/receipt-form``): signed (the default), or
+malformed: ``alg: none`` with an empty signature, garbage, or the signed receipt with its payload
+padded past 9 KB (beyond the shape the executor reads)."""
 _BANNER = "agentsafe SYNTHETIC core bank: loopback only, moves no money, for demos and tests"
 _KINDS = {kind.type: kind for kind in ACTIONS.values()}
 
@@ -95,6 +101,7 @@ class SyntheticBank:
         self._kid = receipt_kid
         self._issuer = issuer
         self._receipt_lie = receipt_lie
+        self.receipt_form = "signed"
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -103,6 +110,7 @@ class SyntheticBank:
         app.router.add_get("/payments/by-reference/{reference}", self._read_back)
         app.router.add_get("/payments/{key}", self._lookup)
         app.router.add_post("/_control/mode", self._set_mode)
+        app.router.add_post("/_control/receipt-form", self._set_receipt_form)
         app.router.add_get("/_control/received", self._received_view)
         return app
 
@@ -115,6 +123,13 @@ class SyntheticBank:
             return web.json_response({"code": "MODE_UNKNOWN"}, status=400)
         self.mode = mode
         return web.json_response({"mode": mode})
+
+    async def _set_receipt_form(self, request: web.Request) -> web.Response:
+        form = (await request.json()).get("form")
+        if form not in RECEIPT_FORMS:
+            return web.json_response({"code": "FORM_UNKNOWN"}, status=400)
+        self.receipt_form = form
+        return web.json_response({"form": form})
 
     async def _received_view(self, request: web.Request) -> web.Response:
         return web.json_response({"count": len(self._received), "modes": self._received})
@@ -179,7 +194,7 @@ class SyntheticBank:
             with contextlib.suppress(TokenRefused):
                 claim = split_compact(presented).payload.get("claim_token_digest")
                 attestation["claim_token_digest"] = claim
-        return sign_effect_receipt(
+        signed = sign_effect_receipt(
             attestation=attestation,
             status="EFFECTED" if status == "POSTED" else status,
             key=self._key,
@@ -187,6 +202,15 @@ class SyntheticBank:
             issuer=self._issuer,
             effect_digest=digest,
         )
+        header, payload, signature = signed.split(".")
+        if self.receipt_form == "none-alg":
+            none = b64url_encode(json.dumps({"alg": "none", "typ": EFFECT_RECEIPT_TYP}).encode())
+            return f"{none}.{payload}."
+        if self.receipt_form == "garbage":
+            return "not a receipt at all"
+        if self.receipt_form == "oversized":
+            return f"{header}.{payload}{'A' * 9216}.{signature}"
+        return signed
 
     async def _read_back(self, request: web.Request) -> web.Response:
         booking = self._by_reference.get(request.match_info["reference"])

@@ -45,13 +45,15 @@ class Rendered:
 def compile_spec_policy(policy: PolicyDocument) -> CompiledPolicy:
     """Compile ``spec.policy`` as the executor will: every parameter schema checked, every CEL
     ``when`` compiled by the authority's own compiler. A refusal is ``RenderError`` with reason
-    ``PolicyInvalid`` and the compiler's message, which starts with the rule's path
-    (``actions[0].rules[1].when: ...``). The one check both the reconcile (a condition,
-    afterwards) and the admission webhook (``admission.py``, a refusal, before) apply."""
+    ``PolicyInvalid`` and the refusal's public words (``PolicyError.public_message``): the
+    rule's path and what is wrong (``actions[0].rules[1].when: the expression does not
+    compile ...``), never a value of the object (the expression, a pattern, a name; issue 30,
+    item 18). The one check both the reconcile (a condition, afterwards) and the admission
+    webhook (``admission.py``, a refusal, before) apply."""
     try:
         return compile_policy(policy)
     except PolicyError as exc:
-        raise RenderError(ConditionReason.POLICY_INVALID, str(exc)) from None
+        raise RenderError(ConditionReason.POLICY_INVALID, exc.public_message) from None
 
 
 def check_policy(inp: RenderInput) -> CompiledPolicy:

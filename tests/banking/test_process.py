@@ -287,3 +287,37 @@ async def test_alert_records_and_counts_a_mismatch_without_halting(tmp_path: Pat
     assert estate.security("HALTED") == []
     assert len(estate.security("EFFECT_RECEIPT_MISMATCH")) == 2
     assert estate.security("EFFECT_MISMATCH") == []
+
+
+async def test_a_malformed_or_oversized_receipt_is_a_mismatch_and_the_payment_stays_known(
+    tmp_path: Path,
+) -> None:
+    """Issue 30, item 17: a receipt header that is there but is not a verifiable compact JWS
+    (alg none with an empty signature, garbage) was read as ABSENT; a 9 KB one made the
+    guard refuse the whole answer, so a posted payment became UNKNOWN_AFTER_DISPATCH. Now each
+    is a receipt MISMATCH (EFFECT_RECEIPT_INVALID) and the payment stays COMPLETED."""
+    estate = await start_estate(tmp_path, on_mismatch="ALERT")
+    try:
+        async with aiohttp.ClientSession() as session:
+            for form in ("none-alg", "garbage", "oversized"):
+                async with session.post(
+                    estate.bank.url + "/_control/receipt-form", json={"form": form}
+                ) as r:
+                    assert r.status == 200
+                _status, body = await estate.propose(session, sepa(), f"receipt-{form}")
+                assert body["outcome"] == "COMPLETED", (form, body)
+                assert body["effect"]["comparison"] == "MATCH", form
+                assert body["effect"]["receipt_comparison"] == "MISMATCH", form
+                assert body["effect"]["confirmation"] == "UNKNOWN", form
+            async with session.post(
+                estate.bank.url + "/_control/receipt-form", json={"form": "signed"}
+            ) as r:
+                assert r.status == 200
+            _status, body = await estate.propose(session, sepa(), "receipt-signed")
+            assert body["effect"]["receipt_comparison"] == "MATCH", body
+    finally:
+        estate.executor.terminate()
+        estate.bank.terminate()
+    refused = estate.security("EFFECT_RECEIPT_MISMATCH")
+    assert [e.get("reason") for e in refused] == ["EFFECT_RECEIPT_INVALID"] * 3, refused
+    assert estate.security("HALTED") == []

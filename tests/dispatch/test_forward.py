@@ -21,7 +21,11 @@ from aiohttp.test_utils import TestServer
 
 from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.clock import ManualClock
-from agentsafe.executor.dispatch.forward import ForwardRequestHandler, provider_reason
+from agentsafe.executor.dispatch.forward import (
+    INVALID_RECEIPT,
+    ForwardRequestHandler,
+    provider_reason,
+)
 from agentsafe.executor.dispatch.seam import (
     Authorization,
     ExecutionContext,
@@ -770,10 +774,15 @@ async def test_a_refusals_receipt_is_carried_screened_to_the_report() -> None:
     report, _ = await run(registry, "refused-with-receipt")
     assert report.outcome is Outcome.DEFINITELY_NOT_EXECUTED
     assert report.effect_receipt == RECEIPT  # verbatim, for the finalization
-    # Not the shape of a compact JWS: not carried.
+    # Not the shape of a compact JWS: not carried, but never taken for no receipt at all
+    # (issue 30, item 17): the marker stands for it and verifies as nothing.
     odd = HttpResponse(422, {"x-agent-safe-effect-receipt": "not a jws"}, b'{"code": "NO"}')
     registry, _ = build("http://127.0.0.1:9", Answering(odd))
     report, _ = await run(registry, "refused-odd-receipt")
+    assert report.effect_receipt == INVALID_RECEIPT
+    bare = HttpResponse(422, {}, b'{"code": "NO"}')
+    registry, _ = build("http://127.0.0.1:9", Answering(bare))
+    report, _ = await run(registry, "refused-no-receipt")
     assert report.effect_receipt is None
     # A receipt that reflects a secret is withheld like every provider string.
     handler = ForwardRequestHandler(

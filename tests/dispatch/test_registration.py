@@ -254,3 +254,76 @@ async def test_a_read_only_mcp_tool_is_configured_the_same_way(tmp_path: Path) -
         assert type(bound).__name__ == "McpReadExecutor"
     finally:
         await executor.close()
+
+
+class EarlySender:
+    """A plugin handler that sends through ``seam.fetch`` before its ``dispatch.run`` (``early``)
+    or from inside it (``inside``), to the configured downstream."""
+
+    parameters_schema: Mapping[str, Any] = Stamp.parameters_schema
+
+    def __init__(self, seam: Seam) -> None:
+        self.seam = seam
+
+    async def _send(self, key: str) -> int:
+        response = await self.seam.fetch.request(
+            "POST",
+            self.seam.downstream.url,
+            headers={"content-type": "application/json", "idempotency-key": key},
+            body=b'{"amountMinor": 1, "currency": "USD"}',
+            timeout=5.0,
+        )
+        return response.status
+
+    async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+        if ctx.parameters["label"] == "early":
+            await self._send(ctx.idempotency_key)  # the provider must never see this
+        status = await dispatch.run(self._send)
+        return {"status": status}
+
+    async def reconcile(self, idempotency_key: str, *, intent_hash: str) -> ReconcileResult:
+        return ReconcileResult(ReconcileStatus.UNKNOWN)
+
+
+def register_early_sender(seam: Seam) -> None:
+    seam.registry.register("stamp", EarlySender(seam))
+
+
+async def test_a_send_through_seam_fetch_before_dispatch_run_is_refused_unsent(
+    tmp_path: Path,
+) -> None:
+    """Issue 30, item 16: before, the early send reached the provider and the attempt was still
+    reported FAILED_BEFORE_DISPATCH, executed=false. Now it is refused before a byte leaves
+    (SEND_BEFORE_DISPATCH), so that report is true; a send inside dispatch.run still goes."""
+    provider = SyntheticProvider()
+    url = await provider.start()
+    env = _env(tmp_path, url, f"{HERE}:register_early_sender")
+    executor = await assemble(env, streams=Streams(evidence=MemorySink(), security=MemorySink()))
+    headers = {"authorization": f"Bearer {env['EXECUTOR_CALLER_TOKEN']}"}
+
+    async def propose(session: aiohttp.ClientSession, label: str) -> dict[str, Any]:
+        body = {
+            "proposal": {"action": "stamp", "target": "doc:1", "parameters": {"label": label}},
+            "idempotency_key": f"send-{label}",
+        }
+        async with session.post(
+            f"http://127.0.0.1:{executor.port}/v1/actions", json=body, headers=headers
+        ) as r:
+            answer: dict[str, Any] = await r.json()
+            return answer
+
+    try:
+        await executor.reconcile_at_start()
+        await executor.listen()
+        async with aiohttp.ClientSession() as session:
+            early = await propose(session, "early")
+            assert early["outcome"] == "FAILED_BEFORE_DISPATCH", early
+            assert early["executed"] is False
+            assert Code.SEND_BEFORE_DISPATCH in early["reason_codes"]
+            assert provider.received == [], "nothing left before dispatch.run"
+            inside = await propose(session, "inside")
+            assert inside["outcome"] == "COMPLETED", inside
+            assert len(provider.received) == 1
+    finally:
+        await executor.close()
+        await provider.stop()

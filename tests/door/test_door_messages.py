@@ -25,7 +25,6 @@ from .test_door import (
     BATCH_TOKEN,
     TENANT,
     World,
-    forged_with_known_kid,
     load,
     make_doc,
     sha,
@@ -91,8 +90,8 @@ def test_the_windows_and_the_lock_say_which(tmp_path: Path) -> None:
         "the principal's rate limit is reached"
     )
     world = World(tmp_path, lockout="1/60/300")
-    world.refused(401, "JWT_SIGNATURE_INVALID", bearer=forged_with_known_kid(world))
-    assert said(world, 423, "PRINCIPAL_LOCKED", bearer=world.token()) == ("the principal is locked")
+    world.refused(403, "ROLE_FORBIDDEN", bearer=BATCH_TOKEN, role=Role.OPERATOR, scope="status")
+    assert said(world, 423, "PRINCIPAL_LOCKED", bearer=BATCH_TOKEN) == ("the principal is locked")
 
 
 def test_legacy_refusals_say_what_is_needed(world: World) -> None:

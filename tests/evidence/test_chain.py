@@ -296,6 +296,45 @@ def test_a_failing_checkpoint_stops_lines_beyond_the_crash_bound(
     s.close()
 
 
+def test_an_unpersisted_head_is_reported_on_every_line_until_a_probe_lands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29: a failed checkpoint makes the sink ``failed`` and calls ``on_failure`` after
+    each line, written or refused, before any line is refused (the halt has room); the synced
+    probe (``recover``) clears it once the disk takes writes again."""
+    out = io.StringIO()
+    s = sink(out, journal_dir=tmp_path, checkpoint_lines=8)
+    calls: list[bool] = []
+    s.on_failure = lambda: calls.append(s.failed)
+    s.emit("E", {})  # persisted at seq 1
+    assert (s.failed, calls) == (False, [])
+
+    def broken_fsync(fd: int) -> None:  # simulated disk failure (the process test fills one)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(chain_module.os, "fsync", broken_fsync)
+    for _ in range(6):  # seq 2..7: the checkpoint started at 7 (1 + 8 - 2) fails
+        s.emit("E", {})
+    s.wait_checkpoint()
+    assert s.failed
+    before = len(calls)  # 0, or 1 when the thread failed before line 7's emit returned
+    assert before <= 1
+    s.emit("E", {})  # seq 8: written (still within the bound), and the failure reported
+    assert calls == [True] * (before + 1)
+    assert s.recover() is False  # the probe fails while the disk does
+    s.emit("E", {})  # seq 9, the bound
+    with pytest.raises(ChainError):
+        s.emit("E", {})  # seq 10 would pass it: refused, and reported
+    assert calls == [True] * (before + 3)
+    monkeypatch.undo()
+    assert s.recover() is True
+    assert not s.failed
+    s.emit("E", {})
+    assert [line["seq"] for line in lines_of(out)] == list(range(1, 11))
+    assert len(calls) == before + 3  # nothing reported once the head persists again
+    s.close()
+
+
 def test_streams_record_the_evidence_resumption_on_the_security_stream(tmp_path: Path) -> None:
     ev, se = io.StringIO(), io.StringIO()
     clock = ManualClock()

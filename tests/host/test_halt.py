@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.codes import Code
 from agentsafe.executor.dispatch.seam import Outcome
 from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.events import MemorySink
+from agentsafe.executor.evidence.chain import ChainError
 from agentsafe.executor.host.halt import MAX_REASON_CHARS, HaltCause, HaltState
 from agentsafe.executor.host.metrics import ExecutorMetrics
 from agentsafe.executor.policy.policy import Verdict
@@ -162,3 +164,41 @@ def test_resume_when_not_halted_is_quiet(tmp_path: Path) -> None:
     state, security, _ = make(tmp_path)
     state.resume(reason="nothing", by="ops")
     assert security.events == []
+
+
+def test_chain_heads_halt_with_their_own_cause_and_lift_by_themselves(tmp_path: Path) -> None:
+    state, security, _metrics = make(tmp_path)
+    assert state.chain_heads_failed() is True
+    assert state.chain_heads_failed() is False  # one cause, one HALTED line
+    assert state.halted
+    assert state.has_cause(HaltCause.CHAIN_HEADS)
+    assert [e for e, _ in security.events] == ["HALTED"]
+    state.journal_failed()
+    state.chain_heads_recovered()  # the journal's cause still stands
+    assert state.halted
+    assert not state.has_cause(HaltCause.CHAIN_HEADS)
+    state.journal_recovered()
+    assert not state.halted
+    names = [e for e, _ in security.events]
+    assert names == ["HALTED", "HALTED", "HALT_CAUSE_LIFTED", "HALT_CAUSE_LIFTED", "RESUMED"]
+    assert security.events[2][1]["cause"] == "CHAIN_HEADS"
+    assert security.events[4][1]["causes"] == ["JOURNAL"]
+
+
+class RefusingSink:
+    """A security stream that refuses every line, as a chain past its bound does."""
+
+    def emit(self, event: str, fields: object = None) -> None:
+        raise ChainError("the chain refuses the line", code=Code.CHAIN_JOURNAL)
+
+
+def test_a_halt_stands_when_the_security_stream_refuses_its_line(tmp_path: Path) -> None:
+    seen: list[bool] = []
+    state = HaltState(clock=ManualClock(), security=RefusingSink(), halt_file=tmp_path / "HALT")
+    state.add_listener(seen.append)
+    assert state.chain_heads_failed() is True
+    assert state.halted
+    assert seen == [True]
+    state.chain_heads_recovered()
+    assert not state.halted
+    assert seen == [True, False]

@@ -231,20 +231,29 @@ async def test_a_proven_principal_is_locked_after_repeated_failures(start: Start
             estate, mark, reply, status=401, code="JWT_AUDIENCE_MISMATCH", method="workload"
         )
     assert estate.security.named("PRINCIPAL_LOCKED") == []
-    # A token naming the executor's key whose signature does not verify does.
+    # Nor does a token naming the executor's key whose signature does not verify: a kid is
+    # public, so anyone can make one with a key of their own (issue 30, item 20).
     forger = TokenSigner("ES256", kid=estate.jwks.signer.kid)
-    for attempt in range(2):
+    for attempt in range(3):
         mark = estate.mark()
         reply = await estate.client.propose(forger.sign(estate.jwks.claims()), key=f"f{attempt}")
         assert_door_refusal(
             estate, mark, reply, status=401, code="JWT_SIGNATURE_INVALID", method="workload"
+        )
+    assert estate.security.named("PRINCIPAL_LOCKED") == []
+    # The proven principal's own authorization refusals do (an operator route, twice).
+    good = estate.jwks.token()
+    for _ in range(2):
+        mark = estate.mark()
+        reply = await estate.client.get("/v1/control/status", token=good)
+        assert_door_refusal(
+            estate, mark, reply, status=403, code="ROLE_FORBIDDEN", method="workload"
         )
     assert estate.security.named("PRINCIPAL_LOCKED") == [
         {"principal": "workload-agent", "lock_seconds": 300}
     ]
     assert estate.executor.metrics.principals_locked.value() == 1
     mark = estate.mark()
-    good = estate.jwks.token()
     reply = await estate.client.propose(good, key="locked")
     assert_door_refusal(
         estate, mark, reply, status=423, code="PRINCIPAL_LOCKED", method="workload",

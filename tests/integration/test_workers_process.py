@@ -630,3 +630,31 @@ async def test_an_evidence_export_from_one_worker_holds_every_workers_chains(
     kept = peer.read_text().splitlines()
     peer.write_text("\n".join(kept[:2] + kept[3:]) + "\n")
     assert not verify_bundle(bundle, public_key=None).ok
+
+
+async def test_once_a_halt_is_answered_no_worker_of_three_starts_new_work(
+    tmp_path: Path, provider: ProviderProcess
+) -> None:
+    """Issue 30, item 14: the halt's 200 means no worker starts new work. Right after the
+    answer, 24 proposals (8 through each of the three workers) are all refused and the
+    provider receives none (before: the other workers executed them until their next poll)."""
+    group = Group(tmp_path, provider, workers=3)
+    await group.process.start()
+    await group.all_ready()
+    sessions = [await group.pinned(index) for index in range(3)]
+    try:
+        status, _ = await group.post(sessions[0], "/v1/control/halt", {"reason": "incident 14"})
+        assert status == 200
+        answers = await asyncio.gather(
+            *(
+                group.propose(sessions[n % 3], key=f"after-halt-{n}", amount=100 + n)
+                for n in range(24)
+            )
+        )
+        assert [a[0] for a in answers] == [503] * 24, answers
+        assert all(a[1]["reason_codes"] == ["EXECUTOR_HALTED"] for a in answers)
+        assert await received(provider) == 0
+    finally:
+        for session in sessions:
+            await session.close()
+        assert group.process.terminate() == 0

@@ -56,8 +56,8 @@ def test_a_rule_that_does_not_compile_is_refused_by_path(policy_body: dict[str, 
 @pytest.mark.parametrize(
     ("when", "words"),
     [
-        ("principal.role == secret", "undeclared reference to secret"),
-        ("sha256(params.iban) == 'x'", "unknown function sha256"),
+        ("principal.role == secret", "undeclared reference"),
+        ("sha256(params.iban) == 'x'", "unknown function"),
         ("   ", "expression is empty"),
     ],
 )
@@ -67,6 +67,68 @@ def test_the_authoritys_own_compiler_decides(
     refused = _refusal("CREATE", _broken(policy_body, rule=0, when=when))
     assert refused.message.startswith("actions[0].rules[0].when: ")
     assert words in refused.message
+    # The words say what is wrong, never what the object holds (issue 30, item 18).
+    assert "secret" not in refused.message.removeprefix("actions[0].rules[0].when: ")
+    assert "sha256" not in refused.message
+
+
+@pytest.mark.parametrize(
+    "when",
+    [
+        "params.amountMinor ^ SECRET_MARKER_7",  # cel-python quotes the source with a caret
+        "params.amountMinor <<< SECRET_MARKER_7",
+        "SECRET_MARKER_7 == 1",
+        "SECRET_MARKER_7(params.amountMinor)",
+    ],
+)
+def test_a_refused_expression_is_never_echoed(policy_body: dict[str, Any], when: str) -> None:
+    """Issue 30, item 18: the refusal quoted the expression (the compiler's caret excerpt)."""
+    refused = _refusal("CREATE", _broken(policy_body, rule=0, when=when))
+    assert refused.reason == "PolicyInvalid"
+    assert refused.message.startswith("actions[0].rules[0].when: ")
+    assert "SECRET_MARKER_7" not in refused.message
+    assert "^" not in refused.message
+
+
+def test_a_refused_schema_pattern_is_never_echoed(policy_body: dict[str, Any]) -> None:
+    """Issue 30, item 18: the refusal quoted the parameter schema's ``pattern``."""
+    broken = copy.deepcopy(policy_body)
+    schema = broken["spec"]["policy"]["actions"][0]["parameters"]
+    schema.setdefault("properties", {})["memo"] = {"type": "string", "pattern": "SECRET_MARKER_7(("}
+    refused = _refusal("CREATE", broken)
+    assert refused.reason == "PolicyInvalid"
+    assert refused.message.startswith("actions[0].parameters: invalid JSON Schema")
+    assert "SECRET_MARKER_7" not in refused.message
+
+
+@pytest.mark.parametrize(
+    ("field", "url"),
+    [
+        ("url", "ftp://SECRET-HOST.example/payouts"),
+        ("url", "https://SECRET-HOST.example:99999/payouts"),
+        ("url", "https://user:SECRET-PASSWORD@bank.example/payouts"),
+        ("url", "http://SECRET-HOST.example/payouts"),
+        ("url", "https://bank.example/payouts#SECRET-FRAGMENT"),
+        ("lookupUrl", "https://bank.example/payouts/SECRET-NO-PLACEHOLDER"),
+    ],
+)
+def test_admission_refuses_the_downstream_urls_the_executor_refuses(
+    policy_body: dict[str, Any], field: str, url: str
+) -> None:
+    """Issue 30, item 18: admission accepted URLs the reconcile and the executor's loader
+    refuse. One validation (``config.check_downstream_url``) now decides for all three, and
+    the refusal never holds the URL."""
+    broken = copy.deepcopy(policy_body)
+    broken["spec"]["downstream"][field] = url
+    refused = _refusal("CREATE", broken)
+    assert refused.reason == "SpecInvalid"
+    assert refused.message.startswith(f"spec.downstream.{field}")
+    assert "SECRET" not in refused.message
+    # The executor's own loader refuses the same URL.
+    from agentsafe.executor.config import check_downstream_url
+
+    with pytest.raises(ValueError):
+        check_downstream_url(url, placeholder="{idempotency_key}" if field == "lookupUrl" else None)
 
 
 def test_a_parameter_schema_that_does_not_compile_is_refused(policy_body: dict[str, Any]) -> None:

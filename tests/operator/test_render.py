@@ -13,6 +13,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from agentsafe.executor.config import WORKERS_DEFAULT, WORKERS_MAX, load_config
 from agentsafe.executor.door.principals_file import load_principals_file, parse_principals
@@ -208,13 +209,17 @@ def test_downstream_environment_is_refused_because_it_would_configure_nothing(
         _with_spec(render_input, **{"downstream.environment": "production"})
 
 
-def test_environment_the_executor_would_refuse_is_config_invalid(render_input: RenderInput) -> None:
-    # ENFORCEMENT with APPROVAL is fine; plain http to a non-loopback host is not.
-    inp = _with_spec(render_input, **{"downstream.url": "http://payouts.bank.example/v1"})
-    with pytest.raises(RenderError) as info:
-        render_environment(inp)
-    assert info.value.reason == "ConfigInvalid"
-    assert "DOWNSTREAM_URL" in info.value.message
+def test_a_downstream_url_the_executor_would_refuse_is_refused_by_the_spec(
+    render_input: RenderInput,
+) -> None:
+    # Plain http to a non-loopback host: the executor's one URL validation refuses it in the
+    # spec itself (issue 30, item 18: before, only the rendered environment was refused), so
+    # admission, the reconcile and the executor agree, and the words never hold the URL.
+    with pytest.raises(ValidationError) as info:
+        _with_spec(render_input, **{"downstream.url": "http://payouts.bank.example/v1"})
+    [error] = info.value.errors(include_url=False, include_input=False)
+    assert error["loc"] == ("downstream", "url")
+    assert "payouts.bank.example" not in str(error["msg"])
 
 
 def test_enforcement_with_approval_renders(render_input: RenderInput) -> None:

@@ -24,6 +24,7 @@ from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.codes import Code
 from agentsafe.executor.errors import RequestRejected
 from agentsafe.executor.events import Streams
+from agentsafe.executor.evidence.chain import ChainError
 from agentsafe.executor.principals import Principal, Role, Scope
 from agentsafe.executor.routes.app import AnyJson, Call, ReadyState, Route, build_app
 from agentsafe.executor.routes.table import Approvals, route_table
@@ -185,3 +186,25 @@ async def test_a_body_that_does_not_match_its_model_is_400_request_invalid(
     assert body["error"]["message"] == "the request carries a field it may not"
     status, body = await call(url, "/located", {"reason": 7})
     assert body["error"]["message"] == "the request does not match the schema at 'reason'"
+
+
+async def refused_line(call: Call) -> web.StreamResponse:
+    raise ChainError(
+        "chain head for stream evidence could not be persisted", code=Code.CHAIN_JOURNAL
+    )
+
+
+async def test_a_line_a_failing_chain_refuses_is_a_coded_503_never_a_bare_500() -> None:
+    """Issue 29: full chain heads. A proposal in flight when the executor halted (cause
+    CHAIN_HEADS) whose line the chain refuses is answered with a code, and the answer says
+    nothing about whether anything was executed."""
+    rows = (Route("POST", "/refused", Role.PROPOSER, None, Body, refused_line),)
+    server = TestServer(build_app(rows, door=RecordingDoor()), host="127.0.0.1")
+    await server.start_server()
+    try:
+        url = str(server.make_url("")).rstrip("/")
+        status, body = await call(url, "/refused", {"reason": "x"})
+    finally:
+        await server.close()
+    assert (status, body["error"]["code"]) == (503, "CHAIN_HEADS_UNAVAILABLE")
+    assert "executed" not in body["error"]["message"]

@@ -18,6 +18,8 @@ import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 
 from agentsafe.executor.assembly import assemble
 from agentsafe.executor.dispatch.registration import Seam
@@ -217,11 +219,11 @@ async def _exercise(session: ClientSession, node: Node) -> None:
     assert "BLOCK" in _text(invalid) or invalid.is_error
     assert len(node.provider.received) == before + 1
 
-    forbidden = await session.call_tool(
-        "not_for_this_agent", {"target": "t", "parameters": {"note": "x"}}
-    )
-    assert forbidden.is_error is True
-    assert "ACTION_NOT_PERMITTED_FOR_PRINCIPAL" in _text(forbidden)
+    # An action this principal may not propose is not one of its tools: the bridge answers
+    # JSON-RPC -32602 itself and proposes nothing (issue 30, item 15).
+    with pytest.raises(MCPError) as forbidden:
+        await session.call_tool("not_for_this_agent", {"target": "t", "parameters": {"note": "x"}})
+    assert forbidden.value.code == INVALID_PARAMS
 
 
 async def test_an_approved_escalation_is_resumed_once_with_the_resume_tool(
@@ -273,6 +275,34 @@ async def test_stdio_tools_are_proposals_through_the_lifecycle(node: Node, tmp_p
     token = node.principals.token("treasury-workflow")
     async with stdio_session(node, tmp_path, token) as session:
         await _exercise(session, node)
+
+
+async def test_unknown_tools_are_answered_by_the_bridge_and_never_lock_the_principal(
+    node: Node, tmp_path: Path
+) -> None:
+    """Issue 30, item 15: before, each call of a tool outside the catalog was a proposal the
+    door refused and counted, and about ten of them locked the principal (the next valid call
+    got 423 PRINCIPAL_LOCKED). Now the bridge answers -32602 (the MCP specification's error
+    for an unknown tool), without the name, and the executor never sees the call."""
+    token = node.principals.token("treasury-workflow")
+    async with stdio_session(node, tmp_path, token) as session:
+        for n in range(15):
+            name = ("not_for_this_agent", "delete_everything", f"guess_{n}")[n % 3]
+            with pytest.raises(MCPError) as unknown:
+                await session.call_tool(name, {"target": "t", "parameters": {"note": "x"}})
+            assert unknown.value.code == INVALID_PARAMS == -32602
+            assert name not in unknown.value.message
+        paid = await session.call_tool(
+            "create_payout",
+            {"target": "payout:b-1", "parameters": {"amountMinor": 1200, "currency": "USD"}},
+        )
+        assert paid.is_error is False, _text(paid)
+        assert _text(paid).startswith("ALLOW: executed once")
+    assert len(node.provider.received) == 1
+    security = node.executor.streams.security
+    assert isinstance(security, MemorySink)
+    assert security.named("AUTH_FAILED") == [], "no refusal was spent at the door"
+    assert security.named("PRINCIPAL_LOCKED") == []
 
 
 async def test_stdio_with_a_stolen_looking_token_is_refused_by_the_door(

@@ -186,16 +186,19 @@ async def test_every_judge_refuses_a_loose_schema_naming_the_action_and_path(
 
     code, out, err = await _cli("policy", "lint", str(policy), cwd=tmp_path)
     assert code != 0, out + err
-    assert "SCHEMA_NOT_STRICT" in out + err and where in out + err
+    assert "SCHEMA_NOT_STRICT" in out + err
+    assert where in out + err
 
     code, out, err = await _cli("config", "--env-file", str(env_file), cwd=tmp_path)
     assert code == 78, out + err
-    assert "SCHEMA_NOT_STRICT" in out + err and where in out + err
+    assert "SCHEMA_NOT_STRICT" in out + err
+    assert where in out + err
 
     code, out, err = await _cli("doctor", "--env-file", str(env_file), cwd=tmp_path)
     assert code == 1, out + err
     [line] = [line for line in out.splitlines() if line.startswith("fail  policy")]
-    assert "SCHEMA_NOT_STRICT" in line and where in line, line
+    assert "SCHEMA_NOT_STRICT" in line, line
+    assert where in line, line
     assert "ready for agentsafe serve" not in out
 
     environ = dict(
@@ -205,7 +208,8 @@ async def test_every_judge_refuses_a_loose_schema_naming_the_action_and_path(
     )
     code, out, err = await _cli("serve", cwd=tmp_path, env=environ)
     assert code == 78, out + err
-    assert "SCHEMA_NOT_STRICT" in err and where in err, err
+    assert "SCHEMA_NOT_STRICT" in err, err
+    assert where in err, err
 
 
 async def test_status_asks_a_running_executor_and_ends_with_the_shadow_report(

@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -176,3 +177,31 @@ async def test_the_module_refuses_a_non_loopback_host() -> None:
     assert process.returncode == 2
     assert b"loopback" in err
     assert out == b""
+
+
+async def test_the_record_file_has_every_payout_request_once_received_and_once_answered(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    record = tmp_path / "record.jsonl"
+    synthetic = SyntheticProvider(record=record)
+    await synthetic.start()
+    try:
+        url = synthetic.base_url + "/payouts"
+        headers = {"x-agent-safe-grant-id": "g-1", "authorization": "Bearer not-recorded"}
+        async with http.post(
+            url, json={"amountMinor": 5}, headers={**headers, "idempotency-key": "k1"}
+        ) as response:
+            assert response.status == 202
+        await post(http, url, {"amountMinor": 5}, "k1")
+        await post(http, url, {"amountMinor": 5}, "k2")
+    finally:
+        await synthetic.stop()
+    text = record.read_text()
+    assert "not-recorded" not in text
+    lines = [json.loads(line) for line in text.splitlines()]
+    received = [(e["key"], e["first"]) for e in lines if e["event"] == "received"]
+    assert received == [("k1", True), ("k1", False), ("k2", True)]
+    assert [e["status"] for e in lines if e["event"] == "answered"] == [202, 202, 202]
+    assert lines[0]["grant_id"] == "g-1"
+    assert lines[1]["event"] == "answered"
+    assert lines[1]["serial"] == lines[0]["serial"] == 0
