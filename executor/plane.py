@@ -69,7 +69,7 @@ from .routes.app import ReadyState, Route, build_app
 from .routes.door import HttpDoor
 from .routes.listener import GuardedSite, ListenerLimits, handler_settings
 from .routes.table import Approvals, route_table
-from .state.journal import AttemptJournal, JournalScan, Settled
+from .state.journal import AttemptJournal, JournalScan, ReconciledBy, Settled
 from .state.pgstore import PostgresStore
 from .state.usestore import ApprovalState, OrphanKey, UseStore
 
@@ -789,6 +789,7 @@ class Executor:
                 reconciler=self._reconciler(),
                 streams=self.streams,
                 checks=self.reconcile_checks(),
+                by=ReconciledBy.RECHECK,  # a running process asks again: no restart (issue 31)
             )
             if resolution.closed:
                 await self.settle_idempotency(resolution)

@@ -30,8 +30,8 @@ key the provider may have acted on, so on disagreement the provider is asked
 (RECONCILE_STORE_DISAGREES) and its answer decides. Lookups run concurrently, at most
 ``concurrency`` at a time, each bounded by ``timeout_s``.
 
-Each resolution is written to the journal as RECONCILED (by RESTART at start, by LEASE from the
-lease keeper in a running process) and emitted as one
+Each resolution is written to the journal as RECONCILED (by RESTART at start; by LEASE from the
+lease keeper, by RECHECK from ``Executor.recheck_unknown``, in a running process) and emitted as one
 ``RECONCILIATION`` evidence event naming the attempt, its intent hash and the resolution, never
 its parameters. A journal that cannot take the RECONCILED record leaves the attempt open (it is
 asked again next start) and says so on the security stream; a torn journal line found while
