@@ -172,6 +172,8 @@ def _text(decision: Decision) -> str:
     return f"{decision.verdict}: {decision.outcome}; {executed[decision.executed]} ({reasons})."
 
 
+DOOR_CHECK_SECONDS = 10.0
+"""How long the HTTP transport waits for the door's word on a bearer before passing it on."""
 MAX_NAMED_FIELDS = 16
 """At most this many failing fields are named in one answer."""
 
@@ -450,7 +452,10 @@ async def _http(args: argparse.Namespace) -> None:
         """Whether the executor's door refuses ``token`` (401): asked before MCP sees the
         request. Any other answer, or none, is left to the call itself to report."""
         try:
-            async with AgentSafeClient(args.url, token=token, ca_file=args.ca_file) as client:
+            async with (
+                asyncio.timeout(DOOR_CHECK_SECONDS),
+                AgentSafeClient(args.url, token=token, ca_file=args.ca_file) as client,
+            ):
                 await client.actions()
         except Refused as refused:
             return refused.status == 401
