@@ -600,7 +600,7 @@ def test_service_monitors_scrape_executors_with_the_metrics_token_and_the_operat
     container = _deployment(objects)["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
     # The operator's metrics port admits only the scraper.
-    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    (policy,) = [o for o in objects if _operator_policy(o)]
     by_port = {rule["ports"][0]["port"]: rule for rule in policy["spec"]["ingress"]}
     health, metrics = by_port["health"], by_port["metrics"]
     assert metrics == {
