@@ -235,9 +235,14 @@ def test_the_test_pod_has_its_own_labels(k8s_tools: Tools) -> None:
     assert not all(labels.get(key) == value for key, value in selector.items())
 
 
+def _operator_policy(obj: Mapping[str, Any]) -> bool:
+    """The operator's NetworkPolicy (not the `helm test` pod's own)."""
+    return bool(obj["kind"] == "NetworkPolicy" and obj["metadata"]["name"] == "agentsafe-operator")
+
+
 def test_operator_network_policy(k8s_tools: Tools) -> None:
     objects = _render(k8s_tools, [])
-    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    (policy,) = [o for o in objects if _operator_policy(o)]
     deployment = _deployment(objects)
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     selector = policy["spec"]["podSelector"]["matchLabels"]
@@ -250,12 +255,10 @@ def test_operator_network_policy(k8s_tools: Tools) -> None:
     narrowed = _render_values(
         k8s_tools, {"webhook": {"ingressFrom": [{"ipBlock": {"cidr": "10.0.0.1/32"}}]}}
     )
-    (narrow,) = [o for o in narrowed if o["kind"] == "NetworkPolicy"]
+    (narrow,) = [o for o in narrowed if _operator_policy(o)]
     assert narrow["spec"]["ingress"][1]["from"] == [{"ipBlock": {"cidr": "10.0.0.1/32"}}]
     (no_webhook,) = [
-        o
-        for o in _render(k8s_tools, ["--set", "webhook.enabled=false"])
-        if o["kind"] == "NetworkPolicy"
+        o for o in _render(k8s_tools, ["--set", "webhook.enabled=false"]) if _operator_policy(o)
     ]
     assert len(no_webhook["spec"]["ingress"]) == 1
     assert rule["ports"] == [{"port": "health", "protocol": "TCP"}]
@@ -272,14 +275,14 @@ def test_operator_network_policy(k8s_tools: Tools) -> None:
     egress = [{"to": [{"ipBlock": {"cidr": "10.0.0.1/32"}}], "ports": [{"port": 6443}]}]
     values = {"networkPolicy": {"egress": egress, "ingressFrom": [{"namespaceSelector": {}}]}}
     restricted = _render_values(k8s_tools, values)
-    (policy,) = [o for o in restricted if o["kind"] == "NetworkPolicy"]
+    (policy,) = [o for o in restricted if _operator_policy(o)]
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert policy["spec"]["egress"] == egress
     assert policy["spec"]["ingress"][0]["from"][1] == {"namespaceSelector": {}}
     assert not [
         o
         for o in _render(k8s_tools, ["--set", "networkPolicy.enabled=false"])
-        if o["kind"] == "NetworkPolicy"
+        if _operator_policy(o)
     ]
 
 
@@ -295,6 +298,50 @@ def _render_values(tools: Tools, values: Mapping[str, Any]) -> list[dict[str, An
     )
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def test_what_an_admission_policy_asks_of_the_chart_is_there(k8s_tools: Tools) -> None:
+    """Issue 31, item 17 (kube-score, checkov): every container requests and limits
+    ephemeral-storage; the operator's readiness asks another question than its liveness; the
+    `helm test` pod runs under a NetworkPolicy of its own (no ingress; egress to DNS and the
+    operator's health port only); the image is pinned by `image.digest` when given."""
+    for variant in ("defaults", "noWebhook"):
+        objects = _render(k8s_tools, VARIANTS[variant])
+        pods = [_deployment(objects)["spec"]["template"]["spec"]]
+        pods += [o["spec"] for o in objects if o["kind"] == "Pod"]
+        assert len(pods) == 2, variant
+        for pod in pods:
+            for container in pod["containers"]:
+                resources = container["resources"]
+                assert "ephemeral-storage" in resources["requests"], container["name"]
+                assert "ephemeral-storage" in resources["limits"], container["name"]
+        (operator,) = pods[0]["containers"]
+        assert operator["readinessProbe"] != operator["livenessProbe"]
+        port = "webhook" if variant == "defaults" else "health"
+        assert operator["readinessProbe"]["tcpSocket"] == {"port": port}
+    objects = _render(k8s_tools, [])
+    (test_pod,) = [o for o in objects if o["kind"] == "Pod"]
+    (guard,) = [o for o in objects if o["kind"] == "NetworkPolicy" and not _operator_policy(o)]
+    selector = guard["spec"]["podSelector"]["matchLabels"]
+    assert all(test_pod["metadata"]["labels"][k] == v for k, v in selector.items())
+    assert guard["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert int(guard["metadata"]["annotations"]["helm.sh/hook-weight"]) < 0  # before the pod
+    assert guard["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert "ingress" not in guard["spec"]
+    dns, operator_health = guard["spec"]["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert operator_health["ports"] == [{"port": 8080, "protocol": "TCP"}]
+    labels = _deployment(objects)["spec"]["template"]["metadata"]["labels"]
+    target = operator_health["to"][0]["podSelector"]["matchLabels"]
+    assert all(labels[k] == v for k, v in target.items())
+    assert not [
+        o
+        for o in _render(k8s_tools, ["--set", "networkPolicy.enabled=false"])
+        if o["kind"] == "NetworkPolicy"
+    ]
+    pinned = _deployment(_render(k8s_tools, VARIANTS["digest"]))
+    image = pinned["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image.endswith("@sha256:" + "a" * 64)
 
 
 def test_values_schema_refuses_bad_values(k8s_tools: Tools) -> None:
@@ -553,7 +600,7 @@ def test_service_monitors_scrape_executors_with_the_metrics_token_and_the_operat
     container = _deployment(objects)["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
     # The operator's metrics port admits only the scraper.
-    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    (policy,) = [o for o in objects if _operator_policy(o)]
     by_port = {rule["ports"][0]["port"]: rule for rule in policy["spec"]["ingress"]}
     health, metrics = by_port["health"], by_port["metrics"]
     assert metrics == {

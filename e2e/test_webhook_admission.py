@@ -256,6 +256,38 @@ def test_workers_over_the_cpu_limit_are_admitted_with_a_warning_and_out_of_range
     assert plane.kubectl("get", "agentpolicy", "wrong", "-n", namespace, check=False).returncode
 
 
+def test_resources_take_every_quantity_a_deployment_takes_and_refuse_the_rest(
+    control_plane: ControlPlane, webhook: dict[str, Any]
+) -> None:
+    """Issue 31, item 15: ``cpu: 1`` (an integer), ``.5``, ``1e9`` and ``100u`` are admitted by
+    the CRD's schema (``x-kubernetes-int-or-string`` with the quantity grammar) and by the
+    webhook, and stored as written; what Kubernetes itself cannot read, a float and a negative
+    are refused, naming the field."""
+    plane, namespace = control_plane, webhook["namespace"]
+    quantities = _policy(namespace, "quantities")
+    quantities["spec"]["pod"] = {
+        "resources": {
+            "requests": {"cpu": ".5", "memory": "1e9", "ephemeral-storage": "100u"},
+            "limits": {"cpu": 1, "memory": "2Gi"},
+        }
+    }
+    result = _apply(plane, quantities)
+    assert result.returncode == 0, result.stderr
+    stored = json.loads(
+        plane.kubectl("get", "agentpolicy", "quantities", "-n", namespace, "-o", "json").stdout
+    )
+    assert stored["spec"]["pod"]["resources"] == quantities["spec"]["pod"]["resources"]
+    for bad in ("1i", "-1", "1.1.M", 0.5, -1):
+        wrong = _policy(namespace, "wrong-quantity")
+        wrong["spec"]["pod"] = {"resources": {"limits": {"cpu": bad}}}
+        result = _apply(plane, wrong)
+        assert result.returncode != 0, bad
+        assert "spec.pod.resources.limits" in result.stderr, result.stderr
+    assert plane.kubectl(
+        "get", "agentpolicy", "wrong-quantity", "-n", namespace, check=False
+    ).returncode
+
+
 def test_the_ca_bundle_is_the_ca_the_operator_keeps(
     control_plane: ControlPlane, webhook: dict[str, Any]
 ) -> None:

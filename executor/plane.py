@@ -69,7 +69,7 @@ from .routes.app import ReadyState, Route, build_app
 from .routes.door import HttpDoor
 from .routes.listener import GuardedSite, ListenerLimits, handler_settings
 from .routes.table import Approvals, route_table
-from .state.journal import AttemptJournal, JournalScan, Settled
+from .state.journal import AttemptJournal, JournalScan, ReconciledBy, Settled
 from .state.lostwrites import LostClaim, LostWritesGuard
 from .state.pgstore import PostgresStore
 from .state.usestore import ApprovalState, OrphanKey, UseStore
@@ -90,6 +90,11 @@ REFUSAL_LINES_POLL_SECONDS = 2.0
 
 
 STORE_PING_SECONDS = 1.0
+"""How often each replica asks the shared store whether it answers."""
+STORE_PING_TIMEOUT_SECONDS = 1.0
+"""How long one ping may take before the store counts as not answering (issue 31, item 3)."""
+READY_FOLLOWS_STORE_SECONDS = STORE_PING_SECONDS + STORE_PING_TIMEOUT_SECONDS
+"""The documented bound (docs/high-availability.md): ``/ready`` follows the store within it."""
 JOURNAL_CHECK_SECONDS = 0.5
 """How often a failed journal is retried (recovery); the halt itself comes from the failing
 append, at once."""
@@ -820,6 +825,7 @@ class Executor:
                 reconciler=self._reconciler(),
                 streams=self.streams,
                 checks=self.reconcile_checks(),
+                by=ReconciledBy.RECHECK,  # a running process asks again: no restart (issue 31)
             )
             if resolution.closed:
                 await self.settle_idempotency(resolution)
@@ -939,10 +945,19 @@ class Executor:
 
     async def _store_health_loop(self) -> None:
         """Ask the shared store once a second: while it does not answer, new proposals get 503
-        STORE_UNAVAILABLE and ``/ready`` is 503; both resume by themselves when it answers."""
+        STORE_UNAVAILABLE and ``/ready`` is 503; both resume by themselves when it answers.
+
+        A ping has its own deadline (:data:`STORE_PING_TIMEOUT_SECONDS`): left to the pool, a
+        stopped server made it wait for the connect timeout (5 s), twice (a stale connection,
+        then a new one), so ``/ready`` stayed 200 for about 11 s. Within
+        :data:`READY_FOLLOWS_STORE_SECONDS` now."""
         assert self.shared is not None
         while True:
-            available = await self.shared.ping()
+            try:
+                async with asyncio.timeout(STORE_PING_TIMEOUT_SECONDS):
+                    available = await self.shared.ping()
+            except TimeoutError:
+                available = False
             if available != self.store_health.available:
                 self.store_health.available = available
                 self.streams.security.emit(

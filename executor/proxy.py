@@ -9,8 +9,8 @@ Configuration: with ``EXECUTOR_POLICY_FILE`` set, the environment is an executor
 like serve's (``DOWNSTREAM_URL`` defaults to the upstream and must name it; ``EXECUTOR_MODE``
 defaults to SHADOW), and the policy must have an ``http_request`` action run by
 ``gateway_forward``. With nothing configured it runs the demo authority (``gateway/demo.py``) on
-loopback and says so on every line it prints. The gateway proposes as the legacy caller, or as
-``--principal`` from the principals file.
+loopback and says so on every line it writes (``"authority": "demo"``). The gateway proposes as
+the legacy caller, or as ``--principal`` from the principals file.
 
 The gateway's traffic (forwarding, lookups, pass-through reads) goes through a guarded client of
 its own, with the same egress policy, whose refusals count towards the egress halt only when they
@@ -19,8 +19,12 @@ the upstream is the client's choice, and no client may halt the gateway. The exe
 polls run as in ``serve`` (the store's health among them: 503 ``STORE_UNAVAILABLE`` while it does
 not answer).
 
-Output: one line per request on standard output; the chained evidence and security streams go
-to ``gateway-evidence.jsonl`` and ``gateway-security.jsonl`` in the journal directory (the state
+Output: JSON lines, as every other process writes (``LOG_SCHEMA``: ``schema``, ``event``, ``at``,
+``level``, ``message``): on standard output ``GATEWAY_LISTENING`` (address, port, upstream, mode,
+evidence directory), ``GATEWAY_ROUTES`` with ``--serve-routes``, one ``GATEWAY_REQUEST`` per
+request, ``STOPPING`` and, in shadow, ``SHADOW_REPORT``; a refusal to start is one
+``REFUSED_TO_START`` line on standard error, as serve's. The chained evidence and security streams
+go to ``gateway-evidence.jsonl`` and ``gateway-security.jsonl`` in the journal directory (the state
 directory without one). The process guard (``host/audithook.py``) is installed as ``serve``
 installs it, and the posture is checked with its self-test. SIGTERM or Ctrl-C stops it; in
 shadow it then prints the shadow report, ending with the switch that turns enforcement on
@@ -53,7 +57,7 @@ from .dispatch.registration import Seam
 from .door.door import LegacyCaller
 from .egress.guard import GuardedClient
 from .errors import AgentSafeError, ConfigError
-from .events import SECURITY_SCHEMA, DeferredSink, JsonLinesSink, Streams
+from .events import LOG_SCHEMA, SECURITY_SCHEMA, DeferredSink, JsonLinesSink, Streams
 from .gateway.demo import BANNER, demo_environment
 from .gateway.forward import HANDLER, Exchanges, GatewayForwardHandler
 from .gateway.listener import Gateway
@@ -205,11 +209,12 @@ async def run(
     outputs: tuple[TextIO, TextIO],
     guard: Guard | None = None,
 ) -> int:
-    prefix = BANNER if demo else ""
+    out = JsonLinesSink(sys.stdout, schema=LOG_SCHEMA)
+    # The demo says so on every line (``authority``, and the banner's words in ``notice``).
+    marks: dict[str, Any] = {"authority": "demo", "notice": BANNER.rstrip(" |")} if demo else {}
 
-    def say(line: str) -> None:
-        sys.stdout.write(f"{prefix}{line}\n")
-        sys.stdout.flush()
+    def say(message: str, event: str = "GATEWAY_REQUEST", **fields: Any) -> None:
+        out.emit(event, {"level": "INFO", "message": message, **fields, **marks})
 
     config = load_config(env)
     if config.executor_workers > 1:  # never a setting that is read and then does nothing
@@ -267,32 +272,46 @@ async def run(
                 raise ConfigError("--serve-routes", "needs a configuration (principals)")
             await executor.listen()
             where = f"{config.executor_bind_address}:{executor.port}"
-            say(f"executor routes (control, status) on {where}")
+            say(
+                f"executor routes (control, status) on {where}",
+                "GATEWAY_ROUTES",
+                address=config.executor_bind_address,
+                port=executor.port,
+            )
         runner, _site = await listen(gateway, executor, args.host, args.port)
         mode = config.executor_mode.value
         say(
             f"agentsafe proxy: http://{args.host}:{args.port} -> {gateway.upstream} "
-            f"({mode}; evidence in {streams_dir})"
+            f"({mode}; evidence in {streams_dir})",
+            "GATEWAY_LISTENING",
+            address=args.host,
+            port=args.port,
+            upstream=gateway.upstream,
+            mode=mode,
+            evidence_dir=str(streams_dir),
         )
         if demo:
-            say("no EXECUTOR_* configuration: the built-in authority decides with a synthetic")
-            say("policy in this process; set EXECUTOR_POLICY_FILE and the rest to configure")
-            say("agentsafe status has no control routes to ask here: the shadow report is")
-            say("printed when this stops (Ctrl-C); configure it and use --serve-routes for status")
+            say(
+                "no EXECUTOR_* configuration: the built-in authority decides with a synthetic"
+                " policy in this process; set EXECUTOR_POLICY_FILE and the rest to configure."
+                " agentsafe status has no control routes to ask here: the shadow report is"
+                " written when this stops (Ctrl-C); configure it and use --serve-routes for status",
+                "GATEWAY_DEMO",
+            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
-        say("stopping")
+        say("stopping", "STOPPING")
         await runner.cleanup()
     finally:
         await executor.close()
         if executor.config.executor_mode is ExecutorMode.SHADOW:
-            for line in executor.shadow.render().splitlines():
-                say(line)
+            report = executor.shadow.render()
             if demo:
-                say("(for the demo authority: restart with --enforce)")
+                report += "\n(for the demo authority: restart with --enforce)"
+            say(report, "SHADOW_REPORT", **executor.shadow.as_dict())
     return 0
 
 
@@ -326,11 +345,20 @@ def main(args: argparse.Namespace) -> int:
                     )
                 )
     except ConfigError as exc:
-        sys.stderr.write(f"agentsafe proxy: refused to start: {exc.code}: {exc}\n")
+        _refused(exc.code, f"{exc.code}: {exc}")
         return exc.exit_status
     except AgentSafeError as exc:
-        sys.stderr.write(f"agentsafe proxy: refused to start: {exc.code}: {exc.message}\n")
+        _refused(exc.code, f"{exc.code}: {exc.message}")
         return 78
     except OSError as exc:
-        sys.stderr.write(f"agentsafe proxy: cannot listen: {exc.strerror}\n")
+        _refused(None, f"cannot listen: {exc.strerror}")
         return 1
+
+
+def _refused(code: str | None, message: str) -> None:
+    """A start-up refusal: one JSON line on stderr (never plain text), level ERROR, as serve's
+    (``serve._refused``); a port that cannot be bound carries no code, as no setting is wrong."""
+    fields = {"level": "ERROR", "message": f"agentsafe proxy: refused to start: {message}"}
+    JsonLinesSink(sys.stderr, schema=SECURITY_SCHEMA).emit(
+        Code.REFUSED_TO_START, fields if code is None else {**fields, "code": code}
+    )

@@ -6,7 +6,9 @@ with ``null`` collapsed to the non-null branch, free-form objects (a policy's pa
 Schema) marked ``x-kubernetes-preserve-unknown-fields``, ``additionalProperties: false`` dropped
 (structural schemas prune unknown fields anyway), ``const`` turned into a one-value ``enum``,
 JSON Schema 2020-12 numeric ``exclusiveMinimum`` turned into the OpenAPI v3.0 boolean form, and
-``title`` left out. The models' ``x-kubernetes-validations`` (CEL) pass through unchanged.
+``title`` left out. A node marked ``x-kubernetes-int-or-string`` (a resource quantity) keeps its
+``anyOf`` of integer and string, the one union a structural schema allows. The models'
+``x-kubernetes-validations`` (CEL) pass through unchanged.
 
 :func:`write_crds` writes ``crds/<plural>.yaml`` (plain manifests), the chart's CRD templates
 ``charts/agentsafe/templates/crds/<plural>.yaml`` (gated by ``crds.enabled``, kept through
@@ -160,6 +162,8 @@ def _convert(node: Mapping[str, Any], defs: Mapping[str, Any], *, depth: int) ->
         target = _resolve(schema.pop("$ref"), defs)
         target.update(schema)  # siblings of $ref (description, default) win
         schema = target
+    if schema.get("x-kubernetes-int-or-string") is True:
+        return schema  # its anyOf of integer and string is the structural form Kubernetes wants
     if "anyOf" in schema:
         branches = [b for b in schema["anyOf"] if b != {"type": "null"}]
         if len(branches) != 1:

@@ -24,11 +24,12 @@ group).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 from agentsafe.executor.canonical import MAX_SAFE_INTEGER
@@ -480,9 +481,47 @@ class StoreSpec(_Model):
     )
 
 
-RESOURCE_QUANTITY_PATTERN: Final = r"^([0-9]+(\.[0-9]+)?)(m|Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
-"""A compute resource quantity: a decimal number (group 1) and an optional suffix (group 3)."""
-ResourceQuantity = Annotated[str, Field(pattern=RESOURCE_QUANTITY_PATTERN, max_length=32)]
+RESOURCE_QUANTITY_PATTERN: Final = (
+    r"^\+?([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+)
+"""A compute resource quantity as Kubernetes reads one (apimachinery's ``ParseQuantity``): an
+optional ``+``, a decimal number (group 1: ``1``, ``1.5``, ``1.``, ``.5``) and an optional suffix
+(group 2): binary (``Ki`` .. ``Ei``), decimal SI (``n``, ``u``, ``m``, ``k``, ``M`` .. ``E``) or a
+decimal exponent (``e3``, ``E-3``, ``e+6``). A negative quantity parses in Kubernetes but no pod
+may request one (its validation refuses it), so here it is refused at once."""
+_QUANTITY_TEXT: Final = re.compile(RESOURCE_QUANTITY_PATTERN)
+
+
+def _resource_quantity(value: object) -> int | str:
+    """A whole number of at least 0, or a string in the quantity grammar of at most 32
+    characters; anything else (a float, a boolean, a negative) is refused, never echoed."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value >= 0:
+            return value
+        raise ValueError("a resource quantity cannot be negative")
+    if isinstance(value, str) and len(value) <= 32 and _QUANTITY_TEXT.fullmatch(value):
+        return value
+    raise ValueError(
+        "must be a Kubernetes quantity: a whole number, or a string such as 500m, 1.5, .5, 2Gi,"
+        " 1e9 or 100u"
+    )
+
+
+ResourceQuantity = Annotated[
+    int | str,
+    PlainValidator(_resource_quantity),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "minimum": 0,
+            "pattern": RESOURCE_QUANTITY_PATTERN,
+            "maxLength": 32,
+        }
+    ),
+]
+"""An integer (``cpu: 1``) or a quantity string, as a Deployment's resources take them
+(``x-kubernetes-int-or-string`` in the CRD)."""
 _RESOURCE_NAME = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$"
 ResourceName = Annotated[str, Field(min_length=1, max_length=253, pattern=_RESOURCE_NAME)]
 

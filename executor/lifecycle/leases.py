@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable
 from ..config import LEASE_RENEWALS_PER_LEASE
 from ..errors import StoreError
 from ..events import Streams
-from ..state.journal import AttemptJournal, OpenAttempt
+from ..state.journal import AttemptJournal, OpenAttempt, ReconciledBy
 from ..state.pgstore import AttemptRow, SharedAttemptMirror
 from .reconcile import Checks, Reconciler, Resolution, ResolutionStatus, reconcile_attempt
 
@@ -126,6 +126,7 @@ class LeaseKeeper:
             streams=self._streams,
             timeout_s=self.interval,
             checks=self._checks,
+            by=ReconciledBy.LEASE,  # no restart happened: this process is running (issue 31)
         )
         if resolution.resolution is ResolutionStatus.STILL_UNKNOWN:
             self._asked[row.attempt_id] = self._monotonic()

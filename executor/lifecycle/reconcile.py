@@ -30,7 +30,8 @@ key the provider may have acted on, so on disagreement the provider is asked
 (RECONCILE_STORE_DISAGREES) and its answer decides. Lookups run concurrently, at most
 ``concurrency`` at a time, each bounded by ``timeout_s``.
 
-Each resolution is written to the journal as RECONCILED (by RESTART) and emitted as one
+Each resolution is written to the journal as RECONCILED (by RESTART at start; by LEASE from the
+lease keeper, by RECHECK from ``Executor.recheck_unknown``, in a running process) and emitted as one
 ``RECONCILIATION`` evidence event naming the attempt, its intent hash and the resolution, never
 its parameters. A journal that cannot take the RECONCILED record leaves the attempt open (it is
 asked again next start) and says so on the security stream; a torn journal line found while
@@ -203,13 +204,14 @@ async def reconcile_attempt(
     streams: Streams,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     checks: Checks = Checks(),
+    by: ReconciledBy = ReconciledBy.RESTART,
 ) -> Resolution:
-    """Resolve one open attempt read-only, record RECONCILED (by RESTART) and emit it; the same
-    path for this process's own journal at start and for an attempt taken over from a replica
-    whose lease lapsed (``lifecycle/leases.py``)."""
+    """Resolve one open attempt read-only, record RECONCILED and emit it; the same path for this
+    process's own journal at start (``by`` RESTART) and for an attempt the lease keeper took
+    over or asks about again in a running process (``by`` LEASE, ``lifecycle/leases.py``)."""
     resolution = await _resolve(attempt, reconciler=reconciler, timeout_s=timeout_s, checks=checks)
-    await _record(journal, resolution, streams)
-    _emit(attempt, resolution, streams)
+    await _record(journal, resolution, streams, by)
+    _emit(attempt, resolution, streams, by)
     return resolution
 
 
@@ -317,12 +319,14 @@ def _binding_consistent(attempt: OpenAttempt) -> str | None:
     return action_type
 
 
-async def _record(journal: AttemptJournal, resolution: Resolution, streams: Streams) -> None:
+async def _record(
+    journal: AttemptJournal, resolution: Resolution, streams: Streams, by: ReconciledBy
+) -> None:
     try:
         await journal.reconciled(
             attempt_id=resolution.attempt_id,
             status=_JOURNAL_STATUS[resolution.resolution],
-            by=ReconciledBy.RESTART,
+            by=by,
         )
     except JournalError as exc:
         streams.security.emit(
@@ -331,12 +335,12 @@ async def _record(journal: AttemptJournal, resolution: Resolution, streams: Stre
         )
 
 
-def _emit(attempt: OpenAttempt, resolution: Resolution, streams: Streams) -> None:
+def _emit(attempt: OpenAttempt, resolution: Resolution, streams: Streams, by: ReconciledBy) -> None:
     fields: dict[str, Any] = {
         "attempt_id": attempt.attempt_id,
         "intent_hash": attempt.intent_hash,
         "resolution": resolution.resolution.value,
-        "by": ReconciledBy.RESTART.value,
+        "by": by.value,
     }
     if resolution.result is not None and resolution.result.reason_code is not None:
         fields["reason_code"] = resolution.result.reason_code

@@ -10,7 +10,8 @@ GRANT_CLAIMED      after the grant is consumed, before the provider is touched: 
                    digest of what is about to be sent (written by the seam's decorator)
 ATTEMPT_CLOSED     once the outcome is known: outcome, executed, finalization, and the answer the
                    caller was given (replayed to a retry whose key the crash left in flight)
-RECONCILED         when a lost outcome is resolved: status, and RESTART, CALLER or OPERATOR
+RECONCILED         when a lost outcome is resolved: status, and RESTART, LEASE, RECHECK,
+                   CALLER or OPERATOR
 =================  =============================================================================
 
 Layout: ``<EXECUTOR_JOURNAL_DIR>/attempts/YYYY-MM-DD.jsonl`` (UTC day of the record), one line of
@@ -115,7 +116,9 @@ class ReconciledStatus(StrEnum):
 
 
 class ReconciledBy(StrEnum):
-    RESTART = "RESTART"
+    RESTART = "RESTART"  # startup reconciliation of this process's own journal
+    LEASE = "LEASE"  # the lease keeper, in a running process (``lifecycle/leases.py``)
+    RECHECK = "RECHECK"  # a running process's own re-ask (``Executor.recheck_unknown``)
     CALLER = "CALLER"
     OPERATOR = "OPERATOR"  # a person recorded a decision (``POST /v1/control/open-attempts/...``)
 

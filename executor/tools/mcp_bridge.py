@@ -20,6 +20,13 @@ holds no credential for any downstream and decides nothing.
   itself with the JSON-RPC error ``-32602`` (the MCP specification's answer to an unknown tool)
   and never sent as a proposal: a model guessing tool names would otherwise spend its
   principal's door refusals and lock it out (``423 PRINCIPAL_LOCKED``).
+* Parameters outside the tool's input schema: the executor answers BLOCK ``PARAMETERS_INVALID``
+  and, by design, names no value. The bridge then checks the same parameters against the same
+  schema (``GET /v1/actions``, :func:`~..policy.policy.build_validator`) and answers a result with
+  ``isError: true`` whose text and ``structuredContent.invalid_parameters`` name each failing
+  field by JSON pointer (``/parameters/amountMinor``) and keyword (``type``, ``required``,
+  ``additionalProperties``), never its value, so a model can correct its own call (MCP
+  2025-11-25, tool execution errors).
 * One more tool, :data:`RESUME_TOOL` (``agentsafe_resume_escalation``, input ``{"escalation"}``):
   with ``EXECUTOR_ESCALATION=APPROVAL`` an ESCALATE result carries the escalation object (in
   ``structuredContent.escalation`` and in its text) and its ``approval_url``; once an APPROVER
@@ -32,7 +39,10 @@ executor token comes from ``--token-file``, ``AGENTSAFE_AGENT_TOKEN_FILE`` or
 ``AGENTSAFE_AGENT_TOKEN``), and ``http`` (MCP streamable HTTP on ``--host``/``--port`` at
 ``/mcp``; every request must carry ``Authorization: Bearer <the agent's executor token>``, which
 is passed to the executor for its door, never kept; a request without one is 401
-``AUTH_FAILED`` before MCP sees it).
+``AUTH_FAILED`` before MCP sees it, and so is one whose bearer the executor's door refuses (the
+bridge asks ``GET /v1/actions`` with it first): 401 with ``WWW-Authenticate: Bearer
+realm="agentsafe", error="invalid_token"``, so ``initialize`` never succeeds with a wrong bearer,
+as the MCP HTTP transport's authorization says).
 
 Needs the ``mcp`` package (the ``plans`` extra). Callers: ``cli.py``.
 """
@@ -46,7 +56,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +71,7 @@ from agentsafe.client import (
 )
 
 from ..codes import Code
-from ..routes.refusals import BEARER_REALM
+from ..routes.refusals import challenge
 
 __all__ = ["RESUME_TOOL", "add_parser", "build_server", "tool_input_schema"]
 
@@ -162,6 +172,65 @@ def _text(decision: Decision) -> str:
     return f"{decision.verdict}: {decision.outcome}; {executed[decision.executed]} ({reasons})."
 
 
+DOOR_CHECK_SECONDS = 10.0
+"""How long the HTTP transport waits for the door's word on a bearer before passing it on."""
+MAX_NAMED_FIELDS = 16
+"""At most this many failing fields are named in one answer."""
+
+
+def _pointer(parts: Any) -> str:
+    """An RFC 6901 JSON pointer under ``/parameters`` (each segment escaped, at most 64
+    characters: a segment is a field's name, never a value)."""
+    escaped = (str(p)[:64].replace("~", "~0").replace("/", "~1") for p in parts)
+    return "/parameters" + "".join("/" + segment for segment in escaped)
+
+
+def invalid_fields(
+    schema: Mapping[str, Any], parameters: Mapping[str, Any]
+) -> list[dict[str, str]]:
+    """Where ``parameters`` fail ``schema`` (the action's parameter schema, validated as the
+    executor validates it): one ``{"pointer", "keyword"}`` per failing field, the missing and the
+    unexpected ones named by their own pointer; never a value. Empty when nothing can be said."""
+    from jsonschema.exceptions import ValidationError as SchemaViolation
+
+    from ..errors import AgentSafeError
+    from ..policy.policy import build_validator
+
+    try:
+        validator = build_validator(schema, path="parameters")
+        errors: list[SchemaViolation] = list(validator.iter_errors(dict(parameters)))
+    except (AgentSafeError, RecursionError, ValueError, TypeError):
+        return []
+    named: dict[str, str] = {}
+    for error in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path]):
+        where = list(error.absolute_path)
+        keyword = str(error.validator)
+        instance, wanted = error.instance, error.validator_value
+        if keyword == "required" and isinstance(instance, dict) and isinstance(wanted, list):
+            for name in wanted:
+                if name not in instance:
+                    named.setdefault(_pointer([*where, name]), keyword)
+        elif keyword in ("additionalProperties", "unevaluatedProperties") and isinstance(
+            instance, dict
+        ):
+            known = set(
+                (error.schema.get("properties") or {}) if isinstance(error.schema, dict) else ()
+            )
+            for name in sorted(k for k in instance if k not in known):
+                named.setdefault(_pointer([*where, name]), keyword)
+        else:
+            named.setdefault(_pointer(where), keyword)
+    return [{"pointer": p, "keyword": k} for p, k in sorted(named.items())[:MAX_NAMED_FIELDS]]
+
+
+def _invalid_text(fields: list[dict[str, str]]) -> str:
+    where = "; ".join(f"{f['pointer']} ({f['keyword']})" for f in fields)
+    return (
+        f"{Code.PARAMETERS_INVALID}: the arguments do not satisfy the tool's input schema"
+        f"{': ' + where if where else ''}. Nothing was executed; correct them and call again."
+    )
+
+
 def build_server(client_for: ClientFor, caller_of: Callable[[Any], str] = lambda ctx: "") -> Any:
     """The MCP server; ``client_for(ctx)`` is the executor client for one request's caller, and
     ``caller_of(ctx)`` names that caller for the catalog cache (a digest, never a token)."""
@@ -255,6 +324,7 @@ def build_server(client_for: ClientFor, caller_of: Callable[[Any], str] = lambda
                 parameters,
                 idempotency_key=key if isinstance(key, str) else None,
             ),
+            checked=(params.name, parameters),
         )
 
     def refused_result(refused: Refused) -> Any:
@@ -288,12 +358,22 @@ def build_server(client_for: ClientFor, caller_of: Callable[[Any], str] = lambda
             raise MCPError(INVALID_PARAMS, UNKNOWN_TOOL_MESSAGE)
         return None
 
-    async def answer(ctx: Any, call: Callable[[AgentSafeClient], Awaitable[Decision]]) -> Any:
+    async def answer(
+        ctx: Any,
+        call: Callable[[AgentSafeClient], Awaitable[Decision]],
+        *,
+        checked: tuple[str, Mapping[str, Any]] | None = None,
+    ) -> Any:
+        fields: list[dict[str, str]] | None = None
         try:
             async with client_for(ctx) as client:
                 decision = await call(client)
                 if decision.needs_reconciliation and decision.recovery is not None:
                     decision = await client.reconcile(decision.recovery)
+                if checked is not None and Code.PARAMETERS_INVALID in decision.reason_codes:
+                    name, parameters = checked
+                    schemas = {a.name: a.parameters for a in await client.actions()}
+                    fields = invalid_fields(schemas.get(name, {}), parameters)
         except Refused as refused:
             return refused_result(refused)
         except Unavailable as unavailable:
@@ -302,6 +382,9 @@ def build_server(client_for: ClientFor, caller_of: Callable[[Any], str] = lambda
                 f"later with idempotency_key {unavailable.idempotency_key}",
                 error=True,
             )
+        if fields is not None:  # the model's own mistake, which it can correct
+            structured = {**decision.raw, "invalid_parameters": fields}
+            return result(_invalid_text(fields), error=True, structured=structured)
         return result(_text(decision), error=False, structured=dict(decision.raw))
 
     return Server(
@@ -365,6 +448,21 @@ async def _http(args: argparse.Namespace) -> None:
         streamable_http_path="/mcp", json_response=True, stateless_http=True, host=args.host
     )
 
+    async def door_refuses(token: str) -> bool:
+        """Whether the executor's door refuses ``token`` (401): asked before MCP sees the
+        request. Any other answer, or none, is left to the call itself to report."""
+        try:
+            async with (
+                asyncio.timeout(DOOR_CHECK_SECONDS),
+                AgentSafeClient(args.url, token=token, ca_file=args.ca_file) as client,
+            ):
+                await client.actions()
+        except Refused as refused:
+            return refused.status == 401
+        except Exception:  # unavailable: the tool call says so, with isError
+            return False
+        return False
+
     def require_bearer(inner: ASGIApp) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
         async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http":
@@ -372,17 +470,19 @@ async def _http(args: argparse.Namespace) -> None:
                     k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]
                 }
                 scheme, _, value = headers.get("authorization", "").partition(" ")
-                if scheme.lower() != "bearer" or not value.strip():
-                    body = {
-                        "error": {
-                            "code": Code.AUTH_FAILED,
-                            "message": "send Authorization: Bearer <the agent's executor token>",
-                        }
-                    }
-                    challenge = {"WWW-Authenticate": f'Bearer realm="{BEARER_REALM}"'}
-                    await JSONResponse(body, status_code=401, headers=challenge)(
-                        scope, receive, send
+                presented = scheme.lower() == "bearer" and bool(value.strip())
+                if not presented or await door_refuses(value.strip()):
+                    message = (
+                        "the executor refused this bearer credential"
+                        if presented
+                        else "send Authorization: Bearer <the agent's executor token>"
                     )
+                    body = {"error": {"code": Code.AUTH_FAILED, "message": message}}
+                    # RFC 6750 §3: error="invalid_token" once a credential was presented.
+                    code = Code.AUTH_FAILED if presented else Code.AUTH_REQUIRED
+                    await JSONResponse(
+                        body, status_code=401, headers={"WWW-Authenticate": challenge(code)}
+                    )(scope, receive, send)
                     return
             await inner(scope, receive, send)
 

@@ -285,6 +285,8 @@ _QUANTITY: Final = re.compile(RESOURCE_QUANTITY_PATTERN)
 _SUFFIXES: Final[Mapping[str, Decimal]] = {
     "": Decimal(1),
     "m": Decimal("0.001"),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
     **{suffix: Decimal(1000) ** (i + 1) for i, suffix in enumerate("kMGTPE")},
     **{f"{suffix}i": Decimal(1024) ** (i + 1) for i, suffix in enumerate("KMGTPE")},
 }
@@ -293,21 +295,35 @@ WORKERS_WARNING: Final = "WorkersOverResources"
 """The reason of the Warning Event that carries a :func:`worker_warnings` message."""
 
 
-def quantity(text: str) -> Decimal:
-    """A Kubernetes resource quantity (``500m``, ``2``, ``1.5Gi``) as a number (cores,
-    bytes); ``ValueError`` for what the model's pattern refuses."""
-    match = _QUANTITY.fullmatch(text)
-    if match is None:
-        raise ValueError("not a resource quantity")
-    return Decimal(match.group(1)) * _SUFFIXES[match.group(3) or ""]
+_EXPONENT_LIMIT: Final = 64
+"""Exponents beyond this are clamped (``1e999`` is read as ``1e64``): Kubernetes saturates a
+quantity at 2^63-1 anyway, and a comparison with a worker count needs no more."""
 
 
-def _times(text: str, factor: int) -> str:
-    """A quantity multiplied by a whole number, in its own suffix (``128Mi`` x 4 = ``512Mi``)."""
-    match = _QUANTITY.fullmatch(text)
+def quantity(value: int | str) -> Decimal:
+    """A Kubernetes resource quantity (``500m``, ``2``, ``1.5Gi``, ``.5``, ``1e9``, ``100u``, or
+    an integer) as a number (cores, bytes); ``ValueError`` for what the model's pattern refuses."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Decimal(value)
+    match = _QUANTITY.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise ValueError("not a resource quantity")
-    return f"{Decimal(match.group(1)) * factor:f}{match.group(3) or ''}"
+    number, suffix = Decimal(match.group(1)), match.group(2) or ""
+    if len(suffix) > 1 and suffix[0] in "eE" and suffix != "Ei":  # a decimal exponent
+        exponent = max(-_EXPONENT_LIMIT, min(_EXPONENT_LIMIT, int(suffix[1:])))
+        return number.scaleb(exponent)
+    return number * _SUFFIXES[suffix]
+
+
+def _times(value: int | str, factor: int) -> str:
+    """A quantity multiplied by a whole number, in its own suffix (``128Mi`` x 4 = ``512Mi``,
+    ``1e3`` x 2 = ``2e3``)."""
+    if isinstance(value, int):
+        return str(value * factor)
+    match = _QUANTITY.fullmatch(value)
+    if match is None:
+        raise ValueError("not a resource quantity")
+    return f"{Decimal(match.group(1)) * factor:f}{match.group(2) or ''}"
 
 
 def worker_warnings(spec: AgentPolicySpec, settings: OperatorSettings) -> list[str]:

@@ -63,8 +63,12 @@ class Proxy:
     port: int
     out: Path
 
+    def events(self) -> list[dict[str, Any]]:
+        """Standard output, every line a JSON object (issue 31, item 9: no plain text)."""
+        return [json.loads(line) for line in self.out.read_text(encoding="utf-8").splitlines()]
+
     def lines(self) -> list[str]:
-        return self.out.read_text(encoding="utf-8").splitlines()
+        return [str(event["message"]) for event in self.events()]
 
     def stop(self) -> int:
         if self.process.poll() is None:
@@ -170,7 +174,13 @@ async def test_allow_is_forwarded_byte_for_byte_once_under_a_grant(
             assert (await r.json())["error"]["code"] == "IDEMPOTENCY_KEY_CONFLICT"
     assert len(upstream.received) == 1
     lines = enforcing.lines()
-    where = Path(lines[0].rsplit("evidence in ", 1)[1].rstrip(")"))
+    started = enforcing.events()[0]
+    assert started["event"] == "GATEWAY_LISTENING"
+    assert started["schema"] == "agent-safe.log/1"
+    assert started["level"] == "INFO"
+    assert started["port"] == enforcing.port
+    assert started["mode"] == "ENFORCEMENT"
+    where = Path(started["evidence_dir"])
     events = [
         json.loads(line)["event"]
         for line in (where / "gateway-evidence.jsonl").read_text().splitlines()
@@ -179,7 +189,9 @@ async def test_allow_is_forwarded_byte_for_byte_once_under_a_grant(
     journal = "".join(p.read_text() for p in (where / "attempts").glob("*.jsonl"))
     assert "GRANT_CLAIMED" in journal, "the attempt was journaled before it was sent"
     assert lines
-    assert all(line.startswith(BANNER) for line in lines), "the demo says so on every line"
+    assert all(
+        e["authority"] == "demo" and e["notice"] == BANNER.rstrip(" |") for e in enforcing.events()
+    ), "the demo says so on every line"
     assert any("forwarded once under a claimed grant" in line for line in lines)
 
 
@@ -352,9 +364,11 @@ async def test_shadow_is_the_default_forwards_and_reports_on_stop(
             assert r.headers["x-agentsafe-shadow-verdict"] == "ALLOW"
     assert len(upstream.received) == 2
     assert proxy.stop() == 0
-    lines = proxy.lines()
-    assert all(line.startswith(BANNER) for line in lines)
-    report = "\n".join(line[len(BANNER) :] for line in lines)
+    events = proxy.events()
+    assert all(e["authority"] == "demo" for e in events)
+    (shadow,) = [e for e in events if e["event"] == "SHADOW_REPORT"]
+    assert shadow["total"] == 2
+    report = shadow["message"]
     assert "Shadow report: 2 proposal(s) observed" in report
     row = next(line for line in report.splitlines() if line.startswith("http_request"))
     assert row.split()[1:3] == ["1", "1"]
@@ -513,7 +527,9 @@ async def test_a_configured_gateway_answers_agentsafe_status_with_its_shadow_rep
         row = next(line for line in status.stdout.splitlines() if line.startswith("http_request"))
         assert row.split()[1:3] == ["0", "1"]
         assert "EXECUTOR_MODE=ENFORCEMENT" in status.stdout
-        assert not any(line.startswith(BANNER) for line in out.read_text().splitlines())
+        events = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [e["event"] for e in events[:2]] == ["GATEWAY_ROUTES", "GATEWAY_LISTENING"]
+        assert not any("authority" in e for e in events)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
@@ -707,3 +723,7 @@ async def test_executor_workers_is_refused_by_a_configured_gateway_which_runs_on
     )
     assert result.returncode == 78, result.stderr
     assert b"EXECUTOR_WORKERS: is for agentsafe serve" in result.stderr
+    (line,) = [json.loads(text) for text in result.stderr.decode().splitlines()]
+    assert line["event"] == "REFUSED_TO_START"  # one JSON line, as serve's (issue 31, item 9)
+    assert line["level"] == "ERROR"
+    assert line["schema"] == "agent-safe.security/1"

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
 
+from agentsafe.executor.plane import RECHECK_SECONDS
 from agentsafe.executor.tools.harness import (
     ExecutorProcess,
     ProviderProcess,
@@ -18,6 +22,7 @@ from agentsafe.executor.tools.harness import (
 )
 
 pytestmark = pytest.mark.slow
+AGENTSAFE = str(Path(sys.executable).parent / "agentsafe")
 
 
 async def _kill_mid_dispatch(
@@ -98,6 +103,69 @@ async def test_restart_keeps_an_unknown_attempt_open_and_not_ready(tmp_path: Pat
                 status, ready = await restarted.get_json(session, "/ready")
             # anonymous /ready says why, never how many (issue 22)
             assert (status, ready) == (503, {"ready": False, "code": "UNKNOWN_ATTEMPTS_OPEN"})
+        finally:
+            restarted.terminate()
+    finally:
+        provider.terminate()
+
+
+async def test_an_unknown_attempt_asked_again_while_running_says_recheck_not_restart(
+    tmp_path: Path,
+) -> None:
+    """Issue 31, item 5: start-up reconciliation is by RESTART; the running process's own
+    re-ask (every ``RECHECK_SECONDS``) that settles the attempt later is by RECHECK, in the
+    evidence and in the journal, and the offline verifier walks the chain."""
+    provider = ProviderProcess(tmp_path)
+    await provider.start()
+    try:
+        _, env = await _kill_mid_dispatch(tmp_path, provider)
+        await provider.set_lookups(available=False)  # nobody can say what happened, yet
+        await provider.set_mode("normal")
+        restarted = ExecutorProcess(env, tmp_path, "executor-2")
+        await restarted.start(expect_ready=False)
+        try:
+
+            def causes() -> list[tuple[str, str]]:
+                return [
+                    (str(e.get("resolution")), str(e.get("by")))
+                    for e in restarted.stdout_events()
+                    if e.get("event") == "RECONCILIATION"
+                ]
+
+            async def at_start() -> bool:
+                return bool(causes())
+
+            await wait_until(at_start, timeout=60, what="start-up reconciliation")
+            assert causes() == [("STILL_UNKNOWN", "RESTART")]
+            await provider.set_lookups(available=True)
+
+            async def asked_again() -> bool:
+                return len(causes()) > 1
+
+            await wait_until(
+                asked_again, timeout=RECHECK_SECONDS * 4, what="the running process to ask again"
+            )
+            assert causes() == [
+                ("STILL_UNKNOWN", "RESTART"),
+                ("RECONCILED_COMPLETED", "RECHECK"),
+            ]
+            journaled = [
+                record["by"]
+                for path in Path(env["EXECUTOR_JOURNAL_DIR"]).rglob("*.jsonl")
+                for record in map(json.loads, path.read_text().splitlines())
+                if record.get("record") == "RECONCILED"
+            ]
+            assert sorted(journaled) == ["RECHECK", "RESTART"]
+            verified = await asyncio.to_thread(
+                subprocess.run,
+                [AGENTSAFE, "verify", "chain", str(restarted.stdout_path)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert verified.returncode == 0, verified.stdout + verified.stderr
+            assert int((await provider.received())["count"]) == 1
         finally:
             restarted.terminate()
     finally:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,6 +29,8 @@ from tests.support.postgres import PostgresServer
 from .bearer_principals import BearerPrincipals, principals_env
 
 PROPOSER, APPROVER = "treasury-workflow", "treasury-lead"
+
+AGENTSAFE = str(Path(sys.executable).parent / "agentsafe")
 
 # One worker runs every test on the one PostgreSQL server its session starts.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
@@ -208,7 +213,7 @@ async def test_a_taken_over_attempt_still_unknown_is_asked_again_by_its_living_n
     schedule and settles the key; nothing is sent twice."""
     provider = ProviderProcess(tmp_path)
     await provider.start()
-    _, replicas = await _start_replicas(
+    workspace, replicas = await _start_replicas(
         tmp_path,
         provider,
         pg_url,
@@ -256,6 +261,28 @@ async def test_a_taken_over_attempt_still_unknown_is_asked_again_by_its_living_n
             assert all(
                 "RECONCILED_COMPLETED" not in resolutions(r) for r in replicas[1:] if r is not owner
             )
+            # Nobody restarted: the living owner's evidence says LEASE, never RESTART (issue 31,
+            # item 5), in its journal too, and the offline verifier walks its chain.
+            causes = {
+                e.get("by") for e in owner.stdout_events() if e.get("event") == "RECONCILIATION"
+            }
+            assert causes == {"LEASE"}, causes
+            journaled = {
+                record["by"]
+                for path in (workspace.root / owner.name / "journal").rglob("*.jsonl")
+                for record in map(json.loads, path.read_text().splitlines())
+                if record.get("record") == "RECONCILED"
+            }
+            assert journaled == {"LEASE"}, journaled
+            verified = await asyncio.to_thread(
+                subprocess.run,
+                [AGENTSAFE, "verify", "chain", str(owner.stdout_path)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert verified.returncode == 0, verified.stdout + verified.stderr
 
             async def settled() -> bool:
                 status, _ = await owner.propose(session, amount=4000, key="ask-1")

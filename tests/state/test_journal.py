@@ -728,3 +728,24 @@ async def test_the_live_open_count_agrees_with_a_scan_across_a_restart(
         assert second.open_count == 1
     finally:
         await second.close()
+
+
+async def test_a_reconciliation_by_the_lease_keeper_is_its_own_cause_and_read_back(
+    journal: AttemptJournal, clock: ManualClock
+) -> None:
+    """Issue 31, item 5: the lease keeper's re-ask in a running process is journaled as LEASE,
+    not RESTART, and a reader (the next start, or an offline look) accepts it and closes."""
+    await open_attempt(journal, 1)
+    await open_attempt(journal, 2)
+    await journal.reconciled(attempt_id="a-1", status="COMPLETED", by="LEASE")
+    await journal.reconciled(attempt_id="a-2", status="STILL_UNKNOWN", by="LEASE")
+    records = read_lines(journal.path / f"{DAY}.jsonl")
+    assert [r["by"] for r in records if r["record"] == "RECONCILED"] == ["LEASE", "LEASE"]
+    await journal.close()
+    reopened = await AttemptJournal.open(journal.path.parent, retain_days=7, clock=clock)
+    try:
+        attempts = {a.attempt_id: a for a in await reopened.open_attempts()}
+        assert sorted(attempts) == ["a-2"]
+        assert attempts["a-2"].last_status == ReconciledStatus.STILL_UNKNOWN
+    finally:
+        await reopened.close()
