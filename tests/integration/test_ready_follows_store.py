@@ -28,6 +28,10 @@ from tests.support.postgres import PostgresServer
 # One worker runs every test on the one PostgreSQL server its session starts.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
 
+SCHEDULING = 1.0
+"""What this test's own polling and a loaded CI machine may add to the bound; the old code took
+about 11 s, so the check still tells the two apart."""
+
 
 async def test_ready_turns_503_within_the_documented_bound_and_back(
     tmp_path: Path, postgres: PostgresServer, pg_url: str
@@ -55,7 +59,7 @@ async def test_ready_turns_503_within_the_documented_bound_and_back(
             stopped = True
             await wait_until(
                 lambda: ready_is(503, "STORE_UNAVAILABLE"),
-                timeout=READY_FOLLOWS_STORE_SECONDS,
+                timeout=READY_FOLLOWS_STORE_SECONDS + SCHEDULING,
                 interval=0.1,
                 what="/ready to answer 503 once the database stopped",
             )
@@ -63,7 +67,7 @@ async def test_ready_turns_503_within_the_documented_bound_and_back(
             stopped = False
             await wait_until(
                 lambda: ready_is(200, "READY"),
-                timeout=READY_FOLLOWS_STORE_SECONDS,
+                timeout=READY_FOLLOWS_STORE_SECONDS + SCHEDULING,
                 interval=0.1,
                 what="/ready to answer READY once the database is back",
             )
