@@ -25,9 +25,11 @@ Properties (each PASS or FAIL, with counts and the offending keys):
 ``final-answer-within-bound``
     every key a client sent has a final answer (a settled outcome, or a 4xx refusal) no later
     than ``bound_seconds`` after the faults healed (or after it was first sent, if later). A key
-    whose only answers after the faults came from replicas halted for lost writes
-    (``lost_writes``: the answer names STORE_LOST_WRITES) waits for an operator by design; it is
-    listed in the note as exempt, never counted as passing;
+    whose only answers after the faults came from replicas halted for lost writes (the answer
+    names STORE_LOST_WRITES, or it is a 503 EXECUTOR_HALTED from a replica whose own security
+    stream said HALTED with cause STORE_LOST_WRITES: ``halted_for_lost_writes`` in the history)
+    waits for an operator by design; it is listed in the note as exempt, never counted as
+    passing;
 ``evidence-verifies-offline``
     every chain file verifies (``agentsafe verify chain`` exits 0) and every grant the provider
     acted on appears in a DISPATCH line of one of them (NOT CHECKED when the history has no
@@ -214,10 +216,22 @@ def check_final_answer(history: History) -> PropertyResult:
     first_sent: dict[str, float] = {}
     final_at: dict[str, float] = {}
     halted: set[str] = set()
+    # Replicas that halted for lost writes (their own security lines, read by the harness at the
+    # heal) stay halted until an operator resumes them: a key that after the heal met only
+    # their halt waits for that operator by design.
+    lost_writes_replicas = set(history.meta.get("halted_for_lost_writes") or ())
+    only_halted: dict[str, bool] = {}
     for answer in history.answers:
         key = str(answer.get("key"))
         if answer.get("lost_writes"):
             halted.add(key)
+        if float(answer.get("sent") or 0) >= healed_at > 0:
+            met_halt = (
+                answer.get("replica") in lost_writes_replicas
+                and answer.get("status") == 503
+                and "EXECUTOR_HALTED" in (answer.get("reason_codes") or [answer.get("code")])
+            )
+            only_halted[key] = only_halted.get(key, True) and met_halt
         sent = float(answer.get("sent") or 0)
         first_sent[key] = min(first_sent.get(key, sent), sent)
         if is_final(answer):
@@ -227,7 +241,7 @@ def check_final_answer(history: History) -> PropertyResult:
     exempt: list[str] = []
     for key, sent in sorted(first_sent.items()):
         deadline = max(sent, healed_at) + bound
-        if key not in final_at and key in halted:
+        if key not in final_at and (key in halted or only_halted.get(key, False)):
             exempt.append(key)
         elif key not in final_at:
             offending[key] = "no final answer"

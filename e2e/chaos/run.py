@@ -427,6 +427,12 @@ async def run(options: RunOptions) -> int:
             for index in range(REPLICAS):
                 await system.ready(index, timeout=10)
             meta["healed_at"] = time.time()
+            meta["halted_for_lost_writes"] = system.halted_for_lost_writes()
+            if meta["halted_for_lost_writes"]:
+                log(
+                    "halted for lost writes until an operator resumes them (not played here):"
+                    f" {', '.join(meta['halted_for_lost_writes'])}"
+                )
             keys = sorted(clients.amounts)
             log(
                 f"after the heal: asking all {len(keys)} keys again until final"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 from dataclasses import dataclass, field
@@ -110,6 +111,26 @@ class System:
                 replica.argv[0] = self.replica_python
             self.replicas.append(replica)
         await asyncio.gather(*(replica.start(timeout=120) for replica in self.replicas))
+
+    def halted_for_lost_writes(self) -> list[str]:
+        """The replicas whose own security stream (stderr) says HALTED with cause
+        STORE_LOST_WRITES: they stay halted until an operator resumes them (the playbook)."""
+        halted: list[str] = []
+        for index in range(REPLICAS):
+            path = self.root / f"r{index}.stderr.jsonl"
+            try:
+                lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("event") == "HALTED" and event.get("cause") == "STORE_LOST_WRITES":
+                    halted.append(f"r{index}")
+                    break
+        return halted
 
     def store_url(self, index: int) -> str:
         db1, db2 = self.ports[f"r{index}-db1"], self.ports[f"r{index}-db2"]
