@@ -166,6 +166,12 @@ ALLOWED: dict[str, Allowance] = {
         DATABASE,
         reason="the shared store's migrations, run on a connection pgstore.py opened",
     ),
+    "executor/state/lostwrites.py": allow(
+        DATABASE,
+        reason="the lost-writes check (issue 29): statements on a connection pgstore.py's pool "
+        "opened and hands it (the server's identity, the grant claims it should hold); it opens "
+        "none of its own",
+    ),
     "executor/routes/listener.py": allow(
         LISTEN,
         reason="the executor's listener, and `agentsafe proxy`'s gateway behind it (server "
