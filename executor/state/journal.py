@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from ..canonical import DuplicateKeyError, canonical_json, parse_json, sha256_digest
 from ..clock import Clock, format_ms, utc_day
@@ -135,6 +135,9 @@ _REQUIRED: dict[RecordType, tuple[str, ...]] = {
     RecordType.ATTEMPT_CLOSED: ("attempt_id", "outcome"),
     RecordType.RECONCILED: ("attempt_id", "status", "by"),
 }
+SHARED_STORE: Final = "shared"
+"""GRANT_CLAIMED's ``store`` when the claim was acknowledged by the shared store."""
+
 _OPTIONAL: dict[RecordType, tuple[str, ...]] = {
     RecordType.ATTEMPT_OPENED: (
         "intent_id",
@@ -145,7 +148,10 @@ _OPTIONAL: dict[RecordType, tuple[str, ...]] = {
         "grant_id",
         "grant_expires_at",
     ),
-    RecordType.GRANT_CLAIMED: (),
+    # "store": "shared" when the claim was acknowledged by the shared store (issue 29: only those
+    # are the lost-writes check's witnesses; a claim made on SQLite before the journal served a
+    # shared store never was in that database)
+    RecordType.GRANT_CLAIMED: ("store",),
     RecordType.ATTEMPT_CLOSED: ("finalization",),
     RecordType.RECONCILED: ("reason", "decided_by"),
 }
@@ -415,6 +421,7 @@ class AttemptJournal:
                 "grant_id": grant_id,
                 "grant_expires_at": format_ms(expires_at),
                 "payload_digest": payload_digest,
+                **({"store": SHARED_STORE} if self._mirror is not None else {}),
             },
         )
 

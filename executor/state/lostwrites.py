@@ -65,7 +65,7 @@ from psycopg.rows import TupleRow
 from ..canonical import canonical_text, sha256_digest
 from ..clock import format_ms
 from ..codes import Code
-from .journal import ATTEMPTS_DIR, RecordType
+from .journal import ATTEMPTS_DIR, SHARED_STORE, RecordType
 from .usestore import RETENTION_SECONDS
 
 __all__ = ["LOST_STATUS", "LostClaim", "LostWritesGuard", "ServerIdentity", "journal_claims"]
@@ -172,6 +172,8 @@ def journal_claims(journal_dir: Path, *, now: float) -> list[JournalClaim]:
         if kind == RecordType.ATTEMPT_OPENED.value:
             opened[attempt_id] = record
         elif kind == RecordType.GRANT_CLAIMED.value:
+            if record.get("store") != SHARED_STORE:
+                continue  # claimed on this journal's own store (SQLite) before it served this one
             fields = [record.get(n) for n in ("grant_id", "grant_expires_at", "payload_digest")]
             if not all(isinstance(f, str) for f in fields):
                 continue

@@ -108,7 +108,7 @@ def _opened(attempt: str, key: str) -> dict[str, object]:
     }
 
 
-def _claimed(attempt: str, grant: str) -> dict[str, object]:
+def _claimed(attempt: str, grant: str, *, shared: bool = True) -> dict[str, object]:
     return {
         "record": "GRANT_CLAIMED",
         "at": AT,
@@ -116,6 +116,7 @@ def _claimed(attempt: str, grant: str) -> dict[str, object]:
         "grant_id": grant,
         "grant_expires_at": EXPIRES,
         "payload_digest": "sha256:" + "1" * 64,
+        **({"store": "shared"} if shared else {}),
     }
 
 
@@ -137,6 +138,10 @@ def test_the_journal_names_every_claim_the_database_acknowledged_and_none_never_
                 "executed": False,
             },
             _opened("a-3", "k-3"),  # never claimed
+            # claimed on the journal's own SQLite store before it served a shared one (a
+            # policy scaled from one replica to two): never in the shared database to lose
+            _opened("a-4", "k-4"),
+            _claimed("a-4", "g-4", shared=False),
         ],
     )
     claims = journal_claims(journal, now=NOW)
