@@ -1335,6 +1335,14 @@ def test_two_workers_in_one_pod_share_the_port_and_execute_once(
     plane = scenario.plane
     _patch_policy(plane, {"workers": 2})
     try:
+
+        def rendered() -> bool | None:
+            env = {e["name"]: e.get("value") for e in _executor_container(scenario).get("env", [])}
+            return True if env.get("EXECUTOR_WORKERS") == "2" else None
+
+        # The patch is the AgentPolicy's: until the operator renders the StatefulSet anew, the
+        # old one looks rolled out, and a forward to pod 0 would meet it being replaced.
+        poll("the operator to render EXECUTOR_WORKERS=2", rendered, deadline=120)
         _rolled_out(scenario, 1)
         env = {e["name"]: e.get("value") for e in _executor_container(scenario).get("env", [])}
         assert env.get("EXECUTOR_WORKERS") == "2", env
