@@ -34,7 +34,7 @@ from .answers import (
     SecretsReload,
     Status,
 )
-from .app import Call, Route, RouteHandler
+from .route import Call, Route, RouteHandler
 
 __all__ = ["ControlPlane", "control_routes"]
 
