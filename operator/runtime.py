@@ -28,6 +28,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from .control import ControlClient
+from .errors import OperatorError
 from .kubeapi import ApiError, Kube
 from .metrics import OperatorMetrics
 from .render import PolicyRef
@@ -125,7 +126,7 @@ class Runtime:
     secret_listings: SecretListings = field(default_factory=SecretListings)
 
 
-class InvalidSpec(Exception):
+class InvalidSpec(OperatorError):
     """A stored object that does not validate against the model."""
 
 
