@@ -11,6 +11,7 @@ The builders it calls are small and pure-ish: each takes the configuration and w
 returns one component or raises :class:`~agentsafe.executor.errors.ConfigError` naming the variable.
 
 Callers: ``serve.py`` (the process), tests.
+Also imported by ``proxy.py``, ``tools/doctor.py``, ``tools/selftest.py``.
 """
 
 from __future__ import annotations

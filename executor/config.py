@@ -11,6 +11,8 @@ Callers: ``assembly.py`` (start order: configuration comes second, after the aud
 :func:`render_config_table`), ``host/secrets.py`` (which secrets were given and how, through
 :meth:`ExecutorConfig.secret_source`), ``host/posture.py``, and the operator, which renders an
 executor's environment from the same list.
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 
 Why a plain pydantic model and not pydantic-settings: the environment is taken as an explicit
 mapping (tests and ``agentsafe config`` pass their own), every ``EXECUTOR_*``/``DOWNSTREAM_*``

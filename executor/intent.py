@@ -13,6 +13,8 @@ never decides an intent it proposed (:func:`check_separation`).
 Callers: the HTTP layer (``routes/app.py``), ``lifecycle/pipeline.py``,
 ``lifecycle/reconcile.py``, ``dispatch/seam.py``, ``policy/authority.py``, ``config.py``
 (:class:`DownstreamTarget`).
+Also imported by ``gateway/intercept.py``, ``lifecycle/attempt.py``, ``policy/trial.py``,
+``routes/approvals.py``, ``routes/schemas.py``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ alone.
 
 Callers: providers; ``cli.py`` (``agentsafe verify provider-request <vector>``, through
 :func:`main`).
+Also imported by ``effects/receipts.py``, ``tools/synthetic_bank.py``,
+``tools/synthetic_credentials.py``.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ stored before the webhook existed can always be deleted and its finalizer remove
 
 Callers: ``handlers.py`` (the kopf boundary maps :class:`AdmissionRefused` to
 ``kopf.AdmissionError``), the tests.
+Also imported by ``cli.py``.
 """
 
 from __future__ import annotations

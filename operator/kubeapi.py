@@ -36,6 +36,7 @@ never the request); ``handlers.to_kopf_error`` maps it to kopf's errors at the h
 Callers: ``cli.py`` (:class:`Login`, :class:`KubeClient`, :func:`connection_fields`),
 ``runtime.py`` and ``reconcile.py`` (:class:`Kube`), ``handlers.py``, ``halt.py`` and
 ``readiness.py`` (:class:`ApiError`), the tests.
+Also imported by ``webhook_tls.py``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ Nothing here imports kopf: the kopf boundary (Events through kopf's queue, kopf'
 is ``handlers.py``.
 
 Callers: ``handlers.py``, ``reconcile.py``, ``halt.py``, ``readiness.py``, ``cli.py``, the tests.
+Also imported by ``admission.py``, ``lostwrites.py``, ``webhook_tls.py``.
 """
 
 from __future__ import annotations

@@ -37,9 +37,7 @@ def test_a_jwks_that_is_not_i_json_is_refused(body: bytes) -> None:
 _TOKEN = b'"access_token": "abc", "token_type": "Bearer", "expires_in": 60'
 
 
-@pytest.mark.parametrize(
-    "body", _bad(b'{' + _TOKEN + b', "access_token": "other"}') + [b'{' + _TOKEN + b', "x": NaN}']
-)
+@pytest.mark.parametrize("body", _bad(b"{" + _TOKEN + b', "access_token": "other"}'))
 def test_a_token_answer_that_is_not_i_json_is_unavailable(body: bytes) -> None:
     with pytest.raises(CredentialUnavailable) as caught:
         credentials._parse_token_response(200, body)

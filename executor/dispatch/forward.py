@@ -43,6 +43,7 @@ floor's one list (:mod:`agentsafe.executor.headers`): it may add only its signat
 headers nobody else writes.
 
 Callers: ``assembly.py`` (registers it as the ``forward_request`` handler); the integration tests.
+Also imported by ``banking/registration.py``, ``banking/transport.py``, ``tools/doctor.py``.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ carry configuration). The built-in ``forward_request`` handler is registered bef
 Callers: ``assembly.py`` (composes the seam with :func:`compose_seam`, runs the registrations,
 seals); ``tools/doctor.py`` (the same seam, to check the registrations);
 ``handlers.py`` (the public face re-exports :class:`Seam` and :class:`Downstream`).
+Also imported by ``proxy.py``.
 """
 
 from __future__ import annotations

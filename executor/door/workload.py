@@ -49,6 +49,7 @@ works.
 
 Callers: ``door/door.py``, ``assembly.py`` (builds the source); ``plane.py`` runs
 :meth:`JwksSource.run_refresh`.
+Also imported by ``tools/doctor.py``.
 """
 
 from __future__ import annotations

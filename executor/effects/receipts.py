@@ -37,6 +37,7 @@ issuer, grant, claim): the bridge compares through it, and the built-in authorit
 Callers: ``effects/adapter.py`` (the bridge compares every receipt a transport carried);
 ``assembly.py`` builds one :class:`ProviderKeys` from the policy for the bridge and the
 authority.
+Also imported by ``banking/registration.py``, ``lifecycle/attempt.py``.
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ A credential that cannot produce headers raises :class:`CredentialUnavailable`; 
 to FAILED_BEFORE_DISPATCH (nothing was sent). Callers: ``assembly.py`` (construction from the
 configuration), ``dispatch/forward.py`` (the :class:`DownstreamCredential` contract and
 ``headers_for`` at dispatch).
+Also imported by ``banking/registration.py``, ``banking/transport.py``,
+``dispatch/registration.py``, ``gateway/forward.py``.
 """
 
 from __future__ import annotations

@@ -47,6 +47,7 @@ the caller counts refusals and halts on a spike (EXECUTOR_HALT_ON_EGRESS_REFUSAL
 
 Callers: ``assembly.py`` builds one from the configuration; the process hands it to every
 component that reaches out.
+Also imported by ``proxy.py``.
 """
 
 from __future__ import annotations

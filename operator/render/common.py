@@ -8,6 +8,8 @@ the condition reason the reconcile writes (``PolicyInvalid``, ``PrincipalsInvali
 ``ConfigInvalid``, ``SpecInvalid``) and nothing is applied.
 
 Callers: ``render/*``, ``reconcile.py`` and ``handlers.py`` (labels), the tests.
+Also imported by ``__init__.py``, ``children.py``, ``config.py``, ``halt.py``, ``network.py``,
+``workload.py``.
 """
 
 from __future__ import annotations
