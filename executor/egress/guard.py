@@ -45,6 +45,10 @@ Each refusal raises ``TransportError(code, sent)``, emits EGRESS_REFUSED on the 
 with the origin and code (never the path or query) and calls ``on_refusal(code)``, through which
 the caller counts refusals and halts on a spike (EXECUTOR_HALT_ON_EGRESS_REFUSALS).
 
+Its declarative and pure parts live beside it: the IANA special-purpose registries and the
+verdict on one address in ``egress/registries.py``, the URL rules (destinations sealed into
+rules, a request's URL parsed and refused) in ``egress/urls.py``.
+
 Callers: ``assembly.py`` builds one from the configuration; the process hands it to every
 component that reaches out.
 Also imported by ``proxy.py``.
@@ -66,7 +70,6 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import unquote
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -89,6 +92,17 @@ from .registries import (
     unwrap,
 )
 from .transport import DEFAULT_MAX_RESPONSE_BYTES, HttpResponse, TransportError
+from .urls import (
+    Destination,
+    Rule,
+    _Refusal,
+    check_path,
+    leaves_origin,
+    parse_url,
+    safe_origin,
+    seal,
+    under_prefix,
+)
 
 __all__ = [
     "MAX_RESPONSE_BYTES_RANGE",
@@ -107,8 +121,6 @@ __all__ = [
 MAX_RESPONSE_BYTES_RANGE = (1024, 16 * 1024 * 1024)
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
-_PIN = re.compile(r"^sha256/([A-Za-z0-9+/]{43}=)$")
-_NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 * 1024
 _ENCODING_DER = getattr(getattr(ssl, "_ssl", None), "ENCODING_DER", 1)
@@ -132,23 +144,6 @@ Resolve = Callable[[str, int], Awaitable[Sequence[str]]]
 
 
 @dataclass(frozen=True)
-class Destination:
-    """One configured address the executor may reach.
-
-    ``url_prefix`` fixes the origin (scheme, host, port) and the path prefix. ``ca_file`` is the
-    trust anchor (None: the platform store). ``spki_pins`` are ``sha256/<base64>`` of a
-    SubjectPublicKeyInfo; when given, some certificate in the presented chain must match one.
-    ``allow_insecure_loopback`` is a development/test allowance, never for production: the
-    destination may answer with a loopback address, and plain ``http`` is allowed when it does.
-    """
-
-    url_prefix: str
-    ca_file: str | None = None
-    spki_pins: tuple[str, ...] = ()
-    allow_insecure_loopback: bool = False
-
-
-@dataclass(frozen=True)
 class ResolvedAddress:
     """The one answer a request was checked against and will connect to."""
 
@@ -156,18 +151,6 @@ class ResolvedAddress:
     port: int
     ip: str
     family: int
-
-
-@dataclass(frozen=True)
-class _Rule:
-    scheme: str
-    host: str
-    port: int
-    prefix: str
-    ssl_context: ssl.SSLContext | None
-    pins: frozenset[bytes]
-    allow_loopback: bool
-    origin: str
 
 
 @dataclass
@@ -178,14 +161,6 @@ class _Progress:
     connected: bool = False
     reused: bool = False
     written: bool = False
-
-
-class _Refusal(Exception):
-    def __init__(self, code: Code, *, sent: bool = False, **extra: Any) -> None:
-        super().__init__(code)
-        self.code = code
-        self.sent = sent
-        self.extra = extra
 
 
 def spki_pin(certificate_der: bytes) -> str:
@@ -199,65 +174,6 @@ def _spki_digest(certificate_der: bytes) -> bytes:
     cert = x509.load_der_x509_certificate(certificate_der)
     spki = cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(spki).digest()
-
-
-def _non_canonical_numeric(host: str) -> bool:
-    """True for numeric host spellings other than a canonical dotted quad or compressed IPv6."""
-    if ":" in host:
-        try:
-            ip6 = ipaddress.IPv6Address(host)
-        except ValueError:
-            return True
-        return str(ip6) != host or unwrap(ip6) != ip6
-    labels = host.rstrip(".").split(".")
-    if all(_NUMERIC_LABEL.match(label) for label in labels) or (
-        labels and _NUMERIC_LABEL.match(labels[-1]) and labels[-1].isdigit()
-    ):
-        try:
-            return str(ipaddress.IPv4Address(host)) != host
-        except ValueError:
-            return True
-    return False
-
-
-def _check_path(raw_path: str) -> str:
-    """Refuse paths whose meaning could change under normalisation; return the path."""
-    if not raw_path.startswith("/") or "\\" in raw_path:
-        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
-    lowered = raw_path.lower()
-    if any(enc in lowered for enc in ("%2f", "%5c", "%00", "%25")):
-        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
-    for segment in raw_path.split("/"):
-        if unquote(segment) in (".", ".."):
-            raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
-    if "//" in raw_path:
-        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
-    return raw_path
-
-
-def _under_prefix(path: str, prefix: str) -> bool:
-    if prefix in ("", "/"):
-        return True
-    base = prefix.rstrip("/")
-    return path == base or path.startswith(base + "/")
-
-
-def _origin(url: URL) -> str:
-    host = url.raw_host or ""
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{url.scheme}://{host}:{url.port}"
-
-
-def _ssl_context(ca_file: str | None, variable: str) -> ssl.SSLContext:
-    try:
-        context = ssl.create_default_context(cafile=ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(variable, "the CA file cannot be read as PEM certificates") from exc
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.check_hostname = True
-    context.verify_mode = ssl.CERT_REQUIRED
-    return context
 
 
 class _PinnedResolver(AbstractResolver):
@@ -587,7 +503,7 @@ class GuardedClient:
     resolve: Resolve | None = None
     local_addresses: Iterable[str] | None = None
     allowed_networks: Sequence[str] = ()
-    _rules: tuple[_Rule, ...] = field(init=False, repr=False)
+    _rules: tuple[Rule, ...] = field(init=False, repr=False)
     _local: frozenset[str] = field(init=False, repr=False)
     _allowed: tuple[Network, ...] = field(init=False, repr=False)
     _pool: _Pool = field(init=False, repr=False, default_factory=lambda: _Pool())
@@ -596,7 +512,7 @@ class GuardedClient:
         low, high = MAX_RESPONSE_BYTES_RANGE
         if not low <= self.max_response_bytes <= high:
             raise ConfigError("EXECUTOR_EGRESS_MAX_RESPONSE_BYTES", "must be 1 KiB to 16 MiB")
-        self._rules = tuple(_seal(d) for d in self.destinations)
+        self._rules = tuple(seal(d) for d in self.destinations)
         local = (
             local_interface_addresses() if self.local_addresses is None else self.local_addresses
         )
@@ -626,8 +542,8 @@ class GuardedClient:
         origin = "invalid"
         progress = _Progress()
         try:
-            origin = _safe_origin(url)
-            parsed, origin = _parse(url)
+            origin = safe_origin(url)
+            parsed, origin = parse_url(url)
             rule = self._match(method, parsed, headers)
             if not timeout > 0:
                 raise _Refusal(Code.EGRESS_TIMEOUT)
@@ -669,7 +585,7 @@ class GuardedClient:
 
     # -- policy -----------------------------------------------------------------------------
 
-    def _match(self, method: str, url: URL, headers: Mapping[str, str]) -> _Rule:
+    def _match(self, method: str, url: URL, headers: Mapping[str, str]) -> Rule:
         if method not in _METHODS:
             raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
         for name, value in headers.items():
@@ -688,13 +604,13 @@ class GuardedClient:
             if url.scheme == "http" and any(r.host == host for r in self._rules):
                 raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
             raise _Refusal(Code.EGRESS_ORIGIN_NOT_ALLOWED)
-        path = _check_path(url.raw_path)
+        path = check_path(url.raw_path)
         for rule in sorted(same_origin, key=lambda r: len(r.prefix), reverse=True):
-            if _under_prefix(path, rule.prefix):
+            if under_prefix(path, rule.prefix):
                 return rule
         raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
 
-    async def _resolve_once(self, url: URL, rule: _Rule) -> ResolvedAddress:
+    async def _resolve_once(self, url: URL, rule: Rule) -> ResolvedAddress:
         host = rule.host
         literal = host.strip("[]")
         try:
@@ -730,7 +646,7 @@ class GuardedClient:
         self,
         method: str,
         url: URL,
-        rule: _Rule,
+        rule: Rule,
         answer: ResolvedAddress,
         headers: Mapping[str, str],
         body: bytes | None,
@@ -763,7 +679,7 @@ class GuardedClient:
         session: aiohttp.ClientSession,
         method: str,
         url: URL,
-        rule: _Rule,
+        rule: Rule,
         headers: Mapping[str, str],
         body: bytes | None,
         progress: _Progress,
@@ -781,7 +697,7 @@ class GuardedClient:
                 raise _Refusal(
                     Code.EGRESS_REDIRECT_REFUSED,
                     sent=True,
-                    leaves_origin=_leaves_origin(url, response.headers.get("Location")),
+                    leaves_origin=leaves_origin(url, response.headers.get("Location")),
                 )
             data = await self._read_body(response)
             joined: dict[str, str] = {}
@@ -815,96 +731,3 @@ class GuardedClient:
         if self.on_refusal is not None:
             self.on_refusal(refusal.code)
         return TransportError(refusal.code, refusal.sent)
-
-
-def _safe_origin(url: str) -> str:
-    """The origin to report for ``url`` (credentials, path and query left out), or "invalid"."""
-    try:
-        parsed = URL(url, encoded=True)
-        if parsed.scheme and parsed.raw_host and parsed.port is not None:
-            return _origin(parsed)
-    except (TypeError, ValueError):
-        pass
-    return "invalid"
-
-
-def _parse(url: str) -> tuple[URL, str]:
-    if not isinstance(url, str) or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
-        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
-    try:
-        parsed = URL(url, encoded=True)
-    except (TypeError, ValueError):
-        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED) from None
-    if not parsed.is_absolute() or not parsed.raw_host:
-        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
-    origin = _origin(parsed) if parsed.port is not None else f"{parsed.scheme}://invalid"
-    if parsed.user is not None or parsed.password is not None or "@" in url.split("/")[2]:
-        raise _Refusal(Code.EGRESS_ORIGIN_NOT_ALLOWED)
-    if parsed.scheme not in ("https", "http"):
-        raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
-    if _non_canonical_numeric(parsed.raw_host.lower()):
-        raise _Refusal(Code.EGRESS_ADDRESS_REFUSED, reason="non-canonical numeric host")
-    if parsed.port is None or not 0 < parsed.port < 65536:
-        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
-    return parsed, origin
-
-
-def _leaves_origin(url: URL, location: str | None) -> bool:
-    if not location:
-        return False
-    try:
-        target = url.join(URL(location, encoded=True))
-    except (TypeError, ValueError):
-        return True
-    return (target.scheme, (target.raw_host or "").lower(), target.port) != (
-        url.scheme,
-        (url.raw_host or "").lower(),
-        url.port,
-    )
-
-
-def _seal(destination: Destination) -> _Rule:
-    variable = "EGRESS_DESTINATION"
-    try:
-        parsed = URL(destination.url_prefix, encoded=True)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(variable, "not a URL") from exc
-    host = (parsed.raw_host or "").lower()
-    if not parsed.is_absolute() or not host or parsed.port is None:
-        raise ConfigError(variable, "not an absolute URL")
-    if parsed.user is not None or parsed.password is not None:
-        raise ConfigError(variable, "credentials in the URL")
-    if parsed.raw_query_string or parsed.fragment:
-        raise ConfigError(variable, "a destination is an origin and a path prefix only")
-    if _non_canonical_numeric(host):
-        raise ConfigError(variable, "a non-canonical numeric host")
-    if parsed.scheme == "http":
-        if not destination.allow_insecure_loopback:
-            raise ConfigError(variable, "plain http needs the explicit loopback allowance")
-    elif parsed.scheme != "https":
-        raise ConfigError(variable, "scheme must be https")
-    try:
-        prefix = _check_path(parsed.raw_path or "/")
-    except _Refusal as exc:
-        raise ConfigError(variable, "path prefix has dot segments or encoded separators") from exc
-    pins: set[bytes] = set()
-    for pin in destination.spki_pins:
-        match = _PIN.match(pin)
-        if not match:
-            raise ConfigError("DOWNSTREAM_SPKI_PINS", "each pin is sha256/<base64 of 32 bytes>")
-        pins.add(base64.b64decode(match.group(1)))
-    context = (
-        _ssl_context(destination.ca_file, "DOWNSTREAM_CA_FILE")
-        if parsed.scheme == "https"
-        else None
-    )
-    return _Rule(
-        scheme=parsed.scheme,
-        host=host,
-        port=parsed.port,
-        prefix=prefix,
-        ssl_context=context,
-        pins=frozenset(pins),
-        allow_loopback=destination.allow_insecure_loopback,
-        origin=_origin(parsed),
-    )

@@ -7,7 +7,8 @@ address may not be connected to. It opens no socket and imports nothing of agent
 (``tests/egress/test_guard_registries.py`` holds both registries as data and checks every
 block is refused).
 
-Callers: ``egress/guard.py`` (every resolved address, before a socket exists).
+Callers: ``egress/guard.py`` (every resolved address, before a socket exists);
+``egress/urls.py`` (a numeric host is judged as the address it is).
 """
 
 from __future__ import annotations
