@@ -75,3 +75,23 @@ def test_the_supervisor_has_a_contract() -> None:
     contract = _one("agentsafe.executor.supervisor")
     forbidden = set(contract["forbidden_modules"])  # type: ignore[call-overload]
     assert {"aiohttp", "agentsafe.executor.plane", "agentsafe.executor.routes"} <= forbidden
+
+
+def test_no_serving_module_may_import_the_provider() -> None:
+    """The contract that keeps ``provider.py`` out of the serving process names every
+    executor module but the CLI, the dev tools, the provider itself and the ground floor (which
+    its own contract already keeps below the provider)."""
+    [contract] = [
+        c for c in _contracts() if c.get("forbidden_modules") == ["agentsafe.executor.provider"]
+    ]
+    sources = {str(m) for m in contract["source_modules"]}  # type: ignore[attr-defined]
+    exempt = {"agentsafe.executor.cli", "agentsafe.executor.tools", "agentsafe.executor.provider"}
+    expected = _tops() - _ground_floor() - exempt
+    assert expected - sources == set(), "a serving module may import provider.py unseen"
+
+
+def test_the_servers_receipt_type_is_the_providers() -> None:
+    from agentsafe.executor import provider
+    from agentsafe.executor.effects import receipts
+
+    assert receipts.EFFECT_RECEIPT_TYP == provider.EFFECT_RECEIPT_TYP

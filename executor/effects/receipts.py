@@ -53,7 +53,6 @@ from ..canonical import sha256_bytes_digest
 from ..codes import Code
 from ..errors import ConfigError
 from ..jws import TokenRefused, b64url_decode, split_compact, verify_compact
-from ..provider import EFFECT_RECEIPT_TYP
 
 __all__ = [
     "ProviderKeys",
@@ -61,6 +60,10 @@ __all__ = [
     "ReceiptComparison",
     "ReceiptReading",
 ]
+
+EFFECT_RECEIPT_TYP = "agentsafe-effect-receipt+jwt"
+"""The receipt's JWS ``typ``: the same string ``provider.py`` signs with (a provider vendors that
+module, so the server keeps its own copy; ``tests/test_contracts.py`` holds them equal)."""
 
 _COMMITTED_STATUSES = frozenset({"EFFECTED", "POSTED", "ACCEPTED"})
 _REFUSED_STATUSES = frozenset({"REFUSED"})
