@@ -3,9 +3,10 @@
 Role: :class:`DownstreamTarget` is what both the configuration (``DOWNSTREAM_SYSTEM``,
 ``_OPERATION``, ``_ENVIRONMENT`` and the endpoint of ``DOWNSTREAM_URL``) and intent capture
 (the binding's ``downstream_target``) speak of. It lives on its own so the configuration never
-need not import intent capture; ``intent.py`` re-exports it under its old name.
+imports intent capture; ``intent.py`` re-exports it under its old name.
 
-Callers: ``intent.py`` (re-exports it).
+Callers: ``intent.py`` (re-exports it), ``config/model.py``
+(:meth:`ExecutorConfig.downstream_target`).
 """
 
 from __future__ import annotations
