@@ -34,14 +34,19 @@ from .values import PRODUCTION, ExecutorMode, SecretSource, rule_text
 
 __all__ = ["ExecutorConfig"]
 
-_BEFORE: Final[dict[str, Check]] = {}
-_AFTER: Final[dict[str, Check]] = {}
-for _row in ROWS:
-    _before, _after = KINDS[_row.kind]
-    if _before is not None:
-        _BEFORE[_row.attribute] = _before
-    if _after is not None:
-        _AFTER[_row.attribute] = _after
+
+def _checks(stage: int) -> dict[str, Check]:
+    """Each row's parser (stage 0, before pydantic's type check) or check (stage 1, after)."""
+    found: dict[str, Check] = {}
+    for row in ROWS:
+        check = KINDS[row.kind][stage]
+        if check is not None:
+            found[row.attribute] = check
+    return found
+
+
+_BEFORE: Final = _checks(0)
+_AFTER: Final = _checks(1)
 
 
 class ExecutorConfig(Variables):
