@@ -130,7 +130,7 @@ e2e-build: $(STAMP)
 # Three parts: the loopback control plane (chart, CRDs, tokens; no kubelet), then the scenario on
 # the real one-node cluster (`cluster.node run`: up, pytest, down even on failure; a node that
 # cannot start skips with one line, or fails under AGENTSAFE_E2E=require as in CI), then
-# docs/cluster.md's block as written, on a fresh node of its own (about 75 s warm). Not in the
+# docs/cluster.md's block as written, on a fresh node of its own (72-101 s warm). Not in the
 # scenario's session: the page installs the chart that node has already and ends with its own
 # cluster-down, and returning that node to a fresh one took longer (82 s) than a new node.
 e2e: e2e-build
