@@ -11,6 +11,7 @@ The builders it calls are small and pure-ish: each takes the configuration and w
 returns one component or raises :class:`~agentsafe.executor.errors.ConfigError` naming the variable.
 
 Callers: ``serve.py`` (the process), tests.
+Also imported by ``proxy.py``, ``tools/doctor.py``, ``tools/selftest.py``.
 """
 
 from __future__ import annotations
@@ -35,15 +36,12 @@ from .config import (
 from .dispatch.effects import EffectRegister
 from .dispatch.forward import ForwardRequestHandler
 from .dispatch.registration import (
-    ActionRegistrar,
-    Downstream,
-    PlanRegistrar,
     Registration,
-    Seam,
+    compose_seam,
     load_registrations,
     run_registrations,
 )
-from .dispatch.seam import DispatchBoundFetch, Outcome, Registry
+from .dispatch.seam import Outcome, Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.refusal_lines import RefusalEvent
@@ -536,20 +534,12 @@ async def assemble(
                 receipts=receipts,
                 security=streams.security,
             )
-        seam = Seam(
-            registry=ActionRegistrar(registry),
-            downstream=Downstream(
-                url=config.downstream_url,
-                lookup_url=config.downstream_lookup_url,
-                lookup_by_reference_url=config.downstream_lookup_by_reference_url,
-                timeout_ms=config.downstream_timeout_ms,
-                system=config.downstream_system,
-                operation=config.downstream_operation,
-            ),
+        seam = compose_seam(
+            config,
+            registry,
             credential=credential,
-            fetch=DispatchBoundFetch(transport),
+            transport=transport,
             effects=effects,
-            plans=PlanRegistrar(),
             closers=closers,
         )
         registered_steps = await run_registrations(

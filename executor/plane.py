@@ -9,6 +9,7 @@ the pipeline asks it before anything else, without knowing the control plane.
 
 Callers: ``assembly.py`` (builds both), tests; the process runs what ``assemble`` returns. The
 control routes know it only through their ``ControlPlane`` protocol.
+Also imported by ``proxy.py``.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ the per-principal lockout ``EXECUTOR_AUTH_LOCKOUT`` and each principal's ``rate_
 ``host/halt.py`` (the spike detectors ``EXECUTOR_HALT_ON_AUTH_FAILURES`` /
 ``EXECUTOR_HALT_ON_EGRESS_REFUSALS``), ``door/principals_file.py`` (parsing a principal's
 ``rate_limit``), ``config/parsing.py`` (parsing the rules), ``assembly.py``.
+Also imported by ``config/__init__.py``, ``config/model.py``, ``config/table.py``,
+``config/values.py``.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ The relying party is the approval page's origin, ``EXECUTOR_APPROVAL_ORIGIN`` (i
 id); without it no passkey can be registered or asserted (WEBAUTHN_NOT_CONFIGURED).
 
 Callers: ``routes/approvals.py`` (the decision and enrolment routes), ``plane.py`` (builds it).
+Also imported by ``routes/table.py``.
 """
 
 from __future__ import annotations

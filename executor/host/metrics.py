@@ -38,6 +38,7 @@ counters to the egress guard, the secret store, the posture monitor, the redacto
 and the chained sinks. The label values of ``proposals`` and ``executions`` are the policy's
 ``Verdict`` and the seam's ``Outcome``: ``host/`` sits below both wings and cannot import them,
 so ``assembly.py`` passes them in and there is no second copy here.
+Also imported by ``tools/doctor.py``, ``operator/metrics.py``.
 """
 
 from __future__ import annotations

@@ -33,6 +33,8 @@ authority with the decision, its approver and its verification as evidence.
 
 Callers: ``routes/app.py`` (HTTP), ``assembly.py`` (construction), ``plane.py`` (holds it),
 tests.
+Also imported by ``gateway/listener.py``, ``routes/approval_page.py``, ``routes/approvals.py``,
+``routes/table.py``.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ caller decides whether to start.
 Callers: ``lifecycle/leases.py`` (an attempt taken over from a lapsed lease), ``plane.py`` at
 start (then it updates idempotency records from the returned
 :class:`Resolution` list), ``GET /ready`` counts (through the journal).
+Also imported by ``tools/demo.py``.
 """
 
 from __future__ import annotations

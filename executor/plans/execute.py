@@ -22,6 +22,8 @@ stable codes, times), never identities, parameters, results, citations, scopes, 
 nonces, tokens or error text.
 
 Callers: the public API, ``service.py``, the MCP adapter's users.
+Also imported by ``assembly.py``, ``dispatch/registration.py``, ``handlers.py``, ``__init__.py``,
+``mcp_adapter.py``.
 """
 
 from __future__ import annotations

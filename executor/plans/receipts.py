@@ -12,6 +12,7 @@ supplied historical context, evaluating the approval at the signed completion ti
 authentic receipt stays verifiable after the approval expires; any modified field is refused.
 
 Callers: the public API, ``execute.py``, ``service.py``.
+Also imported by ``__init__.py``.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ references) under the same key.
 Callers: ``lifecycle/pipeline.py`` (evaluate; escalation and recovery tokens),
 ``lifecycle/attempt.py`` (claim, finalize, recovery tokens), ``assembly.py`` (construction),
 ``plane.py`` (the key set of the JWKS route).
+Also imported by ``trial.py``.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ from ..lifecycle.pipeline import APPROVAL_PAGE_PATH, approval_url
 from ..principals import Principal, Role, Scope, Verification
 from ..state.usestore import ApprovalError, ApprovalRecord, ApprovalState, UseStore
 from .answers import ApprovalList, ApprovalView
-from .app import AnyJson, Call, Link, Route
+from .route import AnyJson, Call, Link, Route
 from .schemas import EscalationObject
 
 __all__ = ["approval_routes", "describe_record", "required_verification"]

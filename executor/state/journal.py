@@ -48,6 +48,7 @@ Callers: ``lifecycle/attempt.py`` (opened, fence, grant_claimed through the seam
 GRANT_CLAIMED decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records
 reconciled by CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open),
 ``plane.py`` (close, ``GET /v1/control/open-attempts``).
+Also imported by ``lifecycle/leases.py``, ``lostwrites.py``, ``pgstore.py``, ``supervisor.py``.
 """
 
 from __future__ import annotations

@@ -88,6 +88,7 @@ new connection before it is used (``state/lostwrites.py``: a server that went ba
 Callers: ``assembly.py`` (opens one :class:`PostgresStore` when ``EXECUTOR_STORE_URL`` is set and
 hands its three faces to the authority, the pipeline, the ceilings and the journal),
 ``tools/store_cli.py`` (``agentsafe store migrate``), ``lifecycle/leases.py`` (the mirror).
+Also imported by ``plane.py``.
 """
 
 from __future__ import annotations

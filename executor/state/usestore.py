@@ -38,6 +38,8 @@ NOTHING`` for claims, ``SELECT ... FOR UPDATE`` for decisions).
 Callers: the authority (grant claims), the pipeline (idempotency), plan approvals (consumptions),
 the approval routes and ``POST /v1/escalations`` (approvals), ``assembly.py`` (open),
 ``plane.py`` (close).
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations
