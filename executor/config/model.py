@@ -1,6 +1,7 @@
 """The configuration as one frozen value: the table's rows, parsed by kind and checked as a whole.
 
-Role: :class:`ExecutorConfig` is :class:`~.table.Variables` (one row per variable) plus three
+Role: :class:`ExecutorConfig` is :class:`~.readers.Readers` (the rows, :class:`~.table.Variables`,
+with the readers the rules need) plus three
 things the rows do not say themselves: each field is read by its row's kind
 (:data:`~.parsing.KINDS`: a parser before pydantic's type check, a check after it), the
 cross-field rules of ``config/rules.py`` run once every field is read, and the readers the rest
@@ -9,8 +10,7 @@ of the code uses (``config.production``, ``config.downstream_target()``,
 :func:`~.loading.load_config`; constructing it directly runs the same field and cross-field
 rules.
 
-Callers: ``config/__init__.py`` (the public face), ``config/loading.py``, ``config/rules.py``
-(the type it checks).
+Callers: ``config/__init__.py`` (the public face), ``config/loading.py``.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from ..target import DownstreamTarget
 from ..windows import LockoutRule, RateRule
 from . import rules
 from .parsing import KINDS, Check
-from .table import ROWS, SECRET_NAMES, Variables
-from .values import PRODUCTION, ExecutorMode, SecretSource, rule_text
+from .readers import Readers
+from .table import ROWS
+from .values import ExecutorMode, SecretSource, rule_text
 
 __all__ = ["ExecutorConfig"]
 
@@ -49,7 +50,7 @@ _BEFORE: Final = _checks(0)
 _AFTER: Final = _checks(1)
 
 
-class ExecutorConfig(Variables):
+class ExecutorConfig(Readers):
     """Every configuration variable of the executor, typed; attribute = lower-cased variable.
 
     Secrets are :class:`~.values.SecretSource` records (given or not, from the environment or a
@@ -91,15 +92,6 @@ class ExecutorConfig(Variables):
         return self.executor_replica_id or os.uname().nodename
 
     @property
-    def production(self) -> bool:
-        return (self.agentsafe_env or "").strip().lower() == PRODUCTION
-
-    @property
-    def legacy_mode(self) -> bool:
-        """No principals file: one PROPOSER synthesised from the EXECUTOR_TENANT_ID/ACTOR_*."""
-        return self.executor_principals_file is None
-
-    @property
     def enforcement(self) -> bool:
         return self.executor_mode is ExecutorMode.ENFORCEMENT
 
@@ -123,16 +115,6 @@ class ExecutorConfig(Variables):
             endpoint=self.downstream_endpoint,
             environment=self.downstream_environment,
         )
-
-    def secret_source(self, name: str) -> SecretSource:
-        """How the secret ``name`` (one of :data:`~.table.SECRET_NAMES`) was given."""
-        if name not in SECRET_NAMES:
-            raise KeyError(name)
-        source: SecretSource = getattr(self, name.lower())
-        return source
-
-    def secret_sources(self) -> tuple[SecretSource, ...]:
-        return tuple(self.secret_source(name) for name in SECRET_NAMES)
 
     def public_view(self) -> dict[str, Any]:
         """The configuration as JSON values, secrets only as their source (for digests, status).

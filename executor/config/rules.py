@@ -34,7 +34,7 @@ from .values import (
 )
 
 if TYPE_CHECKING:
-    from .model import ExecutorConfig
+    from .readers import Readers as ExecutorConfig
 
 __all__ = ["check", "kind_defaults"]
 

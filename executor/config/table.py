@@ -23,7 +23,7 @@ This module is a declarative table (exempt from the 800-line limit).
 
 Callers: ``config/model.py`` (:class:`ExecutorConfig` is these rows plus their parsing and
 rules), ``config/__init__.py``, ``config/loading.py``, ``config/rules.py``,
-``tools/config_view.py``, ``tools/config_docs.py``.
+``tools/config_view.py``, ``tools/config_docs.py``, ``config/readers.py``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ whether and how a secret was given and never its value.
 Callers: ``config/__init__.py`` (the public face re-exports every name), ``config/table.py``
 (the rows' types and defaults), ``config/parsing.py``, ``config/model.py``, ``config/rules.py``,
 ``config/loading.py``, ``tools/config_view.py``.
-Also imported by ``tools/config_docs.py``.
+Also imported by ``tools/config_docs.py`` and ``config/readers.py``.
 """
 
 from __future__ import annotations
