@@ -75,7 +75,7 @@ from ..errors import AgentSafeError, CanonicalizationError, JournalError
 from ..host.durable import fsync_directory, write_all
 
 if TYPE_CHECKING:
-    from .usestore import AttemptFence
+    from .records import AttemptFence
 
 __all__ = [
     "ATTEMPTS_DIR",

@@ -15,17 +15,16 @@ from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import StoreError
 from agentsafe.executor.principals import Verification
 from agentsafe.executor.state.pgstore import PostgresStore
-from agentsafe.executor.state.usestore import (
-    _SCHEMA,
-    DATABASE_NAME,
+from agentsafe.executor.state.protocol import UseStore
+from agentsafe.executor.state.records import (
     ApprovalError,
     ApprovalRequest,
     ApprovalState,
     EnrolmentToken,
     PasskeyRecord,
-    SQLiteUseStore,
-    UseStore,
 )
+from agentsafe.executor.state.sqlitedb import _SCHEMA
+from agentsafe.executor.state.usestore import DATABASE_NAME, SQLiteUseStore
 from tests.support.intents import make_intent
 
 NOW = 1_800_000_000.0

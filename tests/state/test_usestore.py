@@ -23,19 +23,17 @@ import pytest
 from agentsafe.executor.canonical import canonical_text, sha256_digest
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import StoreError
-from agentsafe.executor.state.usestore import (
-    DATABASE_NAME,
+from agentsafe.executor.state.records import (
     RETENTION_SECONDS,
-    SCHEMA_VERSION,
     ApprovalError,
     ApprovalRequest,
     ApprovalState,
     ConsumptionRecord,
     IdempotencyKind,
     IdempotencyState,
-    SQLiteUseStore,
     consumption_token,
 )
+from agentsafe.executor.state.usestore import DATABASE_NAME, SCHEMA_VERSION, SQLiteUseStore
 
 NOW = 1_800_000_000.0
 RACE_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "usestore_race.py"
