@@ -92,6 +92,7 @@ from ..clock import format_ms
 from ..codes import Code
 from ..errors import AgentSafeError, StoreError
 from ..principals import Verification, same_actor
+from ..windows import ceiling_verdict
 from .pgattempts import PostgresAttempts
 from .pgconn import HELD_KEY, NOW, Conn, PostgresPool, Scope
 from .records import (
@@ -830,10 +831,15 @@ class PostgresWindow:
         async def work(conn: Conn) -> tuple[str | None, object]:
             await conn.execute("SELECT name FROM ceiling_lock WHERE name = 'window' FOR UPDATE")
             count, total = await _window_usage(conn, window_seconds)
-            if count_limit is not None and count + 1 > count_limit:
-                return "COUNT", None
-            if sum_limit is not None and total + amount_minor > sum_limit:
-                return "SUM", None
+            full = ceiling_verdict(
+                count,
+                total,
+                amount_minor=amount_minor,
+                count_limit=count_limit,
+                sum_limit=sum_limit,
+            )
+            if full is not None:
+                return full, None
             cur = await conn.execute(
                 f"INSERT INTO ceiling_window (at, amount_minor) VALUES ({NOW}, %s)"  # noqa: S608
                 " RETURNING id",

@@ -54,6 +54,7 @@ from ..canonical import canonical_text
 from ..codes import Code
 from ..errors import AgentSafeError, StoreError
 from ..principals import Verification, same_actor
+from ..windows import ceiling_verdict
 from .records import (
     RETENTION_SECONDS,
     ApprovalError,
@@ -625,10 +626,15 @@ class SQLiteWindow:
 
         def work(conn: sqlite3.Connection) -> tuple[str | None, object]:
             count, total = _window_usage(conn, now - window_seconds)
-            if count_limit is not None and count + 1 > count_limit:
-                return "COUNT", None
-            if sum_limit is not None and total + amount_minor > sum_limit:
-                return "SUM", None
+            full = ceiling_verdict(
+                count,
+                total,
+                amount_minor=amount_minor,
+                count_limit=count_limit,
+                sum_limit=sum_limit,
+            )
+            if full is not None:
+                return full, None
             cur = conn.execute(
                 "INSERT INTO ceiling_window (at, amount_minor) VALUES (?, ?)", (now, amount_minor)
             )
