@@ -43,7 +43,6 @@ _DISABLED_LOCKOUT = re.compile(r"^0(/[0-9]{1,9}){0,2}$")
 def ceiling_verdict(
     count: int,
     total_minor: int,
-    *,
     amount_minor: int,
     count_limit: int | None,
     sum_limit: int | None,

@@ -152,11 +152,7 @@ class MemoryWindow:
         async with self._lock:
             self._expire(window_seconds)
             full = ceiling_verdict(
-                len(self._entries),
-                self._sum,
-                amount_minor=amount_minor,
-                count_limit=count_limit,
-                sum_limit=sum_limit,
+                len(self._entries), self._sum, amount_minor, count_limit, sum_limit
             )
             if full is not None:
                 return full, None

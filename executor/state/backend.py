@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..clock import Clock
 from ..config import ExecutorConfig
@@ -32,29 +32,11 @@ from ..host.secrets import SecretStore
 from .lostwrites import LostWritesGuard
 from .pgattempts import SharedAttemptMirror
 from .pgconn import check_store_url
-from .pgstore import PostgresStore
+from .pgstore import PostgresStore, PostgresWindow
 from .protocol import UseStore
 from .usestore import SQLiteUseStore, SQLiteWindow
 
-__all__ = ["Backend", "Window", "open_backend", "open_shared_store"]
-
-
-class Window(Protocol):
-    """The host ceilings' sliding window kept by a store (``lifecycle/ceilings.py``'s
-    ``CeilingWindow``)."""
-
-    async def usage(self, window_seconds: float) -> tuple[int, int]: ...
-
-    async def reserve(
-        self,
-        *,
-        window_seconds: float,
-        amount_minor: int,
-        count_limit: int | None,
-        sum_limit: int | None,
-    ) -> tuple[str | None, object]: ...
-
-    async def release(self, token: object) -> None: ...
+__all__ = ["Backend", "open_backend", "open_shared_store"]
 
 
 async def _always() -> bool:
@@ -68,9 +50,9 @@ class Backend:
     name: str
     """``sqlite`` or ``postgresql`` (the ``store`` field of ``GET /v1/control/status``)."""
     store: UseStore
-    window: Window | None
-    """The ceilings' window every process of the store shares; ``None``: one process keeps its
-    window in memory."""
+    window: SQLiteWindow | PostgresWindow | None
+    """The ceilings' window (``lifecycle/ceilings.py``'s ``CeilingWindow``) every process of the
+    store shares; ``None``: one process keeps its window in memory."""
     attempts: SharedAttemptMirror | None
     """The journal's mirror of open attempts in a store every replica shares; ``None``: the
     journal alone holds them."""

@@ -87,11 +87,10 @@ from typing import Any
 
 from psycopg.rows import TupleRow
 
-from ..canonical import canonical_text
 from ..clock import format_ms
 from ..codes import Code
-from ..errors import AgentSafeError, StoreError
-from ..principals import Verification, same_actor
+from ..errors import StoreError
+from ..principals import Verification
 from ..windows import ceiling_verdict
 from .pgattempts import PostgresAttempts
 from .pgconn import HELD_KEY, NOW, Conn, PostgresPool, Scope
@@ -116,13 +115,25 @@ from .records import (
 )
 from .statements import (
     APPROVAL_COLUMNS,
+    APPROVAL_DECIDE,
+    APPROVAL_INSERT,
+    CONSUMPTION_ROW,
     PASSKEY_COLUMNS,
+    PASSKEY_INSERT,
     approval_from_row,
+    approval_insert_args,
     approval_listing,
     canonical_or_store_error,
+    completed_already,
+    consumption_matches,
+    decided,
     digest_or_store_error,
     load_object,
     passkey_from_row,
+    passkey_insert_args,
+    pg,
+    token_matches,
+    visible_to,
 )
 
 __all__ = ["PostgresStore", "PostgresUseStore", "PostgresWindow"]
@@ -328,16 +339,9 @@ class PostgresUseStore:
             # Read again under the row lock: say why the key cannot take this answer, or take it
             # (the key changed since the statement below found it would not).
             row = await _locked_key(conn, tenant, principal, key)
-            if row is None:
-                raise StoreError(
-                    "no idempotency record for this key", code=Code.IDEMPOTENCY_RECORD_MISSING
-                )
-            if row[0] == "DONE":
-                if row[1] == text:
-                    return
-                raise StoreError(
-                    "this key already has a final answer", code=Code.IDEMPOTENCY_ALREADY_COMPLETE
-                )
+            if completed_already(row, text):
+                return
+            assert row is not None  # completed_already refused a missing record
             if row[2] is not None and held is not None and row[2] != held:
                 raise StoreError(
                     "a later request took this key over", code=Code.IDEMPOTENCY_TAKEN_OVER
@@ -464,63 +468,20 @@ class PostgresUseStore:
         return ConsumptionRecord(namespace, key, nonce, now, binding_digest, token)
 
     async def verify_consumption(self, record: ConsumptionRecord) -> bool:
-        try:
-            expected = self._store.token(
-                record.namespace, record.key, record.nonce, record.consumed_at,
-                record.binding_digest,
-            )  # fmt: skip
-        except AgentSafeError:
-            return False
-        if not isinstance(record.token, str) or not hmac.compare_digest(
-            expected.encode(), record.token.encode()
-        ):
+        if not token_matches(record, self._store.token):
             return False
 
         async def work(conn: Conn) -> bool:
-            cur = await conn.execute(
-                "SELECT nonce, consumed_at, binding_digest FROM consumptions"
-                " WHERE namespace = %s AND key = %s",
-                (record.namespace, record.key),
-            )
-            row = await cur.fetchone()
-            return row is not None and (row[0], float(row[1]), row[2]) == (
-                record.nonce,
-                record.consumed_at,
-                record.binding_digest,
-            )
+            cur = await conn.execute(pg(CONSUMPTION_ROW), (record.namespace, record.key))
+            return consumption_matches(await cur.fetchone(), record)
 
         return await self._store.transaction(work)
 
     async def approval_create(self, request: ApprovalRequest) -> None:
-        if digest_or_store_error(request.intent) != request.intent_hash:
-            raise ApprovalError(
-                "the intent does not hash to its intent_hash", code=Code.APPROVAL_BINDING_MISMATCH
-            )
-        intent_text = canonical_text(dict(request.intent))
-        approvers_text = canonical_text(list(request.approvers))
-        reasons_text = canonical_text(list(request.reason_codes))
+        args = approval_insert_args(request)
 
         async def work(conn: Conn) -> None:
-            cur = await conn.execute(
-                "INSERT INTO approvals (request_id, intent, intent_hash, approvers,"
-                " proposer_principal, proposer_actor, expires_at, created_at, state,"
-                " rule, reason_codes, required_verification)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'PENDING', %s, %s, %s)"
-                " ON CONFLICT (request_id) DO NOTHING",
-                (
-                    request.request_id,
-                    intent_text,
-                    request.intent_hash,
-                    approvers_text,
-                    request.proposer_principal,
-                    request.proposer_actor,
-                    request.expires_at,
-                    request.created_at,
-                    request.rule,
-                    reasons_text,
-                    request.verification.value,
-                ),
-            )
+            cur = await conn.execute(pg(APPROVAL_INSERT), args)
             if cur.rowcount != 1:
                 raise ApprovalError("the request id is taken", code=Code.APPROVAL_EXISTS)
 
@@ -549,15 +510,7 @@ class PostgresUseStore:
             )
             return [approval_from_row(tuple(row)) for row in await cur.fetchall()]
 
-        records = await self._store.transaction(work)
-        if approver is not None:
-            records = [
-                r
-                for r in records
-                if approver in r.request.approvers
-                and not same_actor(approver, r.request.proposer_principal)
-            ]
-        return records
+        return visible_to(await self._store.transaction(work), approver)
 
     async def approval_decide(
         self,
@@ -574,19 +527,9 @@ class PostgresUseStore:
         async def work(conn: Conn) -> ApprovalRecord:
             record = await _locked_approval(conn, request_id)
             check_decidable(record, approver=approver, now=now)
-            await conn.execute(
-                "UPDATE approvals SET state = %s, approver = %s, reason = %s, decided_at = %s,"
-                " verification = %s WHERE request_id = %s AND state = 'PENDING'",
-                (new_state.value, approver, reason, now, verification.value, request_id),
-            )
-            return dataclasses.replace(
-                record,
-                stored_state=new_state,
-                approver=approver,
-                reason=reason,
-                decided_at=now,
-                verification=verification,
-            )
+            updated, args = decided(record, new_state, approver, reason, now, verification)
+            await conn.execute(pg(APPROVAL_DECIDE), args)
+            return updated
 
         return await self._store.transaction(work)
 
@@ -649,19 +592,7 @@ class PostgresUseStore:
                 raise StoreError(
                     "the enrolment token is not usable", code=Code.ENROLMENT_TOKEN_INVALID
                 )
-            inserted = await conn.execute(
-                "INSERT INTO passkeys (credential_id, principal, public_key, sign_count,"
-                " transports, created_at) VALUES (%s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (credential_id) DO NOTHING",
-                (
-                    passkey.credential_id,
-                    passkey.principal,
-                    passkey.public_key,
-                    passkey.sign_count,
-                    canonical_text(list(passkey.transports)),
-                    passkey.created_at,
-                ),
-            )
+            inserted = await conn.execute(pg(PASSKEY_INSERT), passkey_insert_args(passkey))
             if inserted.rowcount != 1:
                 raise StoreError(
                     "this passkey is already registered", code=Code.WEBAUTHN_REGISTRATION_INVALID
@@ -831,13 +762,7 @@ class PostgresWindow:
         async def work(conn: Conn) -> tuple[str | None, object]:
             await conn.execute("SELECT name FROM ceiling_lock WHERE name = 'window' FOR UPDATE")
             count, total = await _window_usage(conn, window_seconds)
-            full = ceiling_verdict(
-                count,
-                total,
-                amount_minor=amount_minor,
-                count_limit=count_limit,
-                sum_limit=sum_limit,
-            )
+            full = ceiling_verdict(count, total, amount_minor, count_limit, sum_limit)
             if full is not None:
                 return full, None
             cur = await conn.execute(

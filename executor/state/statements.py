@@ -11,15 +11,24 @@ Callers: ``state/usestore.py`` and ``state/pgstore.py`` (the two backends),
 
 from __future__ import annotations
 
+import dataclasses
+import hmac
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..canonical import canonical_text, sha256_digest
 from ..codes import Code
 from ..errors import AgentSafeError, StoreError
-from ..principals import Verification
-from .records import ApprovalRecord, ApprovalRequest, ApprovalState, PasskeyRecord
+from ..principals import Verification, same_actor
+from .records import (
+    ApprovalError,
+    ApprovalRecord,
+    ApprovalRequest,
+    ApprovalState,
+    ConsumptionRecord,
+    PasskeyRecord,
+)
 
 APPROVAL_COLUMNS = (
     "request_id, intent, intent_hash, approvers, proposer_principal, proposer_actor,"
@@ -108,3 +117,149 @@ def digest_or_store_error(value: Mapping[str, Any]) -> str:
         raise StoreError(
             "the value has no canonical JSON form", code=Code.STORE_VALUE_INVALID
         ) from None
+
+
+def pg(sql: str) -> str:
+    """``sql``, written once with SQLite's ``?`` placeholders, for psycopg (``%s``). The shared
+    statements hold no literal question mark."""
+    return sql.replace("?", "%s")
+
+
+# -- idempotency -------------------------------------------------------------------------------
+
+
+def completed_already(row: tuple[Any, ...] | None, text: str) -> bool:
+    """Whether a key whose row is ``(state, response, ...)`` already holds the answer ``text``
+    (nothing to do); ``False`` while it is in flight. ``StoreError`` when there is no record
+    (IDEMPOTENCY_RECORD_MISSING) or it holds another final answer
+    (IDEMPOTENCY_ALREADY_COMPLETE): the first final answer stays, on every backend."""
+    if row is None:
+        raise StoreError("no idempotency record for this key", code=Code.IDEMPOTENCY_RECORD_MISSING)
+    if row[0] == "DONE":
+        if row[1] == text:
+            return True
+        raise StoreError(
+            "this key already has a final answer", code=Code.IDEMPOTENCY_ALREADY_COMPLETE
+        )
+    return False
+
+
+# -- consumptions ------------------------------------------------------------------------------
+
+CONSUMPTION_ROW = (
+    "SELECT nonce, consumed_at, binding_digest FROM consumptions WHERE namespace = ? AND key = ?"
+)
+
+
+def token_matches(record: ConsumptionRecord, token: Callable[..., str]) -> bool:
+    """Whether ``record``'s token is the one this store's secret makes (``token`` is the
+    store's :func:`~agentsafe.executor.state.records.consumption_token` with its secret)."""
+    try:
+        expected = token(
+            record.namespace, record.key, record.nonce, record.consumed_at, record.binding_digest
+        )
+    except AgentSafeError:
+        return False
+    return isinstance(record.token, str) and hmac.compare_digest(
+        expected.encode(), record.token.encode()
+    )
+
+
+def consumption_matches(row: Sequence[Any] | None, record: ConsumptionRecord) -> bool:
+    """Whether the stored row (:data:`CONSUMPTION_ROW`) is the one ``record`` describes."""
+    return row is not None and (row[0], float(row[1]), row[2]) == (
+        record.nonce,
+        record.consumed_at,
+        record.binding_digest,
+    )
+
+
+# -- approvals ---------------------------------------------------------------------------------
+
+APPROVAL_INSERT = (
+    "INSERT INTO approvals (request_id, intent, intent_hash, approvers,"
+    " proposer_principal, proposer_actor, expires_at, created_at, state,"
+    " rule, reason_codes, required_verification)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?)"
+    " ON CONFLICT (request_id) DO NOTHING"
+)
+
+
+def approval_insert_args(request: ApprovalRequest) -> tuple[object, ...]:
+    """The arguments of :data:`APPROVAL_INSERT`; APPROVAL_BINDING_MISMATCH when the intent does
+    not hash to the request's ``intent_hash``."""
+    if digest_or_store_error(request.intent) != request.intent_hash:
+        raise ApprovalError(
+            "the intent does not hash to its intent_hash", code=Code.APPROVAL_BINDING_MISMATCH
+        )
+    return (
+        request.request_id,
+        canonical_text(dict(request.intent)),
+        request.intent_hash,
+        canonical_text(list(request.approvers)),
+        request.proposer_principal,
+        request.proposer_actor,
+        request.expires_at,
+        request.created_at,
+        request.rule,
+        canonical_text(list(request.reason_codes)),
+        request.verification.value,
+    )
+
+
+def visible_to(records: list[ApprovalRecord], approver: str | None) -> list[ApprovalRecord]:
+    """The requests ``approver`` may decide (named, and never the proposer); all without one."""
+    if approver is None:
+        return records
+    return [
+        r
+        for r in records
+        if approver in r.request.approvers
+        and not same_actor(approver, r.request.proposer_principal)
+    ]
+
+
+APPROVAL_DECIDE = (
+    "UPDATE approvals SET state = ?, approver = ?, reason = ?, decided_at = ?,"
+    " verification = ? WHERE request_id = ? AND state = 'PENDING'"
+)
+
+
+def decided(
+    record: ApprovalRecord,
+    state: ApprovalState,
+    approver: str,
+    reason: str,
+    now: float,
+    verification: Verification,
+) -> tuple[ApprovalRecord, tuple[object, ...]]:
+    """The record as :data:`APPROVAL_DECIDE` leaves it, and that statement's arguments."""
+    args = (state.value, approver, reason, now, verification.value, record.request.request_id)
+    return dataclasses.replace(
+        record,
+        stored_state=state,
+        approver=approver,
+        reason=reason,
+        decided_at=now,
+        verification=verification,
+    ), args
+
+
+# -- passkeys ----------------------------------------------------------------------------------
+
+PASSKEY_INSERT = (
+    "INSERT INTO passkeys (credential_id, principal, public_key, sign_count,"
+    " transports, created_at) VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (credential_id) DO NOTHING"
+)
+
+
+def passkey_insert_args(passkey: PasskeyRecord) -> tuple[object, ...]:
+    return (
+        passkey.credential_id,
+        passkey.principal,
+        passkey.public_key,
+        passkey.sign_count,
+        canonical_text(list(passkey.transports)),
+        passkey.created_at,
+    )

@@ -50,10 +50,9 @@ import secrets
 import sqlite3
 from typing import Any
 
-from ..canonical import canonical_text
 from ..codes import Code
-from ..errors import AgentSafeError, StoreError
-from ..principals import Verification, same_actor
+from ..errors import StoreError
+from ..principals import Verification
 from ..windows import ceiling_verdict
 from .records import (
     RETENTION_SECONDS,
@@ -78,13 +77,24 @@ from .records import (
 from .sqlitedb import DATABASE_NAME, SCHEMA_VERSION, SQLiteDatabase
 from .statements import (
     APPROVAL_COLUMNS,
+    APPROVAL_DECIDE,
+    APPROVAL_INSERT,
+    CONSUMPTION_ROW,
     PASSKEY_COLUMNS,
+    PASSKEY_INSERT,
     approval_from_row,
+    approval_insert_args,
     approval_listing,
     canonical_or_store_error,
+    completed_already,
+    consumption_matches,
+    decided,
     digest_or_store_error,
     load_object,
     passkey_from_row,
+    passkey_insert_args,
+    token_matches,
+    visible_to,
 )
 
 __all__ = ["DATABASE_NAME", "SCHEMA_VERSION", "SQLiteUseStore", "SQLiteWindow"]
@@ -202,16 +212,8 @@ class SQLiteUseStore(SQLiteDatabase):
                 " WHERE tenant = ? AND principal = ? AND key = ?",
                 (tenant, principal, key),
             ).fetchone()
-            if row is None:
-                raise StoreError(
-                    "no idempotency record for this key", code=Code.IDEMPOTENCY_RECORD_MISSING
-                )
-            if row[0] == "DONE":
-                if row[1] == text:
-                    return
-                raise StoreError(
-                    "this key already has a final answer", code=Code.IDEMPOTENCY_ALREADY_COMPLETE
-                )
+            if completed_already(row, text):
+                return
             conn.execute(
                 "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
                 " WHERE tenant = ? AND principal = ? AND key = ?",
@@ -306,32 +308,12 @@ class SQLiteUseStore(SQLiteDatabase):
 
     async def verify_consumption(self, record: ConsumptionRecord) -> bool:
         """True if ``record`` was issued by this store and its row still says exactly that."""
-        try:
-            expected = self._token(
-                record.namespace,
-                record.key,
-                record.nonce,
-                record.consumed_at,
-                record.binding_digest,
-            )
-        except AgentSafeError:
-            return False
-        if not isinstance(record.token, str) or not hmac.compare_digest(
-            expected.encode(), record.token.encode()
-        ):
+        if not token_matches(record, self._token):
             return False
 
         def work(conn: sqlite3.Connection) -> bool:
-            row = conn.execute(
-                "SELECT nonce, consumed_at, binding_digest FROM consumptions"
-                " WHERE namespace = ? AND key = ?",
-                (record.namespace, record.key),
-            ).fetchone()
-            return row is not None and (row[0], row[1], row[2]) == (
-                record.nonce,
-                record.consumed_at,
-                record.binding_digest,
-            )
+            row = conn.execute(CONSUMPTION_ROW, (record.namespace, record.key)).fetchone()
+            return consumption_matches(row, record)
 
         return await self._run(work)
 
@@ -344,35 +326,10 @@ class SQLiteUseStore(SQLiteDatabase):
 
     async def approval_create(self, request: ApprovalRequest) -> None:
         """Store a new PENDING request; its ``intent_hash`` must be the hash of its intent."""
-        if digest_or_store_error(request.intent) != request.intent_hash:
-            raise ApprovalError(
-                "the intent does not hash to its intent_hash", code=Code.APPROVAL_BINDING_MISMATCH
-            )
-        intent_text = canonical_text(dict(request.intent))
-        approvers_text = canonical_text(list(request.approvers))
-        reasons_text = canonical_text(list(request.reason_codes))
+        args = approval_insert_args(request)
 
         def work(conn: sqlite3.Connection) -> None:
-            cur = conn.execute(
-                "INSERT INTO approvals (request_id, intent, intent_hash, approvers,"
-                " proposer_principal, proposer_actor, expires_at, created_at, state,"
-                " rule, reason_codes, required_verification)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'PENDING', ?, ?, ?)"
-                " ON CONFLICT (request_id) DO NOTHING",
-                (
-                    request.request_id,
-                    intent_text,
-                    request.intent_hash,
-                    approvers_text,
-                    request.proposer_principal,
-                    request.proposer_actor,
-                    request.expires_at,
-                    request.created_at,
-                    request.rule,
-                    reasons_text,
-                    request.verification.value,
-                ),
-            )
+            cur = conn.execute(APPROVAL_INSERT, args)
             if cur.rowcount != 1:
                 raise ApprovalError("the request id is taken", code=Code.APPROVAL_EXISTS)
 
@@ -402,15 +359,7 @@ class SQLiteUseStore(SQLiteDatabase):
                 " ORDER BY created_at, request_id",
                 args,
             ).fetchall()
-            records = [approval_from_row(row) for row in rows]
-            if approver is not None:
-                records = [
-                    r
-                    for r in records
-                    if approver in r.request.approvers
-                    and not same_actor(approver, r.request.proposer_principal)
-                ]
-            return records
+            return visible_to([approval_from_row(row) for row in rows], approver)
 
         return await self._run(work)
 
@@ -431,19 +380,9 @@ class SQLiteUseStore(SQLiteDatabase):
         def work(conn: sqlite3.Connection) -> ApprovalRecord:
             record = self._approval_row(conn, request_id)
             check_decidable(record, approver=approver, now=now)
-            conn.execute(
-                "UPDATE approvals SET state = ?, approver = ?, reason = ?, decided_at = ?,"
-                " verification = ? WHERE request_id = ? AND state = 'PENDING'",
-                (new_state.value, approver, reason, now, verification.value, request_id),
-            )
-            return dataclasses.replace(
-                record,
-                stored_state=new_state,
-                approver=approver,
-                reason=reason,
-                decided_at=now,
-                verification=verification,
-            )
+            updated, args = decided(record, new_state, approver, reason, now, verification)
+            conn.execute(APPROVAL_DECIDE, args)
+            return updated
 
         return await self._write(work)
 
@@ -515,19 +454,7 @@ class SQLiteUseStore(SQLiteDatabase):
                 raise StoreError(
                     "the enrolment token is not usable", code=Code.ENROLMENT_TOKEN_INVALID
                 )
-            inserted = conn.execute(
-                "INSERT INTO passkeys (credential_id, principal, public_key, sign_count,"
-                " transports, created_at) VALUES (?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT (credential_id) DO NOTHING",
-                (
-                    passkey.credential_id,
-                    passkey.principal,
-                    passkey.public_key,
-                    passkey.sign_count,
-                    canonical_text(list(passkey.transports)),
-                    passkey.created_at,
-                ),
-            ).rowcount
+            inserted = conn.execute(PASSKEY_INSERT, passkey_insert_args(passkey)).rowcount
             if inserted != 1:
                 raise StoreError(
                     "this passkey is already registered", code=Code.WEBAUTHN_REGISTRATION_INVALID
@@ -626,13 +553,7 @@ class SQLiteWindow:
 
         def work(conn: sqlite3.Connection) -> tuple[str | None, object]:
             count, total = _window_usage(conn, now - window_seconds)
-            full = ceiling_verdict(
-                count,
-                total,
-                amount_minor=amount_minor,
-                count_limit=count_limit,
-                sum_limit=sum_limit,
-            )
+            full = ceiling_verdict(count, total, amount_minor, count_limit, sum_limit)
             if full is not None:
                 return full, None
             cur = conn.execute(
