@@ -591,9 +591,7 @@ async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
         await reopened.close()
 
 
-async def test_settle_replaces_only_an_unknown_answer(tmp_path: Path) -> None:
-    clock = ManualClock()
-    store = await SQLiteUseStore.open(tmp_path / "state", clock=clock)
+async def test_settle_replaces_only_an_unknown_answer(store: UseStore) -> None:
     scope = {"tenant": "t", "principal": "p"}
     unknown = {"status": 200, "body": {"outcome": "UNKNOWN_AFTER_DISPATCH"}}
     settled = {"status": 200, "body": {"outcome": "DEFINITELY_NOT_EXECUTED"}}
@@ -601,27 +599,22 @@ async def test_settle_replaces_only_an_unknown_answer(tmp_path: Path) -> None:
         ("unknown", unknown),
         ("done", {"status": 200, "body": {"outcome": "COMPLETED"}}),
     ):
-        await store.idempotency_begin(**scope, key=key, payload_digest="d", now=clock.now())
-        await store.idempotency_complete(**scope, key=key, response=first, now=clock.now())
-    assert await store.idempotency_settle(**scope, key="unknown", response=settled, now=clock.now())
-    assert not await store.idempotency_settle(
-        **scope, key="done", response=settled, now=clock.now()
-    )
-    assert not await store.idempotency_settle(
-        **scope, key="absent", response=settled, now=clock.now()
-    )
-    await store.idempotency_begin(**scope, key="flight", payload_digest="d", now=clock.now())
-    assert await store.idempotency_settle(**scope, key="flight", response=settled, now=clock.now())
+        await store.idempotency_begin(**scope, key=key, payload_digest="d", now=NOW)
+        await store.idempotency_complete(**scope, key=key, response=first, now=NOW)
+    assert await store.idempotency_settle(**scope, key="unknown", response=settled, now=NOW)
+    assert not await store.idempotency_settle(**scope, key="done", response=settled, now=NOW)
+    assert not await store.idempotency_settle(**scope, key="absent", response=settled, now=NOW)
+    await store.idempotency_begin(**scope, key="flight", payload_digest="d", now=NOW)
+    assert await store.idempotency_settle(**scope, key="flight", response=settled, now=NOW)
     for key, outcome in (
         ("unknown", "DEFINITELY_NOT_EXECUTED"),
         ("done", "COMPLETED"),
         ("flight", "DEFINITELY_NOT_EXECUTED"),
     ):
-        state = await store.idempotency_begin(**scope, key=key, payload_digest="d", now=clock.now())
+        state = await store.idempotency_begin(**scope, key=key, payload_digest="d", now=NOW)
         assert state.kind == "REPLAY"
         assert state.response is not None
         assert state.response["body"]["outcome"] == outcome
-    await store.close()
 
 
 async def _attempt_opens(store: UseStore, attempt_id: str) -> None:
