@@ -60,7 +60,8 @@ from ..clock import Clock
 from ..codes import Code
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..principals import Principal, Verification
-from ..state.usestore import EnrolmentToken, PasskeyRecord, UseStore
+from ..state.protocol import UseStore
+from ..state.records import EnrolmentToken, PasskeyRecord
 
 __all__ = [
     "ASSERTION_TYP",

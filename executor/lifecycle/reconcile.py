@@ -59,7 +59,7 @@ from ..errors import AgentSafeError, JournalError
 from ..events import Streams
 from ..intent import execution_payload_digest, intent_hash
 from ..state.journal import AttemptJournal, JournalScan, OpenAttempt, ReconciledBy, ReconciledStatus
-from ..state.usestore import OrphanKey
+from ..state.records import OrphanKey
 
 __all__ = [
     "Checks",

@@ -23,7 +23,7 @@ from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import Pipeline
 from ..plans.service import PlanService
 from ..principals import Principal
-from ..state.usestore import UseStore
+from ..state.protocol import UseStore
 from .app import ReadyState, core_routes
 from .approval_page import page_routes
 from .approvals import approval_routes
