@@ -243,7 +243,12 @@ def test_make_release_signs_and_attests_and_only_the_release_verifies(
     for ref in (reference, by_tag):
         signed = _verify(cosign, ca, "verify", "--key", public, ref)
         assert signed.returncode == 0, signed.stderr
-        claims = [json.loads(line) for line in signed.stdout.splitlines() if line.startswith("{")]
+        claims = [
+            c
+            for line in signed.stdout.splitlines()
+            if line.startswith("[")
+            for c in json.loads(line)
+        ]
         assert claims, signed.stdout
         assert all(c["critical"]["image"]["docker-manifest-digest"] == digest for c in claims)
 
