@@ -23,6 +23,10 @@ What is built and how:
 * ``toxiproxy-server`` (the nemesis harness's fault-injecting TCP proxy, ``make chaos``,
   ``e2e/chaos/``): ``go install github.com/Shopify/toxiproxy/v2/cmd/server@<pinned>`` into
   ``<cache>/toxiproxy/<version>/`` (:func:`ensure_toxiproxy`, :func:`toxiproxy_binary`).
+* ``cosign`` and the OCI ``registry`` (distribution) for ``make release`` and its test
+  (``e2e/release/``): ``go install`` of their ``cmd/`` packages at the pinned versions into
+  ``<cache>/cosign/<version>/`` and ``<cache>/registry/<version>/`` (:data:`RELEASE_TOOLS`,
+  :func:`ensure_go_tool`; ``--only-release-tools`` builds just these two).
 
 Everything is built with ``CGO_ENABLED=0 GOFLAGS=-mod=mod`` under ``nice`` so that the build
 shares two cores politely. A finished binary is moved into place atomically, and a
@@ -42,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -50,6 +54,10 @@ KUBERNETES_VERSION = "v1.36.3"
 HELM_VERSION = "v3.21.4"
 TOXIPROXY_VERSION = "v2.5.0"
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2"
+COSIGN_VERSION = "v2.6.5"
+COSIGN_MODULE = "github.com/sigstore/cosign/v2"
+REGISTRY_VERSION = "v3.1.2"
+REGISTRY_MODULE = "github.com/distribution/distribution/v3"
 #: None: take the etcd release that the Kubernetes release pins in its go.mod.
 ETCD_VERSION: str | None = None
 
@@ -535,31 +543,80 @@ def _build_missing(
         yield CONTROLLER_MANAGER, seconds
 
 
-def toxiproxy_binary(version: str = TOXIPROXY_VERSION) -> Path | None:
-    """The cached ``toxiproxy-server`` for ``version``, or None; never builds."""
-    path = cache_root() / "toxiproxy" / version / "toxiproxy-server"
-    return path if _executable(path) else None
+@dataclasses.dataclass(frozen=True)
+class GoTool:
+    """One ``go install``-able command, cached as ``<cache>/<name>/<version>/<binary>``."""
+
+    name: str
+    module: str
+    package: str
+    version: str
+    binary: str
+    version_ldflags: str = ""
+
+    @property
+    def directory(self) -> Path:
+        return cache_root() / self.name / self.version
+
+    @property
+    def path(self) -> Path:
+        return self.directory / self.binary
 
 
-def ensure_toxiproxy(version: str = TOXIPROXY_VERSION) -> Path:
-    """The cached ``toxiproxy-server``, built once per version from the Go module proxy
-    (``go install <module>/cmd/server@<version>``). Raises :class:`BuildUnavailable`."""
-    found = toxiproxy_binary(version)
+def toxiproxy_tool(version: str = TOXIPROXY_VERSION) -> GoTool:
+    return GoTool(
+        name="toxiproxy",
+        module=TOXIPROXY_MODULE,
+        package=f"{TOXIPROXY_MODULE}/cmd/server",
+        version=version,
+        binary="toxiproxy-server",
+        version_ldflags=f"-X {TOXIPROXY_MODULE}.Version={version.removeprefix('v')}",
+    )
+
+
+#: ``make release`` signs and attests with cosign; its test pushes to this registry.
+COSIGN = GoTool(
+    name="cosign",
+    module=COSIGN_MODULE,
+    package=f"{COSIGN_MODULE}/cmd/cosign",
+    version=COSIGN_VERSION,
+    binary="cosign",
+    version_ldflags=f"-X sigs.k8s.io/release-utils/version.gitVersion={COSIGN_VERSION}",
+)
+REGISTRY = GoTool(
+    name="registry",
+    module=REGISTRY_MODULE,
+    package=f"{REGISTRY_MODULE}/cmd/registry",
+    version=REGISTRY_VERSION,
+    binary="registry",
+    version_ldflags=f"-X {REGISTRY_MODULE}/version.version={REGISTRY_VERSION}",
+)
+RELEASE_TOOLS = (COSIGN, REGISTRY)
+
+
+def go_tool_binary(tool: GoTool) -> Path | None:
+    """The cached binary of ``tool``, or None; never builds."""
+    return tool.path if _executable(tool.path) else None
+
+
+def ensure_go_tool(tool: GoTool) -> Path:
+    """The cached binary of ``tool``, built once per version from the Go module proxy
+    (``go install <package>@<version>``). Raises :class:`BuildUnavailable`."""
+    found = go_tool_binary(tool)
     if found is not None:
         return found
     go = go_executable()
     if go is None:
-        raise BuildUnavailable("no Go toolchain on PATH to build toxiproxy")
+        raise BuildUnavailable(f"no Go toolchain on PATH to build {tool.name}")
     cache_root().mkdir(parents=True, exist_ok=True)
     with (cache_root() / ".build.lock").open("w") as lock:
         if _locked(lock):
             _log("another build holds the lock; waiting for it")
         fcntl.flock(lock, fcntl.LOCK_EX)
-        found = toxiproxy_binary(version)
+        found = go_tool_binary(tool)
         if found is not None:
             return found
-        directory = cache_root() / "toxiproxy" / version
-        with tempfile.TemporaryDirectory(prefix="agentsafe-toxiproxy-build-") as work:
+        with tempfile.TemporaryDirectory(prefix=f"agentsafe-{tool.name}-build-") as work:
             env = _go_env(go)
             env["GOBIN"] = str(Path(work) / "bin")
             started = time.monotonic()
@@ -572,42 +629,64 @@ def ensure_toxiproxy(version: str = TOXIPROXY_VERSION) -> Path:
                     "-p",
                     "2",
                     "-ldflags",
-                    f"-s -w -X {TOXIPROXY_MODULE}.Version={version.removeprefix('v')}",
-                    f"{TOXIPROXY_MODULE}/cmd/server@{version}",
+                    f"-s -w {tool.version_ldflags}".strip(),
+                    f"{tool.package}@{tool.version}",
                 ],
                 cwd=Path(work),
                 env=env,
-                what=f"build toxiproxy {version}",
+                what=f"build {tool.name} {tool.version}",
             )
             seconds = time.monotonic() - started
-            _install(Path(work) / "bin" / "server", directory / "toxiproxy-server")
+            built = Path(work) / "bin" / tool.package.rsplit("/", 1)[-1]
+            _install(built, tool.path)
         go_version = subprocess.run(
             [go, "version"], capture_output=True, text=True, check=False
         ).stdout.strip()
-        entry = {"version": version, "seconds": round(seconds, 1), "go": go_version}
-        _record(directory, "toxiproxy-server", entry)
-        _log(f"toxiproxy-server: built in {seconds:.0f} s")
-    return directory / "toxiproxy-server"
+        entry = {"version": tool.version, "seconds": round(seconds, 1), "go": go_version}
+        _record(tool.directory, tool.binary, entry)
+        _log(f"{tool.binary}: built in {seconds:.0f} s")
+    return tool.path
+
+
+def toxiproxy_binary(version: str = TOXIPROXY_VERSION) -> Path | None:
+    """The cached ``toxiproxy-server`` for ``version``, or None; never builds."""
+    return go_tool_binary(toxiproxy_tool(version))
+
+
+def ensure_toxiproxy(version: str = TOXIPROXY_VERSION) -> Path:
+    """The cached ``toxiproxy-server``, built once per version (:func:`ensure_go_tool`)."""
+    return ensure_go_tool(toxiproxy_tool(version))
+
+
+def _tool_step(tool: GoTool, consequence: str, ensure: Callable[[], Path] | None = None) -> int:
+    """One Go tool's build step: found in the cache, built, or (no Go) skipped."""
+    found = go_tool_binary(tool)
+    if found is not None:
+        _log(f"{tool.name} {tool.version} cached: {found}")
+        print(f"{tool.name}: {found}")
+        return 0
+    if go_executable() is None and not e2e_required():
+        _log(f"no Go toolchain on PATH: {tool.name} not built, {consequence}")
+        return 0
+    _log(f"cache {cache_root()}: building {tool.name} {tool.version}")
+    try:
+        built = ensure() if ensure is not None else ensure_go_tool(tool)
+    except BuildUnavailable as error:
+        _log(f"cannot provide {tool.name}: {error}")
+        return 1
+    print(f"{tool.name}: {built}")
+    return 0
 
 
 def _toxiproxy_step() -> int:
-    """The build's toxiproxy step: found in the cache, built, or (no Go) skipped."""
-    found = toxiproxy_binary()
-    if found is not None:
-        _log(f"toxiproxy {TOXIPROXY_VERSION} cached: {found}")
-        print(f"toxiproxy: {found}")
-        return 0
-    if go_executable() is None and not e2e_required():
-        _log("no Go toolchain on PATH: toxiproxy not built, make chaos will skip")
-        return 0
-    _log(f"cache {cache_root()}: building toxiproxy {TOXIPROXY_VERSION}")
-    try:
-        built = ensure_toxiproxy()
-    except BuildUnavailable as error:
-        _log(f"cannot provide toxiproxy: {error}")
-        return 1
-    print(f"toxiproxy: {built}")
-    return 0
+    return _tool_step(toxiproxy_tool(), "make chaos will skip", lambda: ensure_toxiproxy())
+
+
+def _release_tools_step() -> int:
+    failed = 0
+    for tool in RELEASE_TOOLS:
+        failed |= _tool_step(tool, "make release and its test will stop")
+    return failed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -628,9 +707,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="build (or find) only toxiproxy-server, the chaos harness's proxy",
     )
+    parser.add_argument(
+        "--only-release-tools",
+        action="store_true",
+        help=f"build (or find) only cosign {COSIGN_VERSION} and the registry {REGISTRY_VERSION}"
+        " (make release and its test)",
+    )
     args = parser.parse_args(argv)
     if args.only_toxiproxy:
         return _toxiproxy_step()
+    if args.only_release_tools:
+        return _release_tools_step()
     request = BuildRequest(
         kubernetes_version=args.kubernetes_version,
         helm_version=args.helm_version,
@@ -657,7 +744,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(f"all binaries cached under {cache_root()} ({time.monotonic() - started:.1f} s)")
     for field in dataclasses.fields(binaries):
         print(f"{field.name}: {getattr(binaries, field.name)}")
-    return _toxiproxy_step()
+    return _toxiproxy_step() | _release_tools_step()
 
 
 if __name__ == "__main__":
