@@ -70,12 +70,14 @@ from .host.posture import PostureInputs, PostureMonitor, check_posture
 from .host.secrets import SecretStore, inspect_sources
 from .host.tlsctx import ReloadingTlsContext, TlsSettings
 from .host.workers import WorkerLink
+from .host.workgate import Startup, StoreHealth, WorkGate
 from .lifecycle.catalog import ActionReconciler, PolicyCatalog
 from .lifecycle.ceilings import HostCeilings
 from .lifecycle.leases import LeaseKeeper
+from .lifecycle.outcomes import ignore_mismatch
 from .lifecycle.pipeline import Pipeline
 from .lifecycle.shadow import ShadowReport
-from .plane import Executor, Startup, StoreHealth, WorkGate
+from .plane import Executor
 from .plans.execute import StepExecutor
 from .plans.service import ExecutorRegistry, PlanService
 from .plans.signing import Ed25519Signer
@@ -643,7 +645,7 @@ async def assemble(
             on_effect_mismatch=(
                 halt.effect_mismatch
                 if config.executor_on_effect_mismatch is EffectMismatchAction.HALT
-                else lambda grant_id: None
+                else ignore_mismatch
             ),
         )
         executor = Executor(
@@ -696,8 +698,8 @@ async def assemble(
                 journal,
                 reconciler=ActionReconciler(PolicyCatalog(policy, registry), registry),
                 streams=streams,
-                on_resolution=executor.lease_resolved,
-                checks=executor.reconcile_checks(),
+                on_resolution=executor.recovery.lease_resolved,
+                checks=executor.recovery.reconcile_checks(),
             )
         return executor
     except BaseException:
