@@ -45,8 +45,8 @@ Each refusal raises ``TransportError(code, sent)``, emits EGRESS_REFUSED on the 
 with the origin and code (never the path or query) and calls ``on_refusal(code)``, through which
 the caller counts refusals and halts on a spike (EXECUTOR_HALT_ON_EGRESS_REFUSALS).
 
-Callers: ``assembly.py`` builds one from the configuration; the process hands it to every
-component that reaches out.
+Callers: ``egress/destinations.py`` builds one from the configuration, ``assembly.py`` hands it
+to every component that reaches out.
 """
 
 from __future__ import annotations

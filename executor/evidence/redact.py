@@ -29,7 +29,8 @@ reports it (``LEAK_SUSPECTED`` on the security stream) naming the kind and where
 Callers: ``evidence/chain.py`` (``ChainedSink``: every string field of every chained line,
 before hashing), ``evidence/bundle.py`` (``export_bundle``: free text), ``serve.py`` (installs
 :class:`RedactingLogFilter` on the operational logs, and has the secret store call
-:meth:`Redactor.set_secret` on load and on rotation).
+:meth:`Redactor.set_secret` on load and on rotation); the seam's registry screens what providers
+chose with :meth:`Redactor.screen` (``assembly.py`` hands it over).
 """
 
 from __future__ import annotations
@@ -201,6 +202,12 @@ class Redactor:
         return key.strip().lower() in self._headers
 
     # -- scanning -----------------------------------------------------------------------------
+
+    def screen(self, text: str) -> str:
+        """What a provider chose (a dispatch's result, a refusal's reason), with every secret
+        replaced before it reaches the agent or the evidence (the registry's ``screen``); compact
+        JWS shapes stay (a provider's signed effect receipt is one, and is not a secret)."""
+        return self.redact(text, jws=False)[0]
 
     def redact(self, text: str, *, jws: bool = True) -> tuple[str, tuple[Redaction, ...]]:
         """Return ``text`` with every recognised credential replaced, and what was replaced.
