@@ -26,8 +26,6 @@ from .banking.registration import HANDLER_PREFIX, banking_handlers
 from .clock import Clock, SystemClock
 from .codes import Code
 from .config import (
-    IDEMPOTENCY_KEY_PLACEHOLDER,
-    PROVIDER_REFERENCE_PLACEHOLDER,
     CredentialKind,
     EffectMismatchAction,
     ExecutorConfig,
@@ -53,27 +51,30 @@ from .egress.credentials import (
     SignedRequestCredential,
     StaticHeaderCredential,
 )
-from .egress.guard import Destination, GuardedClient
+from .egress.destinations import build_transport, destinations
+from .egress.guard import GuardedClient
 from .egress.webhook import ApprovalWebhook
 from .errors import AgentSafeError, ConfigError, JournalError
-from .events import DeferredSink, EventSink, Streams
+from .events import DeferredSink, Streams
 from .evidence.chain import ChainedStreams, LineWriter, open_chained_streams
 from .evidence.plan_audit import DurablePlanAudit
 from .evidence.redact import Redactor
 from .grants import SigningKey
 from .host.audithook import Guard
 from .host.halt import HaltState
-from .host.metrics import ExecutorMetrics
+from .host.metrics import CountingSink, ExecutorMetrics
 from .host.posture import PostureInputs, PostureMonitor, check_posture
 from .host.secrets import SecretStore, inspect_sources
 from .host.tlsctx import ReloadingTlsContext, TlsSettings
 from .host.workers import WorkerLink
+from .host.workgate import Startup, StoreHealth, WorkGate
 from .lifecycle.catalog import ActionReconciler, PolicyCatalog
 from .lifecycle.ceilings import HostCeilings
 from .lifecycle.leases import LeaseKeeper
+from .lifecycle.outcomes import ignore_mismatch
 from .lifecycle.pipeline import Pipeline
 from .lifecycle.shadow import ShadowReport
-from .plane import Executor, Startup, StoreHealth, WorkGate
+from .plane import Executor
 from .plans.execute import StepExecutor
 from .plans.service import ExecutorRegistry, PlanService
 from .plans.signing import Ed25519Signer
@@ -103,57 +104,6 @@ __all__ = [
     "destinations",
     "load_principals",
 ]
-
-PLACEHOLDERS = (IDEMPOTENCY_KEY_PLACEHOLDER, PROVIDER_REFERENCE_PLACEHOLDER)
-
-
-def _prefix(url: str) -> str:
-    """The configured address up to its first placeholder: the path prefix the guard allows."""
-    cut = min((url.index(p) for p in PLACEHOLDERS if p in url), default=len(url))
-    return url[:cut]
-
-
-def destinations(config: ExecutorConfig) -> list[Destination]:
-    """Every address the configuration names, each with its own trust anchor and pins."""
-    anchor = str(config.downstream_ca_file) if config.downstream_ca_file else None
-    pins = tuple(config.downstream_spki_pins or ())
-    loopback = config.downstream_allow_insecure_loopback
-    urls = [
-        config.downstream_url,
-        config.downstream_lookup_url,
-        config.downstream_lookup_by_reference_url,
-        config.downstream_token_url,
-    ]
-    out = [
-        Destination(_prefix(url), ca_file=anchor, spki_pins=pins, allow_insecure_loopback=loopback)
-        for url in urls
-        if url
-    ]
-    if config.executor_jwks_url:
-        jwks_anchor = str(config.executor_jwks_ca_file) if config.executor_jwks_ca_file else None
-        out.append(Destination(config.executor_jwks_url, ca_file=jwks_anchor))
-    if config.executor_approval_webhook_url:
-        ca = config.executor_approval_webhook_ca_file
-        out.append(
-            Destination(
-                config.executor_approval_webhook_url,
-                ca_file=str(ca) if ca else None,
-                allow_insecure_loopback=config.executor_approval_webhook_allow_insecure_loopback,
-            )
-        )
-    return out
-
-
-def build_transport(
-    config: ExecutorConfig, streams: Streams, *, on_refusal: Callable[[str], None]
-) -> GuardedClient:
-    return GuardedClient(
-        destinations(config),
-        streams,
-        max_response_bytes=config.executor_egress_max_response_bytes,
-        on_refusal=on_refusal,
-        allowed_networks=config.executor_egress_allow_cidrs,
-    )
 
 
 def build_credential(
@@ -440,7 +390,7 @@ async def assemble(
             ):
                 if not isinstance(deferred, DeferredSink):
                     raise TypeError("chained streams need DeferredSink placeholders")
-                deferred.attach(_CountingSink(sink, metrics, name))
+                deferred.attach(CountingSink(sink, metrics, name))
         halt = HaltState(
             clock=clock,
             security=streams.security,
@@ -470,7 +420,7 @@ async def assemble(
         # the agent or the evidence (a provider that reflects the credential, issue 16).
         registry = Registry(
             security=streams.security,
-            screen=lambda text: redactor.redact(text, jws=False)[0],
+            screen=redactor.screen,
         )
         credential = build_credential(
             config,
@@ -599,7 +549,7 @@ async def assemble(
             on_effect_mismatch=(
                 halt.effect_mismatch
                 if config.executor_on_effect_mismatch is EffectMismatchAction.HALT
-                else lambda grant_id: None
+                else ignore_mismatch
             ),
         )
         executor = Executor(
@@ -652,8 +602,8 @@ async def assemble(
                 journal,
                 reconciler=ActionReconciler(PolicyCatalog(policy, registry), registry),
                 streams=streams,
-                on_resolution=executor.lease_resolved,
-                checks=executor.reconcile_checks(),
+                on_resolution=executor.recovery.lease_resolved,
+                checks=executor.recovery.reconcile_checks(),
             )
         return executor
     except BaseException:
@@ -669,19 +619,6 @@ async def assemble(
         if chained is not None:
             chained.close()
         raise
-
-
-class _CountingSink:
-    """Counts the chained lines each stream writes (``agentsafe_chained_lines_total``)."""
-
-    def __init__(self, sink: EventSink, metrics: ExecutorMetrics, stream: str) -> None:
-        self._sink = sink
-        self._metrics = metrics
-        self._stream = stream
-
-    def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
-        self._sink.emit(event, fields)
-        self._metrics.chained_lines.inc(stream=self._stream)
 
 
 def _count_chained(chained: ChainedStreams, metrics: ExecutorMetrics) -> None:

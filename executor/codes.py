@@ -1057,6 +1057,6 @@ WORK_GATE_CODES: Final[frozenset[Code]] = frozenset(
         Code.EXECUTOR_RECONCILING,
     }
 )
-"""The codes of the work gate (``plane.WorkGate``): why new work is refused right now. Each is
-answered 503 with ``Retry-After``: a verdict's reason on ``/v1/actions``, a refusal on the plan
-step route."""
+"""The codes of the work gate (``host/workgate.py``'s ``WorkGate``): why new work is refused
+right now. Each is answered 503 with ``Retry-After``: a verdict's reason on ``/v1/actions``, a
+refusal on the plan step route."""

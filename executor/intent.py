@@ -14,6 +14,9 @@ Callers: the HTTP layer (``routes/app.py``), ``lifecycle/pipeline.py``,
 ``lifecycle/reconcile.py``, ``dispatch/seam.py``, ``policy/authority.py``.
 Also imported by ``gateway/intercept.py``, ``lifecycle/attempt.py``, ``policy/trial.py``,
 ``routes/approvals.py``, ``routes/schemas.py``.
+Also imported by ``lifecycle/escalations.py``, ``lifecycle/outcomes.py``,
+``lifecycle/reconciliations.py``.
+Also imported by ``lifecycle/approval_requests.py``.
 
 :class:`DownstreamTarget` is defined in the ground-floor module target.py (so the configuration
 need not import this module) and re-exported here.

@@ -2,12 +2,12 @@
 
 :class:`Executor` holds every component :func:`~agentsafe.executor.assembly.assemble` built and
 answers what the operator's routes ask (status, open attempts, secret reload, evidence export,
-readiness); it runs startup reconciliation, the listener and the background polls (halt file,
-secret files, posture drift, TLS material, JWKS), and closes everything in reverse order.
-:class:`WorkGate` is why new enforcement work is refused right now (a posture regression, a halt):
-the pipeline asks it before anything else, without knowing the control plane.
+readiness); it runs the listener and the background polls (halt file, secret files, posture
+drift, TLS material, JWKS), and closes everything in reverse order. Start-up recovery and key
+settlement are ``lifecycle/recovery.py``'s (:class:`Recovery`, built here); the work gate, the
+store's health and the start-up state are ``host/workgate.py``'s.
 
-Callers: ``assembly.py`` (builds both), tests; the process runs what ``assemble`` returns. The
+Callers: ``assembly.py`` (builds it), tests; the process runs what ``assemble`` returns. The
 control routes know it only through their ``ControlPlane`` protocol.
 Also imported by ``proxy.py``.
 """
@@ -43,24 +43,20 @@ from .events import Streams
 from .evidence.bundle import BundleError, export_bundle
 from .evidence.chain import ChainedStreams, ChainHead, ChainSnapshot
 from .evidence.redact import Redactor
-from .host.halt import HaltCause, HaltState, bound_reason
+from .host.halt import HaltCause, HaltState
 from .host.metrics import ExecutorMetrics, StateSnapshot
 from .host.posture import PostureMonitor, PostureReport
 from .host.secrets import SecretStore
 from .host.tlsctx import ReloadingTlsContext
 from .host.workers import EXPORT_POLL_SECONDS, PUBLISH_SECONDS, WorkerLink
-from .lifecycle.answers import reconciled_answer
+from .host.workgate import Startup, StoreHealth, WorkGate, watch_store
 from .lifecycle.catalog import ActionReconciler, PolicyCatalog
+from .lifecycle.escalations import Escalations
 from .lifecycle.leases import LeaseKeeper
 from .lifecycle.pipeline import Pipeline
-from .lifecycle.reconcile import (
-    Checks,
-    Resolution,
-    ResolutionStatus,
-    reconcile_attempt,
-    reconcile_open_attempts,
-    report_scan,
-)
+from .lifecycle.reconcile import Resolution
+from .lifecycle.reconciliations import Reconciliations
+from .lifecycle.recovery import Recovery
 from .lifecycle.shadow import ShadowReport
 from .plans.service import PlanService
 from .policy.authority import LocalAuthority
@@ -71,14 +67,12 @@ from .routes.door import HttpDoor
 from .routes.listener import GuardedSite, ListenerLimits, handler_settings
 from .routes.table import Approvals, route_table
 from .state.backend import Backend
-from .state.journal import AttemptJournal, JournalScan, ReconciledBy, Settled
+from .state.journal import AttemptJournal
 from .state.lostwrites import LostClaim, LostWritesGuard
 from .state.protocol import UseStore
-from .state.records import ApprovalState, OrphanKey
+from .state.records import ApprovalState
 
-__all__ = ["DRAIN_SECONDS", "Executor", "Startup", "WorkGate"]
-
-_STILL_OPEN = (ResolutionStatus.STILL_UNKNOWN, ResolutionStatus.BINDING_MISMATCH)
+__all__ = ["DRAIN_SECONDS", "Executor"]
 
 log = logging.getLogger(__name__)
 
@@ -91,56 +85,11 @@ SECRETS_POLL_SECONDS = 5.0
 REFUSAL_LINES_POLL_SECONDS = 2.0
 
 
-STORE_PING_SECONDS = 1.0
-"""How often each replica asks the shared store whether it answers."""
-STORE_PING_TIMEOUT_SECONDS = 1.0
-"""How long one ping may take before the store counts as not answering (issue 31, item 3)."""
-READY_FOLLOWS_STORE_SECONDS = STORE_PING_SECONDS + STORE_PING_TIMEOUT_SECONDS
-"""The documented bound (docs/high-availability.md): ``/ready`` follows the store within it."""
 JOURNAL_CHECK_SECONDS = 0.5
 """How often a failed journal is retried (recovery); the halt itself comes from the failing
 append, at once."""
 METRICS_STORE_SECONDS = 2.0
 """How long a scrape waits for the store's count of pending escalations (else: the last one)."""
-RECHECK_SECONDS = 15.0
-"""How often attempts whose outcome is unknown are asked about again."""
-
-
-@dataclass
-class StoreHealth:
-    """Whether the shared store answered its last ping (:meth:`Executor._store_health_loop`)."""
-
-    available: bool = True
-
-
-@dataclass
-class Startup:
-    """Whether start-up reconciliation is still running (the listener is already open)."""
-
-    reconciling: bool = False
-
-
-@dataclass(frozen=True)
-class WorkGate:
-    """Why new enforcement work is refused right now: a posture regression, a halt, a shared
-    store that does not answer, then start-up reconciliation still running."""
-
-    halt: HaltState
-    posture_monitor: PostureMonitor
-    store: StoreHealth = field(default_factory=StoreHealth)
-    startup: Startup = field(default_factory=Startup)
-
-    def refusal(self) -> Code | None:
-        if self.posture_monitor.is_degraded():
-            return Code.POSTURE_DEGRADED
-        self.halt.sync_shared()  # the group's halt, as answered on any worker (EXECUTOR_WORKERS)
-        if self.halt.halted:
-            return Code.EXECUTOR_HALTED
-        if not self.store.available:
-            return Code.STORE_UNAVAILABLE
-        if self.startup.reconciling:
-            return Code.EXECUTOR_RECONCILING
-        return None
 
 
 @dataclass
@@ -174,7 +123,6 @@ class Executor:
     """The store the configuration names (``state/backend.py``); ``store`` is its use store."""
     chained: ChainedStreams | None = None
     plans: PlanService | None = None
-    leases: LeaseKeeper | None = None
     lost_writes: LostWritesGuard | None = None
     """With a shared store: checks each new database server against this replica's journal."""
     webhook: ApprovalWebhook | None = None  # EXECUTOR_APPROVAL_WEBHOOK_URL
@@ -188,18 +136,26 @@ class Executor:
     app: web.Application = field(init=False)
     port: int = 0
     site: GuardedSite | None = None
-    unresolved_keys: list[dict[str, Any]] = field(default_factory=list)
-    """In-flight keys start-up could not settle (their attempt is in no journal day file it can
-    read): listed by ``open-attempts``, counted as unknown, settled by an operator's decision."""
-    _decided_keys: dict[str, str] = field(default_factory=dict)
-    """Listed keys whose operator decision is journaled but whose use store settle failed: the
-    status decided (a second decision must agree)."""
+    recovery: Recovery = field(init=False)
+    escalations: Escalations = field(init=False)
     _pending_escalations: int = 0
     """The last count the store gave (kept while the store does not answer)."""
     _runner: web.AppRunner | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.recovery = Recovery(
+            config=self.config,
+            store=self.store,
+            journal=self.journal,
+            streams=self.streams,
+            clock=self.clock,
+            metrics=self.metrics,
+            reconciler=ActionReconciler(PolicyCatalog(self.policy, self.registry), self.registry),
+            unknown=self.pipeline.unknown,
+            startup=self.startup,
+        )
+        self.escalations = Escalations(self.pipeline)
         approvals = None
         if self.config.executor_escalation is EscalationMode.APPROVAL:
             origin = self.config.executor_approval_origin
@@ -211,11 +167,13 @@ class Executor:
                     store=self.store, signer=self.authority, clock=self.clock, origin=origin
                 ),
                 principal_named=self.principal_named,
-                cancel_escalation=self.pipeline.cancel_escalation,
+                cancel_escalation=self.escalations.cancel,
                 origin=origin,
             )
         self.routes = route_table(
             pipeline=self.pipeline,
+            reconciler=Reconciliations(self.pipeline),
+            escalator=self.escalations,
             readiness=self.readiness,
             jwks=self.authority.jwks,
             plane=self,
@@ -247,6 +205,33 @@ class Executor:
     def reconciling(self) -> bool:
         return self.startup.reconciling
 
+    @property
+    def leases(self) -> LeaseKeeper | None:
+        """With a shared store: the lease keeper (``lifecycle/leases.py``), set by assembly."""
+        return self.recovery.leases
+
+    @leases.setter
+    def leases(self, keeper: LeaseKeeper | None) -> None:
+        self.recovery.leases = keeper
+
+    @property
+    def unresolved_keys(self) -> list[dict[str, Any]]:
+        return self.recovery.unresolved_keys
+
+    async def reconcile_at_start(self) -> list[Resolution]:
+        """Resolve what the last process left (:meth:`Recovery.reconcile_at_start`)."""
+        return await self.recovery.reconcile_at_start()
+
+    async def open_attempts(self) -> list[dict[str, Any]]:
+        return await self.recovery.open_attempts()
+
+    async def decide_attempt(
+        self, *, attempt_id: str, executed: bool, reason: str, principal: Principal
+    ) -> dict[str, Any]:
+        return await self.recovery.decide_attempt(
+            attempt_id=attempt_id, executed=executed, reason=reason, principal=principal
+        )
+
     def _store_lost_writes(self, found: list[LostClaim]) -> None:
         """The shared database lacks grant claims this replica acknowledged (a failover that
         lost writes): one ``STORE_LOST_WRITES`` line naming them, and the halt (cause
@@ -271,7 +256,7 @@ class Executor:
     @property
     def unknown_attempts(self) -> int:
         """Live: attempts nobody knows the outcome of now, plus keys start-up could not settle."""
-        return len(self.pipeline.unknown) + len(self.unresolved_keys)
+        return self.recovery.unknown_attempts
 
     # -------------------------------------------------------------- what routes ask
 
@@ -409,136 +394,6 @@ class Executor:
         """``GET /v1/actions``: what ``principal`` may propose here (``lifecycle/catalog.py``)."""
         return PolicyCatalog(self.policy, self.registry).describe(principal)
 
-    async def open_attempts(self) -> list[dict[str, Any]]:
-        if self.journal is None:
-            return []
-        attempts = await self.journal.open_attempts()
-        listed = [
-            {
-                "attempt_id": a.attempt_id,
-                "intent_id": a.intent_id,
-                "intent_hash": a.intent_hash,
-                "action": a.action,
-                "principal": a.principal,
-                "grant_claimed": a.grant_claimed,
-                "grant_id": a.grant_id,
-                "state": (
-                    a.last_status
-                    if a.last_status == "BINDING_MISMATCH"
-                    else "UNKNOWN"
-                    if a.grant_claimed
-                    else "UNCLAIMED"
-                ),
-            }
-            for a in attempts
-        ]
-        return listed + [dict(key) for key in self.unresolved_keys]
-
-    async def decide_attempt(
-        self, *, attempt_id: str, executed: bool, reason: str, principal: Principal
-    ) -> dict[str, Any]:
-        """An operator's decision for an open attempt nobody else can resolve (a
-        BINDING_MISMATCH, a provider that cannot say): RECONCILED by OPERATOR in the journal,
-        the key's answer settled from the use store's own record of it, the live count lowered.
-        """
-        if self.journal is None:
-            raise RequestRejected(Code.ATTEMPT_NOT_OPEN, "no open attempt has this id")
-        attempt = next(
-            (a for a in await self.journal.open_attempts() if a.attempt_id == attempt_id), None
-        )
-        if attempt is None:
-            listed = next((k for k in self.unresolved_keys if k["attempt_id"] == attempt_id), None)
-            if listed is None:
-                raise RequestRejected(Code.ATTEMPT_NOT_OPEN, "no open attempt has this id")
-            return await self._decide_key(
-                listed, executed=executed, reason=reason, principal=principal
-            )
-        status = "COMPLETED" if executed else "NOT_EXECUTED"
-        await self.journal.reconciled(
-            attempt_id=attempt_id,
-            status=status,
-            by="OPERATOR",
-            reason=reason,
-            decided_by=principal.id,
-        )
-        self.pipeline.unknown.discard(attempt_id)
-        record = await self.store.idempotency_for_attempt(attempt_id)
-        if record is not None:
-            body = reconciled_answer(
-                mode=self.config.executor_mode.value,
-                intent_id=attempt.intent_id,
-                intent_hash=attempt.intent_hash,
-                status=status,
-            )
-            if body is not None:
-                await self.store.idempotency_settle(
-                    **record.scope, response={"status": 200, "body": body}, now=self.clock.now()
-                )
-        self.streams.security.emit(
-            "ATTEMPT_DECIDED",
-            {
-                "attempt_id": attempt_id,
-                "intent_hash": attempt.intent_hash,
-                "status": status,
-                "by": principal.id,
-            },
-        )
-        return {"attempt_id": attempt_id, "status": status, "by": "OPERATOR"}
-
-    async def _decide_key(
-        self, listed: dict[str, Any], *, executed: bool, reason: str, principal: Principal
-    ) -> dict[str, Any]:
-        """An operator's decision for an in-flight key start-up could not settle (its
-        attempt is in no journal day file it can read: ``JOURNAL_RECORD_MISSING``), named by
-        the attempt id it is listed under. RECONCILED by OPERATOR is journaled first (so the
-        next start settles the key from it even if the use store refuses now), then the key
-        gets the reconciled answer and leaves the list. A decision, once journaled, is the
-        key's: a second one that says otherwise is refused, so "executed" never turns into
-        "not executed" (the use store itself never rewrites a settled answer)."""
-        assert self.journal is not None
-        attempt_id = str(listed["attempt_id"])
-        status = "COMPLETED" if executed else "NOT_EXECUTED"
-        journaled = self._decided_keys.get(attempt_id)
-        if journaled is None:
-            await self.journal.reconciled(
-                attempt_id=attempt_id,
-                status=status,
-                by="OPERATOR",
-                reason=reason,
-                decided_by=principal.id,
-            )
-            self._decided_keys[attempt_id] = status
-        elif journaled != status:
-            raise RequestRejected(
-                Code.ATTEMPT_ALREADY_DECIDED, "an operator already decided this key otherwise"
-            )
-        record = await self.store.idempotency_for_attempt(attempt_id)
-        body = reconciled_answer(
-            mode=self.config.executor_mode.value, intent_id=None, intent_hash="", status=status
-        )
-        if record is not None and body is not None:
-            await self.store.idempotency_settle(
-                **record.scope, response={"status": 200, "body": body}, now=self.clock.now()
-            )
-        self.unresolved_keys.remove(listed)
-        self._decided_keys.pop(attempt_id, None)
-        decided = {
-            "attempt_id": attempt_id,
-            "status": status,
-            "by": principal.id,
-            "record": "JOURNAL_RECORD_MISSING",
-            "reason": bound_reason(reason),
-        }
-        try:
-            self.streams.evidence.emit(
-                "IDEMPOTENCY_KEY_SETTLED",
-                {"attempt_id": attempt_id, "resolution": status, "by": "OPERATOR"},
-            )
-            self.streams.security.emit("ATTEMPT_DECIDED", decided)
-        except AgentSafeError as exc:  # the journal's RECONCILED is the durable record
-            log.error("the decision for a key was not chained (%s)", exc.code)
-        return {"attempt_id": attempt_id, "status": status, "by": "OPERATOR"}
-
     async def reload_secrets(self) -> dict[str, Any]:
         report = await asyncio.to_thread(self.secrets.reload)
         out: dict[str, Any] = {"secrets": report.as_dict()}
@@ -675,205 +530,6 @@ class Executor:
 
     # -------------------------------------------------------------- lifecycle
 
-    def journal_identity(self) -> str | None:
-        """The owner this journal records on the keys it begins (``attempts/.identity``)."""
-        return None if self.journal is None else self.journal.identity
-
-    def reconcile_checks(self) -> Checks:
-        """The cross-checks every reconciliation applies (the use store's claims, the rule
-        of when "not executed" may be concluded)."""
-        return Checks(
-            store=self.store,
-            now=self.clock.now,
-            settle_margin_s=self.config.downstream_timeout_ms / 1000.0,
-        )
-
-    def _reconciler(self) -> ActionReconciler:
-        return ActionReconciler(PolicyCatalog(self.policy, self.registry), self.registry)
-
-    async def reconcile_at_start(self) -> list[Resolution]:
-        """Resolve what the last process left (the listener is already open: ``/health``
-        answers, ``/ready`` and proposals wait): the journal is read once, its open attempts
-        are asked about concurrently, and every in-flight key the last process owned is settled
-        from what its journal recorded (see :meth:`settle_orphan_keys`)."""
-        resolutions: list[Resolution] = []
-        try:
-            if self.journal is not None:
-                started = self.clock.now()
-                orphans = await self.store.idempotency_orphans(
-                    owner=self.journal.identity, before=started
-                )
-                wanted = frozenset(o.attempt_id for o in orphans if o.attempt_id is not None)
-                scan = await self.journal.scan(wanted)
-                report_scan(scan, self.streams)
-                findings = self.metrics.integrity_findings
-                findings.inc(len(scan.torn_lines), finding="JOURNAL_TORN_LINE")
-                findings.inc(len(scan.missing_days), finding="JOURNAL_DAY_FILE_MISSING")
-                resolutions = await reconcile_open_attempts(
-                    self.journal,
-                    reconciler=self._reconciler(),
-                    streams=self.streams,
-                    gate=self.leases.gate if self.leases is not None else None,
-                    checks=self.reconcile_checks(),
-                    scan=scan,
-                )
-                for resolution in resolutions:
-                    await self.settle_idempotency(resolution)
-                    if resolution.resolution in _STILL_OPEN:
-                        self.pipeline.unknown.add(resolution.attempt_id)
-                await self.settle_orphan_keys(orphans, scan)
-        finally:
-            self.startup.reconciling = False
-        return resolutions
-
-    async def lease_resolved(self, resolution: Resolution) -> None:
-        """A resolution by the lease keeper (a taken-over attempt, or one still unknown asked
-        again): settle its key; an attempt counted unknown that is now closed no longer keeps
-        ``/ready`` from saying ready."""
-        await self.settle_idempotency(resolution)
-        if resolution.closed:
-            self.pipeline.unknown.discard(resolution.attempt_id)
-
-    async def settle_orphan_keys(self, orphans: list[OrphanKey], scan: JournalScan) -> None:
-        """Settle each in-flight key a previous process of this journal left behind.
-
-        ==============================  ================================================
-        what the journal says            the key
-        ==============================  ================================================
-        the attempt is open              left to reconciliation (listed, asked again)
-        ATTEMPT_CLOSED with its answer   that answer, replayed to every retry
-        RECONCILED COMPLETED / NOT_EX.   the reconciled answer
-        RECONCILED UNCLAIMED, or closed  freed (nothing reached the provider)
-        before dispatch without answer
-        never opened, journal intact     freed (the crash came before ATTEMPT_OPENED)
-        never opened, a day file gone    kept in flight, listed, counted, reported
-        ==============================  ================================================
-        """
-        open_ids = {a.attempt_id for a in scan.open_attempts}
-        open_scopes = {(a.tenant, a.principal, a.idempotency_key) for a in scan.open_attempts}
-        for orphan in orphans:
-            if orphan.attempt_id is None or orphan.attempt_id in open_ids:
-                continue
-            settled = scan.settled.get(orphan.attempt_id)
-            if settled is not None:
-                await self._settle_from_journal(orphan, settled)
-                continue
-            if orphan.attempt_id in scan.opened:
-                continue  # opened, neither open nor settled: cannot happen; leave it
-            if scan.missing_days or (orphan.tenant, orphan.principal, orphan.key) in open_scopes:
-                # A day file is gone (or an open attempt with another id claims this key):
-                # nothing proves the attempt never started. Keep the key, and say so.
-                self.unresolved_keys.append(
-                    {
-                        "attempt_id": orphan.attempt_id,
-                        "principal": orphan.principal,
-                        "grant_claimed": None,
-                        "state": "JOURNAL_RECORD_MISSING",
-                    }
-                )
-                self.streams.security.emit(
-                    "IDEMPOTENCY_KEY_UNRESOLVED",
-                    {"attempt_id": orphan.attempt_id, "principal": orphan.principal},
-                )
-                continue
-            await self.store.idempotency_release(**orphan.scope, owner=self.journal_identity())
-            self.streams.evidence.emit(
-                "IDEMPOTENCY_KEY_SETTLED",
-                {"attempt_id": orphan.attempt_id, "resolution": "NEVER_STARTED"},
-            )
-
-    async def _settle_from_journal(self, orphan: OrphanKey, settled: Settled) -> None:
-        mode = self.config.executor_mode.value
-        body: dict[str, Any] | None = None
-        if settled.answer is not None:
-            body = dict(settled.answer)
-        elif settled.status in ("COMPLETED", "NOT_EXECUTED"):
-            body = reconciled_answer(
-                mode=mode, intent_id=None, intent_hash="", status=str(settled.status)
-            )
-        elif settled.outcome == "COMPLETED":
-            body = reconciled_answer(mode=mode, intent_id=None, intent_hash="", status="COMPLETED")
-        if body is None:
-            await self.store.idempotency_release(**orphan.scope, owner=self.journal_identity())
-            resolution = "NOT_DISPATCHED"
-        else:
-            await self.store.idempotency_settle(
-                **orphan.scope, response={"status": 200, "body": body}, now=self.clock.now()
-            )
-            resolution = str(body.get("outcome"))
-        self.streams.evidence.emit(
-            "IDEMPOTENCY_KEY_SETTLED", {"attempt_id": orphan.attempt_id, "resolution": resolution}
-        )
-
-    async def recheck_unknown(self) -> int:
-        """Ask the provider again about every attempt counted unknown (a lookup that lagged, a
-        provider that was down); settle those it can now resolve. Returns how many closed."""
-        if self.journal is None or not len(self.pipeline.unknown):
-            return 0
-        wanted = self.pipeline.unknown.ids()
-        closed = 0
-        for attempt in await self.journal.open_attempts():
-            if attempt.attempt_id not in wanted or attempt.last_status == "BINDING_MISMATCH":
-                continue
-            # With a shared store the lease keeper asks again about the attempts this replica
-            # owns that a reconciliation left STILL_UNKNOWN (``lifecycle/leases.py``); this loop
-            # asks only about those never reconciled, under the lease: one asker per attempt.
-            if self.leases is not None and (
-                attempt.last_status == "STILL_UNKNOWN" or not await self.leases.gate(attempt)
-            ):
-                continue
-            resolution = await reconcile_attempt(
-                attempt,
-                self.journal,
-                reconciler=self._reconciler(),
-                streams=self.streams,
-                checks=self.reconcile_checks(),
-                by=ReconciledBy.RECHECK,  # a running process asks again: no restart (issue 31)
-            )
-            if resolution.closed:
-                await self.settle_idempotency(resolution)
-                self.pipeline.unknown.discard(attempt.attempt_id)
-                closed += 1
-        return closed
-
-    async def settle_idempotency(self, resolution: Resolution) -> None:
-        """Give a reconciled key its final answer; a key that never reached the provider is freed.
-
-        A key whose outcome is still unknown stays in flight (409 IDEMPOTENCY_IN_PROGRESS): the
-        executor asks again at the next start (with a shared store, the lease keeper asks again
-        at most once per lease while this replica lives), and the attempt is listed as open.
-        """
-        key, tenant, principal = (
-            resolution.idempotency_key,
-            resolution.tenant,
-            resolution.principal,
-        )
-        if key is None or tenant is None or principal is None:
-            return
-        scope = {"tenant": tenant, "principal": principal, "key": key}
-        if resolution.resolution is ResolutionStatus.UNCLAIMED:
-            await self.store.idempotency_release(**scope)
-            return
-        status = {
-            ResolutionStatus.RECONCILED_COMPLETED: "COMPLETED",
-            ResolutionStatus.RECONCILED_NOT_EXECUTED: "NOT_EXECUTED",
-        }.get(resolution.resolution)
-        if status is None:
-            return
-        body = reconciled_answer(
-            mode=self.config.executor_mode.value,
-            intent_id=resolution.intent_binding.get("intent_id"),
-            intent_hash=resolution.intent_hash,
-            status=status,
-        )
-        if body is not None:
-            response = {"status": 200, "body": body}
-            await self.store.idempotency_settle(**scope, response=response, now=self.clock.now())
-            # a key the attempt holds under another name (approvals)
-            await self.store.idempotency_settle_attempt(
-                resolution.attempt_id, response=response, now=self.clock.now()
-            )
-
     @property
     def listener_limits(self) -> ListenerLimits:
         """The listener's read deadlines and connection caps, from the configuration."""
@@ -930,7 +586,7 @@ class Executor:
                 self._spawn(self._export_answer_loop())
         if self.journal is not None:
             self._spawn(self._journal_health_loop())
-            self._spawn(self._recheck_loop())
+            self._spawn(self.recovery.recheck_loop())
         if self.chained is not None:
             self._spawn(self._chain_heads_health_loop())
         self._spawn(self._housekeeping_loop())
@@ -942,30 +598,9 @@ class Executor:
         if self.jwks is not None and self.config.executor_jwks_url:
             self._spawn(self.jwks.run_refresh())
         if self.backend.watched:
-            self._spawn(self._store_health_loop())
+            self._spawn(watch_store(self.backend.ping, self.store_health, self.streams.security))
         if self.leases is not None:
             self._spawn(self.leases.run())
-
-    async def _store_health_loop(self) -> None:
-        """Ask the shared store once a second: while it does not answer, new proposals get 503
-        STORE_UNAVAILABLE and ``/ready`` is 503; both resume by themselves when it answers.
-
-        A ping has its own deadline (:data:`STORE_PING_TIMEOUT_SECONDS`): left to the pool, a
-        stopped server made it wait for the connect timeout (5 s), twice (a stale connection,
-        then a new one), so ``/ready`` stayed 200 for about 11 s. Within
-        :data:`READY_FOLLOWS_STORE_SECONDS` now."""
-        while True:
-            try:
-                async with asyncio.timeout(STORE_PING_TIMEOUT_SECONDS):
-                    available = await self.backend.ping()
-            except TimeoutError:
-                available = False
-            if available != self.store_health.available:
-                self.store_health.available = available
-                self.streams.security.emit(
-                    "STORE_AVAILABLE" if available else "STORE_UNAVAILABLE", {}
-                )
-            await asyncio.sleep(STORE_PING_SECONDS)
 
     def _journal_failed(self) -> None:
         """The journal failed a write: halt now (cause JOURNAL, one JOURNAL_FAILED line, ``/ready``
@@ -1055,14 +690,6 @@ class Executor:
                 with contextlib.suppress(AgentSafeError):
                     self.streams.security.emit("HOUSEKEEPING_FAILED", {"code": code})
             await asyncio.sleep(self.config.executor_housekeeping_interval_seconds)
-
-    async def _recheck_loop(self) -> None:
-        while True:
-            await asyncio.sleep(RECHECK_SECONDS)
-            try:
-                await self.recheck_unknown()
-            except AgentSafeError as exc:
-                self.streams.security.emit("RECHECK_FAILED", {"code": exc.code})
 
     async def _refusal_lines_loop(self) -> None:
         """Write the door's summaries of repeated refusals once their interval is over."""

@@ -45,12 +45,8 @@ Each refusal raises ``TransportError(code, sent)``, emits EGRESS_REFUSED on the 
 with the origin and code (never the path or query) and calls ``on_refusal(code)``, through which
 the caller counts refusals and halts on a spike (EXECUTOR_HALT_ON_EGRESS_REFUSALS).
 
-Its declarative and pure parts live beside it: the IANA special-purpose registries and the
-verdict on one address in ``egress/registries.py``, the URL rules (destinations sealed into
-rules, a request's URL parsed and refused) in ``egress/urls.py``.
-
-Callers: ``assembly.py`` builds one from the configuration; the process hands it to every
-component that reaches out.
+Callers: ``egress/destinations.py`` builds one from the configuration, ``assembly.py`` hands it
+to every component that reaches out.
 Also imported by ``proxy.py``.
 """
 

@@ -58,7 +58,6 @@ import fcntl
 import itertools
 import json
 import logging
-import math
 import os
 import secrets
 import threading
@@ -69,13 +68,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
-from ..canonical import MAX_SAFE_INTEGER, canonical_text, sha256_digest, sha256_hex
+from ..canonical import canonical_text, sha256_digest, sha256_hex
 from ..clock import Clock, format_ms
 from ..codes import Code
 from ..errors import AgentSafeError
 from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, SECURITY_SCHEMA, Streams, security_level
 from ..host.durable import fsync_directory, write_all
-from .redact import Redaction, Redactor
+from .redact import Redaction, Redactor, clean_line
 
 __all__ = [
     "CHAIN_RESUMED",
@@ -361,11 +360,8 @@ class ChainedSink:
     # -- writing ------------------------------------------------------------------------------
 
     def _write(self, event: str, fields: dict[str, Any], *, resumption: bool = False) -> None:
-        leaks: list[Leak] = []
-        clean_fields: dict[str, Any] = {}
-        for raw_key, raw_value in fields.items():
-            key = self._redact_key(raw_key, leaks, "")
-            clean_fields[key] = self._normalise(raw_value, leaks, key)
+        clean_fields, found = clean_line(fields, self._redactor)
+        leaks = [Leak(path, kind, secret) for path, kind, secret in found]
         with self._lock:
             if self._closed:
                 raise ChainError("the stream is closed", code=Code.CHAIN_CLOSED)
@@ -441,43 +437,6 @@ class ChainedSink:
         if self._head is not None:
             return self._head.seq + 1, self._head.hash
         return 1, GENESIS_HASH
-
-    def _redact_key(self, key: Any, leaks: list[Leak], path: str) -> str:
-        text = _safe_text(str(key))
-        if self._redactor is None:
-            return text
-        redacted, found = self._redactor.redact(text)
-        leaks.extend(Leak(_join(path, "<key>"), f.kind, f.secret) for f in found)
-        return redacted
-
-    def _normalise(self, value: Any, leaks: list[Leak], path: str) -> Any:
-        """A JSON-able, redacted copy of ``value``; never raises on content."""
-        if value is None or isinstance(value, bool):
-            return value
-        if isinstance(value, int):
-            return value if abs(value) <= MAX_SAFE_INTEGER else str(value)
-        if isinstance(value, float):
-            return value if math.isfinite(value) else str(value)
-        if isinstance(value, Mapping):
-            out: dict[str, Any] = {}
-            for k, v in value.items():
-                key = self._redact_key(k, leaks, path)
-                child = _join(path, key)
-                if self._redactor is not None and self._redactor.is_credential_field(key):
-                    out[key] = "[REDACTED:CREDENTIAL_HEADER]"
-                    leaks.append(Leak(child, "CREDENTIAL_HEADER", None))
-                else:
-                    out[key] = self._normalise(v, leaks, child)
-            return out
-        if isinstance(value, list | tuple | set | frozenset):
-            items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
-            return [self._normalise(v, leaks, f"{path}[{i}]") for i, v in enumerate(items)]
-        text = _safe_text(value if isinstance(value, str) else str(value))
-        if self._redactor is None:
-            return text
-        redacted, found = self._redactor.redact(text)
-        leaks.extend(Leak(path, f.kind, f.secret) for f in found)
-        return redacted
 
     # -- persistence --------------------------------------------------------------------------
 
@@ -658,19 +617,6 @@ def _hashed_text(line: dict[str, Any]) -> str:
     del line["hash"]
     line["hash"] = sha256_digest(line)
     return canonical_text(line)
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _safe_text(text: str) -> str:
-    """Replace lone surrogates, which have no UTF-8 form and no canonical JSON."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace").decode("utf-8")
-    return text
 
 
 @dataclass

@@ -29,8 +29,9 @@ reports it (``LEAK_SUSPECTED`` on the security stream) naming the kind and where
 Callers: ``evidence/chain.py`` (``ChainedSink``: every string field of every chained line,
 before hashing), ``evidence/bundle.py`` (``export_bundle``: free text), ``serve.py`` (installs
 :class:`RedactingLogFilter` on the operational logs, and has the secret store call
-:meth:`Redactor.set_secret` on load and on rotation).
-Also imported by ``assembly.py``, ``plane.py``.
+:meth:`Redactor.set_secret` on load and on rotation); the seam's registry screens what providers
+chose with :meth:`Redactor.screen` (``assembly.py`` hands it over).
+Also imported by ``plane.py``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import binascii
 import hashlib
 import json
 import logging
+import math
 import re
 import secrets
 import threading
@@ -47,6 +49,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, quote_plus
+
+from ..canonical import MAX_SAFE_INTEGER
 
 __all__ = [
     "KIND_BEARER",
@@ -57,6 +61,7 @@ __all__ = [
     "RedactingLogFilter",
     "Redaction",
     "Redactor",
+    "clean_line",
 ]
 
 KIND_SECRET = "SECRET"
@@ -202,6 +207,12 @@ class Redactor:
         return key.strip().lower() in self._headers
 
     # -- scanning -----------------------------------------------------------------------------
+
+    def screen(self, text: str) -> str:
+        """What a provider chose (a dispatch's result, a refusal's reason), with every secret
+        replaced before it reaches the agent or the evidence (the registry's ``screen``); compact
+        JWS shapes stay (a provider's signed effect receipt is one, and is not a secret)."""
+        return self.redact(text, jws=False)[0]
 
     def redact(self, text: str, *, jws: bool = True) -> tuple[str, tuple[Redaction, ...]]:
         """Return ``text`` with every recognised credential replaced, and what was replaced.
@@ -476,3 +487,74 @@ class RedactingLogFilter(logging.Filter):
         if found and self._on_redaction is not None:
             self._on_redaction(tuple(dict.fromkeys(found)))
         return True
+
+
+Found = tuple[str, str, str | None]
+"""One redaction in a line's fields: the field path, the kind, the secret's name (or ``None``)."""
+
+
+def clean_line(
+    fields: Mapping[str, Any], redactor: Redactor | None
+) -> tuple[dict[str, Any], list[Found]]:
+    """A JSON-able, redacted copy of a line's ``fields`` (keys and values, recursively), and
+    where each redaction was made; never raises on content. Integers beyond the canonical
+    JSON range and non-finite floats become text, lone surrogates are replaced; without a
+    redactor only that normalisation is done. The whole walk is made here, once per line
+    (``evidence/chain.py`` calls it before hashing)."""
+    found: list[Found] = []
+    clean: dict[str, Any] = {}
+    for raw_key, raw_value in fields.items():
+        key = _clean_key(raw_key, redactor, found, "")
+        clean[key] = _normalise(raw_value, redactor, found, key)
+    return clean, found
+
+
+def _clean_key(key: Any, redactor: Redactor | None, found: list[Found], path: str) -> str:
+    text = _safe_text(str(key))
+    if redactor is None:
+        return text
+    redacted, hits = redactor.redact(text)
+    found.extend((_join(path, "<key>"), f.kind, f.secret) for f in hits)
+    return redacted
+
+
+def _normalise(value: Any, redactor: Redactor | None, found: list[Found], path: str) -> Any:
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if abs(value) <= MAX_SAFE_INTEGER else str(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            key = _clean_key(k, redactor, found, path)
+            child = _join(path, key)
+            if redactor is not None and redactor.is_credential_field(key):
+                out[key] = "[REDACTED:CREDENTIAL_HEADER]"
+                found.append((child, "CREDENTIAL_HEADER", None))
+            else:
+                out[key] = _normalise(v, redactor, found, child)
+        return out
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
+        return [_normalise(v, redactor, found, f"{path}[{i}]") for i, v in enumerate(items)]
+    text = _safe_text(value if isinstance(value, str) else str(value))
+    if redactor is None:
+        return text
+    redacted, hits = redactor.redact(text)
+    found.extend((path, f.kind, f.secret) for f in hits)
+    return redacted
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _safe_text(text: str) -> str:
+    """Replace lone surrogates, which have no UTF-8 form and no canonical JSON."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+    return text

@@ -39,6 +39,7 @@ refusal spikes, the egress guard, the posture monitor, the authority client's sk
 reads it (503 EXECUTOR_HALTED while halted, ``/ready`` 503); ``routes/control.py`` (the control
 routes).
 Also imported by ``plane.py``, ``operator/control.py``, ``operator/models.py``.
+Also imported by ``workgate.py``, ``lifecycle/recovery.py``.
 """
 
 from __future__ import annotations

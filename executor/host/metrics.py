@@ -39,6 +39,7 @@ and the chained sinks. The label values of ``proposals`` and ``executions`` are 
 ``Verdict`` and the seam's ``Outcome``: ``host/`` sits below both wings and cannot import them,
 so ``assembly.py`` passes them in and there is no second copy here.
 Also imported by ``tools/doctor.py``, ``operator/metrics.py``.
+Also imported by ``lifecycle/outcomes.py``, ``lifecycle/recovery.py``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.exposition import choose_encoder
@@ -59,6 +60,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from .. import __version__
 from ..codes import Code
+from ..events import EventSink
 
 __all__ = [
     "DURATION_BUCKETS",
@@ -66,6 +68,7 @@ __all__ = [
     "OTHER",
     "REQUEST_OUTCOMES",
     "BoundedCounter",
+    "CountingSink",
     "ExecutorMetrics",
     "StateSnapshot",
     "build_commit",
@@ -415,3 +418,17 @@ class ExecutorMetrics:
         encoder, content_type = choose_encoder(accept or "")
         body: bytes = encoder(registry)
         return body, content_type
+
+
+class CountingSink:
+    """Counts the chained lines each stream writes (``agentsafe_chained_lines_total``): wraps
+    the stream's chained sink (``assembly.py``)."""
+
+    def __init__(self, sink: EventSink, metrics: ExecutorMetrics, stream: str) -> None:
+        self._sink = sink
+        self._metrics = metrics
+        self._stream = stream
+
+    def emit(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
+        self._sink.emit(event, fields)
+        self._metrics.chained_lines.inc(stream=self._stream)

@@ -5,7 +5,8 @@ all look the same to a caller's parser. Error bodies are ``{"error": {"code", "m
 never echo request data.
 
 Callers: ``lifecycle/pipeline.py``, ``lifecycle/attempt.py``, ``routes/app.py``,
-``routes/refusals.py``, ``plane.py``.
+``routes/refusals.py``, ``lifecycle/recovery.py``, ``lifecycle/escalations.py``,
+``lifecycle/reconciliations.py``.
 Also imported by ``gateway/listener.py``, ``routes/approvals.py``, ``routes/listener.py``,
 ``routes/table.py``.
 """

@@ -36,6 +36,8 @@ The caller learns that the attempt started through the :class:`Progress` it pass
 before anything durable is written): from then on its idempotency key is never freed.
 
 Callers: ``pipeline.py``; tests (``tests/lifecycle/test_attempt.py``).
+Also imported by ``escalations.py``, ``outcomes.py``, ``recovery.py``.
+Also imported by ``approval_requests.py``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -100,6 +102,48 @@ class UnknownAttempts:
         return frozenset(self._ids)
 
 
+class OutcomeReporter(Protocol):
+    """Where an attempt reports what happened: one object (the pipeline's
+    :class:`~agentsafe.executor.lifecycle.outcomes.Outcomes`), never a call back into the
+    pipeline."""
+
+    def outcome(self, outcome: Outcome) -> None:
+        """An answer with this outcome was given (the executions count)."""
+        ...
+
+    def unknown(self, attempt_id: str) -> None:
+        """An UNKNOWN_AFTER_DISPATCH: ``/ready``'s live count of unknown attempts rises."""
+        ...
+
+    def effect_mismatch(self, grant_id: str) -> None:
+        """The observed effect is not the authorised one (EXECUTOR_ON_EFFECT_MISMATCH)."""
+        ...
+
+    def ceiling_refused(
+        self, intent: CapturedIntent, principal: Principal, code: str, stage: str
+    ) -> None:
+        """A host ceiling refused the attempt at ``stage`` (CHECK or COMMIT)."""
+        ...
+
+
+class Unreported:
+    """The reporter that keeps nothing (an attempt built without one)."""
+
+    def outcome(self, outcome: Outcome) -> None:
+        return None
+
+    def unknown(self, attempt_id: str) -> None:
+        return None
+
+    def effect_mismatch(self, grant_id: str) -> None:
+        return None
+
+    def ceiling_refused(
+        self, intent: CapturedIntent, principal: Principal, code: str, stage: str
+    ) -> None:
+        return None
+
+
 @dataclass
 class Progress:
     """Whether an attempt has started: from then on its idempotency key is never freed.
@@ -122,14 +166,9 @@ class Attempt:
     ceilings: HostCeilings | None
     streams: Streams
     clock: Clock
-    count_outcome: Callable[[Outcome], None] = lambda outcome: None
-    on_unknown: Callable[[str], None] = lambda attempt_id: None
-    """Told the attempt id of every UNKNOWN_AFTER_DISPATCH (``/ready``'s live count)."""
+    report: OutcomeReporter = field(default_factory=lambda: Unreported())
+    """Told every outcome, every UNKNOWN_AFTER_DISPATCH, effect mismatch and ceiling refusal."""
     effects: EffectRegister | None = None
-    on_effect_mismatch: Callable[[str], None] = lambda grant_id: None
-    on_ceiling_refused: Callable[[CapturedIntent, Principal, str, str], None] = (
-        lambda intent, principal, code, stage: None
-    )
 
     async def run(
         self,
@@ -157,7 +196,7 @@ class Attempt:
                     self.registry.ceiling_view(handler, intent.parameters)
                 )
             except RequestRejected as exc:
-                self.on_ceiling_refused(intent, principal, exc.code, "COMMIT")
+                self.report.ceiling_refused(intent, principal, exc.code, "COMMIT")
                 raise
         attempt_id = progress.attempt_id
         journal = self.journal
@@ -337,7 +376,7 @@ class Attempt:
             effect=record.block() if record is not None and outcome is Outcome.COMPLETED else None,
         )
         if outcome is Outcome.UNKNOWN_AFTER_DISPATCH:
-            self.on_unknown(attempt_id)
+            self.report.unknown(attempt_id)
         else:
             await self._close_quietly(
                 attempt_id,
@@ -346,7 +385,7 @@ class Attempt:
                 finalization=finalization,
                 answer=body,
             )
-        self.count_outcome(outcome)
+        self.report.outcome(outcome)
         try:
             self.streams.evidence.emit(
                 "OUTCOME",
@@ -483,11 +522,11 @@ class Attempt:
             self.streams.security.emit(
                 "EFFECT_RECEIPT_MISMATCH", {**fields, "reason": record.receipt.reason}
             )
-        self.on_effect_mismatch(record.grant_id)
+        self.report.effect_mismatch(record.grant_id)
         return [*reason_codes, Code.EFFECT_MISMATCH]
 
     def _failed_before_dispatch(self, common: Mapping[str, Any], reasons: list[str]) -> Answer:
-        self.count_outcome(Outcome.FAILED_BEFORE_DISPATCH)
+        self.report.outcome(Outcome.FAILED_BEFORE_DISPATCH)
         body = decision_answer(
             **common,
             reason_codes=reasons,

@@ -10,7 +10,9 @@ its handler's hints (``destructive``: a handler that only adds, never changes or
 ``destructive = False``; every other action is destructive).
 
 Callers: ``assembly.py`` (the pipeline's catalog, which the pipeline sees through its
-``ActionCatalog`` protocol) and ``plane.py`` (startup reconciliation, the action catalog route).
+``ActionCatalog`` protocol) and ``plane.py`` (the reconciler of startup reconciliation, the
+action catalog route).
+Also imported by ``recovery.py``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ A database that fails makes a tick do nothing; the next tick tries again. A prov
 given at most one tick's interval, so a lookup that hangs never keeps the leases from renewing.
 
 Callers: ``assembly.py`` (builds one with a shared store), ``plane.py`` (runs
-:meth:`LeaseKeeper.run`, passes :meth:`LeaseKeeper.gate` to startup reconciliation).
+:meth:`LeaseKeeper.run`), ``lifecycle/recovery.py`` (passes :meth:`LeaseKeeper.gate` to startup
+reconciliation).
 """
 
 from __future__ import annotations

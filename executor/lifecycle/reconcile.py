@@ -38,10 +38,11 @@ asked again next start) and says so on the security stream; a torn journal line 
 reading is reported there too. A journal with a damaged line raises ``JOURNAL_CORRUPT``: the
 caller decides whether to start.
 
-Callers: ``lifecycle/leases.py`` (an attempt taken over from a lapsed lease), ``plane.py`` at
-start (then it updates idempotency records from the returned
+Callers: ``lifecycle/leases.py`` (an attempt taken over from a lapsed lease),
+``lifecycle/recovery.py`` at start (then it updates idempotency records from the returned
 :class:`Resolution` list), ``GET /ready`` counts (through the journal).
 Also imported by ``tools/demo.py``.
+Also imported by ``plane.py``.
 """
 
 from __future__ import annotations

@@ -35,6 +35,8 @@ Callers: ``lifecycle/pipeline.py`` (evaluate; escalation and recovery tokens),
 ``lifecycle/attempt.py`` (claim, finalize, recovery tokens), ``assembly.py`` (construction),
 ``plane.py`` (the key set of the JWKS route).
 Also imported by ``trial.py``.
+Also imported by ``lifecycle/escalations.py``, ``lifecycle/reconciliations.py``.
+Also imported by ``lifecycle/approval_requests.py``.
 """
 
 from __future__ import annotations

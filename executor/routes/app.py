@@ -46,7 +46,9 @@ from ..errors import AgentSafeError, CanonicalizationError, RequestRejected, Sto
 from ..host.metrics import ExecutorMetrics, outcome_of_status
 from ..intent import MAX_BODY_BYTES, check_json_bounds
 from ..lifecycle.answers import Answer
+from ..lifecycle.escalations import Escalations
 from ..lifecycle.pipeline import Pipeline, Proposal
+from ..lifecycle.reconciliations import Reconciliations
 from ..principals import Principal, Role, Scope
 from .answers import Decision, Health, Jwks, Readiness
 from .contract import check_refusal, check_status
@@ -386,6 +388,8 @@ async def _through(
 def core_routes(
     *,
     pipeline: Pipeline,
+    reconciler: Reconciliations,
+    escalator: Escalations,
     readiness: Callable[[], ReadyState],
     jwks: Callable[[], Mapping[str, Any]],
 ) -> tuple[Route, ...]:
@@ -415,11 +419,11 @@ def core_routes(
 
     async def reconciliations(call: Call) -> web.StreamResponse:
         parsed: RecoveryRequest = call.body
-        return _respond(await pipeline.reconcile(call.caller, parsed.recovery))
+        return _respond(await reconciler.reconcile(call.caller, parsed.recovery))
 
     async def escalations(call: Call) -> web.StreamResponse:
         parsed: EscalationRequest = call.body
-        return _respond(await pipeline.resume_escalation(call.caller, parsed.escalation))
+        return _respond(await escalator.resume(call.caller, parsed.escalation))
 
     proposer = Role.PROPOSER
     decision = {200: Decision, 503: Decision}

@@ -31,7 +31,7 @@ from importlib import resources
 from aiohttp import web
 
 from ..codes import Code
-from ..lifecycle.pipeline import APPROVAL_PAGE_PATH
+from ..lifecycle.approval_requests import APPROVAL_PAGE_PATH
 from .route import Call, Route
 
 __all__ = ["page_csp", "page_routes"]

@@ -55,7 +55,7 @@ from ..errors import RequestRejected
 from ..events import Streams
 from ..intent import CapturedIntent, check_separation
 from ..lifecycle.answers import Answer
-from ..lifecycle.pipeline import APPROVAL_PAGE_PATH, approval_url
+from ..lifecycle.approval_requests import APPROVAL_PAGE_PATH, approval_url
 from ..principals import Principal, Role, Scope, Verification
 from ..state.protocol import UseStore
 from ..state.records import ApprovalError, ApprovalRecord, ApprovalState

@@ -20,7 +20,9 @@ from ..clock import Clock
 from ..door.passkeys import Passkeys
 from ..events import Streams
 from ..lifecycle.answers import Answer
+from ..lifecycle.escalations import Escalations
 from ..lifecycle.pipeline import Pipeline
+from ..lifecycle.reconciliations import Reconciliations
 from ..plans.service import PlanService
 from ..principals import Principal
 from ..state.protocol import UseStore
@@ -55,6 +57,8 @@ class Approvals:
 def route_table(
     *,
     pipeline: Pipeline,
+    reconciler: Reconciliations,
+    escalator: Escalations,
     readiness: Callable[[], ReadyState],
     jwks: Callable[[], Mapping[str, Any]],
     plane: ControlPlane,
@@ -63,7 +67,13 @@ def route_table(
 ) -> tuple[Route, ...]:
     """Every route this executor serves; ``plans`` and ``approvals`` are ``None`` when off."""
     rows = [
-        *core_routes(pipeline=pipeline, readiness=readiness, jwks=jwks),
+        *core_routes(
+            pipeline=pipeline,
+            reconciler=reconciler,
+            escalator=escalator,
+            readiness=readiness,
+            jwks=jwks,
+        ),
         *catalog_routes(plane),
         *control_routes(plane),
     ]

@@ -52,6 +52,7 @@ GRANT_CLAIMED decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconcil
 reconciled by CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open),
 ``plane.py`` (close, ``GET /v1/control/open-attempts``).
 Also imported by ``lifecycle/leases.py``, ``lostwrites.py``, ``pgattempts.py``, ``supervisor.py``.
+Also imported by ``lifecycle/recovery.py``.
 """
 
 from __future__ import annotations

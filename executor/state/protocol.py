@@ -8,6 +8,8 @@ the same semantics. ``state/backend.py`` opens the one the configuration names.
 
 Callers: ``state/backend.py``, ``assembly.py``, ``plane.py``, ``lifecycle/pipeline.py``,
 ``policy/authority.py``, ``routes/approvals.py``, ``routes/table.py``, ``door/passkeys.py``.
+Also imported by ``lifecycle/approval_requests.py``, ``lifecycle/recovery.py``.
+Also imported by ``lifecycle/approval_requests.py``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ Callers: ``state/usestore.py``, ``state/pgstore.py``, ``state/pgattempts.py``,
 ``policy/authority.py``, ``plane.py``, ``routes/approvals.py``, ``door/passkeys.py``,
 ``egress/webhook.py``, ``plans/execute.py``, ``plans/receipts.py``.
 Also imported by ``journalrecords.py``.
+Also imported by ``lifecycle/escalations.py``, ``lifecycle/recovery.py``.
+Also imported by ``lifecycle/approval_requests.py``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ journal, registry, ceilings) except the adapter's transport, which is scripted.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -28,9 +29,11 @@ from agentsafe.executor.effects.adapter import (
     ProviderResult,
 )
 from agentsafe.executor.errors import HandlerError, RequestRejected
-from agentsafe.executor.lifecycle.attempt import Attempt, Progress
+from agentsafe.executor.intent import CapturedIntent
+from agentsafe.executor.lifecycle.attempt import Attempt, Progress, Unreported
 from agentsafe.executor.lifecycle.ceilings import HostCeilings
 from agentsafe.executor.policy.authority import Claim, Finalization, LocalAuthority
+from agentsafe.executor.principals import Principal
 from tests.lifecycle.test_attempt import EXAMPLE, PROPOSER, World, common
 
 RECEIPT = "eyJhbGciOiJFZERTQSJ9.eyJzdWIiOiJub3QtdGhpcy1ncmFudCJ9.c2lnbmF0dXJl"
@@ -141,11 +144,26 @@ def attempt_with(
             streams=world.streams,
             clock=world.clock,
             effects=register,
-            on_effect_mismatch=halts.append,
-            on_ceiling_refused=lambda intent, principal, code, stage: refused.append((code, stage)),
+            report=Reported(halts, refused),
         ),
         refused,
     )
+
+
+@dataclass
+class Reported(Unreported):
+    """The attempt's reporter, keeping the effect mismatches and ceiling refusals."""
+
+    halts: list[str]
+    refused: list[tuple[str, str]]
+
+    def effect_mismatch(self, grant_id: str) -> None:
+        self.halts.append(grant_id)
+
+    def ceiling_refused(
+        self, intent: CapturedIntent, principal: Principal, code: str, stage: str
+    ) -> None:
+        self.refused.append((code, stage))
 
 
 async def run(world: World, attempt: Attempt) -> dict[str, Any]:

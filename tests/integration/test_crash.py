@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agentsafe.executor.plane import RECHECK_SECONDS
+from agentsafe.executor.lifecycle.recovery import RECHECK_SECONDS
 from agentsafe.executor.tools.harness import (
     ExecutorProcess,
     ProviderProcess,

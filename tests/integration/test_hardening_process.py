@@ -525,7 +525,9 @@ def _body_routes() -> set[tuple[str, str]]:
     """Every route that reads a body, from the route table itself (dummies: no handler runs)."""
     dummy = cast(Any, None)
     rows = [
-        *core_routes(pipeline=dummy, readiness=dummy, jwks=dummy),
+        *core_routes(
+            pipeline=dummy, reconciler=dummy, escalator=dummy, readiness=dummy, jwks=dummy
+        ),
         *control_routes(dummy),
         *plan_routes(service=dummy, streams=dummy, work_refusal=dummy),
         *approval_routes(store=dummy, streams=dummy, clock=dummy),

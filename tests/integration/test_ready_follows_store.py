@@ -15,7 +15,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agentsafe.executor.plane import READY_FOLLOWS_STORE_SECONDS
+from agentsafe.executor.host.workgate import READY_FOLLOWS_STORE_SECONDS
 from agentsafe.executor.tools.harness import (
     ExecutorProcess,
     ProviderProcess,

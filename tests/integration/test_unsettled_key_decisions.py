@@ -100,7 +100,7 @@ async def test_decisions_for_keys_whose_journal_record_is_missing(workspace: Wor
             payload_digest="sha256:p",
             now=first.clock.now(),
             attempt_id=f"att-{key}",
-            owner=first.journal_identity(),
+            owner=first.recovery.journal_identity(),
         )
         assert state.kind is IdempotencyKind.NEW
     await first.journal.reconciled(attempt_id="att-other", status="UNCLAIMED", by="RESTART")

@@ -30,7 +30,7 @@ from agentsafe.executor.egress.transport import TransportError
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.grants import SigningKey
 from agentsafe.executor.intent import CapturedIntent
-from agentsafe.executor.lifecycle.attempt import Attempt, Progress
+from agentsafe.executor.lifecycle.attempt import Attempt, Progress, Unreported
 from agentsafe.executor.lifecycle.ceilings import HostCeilings
 from agentsafe.executor.policy.authority import RECOVERY_TYP, Decision, LocalAuthority, Verdict
 from agentsafe.executor.policy.policy import compile_policy, parse_policy
@@ -67,6 +67,16 @@ class ScriptedHandler:
 
 
 @dataclass
+class Counted(Unreported):
+    """The attempt's reporter, keeping only the outcomes it counts."""
+
+    counted: list[Outcome]
+
+    def outcome(self, outcome: Outcome) -> None:
+        self.counted.append(outcome)
+
+
+@dataclass
 class World:
     clock: ManualClock
     authority: LocalAuthority
@@ -87,7 +97,7 @@ class World:
             ceilings=ceilings,
             streams=self.streams,
             clock=self.clock,
-            count_outcome=self.counted.append,
+            report=Counted(self.counted),
         )
 
     def intent(self, amount: int = 4200) -> CapturedIntent:

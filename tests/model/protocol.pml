@@ -568,7 +568,7 @@ end_keeper:
        :: else -> phase = 2; settling[t] = r + 1
        fi }
 
-  /* settle_idempotency (plane.py): UNCLAIMED frees the key (idempotency_release, only if
+  /* settle_idempotency (lifecycle/recovery.py): UNCLAIMED frees the key (idempotency_release, only if
      nothing can have been sent); COMPLETED / NOT_EXECUTED is its answer (idempotency_settle) */
   :: atomic { myinc == inc[r] && DB(r) && phase == 2 ->
        i = KEY(t);

@@ -37,6 +37,8 @@ def every_route() -> tuple[Route, ...]:
     """The table with every optional section on (plans, approvals)."""
     return route_table(
         pipeline=STAND_IN,
+        reconciler=STAND_IN,
+        escalator=STAND_IN,
         readiness=lambda: ReadyState(ready=True, code=Code.READY, details={}),
         jwks=lambda: {"keys": []},
         plane=SimpleNamespace(streams=Streams.memory(), work_refusal=lambda: None),  # type: ignore[arg-type]

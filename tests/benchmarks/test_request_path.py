@@ -1,0 +1,60 @@
+"""The request path (benchmarks/request_path.py, issue 32): a traced ALLOW through a real
+assembled executor never calls into the control plane or the assembly, and the trace counts what
+it says it counts. Speed is not asserted here; the counts beyond these are recorded in
+docs/architecture.md, "Measured"."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from agentsafe.executor import canonical, clock
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _request_path() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("request_path", BENCHMARKS / "request_path.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_traced_allow_enters_neither_plane_nor_assembly() -> None:
+    request_path = _request_path()
+    both = asyncio.run(request_path.run(False))
+    for count in ("wings", "every"):
+        out = both[count]
+        assert out["plane_or_assembly"] == [], out["per_module"]
+        assert out["per_module"]["lifecycle.pipeline"] >= 1
+        assert out["per_module"]["lifecycle.attempt"] >= 1
+        assert out["per_module"]["host.workgate"] >= 1  # the gate, asked below the pipeline
+    wings = both["wings"]
+    assert not set(wings["per_module"]) & request_path.ground_floor()
+
+
+def test_the_trace_counts_moves_and_returns_across_an_await() -> None:
+    request_path = _request_path()
+    trace = request_path.Trace()
+
+    # Two agentsafe modules and one await between them: canonical -> clock -> canonical.
+    async def scenario() -> None:
+        canonical.canonical_text({"a": 1})
+        await asyncio.sleep(0)
+        clock.format_ms(0.0)
+        canonical.canonical_text({"b": 2})
+
+    sys.setprofile(trace.hook)
+    try:
+        asyncio.run(scenario())
+    finally:
+        sys.setprofile(None)
+    visits = [v for v in trace.visits if v in ("canonical", "clock")]
+    assert visits[:3] == ["canonical", "clock", "canonical"]
+    out = request_path.report(["canonical", "clock", "canonical"])
+    assert (out["moves"], out["returns"], out["modules"]) == (2, 1, 2)
