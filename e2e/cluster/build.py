@@ -23,6 +23,11 @@ What is built and how:
 * ``toxiproxy-server`` (the nemesis harness's fault-injecting TCP proxy, ``make chaos``,
   ``e2e/chaos/``): ``go install github.com/Shopify/toxiproxy/v2/cmd/server@<pinned>`` into
   ``<cache>/toxiproxy/<version>/`` (:func:`ensure_toxiproxy`, :func:`toxiproxy_binary`).
+* ``jaeger-all-in-one`` (the real OTLP collector and trace store of the tracing test,
+  ``tests/integration/test_tracing_jaeger.py``): ``github.com/jaegertracing/jaeger/cmd/all-in-one``
+  at the pinned version, built as its own main module (its go.mod has a replace directive, which
+  ``go install pkg@version`` refuses) into ``<cache>/jaeger/<version>/`` (:func:`ensure_jaeger`,
+  :func:`jaeger_binary`).
 
 Everything is built with ``CGO_ENABLED=0 GOFLAGS=-mod=mod`` under ``nice`` so that the build
 shares two cores politely. A finished binary is moved into place atomically, and a
@@ -50,6 +55,8 @@ KUBERNETES_VERSION = "v1.36.3"
 HELM_VERSION = "v3.21.4"
 TOXIPROXY_VERSION = "v2.5.0"
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2"
+JAEGER_VERSION = "v1.76.0"
+JAEGER_MODULE = "github.com/jaegertracing/jaeger"
 #: None: take the etcd release that the Kubernetes release pins in its go.mod.
 ETCD_VERSION: str | None = None
 
@@ -544,50 +551,109 @@ def toxiproxy_binary(version: str = TOXIPROXY_VERSION) -> Path | None:
 def ensure_toxiproxy(version: str = TOXIPROXY_VERSION) -> Path:
     """The cached ``toxiproxy-server``, built once per version from the Go module proxy
     (``go install <module>/cmd/server@<version>``). Raises :class:`BuildUnavailable`."""
-    found = toxiproxy_binary(version)
-    if found is not None:
-        return found
+    return _ensure_go_program(
+        _GoProgram(
+            name="toxiproxy",
+            binary="toxiproxy-server",
+            package=f"{TOXIPROXY_MODULE}/cmd/server",
+            built_as="server",
+            ldflags=f"-s -w -X {TOXIPROXY_MODULE}.Version={version.removeprefix('v')}",
+        ),
+        version,
+    )
+
+
+def jaeger_binary(version: str = JAEGER_VERSION) -> Path | None:
+    """The cached Jaeger ``all-in-one`` for ``version``, or None; never builds."""
+    path = cache_root() / "jaeger" / version / "jaeger-all-in-one"
+    return path if _executable(path) else None
+
+
+def ensure_jaeger(version: str = JAEGER_VERSION) -> Path:
+    """The cached Jaeger ``all-in-one`` (OTLP receiver, in-memory store, query API: the real
+    collector of ``tests/integration/test_tracing_jaeger.py``), built once per version from the
+    Go module proxy as its own main module (see the module docstring)."""
+    return _ensure_go_program(
+        _GoProgram(
+            name="jaeger",
+            binary="jaeger-all-in-one",
+            package=f"{JAEGER_MODULE}/cmd/all-in-one",
+            built_as="all-in-one",
+            ldflags=f"-s -w -X {JAEGER_MODULE}/internal/version.latestVersion={version}",
+            # Jaeger's go.mod has a replace directive, which `go install pkg@version` refuses:
+            # its own module (downloaded and checked against the checksum database) is the
+            # main module of the build, with its go.sum read-only.
+            as_main_module=JAEGER_MODULE,
+        ),
+        version,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _GoProgram:
+    """One program ``go install``-ed from the module proxy into ``<cache>/<name>/<version>/``."""
+
+    name: str
+    binary: str
+    package: str
+    built_as: str
+    ldflags: str
+    as_main_module: str | None = None
+
+
+def _main_module_copy(
+    go: str, module: str, version: str, env: Mapping[str, str], work: Path
+) -> Path:
+    """A writable copy of ``module@version`` from the module cache, to build as the main module."""
+    info = _module_info(go, f"{module}@{version}", env, work)
+    source = work / "src"
+    shutil.copytree(info["Dir"], source)
+    for path in [source, *source.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    return source
+
+
+def _ensure_go_program(program: _GoProgram, version: str) -> Path:
+    """Find ``program`` in the cache or build it once (under the build lock). Raises
+    :class:`BuildUnavailable`."""
+    directory = cache_root() / program.name / version
+    if _executable(directory / program.binary):
+        return directory / program.binary
     go = go_executable()
     if go is None:
-        raise BuildUnavailable("no Go toolchain on PATH to build toxiproxy")
+        raise BuildUnavailable(f"no Go toolchain on PATH to build {program.name}")
     cache_root().mkdir(parents=True, exist_ok=True)
     with (cache_root() / ".build.lock").open("w") as lock:
         if _locked(lock):
             _log("another build holds the lock; waiting for it")
         fcntl.flock(lock, fcntl.LOCK_EX)
-        found = toxiproxy_binary(version)
-        if found is not None:
-            return found
-        directory = cache_root() / "toxiproxy" / version
-        with tempfile.TemporaryDirectory(prefix="agentsafe-toxiproxy-build-") as work:
+        if _executable(directory / program.binary):
+            return directory / program.binary
+        with tempfile.TemporaryDirectory(prefix=f"agentsafe-{program.name}-build-") as work:
             env = _go_env(go)
             env["GOBIN"] = str(Path(work) / "bin")
             started = time.monotonic()
-            _run(
-                [
-                    *_nice_prefix(),
-                    go,
-                    "install",
-                    "-trimpath",
-                    "-p",
-                    "2",
-                    "-ldflags",
-                    f"-s -w -X {TOXIPROXY_MODULE}.Version={version.removeprefix('v')}",
-                    f"{TOXIPROXY_MODULE}/cmd/server@{version}",
-                ],
-                cwd=Path(work),
-                env=env,
-                what=f"build toxiproxy {version}",
-            )
+            if program.as_main_module is None:
+                argv = [*_nice_prefix(), go, "install", "-trimpath", "-p", "2"]
+                argv += ["-ldflags", program.ldflags, f"{program.package}@{version}"]
+                cwd = Path(work)
+            else:
+                cwd = _main_module_copy(go, program.as_main_module, version, env, Path(work))
+                env["GOFLAGS"] = "-mod=readonly -buildvcs=false"
+                output = str(Path(work) / "bin" / program.built_as)
+                argv = [*_nice_prefix(), go, "build", "-trimpath", "-p", "2"]
+                argv += ["-ldflags", program.ldflags, "-o", output]
+                argv.append("./" + program.package.removeprefix(program.as_main_module + "/"))
+            _run(argv, cwd=cwd, env=env, what=f"build {program.name} {version}")
             seconds = time.monotonic() - started
-            _install(Path(work) / "bin" / "server", directory / "toxiproxy-server")
+            _install(Path(work) / "bin" / program.built_as, directory / program.binary)
         go_version = subprocess.run(
             [go, "version"], capture_output=True, text=True, check=False
         ).stdout.strip()
         entry = {"version": version, "seconds": round(seconds, 1), "go": go_version}
-        _record(directory, "toxiproxy-server", entry)
-        _log(f"toxiproxy-server: built in {seconds:.0f} s")
-    return directory / "toxiproxy-server"
+        _record(directory, program.binary, entry)
+        _log(f"{program.binary}: built in {seconds:.0f} s")
+    return directory / program.binary
 
 
 def _toxiproxy_step() -> int:
@@ -610,6 +676,26 @@ def _toxiproxy_step() -> int:
     return 0
 
 
+def _jaeger_step() -> int:
+    """The build's Jaeger step: found in the cache, built, or (no Go) skipped."""
+    found = jaeger_binary()
+    if found is not None:
+        _log(f"jaeger {JAEGER_VERSION} cached: {found}")
+        print(f"jaeger: {found}")
+        return 0
+    if go_executable() is None and not e2e_required():
+        _log("no Go toolchain on PATH: jaeger not built, the tracing test will skip")
+        return 0
+    _log(f"cache {cache_root()}: building jaeger all-in-one {JAEGER_VERSION}")
+    try:
+        built = ensure_jaeger()
+    except BuildUnavailable as error:
+        _log(f"cannot provide jaeger: {error}")
+        return 1
+    print(f"jaeger: {built}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--kubernetes-version", default=KUBERNETES_VERSION)
@@ -628,9 +714,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="build (or find) only toxiproxy-server, the chaos harness's proxy",
     )
+    parser.add_argument(
+        "--only-jaeger",
+        action="store_true",
+        help="build (or find) only Jaeger all-in-one, the tracing test's collector",
+    )
     args = parser.parse_args(argv)
     if args.only_toxiproxy:
         return _toxiproxy_step()
+    if args.only_jaeger:
+        return _jaeger_step()
     request = BuildRequest(
         kubernetes_version=args.kubernetes_version,
         helm_version=args.helm_version,
@@ -657,7 +750,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(f"all binaries cached under {cache_root()} ({time.monotonic() - started:.1f} s)")
     for field in dataclasses.fields(binaries):
         print(f"{field.name}: {getattr(binaries, field.name)}")
-    return _toxiproxy_step()
+    return _toxiproxy_step() or _jaeger_step()
 
 
 if __name__ == "__main__":
