@@ -39,7 +39,8 @@ Callers: ``assembly.py`` (:func:`configure` with the drop counter and the guard'
 span of every request), ``routes/refusals.py`` (a refusal's code on the current span),
 ``dispatch/forward.py`` (the dispatch's client span, the headers sent to the provider),
 ``evidence/chain.py`` (the trace id of a chained line), ``gateway/forward.py`` (the held
-request's headers upstream).
+request's headers upstream), ``gateway/listener.py`` (the intercepted request's server span),
+``tools/mcp_bridge.py`` (a tool call's span; the global provider for ``agentsafe.client``).
 """
 
 from __future__ import annotations
@@ -401,6 +402,14 @@ def shutdown() -> None:
         provider, _provider, _tracer = _provider, None, None
     if provider is not None:
         provider.shutdown()
+
+
+def install_global() -> None:
+    """Make this configuration OpenTelemetry's global tracer provider, so that libraries in the
+    same process (``agentsafe.client`` in the MCP bridge) export through it; once per process."""
+    provider = _provider
+    if provider is not None:
+        trace.set_tracer_provider(provider)
 
 
 def enabled() -> bool:

@@ -381,6 +381,10 @@ def _operate(args: argparse.Namespace) -> int:
 
     settings_holder = {"settings": settings}
     namespaces = list(args.namespace)
+    # OTEL_*: off by default; on, every reconcile is a span (handlers.traced)
+    from agentsafe.executor import telemetry
+
+    telemetry.configure(os.environ, default_service_name="agentsafe-operator")
     metrics = OperatorMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_address, args.metrics_port)
