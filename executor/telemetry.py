@@ -41,6 +41,8 @@ span of every request), ``routes/refusals.py`` (a refusal's code on the current 
 ``evidence/chain.py`` (the trace id of a chained line), ``gateway/forward.py`` (the held
 request's headers upstream), ``gateway/listener.py`` (the intercepted request's server span),
 ``tools/mcp_bridge.py`` (a tool call's span; the global provider for ``agentsafe.client``).
+The operator (``agentsafe.operator``: its CLI configures it, its handlers trace reconciles, its
+renderer copies :data:`RENDERED_VARIABLES` into the executor pods) imports it too.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ from .headers import TRACE_HEADERS
 
 __all__ = [
     "ALLOWED_ATTRIBUTES",
+    "RENDERED_VARIABLES",
     "TRACEPARENT",
     "TRACESTATE",
     "TRACE_HEADERS",
@@ -100,6 +103,24 @@ TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"
 DEFAULT_SERVICE_NAME: Final = "agentsafe-executor"
 DEFAULT_ENDPOINT: Final = "http://localhost:4318"
+
+#: The variables the operator renders into the executor pods from its own environment (the
+#: chart's ``tracing`` values); never ``OTEL_EXPORTER_OTLP_HEADERS`` (it may hold a credential,
+#: which belongs in a Secret) nor ``OTEL_SERVICE_NAME`` (each process names itself).
+RENDERED_VARIABLES: Final = (
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TIMEOUT",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_BSP_EXPORT_TIMEOUT",
+)
 
 #: The only span attribute names agentsafe writes: codes and outcomes, never data.
 ALLOWED_ATTRIBUTES: Final = frozenset(
