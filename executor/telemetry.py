@@ -361,7 +361,7 @@ class _DropCounting(SpanProcessor):
         self._batch.on_end(span)
 
     def shutdown(self) -> None:
-        self._batch.shutdown()
+        self._batch.shutdown()  # type: ignore[no-untyped-call]
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._batch.force_flush(timeout_millis)

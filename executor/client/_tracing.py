@@ -21,12 +21,12 @@ from urllib.parse import urlsplit
 try:
     from opentelemetry import trace as _trace
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _PROPAGATOR: Any = TraceContextTextMapPropagator()
 except ImportError:  # pragma: no cover - the agent host did not install opentelemetry-api
-    _trace = None  # type: ignore[assignment]
+    _PROPAGATOR = None
 
 __all__ = ["request_span"]
-
-_PROPAGATOR = TraceContextTextMapPropagator() if _trace is not None else None
 
 
 @contextlib.contextmanager
@@ -35,7 +35,7 @@ def request_span(
 ) -> Iterator[Any]:
     """A client span around one request to ``url`` (``route`` its template), its context
     written into ``headers``. Yields the span (``set_attribute`` for the status) or None."""
-    if _trace is None or _PROPAGATOR is None:
+    if _PROPAGATOR is None:
         yield None
         return
     target = urlsplit(url)

@@ -38,8 +38,8 @@ counters to the egress guard, the secret store, the posture monitor, the redacto
 and the chained sinks. The label values of ``proposals`` and ``executions`` are the policy's
 ``Verdict`` and the seam's ``Outcome``: ``host/`` sits below both wings and cannot import them,
 so ``assembly.py`` passes them in and there is no second copy here. Dropped trace spans
-(``agentsafe_trace_spans_dropped_total``) are counted by the tracing module's export thread
-(``telemetry.py``), through the callback ``assembly.py`` gives it.
+(``agentsafe_trace_spans_dropped_total``) are counted by the tracing module's export thread,
+through the callback ``assembly.py`` gives it.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ EGRESS_CODES = (
     Code.EGRESS_RESPONSE_INVALID,
     Code.EGRESS_INIT_UNSUPPORTED,
 )
-#: Why a span was dropped (``telemetry.py``): its queue was full, or its batch was not exported.
+#: Why a trace span was dropped: its queue was full, or its batch was not exported.
 TRACE_DROP_REASONS = ("queue_full", "export_failed")
 HALT_CAUSES = (
     "OPERATOR",
