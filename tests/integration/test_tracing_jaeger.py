@@ -74,11 +74,8 @@ class Jaeger:
             "--query.http-server.host-port": self.query,
             "--query.grpc-server.host-port": free_port(),
             "--admin.http.host-port": self.admin,
-            "--processor.jaeger-compact.server-host-port": free_port(),
-            "--processor.jaeger-binary.server-host-port": free_port(),
-            "--http-server.host-port": free_port(),
         }
-        argv = [str(binary), "--memory.max-traces=1000"]
+        argv = [str(binary), "--memory.max-traces=1000", "--collector.otlp.enabled"]
         argv += [f"{flag}=127.0.0.1:{port}" for flag, port in ports.items()]
         self._log = log.open("wb")
         self.process = subprocess.Popen(
