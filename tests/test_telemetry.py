@@ -219,3 +219,15 @@ def test_a_full_queue_drops_the_new_span_at_once_and_counts_it() -> None:
     finally:
         collector.release.set()
     _poll(lambda: collector.exported == 5)
+
+
+def test_the_mcp_bridge_reads_the_trace_context_from_meta() -> None:
+    mcp_types = pytest.importorskip("mcp_types")
+    from agentsafe.executor.tools.mcp_bridge import _trace_context
+
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    params = mcp_types.CallToolRequestParams(
+        name="create_payout", arguments={}, _meta={"traceparent": parent, "other": "x"}
+    )
+    assert _trace_context(params) == {"traceparent": parent}
+    assert _trace_context(mcp_types.CallToolRequestParams(name="create_payout")) == {}

@@ -51,6 +51,8 @@ class AgentSafeClient:
     principal, never both). ``ca_file`` is the executor's CA. ``max_wait`` bounds the whole of
     one call's polite waiting; ``retry_after_cap`` caps one wait (``None``: as long as asked).
     ``on_wait(reason, seconds)`` is told before each wait (progress for a log or a UI).
+    ``tracer_provider``: the OpenTelemetry tracer provider of the client's spans (None: the
+    global one); each request carries its span's ``traceparent`` (docs/tracing.md).
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class AgentSafeClient:
         retry_after_cap: float | None = None,
         timeout: float = 30.0,
         on_wait: Callable[[str, float], None] | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         if (token is None) == (cert is None):
             raise ValueError("give the agent's token or its client certificate, exactly one")
@@ -80,6 +83,7 @@ class AgentSafeClient:
         self._retry_after_cap = retry_after_cap
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._on_wait = on_wait
+        self._tracer_provider = tracer_provider
         self._session: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:
@@ -144,7 +148,9 @@ class AgentSafeClient:
         url = self._url + "/v1/actions"
         headers = dict(self._headers)
         try:
-            with request_span("GET", url, "/v1/actions", headers) as span:
+            with request_span(
+                "GET", url, "/v1/actions", headers, tracer_provider=self._tracer_provider
+            ) as span:
                 async with self._open().get(url, headers=headers) as r:
                     answer: Any = await r.json(content_type=None)
                     status = r.status
@@ -174,7 +180,9 @@ class AgentSafeClient:
             hint: float | None = None
             try:
                 sent = dict(headers)
-                with request_span("POST", self._url + path, path, sent) as span:
+                with request_span(
+                    "POST", self._url + path, path, sent, tracer_provider=self._tracer_provider
+                ) as span:
                     async with self._open().post(
                         self._url + path, data=payload, headers=sent
                     ) as response:

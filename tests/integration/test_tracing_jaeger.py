@@ -141,11 +141,10 @@ async def jaeger(tmp_path: Path) -> AsyncIterator[Jaeger]:
 
 @pytest.fixture
 def agent_tracing(jaeger: Jaeger) -> Iterator[TracerProvider]:
-    """The agent host's own OpenTelemetry set-up: the global provider agentsafe.client uses."""
+    """The agent host's own OpenTelemetry set-up, handed to agentsafe.client."""
     provider = TracerProvider(resource=Resource({"service.name": AGENT}))
     exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{jaeger.otlp}/v1/traces")
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)  # once per process: only this test sets it
     yield provider
     provider.shutdown()
 
@@ -179,10 +178,12 @@ async def test_one_allow_is_one_trace_in_jaeger(
     executor = ExecutorProcess(env, tmp_path)
     try:
         await executor.start()
-        tracer = trace.get_tracer("test")
+        tracer = agent_tracing.get_tracer("agent")
         with tracer.start_as_current_span("agent.step") as step:
             trace_id = trace.format_trace_id(step.get_span_context().trace_id)
-            async with AgentSafeClient(executor.url, token=executor.token) as client:
+            async with AgentSafeClient(
+                executor.url, token=executor.token, tracer_provider=agent_tracing
+            ) as client:
                 decision = await client.propose(
                     "create_payout", "payout:t-1", {"amountMinor": 1200, "currency": "USD"}
                 )
