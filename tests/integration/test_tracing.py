@@ -204,3 +204,28 @@ async def test_dropped_spans_are_on_metrics(tmp_path: Path, provider: SyntheticP
     }
     assert counts['reason="queue_full"'] == 0
     assert counts['reason="export_failed"'] >= 2  # the server span and the dispatch span
+
+
+async def test_a_refusal_and_an_unknown_path_are_server_spans_with_their_code(
+    tmp_path: Path, provider: SyntheticProvider, memory: InMemorySpanExporter
+) -> None:
+    node = await _node(tmp_path, provider.base_url, **ON)
+    try:
+        telemetry.configure(ON, exporter=memory)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(node.url + "/no/such/secret-path?token=abc") as r:
+                assert r.status == 404
+            async with session.post(node.url + "/v1/actions", json={}) as r:
+                assert r.status == 401
+    finally:
+        await node.executor.close()
+    telemetry.flush()
+    unknown, refused = memory.get_finished_spans()
+    assert unknown.name == "GET"
+    assert "http.route" not in dict(unknown.attributes or {})
+    assert dict(unknown.attributes or {})["http.response.status_code"] == 404
+    assert refused.name == "POST /v1/actions"
+    assert dict(refused.attributes or {})["agentsafe.code"] == "AUTH_REQUIRED"
+    assert dict(refused.attributes or {})["http.response.status_code"] == 401
+    for span in (unknown, refused):
+        assert "secret-path" not in str(dict(span.attributes or {}))
