@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 
 .PHONY: help venv demo test lint format typecheck unit browser e2e e2e-build e2e-kind bench clean \
         image node-build cluster-up cluster-down cluster-status e2e-node \
-        policy-test fuzz-smoke fuzz mutation api-test lock chaos faketime model
+        policy-test fuzz-smoke fuzz mutation api-test lock chaos faketime model release release-test
 
 help:
 	@echo "make demo       run the executor lifecycle demo on embedded defaults"
@@ -36,6 +36,8 @@ help:
 	@echo "make cluster-status  is a node running (-o json: make cluster-status OUTPUT=json)"
 	@echo "make e2e-node   the scenario on that node (brings it up first, down after)"
 	@echo "make image      build agentsafe:dev with buildah (no Docker)"
+	@echo "make release    build, push to RELEASE_REGISTRY, sign and attest (SBOM, SLSA) with cosign"
+	@echo "make release-test  make release against a TLS registry on loopback, verified by cosign"
 	@echo "make lock       regenerate image-requirements.txt, the image's hashed lock (uv)"
 
 $(STAMP): pyproject.toml
@@ -127,12 +129,16 @@ e2e-build: $(STAMP)
 	$(BIN)/python e2e/cluster/build.py
 	$(BIN)/python e2e/cluster/node_build.py
 
-# Two parts: the loopback control plane (chart, CRDs, tokens; no kubelet), then the scenario on
+# Three parts: the loopback control plane (chart, CRDs, tokens; no kubelet), then the scenario on
 # the real one-node cluster (`cluster.node run`: up, pytest, down even on failure; a node that
-# cannot start skips with one line, or fails under AGENTSAFE_E2E=require as in CI).
+# cannot start skips with one line, or fails under AGENTSAFE_E2E=require as in CI), then
+# docs/cluster.md's block as written, on a fresh node of its own (72-101 s warm). Not in the
+# scenario's session: the page installs the chart that node has already and ends with its own
+# cluster-down, and returning that node to a fresh one took longer (82 s) than a new node.
 e2e: e2e-build
-	$(BIN)/pytest -q e2e
+	$(BIN)/pytest -q e2e --ignore=e2e/release
 	$(NODE_CLI) run -- $(abspath $(BIN))/pytest -q test_scenario.py --backend=node -p no:cacheprovider
+	$(NODE_CLI) run -- $(abspath $(BIN))/pytest -q test_cluster_doc.py --backend=node -p no:cacheprovider
 
 e2e-kind: $(STAMP)
 	bash e2e/kind/run.sh
@@ -189,6 +195,33 @@ OUTPUT ?= text
 image: $(STAMP)
 	$(BIN)/python e2e/cluster/images.py --verify $(if $(IMAGE_TAG),--tag $(IMAGE_TAG))
 
+# issue 33: a release a bank can verify (docs/release.md). `make release` builds the image from the
+# Dockerfile (as `make image`), pushes it to $(RELEASE_REGISTRY)/$(RELEASE_REPOSITORY):$(RELEASE_TAG),
+# signs the pushed digest with cosign and the key RELEASE_KEY (a cosign.key file, its password in
+# COSIGN_PASSWORD, or a KMS URI: awskms://, gcpkms://, azurekms://, hashivault://), attaches the
+# image's own CycloneDX SBOM and an SLSA v1 provenance statement as signed attestations, and prints
+# the digest reference (repo@sha256:...) as its last line. RELEASE_REGISTRY_CA: a PEM CA for a
+# registry with a private CA. RELEASE_TLOG=0: no upload to the Rekor transparency log (offline).
+# cosign (and the test's registry) are built once from the Go module proxy by e2e-build, cached by
+# version. `make release-test` is the real test: a TLS registry on loopback, a generated key pair.
+RELEASE_REGISTRY   ?=
+RELEASE_REPOSITORY ?= agentsafe
+RELEASE_TAG        ?=
+RELEASE_KEY        ?=
+RELEASE_REGISTRY_CA ?=
+RELEASE_TLOG       ?= 1
+
+release: $(STAMP)
+	$(BIN)/python e2e/cluster/build.py --only-release-tools
+	RELEASE_REGISTRY='$(RELEASE_REGISTRY)' RELEASE_REPOSITORY='$(RELEASE_REPOSITORY)' \
+	  RELEASE_TAG='$(RELEASE_TAG)' RELEASE_KEY='$(RELEASE_KEY)' \
+	  RELEASE_REGISTRY_CA='$(RELEASE_REGISTRY_CA)' RELEASE_TLOG='$(RELEASE_TLOG)' \
+	  $(BIN)/python e2e/cluster/release.py
+
+release-test: $(STAMP)
+	$(BIN)/python e2e/cluster/build.py --only-release-tools
+	$(BIN)/pytest -q -p no:cacheprovider e2e/release
+
 node-build: $(STAMP)
 	$(BIN)/python e2e/cluster/node_build.py
 
@@ -206,7 +239,8 @@ e2e-node: e2e-build
 
 # `make test` runs these targets in this order, each timed by .ci/stage (.ci/run prints the
 # summary). e2e-build comes before any pytest starts.
-TEST_STAGES := venv lint model typecheck e2e-build chaos unit api-test policy-test fuzz-smoke e2e
+TEST_STAGES := venv lint model typecheck e2e-build chaos unit api-test policy-test fuzz-smoke e2e \
+               release-test
 
 test:
 	@for stage in $(TEST_STAGES); do \

@@ -49,8 +49,11 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("evidence: RFC 8785 canonical JSON", ("canonical.py",)),
     ("evidence: chain (hash, line, write)", ("evidence/chain.py",)),
     ("journal (append, fsync)", ("state/journal.py",)),
-    ("use store (SQLite commit)", ("state/usestore.py",)),
-    ("use store (PostgreSQL)", ("state/pgstore.py", "psycopg")),
+    ("use store (SQLite commit)", ("state/usestore.py", "state/sqlitedb.py")),
+    (
+        "use store (PostgreSQL)",
+        ("state/pgstore.py", "state/pgconn.py", "state/pgattempts.py", "psycopg"),
+    ),
     ("Ed25519 grant (sign, verify)", ("grants.py", "jws.py")),
     ("egress (resolve, connect, POST)", ("egress/",)),
     ("policy (schema, CEL)", ("policy/", "schema.py")),

@@ -55,6 +55,8 @@ def _plant_all(cache: Path, *, controller_manager: bool = True) -> None:
     _plant(cache / "etcd" / ETCD / "etcd")
     _plant(cache / "helm" / HELM_VERSION / "helm")
     _plant(cache / "toxiproxy" / TOXIPROXY_VERSION / "toxiproxy-server")
+    for tool in build.RELEASE_TOOLS:
+        _plant(tool.path)
     _plant(cache / "jaeger" / JAEGER_VERSION / "jaeger-all-in-one")
 
 
@@ -110,6 +112,8 @@ def test_the_build_step_finds_a_full_cache_without_building(
     assert f"all binaries cached under {empty_cache}" in err
     assert f"etcd: {empty_cache}/etcd/{ETCD}/etcd" in out
     assert f"toxiproxy: {empty_cache}/toxiproxy/{TOXIPROXY_VERSION}/toxiproxy-server" in out
+    assert f"cosign: {empty_cache}/cosign/{build.COSIGN_VERSION}/cosign" in out
+    assert f"registry: {empty_cache}/registry/{build.REGISTRY_VERSION}/registry" in out
     assert f"jaeger: {empty_cache}/jaeger/{JAEGER_VERSION}/jaeger-all-in-one" in out
 
 
@@ -147,6 +151,36 @@ def test_toxiproxy_is_a_build_step_found_in_the_cache_or_built_once(
     assert "toxiproxy not built, make chaos will skip" in capsys.readouterr().err
 
 
+def test_the_release_tools_are_a_build_step_found_in_the_cache_or_built_once(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built: list[str] = []
+    real_ensure = build.ensure_go_tool
+
+    def ensure(tool: build.GoTool) -> Path:
+        built.append(f"{tool.name}@{tool.version}")
+        _plant(tool.path)
+        return tool.path
+
+    monkeypatch.setattr(build, "ensure_go_tool", ensure)
+    monkeypatch.setattr(build, "go_executable", lambda: "/usr/local/go/bin/go")
+    expected = [f"cosign@{build.COSIGN_VERSION}", f"registry@{build.REGISTRY_VERSION}"]
+    assert build.main(["--only-release-tools"]) == 0
+    assert built == expected
+    assert build.main(["--only-release-tools"]) == 0  # cached: not built again
+    assert built == expected
+    cosign = empty_cache / "cosign" / build.COSIGN_VERSION / "cosign"
+    assert build.go_tool_binary(build.COSIGN) == cosign
+    out, err = capsys.readouterr()
+    assert f"building cosign {build.COSIGN_VERSION}" in err
+    assert f"cosign {build.COSIGN_VERSION} cached: {cosign}" in err
+    assert f"cosign: {cosign}" in out
+    monkeypatch.setattr(build, "go_executable", lambda: None)
+    monkeypatch.setenv("AGENTSAFE_E2E", "require")
+    cosign.unlink()
+    monkeypatch.setattr(build, "ensure_go_tool", real_ensure)
+    assert build.main(["--only-release-tools"]) == 1
+    assert "no Go toolchain on PATH to build cosign" in capsys.readouterr().err
 def test_jaeger_is_a_build_step_found_in_the_cache_or_built_once(
     empty_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

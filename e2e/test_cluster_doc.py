@@ -5,7 +5,9 @@ changes) and run as one bash script from the repository's root, every command's 
 status recorded: ``make cluster-up`` (the node ``make e2e`` brought up is reused: the page says a
 second ``cluster-up`` of the same node prints its kubeconfig again), the namespace and its Pod
 Security label, ``helm install`` of the chart from ``agentsafe:dev`` with ``--wait``, the examples
-applied, and ``make cluster-down``; then ``make cluster-status`` must say no node runs. Two
+applied, and ``make cluster-down``; then ``make cluster-status`` must say no node runs, no
+process the node started may be left, and the kubeconfig the page exports must be git-ignored
+(the page's comments). Two
 liberties, each the page's own: ``sudo`` is dropped when the test already runs as root, and
 where the page's cached kubectl and helm are not at the path it names (another
 ``AGENTSAFE_CACHE_DIR``), the suite's own builds are ``K`` and ``H`` ("or your own kubectl /
@@ -98,6 +100,9 @@ def test_the_page_runs_as_written(
 
     if not node.status().get("running"):
         _unavailable("no one-node cluster is running here (make e2e brings it up)")
+    recorded = node.State.load()
+    assert recorded is not None, "a running node without its record in /run"
+    assert recorded.pids, "the running node recorded no processes"
     logs = tmp_path / "runs"
     logs.mkdir()
     script = []
@@ -119,3 +124,11 @@ def test_the_page_runs_as_written(
         ["make", "cluster-status"], cwd=REPO, capture_output=True, text=True, check=False
     )
     assert "no node is running" in status.stdout, status.stdout + status.stderr
+    # "stop everything": no process the node started is left (etcd ... kubelet, containerd).
+    left = node.State(state_dir=recorded.state_dir, pids=recorded.pids).running()
+    assert not left, f"still running after cluster-down: {sorted(left)}"
+    # "admin credentials (git-ignored)"
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", ".cluster/kubeconfig"], cwd=REPO, check=False
+    )
+    assert ignored.returncode == 0, ".cluster/kubeconfig is not git-ignored"

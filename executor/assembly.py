@@ -11,6 +11,7 @@ The builders it calls are small and pure-ish: each takes the configuration and w
 returns one component or raises :class:`~agentsafe.executor.errors.ConfigError` naming the variable.
 
 Callers: ``serve.py`` (the process), tests.
+Also imported by ``proxy.py``, ``tools/doctor.py``, ``tools/selftest.py``.
 """
 
 from __future__ import annotations
@@ -36,15 +37,12 @@ from .config import (
 from .dispatch.effects import EffectRegister
 from .dispatch.forward import ForwardRequestHandler
 from .dispatch.registration import (
-    ActionRegistrar,
-    Downstream,
-    PlanRegistrar,
     Registration,
-    Seam,
+    compose_seam,
     load_registrations,
     run_registrations,
 )
-from .dispatch.seam import DispatchBoundFetch, Outcome, Registry
+from .dispatch.seam import Outcome, Registry
 from .door.door import Door, LegacyCaller
 from .door.principals_file import PrincipalSet, load_principals_file
 from .door.refusal_lines import RefusalEvent
@@ -92,10 +90,9 @@ from .policy.policy import (
 )
 from .principals import legacy_principal
 from .routes.door import HttpDoor
+from .state.backend import Backend, open_backend
 from .state.journal import AttemptJournal
-from .state.lostwrites import LostWritesGuard
-from .state.pgstore import PostgresStore, SharedAttemptMirror, check_store_url
-from .state.usestore import SQLiteUseStore, SQLiteWindow, UseStore
+from .state.protocol import UseStore
 from .windows import DoorWindows
 
 __all__ = [
@@ -403,33 +400,13 @@ async def assemble(
     journal: AttemptJournal | None = None
     closers: list[Callable[[], Awaitable[None]]] = []
     chained: ChainedStreams | None = None
-    store: UseStore | None = None
-    shared: PostgresStore | None = None
-    mirror: SharedAttemptMirror | None = None
-    lost_writes: LostWritesGuard | None = None
+    backend: Backend | None = None
     try:
-        if config.executor_store_url.given:
-            if config.executor_journal_dir is not None:
-                # Every new database server is checked against this replica's journal before
-                # any work reaches it (a failover that lost acknowledged claims halts).
-                lost_writes = LostWritesGuard(
-                    Path(config.executor_journal_dir), owner=config.replica_id
-                )
-            shared = await open_shared_store(
-                secrets,
-                lease_seconds=config.executor_attempt_lease_seconds,
-                lost_writes=lost_writes,
-            )
-            streams.security.emit(
-                "STORE_OPENED",
-                {"backend": "postgresql", "schema_version": shared.schema_version},
-            )
-            mirror = SharedAttemptMirror(
-                shared.attempts,
-                owner=config.replica_id,
-                lease_seconds=config.executor_attempt_lease_seconds,
-                dispatch_seconds=config.downstream_timeout_ms / 1000.0,
-            )
+        backend = await open_backend(config, secrets, clock=clock, shared_window=worker is not None)
+        if backend.opened is not None:
+            streams.security.emit("STORE_OPENED", dict(backend.opened))
+        mirror = backend.attempts
+        store = backend.store
         if config.executor_journal_dir is not None:
             try:
                 journal = await AttemptJournal.open(
@@ -471,12 +448,6 @@ async def assemble(
                 if not isinstance(deferred, DeferredSink):
                     raise TypeError("chained streams need DeferredSink placeholders")
                 deferred.attach(_CountingSink(sink, metrics, name))
-        if shared is not None:
-            store = shared.use_store
-        else:
-            assert config.executor_state_dir is not None  # the configuration requires it
-            store = await SQLiteUseStore.open(Path(config.executor_state_dir), clock=clock)
-
         halt = HaltState(
             clock=clock,
             security=streams.security,
@@ -543,20 +514,12 @@ async def assemble(
                 receipts=receipts,
                 security=streams.security,
             )
-        seam = Seam(
-            registry=ActionRegistrar(registry),
-            downstream=Downstream(
-                url=config.downstream_url,
-                lookup_url=config.downstream_lookup_url,
-                lookup_by_reference_url=config.downstream_lookup_by_reference_url,
-                timeout_ms=config.downstream_timeout_ms,
-                system=config.downstream_system,
-                operation=config.downstream_operation,
-            ),
+        seam = compose_seam(
+            config,
+            registry,
             credential=credential,
-            fetch=DispatchBoundFetch(transport),
+            transport=transport,
             effects=effects,
-            plans=PlanRegistrar(),
             closers=closers,
         )
         registered_steps = await run_registrations(
@@ -609,14 +572,7 @@ async def assemble(
             window_count=config.executor_hard_limit_window_count,
             window_sum_minor=config.executor_hard_limit_window_sum_minor,
             clock=clock,
-            window=(
-                shared.window
-                if shared is not None
-                # EXECUTOR_WORKERS: one window for every worker, in the SQLite store they share
-                else SQLiteWindow(store)
-                if worker is not None and isinstance(store, SQLiteUseStore)
-                else None
-            ),
+            window=backend.window,
         )
         shadow = ShadowReport()
         store_health = StoreHealth()
@@ -690,8 +646,8 @@ async def assemble(
                 journal_dir=config.executor_journal_dir,
                 executors=plan_executors,
             ),
-            shared=shared,
-            lost_writes=lost_writes,
+            backend=backend,
+            lost_writes=backend.lost_writes,
             store_health=store_health,
             closers=closers,
             startup=startup,
@@ -712,10 +668,8 @@ async def assemble(
         for close in reversed(closers):
             with contextlib.suppress(Exception):
                 await close()
-        if store is not None:
-            await store.close()
-        if shared is not None:
-            await shared.close()
+        if backend is not None:
+            await backend.close()
         if journal is not None:
             await journal.close()
         secrets.close()
@@ -813,21 +767,3 @@ def _journal_refusal(exc: JournalError) -> str:
             " it, or give this process its own EXECUTOR_JOURNAL_DIR"
         )
     return "cannot be opened for appending"
-
-
-async def open_shared_store(
-    secrets: SecretStore, *, lease_seconds: float, lost_writes: LostWritesGuard | None = None
-) -> PostgresStore:
-    """Open (and migrate) the shared store named by ``EXECUTOR_STORE_URL``; ``ConfigError``
-    naming the variable, never the URL, when it is not a PostgreSQL URL; ``StoreError`` when the
-    database does not answer or its schema is newer than this agentsafe. ``lease_seconds``
-    (``EXECUTOR_ATTEMPT_LEASE_SECONDS``) also bounds how long a key's holder has to open its
-    attempt."""
-    handle = secrets.get("EXECUTOR_STORE_URL")
-    if handle is None:
-        raise ConfigError("EXECUTOR_STORE_URL", "is set but could not be read")
-    with handle.reveal() as value:
-        url = bytes(value).decode("utf-8", errors="replace").strip()
-    return await PostgresStore.open(
-        check_store_url(url), lease_seconds=lease_seconds, server_watch=lost_writes
-    )

@@ -27,7 +27,7 @@ out (``binascii`` accepts non-canonical trailing bits), and nothing else, so it 
 Ground floor: imports only the registry of codes and the root error. Callers: ``jws.py`` (every
 JWS segment and JWK member: the grants, the provider's verifier and the workload door read
 through it), ``egress/httpsig.py`` (byte sequences), ``evidence/bundle.py`` (the manifest
-signature), ``config.py`` (SPKI pins).
+signature), ``config/parsing.py`` (SPKI pins).
 """
 
 from __future__ import annotations

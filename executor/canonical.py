@@ -32,6 +32,8 @@ no canonical form. ``tests/test_canonical.py`` holds the two routes to the same 
 
 Callers: intent capture, grants, the journal, evidence chains and bundles, plans, the policy
 loader, the request body reader (``routes/app.py``), the provider's verifier.
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations

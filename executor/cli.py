@@ -38,9 +38,10 @@ def _config(args: argparse.Namespace) -> int:
     import json
     from dataclasses import asdict
 
-    from .config import describe_config, load_config, render_config_table
+    from .config import load_config
     from .errors import AgentSafeError, ConfigError
     from .policy.policy import compile_policy, load_policy
+    from .tools.config_view import describe_config, render_config_table
     from .tools.doctor import read_environment
 
     environ = read_environment(args.env_file)

@@ -1,6 +1,8 @@
 """Clocks: wall time for timestamps, monotonic time for deadlines, both injectable for tests.
 
 Callers: intent capture, grants, the use store, host ceilings, rate windows, the journal.
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ refuse with its own code; the plan routes answer such a code with :data:`HOST_CO
 
 Ground floor: imports nothing of agentsafe. Callers: ``errors.py`` and every module that raises
 or answers a code; ``routes/refusals.py`` maps a code to its HTTP status.
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations

@@ -47,6 +47,8 @@ registry gives its code. Messages never contain request data or secret values.
 Callers: every module that raises; ``routes/app.py`` answers :class:`RequestRejected` (the
 plan routes answer the plan boundary's errors); ``serve.py`` turns a :class:`ConfigError` into
 exit status 78.
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations

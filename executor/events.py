@@ -11,6 +11,8 @@ standard error as JSON lines too, :data:`LOG_SCHEMA` with a ``level`` field, for
 :class:`JsonLogFormatter`; nothing on standard error is plain text (``serve.py`` installs it).
 
 Fields must never carry request parameters, provider bodies or secret values.
+
+Callers: main callers; it is imported across the wings, and its importers are not listed.
 """
 
 from __future__ import annotations

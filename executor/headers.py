@@ -15,9 +15,10 @@ Who writes which header, on every request to the downstream:
 ``x-agent-safe-`` prefix. No configured header (``DOWNSTREAM_CREDENTIAL_HEADER``) may name one, and
 no credential may replace one. :data:`HEADER_NAME` is the RFC 9110 field-name grammar (a token).
 
-Callers: ``config.py`` (``DOWNSTREAM_CREDENTIAL_HEADER``), ``egress/credentials.py`` (the static
-header credential), ``egress/guard.py`` (what a caller may pass), ``dispatch/forward.py`` (what a
-credential may add).
+Callers: ``config/parsing.py`` (``DOWNSTREAM_CREDENTIAL_HEADER``), ``egress/credentials.py``
+(the static header credential), ``egress/guard.py`` (what a caller may pass),
+``dispatch/forward.py`` (what a credential may add).
+Also imported by ``banking/transport.py``, ``gateway/forward.py``, ``gateway/intercept.py``.
 """
 
 from __future__ import annotations

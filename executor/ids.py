@@ -13,6 +13,7 @@ Hand-written because no library pools the bytes; the standard library formats pe
 
 Callers: intent capture in the lifecycle pipeline (``intent_id``), the policy authority
 (decision, dossier and grant ids), the attempt (``attempt_id``), escalations (``request_id``).
+Also imported by ``lifecycle/attempt.py``, ``lifecycle/pipeline.py``, ``policy/authority.py``.
 """
 
 from __future__ import annotations

@@ -11,8 +11,12 @@ or escalation presents only the caller's own intent (:func:`check_intent_owner`)
 never decides an intent it proposed (:func:`check_separation`).
 
 Callers: the HTTP layer (``routes/app.py``), ``lifecycle/pipeline.py``,
-``lifecycle/reconcile.py``, ``dispatch/seam.py``, ``policy/authority.py``, ``config.py``
-(:class:`DownstreamTarget`).
+``lifecycle/reconcile.py``, ``dispatch/seam.py``, ``policy/authority.py``.
+Also imported by ``gateway/intercept.py``, ``lifecycle/attempt.py``, ``policy/trial.py``,
+``routes/approvals.py``, ``routes/schemas.py``.
+
+:class:`DownstreamTarget` is defined in the ground-floor module target.py (so the configuration
+need not import this module) and re-exported here.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .clock import format_ms, parse_ms
 from .codes import Code
 from .errors import RequestRejected
 from .principals import Principal, Role, same_actor
+from .target import DownstreamTarget
 
 __all__ = [
     "FORBIDDEN_KEYS",
@@ -59,24 +64,6 @@ MAX_ARRAY_LENGTH = 1000
 FORBIDDEN_KEYS = frozenset({"__proto__", "prototype", "constructor"})
 UUID4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 """A lower-case UUIDv4 (intent, grant, decision and dossier ids); use ``fullmatch``."""
-
-
-@dataclass(frozen=True)
-class DownstreamTarget:
-    """The downstream target an intent names (``DOWNSTREAM_SYSTEM``, ``_OPERATION``, the
-    endpoint of ``DOWNSTREAM_URL`` and, when set, ``DOWNSTREAM_ENVIRONMENT``). Without an
-    environment the binding has exactly the three members the peer vectors hash."""
-
-    system: str
-    operation: str
-    endpoint: str
-    environment: str | None = None
-
-    def as_binding(self) -> dict[str, str]:
-        binding = {"system": self.system, "operation": self.operation, "endpoint": self.endpoint}
-        if self.environment is not None:
-            binding["environment"] = self.environment
-        return binding
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ own vocabulary map it (``JWT_*`` for workload tokens, ``ATTESTATION_*`` for a pr
 
 Callers: ``grants.py`` (which re-exports :class:`TokenRefused` and ``b64url_*`` for the plan
 library), ``door/workload.py``, ``egress/credentials.py``, ``provider.py``.
+Also imported by ``effects/adapter.py``, ``effects/receipts.py``, ``tools/synthetic_bank.py``.
 """
 
 from __future__ import annotations

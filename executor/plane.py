@@ -9,6 +9,7 @@ the pipeline asks it before anything else, without knowing the control plane.
 
 Callers: ``assembly.py`` (builds both), tests; the process runs what ``assemble`` returns. The
 control routes know it only through their ``ControlPlane`` protocol.
+Also imported by ``proxy.py``.
 """
 
 from __future__ import annotations
@@ -69,10 +70,11 @@ from .routes.app import ReadyState, Route, build_app
 from .routes.door import HttpDoor
 from .routes.listener import GuardedSite, ListenerLimits, handler_settings
 from .routes.table import Approvals, route_table
+from .state.backend import Backend
 from .state.journal import AttemptJournal, JournalScan, ReconciledBy, Settled
 from .state.lostwrites import LostClaim, LostWritesGuard
-from .state.pgstore import PostgresStore
-from .state.usestore import ApprovalState, OrphanKey, UseStore
+from .state.protocol import UseStore
+from .state.records import ApprovalState, OrphanKey
 
 __all__ = ["DRAIN_SECONDS", "Executor", "Startup", "WorkGate"]
 
@@ -168,9 +170,10 @@ class Executor:
     redactor: Redactor
     load_principals: Callable[[], PrincipalSet]
     """Re-reads ``EXECUTOR_PRINCIPALS_FILE`` (``assembly.load_principals``, bound at start)."""
+    backend: Backend
+    """The store the configuration names (``state/backend.py``); ``store`` is its use store."""
     chained: ChainedStreams | None = None
     plans: PlanService | None = None
-    shared: PostgresStore | None = None  # EXECUTOR_STORE_URL: the store every replica shares
     leases: LeaseKeeper | None = None
     lost_writes: LostWritesGuard | None = None
     """With a shared store: checks each new database server against this replica's journal."""
@@ -294,7 +297,7 @@ class Executor:
             "unknown_attempts": self.unknown_attempts,
             "reconciling": self.reconciling,
             "halted": self.halt.halted,
-            "store": "postgresql" if self.shared is not None else "sqlite",
+            "store": self.backend.name,
             "store_available": self.store_health.available,
         }
         if self.lost_writes is not None:
@@ -866,10 +869,10 @@ class Executor:
         if body is not None:
             response = {"status": 200, "body": body}
             await self.store.idempotency_settle(**scope, response=response, now=self.clock.now())
-            if self.shared is not None:  # a key the attempt holds under another name (approvals)
-                await self.shared.use_store.idempotency_settle_attempt(
-                    resolution.attempt_id, response=response, now=self.clock.now()
-                )
+            # a key the attempt holds under another name (approvals)
+            await self.store.idempotency_settle_attempt(
+                resolution.attempt_id, response=response, now=self.clock.now()
+            )
 
     @property
     def listener_limits(self) -> ListenerLimits:
@@ -938,7 +941,7 @@ class Executor:
             self._spawn(self.tls.watch())
         if self.jwks is not None and self.config.executor_jwks_url:
             self._spawn(self.jwks.run_refresh())
-        if self.shared is not None:
+        if self.backend.watched:
             self._spawn(self._store_health_loop())
         if self.leases is not None:
             self._spawn(self.leases.run())
@@ -951,11 +954,10 @@ class Executor:
         stopped server made it wait for the connect timeout (5 s), twice (a stale connection,
         then a new one), so ``/ready`` stayed 200 for about 11 s. Within
         :data:`READY_FOLLOWS_STORE_SECONDS` now."""
-        assert self.shared is not None
         while True:
             try:
                 async with asyncio.timeout(STORE_PING_TIMEOUT_SECONDS):
-                    available = await self.shared.ping()
+                    available = await self.backend.ping()
             except TimeoutError:
                 available = False
             if available != self.store_health.available:

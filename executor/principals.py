@@ -4,6 +4,8 @@ This module holds the :class:`Principal` model every other component sees, and t
 vocabulary of roles (:class:`Role`) and operator scopes (:class:`Scope`). Loading
 ``agent-safe.principals/1`` files lives in ``principals_file.py``; legacy mode synthesises one
 PROPOSER from the ``EXECUTOR_TENANT_ID``/``EXECUTOR_ACTOR_*`` variables (:func:`legacy_principal`).
+
+Callers: main callers; it is imported across the wings, and its importers are not listed.
 """
 
 from __future__ import annotations

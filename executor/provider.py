@@ -13,6 +13,8 @@ alone.
 
 Callers: providers; ``cli.py`` (``agentsafe verify provider-request <vector>``, through
 :func:`main`).
+Also imported by ``tools/synthetic_bank.py`` and ``tools/synthetic_credentials.py`` (the dev
+tools); the serving process never imports it (an import contract).
 """
 
 from __future__ import annotations

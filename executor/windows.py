@@ -9,7 +9,12 @@ Callers: ``door/door.py`` (the unauthenticated window ``EXECUTOR_RATE_LIMIT_UNAU
 the per-principal lockout ``EXECUTOR_AUTH_LOCKOUT`` and each principal's ``rate_limit``),
 ``host/halt.py`` (the spike detectors ``EXECUTOR_HALT_ON_AUTH_FAILURES`` /
 ``EXECUTOR_HALT_ON_EGRESS_REFUSALS``), ``door/principals_file.py`` (parsing a principal's
-``rate_limit``), ``config.py`` (parsing the rules), ``assembly.py``.
+``rate_limit``), ``config/parsing.py`` (parsing the rules), ``assembly.py``.
+:func:`ceiling_verdict`, the host ceilings' one rule, is applied by every window that keeps them:
+``lifecycle/ceilings.py`` (memory), ``state/usestore.py`` (SQLite) and ``state/pgstore.py``
+(PostgreSQL).
+Also imported by ``config/__init__.py``, ``config/model.py``, ``config/table.py``,
+``config/values.py``.
 """
 
 from __future__ import annotations
@@ -29,12 +34,31 @@ __all__ = [
     "LockoutRule",
     "RateRule",
     "SpikeDetector",
+    "ceiling_verdict",
 ]
 
 DEFAULT_MAX_KEYS = 10_000
 _RATE = re.compile(r"^([0-9]{1,9})/([0-9]{1,9})$")
 _LOCKOUT = re.compile(r"^([0-9]{1,9})/([0-9]{1,9})/([0-9]{1,9})$")
 _DISABLED_LOCKOUT = re.compile(r"^0(/[0-9]{1,9}){0,2}$")
+
+
+def ceiling_verdict(
+    count: int,
+    total_minor: int,
+    amount_minor: int,
+    count_limit: int | None,
+    sum_limit: int | None,
+) -> str | None:
+    """Whether one more action of ``amount_minor`` fits a ceiling window that holds ``count``
+    actions summing ``total_minor`` now: ``None`` when it fits, else the bound it would pass,
+    ``"COUNT"`` (checked first) or ``"SUM"``. A limit of ``None`` is no bound. The one rule of
+    the host ceilings' sliding window, whichever store keeps the window."""
+    if count_limit is not None and count + 1 > count_limit:
+        return "COUNT"
+    if sum_limit is not None and total_minor + amount_minor > sum_limit:
+        return "SUM"
+    return None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ stored before the webhook existed can always be deleted and its finalizer remove
 
 Callers: ``handlers.py`` (the kopf boundary maps :class:`AdmissionRefused` to
 ``kopf.AdmissionError``), the tests.
+Also imported by ``cli.py``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from .errors import OperatorError
 from .models import AgentPolicySpec, ConditionReason
 from .render import RenderError, compile_spec_policy
 from .render.workload import worker_warnings
@@ -62,7 +64,7 @@ Also the webhook's ``name`` there."""
 REVIEWED_OPERATIONS: Final = frozenset({"CREATE", "UPDATE"})
 
 
-class AdmissionRefused(Exception):
+class AdmissionRefused(OperatorError):
     """The AgentPolicy is refused; ``reason`` is the condition reason it would get."""
 
     def __init__(self, reason: ConditionReason, message: str) -> None:

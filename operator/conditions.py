@@ -8,6 +8,7 @@ the model. :func:`spec_invalid_status` is the status of any of the three resourc
 ``spec`` does not validate: ``Ready=False``, reason ``SpecInvalid``.
 
 Callers: ``reconcile.py``, ``halt.py``, ``readiness.py``, ``handlers.py``, the tests.
+Also imported by ``lostwrites.py``.
 """
 
 from __future__ import annotations

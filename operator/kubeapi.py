@@ -36,6 +36,7 @@ never the request); ``handlers.to_kopf_error`` maps it to kopf's errors at the h
 Callers: ``cli.py`` (:class:`Login`, :class:`KubeClient`, :func:`connection_fields`),
 ``runtime.py`` and ``reconcile.py`` (:class:`Kube`), ``handlers.py``, ``halt.py`` and
 ``readiness.py`` (:class:`ApiError`), the tests.
+Also imported by ``webhook_tls.py``.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from kubernetes_asyncio.config.incluster_config import (
 )
 from kubernetes_asyncio.config.kube_config import load_kube_config
 
+from .errors import OperatorError
 from .resources import resource_for
 from .settings import FIELD_MANAGER
 
@@ -81,7 +83,7 @@ REQUEST_TIMEOUT_SECONDS = 30.0
 _ACCEPT = "application/json, application/jwk-set+json"
 
 
-class ApiError(Exception):
+class ApiError(OperatorError):
     """The API server refused a call (or answered something that is not JSON)."""
 
     def __init__(self, status: int, reason: str, message: str) -> None:
@@ -91,7 +93,7 @@ class ApiError(Exception):
         self.message = message
 
 
-class LoginFailed(Exception):
+class LoginFailed(OperatorError):
     """The operator's credentials did not load: an exec plugin that fails, a kubeconfig that
     does not parse or lacks its context, an empty token file (the library's message, which
     names the file or plugin, never a credential).

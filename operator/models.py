@@ -20,6 +20,8 @@ journal size, names, the executor container's default resources per worker).
 Callers: ``crds.py`` (schemas); ``reconcile.py``, ``halt.py``, ``readiness.py`` and
 ``render/halt.py`` (parsing); ``render/*`` (rendering); ``resources.py`` and ``handlers.py`` (the
 group).
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ operator's RBAC (``rbac.py``): a resource the operator uses without listing it h
 and no permission, so the two cannot drift apart.
 
 Callers: ``kubeapi.py``, ``rbac.py``, ``charts/generate_rbac.py``, the tests.
+Also imported by ``cli.py``, ``handlers.py``.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ Nothing here imports kopf: the kopf boundary (Events through kopf's queue, kopf'
 is ``handlers.py``.
 
 Callers: ``handlers.py``, ``reconcile.py``, ``halt.py``, ``readiness.py``, ``cli.py``, the tests.
+Also imported by ``admission.py``, ``lostwrites.py``, ``webhook_tls.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from .control import ControlClient
+from .errors import OperatorError
 from .kubeapi import ApiError, Kube
 from .metrics import OperatorMetrics
 from .render import PolicyRef
@@ -125,7 +127,7 @@ class Runtime:
     secret_listings: SecretListings = field(default_factory=SecretListings)
 
 
-class InvalidSpec(Exception):
+class InvalidSpec(OperatorError):
     """A stored object that does not validate against the model."""
 
 

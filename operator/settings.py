@@ -6,6 +6,7 @@ variables and handed to every render function, so rendering stays a pure functio
 
 Callers: ``cli.py``, ``runtime.py``, ``kubeapi.py`` and ``halt.py`` (the field managers),
 ``render/common.py``, the tests.
+Also imported by ``admission.py``, ``render/config.py``, ``render/workload.py``.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from .errors import OperatorError
 from .kubeapi import Kube
 from .runtime import decode_secret_key
 
@@ -70,7 +71,7 @@ CA_CERT_KEY: Final = "ca.crt"
 CA_KEY_KEY: Final = "ca.key"
 
 
-class WebhookTlsError(Exception):
+class WebhookTlsError(OperatorError):
     """The webhook's TLS material cannot be made or read; the message says what to do."""
 
 

@@ -102,3 +102,77 @@ def test_the_checker_reads_imports() -> None:
     assert _resolve("app.py", REPO / "executor" / "routes" / "door.py") == (
         REPO / "executor" / "routes" / "app.py"
     )
+
+
+# ---------------------------------------------------------------------- completeness
+
+MAIN_CALLERS = "main callers"
+"""A "Callers:" paragraph that says this names only its main callers: a module imported nearly
+everywhere (``codes.py``, ``errors.py``) is exempt from naming every importer."""
+
+
+def modules() -> list[Path]:
+    return [
+        path
+        for top in PACKAGES
+        for path in sorted((REPO / top).rglob("*.py"))
+        if path.name != "__init__.py"
+    ]
+
+
+def importers() -> dict[Path, set[Path]]:
+    """For every module of ``executor/`` and ``operator/``, the modules there that import it."""
+    by_name = {_dotted(path): path for top in PACKAGES for path in (REPO / top).rglob("*.py")}
+    found: dict[Path, set[Path]] = {path: set() for path in by_name.values()}
+    for path in by_name.values():
+        for name in _imports(path):
+            target = by_name.get(name)
+            if target is not None and target != path:
+                found[target].add(path)
+    return found
+
+
+def _named(path: Path) -> tuple[set[Path], bool]:
+    """The modules ``path``'s "Callers:" paragraphs name, and whether one says main callers."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    named: set[Path] = set()
+    main = False
+    for paragraph in _CALLERS.findall(doc):
+        main = main or MAIN_CALLERS in " ".join(paragraph.split())
+        for token in _PATH.findall(paragraph):
+            found = _resolve(token, path)
+            if found is not None:
+                named.add(found)
+    return named, main
+
+
+def omissions() -> dict[str, list[str]]:
+    """module -> the importers its "Callers:" line omits (modules that say main callers and
+    modules no other module imports are complete)."""
+    out: dict[str, list[str]] = {}
+    every = importers()
+    for path in modules():
+        callers = every.get(path, set())
+        if not callers:
+            continue
+        named, main = _named(path)
+        if main:
+            continue
+        missing = sorted(p.relative_to(REPO).as_posix() for p in callers - named)
+        if missing:
+            out[path.relative_to(REPO).as_posix()] = missing
+    return out
+
+
+def test_every_importer_is_named_or_the_line_says_main_callers() -> None:
+    missing = omissions()
+    assert missing == {}, (
+        f"{len(missing)} modules' Callers: lines omit importers (name them, or say "
+        f'"{MAIN_CALLERS}"): {missing}'
+    )
+
+
+def test_the_importers_are_found() -> None:
+    every = importers()
+    assert REPO / "executor" / "serve.py" in every[REPO / "executor" / "assembly.py"]
+    assert REPO / "operator" / "handlers.py" in every[REPO / "operator" / "reconcile.py"]

@@ -24,7 +24,6 @@ from agentsafe.executor.config import (
     SECRET_NAMES,
     WORKERS_DEFAULT,
     WORKERS_MAX,
-    ConfigRow,
     CredentialKind,
     EffectMismatchAction,
     EscalationMode,
@@ -38,14 +37,13 @@ from agentsafe.executor.config import (
     SecretSource,
     SigningAlgorithm,
     TlsMinVersion,
-    describe_config,
     is_production,
     load_config,
-    render_config_table,
 )
 from agentsafe.executor.errors import ConfigError
 from agentsafe.executor.intent import DownstreamTarget
 from agentsafe.executor.principals import Actor
+from agentsafe.executor.tools.config_view import ConfigRow, describe_config, render_config_table
 
 TENANT = "00000000-0000-4000-8000-000000000001"
 CALLER_TOKEN = "caller-token-value-7f3e9a"

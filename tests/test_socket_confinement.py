@@ -156,19 +156,29 @@ ALLOWED: dict[str, Allowance] = {
         reason="the audit hook's self-test probe: a connect to a closed loopback port that the "
         "installed hook must refuse (posture check SOCKET_GUARD_ABSENT)",
     ),
-    "executor/state/pgstore.py": allow(
+    "executor/state/pgconn.py": allow(
         DATABASE,
         reason="the shared store (EXECUTOR_STORE_URL): the pool of connections to the one "
         "PostgreSQL database; libpq connects natively, so the NetworkPolicy's egress to the "
         "database is what binds it",
     ),
+    "executor/state/pgstore.py": allow(
+        DATABASE,
+        reason="the shared store's use store and window: statements on connections pgconn.py's "
+        "pool opened; it opens none of its own",
+    ),
+    "executor/state/pgattempts.py": allow(
+        DATABASE,
+        reason="the shared store's attempts (issue 29): statements on connections pgconn.py's "
+        "pool opened; it opens none of its own",
+    ),
     "executor/state/pgschema.py": allow(
         DATABASE,
-        reason="the shared store's migrations, run on a connection pgstore.py opened",
+        reason="the shared store's migrations, run on a connection pgconn.py opened",
     ),
     "executor/state/lostwrites.py": allow(
         DATABASE,
-        reason="the lost-writes check (issue 29): statements on a connection pgstore.py's pool "
+        reason="the lost-writes check (issue 29): statements on a connection pgconn.py's pool "
         "opened and hands it (the server's identity, the grant claims it should hold); it opens "
         "none of its own",
     ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentsafe.executor.errors import ConfigError
-from agentsafe.executor.state.pgstore import check_store_url
+from agentsafe.executor.state.pgconn import check_store_url
 
 
 @pytest.mark.parametrize(

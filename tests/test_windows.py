@@ -12,6 +12,7 @@ from agentsafe.executor.windows import (
     LockoutRule,
     RateRule,
     SpikeDetector,
+    ceiling_verdict,
 )
 
 
@@ -112,3 +113,36 @@ def test_door_windows_from_configuration_and_per_principal_rules() -> None:
     assert windows.principal_window("p", RateRule(2, 60)) is not first
     with pytest.raises(ValueError):
         DoorWindows.from_config(clock=clock, rate_limit_unauthenticated="lots")
+
+
+# -- the host ceilings' one window rule (memory, SQLite and PostgreSQL all apply it) -------------
+
+
+@pytest.mark.parametrize(
+    ("count", "total", "amount", "count_limit", "sum_limit", "verdict"),
+    [
+        (0, 0, 100, None, None, None),  # no bound at all
+        (2, 0, 1, 3, None, None),  # the third of three fits
+        (3, 0, 1, 3, None, "COUNT"),  # a fourth does not
+        (0, 900, 100, None, 1000, None),  # exactly reaching the sum fits
+        (0, 900, 101, None, 1000, "SUM"),  # passing it by one minor unit does not
+        (3, 1000, 1, 3, 1000, "COUNT"),  # both full: the count is named first
+        (1, 1000, 1, 3, 1000, "SUM"),
+        (0, 0, 1, 0, None, "COUNT"),  # a count limit of zero admits nothing
+        (0, 0, 0, None, 0, None),  # a zero amount never passes a sum
+    ],
+)
+def test_the_ceiling_verdict_names_the_bound_one_more_action_would_pass(
+    count: int,
+    total: int,
+    amount: int,
+    count_limit: int | None,
+    sum_limit: int | None,
+    verdict: str | None,
+) -> None:
+    assert (
+        ceiling_verdict(
+            count, total, amount_minor=amount, count_limit=count_limit, sum_limit=sum_limit
+        )
+        == verdict
+    )

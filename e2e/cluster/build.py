@@ -23,11 +23,15 @@ What is built and how:
 * ``toxiproxy-server`` (the nemesis harness's fault-injecting TCP proxy, ``make chaos``,
   ``e2e/chaos/``): ``go install github.com/Shopify/toxiproxy/v2/cmd/server@<pinned>`` into
   ``<cache>/toxiproxy/<version>/`` (:func:`ensure_toxiproxy`, :func:`toxiproxy_binary`).
+* ``cosign`` and the OCI ``registry`` (distribution) for ``make release`` and its test
+  (``e2e/release/``): ``go install`` of their ``cmd/`` packages at the pinned versions into
+  ``<cache>/cosign/<version>/`` and ``<cache>/registry/<version>/`` (:data:`RELEASE_TOOLS`,
+  :func:`ensure_go_tool`; ``--only-release-tools`` builds just these two).
 * ``jaeger-all-in-one`` (the real OTLP collector and trace store of the tracing test,
   ``tests/integration/test_tracing_jaeger.py``): ``github.com/jaegertracing/jaeger/cmd/all-in-one``
   at the pinned version, built as its own main module (its go.mod has a replace directive, which
-  ``go install pkg@version`` refuses) into ``<cache>/jaeger/<version>/`` (:func:`ensure_jaeger`,
-  :func:`jaeger_binary`).
+  ``go install pkg@version`` refuses) into ``<cache>/jaeger/<version>/`` (:data:`JAEGER`,
+  :func:`jaeger_binary`; ``--only-jaeger`` builds just this one).
 
 Everything is built with ``CGO_ENABLED=0 GOFLAGS=-mod=mod`` under ``nice`` so that the build
 shares two cores politely. A finished binary is moved into place atomically, and a
@@ -47,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -55,6 +59,10 @@ KUBERNETES_VERSION = "v1.36.3"
 HELM_VERSION = "v3.21.4"
 TOXIPROXY_VERSION = "v2.5.0"
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2"
+COSIGN_VERSION = "v2.6.5"
+COSIGN_MODULE = "github.com/sigstore/cosign/v2"
+REGISTRY_VERSION = "v3.1.2"
+REGISTRY_MODULE = "github.com/distribution/distribution/v3"
 JAEGER_VERSION = "v1.76.0"
 JAEGER_MODULE = "github.com/jaegertracing/jaeger"
 #: None: take the etcd release that the Kubernetes release pins in its go.mod.
@@ -542,70 +550,79 @@ def _build_missing(
         yield CONTROLLER_MANAGER, seconds
 
 
-def toxiproxy_binary(version: str = TOXIPROXY_VERSION) -> Path | None:
-    """The cached ``toxiproxy-server`` for ``version``, or None; never builds."""
-    path = cache_root() / "toxiproxy" / version / "toxiproxy-server"
-    return path if _executable(path) else None
-
-
-def ensure_toxiproxy(version: str = TOXIPROXY_VERSION) -> Path:
-    """The cached ``toxiproxy-server``, built once per version from the Go module proxy
-    (``go install <module>/cmd/server@<version>``). Raises :class:`BuildUnavailable`."""
-    return _ensure_go_program(
-        _GoProgram(
-            name="toxiproxy",
-            binary="toxiproxy-server",
-            package=f"{TOXIPROXY_MODULE}/cmd/server",
-            built_as="server",
-            ldflags=f"-s -w -X {TOXIPROXY_MODULE}.Version={version.removeprefix('v')}",
-        ),
-        version,
-    )
-
-
-def jaeger_binary(version: str = JAEGER_VERSION) -> Path | None:
-    """The cached Jaeger ``all-in-one`` for ``version``, or None; never builds."""
-    path = cache_root() / "jaeger" / version / "jaeger-all-in-one"
-    return path if _executable(path) else None
-
-
-def ensure_jaeger(version: str = JAEGER_VERSION) -> Path:
-    """The cached Jaeger ``all-in-one`` (OTLP receiver, in-memory store, query API: the real
-    collector of ``tests/integration/test_tracing_jaeger.py``), built once per version from the
-    Go module proxy as its own main module (see the module docstring)."""
-    return _ensure_go_program(
-        _GoProgram(
-            name="jaeger",
-            binary="jaeger-all-in-one",
-            package=f"{JAEGER_MODULE}/cmd/all-in-one",
-            built_as="all-in-one",
-            ldflags=f"-s -w -X {JAEGER_MODULE}/internal/version.latestVersion={version}",
-            # Jaeger's go.mod has a replace directive, which `go install pkg@version` refuses:
-            # its own module (downloaded and checked against the checksum database) is the
-            # main module of the build, with its go.sum read-only.
-            as_main_module=JAEGER_MODULE,
-        ),
-        version,
-    )
-
-
 @dataclasses.dataclass(frozen=True)
-class _GoProgram:
-    """One program ``go install``-ed from the module proxy into ``<cache>/<name>/<version>/``."""
+class GoTool:
+    """One ``go install``-able command, cached as ``<cache>/<name>/<version>/<binary>``."""
 
     name: str
-    binary: str
+    module: str
     package: str
-    built_as: str
-    ldflags: str
-    as_main_module: str | None = None
+    version: str
+    binary: str
+    version_ldflags: str = ""
+    #: Build inside a copy of ``module`` as the main module (``go build``), for a module whose
+    #: go.mod has replace directives, which ``go install pkg@version`` refuses.
+    as_main_module: bool = False
+
+    @property
+    def directory(self) -> Path:
+        return cache_root() / self.name / self.version
+
+    @property
+    def path(self) -> Path:
+        return self.directory / self.binary
 
 
-def _main_module_copy(
-    go: str, module: str, version: str, env: Mapping[str, str], work: Path
-) -> Path:
-    """A writable copy of ``module@version`` from the module cache, to build as the main module."""
-    info = _module_info(go, f"{module}@{version}", env, work)
+def toxiproxy_tool(version: str = TOXIPROXY_VERSION) -> GoTool:
+    return GoTool(
+        name="toxiproxy",
+        module=TOXIPROXY_MODULE,
+        package=f"{TOXIPROXY_MODULE}/cmd/server",
+        version=version,
+        binary="toxiproxy-server",
+        version_ldflags=f"-X {TOXIPROXY_MODULE}.Version={version.removeprefix('v')}",
+    )
+
+
+#: ``make release`` signs and attests with cosign; its test pushes to this registry.
+COSIGN = GoTool(
+    name="cosign",
+    module=COSIGN_MODULE,
+    package=f"{COSIGN_MODULE}/cmd/cosign",
+    version=COSIGN_VERSION,
+    binary="cosign",
+    version_ldflags=f"-X sigs.k8s.io/release-utils/version.gitVersion={COSIGN_VERSION}",
+)
+REGISTRY = GoTool(
+    name="registry",
+    module=REGISTRY_MODULE,
+    package=f"{REGISTRY_MODULE}/cmd/registry",
+    version=REGISTRY_VERSION,
+    binary="registry",
+    version_ldflags=f"-X {REGISTRY_MODULE}/version.version={REGISTRY_VERSION}",
+)
+RELEASE_TOOLS = (COSIGN, REGISTRY)
+#: The tracing test's real collector: OTLP/HTTP in, an in-memory store, the query API.
+JAEGER = GoTool(
+    name="jaeger",
+    module=JAEGER_MODULE,
+    package=f"{JAEGER_MODULE}/cmd/all-in-one",
+    version=JAEGER_VERSION,
+    binary="jaeger-all-in-one",
+    version_ldflags=f"-X {JAEGER_MODULE}/internal/version.latestVersion={JAEGER_VERSION}",
+    as_main_module=True,
+)
+
+
+def go_tool_binary(tool: GoTool) -> Path | None:
+    """The cached binary of ``tool``, or None; never builds."""
+    return tool.path if _executable(tool.path) else None
+
+
+def _main_module_copy(go: str, tool: GoTool, env: Mapping[str, str], work: Path) -> Path:
+    """A writable copy of ``tool.module@tool.version`` from the module cache (downloaded and
+    checked against the checksum database), to build as the main module with its go.sum."""
+    info = _module_info(go, f"{tool.module}@{tool.version}", env, work)
     source = work / "src"
     shutil.copytree(info["Dir"], source)
     for path in [source, *source.rglob("*")]:
@@ -613,87 +630,105 @@ def _main_module_copy(
     return source
 
 
-def _ensure_go_program(program: _GoProgram, version: str) -> Path:
-    """Find ``program`` in the cache or build it once (under the build lock). Raises
-    :class:`BuildUnavailable`."""
-    directory = cache_root() / program.name / version
-    if _executable(directory / program.binary):
-        return directory / program.binary
+def ensure_go_tool(tool: GoTool) -> Path:
+    """The cached binary of ``tool``, built once per version from the Go module proxy
+    (``go install <package>@<version>``). Raises :class:`BuildUnavailable`."""
+    found = go_tool_binary(tool)
+    if found is not None:
+        return found
     go = go_executable()
     if go is None:
-        raise BuildUnavailable(f"no Go toolchain on PATH to build {program.name}")
+        raise BuildUnavailable(f"no Go toolchain on PATH to build {tool.name}")
     cache_root().mkdir(parents=True, exist_ok=True)
     with (cache_root() / ".build.lock").open("w") as lock:
         if _locked(lock):
             _log("another build holds the lock; waiting for it")
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _executable(directory / program.binary):
-            return directory / program.binary
-        with tempfile.TemporaryDirectory(prefix=f"agentsafe-{program.name}-build-") as work:
+        found = go_tool_binary(tool)
+        if found is not None:
+            return found
+        with tempfile.TemporaryDirectory(prefix=f"agentsafe-{tool.name}-build-") as work:
             env = _go_env(go)
             env["GOBIN"] = str(Path(work) / "bin")
             started = time.monotonic()
-            if program.as_main_module is None:
-                argv = [*_nice_prefix(), go, "install", "-trimpath", "-p", "2"]
-                argv += ["-ldflags", program.ldflags, f"{program.package}@{version}"]
-                cwd = Path(work)
-            else:
-                cwd = _main_module_copy(go, program.as_main_module, version, env, Path(work))
+            built = Path(work) / "bin" / tool.package.rsplit("/", 1)[-1]
+            ldflags = f"-s -w {tool.version_ldflags}".strip()
+            argv = [*_nice_prefix(), go]
+            if tool.as_main_module:
+                cwd = _main_module_copy(go, tool, env, Path(work))
                 env["GOFLAGS"] = "-mod=readonly -buildvcs=false"
-                output = str(Path(work) / "bin" / program.built_as)
-                argv = [*_nice_prefix(), go, "build", "-trimpath", "-p", "2"]
-                argv += ["-ldflags", program.ldflags, "-o", output]
-                argv.append("./" + program.package.removeprefix(program.as_main_module + "/"))
-            _run(argv, cwd=cwd, env=env, what=f"build {program.name} {version}")
+                package = "./" + tool.package.removeprefix(tool.module + "/")
+                argv += ["build", "-trimpath", "-p", "2", "-ldflags", ldflags, "-o", str(built)]
+                argv.append(package)
+            else:
+                cwd = Path(work)
+                argv += ["install", "-trimpath", "-p", "2", "-ldflags", ldflags]
+                argv.append(f"{tool.package}@{tool.version}")
+            _run(argv, cwd=cwd, env=env, what=f"build {tool.name} {tool.version}")
             seconds = time.monotonic() - started
-            _install(Path(work) / "bin" / program.built_as, directory / program.binary)
+            _install(built, tool.path)
         go_version = subprocess.run(
             [go, "version"], capture_output=True, text=True, check=False
         ).stdout.strip()
-        entry = {"version": version, "seconds": round(seconds, 1), "go": go_version}
-        _record(directory, program.binary, entry)
-        _log(f"{program.binary}: built in {seconds:.0f} s")
-    return directory / program.binary
+        entry = {"version": tool.version, "seconds": round(seconds, 1), "go": go_version}
+        _record(tool.directory, tool.binary, entry)
+        _log(f"{tool.binary}: built in {seconds:.0f} s")
+    return tool.path
+
+
+def toxiproxy_binary(version: str = TOXIPROXY_VERSION) -> Path | None:
+    """The cached ``toxiproxy-server`` for ``version``, or None; never builds."""
+    return go_tool_binary(toxiproxy_tool(version))
+
+
+def ensure_toxiproxy(version: str = TOXIPROXY_VERSION) -> Path:
+    """The cached ``toxiproxy-server``, built once per version (:func:`ensure_go_tool`)."""
+    return ensure_go_tool(toxiproxy_tool(version))
+
+
+def jaeger_binary() -> Path | None:
+    """The cached Jaeger ``all-in-one``, or None; never builds."""
+    return go_tool_binary(JAEGER)
+
+
+def ensure_jaeger() -> Path:
+    """The cached Jaeger ``all-in-one``, built once per version (:func:`ensure_go_tool`)."""
+    return ensure_go_tool(JAEGER)
+
+
+def _tool_step(tool: GoTool, consequence: str, ensure: Callable[[], Path] | None = None) -> int:
+    """One Go tool's build step: found in the cache, built, or (no Go) skipped."""
+    found = go_tool_binary(tool)
+    if found is not None:
+        _log(f"{tool.name} {tool.version} cached: {found}")
+        print(f"{tool.name}: {found}")
+        return 0
+    if go_executable() is None and not e2e_required():
+        _log(f"no Go toolchain on PATH: {tool.name} not built, {consequence}")
+        return 0
+    _log(f"cache {cache_root()}: building {tool.name} {tool.version}")
+    try:
+        built = ensure() if ensure is not None else ensure_go_tool(tool)
+    except BuildUnavailable as error:
+        _log(f"cannot provide {tool.name}: {error}")
+        return 1
+    print(f"{tool.name}: {built}")
+    return 0
 
 
 def _toxiproxy_step() -> int:
-    """The build's toxiproxy step: found in the cache, built, or (no Go) skipped."""
-    found = toxiproxy_binary()
-    if found is not None:
-        _log(f"toxiproxy {TOXIPROXY_VERSION} cached: {found}")
-        print(f"toxiproxy: {found}")
-        return 0
-    if go_executable() is None and not e2e_required():
-        _log("no Go toolchain on PATH: toxiproxy not built, make chaos will skip")
-        return 0
-    _log(f"cache {cache_root()}: building toxiproxy {TOXIPROXY_VERSION}")
-    try:
-        built = ensure_toxiproxy()
-    except BuildUnavailable as error:
-        _log(f"cannot provide toxiproxy: {error}")
-        return 1
-    print(f"toxiproxy: {built}")
-    return 0
+    return _tool_step(toxiproxy_tool(), "make chaos will skip", lambda: ensure_toxiproxy())
 
 
 def _jaeger_step() -> int:
-    """The build's Jaeger step: found in the cache, built, or (no Go) skipped."""
-    found = jaeger_binary()
-    if found is not None:
-        _log(f"jaeger {JAEGER_VERSION} cached: {found}")
-        print(f"jaeger: {found}")
-        return 0
-    if go_executable() is None and not e2e_required():
-        _log("no Go toolchain on PATH: jaeger not built, the tracing test will skip")
-        return 0
-    _log(f"cache {cache_root()}: building jaeger all-in-one {JAEGER_VERSION}")
-    try:
-        built = ensure_jaeger()
-    except BuildUnavailable as error:
-        _log(f"cannot provide jaeger: {error}")
-        return 1
-    print(f"jaeger: {built}")
-    return 0
+    return _tool_step(JAEGER, "the tracing test will skip", lambda: ensure_jaeger())
+
+
+def _release_tools_step() -> int:
+    failed = 0
+    for tool in RELEASE_TOOLS:
+        failed |= _tool_step(tool, "make release and its test will stop")
+    return failed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -715,15 +750,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="build (or find) only toxiproxy-server, the chaos harness's proxy",
     )
     parser.add_argument(
+        "--only-release-tools",
+        action="store_true",
+        help=f"build (or find) only cosign {COSIGN_VERSION} and the registry {REGISTRY_VERSION}"
+        " (make release and its test)",
+    )
+    parser.add_argument(
         "--only-jaeger",
         action="store_true",
-        help="build (or find) only Jaeger all-in-one, the tracing test's collector",
+        help=f"build (or find) only Jaeger all-in-one {JAEGER_VERSION} (the tracing test)",
     )
     args = parser.parse_args(argv)
     if args.only_toxiproxy:
         return _toxiproxy_step()
     if args.only_jaeger:
         return _jaeger_step()
+    if args.only_release_tools:
+        return _release_tools_step()
     request = BuildRequest(
         kubernetes_version=args.kubernetes_version,
         helm_version=args.helm_version,
@@ -750,7 +793,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(f"all binaries cached under {cache_root()} ({time.monotonic() - started:.1f} s)")
     for field in dataclasses.fields(binaries):
         print(f"{field.name}: {getattr(binaries, field.name)}")
-    return _toxiproxy_step() or _jaeger_step()
+    return _toxiproxy_step() | _release_tools_step() | _jaeger_step()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ projection the host ceilings read (``{"amountMinor", "currency"}``, ``None`` for
 moves no value).
 
 Callers: ``banking/transport.py`` (the adapter's ``prepare`` and ``observe_effect``).
+Also imported by ``registration.py``, ``tools/harness.py``, ``tools/synthetic_bank.py``.
 """
 
 from __future__ import annotations

@@ -33,12 +33,11 @@ Callers: ``banking/registration.py``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from ..canonical import sha256_bytes_digest, sha256_digest
+from ..canonical import parse_json, sha256_bytes_digest, sha256_digest
 from ..codes import Code
 from ..config import PROVIDER_REFERENCE_PLACEHOLDER
 from ..dispatch.forward import (
@@ -51,7 +50,7 @@ from ..dispatch.seam import Dispatch, ExecutionContext, ReconcileResult
 from ..effects.adapter import ObservationMethod, Prepared, ProviderOutcome, ProviderResult
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import HttpResponse, Transport, TransportError
-from ..errors import ConfigError, HandlerError
+from ..errors import CanonicalizationError, ConfigError, HandlerError
 from ..events import EventSink
 from ..headers import is_reserved
 from .actions import ActionKind, prepare_action, projection
@@ -66,8 +65,8 @@ _UNKNOWN_4XX = frozenset({408, 409})
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
     try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        value = parse_json(body)
+    except (ValueError, CanonicalizationError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

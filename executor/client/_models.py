@@ -4,6 +4,7 @@
 escalation, read field by field from the wire; anything the wire adds later stays in ``raw``.
 
 Callers: ``client/_client.py``, and through the package, agent hosts.
+Also imported by ``__init__.py``.
 """
 
 from __future__ import annotations

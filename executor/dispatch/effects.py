@@ -22,6 +22,7 @@ a handler observed is what it finalizes with).
 
 Callers: ``dispatch/registration.py`` (``Seam.effects``), ``effects/adapter.py`` (puts records),
 ``lifecycle/attempt.py`` (takes them), ``assembly.py`` (one register per process).
+Also imported by ``banking/registration.py``, ``lifecycle/pipeline.py``, ``tools/doctor.py``.
 """
 
 from __future__ import annotations

@@ -43,23 +43,23 @@ floor's one list (:mod:`agentsafe.executor.headers`): it may add only its signat
 headers nobody else writes.
 
 Callers: ``assembly.py`` (registers it as the ``forward_request`` handler); the integration tests.
+Also imported by ``banking/registration.py``, ``banking/transport.py``, ``tools/doctor.py``.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from .. import telemetry
-from ..canonical import canonical_json
+from ..canonical import canonical_json, parse_json
 from ..codes import Code
 from ..config import IDEMPOTENCY_KEY_PLACEHOLDER
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import HttpResponse, Transport, TransportError
-from ..errors import ConfigError, HandlerError
+from ..errors import CanonicalizationError, ConfigError, HandlerError
 from ..headers import SIGNATURE_HEADERS, is_reserved
 from .seam import (
     Dispatch,
@@ -95,8 +95,8 @@ def provider_reason(status: int, body: bytes) -> str:
     PROVIDER_REFUSED_<status>."""
     fallback = f"PROVIDER_REFUSED_{status}"
     try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        payload = parse_json(body)
+    except (ValueError, CanonicalizationError, RecursionError):
         return fallback
     if not isinstance(payload, dict):
         return fallback
@@ -114,10 +114,23 @@ def _replaces_reserved(name: str) -> bool:
     return is_reserved(name) and name.lower() not in SIGNATURE_HEADERS
 
 
+def _merge_credential_headers(headers: dict[str, str], extra: Mapping[str, str]) -> None:
+    """Add the credential's headers to ``headers`` (lower-cased), the one rule for a send and a
+    lookup: a signing credential returns the covered headers beside its signature, so they must
+    be exactly the values sent, and it may set no other reserved header."""
+    for name, value in extra.items():
+        key = name.lower()
+        if _replaces_reserved(key) and headers.get(key) != value:
+            raise HandlerError(
+                "the credential tried to set a reserved header", code=Code.CREDENTIAL_INVALID
+            )
+        headers[key] = value
+
+
 def _reference(body: bytes) -> str | None:
     try:
-        payload = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        payload = parse_json(body)
+    except (ValueError, CanonicalizationError, RecursionError):
         return None
     if not isinstance(payload, dict):
         return None
@@ -214,16 +227,7 @@ class ForwardRequestHandler:
                 decision_id=auth.decision_id,
                 attestation=ctx.attestation,
             )
-            for name, value in extra.items():
-                key = name.lower()
-                # A signing credential returns the covered headers beside its signature: they
-                # must be exactly the values sent, and it may set no other reserved header.
-                if _replaces_reserved(key) and headers.get(key) != value:
-                    raise HandlerError(
-                        "the credential tried to set a reserved header",
-                        code=Code.CREDENTIAL_INVALID,
-                    )
-                headers[key] = value
+            _merge_credential_headers(headers, extra)
 
         for name, value in (extra_headers or {}).items():
             if is_reserved(name) and not name.lower().startswith("x-agent-safe-banking-"):
@@ -305,14 +309,7 @@ class ForwardRequestHandler:
                 idempotency_key=idempotency_key,
                 intent_hash=intent_hash,
             )
-            for name, value in extra.items():
-                key = name.lower()
-                if _replaces_reserved(key) and headers.get(key) != value:
-                    raise HandlerError(
-                        "the credential tried to set a reserved header",
-                        code=Code.CREDENTIAL_INVALID,
-                    )
-                headers[key] = value
+            _merge_credential_headers(headers, extra)
         try:
             response = await self._transport.request(
                 "GET", url, headers=headers, body=None, timeout=self._timeout

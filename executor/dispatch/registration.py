@@ -29,7 +29,10 @@ a function that raises, or a function that returns names it did not register ref
 ``HANDLER_REGISTRATION_FAILED`` naming ``EXECUTOR_HANDLERS`` (never the exception's text, which may
 carry configuration). The built-in ``forward_request`` handler is registered before them.
 
-Callers: ``assembly.py`` (builds the seam, runs the registrations, seals).
+Callers: ``assembly.py`` (composes the seam with :func:`compose_seam`, runs the registrations,
+seals); ``tools/doctor.py`` (the same seam, to check the registrations);
+``handlers.py`` (the public face re-exports :class:`Seam` and :class:`Downstream`).
+Also imported by ``proxy.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ..codes import Code
+from ..config import ExecutorConfig
 from ..egress.credentials import DownstreamCredential
 from ..egress.transport import Transport
 from ..errors import AgentSafeError, ConfigError
@@ -49,7 +53,7 @@ from ..events import EventSink
 from ..plans.execute import StepExecutor
 from ..plans.mcp_adapter import McpSession, create_read_only_mcp_executor
 from .effects import EffectRegister
-from .seam import Handler, Registry
+from .seam import DispatchBoundFetch, Handler, Registry
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -58,6 +62,7 @@ __all__ = [
     "PlanRegistrar",
     "Registration",
     "Seam",
+    "compose_seam",
     "load_registrations",
     "run_registrations",
 ]
@@ -144,6 +149,36 @@ class Seam:
     def on_close(self, callback: Callable[[], Awaitable[None]]) -> None:
         """Run ``await callback()`` when the executor stops (or when start-up is refused)."""
         self.closers.append(callback)
+
+
+def compose_seam(
+    config: ExecutorConfig,
+    registry: Registry,
+    *,
+    credential: DownstreamCredential | None,
+    transport: Transport,
+    effects: EffectRegister,
+    closers: list[Callable[[], Awaitable[None]]] | None = None,
+) -> Seam:
+    """The seam the registration functions receive, composed in this one place: the serving
+    process (``assembly.py``) and ``agentsafe doctor`` (``tools/doctor.py``) hand the same
+    shape to the same functions (the configuration's downstream, the dispatch-bound fetch)."""
+    return Seam(
+        registry=ActionRegistrar(registry),
+        downstream=Downstream(
+            url=config.downstream_url,
+            lookup_url=config.downstream_lookup_url,
+            lookup_by_reference_url=config.downstream_lookup_by_reference_url,
+            timeout_ms=config.downstream_timeout_ms,
+            system=config.downstream_system,
+            operation=config.downstream_operation,
+        ),
+        credential=credential,
+        fetch=DispatchBoundFetch(transport),
+        effects=effects,
+        plans=PlanRegistrar(),
+        closers=[] if closers is None else closers,
+    )
 
 
 def _refused(problem: str) -> ConfigError:

@@ -51,6 +51,8 @@ refused without a dossier, and hands the host ceilings the family's amount proje
 
 Callers: the pipeline (execute), startup and caller reconciliation (reconcile, the read path
 only), ``dispatch/forward.py`` and every other handler.
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ Also here, the request-time check of an authenticated principal before any inten
 
 Callers: ``assembly.py`` (builds it), ``routes/door.py`` (adapts it to aiohttp for every
 non-public route).
+Also imported by ``lifecycle/pipeline.py``, ``plane.py``, ``proxy.py``.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ The relying party is the approval page's origin, ``EXECUTOR_APPROVAL_ORIGIN`` (i
 id); without it no passkey can be registered or asserted (WEBAUTHN_NOT_CONFIGURED).
 
 Callers: ``routes/approvals.py`` (the decision and enrolment routes), ``plane.py`` (builds it).
+Also imported by ``routes/table.py``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ from ..clock import Clock
 from ..codes import Code
 from ..errors import AgentSafeError, RequestRejected, StoreError
 from ..principals import Principal, Verification
-from ..state.usestore import EnrolmentToken, PasskeyRecord, UseStore
+from ..state.protocol import UseStore
+from ..state.records import EnrolmentToken, PasskeyRecord
 
 __all__ = [
     "ASSERTION_TYP",

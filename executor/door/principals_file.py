@@ -30,6 +30,7 @@ made with a passkey assertion (issue 21); its passkeys live in the use store, ne
 Callers: ``assembly.py`` (loads the file at start, and binds the loader the control plane runs
 on ``POST /v1/control/secrets/reload``), ``door/door.py``, ``door/workload.py``, the operator
 (renders the same :class:`PrincipalsDocument`).
+Also imported by ``plane.py``, ``operator/models.py``, ``operator/render/config.py``.
 """
 
 from __future__ import annotations

@@ -49,12 +49,12 @@ works.
 
 Callers: ``door/door.py``, ``assembly.py`` (builds the source); ``plane.py`` runs
 :meth:`JwksSource.run_refresh`.
+Also imported by ``tools/doctor.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import threading
@@ -65,9 +65,10 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
+from ..canonical import parse_json
 from ..clock import Clock
 from ..codes import Code
-from ..errors import AgentSafeError, ConfigError
+from ..errors import AgentSafeError, CanonicalizationError, ConfigError
 from ..events import EventSink
 from ..jws import Compact, TokenRefused, b64url_decode, split_compact, verify_compact
 from .principals_file import PrincipalRecord, PrincipalSet, WorkloadJwtCredential
@@ -199,8 +200,8 @@ def parse_jwks(data: bytes) -> tuple[JwkSet, ...]:
     if len(data) > MAX_JWKS_BYTES:
         raise ValueError("the JWKS is too large")
     try:
-        document = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+        document = parse_json(data)
+    except (ValueError, CanonicalizationError, RecursionError):
         raise ValueError("the JWKS is not JSON") from None
     if not isinstance(document, dict):
         raise ValueError("the JWKS has no keys list (or too many keys)")

@@ -44,6 +44,7 @@ provider body, a parameter value or a credential.
 
 Callers: families (``agentsafe.executor.banking``); ``lifecycle/attempt.py`` (reads the
 record it takes from the register); the pipeline reaches ``admit`` through the registry.
+Also imported by ``banking/actions.py``, ``banking/registration.py``, ``banking/transport.py``.
 """
 
 from __future__ import annotations

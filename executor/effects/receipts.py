@@ -37,6 +37,7 @@ issuer, grant, claim): the bridge compares through it, and the built-in authorit
 Callers: ``effects/adapter.py`` (the bridge compares every receipt a transport carried);
 ``assembly.py`` builds one :class:`ProviderKeys` from the policy for the bridge and the
 authority.
+Also imported by ``banking/registration.py``, ``lifecycle/attempt.py``.
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ from ..canonical import sha256_bytes_digest
 from ..codes import Code
 from ..errors import ConfigError
 from ..jws import TokenRefused, b64url_decode, split_compact, verify_compact
-from ..provider import EFFECT_RECEIPT_TYP
 
 __all__ = [
     "ProviderKeys",
@@ -60,6 +60,10 @@ __all__ = [
     "ReceiptComparison",
     "ReceiptReading",
 ]
+
+EFFECT_RECEIPT_TYP = "agentsafe-effect-receipt+jwt"
+"""The receipt's JWS ``typ``: the same string ``provider.py`` signs with (a provider vendors that
+module, so the server keeps its own copy; ``tests/test_contracts.py`` holds them equal)."""
 
 _COMMITTED_STATUSES = frozenset({"EFFECTED", "POSTED", "ACCEPTED"})
 _REFUSED_STATUSES = frozenset({"REFUSED"})

@@ -21,13 +21,14 @@ A credential that cannot produce headers raises :class:`CredentialUnavailable`; 
 to FAILED_BEFORE_DISPATCH (nothing was sent). Callers: ``assembly.py`` (construction from the
 configuration), ``dispatch/forward.py`` (the :class:`DownstreamCredential` contract and
 ``headers_for`` at dispatch).
+Also imported by ``banking/registration.py``, ``banking/transport.py``,
+``dispatch/registration.py``, ``gateway/forward.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import re
 import uuid
 from collections.abc import Callable
@@ -40,10 +41,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from yarl import URL
 
-from ..canonical import canonical_json
+from ..canonical import canonical_json, parse_json
 from ..clock import Clock, SystemClock
 from ..codes import Code
-from ..errors import AgentSafeError, ConfigError, HandlerError
+from ..errors import AgentSafeError, CanonicalizationError, ConfigError, HandlerError
 from ..headers import HEADER_NAME, is_reserved
 from ..host.secrets import SecretHandle as HeldSecret
 from ..jws import sign_compact
@@ -302,8 +303,8 @@ def _parse_token_response(status: int, body: bytes) -> tuple[str, float]:
     if status != 200:
         raise refused(f"status {status}")
     try:
-        document = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        document = parse_json(body)
+    except (ValueError, CanonicalizationError, RecursionError):
         raise refused("not JSON") from None
     if not isinstance(document, dict):
         raise refused("not an object")

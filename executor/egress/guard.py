@@ -45,8 +45,13 @@ Each refusal raises ``TransportError(code, sent)``, emits EGRESS_REFUSED on the 
 with the origin and code (never the path or query) and calls ``on_refusal(code)``, through which
 the caller counts refusals and halts on a spike (EXECUTOR_HALT_ON_EGRESS_REFUSALS).
 
+Its declarative and pure parts live beside it: the IANA special-purpose registries and the
+verdict on one address in ``egress/registries.py``, the URL rules (destinations sealed into
+rules, a request's URL parsed and refused) in ``egress/urls.py``.
+
 Callers: ``assembly.py`` builds one from the configuration; the process hands it to every
 component that reaches out.
+Also imported by ``proxy.py``.
 """
 
 from __future__ import annotations
@@ -63,10 +68,8 @@ import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import unquote
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
@@ -80,7 +83,26 @@ from ..errors import ConfigError
 from ..events import Streams
 from ..headers import HEADER_NAME, TRANSPORT_HEADERS
 from ..host.audithook import allowed_egress
+from .registries import (
+    METADATA_ADDRESSES,
+    SPECIAL_PURPOSE_BLOCKS,
+    Network,
+    address_refusal,
+    local_interface_addresses,
+    unwrap,
+)
 from .transport import DEFAULT_MAX_RESPONSE_BYTES, HttpResponse, TransportError
+from .urls import (
+    Destination,
+    Rule,
+    _Refusal,
+    check_path,
+    leaves_origin,
+    parse_url,
+    safe_origin,
+    seal,
+    under_prefix,
+)
 
 __all__ = [
     "MAX_RESPONSE_BYTES_RANGE",
@@ -99,8 +121,6 @@ __all__ = [
 MAX_RESPONSE_BYTES_RANGE = (1024, 16 * 1024 * 1024)
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
-_PIN = re.compile(r"^sha256/([A-Za-z0-9+/]{43}=)$")
-_NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 * 1024
 _ENCODING_DER = getattr(getattr(ssl, "_ssl", None), "ENCODING_DER", 1)
@@ -124,23 +144,6 @@ Resolve = Callable[[str, int], Awaitable[Sequence[str]]]
 
 
 @dataclass(frozen=True)
-class Destination:
-    """One configured address the executor may reach.
-
-    ``url_prefix`` fixes the origin (scheme, host, port) and the path prefix. ``ca_file`` is the
-    trust anchor (None: the platform store). ``spki_pins`` are ``sha256/<base64>`` of a
-    SubjectPublicKeyInfo; when given, some certificate in the presented chain must match one.
-    ``allow_insecure_loopback`` is a development/test allowance, never for production: the
-    destination may answer with a loopback address, and plain ``http`` is allowed when it does.
-    """
-
-    url_prefix: str
-    ca_file: str | None = None
-    spki_pins: tuple[str, ...] = ()
-    allow_insecure_loopback: bool = False
-
-
-@dataclass(frozen=True)
 class ResolvedAddress:
     """The one answer a request was checked against and will connect to."""
 
@@ -148,18 +151,6 @@ class ResolvedAddress:
     port: int
     ip: str
     family: int
-
-
-@dataclass(frozen=True)
-class _Rule:
-    scheme: str
-    host: str
-    port: int
-    prefix: str
-    ssl_context: ssl.SSLContext | None
-    pins: frozenset[bytes]
-    allow_loopback: bool
-    origin: str
 
 
 @dataclass
@@ -170,14 +161,6 @@ class _Progress:
     connected: bool = False
     reused: bool = False
     written: bool = False
-
-
-class _Refusal(Exception):
-    def __init__(self, code: Code, *, sent: bool = False, **extra: Any) -> None:
-        super().__init__(code)
-        self.code = code
-        self.sent = sent
-        self.extra = extra
 
 
 def spki_pin(certificate_der: bytes) -> str:
@@ -191,273 +174,6 @@ def _spki_digest(certificate_der: bytes) -> bytes:
     cert = x509.load_der_x509_certificate(certificate_der)
     spki = cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(spki).digest()
-
-
-_Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-_Network = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-def _unwrap(ip: _Address) -> _Address:
-    """The IPv4 address an IPv4-mapped or (deprecated) IPv4-compatible IPv6 address *is*."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return ip.ipv4_mapped
-        if ip in _IPV4_COMPATIBLE and int(ip) > 1:
-            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return ip
-
-
-@dataclass(frozen=True)
-class _Block:
-    network: _Network
-    name: str
-    private: bool = False
-    """A private-use block: ``EXECUTOR_EGRESS_ALLOW_CIDRS`` may open parts of it."""
-
-
-def _blocks(*rows: tuple[str, str] | tuple[str, str, bool]) -> tuple[_Block, ...]:
-    return tuple(
-        _Block(ipaddress.ip_network(row[0]), row[1], bool(row[2]) if len(row) > 2 else False)
-        for row in rows
-    )
-
-
-_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-_IPV4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")  # RFC 2765 (SIIT)
-_GLOBAL_UNICAST = ipaddress.ip_network("2000::/3")
-"""The only IPv6 space IANA allocates for global unicast (the IPv6 Address Space registry):
-every address outside it is special, unassigned or reserved, and never a downstream."""
-
-# The one table: every entry of the IANA IPv4 and IPv6 Special-Purpose Address Registries
-# (RFC 6890 and its updates, as published in 2025), plus multicast, the limited broadcast, the
-# deprecated site-local and IPv4-compatible blocks and RFC 2765's IPv4-translated block.
-# ``tests/egress/test_guard_registries.py`` holds both registries as data and checks every
-# block is refused. Why a table of our own rather than ``ipaddress``'s ``is_private`` /
-# ``is_global``: those flags follow the registries only from CPython 3.11.10 / 3.12.4 (gh-113171)
-# and this project supports 3.11.0 on; on an older interpreter they call 192.0.0.0/24 and the
-# 3fff::/20 documentation block global. They still count, as a floor: whatever the running
-# interpreter's ``ipaddress`` calls not global or reserved is refused too (a newer table can
-# only add refusals), and IPv6 outside 2000::/3 (the IANA IPv6 Address Space registry's global
-# unicast) is refused whatever it is. Entries the registries list as globally reachable (AS112,
-# AMT, the anycast assignments) are refused as well: no executor's downstream lives there.
-# Only the ``private`` blocks can be opened, address by address, with
-# ``EXECUTOR_EGRESS_ALLOW_CIDRS``.
-SPECIAL_PURPOSE_BLOCKS: tuple[_Block, ...] = _blocks(
-    # IPv4
-    ("0.0.0.0/8", "this network"),
-    ("10.0.0.0/8", "private-use", True),
-    ("100.64.0.0/10", "shared address space", True),
-    ("127.0.0.0/8", "loopback"),
-    ("169.254.0.0/16", "link-local"),
-    ("172.16.0.0/12", "private-use", True),
-    ("192.0.0.0/24", "IETF protocol assignments"),
-    ("192.0.2.0/24", "documentation"),
-    ("192.31.196.0/24", "AS112"),
-    ("192.52.193.0/24", "AMT"),
-    ("192.88.99.0/24", "6to4 relay anycast"),
-    ("192.168.0.0/16", "private-use", True),
-    ("192.175.48.0/24", "AS112 direct delegation"),
-    ("198.18.0.0/15", "benchmarking"),
-    ("198.51.100.0/24", "documentation"),
-    ("203.0.113.0/24", "documentation"),
-    ("224.0.0.0/4", "multicast"),
-    ("255.255.255.255/32", "limited broadcast"),
-    ("240.0.0.0/4", "reserved"),
-    # IPv6
-    ("::/128", "unspecified"),
-    ("::1/128", "loopback"),
-    ("::/96", "IPv4-compatible (deprecated)"),
-    ("::ffff:0:0/96", "IPv4-mapped"),
-    ("::ffff:0:0:0/96", "IPv4-translated"),
-    ("64:ff9b::/96", "NAT64 translation"),
-    ("64:ff9b:1::/48", "local-use IPv4/IPv6 translation"),
-    ("100::/64", "discard-only"),
-    ("100:0:0:1::/64", "dummy prefix"),
-    ("2001::/23", "IETF protocol assignments"),
-    ("2001::/32", "Teredo"),
-    ("2001:db8::/32", "documentation"),
-    ("2002::/16", "6to4"),
-    ("2620:4f:8000::/48", "AS112 direct delegation"),
-    ("3fff::/20", "documentation"),
-    ("5f00::/16", "SRv6 SIDs"),
-    ("fc00::/7", "unique local", True),
-    ("fe80::/10", "link-local"),
-    ("fec0::/10", "site-local (deprecated)"),
-    ("ff00::/8", "multicast"),
-)
-
-# The instance metadata and platform services of the clouds an executor runs on, refused even
-# where EXECUTOR_EGRESS_ALLOW_CIDRS opens the block around them: AWS (IMDS, time sync, DNS, the
-# ECS task endpoint), GCP, Azure (IMDS and the WireServer, a public address), Alibaba,
-# Tencent, Oracle, OpenStack, DigitalOcean.
-METADATA_ADDRESSES: frozenset[_Address] = frozenset(
-    ipaddress.ip_address(a)
-    for a in (
-        "169.254.169.254",
-        "169.254.169.123",
-        "169.254.169.253",
-        "169.254.170.2",
-        "169.254.170.23",
-        "169.254.0.23",
-        "100.100.100.200",
-        "168.63.129.16",
-        "192.0.0.192",
-        "fd00:ec2::254",
-        "fd00:ec2::253",
-        "fd00:ec2::123",
-        "fd00:ec2::23",
-    )
-)
-
-
-def _embedded_ipv4(ip: ipaddress.IPv6Address) -> tuple[str, ipaddress.IPv4Address] | None:
-    """The IPv4 address a 6to4, Teredo, NAT64 or IPv4-translated (RFC 2765) address carries,
-    and the form's name."""
-    if ip.sixtofour is not None:
-        return "6to4", ip.sixtofour
-    if ip.teredo is not None:
-        return "Teredo", ip.teredo[1]
-    if ip in _NAT64:
-        return "NAT64", ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    if ip in _IPV4_TRANSLATED:
-        return "IPv4-translated", ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return None
-
-
-def _not_global(ip: _Address) -> str | None:
-    """The floor under the table: IPv6 outside global unicast, or what the running
-    interpreter's ``ipaddress`` calls reserved, multicast or not global."""
-    if isinstance(ip, ipaddress.IPv6Address) and ip not in _GLOBAL_UNICAST:
-        return "outside IPv6 global unicast"
-    if ip.is_reserved or ip.is_multicast or ip.is_unspecified or not ip.is_global:
-        return "special purpose"
-    return None
-
-
-def address_refusal(
-    address: str,
-    *,
-    allow_loopback: bool,
-    local_addresses: frozenset[str] = frozenset(),
-    allowed: Sequence[_Network] = (),
-) -> str | None:
-    """Why ``address`` may not be connected to (a short reason), or None when it may.
-
-    In order: a cloud metadata address (always); loopback (unless the destination allows it,
-    ``allow_insecure_loopback``); this host's own addresses; an IPv6 form that carries an
-    IPv4 address (6to4, Teredo, NAT64; IPv4-mapped and -compatible are judged as the IPv4
-    address they are; RFC 2765's IPv4-translated too), named with what it carries;
-    then every special-purpose block (:data:`SPECIAL_PURPOSE_BLOCKS`); then the floor: IPv6
-    outside 2000::/3, and what ``ipaddress`` calls reserved or not global. A private-use block
-    (RFC 1918, shared address space, unique local) is allowed only inside one of ``allowed``
-    (``EXECUTOR_EGRESS_ALLOW_CIDRS``), the explicit override for a deliberate private
-    destination; nothing else can be opened.
-    """
-    try:
-        raw = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return "not an address"
-    ip = _unwrap(raw)
-    if ip in METADATA_ADDRESSES or raw in METADATA_ADDRESSES:
-        return "cloud metadata"
-    if ip.is_loopback:
-        return None if allow_loopback else "loopback"
-    if str(ip) in local_addresses:
-        return "this host"
-    if isinstance(ip, ipaddress.IPv6Address):
-        carried = _embedded_ipv4(ip)
-        if carried is not None:
-            form, inner = carried
-            inner_reason = address_refusal(
-                str(inner), allow_loopback=False, local_addresses=local_addresses, allowed=()
-            )
-            return f"{form} of {inner_reason}" if inner_reason else form
-    opened = any(ip.version == n.version and ip in n for n in allowed)
-    for block in SPECIAL_PURPOSE_BLOCKS:
-        if ip.version == block.network.version and ip in block.network:
-            if block.private and opened:
-                continue
-            return block.name
-    return None if opened else _not_global(ip)
-
-
-def local_interface_addresses() -> frozenset[str]:
-    """This host's own interface addresses (Linux ``/proc``; empty elsewhere)."""
-    found: set[str] = set()
-    with contextlib.suppress(OSError):
-        lines = Path("/proc/net/fib_trie").read_text().splitlines()
-        for index, line in enumerate(lines):
-            if "/32 host LOCAL" in line and index > 0:
-                candidate = lines[index - 1].strip().lstrip("|-+ ").strip()
-                with contextlib.suppress(ValueError):
-                    found.add(str(ipaddress.IPv4Address(candidate)))
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/net/if_inet6").read_text().splitlines():
-            raw = line.split()[0] if line.split() else ""
-            if len(raw) == 32:
-                with contextlib.suppress(ValueError):
-                    found.add(str(ipaddress.IPv6Address(int(raw, 16))))
-    return frozenset(found)
-
-
-def _non_canonical_numeric(host: str) -> bool:
-    """True for numeric host spellings other than a canonical dotted quad or compressed IPv6."""
-    if ":" in host:
-        try:
-            ip6 = ipaddress.IPv6Address(host)
-        except ValueError:
-            return True
-        return str(ip6) != host or _unwrap(ip6) != ip6
-    labels = host.rstrip(".").split(".")
-    if all(_NUMERIC_LABEL.match(label) for label in labels) or (
-        labels and _NUMERIC_LABEL.match(labels[-1]) and labels[-1].isdigit()
-    ):
-        try:
-            return str(ipaddress.IPv4Address(host)) != host
-        except ValueError:
-            return True
-    return False
-
-
-def _check_path(raw_path: str) -> str:
-    """Refuse paths whose meaning could change under normalisation; return the path."""
-    if not raw_path.startswith("/") or "\\" in raw_path:
-        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
-    lowered = raw_path.lower()
-    if any(enc in lowered for enc in ("%2f", "%5c", "%00", "%25")):
-        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
-    for segment in raw_path.split("/"):
-        if unquote(segment) in (".", ".."):
-            raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
-    if "//" in raw_path:
-        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
-    return raw_path
-
-
-def _under_prefix(path: str, prefix: str) -> bool:
-    if prefix in ("", "/"):
-        return True
-    base = prefix.rstrip("/")
-    return path == base or path.startswith(base + "/")
-
-
-def _origin(url: URL) -> str:
-    host = url.raw_host or ""
-    if ":" in host:
-        host = f"[{host}]"
-    return f"{url.scheme}://{host}:{url.port}"
-
-
-def _ssl_context(ca_file: str | None, variable: str) -> ssl.SSLContext:
-    try:
-        context = ssl.create_default_context(cafile=ca_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(variable, "the CA file cannot be read as PEM certificates") from exc
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.check_hostname = True
-    context.verify_mode = ssl.CERT_REQUIRED
-    return context
 
 
 class _PinnedResolver(AbstractResolver):
@@ -787,16 +503,16 @@ class GuardedClient:
     resolve: Resolve | None = None
     local_addresses: Iterable[str] | None = None
     allowed_networks: Sequence[str] = ()
-    _rules: tuple[_Rule, ...] = field(init=False, repr=False)
+    _rules: tuple[Rule, ...] = field(init=False, repr=False)
     _local: frozenset[str] = field(init=False, repr=False)
-    _allowed: tuple[_Network, ...] = field(init=False, repr=False)
+    _allowed: tuple[Network, ...] = field(init=False, repr=False)
     _pool: _Pool = field(init=False, repr=False, default_factory=lambda: _Pool())
 
     def __post_init__(self) -> None:
         low, high = MAX_RESPONSE_BYTES_RANGE
         if not low <= self.max_response_bytes <= high:
             raise ConfigError("EXECUTOR_EGRESS_MAX_RESPONSE_BYTES", "must be 1 KiB to 16 MiB")
-        self._rules = tuple(_seal(d) for d in self.destinations)
+        self._rules = tuple(seal(d) for d in self.destinations)
         local = (
             local_interface_addresses() if self.local_addresses is None else self.local_addresses
         )
@@ -826,8 +542,8 @@ class GuardedClient:
         origin = "invalid"
         progress = _Progress()
         try:
-            origin = _safe_origin(url)
-            parsed, origin = _parse(url)
+            origin = safe_origin(url)
+            parsed, origin = parse_url(url)
             rule = self._match(method, parsed, headers)
             if not timeout > 0:
                 raise _Refusal(Code.EGRESS_TIMEOUT)
@@ -869,7 +585,7 @@ class GuardedClient:
 
     # -- policy -----------------------------------------------------------------------------
 
-    def _match(self, method: str, url: URL, headers: Mapping[str, str]) -> _Rule:
+    def _match(self, method: str, url: URL, headers: Mapping[str, str]) -> Rule:
         if method not in _METHODS:
             raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
         for name, value in headers.items():
@@ -888,13 +604,13 @@ class GuardedClient:
             if url.scheme == "http" and any(r.host == host for r in self._rules):
                 raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
             raise _Refusal(Code.EGRESS_ORIGIN_NOT_ALLOWED)
-        path = _check_path(url.raw_path)
+        path = check_path(url.raw_path)
         for rule in sorted(same_origin, key=lambda r: len(r.prefix), reverse=True):
-            if _under_prefix(path, rule.prefix):
+            if under_prefix(path, rule.prefix):
                 return rule
         raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
 
-    async def _resolve_once(self, url: URL, rule: _Rule) -> ResolvedAddress:
+    async def _resolve_once(self, url: URL, rule: Rule) -> ResolvedAddress:
         host = rule.host
         literal = host.strip("[]")
         try:
@@ -919,7 +635,7 @@ class GuardedClient:
                 raise _Refusal(Code.EGRESS_ADDRESS_REFUSED, reason=reason)
         chosen = answers[0].split("%", 1)[0]
         ip = ipaddress.ip_address(chosen)
-        if rule.scheme == "http" and not _unwrap(ip).is_loopback:
+        if rule.scheme == "http" and not unwrap(ip).is_loopback:
             raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
         family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
         return ResolvedAddress(host=host, port=rule.port, ip=str(ip), family=family)
@@ -930,7 +646,7 @@ class GuardedClient:
         self,
         method: str,
         url: URL,
-        rule: _Rule,
+        rule: Rule,
         answer: ResolvedAddress,
         headers: Mapping[str, str],
         body: bytes | None,
@@ -963,7 +679,7 @@ class GuardedClient:
         session: aiohttp.ClientSession,
         method: str,
         url: URL,
-        rule: _Rule,
+        rule: Rule,
         headers: Mapping[str, str],
         body: bytes | None,
         progress: _Progress,
@@ -981,7 +697,7 @@ class GuardedClient:
                 raise _Refusal(
                     Code.EGRESS_REDIRECT_REFUSED,
                     sent=True,
-                    leaves_origin=_leaves_origin(url, response.headers.get("Location")),
+                    leaves_origin=leaves_origin(url, response.headers.get("Location")),
                 )
             data = await self._read_body(response)
             joined: dict[str, str] = {}
@@ -1015,96 +731,3 @@ class GuardedClient:
         if self.on_refusal is not None:
             self.on_refusal(refusal.code)
         return TransportError(refusal.code, refusal.sent)
-
-
-def _safe_origin(url: str) -> str:
-    """The origin to report for ``url`` (credentials, path and query left out), or "invalid"."""
-    try:
-        parsed = URL(url, encoded=True)
-        if parsed.scheme and parsed.raw_host and parsed.port is not None:
-            return _origin(parsed)
-    except (TypeError, ValueError):
-        pass
-    return "invalid"
-
-
-def _parse(url: str) -> tuple[URL, str]:
-    if not isinstance(url, str) or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
-        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
-    try:
-        parsed = URL(url, encoded=True)
-    except (TypeError, ValueError):
-        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED) from None
-    if not parsed.is_absolute() or not parsed.raw_host:
-        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
-    origin = _origin(parsed) if parsed.port is not None else f"{parsed.scheme}://invalid"
-    if parsed.user is not None or parsed.password is not None or "@" in url.split("/")[2]:
-        raise _Refusal(Code.EGRESS_ORIGIN_NOT_ALLOWED)
-    if parsed.scheme not in ("https", "http"):
-        raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
-    if _non_canonical_numeric(parsed.raw_host.lower()):
-        raise _Refusal(Code.EGRESS_ADDRESS_REFUSED, reason="non-canonical numeric host")
-    if parsed.port is None or not 0 < parsed.port < 65536:
-        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
-    return parsed, origin
-
-
-def _leaves_origin(url: URL, location: str | None) -> bool:
-    if not location:
-        return False
-    try:
-        target = url.join(URL(location, encoded=True))
-    except (TypeError, ValueError):
-        return True
-    return (target.scheme, (target.raw_host or "").lower(), target.port) != (
-        url.scheme,
-        (url.raw_host or "").lower(),
-        url.port,
-    )
-
-
-def _seal(destination: Destination) -> _Rule:
-    variable = "EGRESS_DESTINATION"
-    try:
-        parsed = URL(destination.url_prefix, encoded=True)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(variable, "not a URL") from exc
-    host = (parsed.raw_host or "").lower()
-    if not parsed.is_absolute() or not host or parsed.port is None:
-        raise ConfigError(variable, "not an absolute URL")
-    if parsed.user is not None or parsed.password is not None:
-        raise ConfigError(variable, "credentials in the URL")
-    if parsed.raw_query_string or parsed.fragment:
-        raise ConfigError(variable, "a destination is an origin and a path prefix only")
-    if _non_canonical_numeric(host):
-        raise ConfigError(variable, "a non-canonical numeric host")
-    if parsed.scheme == "http":
-        if not destination.allow_insecure_loopback:
-            raise ConfigError(variable, "plain http needs the explicit loopback allowance")
-    elif parsed.scheme != "https":
-        raise ConfigError(variable, "scheme must be https")
-    try:
-        prefix = _check_path(parsed.raw_path or "/")
-    except _Refusal as exc:
-        raise ConfigError(variable, "path prefix has dot segments or encoded separators") from exc
-    pins: set[bytes] = set()
-    for pin in destination.spki_pins:
-        match = _PIN.match(pin)
-        if not match:
-            raise ConfigError("DOWNSTREAM_SPKI_PINS", "each pin is sha256/<base64 of 32 bytes>")
-        pins.add(base64.b64decode(match.group(1)))
-    context = (
-        _ssl_context(destination.ca_file, "DOWNSTREAM_CA_FILE")
-        if parsed.scheme == "https"
-        else None
-    )
-    return _Rule(
-        scheme=parsed.scheme,
-        host=host,
-        port=parsed.port,
-        prefix=prefix,
-        ssl_context=context,
-        pins=frozenset(pins),
-        allow_loopback=destination.allow_insecure_loopback,
-        origin=_origin(parsed),
-    )

@@ -16,6 +16,7 @@ the ``http-message-signatures`` package.
 
 Callers: ``egress/credentials.py`` (``SignedRequestCredential``, signing), ``provider.py``
 (``verify_provider_request``).
+Also imported by ``tools/synthetic_credentials.py``.
 """
 
 from __future__ import annotations

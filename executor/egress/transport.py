@@ -18,6 +18,8 @@ body limit (``EXECUTOR_EGRESS_MAX_RESPONSE_BYTES``).
 Callers: ``egress/guard.py`` (implements the protocol), ``dispatch/forward.py`` and
 ``egress/credentials.py`` (use it), ``dispatch/seam.py`` (maps ``sent`` to an outcome),
 ``tools/synthetic.py`` (``is_loopback_host``).
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ from ..codes import Code
 from ..display import amount_text, field_warnings, inert_value
 from ..errors import AgentSafeError
 from ..events import Streams
-from ..state.usestore import ApprovalRequest
+from ..state.records import ApprovalRequest
 from .transport import Transport
 
 __all__ = ["TIMEOUT_SECONDS", "ApprovalWebhook", "defang", "slack_message"]

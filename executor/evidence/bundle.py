@@ -20,6 +20,7 @@ a provider body.
 
 Callers: the ``/v1/control/evidence-export`` route (``export_bundle``), the CLI
 (``agentsafe verify bundle`` -> :func:`main`), tests. Layout: ``docs/evidence.md``.
+Also imported by ``cli.py``, ``plane.py``.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ Callers: ``evidence/chain.py`` (``ChainedSink``: every string field of every cha
 before hashing), ``evidence/bundle.py`` (``export_bundle``: free text), ``serve.py`` (installs
 :class:`RedactingLogFilter` on the operational logs, and has the secret store call
 :meth:`Redactor.set_secret` on load and on rotation).
+Also imported by ``assembly.py``, ``plane.py``.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Callers: ``serve`` installs it first, before configuration is read (:func:`install_guard`), and
 hands :meth:`Guard.self_test` to the posture check (SOCKET_GUARD_ABSENT, CHILD_PROCESS_ALLOWED,
 FS_WRITE_OUTSIDE_STATE); the guarded egress client wraps its connects in :func:`allowed_egress`.
+Also imported by ``assembly.py``, ``egress/guard.py``, ``posture.py``, ``proxy.py``, ``serve.py``,
+``tools/doctor.py``.
 
 Once installed the hook cannot be removed (``sys.addaudithook`` has no inverse) and it refuses,
 by raising :class:`GuardRefused` (a ``PermissionError``) from the audited operation:

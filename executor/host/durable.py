@@ -9,6 +9,7 @@ where they need to.
 Callers: ``state/journal.py`` (records, new day files, the lock), ``evidence/chain.py`` (chain
 heads), ``evidence/plan_audit.py`` (plan audit lines), ``evidence/bundle.py`` (bundle files),
 ``host/tlsctx.py`` (the fallback key file).
+Also imported by ``supervisor.py``.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ Callers: ``assembly.py`` builds it and wires what feeds it (the door's
 refusal spikes, the egress guard, the posture monitor, the authority client's skew) and what
 reads it (503 EXECUTOR_HALTED while halted, ``/ready`` 503); ``routes/control.py`` (the control
 routes).
+Also imported by ``plane.py``, ``operator/control.py``, ``operator/models.py``.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ and the chained sinks. The label values of ``proposals`` and ``executions`` are 
 so ``assembly.py`` passes them in and there is no second copy here. Dropped trace spans
 (``agentsafe_trace_spans_dropped_total``) are counted by the tracing module's export thread,
 through the callback ``assembly.py`` gives it.
+Also imported by ``tools/doctor.py``, ``operator/metrics.py``.
 """
 
 from __future__ import annotations

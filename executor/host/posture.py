@@ -6,6 +6,7 @@ refuses to start under ``EXECUTOR_POSTURE=ENFORCED`` when any check fails, then 
 ``EXECUTOR_POSTURE_INTERVAL_SECONDS``), the enforcement routes (``503 POSTURE_DEGRADED`` while
 :meth:`PostureMonitor.is_degraded`), resume (refused while degraded) and ``/v1/control/status``
 (:meth:`PostureReport.as_status`).
+Also imported by ``assembly.py``, ``plane.py``, ``tools/doctor.py``.
 
 A process cannot create its own isolation; it can verify what it is able to observe and refuse to
 run without it. Every check is named by a stable code; a detail says what was seen (a variable's

@@ -5,6 +5,9 @@ Callers: ``serve`` (loads the store after the posture check, re-reads it on SIGH
 (reads ``EXECUTOR_CALLER_TOKEN`` at each request), the TLS listener, the grant signer and verifier,
 the downstream credential, the redactor (through :meth:`SecretStore.digests` and
 :meth:`SecretStore.on_change`) and the posture check (through :func:`inspect_sources`).
+Also imported by ``assembly.py``, ``egress/credentials.py``, ``posture.py``, ``plane.py``,
+``tools/doctor.py``, ``tools/store_cli.py``.
+Also imported by ``state/backend.py``.
 
 Each secret is given as ``<NAME>_FILE`` (the path of a mounted file) or, outside production, as the
 variable ``<NAME>``; never both, and in production only the file. A file must resolve (symlinks

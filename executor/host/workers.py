@@ -30,6 +30,7 @@ published yet.
 Callers: ``supervisor.py`` (writes ``supervisor.json``, makes the directory), ``plane.py``
 (publishes, reads the roster for ``GET /v1/control/status``), ``host/halt.py`` (the shared
 halt), ``serve.py`` (:meth:`WorkerLink.from_environ`).
+Also imported by ``assembly.py``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ never echo request data.
 
 Callers: ``lifecycle/pipeline.py``, ``lifecycle/attempt.py``, ``routes/app.py``,
 ``routes/refusals.py``, ``plane.py``.
+Also imported by ``gateway/listener.py``, ``routes/approvals.py``, ``routes/listener.py``,
+``routes/table.py``.
 """
 
 from __future__ import annotations

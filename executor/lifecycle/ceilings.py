@@ -58,6 +58,7 @@ from ..clock import Clock
 from ..codes import Code
 from ..config import CURRENCY_PATTERN, iso4217_listed
 from ..errors import RequestRejected
+from ..windows import ceiling_verdict
 
 __all__ = [
     "CeilingWindow",
@@ -150,10 +151,11 @@ class MemoryWindow:
     ) -> tuple[str | None, object]:
         async with self._lock:
             self._expire(window_seconds)
-            if count_limit is not None and len(self._entries) + 1 > count_limit:
-                return "COUNT", None
-            if sum_limit is not None and self._sum + amount_minor > sum_limit:
-                return "SUM", None
+            full = ceiling_verdict(
+                len(self._entries), self._sum, amount_minor, count_limit, sum_limit
+            )
+            if full is not None:
+                return full, None
             token = next(self._ids)
             self._entries[token] = (self._clock.monotonic(), amount_minor)
             self._sum += amount_minor

@@ -41,7 +41,7 @@ from ..config import LEASE_RENEWALS_PER_LEASE
 from ..errors import StoreError
 from ..events import Streams
 from ..state.journal import AttemptJournal, OpenAttempt, ReconciledBy
-from ..state.pgstore import AttemptRow, SharedAttemptMirror
+from ..state.pgattempts import AttemptRow, SharedAttemptMirror
 from .reconcile import Checks, Reconciler, Resolution, ResolutionStatus, reconcile_attempt
 
 __all__ = ["LeaseKeeper"]

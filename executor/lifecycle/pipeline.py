@@ -33,6 +33,8 @@ authority with the decision, its approver and its verification as evidence.
 
 Callers: ``routes/app.py`` (HTTP), ``assembly.py`` (construction), ``plane.py`` (holds it),
 tests.
+Also imported by ``gateway/listener.py``, ``routes/approval_page.py``, ``routes/approvals.py``,
+``routes/table.py``.
 """
 
 from __future__ import annotations
@@ -64,13 +66,13 @@ from ..intent import (
 from ..policy.authority import ESCALATION_TYP, RECOVERY_TYP, Authority, Decision, Verdict
 from ..principals import Principal, Verification
 from ..state.journal import AttemptJournal
-from ..state.usestore import (
+from ..state.protocol import UseStore
+from ..state.records import (
     ApprovalError,
     ApprovalRecord,
     ApprovalRequest,
     ApprovalState,
     IdempotencyKind,
-    UseStore,
 )
 from .answers import Answer, decision_answer, halted_answer, reconciled_answer
 from .attempt import Attempt, Progress, TokenSigner, UnknownAttempts

@@ -41,6 +41,7 @@ caller decides whether to start.
 Callers: ``lifecycle/leases.py`` (an attempt taken over from a lapsed lease), ``plane.py`` at
 start (then it updates idempotency records from the returned
 :class:`Resolution` list), ``GET /ready`` counts (through the journal).
+Also imported by ``tools/demo.py``.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from ..errors import AgentSafeError, JournalError
 from ..events import Streams
 from ..intent import execution_payload_digest, intent_hash
 from ..state.journal import AttemptJournal, JournalScan, OpenAttempt, ReconciledBy, ReconciledStatus
-from ..state.usestore import OrphanKey
+from ..state.records import OrphanKey
 
 __all__ = [
     "Checks",

@@ -12,6 +12,7 @@ counts.
 Callers: the pipeline (``record``), ``assembly.py`` (builds it), ``plane.py`` (holds it; the
 process prints ``render`` at shutdown), ``/metrics``, ``tools/status_cli.py`` (``render_report``
 of a running executor's status).
+Also imported by ``pipeline.py``, ``serve.py``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ versions, scopes, data mode, attribution and citations; fresh provenance) and, w
 exact operation. It returns the step's authorization with the *narrowed* limits.
 
 Callers: the public API, ``receipts.py``, ``execute.py``, ``service.py``.
+Also imported by ``__init__.py``.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ one entry per step and the aggregate budget; :func:`dry_run_digest` is its ident
 approval signs.
 
 Callers: ``dry_run_agent_plan`` (public), ``approval.py`` (revalidation), ``service.py``.
+Also imported by ``__init__.py``, ``receipts.py``.
 """
 
 from __future__ import annotations

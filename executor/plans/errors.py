@@ -10,6 +10,8 @@ Messages name the rule that failed and the path of our own field names, never re
 identities, parameters or secrets.
 
 Callers: every module of ``agentsafe.executor.plans``; the HTTP routes map ``code`` to a status.
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ stable codes, times), never identities, parameters, results, citations, scopes, 
 nonces, tokens or error text.
 
 Callers: the public API, ``service.py``, the MCP adapter's users.
+Also imported by ``assembly.py``, ``dispatch/registration.py``, ``handlers.py``, ``__init__.py``,
+``mcp_adapter.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any, Protocol
 from ..canonical import canonical_json, sha256_digest, sha256_hex
 from ..clock import format_ms
 from ..codes import Code
-from ..state.usestore import ConsumptionRecord
+from ..state.records import ConsumptionRecord
 from .approval import Authorized, check_authorization, check_operation, skew_ms
 from .cancel import capture_abort, check_abort, guarded
 from .errors import AgentExecutionError, AgentSafetyAborted, AgentSafetyError

@@ -7,6 +7,8 @@ step arrays, contexts and source maps, execution evidence, consumption records a
 counting the UTF-8 bytes of keys and values alike.
 
 Callers: ``policy.py`` (field bounds), ``snapshot.py`` (budgets), every operation.
+Also imported by ``__init__.py``, ``approval.py``, ``citations.py``, ``dryrun.py``,
+``receipts.py``, ``shapes.py``.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ The value handed back is the tool's ``structuredContent`` when present, else the
 text blocks.
 
 Callers: hosts binding MCP read tools, through the package's public API.
+Also imported by ``dispatch/registration.py``, ``__init__.py``.
 """
 
 from __future__ import annotations

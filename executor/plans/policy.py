@@ -12,6 +12,8 @@ opt-in.
 digest, the revalidation and the limits all come from the same frozen copy.
 
 Callers: every public operation; ``service.py``; the executor's policy document; the operator.
+Also imported by ``__init__.py``, ``approval.py``, ``dryrun.py``, ``execute.py``,
+``mcp_adapter.py``, ``receipts.py``, ``policy/policy.py``.
 """
 
 from __future__ import annotations

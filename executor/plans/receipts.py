@@ -12,6 +12,7 @@ supplied historical context, evaluating the approval at the signed completion ti
 authentic receipt stays verifiable after the approval expires; any modified field is refused.
 
 Callers: the public API, ``execute.py``, ``service.py``.
+Also imported by ``__init__.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 
 from ..canonical import canonical_json, sha256_digest
 from ..codes import Code
-from ..state.usestore import ConsumptionRecord
+from ..state.records import ConsumptionRecord
 from .approval import Authorized, authorize_step, check_operation, check_window, skew_ms
 from .cancel import capture_abort, check_abort, guarded
 from .dryrun import check_binding_fresh

@@ -16,6 +16,7 @@ executor registry and the clock.
 
 Callers: ``routes/plans.py`` (the plan routes), ``assembly.py`` (construction), the package's
 public API.
+Also imported by ``plane.py``, ``__init__.py``, ``routes/table.py``.
 """
 
 from __future__ import annotations

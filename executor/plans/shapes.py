@@ -2,6 +2,7 @@
 canonical timestamps. Each refusal names the path of our own field names, never the value.
 
 Callers: ``dryrun.py``, ``approval.py``, ``receipts.py``, ``execute.py``.
+Also imported by ``service.py``, ``signing.py``.
 """
 
 from __future__ import annotations

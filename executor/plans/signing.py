@@ -13,6 +13,7 @@ algorithms) is the same approval, never a fresh one. A verifier accepts an envel
 its configured algorithm and key id equal the envelope's.
 
 Callers: ``approval.py``, ``receipts.py``, ``execute.py``, ``service.py``.
+Also imported by ``assembly.py``, ``__init__.py``.
 """
 
 from __future__ import annotations

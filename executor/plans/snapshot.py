@@ -14,6 +14,8 @@ shared across every input and output of one public operation, so splitting data 
 arguments does not buy more room.
 
 Callers: every public operation of ``agentsafe.executor.plans``.
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ later); :class:`LocalAuthority` is the built-in one, evaluating the compiled pol
 
 :meth:`LocalAuthority.claim` verifies a grant against the presented intent and consumes it once,
 atomically, in the use store; with a shared store the claim is fenced by the attempt's current
-owner, epoch and lease (the :class:`~agentsafe.executor.state.usestore.AttemptFence` the attempt
+owner, epoch and lease (the :class:`~agentsafe.executor.state.records.AttemptFence` the attempt
 hands it), in the same statement. :meth:`LocalAuthority.finalize` records how the attempt ended with
 the effect record the handler registered and the provider's effect receipt verbatim: the receipt
 is verified against the provider keys registered with this authority (the policy's
@@ -34,6 +34,7 @@ references) under the same key.
 Callers: ``lifecycle/pipeline.py`` (evaluate; escalation and recovery tokens),
 ``lifecycle/attempt.py`` (claim, finalize, recovery tokens), ``assembly.py`` (construction),
 ``plane.py`` (the key set of the JWKS route).
+Also imported by ``trial.py``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ from .celexpr import VARIABLES, Activation, EvaluationError
 from .policy import CompiledAction, CompiledPolicy, CompiledRule, Verdict
 
 if TYPE_CHECKING:
-    from ..state.usestore import AttemptFence, UseStore
+    from ..state.protocol import UseStore
+    from ..state.records import AttemptFence
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ The variables a rule sees (:data:`VARIABLES`) are built by the authority from th
 map) and ``now`` (a CEL ``timestamp``, the authority's clock). Integers are CEL ``int`` (int64).
 
 Callers: ``policy/policy.py`` (compilation), ``policy/authority.py`` (evaluation).
+Also imported by ``lint.py``.
 
 ``benchmarks/cel_engines.py`` times the two CEL engines this module could use.
 """

@@ -21,6 +21,8 @@ refusal is a :class:`~agentsafe.executor.errors.PolicyError` whose message start
 the offending field (``actions[0].rules[1].when``).
 
 Callers: ``assembly.py`` (``EXECUTOR_POLICY_FILE``), ``authority.py``, the operator.
+These are the main callers: it is imported across the wings, and its other importers are not
+listed.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ Every refusal of a test file is a :class:`~agentsafe.executor.errors.PolicyError
 
 Callers: ``tools/policy_cli.py`` (``agentsafe policy test|explain``), the operator
 (``spec.tests`` of an AgentPolicy).
+Also imported by ``operator/models.py``, ``operator/render/children.py``.
 """
 
 from __future__ import annotations

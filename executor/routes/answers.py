@@ -12,6 +12,7 @@ A refusal is not here: its one shape (``{"error": {"code", "message"}}``) is wri
 ``routes/openapi.py`` per route and status from ``routes/contract.py``.
 
 Callers: the route modules (their rows), ``routes/openapi.py``.
+Also imported by ``app.py``, ``approvals.py``, ``catalog.py``, ``control.py``.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ actor, credentials) with 400 REQUEST_INVALID. An error body is ``{"error": {"cod
 and echoes nothing from the request. A refusal answered before the body was read whole closes
 the connection.
 
-Every route is one row of a declarative table (:class:`Route`: method, path, role, scope, body
-model, handler, and what it answers: answer models and its handler's refusal codes);
+Every route is one row of a declarative table (:class:`~agentsafe.executor.routes.route.Route`,
+in ``routes/route.py``: method, path, role, scope, body model, handler, and what it answers:
+answer models and its handler's refusal codes);
 :func:`build_app` builds the application from the rows ``routes/table.py`` assembles, so the
 order inside a route is fixed in one place: the door (authentication, the row's role and scope),
 then the query and the body (read, bounded, checked against the row's strict models), then the
@@ -21,9 +22,8 @@ With the executor's metrics, every request's duration is recorded once, by its r
 This module holds the rows of the agent's own routes (:func:`core_routes`).
 
 Callers: ``plane.py`` builds the application; ``routes/listener.py`` serves it;
-``routes/table.py`` gathers the rows;
-``routes/control.py``, ``routes/approvals.py`` and ``routes/plans.py`` write theirs with
-:class:`Route`; tests drive it over real sockets.
+``routes/table.py`` gathers the rows; ``proxy.py`` (the ``Server`` header); tests drive it over
+real sockets.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import telemetry
 from ..canonical import DuplicateKeyError, parse_json
@@ -52,6 +52,7 @@ from ..principals import Principal, Role, Scope
 from .answers import Decision, Health, Jwks, Readiness
 from .contract import check_refusal, check_status
 from .refusals import code_for_http_error, refusal, status_of
+from .route import AnyJson, Call, Link, Route, RouteHandler
 from .schemas import EscalationObject, JsonObject, RecoveryObject
 
 __all__ = [
@@ -102,84 +103,6 @@ class ReadyState:
     ready: bool
     code: Code
     details: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Call:
-    """One request as a route's handler receives it: past the door and the body check."""
-
-    request: web.Request
-    principal: Principal | None
-    """The authenticated caller; ``None`` only on a route open to anyone."""
-    body: Any
-    """The request body as the row's model parsed it; ``None`` when the row reads no body."""
-    query: Any = None
-    """The query string as the row's ``query`` model parsed it; ``None`` when it reads none."""
-
-    @property
-    def caller(self) -> Principal:
-        if self.principal is None:
-            raise RuntimeError("a route open to anyone has no caller")
-        return self.principal
-
-
-RouteHandler = Callable[[Call], Awaitable[web.StreamResponse]]
-
-
-class AnyJson(RootModel[Any]):
-    """A bounded JSON body that the route's own library checks (the plan routes)."""
-
-
-@dataclass(frozen=True)
-class Link:
-    """What a client does next with an answer of this row: one OpenAPI link, which
-    schemathesis's stateful phase follows (``routes/openapi.py`` writes it and checks it).
-
-    ``target`` is the other row, ``"METHOD /path"``; a link whose target is not served (an
-    optional section that is off) is left out. ``parameters`` maps the target's path parameters
-    and ``body`` fields of its JSON body (nested as in the body) to a runtime expression:
-    ``$response.body#/pointer`` (this row's answer) or ``$request.body#/pointer`` (the request
-    it answered)."""
-
-    target: str
-    parameters: Mapping[str, str] = field(default_factory=dict)
-    body: Mapping[str, Any] = field(default_factory=dict)
-    status: int = 200
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class Route:
-    """One row of the wire contract."""
-
-    method: str
-    path: str
-    role: Role | None
-    """The role the door requires; ``None``: open to anyone, the door is not asked."""
-    scope: Scope | None
-    """The operator scope the door requires as well (OPERATOR routes)."""
-    body: type[BaseModel] | None
-    """The strict model the JSON body must match; ``None``: the route reads no body."""
-    handler: RouteHandler
-    invalid: str | None = None
-    """The REQUEST_INVALID message when the body does not match; ``None``: name where."""
-    summary: str = ""
-    """One line for people: what the route does (the OpenAPI operation's summary)."""
-    answers: Mapping[int, type[BaseModel] | None] = field(default_factory=lambda: {200: AnyJson})
-    """The model of each answer that is not a refusal, by status; ``None``: a text body
-    (``text_media_type``)."""
-    codes: frozenset[Code] = frozenset()
-    """The refusal codes of the handler itself; those of the door and the body reader are
-    derived from ``role``, ``scope`` and ``body`` (``routes/contract.py``)."""
-    query: type[BaseModel] | None = None
-    """The strict model of the query string; ``None``: the route reads none."""
-    host_codes: bool = False
-    """The handler passes a host's own codes through (answered 422), besides ``codes``."""
-    text_media_type: str | tuple[str, ...] = "text/plain"
-    """The media type of a text answer, or the media types it is negotiated between."""
-    links: tuple[Link, ...] = ()
-    """The next steps a client takes with an answer (besides those ``routes/openapi.py`` infers
-    from a path parameter the answer carries)."""
 
 
 # ---------------------------------------------------------------------- request schemas

@@ -32,7 +32,7 @@ from aiohttp import web
 
 from ..codes import Code
 from ..lifecycle.pipeline import APPROVAL_PAGE_PATH
-from .app import Call, Route
+from .route import Call, Route
 
 __all__ = ["page_csp", "page_routes"]
 

@@ -57,9 +57,10 @@ from ..intent import CapturedIntent, check_separation
 from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import APPROVAL_PAGE_PATH, approval_url
 from ..principals import Principal, Role, Scope, Verification
-from ..state.usestore import ApprovalError, ApprovalRecord, ApprovalState, UseStore
+from ..state.protocol import UseStore
+from ..state.records import ApprovalError, ApprovalRecord, ApprovalState
 from .answers import ApprovalList, ApprovalView
-from .app import AnyJson, Call, Link, Route
+from .route import AnyJson, Call, Link, Route
 from .schemas import EscalationObject
 
 __all__ = ["approval_routes", "describe_record", "required_verification"]

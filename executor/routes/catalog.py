@@ -14,8 +14,8 @@ from aiohttp import web
 
 from ..principals import Role
 from .answers import ActionCatalog
-from .app import Call, Link, Route
 from .control import ControlPlane
+from .route import Call, Link, Route
 
 __all__ = ["catalog_routes"]
 

@@ -1,6 +1,6 @@
 """What each route may answer: the refusal codes and statuses of one row of the route table.
 
-A row (:class:`~agentsafe.executor.routes.app.Route`) names the codes its own handler refuses
+A row (:class:`~agentsafe.executor.routes.route.Route`) names the codes its own handler refuses
 with (``codes``) and the models of its answers (``answers``); the codes every route shares come
 from what stands in front of the handler, so they are derived here, never listed per row:
 
@@ -24,13 +24,10 @@ Callers: ``routes/app.py`` (the check), ``routes/openapi.py`` (the document), te
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
 
 from ..codes import HOST_CODE_STATUS, Code
 from ..errors import AgentSafeError
-
-if TYPE_CHECKING:
-    from .app import Route
+from .route import Route
 
 __all__ = [
     "BODY",

@@ -10,6 +10,7 @@ The work itself is done by the :class:`ControlPlane` (``plane.Executor``); this 
 HTTP shape.
 
 Callers: ``routes/table.py`` gathers these rows (:func:`control_routes`).
+Also imported by ``catalog.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from .answers import (
     SecretsReload,
     Status,
 )
-from .app import Call, Route, RouteHandler
+from .route import Call, Route, RouteHandler
 
 __all__ = ["ControlPlane", "control_routes"]
 

@@ -33,6 +33,7 @@ an error page); nothing here parses HTTP itself.
 
 Callers: ``plane.py`` (``Executor.listen`` starts :class:`GuardedSite`). The security headers and
 the body deadline itself live with the application (``SECURITY_HEADERS``, ``read_json``).
+Also imported by ``proxy.py``.
 """
 
 from __future__ import annotations

@@ -44,8 +44,8 @@ from pydantic.json_schema import models_json_schema
 from ..codes import HOST_CODE_STATUS
 from ..principals import Role
 from .answers import OpenApiDocument
-from .app import Call, Route
 from .contract import refusal_statuses
+from .route import Call, Route
 from .schemas import SHARED_SCHEMAS
 
 __all__ = ["OPENAPI_PATH", "openapi_document", "openapi_route"]

@@ -37,8 +37,8 @@ from ..events import Streams
 from ..plans.errors import AgentExecutionError, AgentSafetyError
 from ..plans.service import PlanService
 from ..principals import Principal, Role, Scope
-from .app import AnyJson, Call, Link, Route, RouteHandler
 from .refusals import refusal
+from .route import AnyJson, Call, Link, Route, RouteHandler
 from .schemas import plan_body
 
 __all__ = ["plan_routes"]

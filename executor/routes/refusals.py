@@ -16,6 +16,7 @@ as an MCP client, then shows the refusal rather than starting an OAuth flow of i
 
 Callers: ``routes/app.py`` (the error middleware, for every route that raises
 :class:`~agentsafe.executor.errors.RequestRejected`), ``routes/plans.py``.
+Also imported by ``listener.py``, ``tools/mcp_bridge.py``.
 """
 
 from __future__ import annotations

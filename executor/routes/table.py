@@ -23,14 +23,15 @@ from ..lifecycle.answers import Answer
 from ..lifecycle.pipeline import Pipeline
 from ..plans.service import PlanService
 from ..principals import Principal
-from ..state.usestore import UseStore
-from .app import ReadyState, Route, core_routes
+from ..state.protocol import UseStore
+from .app import ReadyState, core_routes
 from .approval_page import page_routes
 from .approvals import approval_routes
 from .catalog import catalog_routes
 from .control import ControlPlane, control_routes
 from .openapi import openapi_route
 from .plans import plan_routes
+from .route import Route
 
 __all__ = ["Approvals", "route_table"]
 

@@ -44,10 +44,14 @@ and lease there), and the append returns only once both hold; a mirror that fail
 seam before dispatch. The mirror also keeps each held attempt's fencing token (issue 29), handed
 to the attempt by :meth:`AttemptJournal.fence`.
 
+The records' vocabulary lives in ``state/journalrecords.py`` and the reader in
+``state/journalscan.py``; this module writes, and re-exports their public names.
+
 Callers: ``lifecycle/attempt.py`` (opened, fence, grant_claimed through the seam's
 GRANT_CLAIMED decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records
 reconciled by CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open),
 ``plane.py`` (close, ``GET /v1/control/open-attempts``).
+Also imported by ``lifecycle/leases.py``, ``lostwrites.py``, ``pgattempts.py``, ``supervisor.py``.
 """
 
 from __future__ import annotations
@@ -62,25 +66,47 @@ import re
 import threading
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ..canonical import DuplicateKeyError, canonical_json, parse_json, sha256_digest
+from ..canonical import canonical_json, sha256_digest
 from ..clock import Clock, format_ms, utc_day
 from ..codes import Code
-from ..errors import AgentSafeError, CanonicalizationError, JournalError
+from ..errors import AgentSafeError, JournalError
 from ..host.durable import fsync_directory, write_all
+from .journalrecords import (
+    ATTEMPTS_DIR,
+    CLOSING_STATUSES,
+    DAY_FILE,
+    DAYS_FILE,
+    IDENTITY_FILE,
+    LOCK_FILE,
+    MAX_RECORD_BYTES,
+    OPTIONAL,
+    REQUIRED,
+    SHARED_STORE,
+    UNKNOWN_OUTCOME,
+    AttemptMirror,
+    JournalScan,
+    OpenAttempt,
+    ReconciledBy,
+    ReconciledStatus,
+    RecordType,
+    Settled,
+    TornLine,
+)
+from .journalscan import read_days, scan_journal
 
 if TYPE_CHECKING:
-    from .usestore import AttemptFence
+    from .records import AttemptFence
 
 __all__ = [
     "ATTEMPTS_DIR",
     "CLOSING_STATUSES",
     "MAX_RECORD_BYTES",
+    "SHARED_STORE",
     "AttemptJournal",
     "AttemptMirror",
     "JournalScan",
@@ -92,144 +118,6 @@ __all__ = [
     "TornLine",
     "scan_journal",
 ]
-
-ATTEMPTS_DIR = "attempts"
-MAX_RECORD_BYTES = 256 * 1024
-_DAY_FILE = re.compile(r"^(\d{4}-\d{2}-\d{2})\.jsonl$")
-_LOCK_FILE = ".lock"
-_UNKNOWN_OUTCOME = "UNKNOWN_AFTER_DISPATCH"
-
-
-class RecordType(StrEnum):
-    ATTEMPT_OPENED = "ATTEMPT_OPENED"
-    GRANT_CLAIMED = "GRANT_CLAIMED"
-    ATTEMPT_CLOSED = "ATTEMPT_CLOSED"
-    RECONCILED = "RECONCILED"
-
-
-class ReconciledStatus(StrEnum):
-    COMPLETED = "COMPLETED"
-    NOT_EXECUTED = "NOT_EXECUTED"
-    STILL_UNKNOWN = "STILL_UNKNOWN"
-    UNCLAIMED = "UNCLAIMED"
-    BINDING_MISMATCH = "BINDING_MISMATCH"
-
-
-class ReconciledBy(StrEnum):
-    RESTART = "RESTART"  # startup reconciliation of this process's own journal
-    LEASE = "LEASE"  # the lease keeper, in a running process (``lifecycle/leases.py``)
-    RECHECK = "RECHECK"  # a running process's own re-ask (``Executor.recheck_unknown``)
-    CALLER = "CALLER"
-    OPERATOR = "OPERATOR"  # a person recorded a decision (``POST /v1/control/open-attempts/...``)
-
-
-CLOSING_STATUSES = frozenset(
-    {ReconciledStatus.COMPLETED, ReconciledStatus.NOT_EXECUTED, ReconciledStatus.UNCLAIMED}
-)
-"""RECONCILED statuses that close an attempt; STILL_UNKNOWN and BINDING_MISMATCH keep it open."""
-
-# What the writer insists on and the reader checks: the two must agree.
-_REQUIRED: dict[RecordType, tuple[str, ...]] = {
-    RecordType.ATTEMPT_OPENED: ("attempt_id", "intent_hash"),
-    RecordType.GRANT_CLAIMED: ("attempt_id", "grant_id", "grant_expires_at", "payload_digest"),
-    RecordType.ATTEMPT_CLOSED: ("attempt_id", "outcome"),
-    RecordType.RECONCILED: ("attempt_id", "status", "by"),
-}
-SHARED_STORE: Final = "shared"
-"""GRANT_CLAIMED's ``store`` when the claim was acknowledged by the shared store."""
-
-_OPTIONAL: dict[RecordType, tuple[str, ...]] = {
-    RecordType.ATTEMPT_OPENED: (
-        "intent_id",
-        "decision_id",
-        "dossier_id",
-        "caller",
-        "action",
-        "grant_id",
-        "grant_expires_at",
-    ),
-    # "store": "shared" when the claim was acknowledged by the shared store (issue 29: only those
-    # are the lost-writes check's witnesses; a claim made on SQLite before the journal served a
-    # shared store never was in that database)
-    RecordType.GRANT_CLAIMED: ("store",),
-    RecordType.ATTEMPT_CLOSED: ("finalization",),
-    RecordType.RECONCILED: ("reason", "decided_by"),
-}
-_IDENTITY_FILE = ".identity"
-_DAYS_FILE = ".days"
-
-
-@dataclass(frozen=True)
-class TornLine:
-    """An unterminated last line: a write the crash interrupted (never acknowledged)."""
-
-    file: str  # e.g. "attempts/2026-08-14.jsonl"
-    line: int  # 1-based line number
-    length: int  # bytes
-
-
-@dataclass(frozen=True)
-class OpenAttempt:
-    """An attempt the journal cannot call finished, with what was recorded about it."""
-
-    attempt_id: str
-    intent_id: str | None
-    intent_hash: str
-    decision_id: str | None
-    dossier_id: str | None
-    principal: str | None  # the caller recorded in ATTEMPT_OPENED
-    action: str | None
-    binding: Mapping[str, Any]  # the captured intent binding as stored (not trusted: re-hash)
-    opened_at: str
-    file: str
-    grant_claimed: bool = False
-    grant_id: str | None = None
-    grant_expires_at: str | None = None
-    payload_digest: str | None = None
-    last_status: str | None = None  # the last non-closing RECONCILED status, if any
-    closed_unknown: bool = False  # an ATTEMPT_CLOSED said UNKNOWN_AFTER_DISPATCH
-
-    @property
-    def tenant(self) -> str | None:
-        value = self.binding.get("tenant_id")
-        return value if isinstance(value, str) else None
-
-    @property
-    def idempotency_key(self) -> str | None:
-        value = self.binding.get("idempotency_key")
-        return value if isinstance(value, str) else None
-
-
-@dataclass(frozen=True)
-class Settled:
-    """How a finished attempt ended, as the journal recorded it (asked for by attempt id)."""
-
-    attempt_id: str
-    outcome: str | None = None  # ATTEMPT_CLOSED's outcome
-    executed: bool | None = None
-    answer: Mapping[str, Any] | None = None  # the answer the caller was given, when recorded
-    status: str | None = None  # a closing RECONCILED status (COMPLETED, NOT_EXECUTED, UNCLAIMED)
-
-
-@dataclass(frozen=True)
-class JournalScan:
-    open_attempts: tuple[OpenAttempt, ...]
-    torn_lines: tuple[TornLine, ...]
-    settled: Mapping[str, Settled] = field(default_factory=dict)  # of the ids asked for
-    opened: frozenset[str] = frozenset()  # of the ids asked for, those ever opened
-    missing_days: tuple[str, ...] = ()  # day files the writer created that are gone
-    day_files: tuple[str, ...] = ()  # every day file read, oldest first
-
-
-class AttemptMirror(Protocol):
-    """Where each journaled step is also written (the shared store's open-attempt state)."""
-
-    async def record(self, kind: RecordType, record: Mapping[str, Any]) -> None: ...
-
-    def fence(self, attempt_id: str) -> AttemptFence | None:
-        """The fencing token of an attempt this process holds (issue 29), if the mirror keeps
-        leases; the attempt's grant claim is made under it."""
-        ...
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -335,7 +223,7 @@ class AttemptJournal:
         total = 0
         with os.scandir(self._root) as entries:
             for entry in entries:
-                if _DAY_FILE.match(entry.name):
+                if DAY_FILE.match(entry.name):
                     with contextlib.suppress(OSError):
                         total += entry.stat(follow_symlinks=False).st_size
         return total
@@ -449,7 +337,7 @@ class AttemptJournal:
         if answer is not None:
             fields["answer"] = dict(answer)
         await self._append(RecordType.ATTEMPT_CLOSED, fields)
-        if outcome != _UNKNOWN_OUTCOME:
+        if outcome != UNKNOWN_OUTCOME:
             self._live_open.discard(attempt_id)
 
     async def reconciled(
@@ -521,12 +409,12 @@ class AttemptJournal:
                 "the journal failed and takes no records until its storage recovers",
                 code=Code.JOURNAL_UNAVAILABLE,
             )
-        for name in _REQUIRED[kind]:
+        for name in REQUIRED[kind]:
             if not isinstance(fields.get(name), str) or not fields[name]:
                 raise JournalError(
                     f"field {name} must be a non-empty string", code=Code.JOURNAL_RECORD_INVALID
                 )
-        for name in _OPTIONAL[kind]:
+        for name in OPTIONAL[kind]:
             if not isinstance(fields.get(name), str | None):
                 raise JournalError(
                     f"field {name} must be a string or null", code=Code.JOURNAL_RECORD_INVALID
@@ -731,7 +619,7 @@ def _cut_torn_tail(fd: int, name: str) -> TornLine | None:
 
 def _note_day(root: Path, day: str) -> None:
     """Append ``day`` to ``.days`` (synced): the list of day files the writer created."""
-    fd = os.open(root / _DAYS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd = os.open(root / DAYS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         write_all(fd, day.encode() + b"\n")
         os.fsync(fd)
@@ -739,17 +627,9 @@ def _note_day(root: Path, day: str) -> None:
         os.close(fd)
 
 
-def _read_days(root: Path) -> list[str]:
-    try:
-        text = (root / _DAYS_FILE).read_text(encoding="ascii", errors="replace")
-    except FileNotFoundError:
-        return []
-    return [d for d in dict.fromkeys(text.split()) if _DAY_FILE.match(d + ".jsonl")]
-
-
 def _identity(root: Path) -> str:
     """This journal's name, created once (``attempts/.identity``)."""
-    path = root / _IDENTITY_FILE
+    path = root / IDENTITY_FILE
     try:
         value = path.read_text(encoding="ascii").strip()
     except FileNotFoundError:
@@ -757,7 +637,7 @@ def _identity(root: Path) -> str:
     if re.fullmatch(r"[0-9a-f]{32}", value):
         return value
     value = uuid.uuid4().hex
-    tmp = root / (_IDENTITY_FILE + ".tmp")
+    tmp = root / (IDENTITY_FILE + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         write_all(fd, value.encode() + b"\n")
@@ -774,7 +654,7 @@ def _prepare_directory(directory: Path, root: Path) -> tuple[int, str]:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         root.mkdir(mode=0o700, exist_ok=True)
         os.chmod(root, 0o700)
-        lock_fd = os.open(root / _LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        lock_fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise JournalError(
             f"the journal directory is unusable: {exc.strerror}", code=Code.JOURNAL_UNAVAILABLE
@@ -799,59 +679,6 @@ def _prepare_directory(directory: Path, root: Path) -> tuple[int, str]:
 # -- reading -----------------------------------------------------------------------------------
 
 
-def scan_journal(
-    directory: Path, *, retain_days: int, now: float, wanted: frozenset[str] = frozenset()
-) -> JournalScan:
-    """Read every day file in ``directory/attempts``, one line at a time, oldest day first.
-
-    ``retain_days`` (as of ``now``) is kept in the signature for the callers that prune; nothing
-    present on disk is skipped, so an attempt opened before the window is never silently lost.
-    For the attempt ids in ``wanted`` the scan also says whether each was opened and how it was
-    settled. Raises :class:`JournalError` ``JOURNAL_CORRUPT`` naming the file and line of a
-    damaged record; a torn last line is returned in ``torn_lines`` instead.
-    """
-    del retain_days, now  # every present day is read; see :func:`_prune_days` for retention
-    root = directory / ATTEMPTS_DIR
-    try:
-        names = sorted(name for name in os.listdir(root) if _DAY_FILE.match(name))
-    except FileNotFoundError:
-        return JournalScan((), ())
-    except OSError as exc:
-        raise JournalError(
-            f"the journal cannot be read: {exc.strerror}", code=Code.JOURNAL_UNAVAILABLE
-        ) from None
-    present = {name[: -len(".jsonl")] for name in names}
-    missing = tuple(day for day in _read_days(root) if day not in present)
-    builder = _Builder(wanted)
-    torn: list[TornLine] = []
-    for name in names:
-        label = f"{ATTEMPTS_DIR}/{name}"
-        try:
-            with open(root / name, "rb") as handle:
-                for number, line in enumerate(handle, start=1):
-                    if not line.endswith(b"\n"):  # the unterminated last line: a torn write
-                        torn.append(TornLine(file=label, line=number, length=len(line)))
-                        break
-                    try:
-                        builder.add(_parse_line(line[:-1]), label)
-                    except _Damaged as damaged:
-                        raise JournalError(
-                            f"{label} line {number}: {damaged}", code=Code.JOURNAL_CORRUPT
-                        ) from None
-        except OSError as exc:
-            raise JournalError(
-                f"{label} cannot be read: {exc.strerror}", code=Code.JOURNAL_UNAVAILABLE
-            ) from None
-    return JournalScan(
-        builder.open_attempts(),
-        tuple(torn),
-        settled=dict(builder.settled),
-        opened=frozenset(builder.opened_wanted),
-        missing_days=missing,
-        day_files=tuple(f"{ATTEMPTS_DIR}/{name}" for name in names),
-    )
-
-
 def _prune_days(root: Path, scan: JournalScan, *, retain_days: int, now: float) -> tuple[str, ...]:
     """Delete day files before the retention window that hold no open attempt; ``.days`` is
     rewritten without them first, so a pruned file is never reported missing."""
@@ -865,15 +692,15 @@ def _prune_days(root: Path, scan: JournalScan, *, retain_days: int, now: float) 
     if not doomed:
         return ()
     gone = {Path(label).name[: -len(".jsonl")] for label in doomed}
-    kept = [day for day in _read_days(root) if day not in gone]
-    tmp = root / (_DAYS_FILE + ".tmp")
+    kept = [day for day in read_days(root) if day not in gone]
+    tmp = root / (DAYS_FILE + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         write_all(fd, "".join(day + "\n" for day in kept).encode())
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, root / _DAYS_FILE)
+    os.replace(tmp, root / DAYS_FILE)
     fsync_directory(root)
     for label in doomed:
         with contextlib.suppress(FileNotFoundError):
@@ -887,121 +714,3 @@ def _day_of(text: str) -> date:
         return date.fromisoformat(text)
     except ValueError:
         return date.min
-
-
-class _Damaged(Exception):
-    pass
-
-
-def _parse_line(line: bytes) -> dict[str, Any]:
-    try:
-        value = parse_json(line)
-    except DuplicateKeyError:
-        raise _Damaged("a key appears twice") from None
-    except CanonicalizationError as exc:
-        raise _Damaged(
-            "a non-finite number" if exc.code == Code.NUMBER_NOT_FINITE else "a number out of range"
-        ) from None
-    except (ValueError, RecursionError):
-        raise _Damaged("not valid JSON") from None
-    if not isinstance(value, dict):
-        raise _Damaged("not a JSON object")
-    return value
-
-
-def _text(record: Mapping[str, Any], name: str, *, optional: bool = False) -> str | None:
-    """A required field is a non-empty string; an optional one is a string or null."""
-    value = record.get(name)
-    if optional and (value is None or isinstance(value, str)):
-        return value
-    if not isinstance(value, str) or not value:
-        raise _Damaged(f"field {name} is missing or not a string")
-    return value
-
-
-class _Builder:
-    """Folds records, in file order, into the set of open attempts."""
-
-    def __init__(self, wanted: frozenset[str] = frozenset()) -> None:
-        self._open: dict[str, dict[str, Any]] = {}
-        self._seen: set[str] = set()
-        self._wanted = wanted
-        self.settled: dict[str, Settled] = {}
-        self.opened_wanted: set[str] = set()
-
-    def add(self, record: dict[str, Any], label: str) -> None:
-        try:
-            kind = RecordType(str(record.get("record")))
-        except ValueError:
-            raise _Damaged("unknown record type") from None
-        _text(record, "at")
-        for name in _REQUIRED[kind]:
-            _text(record, name)
-        for name in _OPTIONAL[kind]:
-            _text(record, name, optional=True)
-        attempt_id: str = record["attempt_id"]
-        if kind is RecordType.ATTEMPT_OPENED:
-            self._opened(attempt_id, record, label)
-            return
-        state = self._open.get(attempt_id)
-        if kind is RecordType.GRANT_CLAIMED:
-            if state is not None:
-                state["grant_claimed"] = True
-                for name in ("grant_id", "grant_expires_at", "payload_digest"):
-                    state[name] = record[name]
-        elif kind is RecordType.ATTEMPT_CLOSED:
-            if not isinstance(record.get("executed"), bool | None):
-                raise _Damaged("field executed is not a boolean or null")
-            answer = record.get("answer")
-            if answer is not None and not isinstance(answer, dict):
-                raise _Damaged("field answer is not an object")
-            if record["outcome"] != _UNKNOWN_OUTCOME:
-                self._open.pop(attempt_id, None)
-                if attempt_id in self._wanted:
-                    self.settled[attempt_id] = Settled(
-                        attempt_id,
-                        outcome=record["outcome"],
-                        executed=record.get("executed"),
-                        answer=answer,
-                    )
-            elif state is not None:
-                state["closed_unknown"] = True
-        else:
-            try:
-                status = ReconciledStatus(str(record.get("status")))
-                ReconciledBy(str(record.get("by")))
-            except ValueError:
-                raise _Damaged("unknown reconciliation status or source") from None
-            if status in CLOSING_STATUSES:
-                self._open.pop(attempt_id, None)
-                if attempt_id in self._wanted:
-                    self.settled[attempt_id] = Settled(attempt_id, status=status.value)
-            elif state is not None:
-                state["last_status"] = status.value
-
-    def _opened(self, attempt_id: str, record: dict[str, Any], label: str) -> None:
-        if attempt_id in self._seen:
-            raise _Damaged("the attempt was opened twice")
-        binding = record.get("intent")
-        if not isinstance(binding, dict):
-            raise _Damaged("field intent is not an object")
-        self._seen.add(attempt_id)
-        if attempt_id in self._wanted:
-            self.opened_wanted.add(attempt_id)
-        self._open[attempt_id] = {
-            "intent_id": record.get("intent_id"),
-            "decision_id": record.get("decision_id"),
-            "dossier_id": record.get("dossier_id"),
-            "principal": record.get("caller"),
-            "action": record.get("action"),
-            "grant_id": record.get("grant_id"),
-            "grant_expires_at": record.get("grant_expires_at"),
-            "attempt_id": attempt_id,
-            "intent_hash": record["intent_hash"],
-            "binding": binding,
-            "opened_at": record["at"],
-            "file": label,
-        }
-
-    def open_attempts(self) -> tuple[OpenAttempt, ...]:
-        return tuple(OpenAttempt(**state) for state in self._open.values())

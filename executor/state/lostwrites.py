@@ -43,9 +43,9 @@ serve (no living journal holds it), and a retry that reaches another replica bef
 acknowledging replica checked. Both are why more than one replica requires synchronous
 replication (docs/high-availability.md, "Fault model").
 
-Callers: ``assembly.py`` (builds one per process with a shared store and hands it to the store's
-``PostgresStore.open`` as its ``server_watch``, which awaits it with each new connection),
-``plane.py`` (halts on it, lists its keys).
+Callers: ``state/backend.py`` (builds one per process with a shared store and hands it to the
+store's ``PostgresStore.open`` as its ``server_watch``, which awaits it with each new
+connection), ``plane.py`` (halts on it, lists its keys).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from ..canonical import canonical_text, sha256_digest
 from ..clock import format_ms
 from ..codes import Code
 from .journal import ATTEMPTS_DIR, SHARED_STORE, RecordType
-from .usestore import RETENTION_SECONDS
+from .records import RETENTION_SECONDS
 
 __all__ = ["LOST_STATUS", "LostClaim", "LostWritesGuard", "ServerIdentity", "journal_claims"]
 

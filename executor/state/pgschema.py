@@ -24,7 +24,7 @@ attempts            the attempt journal's open-attempt state, with its owner, le
                     fencing token (``epoch``: incremented by every takeover)
 ==================  ==============================================================================
 
-Callers: ``state/pgstore.py`` (at open, and for ``agentsafe store migrate``).
+Callers: ``state/pgconn.py`` (at open, and for ``agentsafe store migrate``).
 """
 
 from __future__ import annotations

@@ -102,14 +102,7 @@ async def run_checks(environ: Mapping[str, str]) -> list[Check]:
     from ..config import load_config
     from ..dispatch.effects import EffectRegister
     from ..dispatch.forward import ForwardRequestHandler
-    from ..dispatch.registration import (
-        ActionRegistrar,
-        Downstream,
-        PlanRegistrar,
-        Seam,
-        load_registrations,
-        run_registrations,
-    )
+    from ..dispatch.registration import compose_seam, load_registrations, run_registrations
     from ..dispatch.seam import Outcome, Registry
     from ..door.workload import JwksSource
     from ..errors import AgentSafeError, ConfigError
@@ -210,18 +203,12 @@ async def run_checks(environ: Mapping[str, str]) -> list[Check]:
                         parameters_schema={"type": "object", "additionalProperties": False},
                     ),
                 )
-                seam = Seam(
-                    registry=ActionRegistrar(registry),
-                    downstream=Downstream(
-                        url=config.downstream_url,
-                        lookup_url=config.downstream_lookup_url,
-                        lookup_by_reference_url=config.downstream_lookup_by_reference_url,
-                        timeout_ms=config.downstream_timeout_ms,
-                    ),
+                seam = compose_seam(
+                    config,
+                    registry,
                     credential=credential,
-                    fetch=transport,
+                    transport=transport,
                     effects=EffectRegister(),
-                    plans=PlanRegistrar(),
                 )
                 loaded = load_registrations(config.executor_handlers)
                 steps = await run_registrations(loaded, seam, security=streams.security)

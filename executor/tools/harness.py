@@ -5,6 +5,7 @@ an ``agentsafe serve`` subprocess with a clean environment, a private working di
 to wait for readiness (polling with a deadline, never sleeping blindly), SIGKILL and restart.
 
 Callers: ``tools/demo.py``, tests, ``benchmarks/lifecycle.py``.
+Also imported by ``pgserver.py``, ``selftest.py``.
 """
 
 from __future__ import annotations

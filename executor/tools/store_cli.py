@@ -45,7 +45,7 @@ def _migrate(args: argparse.Namespace) -> int:
     from ..config import is_production
     from ..errors import ConfigError, StoreError
     from ..host.secrets import SecretStore
-    from ..state.pgstore import check_store_url, migrate_url
+    from ..state.pgconn import check_store_url, migrate_url
 
     environ = os.environ
     try:

@@ -60,6 +60,7 @@ and prints its base URL on standard output once it is listening. Tests use
 Callers: the integration tests; the harness (so the demo, the crash tests and the benchmarks)
 and the end-to-end provider pod (``e2e/kind/provider.yaml``) start it as its own process,
 ``python -m agentsafe.executor.tools.synthetic``.
+Also imported by ``selftest.py``.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ the condition reason the reconcile writes (``PolicyInvalid``, ``PrincipalsInvali
 ``ConfigInvalid``, ``SpecInvalid``) and nothing is applied.
 
 Callers: ``render/*``, ``reconcile.py`` and ``handlers.py`` (labels), the tests.
+Also imported by ``__init__.py``, ``children.py``, ``config.py``, ``halt.py``, ``network.py``,
+``workload.py``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from ..errors import OperatorError
 from ..models import API_VERSION, GROUP, AgentPolicySpec, ConditionReason, PrincipalSpec
 from ..settings import OperatorSettings
 
@@ -53,7 +56,7 @@ SPREAD_MIN_REPLICAS: Final = 2
 neither is rendered (a budget over one pod would protect nothing or block every drain)."""
 
 
-class RenderError(Exception):
+class RenderError(OperatorError):
     """Nothing can be rendered; ``reason`` is the Ready condition's reason."""
 
     def __init__(self, reason: ConditionReason, message: str) -> None:

@@ -15,6 +15,7 @@ The principals document is checked with the executor's own rules
 
 Callers: ``render/children.py``, ``render/workload.py``, ``render/halt.py``, ``reconcile.py``
 and ``operator/halt.py`` (the key names), the tests.
+Also imported by ``__init__.py``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@
   owner reference, and the operator's finalizer deletes them.
 
 Callers: ``render/children.py``, the tests.
+Also imported by ``__init__.py``, ``workload.py``.
 """
 
 from __future__ import annotations

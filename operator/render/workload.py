@@ -40,6 +40,7 @@ operator depends on parses them (``kubernetes_asyncio`` has no quantity parser; 
 - ``/tmp``: a small in-memory emptyDir; the root filesystem is read-only.
 
 Callers: ``render/children.py``, the tests.
+Also imported by ``admission.py``, ``handlers.py``, ``reconcile.py``, ``__init__.py``.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from agentsafe.executor.grants import SigningKey
 from agentsafe.executor.policy.authority import LocalAuthority
 from agentsafe.executor.policy.policy import compile_policy, load_policy
 from agentsafe.executor.principals import Actor, Principal, Role
-from agentsafe.executor.state.usestore import EnrolmentToken, PasskeyRecord, SQLiteUseStore
+from agentsafe.executor.state.records import EnrolmentToken, PasskeyRecord
+from agentsafe.executor.state.usestore import SQLiteUseStore
 from agentsafe.executor.tools.harness import EXAMPLE_POLICY
 
 APPROVER = Principal(

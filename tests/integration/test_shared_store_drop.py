@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentsafe.executor.state.usestore import IdempotencyKind, IdempotencyState
+from agentsafe.executor.state.records import IdempotencyKind, IdempotencyState
 from agentsafe.executor.tools.harness import wait_until
 from tests.support.postgres import PostgresServer
 
@@ -44,9 +44,8 @@ async def test_a_key_recorded_just_before_the_database_drops_ends_settled(
         EXECUTOR_ATTEMPT_LEASE_SECONDS="5",
         DOWNSTREAM_TIMEOUT_MS="2000",  # the lease must outlive a send (issue 29)
     )
-    shared = run.executor.shared
-    assert shared is not None
-    store = shared.use_store
+    assert run.executor.backend.name == "postgresql"
+    store = run.executor.store
     begin = store.idempotency_begin
     dropped: list[str] = []
 

@@ -25,7 +25,7 @@ from agentsafe.executor.errors import RequestRejected, StoreError
 from agentsafe.executor.events import MemorySink, Streams
 from agentsafe.executor.plane import Executor
 from agentsafe.executor.principals import Principal, Role
-from agentsafe.executor.state.usestore import IdempotencyKind
+from agentsafe.executor.state.records import IdempotencyKind
 from agentsafe.executor.tools.harness import Workspace
 
 pytestmark = pytest.mark.slow

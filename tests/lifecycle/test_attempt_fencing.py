@@ -25,7 +25,8 @@ from agentsafe.executor.lifecycle.attempt import Attempt
 from agentsafe.executor.policy.authority import LocalAuthority
 from agentsafe.executor.policy.policy import compile_policy, parse_policy
 from agentsafe.executor.state.journal import AttemptJournal
-from agentsafe.executor.state.pgstore import PostgresStore, SharedAttemptMirror
+from agentsafe.executor.state.pgattempts import SharedAttemptMirror
+from agentsafe.executor.state.pgstore import PostgresStore
 from tests.lifecycle.test_attempt import EXAMPLE, ScriptedHandler, World, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
@@ -149,18 +150,18 @@ async def test_an_attempt_whose_key_was_taken_over_before_it_opened_never_says_n
     and a retry took the key over (and may have run it). The open is refused in the database,
     and the answer is 409 IDEMPOTENCY_TAKEN_OVER, never FAILED_BEFORE_DISPATCH with
     ``executed: false`` (the protocol model's GAP_TAKEN_OVER_NOT_EXECUTED, docs/protocol.md)."""
-    from agentsafe.executor.state import pgstore
+    from agentsafe.executor.state import pgconn
 
     intent = fenced.intent()
     decision = await fenced.allow(intent)
     attempt: Attempt = fenced.attempt()
     # the key this request began is now another request's: its holder token no longer matches
-    held = pgstore._HELD.set((("tenant", "principal", "key"), "the-holder-that-lost-it"))
+    held = pgconn.HELD_KEY.set((("tenant", "principal", "key"), "the-holder-that-lost-it"))
     try:
         with pytest.raises(RequestRejected) as refused:
             await run(fenced, attempt, intent, decision)
     finally:
-        pgstore._HELD.reset(held)
+        pgconn.HELD_KEY.reset(held)
     assert refused.value.code == "IDEMPOTENCY_TAKEN_OVER"
     assert fenced.handler.sent == 0
     assert await _claims(fenced.url) == 0

@@ -24,7 +24,8 @@ from agentsafe.executor.events import Streams
 from agentsafe.executor.principals import Actor, Principal, Role, Scope, Verification
 from agentsafe.executor.routes.app import build_app
 from agentsafe.executor.routes.approvals import approval_routes
-from agentsafe.executor.state.usestore import ApprovalRequest, SQLiteUseStore
+from agentsafe.executor.state.records import ApprovalRequest
+from agentsafe.executor.state.usestore import SQLiteUseStore
 from tests.support.intents import PAYOUT_PRINCIPAL, make_intent
 
 PROPOSER_ACTOR = "agent-1"  # the actor make_intent's payout principal carries

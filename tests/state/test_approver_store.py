@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,42 +13,19 @@ import pytest
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import StoreError
 from agentsafe.executor.principals import Verification
-from agentsafe.executor.state.pgstore import PostgresStore
-from agentsafe.executor.state.usestore import (
-    _SCHEMA,
-    DATABASE_NAME,
+from agentsafe.executor.state.protocol import UseStore
+from agentsafe.executor.state.records import (
     ApprovalError,
     ApprovalRequest,
     ApprovalState,
     EnrolmentToken,
     PasskeyRecord,
-    SQLiteUseStore,
-    UseStore,
 )
+from agentsafe.executor.state.sqlitedb import _SCHEMA
+from agentsafe.executor.state.usestore import DATABASE_NAME, SQLiteUseStore
 from tests.support.intents import make_intent
 
 NOW = 1_800_000_000.0
-
-
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("postgres", marks=[pytest.mark.slow, pytest.mark.xdist_group("postgres")]),
-    ]
-)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[UseStore]:
-    if request.param == "sqlite":
-        sqlite = await SQLiteUseStore.open(tmp_path, clock=ManualClock(NOW))
-        try:
-            yield sqlite
-        finally:
-            await sqlite.close()
-        return
-    shared = await PostgresStore.open(request.getfixturevalue("pg_url"))
-    try:
-        yield shared.use_store
-    finally:
-        await shared.close()
 
 
 def pending(request_id: str = "req-1", **overrides: Any) -> ApprovalRequest:

@@ -10,9 +10,11 @@ from psycopg.rows import TupleRow
 
 from agentsafe.executor.errors import StoreError
 from agentsafe.executor.state.journal import RecordType
+from agentsafe.executor.state.pgattempts import SharedAttemptMirror
+from agentsafe.executor.state.pgconn import migrate_url
 from agentsafe.executor.state.pgschema import SCHEMA_VERSION
-from agentsafe.executor.state.pgstore import PostgresStore, SharedAttemptMirror, migrate_url
-from agentsafe.executor.state.usestore import (
+from agentsafe.executor.state.pgstore import PostgresStore
+from agentsafe.executor.state.records import (
     ApprovalError,
     ApprovalRequest,
     ApprovalState,

@@ -12,9 +12,10 @@ import pytest
 from agentsafe.executor.errors import StoreError
 from agentsafe.executor.intent import CapturedIntent
 from agentsafe.executor.state.journal import RecordType
+from agentsafe.executor.state.pgattempts import OPENING_EPOCH, SharedAttemptMirror
 from agentsafe.executor.state.pgschema import MIGRATIONS, SCHEMA_VERSION
-from agentsafe.executor.state.pgstore import OPENING_EPOCH, PostgresStore, SharedAttemptMirror
-from agentsafe.executor.state.usestore import AttemptFence
+from agentsafe.executor.state.pgstore import PostgresStore
+from agentsafe.executor.state.records import AttemptFence
 from tests.support.intents import make_intent
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]

@@ -23,26 +23,29 @@ import pytest
 from agentsafe.executor.canonical import canonical_text, sha256_digest
 from agentsafe.executor.clock import ManualClock
 from agentsafe.executor.errors import StoreError
-from agentsafe.executor.state.usestore import (
-    DATABASE_NAME,
+from agentsafe.executor.state.pgattempts import PostgresAttempts
+from agentsafe.executor.state.pgstore import PostgresUseStore
+from agentsafe.executor.state.protocol import UseStore
+from agentsafe.executor.state.records import (
     RETENTION_SECONDS,
-    SCHEMA_VERSION,
     ApprovalError,
     ApprovalRequest,
     ApprovalState,
     ConsumptionRecord,
     IdempotencyKind,
     IdempotencyState,
-    SQLiteUseStore,
     consumption_token,
 )
+from agentsafe.executor.state.usestore import DATABASE_NAME, SCHEMA_VERSION, SQLiteUseStore
 
 NOW = 1_800_000_000.0
 RACE_SCRIPT = Path(__file__).resolve().parents[1] / "support" / "usestore_race.py"
 
 
 @pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SQLiteUseStore]:
+async def sqlite_store(tmp_path: Path) -> AsyncIterator[SQLiteUseStore]:
+    """The SQLite backend alone, for the tests of its engine (``store``, in conftest.py, is
+    each backend in turn)."""
     opened = await SQLiteUseStore.open(tmp_path / "state", clock=ManualClock(NOW))
     yield opened
     await opened.close()
@@ -228,7 +231,7 @@ async def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
 # -- grant claims ------------------------------------------------------------------------------
 
 
-async def test_a_grant_is_claimed_once(store: SQLiteUseStore) -> None:
+async def test_a_grant_is_claimed_once(store: UseStore) -> None:
     first = await store.claim_grant("g-1", binding_digest="sha256:a", expires_at=NOW + 60, now=NOW)
     again = await store.claim_grant("g-1", binding_digest="sha256:a", expires_at=NOW + 60, now=NOW)
     other = await store.claim_grant("g-2", binding_digest="sha256:a", expires_at=NOW + 60, now=NOW)
@@ -246,7 +249,7 @@ def test_fifty_claims_from_five_processes_yield_one_success(tmp_path: Path) -> N
 # -- idempotency -------------------------------------------------------------------------------
 
 
-async def test_idempotency_state_machine(store: SQLiteUseStore) -> None:
+async def test_idempotency_state_machine(store: UseStore) -> None:
     ids = {"tenant": "acme", "principal": "agent-1", "key": "k-1"}
     first = await store.idempotency_begin(**ids, payload_digest="sha256:p1", now=NOW)
     assert first.kind is IdempotencyKind.NEW
@@ -265,7 +268,7 @@ async def test_idempotency_state_machine(store: SQLiteUseStore) -> None:
     assert after.kind is IdempotencyKind.CONFLICT
 
 
-async def test_idempotency_keys_are_scoped_by_tenant_and_principal(store: SQLiteUseStore) -> None:
+async def test_idempotency_keys_are_scoped_by_tenant_and_principal(store: UseStore) -> None:
     kinds = [
         (
             await store.idempotency_begin(
@@ -283,7 +286,7 @@ async def test_idempotency_keys_are_scoped_by_tenant_and_principal(store: SQLite
 
 
 async def test_release_frees_an_in_flight_key_but_never_a_finished_one(
-    store: SQLiteUseStore,
+    store: UseStore,
 ) -> None:
     ids = {"tenant": "acme", "principal": "agent-1"}
     await store.idempotency_begin(**ids, key="k", payload_digest="sha256:p", now=NOW)
@@ -298,7 +301,7 @@ async def test_release_frees_an_in_flight_key_but_never_a_finished_one(
     assert kept.response == {"outcome": "BLOCKED"}
 
 
-async def test_complete_keeps_the_first_final_answer(store: SQLiteUseStore) -> None:
+async def test_complete_keeps_the_first_final_answer(store: UseStore) -> None:
     ids = {"tenant": "acme", "principal": "agent-1", "key": "k"}
     with pytest.raises(StoreError) as missing:
         await store.idempotency_complete(**ids, response={"x": 1}, now=NOW)
@@ -320,7 +323,7 @@ async def test_complete_keeps_the_first_final_answer(store: SQLiteUseStore) -> N
     assert replay.response == {"x": 1}
 
 
-async def test_complete_refuses_a_response_without_canonical_form(store: SQLiteUseStore) -> None:
+async def test_complete_refuses_a_response_without_canonical_form(store: UseStore) -> None:
     ids = {"tenant": "acme", "principal": "agent-1", "key": "k"}
     await store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW)
     with pytest.raises(StoreError) as caught:
@@ -337,7 +340,7 @@ def test_concurrent_begins_from_several_processes_create_one_record(tmp_path: Pa
     assert results.count("IN_PROGRESS") == 29
 
 
-async def test_purge_deletes_only_old_finished_records(store: SQLiteUseStore) -> None:
+async def test_purge_deletes_only_old_finished_records(store: UseStore) -> None:
     ids = {"tenant": "acme", "principal": "agent-1"}
     await store.idempotency_begin(**ids, key="done", payload_digest="sha256:p", now=NOW)
     await store.idempotency_complete(**ids, key="done", response={"ok": True}, now=NOW)
@@ -358,7 +361,7 @@ async def test_purge_deletes_only_old_finished_records(store: SQLiteUseStore) ->
 # -- consumptions ------------------------------------------------------------------------------
 
 
-async def test_consume_once_and_verify(store: SQLiteUseStore) -> None:
+async def test_consume_once_and_verify(store: UseStore) -> None:
     binding = {"plan": "p-1", "digest": "sha256:abc"}
     record = await store.consume("plan-approval", "a-1", binding=binding, now=NOW)
     assert record is not None
@@ -391,7 +394,7 @@ def test_the_consumption_token_is_one_hmac_of_five_named_fields() -> None:
     assert token == "fa6a24540eb4a98798ed4567b8fa817f745051008c78abf2ab4f79a4c7a4e39c"
 
 
-async def test_verify_refuses_tampered_or_unknown_records(store: SQLiteUseStore) -> None:
+async def test_verify_refuses_tampered_or_unknown_records(store: UseStore) -> None:
     record = await store.consume("plan-approval", "a-1", binding={"x": 1}, now=NOW)
     assert record is not None
     flipped = ("0" if record.token[0] != "0" else "1") + record.token[1:]
@@ -409,7 +412,7 @@ async def test_verify_refuses_tampered_or_unknown_records(store: SQLiteUseStore)
 
 
 async def test_verify_refuses_a_forged_token_for_a_row_that_exists(
-    store: SQLiteUseStore, tmp_path: Path
+    store: UseStore, tmp_path: Path
 ) -> None:
     """A record minted by another store (another secret) for the same row does not verify."""
     record = await store.consume("ns", "k", binding={"x": 1}, now=NOW)
@@ -425,7 +428,10 @@ async def test_verify_refuses_a_forged_token_for_a_row_that_exists(
         await elsewhere.close()
 
 
-async def test_a_record_whose_row_was_removed_no_longer_verifies(store: SQLiteUseStore) -> None:
+async def test_a_record_whose_row_was_removed_no_longer_verifies(
+    sqlite_store: SQLiteUseStore,
+) -> None:
+    store = sqlite_store
     record = await store.consume("ns", "k", binding={"x": 1}, now=NOW)
     assert record is not None
     await store._run(lambda c: c.execute("DELETE FROM consumptions"))
@@ -435,7 +441,7 @@ async def test_a_record_whose_row_was_removed_no_longer_verifies(store: SQLiteUs
 # -- approvals ---------------------------------------------------------------------------------
 
 
-async def test_approval_lifecycle(store: SQLiteUseStore) -> None:
+async def test_approval_lifecycle(store: UseStore) -> None:
     request = _request()
     await store.approval_create(request)
     got = await store.approval_get("req-1")
@@ -460,7 +466,7 @@ async def test_approval_lifecycle(store: SQLiteUseStore) -> None:
     assert [r.request.request_id for r in approved] == ["req-1"]
 
 
-async def test_a_second_decision_is_refused(store: SQLiteUseStore) -> None:
+async def test_a_second_decision_is_refused(store: UseStore) -> None:
     await store.approval_create(_request())
     await store.approval_decide("req-1", decision="DENY", approver="lead-a", reason="", now=NOW)
     for decision, approver in [("APPROVE", "lead-b"), ("DENY", "lead-a")]:
@@ -485,7 +491,7 @@ async def test_a_second_decision_is_refused(store: SQLiteUseStore) -> None:
     ],
 )
 async def test_refused_decisions_change_nothing(
-    store: SQLiteUseStore, request_id: str, decision: str, approver: str, now: float, code: str
+    store: UseStore, request_id: str, decision: str, approver: str, now: float, code: str
 ) -> None:
     await store.approval_create(_request())
     with pytest.raises(ApprovalError) as caught:
@@ -499,7 +505,7 @@ async def test_refused_decisions_change_nothing(
     assert record.approver is None
 
 
-async def test_the_proposer_cannot_approve_even_when_listed(store: SQLiteUseStore) -> None:
+async def test_the_proposer_cannot_approve_even_when_listed(store: UseStore) -> None:
     request = dataclasses.replace(_request(), approvers=("agent-1", "lead-a"))
     await store.approval_create(request)
     with pytest.raises(ApprovalError) as caught:
@@ -509,7 +515,7 @@ async def test_the_proposer_cannot_approve_even_when_listed(store: SQLiteUseStor
     assert caught.value.code == "APPROVAL_NOT_PERMITTED"
 
 
-async def test_expired_requests_list_as_expired(store: SQLiteUseStore) -> None:
+async def test_expired_requests_list_as_expired(store: UseStore) -> None:
     await store.approval_create(_request("old", expires_at=NOW + 10))
     await store.approval_create(_request("new", expires_at=NOW + 100))
     later = NOW + 10
@@ -520,7 +526,7 @@ async def test_expired_requests_list_as_expired(store: SQLiteUseStore) -> None:
     assert expired[0].state_at(later) is ApprovalState.EXPIRED
 
 
-async def test_create_refuses_duplicates_and_rebound_intents(store: SQLiteUseStore) -> None:
+async def test_create_refuses_duplicates_and_rebound_intents(store: UseStore) -> None:
     await store.approval_create(_request())
     with pytest.raises(ApprovalError) as duplicate:
         await store.approval_create(_request())
@@ -585,9 +591,7 @@ async def test_everything_survives_a_reopen(tmp_path: Path) -> None:
         await reopened.close()
 
 
-async def test_settle_replaces_only_an_unknown_answer(tmp_path: Path) -> None:
-    clock = ManualClock()
-    store = await SQLiteUseStore.open(tmp_path / "state", clock=clock)
+async def test_settle_replaces_only_an_unknown_answer(store: UseStore) -> None:
     scope = {"tenant": "t", "principal": "p"}
     unknown = {"status": 200, "body": {"outcome": "UNKNOWN_AFTER_DISPATCH"}}
     settled = {"status": 200, "body": {"outcome": "DEFINITELY_NOT_EXECUTED"}}
@@ -595,27 +599,69 @@ async def test_settle_replaces_only_an_unknown_answer(tmp_path: Path) -> None:
         ("unknown", unknown),
         ("done", {"status": 200, "body": {"outcome": "COMPLETED"}}),
     ):
-        await store.idempotency_begin(**scope, key=key, payload_digest="d", now=clock.now())
-        await store.idempotency_complete(**scope, key=key, response=first, now=clock.now())
-    assert await store.idempotency_settle(**scope, key="unknown", response=settled, now=clock.now())
-    assert not await store.idempotency_settle(
-        **scope, key="done", response=settled, now=clock.now()
-    )
-    assert not await store.idempotency_settle(
-        **scope, key="absent", response=settled, now=clock.now()
-    )
-    await store.idempotency_begin(**scope, key="flight", payload_digest="d", now=clock.now())
-    assert await store.idempotency_settle(**scope, key="flight", response=settled, now=clock.now())
+        await store.idempotency_begin(**scope, key=key, payload_digest="d", now=NOW)
+        await store.idempotency_complete(**scope, key=key, response=first, now=NOW)
+    assert await store.idempotency_settle(**scope, key="unknown", response=settled, now=NOW)
+    assert not await store.idempotency_settle(**scope, key="done", response=settled, now=NOW)
+    assert not await store.idempotency_settle(**scope, key="absent", response=settled, now=NOW)
+    await store.idempotency_begin(**scope, key="flight", payload_digest="d", now=NOW)
+    assert await store.idempotency_settle(**scope, key="flight", response=settled, now=NOW)
     for key, outcome in (
         ("unknown", "DEFINITELY_NOT_EXECUTED"),
         ("done", "COMPLETED"),
         ("flight", "DEFINITELY_NOT_EXECUTED"),
     ):
-        state = await store.idempotency_begin(**scope, key=key, payload_digest="d", now=clock.now())
+        state = await store.idempotency_begin(**scope, key=key, payload_digest="d", now=NOW)
         assert state.kind == "REPLAY"
         assert state.response is not None
         assert state.response["body"]["outcome"] == outcome
-    await store.close()
+
+
+async def _attempt_opens(store: UseStore, attempt_id: str) -> None:
+    """The attempt the key was begun for opens. On SQLite the journal alone records it (the
+    key already names it); on PostgreSQL the attempt's row is inserted and the key this task
+    began becomes the attempt's (``state/pgattempts.py``)."""
+    if isinstance(store, PostgresUseStore):
+        await PostgresAttempts(store._store).opened(
+            owner="replica-a",
+            lease_seconds=30.0,
+            attempt_id=attempt_id,
+            fields={"intent_hash": "h"},
+            binding={},
+            opened_at="2027-01-15T08:00:00.000Z",
+        )
+
+
+async def test_settle_attempt_answers_every_key_in_flight_for_that_attempt(
+    store: UseStore,
+) -> None:
+    """An approval's key (``approval:<request id>``) is not the one its intent names: the
+    reconciled answer reaches it through its attempt, on every backend."""
+    scope = {"tenant": "t", "principal": "p"}
+    for key, attempt in (("approval:req-1", "att-1"), ("approval:req-2", "att-2")):
+        state = await store.idempotency_begin(
+            **scope, key=key, payload_digest="d", now=NOW, attempt_id=attempt, owner="replica-a"
+        )
+        assert state.kind is IdempotencyKind.NEW
+        await _attempt_opens(store, attempt)
+    settled = {"status": 200, "body": {"outcome": "DEFINITELY_NOT_EXECUTED"}}
+    assert await store.idempotency_settle_attempt("att-1", response=settled, now=NOW + 1) == 1
+    replay = await store.idempotency_begin(
+        **scope, key="approval:req-1", payload_digest="d", now=NOW + 2
+    )
+    assert replay.kind is IdempotencyKind.REPLAY
+    assert replay.response == settled
+    other = await store.idempotency_begin(
+        **scope, key="approval:req-2", payload_digest="d", now=NOW + 2
+    )
+    assert other.kind is IdempotencyKind.IN_PROGRESS  # another attempt's key is left alone
+    # Only keys still in flight take it: a finished one is never rewritten.
+    again = {"status": 200, "body": {"outcome": "COMPLETED"}}
+    assert await store.idempotency_settle_attempt("att-1", response=again, now=NOW + 3) == 0
+    replay = await store.idempotency_begin(
+        **scope, key="approval:req-1", payload_digest="d", now=NOW + 4
+    )
+    assert replay.response == settled
 
 
 # -- group commit ------------------------------------------------------------------------------
@@ -786,7 +832,8 @@ async def test_callers_are_answered_only_after_their_commit_returned(tmp_path: P
         await store.close()
 
 
-async def test_a_group_applies_its_writes_in_submission_order(store: SQLiteUseStore) -> None:
+async def test_a_group_applies_its_writes_in_submission_order(sqlite_store: SQLiteUseStore) -> None:
+    store = sqlite_store
     counter = CommitCounter(store)
     ids = {"tenant": "acme", "principal": "agent-1", "key": "k"}
     answer = {"outcome": "BLOCKED"}
@@ -988,7 +1035,9 @@ async def test_a_group_that_cannot_take_the_lock_fails_every_write(tmp_path: Pat
         await store.close()
 
 
-async def test_a_write_cancelled_while_queued_never_runs(store: SQLiteUseStore) -> None:
+async def test_a_write_cancelled_while_queued_never_runs(sqlite_store: SQLiteUseStore) -> None:
+    store = sqlite_store
+
     def begin(key: str) -> Awaitable[IdempotencyState]:
         return store.idempotency_begin(
             tenant="t", principal="p", key=key, payload_digest="sha256:p", now=NOW

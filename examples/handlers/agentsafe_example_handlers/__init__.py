@@ -21,15 +21,16 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from agentsafe.executor.dispatch.registration import Seam
-from agentsafe.executor.dispatch.seam import (
+from agentsafe.executor.handlers import (
     Dispatch,
     ExecutionContext,
     ProviderRefused,
     ReconcileResult,
     ReconcileStatus,
+    Seam,
+    StepRequest,
+    StepResult,
 )
-from agentsafe.executor.plans import StepRequest, StepResult
 
 __all__ = ["LedgerNoteHandler", "SyntheticQueryExecutor", "register"]
 
