@@ -181,6 +181,8 @@ def test_the_release_tools_are_a_build_step_found_in_the_cache_or_built_once(
     monkeypatch.setattr(build, "ensure_go_tool", real_ensure)
     assert build.main(["--only-release-tools"]) == 1
     assert "no Go toolchain on PATH to build cosign" in capsys.readouterr().err
+
+
 def test_jaeger_is_a_build_step_found_in_the_cache_or_built_once(
     empty_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
