@@ -18,7 +18,8 @@ no credential may replace one. :data:`HEADER_NAME` is the RFC 9110 field-name gr
 Callers: ``config/parsing.py`` (``DOWNSTREAM_CREDENTIAL_HEADER``), ``egress/credentials.py``
 (the static header credential), ``egress/guard.py`` (what a caller may pass),
 ``dispatch/forward.py`` (what a credential may add).
-Also imported by ``banking/transport.py``, ``gateway/forward.py``, ``gateway/intercept.py``.
+Also imported by ``banking/transport.py``, ``gateway/forward.py``, ``gateway/intercept.py``,
+``telemetry.py`` (:data:`TRACE_HEADERS`).
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ span of every request), ``routes/refusals.py`` (a refusal's code on the current 
 ``evidence/chain.py`` (the trace id of a chained line), ``gateway/forward.py`` (the held
 request's headers upstream), ``gateway/listener.py`` (the intercepted request's server span),
 ``tools/mcp_bridge.py`` (a tool call's span; the global provider for ``agentsafe.client``).
-The operator (``agentsafe.operator``: its CLI configures it, its handlers trace reconciles, its
-renderer copies :data:`RENDERED_VARIABLES` into the executor pods) imports it too.
+The operator: ``operator/cli.py`` (configures it), ``operator/handlers.py`` (a span per
+reconcile), ``operator/render/workload.py`` (copies :data:`RENDERED_VARIABLES` into the pods).
 """
 
 from __future__ import annotations
