@@ -21,7 +21,10 @@ With ``--workers N`` (N above 1) the same run then starts a second executor with
 every worker (RSS: the largest process).
 
     python benchmarks/lifecycle.py [--requests N] [--concurrency C] [--client go|python]
-                                   [--soak N] [--workers N]
+                                   [--soak N] [--workers N] [--tracing OTLP_ENDPOINT]
+
+With ``--tracing`` the ALLOW row is run again by an executor with tracing on (docs/tracing.md),
+every trace sampled, then 1% of them, exporting to the collector at that endpoint.
 """
 
 from __future__ import annotations
@@ -54,8 +57,46 @@ def group_pids(pid: int) -> list[int]:
     return [pid, *map(int, children)]
 
 
+async def _traced_allow(
+    endpoint: str, ratio: str, root: Path, provider_url: str, options: dict[str, Any]
+) -> dict[str, Any]:
+    """The ALLOW row again with tracing on (docs/tracing.md): every new trace sampled with
+    ``ratio``, exported over OTLP/HTTP to ``endpoint`` (a collector the caller runs)."""
+    env = Workspace(root / f"ws-traced-{ratio}").environment(
+        provider_url=provider_url,
+        port=free_port(),
+        extra={
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_TRACES_SAMPLER": "traceidratio",
+            "OTEL_TRACES_SAMPLER_ARG": ratio,
+        },
+    )
+    traced = ExecutorProcess(env, root, f"executor-traced-{ratio}")
+    await traced.start()
+    try:
+        return await drive(
+            options["client"],
+            f"ALLOW and execute once, traced {float(ratio):.0%}",
+            [traced.url + "/v1/actions"],
+            proposal_template(f"allow-t{ratio}", 100),
+            {"authorization": f"Bearer {traced.token}"},
+            requests=options["requests"],
+            concurrency=options["concurrency"],
+            warmup=options["warmup"],
+            pids=[traced.process.pid] if traced.process else None,
+        )
+    finally:
+        traced.terminate()
+
+
 async def run(
-    requests: int, concurrency: int, client: str, soak: int = 0, workers: int = 1
+    requests: int,
+    concurrency: int,
+    client: str,
+    soak: int = 0,
+    workers: int = 1,
+    tracing: str | None = None,
 ) -> list[dict[str, Any]]:
     root = Path(tempfile.mkdtemp(prefix="agentsafe-bench-"))
     rows: list[dict[str, Any]] = []
@@ -102,6 +143,12 @@ async def run(
     await executor.start()
     headers = {"authorization": f"Bearer {workspace.caller_token}"}
     urls = [executor.url + "/v1/actions"]
+    drive_options = {
+        "client": client,
+        "requests": requests,
+        "concurrency": concurrency,
+        "warmup": warmup,
+    }
     try:
         phases = [
             ("BLOCK (over policy)", "block", 900000, requests),
@@ -124,6 +171,8 @@ async def run(
                 )
             )
         executor.terminate()
+        for ratio in ("1.0", "0.01") if tracing else ():
+            rows.append(await _traced_allow(tracing, ratio, root, provider.url, drive_options))
         if workers > 1:
             group_env = Workspace(root / "ws-workers").environment(
                 provider_url=provider.url,
@@ -200,6 +249,13 @@ def main() -> int:
         "--soak", type=int, default=0, help="then N more ALLOW requests, to compare the RSS"
     )
     parser.add_argument(
+        "--tracing",
+        metavar="OTLP_ENDPOINT",
+        default=None,
+        help="then the ALLOW row again with tracing on, sampled 100%% and 1%%, exporting to"
+        " this OTLP/HTTP collector (e.g. a Jaeger all-in-one from make e2e-build)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -208,7 +264,14 @@ def main() -> int:
     args = parser.parse_args()
     before = os.getloadavg()
     rows = asyncio.run(
-        run(args.requests, args.concurrency, args.client, args.soak, workers=args.workers)
+        run(
+            args.requests,
+            args.concurrency,
+            args.client,
+            args.soak,
+            workers=args.workers,
+            tracing=args.tracing,
+        )
     )
     after = os.getloadavg()
     render(

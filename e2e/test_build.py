@@ -19,6 +19,7 @@ from cluster import build
 from cluster.build import (
     BUILD_COMMAND,
     HELM_VERSION,
+    JAEGER_VERSION,
     KUBERNETES_VERSION,
     TOXIPROXY_VERSION,
     BuildRequest,
@@ -56,6 +57,7 @@ def _plant_all(cache: Path, *, controller_manager: bool = True) -> None:
     _plant(cache / "toxiproxy" / TOXIPROXY_VERSION / "toxiproxy-server")
     for tool in build.RELEASE_TOOLS:
         _plant(tool.path)
+    _plant(cache / "jaeger" / JAEGER_VERSION / "jaeger-all-in-one")
 
 
 def test_an_empty_cache_names_every_missing_binary(empty_cache: Path) -> None:
@@ -112,6 +114,7 @@ def test_the_build_step_finds_a_full_cache_without_building(
     assert f"toxiproxy: {empty_cache}/toxiproxy/{TOXIPROXY_VERSION}/toxiproxy-server" in out
     assert f"cosign: {empty_cache}/cosign/{build.COSIGN_VERSION}/cosign" in out
     assert f"registry: {empty_cache}/registry/{build.REGISTRY_VERSION}/registry" in out
+    assert f"jaeger: {empty_cache}/jaeger/{JAEGER_VERSION}/jaeger-all-in-one" in out
 
 
 def _no_build(request: BuildRequest) -> build.Binaries:
@@ -178,6 +181,32 @@ def test_the_release_tools_are_a_build_step_found_in_the_cache_or_built_once(
     monkeypatch.setattr(build, "ensure_go_tool", real_ensure)
     assert build.main(["--only-release-tools"]) == 1
     assert "no Go toolchain on PATH to build cosign" in capsys.readouterr().err
+
+
+def test_jaeger_is_a_build_step_found_in_the_cache_or_built_once(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built: list[str] = []
+
+    def ensure(version: str = JAEGER_VERSION) -> Path:
+        built.append(version)
+        target = empty_cache / "jaeger" / version / "jaeger-all-in-one"
+        _plant(target)
+        return target
+
+    monkeypatch.setattr(build, "ensure_jaeger", ensure)
+    monkeypatch.setattr(build, "go_executable", lambda: "/usr/local/go/bin/go")
+    assert build.jaeger_binary() is None
+    assert build.main(["--only-jaeger"]) == 0
+    assert build.main(["--only-jaeger"]) == 0  # cached: not built again
+    assert built == [JAEGER_VERSION]
+    path = empty_cache / "jaeger" / JAEGER_VERSION / "jaeger-all-in-one"
+    assert f"jaeger {JAEGER_VERSION} cached: {path}" in capsys.readouterr().err
+    monkeypatch.setattr(build, "go_executable", lambda: None)
+    path.unlink()
+    monkeypatch.delenv("AGENTSAFE_E2E", raising=False)
+    assert build.main(["--only-jaeger"]) == 0
+    assert "jaeger not built, the tracing test will skip" in capsys.readouterr().err
 
 
 def test_without_go_the_build_step_skips_unless_required(

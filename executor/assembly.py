@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from . import telemetry
 from .banking.registration import HANDLER_PREFIX, banking_handlers
 from .clock import Clock, SystemClock
 from .codes import Code
@@ -60,7 +61,7 @@ from .evidence.chain import ChainedStreams, LineWriter, open_chained_streams
 from .evidence.plan_audit import DurablePlanAudit
 from .evidence.redact import Redactor
 from .grants import SigningKey
-from .host.audithook import Guard
+from .host.audithook import Guard, allowed_egress
 from .host.halt import HaltState
 from .host.metrics import CountingSink, ExecutorMetrics
 from .host.posture import PostureInputs, PostureMonitor, check_posture
@@ -323,6 +324,12 @@ async def assemble(
         environ, production=config.production, secrets_dir=secrets_dir, security=streams.security
     )
     metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
+    # OTEL_*: off by default; the exporter's thread connects only inside allowed_egress
+    telemetry.configure(
+        environ,
+        on_drop=lambda reason, count: metrics.trace_spans_dropped.inc(count, reason=reason),
+        around_export=allowed_egress,
+    )
     redactor = Redactor(
         credential_headers=[config.downstream_credential_header]
         if config.downstream_credential_header

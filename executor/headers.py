@@ -6,16 +6,20 @@ Who writes which header, on every request to the downstream:
   refuses them from any caller;
 * :data:`HANDLER_HEADERS`: the ``forward_request`` handler (``content-type``, ``idempotency-key``
   and the ``x-agent-safe-*`` binding headers);
-* :data:`SIGNATURE_HEADERS`: the signed-request credential, beside the covered headers it signs.
+* :data:`SIGNATURE_HEADERS`: the signed-request credential, beside the covered headers it signs;
+* :data:`TRACE_HEADERS`: W3C Trace Context (``traceparent``, ``tracestate``), written by the
+  ``forward_request`` handler when tracing is on (``telemetry.py``); never covered by the
+  signature (docs/tracing.md says why).
 
-:data:`RESERVED_HEADERS` is all three, and :func:`is_reserved` also counts every name under the
+:data:`RESERVED_HEADERS` is all four, and :func:`is_reserved` also counts every name under the
 ``x-agent-safe-`` prefix. No configured header (``DOWNSTREAM_CREDENTIAL_HEADER``) may name one, and
 no credential may replace one. :data:`HEADER_NAME` is the RFC 9110 field-name grammar (a token).
 
 Callers: ``config/parsing.py`` (``DOWNSTREAM_CREDENTIAL_HEADER``), ``egress/credentials.py``
 (the static header credential), ``egress/guard.py`` (what a caller may pass),
 ``dispatch/forward.py`` (what a credential may add).
-Also imported by ``banking/transport.py``, ``gateway/forward.py``, ``gateway/intercept.py``.
+Also imported by ``banking/transport.py``, ``gateway/forward.py``, ``gateway/intercept.py``,
+``telemetry.py`` (:data:`TRACE_HEADERS`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ __all__ = [
     "HEADER_NAME",
     "RESERVED_HEADERS",
     "SIGNATURE_HEADERS",
+    "TRACE_HEADERS",
     "TRANSPORT_HEADERS",
     "is_reserved",
 ]
@@ -53,7 +58,8 @@ HANDLER_HEADERS: Final = frozenset(
     }
 )
 SIGNATURE_HEADERS: Final = frozenset({"content-digest", "signature-input", "signature"})
-RESERVED_HEADERS: Final = TRANSPORT_HEADERS | HANDLER_HEADERS | SIGNATURE_HEADERS
+TRACE_HEADERS: Final = frozenset({"traceparent", "tracestate"})
+RESERVED_HEADERS: Final = TRANSPORT_HEADERS | HANDLER_HEADERS | SIGNATURE_HEADERS | TRACE_HEADERS
 
 
 def is_reserved(name: str) -> bool:

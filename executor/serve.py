@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import telemetry
 from .assembly import assemble
 from .codes import Code
 from .config import ExecutorMode, load_config
@@ -125,6 +126,8 @@ async def _run(environ: Mapping[str, str], guard: Guard) -> int:
                     {**executor.shadow.as_dict(), "next": closing_line()},
                 )
         await executor.close()
+        # the spans still queued are exported, bounded by OTEL_EXPORTER_OTLP_TIMEOUT
+        await asyncio.to_thread(telemetry.shutdown)
     return 0
 
 

@@ -305,6 +305,10 @@ def _operate(args: argparse.Namespace) -> int:
         raise SystemExit("agentsafe operator: --executor-port must be 1..65535")
     settings = replace(settings, port=args.executor_port, executor_workers=args.executor_workers)
     settings = replace(settings, reconcile_interval_seconds=args.reconcile_interval)
+    from agentsafe.executor import telemetry
+
+    tracing = {k: v for k in telemetry.RENDERED_VARIABLES if (v := os.environ.get(k, ""))}
+    settings = replace(settings, executor_tracing=tracing)
     _check_webhook_args(args)
     registry = build_registry(
         reconcile_interval=settings.reconcile_interval_seconds,
@@ -381,6 +385,8 @@ def _operate(args: argparse.Namespace) -> int:
 
     settings_holder = {"settings": settings}
     namespaces = list(args.namespace)
+    # OTEL_*: off by default; on, every reconcile is a span (handlers.traced)
+    telemetry.configure(os.environ, default_service_name="agentsafe-operator")
     metrics = OperatorMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_address, args.metrics_port)

@@ -22,6 +22,9 @@ modules named for what they do and never import kopf:
   a re-list of the watch (:class:`~.runtime.SecretListings`) runs
   :func:`~.reconcile.reconcile_relisted` for its namespace, since a listing shows no deletes.
 
+Every async handler runs inside :func:`traced`: one span per reconcile when tracing is on
+(``OTEL_*``, docs/tracing.md), configured by ``operator/cli.py``.
+
 Errors are mapped here and only here: a stored object that does not validate
 (:class:`~.runtime.InvalidSpec`) is a ``Ready=False``/``SpecInvalid`` condition, a Warning Event
 and ``kopf.PermanentError``; an API refusal (:class:`~.kubeapi.ApiError`) is
@@ -41,10 +44,13 @@ Callers: ``cli.py`` (:func:`build_registry`, :class:`KopfEvents`), the tests.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import kopf
+
+from agentsafe.executor import telemetry
 
 from .admission import ADMISSION_WEBHOOK_ID, AdmissionRefused, review_policy
 from .conditions import spec_invalid_status
@@ -352,6 +358,23 @@ def finalizer_migration_handler(body: kopf.Body, patch: kopf.Patch, **_: Any) ->
         patch.setdefault("metadata", {})["finalizers"] = migrated
 
 
+def traced(
+    handler_id: str, handler: Callable[..., Awaitable[Any]]
+) -> Callable[..., Awaitable[Any]]:
+    """``handler`` as one span per call (``agentsafe.operator.<id>``; the outcome, or the
+    exception's type, never the object's spec) when tracing is on (docs/tracing.md)."""
+
+    @functools.wraps(handler)
+    async def run(**kwargs: Any) -> Any:
+        with telemetry.span(f"agentsafe.operator.{handler_id}") as current:
+            result = await handler(**kwargs)
+            if current is not None:
+                current.set_attribute("agentsafe.outcome", "ok")
+            return result
+
+    return run
+
+
 def build_registry(
     *, reconcile_interval: float = 60.0, halt_retry: float = 5.0, admission: bool = False
 ) -> kopf.OperatorRegistry:
@@ -368,11 +391,17 @@ def build_registry(
             registry=registry,
             id=ADMISSION_WEBHOOK_ID,
             operations=["CREATE", "UPDATE"],
-        )(policy_admission_handler)
+        )(traced("admission", policy_admission_handler))
     for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
-        on(GROUP, VERSION, "agentpolicies", registry=registry, id="reconcile")(policy_handler)
-        on(GROUP, VERSION, "principals", registry=registry, id="render")(principal_handler)
-        on(GROUP, VERSION, "haltswitches", registry=registry, id="enforce")(halt_handler)
+        on(GROUP, VERSION, "agentpolicies", registry=registry, id="reconcile")(
+            traced("reconcile", policy_handler)
+        )
+        on(GROUP, VERSION, "principals", registry=registry, id="render")(
+            traced("render", principal_handler)
+        )
+        on(GROUP, VERSION, "haltswitches", registry=registry, id="enforce")(
+            traced("enforce", halt_handler)
+        )
     kopf.timer(
         GROUP,
         VERSION,
@@ -381,16 +410,20 @@ def build_registry(
         id="drift",
         interval=reconcile_interval,
         initial_delay=reconcile_interval,
-    )(policy_handler)
+    )(traced("drift", policy_handler))
     for plural in ("agentpolicies", "principals", "haltswitches"):
         kopf.on.event(GROUP, VERSION, plural, registry=registry, id="finalizer-name")(
             finalizer_migration_handler
         )
     kopf.on.delete(GROUP, VERSION, "agentpolicies", registry=registry, id="cleanup")(
-        policy_delete_handler
+        traced("cleanup", policy_delete_handler)
     )
-    kopf.on.delete(GROUP, VERSION, "principals", registry=registry, id="revoke")(principal_handler)
-    kopf.on.delete(GROUP, VERSION, "haltswitches", registry=registry, id="release")(halt_handler)
+    kopf.on.delete(GROUP, VERSION, "principals", registry=registry, id="revoke")(
+        traced("revoke", principal_handler)
+    )
+    kopf.on.delete(GROUP, VERSION, "haltswitches", registry=registry, id="release")(
+        traced("release", halt_handler)
+    )
     # Executor readiness: every event of a StatefulSet the operator rendered (label filter;
     # the owner reference names the policy). Stateless: no finalizer, no annotations.
     kopf.on.event(
@@ -400,11 +433,11 @@ def build_registry(
         registry=registry,
         id="readiness",
         labels=EXECUTOR_LABELS,
-    )(statefulset_handler)
+    )(traced("readiness", statefulset_handler))
     # Secret changes: only labelled Secrets (the server-side selector of configure_watching,
     # and this filter again), stateless like the StatefulSet watch.
     kopf.on.event("v1", "secrets", registry=registry, id="references", labels=SECRET_LABELS)(
-        secret_handler
+        traced("references", secret_handler)
     )
     kopf.timer(
         GROUP,
@@ -414,5 +447,5 @@ def build_registry(
         id="retry",
         interval=halt_retry,
         initial_delay=halt_retry,
-    )(halt_retry_timer)
+    )(traced("retry", halt_retry_timer))
     return registry

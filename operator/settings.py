@@ -58,6 +58,9 @@ class OperatorSettings:
     executor_workers: int = WORKERS_DEFAULT
     """Worker processes per executor pod for AgentPolicies whose ``spec.workers`` is unset
     (``--executor-workers``, the chart's ``executor.workers``)."""
+    executor_tracing: Mapping[str, str] = field(default_factory=dict)
+    """The ``OTEL_*`` variables rendered into every executor pod (the operator's own, from the
+    chart's ``tracing`` values; ``telemetry.RENDERED_VARIABLES``). Empty: tracing off."""
     issuer: str = "https://kubernetes.default.svc.cluster.local"
     """The cluster's service-account token issuer (``iss`` of projected tokens)."""
     operator_namespace: str = "agentsafe-system"

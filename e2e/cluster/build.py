@@ -27,6 +27,11 @@ What is built and how:
   (``e2e/release/``): ``go install`` of their ``cmd/`` packages at the pinned versions into
   ``<cache>/cosign/<version>/`` and ``<cache>/registry/<version>/`` (:data:`RELEASE_TOOLS`,
   :func:`ensure_go_tool`; ``--only-release-tools`` builds just these two).
+* ``jaeger-all-in-one`` (the real OTLP collector and trace store of the tracing test,
+  ``tests/integration/test_tracing_jaeger.py``): ``github.com/jaegertracing/jaeger/cmd/all-in-one``
+  at the pinned version, built as its own main module (its go.mod has a replace directive, which
+  ``go install pkg@version`` refuses) into ``<cache>/jaeger/<version>/`` (:data:`JAEGER`,
+  :func:`jaeger_binary`; ``--only-jaeger`` builds just this one).
 
 Everything is built with ``CGO_ENABLED=0 GOFLAGS=-mod=mod`` under ``nice`` so that the build
 shares two cores politely. A finished binary is moved into place atomically, and a
@@ -58,6 +63,8 @@ COSIGN_VERSION = "v2.6.5"
 COSIGN_MODULE = "github.com/sigstore/cosign/v2"
 REGISTRY_VERSION = "v3.1.2"
 REGISTRY_MODULE = "github.com/distribution/distribution/v3"
+JAEGER_VERSION = "v1.76.0"
+JAEGER_MODULE = "github.com/jaegertracing/jaeger"
 #: None: take the etcd release that the Kubernetes release pins in its go.mod.
 ETCD_VERSION: str | None = None
 
@@ -553,6 +560,9 @@ class GoTool:
     version: str
     binary: str
     version_ldflags: str = ""
+    #: Build inside a copy of ``module`` as the main module (``go build``), for a module whose
+    #: go.mod has replace directives, which ``go install pkg@version`` refuses.
+    as_main_module: bool = False
 
     @property
     def directory(self) -> Path:
@@ -592,11 +602,32 @@ REGISTRY = GoTool(
     version_ldflags=f"-X {REGISTRY_MODULE}/version.version={REGISTRY_VERSION}",
 )
 RELEASE_TOOLS = (COSIGN, REGISTRY)
+#: The tracing test's real collector: OTLP/HTTP in, an in-memory store, the query API.
+JAEGER = GoTool(
+    name="jaeger",
+    module=JAEGER_MODULE,
+    package=f"{JAEGER_MODULE}/cmd/all-in-one",
+    version=JAEGER_VERSION,
+    binary="jaeger-all-in-one",
+    version_ldflags=f"-X {JAEGER_MODULE}/internal/version.latestVersion={JAEGER_VERSION}",
+    as_main_module=True,
+)
 
 
 def go_tool_binary(tool: GoTool) -> Path | None:
     """The cached binary of ``tool``, or None; never builds."""
     return tool.path if _executable(tool.path) else None
+
+
+def _main_module_copy(go: str, tool: GoTool, env: Mapping[str, str], work: Path) -> Path:
+    """A writable copy of ``tool.module@tool.version`` from the module cache (downloaded and
+    checked against the checksum database), to build as the main module with its go.sum."""
+    info = _module_info(go, f"{tool.module}@{tool.version}", env, work)
+    source = work / "src"
+    shutil.copytree(info["Dir"], source)
+    for path in [source, *source.rglob("*")]:
+        path.chmod(path.stat().st_mode | 0o200)
+    return source
 
 
 def ensure_go_tool(tool: GoTool) -> Path:
@@ -620,24 +651,21 @@ def ensure_go_tool(tool: GoTool) -> Path:
             env = _go_env(go)
             env["GOBIN"] = str(Path(work) / "bin")
             started = time.monotonic()
-            _run(
-                [
-                    *_nice_prefix(),
-                    go,
-                    "install",
-                    "-trimpath",
-                    "-p",
-                    "2",
-                    "-ldflags",
-                    f"-s -w {tool.version_ldflags}".strip(),
-                    f"{tool.package}@{tool.version}",
-                ],
-                cwd=Path(work),
-                env=env,
-                what=f"build {tool.name} {tool.version}",
-            )
-            seconds = time.monotonic() - started
             built = Path(work) / "bin" / tool.package.rsplit("/", 1)[-1]
+            ldflags = f"-s -w {tool.version_ldflags}".strip()
+            argv = [*_nice_prefix(), go]
+            if tool.as_main_module:
+                cwd = _main_module_copy(go, tool, env, Path(work))
+                env["GOFLAGS"] = "-mod=readonly -buildvcs=false"
+                package = "./" + tool.package.removeprefix(tool.module + "/")
+                argv += ["build", "-trimpath", "-p", "2", "-ldflags", ldflags, "-o", str(built)]
+                argv.append(package)
+            else:
+                cwd = Path(work)
+                argv += ["install", "-trimpath", "-p", "2", "-ldflags", ldflags]
+                argv.append(f"{tool.package}@{tool.version}")
+            _run(argv, cwd=cwd, env=env, what=f"build {tool.name} {tool.version}")
+            seconds = time.monotonic() - started
             _install(built, tool.path)
         go_version = subprocess.run(
             [go, "version"], capture_output=True, text=True, check=False
@@ -656,6 +684,16 @@ def toxiproxy_binary(version: str = TOXIPROXY_VERSION) -> Path | None:
 def ensure_toxiproxy(version: str = TOXIPROXY_VERSION) -> Path:
     """The cached ``toxiproxy-server``, built once per version (:func:`ensure_go_tool`)."""
     return ensure_go_tool(toxiproxy_tool(version))
+
+
+def jaeger_binary() -> Path | None:
+    """The cached Jaeger ``all-in-one``, or None; never builds."""
+    return go_tool_binary(JAEGER)
+
+
+def ensure_jaeger() -> Path:
+    """The cached Jaeger ``all-in-one``, built once per version (:func:`ensure_go_tool`)."""
+    return ensure_go_tool(JAEGER)
 
 
 def _tool_step(tool: GoTool, consequence: str, ensure: Callable[[], Path] | None = None) -> int:
@@ -680,6 +718,10 @@ def _tool_step(tool: GoTool, consequence: str, ensure: Callable[[], Path] | None
 
 def _toxiproxy_step() -> int:
     return _tool_step(toxiproxy_tool(), "make chaos will skip", lambda: ensure_toxiproxy())
+
+
+def _jaeger_step() -> int:
+    return _tool_step(JAEGER, "the tracing test will skip", lambda: ensure_jaeger())
 
 
 def _release_tools_step() -> int:
@@ -713,9 +755,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"build (or find) only cosign {COSIGN_VERSION} and the registry {REGISTRY_VERSION}"
         " (make release and its test)",
     )
+    parser.add_argument(
+        "--only-jaeger",
+        action="store_true",
+        help=f"build (or find) only Jaeger all-in-one {JAEGER_VERSION} (the tracing test)",
+    )
     args = parser.parse_args(argv)
     if args.only_toxiproxy:
         return _toxiproxy_step()
+    if args.only_jaeger:
+        return _jaeger_step()
     if args.only_release_tools:
         return _release_tools_step()
     request = BuildRequest(
@@ -744,7 +793,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(f"all binaries cached under {cache_root()} ({time.monotonic() - started:.1f} s)")
     for field in dataclasses.fields(binaries):
         print(f"{field.name}: {getattr(binaries, field.name)}")
-    return _toxiproxy_step() | _release_tools_step()
+    return _toxiproxy_step() | _release_tools_step() | _jaeger_step()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 (0.25 s doubling to 5 s); on ``503`` with ``Retry-After`` wait what the executor asks (capped by
 ``retry_after_cap`` when given); on a connection failure back off; everything with the same body,
 so the same idempotency key, until ``max_wait`` seconds have passed, then :class:`Unavailable`.
-Any other error body is :class:`Refused`; a decision body is a :class:`Decision`.
+Any other error body is :class:`Refused`; a decision body is a :class:`Decision`. Every request
+is a client span of the agent host's OpenTelemetry set-up, its W3C Trace Context sent along
+(``client/_tracing.py``).
 
 Callers: ``client/__init__.py`` (the public name).
 """
@@ -23,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from ._models import ActionInfo, Decision, Refused, Unavailable
+from ._tracing import request_span
 
 __all__ = ["AgentSafeClient"]
 
@@ -48,6 +51,8 @@ class AgentSafeClient:
     principal, never both). ``ca_file`` is the executor's CA. ``max_wait`` bounds the whole of
     one call's polite waiting; ``retry_after_cap`` caps one wait (``None``: as long as asked).
     ``on_wait(reason, seconds)`` is told before each wait (progress for a log or a UI).
+    ``tracer_provider``: the OpenTelemetry tracer provider of the client's spans (None: the
+    global one); each request carries its span's ``traceparent`` (docs/tracing.md).
     """
 
     def __init__(
@@ -62,6 +67,7 @@ class AgentSafeClient:
         retry_after_cap: float | None = None,
         timeout: float = 30.0,
         on_wait: Callable[[str, float], None] | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         if (token is None) == (cert is None):
             raise ValueError("give the agent's token or its client certificate, exactly one")
@@ -77,6 +83,7 @@ class AgentSafeClient:
         self._retry_after_cap = retry_after_cap
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._on_wait = on_wait
+        self._tracer_provider = tracer_provider
         self._session: aiohttp.ClientSession | None = None
 
     def __repr__(self) -> str:
@@ -138,10 +145,17 @@ class AgentSafeClient:
 
     async def actions(self) -> list[ActionInfo]:
         """``GET /v1/actions``: the actions this caller may propose, with their schemas."""
+        url = self._url + "/v1/actions"
+        headers = dict(self._headers)
         try:
-            async with self._open().get(self._url + "/v1/actions", headers=self._headers) as r:
-                answer: Any = await r.json(content_type=None)
-                status = r.status
+            with request_span(
+                "GET", url, "/v1/actions", headers, tracer_provider=self._tracer_provider
+            ) as span:
+                async with self._open().get(url, headers=headers) as r:
+                    answer: Any = await r.json(content_type=None)
+                    status = r.status
+                    if span is not None:
+                        span.set_attribute("http.response.status_code", status)
         except (TimeoutError, aiohttp.ClientConnectionError):
             raise Unavailable("the executor could not be reached", idempotency_key=None) from None
         except ValueError:
@@ -165,12 +179,18 @@ class AgentSafeClient:
             wait: float
             hint: float | None = None
             try:
-                async with self._open().post(
-                    self._url + path, data=payload, headers=headers
-                ) as response:
-                    status = response.status
-                    hint = _retry_after(response.headers.get("Retry-After"))
-                    answer: Any = await response.json(content_type=None)
+                sent = dict(headers)
+                with request_span(
+                    "POST", self._url + path, path, sent, tracer_provider=self._tracer_provider
+                ) as span:
+                    async with self._open().post(
+                        self._url + path, data=payload, headers=sent
+                    ) as response:
+                        status = response.status
+                        if span is not None:
+                            span.set_attribute("http.response.status_code", status)
+                        hint = _retry_after(response.headers.get("Retry-After"))
+                        answer: Any = await response.json(content_type=None)
             except (TimeoutError, aiohttp.ClientConnectionError):
                 wait, backoff = backoff, min(backoff * 2, _MAX_BACKOFF)
                 reason = "the executor could not be reached"

@@ -51,8 +51,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
+from .. import telemetry
 from ..canonical import canonical_json, parse_json
 from ..codes import Code
 from ..config import IDEMPOTENCY_KEY_PLACEHOLDER
@@ -178,6 +179,13 @@ class ForwardRequestHandler:
         self._transport = transport
         self._credential = credential
         self._schema = dict(parameters_schema)
+        target = urlsplit(url)
+        self._span_attributes = {
+            "http.request.method": "POST",
+            "url.scheme": target.scheme,
+            "server.address": target.hostname or "",
+            "server.port": target.port or (443 if target.scheme == "https" else 80),
+        }
 
     def __repr__(self) -> str:
         return "ForwardRequestHandler()"
@@ -229,9 +237,18 @@ class ForwardRequestHandler:
         async def post(idempotency_key: str) -> HttpResponse:
             timeout = min(self._timeout, ctx.remaining())
             sent_headers = {**headers, "idempotency-key": idempotency_key}
-            return await self._transport.request(
-                "POST", self._url, headers=sent_headers, body=body, timeout=timeout
-            )
+            with telemetry.span(
+                "agentsafe.dispatch", self._span_attributes, kind=telemetry.SpanKind.CLIENT
+            ) as current:
+                # W3C Trace Context to the provider: outside the signature's covered
+                # components (docs/tracing.md), and no credential may set it (headers.py).
+                telemetry.inject(sent_headers)
+                response = await self._transport.request(
+                    "POST", self._url, headers=sent_headers, body=body, timeout=timeout
+                )
+                if current is not None:
+                    current.set_attribute("http.response.status_code", response.status)
+                return response
 
         return await dispatch.run(post)
 

@@ -11,6 +11,9 @@ a fresh chain has ``seq`` 1, ``prev_hash`` :data:`GENESIS_HASH` and ``"genesis":
 Under ``EXECUTOR_WORKERS`` above 1 every line also carries ``"worker": <index>`` (hashed like
 every field): each worker writes its own two chains, whose heads live in its own journal
 directory, and the supervisor interleaves whole lines of all of them on the standard streams.
+While tracing is on (``telemetry.py``, docs/tracing.md), a line written inside a traced request
+also carries that request's ``trace_id`` (32 hex digits, hashed like every field); with tracing
+off (the default) no line has one.
 
 Every string field (keys and values, recursively) passes the :class:`~.redact.Redactor` before it
 is hashed; each redaction is reported to ``on_redaction`` with the field path and kind, so the
@@ -68,6 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
+from .. import telemetry
 from ..canonical import canonical_text, sha256_digest, sha256_hex
 from ..clock import Clock, format_ms
 from ..codes import Code
@@ -362,6 +366,11 @@ class ChainedSink:
     def _write(self, event: str, fields: dict[str, Any], *, resumption: bool = False) -> None:
         clean_fields, found = clean_line(fields, self._redactor)
         leaks = [Leak(path, kind, secret) for path, kind, secret in found]
+        trace_id = telemetry.current_trace_id()
+        if trace_id is not None:
+            # joins an incident bundle with its trace; absent while tracing is off, so the
+            # lines are then what they always were (docs/tracing.md)
+            clean_fields.setdefault("trace_id", trace_id)
         with self._lock:
             if self._closed:
                 raise ChainError("the stream is closed", code=Code.CHAIN_CLOSED)

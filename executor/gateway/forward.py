@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import quote
 
+from .. import telemetry
 from ..codes import Code
 from ..dispatch.seam import Dispatch, ExecutionContext, ReconcileResult, ReconcileStatus
 from ..egress.credentials import DownstreamCredential
@@ -209,13 +210,24 @@ class GatewayForwardHandler:
 
         async def send(key: str) -> HttpResponse:
             timeout = min(self._timeout, ctx.remaining())
-            return await self._transport.request(
-                exchange.method,
-                url,
-                headers={**headers, "idempotency-key": key},
-                body=exchange.body if exchange.body or exchange.method != "GET" else None,
-                timeout=timeout,
-            )
+            sent = {**headers, "idempotency-key": key}
+            with telemetry.span(
+                "agentsafe.dispatch",
+                {"http.request.method": exchange.method, "url.scheme": url.split(":", 1)[0]},
+                kind=telemetry.SpanKind.CLIENT,
+            ) as current:
+                # while tracing is on, the caller's trace context is replaced by this span's
+                telemetry.inject(sent)
+                response = await self._transport.request(
+                    exchange.method,
+                    url,
+                    headers=sent,
+                    body=exchange.body if exchange.body or exchange.method != "GET" else None,
+                    timeout=timeout,
+                )
+                if current is not None:
+                    current.set_attribute("http.response.status_code", response.status)
+                return response
 
         response = await dispatch.run(send)
         exchange.response = response

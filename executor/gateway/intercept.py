@@ -37,7 +37,7 @@ from urllib.parse import unquote_plus
 from ..canonical import canonical_json, parse_json
 from ..codes import Code
 from ..errors import CanonicalizationError
-from ..headers import is_reserved
+from ..headers import TRACE_HEADERS, is_reserved
 from ..intent import MAX_BODY_BYTES
 
 __all__ = [
@@ -209,13 +209,17 @@ def _connection_named(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
 
 def forwardable_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     """The client's end-to-end headers (comma-joined if repeated): not the hop-by-hop set, not
-    a header its ``Connection`` names, nothing the executor writes itself."""
+    a header its ``Connection`` names, nothing the executor writes itself but the caller's
+    ``traceparent``/``tracestate``."""
     headers = list(headers)
     named = _connection_named(headers)
     out: dict[str, str] = {}
     for name, value in headers:
         key = name.lower()
-        if key in HOP_BY_HOP or key in named or (is_reserved(key) and key != "content-type"):
+        if key in HOP_BY_HOP or key in named:
+            continue
+        # the caller's W3C Trace Context passes (the forward replaces it while tracing is on)
+        if is_reserved(key) and key != "content-type" and key not in TRACE_HEADERS:
             continue
         out[key] = f"{out[key]}, {value}" if key in out else value
     return out

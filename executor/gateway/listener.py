@@ -64,6 +64,7 @@ from typing import Any, Final
 
 from aiohttp import web, web_request
 
+from .. import telemetry
 from ..clock import parse_ms
 from ..codes import WORK_GATE_CODES, Code
 from ..egress.transport import HttpResponse, Transport, TransportError
@@ -91,6 +92,7 @@ __all__ = ["Gateway"]
 
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._~:=+-]{0,200}$")
 _RETRY_AFTER = "5"
+_TRACED_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 RESUME_HINT: Final = (
     "held until the intent expires: once an APPROVER decides at approval_url, POST "
     '{"escalation": <this object>} to /v1/escalations on the executor\'s routes (--serve-routes) '
@@ -130,7 +132,18 @@ class Gateway:
         return self.pipeline.mode.value == "SHADOW"
 
     async def handle(self, request: web_request.BaseRequest) -> web.StreamResponse:
-        response = await self._handle(request)
+        # one server span per intercepted request, child of the caller's trace context (no
+        # route template here: the path is the caller's, so only the method is named)
+        method = request.method if request.method in _TRACED_METHODS else "_OTHER"
+        with telemetry.span(
+            method,
+            {"http.request.method": method, "url.scheme": request.scheme},
+            kind=telemetry.SpanKind.SERVER,
+            context=telemetry.extract(request.headers),
+        ) as current:
+            response = await self._handle(request)
+            if current is not None:
+                current.set_attribute("http.response.status_code", response.status)
         response.headers["x-agentsafe-authority"] = self.authority
         return response
 

@@ -37,7 +37,9 @@ snapshot); ``assembly.py`` builds it and hands its
 counters to the egress guard, the secret store, the posture monitor, the redactor
 and the chained sinks. The label values of ``proposals`` and ``executions`` are the policy's
 ``Verdict`` and the seam's ``Outcome``: ``host/`` sits below both wings and cannot import them,
-so ``assembly.py`` passes them in and there is no second copy here.
+so ``assembly.py`` passes them in and there is no second copy here. Dropped trace spans
+(``agentsafe_trace_spans_dropped_total``) are counted by the tracing module's export thread,
+through the callback ``assembly.py`` gives it.
 Also imported by ``tools/doctor.py``, ``operator/metrics.py``.
 Also imported by ``lifecycle/outcomes.py``, ``lifecycle/recovery.py``.
 """
@@ -112,6 +114,8 @@ EGRESS_CODES = (
     Code.EGRESS_RESPONSE_INVALID,
     Code.EGRESS_INIT_UNSUPPORTED,
 )
+#: Why a trace span was dropped: its queue was full, or its batch was not exported.
+TRACE_DROP_REASONS = ("queue_full", "export_failed")
 HALT_CAUSES = (
     "OPERATOR",
     "FILE",
@@ -301,6 +305,13 @@ class ExecutorMetrics:
             "chained_lines", "Chained lines written by stream", stream=STREAMS
         )
         self.scrapes = self._counter("metrics_scrapes", "Scrapes of GET /metrics")
+        self.trace_spans_dropped = self._counter(
+            "trace_spans_dropped",
+            "Trace spans dropped, never exported (queue full, or the collector failed)",
+            reason=TRACE_DROP_REASONS,
+        )
+        for reason in TRACE_DROP_REASONS:  # every series from the start: an increase over 0
+            self.trace_spans_dropped.inc(0, reason=reason)
         self.integrity_findings = self._counter(
             "evidence_integrity_findings",
             "Gaps found in the evidence chain or the journal, by finding",

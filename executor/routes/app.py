@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .. import telemetry
 from ..canonical import DuplicateKeyError, parse_json
 from ..codes import ADMISSION_CODES, Code
 from ..config import BODY_TIMEOUT_SECONDS_DEFAULT
@@ -208,6 +209,45 @@ def _respond(answer: Answer) -> web.Response:
 
 # ---------------------------------------------------------------------- middleware
 
+_HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
+
+
+@web.middleware
+async def _traced(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """One server span per request (docs/tracing.md), child of the caller's W3C Trace Context
+    when it sent a valid one; only the route's template, never the raw path or query."""
+    if not telemetry.enabled():
+        return await handler(request)
+    info = request.match_info.route.resource
+    template = info.canonical if info is not None else None
+    method = request.method if request.method in _HTTP_METHODS else "_OTHER"
+    attributes: dict[str, object] = {
+        "http.request.method": method,
+        "url.scheme": request.scheme,
+        "network.protocol.version": f"{request.version.major}.{request.version.minor}",
+    }
+    if template is not None:
+        attributes["http.route"] = template
+    name = f"{method} {template}" if template is not None else method
+    with telemetry.span(
+        name,
+        attributes,
+        kind=telemetry.SpanKind.SERVER,
+        context=telemetry.extract(request.headers),
+    ) as current:
+        response = await handler(request)
+        if current is not None:
+            verdict = response.get(VERDICT_KEY)
+            outcome: dict[str, object] = {"http.response.status_code": response.status}
+            if isinstance(verdict, str):
+                outcome["agentsafe.verdict"] = verdict
+            if response.status >= 500:
+                outcome["error.type"] = str(response.status)
+            current.set_attributes(telemetry.safe_attributes(outcome))
+        return response
+
 
 @web.middleware
 async def _errors(
@@ -290,7 +330,7 @@ def build_app(
     """The executor's aiohttp application, one handler per row of ``routes``; each body is read
     within ``body_timeout`` seconds (``EXECUTOR_BODY_TIMEOUT_SECONDS``); with ``metrics``, every
     request's duration is recorded by its row's template, method and outcome."""
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_traced, _errors])
     app.on_response_prepare.append(_security_headers)
     if metrics is not None:
         metrics.declare_routes((route.method, route.path) for route in routes)

@@ -26,6 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .. import telemetry
 from ..codes import HOST_CODE_STATUS, Code
 from ..lifecycle.answers import error_body
 
@@ -78,6 +79,7 @@ def refusal(
     """``{"error": {"code", "message"}}`` (plus ``extra`` fields) with the code's status, or
     ``status`` for aiohttp's own errors, whose status is aiohttp's."""
     body = error_body(code, message)
+    telemetry.record_code(code)  # the request's server span, when tracing is on
     if extra:
         body.update(extra)
     answered = status if status is not None else status_of(code)

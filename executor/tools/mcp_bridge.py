@@ -70,7 +70,9 @@ from agentsafe.client import (
     Verdict,
 )
 
+from .. import telemetry
 from ..codes import Code
+from ..errors import AgentSafeError
 from ..routes.refusals import challenge
 
 __all__ = ["RESUME_TOOL", "add_parser", "build_server", "tool_input_schema"]
@@ -297,6 +299,17 @@ def build_server(client_for: ClientFor, caller_of: Callable[[Any], str] = lambda
         )
 
     async def call_tool(ctx: Any, params: Any) -> Any:
+        # one span per tool call, child of the MCP client's trace context (params._meta's
+        # traceparent/tracestate) when it sent one; the client's request spans are its children
+        with telemetry.span(
+            "tools/call",
+            {"agentsafe.action": str(params.name)},
+            kind=telemetry.SpanKind.SERVER,
+            context=telemetry.extract(_trace_context(params)),
+        ):
+            return await _call_tool(ctx, params)
+
+    async def _call_tool(ctx: Any, params: Any) -> Any:
         arguments = params.arguments or {}
         if params.name == RESUME_TOOL:
             escalation = arguments.get("escalation")
@@ -499,7 +512,30 @@ async def _http(args: argparse.Namespace) -> None:
     await uvicorn.Server(config).serve()
 
 
+def _trace_context(params: Any) -> dict[str, str]:
+    """``traceparent``/``tracestate`` from a request's ``_meta`` (the MCP convention), if any."""
+    meta = getattr(params, "meta", None)
+    if meta is None:
+        return {}
+    values = meta if isinstance(meta, Mapping) else (getattr(meta, "model_extra", None) or {})
+    return {k: v for k in ("traceparent", "tracestate") if isinstance(v := values.get(k), str)}
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        # OTEL_*: off by default; on, the bridge's spans and agentsafe.client's are exported
+        if telemetry.configure(os.environ, default_service_name="agentsafe-mcp"):
+            telemetry.install_global()
+    except AgentSafeError as exc:
+        sys.stderr.write(f"agentsafe mcp: {exc.code}: {exc}\n")
+        return 2
+    try:
+        return _run(args)
+    finally:
+        telemetry.shutdown()
+
+
+def _run(args: argparse.Namespace) -> int:
     if not args.url:
         sys.stderr.write("agentsafe mcp: no executor: pass --url or set AGENTSAFE_EXECUTOR_URL\n")
         return 2

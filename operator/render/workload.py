@@ -51,6 +51,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, Final
 
+from agentsafe.executor import telemetry
 from agentsafe.executor.canonical import canonical_json
 from agentsafe.executor.config import (
     CONFIG_KEYS,
@@ -212,13 +213,20 @@ def render_environment(inp: RenderInput) -> dict[str, str]:
     unknown = sorted(set(env) - set(CONFIG_KEYS))
     if unknown:  # a programming error: the executor would refuse to start
         raise AssertionError(f"rendered variables the executor does not know: {unknown}")
+    env.update(tracing_environment(inp.settings))
     check_environment(env)
     return env
+
+
+def tracing_environment(settings: OperatorSettings) -> dict[str, str]:
+    """The operator's ``OTEL_*`` settings for the executor pods (docs/tracing.md)."""
+    return {k: v for k, v in settings.executor_tracing.items() if k in telemetry.RENDERED_VARIABLES}
 
 
 def check_environment(env: dict[str, str]) -> ExecutorConfig:
     """Parse a rendered environment exactly as the executor will; ``ConfigInvalid`` if not."""
     try:
+        telemetry.settings_from(env)
         return load_config(env)
     except ConfigError as exc:
         raise RenderError(ConditionReason.CONFIG_INVALID, str(exc)) from None

@@ -148,6 +148,19 @@ def test_hop_by_hop_headers_and_those_connection_names_are_dropped() -> None:
     assert response_headers(answer) == {"x-kept": "2"}
 
 
+def test_the_callers_trace_context_passes_through_the_gateway() -> None:
+    """traceparent and tracestate are headers the executor writes (headers.TRACE_HEADERS), yet
+    the caller's are forwarded: with tracing off the gateway is transparent to a trace, as it
+    was; with tracing on its forward replaces them with its own span's (docs/tracing.md)."""
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    sent = [("traceparent", parent), ("Tracestate", "congo=t61rcWkgMzE"), ("X-Kept", "3")]
+    assert forwardable_headers(sent) == {
+        "traceparent": parent,
+        "tracestate": "congo=t61rcWkgMzE",
+        "x-kept": "3",
+    }
+
+
 def _screen() -> Redactor:
     redactor = Redactor(credential_headers=["x-agentsafe-demo-credential"])
     redactor.set_secret("DOWNSTREAM_CREDENTIAL", SECRET.encode())

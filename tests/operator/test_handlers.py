@@ -788,3 +788,26 @@ async def test_a_policy_without_a_store_asks_nothing(
     status = await _reconcile(rt, policy_body)
     assert _lost_writes(status) is None
     assert not [c for c in stand_in.calls if c[0] == "status"]
+
+
+async def test_a_reconcile_is_one_span_when_tracing_is_on(
+    runtime: Runtime, kube: FakeKube, policy_body: dict[str, Any]
+) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agentsafe.executor import telemetry
+    from agentsafe.operator.handlers import traced
+
+    memory = InMemorySpanExporter()
+    telemetry.configure({"OTEL_TRACES_EXPORTER": "otlp"}, exporter=memory)
+    try:
+        patch = kopf.Patch()
+        handler = traced("reconcile", policy_handler)
+        await handler(body=kopf.Body(policy_body), patch=patch, memo=memo_for(runtime))
+        telemetry.flush()
+    finally:
+        telemetry.shutdown()
+    (span,) = memory.get_finished_spans()
+    assert span.name == "agentsafe.operator.reconcile"
+    assert dict(span.attributes or {}) == {"agentsafe.outcome": "ok"}
+    assert "status" in patch

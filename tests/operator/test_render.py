@@ -192,6 +192,30 @@ def test_environment_is_what_the_executor_accepts(render_input: RenderInput) -> 
     assert "DOWNSTREAM_ENVIRONMENT" not in env  # nothing in the executor reads it
 
 
+def test_the_operators_tracing_settings_are_rendered_into_the_executor(
+    render_input: RenderInput,
+) -> None:
+    assert not any(name.startswith("OTEL_") for name in render_environment(render_input))
+    tracing = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel.observability:4318",
+        "OTEL_TRACES_SAMPLER_ARG": "0.01",
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer collector-secret",
+    }
+    settings = dataclasses.replace(render_input.settings, executor_tracing=tracing)
+    env = render_environment(dataclasses.replace(render_input, settings=settings))
+    assert {k: v for k, v in env.items() if k.startswith("OTEL_")} == {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://otel.observability:4318",
+        "OTEL_TRACES_SAMPLER_ARG": "0.01",
+    }  # never the headers: a collector credential belongs in a Secret
+    wrong = dataclasses.replace(
+        render_input.settings, executor_tracing={"OTEL_TRACES_EXPORTER": "zipkin"}
+    )
+    with pytest.raises(RenderError):
+        render_environment(dataclasses.replace(render_input, settings=wrong))
+
+
 def test_the_downstream_networks_are_the_executors_private_destination_override(
     render_input: RenderInput,
 ) -> None:

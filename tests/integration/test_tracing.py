@@ -1,0 +1,231 @@
+"""Traces through a real executor on loopback: the server span, the provider's traceparent, the
+evidence lines' trace id, and nothing of it while tracing is off (docs/tracing.md).
+
+The executor is assembled in this process with chained evidence streams, a real synthetic
+provider receives the dispatch; the spans go to the SDK's in-memory exporter (the real collector
+is Jaeger, in test_tracing_jaeger.py).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, format_span_id, format_trace_id
+
+from agentsafe.executor import telemetry
+from agentsafe.executor.assembly import assemble
+from agentsafe.executor.events import DeferredSink, Streams
+from agentsafe.executor.plane import Executor
+from agentsafe.executor.tools.harness import Workspace, free_port
+from agentsafe.executor.tools.synthetic import SyntheticProvider
+from tests.integration.bearer_principals import BearerPrincipals, principals_env
+
+PAYOUT = {"amountMinor": 1200, "currency": "USD"}
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+CALLER_SPAN = "b7ad6b7169203331"
+TRACEPARENT = f"00-{TRACE_ID}-{CALLER_SPAN}-01"
+ON = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_BSP_SCHEDULE_DELAY": "10"}
+
+
+class Node:
+    def __init__(self, executor: Executor, principals: BearerPrincipals, out: io.StringIO) -> None:
+        self.executor = executor
+        self.url = f"http://127.0.0.1:{executor.port}"
+        self.principals = principals
+        self.out = out
+
+    async def propose(self, key: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        body = {
+            "proposal": {"action": "create_payout", "target": "payout:t-1", "parameters": PAYOUT},
+            "idempotency_key": key,
+        }
+        sent = {"authorization": f"Bearer {self.principals.token('treasury-workflow')}"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                self.url + "/v1/actions", json=body, headers={**sent, **(headers or {})}
+            ) as r,
+        ):
+            return r.status, await r.json()
+
+    def evidence(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.out.getvalue().splitlines() if line]
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[SyntheticProvider]:
+    synthetic = SyntheticProvider()
+    await synthetic.start()
+    yield synthetic
+    await synthetic.stop()
+
+
+@pytest.fixture
+def memory() -> Iterator[InMemorySpanExporter]:
+    yield InMemorySpanExporter()
+    telemetry.shutdown()
+
+
+async def _node(tmp_path: Path, provider_url: str, **extra: str) -> Node:
+    principals = BearerPrincipals()
+    workspace = Workspace(tmp_path / "ws")
+    env = principals_env(
+        workspace.environment(provider_url=provider_url, port=free_port()),
+        principals.write(tmp_path / "principals.json"),
+        **extra,
+    )
+    out, err = io.StringIO(), io.StringIO()
+    executor = await assemble(
+        env, streams=Streams(evidence=DeferredSink(), security=DeferredSink()), chain=(out, err)
+    )
+    await executor.reconcile_at_start()
+    await executor.listen()
+    return Node(executor, principals, out)
+
+
+async def test_one_allow_is_one_trace_from_the_caller_to_the_provider(
+    tmp_path: Path, provider: SyntheticProvider, memory: InMemorySpanExporter
+) -> None:
+    node = await _node(tmp_path, provider.base_url, **ON)
+    try:
+        # assemble turned tracing on with the OTLP exporter; the same settings, in memory
+        telemetry.configure(ON, exporter=memory)
+        status, answer = await node.propose(
+            "k-trace-1", {"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE"}
+        )
+        assert status == 200, answer
+        assert answer["verdict"] == "ALLOW"
+    finally:
+        await node.executor.close()
+    telemetry.flush()
+    spans = {span.name: span for span in memory.get_finished_spans()}
+    server = spans["POST /v1/actions"]
+    dispatch = spans["agentsafe.dispatch"]
+    assert server.kind is SpanKind.SERVER
+    assert format_trace_id(server.context.trace_id) == TRACE_ID
+    assert server.parent is not None
+    assert format_span_id(server.parent.span_id) == CALLER_SPAN
+    assert dict(server.attributes or {}) == {
+        "http.request.method": "POST",
+        "http.route": "/v1/actions",
+        "url.scheme": "http",
+        "network.protocol.version": "1.1",
+        "http.response.status_code": 200,
+        "agentsafe.verdict": "ALLOW",
+    }
+    assert dispatch.kind is SpanKind.CLIENT
+    assert dispatch.parent is not None
+    assert dispatch.parent.span_id == server.context.span_id
+    assert dict(dispatch.attributes or {})["http.response.status_code"] == 202  # accepted
+    # the provider's request carries the same trace, its parent the dispatch span
+    (received,) = provider.received
+    version, trace_id, parent_id, flags = received.headers["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", TRACE_ID, "01")
+    assert parent_id == format_span_id(dispatch.context.span_id)
+    assert received.headers["tracestate"] == "congo=t61rcWkgMzE"
+    # the evidence lines of this request carry the trace id
+    request = {"PROPOSAL_RECEIVED", "DECISION", "OUTCOME"}
+    lines = {line["event"]: line for line in node.evidence() if line["event"] in request}
+    assert set(lines) == request
+    assert {line.get("trace_id") for line in lines.values()} == {TRACE_ID}
+
+
+async def test_an_invalid_traceparent_starts_a_new_trace_never_a_refusal(
+    tmp_path: Path, provider: SyntheticProvider, memory: InMemorySpanExporter
+) -> None:
+    node = await _node(tmp_path, provider.base_url, **ON)
+    try:
+        telemetry.configure(ON, exporter=memory)
+        status, answer = await node.propose(
+            "k-trace-2", {"traceparent": "00-zz-not-valid", "tracestate": "=bad"}
+        )
+        assert status == 200, answer
+        status, answer = await node.propose(
+            "k-trace-3", {"traceparent": f"00-{'0' * 32}-{CALLER_SPAN}-01"}
+        )
+        assert status == 200, answer
+    finally:
+        await node.executor.close()
+    telemetry.flush()
+    servers = [s for s in memory.get_finished_spans() if s.name == "POST /v1/actions"]
+    assert len(servers) == 2
+    for server in servers:
+        assert server.parent is None
+    assert len({s.context.trace_id for s in servers}) == 2
+    for received in provider.received:
+        trace_id = received.headers["traceparent"].split("-")[1]
+        assert trace_id in {format_trace_id(s.context.trace_id) for s in servers}
+
+
+async def test_tracing_off_reads_and_writes_nothing(
+    tmp_path: Path, provider: SyntheticProvider
+) -> None:
+    node = await _node(tmp_path, provider.base_url)
+    try:
+        status, answer = await node.propose("k-off-1", {"traceparent": TRACEPARENT})
+        assert status == 200, answer
+    finally:
+        await node.executor.close()
+    (received,) = provider.received
+    assert "traceparent" not in received.headers
+    assert "tracestate" not in received.headers
+    assert all("trace_id" not in line for line in node.evidence())
+
+
+async def test_dropped_spans_are_on_metrics(tmp_path: Path, provider: SyntheticProvider) -> None:
+    # a collector nobody listens on: the export fails, the request does not wait for it
+    dead = f"http://127.0.0.1:{free_port()}"
+    node = await _node(
+        tmp_path,
+        provider.base_url,
+        **ON,
+        OTEL_EXPORTER_OTLP_ENDPOINT=dead,
+        OTEL_EXPORTER_OTLP_TIMEOUT="500",
+    )
+    try:
+        status, answer = await node.propose("k-drop-1", {"traceparent": TRACEPARENT})
+        assert status == 200, answer
+        telemetry.flush()
+        text = node.executor.metrics.render()[0].decode()
+    finally:
+        await node.executor.close()
+        telemetry.shutdown()
+    counts = {
+        line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("agentsafe_trace_spans_dropped_total{")
+    }
+    assert counts['reason="queue_full"'] == 0
+    assert counts['reason="export_failed"'] >= 2  # the server span and the dispatch span
+
+
+async def test_a_refusal_and_an_unknown_path_are_server_spans_with_their_code(
+    tmp_path: Path, provider: SyntheticProvider, memory: InMemorySpanExporter
+) -> None:
+    node = await _node(tmp_path, provider.base_url, **ON)
+    try:
+        telemetry.configure(ON, exporter=memory)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(node.url + "/no/such/secret-path?token=abc") as r:
+                assert r.status == 404
+            async with session.post(node.url + "/v1/actions", json={}) as r:
+                assert r.status == 401
+    finally:
+        await node.executor.close()
+    telemetry.flush()
+    unknown, refused = memory.get_finished_spans()
+    assert unknown.name == "GET"
+    assert "http.route" not in dict(unknown.attributes or {})
+    assert dict(unknown.attributes or {})["http.response.status_code"] == 404
+    assert refused.name == "POST /v1/actions"
+    assert dict(refused.attributes or {})["agentsafe.code"] == "AUTH_REQUIRED"
+    assert dict(refused.attributes or {})["http.response.status_code"] == 401
+    for span in (unknown, refused):
+        assert "secret-path" not in str(dict(span.attributes or {}))
