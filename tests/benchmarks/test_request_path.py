@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from agentsafe.executor import canonical, clock
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -25,9 +27,10 @@ def _request_path() -> ModuleType:
     return module
 
 
-def test_a_traced_allow_enters_neither_plane_nor_assembly() -> None:
+@pytest.mark.parametrize("method", ["calls", "moves"])
+def test_a_traced_allow_enters_neither_plane_nor_assembly(method: str) -> None:
     request_path = _request_path()
-    both = asyncio.run(request_path.run(False))
+    both = asyncio.run(request_path.run(False, method))
     for count in ("wings", "every"):
         out = both[count]
         assert out["plane_or_assembly"] == [], out["per_module"]
@@ -57,4 +60,27 @@ def test_the_trace_counts_moves_and_returns_across_an_await() -> None:
     visits = [v for v in trace.visits if v in ("canonical", "clock")]
     assert visits[:3] == ["canonical", "clock", "canonical"]
     out = request_path.report(["canonical", "clock", "canonical"])
+    assert (out["moves"], out["returns"], out["modules"]) == (2, 1, 2)
+
+
+def test_the_call_method_counts_calls_and_resumptions_not_returns() -> None:
+    """The ``calls`` method (issue 32's): a return to a module is no move until that module
+    calls again; a coroutine resumed after a real suspension is a call into its module."""
+    request_path = _request_path()
+    trace = request_path.CallTrace()
+
+    async def scenario() -> None:
+        canonical.canonical_text({"a": 1})  # canonical
+        clock.format_ms(0.0)  # -> clock; its return to this (non-agentsafe) frame is no move
+        await asyncio.sleep(0)  # a real suspension: resumes this test frame, not agentsafe
+        canonical.canonical_text({"b": 2})  # -> canonical again (a return to a module left)
+
+    sys.setprofile(trace.hook)
+    try:
+        asyncio.run(scenario())
+    finally:
+        sys.setprofile(None)
+    visits = [v for v in trace.visits if v in ("canonical", "clock")]
+    assert visits[:3] == ["canonical", "clock", "canonical"]
+    out = request_path.report(visits[:3])
     assert (out["moves"], out["returns"], out["modules"]) == (2, 1, 2)
