@@ -2,25 +2,32 @@
 often the path goes back and forth between them.
 
 Starts the synthetic provider in its own process (as ``benchmarks/profile.py`` does), assembles
-an executor in this process with its streams chained and redacted (as ``agentsafe serve``
-assembles it, the lines kept in memory), opens its listener on loopback, sends one ALLOW
-untraced (the warm-up), then sends a second one with ``sys.setprofile`` installed around the
-request and prints:
+an executor in this process, opens its listener on loopback, sends one ALLOW untraced (the
+warm-up), then sends a second one with ``sys.setprofile`` installed around the request and
+prints the agentsafe modules the ALLOW visits, the moves between them, the returns to a module
+already left (a move into a module visited earlier in the same path), the visits per module (a
+visit is one uninterrupted stretch in that module), and whether ``plane.py`` or ``assembly.py``
+was entered. Two methods (``--method``):
 
-- the agentsafe modules the ALLOW visits;
-- the moves (each time execution passes from one agentsafe module to another, by a call, a
-  return, or a coroutine resumed in another module; frames of other packages are transparent,
-  and so is the ground floor in the first count; an ``await`` that suspends and the re-entry of
-  the await chain when it resumes are not moves: ``RESUME`` and ``YIELD_VALUE`` tell them apart,
-  CPython 3.11 and later);
-- the returns to a module already left (a move into a module visited earlier in the same path);
-- the visits per module (a visit is one uninterrupted stretch in that module);
-- whether ``plane.py`` or ``assembly.py`` was entered.
+- ``calls`` (the default; issue 32's method): only *call* events count. The current module is
+  the module of the frame last called; a coroutine resumed after an ``await`` that suspended is
+  a call event too (CPython re-enters its whole await chain, outermost first), so each real
+  suspension walks the chain again. Returns are not events: the path moves back to a module
+  only when that module calls (or is resumed) again. The streams are not chained (as the
+  executor is assembled in tests). On the old main (9f2c0a6) this gives 28 modules, 106 moves,
+  79 returns, pipeline + attempt 27 visits, seam + forward 19, where the issue reported 27, 97,
+  71, 24 and 20 (docs/architecture.md, "Measured").
+- ``moves``: calls *and* returns count, an ``await`` that suspends and the re-entry of its
+  await chain on resume are not moves (``RESUME`` and ``YIELD_VALUE`` tell them apart, CPython
+  3.11 and later), and the streams are chained and redacted (as ``agentsafe serve`` assembles
+  it, the lines kept in memory).
 
-Only this thread is traced: work the executor hands to a worker thread (SQLite, fsync) is not
-counted, and the HTTP client (aiohttp) is not agentsafe, so it is transparent.
+In both, frames of other packages are transparent, and so is the ground floor in the first
+count (pyproject's ground-floor contract); the second counts every agentsafe module. Only this
+thread is traced: work the executor hands to a worker thread (SQLite, fsync) is not counted,
+and the HTTP client (aiohttp) is not agentsafe, so it is transparent.
 
-    .venv/bin/python benchmarks/request_path.py [--path]
+    .venv/bin/python benchmarks/request_path.py [--method calls|moves] [--path]
 
 ``--path`` also prints the whole sequence of visits.
 """
@@ -71,9 +78,29 @@ def _module(frame: FrameType | None) -> str | None:
     return name.removeprefix("agentsafe.executor.").removeprefix(PACKAGE)
 
 
+class CallTrace:
+    """The ``calls`` method: the sequence of agentsafe modules whose frames are called (a
+    coroutine resumed included), consecutive repeats collapsed into one visit; the modules in
+    ``transparent`` are not counted."""
+
+    def __init__(self, transparent: frozenset[str] = frozenset()) -> None:
+        self.visits: list[str] = []
+        self.transparent = transparent
+
+    def hook(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        module = _module(frame)
+        if module is None or module in self.transparent:
+            return
+        if not self.visits or self.visits[-1] != module:
+            self.visits.append(module)
+
+
 class Trace:
-    """The sequence of agentsafe modules execution passes through (consecutive repeats
-    collapsed into one visit); the modules in ``transparent`` are not counted."""
+    """The ``moves`` method: the sequence of agentsafe modules execution passes through
+    (consecutive repeats collapsed into one visit); the modules in ``transparent`` are not
+    counted."""
 
     def __init__(self, transparent: frozenset[str] = frozenset()) -> None:
         self.visits: list[str] = []
@@ -138,11 +165,19 @@ def report(visits: list[str]) -> dict[str, Any]:
         "pipeline_attempt": sum(
             n for m, n in per_module.items() if m in ("lifecycle.pipeline", "lifecycle.attempt")
         ),
+        "seam_forward": sum(
+            n for m, n in per_module.items() if m in ("dispatch.seam", "dispatch.forward")
+        ),
         "plane_or_assembly": sorted(m for m in per_module if m in ("plane", "assembly")),
     }
 
 
-async def run(show_path: bool) -> dict[str, dict[str, Any]]:
+METHODS = ("calls", "moves")
+
+
+async def run(show_path: bool, method: str = "calls") -> dict[str, dict[str, Any]]:
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; one of {', '.join(METHODS)}")
     root = Path(tempfile.mkdtemp(prefix="agentsafe-request-path-"))
     provider = ProviderProcess(root)
     await provider.start()
@@ -151,7 +186,8 @@ async def run(show_path: bool) -> dict[str, dict[str, Any]]:
         workspace = Workspace(root / "ws")
         env = workspace.environment(provider_url=provider.url, port=0)
         streams = Streams(evidence=DeferredSink(), security=DeferredSink())
-        executor = await assemble(env, streams=streams, chain=(io.StringIO(), io.StringIO()))
+        chain = (io.StringIO(), io.StringIO()) if method == "moves" else None
+        executor = await assemble(env, streams=streams, chain=chain)
         await executor.reconcile_at_start()
         await executor.listen()
         url = f"http://127.0.0.1:{executor.port}/v1/actions"
@@ -171,7 +207,8 @@ async def run(show_path: bool) -> dict[str, dict[str, Any]]:
             async with session.post(url, json=body("warm"), headers=headers) as response:
                 warm = await response.json()
             assert warm.get("outcome") == "COMPLETED", warm
-            every, wings = Trace(), Trace(transparent=ground_floor())
+            kind = CallTrace if method == "calls" else Trace
+            every, wings = kind(), kind(transparent=ground_floor())
 
             def hook(frame: FrameType, event: str, arg: Any) -> None:
                 every.hook(frame, event, arg)
@@ -197,17 +234,21 @@ async def run(show_path: bool) -> dict[str, dict[str, Any]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", action="store_true", help="print the sequence of visits")
+    parser.add_argument(
+        "--method", choices=METHODS, default="calls", help="what counts (see the docstring)"
+    )
     args = parser.parse_args()
-    both = asyncio.run(run(args.path))
+    both = asyncio.run(run(args.path, args.method))
     for name, title in (
         ("wings", "the wings and the process (ground floor transparent)"),
         ("every", "every agentsafe module"),
     ):
         out = both[name]
         print(
-            f"one ALLOW, {title}: {out['modules']} modules, {out['moves']} moves,"
+            f"one ALLOW ({args.method}), {title}: {out['modules']} modules, {out['moves']} moves,"
             f" {out['returns']} returns to a module already left; pipeline+attempt"
-            f" {out['pipeline_attempt']} visits; plane/assembly entered:"
+            f" {out['pipeline_attempt']} visits; seam+forward {out['seam_forward']} visits;"
+            f" plane/assembly entered:"
             f" {', '.join(out['plane_or_assembly']) or 'no'}"
         )
     print("\n| module | visits (wings) | visits (every module) |\n| --- | ---: | ---: |")
