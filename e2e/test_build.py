@@ -424,12 +424,12 @@ def test_the_late_tools_build_in_one_background_job_the_late_stages_wait_for(
     assert release.returncode == 0, release.stderr
     assert f"cosign: {fake_go.cache}/cosign/{build.COSIGN_VERSION}/cosign" in release.stdout
     assert fake_go.state()["status"] == "ok"
-    # each tool built once, all in the job, at nice 19 (the stub's niceness; 10 in the foreground)
-    assert fake_go.builds() == [
-        ("nice=19", "jaeger"),
-        ("nice=19", "cosign"),
-        ("nice=19", "registry"),
-    ]
+    # each tool built once, all in the job, at nice 19 (the stub's niceness) until a stage waits:
+    # from then on at the foreground's 10 (as root; otherwise it cannot be raised)
+    waited = "nice=10" if os.geteuid() == 0 else "nice=19"
+    assert fake_go.builds() == [("nice=19", "jaeger"), (waited, "cosign"), (waited, "registry")]
+    if os.geteuid() == 0:
+        assert "the background build now runs at nice 10" in jaeger.stderr
 
 
 def test_a_failed_background_build_fails_the_waiting_stage_with_the_log_tail(
@@ -442,17 +442,14 @@ def test_a_failed_background_build_fails_the_waiting_stage_with_the_log_tail(
     assert "the background build of cosign failed" in release.stderr
     assert "fake go: the build of cosign failed on purpose" in release.stderr  # the log's tail
     assert fake_go.state()["status"] == "failed"
-    assert ("nice=19", "registry") in fake_go.builds()  # the job went on with the next tool
+    assert "registry" in [name for _, name in fake_go.builds()]  # the job went on with the next
     jaeger = fake_go.run("--only-jaeger")
     assert jaeger.returncode == 0, jaeger.stderr
     # once reported, the next run builds what is missing in the foreground, as without a job
     (fake_go.gates / "cosign.fail").unlink()
     retry = fake_go.run("--only-release-tools")
     assert retry.returncode == 0, retry.stderr
-    assert [b for b in fake_go.builds() if b[1] == "cosign"] == [
-        ("nice=19", "cosign"),
-        ("nice=10", "cosign"),
-    ]
+    assert [name for _, name in fake_go.builds()].count("cosign") == 2  # the job's, then this
 
 
 def test_the_full_build_step_starts_the_late_tools_in_the_background(fake_go: FakeGo) -> None:
