@@ -124,7 +124,11 @@ model:
 # (set by .ci/run) makes that a failure. The suite's fixtures never build: no test timeout ever
 # covers a build. The node's Debian packages (containerd, runc, CNI plugins, buildah, ...) are
 # installed here too, as root with apt-get, so a fresh machine has them before any test starts.
+# Jaeger, cosign and the registry are needed only late (the tracing test at the end of `make e2e`,
+# `make release-test`): their builds start first, as ONE background job at nice 19 (log and state
+# under ~/.cache/agentsafe/background/), and the stages that need them wait for it.
 e2e-build: $(STAMP)
+	$(BIN)/python e2e/cluster/build.py --background-start
 	$(NODE_CLI) packages
 	$(BIN)/python e2e/cluster/build.py
 	$(BIN)/python e2e/cluster/node_build.py
@@ -135,10 +139,13 @@ e2e-build: $(STAMP)
 # docs/cluster.md's block as written, on a fresh node of its own (72-101 s warm). Not in the
 # scenario's session: the page installs the chart that node has already and ends with its own
 # cluster-down, and returning that node to a fresh one took longer (82 s) than a new node.
+# Last, the tracing test against a real Jaeger, once e2e-build's background job has built it.
 e2e: e2e-build
-	$(BIN)/pytest -q e2e --ignore=e2e/release
+	$(BIN)/pytest -q e2e --ignore=e2e/release --ignore=e2e/tracing
 	$(NODE_CLI) run -- $(abspath $(BIN))/pytest -q test_scenario.py --backend=node -p no:cacheprovider
 	$(NODE_CLI) run -- $(abspath $(BIN))/pytest -q test_cluster_doc.py --backend=node -p no:cacheprovider
+	$(BIN)/python e2e/cluster/build.py --only-jaeger
+	$(BIN)/pytest -q -p no:cacheprovider e2e/tracing
 
 e2e-kind: $(STAMP)
 	bash e2e/kind/run.sh
@@ -202,8 +209,10 @@ image: $(STAMP)
 # image's own CycloneDX SBOM and an SLSA v1 provenance statement as signed attestations, and prints
 # the digest reference (repo@sha256:...) as its last line. RELEASE_REGISTRY_CA: a PEM CA for a
 # registry with a private CA. RELEASE_TLOG=0: no upload to the Rekor transparency log (offline).
-# cosign (and the test's registry) are built once from the Go module proxy by e2e-build, cached by
-# version. `make release-test` is the real test: a TLS registry on loopback, a generated key pair.
+# cosign (and the test's registry) are built once from the Go module proxy by e2e-build's background
+# job, cached by version; `build.py --only-release-tools` waits for that job (printing its progress)
+# and builds only what is still missing. `make release-test` is the real test: a TLS registry on
+# loopback, a generated key pair.
 RELEASE_REGISTRY   ?=
 RELEASE_REPOSITORY ?= agentsafe
 RELEASE_TAG        ?=

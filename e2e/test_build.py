@@ -12,6 +12,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,7 +58,7 @@ def _plant_all(cache: Path, *, controller_manager: bool = True) -> None:
     _plant(cache / "helm" / HELM_VERSION / "helm")
     _plant(cache / "toxiproxy" / TOXIPROXY_VERSION / "toxiproxy-server")
     for tool in build.RELEASE_TOOLS:
-        _plant(tool.path)
+        _plant(cache / tool.name / tool.version / tool.binary)
     _plant(cache / "jaeger" / JAEGER_VERSION / "jaeger-all-in-one")
 
 
@@ -252,3 +254,215 @@ def test_a_missing_binary_fails_the_session_at_once_naming_the_build_command(
     assert f"run `{BUILD_COMMAND}` first" in output
     assert f"kube-apiserver {KUBERNETES_VERSION} ({empty_cache}" in output
     assert not (empty_cache / "k8s").exists(), "the fixture must never start a build"
+
+
+# --- the late tools' background build (make e2e-build starts it, make e2e / release-test wait) ---
+#
+# A stand-in for the Go toolchain (a stub, named as such: the logic under test is the job, the
+# state file, the waiting and the locks, not Go). It records each call with its niceness, holds
+# each build until its gate file exists, fails a build whose ``<name>.fail`` file exists, and
+# writes a tiny executable where go would have written the binary.
+FAKE_GO = r"""#!/bin/sh
+echo "nice=$(nice) $*" >> "$FAKE_GO_CALLS"
+case "$1" in
+version) echo "go version go0.0-fake linux/amd64"; exit 0 ;;
+mod) echo "{\"Dir\": \"$FAKE_GO_SRC\", \"GoMod\": \"$FAKE_GO_SRC/go.mod\"}"; exit 0 ;;
+esac
+out=""; prev=""; last=""
+for arg in "$@"; do
+  [ "$prev" = "-o" ] && out=$arg
+  prev=$arg; last=$arg
+done
+pkg=${last%@*}; name=${pkg##*/}
+[ -n "$out" ] || out="$GOBIN/$name"
+i=0
+while [ ! -e "$FAKE_GO_GATES/$name" ]; do
+  i=$((i + 1)); [ "$i" -lt 1200 ] || { echo "fake go: gate $name never opened" >&2; exit 3; }
+  sleep 0.1
+done
+if [ -e "$FAKE_GO_GATES/$name.fail" ]; then
+  echo "fake go: the build of $name failed on purpose" >&2; exit 2
+fi
+mkdir -p "$(dirname "$out")"
+printf '#!/bin/sh\necho %s\n' "$name" > "$out"
+chmod +x "$out"
+"""
+BUILD_PY = E2E / "cluster" / "build.py"
+LATE = {"all-in-one": "jaeger", "cosign": "cosign", "registry": "registry"}
+
+
+class Waiter:
+    """A build.py run in the background of the test, its output in files."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.out = cwd / f"waiter-{len(list(cwd.glob('waiter-*')))}"
+        self.err = self.out.with_suffix(".err")
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.process = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err)
+
+    def wait(self, *, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+
+    @property
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+
+class FakeGo:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.bin = root / "fakebin"
+        self.gates = root / "gates"
+        self.calls = root / "calls.log"
+        self.cache = root / "cache"
+        src = root / "src"
+        for directory in (self.bin, self.gates, src, self.cache):
+            directory.mkdir(parents=True)
+        (src / "go.mod").write_text("module fake\n")
+        (self.bin / "go").write_text(FAKE_GO)
+        (self.bin / "go").chmod(0o755)
+        self.calls.touch()
+        self.env = {
+            **os.environ,
+            "PATH": f"{self.bin}{os.pathsep}{os.environ['PATH']}",
+            "AGENTSAFE_CACHE_DIR": str(self.cache),
+            "AGENTSAFE_E2E": "require",
+            "FAKE_GO_CALLS": str(self.calls),
+            "FAKE_GO_GATES": str(self.gates),
+            "FAKE_GO_SRC": str(src),
+        }
+
+    def open(self, *names: str) -> None:
+        for name in names:
+            (self.gates / name).touch()
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(BUILD_PY), *args],
+            env=self.env,
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    def start(self, *args: str) -> Waiter:
+        return Waiter([sys.executable, str(BUILD_PY), *args], self.env, self.root)
+
+    def until(self, waiter: Waiter, text: str) -> None:
+        """Poll (bounded) until ``text`` is in what ``waiter`` has written to stderr so far."""
+        deadline = time.monotonic() + 60
+        while text not in waiter.err.read_text():
+            assert waiter.process.poll() is None, waiter.err.read_text()
+            assert time.monotonic() < deadline, waiter.err.read_text()
+            time.sleep(0.05)
+
+    def builds(self) -> list[tuple[str, str]]:
+        """(niceness, binary) of every build or install the stub saw, in order."""
+        found = []
+        for line in self.calls.read_text().splitlines():
+            nice, _, argv = line.partition(" ")
+            if argv.startswith(("build ", "install ")):
+                package = argv.split()[-1].split("@")[0]
+                found.append((nice, LATE.get(package.rsplit("/", 1)[-1], package)))
+        return found
+
+    def state(self) -> dict[str, object]:
+        data: dict[str, object] = json.loads((self.cache / "background" / "state.json").read_text())
+        return data
+
+    def settle(self) -> None:
+        """Open every gate and wait (bounded) until the job has written its result."""
+        self.open(*LATE)
+        deadline = time.monotonic() + 120
+        while self.state().get("status") == "running":
+            assert time.monotonic() < deadline, "the background job never finished"
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def fake_go(tmp_path: Path) -> Iterator[FakeGo]:
+    fake = FakeGo(tmp_path)
+    try:
+        yield fake
+    finally:
+        if (fake.cache / "background" / "state.json").exists():
+            fake.settle()
+
+
+def test_the_late_tools_build_in_one_background_job_the_late_stages_wait_for(
+    fake_go: FakeGo,
+) -> None:
+    started = fake_go.run("--background-start")
+    assert started.returncode == 0, started.stderr
+    assert "background job" in started.stderr
+    assert fake_go.state()["status"] == "running"
+    assert "(log: " in started.stderr
+    again = fake_go.run("--background-start")  # make e2e runs e2e-build again: no second job
+    assert again.returncode == 0, again.stderr
+    assert "already running" in again.stderr
+    # make e2e: waits for Jaeger (held at its gate until the waiter says it waits), not cosign
+    jaeger = fake_go.start("--only-jaeger")
+    fake_go.until(jaeger, "waiting for the background build of jaeger")
+    fake_go.open("all-in-one")
+    assert jaeger.wait(timeout=120) == 0, jaeger.stderr
+    assert f"build jaeger {JAEGER_VERSION}" in jaeger.stderr  # the job's progress, printed
+    assert f"jaeger: {fake_go.cache}/jaeger/{JAEGER_VERSION}/jaeger-all-in-one" in jaeger.stdout
+    assert fake_go.state()["status"] == "running"  # cosign's gate is still closed
+    fake_go.open("cosign", "registry")
+    release = fake_go.run("--only-release-tools")  # make release-test
+    assert release.returncode == 0, release.stderr
+    assert f"cosign: {fake_go.cache}/cosign/{build.COSIGN_VERSION}/cosign" in release.stdout
+    assert fake_go.state()["status"] == "ok"
+    # each tool built once, all in the job, at nice 19 (the stub's niceness) until a stage waits:
+    # from then on at the foreground's 10 (as root; otherwise it cannot be raised)
+    waited = "nice=10" if os.geteuid() == 0 else "nice=19"
+    assert fake_go.builds() == [("nice=19", "jaeger"), (waited, "cosign"), (waited, "registry")]
+    if os.geteuid() == 0:
+        assert "the background build now runs at nice 10" in jaeger.stderr
+
+
+def test_a_failed_background_build_fails_the_waiting_stage_with_the_log_tail(
+    fake_go: FakeGo,
+) -> None:
+    fake_go.open("all-in-one", "cosign", "registry", "cosign.fail")
+    assert fake_go.run("--background-start").returncode == 0
+    release = fake_go.run("--only-release-tools")
+    assert release.returncode == 1, release.stderr
+    assert "the background build of cosign failed" in release.stderr
+    assert "fake go: the build of cosign failed on purpose" in release.stderr  # the log's tail
+    assert fake_go.state()["status"] == "failed"
+    assert "registry" in [name for _, name in fake_go.builds()]  # the job went on with the next
+    jaeger = fake_go.run("--only-jaeger")
+    assert jaeger.returncode == 0, jaeger.stderr
+    # once reported, the next run builds what is missing in the foreground, as without a job
+    (fake_go.gates / "cosign.fail").unlink()
+    retry = fake_go.run("--only-release-tools")
+    assert retry.returncode == 0, retry.stderr
+    assert [name for _, name in fake_go.builds()].count("cosign") == 2  # the job's, then this
+
+
+def test_the_full_build_step_starts_the_late_tools_in_the_background(fake_go: FakeGo) -> None:
+    """``make e2e-build`` (build.py without arguments) starts the job first; with the control
+    plane's binaries planted it builds nothing else in the foreground."""
+    _plant_all(fake_go.cache)
+    for tool in (*build.RELEASE_TOOLS, build.JAEGER):
+        tool_path = fake_go.cache / tool.name / tool.version / tool.binary
+        tool_path.unlink()
+    result = fake_go.run()
+    assert result.returncode == 0, result.stderr
+    assert "background job" in result.stderr
+    assert fake_go.state()["status"] == "running"
+    fake_go.settle()
+    assert fake_go.state()["status"] == "ok"
+    assert sorted(b[1] for b in fake_go.builds()) == ["cosign", "jaeger", "registry"]

@@ -2,7 +2,7 @@
 
 The SDK is real (TracerProvider, BatchSpanProcessor); the exporters here are the SDK's in-memory
 one and two stand-ins for a collector (one that fails, one that blocks), named as such. The real
-collector is Jaeger, in tests/integration/test_tracing_jaeger.py.
+collector is Jaeger, in e2e/tracing/test_jaeger.py.
 """
 
 from __future__ import annotations

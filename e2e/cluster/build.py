@@ -26,16 +26,24 @@ What is built and how:
 * ``cosign`` and the OCI ``registry`` (distribution) for ``make release`` and its test
   (``e2e/release/``): ``go install`` of their ``cmd/`` packages at the pinned versions into
   ``<cache>/cosign/<version>/`` and ``<cache>/registry/<version>/`` (:data:`RELEASE_TOOLS`,
-  :func:`ensure_go_tool`; ``--only-release-tools`` builds just these two).
+  :func:`ensure_go_tool`; ``--only-release-tools`` waits for the background job, then finds or
+  builds just these two).
 * ``jaeger-all-in-one`` (the real OTLP collector and trace store of the tracing test,
-  ``tests/integration/test_tracing_jaeger.py``): ``github.com/jaegertracing/jaeger/cmd/all-in-one``
+  ``e2e/tracing/test_jaeger.py``): ``github.com/jaegertracing/jaeger/cmd/all-in-one``
   at the pinned version, built as its own main module (its go.mod has a replace directive, which
   ``go install pkg@version`` refuses) into ``<cache>/jaeger/<version>/`` (:data:`JAEGER`,
-  :func:`jaeger_binary`; ``--only-jaeger`` builds just this one).
+  :func:`jaeger_binary`; ``--only-jaeger`` waits for the background job, then finds or builds
+  just this one).
 
-Everything is built with ``CGO_ENABLED=0 GOFLAGS=-mod=mod`` under ``nice`` so that the build
+These three are needed only by the late stages (the end of ``make e2e``, ``make
+release-test``), so ``make e2e-build`` (``--background-start``, and the full run) builds them as
+ONE background job at nice 19 (:data:`BACKGROUND_TOOLS`, :func:`start_background`,
+:func:`wait_for_background`); ``--no-background`` builds them in the foreground instead.
+
+Everything is built with ``CGO_ENABLED=0 GOFLAGS=-mod=mod``, ``-trimpath`` and ``-ldflags=-s -w``
+(no symbol table, no DWARF: a shorter link, the same program) under ``nice`` so that the build
 shares two cores politely. A finished binary is moved into place atomically, and a
-``manifest.json`` beside it records what was built and how long it took.
+``manifest.json`` beside it records what was built, with which Go, and how long it took.
 """
 
 from __future__ import annotations
@@ -145,9 +153,15 @@ def _go_env(go: str, *, gomaxprocs: int | None = None) -> dict[str, str]:
     return env
 
 
+#: Foreground builds run at this niceness; False in the background job, whose builds keep the
+#: job's own (19, or :data:`FOREGROUND_NICE` once a stage waits for it: :func:`_hasten`).
+_NICE_BUILDS = True
+FOREGROUND_NICE = 10
+
+
 def _nice_prefix() -> list[str]:
     nice = shutil.which("nice")
-    return [nice, "-n", "10"] if nice else []
+    return [nice, "-n", str(FOREGROUND_NICE)] if nice and _NICE_BUILDS else []
 
 
 def _run(argv: Sequence[str], *, cwd: Path, env: Mapping[str, str], what: str) -> str:
@@ -640,9 +654,11 @@ def ensure_go_tool(tool: GoTool) -> Path:
     if go is None:
         raise BuildUnavailable(f"no Go toolchain on PATH to build {tool.name}")
     cache_root().mkdir(parents=True, exist_ok=True)
-    with (cache_root() / ".build.lock").open("w") as lock:
+    # One build of this tool at a time per cache (the background job and a foreground step must
+    # not race); its own lock, so that it builds beside the control plane's (``.build.lock``).
+    with (cache_root() / f".build-{tool.name}.lock").open("w") as lock:
         if _locked(lock):
-            _log("another build holds the lock; waiting for it")
+            _log(f"another build of {tool.name} holds the lock; waiting for it")
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = go_tool_binary(tool)
         if found is not None:
@@ -731,6 +747,233 @@ def _release_tools_step() -> int:
     return failed
 
 
+# --- the late tools' background build -------------------------------------------------------
+#
+# Jaeger (the tracing test, run last by ``make e2e``), cosign and the registry (``make
+# release-test``, after ``make e2e``) are needed only late and take most of a cold build. So
+# ``make e2e-build`` starts their builds as ONE background job at nice 19 (CFS weight 15 against
+# 1024: the tests barely notice it) and goes on; the stages that need them wait for it
+# (:func:`wait_for_background`, printing its progress), verify the cached binaries, and build
+# in the foreground only what is still missing. Files under ``<cache>/background/``:
+# ``build.log`` (the job's progress), ``state.json`` (``status``: running, ok or failed; the
+# tools that failed) and ``job.lock``, held by the job for its whole life (a free lock with
+# ``status: running`` is a job that died). Each tool's own ``.build-<name>.lock`` keeps two
+# builds of one tool from ever running at once.
+
+#: In the order the stages need them: ``make e2e`` (Jaeger), then ``make release-test``.
+BACKGROUND_TOOLS = (JAEGER, *RELEASE_TOOLS)
+BACKGROUND_NICE = 19
+#: How long a stage waits for the job at most (a cold build under load took about an hour).
+BACKGROUND_WAIT_SECONDS = 3 * 3600
+_TAIL_LINES = 40
+
+
+def background_dir() -> Path:
+    return cache_root() / "background"
+
+
+def _read_state() -> dict[str, object] | None:
+    try:
+        data: dict[str, object] = json.loads((background_dir() / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def _write_state(state: Mapping[str, object]) -> None:
+    target = background_dir() / "state.json"
+    staging = target.with_name(f".state.{os.getpid()}.tmp")
+    staging.write_text(json.dumps(dict(state), indent=2, sort_keys=True) + "\n")
+    staging.replace(target)
+
+
+def _job_running() -> bool:
+    lock = background_dir() / "job.lock"
+    if not lock.exists():
+        return False
+    with lock.open("a") as handle:
+        return _locked(handle)
+
+
+def _tool_verified(tool: GoTool) -> bool:
+    """The binary is in place and its manifest records this version (written after the move)."""
+    if go_tool_binary(tool) is None:
+        return False
+    try:
+        entry = json.loads((tool.directory / "manifest.json").read_text()).get(tool.binary, {})
+    except (OSError, ValueError):
+        return False
+    return isinstance(entry, dict) and entry.get("version") == tool.version
+
+
+def start_background(tools: Sequence[GoTool] = BACKGROUND_TOOLS) -> int:
+    """Start the one background job building whichever of ``tools`` is missing; return at once.
+
+    Nothing starts when every tool is cached (each is printed as by :func:`_tool_step`), when a
+    job is already running, or without Go (then the waiting stages skip or fail as before)."""
+    missing = [tool for tool in tools if go_tool_binary(tool) is None]
+    for tool in tools:
+        if tool not in missing:
+            _tool_step(tool, "")
+    if not missing:
+        return 0
+    names = ", ".join(f"{tool.name} {tool.version}" for tool in missing)
+    if go_executable() is None:
+        if e2e_required():
+            _log(f"no Go toolchain on PATH to build {names}")
+            return 1
+        _log(f"no Go toolchain on PATH: {names} not built, their tests will skip")
+        return 0
+    directory = background_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    log = directory / "build.log"
+    with (directory / "job.lock").open("a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"a background build is already running (log: {log})")
+            return 0
+        _write_state({"status": "running", "tools": [tool.name for tool in missing]})
+        nice = shutil.which("nice")
+        argv = [*([nice, "-n", str(BACKGROUND_NICE)] if nice else []), sys.executable]
+        argv += [str(Path(__file__).resolve()), "--background-job", str(lock.fileno())]
+        argv += [tool.name for tool in missing]
+        with log.open("w") as output:
+            # Its own session: the job outlives this command (make goes on to the next stage)
+            # and keeps the job lock, handed over as an open descriptor, until it exits.
+            job = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                pass_fds=(lock.fileno(),),
+                start_new_session=True,
+            )
+            # Never waited for here (the job reports through state.json); a returncode keeps
+            # Popen from warning that it is still running when this command exits.
+            job.returncode = 0
+    _log(f"building {names} as one background job at nice {BACKGROUND_NICE} (log: {log})")
+    return 0
+
+
+def _background_job(lock_fd: int, names: Sequence[str]) -> int:
+    """The job itself (``--background-job``): build each tool in turn; record the result."""
+    del lock_fd  # held open, and so locked, until this process exits
+    global _NICE_BUILDS
+    _NICE_BUILDS = False  # the builds inherit the job's niceness, which a waiter may raise
+    by_name = {tool.name: tool for tool in BACKGROUND_TOOLS}
+    started = time.monotonic()
+    _write_state({"status": "running", "tools": list(names), "pid": os.getpid()})
+    failed: list[str] = []
+    for name in names:
+        tool = by_name[name]
+        _log(f"building {tool.name} {tool.version}")
+        try:
+            ensure_go_tool(tool)
+        except BuildUnavailable as error:
+            _log(f"cannot provide {tool.name}: {error}")
+            failed.append(name)
+    status = "failed" if failed else "ok"
+    seconds = round(time.monotonic() - started, 1)
+    _write_state({"status": status, "tools": list(names), "failed": failed, "seconds": seconds})
+    _log(f"background build {status} in {seconds:.0f} s" + (f": {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+def _print_from(log: Path, position: int) -> int:
+    try:
+        with log.open("rb") as handle:
+            handle.seek(position)
+            chunk = handle.read()
+    except OSError:
+        return position
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    for line in complete.decode(errors="replace").splitlines():
+        print(f"  | {line}", file=sys.stderr, flush=True)
+    return position + len(complete)
+
+
+def wait_for_background(tools: Sequence[GoTool]) -> int | None:
+    """Wait for a background job that builds any of ``tools``, printing its progress.
+
+    Returns 0 when every tool is in place, 1 when the job failed on one of them (its log's tail
+    is printed, and the failure is then marked as reported, so the next run builds in the
+    foreground), and None when there is nothing to wait for."""
+    state = _read_state()
+    wanted = {tool.name for tool in tools}
+    if state is None or not wanted & set(_names(state.get("tools"))):
+        return None
+    if all(_tool_verified(tool) for tool in tools):
+        return 0
+    log = background_dir() / "build.log"
+    if _job_running():
+        _log(f"waiting for the background build of {', '.join(sorted(wanted))} (log: {log})")
+        _hasten(state)
+    position = 0
+    deadline = time.monotonic() + BACKGROUND_WAIT_SECONDS
+    while _job_running() and not all(_tool_verified(tool) for tool in tools):
+        position = _print_from(log, position)
+        if time.monotonic() > deadline:
+            _log(f"the background build did not finish in {BACKGROUND_WAIT_SECONDS} s")
+            return 1
+        time.sleep(1)  # polls a build of minutes: a second is fine-grained enough
+    _print_from(log, position)
+    if all(_tool_verified(tool) for tool in tools):
+        return 0
+    state = _read_state() or {}
+    status = state.get("status")
+    failed = sorted(wanted & set(_names(state.get("failed"))))
+    if status == "running":
+        failed = sorted(wanted)
+        reason = "the background build ended without a result (killed?)"
+    else:
+        reason = f"the background build of {', '.join(failed)} failed"
+    if not failed:
+        return None
+    _log(f"{reason}; the last lines of {log}:\n" + _tail(log))
+    state["failed"] = sorted(set(_names(state.get("failed"))) - set(failed))
+    state["reported"] = sorted(set(_names(state.get("reported"))) | set(failed))
+    if status == "running":
+        state["status"] = "failed"
+    _write_state(state)
+    return 1
+
+
+def _hasten(state: Mapping[str, object]) -> None:
+    """A stage now waits for the job: it is the critical path, so its process group (the job
+    and its go, compile and link processes) goes from nice 19 to the foreground builds' 10.
+    Needs root (CAP_SYS_NICE), as in CI; elsewhere it stays at 19 and this says so."""
+    pid = state.get("pid")
+    if not isinstance(pid, int):
+        return
+    try:
+        os.setpriority(os.PRIO_PGRP, pid, FOREGROUND_NICE)
+    except PermissionError:
+        _log(f"the background build stays at nice {BACKGROUND_NICE} (raising it needs root)")
+    except ProcessLookupError:
+        return
+    else:
+        _log(f"the background build now runs at nice {FOREGROUND_NICE}, as a foreground build")
+
+
+def _names(value: object) -> list[str]:
+    return [str(item) for item in value] if isinstance(value, list) else []
+
+
+def _tail(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-_TAIL_LINES:])
+
+
+def _waited_step(tools: Sequence[GoTool], step: Callable[[], int]) -> int:
+    """A late stage's step: wait for the background job first, then find (or build) as before."""
+    waited = wait_for_background(tools)
+    return 1 if waited == 1 else step()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--kubernetes-version", default=KUBERNETES_VERSION)
@@ -760,13 +1003,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help=f"build (or find) only Jaeger all-in-one {JAEGER_VERSION} (the tracing test)",
     )
+    parser.add_argument(
+        "--background-start",
+        action="store_true",
+        help="only start the background build of Jaeger, cosign and the registry (at nice"
+        f" {BACKGROUND_NICE}) and return; --only-jaeger and --only-release-tools wait for it",
+    )
+    parser.add_argument(
+        "--no-background",
+        action="store_true",
+        help="build Jaeger, cosign and the registry in the foreground too (no background job)",
+    )
+    parser.add_argument("--background-job", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.background_job:
+        return _background_job(int(args.background_job[0]), args.background_job[1:])
+    if args.background_start:
+        return start_background()
     if args.only_toxiproxy:
         return _toxiproxy_step()
     if args.only_jaeger:
-        return _jaeger_step()
+        return _waited_step([JAEGER], _jaeger_step)
     if args.only_release_tools:
-        return _release_tools_step()
+        return _waited_step(RELEASE_TOOLS, _release_tools_step)
+    # First, so that the late tools' downloads and builds use every idle moment from here on.
+    background = 0 if args.no_background else start_background()
     request = BuildRequest(
         kubernetes_version=args.kubernetes_version,
         helm_version=args.helm_version,
@@ -793,7 +1054,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log(f"all binaries cached under {cache_root()} ({time.monotonic() - started:.1f} s)")
     for field in dataclasses.fields(binaries):
         print(f"{field.name}: {getattr(binaries, field.name)}")
-    return _toxiproxy_step() | _release_tools_step() | _jaeger_step()
+    failed = _toxiproxy_step()
+    if args.no_background:
+        return failed | _release_tools_step() | _jaeger_step()
+    return failed | background
 
 
 if __name__ == "__main__":

@@ -48,7 +48,6 @@ try:
     from .build import COSIGN, go_tool_binary
 except ImportError:  # run as a script: python e2e/cluster/release.py
     import images  # type: ignore[no-redef]
-
     from build import COSIGN, go_tool_binary  # type: ignore[no-redef]
 
 REPO = images.REPO

@@ -3,7 +3,7 @@ evidence lines' trace id, and nothing of it while tracing is off (docs/tracing.m
 
 The executor is assembled in this process with chained evidence streams, a real synthetic
 provider receives the dispatch; the spans go to the SDK's in-memory exporter (the real collector
-is Jaeger, in test_tracing_jaeger.py).
+is Jaeger, in e2e/tracing/test_jaeger.py).
 """
 
 from __future__ import annotations

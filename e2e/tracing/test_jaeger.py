@@ -2,10 +2,12 @@
 a real Jaeger (all-in-one v1.76.0, OTLP/HTTP in, its query API read back).
 
 Everything is real: Jaeger built by ``make e2e-build`` from the Go module proxy
-(``e2e/cluster/build.py``, cached by version), the executor as its own ``agentsafe serve``
-process (its process guard in force: the exporter connects inside ``allowed_egress``), the
-synthetic provider on loopback, the agent's own OpenTelemetry SDK exporting to the same Jaeger.
-Without a cached Jaeger the test skips (``AGENTSAFE_E2E=require``: fails).
+(``e2e/cluster/build.py``, cached by version, in its background job at nice 19; ``make e2e``
+runs this test last, after ``build.py --only-jaeger`` has waited for that job), the executor as
+its own ``agentsafe serve`` process (its process guard in force: the exporter connects inside
+``allowed_egress``), the synthetic provider on loopback, the agent's own OpenTelemetry SDK
+exporting to the same Jaeger. Without a cached Jaeger the test skips
+(``AGENTSAFE_E2E=require``: fails).
 
 The expected shape is :data:`SHAPE`, one row per span: when the lifecycle's spans land (door,
 decision, claim, journal appends, egress resolve and connect, finalization), each is one row
@@ -14,16 +16,14 @@ and the dispatch row's parent moves (docs/tracing.md lists what is still missing
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import aiohttp
 import pytest
+from cluster import build
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -36,7 +36,6 @@ from agentsafe.executor.tools.synthetic import SyntheticProvider
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("jaeger")]
 
-ROOT = Path(__file__).resolve().parents[2]
 AGENT = "agent-host"
 EXECUTOR = "agentsafe-executor"
 
@@ -47,18 +46,6 @@ SHAPE: dict[tuple[str, str], tuple[str, str] | None] = {
     (EXECUTOR, "POST /v1/actions"): (AGENT, "POST /v1/actions"),
     (EXECUTOR, "agentsafe.dispatch"): (EXECUTOR, "POST /v1/actions"),
 }
-
-
-def _build_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "agentsafe_e2e_build", ROOT / "e2e" / "cluster" / "build.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Jaeger:
@@ -124,7 +111,6 @@ class Jaeger:
 
 @pytest.fixture
 async def jaeger(tmp_path: Path) -> AsyncIterator[Jaeger]:
-    build = _build_module()
     binary = build.jaeger_binary()
     if binary is None:
         message = f"no Jaeger {build.JAEGER_VERSION} in the cache: run {build.BUILD_COMMAND}"
