@@ -165,11 +165,15 @@ class PostgresPool:
         secret: bytes,
         timeout: float,
         *,
+        url: str,
         lease_seconds: float = 30.0,
     ) -> None:
         self._pool = pool
         self._secret = secret
         self._timeout = timeout
+        self._url = url
+        self._ping_conn: Conn | None = None
+        """The ping's own connection, outside the pool (:meth:`ping`)."""
         self.lease_seconds = lease_seconds
         """How long a key's holder has to open its attempt before a retry may take the key."""
         self._closed = False
@@ -240,7 +244,7 @@ class PostgresPool:
             name="agentsafe-store",
         )
         await pool.open(wait=False)
-        return cls(pool, secret, connect_timeout, lease_seconds=lease_seconds)
+        return cls(pool, secret, connect_timeout, url=url, lease_seconds=lease_seconds)
 
     @property
     def schema_version(self) -> int:
@@ -346,17 +350,42 @@ class PostgresPool:
         )
 
     async def ping(self) -> bool:
-        """True when a connection answers now (``GET /ready``)."""
+        """True when the primary answers now (``GET /ready``, the store-health loop).
 
-        async def work(conn: Conn) -> bool:
-            await conn.execute("SELECT 1")
-            return True
-
+        The ping has one connection of its own, outside the pool: a pool whose connections are
+        all busy with a burst is backpressure (requests wait their turn), never "the store is
+        down". A pooled ping queued behind a burst of 300 proposals outlived the health loop's
+        one-second deadline, and the next proposal was answered 503 STORE_UNAVAILABLE. The
+        connection goes through the same host list as the pool's, so after a failover it reaches
+        the new primary; a server in recovery (a standby, a demoted primary) is not an answer."""
         try:
-            return await self.transaction(work)
+            return await self._ping_once()
         except StoreError:
             cancelled()  # a cancelled ping is a cancellation, never "the store is down"
             return False
+
+    async def _ping_once(self) -> bool:
+        conn = self._ping_conn
+        if conn is None or conn.closed:
+            conn = self._ping_conn = await _connect(self._url, connect_timeout=self._timeout)
+        try:
+            cur = await conn.execute("SELECT pg_is_in_recovery()")
+            row = await cur.fetchone()
+        except BaseException as exc:  # a failed or cut-short ping leaves no connection behind
+            await self._drop_ping()
+            if isinstance(exc, psycopg.Error):
+                raise unavailable(exc) from None
+            raise
+        if row is None or row[0]:
+            await self._drop_ping()
+            return False
+        return True
+
+    async def _drop_ping(self) -> None:
+        conn, self._ping_conn = self._ping_conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
 
     async def now(self) -> float:
         """The database's clock, the one every replica's leases and windows are measured on."""
@@ -375,6 +404,7 @@ class PostgresPool:
         if self._closed:
             return
         self._closed = True
+        await self._drop_ping()
         await self._pool.close()
 
 

@@ -149,9 +149,10 @@ class PostgresStore(PostgresPool):
         secret: bytes,
         timeout: float,
         *,
+        url: str,
         lease_seconds: float = 30.0,
     ) -> None:
-        super().__init__(pool, secret, timeout, lease_seconds=lease_seconds)
+        super().__init__(pool, secret, timeout, url=url, lease_seconds=lease_seconds)
         self.use_store = PostgresUseStore(self)
         self.window = PostgresWindow(self)
         self.attempts = PostgresAttempts(self)

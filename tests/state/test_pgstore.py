@@ -465,3 +465,26 @@ async def test_idempotency_complete_takes_the_first_answer_and_refuses_a_missing
         assert replay.response == answer
     finally:
         await store.close()
+
+
+async def test_a_pool_busy_with_a_burst_still_pings_true_at_once(pg_url: str) -> None:
+    """Every pooled connection busy is backpressure, not "the store is down": the ping has its own
+    connection. Pooled, it queued behind the burst past the health loop's one-second deadline
+    and the next proposal was answered 503 STORE_UNAVAILABLE."""
+    store = await PostgresStore.open(pg_url, max_connections=1, connect_timeout=5.0)
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def hold(conn: psycopg.AsyncConnection[TupleRow]) -> None:
+        held.set()
+        await release.wait()
+
+    holder = asyncio.ensure_future(store.transaction(hold))
+    try:
+        await asyncio.wait_for(held.wait(), 10)
+        async with asyncio.timeout(1.0):  # the store-health loop's own deadline
+            assert await store.ping() is True
+    finally:
+        release.set()
+        await holder
+        await store.close()

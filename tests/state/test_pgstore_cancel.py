@@ -35,9 +35,9 @@ class _ConvertsCancellation:
 async def test_a_cancelled_ping_is_cancelled_not_unavailable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    store = PostgresStore(pool=None, secret=b"k" * 32, timeout=1.0)  # type: ignore[arg-type]
+    store = PostgresStore(pool=None, secret=b"k" * 32, timeout=1.0, url="stand-in")  # type: ignore[arg-type]
     fake = _ConvertsCancellation()
-    monkeypatch.setattr(store, "transaction", fake)
+    monkeypatch.setattr(store, "_ping_once", lambda: fake(None))
     task = asyncio.ensure_future(store.ping())
     await asyncio.wait_for(fake.started.wait(), 10)
     task.cancel()
@@ -46,10 +46,10 @@ async def test_a_cancelled_ping_is_cancelled_not_unavailable(
 
 
 async def test_an_unavailable_store_still_pings_false(monkeypatch: pytest.MonkeyPatch) -> None:
-    store = PostgresStore(pool=None, secret=b"k" * 32, timeout=1.0)  # type: ignore[arg-type]
+    store = PostgresStore(pool=None, secret=b"k" * 32, timeout=1.0, url="stand-in")  # type: ignore[arg-type]
 
-    async def down(fn: Any) -> Any:
+    async def down() -> Any:
         raise StoreError("the shared store failed", code=Code.STORE_UNAVAILABLE)
 
-    monkeypatch.setattr(store, "transaction", down)
+    monkeypatch.setattr(store, "_ping_once", down)
     assert await store.ping() is False
