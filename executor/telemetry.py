@@ -41,6 +41,12 @@ span of every request), ``routes/refusals.py`` (a refusal's code on the current 
 ``evidence/chain.py`` (the trace id of a chained line), ``gateway/forward.py`` (the held
 request's headers upstream), ``gateway/listener.py`` (the intercepted request's server span),
 ``tools/mcp_bridge.py`` (a tool call's span; the global provider for ``agentsafe.client``).
+The lifecycle's steps, each a span in its own module: ``door/door.py`` (``agentsafe.door``),
+``policy/authority.py`` (``agentsafe.decision``, ``agentsafe.claim``, ``agentsafe.finalize``),
+``state/journal.py`` (``agentsafe.journal.append``), ``egress/guard.py``
+(``agentsafe.egress.resolve``, ``agentsafe.egress.connect``), ``dispatch/forward.py`` (the
+lookup's ``agentsafe.lookup``), ``lifecycle/reconciliations.py`` (``agentsafe.reconcile``),
+``lifecycle/recovery.py`` (``agentsafe.reconcile.start``, ``agentsafe.reconcile.recheck``).
 The operator: ``operator/cli.py`` (configures it), ``operator/handlers.py`` (a span per
 reconcile), ``operator/render/workload.py`` (copies :data:`RENDERED_VARIABLES` into the pods).
 """
@@ -138,6 +144,7 @@ ALLOWED_ATTRIBUTES: Final = frozenset(
         "agentsafe.verdict",
         "agentsafe.action",
         "agentsafe.worker",
+        "agentsafe.record",
     }
 )
 #: A string attribute value: a code, an outcome, a route template, a host name.
@@ -466,12 +473,18 @@ def span(
     *,
     kind: SpanKind = SpanKind.INTERNAL,
     context: otel_context.Context | None = None,
+    child_only: bool = False,
 ) -> Iterator[trace.Span | None]:
     """A span named ``name`` (``agentsafe.claim``...) around the block, current inside it; the
     block's exception is recorded by its type only (``error.type``), never its message. Yields
-    None, at the cost of one check, when tracing is off."""
+    None, at the cost of one check, when tracing is off. ``child_only``: only inside a recording
+    span (a step that background work shares with requests, such as a journal append or an
+    egress connect, never starts a trace of its own)."""
     tracer = _tracer
     if tracer is None:
+        yield None
+        return
+    if child_only and not trace.get_current_span().is_recording():
         yield None
         return
     with tracer.start_as_current_span(

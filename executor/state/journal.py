@@ -72,6 +72,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import telemetry
 from ..canonical import canonical_json, sha256_digest
 from ..clock import Clock, format_ms, utc_day
 from ..codes import Code
@@ -403,6 +404,18 @@ class AttemptJournal:
         os.close(self._lock_fd)
 
     async def _append(self, kind: RecordType, fields: Mapping[str, Any]) -> None:
+        """One record, durable on return; a span ``agentsafe.journal.append`` inside a traced
+        request or reconciliation (never a trace of its own)."""
+        attributes = {"agentsafe.record": kind.value}
+        with telemetry.span("agentsafe.journal.append", attributes, child_only=True) as current:
+            try:
+                await self._write(kind, fields)
+            except AgentSafeError as exc:
+                if current is not None:
+                    current.set_attributes(telemetry.safe_attributes({"agentsafe.code": exc.code}))
+                raise
+
+    async def _write(self, kind: RecordType, fields: Mapping[str, Any]) -> None:
         if self._closed:
             raise JournalError("the journal is closed", code=Code.JOURNAL_CLOSED)
         if self._writer.failed:
