@@ -121,7 +121,9 @@ def memory() -> Iterator[InMemorySpanExporter]:
     telemetry.shutdown()
 
 
-async def _node(tmp_path: Path, provider_url: str, **extra: str) -> Node:
+async def _node(
+    tmp_path: Path, provider_url: str, exporter: InMemorySpanExporter | None = None, **extra: str
+) -> Node:
     principals = BearerPrincipals()
     workspace = Workspace(tmp_path / "ws")
     env = principals_env(
@@ -133,6 +135,8 @@ async def _node(tmp_path: Path, provider_url: str, **extra: str) -> Node:
     executor = await assemble(
         env, streams=Streams(evidence=DeferredSink(), security=DeferredSink()), chain=(out, err)
     )
+    if exporter is not None:  # assemble turned tracing on with OTLP; the same, in memory
+        telemetry.configure(ON, exporter=exporter)
     await executor.reconcile_at_start()
     await executor.listen()
     return Node(executor, principals, out)
@@ -378,3 +382,79 @@ async def test_a_refusal_at_the_door_is_the_door_span_with_its_code(
     assert attributes["agentsafe.outcome"] == "REFUSED"
     assert attributes["agentsafe.code"] == "AUTH_FAILED"
     assert "not-a-token" not in str(attributes)
+
+
+async def test_reconciliation_is_traced_the_route_the_lookup_and_the_start(
+    tmp_path: Path, provider: SyntheticProvider, memory: InMemorySpanExporter
+) -> None:
+    """``POST /v1/reconciliations``: the door, ``agentsafe.reconcile`` and under it the lookup's
+    client span (its egress resolve below it); at the next start, ``agentsafe.reconcile.start``
+    is a trace of its own with the lookup and the journal's RECONCILED under it."""
+    provider.set_mode("error")  # a 500 with no body: the outcome is unknown, the attempt open
+    node = await _node(tmp_path, provider.base_url, **ON)
+    try:
+        telemetry.configure(ON, exporter=memory)
+        _, answer = await node.propose("k-unknown-1")
+        assert answer["outcome"] == "UNKNOWN_AFTER_DISPATCH", answer
+        telemetry.flush()
+        memory.clear()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                node.url + "/v1/reconciliations",
+                json={"recovery": answer["recovery"]},
+                headers={
+                    "authorization": f"Bearer {node.principals.token('treasury-workflow')}",
+                    "traceparent": TRACEPARENT,
+                },
+            ) as r,
+        ):
+            reconciled = await r.json()
+            assert r.status == 200, reconciled
+        assert reconciled["reason_codes"] == ["RECONCILE_TOO_EARLY"]
+        telemetry.flush()
+        route = memory.get_finished_spans()
+        memory.clear()
+    finally:
+        await node.executor.close()
+    names = {span.context.span_id: span.name for span in route}
+    tree = Counter(
+        (span.name, names.get(span.parent.span_id) if span.parent is not None else None)
+        for span in route
+    )
+    assert tree == Counter(
+        {
+            ("POST /v1/reconciliations", None): 1,
+            ("agentsafe.door", "POST /v1/reconciliations"): 1,
+            ("agentsafe.reconcile", "POST /v1/reconciliations"): 1,
+            ("agentsafe.lookup", "agentsafe.reconcile"): 1,
+            ("agentsafe.egress.resolve", "agentsafe.lookup"): 1,
+        }
+    )
+    spans = {span.name: span for span in route}
+    assert {format_trace_id(s.context.trace_id) for s in route} == {TRACE_ID}
+    assert spans["agentsafe.lookup"].kind is SpanKind.CLIENT
+    assert dict(spans["agentsafe.lookup"].attributes or {})["http.response.status_code"] == 404
+    assert dict(spans["agentsafe.reconcile"].attributes or {}) == {"agentsafe.outcome": "UNKNOWN"}
+
+    # the next process settles the open attempt at start-up: one trace of its own
+    restarted = InMemorySpanExporter()  # the first one was shut down with its provider
+    again = await _node(tmp_path, provider.base_url, restarted, **ON)
+    await again.executor.close()
+    telemetry.flush()
+    finished = restarted.get_finished_spans()
+    start = [s for s in finished if s.name == "agentsafe.reconcile.start"]
+    assert len(start) == 1
+    (root,) = start
+    assert root.parent is None
+    below = Counter(
+        s.name for s in finished if s.context.trace_id == root.context.trace_id and s is not root
+    )
+    assert below == {
+        "agentsafe.lookup": 1,
+        "agentsafe.egress.resolve": 1,
+        "agentsafe.egress.connect": 1,
+        "agentsafe.journal.append": 1,  # RECONCILED
+    }
+    (appended,) = (s for s in finished if s.name == "agentsafe.journal.append")
+    assert dict(appended.attributes or {})["agentsafe.record"] == "RECONCILED"
