@@ -35,7 +35,7 @@ else asks this module for a span, the current trace id, or the W3C Trace Context
   the W3C specification says, and is never a refusal. Baggage is neither read nor sent.
 
 Callers: ``assembly.py`` (:func:`configure` with the drop counter and the guard's
-``allowed_egress``), ``serve.py`` (:func:`shutdown` at exit), ``routes/app.py`` (the server
+``allowed_egress``), ``serve.py`` and ``proxy.py`` (:func:`shutdown` at exit), ``routes/app.py`` (the server
 span of every request), ``routes/refusals.py`` (a refusal's code on the current span),
 ``dispatch/forward.py`` (the dispatch's client span, the headers sent to the provider),
 ``evidence/chain.py`` (the trace id of a chained line), ``gateway/forward.py`` (the held
@@ -48,7 +48,8 @@ The lifecycle's steps, each a span in its own module: ``door/door.py`` (``agents
 lookup's ``agentsafe.lookup``), ``lifecycle/reconciliations.py`` (``agentsafe.reconcile``),
 ``lifecycle/recovery.py`` (``agentsafe.reconcile.start``, ``agentsafe.reconcile.recheck``).
 The operator: ``operator/cli.py`` (configures it), ``operator/handlers.py`` (a span per
-reconcile), ``operator/render/workload.py`` (copies :data:`RENDERED_VARIABLES` into the pods).
+reconcile), ``operator/render/workload.py`` (copies :data:`RENDERED_VARIABLES` into the pods),
+``operator/render/network.py`` (the collector's endpoint, admitted by the NetworkPolicy).
 """
 
 from __future__ import annotations
