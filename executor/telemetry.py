@@ -14,8 +14,8 @@ else asks this module for a span, the current trace id, or the W3C Trace Context
   the exporter could not deliver is dropped too (``export_failed``); each drop is told to
   ``on_drop(reason, count)``, which ``assembly.py`` points at
   ``agentsafe_trace_spans_dropped_total{reason}`` on ``/metrics``.
-* **The variables** (read from the environment the executor is assembled with, never from
-  ``os.environ`` behind its back): ``OTEL_TRACES_EXPORTER`` (``none`` | ``otlp``),
+* **The variables** (given by the caller: the executor's from its configuration's "Tracing"
+  rows, ``ExecutorConfig.tracing_environment``, never from ``os.environ`` behind its back): ``OTEL_TRACES_EXPORTER`` (``none`` | ``otlp``),
   ``OTEL_SDK_DISABLED``, ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf`` only),
   ``OTEL_EXPORTER_OTLP_ENDPOINT`` (``/v1/traces`` appended) or
   ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (as given), ``OTEL_EXPORTER_OTLP_HEADERS`` (never
