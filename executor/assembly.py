@@ -368,6 +368,7 @@ async def assemble(
                     clock=clock,
                     mirror=mirror,
                 )
+                journal.span = telemetry.span  # each append, inside a traced request
             except JournalError as exc:
                 raise ConfigError(
                     "EXECUTOR_JOURNAL_DIR", _journal_refusal(exc), code=exc.code

@@ -15,7 +15,8 @@ else asks this module for a span, the current trace id, or the W3C Trace Context
   ``on_drop(reason, count)``, which ``assembly.py`` points at
   ``agentsafe_trace_spans_dropped_total{reason}`` on ``/metrics``.
 * **The variables** (given by the caller: the executor's from its configuration's "Tracing"
-  rows, ``ExecutorConfig.tracing_environment``, never from ``os.environ`` behind its back): ``OTEL_TRACES_EXPORTER`` (``none`` | ``otlp``),
+  rows, ``ExecutorConfig.tracing_environment``, never from ``os.environ`` behind its back):
+  ``OTEL_TRACES_EXPORTER`` (``none`` | ``otlp``),
   ``OTEL_SDK_DISABLED``, ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf`` only),
   ``OTEL_EXPORTER_OTLP_ENDPOINT`` (``/v1/traces`` appended) or
   ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (as given), ``OTEL_EXPORTER_OTLP_HEADERS`` (never
@@ -35,15 +36,17 @@ else asks this module for a span, the current trace id, or the W3C Trace Context
   the W3C specification says, and is never a refusal. Baggage is neither read nor sent.
 
 Callers: ``assembly.py`` (:func:`configure` with the drop counter and the guard's
-``allowed_egress``), ``serve.py`` and ``proxy.py`` (:func:`shutdown` at exit), ``routes/app.py`` (the server
-span of every request), ``routes/refusals.py`` (a refusal's code on the current span),
+``allowed_egress``), ``serve.py`` and ``proxy.py`` (:func:`shutdown` at exit),
+``routes/app.py`` (the server span of every request), ``routes/refusals.py`` (a refusal's
+code on the current span),
 ``dispatch/forward.py`` (the dispatch's client span, the headers sent to the provider),
 ``evidence/chain.py`` (the trace id of a chained line), ``gateway/forward.py`` (the held
 request's headers upstream), ``gateway/listener.py`` (the intercepted request's server span),
 ``tools/mcp_bridge.py`` (a tool call's span; the global provider for ``agentsafe.client``).
 The lifecycle's steps, each a span in its own module: ``door/door.py`` (``agentsafe.door``),
 ``policy/authority.py`` (``agentsafe.decision``, ``agentsafe.claim``, ``agentsafe.finalize``),
-``state/journal.py`` (``agentsafe.journal.append``), ``egress/guard.py``
+the attempt journal (``agentsafe.journal.append``: :func:`span` is handed to it by the assembly,
+never imported, so the supervisor that reads the journal loads no SDK), ``egress/guard.py``
 (``agentsafe.egress.resolve``, ``agentsafe.egress.connect``), ``dispatch/forward.py`` (the
 lookup's ``agentsafe.lookup``), ``lifecycle/reconciliations.py`` (``agentsafe.reconcile``),
 ``lifecycle/recovery.py`` (``agentsafe.reconcile.start``, ``agentsafe.reconcile.recheck``).
