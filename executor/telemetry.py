@@ -50,6 +50,7 @@ never imported, so the supervisor that reads the journal loads no SDK), ``egress
 (``agentsafe.egress.resolve``, ``agentsafe.egress.connect``), ``dispatch/forward.py`` (the
 lookup's ``agentsafe.lookup``), ``lifecycle/reconciliations.py`` (``agentsafe.reconcile``),
 ``lifecycle/recovery.py`` (``agentsafe.reconcile.start``, ``agentsafe.reconcile.recheck``).
+``tools/doctor.py`` checks the configuration's ``OTEL_*`` values with :func:`settings_from`.
 The operator: ``operator/cli.py`` (configures it), ``operator/handlers.py`` (a span per
 reconcile), ``operator/render/workload.py`` (copies :data:`RENDERED_VARIABLES` into the pods),
 ``operator/render/network.py`` (the collector's endpoint, admitted by the NetworkPolicy).
