@@ -326,7 +326,10 @@ async def assemble(
     metrics = ExecutorMetrics(verdicts=Verdict, outcomes=Outcome)
     # OTEL_*: off by default; the exporter's thread connects only inside allowed_egress
     telemetry.configure(
-        environ,
+        {  # the OTEL_* rows of the configuration, and the headers, which are no row (a secret)
+            **config.tracing_environment(),
+            **{k: v for k in ("OTEL_EXPORTER_OTLP_HEADERS",) if (v := environ.get(k))},
+        },
         on_drop=lambda reason, count: metrics.trace_spans_dropped.inc(count, reason=reason),
         around_export=allowed_egress,
     )
@@ -365,6 +368,7 @@ async def assemble(
                     clock=clock,
                     mirror=mirror,
                 )
+                journal.span = telemetry.span  # each append, inside a traced request
             except JournalError as exc:
                 raise ConfigError(
                     "EXECUTOR_JOURNAL_DIR", _journal_refusal(exc), code=exc.code

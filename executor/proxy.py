@@ -50,6 +50,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from . import telemetry
 from .assembly import assemble, build_transport
 from .codes import Code
 from .config import ExecutorConfig, ExecutorMode, load_config
@@ -307,6 +308,8 @@ async def run(
         await runner.cleanup()
     finally:
         await executor.close()
+        # as serve: the spans still queued are exported, bounded by OTEL_EXPORTER_OTLP_TIMEOUT
+        await asyncio.to_thread(telemetry.shutdown)
         if executor.config.executor_mode is ExecutorMode.SHADOW:
             report = executor.shadow.render()
             if demo:

@@ -14,8 +14,9 @@ else asks this module for a span, the current trace id, or the W3C Trace Context
   the exporter could not deliver is dropped too (``export_failed``); each drop is told to
   ``on_drop(reason, count)``, which ``assembly.py`` points at
   ``agentsafe_trace_spans_dropped_total{reason}`` on ``/metrics``.
-* **The variables** (read from the environment the executor is assembled with, never from
-  ``os.environ`` behind its back): ``OTEL_TRACES_EXPORTER`` (``none`` | ``otlp``),
+* **The variables** (given by the caller: the executor's from its configuration's "Tracing"
+  rows, ``ExecutorConfig.tracing_environment``, never from ``os.environ`` behind its back):
+  ``OTEL_TRACES_EXPORTER`` (``none`` | ``otlp``),
   ``OTEL_SDK_DISABLED``, ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf`` only),
   ``OTEL_EXPORTER_OTLP_ENDPOINT`` (``/v1/traces`` appended) or
   ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (as given), ``OTEL_EXPORTER_OTLP_HEADERS`` (never
@@ -35,14 +36,24 @@ else asks this module for a span, the current trace id, or the W3C Trace Context
   the W3C specification says, and is never a refusal. Baggage is neither read nor sent.
 
 Callers: ``assembly.py`` (:func:`configure` with the drop counter and the guard's
-``allowed_egress``), ``serve.py`` (:func:`shutdown` at exit), ``routes/app.py`` (the server
-span of every request), ``routes/refusals.py`` (a refusal's code on the current span),
+``allowed_egress``), ``serve.py`` and ``proxy.py`` (:func:`shutdown` at exit),
+``routes/app.py`` (the server span of every request), ``routes/refusals.py`` (a refusal's
+code on the current span),
 ``dispatch/forward.py`` (the dispatch's client span, the headers sent to the provider),
 ``evidence/chain.py`` (the trace id of a chained line), ``gateway/forward.py`` (the held
 request's headers upstream), ``gateway/listener.py`` (the intercepted request's server span),
 ``tools/mcp_bridge.py`` (a tool call's span; the global provider for ``agentsafe.client``).
+The lifecycle's steps, each a span in its own module: ``door/door.py`` (``agentsafe.door``),
+``policy/authority.py`` (``agentsafe.decision``, ``agentsafe.claim``, ``agentsafe.finalize``),
+the attempt journal (``agentsafe.journal.append``: :func:`span` is handed to it by the assembly,
+never imported, so the supervisor that reads the journal loads no SDK), ``egress/guard.py``
+(``agentsafe.egress.resolve``, ``agentsafe.egress.connect``), ``dispatch/forward.py`` (the
+lookup's ``agentsafe.lookup``), ``lifecycle/reconciliations.py`` (``agentsafe.reconcile``),
+``lifecycle/recovery.py`` (``agentsafe.reconcile.start``, ``agentsafe.reconcile.recheck``).
+``tools/doctor.py`` checks the configuration's ``OTEL_*`` values with :func:`settings_from`.
 The operator: ``operator/cli.py`` (configures it), ``operator/handlers.py`` (a span per
-reconcile), ``operator/render/workload.py`` (copies :data:`RENDERED_VARIABLES` into the pods).
+reconcile), ``operator/render/workload.py`` (copies :data:`RENDERED_VARIABLES` into the pods),
+``operator/render/network.py`` (the collector's endpoint, admitted by the NetworkPolicy).
 """
 
 from __future__ import annotations
@@ -138,6 +149,7 @@ ALLOWED_ATTRIBUTES: Final = frozenset(
         "agentsafe.verdict",
         "agentsafe.action",
         "agentsafe.worker",
+        "agentsafe.record",
     }
 )
 #: A string attribute value: a code, an outcome, a route template, a host name.
@@ -466,12 +478,18 @@ def span(
     *,
     kind: SpanKind = SpanKind.INTERNAL,
     context: otel_context.Context | None = None,
+    child_only: bool = False,
 ) -> Iterator[trace.Span | None]:
     """A span named ``name`` (``agentsafe.claim``...) around the block, current inside it; the
     block's exception is recorded by its type only (``error.type``), never its message. Yields
-    None, at the cost of one check, when tracing is off."""
+    None, at the cost of one check, when tracing is off. ``child_only``: only inside a recording
+    span (a step that background work shares with requests, such as a journal append or an
+    egress connect, never starts a trace of its own)."""
     tracer = _tracer
     if tracer is None:
+        yield None
+        return
+    if child_only and not trace.get_current_span().is_recording():
         yield None
         return
     with tracer.start_as_current_span(

@@ -33,6 +33,38 @@ def test_config_shows_sources_and_hides_secrets(tmp_path: Path) -> None:
     assert workspace.downstream_credential not in result.stdout
 
 
+def test_config_shows_the_tracing_variables_and_never_the_collectors_headers(
+    tmp_path: Path,
+) -> None:
+    from agentsafe.executor.config import load_config
+    from agentsafe.executor.tools.config_view import describe_config
+
+    workspace = Workspace(tmp_path)
+    env = workspace.environment(provider_url="http://127.0.0.1:9", port=8443)
+    env.update(
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_TRACES_SAMPLER_ARG="0.01",
+        OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer collector-secret-value",
+    )
+    rows = {row.key: row for row in describe_config(env)}
+    assert (rows["OTEL_TRACES_EXPORTER"].source, rows["OTEL_TRACES_EXPORTER"].value) == (
+        "env",
+        "otlp",
+    )
+    assert rows["OTEL_TRACES_SAMPLER_ARG"].value == "0.01"
+    assert rows["OTEL_SDK_DISABLED"].source == "unset"
+    assert "OTEL_EXPORTER_OTLP_HEADERS" not in rows
+    # what telemetry.configure is given: the rows that were set, read once by the config
+    assert load_config(env).tracing_environment() == {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_TRACES_SAMPLER_ARG": "0.01",
+    }
+    result = run(env)
+    assert result.returncode == 0, result.stderr
+    assert "OTEL_TRACES_EXPORTER" in result.stdout
+    assert "collector-secret-value" not in result.stdout
+
+
 def test_invalid_configuration_exits_78_naming_the_variable(tmp_path: Path) -> None:
     workspace = Workspace(tmp_path)
     env = workspace.environment(provider_url="http://127.0.0.1:9", port=8443)

@@ -9,14 +9,16 @@ its own ``agentsafe serve`` process (its process guard in force: the exporter co
 exporting to the same Jaeger. Without a cached Jaeger the test skips
 (``AGENTSAFE_E2E=require``: fails).
 
-The expected shape is :data:`SHAPE`, one row per span: when the lifecycle's spans land (door,
-decision, claim, journal appends, egress resolve and connect, finalization), each is one row
-and the dispatch row's parent moves (docs/tracing.md lists what is still missing).
+The expected shape is :data:`SHAPE`, one row per span: the agent's step and its client span, the
+executor's server span, and under it each lifecycle step of one ALLOW (the door, the decision, the
+journal appends, the claim, the dispatch with the egress guard's resolve and connect, the
+finalization); the provider's request is the dispatch span's child (its ``traceparent``).
 """
 
 from __future__ import annotations
 
 import subprocess
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,13 +41,29 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("jaeger")]
 AGENT = "agent-host"
 EXECUTOR = "agentsafe-executor"
 
-#: (service, span name) -> the (service, span name) of its parent; None: the trace's root.
-SHAPE: dict[tuple[str, str], tuple[str, str] | None] = {
-    (AGENT, "agent.step"): None,
-    (AGENT, "POST /v1/actions"): (AGENT, "agent.step"),
-    (EXECUTOR, "POST /v1/actions"): (AGENT, "POST /v1/actions"),
-    (EXECUTOR, "agentsafe.dispatch"): (EXECUTOR, "POST /v1/actions"),
-}
+SERVER = (EXECUTOR, "POST /v1/actions")
+DISPATCH = (EXECUTOR, "agentsafe.dispatch")
+
+#: One row per span: ((service, span name), the (service, span name) of its parent); None: the
+#: trace's root. The journal's three appends (ATTEMPT_OPENED, GRANT_CLAIMED, ATTEMPT_CLOSED) are
+#: three rows.
+SHAPE: Counter[tuple[tuple[str, str], tuple[str, str] | None]] = Counter(
+    [
+        ((AGENT, "agent.step"), None),
+        ((AGENT, "POST /v1/actions"), (AGENT, "agent.step")),
+        (SERVER, (AGENT, "POST /v1/actions")),
+        ((EXECUTOR, "agentsafe.door"), SERVER),
+        ((EXECUTOR, "agentsafe.decision"), SERVER),
+        ((EXECUTOR, "agentsafe.journal.append"), SERVER),  # ATTEMPT_OPENED
+        ((EXECUTOR, "agentsafe.claim"), SERVER),
+        ((EXECUTOR, "agentsafe.journal.append"), SERVER),  # GRANT_CLAIMED
+        (DISPATCH, SERVER),
+        ((EXECUTOR, "agentsafe.egress.resolve"), DISPATCH),
+        ((EXECUTOR, "agentsafe.egress.connect"), DISPATCH),
+        ((EXECUTOR, "agentsafe.finalize"), SERVER),
+        ((EXECUTOR, "agentsafe.journal.append"), SERVER),  # ATTEMPT_CLOSED
+    ]
+)
 
 
 class Jaeger:
@@ -135,14 +153,23 @@ def agent_tracing(jaeger: Jaeger) -> Iterator[TracerProvider]:
     provider.shutdown()
 
 
-def _shape(found: dict[str, Any]) -> dict[tuple[str, str], tuple[str, str] | None]:
+def _shape(found: dict[str, Any]) -> Counter[tuple[tuple[str, str], tuple[str, str] | None]]:
     processes = {key: p["serviceName"] for key, p in found["processes"].items()}
     by_id = {s["spanID"]: (processes[s["processID"]], s["operationName"]) for s in found["spans"]}
-    shape: dict[tuple[str, str], tuple[str, str] | None] = {}
+    shape: Counter[tuple[tuple[str, str], tuple[str, str] | None]] = Counter()
     for span in found["spans"]:
         parents = [r["spanID"] for r in span.get("references", []) if r["refType"] == "CHILD_OF"]
-        shape[by_id[span["spanID"]]] = by_id.get(parents[0]) if parents else None
+        shape[(by_id[span["spanID"]], by_id.get(parents[0]) if parents else None)] += 1
     return shape
+
+
+def _records(found: dict[str, Any]) -> list[str]:
+    """The journal records of the trace's appends, in the order they started."""
+    appends = [s for s in found["spans"] if s["operationName"] == "agentsafe.journal.append"]
+    return [
+        next(t["value"] for t in s["tags"] if t["key"] == "agentsafe.record")
+        for s in sorted(appends, key=lambda s: s["startTime"])
+    ]
 
 
 async def test_one_allow_is_one_trace_in_jaeger(
@@ -178,13 +205,14 @@ async def test_one_allow_is_one_trace_in_jaeger(
 
         async def complete() -> dict[str, Any] | None:
             found = await jaeger.trace(trace_id)
-            return found if found and len(found["spans"]) >= len(SHAPE) else None
+            return found if found and len(found["spans"]) >= SHAPE.total() else None
 
         found = await wait_until(complete, timeout=30, what="the whole trace in Jaeger")
     finally:
         executor.terminate()
         await provider.stop()
     assert _shape(found) == SHAPE
+    assert _records(found) == ["ATTEMPT_OPENED", "GRANT_CLAIMED", "ATTEMPT_CLOSED"]
     assert {s["traceID"] for s in found["spans"]} == {trace_id}
     # the provider's request carries the same trace, its parent the executor's dispatch span
     (received,) = provider.received

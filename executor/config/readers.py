@@ -6,7 +6,8 @@ Role: :class:`Readers` sits between :class:`~.table.Variables` (one row per vari
 importing the model that runs it (no import cycle, not even one for the type checker).
 
 Callers: ``config/model.py`` (``ExecutorConfig`` extends it), ``config/rules.py`` (the type it
-checks).
+checks). :meth:`Readers.tracing_environment` is read by the assembly through the config
+object.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ class Readers(Variables):
             raise KeyError(name)
         source: SecretSource = getattr(self, name.lower())
         return source
+
+    def tracing_environment(self) -> dict[str, str]:
+        """The ``OTEL_*`` rows that were given, by their variable names: what
+        ``telemetry.configure`` reads (``assembly.py``), so each is read in one place."""
+        return {
+            key.upper(): value
+            for key in type(self).model_fields
+            if key.startswith("otel_") and isinstance(value := getattr(self, key), str)
+        }
 
     def secret_sources(self) -> tuple[SecretSource, ...]:
         return tuple(self.secret_source(name) for name in SECRET_NAMES)

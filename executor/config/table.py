@@ -113,6 +113,18 @@ DOWNSTREAM: Final = Group(
         " `DOWNSTREAM_ALLOW_INSECURE_LOOPBACK=true`."
     ),
 )
+TRACING: Final = Group(
+    "Tracing",
+    intro=(
+        "The standard OpenTelemetry variables, read as the OpenTelemetry specification names"
+        " them (see [tracing.md](tracing.md)). Tracing is off unless `OTEL_TRACES_EXPORTER` is"
+        " `otlp`. Their values are checked at start by `executor/telemetry.py`; an invalid one"
+        " refuses the start with `CONFIG_INVALID`, naming the variable."
+        " `OTEL_EXPORTER_OTLP_HEADERS` (`k=v,k2=v2`, headers for the collector) is read too"
+        " but is no row here: it may hold the collector's credential, which `agentsafe config`"
+        " never shows."
+    ),
+)
 GROUPS: Final[tuple[Group, ...]] = (
     PROCESS,
     CALLERS,
@@ -126,6 +138,7 @@ GROUPS: Final[tuple[Group, ...]] = (
     CLOCKS,
     EVIDENCE,
     DOWNSTREAM,
+    TRACING,
 )
 _REQUIRED: Final = object()
 _GROUP_BY_TITLE: Final = {group.title: group for group in GROUPS}
@@ -951,6 +964,113 @@ class Variables(BaseModel):
         None,
         default_doc="`ed25519` (SIGNED_REQUEST only)",
         doc="SIGNED_REQUEST: the signature algorithm",
+    )
+    otel_sdk_disabled: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        doc="`true`: tracing off, whatever else is set",
+    )
+    otel_traces_exporter: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`none`",
+        doc=(
+            "`none` (off) or `otlp` (OTLP/HTTP to the collector); the SDK's own default is"
+            " `otlp`, agentsafe's `none`"
+        ),
+    )
+    otel_exporter_otlp_endpoint: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`http://localhost:4318`",
+        doc="The collector's base URL (http or https); `/v1/traces` is appended",
+    )
+    otel_exporter_otlp_traces_endpoint: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        doc="The full traces URL, used as given (wins over `OTEL_EXPORTER_OTLP_ENDPOINT`)",
+    )
+    otel_exporter_otlp_protocol: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`http/protobuf`",
+        doc="`http/protobuf` only",
+    )
+    otel_exporter_otlp_traces_protocol: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        doc="The same, for traces only (wins over `OTEL_EXPORTER_OTLP_PROTOCOL`)",
+    )
+    otel_exporter_otlp_timeout: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`10000`",
+        doc="One export's bound, in milliseconds",
+    )
+    otel_traces_sampler: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`parentbased_always_on`",
+        doc=(
+            "`always_on`, `always_off`, `traceidratio`, `parentbased_always_on`,"
+            " `parentbased_always_off` or `parentbased_traceidratio`"
+        ),
+    )
+    otel_traces_sampler_arg: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`1.0`",
+        doc="The ratio of the `traceidratio` samplers, 0 to 1 (`0.01`: 1%)",
+    )
+    otel_service_name: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`agentsafe-executor`",
+        doc="The traces' `service.name`",
+    )
+    otel_resource_attributes: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        doc="More resource attributes, `k=v,k2=v2` (percent-decoded)",
+    )
+    otel_bsp_max_queue_size: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`2048`",
+        doc="Spans queued for export at most; one more is dropped and counted",
+    )
+    otel_bsp_schedule_delay: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`5000`",
+        doc="Milliseconds between two exports",
+    )
+    otel_bsp_max_export_batch_size: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`512`",
+        doc="Spans per export at most",
+    )
+    otel_bsp_export_timeout: str | None = var(
+        Kind.TEXT,
+        TRACING,
+        None,
+        default_doc="`30000`",
+        doc="Milliseconds one batch export may take",
     )
 
 

@@ -186,6 +186,13 @@ class ForwardRequestHandler:
             "server.address": target.hostname or "",
             "server.port": target.port or (443 if target.scheme == "https" else 80),
         }
+        lookup = urlsplit(lookup_url or url)
+        self._lookup_attributes = {
+            "http.request.method": "GET",
+            "url.scheme": lookup.scheme,
+            "server.address": lookup.hostname or "",
+            "server.port": lookup.port or (443 if lookup.scheme == "https" else 80),
+        }
 
     def __repr__(self) -> str:
         return "ForwardRequestHandler()"
@@ -310,12 +317,20 @@ class ForwardRequestHandler:
                 intent_hash=intent_hash,
             )
             _merge_credential_headers(headers, extra)
-        try:
-            response = await self._transport.request(
-                "GET", url, headers=headers, body=None, timeout=self._timeout
-            )
-        except TransportError as exc:
-            return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=exc.code)
+        with telemetry.span(
+            "agentsafe.lookup", self._lookup_attributes, kind=telemetry.SpanKind.CLIENT
+        ) as current:
+            telemetry.inject(headers)  # like the dispatch: outside the covered components
+            try:
+                response = await self._transport.request(
+                    "GET", url, headers=headers, body=None, timeout=self._timeout
+                )
+            except TransportError as exc:
+                if current is not None:
+                    current.set_attribute("agentsafe.code", str(exc.code))
+                return ReconcileResult(ReconcileStatus.UNKNOWN, reason_code=exc.code)
+            if current is not None:
+                current.set_attribute("http.response.status_code", response.status)
         if response.status == 404:
             return ReconcileResult(ReconcileStatus.NOT_EXECUTED)
         if 200 <= response.status < 300:

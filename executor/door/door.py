@@ -65,6 +65,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from .. import telemetry
 from ..clock import Clock
 from ..codes import Code
 from ..errors import RequestRejected
@@ -189,14 +190,24 @@ class Door:
         else:
             values = tuple(authorization_header)
         attempt = _Attempt(method=_method_hint(values[0] if values else None, peer_cert_der))
-        try:
-            return self._authenticate(
-                attempt, values, peer_cert_der, route_role, route_scope, source
-            )
-        except _Refusal as refusal:
-            self._refused(attempt.method, refusal)
-            headers = {"Retry-After": str(refusal.retry_after)} if refusal.retry_after else None
-            raise RequestRejected(refusal.code, str(refusal), headers=headers) from None
+        with telemetry.span("agentsafe.door") as current:
+            try:
+                principal = self._authenticate(
+                    attempt, values, peer_cert_der, route_role, route_scope, source
+                )
+            except _Refusal as refusal:
+                self._refused(attempt.method, refusal)
+                if current is not None:
+                    current.set_attributes(
+                        telemetry.safe_attributes(
+                            {"agentsafe.code": str(refusal.code), "agentsafe.outcome": "REFUSED"}
+                        )
+                    )
+                headers = {"Retry-After": str(refusal.retry_after)} if refusal.retry_after else None
+                raise RequestRejected(refusal.code, str(refusal), headers=headers) from None
+            if current is not None:
+                current.set_attribute("agentsafe.outcome", "AUTHENTICATED")
+            return principal
 
     def record_refusal(self, principal: Principal, code: Code) -> None:
         """A refusal made after the door (an action this principal may not propose, another

@@ -74,6 +74,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from yarl import URL
 
+from .. import telemetry
 from ..codes import Code
 from ..errors import ConfigError
 from ..events import Streams
@@ -404,6 +405,7 @@ class _GuardedConnector(aiohttp.TCPConnector):
             )
         self._pins = pins
         self._pool = pool
+        self._attributes = {"server.address": answer.host, "server.port": answer.port}
         self.lane: _Lane | None = None
         self._served: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -426,11 +428,14 @@ class _GuardedConnector(aiohttp.TCPConnector):
     async def _wrap_create_connection(
         self, *args: Any, **kwargs: Any
     ) -> tuple[asyncio.Transport, Any]:
-        with allowed_egress():
-            transport, protocol = await super()._wrap_create_connection(*args, **kwargs)
-        if self._pins and not _chain_matches(transport, self._pins):
-            transport.abort()
-            raise _Refusal(Code.EGRESS_TLS_PIN_MISMATCH)
+        with telemetry.span("agentsafe.egress.connect", self._attributes, child_only=True) as c:
+            with allowed_egress():
+                transport, protocol = await super()._wrap_create_connection(*args, **kwargs)
+            if self._pins and not _chain_matches(transport, self._pins):
+                transport.abort()
+                if c is not None:
+                    c.set_attribute("agentsafe.code", str(Code.EGRESS_TLS_PIN_MISMATCH))
+                raise _Refusal(Code.EGRESS_TLS_PIN_MISMATCH)
         if self._pool is not None and self.lane is not None:
             self._pool.opened(self.lane, protocol)
         return transport, protocol
@@ -474,6 +479,12 @@ def _chain_matches(transport: asyncio.BaseTransport, pins: frozenset[bytes]) -> 
         if leaf:
             ders.append(leaf)
     return any(_spki_digest(der) in pins for der in ders)
+
+
+def _server(rule: Rule) -> dict[str, object]:
+    """A span's ``server.address`` and ``server.port``: the configured destination's, never the
+    request's path or query."""
+    return {"server.address": rule.host, "server.port": rule.port, "url.scheme": rule.scheme}
 
 
 async def _system_resolve(host: str, port: int) -> Sequence[str]:
@@ -544,7 +555,15 @@ class GuardedClient:
             if not timeout > 0:
                 raise _Refusal(Code.EGRESS_TIMEOUT)
             async with asyncio.timeout(timeout):
-                answer = await self._resolve_once(parsed, rule)
+                with telemetry.span(
+                    "agentsafe.egress.resolve", _server(rule), child_only=True
+                ) as resolving:
+                    try:
+                        answer = await self._resolve_once(parsed, rule)
+                    except _Refusal as refusal:
+                        if resolving is not None:
+                            resolving.set_attribute("agentsafe.code", str(refusal.code))
+                        raise
                 return await self._exchange(method, parsed, rule, answer, headers, body, progress)
         except _Refusal as refusal:
             raise self._refused(refusal, origin) from None

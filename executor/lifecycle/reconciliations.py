@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import telemetry
 from ..clock import format_ms
 from ..codes import Code
 from ..dispatch.seam import Outcome, ReconcileResult, ReconcileStatus
@@ -39,7 +40,21 @@ class Reconciliations:
         self.pipeline = pipeline
 
     async def reconcile(self, principal: Principal, recovery: Mapping[str, Any]) -> Answer:
-        """Read-only: ask the provider what it did with an attempt whose answer was lost."""
+        """Read-only: ask the provider what it did with an attempt whose answer was lost; one
+        span ``agentsafe.reconcile`` (its status the outcome, a refusal its code)."""
+        with telemetry.span("agentsafe.reconcile") as current:
+            try:
+                answer = await self._reconcile(principal, recovery)
+            except AgentSafeError as exc:
+                if current is not None:
+                    current.set_attributes(telemetry.safe_attributes({"agentsafe.code": exc.code}))
+                raise
+            if current is not None:
+                status = answer.body.get("status")
+                current.set_attributes(telemetry.safe_attributes({"agentsafe.outcome": status}))
+            return answer
+
+    async def _reconcile(self, principal: Principal, recovery: Mapping[str, Any]) -> Answer:
         intent = intent_from_binding(recovery.get("intent"))
         reference = recovery.get("reference")
         if not isinstance(reference, str):

@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import telemetry
 from ..clock import Clock
 from ..codes import Code
 from ..config import ExecutorConfig
@@ -229,7 +230,12 @@ class Recovery:
         """Resolve what the last process left (the listener is already open: ``/health``
         answers, ``/ready`` and proposals wait): the journal is read once, its open attempts
         are asked about concurrently, and every in-flight key the last process owned is settled
-        from what its journal recorded (see :meth:`settle_orphan_keys`)."""
+        from what its journal recorded (see :meth:`settle_orphan_keys`). One trace of its own,
+        ``agentsafe.reconcile.start``: the journal appends and the lookups are its children."""
+        with telemetry.span("agentsafe.reconcile.start"):
+            return await self._reconcile_at_start()
+
+    async def _reconcile_at_start(self) -> list[Resolution]:
         resolutions: list[Resolution] = []
         try:
             if self.journal is not None:
@@ -344,9 +350,13 @@ class Recovery:
         provider that was down); settle those it can now resolve. Returns how many closed."""
         if self.journal is None or not len(self.unknown):
             return 0
+        with telemetry.span("agentsafe.reconcile.recheck"):
+            return await self._recheck_unknown(self.journal)
+
+    async def _recheck_unknown(self, journal: AttemptJournal) -> int:
         wanted = self.unknown.ids()
         closed = 0
-        for attempt in await self.journal.open_attempts():
+        for attempt in await journal.open_attempts():
             if attempt.attempt_id not in wanted or attempt.last_status == "BINDING_MISMATCH":
                 continue
             # With a shared store the lease keeper asks again about the attempts this replica
@@ -358,7 +368,7 @@ class Recovery:
                 continue
             resolution = await reconcile_attempt(
                 attempt,
-                self.journal,
+                journal,
                 reconciler=self.reconciler,
                 streams=self.streams,
                 checks=self.reconcile_checks(),

@@ -51,6 +51,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .. import telemetry
 from ..canonical import sha256_bytes_digest, sha256_digest
 from ..clock import Clock
 from ..codes import Code
@@ -310,7 +311,14 @@ class LocalAuthority:
         principal: Principal,
         approval: Mapping[str, Any] | None = None,
     ) -> Decision:
-        return self.decide(intent, principal=principal, approval=approval)
+        with telemetry.span("agentsafe.decision", {"agentsafe.action": intent.action}) as current:
+            decision = self.decide(intent, principal=principal, approval=approval)
+            if current is not None:
+                attributes: dict[str, object] = {"agentsafe.verdict": decision.verdict.value}
+                if decision.reason_codes:
+                    attributes["agentsafe.code"] = str(decision.reason_codes[0])
+                current.set_attributes(telemetry.safe_attributes(attributes))
+            return decision
 
     def decide(
         self,
@@ -401,6 +409,21 @@ class LocalAuthority:
     async def claim(
         self, grant: str, *, intent: CapturedIntent, fence: AttemptFence | None = None
     ) -> Claim:
+        with telemetry.span("agentsafe.claim") as current:
+            try:
+                claim = await self._claim(grant, intent=intent, fence=fence)
+            except GrantRefused as exc:
+                if current is not None:
+                    attributes = {"agentsafe.code": str(exc.code), "agentsafe.outcome": "REFUSED"}
+                    current.set_attributes(telemetry.safe_attributes(attributes))
+                raise
+            if current is not None:
+                current.set_attribute("agentsafe.outcome", "CLAIMED")
+            return claim
+
+    async def _claim(
+        self, grant: str, *, intent: CapturedIntent, fence: AttemptFence | None
+    ) -> Claim:
         try:
             payload = verify_jws(grant, typ=GRANT_TYP, keys=self._key_set)
         except TokenRefused as exc:
@@ -473,6 +496,21 @@ class LocalAuthority:
         (its ``authorised_effect_digest``, derived from the parameters the grant binds) is the
         effect's evidence as ``SIGNED_RECEIPT``, else the record is (``OBSERVATION``). Nothing
         in a receipt, however malformed, makes this fail."""
+        with telemetry.span("agentsafe.finalize", {"agentsafe.outcome": outcome}):
+            return await self._finalize(
+                claim, outcome=outcome, executed=executed, effect=effect, receipt=effect_receipt
+            )
+
+    async def _finalize(
+        self,
+        claim: Claim,
+        *,
+        outcome: str,
+        executed: bool | None,
+        effect: Mapping[str, Any] | None,
+        receipt: str | None,
+    ) -> Finalization:
+        effect_receipt = receipt
         finalization = Finalization(
             status="RECORDED",
             outcome=outcome,

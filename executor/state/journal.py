@@ -66,11 +66,12 @@ import queue
 import re
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..canonical import canonical_json, sha256_digest
 from ..clock import Clock, format_ms, utc_day
@@ -175,6 +176,9 @@ class AttemptJournal:
         self.on_failure: Callable[[], None] | None = None
         """Called (on the event loop) by the append whose write or fsync failed, the moment it
         fails: the control plane halts then, not at its next poll."""
+        self.span: SpanFactory = _no_span
+        """The span of each append (``assembly.py`` sets ``telemetry.span``): given, not
+        imported, so that the supervisor, which reads the journal, never loads the SDK."""
 
     @classmethod
     async def open(
@@ -403,6 +407,18 @@ class AttemptJournal:
         os.close(self._lock_fd)
 
     async def _append(self, kind: RecordType, fields: Mapping[str, Any]) -> None:
+        """One record, durable on return; a span ``agentsafe.journal.append`` inside a traced
+        request or reconciliation (never a trace of its own)."""
+        attributes = {"agentsafe.record": kind.value}
+        with self.span("agentsafe.journal.append", attributes, child_only=True) as current:
+            try:
+                await self._write(kind, fields)
+            except AgentSafeError as exc:
+                if current is not None:  # the span drops what its allow-list does not take
+                    current.set_attribute("agentsafe.code", str(exc.code))
+                raise
+
+    async def _write(self, kind: RecordType, fields: Mapping[str, Any]) -> None:
         if self._closed:
             raise JournalError("the journal is closed", code=Code.JOURNAL_CLOSED)
         if self._writer.failed:
@@ -454,6 +470,20 @@ class AttemptJournal:
                     f"the shared store did not take the record ({exc.code})",
                     code=Code.JOURNAL_UNAVAILABLE,
                 ) from None
+
+
+class SpanFactory(Protocol):
+    """``telemetry.span``'s shape: a context manager yielding a span or None."""
+
+    def __call__(
+        self, name: str, attributes: Mapping[str, object], *, child_only: bool
+    ) -> AbstractContextManager[Any]: ...
+
+
+@contextlib.contextmanager
+def _no_span(name: str, attributes: Mapping[str, object], *, child_only: bool) -> Iterator[None]:
+    del name, attributes, child_only
+    yield None
 
 
 class _Writer(threading.Thread):

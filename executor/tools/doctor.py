@@ -96,6 +96,7 @@ def _install() -> Check:
 
 
 async def run_checks(environ: Mapping[str, str]) -> list[Check]:
+    from .. import telemetry
     from ..assembly import build_credential, build_tls, build_transport, load_principals
     from ..clock import SystemClock
     from ..codes import Code
@@ -116,6 +117,7 @@ async def run_checks(environ: Mapping[str, str]) -> list[Check]:
     checks = [_install()]
     try:
         config = load_config(environ)
+        telemetry.settings_from(config.tracing_environment())  # the OTEL_* rows' values
     except ConfigError as exc:
         checks.append(
             Check("config", "fail", str(exc), f"fix {exc.variable} (docs/configuration.md)")

@@ -9,7 +9,9 @@
   operator's pods and, when the operator is told where it runs, the metrics scraper
   (``--scraper-namespace-selector``, ``--scraper-pod-selector``), on the listener port; egress
   only to cluster DNS, to ``downstream.cidrs`` on the ports the downstream URLs name, and with
-  ``spec.store`` to the database (its pods or its ``cidrs``) on the store's port.
+  ``spec.store`` to the database (its pods or its ``cidrs``) on the store's port, and, when the
+  operator's tracing settings turn tracing on (the chart's ``tracing.endpoint``), to the OTLP
+  collector on its port (:func:`collector_egress`).
 - In each agent namespace, NetworkPolicy ``agentsafe-<ns>-<policy>-no-downstream``: every pod
   may send anywhere except ``downstream.cidrs``, so agents cannot go around the executor.
   These live in other namespaces, so they carry the ``agentsafe.io/owner`` label instead of an
@@ -24,6 +26,9 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 from urllib.parse import urlsplit
+
+from agentsafe.executor import telemetry
+from agentsafe.executor.errors import ConfigError
 
 from ..models import ConditionReason
 from .common import (
@@ -179,9 +184,48 @@ def render_executor_network_policy(inp: RenderInput) -> dict[str, Any]:
                     "ports": [{"protocol": "TCP", "port": settings.port}],
                 }
             ],
-            "egress": [dns, downstream, *_store_egress(inp)],
+            "egress": [dns, downstream, *_store_egress(inp), *collector_egress(inp)],
         },
     }
+
+
+def collector_egress(inp: RenderInput) -> list[dict[str, Any]]:
+    """The rule that admits the OTLP collector the executor pods export to, when tracing is on.
+
+    The collector's host decides the peer: an IP address is that address (``/32`` or
+    ``/128``); a cluster Service name (``collector``, ``collector.<ns>``,
+    ``collector.<ns>.svc[.<cluster domain>]``) is every pod of its namespace (the policy's own
+    for a bare name), since a Service's pods have no selector the operator knows; the port is
+    the endpoint's. ``localhost`` (a sidecar) needs no rule, and any other name (outside the
+    cluster) gets none: give the collector an IP address or a Service name (docs/tracing.md)."""
+    try:
+        tracing = telemetry.settings_from(dict(inp.settings.executor_tracing))
+    except ConfigError as exc:
+        raise RenderError(ConditionReason.CONFIG_INVALID, str(exc)) from None
+    if tracing is None:
+        return []
+    parts = urlsplit(tracing.endpoint)
+    host = (parts.hostname or "").lower().rstrip(".")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    peer: dict[str, Any]
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        labels = host.split(".")
+        if host == "localhost":
+            return []
+        if len(labels) == 1:
+            namespace = inp.policy.namespace
+        elif len(labels) == 2 or labels[2] == "svc":
+            namespace = labels[1]
+        else:
+            return []
+        peer = {"namespaceSelector": {"matchLabels": {_NAMESPACE_LABEL: namespace}}}
+    else:
+        if address.is_loopback:
+            return []
+        peer = {"ipBlock": {"cidr": f"{address}/{address.max_prefixlen}"}}
+    return [{"to": [peer], "ports": [{"protocol": "TCP", "port": port}]}]
 
 
 def _store_egress(inp: RenderInput) -> list[dict[str, Any]]:

@@ -727,3 +727,54 @@ async def test_executor_workers_is_refused_by_a_configured_gateway_which_runs_on
     assert line["event"] == "REFUSED_TO_START"  # one JSON line, as serve's (issue 31, item 9)
     assert line["level"] == "ERROR"
     assert line["schema"] == "agent-safe.security/1"
+
+
+async def test_agentsafe_proxy_flushes_its_queued_spans_when_it_stops(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """``agentsafe proxy`` calls ``telemetry.shutdown()`` at exit: with a schedule delay no test
+    waits for, the spans of one forwarded request reach the collector only by that flush."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    exported: list[str] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        # a stand-in OTLP/HTTP collector (the real one is Jaeger, tests/integration/)
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(await request.read())
+        for resource in message.resource_spans:
+            for scope in resource.scope_spans:
+                exported.extend(span.name for span in scope.spans)
+        return web.Response(status=200, content_type="application/x-protobuf", body=b"")
+
+    app = web.Application()
+    app.router.add_post("/v1/traces", traces)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    collector = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        proxy = await start_proxy(
+            tmp_path,
+            upstream,
+            "--enforce",
+            settings={
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": collector,
+                "OTEL_BSP_SCHEDULE_DELAY": "3600000",  # an hour: only the exit's flush exports
+            },
+        )
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"{proxy.url}/pay", json={"amountMinor": 100}) as r,
+            ):
+                assert r.status == 201, await r.text()
+            assert exported == []
+        finally:  # in a thread: the stand-in collector answers on this event loop meanwhile
+            assert await asyncio.to_thread(proxy.stop) == 0
+    finally:
+        await runner.cleanup()
+    assert "agentsafe.dispatch" in exported

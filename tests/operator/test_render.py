@@ -435,6 +435,70 @@ def test_executor_network_policy(render_input: RenderInput) -> None:
     assert downstream["ports"] == [{"protocol": "TCP", "port": 443}]
 
 
+def _traced(inp: RenderInput, **tracing: str) -> RenderInput:
+    settings = dataclasses.replace(
+        inp.settings, executor_tracing={"OTEL_TRACES_EXPORTER": "otlp", **tracing}
+    )
+    return dataclasses.replace(inp, settings=settings)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "peer", "port"),
+    [
+        (
+            "http://otel.observability:4318",
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": "observability"}
+                }
+            },
+            4318,
+        ),
+        (
+            "https://otel.observability.svc.cluster.local",
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": "observability"}
+                }
+            },
+            443,
+        ),
+        ("http://10.0.4.7:4318", {"ipBlock": {"cidr": "10.0.4.7/32"}}, 4318),
+        ("http://[fd00::7]:4318", {"ipBlock": {"cidr": "fd00::7/128"}}, 4318),
+    ],
+)
+def test_the_executor_network_policy_admits_the_collector_when_tracing_is_on(
+    render_input: RenderInput, endpoint: str, peer: dict[str, Any], port: int
+) -> None:
+    assert len(render_executor_network_policy(render_input)["spec"]["egress"]) == 2  # off
+    # on: DNS, the downstream, the collector
+    policy = render_executor_network_policy(
+        _traced(render_input, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint)
+    )
+    _valid(policy)
+    _, _, collector = policy["spec"]["egress"]
+    assert collector == {"to": [peer], "ports": [{"protocol": "TCP", "port": port}]}
+
+
+def test_the_collector_rule_takes_the_traces_endpoint_and_needs_none_for_a_sidecar(
+    render_input: RenderInput,
+) -> None:
+    bare = _traced(render_input, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://otel:4318/v1/traces")
+    *_, collector = render_executor_network_policy(bare)["spec"]["egress"]
+    assert collector["to"] == [
+        {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": render_input.policy.namespace}
+            }
+        }
+    ]
+    for sidecar in ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}):
+        egress = render_executor_network_policy(_traced(render_input, **sidecar))["spec"]["egress"]
+        assert len(egress) == 2  # localhost: the pod itself, no rule
+    outside = _traced(render_input, OTEL_EXPORTER_OTLP_ENDPOINT="https://collector.example.com")
+    assert len(render_executor_network_policy(outside)["spec"]["egress"]) == 2
+
+
 _STORE = {
     "secretKeyRef": {"name": "payouts-pg-app", "key": "uri"},
     "podSelector": {"matchLabels": {"cnpg.io/cluster": "payouts-pg"}},

@@ -153,6 +153,20 @@ async def test_doctor_json_names_a_readable_secret_and_an_unreachable_downstream
     assert by_check["handlers"][0]["status"] == "skip"
 
 
+async def test_doctor_checks_the_tracing_variables(tmp_path: Path) -> None:
+    env_file = _legacy_env(tmp_path, "http://127.0.0.1:9")
+    env_file.write_text(
+        env_file.read_text() + "OTEL_TRACES_EXPORTER=otlp\nOTEL_TRACES_SAMPLER=sometimes\n"
+    )
+    code, out, _ = await _cli("doctor", "--env-file", str(env_file), cwd=tmp_path)
+    assert code == 1
+    assert any(
+        line.startswith("fail  config") and "OTEL_TRACES_SAMPLER" in line
+        for line in out.splitlines()
+    )
+    assert "sometimes" not in out
+
+
 async def test_doctor_reports_an_invalid_variable_and_config_json(tmp_path: Path) -> None:
     env_file = _legacy_env(tmp_path, "http://127.0.0.1:9")
     env_file.write_text(env_file.read_text() + "EXECUTOR_INTENT_TTL_SECONDS=9999\n")
