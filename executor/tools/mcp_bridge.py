@@ -44,6 +44,11 @@ bridge asks ``GET /v1/actions`` with it first): 401 with ``WWW-Authenticate: Bea
 realm="agentsafe", error="invalid_token"``, so ``initialize`` never succeeds with a wrong bearer,
 as the MCP HTTP transport's authorization says).
 
+Output: JSON lines on standard error, as every other agentsafe process writes them (standard
+output is the stdio transport's): with ``http``, one ``MCP_LISTENING`` line (``agent-safe.log/1``:
+the endpoint and the executor it proposes to); a refusal to start (no executor URL, no ``mcp``
+package, an invalid ``OTEL_*`` setting) is one ``REFUSED_TO_START`` line, level ERROR, exit 2.
+
 Needs the ``mcp`` package (the ``plans`` extra). Callers: ``cli.py``.
 """
 
@@ -73,6 +78,7 @@ from agentsafe.client import (
 from .. import telemetry
 from ..codes import Code
 from ..errors import AgentSafeError
+from ..events import LOG_SCHEMA, SECURITY_SCHEMA, JsonLinesSink
 from ..routes.refusals import challenge
 
 __all__ = ["RESUME_TOOL", "add_parser", "build_server", "tool_input_schema"]
@@ -504,12 +510,31 @@ async def _http(args: argparse.Namespace) -> None:
     config = uvicorn.Config(
         require_bearer(app), host=args.host, port=args.port, log_level="warning", lifespan="on"
     )
-    sys.stderr.write(
-        f"agentsafe mcp: MCP over streamable HTTP at http://{args.host}:{args.port}/mcp, "
-        f"proposing to {args.url}\n"
+    JsonLinesSink(sys.stderr, schema=LOG_SCHEMA).emit(
+        "MCP_LISTENING",
+        {
+            "level": "INFO",
+            "message": f"agentsafe mcp: MCP over streamable HTTP at {_endpoint(args)}",
+            "url": _endpoint(args),
+            "executor": args.url,
+        },
     )
-    sys.stderr.flush()
     await uvicorn.Server(config).serve()
+
+
+def _endpoint(args: argparse.Namespace) -> str:
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    return f"http://{host}:{args.port}/mcp"
+
+
+def _refused(message: str, code: str | None = None) -> int:
+    """A start-up refusal: one JSON line on stderr, as ``serve`` and ``proxy`` write theirs
+    (``REFUSED_TO_START``, level ERROR; ``code`` when a setting is wrong); exit status 2."""
+    fields: dict[str, Any] = {"level": "ERROR", "message": f"agentsafe mcp: {message}"}
+    JsonLinesSink(sys.stderr, schema=SECURITY_SCHEMA).emit(
+        Code.REFUSED_TO_START, fields if code is None else {**fields, "code": code}
+    )
+    return 2
 
 
 def _trace_context(params: Any) -> dict[str, str]:
@@ -527,8 +552,7 @@ def run(args: argparse.Namespace) -> int:
         if telemetry.configure(os.environ, default_service_name="agentsafe-mcp"):
             telemetry.install_global()
     except AgentSafeError as exc:
-        sys.stderr.write(f"agentsafe mcp: {exc.code}: {exc}\n")
-        return 2
+        return _refused(f"{exc.code}: {exc}", exc.code)
     try:
         return _run(args)
     finally:
@@ -537,13 +561,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if not args.url:
-        sys.stderr.write("agentsafe mcp: no executor: pass --url or set AGENTSAFE_EXECUTOR_URL\n")
-        return 2
+        return _refused("no executor: pass --url or set AGENTSAFE_EXECUTOR_URL")
     try:
         import mcp  # noqa: F401 - the plans extra
     except ImportError:
-        sys.stderr.write("agentsafe mcp: needs the mcp package: pip install 'agentsafe[plans]'\n")
-        return 2
+        return _refused("needs the mcp package: pip install 'agentsafe[plans]'")
     try:
         asyncio.run(_stdio(args) if args.transport == "stdio" else _http(args))
     except KeyboardInterrupt:

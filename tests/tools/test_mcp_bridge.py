@@ -362,3 +362,29 @@ async def test_streamable_http_passes_each_callers_bearer_to_the_door(
         process.terminate()
         process.wait(timeout=30)
         log.close()
+    # What it printed is JSON lines, as every agentsafe process writes (issue 31, item 9).
+    lines = [json.loads(line) for line in (tmp_path / "mcp-http.log").read_text().splitlines()]
+    listening = [line for line in lines if line["event"] == "MCP_LISTENING"]
+    assert len(listening) == 1
+    assert listening[0]["url"] == url
+    assert listening[0]["executor"] == node.url
+    assert listening[0]["schema"] == "agent-safe.log/1"
+
+
+def test_a_refusal_to_start_is_one_json_line_on_stderr(tmp_path: Path) -> None:
+    env = {k: v for k, v in _clean_env().items() if k != "AGENTSAFE_EXECUTOR_URL"}
+    done = subprocess.run(
+        [AGENTSAFE, "mcp", "--transport", "http", "--port", str(free_port())],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    [line] = [json.loads(text) for text in done.stderr.splitlines()]
+    assert line["event"] == "REFUSED_TO_START"
+    assert line["level"] == "ERROR"
+    assert "--url" in line["message"]
