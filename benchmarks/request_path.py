@@ -10,20 +10,22 @@ visit is one uninterrupted stretch in that module), and whether ``plane.py`` or 
 was entered. Two methods (``--method``):
 
 - ``calls`` (the default; issue 32's method): only *call* events count. The current module is
-  the module of the frame last called; a coroutine resumed after an ``await`` that suspended is
-  a call event too (CPython re-enters its whole await chain, outermost first), so each real
-  suspension walks the chain again. Returns are not events: the path moves back to a module
-  only when that module calls (or is resumed) again. The streams are not chained (as the
-  executor is assembled in tests). On the old main (9f2c0a6) this gives 28 modules, 106 moves,
-  79 returns, pipeline + attempt 27 visits, seam + forward 19, where the issue reported 27, 97,
-  71, 24 and 20 (docs/architecture.md, "Measured").
+  the module whose source file holds the code of the frame last called (code compiled from a
+  string, such as the ``__init__`` that ``dataclasses`` generates, belongs to none); a coroutine
+  resumed after an ``await`` that suspended is a call event too (CPython re-enters its whole
+  await chain, outermost first), so each real suspension walks the chain again. Returns are not
+  events: the path moves back to a module only when that module calls (or is resumed) again.
+  The streams are not chained (as the executor is assembled in tests). On the old main
+  (9f2c0a6) this gives 27 modules, 98 moves, 72 returns, pipeline + attempt 25 visits, seam +
+  forward 19, where the issue reported 27, 97, 71, 24 and 20 (docs/architecture.md, "Measured").
 - ``moves``: calls *and* returns count, an ``await`` that suspends and the re-entry of its
   await chain on resume are not moves (``RESUME`` and ``YIELD_VALUE`` tell them apart, CPython
   3.11 and later), and the streams are chained and redacted (as ``agentsafe serve`` assembles
   it, the lines kept in memory).
 
 In both, frames of other packages are transparent, and so is the ground floor in the first
-count (pyproject's ground-floor contract); the second counts every agentsafe module. Only this
+count (pyproject's ground-floor contract; a package there with its modules); the second counts
+every agentsafe module. The ``moves`` method names a frame's module by its globals. Only this
 thread is traced: work the executor hands to a worker thread (SQLite, fsync) is not counted,
 and the HTTP client (aiohttp) is not agentsafe, so it is transparent.
 
@@ -49,6 +51,7 @@ from typing import Any
 
 import aiohttp
 
+import agentsafe.executor
 from agentsafe.executor.assembly import assemble
 from agentsafe.executor.events import DeferredSink, Streams
 from agentsafe.executor.tools.harness import ProviderProcess, Workspace
@@ -69,13 +72,30 @@ def ground_floor() -> frozenset[str]:
 
 
 def _module(frame: FrameType | None) -> str | None:
-    """The agentsafe module ``frame`` runs in (``lifecycle.pipeline``), else ``None``."""
+    """The agentsafe module ``frame`` runs in (``lifecycle.pipeline``), by its globals, else
+    ``None`` (the ``moves`` method)."""
     if frame is None:
         return None
     name = frame.f_globals.get("__name__", "")
     if not isinstance(name, str) or not name.startswith(PACKAGE):
         return None
     return name.removeprefix("agentsafe.executor.").removeprefix(PACKAGE)
+
+
+EXECUTOR_DIR = str(Path(agentsafe.executor.__file__).resolve().parent) + "/"
+
+
+def _source_module(frame: FrameType) -> str | None:
+    """The executor module whose source file holds ``frame``'s code (``lifecycle.pipeline``),
+    else ``None`` (the ``calls`` method). Code compiled from a string is no module's source:
+    the ``__init__``, ``__eq__``... that ``dataclasses`` generates for a class defined in a
+    module has the filename ``<string>``, so constructing a dataclass is not a visit to the
+    module that defines it (as it is by the frame's globals)."""
+    filename = frame.f_code.co_filename
+    if not filename.startswith(EXECUTOR_DIR):
+        return None
+    dotted = filename[len(EXECUTOR_DIR) :].removesuffix(".py").replace("/", ".")
+    return dotted.removesuffix(".__init__")
 
 
 class CallTrace:
@@ -90,11 +110,16 @@ class CallTrace:
     def hook(self, frame: FrameType, event: str, arg: Any) -> None:
         if event != "call":
             return
-        module = _module(frame)
-        if module is None or module in self.transparent:
+        module = _source_module(frame)
+        if module is None or _within(module, self.transparent):
             return
         if not self.visits or self.visits[-1] != module:
             self.visits.append(module)
+
+
+def _within(module: str, packages: frozenset[str]) -> bool:
+    """``module`` is one of ``packages`` or inside one (``config.table`` inside ``config``)."""
+    return module in packages or any(module.startswith(f"{p}.") for p in packages)
 
 
 class Trace:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import agentsafe.executor
 from agentsafe.executor import canonical, clock
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -65,10 +66,43 @@ def test_the_trace_counts_moves_and_returns_across_an_await() -> None:
 
 
 def _module_named(name: str, source: str) -> dict[str, Any]:
-    """Functions whose frames say they run in ``agentsafe.executor.<name>``."""
-    namespace: dict[str, Any] = {"__name__": f"agentsafe.executor.{name}"}
-    exec(compile(source, f"<{name}>", "exec"), namespace)
-    return namespace
+    """Functions whose frames say they run in ``agentsafe.executor.<name>``: by their globals
+    (the ``moves`` method) and by their source file, ``executor/<name>.py`` (the ``calls``
+    method; the file need not exist)."""
+    module = ModuleType(f"agentsafe.executor.{name}")
+    filename = str(Path(agentsafe.executor.__file__).resolve().parent / f"{name}.py")
+    sys.modules[module.__name__] = module  # dataclasses looks its class's module up there
+    try:
+        exec(compile(source, filename, "exec"), module.__dict__)
+    finally:
+        del sys.modules[module.__name__]
+    return module.__dict__
+
+
+def test_the_call_method_does_not_count_generated_dataclass_methods() -> None:
+    """Constructing a dataclass runs an ``__init__`` that ``dataclasses`` compiled from a
+    string: no module's source, so no visit by the ``calls`` method (the issue's count, which
+    the module's globals would overcount: docs/architecture.md, "Measured")."""
+    request_path = _request_path()
+    made = _module_named(
+        "maker",
+        "import dataclasses\n"
+        "@dataclasses.dataclass\n"
+        "class Made:\n"
+        "    value: int\n"
+        "def make(leaf):\n"
+        "    leaf()\n"
+        "    return Made(1)\n",
+    )
+    leaf = _LEAF["leaf"]
+    trace = request_path.CallTrace()
+    sys.setprofile(trace.hook)
+    try:
+        made["make"](leaf)
+        leaf()
+    finally:
+        sys.setprofile(None)
+    assert [v for v in trace.visits if v in ("maker", "leaf")] == ["maker", "leaf"]
 
 
 _LEAF = _module_named("leaf", "def leaf():\n    return 1\n")
