@@ -12,9 +12,12 @@ line written to a file; the JSON answer.
 
 ``allow`` mode adds: an Ed25519 grant signed and verified; the single-use claim as a third
 durable commit; three journal records appended with ``fsync`` (also grouped); and one POST to a
-loopback provider over a kept-alive connection.
+loopback provider over a kept-alive connection, carrying the request's idempotency key in an
+``idempotency-key`` header (as the executor's does, so that the synthetic provider,
+``benchmarks/goals.py``'s, takes its new-payout path for the floor too).
 
-Callers: ``benchmarks/floor.py`` (``python floor_server.py MODE PORT DIR [PROVIDER_URL]``).
+Callers: ``benchmarks/floor.py`` and ``benchmarks/goals.py``
+(``python floor_server.py MODE PORT DIR [PROVIDER_URL]``).
 """
 
 from __future__ import annotations
@@ -159,7 +162,9 @@ def build(mode: str, directory: Path, provider_url: str | None) -> web.Applicati
             await store.submit(lambda c: c.execute("INSERT INTO claims VALUES (?)", (grant_id,)))
             await journal_writer.submit(journal({"attempt": grant_id, "state": "OPENED"}))
             await journal_writer.submit(journal({"attempt": grant_id, "state": "DISPATCHING"}))
-            async with state["session"].post(provider_url, json=body["proposal"]) as answer:
+            async with state["session"].post(
+                provider_url, json=body["proposal"], headers={"idempotency-key": idem}
+            ) as answer:
                 await answer.read()
             await journal_writer.submit(journal({"attempt": grant_id, "state": "CLOSED"}))
             line("EXECUTED", intent_hash)

@@ -8,10 +8,12 @@
 * ``python``: the aiohttp client the benchmarks always had (no toolchain needed).
 
 Both send the same bodies (each with its own idempotency key: ``{i}`` in the template is the
-request's index), warm up first, and return the same row: requests/s, p50, p99, the non-2xx
-count.
+request's index, and in a header's value too: a provider driven directly takes its key in an
+``idempotency-key`` header), warm up first, and return the same row: requests/s, p50, p99, the
+count of answers whose status was not ``expect`` (200 unless said).
 
-Callers: ``benchmarks/lifecycle.py``, ``benchmarks/shared_store.py``.
+Callers: ``benchmarks/lifecycle.py``, ``benchmarks/shared_store.py``, ``benchmarks/floor.py``,
+``benchmarks/goals.py``.
 """
 
 from __future__ import annotations
@@ -68,6 +70,11 @@ def default_client() -> str:
     return "go" if shutil.which("go") else "python"
 
 
+def _numbered(headers: dict[str, str], prefix: str) -> dict[str, str]:
+    """``headers`` with each ``{i}`` in a value prefixed as the body's is (warm-up, per URL)."""
+    return {key: value.replace("{i}", prefix + "{i}") for key, value in headers.items()}
+
+
 def row(name: str, rps: float, p50: float, p99: float, n: int, failures: int) -> dict[str, Any]:
     return {"name": name, "rps": rps, "p50": p50, "p99": p99, "n": n, "failures": failures}
 
@@ -81,6 +88,7 @@ async def drive_go(
     requests: int,
     concurrency: int,
     warmup: int,
+    expect: int = 200,
 ) -> dict[str, Any]:
     """One measured phase with the compiled client (several URLs: one client per URL, sharing
     ``concurrency`` between them, run at the same time; the row sums them)."""
@@ -98,11 +106,13 @@ async def drive_go(
             str(warmup // len(urls)),
             "-concurrency",
             str(share + (1 if index < extra else 0)),
+            "-expect",
+            str(expect),
             # Each URL's client numbers its own requests: keep the keys apart.
             "-body",
             template.replace("{i}", f"u{index}-{{i}}"),
         ]
-        for key, value in headers.items():
+        for key, value in _numbered(headers, f"u{index}-").items():
             argv += ["-header", f"{key}: {value}"]
         procs.append(
             await asyncio.create_subprocess_exec(*argv, stdout=subprocess.PIPE, stderr=None)
@@ -124,23 +134,25 @@ async def drive_go(
 
 
 async def _python_phase(
-    urls: list[str], bodies: list[bytes], headers: dict[str, str], concurrency: int
+    urls: list[str],
+    requests: list[tuple[bytes, dict[str, str]]],
+    concurrency: int,
+    expect: int = 200,
 ) -> tuple[float, list[float], int]:
     latencies: list[float] = []
     failures = 0
-    pending = iter(bodies)
+    pending = iter(requests)
     targets = itertools.cycle(urls)
-    headers = {"content-type": "application/json", **headers}
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def worker() -> None:
             nonlocal failures
-            for body in pending:
+            for body, headers in pending:
                 started = time.perf_counter()
                 async with session.post(next(targets), data=body, headers=headers) as response:
                     await response.read()
-                    if response.status != 200:
+                    if response.status != expect:
                         failures += 1
                 latencies.append(time.perf_counter() - started)
 
@@ -159,16 +171,25 @@ async def drive_python(
     requests: int,
     concurrency: int,
     warmup: int,
+    expect: int = 200,
 ) -> dict[str, Any]:
     """One measured phase with the aiohttp client (several URLs: round-robin)."""
+    fixed = {"content-type": "application/json", **headers}
+    numbered = [key for key, value in fixed.items() if "{i}" in value]
 
-    def bodies(first: int, count: int) -> list[bytes]:
-        return [template.replace("{i}", str(i)).encode() for i in range(first, first + count)]
+    def prepared(first: int, count: int) -> list[tuple[bytes, dict[str, str]]]:
+        made = []
+        for i in range(first, first + count):
+            own = dict(fixed)
+            for key in numbered:
+                own[key] = fixed[key].replace("{i}", str(i))
+            made.append((template.replace("{i}", str(i)).encode(), own))
+        return made
 
     if warmup:
-        await _python_phase(urls, bodies(0, warmup), headers, concurrency)
+        await _python_phase(urls, prepared(0, warmup), concurrency, expect)
     elapsed, latencies, failures = await _python_phase(
-        urls, bodies(warmup, requests), headers, concurrency
+        urls, prepared(warmup, requests), concurrency, expect
     )
     ordered = sorted(latencies)
     return row(
@@ -210,21 +231,24 @@ async def drive(
     concurrency: int,
     warmup: int,
     pids: list[int] | None = None,
+    expect: int = 200,
 ) -> dict[str, Any]:
     """Warm up, then one measured phase with ``client`` (``go`` or ``python``). With ``pids``
     (the servers), the row also says how much CPU they spent per measured request
     (``cpu_ms``: on a loaded machine that is steadier than requests/s) and the largest one's
-    resident set size after the phase (``rss_mb``)."""
+    resident set size after the phase (``rss_mb``). ``expect``: the status every answer should
+    have (others are counted in ``failures``)."""
     run = drive_go if client == "go" else drive_python
     if warmup:
         await run(
-            name, urls, template.replace("{i}", "w{i}"), headers,
-            requests=warmup, concurrency=concurrency, warmup=0,
+            name, urls, template.replace("{i}", "w{i}"), _numbered(headers, "w"),
+            requests=warmup, concurrency=concurrency, warmup=0, expect=expect,
         )  # fmt: skip
     before = cpu_seconds(pids) if pids else 0.0
     result = await run(
-        name, urls, template, headers, requests=requests, concurrency=concurrency, warmup=0
-    )
+        name, urls, template, headers,
+        requests=requests, concurrency=concurrency, warmup=0, expect=expect,
+    )  # fmt: skip
     if pids:
         result["cpu_ms"] = (cpu_seconds(pids) - before) / max(result["n"], 1) * 1000
         result["rss_mb"] = max(rss_bytes(pid) for pid in pids) / 2**20

@@ -4,7 +4,8 @@
 //
 // Every request gets its own body: the template's "{i}" is replaced by the request's index
 // (warm-up requests come first, then the measured ones), so each request carries a unique
-// idempotency key. The result is one JSON object on stdout: requests, elapsed seconds,
+// idempotency key. A header value may carry "{i}" too (e.g. an Idempotency-Key header for a
+// provider driven directly), replaced the same way. The result is one JSON object on stdout: requests, elapsed seconds,
 // requests per second, p50/p90/p99/max latency in milliseconds, and the count of answers whose
 // status was not the expected one (and of transport errors), by status. The first unexpected
 // answer is printed on stderr.
@@ -77,10 +78,12 @@ type run struct {
 	url      string
 	template []string
 	headers  http.Header
-	expect   int
-	reported atomic.Bool
-	next     atomic.Int64
-	limit    int64
+	// headers whose value carries "{i}": the value split around it, as the body's template
+	templated map[string][]string
+	expect    int
+	reported  atomic.Bool
+	next      atomic.Int64
+	limit     int64
 }
 
 // one sends request number i and returns its latency and status ("error" for a transport error).
@@ -91,6 +94,9 @@ func (r *run) one(i int64) (time.Duration, string) {
 		return 0, "error"
 	}
 	request.Header = r.headers.Clone()
+	for name, value := range r.templated {
+		request.Header.Set(name, strings.Join(value, strconv.FormatInt(i, 10)))
+	}
 	request.ContentLength = int64(len(body))
 	started := time.Now()
 	response, err := r.client.Do(request)
@@ -158,7 +164,7 @@ func main() {
 	body := flag.String("body", "{}", "the JSON body; each \"{i}\" is replaced by the request's index")
 	expect := flag.Int("expect", 200, "the status every answer should have")
 	timeout := flag.Duration("timeout", 60*time.Second, "per-request timeout")
-	flag.Var(&extra, "header", "a request header 'Name: value' (repeatable)")
+	flag.Var(&extra, "header", "a request header 'Name: value' (repeatable; \"{i}\" in the value as in -body)")
 	flag.Parse()
 	if *url == "" || *requests < 1 || *concurrency < 1 {
 		fmt.Fprintln(os.Stderr, "loadgen: -url is required; -requests and -concurrency must be at least 1")
@@ -167,9 +173,15 @@ func main() {
 	}
 	parts := strings.Split(*body, "{i}")
 	header := http.Header{"Content-Type": {"application/json"}}
+	templated := map[string][]string{}
 	for _, h := range extra {
 		name, value, _ := strings.Cut(h, ":")
-		header.Set(strings.TrimSpace(name), strings.TrimSpace(value))
+		name, value = strings.TrimSpace(name), strings.TrimSpace(value)
+		if strings.Contains(value, "{i}") {
+			templated[name] = strings.Split(value, "{i}")
+		} else {
+			header.Set(name, value)
+		}
 	}
 	transport := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
@@ -180,11 +192,12 @@ func main() {
 		ForceAttemptHTTP2:   false,
 	}
 	r := &run{
-		client:   &http.Client{Transport: transport, Timeout: *timeout},
-		url:      *url,
-		template: parts,
-		headers:  header,
-		expect:   *expect,
+		client:    &http.Client{Transport: transport, Timeout: *timeout},
+		url:       *url,
+		template:  parts,
+		headers:   header,
+		templated: templated,
+		expect:    *expect,
 	}
 	if *warmup > 0 {
 		r.phase(0, *warmup, *concurrency)

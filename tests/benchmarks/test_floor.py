@@ -47,7 +47,7 @@ async def test_every_step_leaves_its_record(mode: str, tmp_path: Path) -> None:
     received: list[dict[str, Any]] = []
 
     async def provider(request: web.Request) -> web.Response:
-        received.append(await request.json())
+        received.append({**await request.json(), "key": request.headers.get("idempotency-key")})
         return web.json_response({"ok": True})
 
     provider_app = web.Application()
@@ -86,6 +86,7 @@ async def test_every_step_leaves_its_record(mode: str, tmp_path: Path) -> None:
         assert claims == (count,)
         assert len(journal) == 3 * count
         assert sorted(r["target"] for r in received) == sorted(f"t-{i}" for i in range(count))
+        assert sorted(r["key"] for r in received) == sorted(f"k-{i}" for i in range(count))
     else:
         assert claims == (0,)
         assert journal == []

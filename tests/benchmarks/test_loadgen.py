@@ -44,6 +44,7 @@ class Recorder:
     def __init__(self) -> None:
         self.keys: list[str] = []
         self.headers: list[str | None] = []
+        self.idempotency: list[str | None] = []
         self.in_flight = 0
         self.most_in_flight = 0
 
@@ -56,6 +57,7 @@ class Recorder:
         key = body["idempotency_key"]
         self.keys.append(key)
         self.headers.append(request.headers.get("Authorization"))
+        self.idempotency.append(request.headers.get("Idempotency-Key"))
         if key.endswith("7"):
             return web.json_response({"error": "refused"}, status=409)
         return web.json_response({"ok": True})
@@ -113,6 +115,30 @@ async def test_every_request_has_its_own_key_and_unexpected_answers_are_counted(
     assert result["rps"] > 0
     # The first unexpected answer is shown once, so a misconfigured run says why.
     assert err.count("status 409") == 1
+
+
+async def test_a_header_value_is_numbered_like_the_body(
+    loadgen: Path, server: tuple[str, Recorder]
+) -> None:
+    # A provider driven directly (benchmarks/goals.py) takes its key in a header, one per request.
+    url, recorder = server
+    status, result, err = await _run(
+        loadgen,
+        "-url", url,
+        "-requests", "30",
+        "-warmup", "5",
+        "-concurrency", "4",
+        "-body", '{"idempotency_key":"b-{i}"}',
+        "-header", "Idempotency-Key: h-{i}",
+        "-header", "Authorization: Bearer t0ken",
+        "-expect", "409",
+    )  # fmt: skip
+    assert status == 0, err
+    assert sorted(recorder.idempotency) == sorted(f"h-{i}" for i in range(35))
+    assert [f"h-{k[2:]}" for k in recorder.keys] == recorder.idempotency
+    assert set(recorder.headers) == {"Bearer t0ken"}
+    # -expect: only the answers whose index ends in 7 (409) were expected.
+    assert result["unexpected"] == sum(1 for i in range(5, 35) if not str(i).endswith("7"))
 
 
 async def test_a_transport_failure_is_counted_not_hidden(loadgen: Path) -> None:

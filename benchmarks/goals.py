@@ -1,0 +1,516 @@
+"""Issue 34's goals in one run: the executor beside the floor, each ratio measured side by side.
+
+Every row is its own loopback process, driven by the same client (``benchmarks/loadclient.py``:
+the compiled load generator when ``go`` is on PATH, else the Python one; ``--client`` chooses),
+one after the other in one run, against one synthetic provider
+(``agentsafe.executor.tools.synthetic``, the executor's usual loopback provider):
+
+* floor, BLOCK and floor, ALLOW: ``benchmarks/floor_server.py``, only the steps the guarantees
+  make unavoidable (its ALLOW posts to the same synthetic provider, with the idempotency key);
+* executor, BLOCK (an over-policy amount) and executor, ALLOW (SQLite, ``synchronous=FULL``):
+  one ``agentsafe serve``;
+* executor, ALLOW with ``EXECUTOR_WORKERS=2`` (its own workspace; CPU over the supervisor and
+  both workers);
+* executor, ALLOW on PostgreSQL: a throwaway loopback cluster (``tools/pgserver.py``) with its
+  durability on (``fsync``, ``synchronous_commit``, ``full_page_writes``, read back with ``SHOW``);
+  skipped with a message when the binaries are absent, or with ``--skip-postgres``;
+* at concurrency 1: floor and executor BLOCK, the provider alone, floor and executor ALLOW.
+
+The two rows of each ratio run back to back (floor BLOCK beside executor BLOCK, and so on), so
+that a drift of the machine between minutes (a busy disk's fsync latency) falls on both.
+
+CPU per request is the server processes' user + system CPU over the measured phase (from
+``/proc``; warm-up excluded) divided by its requests. Each run prints one table per goal: the
+measured value, what it is set against (the floor's, or one worker's), the ratio, the goal and
+whether it is met. ``-o json`` prints all of it, and every row, as one JSON object. Speed is never
+asserted in tests; record the figures in docs/performance.md, taken on a quiet machine.
+
+The goals (issue 34):
+
+1. CPU per request against the floor, at ``--concurrency``: executor BLOCK / floor BLOCK <= 2,
+   and executor ALLOW / floor ALLOW <= 2.
+2. Workers: CPU per ALLOW of the ``EXECUTOR_WORKERS=2`` group / one worker's (the executor ALLOW
+   row) <= 1.1, and the group's p99 / p50 <= 3. (Its requests/s beside one worker's is not a
+   goal here: the client and the provider share the machine's cores.)
+3. One agent (concurrency 1): BLOCK p50/p99 and ALLOW p50/p99 beside the floor's, ALLOW with
+   the provider's own time subtracted. Goal: executor ALLOW p50 / floor ALLOW p50 <= 1.5.
+4. PostgreSQL (durable): executor ALLOW CPU per request / the floor's ALLOW (SQLite, in process)
+   <= 2.5. The PostgreSQL server's own CPU per request is printed beside it, not in the ratio.
+
+The provider's own time is subtracted by measuring it, not by asking it: in the same run, just
+before the concurrency-1 ALLOW rows, the same client POSTs straight to the same provider process at
+concurrency 1, each request a new payout with its own idempotency key (the path every floor and
+executor ALLOW takes there), and that row's p50 is subtracted from each ALLOW's p50 and p99. This
+is sound because, at concurrency 1 and on loopback, what an ALLOW spends on the provider is one
+loopback round trip plus the provider's handling of a new payout, and that is exactly what the
+direct row measures: the same process, the same path, the same moment, nothing queued. What the
+floor's and the executor's own HTTP clients spend sending and reading stays in their figures, as
+it should: that is their work. Two limits: percentiles do not subtract exactly, so "p99 minus the
+provider's p50" removes the provider's typical time, not its tail; and a provider that reported
+its handling time itself (a ``Server-Timing`` header) would not help, because the executor does
+not hand the provider's headers back to its caller, so the client never sees them.
+
+    python benchmarks/goals.py [--requests N] [--concurrency C] [--client go|python]
+                               [--skip-postgres] [-o text|json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from floor import _serve
+from lifecycle import group_pids, render
+from loadclient import cpu_seconds, default_client, drive, proposal_template
+from rich.console import Console
+from rich.table import Table
+
+from agentsafe.executor.tools.harness import (
+    ExecutorProcess,
+    ProviderProcess,
+    Workspace,
+    free_port,
+    wait_until,
+)
+from agentsafe.executor.tools.pgserver import (
+    DURABILITY_SETTINGS,
+    PostgresUnavailable,
+    postgres_server,
+)
+
+HERE = Path(__file__).resolve().parent
+WORKERS = 2
+BLOCK_AMOUNT = 900000  # over the example policy's ceiling: refused before anything is sent
+ALLOW_AMOUNT = 100
+
+#: The goal rows every run reports (``key``: goal number, what, limit); a skipped row has no
+#: numbers and says why.
+GOALS: tuple[tuple[str, int, str, float | None], ...] = (
+    ("block-cpu", 1, "BLOCK CPU ms per request", 2.0),
+    ("allow-cpu", 1, "ALLOW CPU ms per request", 2.0),
+    ("workers-cpu", 2, f"ALLOW CPU ms per request, {WORKERS} workers", 1.1),
+    ("workers-tail", 2, f"ALLOW p99 / p50, {WORKERS} workers", 3.0),
+    ("c1-allow-p50", 3, "ALLOW p50 ms at c=1, provider subtracted", 1.5),
+    ("c1-allow-p99", 3, "ALLOW p99 ms at c=1, provider p50 subtracted", None),
+    ("c1-block-p50", 3, "BLOCK p50 ms at c=1", None),
+    ("c1-block-p99", 3, "BLOCK p99 ms at c=1", None),
+    ("postgres-allow-cpu", 4, "ALLOW CPU ms per request on PostgreSQL (durable)", 2.5),
+    ("postgres-server-cpu", 4, "PostgreSQL's own CPU ms per request (not in the goal)", None),
+)
+
+TITLES = {
+    1: "Goal 1: CPU per request, executor / floor (goal <= 2)",
+    2: f"Goal 2: workers, an EXECUTOR_WORKERS={WORKERS} group / one worker",
+    3: "Goal 3: one agent, concurrency 1 (goal: ALLOW p50 <= 1.5x the floor's)",
+    4: "Goal 4: PostgreSQL, durable: executor ALLOW CPU / the floor's ALLOW (goal <= 2.5)",
+}
+
+
+def say(text: str) -> None:
+    print(f"goals: {text}", file=sys.stderr, flush=True)
+
+
+def _cpu_each(pids: list[int]) -> dict[int, float]:
+    """CPU seconds of each process still alive (a PostgreSQL backend may come and go)."""
+    spent: dict[int, float] = {}
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            spent[pid] = cpu_seconds([pid])
+    return spent
+
+
+class Run:
+    """The rows of one run, in the order they ran, each announced as it starts and ends."""
+
+    def __init__(self, client: str, requests: int, planned: int) -> None:
+        self.client = client
+        self.requests = requests
+        self.planned = planned
+        self.rows: dict[str, dict[str, Any]] = {}
+
+    async def measure(
+        self,
+        key: str,
+        name: str,
+        url: str,
+        template: str,
+        headers: dict[str, str],
+        *,
+        concurrency: int,
+        pids: list[int] | None,
+        expect: int = 200,
+        warmup: int | None = None,
+    ) -> dict[str, Any]:
+        say(f"[{len(self.rows) + 1}/{self.planned}] {name} ...")
+        result = await drive(
+            self.client,
+            name,
+            [url],
+            template,
+            headers,
+            requests=self.requests,
+            concurrency=concurrency,
+            warmup=max(self.requests // 10, concurrency) if warmup is None else warmup,
+            pids=pids,
+            expect=expect,
+        )
+        return self.keep(key, result)
+
+    def keep(self, key: str, result: dict[str, Any]) -> dict[str, Any]:
+        result["key"] = key
+        self.rows[key] = result
+        cpu = f", CPU {result['cpu_ms']:.2f} ms/req" if "cpu_ms" in result else ""
+        say(
+            f"    {result['rps']:.0f} req/s, p50 {result['p50']:.2f} ms, p99 {result['p99']:.2f}"
+            f" ms{cpu}, {result['failures']} unexpected"
+        )
+        return result
+
+
+async def _floor_and_one_executor(
+    run: Run, root: Path, provider: ProviderProcess, concurrency: int
+) -> None:
+    """The floor's two servers and one executor, all started first; then the rows at
+    ``concurrency``, then the provider alone and the same rows at concurrency 1."""
+    floors: dict[str, asyncio.subprocess.Process] = {}
+    floor_urls: dict[str, str] = {}
+    executor: ExecutorProcess | None = None
+    try:
+        for mode in ("block", "allow"):
+            directory = root / f"floor-{mode}"
+            directory.mkdir()
+            port = free_port()
+            floors[mode] = await _serve(
+                [
+                    str(HERE / "floor_server.py"),
+                    mode,
+                    str(port),
+                    str(directory),
+                    provider.url + "/payouts",
+                ],
+                port,
+                f"the {mode} floor",
+            )
+            floor_urls[mode] = f"http://127.0.0.1:{port}/v1/actions"
+        workspace = Workspace(root / "ws")
+        executor = ExecutorProcess(
+            workspace.environment(provider_url=provider.url, port=free_port()), root
+        )
+        await executor.start()
+        assert executor.process is not None
+        auth = {"authorization": f"Bearer {workspace.caller_token}"}
+        actions = executor.url + "/v1/actions"
+        # The two rows of each ratio run back to back: on a busy machine the disk's fsync
+        # latency drifts from one minute to the next, and adjacent rows share most of it.
+        servers = [
+            ("floor-block", "floor, BLOCK", floor_urls["block"], {}, floors["block"].pid),
+            ("executor-block", "executor, BLOCK", actions, auth, executor.process.pid),
+            ("floor-allow", "floor, ALLOW", floor_urls["allow"], {}, floors["allow"].pid),
+            ("executor-allow", "executor, ALLOW (SQLite)", actions, auth, executor.process.pid),
+        ]
+        for c in (concurrency, 1):
+            suffix = "" if c == concurrency else "-c1"
+            for key, name, url, headers, pid in servers:
+                if key == "floor-allow" and c == 1:  # just before the ALLOWs it is taken from
+                    await run.measure(
+                        "provider-c1",
+                        "provider alone (new payout), c=1",
+                        provider.url + "/payouts",
+                        proposal_template("direct", ALLOW_AMOUNT),
+                        {"idempotency-key": "direct-{i}"},
+                        concurrency=1,
+                        pids=None,
+                        expect=202,
+                    )
+                amount = BLOCK_AMOUNT if key.endswith("block") else ALLOW_AMOUNT
+                await run.measure(
+                    key + suffix,
+                    f"{name}, c={c}",
+                    url,
+                    proposal_template(key + suffix, amount),
+                    headers,
+                    concurrency=c,
+                    pids=[pid],
+                )
+    finally:
+        if executor is not None:
+            executor.terminate()
+        for process in floors.values():
+            process.terminate()
+            await process.wait()
+
+
+async def _workers(run: Run, root: Path, provider: ProviderProcess, concurrency: int) -> None:
+    env = Workspace(root / "ws-workers").environment(
+        provider_url=provider.url, port=free_port(), extra={"EXECUTOR_WORKERS": str(WORKERS)}
+    )
+    group = ExecutorProcess(env, root, "executor-workers")
+    await group.start()
+    try:
+        assert group.process is not None
+        supervisor = group.process.pid
+
+        async def all_up() -> bool:  # every worker started, not only the first
+            return len(group_pids(supervisor)) == WORKERS + 1
+
+        await wait_until(all_up, timeout=60, what="every worker")
+        await run.measure(
+            "workers-allow",
+            f"executor, ALLOW, {WORKERS} workers, c={concurrency}",
+            group.url + "/v1/actions",
+            proposal_template("workers-allow", ALLOW_AMOUNT),
+            {"authorization": f"Bearer {group.token}"},
+            concurrency=concurrency,
+            pids=group_pids(supervisor),
+        )
+    finally:
+        group.terminate()
+
+
+async def _postgres(
+    run: Run, root: Path, provider: ProviderProcess, concurrency: int
+) -> dict[str, str]:
+    """The ALLOW row on a durable loopback PostgreSQL; returns the server's durability
+    settings as it reports them. Raises PostgresUnavailable without the binaries."""
+    with postgres_server(durable=True) as server:
+        settings = server.settings(*(name for name, _ in DURABILITY_SETTINGS))
+        if settings != dict(DURABILITY_SETTINGS):
+            raise SystemExit(f"PostgreSQL did not start durable: {settings}")
+        own = root / "pg"
+        for sub in ("journal", "evidence"):
+            (own / sub).mkdir(parents=True, mode=0o700)
+        workspace = Workspace(root / "ws-pg")
+        env = workspace.environment(
+            provider_url=provider.url,
+            port=free_port(),
+            extra={
+                "EXECUTOR_STORE_URL": server.create_database(),
+                "EXECUTOR_REPLICA_ID": "goals-0",
+                "EXECUTOR_JOURNAL_DIR": str(own / "journal"),
+                "EXECUTOR_EVIDENCE_DIR": str(own / "evidence"),
+            },
+        )
+        env.pop("EXECUTOR_STATE_DIR")
+        executor = ExecutorProcess(env, root, "executor-pg")
+        await executor.start()
+        try:
+            assert executor.process is not None
+            url = executor.url + "/v1/actions"
+            auth = {"authorization": f"Bearer {workspace.caller_token}"}
+            name = f"executor, ALLOW, PostgreSQL (durable), c={concurrency}"
+            # Warm-up first, so the pool's backends exist when PostgreSQL's CPU is read.
+            await drive(run.client, name, [url], proposal_template("pg-warm", ALLOW_AMOUNT),
+                        auth, requests=max(run.requests // 10, concurrency),
+                        concurrency=concurrency, warmup=0)  # fmt: skip
+            postmaster = int((server.datadir / "data" / "postmaster.pid").read_text().split()[0])
+            before = _cpu_each(group_pids(postmaster))
+            row = await run.measure(
+                "postgres-allow",
+                name,
+                url,
+                proposal_template("pg-allow", ALLOW_AMOUNT),
+                auth,
+                concurrency=concurrency,
+                pids=[executor.process.pid],
+                warmup=0,
+            )
+            after = _cpu_each(list(before))
+            spent = sum(after[pid] - before[pid] for pid in after)
+            row["postgres_cpu_ms"] = spent / max(row["n"], 1) * 1000
+        finally:
+            executor.terminate()
+    return settings
+
+
+async def run_all(
+    requests: int, concurrency: int, client: str, *, skip_postgres: bool
+) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="agentsafe-goals-"))
+    planned = 4 + 5 + 1 + (0 if skip_postgres else 1)
+    run = Run(client, requests, planned)
+    postgres: dict[str, Any] = {"skipped": None, "settings": {}}
+    provider = ProviderProcess(root)
+    await provider.start()
+    try:
+        await _floor_and_one_executor(run, root, provider, concurrency)
+        await _workers(run, root, provider, concurrency)
+        if skip_postgres:
+            postgres["skipped"] = "--skip-postgres"
+        else:
+            try:
+                postgres["settings"] = await _postgres(run, root, provider, concurrency)
+            except PostgresUnavailable as exc:
+                postgres["skipped"] = str(exc)
+        if postgres["skipped"]:
+            say(f"PostgreSQL row skipped: {postgres['skipped']}")
+    finally:
+        provider.terminate()
+    return {"rows": run.rows, "postgres": postgres}
+
+
+def _less(value: float | None, minus: float | None) -> float | None:
+    if value is None or minus is None:
+        return None
+    return value - minus
+
+
+def goals(rows: dict[str, dict[str, Any]], skipped: str | None) -> list[dict[str, Any]]:
+    """One entry per goal row: measured, what it is set against, ratio, limit, met."""
+
+    def get(key: str, field: str) -> float | None:
+        value = rows.get(key, {}).get(field)
+        return float(value) if value is not None else None
+
+    provider = get("provider-c1", "p50")
+    pairs: dict[str, tuple[float | None, float | None, str]] = {
+        "block-cpu": (get("executor-block", "cpu_ms"), get("floor-block", "cpu_ms"), "floor"),
+        "allow-cpu": (get("executor-allow", "cpu_ms"), get("floor-allow", "cpu_ms"), "floor"),
+        "workers-cpu": (
+            get("workers-allow", "cpu_ms"),
+            get("executor-allow", "cpu_ms"),
+            "one worker",
+        ),
+        "workers-tail": (get("workers-allow", "p99"), get("workers-allow", "p50"), "its p50"),
+        "c1-allow-p50": (
+            _less(get("executor-allow-c1", "p50"), provider),
+            _less(get("floor-allow-c1", "p50"), provider),
+            "floor",
+        ),
+        "c1-allow-p99": (
+            _less(get("executor-allow-c1", "p99"), provider),
+            _less(get("floor-allow-c1", "p99"), provider),
+            "floor",
+        ),
+        "c1-block-p50": (get("executor-block-c1", "p50"), get("floor-block-c1", "p50"), "floor"),
+        "c1-block-p99": (get("executor-block-c1", "p99"), get("floor-block-c1", "p99"), "floor"),
+        "postgres-allow-cpu": (
+            get("postgres-allow", "cpu_ms"),
+            get("floor-allow", "cpu_ms"),
+            "floor ALLOW",
+        ),
+        "postgres-server-cpu": (
+            get("postgres-allow", "postgres_cpu_ms"),
+            get("floor-allow", "cpu_ms"),
+            "floor ALLOW",
+        ),
+    }
+    entries = []
+    for key, goal, what, limit in GOALS:
+        measured, against, against_what = pairs[key]
+        ratio = measured / against if measured is not None and against else None
+        if ratio is not None and against is not None and against < 0:
+            ratio = None  # the floor below the provider's own time: noise, not a figure
+        entries.append(
+            {
+                "key": key,
+                "goal": goal,
+                "what": what,
+                "measured": measured,
+                "against": against,
+                "against_what": against_what,
+                "ratio": ratio,
+                "limit": limit,
+                "met": None if ratio is None or limit is None else ratio <= limit,
+                "skipped": skipped if goal == 4 and skipped else None,
+            }
+        )
+    return entries
+
+
+def _show(entries: list[dict[str, Any]], provider: dict[str, Any] | None) -> None:
+    console = Console(width=140)
+
+    def number(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    for goal, title in TITLES.items():
+        table = Table(title=title)
+        for column in ("measure", "measured", "against", "value", "ratio", "goal", "met"):
+            table.add_column(column, justify="left" if column == "measure" else "right")
+        for entry in (e for e in entries if e["goal"] == goal):
+            met = {True: "yes", False: "no", None: "-"}[entry["met"]]
+            if entry["skipped"]:
+                met = "skipped"
+            table.add_row(
+                entry["what"],
+                number(entry["measured"]),
+                entry["against_what"],
+                number(entry["against"]),
+                "-" if entry["ratio"] is None else f"{entry['ratio']:.2f}x",
+                "-" if entry["limit"] is None else f"<= {entry['limit']:g}x",
+                met,
+            )
+        console.print(table)
+        if goal == 3 and provider is not None:
+            console.print(
+                f"the provider alone at c=1 (subtracted from ALLOW): p50 {provider['p50']:.2f}"
+                f" ms, p99 {provider['p99']:.2f} ms"
+            )
+        if goal == 4:
+            skipped = next((e["skipped"] for e in entries if e["goal"] == 4), None)
+            if skipped:
+                console.print(f"PostgreSQL skipped: {skipped}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=1000, help="measured requests per row")
+    parser.add_argument(
+        "--concurrency", type=int, default=16, help="requests in flight (goals 1, 2 and 4)"
+    )
+    parser.add_argument("--client", choices=("go", "python"), default=default_client())
+    parser.add_argument(
+        "--skip-postgres", action="store_true", help="no PostgreSQL row (goal 4 says skipped)"
+    )
+    parser.add_argument(
+        "-o", "--output", choices=("text", "json"), default="text", help="json: for scripts"
+    )
+    args = parser.parse_args(argv)
+    before = os.getloadavg()
+    result = asyncio.run(
+        run_all(args.requests, args.concurrency, args.client, skip_postgres=args.skip_postgres)
+    )
+    after = os.getloadavg()
+    rows: dict[str, dict[str, Any]] = result["rows"]
+    entries = goals(rows, result["postgres"]["skipped"])
+    unexpected = {key: row["failures"] for key, row in rows.items() if row["failures"]}
+    title = (
+        f"goals: {args.requests} requests per row, concurrency {args.concurrency} (and 1),"
+        f" {args.client} client, load average {before[0]:.1f} -> {after[0]:.1f}"
+    )
+    if args.output == "json":
+        report = {
+            "requests": args.requests,
+            "concurrency": args.concurrency,
+            "client": args.client,
+            "load_average": [round(before[0], 2), round(after[0], 2)],
+            "provider_subtracted_ms": rows.get("provider-c1", {}).get("p50"),
+            "postgres": result["postgres"],
+            "unexpected_answers": unexpected,
+            "goals": entries,
+            "rows": list(rows.values()),
+        }
+        print(json.dumps(report, indent=1))
+    else:
+        render(title, list(rows.values()), "floor BLOCK")
+        _show(entries, rows.get("provider-c1"))
+        if result["postgres"]["settings"]:
+            shown = ", ".join(f"{k}={v}" for k, v in result["postgres"]["settings"].items())
+            print(f"PostgreSQL durability: {shown}")
+    if unexpected:
+        say(f"some answers were not the expected status, the figures are suspect: {unexpected}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

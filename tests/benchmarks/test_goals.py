@@ -1,0 +1,91 @@
+"""benchmarks/goals.py (issue 34) in one small run: every goal row is there, with numbers.
+
+Tiny numbers, the Python client and no PostgreSQL, so it runs anywhere the suite does; the
+figures themselves mean nothing at this size and speed is never asserted. What is checked is the
+instrument: each row ran against its own process with every answer the expected status (the
+provider alone answers 202 to a new key per request), every goal row has its measured value, what
+it is set against, a ratio and a verdict, and the PostgreSQL goal says why it was skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+GOAL_ROWS = {
+    "block-cpu": 1,
+    "allow-cpu": 1,
+    "workers-cpu": 2,
+    "workers-tail": 2,
+    "c1-allow-p50": 3,
+    "c1-allow-p99": 3,
+    "c1-block-p50": 3,
+    "c1-block-p99": 3,
+    "postgres-allow-cpu": 4,
+    "postgres-server-cpu": 4,
+}
+WITH_A_LIMIT = {"block-cpu", "allow-cpu", "workers-cpu", "workers-tail", "c1-allow-p50"}
+MEASURED_ROWS = {
+    "floor-block",
+    "floor-allow",
+    "executor-block",
+    "executor-allow",
+    "provider-c1",
+    "floor-block-c1",
+    "floor-allow-c1",
+    "executor-block-c1",
+    "executor-allow-c1",
+    "workers-allow",
+}
+
+
+def test_one_small_run_reports_every_goal_with_numbers(tmp_path: Path) -> None:
+    # Run as a script, from elsewhere: benchmarks/ is not a package and the repository root must
+    # not reach sys.path.
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "goals.py"), "--requests", "30", "--concurrency", "4",
+         "--client", "python", "--skip-postgres", "-o", "json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert "[1/10] floor, BLOCK, c=4" in done.stderr  # progress as each row runs
+
+    rows = {row["key"]: row for row in report["rows"]}
+    assert set(rows) == MEASURED_ROWS
+    assert report["unexpected_answers"] == {}
+    for key, row in rows.items():
+        assert row["n"] == 30, key
+        assert row["failures"] == 0, key
+        assert 0 < row["p50"] <= row["p99"], key
+        assert (key == "provider-c1") == ("cpu_ms" not in row), key
+    assert report["provider_subtracted_ms"] == rows["provider-c1"]["p50"]
+
+    goals = {entry["key"]: entry for entry in report["goals"]}
+    assert {key: entry["goal"] for key, entry in goals.items()} == GOAL_ROWS
+    for key, entry in goals.items():
+        if entry["goal"] == 4:
+            assert entry["skipped"] == "--skip-postgres"
+            assert entry["measured"] is None
+            assert entry["met"] is None
+            continue
+        assert entry["skipped"] is None
+        assert isinstance(entry["measured"], float), key
+        assert isinstance(entry["against"], float), key
+        assert isinstance(entry["ratio"], float), key
+        if key in WITH_A_LIMIT:
+            assert isinstance(entry["limit"], float), key
+            assert entry["met"] is (entry["ratio"] <= entry["limit"]), key
+        else:
+            assert entry["limit"] is None
+            assert entry["met"] is None
+    # The provider's time comes off both sides of the c=1 ALLOW goal.
+    provider = rows["provider-c1"]["p50"]
+    allow = goals["c1-allow-p50"]
+    assert allow["measured"] == rows["executor-allow-c1"]["p50"] - provider
+    assert allow["against"] == rows["floor-allow-c1"]["p50"] - provider
+    assert report["postgres"] == {"skipped": "--skip-postgres", "settings": {}}
