@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from floor import _serve
-from lifecycle import group_pids, render
+from lifecycle import group_pids, render, worker_group
 from loadclient import cpu_seconds, default_client, drive, proposal_template
 from rich.console import Console
 from rich.table import Table
@@ -77,7 +77,6 @@ from agentsafe.executor.tools.harness import (
     ProviderProcess,
     Workspace,
     free_port,
-    wait_until,
 )
 from agentsafe.executor.tools.pgserver import (
     DURABILITY_SETTINGS,
@@ -248,19 +247,7 @@ async def _floor_and_one_executor(
 
 
 async def _workers(run: Run, root: Path, provider: ProviderProcess, concurrency: int) -> None:
-    env = Workspace(root / "ws-workers").environment(
-        provider_url=provider.url, port=free_port(), extra={"EXECUTOR_WORKERS": str(WORKERS)}
-    )
-    group = ExecutorProcess(env, root, "executor-workers")
-    await group.start()
-    try:
-        assert group.process is not None
-        supervisor = group.process.pid
-
-        async def all_up() -> bool:  # every worker started, not only the first
-            return len(group_pids(supervisor)) == WORKERS + 1
-
-        await wait_until(all_up, timeout=60, what="every worker")
+    async with worker_group(root, provider.url, WORKERS) as (group, pids):
         await run.measure(
             "workers-allow",
             f"executor, ALLOW, {WORKERS} workers, c={concurrency}",
@@ -268,10 +255,8 @@ async def _workers(run: Run, root: Path, provider: ProviderProcess, concurrency:
             proposal_template("workers-allow", ALLOW_AMOUNT),
             {"authorization": f"Bearer {group.token}"},
             concurrency=concurrency,
-            pids=group_pids(supervisor),
+            pids=pids,
         )
-    finally:
-        group.terminate()
 
 
 async def _postgres(

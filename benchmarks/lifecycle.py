@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,30 @@ from agentsafe.executor.tools.harness import (
     free_port,
     wait_until,
 )
+
+
+@contextlib.asynccontextmanager
+async def worker_group(
+    root: Path, provider_url: str, workers: int
+) -> AsyncIterator[tuple[ExecutorProcess, list[int]]]:
+    """An ``EXECUTOR_WORKERS=workers`` group (its own workspace under ``root``), yielded with the
+    supervisor's and every worker's pid once every worker started, not only the first."""
+    env = Workspace(root / "ws-workers").environment(
+        provider_url=provider_url, port=free_port(), extra={"EXECUTOR_WORKERS": str(workers)}
+    )
+    group = ExecutorProcess(env, root, "executor-workers")
+    await group.start()
+    try:
+        assert group.process is not None
+        supervisor = group.process.pid
+
+        async def all_up() -> bool:
+            return len(group_pids(supervisor)) == workers + 1
+
+        await wait_until(all_up, timeout=60, what="every worker")
+        yield group, group_pids(supervisor)
+    finally:
+        group.terminate()
 
 
 def group_pids(pid: int) -> list[int]:
@@ -174,21 +200,7 @@ async def run(
         for ratio in ("1.0", "0.01") if tracing else ():
             rows.append(await _traced_allow(tracing, ratio, root, provider.url, drive_options))
         if workers > 1:
-            group_env = Workspace(root / "ws-workers").environment(
-                provider_url=provider.url,
-                port=free_port(),
-                extra={"EXECUTOR_WORKERS": str(workers)},
-            )
-            group = ExecutorProcess(group_env, root, "executor-workers")
-            await group.start()
-            try:
-                assert group.process is not None
-                supervisor = group.process.pid
-
-                async def all_up() -> bool:  # every worker started, not only the first
-                    return len(group_pids(supervisor)) == workers + 1
-
-                await wait_until(all_up, timeout=60, what="every worker")
+            async with worker_group(root, provider.url, workers) as (group, pids):
                 rows.append(
                     await drive(
                         client,
@@ -199,11 +211,9 @@ async def run(
                         requests=requests,
                         concurrency=concurrency,
                         warmup=warmup,
-                        pids=group_pids(supervisor),
+                        pids=pids,
                     )
                 )
-            finally:
-                group.terminate()
     finally:
         executor.terminate()
         provider.terminate()
