@@ -218,14 +218,20 @@ class Dispatch:
     def started(self) -> bool:
         return self._started
 
-    async def run(self, fn: Callable[[str], Awaitable[T]]) -> T:
-        """Await ``fn(idempotency_key)``; from here on a failure is an unknown outcome."""
+    def run(self, fn: Callable[[str], Awaitable[T]]) -> Awaitable[T]:
+        """Start ``fn(idempotency_key)`` and return its awaitable, for the handler to await at
+        once (``await dispatch.run(fn)``); from here on a failure is an unknown outcome.
+
+        A refusal (it already ran, or the deadline passed) is raised at the call, before ``fn``
+        is called. ``run`` is not a coroutine itself, so no frame of the seam stands in the
+        await chain of the send: a resumption inside it does not pass through the seam on its
+        way back to the handler (issue 32)."""
         if self._started:
             raise DispatchRefused("dispatch runs once per execution", code=Code.DISPATCH_TWICE)
         if self._ctx.remaining() <= 0:
             raise DispatchRefused("the grant expired before dispatch", code=Code.GRANT_EXPIRED)
         self._started = True
-        return await fn(self._ctx.idempotency_key)
+        return fn(self._ctx.idempotency_key)
 
 
 _EXECUTING: ContextVar[Dispatch | None] = ContextVar("agentsafe_executing", default=None)
