@@ -433,13 +433,15 @@ class Registry:
         if digest != ctx.intent.payload_digest:
             return _report(failed, Code.GRANT_BINDING_MISMATCH, dispatched=False)
 
+        # Made before the claim (it holds the context and nothing else), so that after the
+        # claim the handler is the next thing called, not the seam again (issue 32).
+        dispatch = Dispatch(ctx)
         # The journal decorator: the durable claim precedes the handler's own body.
         try:
             await on_claimed(ctx)
         except Exception:
             return _report(failed, Code.JOURNAL_UNAVAILABLE, dispatched=False)
 
-        dispatch = Dispatch(ctx)
         executing = _EXECUTING.set(dispatch)
         try:
             result = await handler.execute(ctx, dispatch)
