@@ -16,7 +16,7 @@ Who writes which header, on every request to the downstream:
 no credential may replace one. :data:`HEADER_NAME` is the RFC 9110 field-name grammar (a token).
 
 Callers: ``config/parsing.py`` (``DOWNSTREAM_CREDENTIAL_HEADER``), ``egress/credentials.py``
-(the static header credential), ``egress/guard.py`` (what a caller may pass),
+(the static header credential), ``egress/urls.py`` (what a caller may pass the egress guard),
 ``dispatch/forward.py`` (what a credential may add).
 Also imported by ``banking/transport.py``, ``gateway/forward.py``, ``gateway/intercept.py``,
 ``telemetry.py`` (:data:`TRACE_HEADERS`).

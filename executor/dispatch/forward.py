@@ -213,10 +213,13 @@ class ForwardRequestHandler:
         ``extra_headers`` are a family's own non-reserved headers."""
         body = canonical_json(dict(ctx.parameters))
         auth = ctx.authorization
+        # The context's fields are read directly, not through its ``idempotency_key`` property
+        # and ``remaining()``: each would re-enter the seam once per request (issue 32).
+        intent = ctx.intent
         headers = {
             "content-type": "application/json",
-            "idempotency-key": ctx.idempotency_key,
-            "x-agent-safe-intent-hash": ctx.intent.intent_hash,
+            "idempotency-key": intent.idempotency_key,
+            "x-agent-safe-intent-hash": intent.intent_hash,
             "x-agent-safe-dossier-id": auth.dossier_id,
             "x-agent-safe-grant-id": auth.grant_id,
             "x-agent-safe-decision-id": auth.decision_id,
@@ -228,8 +231,8 @@ class ForwardRequestHandler:
                 method="POST",
                 url=self._url,
                 body=body,
-                idempotency_key=ctx.idempotency_key,
-                intent_hash=ctx.intent.intent_hash,
+                idempotency_key=intent.idempotency_key,
+                intent_hash=intent.intent_hash,
                 grant_id=auth.grant_id,
                 decision_id=auth.decision_id,
                 attestation=ctx.attestation,
@@ -242,7 +245,9 @@ class ForwardRequestHandler:
             headers[name.lower()] = value
 
         async def post(idempotency_key: str) -> HttpResponse:
-            timeout = min(self._timeout, ctx.remaining())
+            # ``ctx.remaining()``, spelled out: never more than the grant has left (monotonic).
+            left = max(0.0, ctx.deadline_monotonic - ctx.clock.monotonic())
+            timeout = min(self._timeout, left)
             sent_headers = {**headers, "idempotency-key": idempotency_key}
             with telemetry.span(
                 "agentsafe.dispatch", self._span_attributes, kind=telemetry.SpanKind.CLIENT

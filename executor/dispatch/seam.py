@@ -218,14 +218,20 @@ class Dispatch:
     def started(self) -> bool:
         return self._started
 
-    async def run(self, fn: Callable[[str], Awaitable[T]]) -> T:
-        """Await ``fn(idempotency_key)``; from here on a failure is an unknown outcome."""
+    def run(self, fn: Callable[[str], Awaitable[T]]) -> Awaitable[T]:
+        """Start ``fn(idempotency_key)`` and return its awaitable, for the handler to await at
+        once (``await dispatch.run(fn)``); from here on a failure is an unknown outcome.
+
+        A refusal (it already ran, or the deadline passed) is raised at the call, before ``fn``
+        is called. ``run`` is not a coroutine itself, so no frame of the seam stands in the
+        await chain of the send: a resumption inside it does not pass through the seam on its
+        way back to the handler (issue 32)."""
         if self._started:
             raise DispatchRefused("dispatch runs once per execution", code=Code.DISPATCH_TWICE)
         if self._ctx.remaining() <= 0:
             raise DispatchRefused("the grant expired before dispatch", code=Code.GRANT_EXPIRED)
         self._started = True
-        return await fn(self._ctx.idempotency_key)
+        return fn(self._ctx.idempotency_key)
 
 
 _EXECUTING: ContextVar[Dispatch | None] = ContextVar("agentsafe_executing", default=None)
@@ -427,13 +433,15 @@ class Registry:
         if digest != ctx.intent.payload_digest:
             return _report(failed, Code.GRANT_BINDING_MISMATCH, dispatched=False)
 
+        # Made before the claim (it holds the context and nothing else), so that after the
+        # claim the handler is the next thing called, not the seam again (issue 32).
+        dispatch = Dispatch(ctx)
         # The journal decorator: the durable claim precedes the handler's own body.
         try:
             await on_claimed(ctx)
         except Exception:
             return _report(failed, Code.JOURNAL_UNAVAILABLE, dispatched=False)
 
-        dispatch = Dispatch(ctx)
         executing = _EXECUTING.set(dispatch)
         try:
             result = await handler.execute(ctx, dispatch)

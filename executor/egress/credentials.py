@@ -72,6 +72,9 @@ ASSERTION_LIFETIME_S = 60
 REFRESH_MARGIN_S = 30
 _TOKEN68 = re.compile(r"^[A-Za-z0-9._~+/-]+=*$")
 _MAX_TOKEN_LENGTH = 8192
+_UNSAFE_VALUE = re.compile(r"[\r\n\x00]")
+"""What a static header's value may not hold (CR, LF, NUL); a pattern rather than a generator,
+which would re-enter this module once the secret is read (issue 32)."""
 
 
 class SecretHandle(Protocol):
@@ -126,7 +129,7 @@ class StaticHeaderCredential:
                 text = bytes(value).decode("ascii")
             except UnicodeDecodeError:
                 text = ""
-        if not text or any(ch in text for ch in "\r\n\0") or text != text.strip():
+        if not text or _UNSAFE_VALUE.search(text) or text != text.strip():
             raise HandlerError(
                 "the downstream credential is unusable", code=Code.CREDENTIAL_INVALID
             )

@@ -58,7 +58,6 @@ import contextlib
 import functools
 import hashlib
 import ipaddress
-import re
 import socket
 import ssl
 import weakref
@@ -78,7 +77,6 @@ from .. import telemetry
 from ..codes import Code
 from ..errors import ConfigError
 from ..events import Streams
-from ..headers import HEADER_NAME, TRANSPORT_HEADERS
 from ..host.audithook import allowed_egress
 from .registries import (
     METADATA_ADDRESSES,
@@ -93,12 +91,10 @@ from .urls import (
     Destination,
     Rule,
     _Refusal,
-    check_path,
+    check_request,
     leaves_origin,
-    parse_url,
     safe_origin,
     seal,
-    under_prefix,
 )
 
 __all__ = [
@@ -116,8 +112,6 @@ __all__ = [
 ]
 
 MAX_RESPONSE_BYTES_RANGE = (1024, 16 * 1024 * 1024)
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 * 1024
 _ENCODING_DER = getattr(getattr(ssl, "_ssl", None), "ENCODING_DER", 1)
@@ -549,9 +543,9 @@ class GuardedClient:
         origin = "invalid"
         progress = _Progress()
         try:
+            # One stretch in egress.urls: the origin to report, then the whole check (issue 32).
             origin = safe_origin(url)
-            parsed, origin = parse_url(url)
-            rule = self._match(method, parsed, headers)
+            parsed, origin, rule = check_request(self._rules, method, url, headers)
             if not timeout > 0:
                 raise _Refusal(Code.EGRESS_TIMEOUT)
             async with asyncio.timeout(timeout):
@@ -599,31 +593,6 @@ class GuardedClient:
             ) from None
 
     # -- policy -----------------------------------------------------------------------------
-
-    def _match(self, method: str, url: URL, headers: Mapping[str, str]) -> Rule:
-        if method not in _METHODS:
-            raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
-        for name, value in headers.items():
-            if (
-                not HEADER_NAME.fullmatch(name)
-                or name.lower() in TRANSPORT_HEADERS
-                or not isinstance(value, str)
-                or not _HEADER_VALUE.fullmatch(value)
-            ):
-                raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
-        host = (url.raw_host or "").lower()
-        same_origin = [
-            r for r in self._rules if (r.scheme, r.host, r.port) == (url.scheme, host, url.port)
-        ]
-        if not same_origin:
-            if url.scheme == "http" and any(r.host == host for r in self._rules):
-                raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
-            raise _Refusal(Code.EGRESS_ORIGIN_NOT_ALLOWED)
-        path = check_path(url.raw_path)
-        for rule in sorted(same_origin, key=lambda r: len(r.prefix), reverse=True):
-            if under_prefix(path, rule.prefix):
-                return rule
-        raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
 
     async def _resolve_once(self, url: URL, rule: Rule) -> ResolvedAddress:
         host = rule.host

@@ -6,7 +6,10 @@ sealed into a :class:`Rule` (:func:`seal`: origin, path prefix, TLS context and 
 request's URL parsed and refused (``_Refusal``, which the guard turns into a
 ``TransportError``) when it carries credentials, a non-canonical numeric host, an unsupported
 scheme or a path whose meaning could change under normalisation (:func:`parse_url`,
-:func:`check_path`). It opens no socket.
+:func:`check_path`). :func:`check_request` is the whole check the guard makes before it
+resolves a name, in the guard's order: the URL, then the method and the header fields, then the
+origin and the path against the rules; it returns the rule the request goes by, so the guard
+asks once per request (issue 32). It opens no socket.
 
 Callers: ``egress/guard.py`` (every request, and every destination at construction).
 """
@@ -17,6 +20,7 @@ import base64
 import ipaddress
 import re
 import ssl
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -25,12 +29,14 @@ from yarl import URL
 
 from ..codes import Code
 from ..errors import ConfigError
+from ..headers import HEADER_NAME, TRANSPORT_HEADERS
 from .registries import unwrap
 
 __all__ = [
     "Destination",
     "Rule",
     "check_path",
+    "check_request",
     "leaves_origin",
     "non_canonical_numeric",
     "origin_of",
@@ -43,6 +49,8 @@ __all__ = [
 
 _PIN = re.compile(r"^sha256/([A-Za-z0-9+/]{43}=)$")
 _NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,39 @@ def parse_url(url: str) -> tuple[URL, str]:
     if parsed.port is None or not 0 < parsed.port < 65536:
         raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
     return parsed, origin
+
+
+def check_request(
+    rules: Sequence[Rule], method: str, url: str, headers: Mapping[str, str]
+) -> tuple[URL, str, Rule]:
+    """The request checked before any name is resolved: the URL parsed (:func:`parse_url`),
+    then the method and every header field, then the origin and the path against ``rules``.
+    Returns the parsed URL, its origin and the rule it goes by (the longest matching prefix of
+    its origin); raises ``_Refusal`` with the first check's code that fails."""
+    parsed, origin = parse_url(url)
+    if method not in _METHODS:
+        raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
+    for name, value in headers.items():
+        if (
+            not HEADER_NAME.fullmatch(name)
+            or name.lower() in TRANSPORT_HEADERS
+            or not isinstance(value, str)
+            or not _HEADER_VALUE.fullmatch(value)
+        ):
+            raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
+    host = (parsed.raw_host or "").lower()
+    same_origin = [
+        r for r in rules if (r.scheme, r.host, r.port) == (parsed.scheme, host, parsed.port)
+    ]
+    if not same_origin:
+        if parsed.scheme == "http" and any(r.host == host for r in rules):
+            raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
+        raise _Refusal(Code.EGRESS_ORIGIN_NOT_ALLOWED)
+    path = check_path(parsed.raw_path)
+    for rule in sorted(same_origin, key=lambda r: len(r.prefix), reverse=True):
+        if under_prefix(path, rule.prefix):
+            return parsed, origin, rule
+    raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
 
 
 def leaves_origin(url: URL, location: str | None) -> bool:

@@ -357,3 +357,29 @@ async def test_request_shape_refused(method: str, headers: dict[str, str]) -> No
         )
     assert (info.value.code, info.value.sent) == ("EGRESS_INIT_UNSUPPORTED", False)
     assert counted == ["EGRESS_INIT_UNSUPPORTED"]
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "headers", "code"),
+    [
+        # the URL is checked first: its code wins over a bad method or header
+        ("TRACE", "https://user:pass@api.bank.test/core/x", {}, "EGRESS_ORIGIN_NOT_ALLOWED"),
+        ("GET", "ftp://api.bank.test/core/x", {"Host": "evil.test"}, "EGRESS_SCHEME_NOT_ALLOWED"),
+        # then the method and the header fields, before the origin and the path
+        ("TRACE", "https://evil.test/core/x", {}, "EGRESS_INIT_UNSUPPORTED"),
+        ("GET", "https://api.bank.test/admin", {"Bad Name": "v"}, "EGRESS_INIT_UNSUPPORTED"),
+        # then the origin, before the path
+        ("GET", "https://evil.test/core/../x", {}, "EGRESS_ORIGIN_NOT_ALLOWED"),
+    ],
+)
+async def test_the_first_failing_check_names_the_refusal(
+    method: str, url: str, headers: dict[str, str], code: str
+) -> None:
+    """The checks before a name is resolved run in one order (docs/egress.md), so a request
+    wrong in two ways is refused with the same code however the check is split up (issue 32
+    moved it into egress/urls.py, one call per request)."""
+    client, _, counted = guard([API], StandInDns({"api.bank.test": [["10.0.0.5"]]}))
+    with pytest.raises(TransportError) as info:
+        await client.request(method, url, headers=headers, body=None, timeout=5)
+    assert (info.value.code, info.value.sent) == (code, False)
+    assert counted == [code]
