@@ -87,8 +87,10 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
-# --cpu's exclusive attribution: after PARTS' executor parts, the executor's other code.
+# --cpu's exclusive attribution: after PARTS' executor parts, the executor's other code (a frame
+# of an executor file other than those that only start the process and run its event loop).
 EXECUTOR_REST = ("executor: other code (routes, pipeline, lifecycle, intent, ids)", ("executor/",))
+LOOP_FILES = ("executor/cli.py", "executor/serve.py")
 LIBRARY_PARTS = ("aiohttp server (parse, answer)", "asyncio event loop")
 OTHER = "other (thread pools' loops, stdlib, ...)"
 
@@ -120,7 +122,9 @@ def _parse(collapsed: Path, process: str | None = None) -> Profile:
 
 def _exclusive(collapsed: Path) -> tuple[int, collections.Counter[str], dict[str, str]]:
     """Each sample given to one part (PARTS' executor parts in order, then the executor's other
-    code, then aiohttp, asyncio, then OTHER), and the threads' names from their frames."""
+    code, then aiohttp, asyncio, then OTHER), and the threads' names from their frames. The
+    frames that start the process and run its loop (LOOP_FILES) are not the executor's other
+    code: what runs under them alone is the loop's."""
     order = [part for part in PARTS if part[0] not in LIBRARY_PARTS]
     order += [EXECUTOR_REST, *(part for part in PARTS if part[0] in LIBRARY_PARTS)]
     total = 0
@@ -131,6 +135,7 @@ def _exclusive(collapsed: Path) -> tuple[int, collections.Counter[str], dict[str
         n = int(count)
         frames = stack.split(";")
         total += n
+        frames = [f for f in frames if not any(f"({loop}" in f for loop in LOOP_FILES)]
         for frame in frames:
             if frame.startswith("thread ("):
                 tid, _, name = frame[len("thread (") :].partition("): ")
@@ -146,12 +151,13 @@ def _exclusive(collapsed: Path) -> tuple[int, collections.Counter[str], dict[str
 
 def _by_module(collapsed: Path) -> collections.Counter[str]:
     """Each sample given to the file of the innermost executor frame on its stack (what the
-    executor's own code costs, with the libraries it calls), else ``(no executor frame)``."""
+    executor's own code costs, with the libraries it calls), else ``(the loop alone)``: no
+    executor frame but those of LOOP_FILES."""
     modules: collections.Counter[str] = collections.Counter()
     for line in collapsed.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        files = re.findall(r"\((executor/[^:)]+)", stack)
-        modules[files[-1] if files else "(no executor frame)"] += int(count)
+        files = [f for f in re.findall(r"\((executor/[^:)]+)", stack) if f not in LOOP_FILES]
+        modules[files[-1] if files else "(the loop alone)"] += int(count)
     return modules
 
 

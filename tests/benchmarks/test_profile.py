@@ -64,7 +64,10 @@ def test_each_process_is_read_alone_and_the_group_as_a_whole(tmp_path: Path) -> 
 
 def test_cpu_mode_gives_each_sample_to_one_part_and_names_the_threads(tmp_path: Path) -> None:
     collapsed = tmp_path / "stacks.txt"
-    loop = "thread (7): MainThread;_run (asyncio/events.py:80);_handle (aiohttp/web_protocol.py:1)"
+    loop = (
+        "thread (7): MainThread;main (executor/serve.py:1);_run (asyncio/events.py:80);"
+        "_handle (aiohttp/web_protocol.py:1)"
+    )
     collapsed.write_text(
         "\n".join(
             [
@@ -86,13 +89,13 @@ def test_cpu_mode_gives_each_sample_to_one_part_and_names_the_threads(tmp_path: 
     assert sum(parts.values()) == total  # each sample counted once
     assert parts["evidence: RFC 8785 canonical JSON"] == 2  # not the chain as well
     assert parts[profile.EXECUTOR_REST[0]] == 3
-    assert parts["aiohttp server (parse, answer)"] == 1
+    assert parts["aiohttp server (parse, answer)"] == 1  # under serve.py's main, yet the loop's
     assert parts["use store (SQLite commit)"] == 4
     assert parts[profile.OTHER] == 2
     assert names == {"7": "MainThread", "8": "agentsafe-usestore_0"}
     modules = profile._by_module(collapsed)
     assert modules["executor/canonical.py"] == 2
     assert modules["executor/ids.py"] == 3
-    assert modules["(no executor frame)"] == 3
+    assert modules["(the loop alone)"] == 3  # serve.py's main runs the loop: not a module's cost
     own = profile._parse(collapsed)[2]
     assert profile._by_function(own)["_worker (concurrent/futures/thread.py)"] == 2
