@@ -27,12 +27,13 @@ What a sample counts depends on the mode:
   machine) still is. The samples divided by the rate are the seconds the GIL was held, printed
   per request beside the process's CPU per request (``/proc``, every thread), and the CPU each
   thread used during the phase is printed per request (named from the stacks), so the part of
-  the CPU the samples cannot see is bounded. The parts are also given exclusively (each sample
-  to the first part of the list below found on its stack, then the executor's other code, then
-  aiohttp, asyncio, and everything else), so they add up to 100%, with the CPU per request
-  each share means (share x CPU per request: it assumes the CPU the samples cannot see is
-  spread like the samples, which the thread table lets you check). Own time is given by
-  function (all its lines together).
+  the CPU the samples cannot see is bounded, with how often per request the thread gave up its
+  core to wait (``voluntary_ctxt_switches``: for the GIL, a lock, a blocking system call). The
+  parts are also given exclusively (each sample to the first part of the list below found on
+  its stack, then the executor's other code, then aiohttp, asyncio, and everything else), so
+  they add up to 100%, with the CPU per request each share means (share x CPU per request: it
+  assumes the CPU the samples cannot see is spread like the samples, which the thread table
+  lets you check). Own time is given by function (all its lines together).
 
 ``--store postgresql`` runs the executor on a throwaway loopback PostgreSQL (durability on, as
 ``benchmarks/shared_store.py`` runs it) instead of the embedded SQLite store.
@@ -183,6 +184,22 @@ def _thread_cpu(pids: list[int]) -> dict[str, float]:
     return seconds
 
 
+def _thread_sleeps(pids: list[int]) -> dict[str, int]:
+    """How often each live thread of ``pids`` has given up its core to wait (the kernel's
+    ``voluntary_ctxt_switches``: a lock, the GIL, a futex, a blocking system call)."""
+    sleeps: dict[str, int] = {}
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                status = (task / "status").read_text()
+            except FileNotFoundError:  # the thread ended
+                continue
+            for line in status.splitlines():
+                if line.startswith("voluntary_ctxt_switches:"):
+                    sleeps[task.name] = int(line.split()[1])
+    return sleeps
+
+
 def _print_cpu(
     collapsed: Path,
     profile: Profile,
@@ -191,9 +208,10 @@ def _print_cpu(
     rate: int,
     threads: dict[str, float],
     top: int = 20,
+    sleeps: dict[str, int] | None = None,
 ) -> None:
     """--cpu's tables: parts inclusive and exclusive with the ms per request each share means,
-    own time by function, and each thread's CPU per request."""
+    own time by function, and each thread's CPU and waits per request."""
     total, inclusive, own = profile
     _, exclusive, names = _exclusive(collapsed)
     held = total / rate * 1000 / max(n, 1)
@@ -219,7 +237,8 @@ def _print_cpu(
     for module, count in _by_module(collapsed).most_common(top):
         share = count / max(total, 1)
         print(f"| `{module}` | {100 * share:.1f}% | {share * cpu_ms:.3f} |")
-    print("\n| thread (id: name) | CPU ms/req | GIL samples |\n| --- | ---: | ---: |")
+    print("\n| thread (id: name) | CPU ms/req | GIL samples | waits/req |")
+    print("| --- | ---: | ---: | ---: |")
     samples: collections.Counter[str] = collections.Counter()
     for line in collapsed.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -229,10 +248,13 @@ def _print_cpu(
     for tid, seconds in sorted(threads.items(), key=lambda item: -item[1]):
         if seconds > 0 or samples[tid]:
             name = names.get(tid, "(never held the GIL while sampled)")
-            print(f"| {tid}: {name} | {seconds * 1000 / max(n, 1):.3f} | {samples[tid]} |")
+            waits = f"{(sleeps or {}).get(tid, 0) / max(n, 1):.1f}" if sleeps is not None else "-"
+            print(
+                f"| {tid}: {name} | {seconds * 1000 / max(n, 1):.3f} | {samples[tid]} | {waits} |"
+            )
     print(
         f"| threads that ended during the phase | "
-        f"{max(cpu_ms - sum(threads.values()) * 1000 / max(n, 1), 0):.3f} | - |"
+        f"{max(cpu_ms - sum(threads.values()) * 1000 / max(n, 1), 0):.3f} | - | - |"
     )
 
 
@@ -312,11 +334,15 @@ async def run(
         load_before = os.getloadavg()[0]
         before = [cpu_seconds([p]) for p in pids]
         threads_before = _thread_cpu(pids)
+        sleeps_before = _thread_sleeps(pids)
         row = await drive("go", path, urls, proposal_template(path, amount), headers,
                           requests=requests, concurrency=concurrency, warmup=0)  # fmt: skip
         threads = {
             tid: seconds - threads_before.get(tid, 0.0)
             for tid, seconds in _thread_cpu(pids).items()
+        }
+        sleeps = {
+            tid: count - sleeps_before.get(tid, 0) for tid, count in _thread_sleeps(pids).items()
         }
         spent = [cpu_seconds([p]) - b for p, b in zip(pids, before, strict=True)]
         cpu = [seconds * 1000 / max(row["n"], 1) for seconds in spent]
@@ -336,7 +362,7 @@ async def run(
     )
     if cpu_only:
         print(f"--cpu: py-spy --gil; load average {load_before:.1f} -> {os.getloadavg()[0]:.1f}")
-        _print_cpu(out, group, sum(cpu), row["n"], rate, threads)
+        _print_cpu(out, group, sum(cpu), row["n"], rate, threads, sleeps=sleeps)
     else:
         _print(group)
     if workers > 1:
