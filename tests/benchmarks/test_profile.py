@@ -60,3 +60,42 @@ def test_each_process_is_read_alone_and_the_group_as_a_whole(tmp_path: Path) -> 
     assert parts["evidence: chain (hash, line, write)"] == 2
     assert parts["evidence: RFC 8785 canonical JSON"] == 2
     assert parts["use store (SQLite commit)"] == 1
+
+
+def test_cpu_mode_gives_each_sample_to_one_part_and_names_the_threads(tmp_path: Path) -> None:
+    collapsed = tmp_path / "stacks.txt"
+    loop = (
+        "thread (7): MainThread;main (executor/serve.py:1);_run (asyncio/events.py:80);"
+        "_handle (aiohttp/web_protocol.py:1)"
+    )
+    collapsed.write_text(
+        "\n".join(
+            [
+                f"{loop};handle (executor/routes/app.py:5);"
+                "emit (executor/evidence/chain.py:2);canonical_text (executor/canonical.py:3) 2",
+                f"{loop};handle (executor/routes/app.py:5);uuid4_text (executor/ids.py:9) 3",
+                f"{loop};data_received (aiohttp/http_parser.py:4) 1",
+                "thread (8): agentsafe-usestore_0;_worker (concurrent/futures/thread.py:81);"
+                "work (executor/state/usestore.py:217) 4",
+                "thread (8): agentsafe-usestore_0;_worker (concurrent/futures/thread.py:81) 1",
+                "thread (8): agentsafe-usestore_0;_worker (concurrent/futures/thread.py:90) 1",
+            ]
+        )
+        + "\n"
+    )
+    profile = _profile_module()
+    total, parts, names = profile._exclusive(collapsed)
+    assert total == 12
+    assert sum(parts.values()) == total  # each sample counted once
+    assert parts["evidence: RFC 8785 canonical JSON"] == 2  # not the chain as well
+    assert parts[profile.EXECUTOR_REST[0]] == 3
+    assert parts["aiohttp server (parse, answer)"] == 1  # under serve.py's main, yet the loop's
+    assert parts["use store (SQLite commit)"] == 4
+    assert parts[profile.OTHER] == 2
+    assert names == {"7": "MainThread", "8": "agentsafe-usestore_0"}
+    modules = profile._by_module(collapsed)
+    assert modules["executor/canonical.py"] == 2
+    assert modules["executor/ids.py"] == 3
+    assert modules["(the loop alone)"] == 3  # serve.py's main runs the loop: not a module's cost
+    own = profile._parse(collapsed)[2]
+    assert profile._by_function(own)["_worker (concurrent/futures/thread.py)"] == 2
