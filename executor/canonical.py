@@ -22,13 +22,15 @@ and read infinities; so is a ``\\u`` escape of a lone surrogate in any string or
 would fail only later, when it is hashed. Each caller maps the refusal to its own code.
 
 Writing takes one of two routes to the same bytes. Most values the executor hashes (evidence
-lines, intents, journal records) hold only strings, safe integers, booleans, ``None``, lists and
-plain ``dict`` objects with keys inside the Basic Multilingual Plane: for those, and only after a
-walk has checked exactly that, the standard library's C encoder writes the form (its escapes,
-separators and code-point key order are then ECMAScript's). Everything else (a float, a key
-beyond U+FFFF, whose UTF-16 order differs from code-point order, any other type, a lone
-surrogate, nesting past :data:`MAX_DEPTH`) goes through the writer below, which refuses what has
-no canonical form. ``tests/test_canonical.py`` holds the two routes to the same output.
+lines, intents, journal records, grants) hold only strings, safe integers, floats with a
+fraction between 1e-4 and 2**53 (a grant's times), booleans, ``None``, lists and plain ``dict``
+objects with keys inside the Basic Multilingual Plane: for those, and only after a walk has
+checked exactly that, the standard library's C encoder writes the form (its escapes, separators,
+code-point key order and ``repr`` of such a float are then ECMAScript's). Everything else (any
+other float, a key beyond U+FFFF, whose UTF-16 order differs from code-point order, any other
+type, a lone surrogate, nesting past :data:`MAX_DEPTH`) goes through the writer below, which
+refuses what has no canonical form. ``tests/test_canonical.py`` holds the two routes to the same
+output.
 
 Callers: intent capture, grants, the journal, evidence chains and bundles, plans, the policy
 loader, the request body reader (``routes/app.py``), the provider's verifier.
@@ -267,6 +269,8 @@ def _write(value: Any, out: list[str], depth: int) -> None:
         )
 
 
+_FLOAT_LOW = 1e-4
+_FLOAT_HIGH = float(2**53)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _KEY_OUTSIDE_ORDER = re.compile("[\ud800-\udfff\U00010000-\U0010ffff]")
 _C_ENCODER = json.JSONEncoder(
@@ -299,6 +303,13 @@ def _plain(value: Any, depth: int) -> bool:
         return True
     if kind is int:
         return bool(-MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER)
+    if kind is float:
+        # The C encoder writes repr(); ECMAScript's form (format_number) is built from the same
+        # shortest round-trip digits, and both write them positionally when a finite float with
+        # a fraction lies in [1e-4, 2**53): repr switches to exponents below 1e-4 and from 1e16,
+        # ECMAScript below 1e-6 and from 1e21, and repr writes a whole float as "2.0", ECMAScript
+        # as "2" (every float from 2**53 on is whole). Those take the writer.
+        return _FLOAT_LOW <= abs(value) < _FLOAT_HIGH and not value.is_integer()
     return value is None or kind is bool
 
 

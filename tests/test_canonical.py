@@ -294,10 +294,17 @@ plain_text = st.text(
         blacklist_categories=("Cs",),  # lone surrogates take the writer, which refuses them
     )
 )
+# A float with a fraction in [1e-4, 2**53), either sign: repr() writes ECMAScript's form.
+fractional = st.floats(min_value=1e-4, max_value=2.0**53, exclude_max=True).filter(
+    lambda x: not x.is_integer()
+) | st.floats(max_value=-1e-4, min_value=-(2.0**53), exclude_min=True).filter(
+    lambda x: not x.is_integer()
+)
 plain_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1)
+    | fractional
     | plain_text
     | st.sampled_from(["\x00", "\x1f", "\x7f", "\u2028", "\ue000", "\uffff", "\U0001f600", '"\\'])
     ,
@@ -308,6 +315,30 @@ plain_values = st.recursive(
     ),
     max_leaves=40,
 )  # fmt: skip
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_every_float_gets_the_writers_bytes_or_its_refusal(value: float) -> None:
+    """Whichever route a float takes, its bytes are ECMAScript's (``format_number``)."""
+    from agentsafe.executor.canonical import _written
+
+    try:
+        expected: object = _written(value)
+    except CanonicalizationError as exc:
+        expected = exc.code
+    try:
+        got: object = canonical_text(value)
+    except CanonicalizationError as exc:
+        got = exc.code
+    assert got == expected
+
+
+@given(fractional)
+def test_a_float_with_a_fraction_in_range_takes_the_c_encoder(value: float) -> None:
+    from agentsafe.executor.canonical import _C_ENCODER, _plain
+
+    assert _plain(value, 0)
+    assert _C_ENCODER.encode(value) == format_number(value) == repr(value)
 
 
 @given(plain_values)
@@ -321,7 +352,12 @@ def test_the_c_encoder_route_writes_what_the_writer_writes(value: object) -> Non
     "value",
     [
         {"\U0001f600": 1, "\uffff": 2},  # code-point order and UTF-16 order differ here
-        {"a": 1.5},
+        {"a": 2.0},  # repr "2.0", ECMAScript "2"
+        {"a": 1.5e-5},  # repr "1.5e-05", ECMAScript "0.000015"
+        {"a": 1e16},  # repr "1e+16", ECMAScript "10000000000000000"
+        {"a": -0.0},
+        {"a": math.inf},
+        {"a": math.nan},
         {"a": 2**53},
         [{"k": (1, 2.0)}],
         {1: "int key"},
@@ -505,6 +541,11 @@ PLAIN = [
     None,
     True,
     False,
+    1764660000.123,  # a grant's iat, nbf and exp: milliseconds as a float
+    -0.5,
+    1e-4,
+    2.0**51 + 0.5,  # the last binade where a half is a float
+    {"iat": 1764660000.001, "exp": 1764660060.999, "nbf": 1764660000.001},
     0,
     2**53 - 1,
     -(2**53 - 1),
