@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+from collections.abc import Callable
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentsafe.executor.clock import format_ms, parse_ms, utc_day
 
@@ -19,3 +25,107 @@ def test_timestamps_and_days_are_utc(epoch: float, text: str, day: str) -> None:
     assert format_ms(epoch) == text
     assert parse_ms(text) == pytest.approx(epoch, abs=0.001)
     assert utc_day(epoch) == day
+
+
+def _format_ms_by_strftime(epoch_seconds: float) -> str:
+    """``format_ms`` as it was before issue 34 (a ``datetime`` and a ``strftime`` per call):
+    the oracle the remembered second is held to."""
+    from datetime import UTC, datetime
+
+    millis = round(epoch_seconds * 1000)
+    dt = datetime.fromtimestamp(millis // 1000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{millis % 1000:03d}Z"
+
+
+def _outcome(function: Callable[[float], str], epoch: float) -> tuple[str, str]:
+    """What ``function`` does with ``epoch``: its text, or its exception's type and message."""
+    try:
+        return ("text", function(epoch))
+    except Exception as exc:  # the exception is the outcome compared
+        return (type(exc).__name__, str(exc))
+
+
+# Every float: negative, huge (past year 9999, past what ``fromtimestamp`` takes), NaN and the
+# infinities; and the instants a timestamp is near in practice, to the microsecond.
+_ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True)
+_NEAR_NOW = st.floats(min_value=1_700_000_000.0, max_value=1_900_000_000.0)
+_WHOLE_RANGE = st.floats(min_value=-62_135_596_800.0, max_value=253_402_300_800.0)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(_ANY_FLOAT, _NEAR_NOW, _WHOLE_RANGE), min_size=1, max_size=20))
+def test_the_remembered_second_writes_what_strftime_writes(instants: list[float]) -> None:
+    # each instant, then its neighbours: the same second, a rounding at .5 ms either way, the
+    # last millisecond of the second, a rounding up into the next second, the next second,
+    # back to the first (the remembered second replaced, then needed again)
+    for epoch in instants:
+        for nearby in (
+            epoch,
+            epoch + 0.0004,
+            epoch + 0.0005,
+            epoch - 0.0005,
+            epoch + 0.9994,
+            epoch + 0.9995,
+            epoch + 1.0,
+            epoch,
+            -epoch,
+        ):
+            assert _outcome(format_ms, nearby) == _outcome(_format_ms_by_strftime, nearby)
+
+
+@pytest.mark.parametrize(
+    "epoch",
+    [
+        0.0,
+        -0.0,
+        -0.0004,
+        -0.0005,
+        -0.0006,
+        -1.0,
+        -1.0005,
+        0.0005,  # round() of 0.5 ms: half to even, as before
+        0.0015,
+        1_786_751_999.9995,  # rounds into the next second, the next day
+        1_786_751_999.9994,
+        951_782_400.0,  # 2000-02-29
+        -62_135_596_800.0,  # 0001-01-01, the first second datetime has (strftime's %Y unpadded)
+        -62_135_596_800.0005,  # before it: fromtimestamp refuses
+        253_402_300_799.999,  # 9999-12-31T23:59:59.999Z
+        253_402_300_799.9995,  # rounds into year 10000: fromtimestamp refuses
+        1e300,
+        -1e300,
+        float("inf"),
+        float("-inf"),
+        float("nan"),
+        2.0**53,
+    ],
+)
+def test_the_edges_write_or_raise_what_strftime_did(epoch: float) -> None:
+    for _ in range(2):  # the second formatted, then remembered
+        assert _outcome(format_ms, epoch) == _outcome(_format_ms_by_strftime, epoch)
+
+
+def test_threads_formatting_other_seconds_at_once_each_write_their_own() -> None:
+    # the remembered second and its text are one tuple: a thread never pairs another thread's
+    # second with its own milliseconds
+    starts = [1_786_701_600.0 + 7 * n for n in range(8)]
+    wrong: list[tuple[float, str]] = []
+
+    def work(start: float) -> None:
+        for step in range(3000):
+            epoch = start + (step % 5) * 1.25 + 0.001 * step
+            text = format_ms(epoch)
+            if text != _format_ms_by_strftime(epoch):
+                wrong.append((epoch, text))
+
+    threads = [threading.Thread(target=work, args=(start,)) for start in starts]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter will
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []

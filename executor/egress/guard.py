@@ -20,6 +20,9 @@ refused too unless ``EXECUTOR_EGRESS_ALLOW_CIDRS`` names the part a deliberate p
 destination answers from; the metadata addresses inside them stay refused. The name is resolved
 once per request and the connection goes to exactly the checked address: the connector's
 resolver can only return that answer, so DNS rebinding has nothing to rebind.
+The pure checks of an answer (its refusal, its canonical text and family) and of a configured
+host are remembered in bounded memos keyed by everything they depend on (issue 34): a
+rebinding answer is another key, judged afresh.
 
 Connections are kept alive between requests (:class:`_Pool`), in lanes keyed by everything
 that makes a connection what it is: the checked address and port, the scheme, the TLS server
@@ -481,6 +484,43 @@ def _server(rule: Rule) -> dict[str, object]:
     return {"server.address": rule.host, "server.port": rule.port, "url.scheme": rule.scheme}
 
 
+# The pure checks of a resolved answer, remembered (issue 34: ``ipaddress`` parsing was 1.0-1.4%
+# of an ALLOW). Each is a function of its arguments alone, so a remembered answer is the one it
+# would compute; the name is still resolved once per request and every answer of that request is
+# checked, so a rebinding answer is a new argument and is judged afresh. Bounded, least recently
+# used first out (``functools.lru_cache``, the standard library's bounded memo).
+@functools.lru_cache(maxsize=1024)
+def _address_refusal_memo(
+    address: str,
+    allow_loopback: bool,
+    local_addresses: frozenset[str],
+    allowed: tuple[Network, ...],
+) -> str | None:
+    """:func:`address_refusal` of one answer, for one destination's allowance and this
+    client's own addresses and opened networks (all part of the key)."""
+    return address_refusal(
+        address, allow_loopback=allow_loopback, local_addresses=local_addresses, allowed=allowed
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _address_facts(address: str) -> tuple[str, int, bool]:
+    """An address checked already (its zone left off): its canonical text, its IP version and
+    whether it is loopback as the IPv4 address it may carry."""
+    ip = ipaddress.ip_address(address)
+    return str(ip), ip.version, unwrap(ip).is_loopback
+
+
+@functools.lru_cache(maxsize=256)
+def _is_address(host: str) -> bool:
+    """Whether a destination's host (brackets left off) is an IP address, not a name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 async def _system_resolve(host: str, port: int) -> Sequence[str]:
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -597,10 +637,9 @@ class GuardedClient:
     async def _resolve_once(self, url: URL, rule: Rule) -> ResolvedAddress:
         host = rule.host
         literal = host.strip("[]")
-        try:
-            ipaddress.ip_address(literal)
+        if _is_address(literal):
             answers: Sequence[str] = [literal]
-        except ValueError:
+        else:
             resolver = self.resolve or _system_resolve
             try:
                 answers = list(await resolver(host, rule.port))
@@ -609,20 +648,25 @@ class GuardedClient:
         if not answers:
             raise _Refusal(Code.EGRESS_ADDRESS_REFUSED, reason="nowhere")
         for answer in answers:
-            reason = address_refusal(
-                answer,
-                allow_loopback=rule.allow_loopback,
-                local_addresses=self._local,
-                allowed=self._allowed,
-            )
+            if type(answer) is str:  # every answer checked, this request, as it was given
+                reason = _address_refusal_memo(
+                    answer, rule.allow_loopback, self._local, self._allowed
+                )
+            else:
+                reason = address_refusal(
+                    answer,
+                    allow_loopback=rule.allow_loopback,
+                    local_addresses=self._local,
+                    allowed=self._allowed,
+                )
             if reason is not None:
                 raise _Refusal(Code.EGRESS_ADDRESS_REFUSED, reason=reason)
         chosen = answers[0].split("%", 1)[0]
-        ip = ipaddress.ip_address(chosen)
-        if rule.scheme == "http" and not unwrap(ip).is_loopback:
+        ip_text, version, loopback = _address_facts(chosen)
+        if rule.scheme == "http" and not loopback:
             raise _Refusal(Code.EGRESS_SCHEME_NOT_ALLOWED)
-        family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-        return ResolvedAddress(host=host, port=rule.port, ip=str(ip), family=family)
+        family = socket.AF_INET6 if version == 6 else socket.AF_INET
+        return ResolvedAddress(host=host, port=rule.port, ip=ip_text, family=family)
 
     # -- the exchange -----------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import telemetry
@@ -81,6 +81,16 @@ SECURITY_HEADERS = {
 }
 SERVER_HEADER = "agentsafe"
 """Every response's ``Server``: no interpreter or library version for a scanner to match."""
+# The same names as aiohttp's case-insensitive constants (``hdrs``, spelled as above, so the
+# bytes on the wire are the same): the response's header multidict takes those as they are,
+# where it makes one of a plain ``str`` on every response (issue 34).
+_CSP, _SERVER = hdrs.CONTENT_SECURITY_POLICY, hdrs.SERVER
+_SECURITY_HEADERS = {
+    _CSP: SECURITY_HEADERS["Content-Security-Policy"],
+    hdrs.X_FRAME_OPTIONS: SECURITY_HEADERS["X-Frame-Options"],
+    hdrs.X_CONTENT_TYPE_OPTIONS: SECURITY_HEADERS["X-Content-Type-Options"],
+    hdrs.CACHE_CONTROL: SECURITY_HEADERS["Cache-Control"],
+}
 BODY_TIMEOUT_SECONDS = float(BODY_TIMEOUT_SECONDS_DEFAULT)
 """``EXECUTOR_BODY_TIMEOUT_SECONDS``' default: how long a route waits for a whole body."""
 VERDICT_KEY: web.ResponseKey[str] = web.ResponseKey("agentsafe.verdict", str)
@@ -200,7 +210,8 @@ def parse_body(raw: bytes) -> Any:
 
 def _respond(answer: Answer) -> web.Response:
     response = web.json_response(dict(answer.body), status=answer.status)
-    response.headers.update(answer.headers)
+    if answer.headers:  # most answers bring none
+        response.headers.update(answer.headers)
     verdict = answer.body.get("verdict")
     if isinstance(verdict, str):
         response[VERDICT_KEY] = verdict
@@ -310,11 +321,12 @@ async def _security_headers(request: web.Request, response: web.StreamResponse) 
     """The four headers on every response. A route may bring its own stricter policy (the
     approval page's nonce-bound one) only if it still starts ``default-src 'none'`` and forbids
     framing; anything else is replaced by the default."""
-    own = response.headers.get("Content-Security-Policy", "")
-    response.headers.update(SECURITY_HEADERS)
-    response.headers["Server"] = SERVER_HEADER
+    headers = response.headers
+    own = headers.get(_CSP, "")
+    headers.update(_SECURITY_HEADERS)
+    headers[_SERVER] = SERVER_HEADER
     if own.startswith("default-src 'none';") and "frame-ancestors 'none'" in own:
-        response.headers["Content-Security-Policy"] = own
+        headers[_CSP] = own
 
 
 # ---------------------------------------------------------------------- application
