@@ -18,8 +18,12 @@ a BLOCK and an ALLOW write (captured from a run of ``executor/tools/harness.py``
 with fresh identifiers and digests, and with identifiers that equal a registered secret (a UUID
 or a hex digest can be one: nothing may take such a shape as safe).
 
-Each optimisation in the new code has a test here that fails without it being right: that was
-checked by breaking each in turn (see /work/notes/p/redact34-perf.md, "Mutations").
+Each shortcut in the new code has a test here that fails when it is wrong, checked by breaking
+each in turn: lengths counted in characters, the short-candidate skip applied to non-ASCII
+text, the cut and fine-token prechecks narrowed, the lengths of one secret only, the string
+fast path without the surrogate repair, no word windows, cuts unbounded, the credential-key
+check skipped, the fixed shapes' spans or patterns altered, the bearer and header prechecks
+narrowed.
 """
 
 from __future__ import annotations
