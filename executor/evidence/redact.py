@@ -3,7 +3,10 @@
 It holds no secret value. For each current secret it keeps keyed SHA-256 digests (HMAC-SHA256
 under a random per-process key) of the value and of its natural token forms; a line is scanned by
 hashing its tokens and comparing digests, so a whole secret value that reaches a line is found
-without the redactor ever being able to print one.
+without the redactor ever being able to print one. It also keeps the UTF-8 lengths of those
+forms (lengths, not values): a token's form of any other length cannot have a registered digest,
+so a scan does not hash it, and the digests it does compare find exactly what hashing every form
+would (``tests/evidence/test_redact_differential.py`` holds the scan to the one before issue 34).
 
 A secret also reaches a line transformed, by a provider that reflects it or by code that
 normalises what it reports (the forward handler reduces a provider's refusal to UPPER_SNAKE), so
@@ -84,7 +87,18 @@ _SCHEMES = ("bearer", "basic", "token", "apikey", "api-key")
 
 _COARSE = re.compile(r"[^\s\"'`,;()<>\[\]{}&?|]+")
 _FINE = re.compile(r"[^\s\"'`,;()<>\[\]{}=:&?/@|\\]+")
+# What lets a text have more candidates than its coarse tokens: an inner delimiter, and the
+# characters _FINE stops at and _COARSE does not (see ``_candidates``).
+_HAS_INNER = re.compile("[" + re.escape("".join(sorted(_INNER_DELIMITERS))) + "]")
+_HAS_FINE_ONLY = re.compile(r"[=:/@\\]")
 _BEARER = re.compile(r"(?i)(?<![A-Za-z0-9])bearer\s+([A-Za-z0-9\-._~+/]+=*)")
+# The executor's own identifiers and digests, on every line, and the spans ``_candidates``' walk
+# finds in them: a UUID is one token; a digest is one token cut at its ':' (the whole, the text
+# before, the text after). Neither has whitespace, so no window of several words.
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_UUID_SPANS = ((0, 36),)
+_SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
+_SHA256_SPANS = ((0, 71), (0, 6), (7, 71))
 _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]{1,64})-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
 _JWS = re.compile(
     r"(?<![A-Za-z0-9_\-.])([A-Za-z0-9_-]{4,})\.([A-Za-z0-9_-]{2,})\.([A-Za-z0-9_-]*)"
@@ -112,6 +126,10 @@ class _View:
     word_counts: tuple[int, ...]
     header_re: re.Pattern[str] | None
     generation: int
+    # The UTF-8 lengths of every registered form, and the least of them: a form of another
+    # length cannot have a registered digest, so it is not hashed (see ``_secret_spans``).
+    lengths: frozenset[int] = frozenset()
+    min_length: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,6 +153,7 @@ class Redactor:
         self._digests: dict[bytes, str] = {}
         self._by_name: dict[str, frozenset[bytes]] = {}
         self._word_counts: dict[str, frozenset[int]] = {}
+        self._lengths: dict[str, frozenset[int]] = {}
         self._headers: frozenset[str] = frozenset()
         self._header_re: re.Pattern[str] | None = None
         # What a scan reads, rebuilt (never changed in place) whenever a secret or the header
@@ -165,23 +184,31 @@ class Redactor:
     def set_secret(self, name: str, value: bytes | bytearray) -> None:
         """Register (or, on rotation, replace) the digests of secret ``name``; keeps no value."""
         forms: set[bytes] = set()
+        lengths: set[int] = set()  # of every form digested: a scan hashes no form of another
+
+        def register(data: bytes) -> None:
+            forms.add(self._digest(data))
+            lengths.add(len(data))
+
         word_counts: set[int] = set()
         raw = bytes(value)
         if raw:
-            forms.add(self._digest(raw))
+            register(raw)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             text = None
         if raw:
-            forms.update(self._digest(encoded.encode("ascii")) for encoded in _encodings(raw))
+            for encoded in _encodings(raw):
+                register(encoded.encode("ascii"))
         if text is not None:
             for form, words in _natural_forms(text):
                 for variant in _transformed(form):
-                    forms.add(self._digest(variant.encode("utf-8", "surrogatepass")))
+                    register(variant.encode("utf-8", "surrogatepass"))
                 if len(form) >= MIN_TOKEN_LENGTH:
                     encoded_form = form.encode("utf-8", "surrogatepass")
-                    forms.update(self._digest(e.encode("ascii")) for e in _encodings(encoded_form))
+                    for e in _encodings(encoded_form):
+                        register(e.encode("ascii"))
                 if words > 1:
                     word_counts.add(words)
         with self._lock:
@@ -189,6 +216,7 @@ class Redactor:
             frozen = frozenset(forms)
             self._by_name[name] = frozen
             self._word_counts[name] = frozenset(word_counts)
+            self._lengths[name] = frozenset(lengths)
             for d in frozen:
                 self._digests[d] = name
             self._rebuild_view()
@@ -228,7 +256,7 @@ class Redactor:
             return text, ()
         spans: list[_Span] = []
         if view.digests:
-            spans.extend(self._secret_spans(text, view.digests, view.word_counts))
+            spans.extend(self._secret_spans(text, view))
         spans.extend(_shape_spans(text, view.header_re, jws=jws))
         if not spans:
             if len(text) <= _CLEAN_TEXT_MAX:
@@ -251,14 +279,31 @@ class Redactor:
     def _rebuild_view(self) -> None:
         """A new view of the digests, word counts and header pattern. Lock held."""
         word_counts = tuple(sorted({n for counts in self._word_counts.values() for n in counts}))
+        lengths = frozenset(n for each in self._lengths.values() for n in each)
         generation = self._view.generation + 1
-        self._view = _View(dict(self._digests), word_counts, self._header_re, generation)
+        self._view = _View(
+            dict(self._digests),
+            word_counts,
+            self._header_re,
+            generation,
+            lengths,
+            min(lengths, default=0),
+        )
         self._clean = {}
 
-    def _secret_spans(
-        self, text: str, digests: Mapping[bytes, str], word_counts: Sequence[int]
-    ) -> Iterator[_Span]:
-        for start, end in _candidates(text, word_counts):
+    def _secret_spans(self, text: str, view: _View) -> Iterator[_Span]:
+        """Each candidate's forms are hashed in order and the first registered one names it.
+
+        A form is hashed only if its UTF-8 length is one a registered form has: a digest of any
+        other length is not in ``view.digests``, so skipping it finds the same name (the first
+        form that matches is still the first). An ASCII candidate shorter than every registered
+        form is skipped whole: each of its forms (itself, single-spaced, case-folded, squashed)
+        is ASCII and no longer than it."""
+        digests, lengths = view.digests, view.lengths
+        shortest = view.min_length if text.isascii() else 0
+        for start, end in _candidates(text, view.word_counts):
+            if end - start < shortest:
+                continue
             candidate = text[start:end]
             forms = [candidate]
             if candidate.split() != [candidate]:  # it holds whitespace (str.isspace's)
@@ -266,7 +311,10 @@ class Redactor:
                 forms.append(" ".join(candidate.split()))
             forms.extend(_normalised(candidate))
             for form in dict.fromkeys(forms):  # a token already in normal form is hashed once
-                name = digests.get(self._digest(form.encode("utf-8", "surrogatepass")))
+                data = form.encode("utf-8", "surrogatepass")
+                if len(data) not in lengths:
+                    continue
+                name = digests.get(self._digest(data))
                 if name is not None:
                     yield _Span(start, end, KIND_SECRET, name)
                     break
@@ -284,6 +332,7 @@ class Redactor:
             if self._digests.get(d) == name:
                 del self._digests[d]
         self._word_counts.pop(name, None)
+        self._lengths.pop(name, None)
 
 
 def _hmac_states(key: bytes) -> tuple[Any, Any]:
@@ -370,37 +419,47 @@ def _encodings(raw: bytes) -> Iterator[str]:
         yield re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quoted)
 
 
-def _candidates(text: str, word_counts: Sequence[int]) -> Iterator[tuple[int, int]]:
-    seen: set[tuple[int, int]] = set()
+def _candidates(text: str, word_counts: Sequence[int]) -> Iterable[tuple[int, int]]:
+    """The spans a scan hashes, each once, in the order first found (a dict keeps it).
 
-    def once(start: int, end: int) -> Iterator[tuple[int, int]]:
-        if end > start and (start, end) not in seen:
-            seen.add((start, end))
-            yield start, end
-
+    A UUID or a ``sha256:`` digest in lower-case hex, alone, takes the spans the walk finds in
+    it, written out (``tests/evidence/test_redact_differential.py`` compares them with the
+    walk's); it is hashed as any other text, so one that is a secret is still redacted."""
+    if len(text) == 36 and _UUID.fullmatch(text) is not None:
+        return _UUID_SPANS
+    if len(text) == 71 and _SHA256.fullmatch(text) is not None:
+        return _SHA256_SPANS
+    spans: dict[tuple[int, int], None] = {}
     stripped_start = len(text) - len(text.lstrip())
-    yield from once(stripped_start, len(text.rstrip()))
+    stripped_end = len(text.rstrip())
+    if stripped_end > stripped_start:
+        spans[stripped_start, stripped_end] = None
+    # A text with no inner delimiter has no cuts; one without the characters only _FINE stops
+    # at has the same fine tokens as coarse ones (both are the maximal runs of what they take).
+    inner = _HAS_INNER.search(text) is not None
+    words: list[tuple[int, int]] = []
     for match in _COARSE.finditer(text):
-        start, end = match.span()
-        yield from once(start, end)
-        # Every stretch between two delimiters of a URL/assignment-like token: the value in
-        # `key=VALUE`, `user:VALUE@host`, `/path/VALUE/more` — bounded to keep scanning linear.
-        cuts = [start + i for i, ch in enumerate(match.group()) if ch in _INNER_DELIMITERS]
-        cuts = cuts[:_MAX_CUTS]
-        starts = [start, *(c + 1 for c in cuts)]
-        ends = [*cuts, end]
-        for s in starts:
-            for e in ends:
-                yield from once(s, e)
-    for match in _FINE.finditer(text):
-        yield from once(*match.span())
-    if word_counts:
-        # Windows of consecutive tokens; the slice is whitespace-normalised before hashing.
-        words = [m.span() for m in _COARSE.finditer(text)]
-        for count in word_counts:
-            for i in range(len(words) - count + 1):
-                # Compare the whitespace-normalised window: join its words with single spaces.
-                yield from once(words[i][0], words[i + count - 1][1])
+        start, end = span = match.span()
+        words.append(span)
+        spans[span] = None  # a key already there keeps its place
+        if inner:
+            # Every stretch between two delimiters of a URL/assignment-like token: the value in
+            # `key=VALUE`, `user:VALUE@host`, `/path/VALUE/more` — bounded to keep scanning linear.
+            cuts = [m.start() for m in _HAS_INNER.finditer(text, start, end)][:_MAX_CUTS]
+            starts = [start, *(c + 1 for c in cuts)]
+            ends = [*cuts, end]
+            for s in starts:
+                for e in ends:
+                    if e > s:
+                        spans[s, e] = None
+    if _HAS_FINE_ONLY.search(text) is not None:
+        for match in _FINE.finditer(text):
+            spans[match.span()] = None
+    # Windows of consecutive tokens; the slice is whitespace-normalised before hashing.
+    for count in word_counts:
+        for i in range(len(words) - count + 1):
+            spans[words[i][0], words[i + count - 1][1]] = None
+    return spans
 
 
 def _shape_spans(
@@ -409,14 +468,19 @@ def _shape_spans(
     if "-----BEGIN " in text:
         for match in _PEM.finditer(text):
             yield _Span(match.start(), match.end(), KIND_PEM, None)
-    if header_re is not None:
+    # Each recogniser below runs only where its literal part can be: the header pattern needs a
+    # ':' or '=', and "(?i)bearer" matches nothing that lower() does not turn into "bearer"
+    # (only ASCII letters case-fold to b, e, a or r in ``re``; the differential test checks
+    # every code point).
+    if header_re is not None and (":" in text or "=" in text):
         for match in header_re.finditer(text):
             start = match.start(1)
             value = match.group(1).rstrip()
             if value:
                 yield _Span(start, start + len(value), KIND_CREDENTIAL_HEADER, None)
-    for match in _BEARER.finditer(text):
-        yield _Span(*match.span(1), KIND_BEARER, None)
+    if "bearer" in text.lower():
+        for match in _BEARER.finditer(text):
+            yield _Span(*match.span(1), KIND_BEARER, None)
     if jws and "." in text:
         for match in _JWS.finditer(text):
             if _is_jws_header(match.group(1)):
@@ -514,36 +578,57 @@ def _clean_key(key: Any, redactor: Redactor | None, found: list[Found], path: st
     if redactor is None:
         return text
     redacted, hits = redactor.redact(text)
-    found.extend((_join(path, "<key>"), f.kind, f.secret) for f in hits)
+    if hits:
+        found.extend((_join(path, "<key>"), f.kind, f.secret) for f in hits)
     return redacted
 
 
 def _normalise(value: Any, redactor: Redactor | None, found: list[Found], path: str) -> Any:
-    if value is None or isinstance(value, bool):
+    # The exact types a line holds take their branch first; each is the branch the tests below
+    # would choose (a str, dict or list is no None, bool, int or float; bool has no subclass).
+    kind = type(value)
+    if kind is str:
+        return _text(value, redactor, found, path)
+    if value is None or kind is bool:
         return value
+    if kind is dict:
+        return _mapping(value, redactor, found, path)
+    if kind is list:
+        return [_normalise(v, redactor, found, f"{path}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, int):
         return value if abs(value) <= MAX_SAFE_INTEGER else str(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            key = _clean_key(k, redactor, found, path)
-            child = _join(path, key)
-            if redactor is not None and redactor.is_credential_field(key):
-                out[key] = "[REDACTED:CREDENTIAL_HEADER]"
-                found.append((child, "CREDENTIAL_HEADER", None))
-            else:
-                out[key] = _normalise(v, redactor, found, child)
-        return out
+        return _mapping(value, redactor, found, path)
     if isinstance(value, list | tuple | set | frozenset):
         items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
         return [_normalise(v, redactor, found, f"{path}[{i}]") for i, v in enumerate(items)]
-    text = _safe_text(value if isinstance(value, str) else str(value))
+    return _text(value if isinstance(value, str) else str(value), redactor, found, path)
+
+
+def _mapping(
+    value: Mapping[Any, Any], redactor: Redactor | None, found: list[Found], path: str
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        key = _clean_key(k, redactor, found, path)
+        child = _join(path, key)
+        if redactor is not None and redactor.is_credential_field(key):
+            out[key] = "[REDACTED:CREDENTIAL_HEADER]"
+            found.append((child, "CREDENTIAL_HEADER", None))
+        else:
+            out[key] = _normalise(v, redactor, found, child)
+    return out
+
+
+def _text(value: str, redactor: Redactor | None, found: list[Found], path: str) -> str:
+    text = _safe_text(value)
     if redactor is None:
         return text
     redacted, hits = redactor.redact(text)
-    found.extend((path, f.kind, f.secret) for f in hits)
+    if hits:
+        found.extend((path, f.kind, f.secret) for f in hits)
     return redacted
 
 
@@ -553,6 +638,8 @@ def _join(path: str, key: str) -> str:
 
 def _safe_text(text: str) -> str:
     """Replace lone surrogates, which have no UTF-8 form and no canonical JSON."""
+    if type(text) is str and text.isascii():  # no surrogate: as it is, without an encoded copy
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
