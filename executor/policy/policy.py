@@ -423,8 +423,9 @@ def build_validator(schema: Mapping[str, Any], *, path: str, strict: bool = Fals
 # judged inside it by the reference's own keyword functions (:class:`_ReferenceKeyword`), so the
 # ECMA-262 patterns, the format checkers and the float arithmetic are today's. Everything else
 # (``patternProperties``, ``unevaluated*``, ``$id``, ``$anchor``, ``$dynamicRef``, a ``$ref``
-# that is not local, ``dependentSchemas``, ``content*``, unknown keywords) keeps the schema on
-# ``jsonschema`` alone. tests/policy/test_fast_validator.py is the differential test.
+# other than ``#/$defs/NAME`` to an entry without ``$ref``, ``dependentSchemas``, ``content*``,
+# unknown keywords, a number past 2**53) keeps the schema on ``jsonschema`` alone.
+# tests/policy/test_fast_validator.py is the differential test.
 
 _RS_NATIVE: Final = frozenset(
     {
