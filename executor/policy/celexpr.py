@@ -94,7 +94,10 @@ class Activation:
     __slots__ = ("_context",)
 
     def __init__(self, variables: Mapping[str, Any]) -> None:
-        self._context = cel.Context(variables=dict(variables))
+        # The engine converts every value when the context is built and keeps no reference to
+        # the mapping, so a plain dict is handed over as it is (no copy per evaluation).
+        plain = variables if type(variables) is dict else dict(variables)
+        self._context = cel.Context(variables=plain)
 
     @property
     def context(self) -> Any:
