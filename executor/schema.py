@@ -14,6 +14,10 @@ U+2029. :data:`EcmaValidator` evaluates every pattern with ``regress`` (Python b
   pattern must be valid ECMA-262, so Python-only syntax (``(?P<name>...)``, ``\\Z``) is refused
   when the schema is loaded rather than read differently later.
 
+A schema whose ``$ref`` can lead back to itself without descending into the value
+(:func:`reference_cycle`) is refused (``SchemaError``) when it is loaded: every value reaching the
+cycle would recurse without end.
+
 ``unevaluatedProperties`` is refused (``SchemaError``) in a schema that also uses
 ``patternProperties`` (:func:`check_schema`): ``jsonschema`` decides which properties were
 evaluated with Python ``re`` internally, and there is no hook to change that. Everything else is
@@ -32,7 +36,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Final
+from urllib.parse import unquote
 
 import jsonschema
 import regress
@@ -173,3 +178,134 @@ def check_schema(schema: Mapping[str, Any]) -> None:
         for pattern in [node.get("pattern"), *node.get("patternProperties", {})]:
             if isinstance(pattern, str) and not _is_ecma_regex(pattern):
                 raise jsonschema.SchemaError(f"the pattern {pattern!r} is not ECMA-262")
+    if reference_cycle(schema):
+        raise jsonschema.SchemaError("a $ref leads back to itself without descending into a value")
+
+
+# Draft 2020-12's applicators: those that apply a subschema to the SAME value as the schema
+# holding them, and those that descend into a property, an item or a name of it.
+_IN_PLACE_ONE: Final = ("not", "if", "then", "else")
+_IN_PLACE_LIST: Final = ("allOf", "anyOf", "oneOf")
+_IN_PLACE_MAP: Final = ("dependentSchemas",)
+_DESCEND_ONE: Final = (
+    "additionalProperties",
+    "propertyNames",
+    "items",
+    "contains",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
+_DESCEND_LIST: Final = ("prefixItems",)
+_DESCEND_MAP: Final = ("properties", "patternProperties")
+
+
+def reference_cycle(schema: Mapping[str, Any]) -> bool:
+    """Whether a ``$ref`` (or ``$dynamicRef``) reachable from the root can lead back, through
+    in-place applicators only (``allOf``, ``not``, ``if`` ...), to a schema already being applied
+    to the same value. ``jsonschema`` then recurses until ``RecursionError`` on every value that
+    gets there, and the reference resolver under it (``referencing`` over ``rpds``) can panic
+    instead, which is not an ``Exception``. A recursive schema that descends (a tree whose
+    ``children`` items refer to the node) is not such a cycle.
+
+    Hand-written: no JSON Schema library reports these cycles. Only references the document
+    resolves itself are followed: ``#``, a JSON pointer ``#/...`` or an ``$anchor`` /
+    ``$dynamicAnchor`` name, within the resource of the nearest ``$id``, or an ``$id`` named
+    exactly. Any other reference is left to the validator (unresolvable, it is refused when a
+    value is checked)."""
+    where: dict[int, Mapping[str, Any]] = {}  # a schema's id() -> its resource's root
+    by_pointer: dict[tuple[int, str], Mapping[str, Any]] = {}
+    by_anchor: dict[tuple[int, str], Mapping[str, Any]] = {}
+    by_id: dict[str, Mapping[str, Any]] = {}
+
+    def index(node: Any, resource: Mapping[str, Any], pointer: str) -> None:
+        if isinstance(node, Mapping):
+            if isinstance(node.get("$id"), str):
+                by_id[node["$id"]] = node
+                if node is not resource:
+                    resource, pointer = node, ""
+            where[id(node)] = resource
+            by_pointer[(id(resource), pointer)] = node
+            for name in ("$anchor", "$dynamicAnchor"):
+                if isinstance(node.get(name), str):
+                    by_anchor[(id(resource), node[name])] = node
+            for key, value in node.items():
+                index(value, resource, f"{pointer}/{_escape(str(key))}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                index(value, resource, f"{pointer}/{i}")
+
+    index(schema, schema, "")
+
+    def target(node: Mapping[str, Any], ref: str) -> Mapping[str, Any] | None:
+        uri, hashed, fragment = ref.partition("#")
+        resource = by_id.get(uri) if uri else where.get(id(node))
+        if resource is None or not hashed:
+            return resource
+        fragment = unquote(fragment)
+        if not fragment:
+            return resource
+        if fragment.startswith("/"):
+            return by_pointer.get((id(resource), fragment))
+        return by_anchor.get((id(resource), fragment))
+
+    def applied(node: Mapping[str, Any], *, in_place: bool) -> list[Mapping[str, Any]]:
+        out: list[Mapping[str, Any]] = []
+        for keyword in ("$ref", "$dynamicRef"):
+            ref = node.get(keyword)
+            found = target(node, ref) if isinstance(ref, str) else None
+            if found is not None:
+                out.append(found)
+        groups = (
+            (_IN_PLACE_ONE, _IN_PLACE_LIST, _IN_PLACE_MAP)
+            if in_place
+            else (
+                _IN_PLACE_ONE + _DESCEND_ONE,
+                _IN_PLACE_LIST + _DESCEND_LIST,
+                _IN_PLACE_MAP + _DESCEND_MAP,
+            )
+        )
+        ones, lists, maps = groups
+        out.extend(node[k] for k in ones if isinstance(node.get(k), Mapping))
+        for k in lists:
+            if isinstance(node.get(k), list):
+                out.extend(item for item in node[k] if isinstance(item, Mapping))
+        for k in maps:
+            if isinstance(node.get(k), Mapping):
+                out.extend(item for item in node[k].values() if isinstance(item, Mapping))
+        return out
+
+    # Every schema a value can reach from the root, then a cycle among them through in-place
+    # applicators and references (an iterative depth-first search: no recursion limit).
+    reachable: dict[int, Mapping[str, Any]] = {id(schema): schema}
+    pending = [schema]
+    while pending:
+        for child in applied(pending.pop(), in_place=False):
+            if id(child) not in reachable:
+                reachable[id(child)] = child
+                pending.append(child)
+    done: set[int] = set()
+    for start in reachable.values():
+        if id(start) in done:
+            continue
+        on_path = {id(start)}
+        stack = [(start, applied(start, in_place=True), 0)]
+        while stack:
+            node, children, at = stack[-1]
+            if at == len(children):
+                stack.pop()
+                on_path.discard(id(node))
+                done.add(id(node))
+                continue
+            stack[-1] = (node, children, at + 1)
+            child = children[at]
+            if id(child) in on_path:
+                return True
+            if id(child) not in done:
+                on_path.add(id(child))
+                stack.append((child, applied(child, in_place=True), 0))
+    return False
+
+
+def _escape(key: str) -> str:
+    """A JSON pointer's reference token (RFC 6901): ``~`` as ``~0``, ``/`` as ``~1``."""
+    return key.replace("~", "~0").replace("/", "~1")

@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from agentsafe.executor.schema import EcmaValidator, check_schema, ecma_search
+from agentsafe.executor.schema import EcmaValidator, check_schema, ecma_search, reference_cycle
 
 
 def valid(schema: dict[str, Any], instance: Any) -> bool:
@@ -123,3 +123,74 @@ def test_a_lone_surrogate_matches_no_pattern_and_never_raises() -> None:
     assert not valid({"type": "string", "pattern": "^.*$"}, "a\ud800")
     with pytest.raises(jsonschema.SchemaError):
         check_schema({"type": "string", "pattern": "\ud800"})
+
+
+_OBJ: dict[str, Any] = {"type": "object"}
+_CYCLES: dict[str, tuple[dict[str, Any], bool]] = {
+    "the root refers to itself": ({**_OBJ, "$ref": "#"}, True),
+    "a definition refers to itself": (
+        {**_OBJ, "$defs": {"a": {"$ref": "#/$defs/a"}}, "properties": {"x": {"$ref": "#/$defs/a"}}},
+        True,
+    ),
+    "two definitions through allOf": (
+        {
+            **_OBJ,
+            "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"allOf": [{"$ref": "#/$defs/a"}]}},
+            "properties": {"x": {"$ref": "#/$defs/a"}},
+        },
+        True,
+    ),
+    "anyOf back to the root": ({**_OBJ, "anyOf": [{"type": "string"}, {"$ref": "#"}]}, True),
+    "an anchor under not": (
+        {**_OBJ, "$defs": {"a": {"$anchor": "A", "not": {"$ref": "#A"}}}, "$ref": "#/$defs/a"},
+        True,
+    ),
+    "an escaped pointer": (
+        {**_OBJ, "$defs": {"a/b": {"$ref": "#/$defs/a~1b"}}, "$ref": "#/$defs/a~1b"},
+        True,
+    ),
+    "a percent-encoded pointer": (
+        {**_OBJ, "$defs": {"a b": {"$ref": "#/$defs/a%20b"}}, "$ref": "#/$defs/a%20b"},
+        True,
+    ),
+    "a loop no value reaches": ({**_OBJ, "$defs": {"a": {"$ref": "#/$defs/a"}}}, False),
+    "a tree that descends": (
+        {
+            **_OBJ,
+            "$defs": {
+                "n": {
+                    "type": "object",
+                    "properties": {"c": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+                }
+            },
+            "properties": {"root": {"$ref": "#/$defs/n"}},
+        },
+        False,
+    ),
+    "one definition used twice": (
+        {
+            **_OBJ,
+            "$defs": {"s": {"type": "string"}},
+            "properties": {
+                "a": {"$ref": "#/$defs/s"},
+                "b": {"allOf": [{"$ref": "#/$defs/s"}, {"$ref": "#/$defs/s"}]},
+            },
+        },
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CYCLES))
+def test_a_reference_cycle_that_never_descends_is_found(name: str) -> None:
+    schema, cycle = _CYCLES[name]
+    assert reference_cycle(schema) is cycle
+    if cycle:
+        with pytest.raises(jsonschema.SchemaError, match="leads back to itself"):
+            check_schema(schema)
+        # what the check keeps out: the validator recursing without end on any value
+        with pytest.raises(RecursionError):
+            EcmaValidator(schema).is_valid({"x": {}})
+    else:
+        check_schema(schema)
+        EcmaValidator(schema).is_valid({"x": {}, "root": {"c": [{"c": []}]}})

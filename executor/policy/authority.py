@@ -768,7 +768,11 @@ def _check_parameters(action: CompiledAction, parameters: Mapping[str, Any]) -> 
         return None
     try:
         valid = action.validator.is_valid(parameters)
-    except Exception:  # an unresolvable $ref or a validator bug: refuse, never allow
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException:
+        # An unresolvable $ref, a recursion with no end, a validator bug, or a Rust panic in
+        # the reference resolver under it (``rpds``, a ``BaseException``): refuse, never allow.
         return Code.POLICY_EVALUATION_ERROR
     return None if valid else Code.PARAMETERS_INVALID
 

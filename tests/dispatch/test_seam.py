@@ -160,6 +160,15 @@ def test_register_requires_a_strict_valid_schema(schema: Any) -> None:
     assert registry.names() == ()
 
 
+def test_register_refuses_a_schema_whose_ref_leads_back_to_itself() -> None:
+    registry = Registry()
+    schema = {"type": "object", "additionalProperties": False, "allOf": [{"$ref": "#"}]}
+    with pytest.raises(HandlerError) as err:
+        registry.register("create_payout", ScriptedHandler("ok", schema=schema))
+    assert err.value.code == "SCHEMA_INVALID"
+    assert registry.names() == ()
+
+
 def test_register_refuses_duplicates_bad_names_and_anything_after_seal() -> None:
     registry = Registry()
     registry.register("create_payout", ScriptedHandler("ok"))

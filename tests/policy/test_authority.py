@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import uuid
 from pathlib import Path
@@ -809,4 +810,50 @@ async def test_self_approval_in_other_capitals_is_refused(
     assert (decision.verdict, decision.reason_codes) == (
         Verdict.BLOCK,
         ("SEPARATION_OF_DUTIES_VIOLATED",),
+    )
+
+
+def test_a_parameter_schema_whose_ref_leads_back_to_itself_is_refused_when_loaded() -> None:
+    looping = {
+        "name": "looping",
+        "handler": "loose_handler",
+        "parameters": {
+            "type": "object",
+            "$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}},
+            "properties": {"x": {"$ref": "#/$defs/a"}},
+        },
+        "rules": [{"name": "any", "when": "true", "verdict": "ALLOW"}],
+    }
+    with pytest.raises(PolicyError) as info:
+        policy([looping])
+    assert info.value.code == "POLICY_INVALID"
+    assert "leads back to itself" in str(info.value)
+
+
+class _Panic(BaseException):
+    """Stands in for pyo3's ``PanicException`` (a ``BaseException``), which the reference
+    resolver under ``jsonschema`` (``referencing`` over ``rpds``) can raise."""
+
+
+class _PanickingValidator:
+    """A test double for a reference validator that panics on every value."""
+
+    def is_valid(self, instance: Any) -> bool:
+        raise _Panic("rpds")
+
+
+async def test_a_reference_validator_that_panics_blocks_with_an_evaluation_error(
+    clock: ManualClock, store: FakeUseStore, key: SigningKey
+) -> None:
+    compiled = policy(EXTRA)
+    action = compiled.actions["broken_rule"]
+    compiled.actions["broken_rule"] = dataclasses.replace(
+        action, validator=_PanickingValidator(), fast_validator=None
+    )
+    local = LocalAuthority(compiled, keys=key, store=store, clock=clock)
+    subject = intent(clock, action="broken_rule", parameters={"amount": 5})
+    decision = await local.evaluate(subject, principal=PROPOSER)
+    assert (decision.verdict, decision.reason_codes) == (
+        Verdict.BLOCK,
+        ("POLICY_EVALUATION_ERROR",),
     )
