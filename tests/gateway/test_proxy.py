@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -334,16 +335,32 @@ async def test_one_connection_over_the_gateways_per_source_cap_is_refused(
             "EXECUTOR_HEADER_TIMEOUT_SECONDS": "120",
         },
     )
+    request = b"POST /pay HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
     held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def hold_one() -> bool:
+        # A connection is known to be admitted (and counted) only once it has been answered:
+        # start_proxy's probe connection may still be counted by the gate for a moment after
+        # the probe closed it, so a connection refused then is dropped and another is opened.
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(request)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=30)
+        if head.split(b" ", 2)[1] != b"201":
+            writer.close()
+            return len(held) == 2
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        await reader.readexactly(int(length.group(1)) if length else 0)
+        held.append((reader, writer))  # kept alive: the gate counts it until it closes
+        return len(held) == 2
+
     try:
-        for _ in range(2):
-            held.append(await asyncio.open_connection("127.0.0.1", proxy.port))
-        request = b"POST /pay HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+        await wait_until(hold_one, timeout=60, what="two admitted connections")
         data = await raw(proxy.port, request)
         status, body = status_and_json(data)
         assert status == 503
         assert body["error"]["code"] == "CONNECTION_LIMIT_REACHED"
-        assert upstream.received == []
+        assert len(upstream.received) == 2, "only the two admitted connections' requests"
     finally:
         for _, writer in held:
             writer.close()
