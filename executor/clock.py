@@ -7,6 +7,7 @@ listed.
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import UTC, datetime
 from typing import Protocol
@@ -81,8 +82,20 @@ def utc_day(epoch_seconds: float) -> str:
 
 
 def parse_ms(text: str) -> float:
-    """Parse a timestamp written by :func:`format_ms`; anything else raises ``ValueError``."""
+    """Parse a timestamp written by :func:`format_ms`; anything else raises ``ValueError``.
+
+    A request reads the same few seconds again and again (its intent's capture and expiry, its
+    grant's), and a ``strptime`` per call was 7 µs (issue 34): the epoch of each whole second is
+    kept (:func:`_epoch_of_second`, a bounded cache of a pure function; a text it refuses is
+    refused again each time, never cached), so the value and every exception are those of the
+    former code; ``tests/test_clock.py`` holds it to that code."""
     if len(text) != 24 or text[-1] != "Z" or text[19] != ".":
         raise ValueError("not a millisecond UTC timestamp")
-    dt = datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
-    return dt.timestamp() + int(text[20:23]) / 1000
+    return _epoch_of_second(text[:19]) + int(text[20:23]) / 1000
+
+
+@functools.lru_cache(maxsize=1024)
+def _epoch_of_second(head: str) -> float:
+    """The epoch seconds of ``2026-08-14T10:00:00`` (UTC); raises ``ValueError`` as
+    ``strptime`` does."""
+    return datetime.strptime(head, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()

@@ -30,6 +30,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from .canonical import MAX_SAFE_INTEGER, sha256_digest
@@ -107,11 +108,14 @@ class CapturedIntent:
         value = context.get("caller_principal")
         return str(value) if value is not None else None
 
-    @property
+    # The binding is pinned by its hash when the intent is made, so what is read from it is
+    # read once: the grant, the claim, the seam and the evidence each ask for the payload digest
+    # and the expiry (a canonical walk and a hash, a timestamp parse: issue 34).
+    @cached_property
     def captured_at(self) -> float:
         return parse_ms(str(self.binding["captured_at"]))
 
-    @property
+    @cached_property
     def expires_at(self) -> float:
         return parse_ms(str(self.binding["expires_at"]))
 
@@ -119,7 +123,7 @@ class CapturedIntent:
     def expires_at_text(self) -> str:
         return str(self.binding["expires_at"])
 
-    @property
+    @cached_property
     def payload_digest(self) -> str:
         """``execution_payload_digest``: the digest of exactly what will be sent."""
         return execution_payload_digest(self.parameters)

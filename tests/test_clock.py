@@ -129,3 +129,71 @@ def test_threads_formatting_other_seconds_at_once_each_write_their_own() -> None
     finally:
         sys.setswitchinterval(interval)
     assert wrong == []
+
+
+def _parse_ms_by_strptime(text: str) -> float:
+    """``parse_ms`` as it was before issue 34 (a ``strptime`` per call): the oracle the kept
+    seconds are held to."""
+    from datetime import UTC, datetime
+
+    if len(text) != 24 or text[-1] != "Z" or text[19] != ".":
+        raise ValueError("not a millisecond UTC timestamp")
+    dt = datetime.strptime(text[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    return dt.timestamp() + int(text[20:23]) / 1000
+
+
+def _parsed(function: Callable[[str], float], text: str) -> tuple[str, object]:
+    try:
+        return ("value", function(text))
+    except Exception as exc:  # the exception is the outcome compared
+        return (type(exc).__name__, str(exc))
+
+
+# Texts format_ms writes, and texts that look like them but are not: one character replaced
+# (a digit out of range, a space, a non-ASCII digit, a sign), a field shortened and the text
+# padded back to 24, any 24 characters.
+_STAMP_CHARS = st.sampled_from("0123456789-:TZ. +\u0661x")
+
+
+@st.composite
+def _near_stamps(draw: st.DrawFn) -> str:
+    text = format_ms(draw(st.one_of(_NEAR_NOW, st.floats(-62_135_596_800.0, 253_402_300_799.0))))
+    for _ in range(draw(st.integers(0, 3))):
+        at = draw(st.integers(0, len(text) - 1))
+        text = text[:at] + draw(_STAMP_CHARS) + text[at + 1 :]
+    return text
+
+
+@settings(max_examples=500)
+@given(
+    st.lists(
+        st.one_of(_near_stamps(), st.text(_STAMP_CHARS, min_size=24, max_size=24), st.text()),
+        min_size=1,
+        max_size=10,
+    )
+)
+def test_the_kept_seconds_parse_what_strptime_parsed(texts: list[str]) -> None:
+    for text in [*texts, *texts]:  # each parsed, then parsed again from the kept second
+        assert _parsed(parse_ms, text) == _parsed(_parse_ms_by_strptime, text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-08-14T10:00:00.000Z",
+        "2000-02-29T23:59:59.999Z",
+        "2001-02-29T00:00:00.000Z",  # no such day: strptime refuses
+        "2026-13-01T00:00:00.000Z",
+        "2026-08-14T24:00:00.000Z",
+        "2026-08-14T10:00:61.000Z",  # strptime reads %S up to 61
+        "2026-08-14T10:00:60.000Z",
+        "2026-8-14T10:00:00.0000Z",  # %m reads one digit, the fraction is then "00Z"[:3]
+        "0001-01-01T00:00:00.000Z",
+        "9999-12-31T23:59:59.999Z",
+        "2026-08-14T10:00:00.-01Z",
+        "2026-08-14T10:00:00. 1 Z",
+    ],
+)
+def test_the_edges_parse_or_raise_what_strptime_did(text: str) -> None:
+    for _ in range(2):
+        assert _parsed(parse_ms, text) == _parsed(_parse_ms_by_strptime, text)

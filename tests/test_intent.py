@@ -404,3 +404,30 @@ def test_separation_of_duties_compares_names_folded() -> None:
     # a look-alike of another script is another name here (the display marks it instead)
     other = Principal(id="lead", role=Role.APPROVER, actor=Actor("\u0430gent-1", "HUMAN"))
     check_separation(other, intent)  # type: ignore[arg-type]
+
+
+def test_what_an_intent_reads_from_its_binding_is_read_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The payload digest and the timestamps are computed once per intent (issue 34: the
+    grant, the claim, the seam and the evidence each ask), and are what a fresh reading gives."""
+    from agentsafe.executor import intent as intent_module
+
+    intent: Any = _capture()
+    fresh = (
+        intent_module.execution_payload_digest(intent.parameters),
+        parse_ms(intent.binding["captured_at"]),
+        parse_ms(intent.binding["expires_at"]),
+    )
+    calls: list[str] = []
+    monkeypatch.setattr(
+        intent_module,
+        "execution_payload_digest",
+        lambda parameters: calls.append("digest") or fresh[0],
+    )
+    monkeypatch.setattr(
+        intent_module, "parse_ms", lambda text: calls.append("parse") or parse_ms(text)
+    )
+    for _ in range(3):
+        assert (intent.payload_digest, intent.captured_at, intent.expires_at) == fresh
+    assert calls == ["digest", "parse", "parse"]
