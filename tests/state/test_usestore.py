@@ -228,6 +228,31 @@ async def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
     assert caught.value.code == "STORE_CLOSED"
 
 
+async def test_the_allow_writes_hand_back_their_futures(tmp_path: Path) -> None:
+    """Issue 32: the three writes of an ALLOW are the write's own future (no store frame in the
+    request's await chain); a closed store refuses at the call, as it refused when awaited."""
+    store = await SQLiteUseStore.open(tmp_path / "state", clock=ManualClock(NOW))
+    ids = {"tenant": "acme", "principal": "agent-1", "key": "k"}
+    begun = store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW)
+    claimed = store.claim_grant("g", binding_digest="d", expires_at=NOW + 60, now=NOW)
+    assert isinstance(begun, asyncio.Future)
+    assert isinstance(claimed, asyncio.Future)
+    assert (await begun).kind is IdempotencyKind.NEW
+    assert await claimed
+    completed = store.idempotency_complete(**ids, response={"x": 1}, now=NOW)
+    assert isinstance(completed, asyncio.Future)
+    assert await completed is None
+    await store.close()
+    for write in (
+        lambda: store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW),
+        lambda: store.claim_grant("g", binding_digest="d", expires_at=NOW, now=NOW),
+        lambda: store.idempotency_complete(**ids, response={"x": 1}, now=NOW),
+    ):
+        with pytest.raises(StoreError) as caught:
+            write()
+        assert caught.value.code == "STORE_CLOSED"
+
+
 # -- grant claims ------------------------------------------------------------------------------
 
 
