@@ -16,8 +16,16 @@
    read the effect record the adapter registered (EFFECT_MISMATCH halts or alerts through
    ``on_effect_mismatch``); then record the answer.
 
-Which handler runs an action is asked once per request (``_handler``); the owner and action
-checks are the door's and the intent's own (``check_action``, ``check_intent_owner``).
+Which handler runs an action is asked once per request; the owner and action checks are the
+door's and the intent's own (``check_action``, ``check_intent_owner``).
+
+Tasks (issue 32): the proposal route runs :meth:`Pipeline.propose` as its own task and
+:meth:`Pipeline.act` runs the attempt as its own task, each awaited where it is made (cancelling
+the awaiting task cancels it), so a resumption after a durable step starts at the coroutine that
+waited instead of walking the whole request again. A task inherits its parent's context: on the
+shared store the key holder that ``idempotency_begin`` sets in the pipeline's task
+(``state/pgconn.py`` ``HELD_KEY``) is seen by the attempt's task, which opens its attempt under
+it, and the pipeline's task lets go of it when it completes or frees the key.
 
 An ESCALATE opens an approval request (``escalations.py``'s ``EscalationRequests``); the
 reconciliation route (``reconciliations.py``) and the escalations' resume and cancel
@@ -183,7 +191,7 @@ class Pipeline:
         """The registered handler that runs ``action``, or 422 ACTION_NOT_REGISTERED."""
         handler = self._catalog.handler_for(action)
         if handler is None:
-            raise RequestRejected(Code.ACTION_NOT_REGISTERED, "no handler runs this action")
+            raise RequestRejected(Code.ACTION_NOT_REGISTERED, _NOT_REGISTERED)
         return handler
 
     def check(self, principal: Principal, check: Callable[[], None]) -> None:
@@ -211,11 +219,24 @@ class Pipeline:
     # ------------------------------------------------------------------ proposals
 
     async def propose(self, principal: Principal, proposal: Proposal) -> Answer:
+        """``POST /v1/actions``, steps 1 to 3 here and the rest in :meth:`_propose_new`.
+
+        The route runs it as its own task, so a resumption after a store write starts here. The
+        action check and the handler lookup are this stage's own (written here, not through
+        :meth:`check` and :meth:`handler`, which the escalations and the reconciliation route
+        share): each helper call after a call into another module is one more visit of the
+        pipeline on every request (issue 32)."""
         halted = self.halted(principal)
         if halted is not None:
             return halted
-        self.check(principal, lambda: check_action(principal, proposal.action))
-        handler = self.handler(proposal.action)
+        try:
+            check_action(principal, proposal.action)
+        except RequestRejected as exc:  # counts toward the principal's window, as check() does
+            self._on_forbidden(principal, exc.code)
+            raise
+        handler = self._catalog.handler_for(proposal.action)
+        if handler is None:
+            raise RequestRejected(Code.ACTION_NOT_REGISTERED, _NOT_REGISTERED)
         assert principal.tenant_id is not None
         return await self.once(
             tenant=principal.tenant_id,
@@ -482,15 +503,24 @@ class Pipeline:
                 escalation=await self.requests.open(intent, principal, decision),
             )
             return Answer(200, body)
-        return await self._attempt.run(
-            intent=intent,
-            principal=principal,
-            decision=decision,
-            handler=handler,
-            common=common,
-            progress=progress,
+        # The attempt runs as its own task, awaited here (cancelling this one cancels it): its
+        # resumptions after each durable step start at the attempt, not again at the pipeline
+        # (issue 32). It inherits this task's context, so on the shared store the key holder
+        # idempotency_begin set (state/pgconn.py HELD_KEY) fences its ATTEMPT_OPENED; the key
+        # is completed or released here afterwards, in the task that began it.
+        return await asyncio.ensure_future(
+            self._attempt.run(
+                intent=intent,
+                principal=principal,
+                decision=decision,
+                handler=handler,
+                common=common,
+                progress=progress,
+            )
         )
 
+
+_NOT_REGISTERED = "no handler runs this action"
 
 _FINAL_OUTCOMES = frozenset({*(outcome.value for outcome in Outcome), *RECORDED_STATUSES})
 """Answers recorded for a key and replayed; anything else (a 5xx, a shadow UNAVAILABLE) frees it."""
