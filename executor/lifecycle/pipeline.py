@@ -20,18 +20,19 @@ Which handler runs an action is asked once per request; the owner and action che
 door's and the intent's own (``check_action``, ``check_intent_owner``).
 
 Tasks (issue 32): the proposal route runs :meth:`Pipeline.propose` as its own task and
-:meth:`Pipeline.act` runs the attempt as its own task, each awaited where it is made (cancelling
-the awaiting task cancels it), so a resumption after a durable step starts at the coroutine that
-waited instead of walking the whole request again. A task inherits its parent's context: on the
-shared store the key holder that ``idempotency_begin`` sets in the pipeline's task
-(``state/pgconn.py`` ``HELD_KEY``) is seen by the attempt's task, which opens its attempt under
-it, and the pipeline's task lets go of it when it completes or frees the key.
+:meth:`Pipeline.decide_and_act` runs the attempt as its own task, each awaited where it is made
+(cancelling the awaiting task cancels it), so a resumption after a durable step starts at the
+coroutine that waited instead of walking the whole request again. A task inherits its parent's
+context: on the shared store the key holder that ``idempotency_begin`` sets in the pipeline's
+task (``state/pgconn.py`` ``HELD_KEY``) is seen by the attempt's task, which opens its attempt
+under it, and the pipeline's task lets go of it when it completes or frees the key.
 
 An ESCALATE opens an approval request (``escalations.py``'s ``EscalationRequests``); the
 reconciliation route (``reconciliations.py``) and the escalations' resume and cancel
 (``escalations.py``) live beside the pipeline and reuse its checks, its once-per-key rule and its
-path to the authority and the attempt (``check``, ``handler``, ``halted``, ``once``, ``decide``,
-``act``). What the pipeline and its attempts report goes to one ``Outcomes`` (``outcomes.py``).
+path to the authority and the attempt (``check``, ``handler``, ``halted``, ``once``,
+``decide_and_act``). What the pipeline and its attempts report goes to one ``Outcomes``
+(``outcomes.py``).
 
 Callers: ``routes/app.py`` (HTTP), ``assembly.py`` (construction), ``plane.py`` (holds it),
 ``escalations.py`` and ``reconciliations.py`` (type only), tests.
@@ -371,24 +372,33 @@ class Pipeline:
                 "payload_digest": intent.payload_digest,
             },
         )
-        view = self.registry.admit(handler, proposal.target, intent.parameters)
-        if self._ceilings is not None:
-            try:
-                await self._ceilings.check(view)
-            except RequestRejected as exc:
-                self.outcomes.ceiling_refused(intent, principal, exc.code, "CHECK")
-                raise
-        decision = await self.decide(intent, principal)
-        if decision is None:
-            return self.unavailable(intent, principal)
-        return await self.act(intent, principal, decision, handler, progress)
+        return await self.decide_and_act(intent, principal, handler, progress)
 
-    async def decide(
+    async def decide_and_act(
         self,
         intent: CapturedIntent,
         principal: Principal,
+        handler: str,
+        progress: Progress,
         approval: Mapping[str, Any] | None = None,
-    ) -> Decision | None:
+    ) -> Answer:
+        """Steps 5 to 7 for a new proposal and an approved escalation alike: ask the authority
+        about ``intent`` and act on its answer, in one flow (issue 32: a helper called after a
+        call into another module is one more visit of the pipeline on every request).
+
+        A new proposal (no ``approval``) is first admitted by its handler and checked against
+        the host ceilings; an approved escalation was, when it was proposed. An authority that
+        cannot answer, or answers with too much clock skew, is :meth:`unavailable`; shadow,
+        BLOCK and ESCALATE are answered without an attempt (:meth:`_without_attempt`); an ALLOW
+        runs its attempt as its own task (see the module docstring)."""
+        if approval is None:
+            view = self.registry.admit(handler, intent.resource, intent.parameters)
+            if self._ceilings is not None:
+                try:
+                    await self._ceilings.check(view)
+                except RequestRejected as exc:
+                    self.outcomes.ceiling_refused(intent, principal, exc.code, "CHECK")
+                    raise
         asked = self.clock.now()
         try:
             decision = await self._authority.evaluate(
@@ -396,12 +406,12 @@ class Pipeline:
             )
         except AgentSafeError:
             log.exception("the authority could not answer")
-            return None
+            return self.unavailable(intent, principal)
         skew = abs(decision.authority_time - (asked + self.clock.now()) / 2)
         if skew > self._max_skew:
             self.streams.security.emit("CLOCK_SKEW_EXCEEDED", {"skew_ms": int(skew * 1000)})
             self._on_clock_skew(skew)
-            return None
+            return self.unavailable(intent, principal)
         if self._metrics is not None:
             self._metrics.proposals.inc(verdict=decision.verdict.value)
         self.streams.evidence.emit(
@@ -416,7 +426,31 @@ class Pipeline:
                 "caller": principal.id,
             },
         )
-        return decision
+        common: dict[str, Any] = {
+            "mode": self.mode.value,
+            "intent_id": intent.intent_id,
+            "intent_hash": intent.intent_hash,
+            "verdict": decision.verdict.value,
+            "decision_id": decision.decision_id,
+            "dossier_id": decision.dossier_id,
+        }
+        if self.mode is ExecutorMode.SHADOW or decision.verdict is not Verdict.ALLOW:
+            return await self._without_attempt(intent, principal, decision, common)
+        # The attempt runs as its own task, awaited here (cancelling this one cancels it): its
+        # resumptions after each durable step start at the attempt, not again at the pipeline
+        # (issue 32). It inherits this task's context, so on the shared store the key holder
+        # idempotency_begin set (state/pgconn.py HELD_KEY) fences its ATTEMPT_OPENED; the key
+        # is completed or released here afterwards, in the task that began it.
+        return await asyncio.ensure_future(
+            self._attempt.run(
+                intent=intent,
+                principal=principal,
+                decision=decision,
+                handler=handler,
+                common=common,
+                progress=progress,
+            )
+        )
 
     def unavailable(self, intent: CapturedIntent, principal: Principal) -> Answer:
         if self.mode is ExecutorMode.SHADOW:
@@ -446,22 +480,15 @@ class Pipeline:
         )
         return Answer(503, body)
 
-    async def act(
+    async def _without_attempt(
         self,
         intent: CapturedIntent,
         principal: Principal,
         decision: Decision,
-        handler: str,
-        progress: Progress,
+        common: dict[str, Any],
     ) -> Answer:
-        common: dict[str, Any] = {
-            "mode": self.mode.value,
-            "intent_id": intent.intent_id,
-            "intent_hash": intent.intent_hash,
-            "verdict": decision.verdict.value,
-            "decision_id": decision.decision_id,
-            "dossier_id": decision.dossier_id,
-        }
+        """The answer to a decision that starts no attempt: any verdict in shadow, else BLOCK
+        or ESCALATE (an approval request opened)."""
         if self.mode is ExecutorMode.SHADOW:
             status = "INVALID" if Code.PARAMETERS_INVALID in decision.reason_codes else "OBSERVED"
             self.shadow.record(intent.action, decision.verdict.value, status)
@@ -492,32 +519,16 @@ class Pipeline:
                 executed=False,
             )
             return Answer(200, body)
-        if decision.verdict is Verdict.ESCALATE:
-            self.outcomes.outcome(Outcome.ESCALATE_PENDING)
-            body = decision_answer(
-                **common,
-                reason_codes=decision.reason_codes,
-                fail_closed=False,
-                outcome=Outcome.ESCALATE_PENDING.value,
-                executed=False,
-                escalation=await self.requests.open(intent, principal, decision),
-            )
-            return Answer(200, body)
-        # The attempt runs as its own task, awaited here (cancelling this one cancels it): its
-        # resumptions after each durable step start at the attempt, not again at the pipeline
-        # (issue 32). It inherits this task's context, so on the shared store the key holder
-        # idempotency_begin set (state/pgconn.py HELD_KEY) fences its ATTEMPT_OPENED; the key
-        # is completed or released here afterwards, in the task that began it.
-        return await asyncio.ensure_future(
-            self._attempt.run(
-                intent=intent,
-                principal=principal,
-                decision=decision,
-                handler=handler,
-                common=common,
-                progress=progress,
-            )
+        self.outcomes.outcome(Outcome.ESCALATE_PENDING)
+        body = decision_answer(
+            **common,
+            reason_codes=decision.reason_codes,
+            fail_closed=False,
+            outcome=Outcome.ESCALATE_PENDING.value,
+            executed=False,
+            escalation=await self.requests.open(intent, principal, decision),
         )
+        return Answer(200, body)
 
 
 _NOT_REGISTERED = "no handler runs this action"
