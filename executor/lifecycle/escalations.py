@@ -177,10 +177,9 @@ class Escalations:
         }
 
         async def run(progress: Progress) -> Answer:
-            decision = await self.pipeline.decide(intent, principal, approval)
-            if decision is None:
-                return self.pipeline.unavailable(intent, principal)
-            return await self.pipeline.act(intent, principal, decision, handler, progress)
+            return await self.pipeline.decide_and_act(
+                intent, principal, handler, progress, approval
+            )
 
         return await self.pipeline.once(
             tenant=intent.tenant_id,

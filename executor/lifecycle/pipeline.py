@@ -16,14 +16,23 @@
    read the effect record the adapter registered (EFFECT_MISMATCH halts or alerts through
    ``on_effect_mismatch``); then record the answer.
 
-Which handler runs an action is asked once per request (``_handler``); the owner and action
-checks are the door's and the intent's own (``check_action``, ``check_intent_owner``).
+Which handler runs an action is asked once per request; the owner and action checks are the
+door's and the intent's own (``check_action``, ``check_intent_owner``).
+
+Tasks (issue 32): the proposal route runs :meth:`Pipeline.propose` as its own task and
+:meth:`Pipeline.decide_and_act` runs the attempt as its own task, each awaited where it is made
+(cancelling the awaiting task cancels it), so a resumption after a durable step starts at the
+coroutine that waited instead of walking the whole request again. A task inherits its parent's
+context: on the shared store the key holder that ``idempotency_begin`` sets in the pipeline's
+task (``state/pgconn.py`` ``HELD_KEY``) is seen by the attempt's task, which opens its attempt
+under it, and the pipeline's task lets go of it when it completes or frees the key.
 
 An ESCALATE opens an approval request (``escalations.py``'s ``EscalationRequests``); the
 reconciliation route (``reconciliations.py``) and the escalations' resume and cancel
 (``escalations.py``) live beside the pipeline and reuse its checks, its once-per-key rule and its
-path to the authority and the attempt (``check``, ``handler``, ``halted``, ``once``, ``decide``,
-``act``). What the pipeline and its attempts report goes to one ``Outcomes`` (``outcomes.py``).
+path to the authority and the attempt (``check``, ``handler``, ``halted``, ``once``,
+``decide_and_act``). What the pipeline and its attempts report goes to one ``Outcomes``
+(``outcomes.py``).
 
 Callers: ``routes/app.py`` (HTTP), ``assembly.py`` (construction), ``plane.py`` (holds it),
 ``escalations.py`` and ``reconciliations.py`` (type only), tests.
@@ -183,7 +192,7 @@ class Pipeline:
         """The registered handler that runs ``action``, or 422 ACTION_NOT_REGISTERED."""
         handler = self._catalog.handler_for(action)
         if handler is None:
-            raise RequestRejected(Code.ACTION_NOT_REGISTERED, "no handler runs this action")
+            raise RequestRejected(Code.ACTION_NOT_REGISTERED, _NOT_REGISTERED)
         return handler
 
     def check(self, principal: Principal, check: Callable[[], None]) -> None:
@@ -211,11 +220,24 @@ class Pipeline:
     # ------------------------------------------------------------------ proposals
 
     async def propose(self, principal: Principal, proposal: Proposal) -> Answer:
+        """``POST /v1/actions``, steps 1 to 3 here and the rest in :meth:`_propose_new`.
+
+        The route runs it as its own task, so a resumption after a store write starts here. The
+        action check and the handler lookup are this stage's own (written here, not through
+        :meth:`check` and :meth:`handler`, which the escalations and the reconciliation route
+        share): each helper call after a call into another module is one more visit of the
+        pipeline on every request (issue 32)."""
         halted = self.halted(principal)
         if halted is not None:
             return halted
-        self.check(principal, lambda: check_action(principal, proposal.action))
-        handler = self.handler(proposal.action)
+        try:
+            check_action(principal, proposal.action)
+        except RequestRejected as exc:  # counts toward the principal's window, as check() does
+            self._on_forbidden(principal, exc.code)
+            raise
+        handler = self._catalog.handler_for(proposal.action)
+        if handler is None:
+            raise RequestRejected(Code.ACTION_NOT_REGISTERED, _NOT_REGISTERED)
         assert principal.tenant_id is not None
         return await self.once(
             tenant=principal.tenant_id,
@@ -350,24 +372,33 @@ class Pipeline:
                 "payload_digest": intent.payload_digest,
             },
         )
-        view = self.registry.admit(handler, proposal.target, intent.parameters)
-        if self._ceilings is not None:
-            try:
-                await self._ceilings.check(view)
-            except RequestRejected as exc:
-                self.outcomes.ceiling_refused(intent, principal, exc.code, "CHECK")
-                raise
-        decision = await self.decide(intent, principal)
-        if decision is None:
-            return self.unavailable(intent, principal)
-        return await self.act(intent, principal, decision, handler, progress)
+        return await self.decide_and_act(intent, principal, handler, progress)
 
-    async def decide(
+    async def decide_and_act(
         self,
         intent: CapturedIntent,
         principal: Principal,
+        handler: str,
+        progress: Progress,
         approval: Mapping[str, Any] | None = None,
-    ) -> Decision | None:
+    ) -> Answer:
+        """Steps 5 to 7 for a new proposal and an approved escalation alike: ask the authority
+        about ``intent`` and act on its answer, in one flow (issue 32: a helper called after a
+        call into another module is one more visit of the pipeline on every request).
+
+        A new proposal (no ``approval``) is first admitted by its handler and checked against
+        the host ceilings; an approved escalation was, when it was proposed. An authority that
+        cannot answer, or answers with too much clock skew, is :meth:`unavailable`; shadow,
+        BLOCK and ESCALATE are answered without an attempt (:meth:`_without_attempt`); an ALLOW
+        runs its attempt as its own task (see the module docstring)."""
+        if approval is None:
+            view = self.registry.admit(handler, intent.resource, intent.parameters)
+            if self._ceilings is not None:
+                try:
+                    await self._ceilings.check(view)
+                except RequestRejected as exc:
+                    self.outcomes.ceiling_refused(intent, principal, exc.code, "CHECK")
+                    raise
         asked = self.clock.now()
         try:
             decision = await self._authority.evaluate(
@@ -375,12 +406,12 @@ class Pipeline:
             )
         except AgentSafeError:
             log.exception("the authority could not answer")
-            return None
+            return self.unavailable(intent, principal)
         skew = abs(decision.authority_time - (asked + self.clock.now()) / 2)
         if skew > self._max_skew:
             self.streams.security.emit("CLOCK_SKEW_EXCEEDED", {"skew_ms": int(skew * 1000)})
             self._on_clock_skew(skew)
-            return None
+            return self.unavailable(intent, principal)
         if self._metrics is not None:
             self._metrics.proposals.inc(verdict=decision.verdict.value)
         self.streams.evidence.emit(
@@ -395,7 +426,31 @@ class Pipeline:
                 "caller": principal.id,
             },
         )
-        return decision
+        common: dict[str, Any] = {
+            "mode": self.mode.value,
+            "intent_id": intent.intent_id,
+            "intent_hash": intent.intent_hash,
+            "verdict": decision.verdict.value,
+            "decision_id": decision.decision_id,
+            "dossier_id": decision.dossier_id,
+        }
+        if self.mode is ExecutorMode.SHADOW or decision.verdict is not Verdict.ALLOW:
+            return await self._without_attempt(intent, principal, decision, common)
+        # The attempt runs as its own task, awaited here (cancelling this one cancels it): its
+        # resumptions after each durable step start at the attempt, not again at the pipeline
+        # (issue 32). It inherits this task's context, so on the shared store the key holder
+        # idempotency_begin set (state/pgconn.py HELD_KEY) fences its ATTEMPT_OPENED; the key
+        # is completed or released here afterwards, in the task that began it.
+        return await asyncio.ensure_future(
+            self._attempt.run(
+                intent=intent,
+                principal=principal,
+                decision=decision,
+                handler=handler,
+                common=common,
+                progress=progress,
+            )
+        )
 
     def unavailable(self, intent: CapturedIntent, principal: Principal) -> Answer:
         if self.mode is ExecutorMode.SHADOW:
@@ -425,22 +480,15 @@ class Pipeline:
         )
         return Answer(503, body)
 
-    async def act(
+    async def _without_attempt(
         self,
         intent: CapturedIntent,
         principal: Principal,
         decision: Decision,
-        handler: str,
-        progress: Progress,
+        common: dict[str, Any],
     ) -> Answer:
-        common: dict[str, Any] = {
-            "mode": self.mode.value,
-            "intent_id": intent.intent_id,
-            "intent_hash": intent.intent_hash,
-            "verdict": decision.verdict.value,
-            "decision_id": decision.decision_id,
-            "dossier_id": decision.dossier_id,
-        }
+        """The answer to a decision that starts no attempt: any verdict in shadow, else BLOCK
+        or ESCALATE (an approval request opened)."""
         if self.mode is ExecutorMode.SHADOW:
             status = "INVALID" if Code.PARAMETERS_INVALID in decision.reason_codes else "OBSERVED"
             self.shadow.record(intent.action, decision.verdict.value, status)
@@ -471,26 +519,19 @@ class Pipeline:
                 executed=False,
             )
             return Answer(200, body)
-        if decision.verdict is Verdict.ESCALATE:
-            self.outcomes.outcome(Outcome.ESCALATE_PENDING)
-            body = decision_answer(
-                **common,
-                reason_codes=decision.reason_codes,
-                fail_closed=False,
-                outcome=Outcome.ESCALATE_PENDING.value,
-                executed=False,
-                escalation=await self.requests.open(intent, principal, decision),
-            )
-            return Answer(200, body)
-        return await self._attempt.run(
-            intent=intent,
-            principal=principal,
-            decision=decision,
-            handler=handler,
-            common=common,
-            progress=progress,
+        self.outcomes.outcome(Outcome.ESCALATE_PENDING)
+        body = decision_answer(
+            **common,
+            reason_codes=decision.reason_codes,
+            fail_closed=False,
+            outcome=Outcome.ESCALATE_PENDING.value,
+            executed=False,
+            escalation=await self.requests.open(intent, principal, decision),
         )
+        return Answer(200, body)
 
+
+_NOT_REGISTERED = "no handler runs this action"
 
 _FINAL_OUTCOMES = frozenset({*(outcome.value for outcome in Outcome), *RECORDED_STATUSES})
 """Answers recorded for a key and replayed; anything else (a 5xx, a shadow UNAVAILABLE) frees it."""

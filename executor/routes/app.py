@@ -467,7 +467,9 @@ def core_routes(
             idempotency_key=parsed.idempotency_key,
             correlation_id=parsed.correlation_id,
         )
-        return _respond(await pipeline.propose(call.caller, proposal))
+        # The pipeline runs as its own task (cancelled with this one): each of its resumptions
+        # starts there, not again at this route's middleware (issue 32).
+        return _respond(await asyncio.ensure_future(pipeline.propose(call.caller, proposal)))
 
     async def reconciliations(call: Call) -> web.StreamResponse:
         parsed: RecoveryRequest = call.body

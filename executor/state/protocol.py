@@ -9,11 +9,11 @@ the same semantics. ``state/backend.py`` opens the one the configuration names.
 Callers: ``state/backend.py``, ``assembly.py``, ``plane.py``, ``lifecycle/pipeline.py``,
 ``policy/authority.py``, ``routes/approvals.py``, ``routes/table.py``, ``door/passkeys.py``.
 Also imported by ``lifecycle/approval_requests.py``, ``lifecycle/recovery.py``.
-Also imported by ``lifecycle/approval_requests.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from ..principals import Verification
@@ -33,9 +33,14 @@ __all__ = ["UseStore"]
 
 
 class UseStore(Protocol):
-    """Durable single-use and idempotency state shared by every executor process on a store."""
+    """Durable single-use and idempotency state shared by every executor process on a store.
 
-    async def claim_grant(
+    :meth:`claim_grant`, :meth:`idempotency_begin` and :meth:`idempotency_complete` return an
+    awaitable: a coroutine (PostgreSQL) or the write's own future (SQLite, so the request's
+    await chain holds no frame of the store while the write commits; issue 32). Callers await
+    what they get at once."""
+
+    def claim_grant(
         self,
         grant_id: str,
         *,
@@ -44,7 +49,7 @@ class UseStore(Protocol):
         now: float,
         fence: AttemptFence | None = None,
         payload_digest: str | None = None,
-    ) -> bool:
+    ) -> Awaitable[bool]:
         """True exactly once per ``grant_id``, across every process sharing the store.
 
         With ``fence`` (a shared store, an attempt journaled), the claim is made only while the
@@ -59,7 +64,7 @@ class UseStore(Protocol):
         """Whether ``grant_id`` was claimed (and its claim not yet purged)."""
         ...
 
-    async def idempotency_begin(
+    def idempotency_begin(
         self,
         *,
         tenant: str,
@@ -69,7 +74,7 @@ class UseStore(Protocol):
         now: float,
         attempt_id: str | None = None,
         owner: str | None = None,
-    ) -> IdempotencyState:
+    ) -> Awaitable[IdempotencyState]:
         """Claim the key IN_PROGRESS for ``attempt_id`` (the id it will journal), by ``owner``."""
         ...
 
@@ -81,9 +86,9 @@ class UseStore(Protocol):
         """The record that began ``attempt_id`` (whatever its state), if it is still kept."""
         ...
 
-    async def idempotency_complete(
+    def idempotency_complete(
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
-    ) -> None: ...
+    ) -> Awaitable[None]: ...
 
     async def idempotency_release(
         self, *, tenant: str, principal: str, key: str, owner: str | None = None

@@ -110,10 +110,10 @@ created where missing on every open, whatever the schema version."""
 class SQLiteDatabase:
     """One SQLite database, its thread and its group commits; see the module docstring.
 
-    Construct with :meth:`open`. One dedicated thread owns the connection; the async methods hand
-    it their work. Writes queue up and are committed in groups (one transaction, one fsync, a
-    savepoint per write); processes serialise on the database's write lock (``BEGIN IMMEDIATE``
-    with a busy timeout).
+    Construct with :meth:`open`. One dedicated thread owns the connection; :meth:`_run` and
+    :meth:`_write` hand it their work. Writes queue up and are committed in groups (one
+    transaction, one fsync, a savepoint per write); processes serialise on the database's write
+    lock (``BEGIN IMMEDIATE`` with a busy timeout).
     """
 
     def __init__(
@@ -160,11 +160,16 @@ class SQLiteDatabase:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._worker, _guarded, self._conn, fn)
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Queue ``fn`` for the next group commit; its result once that commit has returned.
+    def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> asyncio.Future[_T]:
+        """Queue ``fn`` for the next group commit; the future of its result, settled once that
+        commit has returned.
 
         ``fn`` runs on the store's thread inside the group's transaction and its own savepoint;
-        it must not begin, commit or roll back a transaction itself.
+        it must not begin, commit or roll back a transaction itself. A plain function that hands
+        back the write's own future, not a coroutine: the caller awaits the future, so no frame
+        of the store stands in its await chain while the commit runs (issue 32). A closed store
+        is refused at the call (``STORE_CLOSED``); cancelling the future abandons the write
+        unless its group already took it.
         """
         if self._closed:
             raise StoreError("the use store is closed", code=Code.STORE_CLOSED)
@@ -180,8 +185,7 @@ class SQLiteDatabase:
                     self._pending.remove(write)
                     raise StoreError("the use store is closed", code=Code.STORE_CLOSED) from None
                 self._drain_scheduled = True
-        result: _T = await write.waiter
-        return result
+        return write.waiter
 
     def _take(self) -> list[_Write]:
         with self._pending_lock:

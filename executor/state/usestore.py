@@ -43,6 +43,7 @@ pipeline (idempotency), plan approvals (consumptions), the approval routes and
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import json
@@ -102,11 +103,17 @@ __all__ = ["DATABASE_NAME", "SCHEMA_VERSION", "SQLiteUseStore", "SQLiteWindow"]
 
 class SQLiteUseStore(SQLiteDatabase):
     """:class:`~agentsafe.executor.state.protocol.UseStore` on one SQLite file (WAL,
-    ``synchronous=FULL``; ``state/sqlitedb.py``); see the module docstring."""
+    ``synchronous=FULL``; ``state/sqlitedb.py``); see the module docstring.
+
+    The three writes of every ALLOW (:meth:`idempotency_begin`, :meth:`claim_grant`,
+    :meth:`idempotency_complete`) are plain methods that hand back the write's own future
+    (``SQLiteDatabase._write``): the request awaits it directly, so no frame of the store stands
+    in its await chain while the group commit runs (issue 32). A closed store is refused at the
+    call; every other refusal arrives through the future."""
 
     # -- grant claims --------------------------------------------------------------------------
 
-    async def claim_grant(
+    def claim_grant(
         self,
         grant_id: str,
         *,
@@ -115,10 +122,11 @@ class SQLiteUseStore(SQLiteDatabase):
         now: float,
         fence: AttemptFence | None = None,
         payload_digest: str | None = None,
-    ) -> bool:
-        """As :meth:`UseStore.claim_grant`. ``fence`` is not needed here: no attempt of this
-        store is ever taken over while the process that opened it lives (its journal's lock is
-        held until it dies; docs/high-availability.md, "Fencing")."""
+    ) -> asyncio.Future[bool]:
+        """As :meth:`UseStore.claim_grant`: the write's future (see the class docstring).
+        ``fence`` is not needed here: no attempt of this store is ever taken over while the
+        process that opened it lives (its journal's lock is held until it dies;
+        docs/high-availability.md, "Fencing")."""
         del fence, payload_digest
 
         def work(conn: sqlite3.Connection) -> bool:
@@ -129,7 +137,7 @@ class SQLiteUseStore(SQLiteDatabase):
             )
             return cur.rowcount == 1
 
-        return await self._write(work)
+        return self._write(work)
 
     async def grant_claimed(self, grant_id: str) -> bool:
         def work(conn: sqlite3.Connection) -> bool:
@@ -165,7 +173,7 @@ class SQLiteUseStore(SQLiteDatabase):
 
         return await self._run(work)
 
-    async def idempotency_begin(
+    def idempotency_begin(
         self,
         *,
         tenant: str,
@@ -175,7 +183,7 @@ class SQLiteUseStore(SQLiteDatabase):
         now: float,
         attempt_id: str | None = None,
         owner: str | None = None,
-    ) -> IdempotencyState:
+    ) -> asyncio.Future[IdempotencyState]:
         def work(conn: sqlite3.Connection) -> IdempotencyState:
             row = conn.execute(
                 "SELECT payload_digest, state, response FROM idempotency"
@@ -196,17 +204,19 @@ class SQLiteUseStore(SQLiteDatabase):
                 return IdempotencyState(IdempotencyKind.IN_PROGRESS)
             return IdempotencyState(IdempotencyKind.REPLAY, response=load_object(response))
 
-        return await self._write(work)
+        return self._write(work)
 
-    async def idempotency_complete(
+    def idempotency_complete(
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
-    ) -> None:
+    ) -> asyncio.Future[None]:
         """Record the final answer of an in-flight key. The first final answer is never replaced:
         completing a finished key raises ``IDEMPOTENCY_ALREADY_COMPLETE`` unless the answer is
-        identical, and a key with no record raises ``IDEMPOTENCY_RECORD_MISSING``."""
-        text = canonical_or_store_error(response)
+        identical, and a key with no record raises ``IDEMPOTENCY_RECORD_MISSING``. The answer's
+        canonical text is made inside the write, on the store's thread (``STORE_VALUE_INVALID``
+        arrives through the future, as every refusal of the write does)."""
 
         def work(conn: sqlite3.Connection) -> None:
+            text = canonical_or_store_error(response)
             row = conn.execute(
                 "SELECT state, response FROM idempotency"
                 " WHERE tenant = ? AND principal = ? AND key = ?",
@@ -220,7 +230,7 @@ class SQLiteUseStore(SQLiteDatabase):
                 (text, now, tenant, principal, key),
             )
 
-        await self._write(work)
+        return self._write(work)
 
     async def idempotency_settle(
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +226,31 @@ async def test_a_closed_store_refuses_work(tmp_path: Path) -> None:
     with pytest.raises(StoreError) as caught:
         await store.claim_grant("g", binding_digest="d", expires_at=NOW, now=NOW)
     assert caught.value.code == "STORE_CLOSED"
+
+
+async def test_the_allow_writes_hand_back_their_futures(tmp_path: Path) -> None:
+    """Issue 32: the three writes of an ALLOW are the write's own future (no store frame in the
+    request's await chain); a closed store refuses at the call, as it refused when awaited."""
+    store = await SQLiteUseStore.open(tmp_path / "state", clock=ManualClock(NOW))
+    ids = {"tenant": "acme", "principal": "agent-1", "key": "k"}
+    begun = store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW)
+    claimed = store.claim_grant("g", binding_digest="d", expires_at=NOW + 60, now=NOW)
+    assert isinstance(begun, asyncio.Future)
+    assert isinstance(claimed, asyncio.Future)
+    assert (await begun).kind is IdempotencyKind.NEW
+    assert await claimed
+    completed = store.idempotency_complete(**ids, response={"x": 1}, now=NOW)
+    assert isinstance(completed, asyncio.Future)
+    assert await completed is None
+    await store.close()
+    for write in (
+        lambda: store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW),
+        lambda: store.claim_grant("g", binding_digest="d", expires_at=NOW, now=NOW),
+        lambda: store.idempotency_complete(**ids, response={"x": 1}, now=NOW),
+    ):
+        with pytest.raises(StoreError) as caught:
+            write()
+        assert caught.value.code == "STORE_CLOSED"
 
 
 # -- grant claims ------------------------------------------------------------------------------
@@ -724,11 +749,15 @@ async def _queued(store: SQLiteUseStore, count: int) -> None:
         await asyncio.sleep(0)
 
 
-async def _one_group(store: SQLiteUseStore, operations: list[Awaitable[Any]]) -> list[Any]:
-    """Submit ``operations`` while the worker is held so they share one group; their results
-    (exceptions returned, not raised), in submission order."""
+async def _one_group(
+    store: SQLiteUseStore, operations: Callable[[], list[Awaitable[Any]]]
+) -> list[Any]:
+    """Submit ``operations()`` while the worker is held so they share one group; their results
+    (exceptions returned, not raised), in submission order. A thunk, because the writes of every
+    ALLOW (``idempotency_begin``, ``claim_grant``, ``idempotency_complete``) are queued when
+    they are called, not when they are awaited."""
     async with held_worker(store):
-        tasks = [asyncio.ensure_future(op) for op in operations]
+        tasks = [asyncio.ensure_future(op) for op in operations()]
         await _queued(store, len(tasks))
     return list(await asyncio.gather(*tasks, return_exceptions=True))
 
@@ -754,7 +783,7 @@ async def test_two_hundred_concurrent_begins_share_one_commit(tmp_path: Path) ->
         counter = CommitCounter(store)
         results = await _one_group(
             store,
-            [
+            lambda: [
                 store.idempotency_begin(
                     tenant="acme", principal="p", key=f"k-{i}", payload_digest="sha256:p", now=NOW
                 )
@@ -839,7 +868,7 @@ async def test_a_group_applies_its_writes_in_submission_order(sqlite_store: SQLi
     answer = {"outcome": "BLOCKED"}
     results = await _one_group(
         store,
-        [
+        lambda: [
             store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW),
             store.idempotency_begin(**ids, payload_digest="sha256:p", now=NOW),
             store.idempotency_complete(**ids, response=answer, now=NOW),
@@ -889,7 +918,7 @@ async def test_a_refused_or_failing_write_leaves_the_rest_of_its_group_alone(
 
         results = await _one_group(
             store,
-            [
+            lambda: [
                 store.approval_decide(
                     "req-1", decision="APPROVE", approver="lead-a", reason="ok", now=NOW
                 ),
@@ -955,7 +984,7 @@ async def test_a_write_that_loses_the_transaction_fails_alone(tmp_path: Path) ->
 
         results = await _one_group(
             store,
-            [
+            lambda: [
                 claim("before"),
                 claim("before"),
                 store._write(abandons_the_transaction),
@@ -982,7 +1011,7 @@ async def test_a_failed_commit_acknowledges_no_write_of_its_group(tmp_path: Path
         failing = FailingCommit(store)
         results = await _one_group(
             store,
-            [
+            lambda: [
                 store.claim_grant("g", binding_digest="d", expires_at=NOW + 60, now=NOW),
                 store.idempotency_begin(
                     tenant="t", principal="p", key="k", payload_digest="sha256:p", now=NOW
@@ -1022,7 +1051,7 @@ async def test_a_group_that_cannot_take_the_lock_fails_every_write(tmp_path: Pat
         other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
         results = await _one_group(
             store,
-            [
+            lambda: [
                 store.claim_grant(f"g-{i}", binding_digest="d", expires_at=NOW + 60, now=NOW)
                 for i in range(3)
             ],
