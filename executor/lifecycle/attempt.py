@@ -7,11 +7,11 @@ on its own with every collaborator passed in:
 2. journal ATTEMPT_OPENED (a journal that refuses is FAILED_BEFORE_DISPATCH, fail closed);
 3. claim the single-use grant with the authority (a refused claim closes the attempt NOT_CLAIMED).
    With a shared store the claim is fenced (issue 29): the journal hands over the attempt's
-   fencing token (``AttemptJournal.fence``: owner, epoch, local lease deadline) and the claim is
-   made only while the attempt is still this replica's under a live lease, in one statement. A
-   fenced-out claim sent nothing: ATTEMPT_FENCED evidence, the attempt closed FENCED in the
-   journal, and the caller refused 409 ATTEMPT_FENCED (never an answer saying "not executed":
-   another replica may have run the key since);
+   fencing token (the value of ``AttemptJournal.opened``: owner, epoch, local lease deadline)
+   and the claim is made only while the attempt is still this replica's under a live lease, in
+   one statement. A fenced-out claim sent nothing: ATTEMPT_FENCED evidence, the attempt closed
+   FENCED in the journal, and the caller refused 409 ATTEMPT_FENCED (never an answer saying "not
+   executed": another replica may have run the key since);
 4. run the handler once through the registry, which journals GRANT_CLAIMED before the handler's
    body (``on_claimed``); with a fence, ``on_claimed`` then lets the handler send only if the
    lease, on the local monotonic clock, outlives the dispatch deadline: otherwise nothing is sent
@@ -201,9 +201,10 @@ class Attempt:
         attempt_id = progress.attempt_id
         journal = self.journal
         progress.started = True
+        fence = None
         try:
             if journal is not None:
-                await journal.opened(
+                fence = await journal.opened(
                     attempt_id=attempt_id,
                     intent_id=intent.intent_id,
                     intent_hash=intent.intent_hash,
@@ -229,7 +230,6 @@ class Attempt:
                 ) from None
             log.exception("the journal refused ATTEMPT_OPENED")
             return self._failed_before_dispatch(common, [Code.JOURNAL_UNAVAILABLE])
-        fence = journal.fence(attempt_id) if journal is not None else None
         try:
             claim = await self.authority.claim(decision.grant, intent=intent, fence=fence)
         except StoreError as exc:
