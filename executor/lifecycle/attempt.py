@@ -280,7 +280,7 @@ class Attempt:
             clock=self.clock,
             attestation=claim.attestation,
         )
-        wire = authorization.as_wire()  # the answer's authorization, made once
+        wire = authorization.as_wire()  # the answer's authorization, made once, before the dispatch
         claimed = False
         lapsed = False
         try:
@@ -302,7 +302,7 @@ class Attempt:
                         self.streams.evidence.emit(
                             "DISPATCH", {"intent_id": intent.intent_id, "grant_id": claim.grant_id}
                         )
-                except Exception:  # the claim is not durable: the handler never runs
+                except Exception:  # the claim (or its DISPATCH line) not written: nothing runs
                     report = _not_dispatched(Code.JOURNAL_UNAVAILABLE)
                 else:
                     if lapsed:
