@@ -5,12 +5,14 @@ effect inside :meth:`Dispatch.run` (the point of no return) and answers a read-o
 :meth:`Handler.reconcile`. The :class:`Registry` is sealed once registration is over and wraps
 every execution in the same steps, so an ordinary handler gets them without knowing:
 
-1. the parameters are validated against the handler's schema and checked against the intent's
-   execution payload digest (nothing runs on a mismatch);
-2. the journal decorator: ``on_claimed(ctx)`` (the pipeline's GRANT_CLAIMED append) is awaited
-   before the handler body; if it raises, the handler never runs and the attempt is
-   FAILED_BEFORE_DISPATCH with JOURNAL_UNAVAILABLE;
-3. the handler runs, and its end is classified:
+1. :meth:`Registry.prepare`: the parameters are validated against the handler's schema and
+   checked against the intent's execution payload digest (nothing runs on a mismatch), and the
+   execution's :class:`Dispatch` is made;
+2. the caller makes its claim durable (the attempt's GRANT_CLAIMED append, ``attempt.py``); if
+   it cannot, the handler never runs and the attempt is FAILED_BEFORE_DISPATCH with
+   JOURNAL_UNAVAILABLE (:meth:`Registry.execute` composes the steps with that append as a
+   callback);
+3. :meth:`Registry.run`: the handler runs, in its own task, and its end is classified:
 
    ======================================  ===========================  ==========
    what happened                            outcome                      executed
@@ -49,7 +51,7 @@ refused without a dossier, and hands the host ceilings the family's amount proje
 ``ReconcileStatus``/``ReconcileResult`` live here (the handler contract returns them);
 ``reconcile.py`` imports them.
 
-Callers: the pipeline (execute), startup and caller reconciliation (reconcile, the read path
+Callers: the attempt (prepare, run), startup and caller reconciliation (reconcile, the read path
 only), ``dispatch/forward.py`` and every other handler.
 These are the main callers: it is imported across the wings, and its other importers are not
 listed.
@@ -57,6 +59,7 @@ listed.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
@@ -85,6 +88,7 @@ __all__ = [
     "ExecutionReport",
     "Handler",
     "Outcome",
+    "Prepared",
     "ProviderRefused",
     "ReconcileResult",
     "ReconcileStatus",
@@ -235,15 +239,15 @@ class Dispatch:
 
 
 _EXECUTING: ContextVar[Dispatch | None] = ContextVar("agentsafe_executing", default=None)
-"""The dispatch of the execution running in this context (set by :meth:`Registry.execute`
-around a handler's body; tasks the handler starts inherit it)."""
+"""The dispatch of the execution running in this context (set by :meth:`Registry.run` around a
+handler's task, which copies it; tasks the handler starts inherit it)."""
 
 
 class DispatchBoundFetch:
     """``seam.fetch``: the guarded client, refusing a send a handler makes before its
     ``dispatch.run``.
 
-    Inside :meth:`Registry.execute`, a request through ``seam.fetch`` before ``dispatch.run``
+    Inside :meth:`Registry.run`, a request through ``seam.fetch`` before ``dispatch.run``
     started raises ``TransportError(SEND_BEFORE_DISPATCH, sent=False)`` before any byte leaves:
     the seam would report such an attempt FAILED_BEFORE_DISPATCH, ``executed=false``, while the
     provider had the request (issue 30, item 16). From ``dispatch.run`` on (inside it, and a
@@ -297,6 +301,17 @@ class ExecutionReport:
     effect_receipt: str | None = None
     """A refusing provider's signed effect receipt, verbatim (``ProviderRefused.receipt``): a
     refusal returns no result to carry it, and the finalization is handed it all the same."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An execution the seam checked and may run once (:meth:`Registry.prepare`): the action,
+    its handler, the context and the execution's point of no return."""
+
+    name: str
+    handler: Handler
+    ctx: ExecutionContext
+    dispatch: Dispatch
 
 
 _EXECUTED: dict[Outcome, bool | None] = {
@@ -409,14 +424,11 @@ class Registry:
         projection: Mapping[str, Any] | None = view(parameters)
         return projection if projection is not None else {}
 
-    async def execute(
-        self,
-        name: str,
-        ctx: ExecutionContext,
-        *,
-        on_claimed: Callable[[ExecutionContext], Awaitable[None]],
-    ) -> ExecutionReport:
-        """Run one execution through the seam and classify how it ended (see module docs)."""
+    def prepare(self, name: str, ctx: ExecutionContext) -> Prepared | ExecutionReport:
+        """Step 1 of an execution (see module docs): the checks, then the execution's
+        :class:`Dispatch`. Returns what :meth:`run` runs, or the refusal (FAILED_BEFORE_DISPATCH;
+        nothing ran). The caller makes its claim durable between the two steps (the attempt's
+        GRANT_CLAIMED) and calls :meth:`run` only once it holds."""
         failed = Outcome.FAILED_BEFORE_DISPATCH
         if not self._sealed:
             return _report(failed, Code.REGISTRY_NOT_SEALED, dispatched=False)
@@ -432,19 +444,22 @@ class Registry:
             return _report(failed, Code.PARAMETERS_INVALID, dispatched=False)
         if digest != ctx.intent.payload_digest:
             return _report(failed, Code.GRANT_BINDING_MISMATCH, dispatched=False)
+        # Made here (it holds the context and nothing else), so that once the claim is durable
+        # the handler is the next thing called, not the seam again (issue 32).
+        return Prepared(name=name, handler=handler, ctx=ctx, dispatch=Dispatch(ctx))
 
-        # Made before the claim (it holds the context and nothing else), so that after the
-        # claim the handler is the next thing called, not the seam again (issue 32).
-        dispatch = Dispatch(ctx)
-        # The journal decorator: the durable claim precedes the handler's own body.
-        try:
-            await on_claimed(ctx)
-        except Exception:
-            return _report(failed, Code.JOURNAL_UNAVAILABLE, dispatched=False)
+    async def run(self, prepared: Prepared) -> ExecutionReport:
+        """Step 3 of an execution: the handler, once, awaited as its own task, and how it ended
+        classified (see module docs).
 
+        The task copies this context with the execution's dispatch in it (``seam.fetch`` reads
+        it), so a resumption inside the handler starts at the handler, not at its callers (issue
+        32). Awaiting the task passes a cancellation of the caller on to it, as awaiting the
+        handler did: the seam does not shield it."""
+        name, dispatch, failed = prepared.name, prepared.dispatch, Outcome.FAILED_BEFORE_DISPATCH
         executing = _EXECUTING.set(dispatch)
         try:
-            result = await handler.execute(ctx, dispatch)
+            result = await asyncio.ensure_future(prepared.handler.execute(prepared.ctx, dispatch))
         except ProviderRefused as refused:
             reason = self._provider_code(name, "reason_code", refused.reason)
             if not dispatch.started:
@@ -476,9 +491,34 @@ class Registry:
             return _report(
                 Outcome.UNKNOWN_AFTER_DISPATCH, Code.HANDLER_CONTRACT_VIOLATED, dispatched=True
             )
-        return _report(
-            Outcome.COMPLETED, dispatched=True, result=self._screened(name, dict(result))
+        return ExecutionReport(
+            outcome=Outcome.COMPLETED,
+            executed=True,
+            result=self._screened(name, dict(result)),
+            dispatched=True,
         )
+
+    async def execute(
+        self,
+        name: str,
+        ctx: ExecutionContext,
+        *,
+        on_claimed: Callable[[ExecutionContext], Awaitable[None]],
+    ) -> ExecutionReport:
+        """:meth:`prepare`, ``on_claimed(ctx)``, :meth:`run`: one execution with the caller's
+        durable claim as a callback between the steps (the attempt makes the two calls itself).
+        If ``on_claimed`` raises, the handler never runs: FAILED_BEFORE_DISPATCH with
+        JOURNAL_UNAVAILABLE."""
+        prepared = self.prepare(name, ctx)
+        if isinstance(prepared, ExecutionReport):
+            return prepared
+        try:
+            await on_claimed(ctx)
+        except Exception:
+            return _report(
+                Outcome.FAILED_BEFORE_DISPATCH, Code.JOURNAL_UNAVAILABLE, dispatched=False
+            )
+        return await self.run(prepared)
 
     async def reconcile(
         self, action: str, idempotency_key: str, *, intent_hash: str

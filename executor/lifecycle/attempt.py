@@ -7,18 +7,19 @@ on its own with every collaborator passed in:
 2. journal ATTEMPT_OPENED (a journal that refuses is FAILED_BEFORE_DISPATCH, fail closed);
 3. claim the single-use grant with the authority (a refused claim closes the attempt NOT_CLAIMED).
    With a shared store the claim is fenced (issue 29): the journal hands over the attempt's
-   fencing token (``AttemptJournal.fence``: owner, epoch, local lease deadline) and the claim is
-   made only while the attempt is still this replica's under a live lease, in one statement. A
-   fenced-out claim sent nothing: ATTEMPT_FENCED evidence, the attempt closed FENCED in the
-   journal, and the caller refused 409 ATTEMPT_FENCED (never an answer saying "not executed":
-   another replica may have run the key since);
-4. run the handler once through the registry, which journals GRANT_CLAIMED before the handler's
-   body (``on_claimed``); with a fence, ``on_claimed`` then lets the handler send only if the
-   lease, on the local monotonic clock, outlives the dispatch deadline: otherwise nothing is sent
-   and the answer is FAILED_BEFORE_DISPATCH with ATTEMPT_LEASE_LAPSED (true: the grant is
-   claimed, so nobody else can send it; a replica that takes the attempt over asks the
-   provider). A send already started when the lease lapses is never sent again: whoever takes
-   the attempt over resolves it read-only (``reconcile.py``);
+   fencing token (the value of ``AttemptJournal.opened``: owner, epoch, local lease deadline)
+   and the claim is made only while the attempt is still this replica's under a live lease, in
+   one statement. A fenced-out claim sent nothing: ATTEMPT_FENCED evidence, the attempt closed
+   FENCED in the journal, and the caller refused 409 ATTEMPT_FENCED (never an answer saying "not
+   executed": another replica may have run the key since);
+4. the registry prepares the execution (its checks; a refusal runs nothing), the attempt
+   journals GRANT_CLAIMED (a journal that refuses it is FAILED_BEFORE_DISPATCH with
+   JOURNAL_UNAVAILABLE), and only then does the registry run the handler once, in its own task.
+   With a fence the handler runs only if the lease, on the local monotonic clock, outlives the
+   dispatch deadline: otherwise nothing is sent and the answer is FAILED_BEFORE_DISPATCH with
+   ATTEMPT_LEASE_LAPSED (true: the grant is claimed, so nobody else can send it; a replica that
+   takes the attempt over asks the provider). A send already started when the lease lapses is
+   never sent again: whoever takes the attempt over resolves it read-only (``reconcile.py``);
 5. take the effect record the handler registered for the grant (``dispatch/effects.py``: an
    adapter's record, ``effects/adapter.py``, or an ordinary handler's observation), a refusal's
    included, and finalize with the authority, handing it the record's evidence and the
@@ -43,7 +44,6 @@ Also imported by ``approval_requests.py``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -201,9 +201,10 @@ class Attempt:
         attempt_id = progress.attempt_id
         journal = self.journal
         progress.started = True
+        fence = None
         try:
             if journal is not None:
-                await journal.opened(
+                fence = await journal.opened(
                     attempt_id=attempt_id,
                     intent_id=intent.intent_id,
                     intent_hash=intent.intent_hash,
@@ -229,7 +230,6 @@ class Attempt:
                 ) from None
             log.exception("the journal refused ATTEMPT_OPENED")
             return self._failed_before_dispatch(common, [Code.JOURNAL_UNAVAILABLE])
-        fence = journal.fence(attempt_id) if journal is not None else None
         try:
             claim = await self.authority.claim(decision.grant, intent=intent, fence=fence)
         except StoreError as exc:
@@ -280,29 +280,36 @@ class Attempt:
             clock=self.clock,
             attestation=claim.attestation,
         )
+        wire = authorization.as_wire()  # the answer's authorization, made once, before the dispatch
         claimed = False
         lapsed = False
-
-        async def on_claimed(_: ExecutionContext) -> None:
-            nonlocal claimed, lapsed
-            if journal is not None:
-                await journal.grant_claimed(
-                    attempt_id=attempt_id,
-                    grant_id=claim.grant_id,
-                    expires_at=claim.expires_at,
-                    payload_digest=claim.execution_payload_digest,
-                )
-            if fence is not None and not fence.can_dispatch():
-                # Send only under a live lease: this one may lapse before the send ends.
-                lapsed = True
-                raise _LeaseLapsed
-            claimed = True
-            self.streams.evidence.emit(
-                "DISPATCH", {"intent_id": intent.intent_id, "grant_id": claim.grant_id}
-            )
-
         try:
-            report = await self.registry.execute(handler, ctx, on_claimed=on_claimed)
+            prepared = self.registry.prepare(handler, ctx)
+            if isinstance(prepared, ExecutionReport):  # refused: nothing journaled or sent
+                report = prepared
+            else:
+                try:
+                    if journal is not None:
+                        await journal.grant_claimed(
+                            attempt_id=attempt_id,
+                            grant_id=claim.grant_id,
+                            expires_at=claim.expires_at,
+                            payload_digest=claim.execution_payload_digest,
+                        )
+                    # Send only under a live lease: this one may lapse before the send ends.
+                    lapsed = fence is not None and not fence.can_dispatch()
+                    if not lapsed:
+                        self.streams.evidence.emit(
+                            "DISPATCH", {"intent_id": intent.intent_id, "grant_id": claim.grant_id}
+                        )
+                except Exception:  # the claim (or its DISPATCH line) not written: nothing runs
+                    report = _not_dispatched(Code.JOURNAL_UNAVAILABLE)
+                else:
+                    if lapsed:
+                        report = _not_dispatched(Code.ATTEMPT_LEASE_LAPSED)
+                    else:
+                        claimed = True
+                        report = await self.registry.run(prepared)
         except Exception:
             log.exception("the seam failed")
             report = ExecutionReport(
@@ -313,8 +320,7 @@ class Attempt:
                 reason_codes=(Code.INTERNAL_ERROR,),
                 dispatched=claimed,
             )
-        if lapsed and not report.dispatched:
-            report = dataclasses.replace(report, reason_codes=(Code.ATTEMPT_LEASE_LAPSED,))
+        if lapsed:
             self.streams.security.emit(
                 "DISPATCH_WITHHELD",
                 {
@@ -334,7 +340,12 @@ class Attempt:
         # with the provider's receipt verbatim; nothing in either can make the finalization
         # fail or change the outcome.
         entry = self.effects.take(claim.grant_id) if self.effects is not None else None
-        receipt = _receipt_token(report)
+        # The provider's signed effect receipt as the seam screened it, verbatim, whatever the
+        # outcome: a refusal's (``report.effect_receipt``), else the result's.
+        receipt = report.effect_receipt
+        if receipt is None:
+            found = (report.result or {}).get("effect_receipt")
+            receipt = found if isinstance(found, str) else None
         effect_report: Mapping[str, Any] | None = None
         try:
             finalized = await self.authority.finalize(
@@ -367,7 +378,7 @@ class Attempt:
             fail_closed=outcome is Outcome.FAILED_BEFORE_DISPATCH,
             outcome=outcome.value,
             executed=report.executed,
-            authorization=authorization.as_wire(),
+            authorization=wire,
             finalization=finalization,
             result=report.result if outcome is Outcome.COMPLETED else None,
             recovery=recovery,
@@ -553,14 +564,12 @@ class Attempt:
         return {"intent": dict(intent.binding), "reference": reference}
 
 
-class _LeaseLapsed(Exception):
-    """Raised by ``on_claimed`` to stop the seam before the handler: the lease would lapse."""
-
-
-def _receipt_token(report: ExecutionReport) -> str | None:
-    """The provider's signed effect receipt as the seam screened it, verbatim, whatever the
-    outcome: a refusal's (``report.effect_receipt``), else the result's ``effect_receipt``."""
-    if report.effect_receipt is not None:
-        return report.effect_receipt
-    receipt = (report.result or {}).get("effect_receipt")
-    return receipt if isinstance(receipt, str) else None
+def _not_dispatched(code: str) -> ExecutionReport:
+    """The handler was not run after a successful claim (its GRANT_CLAIMED not durable, or the
+    lease too short to send under): FAILED_BEFORE_DISPATCH, nothing sent."""
+    return ExecutionReport(
+        outcome=Outcome.FAILED_BEFORE_DISPATCH,
+        executed=False,
+        reason_codes=(code,),
+        dispatched=False,
+    )

@@ -7,7 +7,8 @@ written down at each step and flushed to the device before the step continues:
 ATTEMPT_OPENED     after the authority allows, before execution: identifiers, the caller, action,
                    the grant's id and expiry, and the captured intent binding verbatim
 GRANT_CLAIMED      after the grant is consumed, before the provider is touched: grant id, expiry,
-                   digest of what is about to be sent (written by the seam's decorator)
+                   digest of what is about to be sent (written by the attempt between the
+                   seam's prepare and run)
 ATTEMPT_CLOSED     once the outcome is known: outcome, executed, finalization, and the answer the
                    caller was given (replayed to a retry whose key the crash left in flight)
 RECONCILED         when a lost outcome is resolved: status, and RESTART, LEASE, RECHECK,
@@ -26,7 +27,8 @@ day file deleted behind the journal's back is found (``missing_days``) rather th
 A write or fsync that fails leaves the journal failed (:attr:`AttemptJournal.failed`): every
 later append is refused JOURNAL_UNAVAILABLE until :meth:`AttemptJournal.recover` proves the
 directory takes a synced write again. The failing append calls :attr:`AttemptJournal.on_failure`
-before it raises, so the control plane halts at once (cause JOURNAL) and stays halted meanwhile.
+before its caller sees the refusal, so the control plane halts at once (cause JOURNAL) and stays
+halted meanwhile.
 
 Reading back (:func:`scan_journal`) lists the attempts still open: opened, and neither closed nor
 resolved by a closing RECONCILED (COMPLETED, NOT_EXECUTED, UNCLAIMED). An ATTEMPT_CLOSED whose
@@ -41,16 +43,18 @@ With a shared store (``EXECUTOR_STORE_URL``), an :class:`AttemptMirror` is hande
 record is on the device, the same step is written to the shared store's open-attempt state (owner
 and lease there), and the append returns only once both hold; a mirror that fails fails the append
 (JOURNAL_UNAVAILABLE), so a GRANT_CLAIMED that cannot be made durable in the shared store stops the
-seam before dispatch. The mirror also keeps each held attempt's fencing token (issue 29), handed
-to the attempt by :meth:`AttemptJournal.fence`.
+attempt before dispatch. The mirror also keeps each held attempt's fencing token (issue 29),
+handed to the attempt as the value of its ATTEMPT_OPENED append (:meth:`AttemptJournal.opened`).
+Without a mirror an append hands back the writer's future itself (no journal frame waits on the
+fsync, issue 32); the record is on the device all the same when it is done.
 
 The records' vocabulary lives in ``state/journalrecords.py`` and the reader in
 ``state/journalscan.py``; this module writes, and re-exports their public names.
 
-Callers: ``lifecycle/attempt.py`` (opened, fence, grant_claimed through the seam's
-GRANT_CLAIMED decorator, closed), ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records
-reconciled by CALLER), ``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open),
-``plane.py`` (close, ``GET /v1/control/open-attempts``).
+Callers: ``lifecycle/attempt.py`` (opened, which hands back the fence, grant_claimed, closed),
+``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records reconciled by CALLER),
+``lifecycle/reconcile.py`` (scan, reconciled), ``assembly.py`` (open), ``plane.py`` (close,
+``GET /v1/control/open-attempts``).
 Also imported by ``lifecycle/leases.py``, ``lostwrites.py``, ``pgattempts.py``, ``supervisor.py``.
 Also imported by ``lifecycle/recovery.py``.
 """
@@ -66,7 +70,7 @@ import queue
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -256,7 +260,7 @@ class AttemptJournal:
         """Torn last lines this process cut off before appending to their file."""
         return tuple(self._writer.repaired)
 
-    async def opened(
+    def opened(
         self,
         *,
         attempt_id: str,
@@ -269,18 +273,25 @@ class AttemptJournal:
         binding: Mapping[str, Any],
         grant_id: str | None = None,
         grant_expires_at: float | None = None,
-    ) -> None:
+    ) -> Awaitable[AttemptFence | None]:
         """ATTEMPT_OPENED, with the grant the attempt will claim (so a journal that lost its
         GRANT_CLAIMED can still be checked against the use store). ``binding`` must hash to
         ``intent_hash`` (refused otherwise, so the journal never holds an attempt that
-        reconciliation would call a mismatch)."""
+        reconciliation would call a mismatch).
+
+        Awaited, the record is durable (see :meth:`_append`) and the value is the attempt's
+        fencing token: the shared store's (issue 29: the grant claim is made under it), ``None``
+        without a mirror."""
         try:
             consistent = sha256_digest(binding) == intent_hash
         except AgentSafeError:
             consistent = False
         if not consistent:
-            raise JournalError(
-                "the binding does not hash to the intent hash", code=Code.JOURNAL_RECORD_INVALID
+            return _refused(
+                JournalError(
+                    "the binding does not hash to the intent hash",
+                    code=Code.JOURNAL_RECORD_INVALID,
+                )
             )
         fields: dict[str, Any] = {
             "attempt_id": attempt_id,
@@ -296,18 +307,17 @@ class AttemptJournal:
             fields["grant_id"] = grant_id
         if grant_expires_at is not None:
             fields["grant_expires_at"] = format_ms(grant_expires_at)
-        await self._append(RecordType.ATTEMPT_OPENED, fields)
-        self._live_open.add(attempt_id)
+        appended = self._append(RecordType.ATTEMPT_OPENED, fields)
+        if self._mirror is None:
+            return appended  # no fence without a shared store
+        return _then_fence(appended, self._mirror, attempt_id)
 
-    def fence(self, attempt_id: str) -> AttemptFence | None:
-        """The shared store's fencing token of ``attempt_id`` (``None`` without a mirror)."""
-        return self._mirror.fence(attempt_id) if self._mirror is not None else None
-
-    async def grant_claimed(
+    def grant_claimed(
         self, *, attempt_id: str, grant_id: str, expires_at: float, payload_digest: str
-    ) -> None:
-        """GRANT_CLAIMED: written by the seam's decorator before the handler body runs."""
-        await self._append(
+    ) -> Awaitable[None]:
+        """GRANT_CLAIMED: written by the attempt after the seam prepared the execution and
+        before the handler runs; durable once awaited."""
+        return self._append(
             RecordType.GRANT_CLAIMED,
             {
                 "attempt_id": attempt_id,
@@ -318,7 +328,7 @@ class AttemptJournal:
             },
         )
 
-    async def closed(
+    def closed(
         self,
         *,
         attempt_id: str,
@@ -326,12 +336,16 @@ class AttemptJournal:
         executed: bool | None,
         finalization: str | None,
         answer: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> Awaitable[None]:
         """Record the outcome, and the answer the caller is given (so a retry after a crash gets
-        exactly it). UNKNOWN_AFTER_DISPATCH is recorded but leaves the attempt open."""
-        if not isinstance(executed, bool | None):
-            raise JournalError(
-                "field executed must be a boolean or null", code=Code.JOURNAL_RECORD_INVALID
+        exactly it); durable once awaited. UNKNOWN_AFTER_DISPATCH is recorded but leaves the
+        attempt open."""
+        given: object = executed  # as given: a caller need not be type-checked
+        if not isinstance(given, bool | None):
+            return _refused(
+                JournalError(
+                    "field executed must be a boolean or null", code=Code.JOURNAL_RECORD_INVALID
+                )
             )
         fields: dict[str, Any] = {
             "attempt_id": attempt_id,
@@ -341,9 +355,7 @@ class AttemptJournal:
         }
         if answer is not None:
             fields["answer"] = dict(answer)
-        await self._append(RecordType.ATTEMPT_CLOSED, fields)
-        if outcome != UNKNOWN_OUTCOME:
-            self._live_open.discard(attempt_id)
+        return self._append(RecordType.ATTEMPT_CLOSED, fields)
 
     async def reconciled(
         self,
@@ -364,8 +376,6 @@ class AttemptJournal:
         if reason is not None or decided_by is not None:
             fields.update(reason=reason, decided_by=decided_by)
         await self._append(RecordType.RECONCILED, fields)
-        if status in CLOSING_STATUSES:
-            self._live_open.discard(attempt_id)
 
     async def scan(self, wanted: frozenset[str] = frozenset()) -> JournalScan:
         """Read every day file back (see :func:`scan_journal`); for the attempt ids in
@@ -406,19 +416,64 @@ class AttemptJournal:
         await asyncio.to_thread(self._writer.join)
         os.close(self._lock_fd)
 
-    async def _append(self, kind: RecordType, fields: Mapping[str, Any]) -> None:
-        """One record, durable on return; a span ``agentsafe.journal.append`` inside a traced
-        request or reconciliation (never a trace of its own)."""
-        attributes = {"agentsafe.record": kind.value}
-        with self.span("agentsafe.journal.append", attributes, child_only=True) as current:
+    def _append(self, kind: RecordType, fields: Mapping[str, Any]) -> Awaitable[None]:
+        """One record, durable (and mirrored) once the returned awaitable is done; a span
+        ``agentsafe.journal.append`` over it inside a traced request or reconciliation (never a
+        trace of its own).
+
+        Without a mirror and with no span recording, the awaitable is the writer's future
+        itself: no frame of the journal stands between its caller and the fsync, so the caller
+        is the first frame resumed once the record is on the device (issue 32). A record
+        refused before it is written (a closed or failed journal, a field the reader would
+        refuse) is a future already failed: the refusal surfaces where the caller awaits, as it
+        did when every append was a coroutine. With a span (current over the append, as before)
+        or a mirror (a second await), it is a coroutine, to be awaited at once: the span is
+        entered here and ends in it."""
+        span = contextlib.ExitStack()
+        current = span.enter_context(
+            self.span("agentsafe.journal.append", {"agentsafe.record": kind.value}, child_only=True)
+        )
+        if current is not None or self._mirror is not None:
+            return self._append_spanned(span, current, kind, fields)
+        span.close()  # nothing records this append
+        try:
+            _, written = self._submit(kind, fields)
+        except JournalError as exc:
+            return _refused(exc)
+        return written
+
+    async def _append_spanned(
+        self, span: contextlib.ExitStack, current: Any, kind: RecordType, fields: Mapping[str, Any]
+    ) -> None:
+        """The append as a coroutine, inside the span :meth:`_append` entered (``current``, or
+        ``None`` when nothing records it), the mirror's write after the record's fsync."""
+        with span:
             try:
-                await self._write(kind, fields)
+                record, written = self._submit(kind, fields)
+                await written
+                if self._mirror is not None:
+                    try:
+                        await self._mirror.record(kind, record)
+                    except AgentSafeError as exc:
+                        if exc.code == Code.IDEMPOTENCY_TAKEN_OVER:
+                            raise  # the key is another request's now: the attempt must say so
+                        raise JournalError(
+                            f"the shared store did not take the record ({exc.code})",
+                            code=Code.JOURNAL_UNAVAILABLE,
+                        ) from None
             except AgentSafeError as exc:
                 if current is not None:  # the span drops what its allow-list does not take
                     current.set_attribute("agentsafe.code", str(exc.code))
                 raise
+        if self._mirror is not None:
+            self._note(kind, fields)
 
-    async def _write(self, kind: RecordType, fields: Mapping[str, Any]) -> None:
+    def _submit(
+        self, kind: RecordType, fields: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], asyncio.Future[None]]:
+        """Check the record and hand its line to the writer: the record and the future the
+        writer answers once the line is fsynced (raises ``JournalError`` for a record refused
+        before it is written)."""
         if self._closed:
             raise JournalError("the journal is closed", code=Code.JOURNAL_CLOSED)
         if self._writer.failed:
@@ -451,25 +506,52 @@ class AttemptJournal:
             )
         day = utc_day(now)
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._writer.submit(_Pending(day, data + b"\n", loop, waiter))
+        written: asyncio.Future[None] = loop.create_future()
+        # Added before the caller awaits it, so it runs before the caller is resumed.
+        written.add_done_callback(lambda done: self._answered(kind, fields, done))
+        self._writer.submit(_Pending(day, data + b"\n", loop, written))
         self._submitted += 1
-        try:
-            await waiter
-        except JournalError:
+        return record, written
+
+    def _answered(
+        self, kind: RecordType, fields: Mapping[str, Any], written: asyncio.Future[None]
+    ) -> None:
+        """On the event loop, once the writer answered an append whose caller still waits:
+        the write or fsync that failed the journal calls :attr:`on_failure` (the control plane
+        halts before the refusal reaches the caller); without a mirror, a durable record is
+        noted in the open set (with one, once the mirror holds it too)."""
+        if written.cancelled():
+            return
+        if written.exception() is not None:
             if self.failed and self.on_failure is not None:  # this write failed it
                 self.on_failure()
-            raise
-        if self._mirror is not None:
-            try:
-                await self._mirror.record(kind, record)
-            except AgentSafeError as exc:
-                if exc.code == Code.IDEMPOTENCY_TAKEN_OVER:
-                    raise  # the key is another request's now: the attempt must say so (409)
-                raise JournalError(
-                    f"the shared store did not take the record ({exc.code})",
-                    code=Code.JOURNAL_UNAVAILABLE,
-                ) from None
+        elif self._mirror is None:
+            self._note(kind, fields)
+
+    def _note(self, kind: RecordType, fields: Mapping[str, Any]) -> None:
+        """A record now durable: the live open set (:attr:`open_count`) follows it."""
+        if kind is RecordType.ATTEMPT_OPENED:
+            self._live_open.add(fields["attempt_id"])
+        elif (kind is RecordType.ATTEMPT_CLOSED and fields["outcome"] != UNKNOWN_OUTCOME) or (
+            kind is RecordType.RECONCILED and fields["status"] in CLOSING_STATUSES
+        ):
+            self._live_open.discard(fields["attempt_id"])
+
+
+def _refused(error: JournalError) -> asyncio.Future[Any]:
+    """An append refused before it was written, as a future already failed (it raises where
+    the caller awaits it)."""
+    refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    refused.set_exception(error)
+    return refused
+
+
+async def _then_fence(
+    appended: Awaitable[None], mirror: AttemptMirror, attempt_id: str
+) -> AttemptFence | None:
+    """ATTEMPT_OPENED with a mirror: once it holds, the fencing token the mirror keeps."""
+    await appended
+    return mirror.fence(attempt_id)
 
 
 class SpanFactory(Protocol):

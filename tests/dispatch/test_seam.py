@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from agentsafe.executor.clock import ManualClock
+from agentsafe.executor.dispatch import seam as seam_module
 from agentsafe.executor.dispatch.seam import (
     Authorization,
     Dispatch,
     ExecutionContext,
+    ExecutionReport,
     Outcome,
+    Prepared,
     ProviderRefused,
     ReconcileResult,
     ReconcileStatus,
@@ -349,6 +354,83 @@ async def test_unknown_action_at_execute_fails_before_dispatch() -> None:
     )
     assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
     assert report.reason_codes == ("ACTION_NOT_REGISTERED",)
+
+
+# -- the two steps: prepare, then run (the attempt journals GRANT_CLAIMED between them) --------
+
+
+async def test_prepare_refuses_without_running_and_run_classifies() -> None:
+    handler = ScriptedHandler("ok")
+    registry = sealed(handler)
+    refused = registry.prepare("other", make_ctx(ManualClock()))
+    assert isinstance(refused, ExecutionReport)
+    assert (refused.outcome, refused.reason_codes) == (
+        Outcome.FAILED_BEFORE_DISPATCH,
+        ("ACTION_NOT_REGISTERED",),
+    )
+    prepared = registry.prepare("create_payout", make_ctx(ManualClock()))
+    assert isinstance(prepared, Prepared)
+    assert not handler.ran  # preparing runs nothing
+    assert not prepared.dispatch.started
+    report = await registry.run(prepared)
+    assert (report.outcome, report.executed, report.dispatched) == (Outcome.COMPLETED, True, True)
+    assert handler.ran
+
+
+async def test_the_handler_runs_in_its_own_task_with_the_callers_context() -> None:
+    """The handler is a task of its own (its resumptions start at it, issue 32) that copies the
+    caller's context: a context variable the caller set is read there, and ``seam.fetch`` still
+    knows the execution's dispatch (``test_registration.py`` shows the refusal it makes)."""
+    marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="unset")
+    seen: dict[str, Any] = {}
+
+    class Looking(ScriptedHandler):
+        async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+            seen["task"] = asyncio.current_task()
+            seen["marker"] = marker.get()
+            seen["executing"] = seam_module._EXECUTING.get()
+            return await super().execute(ctx, dispatch)
+
+    registry = sealed(Looking("ok"))
+    prepared = registry.prepare("create_payout", make_ctx(ManualClock()))
+    assert isinstance(prepared, Prepared)
+    marker.set("the caller's")
+    report = await registry.run(prepared)
+    assert report.outcome is Outcome.COMPLETED
+    assert seen["task"] is not asyncio.current_task()
+    assert seen["marker"] == "the caller's"
+    assert seen["executing"] is prepared.dispatch
+    assert seam_module._EXECUTING.get() is None  # reset in the caller once the handler ended
+
+
+async def test_a_cancelled_caller_cancels_the_handler_in_flight() -> None:
+    """The seam does not shield a handler: cancelling whoever awaits ``run`` reaches the
+    handler's own task, and no report is produced."""
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    class Hanging(ScriptedHandler):
+        async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
+            async def send(key: str) -> str:
+                started.set()
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    stopped.set()
+                return key
+
+            await dispatch.run(send)
+            return {"ok": True}
+
+    registry = sealed(Hanging("ok"))
+    prepared = registry.prepare("create_payout", make_ctx(ManualClock()))
+    assert isinstance(prepared, Prepared)
+    caller = asyncio.create_task(registry.run(prepared))
+    await asyncio.wait_for(started.wait(), timeout=10)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert stopped.is_set()  # the handler's task was cancelled, not left running
+    assert prepared.dispatch.started
 
 
 def test_provider_refused_is_an_agentsafe_error_with_the_reason() -> None:

@@ -8,6 +8,8 @@ except the handler, which is scripted so a test can choose how the provider call
 from __future__ import annotations
 
 import copy
+import errno
+import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -32,8 +34,15 @@ from agentsafe.executor.grants import SigningKey
 from agentsafe.executor.intent import CapturedIntent
 from agentsafe.executor.lifecycle.attempt import Attempt, Progress, Unreported
 from agentsafe.executor.lifecycle.ceilings import HostCeilings
-from agentsafe.executor.policy.authority import RECOVERY_TYP, Decision, LocalAuthority, Verdict
+from agentsafe.executor.policy.authority import (
+    RECOVERY_TYP,
+    Claim,
+    Decision,
+    LocalAuthority,
+    Verdict,
+)
 from agentsafe.executor.policy.policy import compile_policy, parse_policy
+from agentsafe.executor.state import journal as journal_module
 from agentsafe.executor.state.journal import AttemptJournal
 from agentsafe.executor.state.usestore import SQLiteUseStore
 from tests.support.intents import PAYOUT_PRINCIPAL, make_intent
@@ -229,6 +238,74 @@ async def test_a_journal_that_refuses_claims_nothing_and_frees_the_ceiling(world
     await (await ceilings.commit(intent.parameters)).release()  # the one place is free again
     claim = await world.authority.claim(decision.grant or "", intent=intent)
     assert claim.grant_id == decision.grant_id  # the grant was never consumed
+
+
+async def test_a_journal_that_refuses_grant_claimed_sends_nothing(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seam prepared the execution and the grant is claimed, but the GRANT_CLAIMED record
+    cannot be made durable (its fsync fails): the handler never runs, FAILED_BEFORE_DISPATCH
+    with JOURNAL_UNAVAILABLE, and the journal, failed, cannot close the attempt (it stays open
+    for reconciliation)."""
+
+    def broken_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    claim = world.authority.claim
+
+    async def claim_then_break_the_disk(grant: str, **kwargs: Any) -> Claim:
+        claimed = await claim(grant, **kwargs)
+        monkeypatch.setattr(journal_module.os, "fsync", broken_fsync)  # the next record fails
+        return claimed
+
+    monkeypatch.setattr(world.authority, "claim", claim_then_break_the_disk)
+    intent = world.intent()
+    decision = await world.allow(intent)
+    answer, progress = await run(world, world.attempt(), intent, decision)
+    monkeypatch.undo()
+    assert progress.started
+    body = answer.body
+    assert (body["outcome"], body["executed"], body["fail_closed"]) == (
+        "FAILED_BEFORE_DISPATCH",
+        False,
+        True,
+    )
+    assert body["reason_codes"] == [*decision.reason_codes, "JOURNAL_UNAVAILABLE"]
+    assert world.handler.sent == 0
+    assert world.events() == ["GRANT_CLAIMED", "OUTCOME"]  # no DISPATCH line
+    assert world.journal.failed
+    security = world.streams.security
+    assert [f["code"] for f in security.named("ATTEMPT_CLOSE_NOT_RECORDED")] == [  # type: ignore[attr-defined]
+        "JOURNAL_UNAVAILABLE"
+    ]
+    assert world.counted == [Outcome.FAILED_BEFORE_DISPATCH]
+
+
+async def test_a_prepared_execution_the_seam_refuses_journals_no_grant_claimed(
+    world: World,
+) -> None:
+    """The seam's checks come before GRANT_CLAIMED: a refusal there (here, parameters the
+    handler's schema does not take) claims the grant but journals no GRANT_CLAIMED and closes
+    the attempt FAILED_BEFORE_DISPATCH."""
+    world.handler.parameters_schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"other": {"type": "string"}},
+    }
+    intent = world.intent()
+    decision = await world.allow(intent)
+    answer, _ = await run(world, world.attempt(), intent, decision)
+    body = answer.body
+    assert (body["outcome"], body["executed"]) == ("FAILED_BEFORE_DISPATCH", False)
+    assert body["reason_codes"] == [*decision.reason_codes, "PARAMETERS_INVALID"]
+    assert world.handler.sent == 0
+    assert world.events() == ["GRANT_CLAIMED", "OUTCOME"]
+    records = [
+        json.loads(line)["record"]
+        for day in sorted(world.journal.path.glob("*.jsonl"))
+        for line in day.read_text().splitlines()
+    ]
+    assert records == ["ATTEMPT_OPENED", "ATTEMPT_CLOSED"]
 
 
 async def test_only_an_allow_with_a_grant_starts_an_attempt(world: World) -> None:

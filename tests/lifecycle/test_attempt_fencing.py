@@ -195,6 +195,13 @@ async def test_a_lease_that_would_lapse_before_the_send_ends_sends_nothing(
     assert (body["outcome"], body["executed"]) == ("FAILED_BEFORE_DISPATCH", False)
     assert body["reason_codes"] == [*decision.reason_codes, "ATTEMPT_LEASE_LAPSED"]
     assert fenced.handler.sent == 0
+    assert fenced.events() == ["GRANT_CLAIMED", "OUTCOME"]  # withheld: no DISPATCH line
+    records = [
+        _json(line)["record"]
+        for day in sorted(fenced.journal.path.glob("*.jsonl"))
+        for line in day.read_text().splitlines()
+    ]  # the claim was made durable (between the seam's prepare and run), then withheld
+    assert records == ["ATTEMPT_OPENED", "GRANT_CLAIMED", "ATTEMPT_CLOSED"]
     assert await _claims(fenced.url) == 1  # claimed: nobody else can send under this grant
     security = fenced.streams.security
     assert [f["code"] for f in security.named("DISPATCH_WITHHELD")] == [  # type: ignore[attr-defined]

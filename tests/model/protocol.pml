@@ -330,10 +330,11 @@ proctype request(byte a; byte k; byte r)
             ANSWER
        fi }
   fi;
-  /* GRANT_CLAIMED in the journal file (the row already says so), then on_claimed: send only
-     if the lease (the local monotonic deadline, AttemptFence.can_dispatch) outlives the dispatch
-     deadline. The local deadline is conservative: it has passed whenever the database's lease
-     lapsed or the attempt was taken over; it may pass earlier. */
+  /* GRANT_CLAIMED in the journal file (the row already says so), then the attempt, between the
+     seam's prepare and run: send only if the lease (the local monotonic deadline,
+     AttemptFence.can_dispatch) outlives the dispatch deadline. The local deadline is
+     conservative: it has passed whenever the database's lease lapsed or the attempt was taken
+     over; it may pass earlier. */
   if
   :: !ALIVE(a) -> goto dead
   :: atomic { ALIVE(a) && UP(r) && a_state[a] == A_OPEN && a_owner[a] == r &&

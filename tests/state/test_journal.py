@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -694,6 +695,113 @@ async def test_a_grant_claim_the_shared_store_cannot_take_fails_the_append(
         assert "STORE_UNAVAILABLE" in err.value.message
     finally:
         await journal.close()
+
+
+async def test_an_opened_record_with_a_mirror_hands_back_its_fence(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """The fencing token the mirror keeps for the attempt is the value of ATTEMPT_OPENED (the
+    attempt claims its grant under it, issue 29); without a mirror the value is None."""
+
+    class Fencing(_Mirror):
+        def fence(self, attempt_id: str) -> Any:
+            return ("fence", attempt_id) if self.records else None
+
+    journal = await AttemptJournal.open(
+        tmp_path / "journal", retain_days=7, clock=clock, mirror=Fencing()
+    )
+    plain = await AttemptJournal.open(tmp_path / "plain", retain_days=7, clock=clock)
+    try:
+        intent = numbered_intent(1)
+        fields = {"decision_id": "d", "dossier_id": "s", "caller": "agent-1"}
+        fence = await journal.opened(attempt_id="a-1", **fields, **intent_fields(intent))
+        assert fence == ("fence", "a-1")  # asked once the mirror holds the record
+        assert await plain.opened(attempt_id="a-1", **fields, **intent_fields(intent)) is None
+    finally:
+        await journal.close()
+        await plain.close()
+
+
+# -- the append's awaitable (issue 32) ----------------------------------------------------------
+
+
+async def test_without_a_mirror_or_a_span_an_append_is_the_writers_future(
+    journal: AttemptJournal,
+) -> None:
+    """No journal frame waits on the fsync: the caller awaits the writer's future itself, and
+    the record is on the device (and counted open) once it is done."""
+    intent = numbered_intent(1)
+    appended = journal.opened(
+        attempt_id="a-1", decision_id="d", dossier_id="s", caller="agent-1", **intent_fields(intent)
+    )
+    assert isinstance(appended, asyncio.Future)
+    assert await appended is None
+    assert [r["record"] for r in read_lines(journal.path / f"{DAY}.jsonl")] == ["ATTEMPT_OPENED"]
+    assert journal.open_count == 1
+    closing = journal.closed(
+        attempt_id="a-1", outcome="COMPLETED", executed=True, finalization="RECORDED"
+    )
+    assert isinstance(closing, asyncio.Future)
+    await closing
+    assert journal.open_count == 0
+    refused = journal.closed(attempt_id="", outcome="COMPLETED", executed=True, finalization=None)
+    assert isinstance(refused, asyncio.Future)  # refused before the writer: raises when awaited
+    with pytest.raises(JournalError) as caught:
+        await refused
+    assert caught.value.code == "JOURNAL_RECORD_INVALID"
+
+
+class _Span:
+    def __init__(self) -> None:
+        self.attributes: dict[str, object] = {}
+
+    def set_attribute(self, key: str, value: object) -> None:
+        self.attributes[key] = value
+
+
+async def test_a_recording_span_covers_the_append_up_to_its_fsync(
+    journal: AttemptJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside a traced request the append is a coroutine whose span is current over it and ends
+    once the record is on the device; a refusal's code is on the span."""
+    events: list[str] = []
+    spans: list[_Span] = []
+
+    @contextlib.contextmanager
+    def span(name: str, attributes: Any, *, child_only: bool) -> Iterator[_Span]:
+        assert (name, dict(attributes), child_only) == (
+            "agentsafe.journal.append",
+            {"agentsafe.record": "ATTEMPT_OPENED"},
+            True,
+        )
+        spans.append(_Span())
+        events.append("span starts")
+        try:
+            yield spans[-1]
+        finally:
+            events.append("span ends")
+
+    real_fsync = os.fsync
+
+    def noted_fsync(fd: int) -> None:
+        real_fsync(fd)
+        events.append("fsync")
+
+    journal.span = span
+    monkeypatch.setattr(journal_module.os, "fsync", noted_fsync)
+    intent = numbered_intent(1)
+    fields = {"decision_id": "d", "dossier_id": "s", "caller": "agent-1"}
+    appended = journal.opened(attempt_id="a-1", **fields, **intent_fields(intent))
+    assert not isinstance(appended, asyncio.Future)
+    await appended
+    assert events[0] == "span starts"
+    assert events[-2:] == ["fsync", "span ends"]
+    assert journal.open_count == 1
+    await journal.close()
+    with pytest.raises(JournalError):
+        await journal.opened(attempt_id="a-2", **fields, **intent_fields(intent))
+    assert spans[-1].attributes == {"agentsafe.code": "JOURNAL_CLOSED"}
+    assert events[-1] == "span ends"
 
 
 # -- the live count the metrics read -----------------------------------------------------------
