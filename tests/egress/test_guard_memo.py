@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
-from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -162,20 +161,6 @@ def _client(dns: _Dns, allowed: Sequence[str], destination: Destination) -> Guar
     )
 
 
-@pytest.fixture
-async def listener() -> AsyncIterator[int]:
-    async def handler(request: web.Request) -> web.Response:
-        return web.Response(text="reached")
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    yield runner.addresses[0][1]
-    await runner.cleanup()
-
-
 async def test_two_clients_judge_one_address_each_by_its_own_opened_networks() -> None:
     api = Destination("https://core.bank.test/")
     opened = _client(_Dns([["10.96.0.1"]]), ("10.96.0.0/12",), api)
@@ -191,25 +176,29 @@ async def test_two_clients_judge_one_address_each_by_its_own_opened_networks() -
     await closed.close()
 
 
-async def test_a_rebinding_after_a_remembered_answer_is_judged_afresh(listener: int) -> None:
+async def test_a_rebinding_after_a_remembered_answer_is_judged_afresh(
+    listener: tuple[int, list[str]],
+) -> None:
+    port, hits = listener
     dns = _Dns([["127.0.0.1"], ["169.254.169.254"], ["127.0.0.1"]])
     client = _client(
-        dns, (), Destination(f"http://rebind.test:{listener}/", allow_insecure_loopback=True)
+        dns, (), Destination(f"http://rebind.test:{port}/", allow_insecure_loopback=True)
     )
     try:
         first = await client.request(
-            "GET", f"http://rebind.test:{listener}/a", headers={}, body=None, timeout=5
+            "GET", f"http://rebind.test:{port}/a", headers={}, body=None, timeout=5
         )
         assert first.body == b"reached"
         with pytest.raises(TransportError) as info:
             await client.request(
-                "GET", f"http://rebind.test:{listener}/b", headers={}, body=None, timeout=5
+                "GET", f"http://rebind.test:{port}/b", headers={}, body=None, timeout=5
             )
         assert (info.value.code, info.value.sent) == ("EGRESS_ADDRESS_REFUSED", False)
         again = await client.request(
-            "GET", f"http://rebind.test:{listener}/c", headers={}, body=None, timeout=5
+            "GET", f"http://rebind.test:{port}/c", headers={}, body=None, timeout=5
         )
         assert again.body == b"reached"
         assert dns.lookups == ["rebind.test"] * 3  # resolved once per request, every request
+        assert hits == ["/a", "/c"]  # the refused rebinding never reached the server
     finally:
         await client.close()
