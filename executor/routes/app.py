@@ -388,7 +388,13 @@ def _timed(
     metrics: ExecutorMetrics,
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """``handler`` with its duration recorded once per request: by the row's template (never the
-    raw path), its method, and the outcome (a decision's verdict, else the answer's class)."""
+    raw path), its method, and the outcome (a decision's verdict, else the answer's class).
+    The histogram's child for labels seen before is observed here, without a call into the
+    metrics; the metrics resolve new labels (``observe_request``) and keep the child."""
+    kept = metrics.kept_durations  # live: observe_request adds to it
+    # Only exact strings find a kept child (``host/metrics.py``: a ``str`` subclass may label
+    # a series differently from the equal string).
+    exact = type(route.method) is str and type(route.path) is str
 
     async def handle(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -409,9 +415,16 @@ def _timed(
             outcome = verdict if isinstance(verdict, str) else outcome_of_status(response.status)
             return response
         finally:
-            metrics.observe_request(
-                route.method, route.path, outcome, time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            child = (
+                kept.get((route.method, route.path, outcome))
+                if exact and type(outcome) is str
+                else None
             )
+            if child is not None:
+                child.observe(seconds)
+            else:
+                metrics.observe_request(route.method, route.path, outcome, seconds)
 
     return handle
 
