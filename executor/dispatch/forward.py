@@ -1,7 +1,8 @@
 """The reference ``forward_request`` handler.
 
 :class:`ForwardRequestHandler` POSTs the verified parameters, as RFC 8785 canonical JSON, to
-``DOWNSTREAM_URL`` inside ``dispatch.run`` with ``content-type: application/json``,
+``DOWNSTREAM_URL`` right after ``dispatch.start()`` (the point of no return, as
+``dispatch.run`` marks it) with ``content-type: application/json``,
 ``idempotency-key``, ``x-agent-safe-intent-hash``, ``x-agent-safe-dossier-id``,
 ``x-agent-safe-grant-id`` and the credential's headers, asked of the credential just before
 dispatch and never kept. Its timeout is ``DOWNSTREAM_TIMEOUT_MS`` and never more than the grant
@@ -208,8 +209,9 @@ class ForwardRequestHandler:
         *,
         extra_headers: Mapping[str, str] | None = None,
     ) -> HttpResponse:
-        """POST the verified parameters once inside ``dispatch.run`` and return the answer as
-        it came; the banking transport (``banking/transport.py``) reads it its own way.
+        """POST the verified parameters once, right after ``dispatch.start()`` (the point of
+        no return, once the credential's headers are in), and return the answer as it came;
+        the banking transport (``banking/transport.py``) reads it its own way.
         ``extra_headers`` are a family's own non-reserved headers."""
         body = canonical_json(dict(ctx.parameters))
         auth = ctx.authorization
@@ -244,25 +246,25 @@ class ForwardRequestHandler:
                 raise HandlerError("a family header is reserved", code=Code.CREDENTIAL_INVALID)
             headers[name.lower()] = value
 
-        async def post(idempotency_key: str) -> HttpResponse:
-            # ``ctx.remaining()``, spelled out: never more than the grant has left (monotonic).
-            left = max(0.0, ctx.deadline_monotonic - ctx.clock.monotonic())
-            timeout = min(self._timeout, left)
-            sent_headers = {**headers, "idempotency-key": idempotency_key}
-            with telemetry.span(
-                "agentsafe.dispatch", self._span_attributes, kind=telemetry.SpanKind.CLIENT
-            ) as current:
-                # W3C Trace Context to the provider: outside the signature's covered
-                # components (docs/tracing.md), and no credential may set it (headers.py).
-                telemetry.inject(sent_headers)
-                response = await self._transport.request(
-                    "POST", self._url, headers=sent_headers, body=body, timeout=timeout
-                )
-                if current is not None:
-                    current.set_attribute("http.response.status_code", response.status)
-                return response
-
-        return await dispatch.run(post)
+        # The point of no return, then the send at once, here: ``dispatch.run(post)`` would
+        # call back into this module from the seam between the credential and the send.
+        idempotency_key = dispatch.start()
+        # ``ctx.remaining()``, spelled out: never more than the grant has left (monotonic).
+        left = max(0.0, ctx.deadline_monotonic - ctx.clock.monotonic())
+        timeout = min(self._timeout, left)
+        sent_headers = {**headers, "idempotency-key": idempotency_key}
+        with telemetry.span(
+            "agentsafe.dispatch", self._span_attributes, kind=telemetry.SpanKind.CLIENT
+        ) as current:
+            # W3C Trace Context to the provider: outside the signature's covered
+            # components (docs/tracing.md), and no credential may set it (headers.py).
+            telemetry.inject(sent_headers)
+            response = await self._transport.request(
+                "POST", self._url, headers=sent_headers, body=body, timeout=timeout
+            )
+            if current is not None:
+                current.set_attribute("http.response.status_code", response.status)
+            return response
 
     async def execute(self, ctx: ExecutionContext, dispatch: Dispatch) -> Mapping[str, Any]:
         response = await self.send(ctx, dispatch)

@@ -1,7 +1,8 @@
 """The handler seam: what may run, and how its outcome is classified.
 
 A handler is registered under an action name with a strict parameter schema, performs its side
-effect inside :meth:`Dispatch.run` (the point of no return) and answers a read-only
+effect inside :meth:`Dispatch.run` (the point of no return; or at once after
+:meth:`Dispatch.start`, which marks it the same way) and answers a read-only
 :meth:`Handler.reconcile`. The :class:`Registry` is sealed once registration is over and wraps
 every execution in the same steps, so an ordinary handler gets them without knowing:
 
@@ -212,7 +213,8 @@ class ProviderRefused(AgentSafeError):
 
 
 class Dispatch:
-    """The point of no return for one execution; :meth:`run` may be called once."""
+    """The point of no return for one execution; :meth:`run` (or :meth:`start`) may be called
+    once."""
 
     def __init__(self, ctx: ExecutionContext) -> None:
         self._ctx = ctx
@@ -230,12 +232,22 @@ class Dispatch:
         is called. ``run`` is not a coroutine itself, so no frame of the seam stands in the
         await chain of the send: a resumption inside it does not pass through the seam on its
         way back to the handler (issue 32)."""
+        return fn(self.start())
+
+    def start(self) -> str:
+        """Mark the point of no return now and return the idempotency key to send with, for a
+        handler that sends at once, in its own body (the reference forward handler does: the
+        seam is then not called back into between its credential and the send, issue 32);
+        :meth:`run` is this, then ``fn``. From here on a failure is an unknown outcome.
+
+        Refused (:class:`DispatchRefused`) when it already ran or the deadline passed, before
+        anything is marked."""
         if self._started:
             raise DispatchRefused("dispatch runs once per execution", code=Code.DISPATCH_TWICE)
         if self._ctx.remaining() <= 0:
             raise DispatchRefused("the grant expired before dispatch", code=Code.GRANT_EXPIRED)
         self._started = True
-        return fn(self._ctx.idempotency_key)
+        return self._ctx.idempotency_key
 
 
 _EXECUTING: ContextVar[Dispatch | None] = ContextVar("agentsafe_executing", default=None)

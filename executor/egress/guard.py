@@ -22,7 +22,9 @@ once per request and the connection goes to exactly the checked address: the con
 resolver can only return that answer, so DNS rebinding has nothing to rebind.
 The pure checks of an answer (its refusal, its canonical text and family) and of a configured
 host are remembered in bounded memos keyed by everything they depend on (issue 34): a
-rebinding answer is another key, judged afresh.
+rebinding answer is another key, judged afresh. So is a request's check of its method, URL and
+header names against this client's rules (``urls.check_target``, issue 32); the header values
+are checked on every request, and a refusal is never remembered.
 
 Connections are kept alive between requests (:class:`_Pool`), in lanes keyed by everything
 that makes a connection what it is: the checked address and port, the scheme, the TLS server
@@ -91,10 +93,12 @@ from .registries import (
 )
 from .transport import DEFAULT_MAX_RESPONSE_BYTES, HttpResponse, TransportError
 from .urls import (
+    HEADER_VALUE,
     Destination,
     Rule,
     _Refusal,
     check_request,
+    check_target,
     leaves_origin,
     safe_origin,
     seal,
@@ -548,12 +552,21 @@ class GuardedClient:
     _local: frozenset[str] = field(init=False, repr=False)
     _allowed: tuple[Network, ...] = field(init=False, repr=False)
     _pool: _Pool = field(init=False, repr=False, default_factory=lambda: _Pool())
+    _target: Callable[[str, str, tuple[str, ...]], tuple[URL, str, Rule]] = field(
+        init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         low, high = MAX_RESPONSE_BYTES_RANGE
         if not low <= self.max_response_bytes <= high:
             raise ConfigError("EXECUTOR_EGRESS_MAX_RESPONSE_BYTES", "must be 1 KiB to 16 MiB")
         self._rules = tuple(seal(d) for d in self.destinations)
+        # ``check_target`` remembered for this client's rules: a pure function of them and of
+        # the method, the URL and the header names, so a remembered answer is the one it would
+        # compute; a refusal is never remembered (an exception), so it is judged afresh.
+        self._target = functools.lru_cache(maxsize=256)(
+            functools.partial(check_target, self._rules)
+        )
         local = (
             local_interface_addresses() if self.local_addresses is None else self.local_addresses
         )
@@ -583,9 +596,21 @@ class GuardedClient:
         origin = "invalid"
         progress = _Progress()
         try:
-            # One stretch in egress.urls: the origin to report, then the whole check (issue 32).
-            origin = safe_origin(url)
-            parsed, origin, rule = check_request(self._rules, method, url, headers)
+            # The remembered check of the method, the URL and the header names, then each
+            # header value (``urls.header_value_ok``, inlined): a request seen before calls
+            # nothing in egress.urls (issue 32). Anything either refuses is checked again whole,
+            # which raises the first refusal, with the origin to report.
+            target = None
+            if type(method) is str and type(url) is str:
+                with contextlib.suppress(_Refusal):
+                    target = self._target(method, url, tuple(headers))
+            if target is None or not all(
+                isinstance(value, str) and HEADER_VALUE.fullmatch(value) is not None
+                for value in headers.values()
+            ):
+                origin = safe_origin(url)
+                target = check_request(self._rules, method, url, headers)
+            parsed, origin, rule = target
             if not timeout > 0:
                 raise _Refusal(Code.EGRESS_TIMEOUT)
             async with asyncio.timeout(timeout):

@@ -8,9 +8,12 @@ request's URL parsed and refused (``_Refusal``, which the guard turns into a
 scheme or a path whose meaning could change under normalisation (:func:`parse_url`,
 :func:`check_path`). :func:`check_request` is the whole check the guard makes before it
 resolves a name, in the guard's order: the URL, then the method and the header fields, then the
-origin and the path against the rules; it returns the rule the request goes by, so the guard
-asks once per request (issue 32). A request's numeric-host check is remembered per host (a
-bounded memo of a pure function, issue 34). It opens no socket.
+origin and the path against the rules; it returns the rule the request goes by. The guard
+remembers :func:`check_target`, the same check less the header values (a pure function of the
+rules, the method, the URL and the header names), checks the values itself, and asks
+:func:`check_request` only for a request that one of those refuses, for its first refusal
+(issue 32). A request's numeric-host check is remembered per host (a bounded memo of a pure
+function, issue 34). It opens no socket.
 
 Callers: ``egress/guard.py`` (every request, and every destination at construction).
 """
@@ -22,7 +25,7 @@ import functools
 import ipaddress
 import re
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -35,10 +38,13 @@ from ..headers import HEADER_NAME, TRANSPORT_HEADERS
 from .registries import unwrap
 
 __all__ = [
+    "HEADER_VALUE",
     "Destination",
     "Rule",
     "check_path",
     "check_request",
+    "check_target",
+    "header_value_ok",
     "leaves_origin",
     "non_canonical_numeric",
     "origin_of",
@@ -52,7 +58,8 @@ __all__ = [
 _PIN = re.compile(r"^sha256/([A-Za-z0-9+/]{43}=)$")
 _NUMERIC_LABEL = re.compile(r"^(0x[0-9a-f]*|[0-9]+)$")
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+"""What a header field's value may hold (:func:`header_value_ok`, ``fullmatch``)."""
 
 
 @dataclass(frozen=True)
@@ -198,16 +205,42 @@ def check_request(
     Returns the parsed URL, its origin and the rule it goes by (the longest matching prefix of
     its origin); raises ``_Refusal`` with the first check's code that fails."""
     parsed, origin = parse_url(url)
+    _check_fields(method, headers, headers.values())
+    return parsed, origin, _rule_for(rules, parsed)
+
+
+def check_target(
+    rules: Sequence[Rule], method: str, url: str, names: Sequence[str]
+) -> tuple[URL, str, Rule]:
+    """:func:`check_request` less the header values: a pure function of the rules, the method,
+    the URL and the header names, which the guard remembers (issue 32) and completes with
+    :func:`header_value_ok` of each value; a request it refuses is checked again whole, for
+    the refusal :func:`check_request` raises first."""
+    parsed, origin = parse_url(url)
+    _check_fields(method, names, ())
+    return parsed, origin, _rule_for(rules, parsed)
+
+
+def header_value_ok(value: object) -> bool:
+    """Whether a header field's value may be sent: a string of tab, visible ASCII, space and
+    obs-text only (the guard inlines it on its remembered path: keep the two alike)."""
+    return isinstance(value, str) and HEADER_VALUE.fullmatch(value) is not None
+
+
+def _check_fields(method: str, names: Iterable[str], values: Iterable[object]) -> None:
+    """The method and the header fields (every refusal here is the same code)."""
     if method not in _METHODS:
         raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
-    for name, value in headers.items():
-        if (
-            not HEADER_NAME.fullmatch(name)
-            or name.lower() in TRANSPORT_HEADERS
-            or not isinstance(value, str)
-            or not _HEADER_VALUE.fullmatch(value)
-        ):
+    for name in names:
+        if not HEADER_NAME.fullmatch(name) or name.lower() in TRANSPORT_HEADERS:
             raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
+    for value in values:
+        if not header_value_ok(value):
+            raise _Refusal(Code.EGRESS_INIT_UNSUPPORTED)
+
+
+def _rule_for(rules: Sequence[Rule], parsed: URL) -> Rule:
+    """The rule a parsed URL goes by: the longest matching prefix of its origin."""
     host = (parsed.raw_host or "").lower()
     same_origin = [
         r for r in rules if (r.scheme, r.host, r.port) == (parsed.scheme, host, parsed.port)
@@ -219,7 +252,7 @@ def check_request(
     path = check_path(parsed.raw_path)
     for rule in sorted(same_origin, key=lambda r: len(r.prefix), reverse=True):
         if under_prefix(path, rule.prefix):
-            return parsed, origin, rule
+            return rule
     raise _Refusal(Code.EGRESS_PATH_NOT_ALLOWED)
 
 

@@ -27,7 +27,8 @@ Under ``EXECUTOR_WORKERS`` above 1 an operator's halt and resume (the control ro
 worker a connection reached) are the group's: :meth:`HaltState.share` links the state to the
 group's :class:`~.workers.SharedHalt`, the acting worker records the change there after making it
 its own (before the route answers), and every worker's work gate reads it synchronously
-(:meth:`HaltState.sync_shared`, one ``stat`` while nothing changed) before it starts new work, so
+(:meth:`HaltState.sync_shared`, one ``stat`` while nothing changed; the gate asks only when
+:attr:`HaltState.shared` is set) before it starts new work, so
 once a halt is answered no worker starts anything; :meth:`HaltState.follow` also applies every
 worker's change within ``HALT_POLL_SECONDS`` for what is not work (``/ready``, the roster; a
 worker starting while the group is halted starts halted). The automatic
@@ -128,17 +129,16 @@ class HaltState:
         self._posture_checks: set[str] = set()
         self._listeners: list[Callable[[bool], None]] = []
         self._lock = threading.RLock()
-        self._shared: SharedHalt | None = None
+        self.shared: SharedHalt | None = None
+        """The group's shared halt (:meth:`share`); ``None`` in a single process."""
+        self.halted = False
+        """Whether any cause stands: set with the causes, under the lock, so the work gate
+        reads it before every piece of new work without calling in."""
         self._shared_generation = 0
         self._shared_stamp: tuple[int, int, int] | None = None
         self.check_file()
 
     # -- reading ------------------------------------------------------------------------------
-
-    @property
-    def halted(self) -> bool:
-        with self._lock:
-            return bool(self._causes)
 
     @property
     def causes(self) -> tuple[HaltRecord, ...]:
@@ -178,6 +178,7 @@ class HaltState:
                 return False
             was_halted = bool(self._causes)
             self._causes[cause] = HaltRecord(cause=cause, reason=text, by=by, at=self._clock.now())
+            self.halted = True
             listeners = list(self._listeners)
         line: dict[str, Any] = {"cause": cause.value, "reason": text, "by": by}
         if _from_worker is not None:
@@ -213,6 +214,7 @@ class HaltState:
                 return
             cleared = [c.value for c in self._causes]
             self._causes.clear()
+            self.halted = False
             if self._auth_spike is not None:
                 self._auth_spike.reset()
             if self._egress_spike is not None:
@@ -231,7 +233,7 @@ class HaltState:
 
     def share(self, shared: SharedHalt) -> None:
         """Follow the group's operator halts from now on; halts at once if the group is."""
-        self._shared = shared
+        self.shared = shared
         record = shared.read()
         if record is not None:
             self._shared_generation = int(record["generation"])
@@ -244,8 +246,8 @@ class HaltState:
                 )
 
     def _share(self, *, halted: bool, reason: str, by: str | None) -> None:
-        if self._shared is not None:
-            generation = self._shared.publish(halted=halted, reason=reason, by=by)
+        if self.shared is not None:
+            generation = self.shared.publish(halted=halted, reason=reason, by=by)
             with self._lock:
                 self._shared_generation = max(self._shared_generation, generation)
 
@@ -253,7 +255,7 @@ class HaltState:
         """Apply the group's shared halt now if it changed since it was last read: one ``stat``
         when it did not. The work gate calls this before every piece of new work, so an
         operator's halt answered on any worker holds here at once, not at the next poll."""
-        shared = self._shared
+        shared = self.shared
         if shared is None:
             return
         stamp = shared.stamp()
@@ -264,7 +266,7 @@ class HaltState:
 
     def check_shared(self) -> bool:
         """Apply the group's latest operator halt or resume once; True when one was new."""
-        return self.apply_shared(self._shared.read() if self._shared is not None else None)
+        return self.apply_shared(self.shared.read() if self.shared is not None else None)
 
     def apply_shared(self, record: dict[str, Any] | None) -> bool:
         """Apply a record read from the group's shared halt; True when it was new."""
@@ -294,7 +296,7 @@ class HaltState:
     async def follow(self, *, interval: float = HALT_POLL_SECONDS) -> None:
         """Poll the group's shared halt every ``interval`` seconds until cancelled: read in a
         thread, applied on the event loop (its listeners run there)."""
-        shared = self._shared
+        shared = self.shared
         if shared is None:
             return
         while True:
@@ -356,6 +358,7 @@ class HaltState:
             if self._causes.pop(cause, None) is None:
                 return
             resumed = not self._causes
+            self.halted = not resumed
             listeners = list(self._listeners) if resumed else []
         try:
             self._security.emit("HALT_CAUSE_LIFTED", {"cause": cause.value, "reason": reason})

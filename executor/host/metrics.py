@@ -14,7 +14,8 @@ Three kinds, each cheap where it is recorded:
 - **One latency histogram** (``agentsafe_request_duration_seconds``): one ``observe`` per request
   in ``routes/app.py``, by the route's template (a row of the route table, never the raw path),
   its method and the answer's outcome class (:data:`REQUEST_OUTCOMES`); its labelled children
-  are kept as the counters' are (declared routes times outcomes at most).
+  are kept as the counters' are (declared routes times outcomes at most), and the routes
+  observe a kept one directly (:attr:`ExecutorMetrics.kept_durations`).
 - **State gauges**, set at scrape time from a :class:`StateSnapshot` the control plane takes
   (halted, open and unknown attempts, pending escalations, journal bytes, whether the store
   answers, the seconds until each TLS certificate's ``notAfter``): nothing is recorded on the
@@ -402,11 +403,20 @@ class ExecutorMetrics:
     def declare_routes(self, routes: Iterable[tuple[str, str]]) -> None:
         """The (method, route template) pairs durations may be recorded for (the route table)."""
         self._routes = frozenset(routes)
-        self._duration_children = {}  # a route no longer declared is OTHER from now on
+        self._duration_children.clear()  # a route no longer declared is OTHER from now on
+
+    @property
+    def kept_durations(self) -> Mapping[tuple[str, str, str], Any]:
+        """The histogram's children :meth:`observe_request` kept, by (method, route, outcome)
+        taken as they are (exact strings only). ``routes/app.py`` observes a kept child itself,
+        so a request whose labels were seen before makes no call here (issue 32). Live: it
+        follows every later observation, and :meth:`declare_routes` empties it."""
+        return self._duration_children
 
     def observe_request(self, method: str, route: str, outcome: str, seconds: float) -> None:
-        """One request's duration (``routes/app.py``); an undeclared route or outcome is
-        ``OTHER``, so the label set stays the table's."""
+        """One request's duration (``routes/app.py``, the first time it sees these labels, see
+        :attr:`kept_durations`); an undeclared route or outcome is ``OTHER``, so the label set
+        stays the table's."""
         key = (method, route, outcome)
         child = self._duration_children.get(key) if _all_str(key) else None
         if child is None:

@@ -513,10 +513,13 @@ class PostureMonitor:
         self._interval = interval
         self._checks = tuple(c for c in ALL_CHECKS if c in checks)
         self._drifted: tuple[str, ...] = ()
+        self.degraded = False
+        """Whether a drift check fails now: set with the drifted checks, so the work gate reads
+        it before every piece of new work without calling in."""
         self._lock = threading.Lock()
 
     def is_degraded(self) -> bool:
-        return bool(self._drifted)
+        return self.degraded
 
     def drifted_checks(self) -> tuple[str, ...]:
         return self._drifted
@@ -534,6 +537,7 @@ class PostureMonitor:
                 if name not in now:
                     self._security.emit("POSTURE_RESTORED", {"check": name})
             self._drifted = now
+            self.degraded = bool(now)
             return report
 
     async def run(self) -> None:

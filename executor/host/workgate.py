@@ -5,7 +5,9 @@ beside the halt and the posture (the shared store's health, start-up reconciliat
 (``EXECUTOR_HALTED``, the group's halt synced first under ``EXECUTOR_WORKERS``), a shared store
 that does not answer (``STORE_UNAVAILABLE``), start-up reconciliation still running
 (``EXECUTOR_RECONCILING``); ``None`` when work may start. It sits below the pipeline, which is
-given its ``refusal`` as a callable and asks it before anything else.
+given its ``refusal`` as a callable and asks it before anything else. The posture monitor and
+the halt keep their verdicts in attributes the gate reads (``degraded``, ``halted``); under
+``EXECUTOR_WORKERS`` the gate also syncs the group's halt first, on every request.
 
 :class:`StoreHealth` is whether the shared store answered its last ping; :func:`watch_store`
 pings it once a second, each ping under its own deadline. :class:`Startup` says whether start-up
@@ -70,10 +72,14 @@ class WorkGate:
     startup: Startup = field(default_factory=Startup)
 
     def refusal(self) -> Code | None:
-        if self.posture_monitor.is_degraded():
+        # The monitors keep their verdicts in plain attributes (set as they change), read here
+        # without a call; only the group's halt is read from its file, on every request.
+        if self.posture_monitor.degraded:
             return Code.POSTURE_DEGRADED
-        self.halt.sync_shared()  # the group's halt, as answered on any worker (EXECUTOR_WORKERS)
-        if self.halt.halted:
+        halt = self.halt
+        if halt.shared is not None:  # the group's halt, as answered on any worker
+            halt.sync_shared()  # (EXECUTOR_WORKERS): one stat while it did not change
+        if halt.halted:
             return Code.EXECUTOR_HALTED
         if not self.store.available:
             return Code.STORE_UNAVAILABLE

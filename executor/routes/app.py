@@ -52,7 +52,7 @@ from ..lifecycle.pipeline import Pipeline, Proposal
 from ..lifecycle.reconciliations import Reconciliations
 from ..principals import Principal, Role, Scope
 from .answers import Decision, Health, Jwks, Readiness
-from .contract import check_refusal, check_status
+from .contract import check_refusal, check_status, declared_statuses
 from .refusals import code_for_http_error, refusal, status_of
 from .route import AnyJson, Call, Link, Route, RouteHandler
 from .schemas import EscalationObject, JsonObject, RecoveryObject
@@ -361,7 +361,9 @@ def _bind(
     route: Route, door: Door, body_timeout: float
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """The door, then the body, then the row's handler; every refusal and status the route
-    answers is checked against what its row declares (``routes/contract.py``)."""
+    answers is checked against what its row declares (``routes/contract.py``; the statuses
+    taken once, here, so a declared answer is checked without a call)."""
+    declared = declared_statuses(route)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         try:
@@ -373,7 +375,8 @@ def _bind(
             if exc.code == Code.STORE_UNAVAILABLE:
                 check_refusal(route, exc.code)
             raise
-        check_status(route, response.status)
+        if response.status not in declared:
+            check_status(route, response.status)  # warns: the row does not declare it
         return response
 
     return handle
@@ -385,7 +388,13 @@ def _timed(
     metrics: ExecutorMetrics,
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """``handler`` with its duration recorded once per request: by the row's template (never the
-    raw path), its method, and the outcome (a decision's verdict, else the answer's class)."""
+    raw path), its method, and the outcome (a decision's verdict, else the answer's class).
+    The histogram's child for labels seen before is observed here, without a call into the
+    metrics; the metrics resolve new labels (``observe_request``) and keep the child."""
+    kept = metrics.kept_durations  # live: observe_request adds to it
+    # Only exact strings find a kept child (``host/metrics.py``: a ``str`` subclass may label
+    # a series differently from the equal string).
+    exact = type(route.method) is str and type(route.path) is str
 
     async def handle(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -406,9 +415,16 @@ def _timed(
             outcome = verdict if isinstance(verdict, str) else outcome_of_status(response.status)
             return response
         finally:
-            metrics.observe_request(
-                route.method, route.path, outcome, time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            child = (
+                kept.get((route.method, route.path, outcome))
+                if exact and type(outcome) is str
+                else None
             )
+            if child is not None:
+                child.observe(seconds)
+            else:
+                metrics.observe_request(route.method, route.path, outcome, seconds)
 
     return handle
 

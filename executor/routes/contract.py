@@ -14,7 +14,8 @@ Two readers use the same sets, so the description and the server cannot drift ap
 ``routes/openapi.py`` writes them into the OpenAPI document (one response per status, the
 refusal's ``code`` an ``enum`` of the codes with that status), and ``routes/app.py`` checks every
 refusal a route answers against them: a code its row does not declare raises the
-:class:`UndeclaredRefusal` warning (the answer itself is unchanged). The test suite turns
+:class:`UndeclaredRefusal` warning (the answer itself is unchanged), and so does a status
+(:func:`declared_statuses`, taken once per row). The test suite turns
 warnings into errors, so a handler that learns a new refusal fails every test that reaches it
 until its row declares the code (and ``docs/openapi.json`` is regenerated).
 
@@ -37,6 +38,7 @@ __all__ = [
     "UndeclaredRefusal",
     "check_refusal",
     "check_status",
+    "declared_statuses",
     "refusal_codes",
     "refusal_statuses",
 ]
@@ -129,10 +131,16 @@ def check_refusal(route: Route, code: str) -> None:
     )
 
 
+def declared_statuses(route: Route) -> frozenset[int]:
+    """Every status ``route`` may answer: its answers' and its refusals' (``routes/app.py``
+    takes it once per row, when it builds the application, and checks each answer against it)."""
+    return frozenset(route.answers) | frozenset(refusal_statuses(route))
+
+
 def check_status(route: Route, status: int) -> None:
     """Warn when ``route`` answers a status its row declares neither as an answer nor as the
     status of one of its refusals."""
-    if status in route.answers or status in refusal_statuses(route):
+    if status in declared_statuses(route):
         return
     warnings.warn(
         UndeclaredRefusal(

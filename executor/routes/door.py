@@ -2,10 +2,11 @@
 
 :class:`HttpDoor` adapts :class:`~agentsafe.executor.door.door.Door` (which knows nothing of HTTP)
 to the routes: it reads every ``Authorization`` header the request carries (more than one is
-``AUTH_AMBIGUOUS``), the peer certificate of the TLS connection, and the peer address, which keys
-the window for failed attempts (``door.source_key``: an anonymous peer that floods fills its own
-window, never anyone else's; ``docs/door.md``). ``source_key`` is a pure function of the address
-text; a kept-alive peer presents the same text on every request, so the adapter remembers the last
+``AUTH_AMBIGUOUS``), the peer certificate of a TLS connection (a plain connection has none, and
+is not asked for one), and the peer address, which keys the window for failed attempts
+(``door.source_key``: an anonymous peer that floods fills its own window, never anyone else's;
+``docs/door.md``). ``source_key`` is a pure function of the address text; a kept-alive peer
+presents the same text on every request, so the adapter remembers the last
 :data:`SOURCE_KEYS_REMEMBERED` answers (:data:`remembered_source_key`) rather than parse the
 address each time.
 
@@ -39,7 +40,7 @@ class HttpDoor:
     ) -> Principal:
         return self.door.authenticate(
             authorization_header=request.headers.getall("Authorization", []),
-            peer_cert_der=peer_certificate_der(request.transport),
+            peer_cert_der=peer_certificate_der(request.transport) if request.secure else None,
             route_role=role,
             route_scope=scope,
             source=remembered_source_key(request.remote),

@@ -184,6 +184,13 @@ class ConnectionGate:
             del self._by_source[source]
 
 
+class _Refused(asyncio.Protocol):
+    """A connection the gate refused, once its answer is written: whatever the peer sends is
+    dropped, and the connection closes when the peer closes its side (``eof_received``), or at
+    the header deadline. The refused connection is handed to it, so that the handler of an
+    admitted one passes data straight to aiohttp, with no check of its own on every chunk."""
+
+
 class _ContractHandler(web.RequestHandler):
     """One connection: admitted by the gate, and aiohttp's own errors in the contract's form."""
 
@@ -202,6 +209,7 @@ class _ContractHandler(web.RequestHandler):
             # dropped, and the connection is closed when the peer closes its side, or at the
             # header deadline: a refused connection is held no longer than an admitted one.
             assert isinstance(transport, asyncio.WriteTransport)
+            transport.set_protocol(_Refused())
             transport.write(self._gate.refusal)
             if transport.can_write_eof():
                 transport.write_eof()
@@ -210,12 +218,8 @@ class _ContractHandler(web.RequestHandler):
         self._source = source
         super().connection_made(transport)
 
-    def data_received(self, data: bytes) -> None:
-        if self._source is not None:
-            super().data_received(data)
-
     def connection_lost(self, exc: BaseException | None) -> None:
-        if self._source is None:  # refused at the gate: aiohttp never saw it
+        if self._source is None:  # refused at the gate: aiohttp never saw it (nor does this)
             return
         self._gate.release(self._source)
         self._source = None

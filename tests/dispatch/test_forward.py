@@ -28,6 +28,7 @@ from agentsafe.executor.dispatch.forward import (
 )
 from agentsafe.executor.dispatch.seam import (
     Authorization,
+    Dispatch,
     ExecutionContext,
     ExecutionReport,
     Outcome,
@@ -375,6 +376,54 @@ async def test_a_credential_may_not_replace_a_reserved_header(
     assert report.outcome is Outcome.FAILED_BEFORE_DISPATCH
     assert report.reason_codes == ("CREDENTIAL_INVALID",)
     assert provider.received == []
+
+
+class _Watching:
+    """A credential and a transport that note whether the dispatch had started when asked."""
+
+    def __init__(self, dispatch: Dispatch) -> None:
+        self.dispatch = dispatch
+        self.seen: list[tuple[str, bool]] = []
+
+    async def headers_for(self, **_: Any) -> dict[str, str]:
+        self.seen.append(("credential", self.dispatch.started))
+        return {"x-api-key": TOKEN}
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout: float,
+    ) -> HttpResponse:
+        self.seen.append(("transport", self.dispatch.started))
+        assert headers["idempotency-key"] == "payout-watched"
+        return HttpResponse(status=200, headers={}, body=b'{"reference": "ref-1"}')
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_the_point_of_no_return_is_marked_after_the_credential_before_the_send() -> None:
+    clock = ManualClock()
+    intent = make_intent(now=clock.now(), idempotency_key="payout-watched")
+    auth = Authorization("dec-1", "dos-1", "grant-1", expires_at=clock.now() + 30)
+    ctx = ExecutionContext.create(intent=intent, authorization=auth, clock=clock)
+    dispatch = Dispatch(ctx)
+    watching = _Watching(dispatch)
+    handler = ForwardRequestHandler(
+        url="https://bank.test/payouts",
+        lookup_url=None,
+        timeout_ms=5_000,
+        transport=watching,
+        credential=watching,
+        parameters_schema=SCHEMA,
+    )
+    result = await handler.execute(ctx, dispatch)
+    assert result == {"status": 200, "accepted": True, "provider_reference": "ref-1"}
+    assert watching.seen == [("credential", False), ("transport", True)]
 
 
 async def test_an_expired_grant_sends_nothing(provider: SyntheticProvider, guard: Guard) -> None:

@@ -348,6 +348,38 @@ async def test_dispatch_refuses_once_the_grant_has_expired() -> None:
     assert handler.sent_keys == []
 
 
+async def test_start_marks_the_point_of_no_return_once_and_hands_back_the_key() -> None:
+    """``start`` is what ``run`` does before it calls ``fn``: refused (nothing marked) once the
+    deadline passed, marked and the key handed back otherwise, refused a second time, by either
+    way in."""
+    clock = ManualClock()
+    expired = Dispatch(make_ctx(clock, grant_seconds=-1))
+    with pytest.raises(AgentSafeError) as info:
+        expired.start()
+    assert (info.value.code, expired.started) == ("GRANT_EXPIRED", False)
+
+    ctx = make_ctx(clock)
+    dispatch = Dispatch(ctx)
+    assert dispatch.started is False
+    assert dispatch.start() == ctx.idempotency_key
+    assert dispatch.started is True
+    with pytest.raises(AgentSafeError) as info:
+        dispatch.start()
+    assert info.value.code == "DISPATCH_TWICE"
+
+    async def send(key: str) -> str:
+        return key
+
+    with pytest.raises(AgentSafeError) as info:
+        await dispatch.run(send)
+    assert info.value.code == "DISPATCH_TWICE"
+    started = Dispatch(ctx)
+    assert await started.run(send) == ctx.idempotency_key
+    with pytest.raises(AgentSafeError) as info:
+        started.start()
+    assert info.value.code == "DISPATCH_TWICE"
+
+
 async def test_unknown_action_at_execute_fails_before_dispatch() -> None:
     report = await sealed(ScriptedHandler("ok")).execute(
         "other", make_ctx(ManualClock()), on_claimed=_noop

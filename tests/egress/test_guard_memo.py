@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
-from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +31,7 @@ from agentsafe.executor.egress.registries import (
     unwrap,
 )
 from agentsafe.executor.egress.transport import TransportError
-from agentsafe.executor.events import Streams
+from agentsafe.executor.events import MemorySink, Streams
 
 
 def _facts_as_before(chosen: str) -> tuple[str, int, bool]:
@@ -162,20 +161,6 @@ def _client(dns: _Dns, allowed: Sequence[str], destination: Destination) -> Guar
     )
 
 
-@pytest.fixture
-async def listener() -> AsyncIterator[int]:
-    async def handler(request: web.Request) -> web.Response:
-        return web.Response(text="reached")
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    yield runner.addresses[0][1]
-    await runner.cleanup()
-
-
 async def test_two_clients_judge_one_address_each_by_its_own_opened_networks() -> None:
     api = Destination("https://core.bank.test/")
     opened = _client(_Dns([["10.96.0.1"]]), ("10.96.0.0/12",), api)
@@ -191,25 +176,108 @@ async def test_two_clients_judge_one_address_each_by_its_own_opened_networks() -
     await closed.close()
 
 
-async def test_a_rebinding_after_a_remembered_answer_is_judged_afresh(listener: int) -> None:
+async def test_a_rebinding_after_a_remembered_answer_is_judged_afresh(
+    listener: tuple[int, list[str]],
+) -> None:
+    port, hits = listener
     dns = _Dns([["127.0.0.1"], ["169.254.169.254"], ["127.0.0.1"]])
     client = _client(
-        dns, (), Destination(f"http://rebind.test:{listener}/", allow_insecure_loopback=True)
+        dns, (), Destination(f"http://rebind.test:{port}/", allow_insecure_loopback=True)
     )
     try:
         first = await client.request(
-            "GET", f"http://rebind.test:{listener}/a", headers={}, body=None, timeout=5
+            "GET", f"http://rebind.test:{port}/a", headers={}, body=None, timeout=5
         )
         assert first.body == b"reached"
         with pytest.raises(TransportError) as info:
             await client.request(
-                "GET", f"http://rebind.test:{listener}/b", headers={}, body=None, timeout=5
+                "GET", f"http://rebind.test:{port}/b", headers={}, body=None, timeout=5
             )
         assert (info.value.code, info.value.sent) == ("EGRESS_ADDRESS_REFUSED", False)
         again = await client.request(
-            "GET", f"http://rebind.test:{listener}/c", headers={}, body=None, timeout=5
+            "GET", f"http://rebind.test:{port}/c", headers={}, body=None, timeout=5
         )
         assert again.body == b"reached"
         assert dns.lookups == ["rebind.test"] * 3  # resolved once per request, every request
+        assert hits == ["/a", "/c"]  # the refused rebinding never reached the server
+    finally:
+        await client.close()
+
+
+# -- the remembered URL check (issue 32) ---------------------------------------------------------
+
+_URLS = [
+    "https://core.bank.test/api/payouts",
+    "https://core.bank.test/api/",
+    "https://core.bank.test/other",
+    "https://core.bank.test/api/../admin",
+    "https://core.bank.test/api/a%2fb",
+    "https://core.bank.test:8443/api/x",
+    "https://user:pw@core.bank.test/api/x",
+    "http://core.bank.test/api/x",
+    "https://evil.test/api/x",
+    "https://0x7f.0.0.1/api/x",
+    "ftp://core.bank.test/api/x",
+    "not a url",
+    "/api/relative",
+]
+_NAMES = ["content-type", "idempotency-key", "x-api-key", "Host", "transfer-encoding", "bad name"]
+_VALUES = ["application/json", "k-1", "tab\there", "nl\nhere", "\x00", "obs\x80text"]
+
+
+def _refusal_of_the_whole_check(
+    client: GuardedClient, method: str, url: str, headers: dict[str, str]
+) -> str | None:
+    try:
+        urls.check_request(client._rules, method, url, headers)
+    except urls._Refusal as refusal:
+        return refusal.code
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["GET", "POST", "TRACE", "get"]),
+            st.sampled_from(_URLS),
+            st.dictionaries(st.sampled_from(_NAMES), st.sampled_from(_VALUES), max_size=3),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+async def test_the_remembered_check_refuses_what_the_whole_check_refuses(
+    requests: list[tuple[str, str, dict[str, str]]],
+) -> None:
+    """Each request twice (the second finds what the first remembered): refused with the whole
+    check's first refusal and the origin ``safe_origin`` reports, or passed on to resolution
+    (the stand-in DNS has no answer, so it ends EGRESS_ADDRESS_REFUSED after one lookup)."""
+    dns = _Dns([[]])
+    streams = Streams.memory()
+    client = GuardedClient(
+        [Destination("https://core.bank.test/api/")],
+        streams,
+        resolve=dns,
+        local_addresses=("10.1.2.3",),
+    )
+    security = streams.security
+    assert isinstance(security, MemorySink)
+    try:
+        for method, url, headers in requests:
+            expected = _refusal_of_the_whole_check(client, method, url, headers)
+            for _ in range(2):
+                lookups = len(dns.lookups)
+                with pytest.raises(TransportError) as info:
+                    await client.request(method, url, headers=headers, body=None, timeout=5)
+                refused = security.named("EGRESS_REFUSED")[-1]
+                if expected is None:
+                    assert (info.value.code, len(dns.lookups)) == (
+                        "EGRESS_ADDRESS_REFUSED",
+                        lookups + 1,
+                    )
+                else:
+                    assert (info.value.code, len(dns.lookups)) == (expected, lookups)
+                    assert refused == {"origin": urls.safe_origin(url), "code": expected}
     finally:
         await client.close()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
-from aiohttp import web
 
 from agentsafe.executor.egress.guard import (
     METADATA_ADDRESSES,
@@ -30,23 +29,6 @@ class StandInDns:
         self.lookups.append(host)
         queue = self.answers.get(host, [[]])
         return queue.pop(0) if len(queue) > 1 else queue[0]
-
-
-@pytest.fixture
-async def listener() -> AsyncIterator[tuple[int, list[str]]]:
-    hits: list[str] = []
-
-    async def handler(request: web.Request) -> web.Response:
-        hits.append(request.path)
-        return web.Response(text="reached")
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    yield runner.addresses[0][1], hits
-    await runner.cleanup()
 
 
 def guard(

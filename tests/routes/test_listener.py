@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +29,7 @@ from agentsafe.executor.routes.listener import (
     ListenerLimits,
     handler_settings,
 )
+from tests.support.pki import TestCA
 
 SECURITY = {
     "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
@@ -199,3 +202,53 @@ async def test_one_connection_more_than_the_cap_is_503_and_closed(cap: int) -> N
     assert (status, body["error"]["code"]) == (503, "CONNECTION_LIMIT_REACHED")
     assert headers["Retry-After"] == "1"
     assert {k: headers[k] for k in SECURITY} == SECURITY
+
+
+@pytest.mark.parametrize("tls", [False, True])
+async def test_what_a_refused_connection_sends_is_dropped_and_it_still_gets_its_answer(
+    tls: bool, tmp_path: Path
+) -> None:
+    """The refused connection is handed to a protocol that drops its data (the handler of an
+    admitted one no longer checks each chunk): its requests reach no route, on TLS too."""
+    served: list[str] = []
+
+    async def health(call: Call) -> web.StreamResponse:
+        served.append(call.request.path)
+        return web.json_response({"status": "ok"})
+
+    server_context = client_context = None
+    if tls:
+        ca = TestCA()
+        cert, key = ca.issue_server().write(tmp_path, "server")
+        server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_context.load_cert_chain(cert, key)
+        client_context = ssl.create_default_context(cafile=str(ca.write(tmp_path)))
+    limits = ListenerLimits(header_timeout=1, max_connections=1, max_connections_per_source=1)
+    app = build_app([Route("GET", "/health", None, None, None, health)], door=_OpenDoor())
+    runner = web.AppRunner(app, handle_signals=False, **handler_settings(limits))
+    await runner.setup()
+    site = GuardedSite(runner, "127.0.0.1", 0, limits=limits, ssl_context=server_context)
+    await site.start()
+    host = "localhost" if tls else None
+    try:
+        kept, held = await asyncio.open_connection(
+            "127.0.0.1", site.port, ssl=client_context, server_hostname=host
+        )
+        held.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # answered: it was admitted
+        async with asyncio.timeout(30):
+            assert (await kept.readline()).startswith(b"HTTP/1.1 200")
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", site.port, ssl=client_context, server_hostname=host
+        )
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 3)
+        await writer.drain()
+        async with asyncio.timeout(30):
+            answer = await reader.read(-1)  # the answer, then closed (half-closed, or lingered)
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert b"CONNECTION_LIMIT_REACHED" in answer
+        assert served == ["/health"]  # the admitted connection's request only
+        assert site.gate.refused == 1
+        writer.close()
+        held.close()
+    finally:
+        await runner.cleanup()

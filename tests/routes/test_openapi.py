@@ -34,6 +34,7 @@ from agentsafe.executor.routes.contract import (
     UndeclaredRefusal,
     check_refusal,
     check_status,
+    declared_statuses,
     refusal_codes,
     refusal_statuses,
 )
@@ -229,6 +230,32 @@ async def test_a_route_that_refuses_with_an_undeclared_code_fails_the_suite(
     async with aiohttp.ClientSession() as session, session.post(undeclared) as response:
         body: Any = await response.json()
     assert (response.status, body["error"]["code"]) == (500, "INTERNAL_ERROR")
+
+
+async def _accepted(call: Call) -> web.StreamResponse:
+    return web.json_response({}, status=202)
+
+
+async def test_a_served_status_is_checked_against_the_statuses_the_row_declares() -> None:
+    """The application takes a row's statuses once, when it is built: a declared answer passes,
+    an undeclared one still warns (an error under pytest: a 500 a test notices)."""
+    rows = (
+        Route("POST", "/declared", Role.OPERATOR, None, None, _accepted, answers={202: None}),
+        Route("POST", "/undeclared", Role.OPERATOR, None, None, _accepted),
+    )
+    assert declared_statuses(rows[0]) >= {202, 401, 500}
+    assert 202 not in declared_statuses(rows[1])
+    server = TestServer(build_app(rows, door=AnyDoor()), host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.make_url("/declared")) as response:
+                assert response.status == 202
+            async with session.post(server.make_url("/undeclared")) as response:
+                body: Any = await response.json()
+            assert (response.status, body["error"]["code"]) == (500, "INTERNAL_ERROR")
+    finally:
+        await server.close()
 
 
 # -- links ---------------------------------------------------------------------------------------
