@@ -33,12 +33,19 @@ class PolicyCatalog:
     def __init__(self, policy: CompiledPolicy, registry: Registry) -> None:
         self._policy = policy
         self._registry = registry
+        # A sealed registry's names never change: taken once, the lookup on every proposal
+        # asks nothing of the seam (issue 32). An unsealed one is asked each time.
+        self._sealed_names = frozenset(registry.names()) if registry.sealed else None
 
     def handler_for(self, action: str) -> str | None:
         compiled = self._policy.actions.get(action)
-        if compiled is None or compiled.handler not in self._registry:
+        if compiled is None:
             return None
-        return compiled.handler
+        names = self._sealed_names
+        registered = (
+            compiled.handler in names if names is not None else compiled.handler in self._registry
+        )
+        return compiled.handler if registered else None
 
     def describe(self, principal: Principal) -> list[dict[str, Any]]:
         """The actions ``principal`` may propose that this process can run (name order)."""
