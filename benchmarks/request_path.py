@@ -31,7 +31,8 @@ and the HTTP client (aiohttp) is not agentsafe, so it is transparent.
 
     .venv/bin/python benchmarks/request_path.py [--method calls|moves] [--path]
 
-``--path`` also prints the whole sequence of visits.
+``--path`` also prints the whole sequence of visits (with ``calls``, one a line: the module and
+function of the visit's first frame, ``(R)`` when it is a coroutine resumed after a suspension).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ class CallTrace:
 
     def __init__(self, transparent: frozenset[str] = frozenset()) -> None:
         self.visits: list[str] = []
+        self.labels: list[str] = []
+        """Each visit as ``module:function`` of its first frame, ``(R)`` when that frame is a
+        coroutine resumed (``--path``)."""
         self.transparent = transparent
 
     def hook(self, frame: FrameType, event: str, arg: Any) -> None:
@@ -115,6 +119,8 @@ class CallTrace:
             return
         if not self.visits or self.visits[-1] != module:
             self.visits.append(module)
+            resumed = " (R)" if _resumed(frame) else ""
+            self.labels.append(f"{module}:{frame.f_code.co_qualname}{resumed}")
 
 
 def _within(module: str, packages: frozenset[str]) -> bool:
@@ -252,7 +258,12 @@ async def run(show_path: bool, method: str = "calls") -> dict[str, dict[str, Any
         provider.terminate()
         shutil.rmtree(root, ignore_errors=True)
     if show_path:
-        print(" -> ".join(wings.visits), end="\n\n")
+        if isinstance(wings, CallTrace):  # one visit a line: its first frame, (R) if resumed
+            print(
+                "\n".join(f"{n:3} {label}" for n, label in enumerate(wings.labels, 1)), end="\n\n"
+            )
+        else:
+            print(" -> ".join(wings.visits), end="\n\n")
     return {"wings": report(wings.visits), "every": report(every.visits)}
 
 

@@ -152,3 +152,19 @@ def test_a_traced_allow_meets_issue_32s_targets() -> None:
     assert out["plane_or_assembly"] == []
     assert out["pipeline_attempt"] <= 12, out["per_module"]
     assert out["moves"] < 60, out["per_module"]
+
+
+def test_the_call_method_labels_each_visit_with_its_first_frame() -> None:
+    """``--path`` prints one label a visit: the first frame's module and function, ``(R)`` when
+    it is a coroutine resumed after a real suspension."""
+    request_path = _request_path()
+    trace = request_path.CallTrace()
+    leaf = _LEAF["leaf"]
+    sys.setprofile(trace.hook)
+    try:
+        asyncio.run(_OUTER["outer_async"](leaf, asyncio.sleep))
+    finally:
+        sys.setprofile(None)
+    labels = [label for label in trace.labels if label.split(":")[0] in ("outer", "leaf")]
+    assert labels == ["outer:outer_async", "leaf:leaf", "outer:outer_async (R)", "leaf:leaf"]
+    assert len(trace.labels) == len(trace.visits)
