@@ -6,9 +6,9 @@ byte is written and releases its view of the buffer (so a ``bytearray`` holding 
 be wiped afterwards); :func:`fsync_directory` syncs a directory. The callers fsync the file itself
 where they need to.
 
-Callers: ``state/journal.py`` (records, new day files, the lock), ``evidence/chain.py`` (chain
-heads), ``evidence/plan_audit.py`` (plan audit lines), ``evidence/bundle.py`` (bundle files),
-``host/tlsctx.py`` (the fallback key file).
+Callers: ``state/journal.py`` (the lock, the identity), ``state/journalwriter.py`` (records, new
+day files), ``evidence/chain.py`` (chain heads), ``evidence/plan_audit.py`` (plan audit lines),
+``evidence/bundle.py`` (bundle files), ``host/tlsctx.py`` (the fallback key file).
 Also imported by ``supervisor.py``.
 """
 

@@ -48,8 +48,9 @@ handed to the attempt as the value of its ATTEMPT_OPENED append (:meth:`AttemptJ
 Without a mirror an append hands back the writer's future itself (no journal frame waits on the
 fsync, issue 32); the record is on the device all the same when it is done.
 
-The records' vocabulary lives in ``state/journalrecords.py`` and the reader in
-``state/journalscan.py``; this module writes, and re-exports their public names.
+The records' vocabulary lives in ``state/journalrecords.py``, the reader in
+``state/journalscan.py`` and the writer thread (group fsync) in ``state/journalwriter.py``; this
+module writes through it, and re-exports the public names of the first two.
 
 Callers: ``lifecycle/attempt.py`` (opened, which hands back the fence, grant_claimed, closed),
 ``lifecycle/pipeline.py`` (``POST /v1/reconciliations`` records reconciled by CALLER),
@@ -66,13 +67,10 @@ import concurrent.futures
 import contextlib
 import fcntl
 import os
-import queue
 import re
-import threading
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -104,6 +102,7 @@ from .journalrecords import (
     TornLine,
 )
 from .journalscan import read_days, scan_journal
+from .journalwriter import STOP, JournalWriter, Pending, Recover
 
 if TYPE_CHECKING:
     from .records import AttemptFence
@@ -129,28 +128,6 @@ __all__ = [
 # -- writing -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Pending:
-    """One append: its line and the future its caller awaits on ``loop``.
-
-    The writer settles a whole fsynced segment with one ``call_soon_threadsafe`` per loop
-    (:func:`_acknowledge`), not one wakeup per record; a caller that stopped waiting leaves its
-    record written all the same (it was submitted, so it is journaled)."""
-
-    day: str
-    data: bytes  # the line, newline included
-    loop: asyncio.AbstractEventLoop
-    waiter: asyncio.Future[None]
-
-
-@dataclass(frozen=True)
-class _Recover:
-    done: concurrent.futures.Future[None]
-
-
-_STOP = object()
-
-
 class AttemptJournal:
     """The append side of the journal, plus reading back. Construct with :meth:`open`."""
 
@@ -161,7 +138,7 @@ class AttemptJournal:
         retain_days: int,
         clock: Clock,
         lock_fd: int,
-        writer: _Writer,
+        writer: JournalWriter,
         mirror: AttemptMirror | None = None,
         identity: str = "",
     ) -> None:
@@ -198,7 +175,7 @@ class AttemptJournal:
             raise JournalError("retain_days must be at least 1", code=Code.JOURNAL_CONFIG_INVALID)
         root = directory / ATTEMPTS_DIR
         lock_fd, identity = await asyncio.to_thread(_prepare_directory, directory, root)
-        writer = _Writer(root)
+        writer = JournalWriter(root)
         writer.start()
         return cls(
             root,
@@ -248,7 +225,7 @@ class AttemptJournal:
         if not self._writer.failed:
             return True
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._writer.submit(_Recover(done))
+        self._writer.submit(Recover(done))
         try:
             await asyncio.wrap_future(done)
         except OSError:
@@ -412,7 +389,7 @@ class AttemptJournal:
         if self._closed:
             return
         self._closed = True
-        self._writer.submit(_STOP)
+        self._writer.submit(STOP)
         await asyncio.to_thread(self._writer.join)
         os.close(self._lock_fd)
 
@@ -509,7 +486,7 @@ class AttemptJournal:
         written: asyncio.Future[None] = loop.create_future()
         # Added before the caller awaits it, so it runs before the caller is resumed.
         written.add_done_callback(lambda done: self._answered(kind, fields, done))
-        self._writer.submit(_Pending(day, data + b"\n", loop, written))
+        self._writer.submit(Pending(day, data + b"\n", loop, written))
         self._submitted += 1
         return record, written
 
@@ -566,178 +543,6 @@ class SpanFactory(Protocol):
 def _no_span(name: str, attributes: Mapping[str, object], *, child_only: bool) -> Iterator[None]:
     del name, attributes, child_only
     yield None
-
-
-class _Writer(threading.Thread):
-    """The one thread that touches the day files: drain, write, fsync once, acknowledge."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(name="agentsafe-journal", daemon=True)
-        self._root = root
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._fd: int | None = None
-        self._day: str | None = None
-        self._failed = False
-        self.repaired: list[TornLine] = []
-
-    @property
-    def failed(self) -> bool:
-        return self._failed
-
-    def submit(self, item: object) -> None:
-        self._queue.put(item)
-
-    def run(self) -> None:
-        stopping = False
-        while not stopping:
-            batch: list[_Pending] = []
-            item = self._queue.get()
-            while True:
-                if item is _STOP:
-                    stopping = True
-                elif isinstance(item, _Pending):
-                    batch.append(item)
-                elif isinstance(item, _Recover):
-                    if batch:
-                        self._commit(batch)
-                        batch = []
-                    self._recover(item)
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-            if batch:
-                self._commit(batch)
-        self._close_file()
-
-    def _commit(self, batch: list[_Pending]) -> None:
-        index = 0
-        while index < len(batch):
-            day = batch[index].day
-            end = index
-            while end < len(batch) and batch[end].day == day:
-                end += 1
-            segment = batch[index:end]
-            index = end
-            if self._failed:
-                _fail(segment, "the journal failed earlier and takes no more records")
-                continue
-            try:
-                fd = self._file_for(day)
-                write_all(fd, b"".join(p.data for p in segment))
-                os.fsync(fd)
-            except OSError:
-                # After a failed write or fsync the file's state is unknowable: stop for good.
-                self._failed = True
-                _fail(segment, "the journal could not write a record")
-                continue
-            _acknowledge(segment, None)
-
-    def _recover(self, item: _Recover) -> None:
-        """Prove the directory takes a synced write again; then the day file is reopened (and its
-        torn tail cut) by the next append. A caller that already gave up is skipped (its future
-        is cancelled; setting it would raise here and end this thread); once taken, it cannot be
-        cancelled."""
-        if not item.done.set_running_or_notify_cancel():
-            return
-        if not self._failed:
-            item.done.set_result(None)
-            return
-        self._close_file()
-        probe = self._root / ".probe"
-        try:
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                write_all(fd, b"\0" * 4096)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.unlink(probe)
-            fsync_directory(self._root)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(probe)
-            item.done.set_exception(exc)
-            return
-        self._failed = False
-        item.done.set_result(None)
-
-    def _file_for(self, day: str) -> int:
-        if self._fd is not None and self._day == day:
-            return self._fd
-        self._close_file()
-        path = self._root / f"{day}.jsonl"
-        created = not path.exists()
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o600)
-        try:
-            os.fchmod(fd, 0o600)
-            if created:
-                _note_day(self._root, day)
-                fsync_directory(self._root)
-            else:
-                torn = _cut_torn_tail(fd, f"{ATTEMPTS_DIR}/{path.name}")
-                if torn is not None:
-                    self.repaired.append(torn)
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd, self._day = fd, day
-        return fd
-
-    def _close_file(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd, self._day = None, None
-
-
-def _fail(segment: list[_Pending], message: str) -> None:
-    _acknowledge(segment, message)
-
-
-def _acknowledge(segment: list[_Pending], error: str | None) -> None:
-    """On the writer's thread: answer every append of ``segment`` (written and fsynced when
-    ``error`` is None, else refused with that message), one wakeup per event loop."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
-    for pending in segment:
-        by_loop.setdefault(pending.loop, []).append(pending.waiter)
-    for loop, waiters in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            loop.call_soon_threadsafe(_settle, waiters, error)
-
-
-def _settle(waiters: list[asyncio.Future[None]], error: str | None) -> None:
-    """On the event loop: each waiter still waiting takes the segment's outcome."""
-    for waiter in waiters:
-        if waiter.done():
-            continue
-        if error is None:
-            waiter.set_result(None)
-        else:
-            waiter.set_exception(JournalError(error, code=Code.JOURNAL_UNAVAILABLE))
-
-
-def _cut_torn_tail(fd: int, name: str) -> TornLine | None:
-    """If the file does not end with a newline, truncate it after its last complete line."""
-    size = os.fstat(fd).st_size
-    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
-        return None
-    content = os.pread(fd, size, 0)
-    keep = content.rfind(b"\n") + 1
-    line = content.count(b"\n", 0, keep) + 1
-    os.ftruncate(fd, keep)
-    os.fsync(fd)
-    return TornLine(file=name, line=line, length=size - keep)
-
-
-def _note_day(root: Path, day: str) -> None:
-    """Append ``day`` to ``.days`` (synced): the list of day files the writer created."""
-    fd = os.open(root / DAYS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        write_all(fd, day.encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _identity(root: Path) -> str:

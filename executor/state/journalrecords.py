@@ -6,7 +6,8 @@ answers (:class:`OpenAttempt`, :class:`Settled`, :class:`JournalScan`) and the p
 shared store's mirror (:class:`AttemptMirror`). ``state/journal.py`` is the journal's public face
 and re-exports the public names.
 
-Callers: ``state/journal.py`` (the writer), ``state/journalscan.py`` (the reader).
+Callers: ``state/journal.py`` (the appends), ``state/journalwriter.py`` (the writer thread),
+``state/journalscan.py`` (the reader).
 """
 
 from __future__ import annotations

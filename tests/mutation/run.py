@@ -107,7 +107,8 @@ SCOPES: dict[str, list[str]] = {
     ],
     "executor/state/records.py": ["consumption_token", "settles"],
     # recovery: reading the journal back after a crash (journal.py was split in issue 32)
-    "executor/state/journal.py": ["_cut_torn_tail", "_day_of"],
+    "executor/state/journal.py": ["_day_of"],
+    "executor/state/journalwriter.py": ["_cut_torn_tail"],
     "executor/state/journalscan.py": ["scan_journal", "_parse_line", "_text", "_Builder"],
     "executor/state/journalrecords.py": ["OpenAttempt"],
 }
