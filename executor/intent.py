@@ -16,7 +16,7 @@ Also imported by ``gateway/intercept.py``, ``lifecycle/attempt.py``, ``policy/tr
 ``routes/approvals.py``, ``routes/schemas.py``.
 Also imported by ``lifecycle/escalations.py``, ``lifecycle/outcomes.py``,
 ``lifecycle/reconciliations.py``.
-Also imported by ``lifecycle/approval_requests.py``.
+Also imported by ``lifecycle/approval_requests.py``, ``policy/records.py``.
 
 :class:`DownstreamTarget` is defined in the ground-floor module target.py (so the configuration
 need not import this module) and re-exported here.

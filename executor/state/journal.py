@@ -175,7 +175,7 @@ class AttemptJournal:
             raise JournalError("retain_days must be at least 1", code=Code.JOURNAL_CONFIG_INVALID)
         root = directory / ATTEMPTS_DIR
         lock_fd, identity = await asyncio.to_thread(_prepare_directory, directory, root)
-        writer = JournalWriter(root)
+        writer = JournalWriter(root, settle)
         writer.start()
         return cls(
             root,
@@ -632,3 +632,16 @@ def _day_of(text: str) -> date:
         return date.fromisoformat(text)
     except ValueError:
         return date.min
+
+
+def settle(waiters: list[asyncio.Future[None]], error: str | None) -> None:
+    """On the event loop: each append of a segment the writer answered, still waiting, takes the
+    segment's outcome (the writer's :data:`~.journalwriter.Settle`; here, so that answering an
+    append makes no call into the writer's module)."""
+    for waiter in waiters:
+        if waiter.done():
+            continue
+        if error is None:
+            waiter.set_result(None)
+        else:
+            waiter.set_exception(JournalError(error, code=Code.JOURNAL_UNAVAILABLE))

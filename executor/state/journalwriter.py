@@ -3,7 +3,7 @@
 :class:`JournalWriter` drains what :class:`~.journal.AttemptJournal` submits (a :class:`Pending`
 line, a :class:`Recover` request, :data:`STOP`), writes each day's lines of a batch with one
 ``write`` and one ``fsync``, and only then answers their futures, one wakeup per event loop
-(group fsync). A write or fsync that fails leaves the writer failed: it refuses every later line
+(group fsync), through the ``settle`` the journal hands it (:data:`Settle`, run on the loop). A write or fsync that fails leaves the writer failed: it refuses every later line
 until a :class:`Recover` proves the directory takes a synced write again. Opening a day file it
 did not create cuts a torn last line (a crash mid-write) and reports it (:attr:`repaired`);
 creating one records the day in ``.days``, synced. Carved out of ``journal.py`` (issue 32: no
@@ -21,15 +21,14 @@ import contextlib
 import os
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..codes import Code
-from ..errors import JournalError
 from ..host.durable import fsync_directory, write_all
 from .journalrecords import ATTEMPTS_DIR, DAYS_FILE, TornLine
 
-__all__ = ["STOP", "JournalWriter", "Pending", "Recover"]
+__all__ = ["STOP", "JournalWriter", "Pending", "Recover", "Settle"]
 
 
 @dataclass(frozen=True)
@@ -60,21 +59,20 @@ STOP = object()
 class JournalWriter(threading.Thread):
     """The one thread that touches the day files: drain, write, fsync once, acknowledge."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, settle: Settle) -> None:
         super().__init__(name="agentsafe-journal", daemon=True)
         self._root = root
+        self._settle = settle
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.submit: Callable[[object], None] = self._queue.put
+        """Hand the writer a :class:`Pending` line, a :class:`Recover` or :data:`STOP`: the
+        queue's own ``put``, so an append makes no call into this module."""
         self._fd: int | None = None
         self._day: str | None = None
-        self._failed = False
+        self.failed = False
+        """Whether a write or fsync failed (set on this thread; read by the journal before every
+        append, as a plain attribute: no call into this module per record)."""
         self.repaired: list[TornLine] = []
-
-    @property
-    def failed(self) -> bool:
-        return self._failed
-
-    def submit(self, item: object) -> None:
-        self._queue.put(item)
 
     def run(self) -> None:
         stopping = False
@@ -108,8 +106,10 @@ class JournalWriter(threading.Thread):
                 end += 1
             segment = batch[index:end]
             index = end
-            if self._failed:
-                _fail(segment, "the journal failed earlier and takes no more records")
+            if self.failed:
+                _acknowledge(
+                    segment, "the journal failed earlier and takes no more records", self._settle
+                )
                 continue
             try:
                 fd = self._file_for(day)
@@ -117,10 +117,10 @@ class JournalWriter(threading.Thread):
                 os.fsync(fd)
             except OSError:
                 # After a failed write or fsync the file's state is unknowable: stop for good.
-                self._failed = True
-                _fail(segment, "the journal could not write a record")
+                self.failed = True
+                _acknowledge(segment, "the journal could not write a record", self._settle)
                 continue
-            _acknowledge(segment, None)
+            _acknowledge(segment, None, self._settle)
 
     def _recover(self, item: Recover) -> None:
         """Prove the directory takes a synced write again; then the day file is reopened (and its
@@ -129,7 +129,7 @@ class JournalWriter(threading.Thread):
         cancelled."""
         if not item.done.set_running_or_notify_cancel():
             return
-        if not self._failed:
+        if not self.failed:
             item.done.set_result(None)
             return
         self._close_file()
@@ -148,7 +148,7 @@ class JournalWriter(threading.Thread):
                 os.unlink(probe)
             item.done.set_exception(exc)
             return
-        self._failed = False
+        self.failed = False
         item.done.set_result(None)
 
     def _file_for(self, day: str) -> int:
@@ -180,11 +180,12 @@ class JournalWriter(threading.Thread):
         self._fd, self._day = None, None
 
 
-def _fail(segment: list[Pending], message: str) -> None:
-    _acknowledge(segment, message)
+Settle = Callable[[list[asyncio.Future[None]], str | None], None]
+"""Run on an event loop with the futures of one segment's appends made on it, and ``None`` (the
+lines are written and fsynced) or the refusal's message (``journal.py``'s ``settle``)."""
 
 
-def _acknowledge(segment: list[Pending], error: str | None) -> None:
+def _acknowledge(segment: list[Pending], error: str | None, settle: Settle) -> None:
     """On the writer's thread: answer every append of ``segment`` (written and fsynced when
     ``error`` is None, else refused with that message), one wakeup per event loop."""
     by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
@@ -192,18 +193,7 @@ def _acknowledge(segment: list[Pending], error: str | None) -> None:
         by_loop.setdefault(pending.loop, []).append(pending.waiter)
     for loop, waiters in by_loop.items():
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            loop.call_soon_threadsafe(_settle, waiters, error)
-
-
-def _settle(waiters: list[asyncio.Future[None]], error: str | None) -> None:
-    """On the event loop: each waiter still waiting takes the segment's outcome."""
-    for waiter in waiters:
-        if waiter.done():
-            continue
-        if error is None:
-            waiter.set_result(None)
-        else:
-            waiter.set_exception(JournalError(error, code=Code.JOURNAL_UNAVAILABLE))
+            loop.call_soon_threadsafe(settle, waiters, error)
 
 
 def _cut_torn_tail(fd: int, name: str) -> TornLine | None:

@@ -10,8 +10,9 @@ on PostgreSQL) apply exactly these rules, so a behaviour never differs by backen
 Callers: ``state/usestore.py``, ``state/pgstore.py``, ``state/pgattempts.py``,
 ``state/pgconn.py``, ``state/statements.py``, ``state/protocol.py``, ``state/journal.py``,
 ``state/lostwrites.py``, ``lifecycle/pipeline.py``, ``lifecycle/reconcile.py``,
-``policy/authority.py``, ``plane.py``, ``routes/approvals.py``, ``door/passkeys.py``,
-``egress/webhook.py``, ``plans/execute.py``, ``plans/receipts.py``.
+``policy/authority.py``, ``policy/records.py`` (the fence, typing only), ``plane.py``,
+``routes/approvals.py``, ``door/passkeys.py``, ``egress/webhook.py``, ``plans/execute.py``,
+``plans/receipts.py``.
 Also imported by ``journalrecords.py``.
 Also imported by ``lifecycle/escalations.py``, ``lifecycle/recovery.py``.
 Also imported by ``lifecycle/approval_requests.py``.

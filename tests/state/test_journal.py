@@ -335,7 +335,7 @@ async def test_a_failed_journal_refuses_until_its_storage_recovers(tmp_path: Pat
         await open_attempt(journal, 1)
         journal.path.chmod(0o500)  # root ignores modes: make the probe fail by a directory
         (journal.path / ".probe").mkdir()
-        journal._writer._failed = True  # what a failed write leaves behind
+        journal._writer.failed = True  # what a failed write leaves behind
         with pytest.raises(JournalError) as caught:
             await open_attempt(journal, 2)
         assert caught.value.code == Code.JOURNAL_UNAVAILABLE
@@ -366,13 +366,13 @@ async def test_a_recovery_its_caller_gave_up_on_leaves_the_writer_running(
     monkeypatch.setattr(journal_module.os, "fsync", gated_fsync)
     slow = asyncio.create_task(open_attempt(journal, 1))
     assert await asyncio.to_thread(in_fsync.wait, 60)
-    journal._writer._failed = True  # what a failed write leaves behind (read by recover())
+    journal._writer.failed = True  # what a failed write leaves behind (read by recover())
     given_up = asyncio.create_task(journal.recover())
     await poll(lambda: journal._writer._queue.qsize() == 1)
     given_up.cancel()
     with pytest.raises(asyncio.CancelledError):
         await given_up
-    journal._writer._failed = False
+    journal._writer.failed = False
     gate.set()
     await slow
     assert await asyncio.wait_for(journal.recover(), timeout=30) is True
