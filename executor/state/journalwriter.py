@@ -3,10 +3,11 @@
 :class:`JournalWriter` drains what :class:`~.journal.AttemptJournal` submits (a :class:`Pending`
 line, a :class:`Recover` request, :data:`STOP`), writes each day's lines of a batch with one
 ``write`` and one ``fsync``, and only then answers their futures, one wakeup per event loop
-(group fsync), through the ``settle`` the journal hands it (:data:`Settle`, run on the loop). A write or fsync that fails leaves the writer failed: it refuses every later line
-until a :class:`Recover` proves the directory takes a synced write again. Opening a day file it
-did not create cuts a torn last line (a crash mid-write) and reports it (:attr:`repaired`);
-creating one records the day in ``.days``, synced. Carved out of ``journal.py`` (issue 32: no
+(group fsync), through the ``settle`` the journal hands it (:data:`Settle`, run on the loop). A
+write or fsync that fails leaves the writer failed: it refuses every later line until a
+:class:`Recover` proves the directory takes a synced write again. Opening a day file it did not
+create cuts a torn last line (a crash mid-write) and reports it (:attr:`repaired`); creating one
+records the day in ``.days``, synced. Carved out of ``journal.py`` (issue 32: no
 module over 800 lines); the records, the rules and the reading stay there and in
 ``journalrecords.py`` / ``journalscan.py``.
 

@@ -85,7 +85,8 @@ NOW: Final = "extract(epoch from clock_timestamp())::double precision"
 Scope = tuple[str, str, str]  # (tenant, principal, key)
 HELD_KEY: ContextVar[tuple[Scope, str] | None] = ContextVar("agentsafe_key_holder", default=None)
 """The key this task's request began (``idempotency_begin`` NEW) and its holder token: the
-attempt it opens in the same task is fenced by it, and only it completes or frees the key."""
+attempt it opens, in the task the pipeline starts for it after the begin (which copies this
+context), is fenced by it, and only the request's own task completes or frees the key."""
 
 
 def check_store_url(url: str) -> str:

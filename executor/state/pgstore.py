@@ -56,8 +56,9 @@ an attempt has one reconciler    ``SELECT ... FOR UPDATE SKIP LOCKED`` of a laps
 ===============================  ==================================================================
 
 Idempotency keys and the database dropping: a request's key is IN_PROGRESS under its holder (a
-random token, kept in a context variable of the request's task between ``idempotency_begin`` and
-the attempt's ``opened`` in the same task) and a lease of ``EXECUTOR_ATTEMPT_LEASE_SECONDS``. When
+random token, kept in a context variable of the request's task from ``idempotency_begin`` on,
+and copied into the attempt's task, which the pipeline starts after the begin, for its
+``opened``) and a lease of ``EXECUTOR_ATTEMPT_LEASE_SECONDS``. When
 the database drops after the key was recorded and before the attempt opened, the holder cannot
 free the key; a later request with the key gets 409 IDEMPOTENCY_IN_PROGRESS until the lease
 lapses, then takes it over and runs (nothing had been sent: the attempt never opened, or closed
