@@ -322,12 +322,11 @@ class _PortTaken(Exception):
     """The port ``free_port`` chose was taken by another process before the bridge bound it."""
 
 
-async def test_streamable_http_passes_each_callers_bearer_to_the_door(
-    node: Node, tmp_path: Path
-) -> None:
-    async def start() -> tuple[subprocess.Popen[bytes], str, Any]:
-        port = free_port()
-        log = (tmp_path / "mcp-http.log").open("w")
+async def _start_http_bridge(node: Node, tmp_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``agentsafe mcp --transport http`` in front of ``node``, once it answers an anonymous
+    POST with 401; its output goes to ``tmp_path / "mcp-http.log"``."""
+    port = free_port()
+    with (tmp_path / "mcp-http.log").open("w") as log:
         process = subprocess.Popen(
             [AGENTSAFE, "mcp", "--transport", "http", "--port", str(port), "--url", node.url],
             env=_clean_env(),
@@ -335,43 +334,56 @@ async def test_streamable_http_passes_each_callers_bearer_to_the_door(
             stdout=log,
             stderr=log,
         )
-        url = f"http://127.0.0.1:{port}/mcp"
-        async with httpx2.AsyncClient() as anonymous:
+    url = f"http://127.0.0.1:{port}/mcp"
 
-            async def up() -> bool:
-                if process.poll() is not None:
-                    log.close()
-                    printed = (tmp_path / "mcp-http.log").read_text()
-                    if "address already in use" in printed:
-                        raise _PortTaken
-                    raise RuntimeError(printed)
-                try:
-                    response = await anonymous.post(url, json={})
-                except httpx2.TransportError:
-                    return False
-                return response.status_code == 401
+    async def up() -> bool:
+        if process.poll() is not None:
+            printed = (tmp_path / "mcp-http.log").read_text()
+            if "address already in use" in printed:
+                raise _PortTaken
+            raise RuntimeError(printed)
+        try:
+            async with httpx2.AsyncClient() as anonymous:
+                response = await anonymous.post(url, json={})
+        except httpx2.TransportError:
+            return False
+        return response.status_code == 401
 
-            try:
-                await wait_until(up, timeout=60, what="agentsafe mcp over HTTP")
-            except BaseException:
-                if process.poll() is None:
-                    process.terminate()
-                    process.wait(timeout=30)
-                log.close()
-                raise
-        return process, url, log
+    try:
+        await wait_until(up, timeout=60, what="agentsafe mcp over HTTP")
+    except BaseException:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=30)
+        raise
+    return process, url
 
-    # Another process may take the chosen port between free_port and the bridge's bind (seen
-    # under a full CI run): choose again, a bounded number of times.
+
+@contextlib.asynccontextmanager
+async def http_bridge(node: Node, tmp_path: Path) -> AsyncIterator[str]:
+    """The MCP URL of a running HTTP bridge (:func:`_start_http_bridge`), stopped on exit.
+
+    Another process may take the chosen port between ``free_port`` and the bridge's bind (seen
+    under a full CI run): the port is chosen again, a bounded number of times."""
     for _ in range(5):
         try:
-            process, url, log = await start()
+            process, url = await _start_http_bridge(node, tmp_path)
             break
         except _PortTaken:
             continue
     else:
         raise AssertionError("no free port held long enough for the bridge to bind it")
     try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+async def test_streamable_http_passes_each_callers_bearer_to_the_door(
+    node: Node, tmp_path: Path
+) -> None:
+    async with http_bridge(node, tmp_path) as url:
         async with httpx2.AsyncClient() as anonymous:
             refused = await anonymous.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "x"})
             assert refused.status_code == 401
@@ -387,10 +399,6 @@ async def test_streamable_http_passes_each_callers_bearer_to_the_door(
             await session.initialize()
             await _exercise(session, node)
         # A wrong bearer: tests/tools/test_mcp_conventions.py (401 before initialize).
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
     # What it printed is JSON lines, as every agentsafe process writes (issue 31, item 9).
     lines = [json.loads(line) for line in (tmp_path / "mcp-http.log").read_text().splitlines()]
     listening = [line for line in lines if line["event"] == "MCP_LISTENING"]

@@ -13,7 +13,6 @@ A real ``agentsafe mcp`` process (stdio, and streamable HTTP) in front of a real
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import httpx2
@@ -22,12 +21,12 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from agentsafe.executor.tools.harness import free_port, wait_until
 from tests.tools.test_mcp_bridge import (  # noqa: F401 - node is a fixture
     AGENTSAFE,
     Node,
     _clean_env,
     _text,
+    http_bridge,
     node,
     stdio_session,
 )
@@ -49,29 +48,8 @@ async def test_a_wrong_bearer_over_http_is_401_before_initialize_succeeds(
     node: Node,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    port = free_port()
-    log = (tmp_path / "mcp-http.log").open("w")
-    process = subprocess.Popen(
-        [AGENTSAFE, "mcp", "--transport", "http", "--port", str(port), "--url", node.url],
-        env=_clean_env(),
-        cwd=tmp_path,
-        stdout=log,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}/mcp"
-    try:
+    async with http_bridge(node, tmp_path) as url:
         async with httpx2.AsyncClient(headers=MCP_HEADERS) as raw:
-
-            async def up() -> bool:
-                if process.poll() is not None:
-                    raise RuntimeError((tmp_path / "mcp-http.log").read_text())
-                try:
-                    response = await raw.post(url, json=INITIALIZE)
-                except httpx2.TransportError:
-                    return False
-                return response.status_code == 401
-
-            await wait_until(up, timeout=60, what="agentsafe mcp over HTTP")
             refused = await raw.post(
                 url, json=INITIALIZE, headers={"authorization": "Bearer not-a-principal"}
             )
@@ -105,10 +83,6 @@ async def test_a_wrong_bearer_over_http_is_401_before_initialize_succeeds(
             await session.initialize()
             listed = await session.list_tools()
             assert "add_note" in {tool.name for tool in listed.tools}
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
     assert node.provider.received == []
 
 
