@@ -105,9 +105,44 @@ def test_the_edges_write_or_raise_what_strftime_did(epoch: float) -> None:
         assert _outcome(format_ms, epoch) == _outcome(_format_ms_by_strftime, epoch)
 
 
+def test_a_request_alternating_between_seconds_formats_each_second_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a request's timestamps alternate between "now" and the later seconds of its intent's and
+    # its grant's expiry: each second is formatted once, then kept (one remembered second
+    # formatted again on 9 of an ALLOW's 13 calls)
+    from agentsafe.executor import clock
+
+    formatted: list[float] = []
+    real = clock.datetime
+
+    class Counting:
+        @staticmethod
+        def fromtimestamp(seconds: float, tz: object) -> object:
+            formatted.append(seconds)
+            return real.fromtimestamp(seconds, tz=tz)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(clock, "datetime", Counting)
+    monkeypatch.setattr(clock, "_seconds", {})
+    now = 1_786_701_600.25
+    for step in range(40):
+        for epoch in (now + step * 0.001, now + 300.5, now + 60.5):
+            assert format_ms(epoch) == _format_ms_by_strftime(epoch)
+    assert sorted(formatted) == [1_786_701_600, 1_786_701_660, 1_786_701_900]
+
+
+def test_the_kept_seconds_stay_bounded() -> None:
+    from agentsafe.executor import clock
+
+    for n in range(10 * clock._SECONDS_KEPT):
+        epoch = 1_786_701_600.0 + n
+        assert format_ms(epoch) == _format_ms_by_strftime(epoch)
+        assert len(clock._seconds) <= clock._SECONDS_KEPT
+
+
 def test_threads_formatting_other_seconds_at_once_each_write_their_own() -> None:
-    # the remembered second and its text are one tuple: a thread never pairs another thread's
-    # second with its own milliseconds
+    # a second and its text are kept together: a thread never pairs another thread's second
+    # with its own milliseconds
     starts = [1_786_701_600.0 + 7 * n for n in range(8)]
     wrong: list[tuple[float, str]] = []
 
