@@ -44,7 +44,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -109,6 +109,16 @@ def _integer(text: str) -> int:
         ) from None
 
 
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_refuse_duplicates,
+    parse_constant=_refuse_constant,
+    parse_float=_finite_float,
+    parse_int=_integer,
+)
+"""The decoder ``json.loads`` builds from the same hooks on every call (issue 34: 2 us a call);
+it keeps no state between calls."""
+
+
 def parse_json(text: str | bytes) -> Any:
     """Parse I-JSON: the one strict JSON reader (see the module docstring).
 
@@ -122,13 +132,17 @@ def parse_json(text: str | bytes) -> Any:
     """
     if isinstance(text, bytes | bytearray):
         text = bytes(text).decode("utf-8")
-    value = json.loads(
-        text,
-        object_pairs_hook=_refuse_duplicates,
-        parse_constant=_refuse_constant,
-        parse_float=_finite_float,
-        parse_int=_integer,
-    )
+    if type(text) is str and not text.startswith("\ufeff"):
+        # what json.loads does with these hooks, without building a decoder per call
+        value = _DECODER.decode(text)
+    else:  # a BOM, a str subclass or no text at all: json.loads's own refusals and errors
+        value = json.loads(
+            text,
+            object_pairs_hook=_refuse_duplicates,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            parse_int=_integer,
+        )
     if "\\u" in text:  # a surrogate can only arrive escaped: UTF-8 has no form for one
         _refuse_lone_surrogates(value)
     return value
@@ -276,29 +290,71 @@ _KEY_OUTSIDE_ORDER = re.compile("[\ud800-\udfff\U00010000-\U0010ffff]")
 _C_ENCODER = json.JSONEncoder(
     ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
 )
+_C_MAKE_ENCODER: Callable[..., Any] | None = getattr(json.encoder, "c_make_encoder", None)
+_C_WRITE = (
+    None
+    if _C_MAKE_ENCODER is None
+    else _C_MAKE_ENCODER(
+        None,  # no circular check: a value reaches it only after _plain bounded its depth
+        _C_ENCODER.default,
+        json.encoder.encode_basestring,
+        _C_ENCODER.indent,
+        _C_ENCODER.key_separator,
+        _C_ENCODER.item_separator,
+        _C_ENCODER.sort_keys,
+        _C_ENCODER.skipkeys,
+        _C_ENCODER.allow_nan,
+    )
+)
+"""The C encoder :meth:`json.JSONEncoder.encode` builds for ``_C_ENCODER`` on every call,
+built once (issue 34: about 1 us of each of the two dozen texts of an ALLOW); the same
+function with the same arguments, except the check for circular values, which ``_plain``
+makes needless. ``None`` where the interpreter has no C encoder: then ``_C_ENCODER`` writes."""
 
 
 def _plain(value: Any, depth: int) -> bool:
     """Whether the C encoder writes ``value`` exactly as :func:`_write` would (see the module
-    docstring); anything unusual answers False and takes the writer, which may refuse it."""
+    docstring); anything unusual answers False and takes the writer, which may refuse it.
+
+    A container checks its strings and integers itself rather than calling this function once
+    per member (issue 34: most of a request's values are such members); the checks are the
+    ones a call would make, and a member past :data:`MAX_DEPTH` is never plain, as a call for it
+    would answer."""
     if depth > MAX_DEPTH:
         return False
     if isinstance(value, str):
         return value.isascii() or _SURROGATE.search(value) is None
     kind = type(value)
     if kind is dict:
+        if depth == MAX_DEPTH:
+            return not value  # every member would be past the depth
         for key, item in value.items():
             if type(key) is not str:
                 return False
             if not key.isascii() and _KEY_OUTSIDE_ORDER.search(key) is not None:
                 return False
-            if not _plain(item, depth + 1):
+            member = type(item)
+            if member is str:
+                if not item.isascii() and _SURROGATE.search(item) is not None:
+                    return False
+            elif member is int:
+                if not -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                    return False
+            elif not _plain(item, depth + 1):
                 return False
         return True
     if kind is list or kind is tuple:
-        # A loop, not all(...): one frame per level, as the writer has.
-        for item in value:  # noqa: SIM110
-            if not _plain(item, depth + 1):
+        if depth == MAX_DEPTH:
+            return not value
+        for item in value:
+            member = type(item)
+            if member is str:
+                if not item.isascii() and _SURROGATE.search(item) is not None:
+                    return False
+            elif member is int:
+                if not -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                    return False
+            elif not _plain(item, depth + 1):
                 return False
         return True
     if kind is int:
@@ -323,7 +379,9 @@ def _written(value: Any) -> str:
 def canonical_text(value: Any) -> str:
     """The RFC 8785 canonical JSON text of ``value``."""
     if _plain(value, 0):
-        return _C_ENCODER.encode(value)
+        if _C_WRITE is None:
+            return _C_ENCODER.encode(value)
+        return "".join(_C_WRITE(value, 0))
     return _written(value)
 
 

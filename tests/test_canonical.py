@@ -588,3 +588,136 @@ def test_sha256_bytes_digest_names_raw_bytes_and_text_as_utf8() -> None:
     assert sha256_bytes_digest("\u00e9") == (
         "sha256:" + "4a99557e4033c3539de2eb65472017cad5f9557f7a0625a09f1c3f6e2ba69c4c"
     )
+
+
+# Issue 34: the walk checks a container's strings and integers itself, the C encoder is built
+# once, and the reader's decoder too. Each is held to the code before it, kept here as the oracle.
+
+
+def _plain_before_issue_34(value: Any, depth: int) -> bool:
+    """``canonical._plain`` as it was before issue 34: one call per member."""
+    from agentsafe.executor.canonical import (
+        _FLOAT_HIGH,
+        _FLOAT_LOW,
+        _KEY_OUTSIDE_ORDER,
+        _SURROGATE,
+        MAX_SAFE_INTEGER,
+    )
+
+    if depth > MAX_DEPTH:
+        return False
+    if isinstance(value, str):
+        return value.isascii() or _SURROGATE.search(value) is None
+    kind = type(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                return False
+            if not key.isascii() and _KEY_OUTSIDE_ORDER.search(key) is not None:
+                return False
+            if not _plain_before_issue_34(item, depth + 1):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        for item in value:  # noqa: SIM110
+            if not _plain_before_issue_34(item, depth + 1):
+                return False
+        return True
+    if kind is int:
+        return bool(-MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER)
+    if kind is float:
+        return _FLOAT_LOW <= abs(value) < _FLOAT_HIGH and not value.is_integer()
+    return value is None or kind is bool
+
+
+_odd_members = st.sampled_from(
+    [2**53, -(2**53), 2**53 - 1, True, None, 2.0, 1.5, "\ud800", "é", "\U0001f600", (), b"x"]
+)
+_any_values = st.recursive(
+    _odd_members | plain_text | st.integers() | st.floats(),
+    lambda children: (
+        st.lists(children, max_size=5)
+        | st.lists(children, max_size=5).map(tuple)
+        | st.dictionaries(plain_text | st.sampled_from(["\U0001f600", "\ud800"]), children,
+                          max_size=5)
+        | st.dictionaries(st.integers(0, 3), children, max_size=2)
+    ),
+    max_leaves=30,
+)  # fmt: skip
+
+
+@given(_any_values, st.sampled_from([0, 1, MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1]))
+def test_the_walk_answers_what_it_answered_before(value: object, depth: int) -> None:
+    from agentsafe.executor.canonical import _plain
+
+    assert _plain(value, depth) == _plain_before_issue_34(value, depth)
+
+
+@pytest.mark.parametrize("leaf", ["x", 7, 2**53, None, [], {}, "\ud800", 1.5])
+@pytest.mark.parametrize("levels", [MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1])
+def test_the_walk_stops_at_the_same_depth_as_before(leaf: object, levels: int) -> None:
+    from agentsafe.executor.canonical import _plain
+
+    for wrap in (lambda v: [v], lambda v: {"k": v}, lambda v: (v,)):
+        value: object = leaf
+        for _ in range(levels):
+            value = wrap(value)
+        assert _plain(value, 0) == _plain_before_issue_34(value, 0)
+
+
+@given(plain_values)
+def test_the_c_encoder_built_once_writes_what_encode_writes(value: object) -> None:
+    from agentsafe.executor.canonical import _C_ENCODER, _C_WRITE
+
+    assert _C_WRITE is not None  # CPython has the C encoder; the fallback is _C_ENCODER itself
+    assert "".join(_C_WRITE(value, 0)) == _C_ENCODER.encode(value)
+
+
+def _parsed_by_json_loads(text: str | bytes) -> tuple[str, object]:
+    from agentsafe.executor import canonical
+
+    try:
+        if isinstance(text, bytes | bytearray):
+            text = bytes(text).decode("utf-8")
+        value = json.loads(
+            text,
+            object_pairs_hook=canonical._refuse_duplicates,
+            parse_constant=canonical._refuse_constant,
+            parse_float=canonical._finite_float,
+            parse_int=canonical._integer,
+        )
+        if "\\u" in text:
+            canonical._refuse_lone_surrogates(value)
+    except Exception as exc:  # the exception is the outcome compared
+        return (type(exc).__name__, str(exc))
+    return ("value", value)
+
+
+def _parsed_now(text: str | bytes) -> tuple[str, object]:
+    try:
+        return ("value", parse_json(text))
+    except Exception as exc:  # the exception is the outcome compared
+        return (type(exc).__name__, str(exc))
+
+
+_json_texts = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4)
+    ),
+    max_leaves=20,
+).map(lambda v: json.dumps(v, ensure_ascii=False))
+
+
+@given(
+    _json_texts
+    | st.text(max_size=40)
+    | st.sampled_from(
+        ["\ufeff{}", '{"a":1,"a":2}', "NaN", "1e999", '"\\ud800"', "[1,", "", " 1 ", "\ufeff"]
+    )
+)
+def test_the_reader_built_once_reads_and_refuses_as_json_loads_did(text: str) -> None:
+    assert _parsed_now(text) == _parsed_by_json_loads(text)
+    assert _parsed_now(text.encode("utf-8", "surrogatepass")) == _parsed_by_json_loads(
+        text.encode("utf-8", "surrogatepass")
+    )
