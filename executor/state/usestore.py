@@ -185,19 +185,21 @@ class SQLiteUseStore(SQLiteDatabase):
         owner: str | None = None,
     ) -> asyncio.Future[IdempotencyState]:
         def work(conn: sqlite3.Connection) -> IdempotencyState:
-            row = conn.execute(
+            # The insert first: a new key (nearly every call) costs one statement, not a read
+            # and then an insert (issue 34; the group's transaction holds the write lock, so
+            # nothing changes the row between the two statements either way).
+            if conn.execute(
+                "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
+                " created_at, attempt_id, owner) VALUES (?, ?, ?, ?, 'IN_PROGRESS', ?, ?, ?)"
+                " ON CONFLICT (tenant, principal, key) DO NOTHING",
+                (tenant, principal, key, payload_digest, now, attempt_id, owner),
+            ).rowcount:
+                return IdempotencyState(IdempotencyKind.NEW)
+            stored_digest, state, response = conn.execute(
                 "SELECT payload_digest, state, response FROM idempotency"
                 " WHERE tenant = ? AND principal = ? AND key = ?",
                 (tenant, principal, key),
             ).fetchone()
-            if row is None:
-                conn.execute(
-                    "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
-                    " created_at, attempt_id, owner) VALUES (?, ?, ?, ?, 'IN_PROGRESS', ?, ?, ?)",
-                    (tenant, principal, key, payload_digest, now, attempt_id, owner),
-                )
-                return IdempotencyState(IdempotencyKind.NEW)
-            stored_digest, state, response = row
             if not hmac.compare_digest(str(stored_digest), payload_digest):
                 return IdempotencyState(IdempotencyKind.CONFLICT)
             if state == "IN_PROGRESS":
@@ -217,6 +219,15 @@ class SQLiteUseStore(SQLiteDatabase):
 
         def work(conn: sqlite3.Connection) -> None:
             text = canonical_or_store_error(response)
+            # An in-flight key (nearly every call) is completed by one statement; only when it
+            # changed nothing is the row read, to tell a missing key and a finished one apart
+            # (issue 34; the same answers as reading first, under the group's write lock).
+            if conn.execute(
+                "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
+                " WHERE tenant = ? AND principal = ? AND key = ? AND state = 'IN_PROGRESS'",
+                (text, now, tenant, principal, key),
+            ).rowcount:
+                return
             row = conn.execute(
                 "SELECT state, response FROM idempotency"
                 " WHERE tenant = ? AND principal = ? AND key = ?",
@@ -224,11 +235,7 @@ class SQLiteUseStore(SQLiteDatabase):
             ).fetchone()
             if completed_already(row, text):
                 return
-            conn.execute(
-                "UPDATE idempotency SET state = 'DONE', response = ?, completed_at = ?"
-                " WHERE tenant = ? AND principal = ? AND key = ?",
-                (text, now, tenant, principal, key),
-            )
+            raise AssertionError("an in-flight key the update did not find")  # pragma: no cover
 
         return self._write(work)
 

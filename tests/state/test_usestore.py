@@ -1116,3 +1116,85 @@ def test_grouped_claims_in_five_processes_yield_one_success(tmp_path: Path) -> N
     assert len(results) == 50
     assert results.count(True) == 1
     assert results.count(False) == 49
+
+
+class StatementLog:
+    """Every statement the store's connection runs (SQLite's trace callback, set and unset on the
+    store's own thread, where the connection lives)."""
+
+    def __init__(self, store: SQLiteUseStore) -> None:
+        self.statements: list[str] = []
+        self._store = store
+
+    async def __aenter__(self) -> StatementLog:
+        await self._store._run(lambda conn: conn.set_trace_callback(self.statements.append))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._store._run(lambda conn: conn.set_trace_callback(None))
+
+
+async def test_a_group_without_a_failing_write_runs_no_savepoint(tmp_path: Path) -> None:
+    """Issue 34: the savepoints are for a write that fails; a group where none does is run
+    without them, and a new key's begin and an in-flight key's completion are one statement each
+    (every statement is a release and a retaking of the GIL on the store's thread)."""
+    store = await SQLiteUseStore.open(tmp_path / "state", clock=ManualClock(NOW))
+    try:
+        ids = [{"tenant": "acme", "principal": "p", "key": f"k-{i}"} for i in range(3)]
+        async with StatementLog(store) as log:
+            begun = await _one_group(
+                store,
+                lambda: [
+                    store.idempotency_begin(**i, payload_digest="sha256:p", now=NOW) for i in ids
+                ],
+            )
+            completed = await _one_group(
+                store,
+                lambda: [store.idempotency_complete(**i, response={"n": 1}, now=NOW) for i in ids],
+            )
+        assert [b.kind for b in begun] == [IdempotencyKind.NEW] * 3
+        assert completed == [None] * 3
+        verbs = [statement.split()[0].upper() for statement in log.statements]
+        begin_group = ["BEGIN", "INSERT", "INSERT", "INSERT", "COMMIT"]
+        complete_group = ["BEGIN", "UPDATE", "UPDATE", "UPDATE", "COMMIT"]
+        assert verbs == begin_group + complete_group
+        replay = await store.idempotency_begin(**ids[0], payload_digest="sha256:p", now=NOW)
+        assert replay == IdempotencyState(IdempotencyKind.REPLAY, response={"n": 1})
+    finally:
+        await store.close()
+
+
+async def test_a_failing_write_sends_its_group_through_savepoints(tmp_path: Path) -> None:
+    """The first pass is rolled back when a write raises; the group then runs write by write in
+    savepoints, and what commits is what the savepoints alone would have committed."""
+    state_dir = tmp_path / "state"
+    store = await SQLiteUseStore.open(state_dir, clock=ManualClock(NOW))
+    try:
+        counter = CommitCounter(store)
+
+        def fails_after_a_write(conn: sqlite3.Connection) -> None:
+            """Test double: an operation that writes, then fails unexpectedly."""
+            conn.execute("INSERT INTO grant_claims VALUES ('g-half', 'd', ?, ?)", (NOW + 60, NOW))
+            raise RuntimeError("unexpected failure (test double)")
+
+        async with StatementLog(store) as log:
+            results = await _one_group(
+                store,
+                lambda: [
+                    store.claim_grant("g-1", binding_digest="d", expires_at=NOW + 60, now=NOW),
+                    store._write(fails_after_a_write),
+                    store.claim_grant("g-2", binding_digest="d", expires_at=NOW + 60, now=NOW),
+                ],
+            )
+        assert results[0] is True
+        assert results[2] is True
+        assert isinstance(results[1], RuntimeError)
+        assert counter.commits == 1
+        verbs = [statement.split()[0].upper() for statement in log.statements]
+        assert verbs[verbs.index("ROLLBACK") + 1 :].count("SAVEPOINT") == 3
+        assert _rows(state_dir, "SELECT grant_id FROM grant_claims ORDER BY grant_id") == [
+            ("g-1",),
+            ("g-2",),
+        ]
+    finally:
+        await store.close()
