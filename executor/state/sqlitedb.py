@@ -369,14 +369,14 @@ def _commit_group(
     and the group is run again without it (nothing was acknowledged yet); a failed BEGIN or
     COMMIT fails every write of the group.
 
-    The group is first run without a savepoint per write (:func:`_commit_plainly`): when no write
-    raises, that is the same transaction with three statements fewer a write, each a release and
-    a retaking of the GIL on this thread (issue 34). When one raises, the transaction is rolled
-    back and the group runs again here, each write in its own savepoint, so a write that fails
-    leaves the others alone as before (nothing was acknowledged yet)."""
-    if _commit_plainly(conn, group, commit):
-        return
+    The first pass runs the writes without a savepoint each (:func:`_apply_plainly`): when no
+    write raises, that is the same transaction with three statements fewer a write, each a
+    release and a retaking of the GIL on this thread (issue 34). When one raises (or loses the
+    transaction), the pass is rolled back and the group runs again, each write in its own
+    savepoint (:func:`_apply`), so a write that fails leaves the others alone as before
+    (nothing was acknowledged yet)."""
     remaining = list(group)
+    apply = _apply_plainly
     try:
         while remaining:
             try:
@@ -388,7 +388,11 @@ def _commit_group(
             outcomes: list[tuple[bool, Any]] = []
             try:
                 for write in remaining:
-                    outcomes.append(_apply(conn, write))
+                    outcomes.append(apply(conn, write))
+            except _SavepointsNeeded:
+                _rollback_quietly(conn)
+                apply = _apply
+                continue
             except _TransactionLost as lost:
                 _rollback_quietly(conn)
                 culprit = remaining[len(outcomes)]
@@ -413,41 +417,20 @@ def _commit_group(
         raise
 
 
-def _commit_plainly(
-    conn: sqlite3.Connection, group: list[_Write], commit: Callable[[sqlite3.Connection], None]
-) -> bool:
-    """:func:`_commit_group`'s first pass, without savepoints. True when the group is settled
-    (committed, or failed by its BEGIN or COMMIT); False, with the transaction rolled back and no
-    write settled, when a write raised or lost the transaction: the group is then run write by
-    write in savepoints."""
+class _SavepointsNeeded(Exception):
+    """A write of the first pass raised or lost the transaction: run the group in savepoints."""
+
+
+def _apply_plainly(conn: sqlite3.Connection, write: _Write) -> tuple[bool, Any]:
+    """Run one write in the group's transaction with no savepoint of its own: ``(True, result)``,
+    or :class:`_SavepointsNeeded` when it raised an ``Exception`` or the transaction is gone."""
     try:
-        conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.Error as exc:
-        _rollback_quietly(conn)
-        _fail(group, _unavailable(exc))
-        return True
-    values: list[Any] = []
-    try:
-        for write in group:
-            values.append(write.fn(conn))
-            if not conn.in_transaction:  # lost under a write that did not raise
-                return False
+        value = write.fn(conn)
     except Exception:
-        _rollback_quietly(conn)
-        return False
-    except BaseException as exc:
-        _rollback_quietly(conn)
-        _fail(group, _unavailable(exc))
-        raise
-    try:
-        commit(conn)
-    except Exception as exc:  # nothing of this group is durable
-        _rollback_quietly(conn)
-        _fail(group, _unavailable(exc))
-        return True
-    for write, value in zip(group, values, strict=True):
-        write.done.set_result(value)
-    return True
+        raise _SavepointsNeeded from None
+    if not conn.in_transaction:  # lost under a write that did not raise
+        raise _SavepointsNeeded
+    return True, value
 
 
 def _fail(writes: list[_Write], error: StoreError) -> None:
