@@ -319,7 +319,10 @@ def _plain(value: Any, depth: int) -> bool:
     A container checks its strings and integers itself rather than calling this function once
     per member (issue 34: most of a request's values are such members); the checks are the
     ones a call would make, and a member past :data:`MAX_DEPTH` is never plain, as a call for it
-    would answer."""
+    would answer. The dict and the list loops are written out each, not shared through a helper:
+    a helper would be a second frame per level, and a value nested to :data:`MAX_DEPTH` would
+    then pass the interpreter's recursion limit (``tests/test_canonical.py``, the nesting
+    bound)."""
     if depth > MAX_DEPTH:
         return False
     if isinstance(value, str):
