@@ -169,6 +169,45 @@ async def test_a_body_that_does_not_arrive_in_time_is_408_and_the_connection_clo
         assert (status, body) == (200, {"reason": "ok"})
 
 
+async def test_a_body_that_arrived_whole_is_read_without_arming_the_body_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    armed: list[float] = []
+    call_at = loop.call_at
+
+    def counting(when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        if abs(when - loop.time() - 123.0) < 5:  # the body timer, not the client's own
+            armed.append(when)
+        return call_at(when, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_at", counting)
+    whole = json.dumps({"reason": "ok"}).encode()
+    async with listening(ListenerLimits(body_timeout=123.0)) as port:
+        status, _, body = await raw(
+            port,
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: "
+            + str(len(whole)).encode()
+            + b"\r\n\r\n"
+            + whole,
+        )
+        assert (status, body) == (200, {"reason": "ok"})
+        assert armed == []
+        # a body still on its way arms it (and the 408 test shows it fires)
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{"
+        )
+        await writer.drain()
+        deadline = loop.time() + 10
+        while not armed and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        writer.close()
+        assert len(armed) == 1
+
+
 async def test_a_broken_chunked_body_is_400_not_500() -> None:
     async with listening(ListenerLimits()) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
