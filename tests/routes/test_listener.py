@@ -121,6 +121,22 @@ async def listening(limits: ListenerLimits) -> AsyncIterator[int]:
         await runner.cleanup()
 
 
+_ECHOED = json.dumps({"reason": "ok"}).encode()
+# a whole request in one write: its body arrives with its head
+WHOLE_ECHO = (
+    b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    b"Content-Type: application/json\r\nContent-Length: "
+    + str(len(_ECHOED)).encode()
+    + b"\r\n\r\n"
+    + _ECHOED
+)
+# a head that promises 100 bytes of body and sends one
+PARTIAL_ECHO = (
+    b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 100\r\n\r\n{"
+)
+
+
 async def raw(port: int, data: bytes) -> tuple[int, dict[str, str], Any]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -149,23 +165,11 @@ async def test_a_request_aiohttp_cannot_parse_is_answered_in_the_contract() -> N
 
 async def test_a_body_that_does_not_arrive_in_time_is_408_and_the_connection_closes() -> None:
     async with listening(ListenerLimits(body_timeout=0.5)) as port:
-        head = (
-            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100\r\n\r\n{"
-        )
-        status, headers, body = await raw(port, head)  # read(-1): returns once closed
+        status, headers, body = await raw(port, PARTIAL_ECHO)  # read(-1): returns once closed
         assert (status, body["error"]["code"]) == (408, "REQUEST_TIMEOUT")
         assert headers["Connection"] == "close"
         # a whole body in time is served
-        whole = json.dumps({"reason": "ok"}).encode()
-        status, _, body = await raw(
-            port,
-            b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            b"Content-Type: application/json\r\nContent-Length: "
-            + str(len(whole)).encode()
-            + b"\r\n\r\n"
-            + whole,
-        )
+        status, _, body = await raw(port, WHOLE_ECHO)
         assert (status, body) == (200, {"reason": "ok"})
 
 
@@ -182,24 +186,13 @@ async def test_a_body_that_arrived_whole_is_read_without_arming_the_body_timer(
         return call_at(when, *args, **kwargs)
 
     monkeypatch.setattr(loop, "call_at", counting)
-    whole = json.dumps({"reason": "ok"}).encode()
     async with listening(ListenerLimits(body_timeout=123.0)) as port:
-        status, _, body = await raw(
-            port,
-            b"POST /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            b"Content-Type: application/json\r\nContent-Length: "
-            + str(len(whole)).encode()
-            + b"\r\n\r\n"
-            + whole,
-        )
+        status, _, body = await raw(port, WHOLE_ECHO)
         assert (status, body) == (200, {"reason": "ok"})
         assert armed == []
         # a body still on its way arms it (and the 408 test shows it fires)
         _, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(
-            b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 100\r\n\r\n{"
-        )
+        writer.write(PARTIAL_ECHO)
         await writer.drain()
         deadline = loop.time() + 10
         while not armed and loop.time() < deadline:
