@@ -16,19 +16,31 @@ loopback provider over a kept-alive connection, carrying the request's idempoten
 ``idempotency-key`` header (as the executor's does, so that the synthetic provider,
 ``benchmarks/goals.py``'s, takes its new-payout path for the floor too).
 
+Two variants stand for the executor's other shapes (issue 34's goals 2 and 4), each as cheap:
+
+* ``--store-url URL``: the same three durable writes on PostgreSQL instead of SQLite, each its
+  own autocommit statement on a psycopg async pool of 10 connections, as the shared store sends
+  them (``state/pgconn.py``: a statement is its own transaction, committed when its answer
+  arrives). With ``--pg-group`` instead, one thread sends every write waiting when it wakes in
+  one transaction, pipelined (one round trip and one commit per group): the cheapest client-side
+  form, and a different design (one failure fails the group).
+* ``--reuse-port``: the listening socket is opened with ``SO_REUSEPORT``, so two floor processes
+  can share one port and one SQLite database, as ``EXECUTOR_WORKERS=2`` shares its use store.
+
 Callers: ``benchmarks/floor.py`` and ``benchmarks/goals.py``
-(``python floor_server.py MODE PORT DIR [PROVIDER_URL]``).
+(``python floor_server.py MODE PORT DIR [PROVIDER_URL] [--store-url URL [--pg-group]]
+[--reuse-port]``).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import json
 import os
 import queue
 import sqlite3
-import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -36,8 +48,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psycopg
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from psycopg_pool import AsyncConnectionPool
 
 Work = Callable[[Any], None]
 
@@ -93,23 +107,110 @@ def _canonical(value: Any) -> bytes:
     ).encode()
 
 
-def build(mode: str, directory: Path, provider_url: str | None) -> web.Application:
-    db = sqlite3.connect(directory / "floor.db", check_same_thread=False, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")
-    db.execute("CREATE TABLE IF NOT EXISTS idem (k TEXT PRIMARY KEY, h TEXT, state TEXT)")
-    db.execute("CREATE TABLE IF NOT EXISTS claims (g TEXT PRIMARY KEY)")
-    evidence = (directory / "evidence.jsonl").open("a", encoding="utf-8")
-    journal_fd = os.open(directory / "journal.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+class Store:
+    """The floor's three durable writes, in SQLite (one group-commit thread)."""
+
+    INSERT = "INSERT INTO idem VALUES (?, ?, 'OPEN')"
+    CLAIM = "INSERT INTO claims VALUES (?)"
+    DONE = "UPDATE idem SET state = 'DONE' WHERE k = ?"
+
+    def __init__(self, directory: Path) -> None:
+        self.db = sqlite3.connect(
+            directory / "floor.db", check_same_thread=False, isolation_level=None, timeout=30
+        )
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS idem (k TEXT PRIMARY KEY, h TEXT, state TEXT)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS claims (g TEXT PRIMARY KEY)")
+        self._committer: GroupCommitter | None = None
+
+    async def start(self) -> None:
+        self._committer = GroupCommitter(self._batch)
+
+    def _batch(self, batch: list[Work]) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+        for work in batch:
+            work(self.db)
+        self.db.execute("COMMIT")
+
+    async def write(self, sql: str, params: tuple[str, ...]) -> None:
+        assert self._committer is not None
+        await self._committer.submit(lambda c: c.execute(sql, params))
+
+    async def close(self) -> None:
+        if self._committer is not None:
+            self._committer.close()
+        self.db.close()
+
+
+class PostgresStore:
+    """The same writes on PostgreSQL: each its own autocommit statement on an async pool (the
+    shared store's shape), or with ``group`` every waiting write in one pipelined transaction."""
+
+    INSERT = "INSERT INTO idem VALUES (%s, %s, 'OPEN')"
+    CLAIM = "INSERT INTO claims VALUES (%s)"
+    DONE = "UPDATE idem SET state = 'DONE' WHERE k = %s"
+
+    def __init__(self, url: str, *, group: bool) -> None:
+        self._url = url
+        self._group = group
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS idem (k TEXT PRIMARY KEY, h TEXT, state TEXT)")
+            conn.execute("CREATE TABLE IF NOT EXISTS claims (g TEXT PRIMARY KEY)")
+        self._committer: GroupCommitter | None = None
+        self._pool: AsyncConnectionPool[Any] | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+
+    async def start(self) -> None:
+        if self._group:
+            self._conn = psycopg.connect(self._url, autocommit=True)
+            self._committer = GroupCommitter(self._batch)
+        else:
+            self._pool = AsyncConnectionPool(
+                self._url, min_size=10, max_size=10, kwargs={"autocommit": True}, open=False
+            )
+            await self._pool.open(wait=True)
+
+    def _batch(self, batch: list[Work]) -> None:
+        assert self._conn is not None
+        with self._conn.transaction(), self._conn.pipeline():
+            for work in batch:
+                work(self._conn)
+
+    async def write(self, sql: str, params: tuple[str, ...]) -> None:
+        if self._committer is not None:
+            await self._committer.submit(lambda c: c.execute(sql, params))
+            return
+        assert self._pool is not None
+        async with self._pool.connection() as conn:
+            await conn.execute(sql, params)
+
+    async def close(self) -> None:
+        if self._committer is not None:
+            self._committer.close()
+        if self._conn is not None:
+            self._conn.close()
+        if self._pool is not None:
+            await self._pool.close()
+
+
+def build(
+    mode: str,
+    directory: Path,
+    provider_url: str | None,
+    store: Store | PostgresStore | None = None,
+    own: Path | None = None,
+) -> web.Application:
+    """The floor's app; its store in ``directory`` unless ``store`` is given, its evidence and
+    journal files in ``own`` (a process of its own, as each worker has its chains and journal)
+    or ``directory``."""
+    store = store if store is not None else Store(directory)
+    own = own if own is not None else directory
+    evidence = (own / "evidence.jsonl").open("a", encoding="utf-8")
+    journal_fd = os.open(own / "journal.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     key = Ed25519PrivateKey.generate()
     public = key.public_key()
     head = {"hash": "0" * 64}
-
-    def store_batch(batch: list[Work]) -> None:
-        db.execute("BEGIN IMMEDIATE")
-        for work in batch:
-            work(db)
-        db.execute("COMMIT")
 
     def journal_batch(batch: list[Work]) -> None:
         for work in batch:
@@ -120,15 +221,14 @@ def build(mode: str, directory: Path, provider_url: str | None) -> web.Applicati
     state: dict[str, Any] = {}
 
     async def start(app: web.Application) -> None:
-        state["store"] = GroupCommitter(store_batch)
+        await store.start()
         state["journal"] = GroupCommitter(journal_batch)
         state["session"] = aiohttp.ClientSession()
 
     async def stop(app: web.Application) -> None:
         await state["session"].close()
-        state["store"].close()
+        await store.close()
         state["journal"].close()
-        db.close()
         evidence.close()
         os.close(journal_fd)
 
@@ -150,16 +250,14 @@ def build(mode: str, directory: Path, provider_url: str | None) -> web.Applicati
         body = await request.json()
         idem = str(body["idempotency_key"])
         intent_hash = hashlib.sha256(_canonical(body["proposal"])).hexdigest()
-        store, journal_writer = state["store"], state["journal"]
-        await store.submit(
-            lambda c: c.execute("INSERT INTO idem VALUES (?, ?, 'OPEN')", (idem, intent_hash))
-        )
+        journal_writer = state["journal"]
+        await store.write(store.INSERT, (idem, intent_hash))
         line("PROPOSAL_RECEIVED", intent_hash)
         if mode == "allow":
             grant_id = str(uuid.uuid4())
             grant = _canonical({"grant": grant_id, "intent": intent_hash})
             public.verify(key.sign(grant), grant)
-            await store.submit(lambda c: c.execute("INSERT INTO claims VALUES (?)", (grant_id,)))
+            await store.write(store.CLAIM, (grant_id,))
             await journal_writer.submit(journal({"attempt": grant_id, "state": "OPENED"}))
             await journal_writer.submit(journal({"attempt": grant_id, "state": "DISPATCHING"}))
             async with state["session"].post(
@@ -170,9 +268,7 @@ def build(mode: str, directory: Path, provider_url: str | None) -> web.Applicati
             line("EXECUTED", intent_hash)
         else:
             line("BLOCKED", intent_hash)
-        await store.submit(
-            lambda c: c.execute("UPDATE idem SET state = 'DONE' WHERE k = ?", (idem,))
-        )
+        await store.write(store.DONE, (idem,))
         return web.json_response({"decision": mode.upper(), "intent_hash": intent_hash})
 
     app.router.add_post("/v1/actions", handle)
@@ -180,12 +276,31 @@ def build(mode: str, directory: Path, provider_url: str | None) -> web.Applicati
 
 
 def main() -> None:
-    mode, port, directory = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
-    provider_url = sys.argv[4] if len(sys.argv) > 4 else None
-    if mode not in ("block", "allow") or (mode == "allow" and not provider_url):
-        raise SystemExit("usage: floor_server.py block|allow PORT DIR [PROVIDER_URL]")
-    app = build(mode, directory, provider_url)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("block", "allow"))
+    parser.add_argument("port", type=int)
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("provider_url", nargs="?")
+    parser.add_argument("--store-url", help="the three writes on this PostgreSQL database")
+    parser.add_argument("--pg-group", action="store_true", help="one transaction per group")
+    parser.add_argument("--reuse-port", action="store_true", help="share the port (SO_REUSEPORT)")
+    args = parser.parse_args()
+    if args.mode == "allow" and not args.provider_url:
+        parser.error("allow needs PROVIDER_URL")
+    store = PostgresStore(args.store_url, group=args.pg_group) if args.store_url else None
+    own = None
+    if args.reuse_port:  # another process shares the directory: files of its own
+        own = args.directory / f"process-{os.getpid()}"
+        own.mkdir()
+    app = build(args.mode, args.directory, args.provider_url, store, own)
+    web.run_app(
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        print=None,
+        access_log=None,
+        reuse_port=args.reuse_port or None,
+    )
 
 
 if __name__ == "__main__":

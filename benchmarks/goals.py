@@ -9,11 +9,14 @@ one after the other in one run, against one synthetic provider
   make unavoidable (its ALLOW posts to the same synthetic provider, with the idempotency key);
 * executor, BLOCK (an over-policy amount) and executor, ALLOW (SQLite, ``synchronous=FULL``):
   one ``agentsafe serve``;
-* executor, ALLOW with ``EXECUTOR_WORKERS=2`` (its own workspace; CPU over the supervisor and
-  both workers);
-* executor, ALLOW on PostgreSQL: a throwaway loopback cluster (``tools/pgserver.py``) with its
-  durability on (``fsync``, ``synchronous_commit``, ``full_page_writes``, read back with ``SHOW``);
-  skipped with a message when the binaries are absent, or with ``--skip-postgres``;
+* floor, ALLOW, 2 processes, then executor, ALLOW with ``EXECUTOR_WORKERS=2`` (its own
+  workspace; CPU over the supervisor and both workers): the floor's two processes share one port
+  (``SO_REUSEPORT``) and one SQLite database, as the workers share theirs;
+* floor, ALLOW on PostgreSQL (its three writes as the shared store sends them: autocommit
+  statements on an async pool), then executor, ALLOW on PostgreSQL: a throwaway loopback cluster
+  (``tools/pgserver.py``) with its durability on (``fsync``, ``synchronous_commit``,
+  ``full_page_writes``, read back with ``SHOW``); skipped with a message when the binaries are
+  absent, or with ``--skip-postgres``;
 * at concurrency 1: floor and executor BLOCK, the provider alone, floor and executor ALLOW.
 
 The two rows of each ratio run back to back (floor BLOCK beside executor BLOCK, and so on), so
@@ -31,11 +34,14 @@ The goals (issue 34):
    and executor ALLOW / floor ALLOW <= 2.
 2. Workers: CPU per ALLOW of the ``EXECUTOR_WORKERS=2`` group / one worker's (the executor ALLOW
    row) <= 1.1, and the group's p99 / p50 <= 3. (Its requests/s beside one worker's is not a
-   goal here: the client and the provider share the machine's cores.)
+   goal here: the client and the provider share the machine's cores.) Beside them, as a
+   reference with no limit: the same two ratios for the floor's two processes against its one.
 3. One agent (concurrency 1): BLOCK p50/p99 and ALLOW p50/p99 beside the floor's, ALLOW with
    the provider's own time subtracted. Goal: executor ALLOW p50 / floor ALLOW p50 <= 1.5.
 4. PostgreSQL (durable): executor ALLOW CPU per request / the floor's ALLOW (SQLite, in process)
-   <= 2.5. The PostgreSQL server's own CPU per request is printed beside it, not in the ratio.
+   <= 2.5. The PostgreSQL server's own CPU per request is printed beside it, not in the ratio;
+   so are, as references, the floor's own ALLOW on PostgreSQL against its SQLite one, and the
+   executor's against the floor's, both on PostgreSQL.
 
 The provider's own time is subtracted by measuring it, not by asking it: in the same run, just
 before the concurrency-1 ALLOW rows, the same client POSTs straight to the same provider process at
@@ -96,12 +102,16 @@ GOALS: tuple[tuple[str, int, str, float | None], ...] = (
     ("allow-cpu", 1, "ALLOW CPU ms per request", 2.0),
     ("workers-cpu", 2, f"ALLOW CPU ms per request, {WORKERS} workers", 1.1),
     ("workers-tail", 2, f"ALLOW p99 / p50, {WORKERS} workers", 3.0),
+    ("floor-workers-cpu", 2, f"the floor's ALLOW CPU ms per request, {WORKERS} processes", None),
+    ("floor-workers-tail", 2, f"the floor's ALLOW p99 / p50, {WORKERS} processes", None),
     ("c1-allow-p50", 3, "ALLOW p50 ms at c=1, provider subtracted", 1.5),
     ("c1-allow-p99", 3, "ALLOW p99 ms at c=1, provider p50 subtracted", None),
     ("c1-block-p50", 3, "BLOCK p50 ms at c=1", None),
     ("c1-block-p99", 3, "BLOCK p99 ms at c=1", None),
     ("postgres-allow-cpu", 4, "ALLOW CPU ms per request on PostgreSQL (durable)", 2.5),
     ("postgres-server-cpu", 4, "PostgreSQL's own CPU ms per request (not in the goal)", None),
+    ("floor-postgres-cpu", 4, "the floor's ALLOW CPU ms per request on PostgreSQL", None),
+    ("postgres-vs-floor-postgres", 4, "ALLOW CPU ms per request on PostgreSQL, executor", None),
 )
 
 TITLES = {
@@ -246,7 +256,65 @@ async def _floor_and_one_executor(
             await process.wait()
 
 
+async def _floor_row(
+    run: Run,
+    root: Path,
+    provider: ProviderProcess,
+    concurrency: int,
+    *,
+    key: str,
+    name: str,
+    options: list[str],
+    processes: int = 1,
+) -> None:
+    """One floor ALLOW row: ``processes`` floor servers on one port and one directory."""
+    directory = root / key
+    directory.mkdir()
+    port = free_port()
+    servers: list[asyncio.subprocess.Process] = []
+    try:
+        for n in range(processes):
+            servers.append(
+                await _serve(
+                    [
+                        str(HERE / "floor_server.py"),
+                        "allow",
+                        str(port),
+                        str(directory),
+                        provider.url + "/payouts",
+                        *options,
+                    ],
+                    port,
+                    f"{name} ({n + 1} of {processes})",
+                )
+            )
+        await run.measure(
+            key,
+            f"{name}, c={concurrency}",
+            f"http://127.0.0.1:{port}/v1/actions",
+            proposal_template(key, ALLOW_AMOUNT),
+            {},
+            concurrency=concurrency,
+            pids=[server.pid for server in servers],
+        )
+    finally:
+        for server in servers:
+            server.terminate()
+            await server.wait()
+
+
 async def _workers(run: Run, root: Path, provider: ProviderProcess, concurrency: int) -> None:
+    # The floor's two processes first, back to back with the executor's two workers.
+    await _floor_row(
+        run,
+        root,
+        provider,
+        concurrency,
+        key="floor-workers-allow",
+        name=f"floor, ALLOW, {WORKERS} processes",
+        options=["--reuse-port"],
+        processes=WORKERS,
+    )
     async with worker_group(root, provider.url, WORKERS) as (group, pids):
         await run.measure(
             "workers-allow",
@@ -268,6 +336,15 @@ async def _postgres(
         settings = server.settings(*(name for name, _ in DURABILITY_SETTINGS))
         if settings != dict(DURABILITY_SETTINGS):
             raise SystemExit(f"PostgreSQL did not start durable: {settings}")
+        await _floor_row(
+            run,
+            root,
+            provider,
+            concurrency,
+            key="floor-postgres-allow",
+            name="floor, ALLOW, PostgreSQL (durable)",
+            options=["--store-url", server.create_database()],
+        )
         own = root / "pg"
         for sub in ("journal", "evidence"):
             (own / sub).mkdir(parents=True, mode=0o700)
@@ -318,7 +395,7 @@ async def run_all(
     requests: int, concurrency: int, client: str, *, skip_postgres: bool
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="agentsafe-goals-"))
-    planned = 4 + 5 + 1 + (0 if skip_postgres else 1)
+    planned = 4 + 5 + 2 + (0 if skip_postgres else 2)
     run = Run(client, requests, planned)
     postgres: dict[str, Any] = {"skipped": None, "settings": {}}
     provider = ProviderProcess(root)
@@ -363,6 +440,16 @@ def goals(rows: dict[str, dict[str, Any]], skipped: str | None) -> list[dict[str
             "one worker",
         ),
         "workers-tail": (get("workers-allow", "p99"), get("workers-allow", "p50"), "its p50"),
+        "floor-workers-cpu": (
+            get("floor-workers-allow", "cpu_ms"),
+            get("floor-allow", "cpu_ms"),
+            "one floor",
+        ),
+        "floor-workers-tail": (
+            get("floor-workers-allow", "p99"),
+            get("floor-workers-allow", "p50"),
+            "its p50",
+        ),
         "c1-allow-p50": (
             _less(get("executor-allow-c1", "p50"), provider),
             _less(get("floor-allow-c1", "p50"), provider),
@@ -384,6 +471,16 @@ def goals(rows: dict[str, dict[str, Any]], skipped: str | None) -> list[dict[str
             get("postgres-allow", "postgres_cpu_ms"),
             get("floor-allow", "cpu_ms"),
             "floor ALLOW",
+        ),
+        "floor-postgres-cpu": (
+            get("floor-postgres-allow", "cpu_ms"),
+            get("floor-allow", "cpu_ms"),
+            "floor ALLOW",
+        ),
+        "postgres-vs-floor-postgres": (
+            get("postgres-allow", "cpu_ms"),
+            get("floor-postgres-allow", "cpu_ms"),
+            "floor on PG",
         ),
     }
     entries = []

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 import aiohttp
+import psycopg
 import pytest
 from aiohttp import web
 
@@ -42,8 +43,14 @@ async def _site(app: web.Application) -> tuple[web.AppRunner, str]:
     return runner, f"http://127.0.0.1:{port}"
 
 
-@pytest.mark.parametrize("mode", ["block", "allow"])
-async def test_every_step_leaves_its_record(mode: str, tmp_path: Path) -> None:
+COUNT = 12
+
+
+async def _drive(
+    mode: str, directory: Path, stores: list[Any], owns: list[Path | None]
+) -> list[dict[str, Any]]:
+    """``COUNT`` requests spread over one floor app per store (all on one directory); what the
+    provider received. Every answer is 200 with the mode's decision."""
     received: list[dict[str, Any]] = []
 
     async def provider(request: web.Request) -> web.Response:
@@ -53,41 +60,91 @@ async def test_every_step_leaves_its_record(mode: str, tmp_path: Path) -> None:
     provider_app = web.Application()
     provider_app.router.add_post("/pay", provider)
     provider_runner, provider_url = await _site(provider_app)
-    runner, url = await _site(_floor_server().build(mode, tmp_path, provider_url + "/pay"))
-    count = 12
+    floor = _floor_server()
+    sites = [
+        await _site(floor.build(mode, directory, provider_url + "/pay", store, own))
+        for store, own in zip(stores, owns, strict=True)
+    ]
     try:
         async with aiohttp.ClientSession() as session:
 
             async def one(i: int) -> dict[str, Any]:
                 body = {"proposal": {"target": f"t-{i}"}, "idempotency_key": f"k-{i}"}
+                url = sites[i % len(sites)][1]
                 async with session.post(url + "/v1/actions", json=body) as answer:
                     assert answer.status == 200
                     result: dict[str, Any] = await answer.json()
                     return result
 
-            answers = await asyncio.gather(*(one(i) for i in range(count)))
+            answers = await asyncio.gather(*(one(i) for i in range(COUNT)))
     finally:
-        await runner.cleanup()
+        for runner, _ in sites:
+            await runner.cleanup()
         await provider_runner.cleanup()
-
     assert {a["decision"] for a in answers} == {mode.upper()}
-    db = sqlite3.connect(tmp_path / "floor.db")
-    assert db.execute("SELECT count(*) FROM idem WHERE state = 'DONE'").fetchone() == (count,)
-    claims = db.execute("SELECT count(*) FROM claims").fetchone()
-    db.close()
-    journal = (tmp_path / "journal.jsonl").read_text().splitlines()
-    lines = (tmp_path / "evidence.jsonl").read_text().splitlines()
+    return received
+
+
+def _check_files(mode: str, own: Path, count: int) -> None:
+    """``count`` requests' chained evidence lines and journal records in ``own``."""
+    journal = (own / "journal.jsonl").read_text().splitlines()
+    lines = (own / "evidence.jsonl").read_text().splitlines()
     prev = "0" * 64
     for line in lines:
         assert json.loads(line)["prev"] == prev
         prev = hashlib.sha256(line.encode()).hexdigest()
     assert len(lines) == 2 * count
+    assert len(journal) == (3 * count if mode == "allow" else 0)
+
+
+def _check_received(mode: str, received: list[dict[str, Any]]) -> None:
     if mode == "allow":
-        assert claims == (count,)
-        assert len(journal) == 3 * count
-        assert sorted(r["target"] for r in received) == sorted(f"t-{i}" for i in range(count))
-        assert sorted(r["key"] for r in received) == sorted(f"k-{i}" for i in range(count))
+        assert sorted(r["target"] for r in received) == sorted(f"t-{i}" for i in range(COUNT))
+        assert sorted(r["key"] for r in received) == sorted(f"k-{i}" for i in range(COUNT))
     else:
-        assert claims == (0,)
-        assert journal == []
         assert received == []
+
+
+def _check_sqlite(mode: str, directory: Path) -> None:
+    db = sqlite3.connect(directory / "floor.db")
+    assert db.execute("SELECT count(*) FROM idem WHERE state = 'DONE'").fetchone() == (COUNT,)
+    claims = db.execute("SELECT count(*) FROM claims").fetchone()
+    db.close()
+    assert claims == ((COUNT,) if mode == "allow" else (0,))
+
+
+@pytest.mark.parametrize("mode", ["block", "allow"])
+async def test_every_step_leaves_its_record(mode: str, tmp_path: Path) -> None:
+    received = await _drive(mode, tmp_path, [None], [None])
+    _check_sqlite(mode, tmp_path)
+    _check_files(mode, tmp_path, COUNT)
+    _check_received(mode, received)
+
+
+async def test_two_floors_share_one_database_and_keep_their_own_files(tmp_path: Path) -> None:
+    # goals.py's two-process row: one SQLite database (its write lock taken in turn), each
+    # process its own chain and journal, as each executor worker has.
+    owns = [tmp_path / "one", tmp_path / "two"]
+    for own in owns:
+        own.mkdir()
+    floor = _floor_server()
+    received = await _drive("allow", tmp_path, [floor.Store(tmp_path), floor.Store(tmp_path)], owns)
+    _check_sqlite("allow", tmp_path)
+    for own in owns:
+        _check_files("allow", own, COUNT // 2)  # requests alternate between the two
+    _check_received("allow", received)
+
+
+@pytest.mark.parametrize("group", [False, True])
+async def test_the_postgresql_floor_makes_the_same_writes(
+    group: bool, pg_url: str, tmp_path: Path
+) -> None:
+    store = _floor_server().PostgresStore(pg_url, group=group)
+    received = await _drive("allow", tmp_path, [store], [None])
+    _check_files("allow", tmp_path, COUNT)
+    _check_received("allow", received)
+    assert not (tmp_path / "floor.db").exists()
+    with psycopg.connect(pg_url) as conn:
+        done = conn.execute("SELECT count(*) FROM idem WHERE state = 'DONE'").fetchone()
+        claims = conn.execute("SELECT count(*) FROM claims").fetchone()
+    assert (done, claims) == ((COUNT,), (COUNT,))

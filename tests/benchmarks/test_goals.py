@@ -21,12 +21,16 @@ GOAL_ROWS = {
     "allow-cpu": 1,
     "workers-cpu": 2,
     "workers-tail": 2,
+    "floor-workers-cpu": 2,
+    "floor-workers-tail": 2,
     "c1-allow-p50": 3,
     "c1-allow-p99": 3,
     "c1-block-p50": 3,
     "c1-block-p99": 3,
     "postgres-allow-cpu": 4,
     "postgres-server-cpu": 4,
+    "floor-postgres-cpu": 4,
+    "postgres-vs-floor-postgres": 4,
 }
 WITH_A_LIMIT = {"block-cpu", "allow-cpu", "workers-cpu", "workers-tail", "c1-allow-p50"}
 MEASURED_ROWS = {
@@ -40,6 +44,7 @@ MEASURED_ROWS = {
     "executor-block-c1",
     "executor-allow-c1",
     "workers-allow",
+    "floor-workers-allow",
 }
 
 
@@ -53,7 +58,7 @@ def test_one_small_run_reports_every_goal_with_numbers(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
-    assert "[1/10] floor, BLOCK, c=4" in done.stderr  # progress as each row runs
+    assert "[1/11] floor, BLOCK, c=4" in done.stderr  # progress as each row runs
 
     rows = {row["key"]: row for row in report["rows"]}
     assert set(rows) == MEASURED_ROWS
