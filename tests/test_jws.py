@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import Counter
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from jwt.api_jws import PyJWS
+from jwt.exceptions import InvalidAlgorithmError, PyJWTError
 
 from agentsafe.executor import jws, provider
 from agentsafe.executor.codes import Code
@@ -48,13 +52,23 @@ def test_sign_and_verify_round_trip_through_the_library(alg: str) -> None:
     assert info.value.code == Code.JWS_ALGORITHM_REFUSED
 
 
-def test_a_key_of_another_type_never_verifies() -> None:
-    ed = ed25519.Ed25519PrivateKey.generate()
-    token = jws.sign_compact({"alg": "EdDSA"}, b"{}", ed)
-    other = ec.generate_private_key(ec.SECP256R1()).public_key()
-    with pytest.raises(TokenRefused) as info:
-        jws.verify_compact(jws.split_compact(token), other, algorithms=["EdDSA"])
-    assert info.value.code == Code.JWS_SIGNATURE_INVALID
+@pytest.mark.parametrize("alg", ["EdDSA", "ES256", "RS256"])
+def test_a_key_of_another_type_never_verifies(alg: str) -> None:
+    # PyJWT raises InvalidKeyError for some of these, TypeError for others: all are refusals.
+    signer: Any = {
+        "EdDSA": ed25519.Ed25519PrivateKey.generate,
+        "ES256": lambda: ec.generate_private_key(ec.SECP256R1()),
+        "RS256": lambda: rsa.generate_private_key(public_exponent=65537, key_size=2048),
+    }[alg]()
+    token = jws.sign_compact({"alg": alg}, b"{}", signer)
+    others = [ec.generate_private_key(ec.SECP256R1()).public_key(),
+              ed25519.Ed25519PrivateKey.generate().public_key(), b"no key"]  # fmt: skip
+    for other in others:
+        if type(other) is type(signer.public_key()):
+            continue
+        with pytest.raises(TokenRefused) as info:
+            jws.verify_compact(jws.split_compact(token), other, algorithms=[alg])
+        assert info.value.code == Code.JWS_SIGNATURE_INVALID
 
 
 def test_symmetric_and_none_are_never_signed() -> None:
@@ -269,3 +283,97 @@ def test_only_an_asymmetric_algorithm_named_in_text_is_signed(alg: Any) -> None:
         jws.sign_compact({"alg": alg}, b"{}", b"secret")
     assert str(info.value) == "sign_compact signs with an asymmetric algorithm"
     assert not isinstance(info.value, TokenRefused)
+
+
+# verify_compact against the library's whole-token path (issue 34): ``verify_compact`` hands
+# PyJWT's algorithm the signing input and signature split_compact read; it used to hand the whole
+# token to ``PyJWS.decode_complete``. Every token split_compact admits must get the same answer
+# from both, for every key and allowlist: kept, or refused with the same code.
+_LIBRARY = PyJWS(options={"verify_signature": True, "enforce_minimum_key_length": True})
+
+
+def _by_decode_complete(compact: jws.Compact, key: Any, algorithms: list[str]) -> str:
+    """The former ``verify_compact``, whole: the allowlist, then ``decode_complete``."""
+    alg = compact.header.get("alg")
+    if not isinstance(alg, str) or alg not in algorithms:
+        return str(Code.JWS_ALGORITHM_REFUSED)
+    try:
+        _LIBRARY.decode_complete(compact.token, key=key, algorithms=[alg])
+    except InvalidAlgorithmError:
+        return str(Code.JWS_ALGORITHM_REFUSED)
+    except PyJWTError:
+        return str(Code.JWS_SIGNATURE_INVALID)
+    except (TypeError, ValueError) as exc:
+        # The one intended difference: a key of another type than the algorithm's escaped
+        # decode_complete as TypeError or ValueError; verify_compact refuses it.
+        return f"{type(exc).__name__} -> {Code.JWS_SIGNATURE_INVALID}"
+    return "verified"
+
+
+def _by_verify_compact(compact: jws.Compact, key: Any, algorithms: list[str]) -> str:
+    try:
+        jws.verify_compact(compact, key, algorithms=algorithms)
+    except TokenRefused as exc:
+        return str(exc.code)
+    return "verified"
+
+
+def _flip_last(segment: str) -> str:
+    data = bytearray(jws.b64url_decode(segment))
+    data[-1] ^= 1
+    return b64(bytes(data))
+
+
+def test_verify_compact_answers_as_decode_complete_did_for_every_token_and_key() -> None:
+    ed = ed25519.Ed25519PrivateKey.generate()
+    p256 = ec.generate_private_key(ec.SECP256R1())
+    p384 = ec.generate_private_key(ec.SECP384R1())
+    rsa2048 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    rsa1024 = rsa.generate_private_key(public_exponent=65537, key_size=1024)  # below the minimum
+    signers: list[tuple[Any, str]] = [
+        (ed, "EdDSA"), (p256, "ES256"), (p384, "ES384"), (rsa2048, "RS256"), (rsa2048, "PS256"),
+        (rsa1024, "RS256"),
+    ]  # fmt: skip
+    public_pem = ed.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    keys = [
+        ed.public_key(), p256.public_key(), p384.public_key(), rsa2048.public_key(),
+        rsa1024.public_key(), public_pem, b"a shared secret",
+    ]  # fmt: skip
+    extras: list[dict[str, Any]] = [{}, {"kid": "k-1"}, {"kid": 7}, {"kid": None}, {"typ": "JWT"}]
+    tokens: list[str] = []
+    for private, alg in signers:
+        for extra in extras:
+            token = jws.sign_compact({"alg": alg, **extra}, b'{"a":1}', private)
+            head, payload, signature = token.split(".")
+            other_payload = b64(b'{"a":2}')
+            tokens += [
+                token,
+                f"{head}.{payload}.{_flip_last(signature)}",  # the signature altered
+                f"{head}.{other_payload}.{signature}",  # the payload swapped
+                f"{head}.{payload}.{b64(jws.b64url_decode(signature)[:10])}",  # cut short
+            ]
+    for extra in extras:  # an algorithm allowed, but not one the library knows
+        tokens.append(f"{b64(json.dumps({'alg': 'XY1', **extra}).encode())}.{b64(b'{}')}.AAAA")
+    seen: Counter[str] = Counter()
+    for token in tokens:
+        compact = jws.split_compact(token)
+        alg = compact.header["alg"]
+        for key in keys:
+            for algorithms in ([alg], [alg, "EdDSA"], ["EdDSA"]):
+                before = _by_decode_complete(compact, key, algorithms)
+                expected = before.rpartition(" -> ")[2]
+                assert _by_verify_compact(compact, key, algorithms) == expected, (
+                    compact.header, algorithms, type(key).__name__, before
+                )  # fmt: skip
+                seen[before] += 1
+    # Every answer was compared, and the corpus reaches every outcome of the former path.
+    assert sum(seen.values()) == len(tokens) * len(keys) * 3
+    assert set(seen) == {
+        "verified",
+        str(Code.JWS_SIGNATURE_INVALID),
+        str(Code.JWS_ALGORITHM_REFUSED),
+        f"TypeError -> {Code.JWS_SIGNATURE_INVALID}",
+        f"ValueError -> {Code.JWS_SIGNATURE_INVALID}",
+    }
