@@ -107,6 +107,13 @@ def _canonical(value: Any) -> bytes:
     ).encode()
 
 
+TABLES = (
+    "CREATE TABLE IF NOT EXISTS idem (k TEXT PRIMARY KEY, h TEXT, state TEXT)",
+    "CREATE TABLE IF NOT EXISTS claims (g TEXT PRIMARY KEY)",
+)
+"""The floor's two tables, the same in SQLite and PostgreSQL."""
+
+
 class Store:
     """The floor's three durable writes, in SQLite (one group-commit thread)."""
 
@@ -120,8 +127,8 @@ class Store:
         )
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS idem (k TEXT PRIMARY KEY, h TEXT, state TEXT)")
-        self.db.execute("CREATE TABLE IF NOT EXISTS claims (g TEXT PRIMARY KEY)")
+        for table in TABLES:
+            self.db.execute(table)
         self._committer: GroupCommitter | None = None
 
     async def start(self) -> None:
@@ -155,8 +162,8 @@ class PostgresStore:
         self._url = url
         self._group = group
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS idem (k TEXT PRIMARY KEY, h TEXT, state TEXT)")
-            conn.execute("CREATE TABLE IF NOT EXISTS claims (g TEXT PRIMARY KEY)")
+            for table in TABLES:
+                conn.execute(table)
         self._committer: GroupCommitter | None = None
         self._pool: AsyncConnectionPool[Any] | None = None
         self._conn: psycopg.Connection[Any] | None = None
