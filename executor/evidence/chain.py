@@ -56,13 +56,16 @@ closes them on SIGTERM; ``serve.py`` writes operational logs through their write
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import fcntl
+import io
 import itertools
 import json
 import logging
 import os
 import secrets
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -78,6 +81,7 @@ from ..codes import Code
 from ..errors import AgentSafeError
 from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, SECURITY_SCHEMA, Streams, security_level
 from ..host.durable import fsync_directory, write_all
+from ..host.heldwrite import write_held
 from .redact import Redaction, Redactor, clean_line
 
 __all__ = [
@@ -177,6 +181,12 @@ class LineWriter:
 
     Share one writer per underlying stream (:meth:`for_stream`) between the chained sink and the
     operational log handler so their lines can never interleave inside a line.
+
+    On the interpreter's own standard output and error (UTF-8, POSIX: no newline translation), a
+    line is encoded here and written to the descriptor with the GIL held when that cannot wait
+    (``host/heldwrite.py``): the same bytes, after whatever the stream still buffered, without
+    handing the GIL to another thread for the length of a system call. A line that could wait
+    (a full pipe, a line longer than ``PIPE_BUF``) is written the ordinary way.
     """
 
     _registry: ClassVar[dict[int, LineWriter]] = {}
@@ -185,6 +195,7 @@ class LineWriter:
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.lock = threading.Lock()
+        self._held = _standard_descriptor(stream)
 
     @classmethod
     def for_stream(cls, stream: TextIO) -> LineWriter:
@@ -198,8 +209,33 @@ class LineWriter:
     def write_line(self, text: str) -> None:
         data = text if text.endswith("\n") else text + "\n"
         with self.lock:
-            self.stream.write(data)
-            self.stream.flush()
+            if self._held is None:
+                self.stream.write(data)
+                self.stream.flush()
+                return
+            stream, fd = self._held
+            encoded = data.encode(stream.encoding, stream.errors or "strict")
+            stream.flush()  # what was written to the stream around this writer goes first
+            written = write_held(fd, encoded)
+            if written < len(encoded):
+                stream.buffer.write(encoded[written:])
+                stream.flush()
+
+
+def _standard_descriptor(stream: TextIO) -> tuple[io.TextIOWrapper, int] | None:
+    """The stream and the descriptor :class:`LineWriter` writes its lines to itself: only the
+    interpreter's standard output or error on POSIX (whose newline is written as it is) in
+    UTF-8, where the bytes are those the stream would write; None for every other stream."""
+    if not isinstance(stream, io.TextIOWrapper) or os.name != "posix":
+        return None
+    if stream is not sys.__stdout__ and stream is not sys.__stderr__:
+        return None
+    if codecs.lookup(stream.encoding).name != "utf-8":
+        return None
+    try:
+        return stream, stream.fileno()
+    except (OSError, ValueError):
+        return None
 
 
 class LineWriterHandler(logging.Handler):
