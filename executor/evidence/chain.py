@@ -81,7 +81,7 @@ from ..codes import Code
 from ..errors import AgentSafeError
 from ..events import EVIDENCE_SCHEMA, GENESIS_HASH, SECURITY_SCHEMA, Streams, security_level
 from ..host.durable import fsync_directory, write_all
-from ..host.heldwrite import write_held
+from ..host.heldwrite import HeldDescriptor
 from .redact import Redaction, Redactor, clean_line
 
 __all__ = [
@@ -213,16 +213,16 @@ class LineWriter:
                 self.stream.write(data)
                 self.stream.flush()
                 return
-            stream, fd = self._held
+            stream, descriptor = self._held
             encoded = data.encode(stream.encoding, stream.errors or "strict")
             stream.flush()  # what was written to the stream around this writer goes first
-            written = write_held(fd, encoded)
+            written = descriptor.write(encoded)
             if written < len(encoded):
                 stream.buffer.write(encoded[written:])
                 stream.flush()
 
 
-def _standard_descriptor(stream: TextIO) -> tuple[io.TextIOWrapper, int] | None:
+def _standard_descriptor(stream: TextIO) -> tuple[io.TextIOWrapper, HeldDescriptor] | None:
     """The stream and the descriptor :class:`LineWriter` writes its lines to itself: only the
     interpreter's standard output or error on POSIX (whose newline is written as it is) in
     UTF-8, where the bytes are those the stream would write; None for every other stream."""
@@ -233,7 +233,7 @@ def _standard_descriptor(stream: TextIO) -> tuple[io.TextIOWrapper, int] | None:
     if codecs.lookup(stream.encoding).name != "utf-8":
         return None
     try:
-        return stream, stream.fileno()
+        return stream, HeldDescriptor(stream.fileno())
     except (OSError, ValueError):
         return None
 

@@ -32,14 +32,14 @@ CHILD = textwrap.dedent(
 
     lines = json.loads(sys.argv[1])
     held = []
-    real = chain.write_held
+    real = chain.HeldDescriptor.write
 
-    def counting(fd, data):
-        written = real(fd, data)
+    def counting(self, data):
+        written = real(self, data)
         held.append(written)
         return written
 
-    chain.write_held = counting
+    chain.HeldDescriptor.write = counting
     for stream in (sys.stdout, sys.stderr):
         writer = chain.LineWriter.for_stream(stream)
         stream.write("buffered before|")  # not flushed: it must come first

@@ -1,5 +1,6 @@
-"""host/heldwrite.py: a short write that cannot wait is made whole with the GIL held; anything
-else writes nothing, so the caller's ordinary write waits or raises as before."""
+"""host/heldwrite.py (``HeldDescriptor``): a short write that cannot wait is made whole with the
+GIL held; anything else writes nothing, so the caller's ordinary write waits or raises as
+before."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from agentsafe.executor.host.heldwrite import PIPE_BUF, write_held
+from agentsafe.executor.host.heldwrite import PIPE_BUF, HeldDescriptor
+
+
+def write_held(fd: int, data: bytes) -> int:
+    return HeldDescriptor(fd).write(data)
 
 
 @pytest.fixture
@@ -139,6 +144,7 @@ def test_the_gil_is_held_through_the_write(tmp_path: Path) -> None:
         deadline = time.monotonic() + 10
         while _handoffs(os.write, fd, 2000) < 20:
             assert time.monotonic() < deadline, "os.write never let the other thread in"
-        assert _handoffs(write_held, fd, 2000) < 5
+        held = HeldDescriptor(fd)
+        assert _handoffs(lambda _, data: held.write(data), fd, 2000) < 5
     finally:
         os.close(fd)
