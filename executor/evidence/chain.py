@@ -225,7 +225,8 @@ class LineWriter:
 def _standard_descriptor(stream: TextIO) -> tuple[io.TextIOWrapper, HeldDescriptor] | None:
     """The stream and the descriptor :class:`LineWriter` writes its lines to itself: only the
     interpreter's standard output or error on POSIX (whose newline is written as it is) in
-    UTF-8, where the bytes are those the stream would write; None for every other stream."""
+    UTF-8, where the bytes are those the stream would write, on a descriptor that takes held
+    writes (:meth:`HeldDescriptor.open`); None for every other stream."""
     if not isinstance(stream, io.TextIOWrapper) or os.name != "posix":
         return None
     if stream is not sys.__stdout__ and stream is not sys.__stderr__:
@@ -233,9 +234,10 @@ def _standard_descriptor(stream: TextIO) -> tuple[io.TextIOWrapper, HeldDescript
     if codecs.lookup(stream.encoding).name != "utf-8":
         return None
     try:
-        return stream, HeldDescriptor(stream.fileno())
+        descriptor = HeldDescriptor.open(stream.fileno())
     except (OSError, ValueError):
         return None
+    return None if descriptor is None else (stream, descriptor)
 
 
 class LineWriterHandler(logging.Handler):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import pty
+import socket
 import sys
 import threading
 import time
@@ -148,3 +150,26 @@ def test_the_gil_is_held_through_the_write(tmp_path: Path) -> None:
         assert _handoffs(lambda _, data: held.write(data), fd, 2000) < 5
     finally:
         os.close(fd)
+
+
+def test_only_pipes_sockets_and_regular_files_take_held_writes(tmp_path: Path) -> None:
+    """A terminal's room can be smaller than a line even when poll says writable: a character
+    device (a terminal, /dev/null) is written the ordinary way, as is a closed descriptor."""
+    read, write = os.pipe()
+    left, right = socket.socketpair()
+    regular = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT, 0o600)
+    null = os.open(os.devnull, os.O_WRONLY)
+    primary, secondary = pty.openpty()
+    try:
+        for fd in (write, left.fileno(), regular):
+            held = HeldDescriptor.open(fd)
+            assert held is not None
+            assert held.write(b"line\n") == 5
+        assert HeldDescriptor.open(null) is None
+        assert HeldDescriptor.open(secondary) is None
+    finally:
+        for fd in (read, write, regular, null, primary, secondary):
+            os.close(fd)
+        left.close()
+        right.close()
+    assert HeldDescriptor.open(regular) is None  # closed
