@@ -4,9 +4,9 @@ Every system call the standard library makes releases the GIL around it, ``os.wr
 flush of a file object included. For a write that takes microseconds that release is a handoff:
 while the event loop writes an evidence line, a thread waiting for the GIL (the use store's,
 between its SQLite calls) takes it, and the loop then waits to get it back. Three lines per BLOCK
-made three such handoffs. Writing them with the GIL held took CPU per BLOCK from 0.87 to 0.74 ms
-and the use store thread's context switches from 5.2 to 2.3 per request (six alternating pairs,
-docs/performance.md, 2026-12-03 08:00).
+made three such handoffs. Writing them with the GIL held took the median CPU per BLOCK from 1.30
+to 1.08 ms, and the use store thread's context switches from 4.9 to 2.5 per request (six
+alternating pairs at concurrency 16; docs/performance.md, 2026-12-03 08:00-09:10).
 
 No library writes without releasing the GIL, so this module is hand-written: ``ctypes.PyDLL`` is
 the standard library's documented way to call a C function with the GIL held, and it calls
