@@ -184,9 +184,10 @@ class LineWriter:
 
     On the interpreter's own standard output and error (UTF-8, POSIX: no newline translation), a
     line is encoded here and written to the descriptor with the GIL held when that cannot wait
-    (``host/heldwrite.py``): the same bytes, after whatever the stream still buffered, without
-    handing the GIL to another thread for the length of a system call. A line that could wait
-    (a full pipe, a line longer than ``PIPE_BUF``) is written the ordinary way.
+    (``host/heldwrite.py``: a pipe or a regular file): the same bytes, after whatever the stream
+    still buffered, without handing the GIL to another thread for the length of a system call.
+    A line that could wait (a full pipe, a line longer than ``PIPE_BUF``) is written the ordinary
+    way.
     """
 
     _registry: ClassVar[dict[int, LineWriter]] = {}
