@@ -50,6 +50,7 @@ __all__ = [
     "b64url_decode",
     "b64url_encode",
     "jwk_thumbprint",
+    "own_payload",
     "sign_jws",
     "verify_jws",
 ]
@@ -200,6 +201,18 @@ def verify_jws(token: str, *, typ: str, keys: KeySet) -> dict[str, Any]:
     verify_compact(compact, public, algorithms=(ALGORITHM,))
     _require_canonical(compact.payload, compact.payload_bytes, what="payload")
     return compact.payload
+
+
+def own_payload(token: str) -> dict[str, Any]:
+    """The payload of a token this process made with :func:`sign_jws`, read as
+    :func:`verify_jws` reads it, without checking its signature again.
+
+    Only for a token its caller knows it signed itself (the exact text :func:`sign_jws`
+    returned, held in memory since, under a key still in the caller's :class:`KeySet`): every
+    check :func:`verify_jws` makes then holds by construction, and the Ed25519 verification is
+    most of its cost (issue 34: 222 us against 32 us). Never for a token that came from outside
+    the process."""
+    return split_compact(token, max_length=MAX_TOKEN_LENGTH).payload
 
 
 def _require_canonical(value: dict[str, Any], data: bytes, *, what: str) -> None:

@@ -29,6 +29,7 @@ from agentsafe.executor.grants import (
     verify_jws,
 )
 from agentsafe.executor.intent import CapturedIntent, DownstreamTarget
+from agentsafe.executor.policy import authority as authority_module
 from agentsafe.executor.policy.attestation import claim_token_digest, verify_claim_attestation
 from agentsafe.executor.policy.authority import (
     ESCALATION_TYP,
@@ -641,6 +642,103 @@ async def test_retired_key_grants_still_claim(clock: ManualClock) -> None:
     )
     assert (await after.claim(decision.grant, intent=subject)).grant_id == decision.grant_id
     assert {k["kid"] for k in after.jwks()["keys"]} == {old.kid, after.key_set.kids[0]}
+
+
+class _Verifications:
+    """Counts the grant verifications ``LocalAuthority`` makes (``verify_jws`` as the authority
+    module calls it)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+
+        def counting(token: str, **kwargs: Any) -> dict[str, Any]:
+            self.count += 1
+            return verify_jws(token, **kwargs)
+
+        monkeypatch.setattr(authority_module, "verify_jws", counting)
+
+
+async def test_an_issued_grant_is_claimed_without_verifying_it_again(
+    clock: ManualClock, key: SigningKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: the grant an attempt presents is the token this authority signed moments
+    before; its signature is not verified a second time. The claim is the one a verification
+    gives: another authority under the same key, which did not issue it, verifies it."""
+    verifications = _Verifications(monkeypatch)
+    issuer = LocalAuthority(policy(), keys=key, store=FakeUseStore(), clock=clock)
+    verifier = LocalAuthority(policy(), keys=key, store=FakeUseStore(), clock=clock)
+    subject = intent(clock)
+    decision = await issuer.evaluate(subject, principal=PROPOSER)
+    assert decision.grant is not None
+    own = await issuer.claim(decision.grant, intent=subject)
+    assert verifications.count == 0
+    verified = await verifier.claim(decision.grant, intent=subject)
+    assert verifications.count == 1
+    assert dataclasses.replace(own, attestation=None) == dataclasses.replace(
+        verified, attestation=None
+    )
+    assert own.attestation is not None
+    assert verify_claim_attestation(own.attestation, keys=issuer.key_set) == (
+        verify_claim_attestation(str(verified.attestation), keys=issuer.key_set)
+    )
+
+
+async def test_a_grant_presented_again_is_verified_again(
+    authority: LocalAuthority, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verifications = _Verifications(monkeypatch)
+    subject, grant = await allowed(authority, clock)
+    other = intent(clock)
+    assert await refused(authority, grant, other) == "GRANT_BINDING_MISMATCH"
+    assert verifications.count == 0
+    assert (await authority.claim(grant, intent=subject)).intent_hash == subject.intent_hash
+    assert verifications.count == 1
+    assert await refused(authority, grant, subject) == "GRANT_ALREADY_CLAIMED"
+    assert verifications.count == 2
+
+
+async def test_an_issued_grant_altered_by_a_byte_is_verified_and_refused(
+    authority: LocalAuthority, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verifications = _Verifications(monkeypatch)
+    subject, grant = await allowed(authority, clock)
+    header, payload, signature = grant.split(".")
+    flipped = signature[:-2] + ("A" if signature[-2] != "A" else "B") + signature[-1]
+    assert await refused(authority, f"{header}.{payload}.{flipped}", subject) == (
+        "GRANT_SIGNATURE_INVALID"
+    )
+    assert verifications.count == 1
+    assert (await authority.claim(grant, intent=subject)).intent_hash == subject.intent_hash
+    assert verifications.count == 1
+
+
+async def test_an_issued_grant_under_a_key_rotated_out_is_refused(
+    authority: LocalAuthority, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Signed here, but under a key no longer in the key set: refused as a verification
+    refuses it, not taken on the strength of having been issued. Under a retired key still in
+    the set, it claims without a verification."""
+    verifications = _Verifications(monkeypatch)
+    retired_subject, retired = await allowed(authority, clock)
+    gone_subject, gone = await allowed(authority, clock)
+    authority.rotate_key(SigningKey.generate())
+    assert (await authority.claim(retired, intent=retired_subject)).grant_id
+    assert verifications.count == 0
+    for _ in range(2):  # two more rotations: the first key leaves the set (keep_retired=2)
+        authority.rotate_key(SigningKey.generate())
+    assert await refused(authority, gone, gone_subject) == "GRANT_SIGNATURE_INVALID"
+    assert verifications.count == 1
+
+
+async def test_the_record_of_issued_grants_is_bounded(
+    authority: LocalAuthority, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(authority_module, "ISSUED_GRANTS_KEPT", 3)
+    issued = [await allowed(authority, clock) for _ in range(4)]
+    verifications = _Verifications(monkeypatch)
+    for subject, grant in issued:
+        assert (await authority.claim(grant, intent=subject)).intent_hash == subject.intent_hash
+    assert verifications.count == 1  # the first, forgotten when the fourth was issued
 
 
 # -- other signed tokens ------------------------------------------------------------------------
