@@ -74,7 +74,7 @@ from typing import Any
 
 from floor import _serve
 from lifecycle import group_pids, render, worker_group
-from loadclient import cpu_seconds, default_client, drive, proposal_template
+from loadclient import default_client, drive, proposal_template, thread_cpu
 from rich.console import Console
 from rich.table import Table
 
@@ -126,12 +126,12 @@ def say(text: str) -> None:
     print(f"goals: {text}", file=sys.stderr, flush=True)
 
 
-def _cpu_each(pids: list[int]) -> dict[int, float]:
-    """CPU seconds of each process still alive (a PostgreSQL backend may come and go)."""
-    spent: dict[int, float] = {}
+def _cpu_each(pids: list[int]) -> dict[str, float]:
+    """:func:`thread_cpu` of each process still alive (a PostgreSQL backend may come and go)."""
+    spent: dict[str, float] = {}
     for pid in pids:
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            spent[pid] = cpu_seconds([pid])
+        with contextlib.suppress(OSError):
+            spent.update(thread_cpu([pid]))
     return spent
 
 
@@ -372,7 +372,8 @@ async def _postgres(
                         auth, requests=max(run.requests // 10, concurrency),
                         concurrency=concurrency, warmup=0)  # fmt: skip
             postmaster = int((server.datadir / "data" / "postmaster.pid").read_text().split()[0])
-            before = _cpu_each(group_pids(postmaster))
+            backends = group_pids(postmaster)
+            before = _cpu_each(backends)
             row = await run.measure(
                 "postgres-allow",
                 name,
@@ -383,8 +384,8 @@ async def _postgres(
                 pids=[executor.process.pid],
                 warmup=0,
             )
-            after = _cpu_each(list(before))
-            spent = sum(after[pid] - before[pid] for pid in after)
+            after = _cpu_each(backends)
+            spent = sum(after[tid] - before[tid] for tid in after if tid in before)
             row["postgres_cpu_ms"] = spent / max(row["n"], 1) * 1000
         finally:
             executor.terminate()

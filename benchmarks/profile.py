@@ -57,7 +57,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from loadclient import cpu_seconds, drive, proposal_template
+from loadclient import cpu_since, drive, proposal_template, thread_cpu
 
 from agentsafe.executor.tools.harness import (
     ExecutorProcess,
@@ -168,20 +168,6 @@ def _by_function(own: collections.Counter[str]) -> collections.Counter[str]:
     for frame, n in own.items():
         functions[re.sub(r":\d+\)$", ")", frame)] += n
     return functions
-
-
-def _thread_cpu(pids: list[int]) -> dict[str, float]:
-    """The CPU seconds (user + system) each live thread of ``pids`` has used, by thread id."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    seconds: dict[str, float] = {}
-    for pid in pids:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                fields = (task / "stat").read_text().rpartition(")")[2].split()
-            except FileNotFoundError:  # the thread ended
-                continue
-            seconds[task.name] = (int(fields[11]) + int(fields[12])) / ticks
-    return seconds
 
 
 def _thread_sleeps(pids: list[int]) -> dict[str, int]:
@@ -332,19 +318,18 @@ async def run(
         )  # fmt: skip
         await asyncio.sleep(1.0)  # py-spy attaches before the load starts
         load_before = os.getloadavg()[0]
-        before = [cpu_seconds([p]) for p in pids]
-        threads_before = _thread_cpu(pids)
+        before = [thread_cpu([p]) for p in pids]
+        threads_before = thread_cpu(pids)
         sleeps_before = _thread_sleeps(pids)
         row = await drive("go", path, urls, proposal_template(path, amount), headers,
                           requests=requests, concurrency=concurrency, warmup=0)  # fmt: skip
         threads = {
-            tid: seconds - threads_before.get(tid, 0.0)
-            for tid, seconds in _thread_cpu(pids).items()
+            tid: seconds - threads_before.get(tid, 0.0) for tid, seconds in thread_cpu(pids).items()
         }
         sleeps = {
             tid: count - sleeps_before.get(tid, 0) for tid, count in _thread_sleeps(pids).items()
         }
-        spent = [cpu_seconds([p]) - b for p, b in zip(pids, before, strict=True)]
+        spent = [cpu_since(b, [p]) for p, b in zip(pids, before, strict=True)]
         cpu = [seconds * 1000 / max(row["n"], 1) for seconds in spent]
         sampler.send_signal(2)  # SIGINT: py-spy writes its output and exits
         _, err = sampler.communicate(timeout=60)
