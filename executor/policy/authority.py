@@ -22,16 +22,15 @@ later); :class:`LocalAuthority` is the built-in one, evaluating the compiled pol
 :meth:`LocalAuthority.claim` verifies a grant against the presented intent and consumes it once,
 atomically, in the use store (a grant it signed itself in this process, presented as it was
 issued, is not verified again: see ``_grant_payload``); with a shared store the claim is fenced
-by the attempt's current owner, epoch and lease (the
-:class:`~agentsafe.executor.state.records.AttemptFence` the attempt
-hands it), in the same statement. :meth:`LocalAuthority.finalize` records how the attempt ended with
-the effect record the handler registered and the provider's effect receipt verbatim: the receipt
-is verified against the provider keys registered with this authority (the policy's
-``providerKeys``), reported whether or not it verifies, and read as ``SIGNED_RECEIPT`` effect
-evidence when it states the expected effect (:class:`Finalization`'s ``effect_report``); a
-receipt is never a reason to refuse a finalization. :meth:`LocalAuthority.sign_token` /
-:meth:`verify_token` sign the executor's other hand-outs (escalation objects, recovery
-references) under the same key.
+by the attempt's current owner, epoch and lease (the attempt hands it its
+:class:`~agentsafe.executor.state.records.AttemptFence`), in the same statement.
+:meth:`LocalAuthority.finalize` records how the attempt ended with the effect record the handler
+registered and the provider's effect receipt verbatim: the receipt is verified against the
+provider keys registered with this authority (the policy's ``providerKeys``), reported whether
+or not it verifies, and read as ``SIGNED_RECEIPT`` effect evidence when it states the expected
+effect (:class:`Finalization`'s ``effect_report``); a receipt is never a reason to refuse a
+finalization. :meth:`LocalAuthority.sign_token` / :meth:`verify_token` sign the executor's other
+hand-outs (escalation objects, recovery references) under the same key.
 
 The protocol, its records and :class:`GrantRefused` are defined in ``policy/records.py`` and
 re-exported here: importers name this module.
