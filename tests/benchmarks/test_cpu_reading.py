@@ -7,14 +7,12 @@ so these tests would fail on it: the child below spends 4 ms, which ticks read a
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from types import ModuleType
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .scripts import load
 
 # Spins until its own thread has spent SPIN seconds of CPU each time it reads "main", says so.
 # "start" starts a thread that spends 5 * SPIN and then waits; "end" lets it end.
@@ -48,12 +46,7 @@ CHILD = textwrap.dedent(
 
 
 def _loadclient() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("loadclient", BENCHMARKS / "loadclient.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("loadclient")
 
 
 def _spinner(spin: float) -> subprocess.Popen[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import json
 import sqlite3
 from pathlib import Path
@@ -22,16 +21,11 @@ import psycopg
 import pytest
 from aiohttp import web
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .scripts import load
 
 
 def _floor_server() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("floor_server", BENCHMARKS / "floor_server.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("floor_server")
 
 
 async def _site(app: web.Application) -> tuple[web.AppRunner, str]:

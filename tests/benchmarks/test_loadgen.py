@@ -8,7 +8,6 @@ is not the expected status. Speed is not asserted here; only what it measures an
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -20,18 +19,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .scripts import load
 
 pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="needs the Go toolchain")
 
 
 def _loadclient() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("loadclient", BENCHMARKS / "loadclient.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("loadclient")
 
 
 @pytest.fixture(scope="module")

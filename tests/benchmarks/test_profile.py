@@ -4,27 +4,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from .scripts import load
 
 
 def _profile_module() -> ModuleType:
     # profile.py imports its sibling as ``loadclient``; never under the stdlib's name ``profile``
-    sys.modules.setdefault("loadclient", _load("loadclient", BENCHMARKS / "loadclient.py"))
-    return _load("agentsafe_bench_profile", BENCHMARKS / "profile.py")
+    sys.modules.setdefault("loadclient", load("loadclient"))
+    return load("profile", "agentsafe_bench_profile")
 
 
 SUPERVISOR = 'process 10:"python -m agentsafe.executor.cli serve"'

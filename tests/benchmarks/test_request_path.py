@@ -6,7 +6,6 @@ docs/architecture.md, "Measured"."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -17,16 +16,11 @@ import pytest
 import agentsafe.executor
 from agentsafe.executor import canonical, clock
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from .scripts import load
 
 
 def _request_path() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("request_path", BENCHMARKS / "request_path.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("request_path")
 
 
 @pytest.mark.parametrize("method", ["calls", "moves"])

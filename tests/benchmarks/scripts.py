@@ -1,0 +1,24 @@
+"""The benchmark scripts, loaded by path for their tests.
+
+``benchmarks/`` is not a package, and the repository root must never reach ``sys.path``
+(``operator/`` would shadow the standard library), so each test loads the script it tests from
+its file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def load(script: str, name: str | None = None) -> ModuleType:
+    """``benchmarks/<script>.py`` as a new module named ``name`` (default: ``script``)."""
+    spec = importlib.util.spec_from_file_location(name or script, BENCHMARKS / f"{script}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
