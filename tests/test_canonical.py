@@ -665,6 +665,69 @@ def test_the_walk_stops_at_the_same_depth_as_before(leaf: object, levels: int) -
         assert _plain(value, 0) == _plain_before_issue_34(value, 0)
 
 
+@given(fractional)
+def test_orjson_writes_a_float_with_a_fraction_in_range_as_ecmascript_does(value: float) -> None:
+    import orjson
+
+    assert orjson.dumps(value) == format_number(value).encode()
+
+
+def test_orjson_escapes_every_control_character_as_the_writer_does() -> None:
+    from agentsafe.executor.canonical import _compiled, _written
+
+    every = "".join(map(chr, range(0x80))) + "\u2028\u2029\u00e9\ue000\uffff"
+    for text in (every, *every):
+        assert _compiled(text) == _written(text).encode("utf-8")
+        assert _compiled({text: text}) == _written({text: text}).encode("utf-8")
+
+
+@given(plain_values)
+def test_orjson_writes_what_the_writer_writes(value: object) -> None:
+    from agentsafe.executor.canonical import _compiled, _plain, _written
+
+    if _plain(value, 0):  # a key beyond U+FFFF is not: orjson would put it in code-point order
+        assert _compiled(value) == _written(value).encode("utf-8")
+    assert canonical_json(value) == _written(value).encode("utf-8")
+
+
+@pytest.mark.parametrize("levels", [1, 200, 253, 254, 255, 256, MAX_DEPTH])
+def test_a_plain_value_orjson_will_not_nest_takes_the_c_encoder(
+    levels: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """orjson refuses past 254 levels; such a value is still plain, and the standard library's
+    C encoder writes it: never the writer, and the same bytes."""
+    from agentsafe.executor import canonical
+
+    value: object = "x"
+    for _ in range(levels):
+        value = [value]
+    expected = canonical._written(value)
+
+    def no_writer(_: object) -> str:
+        raise AssertionError("a plain value took the writer")
+
+    monkeypatch.setattr(canonical, "_written", no_writer)
+    assert canonical_text(value) == expected
+    assert canonical_json(value) == expected.encode("utf-8")
+    assert (canonical._compiled(value) is None) == (levels > 254)
+
+
+def test_a_plain_value_of_ordinary_depth_is_written_by_orjson(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentsafe.executor import canonical
+
+    def no_c_encoder(_: object) -> str:
+        raise AssertionError("the C encoder wrote a value orjson takes")
+
+    monkeypatch.setattr(canonical, "_c_written", no_c_encoder)
+    line = {"event": "DECISION", "seq": 7, "at": 1.5, "codes": ["A", "\u00e9"], "ok": None}
+    assert (
+        canonical_text(line)
+        == '{"at":1.5,"codes":["A","\u00e9"],"event":"DECISION","ok":null,"seq":7}'
+    )
+
+
 @given(plain_values)
 def test_the_c_encoder_built_once_writes_what_encode_writes(value: object) -> None:
     from agentsafe.executor.canonical import _C_ENCODER, _C_WRITE
