@@ -318,7 +318,6 @@ async def run(
         )  # fmt: skip
         await asyncio.sleep(1.0)  # py-spy attaches before the load starts
         load_before = os.getloadavg()[0]
-        before = [thread_cpu([p]) for p in pids]
         threads_before = thread_cpu(pids)
         sleeps_before = _thread_sleeps(pids)
         row = await drive("go", path, urls, proposal_template(path, amount), headers,
@@ -329,7 +328,7 @@ async def run(
         sleeps = {
             tid: count - sleeps_before.get(tid, 0) for tid, count in _thread_sleeps(pids).items()
         }
-        spent = [cpu_since(b, [p]) for p, b in zip(pids, before, strict=True)]
+        spent = [cpu_since(threads_before, [p]) for p in pids]  # thread ids are system-wide
         cpu = [seconds * 1000 / max(row["n"], 1) for seconds in spent]
         sampler.send_signal(2)  # SIGINT: py-spy writes its output and exits
         _, err = sampler.communicate(timeout=60)

@@ -402,20 +402,20 @@ def _c_written(value: Any) -> str:
     return "".join(_C_WRITE(value, 0))
 
 
+def _plain_json(value: Any) -> bytes:
+    """A plain value's canonical UTF-8 bytes, from whichever compiled encoder takes it."""
+    data = _compiled(value)
+    return _c_written(value).encode("utf-8") if data is None else data
+
+
 def canonical_text(value: Any) -> str:
     """The RFC 8785 canonical JSON text of ``value``."""
-    if _plain(value, 0):
-        data = _compiled(value)
-        return _c_written(value) if data is None else data.decode("utf-8")
-    return _written(value)
+    return _plain_json(value).decode("utf-8") if _plain(value, 0) else _written(value)
 
 
 def canonical_json(value: Any) -> bytes:
     """The RFC 8785 canonical JSON of ``value`` as UTF-8 bytes."""
-    if _plain(value, 0):
-        data = _compiled(value)
-        return _c_written(value).encode("utf-8") if data is None else data
-    return _written(value).encode("utf-8")
+    return _plain_json(value) if _plain(value, 0) else _written(value).encode("utf-8")
 
 
 def sha256_hex(data: bytes) -> str:
