@@ -92,13 +92,9 @@ _FINE = re.compile(r"[^\s\"'`,;()<>\[\]{}=:&?/@|\\]+")
 _HAS_INNER = re.compile("[" + re.escape("".join(sorted(_INNER_DELIMITERS))) + "]")
 _HAS_FINE_ONLY = re.compile(r"[=:/@\\]")
 _BEARER = re.compile(r"(?i)(?<![A-Za-z0-9])bearer\s+([A-Za-z0-9\-._~+/]+=*)")
-# The executor's own identifiers and digests, on every line, and the spans ``_candidates``' walk
-# finds in them: a UUID is one token; a digest is one token cut at its ':' (the whole, the text
-# before, the text after). Neither has whitespace, so no window of several words.
+# The executor's own identifiers and digests, on every line (``_fixed_forms``).
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_UUID_SPANS = ((0, 36),)
 _SHA256 = re.compile(r"sha256:[0-9a-f]{64}")
-_SHA256_SPANS = ((0, 71), (0, 6), (7, 71))
 _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]{1,64})-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
 _JWS = re.compile(
     r"(?<![A-Za-z0-9_\-.])([A-Za-z0-9_-]{4,})\.([A-Za-z0-9_-]{2,})\.([A-Za-z0-9_-]*)"
@@ -300,6 +296,22 @@ class Redactor:
         form is skipped whole: each of its forms (itself, single-spaced, case-folded, squashed)
         is ASCII and no longer than it."""
         digests, lengths = view.digests, view.lengths
+        fixed = _fixed_forms(text)
+        if fixed is not None:
+            # The same candidates and forms, in the same order, as the walk below (ASCII: a
+            # form's length is its UTF-8 length), without building them from the text.
+            shortest = view.min_length
+            for start, end, shaped in fixed:
+                if end - start < shortest:
+                    continue
+                for form in shaped:
+                    if len(form) not in lengths:
+                        continue
+                    name = digests.get(self._digest(form.encode("ascii")))
+                    if name is not None:
+                        yield _Span(start, end, KIND_SECRET, name)
+                        break
+            return
         shortest = view.min_length if text.isascii() else 0
         for start, end in _candidates(text, view.word_counts):
             if end - start < shortest:
@@ -419,16 +431,31 @@ def _encodings(raw: bytes) -> Iterator[str]:
         yield re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quoted)
 
 
-def _candidates(text: str, word_counts: Sequence[int]) -> Iterable[tuple[int, int]]:
-    """The spans a scan hashes, each once, in the order first found (a dict keeps it).
+def _fixed_forms(text: str) -> tuple[tuple[int, int, tuple[str, ...]], ...] | None:
+    """For a UUID or a ``sha256:`` digest in lower-case hex, alone: each span the walk
+    (:func:`_candidates`) would take in it, with the forms ``_secret_spans`` would hash for the
+    span, both in the walk's order; ``None`` for any other text.
 
-    A UUID or a ``sha256:`` digest in lower-case hex, alone, takes the spans the walk finds in
-    it, written out (``tests/evidence/test_redact_differential.py`` compares them with the
-    walk's); it is hashed as any other text, so one that is a secret is still redacted."""
+    Written out because these are most of the text a line brings that the clean cache has not
+    seen (each request mints its own identifiers and digests; issue 34), and both follow from the
+    shape. A UUID is one token; a digest is one token cut at its ``:`` (the whole, the text
+    before, the text after); neither has whitespace, so no window of several words. Lower-case
+    hex, ``-`` and ``:`` are unchanged by case-folding, so a span's forms are itself and its
+    squashed form (``-`` and ``:`` removed) when that differs and has at least
+    :data:`MIN_TOKEN_LENGTH` characters (``sha256`` alone has six). The forms are hashed as any
+    other text's, so an identifier that is a secret is still redacted;
+    ``tests/evidence/test_redact_differential.py`` holds spans and forms to the walk's."""
     if len(text) == 36 and _UUID.fullmatch(text) is not None:
-        return _UUID_SPANS
+        return ((0, 36, (text, text.replace("-", ""))),)
     if len(text) == 71 and _SHA256.fullmatch(text) is not None:
-        return _SHA256_SPANS
+        digest = text[7:]
+        return ((0, 71, (text, "sha256" + digest)), (0, 6, ("sha256",)), (7, 71, (digest,)))
+    return None
+
+
+def _candidates(text: str, word_counts: Sequence[int]) -> Iterable[tuple[int, int]]:
+    """The spans a scan hashes, each once, in the order first found (a dict keeps it). A UUID
+    or a ``sha256:`` digest never reaches it (:func:`_fixed_forms`)."""
     spans: dict[tuple[int, int], None] = {}
     stripped_start = len(text) - len(text.lstrip())
     stripped_end = len(text.rstrip())
@@ -567,9 +594,29 @@ def clean_line(
     (``evidence/chain.py`` calls it before hashing)."""
     found: list[Found] = []
     clean: dict[str, Any] = {}
+    if redactor is None:
+        for raw_key, raw_value in fields.items():
+            key = _clean_key(raw_key, None, found, "")
+            clean[key] = _normalise(raw_value, None, found, key)
+        return clean, found
+    # A top-level key or string value the clean cache holds for the current view is taken as it
+    # stands: it is what ``_clean_key`` and ``_text`` would return for it (ASCII: no surrogate
+    # to repair; clean: nothing to redact) without their calls (issue 34: a line's keys and most
+    # of its values are the same on every request). The cache is read before the view, and a
+    # new view replaces the view first and then the cache, so an entry of an older view never
+    # passes for the current one.
+    cache = redactor._clean
+    generation = redactor._view.generation
     for raw_key, raw_value in fields.items():
-        key = _clean_key(raw_key, redactor, found, "")
-        clean[key] = _normalise(raw_value, redactor, found, key)
+        if type(raw_key) is str and raw_key.isascii() and cache.get((raw_key, True)) == generation:
+            key = raw_key
+        else:
+            key = _clean_key(raw_key, redactor, found, "")
+        ascii_text = type(raw_value) is str and raw_value.isascii()
+        if ascii_text and cache.get((raw_value, True)) == generation:
+            clean[key] = raw_value
+        else:
+            clean[key] = _normalise(raw_value, redactor, found, key)
     return clean, found
 
 
