@@ -13,8 +13,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+import pytest
+
+from .scripts import BENCHMARKS, load
 
 GOAL_ROWS = {
     "block-cpu": 1,
@@ -94,3 +98,50 @@ def test_one_small_run_reports_every_goal_with_numbers(tmp_path: Path) -> None:
     assert allow["measured"] == rows["executor-allow-c1"]["p50"] - provider
     assert allow["against"] == rows["floor-allow-c1"]["p50"] - provider
     assert report["postgres"] == {"skipped": "--skip-postgres", "settings": {}}
+
+
+def _goals_module() -> ModuleType:
+    for dependency in ("loadclient", "lifecycle", "floor"):  # what goals.py imports by name
+        sys.modules.setdefault(dependency, load(dependency))
+    return load("goals", "agentsafe_bench_goals")
+
+
+def _entry(key: str, ratio: float | None, limit: float | None = 2.0) -> dict[str, Any]:
+    return {
+        "key": key,
+        "goal": 1,
+        "what": key,
+        "measured": None if ratio is None else ratio * 10,
+        "against": 10.0,
+        "against_what": "floor",
+        "ratio": ratio,
+        "limit": limit,
+        "met": None if ratio is None or limit is None else ratio <= limit,
+        "skipped": None,
+    }
+
+
+def test_repeated_runs_are_judged_on_the_median_ratio() -> None:
+    goals = _goals_module()
+    runs = [
+        [_entry("block-cpu", 2.6), _entry("allow-cpu", 1.9), _entry("tail", 2.5, None)],
+        [_entry("block-cpu", 1.8), _entry("allow-cpu", 2.3), _entry("tail", None, None)],
+        [_entry("block-cpu", 1.9), _entry("allow-cpu", 2.2), _entry("tail", 3.5, None)],
+    ]
+    block, allow, tail = goals.combined(runs)
+    # Alone, the runs say no, met, met for BLOCK and met, no, no for ALLOW: the median decides.
+    assert (block["ratio"], block["met"]) == (1.9, True)
+    assert block["ratios"] == [2.6, 1.8, 1.9]
+    assert (block["measured"], block["against"]) == (19.0, 10.0)
+    assert (allow["ratio"], allow["met"]) == (2.2, False)
+    assert (tail["ratio"], tail["met"]) == (3.0, None)  # a run without a ratio is left out
+    assert tail["ratios"] == [2.5, None, 3.5]
+    (one,) = goals.combined([[_entry("block-cpu", 2.1)]])
+    assert (one["ratio"], one["ratios"], one["met"]) == (2.1, [2.1], False)
+
+
+def test_repeat_refuses_no_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _goals_module().main(["--repeat", "0"])
+    assert exited.value.code == 2
+    assert "--repeat needs at least one run" in capsys.readouterr().err
