@@ -13,7 +13,6 @@ and its window).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import os
 import secrets
@@ -23,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -175,7 +174,6 @@ class SQLiteDatabase:
             raise StoreError("the use store is closed", code=Code.STORE_CLOSED)
         loop = asyncio.get_running_loop()
         write = _Write(fn, loop, loop.create_future())
-        write.waiter.add_done_callback(write.abandoned)
         with self._pending_lock:
             self._pending.append(write)
             if not self._drain_scheduled:
@@ -191,7 +189,7 @@ class SQLiteDatabase:
         with self._pending_lock:
             batch = self._pending[:_MAX_GROUP]
             del self._pending[:_MAX_GROUP]
-        return [write for write in batch if write.done.set_running_or_notify_cancel()]
+        return [write for write in batch if not write.waiter.cancelled()]
 
     def _drain(self) -> None:
         """On the store's thread: commit what is pending now, then let queued reads run before
@@ -214,7 +212,7 @@ class SQLiteDatabase:
                 else:
                     self._drain_scheduled = False
             closed = StoreError("the use store is closed", code=Code.STORE_CLOSED)
-            stranded = [w for w in stranded if w.done.set_running_or_notify_cancel()]
+            stranded = [w for w in stranded if not w.waiter.cancelled()]
             _fail(stranded, closed)
             _deliver(stranded)
 
@@ -258,25 +256,26 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Write:
-    """One queued write: the work, its outcome (``done``, settled on the store's thread) and
-    the future its caller awaits on the event loop (``waiter``).
+    """One queued write: the work, the future its caller awaits on the event loop (``waiter``)
+    and its outcome (``outcome``: ``(True, result)`` or ``(False, exception)``, set on the
+    store's thread; ``None`` until then).
 
-    The store's thread settles ``done`` for every write of a group only after the group's
+    The store's thread sets the outcome of every write of a group only after the group's
     COMMIT returned, then hands the whole group to each waiting loop in one
     ``call_soon_threadsafe`` (:func:`_deliver`): one cross-thread wakeup per group, not per
-    write. A caller that gives up (``waiter`` cancelled) cancels ``done``, so a write not yet
-    taken into a group is never applied; one already taken commits as it would have."""
+    write. A caller that gives up (``waiter`` cancelled) is seen by the store's thread when it
+    takes the next group (:meth:`SQLiteDatabase._take` reads the waiter's state, which the GIL
+    keeps whole), so a write not yet taken into a group is never applied; one already taken
+    commits as it would have. A plain slot rather than a ``concurrent.futures.Future`` per write
+    (issue 34): that future's condition variable, taken on every call, and the done callback
+    that cancelled it cost about 10 us a write on the loop and the store's thread together."""
 
     fn: Callable[[sqlite3.Connection], Any]
     loop: asyncio.AbstractEventLoop
     waiter: asyncio.Future[Any]
-    done: concurrent.futures.Future[Any] = field(default_factory=concurrent.futures.Future)
-
-    def abandoned(self, waiter: asyncio.Future[Any]) -> None:
-        if waiter.cancelled():
-            self.done.cancel()
+    outcome: tuple[bool, Any] | None = None
 
 
 def _deliver(writes: list[_Write]) -> None:
@@ -294,19 +293,16 @@ def _settle(writes: list[_Write]) -> None:
     """On the event loop: each waiter takes its write's outcome (a waiter already cancelled
     keeps its cancellation)."""
     for write in writes:
-        if write.waiter.done():
+        waiter = write.waiter
+        if waiter.done():
             continue
-        done = write.done
-        if not done.done():  # never settled (cannot happen): fail closed, never hang
-            write.waiter.set_exception(
-                StoreError("the use store failed", code=Code.STORE_UNAVAILABLE)
-            )
-        elif done.cancelled():
-            write.waiter.cancel()
-        elif (error := done.exception()) is not None:
-            write.waiter.set_exception(error)
+        outcome = write.outcome
+        if outcome is None:  # never settled (cannot happen): fail closed, never hang
+            waiter.set_exception(StoreError("the use store failed", code=Code.STORE_UNAVAILABLE))
+        elif outcome[0]:
+            waiter.set_result(outcome[1])
         else:
-            write.waiter.set_result(done.result())
+            waiter.set_exception(outcome[1])
 
 
 _SAVEPOINT = "agentsafe_write"
@@ -396,7 +392,7 @@ def _commit_group(
             except _TransactionLost as lost:
                 _rollback_quietly(conn)
                 culprit = remaining[len(outcomes)]
-                culprit.done.set_exception(_unavailable(lost.cause))
+                culprit.outcome = (False, _unavailable(lost.cause))
                 remaining = [w for w in remaining if w is not culprit]
                 continue
             try:
@@ -405,15 +401,12 @@ def _commit_group(
                 _rollback_quietly(conn)
                 _fail(remaining, _unavailable(exc))
                 return
-            for write, (ok, value) in zip(remaining, outcomes, strict=True):
-                if ok:
-                    write.done.set_result(value)
-                else:
-                    write.done.set_exception(value)
+            for write, outcome in zip(remaining, outcomes, strict=True):
+                write.outcome = outcome
             return
     except BaseException as exc:
         _rollback_quietly(conn)
-        _fail([w for w in remaining if not w.done.done()], _unavailable(exc))
+        _fail([w for w in remaining if w.outcome is None], _unavailable(exc))
         raise
 
 
@@ -435,7 +428,7 @@ def _apply_plainly(conn: sqlite3.Connection, write: _Write) -> tuple[bool, Any]:
 
 def _fail(writes: list[_Write], error: StoreError) -> None:
     for write in writes:
-        write.done.set_exception(error)
+        write.outcome = (False, error)
 
 
 def _guarded(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], _T]) -> _T:
