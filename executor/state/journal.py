@@ -69,7 +69,7 @@ import fcntl
 import os
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -406,13 +406,15 @@ class AttemptJournal:
         did when every append was a coroutine. With a span (current over the append, as before)
         or a mirror (a second await), it is a coroutine, to be awaited at once: the span is
         entered here and ends in it."""
-        span = contextlib.ExitStack()
-        current = span.enter_context(
-            self.span("agentsafe.journal.append", {"agentsafe.record": kind.value}, child_only=True)
+        manager = self.span(
+            "agentsafe.journal.append", {"agentsafe.record": kind.value}, child_only=True
         )
+        current = manager.__enter__()
         if current is not None or self._mirror is not None:
+            span = contextlib.ExitStack()
+            span.push(manager)  # the coroutine leaves it
             return self._append_spanned(span, current, kind, fields)
-        span.close()  # nothing records this append
+        manager.__exit__(None, None, None)  # nothing records this append
         try:
             _, written = self._submit(kind, fields)
         except JournalError as exc:
@@ -539,10 +541,11 @@ class SpanFactory(Protocol):
     ) -> AbstractContextManager[Any]: ...
 
 
-@contextlib.contextmanager
-def _no_span(name: str, attributes: Mapping[str, object], *, child_only: bool) -> Iterator[None]:
+def _no_span(
+    name: str, attributes: Mapping[str, object], *, child_only: bool
+) -> AbstractContextManager[None]:
     del name, attributes, child_only
-    yield None
+    return contextlib.nullcontext()
 
 
 def _identity(root: Path) -> str:
