@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
+import queue
 import secrets
 import sqlite3
 import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self, TypeVar
@@ -34,6 +35,7 @@ DATABASE_NAME = "usestore.sqlite3"
 SCHEMA_VERSION = 2
 
 _T = TypeVar("_T")
+_log = logging.getLogger(__name__)
 
 _MAX_GROUP = 256
 """At most this many writes share one transaction, so a group never holds the lock for long."""
@@ -106,6 +108,72 @@ _CEILING_WINDOW_TABLE = """CREATE TABLE IF NOT EXISTS ceiling_window (
 created where missing on every open, whatever the schema version."""
 
 
+class _StoreThread:
+    """The one thread that uses the connection: it runs the jobs it is handed, one at a time, in
+    the order they were handed over.
+
+    A ``ThreadPoolExecutor`` of one worker did this before (issue 34): its ``submit`` made a
+    ``concurrent.futures.Future``, a work item and a semaphore round on both threads for every
+    group commit, about 8 us of Python a group, and at the concurrency a BLOCK sees most groups
+    hold one write. A job is a plain callable on a ``queue.SimpleQueue``; what must answer the
+    event loop (:meth:`call`) answers it itself. :meth:`submit` raises ``RuntimeError`` once
+    :meth:`shutdown` began, as the executor's did."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._serve, name="agentsafe-usestore", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("the use store's thread is stopping")
+            self._jobs.put(job)
+
+    def call(self, fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+        """``fn(*args)`` on the thread, its result or exception in a future of the running loop
+        (a future cancelled meanwhile keeps its cancellation)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+
+        def job() -> None:
+            try:
+                outcome: tuple[bool, Any] = (True, fn(*args))
+            except BaseException as exc:  # handed to the caller, as the executor's future did
+                outcome = (False, exc)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+                loop.call_soon_threadsafe(_answer, future, outcome)
+
+        self.submit(job)
+        return future
+
+    def shutdown(self) -> None:
+        """Let the jobs already handed over run, then end the thread and wait for it."""
+        with self._lock:
+            if not self._stopping:
+                self._stopping = True
+                self._jobs.put(None)
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job()
+            except BaseException:  # a job's own failure never ends the thread
+                _log.exception("a use store job failed")
+
+
+def _answer(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    if future.done():
+        return
+    if outcome[0]:
+        future.set_result(outcome[1])
+    else:
+        future.set_exception(outcome[1])
+
+
 class SQLiteDatabase:
     """One SQLite database, its thread and its group commits; see the module docstring.
 
@@ -119,7 +187,7 @@ class SQLiteDatabase:
         self,
         path: Path,
         connection: sqlite3.Connection,
-        worker: ThreadPoolExecutor,
+        worker: _StoreThread,
         secret: bytes,
         clock: Clock,
     ) -> None:
@@ -142,22 +210,18 @@ class SQLiteDatabase:
     @classmethod
     async def open(cls, state_dir: Path, *, clock: Clock, busy_timeout_s: float = 30.0) -> Self:
         """Open (creating if needed) the store under ``state_dir``, private to this user."""
-        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentsafe-usestore")
-        loop = asyncio.get_running_loop()
+        worker = _StoreThread()
         try:
-            path, conn, secret = await loop.run_in_executor(
-                worker, _open_database, state_dir, busy_timeout_s
-            )
+            path, conn, secret = await worker.call(_open_database, state_dir, busy_timeout_s)
         except BaseException:
-            worker.shutdown(wait=True)
+            worker.shutdown()
             raise
         return cls(path, conn, worker, secret, clock)
 
     async def _run(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         if self._closed:
             raise StoreError("the use store is closed", code=Code.STORE_CLOSED)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._worker, _guarded, self._conn, fn)
+        return await self._worker.call(_guarded, self._conn, fn)
 
     def _write(self, fn: Callable[[sqlite3.Connection], _T]) -> asyncio.Future[_T]:
         """Queue ``fn`` for the next group commit; the future of its result, settled once that
@@ -236,11 +300,10 @@ class SQLiteDatabase:
         if self._closed:
             return
         self._closed = True
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._worker, self._close_connection)
+            await self._worker.call(self._close_connection)
         finally:
-            self._worker.shutdown(wait=True)
+            self._worker.shutdown()
 
 
 @contextlib.contextmanager
