@@ -594,19 +594,14 @@ def clean_line(
     (``evidence/chain.py`` calls it before hashing)."""
     found: list[Found] = []
     clean: dict[str, Any] = {}
-    if redactor is None:
-        for raw_key, raw_value in fields.items():
-            key = _clean_key(raw_key, None, found, "")
-            clean[key] = _normalise(raw_value, None, found, key)
-        return clean, found
     # A top-level key or string value the clean cache holds for the current view is taken as it
     # stands: it is what ``_clean_key`` and ``_text`` would return for it (ASCII: no surrogate
     # to repair; clean: nothing to redact) without their calls (issue 34: a line's keys and most
     # of its values are the same on every request). The cache is read before the view, and a
     # new view replaces the view first and then the cache, so an entry of an older view never
-    # passes for the current one.
-    cache = redactor._clean
-    generation = redactor._view.generation
+    # passes for the current one. Without a redactor nothing is cached: every field is walked.
+    cache: Mapping[tuple[str, bool], int] = {} if redactor is None else redactor._clean
+    generation = -1 if redactor is None else redactor._view.generation
     for raw_key, raw_value in fields.items():
         if type(raw_key) is str and raw_key.isascii() and cache.get((raw_key, True)) == generation:
             key = raw_key
