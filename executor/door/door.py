@@ -406,7 +406,10 @@ def _bearer_token(header: str) -> str | None:
     token = token.strip()
     if scheme.lower() != "bearer" or not token or len(token) > 16 * 1024:
         return None
-    if any(c.isspace() or not c.isprintable() for c in token):
+    # Whitespace or a character that is not printable refuses the token. The only whitespace
+    # str.isprintable() admits is the ASCII space (tests/door: every code point), so the whole
+    # rule is two C-level checks rather than a generator over each character (issue 34).
+    if not token.isprintable() or " " in token:
         return None
     return token
 

@@ -538,3 +538,18 @@ def test_a_scope_refusal_locks_the_principal_and_never_counts_to_the_spike(world
                       scope="evidence")  # fmt: skip
     assert world.refusals == 0
     assert [e["principal"] for e in world.security.named("PRINCIPAL_LOCKED")] == ["ops-oncall"]
+
+
+def test_a_bearer_token_with_any_space_or_unprintable_character_is_refused() -> None:
+    """Every code point, inside a token: refused exactly when it is white space or not
+    printable (the rule as it was written per character, before issue 34)."""
+    import sys
+
+    from agentsafe.executor.door.door import _bearer_token
+
+    for point in range(sys.maxunicode + 1):
+        c = chr(point)
+        refused = c.isspace() or not c.isprintable()
+        assert (_bearer_token(f"Bearer ab{c}cd") is None) is refused, hex(point)
+    assert _bearer_token("Bearer abc") == "abc"
+    assert _bearer_token("bearer   abc  ") == "abc"
