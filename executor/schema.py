@@ -28,24 +28,47 @@ evaluated with Python ``re`` internally, and there is no hook to change that. Ev
 compiler, and so ``serve``, ``agentsafe config``, ``doctor``, ``policy lint`` and the operator's
 admission, apply it, and so does the seam to a handler's own schema.
 
+Every request's check of its parameters asks a schema compiled by ``jsonschema-rs`` first
+(:func:`build_fast_validator`; :class:`ParameterValidator`, :func:`fast_valid`) and takes only its
+"valid"; everything else is the reference's verdict. The walk that decides where the compiled
+library judges as the reference does (:func:`_fast_judges`) is hand-written: no library states
+where two JSON Schema implementations agree. ``tests/policy/test_fast_validator.py`` holds it to
+the reference, with formats asserted (the policy's) and without (the seam's).
+
 Ground floor: imports nothing of agentsafe. Callers: ``policy/policy.py``
-(a policy action's parameter schema), ``dispatch/seam.py`` (a handler's parameter schema).
+(a policy action's parameter schema), ``policy/authority.py`` (its check per request),
+``dispatch/seam.py`` (a handler's parameter schema).
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 from urllib.parse import unquote
 
 import jsonschema
+import jsonschema_rs
 import regress
 from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
 
-__all__ = ["EcmaValidator", "check_schema", "ecma_search", "is_strict"]
+__all__ = [
+    "DRAFT_2020_12",
+    "EcmaValidator",
+    "ParameterValidator",
+    "build_fast_validator",
+    "check_schema",
+    "ecma_search",
+    "fast_valid",
+    "is_strict",
+]
 
 FLAGS = "u"
+
+DRAFT_2020_12: Final = "https://json-schema.org/draft/2020-12/schema"
+"""The one draft parameter schemas are written in."""
 
 
 def is_strict(schema: Any) -> bool:
@@ -146,6 +169,240 @@ EcmaValidator: Any = validators.extend(  # type: ignore[no-untyped-call]
 )
 """Draft 2020-12 with ECMA-262 patterns; construct it with ``format_checker=FORMAT_CHECKER``
 to assert ``format`` as the policy does."""
+
+
+# -- the compiled validator for each request (issue 34) ------------------------------------------
+#
+# ``jsonschema`` walks a schema in Python for every request (~13 us for the example's two
+# properties); ``jsonschema-rs`` (Rust) judges the same schema in under 1 us. The two libraries
+# are not the same implementation, so the compiled one is used only where its verdict is the
+# reference's: a schema is handed to it only when every keyword is in the sets below (a walk that
+# knows which keywords hold schemas, which hold maps of schemas and which hold data, so a
+# property's name is never read as a keyword); ``pattern``, ``format`` and ``multipleOf`` are
+# judged inside it by the reference's own keyword functions (:class:`_ReferenceKeyword`), so the
+# ECMA-262 patterns, the format checkers and the float arithmetic are today's. Everything else
+# (``patternProperties``, ``unevaluated*``, ``$id``, ``$anchor``, ``$dynamicRef``, a ``$ref``
+# other than ``#/$defs/NAME`` to an entry without ``$ref``, ``dependentSchemas``, ``content*``,
+# unknown keywords, a number past 2**53) keeps the schema on ``jsonschema`` alone.
+# tests/policy/test_fast_validator.py is the differential test.
+
+_RS_NATIVE: Final = frozenset(
+    {
+        "type",
+        "required",
+        "enum",
+        "const",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "minProperties",
+        "maxProperties",
+        "dependentRequired",
+        "minContains",
+        "maxContains",
+    }
+)
+"""Keywords ``jsonschema-rs`` judges itself (the differential test covers each)."""
+
+_RS_REFERENCE: Final = frozenset({"pattern", "format", "multipleOf"})
+"""Keywords judged inside ``jsonschema-rs`` by the reference's own keyword functions."""
+
+_ANNOTATIONS: Final = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$comment",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+    }
+)
+"""Keywords neither library asserts."""
+
+_SUBSCHEMA: Final = frozenset(
+    {"additionalProperties", "items", "not", "if", "then", "else", "propertyNames", "contains"}
+)
+_SUBSCHEMA_LIST: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SUBSCHEMA_MAP: Final = frozenset({"properties", "$defs"})
+
+
+_LOCAL_REF: Final = re.compile(r"#/\$defs/([A-Za-z0-9_.-]+)")
+
+
+def _fast_judges(schema: Any, defs: Any = None, *, root: bool = True) -> bool:
+    """Whether every keyword of ``schema`` (and of its subschemas) is one ``jsonschema-rs``
+    judges as the reference does (see the block comment above). ``defs``: the root's
+    ``$defs``, the only target a ``$ref`` may name, and only one that holds no ``$ref`` itself
+    (a cycle such as ``d -> d`` is a ``RecursionError`` in the reference, so
+    ``POLICY_EVALUATION_ERROR``; the compiled library calls it valid)."""
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, dict):
+        return False
+    if root:
+        defs = schema.get("$defs")
+    for keyword, value in schema.items():
+        if keyword in _RS_NATIVE or keyword in _RS_REFERENCE or keyword in _ANNOTATIONS:
+            continue
+        if keyword == "$schema" and root and value == DRAFT_2020_12:
+            continue  # both libraries read the schema as this draft
+        if keyword == "$ref" and _plain_local_ref(value, defs):
+            continue
+        if keyword in _SUBSCHEMA and _fast_judges(value, defs, root=False):
+            continue
+        if (
+            keyword in _SUBSCHEMA_LIST
+            and isinstance(value, list)
+            and all(_fast_judges(item, defs, root=False) for item in value)
+        ):
+            continue
+        if (
+            keyword in _SUBSCHEMA_MAP
+            and isinstance(value, dict)
+            and all(_fast_judges(item, defs, root=False) for item in value.values())
+        ):
+            continue
+        return False
+    return True
+
+
+def _plain_local_ref(value: Any, defs: Any) -> bool:
+    """``#/$defs/NAME`` naming an entry of the root's ``$defs`` with no ``$ref`` anywhere in it."""
+    found = _LOCAL_REF.fullmatch(value) if isinstance(value, str) else None
+    if found is None or not isinstance(defs, dict) or found.group(1) not in defs:
+        return False
+    return "$ref" not in json.dumps(defs[found.group(1)])
+
+
+_EXACT: Final = 2**53
+"""Below this magnitude every integer is also an IEEE double."""
+
+
+def _small_numbers(node: Any) -> bool:
+    """Whether every number in the schema is below 2**53 in magnitude. ``jsonschema-rs``
+    compares an integer past that with a float as doubles (``{"minimum": 2**64 + 1}`` accepts
+    ``2.0**64``, ``{"const": 1e308}`` accepts ``10**308``); the reference compares exactly.
+    Against a schema whose numbers are all below 2**53 the two orders agree (the differential
+    test holds instances past 2**64 against such bounds)."""
+    if isinstance(node, bool) or node is None or isinstance(node, str):
+        return True
+    if isinstance(node, int | float):
+        return abs(node) < _EXACT
+    if isinstance(node, dict):
+        return all(_small_numbers(value) for value in node.values())
+    if isinstance(node, list):
+        return all(_small_numbers(value) for value in node)
+    return False
+
+
+_REFERENCE: Final[Any] = EcmaValidator({}, format_checker=EcmaValidator.FORMAT_CHECKER)
+"""The reference validator whose keyword functions :class:`_ReferenceKeyword` calls; the
+functions read only its type checker and format checker, never its schema."""
+
+
+class _ReferenceKeyword:
+    """A ``jsonschema-rs`` custom keyword that runs the reference's function for it."""
+
+    keyword: str = ""
+
+    def __init__(self, parent_schema: dict[str, Any], value: Any, schema_path: Any) -> None:
+        self._function = _REFERENCE.VALIDATORS[self.keyword]
+        self._value = value
+        self._parent = parent_schema
+
+    def validate(self, instance: Any) -> None:
+        # An error the function raises itself (not a ValidationError) reaches jsonschema-rs as
+        # a failure; the authority then asks the reference, which raises it again.
+        for _error in self._function(_REFERENCE, self._value, instance, self._parent):
+            raise ValueError(self.keyword)  # never the message: it can quote request data
+
+
+class _Pattern(_ReferenceKeyword):
+    keyword = "pattern"
+
+
+class _Format(_ReferenceKeyword):
+    keyword = "format"
+
+
+class _MultipleOf(_ReferenceKeyword):
+    keyword = "multipleOf"
+
+
+_KEYWORDS: Final[dict[str, type[jsonschema_rs.KeywordValidator]]] = {
+    "pattern": _Pattern,
+    "format": _Format,
+    "multipleOf": _MultipleOf,
+}
+
+
+_KEYWORDS_WITHOUT_FORMATS: Final = {k: v for k, v in _KEYWORDS.items() if k != "format"}
+"""For a reference built without a format checker, where ``format`` asserts nothing (the seam's):
+``jsonschema-rs`` then reads it as an annotation too (``validate_formats=False``)."""
+
+
+def build_fast_validator(schema: Mapping[str, Any], *, formats: bool = True) -> Any:
+    """``schema`` compiled by ``jsonschema-rs`` for per-request validation, or ``None`` when it
+    uses a keyword the compiled library is not known to judge as the reference validator does,
+    or when it does not build (an unresolvable ``$ref``: the reference then refuses every
+    request, as before). Call it on a schema :func:`check_schema` accepted. Offline: a ``$ref``
+    is never fetched.
+
+    ``formats``: whether the reference it stands beside asserts ``format`` (the policy's,
+    ``EcmaValidator(schema, format_checker=...)``) or not (the seam's, ``EcmaValidator(schema)``).
+    Both must match: a format asserted on one side only changes the verdict both ways under
+    ``not``."""
+    if not _fast_judges(schema) or not _small_numbers(schema):
+        return None
+    keywords = _KEYWORDS if formats else _KEYWORDS_WITHOUT_FORMATS
+    try:
+        return jsonschema_rs.Draft202012Validator(
+            dict(schema), keywords=keywords, validate_formats=False, offline=True
+        )
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException:  # any refusal (or a Rust panic) leaves the schema to the reference
+        return None
+
+
+def fast_valid(fast: Any, instance: Any) -> bool:
+    """The compiled validator's "valid" (``False`` when there is none); whatever else it does (a
+    string it cannot convert, a Rust panic, which is a ``BaseException``) leaves the verdict to
+    the reference."""
+    if fast is None:
+        return False
+    try:
+        return fast.is_valid(instance) is True
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException:
+        return False
+
+
+class ParameterValidator:
+    """A parameter schema's check for every request: the compiled validator's "valid" where it
+    has one, else the reference's verdict (so every refusal, and every error, is the
+    reference's). Built by the seam (:func:`~agentsafe.executor.dispatch.seam.
+    check_parameters_schema`) without asserting formats, as its reference does."""
+
+    __slots__ = ("compiled", "reference")
+
+    def __init__(self, reference: Any, compiled: Any) -> None:
+        self.reference = reference
+        self.compiled = compiled
+
+    def is_valid(self, instance: Any) -> bool:
+        if fast_valid(self.compiled, instance):
+            return True
+        return bool(self.reference.is_valid(instance))
 
 
 def _walk(node: Any) -> Iterator[Mapping[str, Any]]:

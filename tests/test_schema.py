@@ -188,9 +188,14 @@ def test_a_reference_cycle_that_never_descends_is_found(name: str) -> None:
     if cycle:
         with pytest.raises(jsonschema.SchemaError, match="leads back to itself"):
             check_schema(schema)
-        # what the check keeps out: the validator recursing without end on any value
-        with pytest.raises(RecursionError):
+        # what the check keeps out: the validator recursing without end on any value, until
+        # RecursionError, or a panic of the Rust map under the resolver (``rpds``) when the limit
+        # is reached inside it (which of the two depends on the stack the test starts from)
+        with pytest.raises(BaseException) as recursed:
             EcmaValidator(schema).is_valid({"x": {}})
+        assert isinstance(recursed.value, RecursionError) or (
+            type(recursed.value).__name__ == "PanicException"
+        ), recursed.value
     else:
         check_schema(schema)
         EcmaValidator(schema).is_valid({"x": {}, "root": {"c": [{"c": []}]}})

@@ -69,7 +69,6 @@ from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 import jsonschema
-from jsonschema.protocols import Validator as SchemaValidator
 
 from ..canonical import canonical_json
 from ..clock import Clock, format_ms
@@ -78,7 +77,13 @@ from ..egress.transport import HttpResponse, Transport, TransportError
 from ..errors import AgentSafeError, CanonicalizationError, HandlerError, RequestRejected
 from ..events import EventSink
 from ..intent import CapturedIntent, execution_payload_digest
-from ..schema import EcmaValidator, check_schema, is_strict
+from ..schema import (
+    EcmaValidator,
+    ParameterValidator,
+    build_fast_validator,
+    check_schema,
+    is_strict,
+)
 
 __all__ = [
     "Authorization",
@@ -351,7 +356,7 @@ def _report(
     )
 
 
-def check_parameters_schema(schema: Any) -> SchemaValidator:
+def check_parameters_schema(schema: Any) -> ParameterValidator:
     """Accept only a strict object schema (``type: object``, ``additionalProperties: false``),
     or ``type: object`` with ``anyOf`` strict schemas (one handler serving several actions)."""
     if not isinstance(schema, Mapping):
@@ -367,8 +372,9 @@ def check_parameters_schema(schema: Any) -> SchemaValidator:
         raise HandlerError(
             "the parameter schema is not valid JSON Schema", code=Code.SCHEMA_INVALID
         ) from None
-    validator: SchemaValidator = EcmaValidator(schema)
-    return validator
+    # The compiled validator beside the reference, both without asserting formats (issue 34:
+    # the reference walks the schema in Python on every execution).
+    return ParameterValidator(EcmaValidator(schema), build_fast_validator(schema, formats=False))
 
 
 def _code_of(exc: BaseException, default: str) -> str:
@@ -379,7 +385,7 @@ class Registry:
     """The sealed set of handlers this process can run."""
 
     def __init__(self, *, security: EventSink | None = None, screen: Screen | None = None) -> None:
-        self._handlers: dict[str, tuple[Handler, SchemaValidator]] = {}
+        self._handlers: dict[str, tuple[Handler, ParameterValidator]] = {}
         self._sealed = False
         self._security = security
         self._screen = screen

@@ -63,6 +63,7 @@ from ..grants import KeySet, SigningKey, TokenRefused, own_payload, sign_jws, ve
 from ..ids import uuid4_text
 from ..intent import UUID4, CapturedIntent
 from ..principals import Principal, Verification, same_actor
+from ..schema import fast_valid
 from .attestation import claim_token_digest, issue_claim_attestation
 from .celexpr import VARIABLES, Activation, EvaluationError
 from .policy import CompiledAction, CompiledPolicy, CompiledRule, Verdict
@@ -637,7 +638,7 @@ def _check_parameters(action: CompiledAction, parameters: Mapping[str, Any]) -> 
     asked first and only its "valid" is taken: a "not valid" or an error of its own is decided
     by the reference validator (``action.validator``), so every BLOCK here is the reference's."""
     fast = action.fast_validator
-    if fast is not None and _valid_by(fast, parameters):
+    if fast_valid(fast, parameters):
         return None
     try:
         valid = action.validator.is_valid(parameters)
@@ -648,17 +649,6 @@ def _check_parameters(action: CompiledAction, parameters: Mapping[str, Any]) -> 
         # the reference resolver under it (``rpds``, a ``BaseException``): refuse, never allow.
         return Code.POLICY_EVALUATION_ERROR
     return None if valid else Code.PARAMETERS_INVALID
-
-
-def _valid_by(fast: Any, parameters: Mapping[str, Any]) -> bool:
-    """The compiled validator's "valid"; whatever else it does (a string it cannot convert, a
-    Rust panic, which is a ``BaseException``) leaves the verdict to the reference."""
-    try:
-        return fast.is_valid(parameters) is True
-    except (KeyboardInterrupt, SystemExit, GeneratorExit):
-        raise
-    except BaseException:
-        return False
 
 
 def _variables(

@@ -20,10 +20,10 @@ every parameter schema and compiles every CEL ``when`` so that evaluation is pur
 refusal is a :class:`~agentsafe.executor.errors.PolicyError` whose message starts with the path of
 the offending field (``actions[0].rules[1].when``).
 
-Each parameter schema is also compiled with ``jsonschema-rs`` (:func:`build_fast_validator`) for
-the authority's check of every request, where it judges as the reference validator does; the walk
-that decides this is hand-written because no library states where two JSON Schema
-implementations agree. The schema's own checks (strictness, meta-schema, ECMA-262 patterns) stay
+Each parameter schema is also compiled with ``jsonschema-rs``
+(:func:`~agentsafe.executor.schema.build_fast_validator`, where the walk that decides when it
+judges as the reference does lives) for the authority's check of every request. The schema's own
+checks (strictness, meta-schema, ECMA-262 patterns) stay
 :func:`build_validator`'s, the same for ``serve``, ``doctor``, ``policy lint`` and admission.
 
 Callers: ``assembly.py`` (``EXECUTOR_POLICY_FILE``), ``authority.py``, the operator.
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -43,7 +42,6 @@ from pathlib import Path
 from typing import Annotated, Any, Final
 
 import jsonschema
-import jsonschema_rs
 import yaml
 from jsonschema.protocols import Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -53,7 +51,13 @@ from ..codes import Code
 from ..errors import CanonicalizationError, PolicyError
 from ..plans.policy import PlanPolicy
 from ..principals import Verification
-from ..schema import EcmaValidator, check_schema, is_strict
+from ..schema import (
+    DRAFT_2020_12,
+    EcmaValidator,
+    build_fast_validator,
+    check_schema,
+    is_strict,
+)
 from .celexpr import Expression, compile_expression
 
 __all__ = [
@@ -373,7 +377,7 @@ def build_validator(schema: Mapping[str, Any], *, path: str, strict: bool = Fals
     strict (:func:`~agentsafe.executor.schema.is_strict`), as the seam requires of every
     handler's schema (``SCHEMA_NOT_STRICT``, with the action's path)."""
     declared = schema.get("$schema")
-    if declared is not None and declared != "https://json-schema.org/draft/2020-12/schema":
+    if declared is not None and declared != DRAFT_2020_12:
         raise PolicyError(
             "parameter schemas are JSON Schema Draft 2020-12",
             path=path,
@@ -410,197 +414,6 @@ def build_validator(schema: Mapping[str, Any], *, path: str, strict: bool = Fals
         ) from None
     validator: Validator = EcmaValidator(schema, format_checker=EcmaValidator.FORMAT_CHECKER)
     return validator
-
-
-# -- the compiled validator for each request (issue 34) ------------------------------------------
-#
-# ``jsonschema`` walks a schema in Python for every request (~13 us for the example's two
-# properties); ``jsonschema-rs`` (Rust) judges the same schema in under 1 us. The two libraries
-# are not the same implementation, so the compiled one is used only where its verdict is the
-# reference's: a schema is handed to it only when every keyword is in the sets below (a walk that
-# knows which keywords hold schemas, which hold maps of schemas and which hold data, so a
-# property's name is never read as a keyword); ``pattern``, ``format`` and ``multipleOf`` are
-# judged inside it by the reference's own keyword functions (:class:`_ReferenceKeyword`), so the
-# ECMA-262 patterns, the format checkers and the float arithmetic are today's. Everything else
-# (``patternProperties``, ``unevaluated*``, ``$id``, ``$anchor``, ``$dynamicRef``, a ``$ref``
-# other than ``#/$defs/NAME`` to an entry without ``$ref``, ``dependentSchemas``, ``content*``,
-# unknown keywords, a number past 2**53) keeps the schema on ``jsonschema`` alone.
-# tests/policy/test_fast_validator.py is the differential test.
-
-_RS_NATIVE: Final = frozenset(
-    {
-        "type",
-        "required",
-        "enum",
-        "const",
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "minLength",
-        "maxLength",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "minProperties",
-        "maxProperties",
-        "dependentRequired",
-        "minContains",
-        "maxContains",
-    }
-)
-"""Keywords ``jsonschema-rs`` judges itself (the differential test covers each)."""
-
-_RS_REFERENCE: Final = frozenset({"pattern", "format", "multipleOf"})
-"""Keywords judged inside ``jsonschema-rs`` by the reference's own keyword functions."""
-
-_ANNOTATIONS: Final = frozenset(
-    {
-        "title",
-        "description",
-        "default",
-        "examples",
-        "$comment",
-        "deprecated",
-        "readOnly",
-        "writeOnly",
-    }
-)
-"""Keywords neither library asserts."""
-
-_SUBSCHEMA: Final = frozenset(
-    {"additionalProperties", "items", "not", "if", "then", "else", "propertyNames", "contains"}
-)
-_SUBSCHEMA_LIST: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_SUBSCHEMA_MAP: Final = frozenset({"properties", "$defs"})
-
-
-_LOCAL_REF: Final = re.compile(r"#/\$defs/([A-Za-z0-9_.-]+)")
-
-
-def _fast_judges(schema: Any, defs: Any = None, *, root: bool = True) -> bool:
-    """Whether every keyword of ``schema`` (and of its subschemas) is one ``jsonschema-rs``
-    judges as the reference does (see the block comment above). ``defs``: the root's
-    ``$defs``, the only target a ``$ref`` may name, and only one that holds no ``$ref`` itself
-    (a cycle such as ``d -> d`` is a ``RecursionError`` in the reference, so
-    ``POLICY_EVALUATION_ERROR``; the compiled library calls it valid)."""
-    if isinstance(schema, bool):
-        return True
-    if not isinstance(schema, dict):
-        return False
-    if root:
-        defs = schema.get("$defs")
-    for keyword, value in schema.items():
-        if keyword in _RS_NATIVE or keyword in _RS_REFERENCE or keyword in _ANNOTATIONS:
-            continue
-        if keyword == "$schema" and root:
-            continue  # build_validator has checked it is Draft 2020-12
-        if keyword == "$ref" and _plain_local_ref(value, defs):
-            continue
-        if keyword in _SUBSCHEMA and _fast_judges(value, defs, root=False):
-            continue
-        if (
-            keyword in _SUBSCHEMA_LIST
-            and isinstance(value, list)
-            and all(_fast_judges(item, defs, root=False) for item in value)
-        ):
-            continue
-        if (
-            keyword in _SUBSCHEMA_MAP
-            and isinstance(value, dict)
-            and all(_fast_judges(item, defs, root=False) for item in value.values())
-        ):
-            continue
-        return False
-    return True
-
-
-def _plain_local_ref(value: Any, defs: Any) -> bool:
-    """``#/$defs/NAME`` naming an entry of the root's ``$defs`` with no ``$ref`` anywhere in it."""
-    found = _LOCAL_REF.fullmatch(value) if isinstance(value, str) else None
-    if found is None or not isinstance(defs, dict) or found.group(1) not in defs:
-        return False
-    return "$ref" not in json.dumps(defs[found.group(1)])
-
-
-_EXACT: Final = 2**53
-"""Below this magnitude every integer is also an IEEE double."""
-
-
-def _small_numbers(node: Any) -> bool:
-    """Whether every number in the schema is below 2**53 in magnitude. ``jsonschema-rs``
-    compares an integer past that with a float as doubles (``{"minimum": 2**64 + 1}`` accepts
-    ``2.0**64``, ``{"const": 1e308}`` accepts ``10**308``); the reference compares exactly.
-    Against a schema whose numbers are all below 2**53 the two orders agree (the differential
-    test holds instances past 2**64 against such bounds)."""
-    if isinstance(node, bool) or node is None or isinstance(node, str):
-        return True
-    if isinstance(node, int | float):
-        return abs(node) < _EXACT
-    if isinstance(node, dict):
-        return all(_small_numbers(value) for value in node.values())
-    if isinstance(node, list):
-        return all(_small_numbers(value) for value in node)
-    return False
-
-
-_REFERENCE: Final[Any] = EcmaValidator({}, format_checker=EcmaValidator.FORMAT_CHECKER)
-"""The reference validator whose keyword functions :class:`_ReferenceKeyword` calls; the
-functions read only its type checker and format checker, never its schema."""
-
-
-class _ReferenceKeyword:
-    """A ``jsonschema-rs`` custom keyword that runs the reference's function for it."""
-
-    keyword: str = ""
-
-    def __init__(self, parent_schema: dict[str, Any], value: Any, schema_path: Any) -> None:
-        self._function = _REFERENCE.VALIDATORS[self.keyword]
-        self._value = value
-        self._parent = parent_schema
-
-    def validate(self, instance: Any) -> None:
-        # An error the function raises itself (not a ValidationError) reaches jsonschema-rs as
-        # a failure; the authority then asks the reference, which raises it again.
-        for _error in self._function(_REFERENCE, self._value, instance, self._parent):
-            raise ValueError(self.keyword)  # never the message: it can quote request data
-
-
-class _Pattern(_ReferenceKeyword):
-    keyword = "pattern"
-
-
-class _Format(_ReferenceKeyword):
-    keyword = "format"
-
-
-class _MultipleOf(_ReferenceKeyword):
-    keyword = "multipleOf"
-
-
-_KEYWORDS: Final[dict[str, type[jsonschema_rs.KeywordValidator]]] = {
-    "pattern": _Pattern,
-    "format": _Format,
-    "multipleOf": _MultipleOf,
-}
-
-
-def build_fast_validator(schema: Mapping[str, Any]) -> Any:
-    """``schema`` compiled by ``jsonschema-rs`` for per-request validation, or ``None`` when it
-    uses a keyword the compiled library is not known to judge as :func:`build_validator`'s
-    validator does, or when it does not build (an unresolvable ``$ref``: the reference then
-    refuses every request, as before). Call it on a schema :func:`build_validator` accepted.
-    Offline: a ``$ref`` is never fetched."""
-    if not _fast_judges(schema) or not _small_numbers(schema):
-        return None
-    try:
-        return jsonschema_rs.Draft202012Validator(
-            dict(schema), keywords=_KEYWORDS, validate_formats=False, offline=True
-        )
-    except (KeyboardInterrupt, SystemExit, GeneratorExit):
-        raise
-    except BaseException:  # any refusal (or a Rust panic) leaves the schema to the reference
-        return None
 
 
 def _format_path(loc: tuple[Any, ...]) -> str:

@@ -40,7 +40,7 @@ from agentsafe.executor.policy.policy import (
     compile_policy,
     parse_policy,
 )
-from agentsafe.executor.schema import EcmaValidator, check_schema
+from agentsafe.executor.schema import EcmaValidator, ParameterValidator, check_schema
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -80,6 +80,20 @@ def fast_code(schema: dict[str, Any], instance: Any) -> str | None:
         fast_validator=build_fast_validator(schema),
     )
     return _outcome(lambda: _check_parameters(action, instance))
+
+
+def seam_code(schema: dict[str, Any], instance: Any) -> str | None:
+    """The seam's check now: its reference asserts no format, nor does its compiled validator."""
+    validator = ParameterValidator(
+        EcmaValidator(schema), build_fast_validator(schema, formats=False)
+    )
+    return _outcome(lambda: None if validator.is_valid(instance) else Code.PARAMETERS_INVALID)
+
+
+def seam_reference_code(schema: dict[str, Any], instance: Any) -> str | None:
+    """The seam's check before issue 34 (the oracle): ``jsonschema`` without a format checker."""
+    validator = EcmaValidator(schema)
+    return _outcome(lambda: None if validator.is_valid(instance) else Code.PARAMETERS_INVALID)
 
 
 def raw_verdict(schema: dict[str, Any], instance: Any) -> bool | str | None:
@@ -393,6 +407,44 @@ def test_the_reason_code_is_the_reference_s(data: st.DataObject) -> None:
     schema = data.draw(schemas())
     instance = data.draw(instances_for(schema))
     assert fast_code(schema, instance) == reference_code(schema, instance)
+
+
+@SETTINGS
+@given(st.data())
+def test_the_seam_s_verdict_is_its_reference_s(data: st.DataObject) -> None:
+    """A handler's schema at the seam: formats assert nothing on either side."""
+    schema = data.draw(schemas())
+    instance = data.draw(instances_for(schema))
+    assert seam_code(schema, instance) == seam_reference_code(schema, instance)
+
+
+@pytest.mark.parametrize(
+    ("schema", "instance"),
+    [
+        ({"not": {"format": "email"}}, "not an address"),
+        ({"not": {"format": "date"}}, "2026-13-45"),
+        ({"if": {"format": "ipv4"}, "then": {"const": 1}, "else": {"const": 2}}, "x"),
+        ({"oneOf": [{"format": "uuid"}, {"type": "string"}]}, "x"),
+    ],
+)
+def test_a_format_under_a_negation_is_judged_as_the_seam_s_reference_judges_it(
+    schema: dict[str, Any], instance: Any
+) -> None:
+    """Where an asserted format would flip the verdict: a compiled validator that asserted
+    formats (``formats=True``) beside the seam's reference calls these valid; the reference
+    does not."""
+    check_schema(schema)
+    assert build_fast_validator(schema, formats=False) is not None
+    assert seam_reference_code(schema, instance) == Code.PARAMETERS_INVALID
+    assert seam_code(schema, instance) == Code.PARAMETERS_INVALID
+
+
+def test_the_seam_compiles_each_handler_schema_of_the_examples() -> None:
+    from agentsafe.executor.dispatch.seam import check_parameters_schema
+
+    for schema in EXAMPLES:
+        strict = {**schema, "type": "object", "additionalProperties": False}
+        assert check_parameters_schema(strict).compiled is not None, schema
 
 
 @SETTINGS
