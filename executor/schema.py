@@ -390,8 +390,8 @@ def fast_valid(fast: Any, instance: Any) -> bool:
 class ParameterValidator:
     """A parameter schema's check for every request: the compiled validator's "valid" where it
     has one, else the reference's verdict (so every refusal, and every error, is the
-    reference's). Built by the seam (:func:`~agentsafe.executor.dispatch.seam.
-    check_parameters_schema`) without asserting formats, as its reference does."""
+    reference's). The seam builds one per handler (``dispatch/seam.py``,
+    ``check_parameters_schema``), without asserting formats, as its reference does."""
 
     __slots__ = ("compiled", "reference")
 
