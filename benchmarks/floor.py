@@ -35,8 +35,14 @@ from agentsafe.executor.tools.harness import free_port, wait_until
 HERE = Path(__file__).resolve().parent
 
 
-async def _serve(args: list[str], port: int, what: str) -> asyncio.subprocess.Process:
-    process = await asyncio.create_subprocess_exec(sys.executable, *args)
+async def _serve(
+    args: list[str], port: int, what: str, env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    """Start ``args`` under this interpreter (``env`` added to this process's environment) and
+    wait until it answers HTTP on ``port``."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, *args, env=None if env is None else {**os.environ, **env}
+    )
 
     async def up() -> bool:
         try:

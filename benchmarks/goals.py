@@ -17,7 +17,14 @@ one after the other in one run, against one synthetic provider
   (``tools/pgserver.py``) with its durability on (``fsync``, ``synchronous_commit``,
   ``full_page_writes``, read back with ``SHOW``); skipped with a message when the binaries are
   absent, or with ``--skip-postgres``;
-* at concurrency 1: floor and executor BLOCK, the provider alone, floor and executor ALLOW.
+* at concurrency 1: floor and executor BLOCK, the provider alone, floor and executor ALLOW;
+* beside each floor row of goals 1 and 3, the *complete floor* (``floor_server.py --complete``):
+  the same floor plus the steps it leaves out and the specification still makes unavoidable
+  (the caller's token, the intent's binding, the policy's schema and rules, one redacted
+  chained line per lifecycle event with checkpoints, the answer kept with the key). Its ratios
+  are references with no limit (``block-cpu-complete``, ``allow-cpu-complete``,
+  ``c1-allow-p50-complete``, ``postgres-vs-floor-complete``): the goals stay set against the
+  floor the issue names.
 
 The two rows of each ratio run back to back (floor BLOCK beside executor BLOCK, and so on), so
 that a drift of the machine between minutes (a busy disk's fsync latency) falls on both.
@@ -108,11 +115,14 @@ ALLOW_AMOUNT = 100
 GOALS: tuple[tuple[str, int, str, float | None], ...] = (
     ("block-cpu", 1, "BLOCK CPU ms per request", 2.0),
     ("allow-cpu", 1, "ALLOW CPU ms per request", 2.0),
+    ("block-cpu-complete", 1, "BLOCK CPU ms per request, against the complete floor", None),
+    ("allow-cpu-complete", 1, "ALLOW CPU ms per request, against the complete floor", None),
     ("workers-cpu", 2, f"ALLOW CPU ms per request, {WORKERS} workers", 1.1),
     ("workers-tail", 2, f"ALLOW p99 / p50, {WORKERS} workers", 3.0),
     ("floor-workers-cpu", 2, f"the floor's ALLOW CPU ms per request, {WORKERS} processes", None),
     ("floor-workers-tail", 2, f"the floor's ALLOW p99 / p50, {WORKERS} processes", None),
     ("c1-allow-p50", 3, "ALLOW p50 ms at c=1, provider subtracted", 1.5),
+    ("c1-allow-p50-complete", 3, "the same, against the complete floor", None),
     ("c1-allow-p99", 3, "ALLOW p99 ms at c=1, provider p50 subtracted", None),
     ("c1-block-p50", 3, "BLOCK p50 ms at c=1", None),
     ("c1-block-p99", 3, "BLOCK p99 ms at c=1", None),
@@ -120,6 +130,7 @@ GOALS: tuple[tuple[str, int, str, float | None], ...] = (
     ("postgres-server-cpu", 4, "PostgreSQL's own CPU ms per request (not in the goal)", None),
     ("floor-postgres-cpu", 4, "the floor's ALLOW CPU ms per request on PostgreSQL", None),
     ("postgres-vs-floor-postgres", 4, "ALLOW CPU ms per request on PostgreSQL, executor", None),
+    ("postgres-vs-floor-complete", 4, "the same, against the complete floor's ALLOW", None),
 )
 
 TITLES = {
@@ -191,6 +202,15 @@ class Run:
         return result
 
 
+#: The floor's servers beside the one executor: name, mode, and whether ``--complete``.
+_FLOORS = (
+    ("block", "block", False),
+    ("allow", "allow", False),
+    ("complete-block", "block", True),
+    ("complete-allow", "allow", True),
+)
+
+
 async def _floor_and_one_executor(
     run: Run, root: Path, provider: ProviderProcess, concurrency: int
 ) -> None:
@@ -199,24 +219,26 @@ async def _floor_and_one_executor(
     floors: dict[str, asyncio.subprocess.Process] = {}
     floor_urls: dict[str, str] = {}
     executor: ExecutorProcess | None = None
+    workspace = Workspace(root / "ws")
     try:
-        for mode in ("block", "allow"):
-            directory = root / f"floor-{mode}"
+        for name, mode, complete in _FLOORS:
+            directory = root / f"floor-{name}"
             directory.mkdir()
             port = free_port()
-            floors[mode] = await _serve(
+            floors[name] = await _serve(
                 [
                     str(HERE / "floor_server.py"),
                     mode,
                     str(port),
                     str(directory),
                     provider.url + "/payouts",
+                    *(["--complete"] if complete else []),
                 ],
                 port,
-                f"the {mode} floor",
+                f"the {name} floor",
+                env={"FLOOR_CALLER_TOKEN": workspace.caller_token} if complete else None,
             )
-            floor_urls[mode] = f"http://127.0.0.1:{port}/v1/actions"
-        workspace = Workspace(root / "ws")
+            floor_urls[name] = f"http://127.0.0.1:{port}/v1/actions"
         executor = ExecutorProcess(
             workspace.environment(provider_url=provider.url, port=free_port()), root
         )
@@ -228,8 +250,22 @@ async def _floor_and_one_executor(
         # latency drifts from one minute to the next, and adjacent rows share most of it.
         servers = [
             ("floor-block", "floor, BLOCK", floor_urls["block"], {}, floors["block"].pid),
+            (
+                "complete-block",
+                "complete floor, BLOCK",
+                floor_urls["complete-block"],
+                auth,
+                floors["complete-block"].pid,
+            ),
             ("executor-block", "executor, BLOCK", actions, auth, executor.process.pid),
             ("floor-allow", "floor, ALLOW", floor_urls["allow"], {}, floors["allow"].pid),
+            (
+                "complete-allow",
+                "complete floor, ALLOW",
+                floor_urls["complete-allow"],
+                auth,
+                floors["complete-allow"].pid,
+            ),
             ("executor-allow", "executor, ALLOW (SQLite)", actions, auth, executor.process.pid),
         ]
         for c in (concurrency, 1):
@@ -404,7 +440,7 @@ async def run_all(
     requests: int, concurrency: int, client: str, *, skip_postgres: bool
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="agentsafe-goals-"))
-    planned = 4 + 5 + 2 + (0 if skip_postgres else 2)
+    planned = 6 + 7 + 2 + (0 if skip_postgres else 2)
     run = Run(client, requests, planned)
     postgres: dict[str, Any] = {"skipped": None, "settings": {}}
     provider = ProviderProcess(root)
@@ -443,6 +479,16 @@ def goals(rows: dict[str, dict[str, Any]], skipped: str | None) -> list[dict[str
     pairs: dict[str, tuple[float | None, float | None, str]] = {
         "block-cpu": (get("executor-block", "cpu_ms"), get("floor-block", "cpu_ms"), "floor"),
         "allow-cpu": (get("executor-allow", "cpu_ms"), get("floor-allow", "cpu_ms"), "floor"),
+        "block-cpu-complete": (
+            get("executor-block", "cpu_ms"),
+            get("complete-block", "cpu_ms"),
+            "complete floor",
+        ),
+        "allow-cpu-complete": (
+            get("executor-allow", "cpu_ms"),
+            get("complete-allow", "cpu_ms"),
+            "complete floor",
+        ),
         "workers-cpu": (
             get("workers-allow", "cpu_ms"),
             get("executor-allow", "cpu_ms"),
@@ -463,6 +509,11 @@ def goals(rows: dict[str, dict[str, Any]], skipped: str | None) -> list[dict[str
             _less(get("executor-allow-c1", "p50"), provider),
             _less(get("floor-allow-c1", "p50"), provider),
             "floor",
+        ),
+        "c1-allow-p50-complete": (
+            _less(get("executor-allow-c1", "p50"), provider),
+            _less(get("complete-allow-c1", "p50"), provider),
+            "complete floor",
         ),
         "c1-allow-p99": (
             _less(get("executor-allow-c1", "p99"), provider),
@@ -490,6 +541,11 @@ def goals(rows: dict[str, dict[str, Any]], skipped: str | None) -> list[dict[str
             get("postgres-allow", "cpu_ms"),
             get("floor-postgres-allow", "cpu_ms"),
             "floor on PG",
+        ),
+        "postgres-vs-floor-complete": (
+            get("postgres-allow", "cpu_ms"),
+            get("complete-allow", "cpu_ms"),
+            "complete floor ALLOW",
         ),
     }
     entries = []

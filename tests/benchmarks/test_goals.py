@@ -23,11 +23,14 @@ from .scripts import BENCHMARKS, load
 GOAL_ROWS = {
     "block-cpu": 1,
     "allow-cpu": 1,
+    "block-cpu-complete": 1,
+    "allow-cpu-complete": 1,
     "workers-cpu": 2,
     "workers-tail": 2,
     "floor-workers-cpu": 2,
     "floor-workers-tail": 2,
     "c1-allow-p50": 3,
+    "c1-allow-p50-complete": 3,
     "c1-allow-p99": 3,
     "c1-block-p50": 3,
     "c1-block-p99": 3,
@@ -35,11 +38,16 @@ GOAL_ROWS = {
     "postgres-server-cpu": 4,
     "floor-postgres-cpu": 4,
     "postgres-vs-floor-postgres": 4,
+    "postgres-vs-floor-complete": 4,
 }
 WITH_A_LIMIT = {"block-cpu", "allow-cpu", "workers-cpu", "workers-tail", "c1-allow-p50"}
 MEASURED_ROWS = {
     "floor-block",
     "floor-allow",
+    "complete-block",
+    "complete-allow",
+    "complete-block-c1",
+    "complete-allow-c1",
     "executor-block",
     "executor-allow",
     "provider-c1",
@@ -62,7 +70,7 @@ def test_one_small_run_reports_every_goal_with_numbers(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
-    assert "[1/11] floor, BLOCK, c=4" in done.stderr  # progress as each row runs
+    assert "[1/15] floor, BLOCK, c=4" in done.stderr  # progress as each row runs
 
     rows = {row["key"]: row for row in report["rows"]}
     assert set(rows) == MEASURED_ROWS
@@ -97,6 +105,11 @@ def test_one_small_run_reports_every_goal_with_numbers(tmp_path: Path) -> None:
     allow = goals["c1-allow-p50"]
     assert allow["measured"] == rows["executor-allow-c1"]["p50"] - provider
     assert allow["against"] == rows["floor-allow-c1"]["p50"] - provider
+    complete = goals["c1-allow-p50-complete"]
+    assert complete["against"] == rows["complete-allow-c1"]["p50"] - provider
+    # The complete floor's rows are references beside the goals, never the goals' own floor.
+    assert goals["block-cpu"]["against"] == rows["floor-block"]["cpu_ms"]
+    assert goals["block-cpu-complete"]["against"] == rows["complete-block"]["cpu_ms"]
     assert report["postgres"] == {"skipped": "--skip-postgres", "settings": {}}
 
 
