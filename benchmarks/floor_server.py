@@ -28,22 +28,23 @@ Two variants stand for the executor's other shapes (issue 34's goals 2 and 4), e
   can share one port and one SQLite database, as ``EXECUTOR_WORKERS=2`` shares its use store.
 
 ``--complete`` (issue 34) adds what the steps above leave out and the specification still makes
-unavoidable on every request, each in its cheapest form (:class:`Guarantees`): the caller's
-bearer token checked against its digest (401 otherwise); the intent's binding built as the
-specification names it (tenant, actor and target from configuration, the caller inside the
+unavoidable on every request, each in its cheapest form (:class:`Guarantees`): the caller's bearer
+token checked against its digest (401 ``AUTH_REQUIRED`` otherwise); the intent's binding built as
+the specification names it (tenant, actor and target from configuration, the caller inside the
 hashed intent, a fresh intent id, captured and expiry times) and hashed; the action's parameters
-checked against the policy's schema (compiled by ``jsonschema-rs``) and its rules evaluated in
-order (compiled by the CEL engine the executor uses), so the verdict comes from the policy; one
-chained line per lifecycle event (a BLOCK's three: PROPOSAL_RECEIVED, DECISION,
-EXECUTION_BLOCKED; an ALLOW's five: those two, GRANT_CLAIMED, DISPATCH, OUTCOME) with the
-envelope the specification gives (``schema``, ``seq``, ``at``, ``prev_hash``, ``hash``), every
-string in it scanned first for the current secrets by keyed digests of its tokens and for
-credentials by shape (the least the specification's redactor does: no normalised forms), the
-chain's head persisted every 100 lines (temp file, ``fsync``, rename, ``fsync`` of the directory,
-on a thread of its own); the answer the specification shapes, kept with the key's completion so
-a retry can replay it; and the downstream credential as a static header on the POST. The verdict
-decides the path: ``MODE`` must match what the policy says of the load sent (``allow`` for an
-amount the example policy allows, ``block`` for one it refuses), or the answer is 500.
+checked against the policy's schema (compiled by ``jsonschema-rs``) and its rules evaluated in order
+(compiled by the CEL engine the executor uses), so the verdict comes from the policy; one chained
+line per lifecycle event (a BLOCK's three: PROPOSAL_RECEIVED, DECISION, EXECUTION_BLOCKED; an
+ALLOW's five: those two, GRANT_CLAIMED, DISPATCH, OUTCOME) with the envelope the specification gives
+(``schema``, ``seq``, ``at``, ``prev_hash``, ``hash``), every string in it scanned first for the
+current secrets by keyed digests of its tokens and for credentials by shape (the least the
+specification's redactor does: no normalised forms), the chain's head persisted every 100 lines
+(temp file, ``fsync``, rename, ``fsync`` of the directory, on a thread of its own); the answer the
+specification shapes, kept with the key's completion so a retry can replay it; and the downstream
+credential as a static header on the POST. The verdict decides the path: ``MODE`` must match what
+the policy says of the load sent (``allow`` for an amount the example policy allows, ``block`` for
+one it refuses), or the answer is 500 ``FLOOR_MODE_MISMATCH``. Both codes are this benchmark's own,
+not the executor's.
 
 Callers: ``benchmarks/floor.py`` and ``benchmarks/goals.py``
 (``python floor_server.py MODE PORT DIR [PROVIDER_URL] [--store-url URL [--pg-group]]
@@ -68,7 +69,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import aiohttp
 import cel
@@ -245,8 +246,9 @@ _SHAPES = re.compile(
 )
 
 
-# Identifiers and digests this process mints itself: such a whole string holds no secret unless
-# a secret has its length (``Guarantees`` checks), so the scan passes it by.
+# Identifiers and digests this process mints itself. The scan would hash only their tokens (a
+# uuid is one token of 36 characters; ``sha256:<hex>`` is "sha256" and 64 hex digits), so while
+# no secret has one of those lengths (``Guarantees`` checks) it passes such a whole string by.
 _MINTED = re.compile(
     r"sha256:[0-9a-f]{64}|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 )
@@ -271,21 +273,21 @@ class Guarantees:
     the scan, as the specification's redactor keeps them.
     """
 
-    def __init__(self, own: Path, token: str) -> None:
+    def __init__(self, own: Path, token: str, out: BinaryIO) -> None:
         self._token_digest = hashlib.sha256(token.encode()).digest()
         self.credential = "Bearer " + secrets.token_urlsafe(32)
         values = (token, self.credential, secrets.token_urlsafe(40))
         self._key = secrets.token_bytes(32)
         self._digests = {self._digest(v.encode()) for v in values}
         self._lengths = {len(v.encode()) for v in values}
-        self._minted_clean = not self._lengths & {36, 64, 71}  # a uuid, a hex digest, "sha256:"
+        self._minted_clean = not self._lengths & {6, 36, 64}  # see _MINTED
         action = yaml.safe_load(EXAMPLE_POLICY.read_text(encoding="utf-8"))["actions"][0]
         self._parameters = jsonschema_rs.validator_for(action["parameters"])
         self._rules = [
             (cel.compile(rule["when"]), rule["verdict"], rule.get("reasonCode", "POLICY_ALLOWED"))
             for rule in action["rules"]
         ]
-        self._out = (own / "evidence.jsonl").open("ab")
+        self._out = out  # the evidence file, which the app opens and closes
         self._heads = own / "chain"
         self._heads.mkdir(exist_ok=True)
         self._seq = 0
@@ -394,7 +396,6 @@ class Guarantees:
     def close(self) -> None:
         self._checkpoints.put(None)
         self._checkpointer.join()
-        self._out.close()
 
 
 def build(
@@ -410,10 +411,8 @@ def build(
     or ``directory``. With ``caller_token``, the complete floor (``--complete``)."""
     store = store if store is not None else Store(directory)
     own = own if own is not None else directory
-    guarantees = Guarantees(own, caller_token) if caller_token is not None else None
-    evidence = (own / ("plain.jsonl" if guarantees else "evidence.jsonl")).open(
-        "a", encoding="utf-8"
-    )
+    evidence = (own / "evidence.jsonl").open("ab")
+    guarantees = Guarantees(own, caller_token, evidence) if caller_token is not None else None
     journal_fd = os.open(own / "journal.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     key = Ed25519PrivateKey.generate()
     public = key.public_key()
@@ -436,9 +435,9 @@ def build(
         await state["session"].close()
         await store.close()
         state["journal"].close()
-        evidence.close()
         if guarantees is not None:
             guarantees.close()
+        evidence.close()
         os.close(journal_fd)
 
     app.on_startup.append(start)
@@ -448,7 +447,7 @@ def build(
         record = {"event": event, "intent": intent_hash, "prev": head["hash"]}
         text = _canonical(record)
         head["hash"] = hashlib.sha256(text).hexdigest()
-        evidence.write(text.decode() + "\n")
+        evidence.write(text + b"\n")
         evidence.flush()
 
     def journal(record: dict[str, Any]) -> Work:
