@@ -32,7 +32,7 @@ from ..host.workgate import Startup
 from ..principals import Principal
 from ..state.journal import AttemptJournal, JournalScan, ReconciledBy, Settled
 from ..state.protocol import UseStore
-from ..state.records import OrphanKey
+from ..state.records import OrphanKey, closing_response
 from .answers import reconciled_answer
 from .attempt import UnknownAttempts
 from .catalog import ActionReconciler
@@ -338,7 +338,7 @@ class Recovery:
             resolution = "NOT_DISPATCHED"
         else:
             await self.store.idempotency_settle(
-                **orphan.scope, response={"status": 200, "body": body}, now=self.clock.now()
+                **orphan.scope, response=closing_response(body), now=self.clock.now()
             )
             resolution = str(body.get("outcome"))
         self.streams.evidence.emit(

@@ -95,6 +95,7 @@ async def open_backend(
                 owner=config.replica_id,
                 lease_seconds=config.executor_attempt_lease_seconds,
                 dispatch_seconds=config.downstream_timeout_ms / 1000.0,
+                now=clock.now,
             ),
             lost_writes=lost_writes,
             opened={"backend": "postgresql", "schema_version": shared.schema_version},

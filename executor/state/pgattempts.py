@@ -27,14 +27,18 @@ from ..codes import Code
 from ..config import LEASE_MARGIN_SECONDS
 from ..errors import StoreError
 from .journal import CLOSING_STATUSES, ReconciledStatus, RecordType
-from .pgconn import HELD_KEY, NOW, Conn, PostgresPool
-from .records import AttemptFence
-from .statements import load_object
+from .pgconn import HELD_KEY, NOW, Conn, HeldKey, PostgresPool
+from .records import AttemptFence, closing_response
+from .statements import canonical_or_store_error, load_object
 
 __all__ = ["OPENING_EPOCH", "AttemptRow", "PostgresAttempts", "SharedAttemptMirror"]
 
 OPENING_EPOCH: Final = 1
 """An attempt's fencing token when it opens; every takeover increments it (issue 29)."""
+_SETTLE_FENCE: Final = (
+    " AND (%s::text IS NULL OR owner = %s) AND (%s::bigint IS NULL OR epoch = %s)"
+)
+"""A close's fence: with an owner and epoch, only the row still theirs changes."""
 
 
 @dataclass(frozen=True)
@@ -83,9 +87,10 @@ class PostgresAttempts:
     ``opened`` inserts the attempt owned by this replica at :data:`OPENING_EPOCH` (and, in the
     same statement, makes the key its request holds the attempt's, or refuses if that key was
     taken over); ``grant_claimed`` and ``settle`` update it, fenced by its owner and epoch when
-    given; ``renew`` extends every lease this replica holds; ``take_lapsed`` moves one attempt
-    whose lease ran out to this replica (one row lock); ``take`` does the same for a named
-    attempt. Every move increments the attempt's ``epoch`` in the transaction that changes its
+    given; ``close_answering`` closes it as ``settle`` does and completes its request's key in
+    the same statement; ``renew`` extends every lease this replica holds; ``take_lapsed`` moves
+    one attempt whose lease ran out to this replica (one row lock); ``take`` does the same for a
+    named attempt. Every move increments the attempt's ``epoch`` in the transaction that changes its
     owner, so whatever the previous owner still holds is fenced off.
     """
 
@@ -130,7 +135,7 @@ class PostgresAttempts:
         # The key this request holds becomes the attempt's, and the attempt is inserted, in one
         # statement (one transaction): the INSERT takes its row only from the UPDATE's, so
         # nothing opens unless the key's holder is still this request's.
-        (tenant, principal, key), holder = held
+        (tenant, principal, key), holder = held.scope, held.holder
         inserted, _ = await self._store.statement(
             "WITH fenced AS (UPDATE idempotency SET opened_attempt = %s WHERE tenant = %s"  # noqa: S608
             " AND principal = %s AND key = %s AND holder = %s AND state = 'IN_PROGRESS'"
@@ -179,7 +184,7 @@ class PostgresAttempts:
         """Close the attempt, or record the status that leaves it open. With ``owner`` and
         ``epoch``, only while the row is still theirs (a close from a holder that was taken over
         changes nothing: the new owner resolves it). How many rows changed."""
-        fence = " AND (%s::text IS NULL OR owner = %s) AND (%s::bigint IS NULL OR epoch = %s)"
+        fence = _SETTLE_FENCE
         if closed:
             updated, _ = await self._store.statement(
                 f"UPDATE attempts SET state = 'CLOSED', last_status = %s, closed_at = {NOW}"  # noqa: S608
@@ -192,6 +197,49 @@ class PostgresAttempts:
                 (status, attempt_id, owner, owner, epoch, epoch),
             )
         return updated
+
+    async def close_answering(
+        self,
+        *,
+        attempt_id: str,
+        status: str,
+        owner: str | None,
+        epoch: int | None,
+        key: HeldKey,
+        response: str,
+        now: float,
+    ) -> bool:
+        """Close the attempt, fenced as :meth:`settle` closes it, and give the key its request
+        holds the final answer (``response``, canonical JSON), in one statement: one transaction,
+        one synced commit. The key takes it only while it is IN_PROGRESS under this request's
+        holder, and its attempt is this one (what ``idempotency_complete``'s own statement
+        requires); True when it did. Otherwise the close still holds, and the request's
+        ``idempotency_complete`` says why the key cannot take its answer, as it does without
+        this statement."""
+        (tenant, principal, key_name), holder = key.scope, key.holder
+        done, _ = await self._store.statement(
+            "WITH closed AS (UPDATE attempts SET state = 'CLOSED', last_status = %s,"  # noqa: S608
+            f" closed_at = {NOW} WHERE attempt_id = %s" + _SETTLE_FENCE + " RETURNING 1)"
+            " UPDATE idempotency SET state = 'DONE', response = %s, completed_at = %s"
+            " WHERE tenant = %s AND principal = %s AND key = %s AND state <> 'DONE'"
+            " AND (holder IS NULL OR holder = %s) AND opened_attempt = %s",
+            (
+                status,
+                attempt_id,
+                owner,
+                owner,
+                epoch,
+                epoch,
+                response,
+                now,
+                tenant,
+                principal,
+                key_name,
+                holder,
+                attempt_id,
+            ),
+        )
+        return done == 1
 
     async def renew(
         self, *, owner: str, lease_seconds: float, held: Mapping[str, int]
@@ -312,6 +360,10 @@ class SharedAttemptMirror:
     attempt, whose grant claim is fenced by it; :meth:`renew` moves its local lease deadline on
     only for the attempts the database renewed at the same epoch. GRANT_CLAIMED is written by the
     fenced claim itself (nothing more here); closes are fenced by owner and epoch.
+
+    A close that carries the caller's answer, in the task of a request that holds its key
+    (``state/pgconn.py`` ``HeldKey``), also completes that key, in the same statement
+    (:meth:`PostgresAttempts.close_answering`, issue 34).
     """
 
     def __init__(
@@ -322,6 +374,7 @@ class SharedAttemptMirror:
         lease_seconds: float,
         dispatch_seconds: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.attempts = attempts
         self.owner = owner
@@ -329,6 +382,8 @@ class SharedAttemptMirror:
         self.dispatch_seconds = dispatch_seconds
         """The dispatch deadline (``DOWNSTREAM_TIMEOUT_MS``): a send must end under the lease."""
         self._monotonic = monotonic
+        self._now = now
+        """The wall clock a key completed with its attempt's close records (``completed_at``)."""
         self._backlog: list[tuple[str, bool, str]] = []
         self._fences: dict[str, AttemptFence] = {}
 
@@ -404,7 +459,13 @@ class SharedAttemptMirror:
                 fence.claimed = True
         elif kind is RecordType.ATTEMPT_CLOSED:
             outcome = str(record["outcome"])
-            await self._settle(attempt_id, outcome != "UNKNOWN_AFTER_DISPATCH", outcome)
+            closed = outcome != "UNKNOWN_AFTER_DISPATCH"
+            answer = record.get("answer")
+            held = HELD_KEY.get()
+            if closed and held is not None and isinstance(answer, Mapping):
+                await self._close_answering(attempt_id, outcome, held, answer)
+            else:
+                await self._settle(attempt_id, closed, outcome)
         else:
             status = str(record["status"])
             await self._settle(attempt_id, status in CLOSING_STATUSES, status)
@@ -414,6 +475,40 @@ class SharedAttemptMirror:
             await self._write_settle(attempt_id, closed, status)
         except StoreError:
             self._backlog.append((attempt_id, closed, status))
+
+    async def _close_answering(
+        self, attempt_id: str, outcome: str, held: HeldKey, answer: Mapping[str, Any]
+    ) -> None:
+        """The close of an attempt whose request holds its key, with the answer the caller is
+        given: the attempt's close and the key's completion in one statement (one commit
+        fewer per ALLOW than the close and ``idempotency_complete`` apart). The response is
+        noted on ``held``, so the request's ``idempotency_complete`` sends nothing more. A
+        statement that fails leaves the close to the backlog, as :meth:`_settle` does, and the
+        key to ``idempotency_complete``; one that may have committed before failing is
+        harmless (the close is written again, the key finds its own answer)."""
+        response = closing_response(answer)
+        try:
+            text = canonical_or_store_error(response)
+        except StoreError:
+            await self._settle(attempt_id, True, outcome)
+            return
+        fence = self._fences.get(attempt_id)
+        try:
+            answered = await self.attempts.close_answering(
+                attempt_id=attempt_id,
+                status=outcome,
+                owner=self.owner if fence is not None else None,
+                epoch=fence.epoch if fence is not None else None,
+                key=held,
+                response=text,
+                now=self._now(),
+            )
+        except StoreError:
+            self._backlog.append((attempt_id, True, outcome))
+            return
+        self._fences.pop(attempt_id, None)
+        if answered:
+            held.recorded = response
 
     async def _write_settle(self, attempt_id: str, closed: bool, status: str) -> None:
         """A close of an attempt this replica holds a fence for is fenced by it: once another

@@ -40,7 +40,8 @@ import secrets
 import select
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextvars import ContextVar
-from typing import Final, Self, TypeVar
+from dataclasses import dataclass
+from typing import Any, Final, Self, TypeVar
 
 import psycopg
 from psycopg import errors as pgerrors
@@ -58,6 +59,7 @@ __all__ = [
     "MAX_RETRIES",
     "NOW",
     "Conn",
+    "HeldKey",
     "PostgresPool",
     "Scope",
     "ServerWatch",
@@ -83,10 +85,29 @@ ServerWatch = Callable[["psycopg.AsyncConnection[TupleRow]"], Awaitable[None]]
 NOW: Final = "extract(epoch from clock_timestamp())::double precision"
 
 Scope = tuple[str, str, str]  # (tenant, principal, key)
-HELD_KEY: ContextVar[tuple[Scope, str] | None] = ContextVar("agentsafe_key_holder", default=None)
-"""The key this task's request began (``idempotency_begin`` NEW) and its holder token: the
-attempt it opens, in the task the pipeline starts for it after the begin (which copies this
-context), is fenced by it, and only the request's own task completes or frees the key."""
+
+
+@dataclass(slots=True, eq=False)
+class HeldKey:
+    """The key a request began (``idempotency_begin`` NEW), its holder token, and the answer the
+    key took with its attempt's close, if it did.
+
+    One object, shared by the request's task and its attempt's (the attempt's context is a copy
+    of the request's, so both see the same object): the attempt's ATTEMPT_CLOSED, when it carries
+    the answer, closes the attempt and completes the key in one statement
+    (``SharedAttemptMirror``) and notes the response here; the request's
+    ``idempotency_complete`` then has nothing left to send for that same response."""
+
+    scope: Scope
+    holder: str
+    recorded: dict[str, Any] | None = None
+    """The response the key took with the attempt's close (``None``: it has not)."""
+
+
+HELD_KEY: ContextVar[HeldKey | None] = ContextVar("agentsafe_key_holder", default=None)
+"""The key this task's request began and its holder token: the attempt it opens, in the task the
+pipeline starts for it after the begin (which copies this context), is fenced by it, and only the
+request's own task completes or frees the key."""
 
 
 def check_store_url(url: str) -> str:

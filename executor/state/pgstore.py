@@ -13,11 +13,12 @@ the same SQL is correct on PostgreSQL-compatible distributed engines. A step tha
 statement runs as that statement alone (:meth:`PostgresStore.statement`, autocommit): it is its
 own transaction, at ``SERIALIZABLE`` too (every pooled session sets
 ``default_transaction_isolation``), and committed (durably, with ``synchronous_commit``) when its
-answer arrives, without the ``BEGIN`` and ``COMMIT`` round trips. Each of the five durable steps of
-an ALLOW (``idempotency_begin``, the mirror's ``opened``, ``claim_grant`` -- which also records
-the mirror's GRANT_CLAIMED --, ``settle``, ``idempotency_complete``) is one statement in the
-common case; a key found already
-there, or one that cannot take its answer, goes on to the full transaction below. Which
+answer arrives, without the ``BEGIN`` and ``COMMIT`` round trips. An ALLOW's durable steps are
+four statements in the common case: ``idempotency_begin``, the mirror's ``opened``,
+``claim_grant`` (which also records the mirror's GRANT_CLAIMED), and the mirror's close, which
+also completes the key its request holds with the answer the caller is given
+(``PostgresAttempts.close_answering``; ``idempotency_complete`` then sends nothing). A key found
+already there, or one that cannot take its answer, goes on to the full transaction below. Which
 guarantee rests on which statement:
 
 ===============================  ==================================================================
@@ -44,8 +45,10 @@ key's current holder             holder = <its holder> RETURNING 1) INSERT INTO 
                                  ... FROM fenced``: one statement; the attempt's row exists only
                                  if the key's row was its holder's (or nothing opens)
 the first final answer stays     ``UPDATE ... WHERE state <> 'DONE' AND holder`` is this request's
-                                 (or none); when no row matches, ``SELECT ... FOR UPDATE`` on the
-                                 key's row says why, or takes the answer, then ``UPDATE``
+                                 (or none), alone or in the attempt's close (``WITH closed AS
+                                 (UPDATE attempts ...) UPDATE idempotency ... AND opened_attempt``);
+                                 when no row matches, ``SELECT ... FOR UPDATE`` on the key's row
+                                 says why, or takes the answer, then ``UPDATE``
 a consumption happens once       ``INSERT INTO consumptions ... ON CONFLICT DO NOTHING``
 an approval is decided once      ``SELECT ... FOR UPDATE`` on the request, then ``UPDATE ... WHERE
                                  state = 'PENDING'``
@@ -94,7 +97,7 @@ from ..errors import StoreError
 from ..principals import Verification
 from ..windows import ceiling_verdict
 from .pgattempts import PostgresAttempts
-from .pgconn import HELD_KEY, NOW, Conn, PostgresPool, Scope
+from .pgconn import HELD_KEY, NOW, Conn, HeldKey, PostgresPool, Scope
 from .records import (
     RETENTION_SECONDS,
     ApprovalError,
@@ -326,16 +329,23 @@ class PostgresUseStore:
         else:
             state = await self._store.transaction(work)
         if state.kind is IdempotencyKind.NEW:
-            HELD_KEY.set(((tenant, principal, key), holder))
+            HELD_KEY.set(HeldKey((tenant, principal, key), holder))
         return state
 
     async def idempotency_complete(
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
     ) -> None:
-        """As :meth:`SQLiteUseStore.idempotency_complete`: the first final answer stays."""
-        text = canonical_or_store_error(response)
+        """As :meth:`SQLiteUseStore.idempotency_complete`: the first final answer stays.
 
-        held = _holder_of((tenant, principal, key))
+        A key that already took this response with its attempt's close (the mirror's one
+        statement, :class:`~agentsafe.executor.state.pgconn.HeldKey`) sends nothing more."""
+        scope = (tenant, principal, key)
+        begun = _begun(scope)
+        if begun is not None and begun.recorded is not None and begun.recorded == response:
+            _let_go(scope)
+            return
+        text = canonical_or_store_error(response)
+        held = begun.holder if begun is not None else None
 
         async def work(conn: Conn) -> None:
             # Read again under the row lock: say why the key cannot take this answer, or take it
@@ -678,15 +688,20 @@ async def _locked_key(conn: Conn, tenant: str, principal: str, key: str) -> Tupl
     return await cur.fetchone()
 
 
+def _begun(scope: Scope) -> HeldKey | None:
+    """This task's hold on ``scope``, if this task's request began it."""
+    held = HELD_KEY.get()
+    return held if held is not None and held.scope == scope else None
+
+
 def _holder_of(scope: Scope) -> str | None:
     """This task's holder token for ``scope``, if this task's request began it."""
-    held = HELD_KEY.get()
-    return held[1] if held is not None and held[0] == scope else None
+    held = _begun(scope)
+    return held.holder if held is not None else None
 
 
 def _let_go(scope: Scope) -> None:
-    held = HELD_KEY.get()
-    if held is not None and held[0] == scope:
+    if _begun(scope) is not None:
         HELD_KEY.set(None)
 
 

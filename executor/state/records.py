@@ -232,6 +232,14 @@ def check_sign_count(stored: int, presented: int) -> None:
         )
 
 
+def closing_response(answer: Mapping[str, Any]) -> dict[str, Any]:
+    """The key's response for an attempt's answer (the one its ATTEMPT_CLOSED carries, or a
+    reconciled one): an attempt's answer is given with status 200 (``lifecycle/attempt.py``), so
+    a key completed with the attempt's close (``state/pgattempts.py``) or settled from the
+    journal after a restart (``lifecycle/recovery.py``) replays exactly what was given."""
+    return {"status": 200, "body": dict(answer)}
+
+
 def settles(recorded: object) -> bool:
     """Whether a finished idempotency answer may be replaced by a reconciled one: only an
     UNKNOWN_AFTER_DISPATCH answer ever is (every store)."""

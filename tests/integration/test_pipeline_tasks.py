@@ -140,7 +140,8 @@ async def test_on_postgresql_the_attempt_task_is_fenced_by_the_key_its_pipeline_
     assert (status, body["outcome"]) == (200, "COMPLETED")
     # The attempt's task inherited the holder idempotency_begin set in the pipeline's task ...
     assert watched.held_in_attempt not in ("unset", None)
-    (tenant, principal, key), holder = watched.held_in_attempt
+    held = watched.held_in_attempt
+    (tenant, principal, key), holder = held.scope, held.holder
     assert key == "held-1"
     # ... which the database fenced its open with: the key's row names the attempt it opened.
     async with await psycopg.AsyncConnection.connect(pg_url) as conn:
@@ -157,3 +158,37 @@ async def test_on_postgresql_the_attempt_task_is_fenced_by_the_key_its_pipeline_
     assert row[2] == row[3]
     # The pipeline's task let go of the key when it recorded the answer.
     assert watched.held_after is None
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("postgres")
+async def test_on_postgresql_an_allow_sends_four_statements_and_its_key_replays_the_answer(
+    running: Factory, pg_url: str
+) -> None:
+    """The key's begin, the fenced open, the fenced claim, and the close that completes the key
+    (issue 34: the close and the key's completion were two statements, two commits)."""
+    run = await running(
+        EXECUTOR_STORE_URL=pg_url,
+        EXECUTOR_REPLICA_ID="solo",
+        EXECUTOR_ATTEMPT_LEASE_SECONDS="5",
+        DOWNSTREAM_TIMEOUT_MS="2000",
+    )
+    pool: Any = run.executor.backend.store._store  # type: ignore[attr-defined]
+    sent: list[str] = []
+    statement = pool.statement
+
+    async def counted(sql: str, params: Any = ()) -> Any:
+        sent.append(sql.split()[0])
+        return await statement(sql, params)
+
+    pool.statement = counted
+    status, body = await run.propose(amount=4000, key="four-1")
+    assert (status, body["outcome"]) == (200, "COMPLETED")
+    assert sent == ["INSERT", "WITH", "WITH", "WITH"]
+    async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+        cur = await conn.execute("SELECT state FROM attempts")
+        assert await cur.fetchall() == [("CLOSED",)]
+    again_status, again = await run.propose(amount=4000, key="four-1")
+    assert again_status == 200
+    assert (again.pop("replayed"), body.pop("replayed")) == (True, False)
+    assert again == body

@@ -156,7 +156,9 @@ async def test_an_attempt_whose_key_was_taken_over_before_it_opened_never_says_n
     decision = await fenced.allow(intent)
     attempt: Attempt = fenced.attempt()
     # the key this request began is now another request's: its holder token no longer matches
-    held = pgconn.HELD_KEY.set((("tenant", "principal", "key"), "the-holder-that-lost-it"))
+    held = pgconn.HELD_KEY.set(
+        pgconn.HeldKey(("tenant", "principal", "key"), "the-holder-that-lost-it")
+    )
     try:
         with pytest.raises(RequestRejected) as refused:
             await run(fenced, attempt, intent, decision)

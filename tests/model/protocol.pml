@@ -176,6 +176,19 @@ byte npause, ncrash, npart, nfail;
 /* the mirror forgets an attempt's fence when it closes it (SharedAttemptMirror._write_settle) */
 #define DROP_FENCE(x) if :: holds[x] == r + 1 -> holds[x] = 0 :: else -> skip fi
 
+/* ATTEMPT_CLOSED with the answer the caller is given completes the request's key in the close's
+   own statement (PostgresAttempts.close_answering): only a key IN_PROGRESS under this request's
+   holder takes it; then the request's idempotency_complete sends nothing, and the caller is
+   answered (answered:). Otherwise the request's own completion says why (complete:). */
+#define KEY_TAKES_ANSWER \
+  if \
+  :: k_state[k] == K_INPROG && k_holder[k] == a -> \
+       k_state[k] = K_DONE; k_answer[k] = out; DIRTY; \
+       printf("STEP complete r=%d a=%d k=%d answer=%d WITH_CLOSE\n", r, a, k, out); \
+       goto answered \
+  :: else -> skip \
+  fi
+
 #ifdef ASYNC
 #define EXCUSED(k) lost[k]
 #else
@@ -363,6 +376,16 @@ proctype request(byte a; byte k; byte r)
        fi;
        DROP_FENCE(a);
        printf("STEP close r=%d a=%d answer=%d\n", r, a, out) }
+  :: atomic { ALIVE(a) && DB(r) && send[a] == S_LANDED ->
+       out = ANS_COMPLETED; j_closed[a] = 1;
+       if
+       :: a_state[a] == A_OPEN && a_owner[a] == r && EPOCH_IS(a, ep) ->
+            a_state[a] = A_CLOSED; DIRTY
+       :: else -> skip
+       fi;
+       DROP_FENCE(a);
+       printf("STEP close r=%d a=%d answer=%d WITH_ANSWER\n", r, a, out);
+       KEY_TAKES_ANSWER }
 #ifndef LEAN
   :: atomic { ALIVE(a) && UP(r) && send[a] == S_LANDED ->
        out = ANS_UNKNOWN; unk[a] = 1; printf("STEP reply r=%d a=%d LOST_REPLY\n", r, a);
@@ -387,6 +410,16 @@ close:
        fi;
        DROP_FENCE(a);
        printf("STEP close r=%d a=%d answer=%d\n", r, a, out) }
+  :: atomic { ALIVE(a) && DB(r) ->
+       j_closed[a] = 1;
+       if
+       :: a_state[a] == A_OPEN && a_owner[a] == r && EPOCH_IS(a, ep) ->
+            a_state[a] = A_CLOSED; DIRTY
+       :: else -> skip
+       fi;
+       DROP_FENCE(a);
+       printf("STEP close r=%d a=%d answer=%d WITH_ANSWER\n", r, a, out);
+       KEY_TAKES_ANSWER }
   fi;
 
 complete:
@@ -403,6 +436,14 @@ complete:
             printf("STEP complete r=%d a=%d k=%d NOT_RECORDED\n", r, a, k)
        fi;
        ANSWER }
+  fi;
+
+answered:
+  /* the key took the answer with the attempt's close: nothing more is sent, the caller is
+     answered */
+  if
+  :: !ALIVE(a) -> goto dead
+  :: atomic { ALIVE(a) && UP(r) -> ANSWER }
   fi;
 
 dead:

@@ -20,7 +20,7 @@ from agentsafe.executor.state.records import (
     ApprovalState,
     IdempotencyKind,
 )
-from tests.support.intents import make_intent
+from tests.support.intents import make_intent, opened_record
 from tests.support.postgres import PostgresServer
 
 # One worker runs every test on the one PostgreSQL server its session starts.
@@ -152,17 +152,7 @@ async def test_a_lapsed_lease_is_taken_by_exactly_one_replica(pg_url: str) -> No
     try:
         intent = make_intent(now=1.0)
         dead = SharedAttemptMirror(stores[0].attempts, owner="replica-a", lease_seconds=2)
-        await dead.record(
-            RecordType.ATTEMPT_OPENED,
-            {
-                "attempt_id": "att-1",
-                "at": "2026-12-01T08:00:00.000Z",
-                "intent_hash": intent.intent_hash,
-                "intent": intent.binding,
-                "caller": "agent",
-                "action": intent.action,
-            },
-        )
+        await dead.record(RecordType.ATTEMPT_OPENED, opened_record("att-1", intent))
         held_until = await _lease_until(pg_url, "att-1")
         live = await stores[1].attempts.take_lapsed(owner="replica-b", lease_seconds=30)
         if await stores[1].now() < held_until:
@@ -250,17 +240,7 @@ async def test_a_key_whose_holder_never_opened_its_attempt_is_taken_over_after_i
         return state.kind
 
     async def open_attempt(attempt_id: str) -> None:
-        await mirror.record(
-            RecordType.ATTEMPT_OPENED,
-            {
-                "attempt_id": attempt_id,
-                "at": "2026-12-01T08:00:00.000Z",
-                "intent_hash": intent.intent_hash,
-                "intent": intent.binding,
-                "caller": "agent",
-                "action": intent.action,
-            },
-        )
+        await mirror.record(RecordType.ATTEMPT_OPENED, opened_record(attempt_id, intent))
 
     async def lapsed() -> None:
         await _until_true(

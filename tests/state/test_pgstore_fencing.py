@@ -16,7 +16,7 @@ from agentsafe.executor.state.pgattempts import OPENING_EPOCH, SharedAttemptMirr
 from agentsafe.executor.state.pgschema import MIGRATIONS, SCHEMA_VERSION
 from agentsafe.executor.state.pgstore import PostgresStore
 from agentsafe.executor.state.records import AttemptFence
-from tests.support.intents import make_intent
+from tests.support.intents import make_intent, opened_record
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("postgres")]
 
@@ -32,17 +32,7 @@ class Ticks:
 
 
 async def _open(mirror: SharedAttemptMirror, attempt_id: str, intent: CapturedIntent) -> None:
-    await mirror.record(
-        RecordType.ATTEMPT_OPENED,
-        {
-            "attempt_id": attempt_id,
-            "at": "2026-12-01T08:00:00.000Z",
-            "intent_hash": intent.intent_hash,
-            "intent": intent.binding,
-            "caller": "agent",
-            "action": intent.action,
-        },
-    )
+    await mirror.record(RecordType.ATTEMPT_OPENED, opened_record(attempt_id, intent))
 
 
 async def _claim(store: PostgresStore, grant_id: str, fence: AttemptFence | None) -> bool:

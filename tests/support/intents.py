@@ -6,6 +6,8 @@
 - :func:`numbered_intent` builds intent number ``n`` straight from its binding, for the journal
   and reconciliation tests, which need many intents with distinct ids, keys and hashes and never
   a full capture.
+- :func:`opened_record` is the ATTEMPT_OPENED record of an intent, as the journal hands it to
+  the shared store's mirror.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "PAYOUT_TARGET",
     "make_intent",
     "numbered_intent",
+    "opened_record",
 ]
 
 PAYOUT_PRINCIPAL = legacy_principal(
@@ -77,3 +80,15 @@ def numbered_intent(number: int, *, parameters: Mapping[str, Any] | None = None)
         "context": {"caller_principal": "agent-1"},
     }
     return CapturedIntent(binding=binding, intent_hash=intent_hash(binding))
+
+
+def opened_record(attempt_id: str, intent: CapturedIntent) -> dict[str, Any]:
+    """ATTEMPT_OPENED for ``intent``, as the journal hands it to ``SharedAttemptMirror.record``."""
+    return {
+        "attempt_id": attempt_id,
+        "at": "2026-12-01T08:00:00.000Z",
+        "intent_hash": intent.intent_hash,
+        "intent": intent.binding,
+        "caller": "agent",
+        "action": intent.action,
+    }
