@@ -272,29 +272,47 @@ class PostgresPool:
     def schema_version(self) -> int:
         return SCHEMA_VERSION
 
-    @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Conn]:
+    async def _checkout(self) -> Conn:
         """A pooled connection the server has not dropped while it idled in the pool: one that
         is closed or has input waiting (a restart sends its FATAL and closes; nothing else
         speaks unasked on these sessions) is closed, so the pool drops it, and another taken.
-        Nothing was sent on it, so this changes nothing. One ``poll``, no round trip."""
+        Nothing was sent on it, so this changes nothing. One ``poll``, no round trip. The caller
+        hands it back with :meth:`_checkin`."""
         for _ in range(_MAX_STALE):
-            async with self._pool.connection(timeout=self._timeout) as conn:
-                if not _spoke_while_idle(conn):
-                    try:
-                        yield conn
-                    except psycopg.Error as exc:
-                        if exc.sqlstate in _WRONG_SERVER:
-                            # A server that is no longer the primary (read-only, or in
-                            # recovery): this connection and every other pooled one lead to it,
-                            # so all are dropped and the next are opened through the host list
-                            # (target_session_attrs=read-write) to the new primary.
-                            await conn.close()
-                            await self._pool.drain()
-                        raise
-                    return
-                await conn.close()
+            conn = await self._pool.getconn(timeout=self._timeout)
+            if not _spoke_while_idle(conn):
+                return conn
+            await conn.close()
+            await self._pool.putconn(conn)
         raise StoreError("the shared store keeps dropping connections", code=Code.STORE_UNAVAILABLE)
+
+    async def _checkin(self, conn: Conn, exc: BaseException | None) -> None:
+        """Hand ``conn`` back to the pool (which resets or replaces one left in a transaction or
+        broken). After a refusal from a server that is no longer the primary (read-only, or in
+        recovery), this connection and every other pooled one lead to it, so all are dropped
+        and the next are opened through the host list (``target_session_attrs=read-write``) to
+        the new primary."""
+        try:
+            if isinstance(exc, psycopg.Error) and exc.sqlstate in _WRONG_SERVER:
+                await conn.close()
+                await self._pool.drain()
+        finally:
+            await self._pool.putconn(conn)
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Conn]:
+        """:meth:`_checkout` for a transaction: the connection's own context (commit, or roll
+        back on an error) inside, :meth:`_checkin` after."""
+        conn = await self._checkout()
+        failure: BaseException | None = None
+        try:
+            async with conn:
+                yield conn
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            await self._checkin(conn, failure)
 
     async def transaction(self, fn: Callable[[Conn], Awaitable[_T]]) -> _T:
         """Run ``fn`` in one SERIALIZABLE transaction, re-run on 40001/40P01."""
@@ -348,10 +366,21 @@ class PostgresPool:
         refused_retried = False
         for _ in range(MAX_RETRIES):
             try:
-                async with self._connection() as conn:
+                # Checked out and in directly, without the connection's context: an autocommit
+                # statement leaves no transaction to commit or roll back (the pool resets a
+                # connection that is not idle), so its COMMIT check under the connection's
+                # lock would be one more wait per statement for nothing.
+                conn = await self._checkout()
+                failure: BaseException | None = None
+                try:
                     cur = await conn.execute(sql, params)
                     row = await cur.fetchone() if cur.description is not None else None
                     return cur.rowcount, row
+                except BaseException as exc:
+                    failure = exc
+                    raise
+                finally:
+                    await self._checkin(conn, failure)
             except psycopg.Error as exc:
                 cancelled()
                 if exc.sqlstate in _RETRY_STATES:
