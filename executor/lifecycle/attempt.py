@@ -474,8 +474,10 @@ class Attempt:
         finalization: str | None,
         answer: Mapping[str, Any] | None = None,
     ) -> None:
-        """ATTEMPT_CLOSED, with the answer when it fits. A journal that cannot take it leaves
-        the attempt open: the next start asks the provider, and the answer given stands."""
+        """ATTEMPT_CLOSED, with the answer when it fits: the body of the 200 the caller is
+        given, which the shared store's close records as the key's answer
+        (``state/records.py`` ``closing_response``). A journal that cannot take it leaves the
+        attempt open: the next start asks the provider, and the answer given stands."""
         if self.journal is None:
             return
         try:
