@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -83,11 +84,70 @@ def banking_environment(bank_url: str) -> dict[str, str]:
     }
 
 
+_PORT_FLOOR = 20000
+"""The lowest port :func:`free_port` hands out."""
+_PORT_CLAIM_SECONDS = 120.0
+"""How long a port handed out stays claimed for this machine's other processes: far longer than
+any child takes to bind it."""
+_PORT_CLAIMS = Path(tempfile.gettempdir()) / "agentsafe-ports"
+
+
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for the local end of outgoing connections (Linux's default if unread)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _claim_port(port: int) -> bool:
+    """Claim ``port`` for this process with an exclusive file, so that a parallel test worker
+    does not hand the same port out before the first child has bound it. A claim older than
+    ``_PORT_CLAIM_SECONDS`` is stale and is taken over."""
+    claim = _PORT_CLAIMS / str(port)
+    try:
+        _PORT_CLAIMS.mkdir(mode=0o700, exist_ok=True)
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - claim.stat().st_mtime < _PORT_CLAIM_SECONDS:
+                return False
+            os.utime(claim)
+        except OSError:
+            return False
+        return True
+    except OSError:
+        return True  # no claims here (another user's directory): the bind probe still decides
+
+
 def free_port() -> int:
+    """A loopback TCP port that nothing holds now, for a child process to bind.
+
+    Not the kernel's ``bind(0)``: that port comes from the ephemeral range, the range the kernel
+    also uses for the local end of every outgoing connection. Between the probe's close and the
+    child's bind, any client socket on the machine could take it, and the child then fails with
+    EADDRINUSE (it did, once, in CI). So the port comes from below that range, is claimed
+    against parallel workers (``_claim_port``), and is probed by a bind without SO_REUSEADDR,
+    which also fails on a port in TIME_WAIT.
+    """
+    low, _high = _ephemeral_ports()
+    if low - _PORT_FLOOR >= 1000:
+        for _ in range(500):
+            port = _PORT_FLOOR + secrets.randbelow(low - _PORT_FLOOR)
+            if not _claim_port(port):
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 async def wait_until(
