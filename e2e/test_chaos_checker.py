@@ -207,6 +207,33 @@ def test_a_chain_that_does_not_verify_or_lacks_a_dispatch_fails(tmp_path: Path) 
     assert "chain:r0.stdout.jsonl" in result.offending
 
 
+def test_a_replica_that_finds_its_lost_writes_after_the_heal_still_makes_the_wait_by_design() -> (
+    None
+):
+    """CI, seed 29: at the heal only r1 had halted for lost writes; r2 and r0 found theirs 0.1 s
+    later, and r0 had meanwhile answered the key 503 STORE_UNAVAILABLE. With every replica
+    halted by the end, the key waits for an operator; it would not if its last answer were
+    anything but the halt, or if a replica that never halted had answered it."""
+    halted = {"status": 503, "outcome": "BLOCKED", "reason_codes": ["EXECUTOR_HALTED"]}
+    unavailable = {"status": 503, "outcome": "BLOCKED", "reason_codes": ["STORE_UNAVAILABLE"]}
+    answers = [
+        {**_answer("k", at=100.4), "replica": "r0", "sent": 100.3, **unavailable},
+        {**_answer("k", at=100.9), "replica": "r1", "sent": 100.8, **halted},
+        {**_answer("k", at=101.4), "replica": "r2", "sent": 101.3, **halted},
+        {**_answer("k", at=101.9), "replica": "r0", "sent": 101.8, **halted},
+    ]
+    everyone = ["r0", "r1", "r2"]
+    result = checker.check_final_answer(_history([], answers, halted_for_lost_writes=everyone))
+    assert result.status == "PASS"
+    assert "1 exempt" in result.note
+    at_the_heal = _history([], answers, halted_for_lost_writes=["r1"])
+    assert list(checker.check_final_answer(at_the_heal).offending) == ["k"]
+    last_not_a_halt = _history(
+        [], [*answers, {**answers[0], "sent": 102.3}], halted_for_lost_writes=everyone
+    )
+    assert list(checker.check_final_answer(last_not_a_halt).offending) == ["k"]
+
+
 def test_a_key_only_halted_replicas_answered_is_exempt_and_named() -> None:
     halted = [_answer("k", status=503, code="EXECUTOR_HALTED", lost_writes=True)]
     result = checker.check_final_answer(_history([], halted))

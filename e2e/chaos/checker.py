@@ -25,10 +25,12 @@ Properties (each PASS or FAIL, with counts and the offending keys):
 ``final-answer-within-bound``
     every key a client sent has a final answer (a settled outcome, or a 4xx refusal) no later
     than ``bound_seconds`` after the faults healed (or after it was first sent, if later). A key
-    whose only answers after the faults came from replicas halted for lost writes (the answer
-    names STORE_LOST_WRITES, or it is a 503 EXECUTOR_HALTED from a replica whose own security
-    stream said HALTED with cause STORE_LOST_WRITES: ``halted_for_lost_writes`` in the history)
-    waits for an operator by design; it is listed in the note as exempt, never counted as
+    whose answers after the faults all came from replicas halted for lost writes waits for an
+    operator by design: an answer names STORE_LOST_WRITES, or every answer after the heal came
+    from replicas whose own security stream said HALTED with cause STORE_LOST_WRITES by the end
+    of the run (``halted_for_lost_writes`` in the history), the last of them a 503
+    EXECUTOR_HALTED (a replica finds its lost writes only when it next reaches the store, and
+    may answer 503 until then). Such a key is listed in the note as exempt, never counted as
     passing;
 ``evidence-verifies-offline``
     every chain file verifies (``agentsafe verify chain`` exits 0) and every grant the provider
@@ -217,26 +219,31 @@ def check_final_answer(history: History) -> PropertyResult:
     final_at: dict[str, float] = {}
     halted: set[str] = set()
     # Replicas that halted for lost writes (their own security lines, read by the harness at the
-    # heal) stay halted until an operator resumes them: a key that after the heal met only
-    # their halt waits for that operator by design.
+    # end of the run) stay halted until an operator resumes them. A replica finds its lost
+    # writes only when it next reaches the store, which can be after the heal, and may answer
+    # 503 until then. So a key waits for that operator by design when every answer after the
+    # heal came from such replicas and the last was a halt.
     lost_writes_replicas = set(history.meta.get("halted_for_lost_writes") or ())
     only_halted: dict[str, bool] = {}
-    for answer in history.answers:
+    last_halted: dict[str, bool] = {}
+    for answer in sorted(history.answers, key=lambda a: float(a.get("sent") or 0)):
         key = str(answer.get("key"))
         if answer.get("lost_writes"):
             halted.add(key)
         if float(answer.get("sent") or 0) >= healed_at > 0:
-            met_halt = (
-                answer.get("replica") in lost_writes_replicas
+            from_halted = answer.get("replica") in lost_writes_replicas
+            only_halted[key] = only_halted.get(key, True) and from_halted
+            last_halted[key] = (
+                from_halted
                 and answer.get("status") == 503
                 and "EXECUTOR_HALTED" in (answer.get("reason_codes") or [answer.get("code")])
             )
-            only_halted[key] = only_halted.get(key, True) and met_halt
         sent = float(answer.get("sent") or 0)
         first_sent[key] = min(first_sent.get(key, sent), sent)
         if is_final(answer):
             at = float(answer.get("at") or 0)
             final_at[key] = min(final_at.get(key, at), at)
+    only_halted = {key: met and last_halted[key] for key, met in only_halted.items()}
     offending: dict[str, str] = {}
     exempt: list[str] = []
     for key, sent in sorted(first_sent.items()):
