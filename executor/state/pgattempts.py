@@ -27,7 +27,7 @@ from ..codes import Code
 from ..config import LEASE_MARGIN_SECONDS
 from ..errors import StoreError
 from .journal import CLOSING_STATUSES, ReconciledStatus, RecordType
-from .pgconn import HELD_KEY, NOW, Conn, HeldKey, PostgresPool
+from .pgconn import HELD_KEY, NOW, STILL_OPEN, Conn, HeldKey, PostgresPool
 from .records import AttemptFence, closing_response
 from .statements import canonical_or_store_error, load_object
 
@@ -160,9 +160,9 @@ class PostgresAttempts:
         ``owner`` (and ``epoch``), only on the row still theirs and open: ``ATTEMPT_FENCED``
         otherwise."""
         updated, _ = await self._store.statement(
-            "UPDATE attempts SET grant_claimed = true, grant_id = %s, grant_expires_at = %s,"
+            "UPDATE attempts SET grant_claimed = true, grant_id = %s, grant_expires_at = %s,"  # noqa: S608
             " payload_digest = %s WHERE attempt_id = %s AND (%s::text IS NULL OR (owner = %s"
-            " AND state = 'OPEN')) AND (%s::bigint IS NULL OR epoch = %s)",
+            f" AND {STILL_OPEN})) AND (%s::bigint IS NULL OR epoch = %s)",
             (grant_id, grant_expires_at, payload_digest, attempt_id, owner, owner, epoch, epoch),
         )
         if updated != 1:
@@ -261,7 +261,7 @@ class PostgresAttempts:
                 f"UPDATE attempts a SET lease_until = {NOW} + %s"  # noqa: S608
                 " FROM unnest(%s::text[], %s::bigint[]) AS h(attempt_id, epoch)"
                 " WHERE a.attempt_id = h.attempt_id AND a.epoch = h.epoch AND a.owner = %s"
-                " AND a.state = 'OPEN' RETURNING a.attempt_id, a.epoch",
+                f" AND a.{STILL_OPEN} RETURNING a.attempt_id, a.epoch",
                 (lease_seconds, ids, epochs, owner),
             )
             return [(str(r[0]), int(r[1])) for r in await cur.fetchall()]

@@ -83,6 +83,13 @@ the store is unavailable until the host list leads to a primary."""
 ServerWatch = Callable[["psycopg.AsyncConnection[TupleRow]"], Awaitable[None]]
 """Awaited with every new connection before it is used (``state/lostwrites.py``)."""
 NOW: Final = "extract(epoch from clock_timestamp())::double precision"
+STILL_OPEN: Final = "state <> 'CLOSED'"
+"""An attempt's row is open (the column holds only OPEN or CLOSED), said so that no index can
+serve it. A statement about one attempt then reaches its row by the primary key alone. Said as
+``state = 'OPEN'``, the planner scanned every open attempt through ``attempts_open`` (it judged
+that range smaller than one primary-key probe), so each such statement took SERIALIZABLE read
+locks on every open attempt, and under load nearly every concurrent attempt's write conflicted
+with it: about one serialization failure per ALLOW at concurrency 16 (issue 34)."""
 
 Scope = tuple[str, str, str]  # (tenant, principal, key)
 

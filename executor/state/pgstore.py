@@ -27,9 +27,10 @@ guarantee                        statement
 a grant is claimed once          ``INSERT INTO grant_claims ... ON CONFLICT DO NOTHING``: the
                                  primary key admits one row; ``rowcount`` says who won
 a grant is claimed only by the   ``WITH fenced AS (UPDATE attempts SET grant_claimed = true ...
-attempt's current owner, under   WHERE attempt_id AND owner AND epoch AND state = 'OPEN' AND NOT
-a live lease (issue 29)          grant_claimed AND lease_until > now RETURNING ...) INSERT INTO
-                                 grant_claims ... SELECT ... FROM fenced``: one statement; no
+attempt's current owner, under   WHERE attempt_id AND owner AND epoch AND state <> 'CLOSED'
+a live lease (issue 29)          AND NOT grant_claimed AND lease_until > now RETURNING ...)
+                                 INSERT INTO grant_claims ... SELECT ... FROM fenced``: one
+                                 statement (the row reached by its primary key); no
                                  claim, and no GRANT_CLAIMED, once the lease lapsed or the
                                  attempt was taken over (``ATTEMPT_FENCED``)
 every takeover fences the old    ``UPDATE attempts SET owner, lease_until, epoch = epoch + 1`` in
@@ -97,7 +98,7 @@ from ..errors import StoreError
 from ..principals import Verification
 from ..windows import ceiling_verdict
 from .pgattempts import PostgresAttempts
-from .pgconn import HELD_KEY, NOW, Conn, HeldKey, PostgresPool, Scope
+from .pgconn import HELD_KEY, NOW, STILL_OPEN, Conn, HeldKey, PostgresPool, Scope
 from .records import (
     RETENTION_SECONDS,
     ApprovalError,
@@ -196,7 +197,7 @@ class PostgresUseStore:
         _, row = await self._store.statement(
             "WITH fenced AS (UPDATE attempts SET grant_claimed = true, grant_id = %s,"  # noqa: S608
             f" grant_expires_at = %s, payload_digest = %s, lease_until = {NOW} + %s"
-            " WHERE attempt_id = %s AND owner = %s AND epoch = %s AND state = 'OPEN'"
+            f" WHERE attempt_id = %s AND owner = %s AND epoch = %s AND {STILL_OPEN}"
             f" AND NOT grant_claimed AND lease_until > {NOW} RETURNING attempt_id),"
             " claimed AS (INSERT INTO grant_claims (grant_id, binding_digest, expires_at,"
             " claimed_at) SELECT %s, %s, %s, %s FROM fenced ON CONFLICT (grant_id) DO NOTHING"

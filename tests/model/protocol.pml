@@ -317,7 +317,7 @@ proctype request(byte a; byte k; byte r)
 #else
   /* the fenced claim: one statement (PostgresUseStore.claim_grant with a fence):
      WITH fenced AS (UPDATE attempts SET grant_claimed = true, ..., lease_until = now + lease
-       WHERE attempt_id = ? AND owner = ? AND epoch = ? AND state = 'OPEN' AND NOT grant_claimed
+       WHERE attempt_id = ? AND owner = ? AND epoch = ? AND state <> 'CLOSED' AND NOT grant_claimed
        AND lease_until > now RETURNING ...)
      INSERT INTO grant_claims ... SELECT ... FROM fenced */
   if
@@ -509,7 +509,7 @@ end_keeper:
        fi }
 
   /* renew (SharedAttemptMirror.renew -> PostgresAttempts.renew): UPDATE attempts SET
-     lease_until = now + lease WHERE owner = ? AND state = 'OPEN' [AND attempt_id = ANY(the
+     lease_until = now + lease WHERE owner = ? AND state <> 'CLOSED' [AND attempt_id = ANY(the
      attempts this process holds a fence for)]; only a renewal that changes something is a
      step (a lapsed lease no one took yet) */
   :: atomic { myinc == inc[r] && DB(r) && !starting[r] &&
