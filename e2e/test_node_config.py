@@ -27,6 +27,29 @@ def test_the_kubelet_accepts_cgroup_v1_and_never_collects_imported_images(tmp_pa
     assert config["authentication"]["anonymous"]["enabled"] is False
 
 
+def test_the_kubelet_evicts_below_an_absolute_floor_not_a_share_of_the_disk(
+    tmp_path: Path,
+) -> None:
+    # This machine's disk reports 252 GiB while what is free is what its host leaves: "1%" put
+    # a node with 1.7 GiB free under DiskPressure, and it evicted the chart's pods in a loop.
+    config = yaml.safe_load(
+        node.kubelet_config(
+            tmp_path, ca=tmp_path / "ca.crt", socket_path=tmp_path / "c.sock", port=1, healthz=2
+        )
+    )
+    hard = config["evictionHard"]
+    assert hard["nodefs.available"] == hard["imagefs.available"] == "256Mi"
+    assert not any(value.endswith("%") for value in hard.values())
+
+
+def test_up_refuses_a_disk_too_full_for_the_node_and_says_so(tmp_path: Path) -> None:
+    assert node.disk_shortfall(tmp_path, free_bytes=node.MIN_FREE_BYTES) is None
+    message = node.disk_shortfall(tmp_path / ".cluster", free_bytes=300 << 20)
+    assert message is not None
+    assert message.startswith("only 300 MiB free on the filesystem of ")
+    assert "free some space" in message
+
+
 def test_containerd_restricts_oom_score_adj_and_uses_the_built_pause_image(tmp_path: Path) -> None:
     text = node.containerd_config(tmp_path, socket_path=tmp_path / "c.sock", cni_bin="/opt/cni/bin")
     assert "restrict_oom_score_adj = true" in text

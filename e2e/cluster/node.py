@@ -109,6 +109,15 @@ DEBIAN_TOOLS = {
     "debootstrap": "debootstrap",
 }
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+EVICTION_FLOOR = "256Mi"
+"""Free space below which the kubelet evicts pods (node and image filesystems). An absolute
+floor, not a share: this machine's disk reports 252 GiB in all while the space actually free is
+whatever its host leaves, so "1%" (2.5 GiB) put a node with 1.7 GiB free under DiskPressure and
+it evicted every pod the chart started, hundreds a minute, until ``helm --wait`` timed out."""
+MIN_FREE_BYTES = 1536 << 20
+"""Free space ``up`` asks for on the filesystem of the state directory: what a node running the
+scenario takes there (1.2 GiB measured: containerd's content and snapshots 0.7, the exported
+image archives 0.3, etcd 0.1) plus the eviction floor."""
 
 
 class NodeError(RuntimeError):
@@ -162,6 +171,19 @@ def missing_prerequisites() -> list[str]:
     if os.geteuid() != 0:
         problems.append("run as root: the node changes the host's network, cgroups and sysctls")
     return problems
+
+
+def disk_shortfall(path: Path, *, free_bytes: int | None = None) -> str | None:
+    """Why the filesystem holding ``path`` is too full for the node, or None if it is not."""
+    probe = path if path.exists() else path.parent
+    free = shutil.disk_usage(probe).free if free_bytes is None else free_bytes
+    if free >= MIN_FREE_BYTES:
+        return None
+    return (
+        f"only {free / (1 << 20):.0f} MiB free on the filesystem of {path}; the node needs "
+        f"{MIN_FREE_BYTES >> 20} MiB (its kubelet evicts every pod below {EVICTION_FLOOR}): "
+        "free some space (old clones, ~/.cache/go-build) and run it again"
+    )
 
 
 def install_packages() -> None:
@@ -496,8 +518,8 @@ def kubelet_config(state: Path, *, ca: Path, socket_path: Path, port: int, healt
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {
             "memory.available": "100Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
+            "nodefs.available": EVICTION_FLOOR,
+            "imagefs.available": EVICTION_FLOOR,
         },
         "serializeImagePulls": False,
         "syncFrequency": "10s",
@@ -794,6 +816,9 @@ def up(state_dir: Path = DEFAULT_STATE_DIR, *, build_image: bool = True) -> Clus
         if existing is not None:
             _log(f"the node is already up; kubeconfig: {existing.kubeconfig}")
             return existing
+        shortfall = disk_shortfall(state_dir)
+        if shortfall is not None:
+            raise NodeError(shortfall)
         leftover = State.load()
         if leftover is not None:
             _log(f"cleaning up what an earlier node left behind ({leftover.state_dir})")
