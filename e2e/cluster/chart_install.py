@@ -9,6 +9,8 @@ namespace that enforces the restricted Pod Security Standard, and ``helm test`` 
 from __future__ import annotations
 
 import json
+import subprocess
+from typing import Any
 
 from .control_plane import ControlPlane
 
@@ -25,8 +27,6 @@ MONITORING = "agentsafe-e2e-monitoring"
 
 def install_chart(plane: ControlPlane, *, namespace: str = NAMESPACE) -> None:
     """``helm upgrade --install ... --wait`` from the repository's chart, then ``helm test``."""
-    from .kind_backend import REPO
-
     manifest = {
         "apiVersion": "v1",
         "kind": "Namespace",
@@ -37,6 +37,18 @@ def install_chart(plane: ControlPlane, *, namespace: str = NAMESPACE) -> None:
     }
     plane.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     print(f"[e2e] helm install {RELEASE} charts/agentsafe (image {IMAGE}) --wait", flush=True)
+    try:
+        _helm_install(plane, namespace)
+        plane.helm("test", RELEASE, "--namespace", namespace, "--timeout", "2m", timeout=150)
+    except (AssertionError, subprocess.TimeoutExpired) as error:
+        # helm says only "context deadline exceeded": say what the cluster saw, within the
+        # session fixture's 300 s, so a CI log shows why (an evicting node, a crashing pod).
+        raise AssertionError(f"{error}\n{diagnosis(plane, namespace)}") from error
+
+
+def _helm_install(plane: ControlPlane, namespace: str) -> None:
+    from .kind_backend import REPO
+
     plane.helm(
         "upgrade",
         "--install",
@@ -55,7 +67,72 @@ def install_chart(plane: ControlPlane, *, namespace: str = NAMESPACE) -> None:
         f"metrics.scraper.namespaceSelector.kubernetes\\.io/metadata\\.name={MONITORING}",
         "--wait",
         "--timeout",
-        "5m",
-        timeout=330,
+        "4m",
+        timeout=250,
     )
-    plane.helm("test", RELEASE, "--namespace", namespace, "--timeout", "2m", timeout=150)
+
+
+def diagnosis(plane: ControlPlane, namespace: str) -> str:
+    """What the cluster says about a failed install: the node's conditions that are not as a
+    healthy node's, the namespace's pods that are not ready, and its last warning events."""
+    lines = ["what the cluster says:"]
+    try:
+        nodes = _items(plane, "nodes")
+        pods = _items(plane, "pods", "--namespace", namespace)
+        events = _items(plane, "events", "--namespace", namespace, "--field-selector=type=Warning")
+    except (AssertionError, subprocess.TimeoutExpired, ValueError) as error:
+        return f"what the cluster says: unknown (kubectl failed: {str(error).splitlines()[0]})"
+    lines += node_findings(nodes) + pod_findings(pods) + event_findings(events)
+    return "\n".join(lines)
+
+
+def _items(plane: ControlPlane, *args: str) -> list[dict[str, Any]]:
+    result = plane.kubectl("get", *args, "-o", "json", timeout=20)
+    items: list[dict[str, Any]] = json.loads(result.stdout)["items"]
+    return items
+
+
+def node_findings(nodes: list[dict[str, Any]]) -> list[str]:
+    """A line per condition unlike a healthy node's (Ready False, any pressure True)."""
+    found = []
+    for node in nodes:
+        for condition in node.get("status", {}).get("conditions", []):
+            healthy = "True" if condition.get("type") == "Ready" else "False"
+            if condition.get("status") != healthy:
+                found.append(
+                    f"  node {node['metadata']['name']}: {condition.get('type')}="
+                    f"{condition.get('status')} ({condition.get('message', '')})"
+                )
+    return found or ["  nodes: every condition as a healthy node's"]
+
+
+def pod_findings(pods: list[dict[str, Any]]) -> list[str]:
+    """A line per reason pods are not ready, with how many share it (an evicting node makes
+    hundreds of pods with one reason)."""
+    reasons: dict[str, int] = {}
+    for pod in pods:
+        status = pod.get("status", {})
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions", [])
+        )
+        if ready or status.get("phase") == "Succeeded":
+            continue
+        waiting = [
+            s["state"]["waiting"].get("reason", "")
+            for s in status.get("containerStatuses", [])
+            if "waiting" in s.get("state", {})
+        ]
+        reason = f"{status.get('phase')} {status.get('reason') or ''} {' '.join(waiting)}"
+        reasons[" ".join(reason.split())] = reasons.get(" ".join(reason.split()), 0) + 1
+    return [f"  pods not ready: {n} x {reason}" for reason, n in sorted(reasons.items())]
+
+
+def event_findings(events: list[dict[str, Any]], *, last: int = 5) -> list[str]:
+    """The last warning events, one line per distinct reason and message."""
+    seen: dict[str, str] = {}
+    for event in sorted(events, key=lambda e: str(e.get("lastTimestamp") or "")):
+        line = f"{event.get('reason')}: {event.get('message', '')}".strip()
+        seen.pop(line, None)
+        seen[line] = line
+    return [f"  warning {line}" for line in list(seen)[-last:]]
