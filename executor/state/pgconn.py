@@ -307,19 +307,28 @@ class PostgresPool:
             await self._pool.putconn(conn)
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[Conn]:
-        """:meth:`_checkout` for a transaction: the connection's own context (commit, or roll
-        back on an error) inside, :meth:`_checkin` after."""
+    async def _checked_out(self) -> AsyncIterator[Conn]:
+        """:meth:`_checkout`, and :meth:`_checkin` after, told of any error. A statement on its
+        own uses it as it stands: an autocommit statement leaves no transaction to commit or roll
+        back (the pool resets a connection that is not idle), so the connection's own context,
+        whose exit checks for a COMMIT under the connection's lock, would be one more wait per
+        statement for nothing."""
         conn = await self._checkout()
         failure: BaseException | None = None
         try:
-            async with conn:
-                yield conn
+            yield conn
         except BaseException as exc:
             failure = exc
             raise
         finally:
             await self._checkin(conn, failure)
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Conn]:
+        """:meth:`_checked_out` for a transaction: the connection's own context (commit, or roll
+        back on an error) inside."""
+        async with self._checked_out() as conn, conn:
+            yield conn
 
     async def transaction(self, fn: Callable[[Conn], Awaitable[_T]]) -> _T:
         """Run ``fn`` in one SERIALIZABLE transaction, re-run on 40001/40P01."""
@@ -373,21 +382,10 @@ class PostgresPool:
         refused_retried = False
         for _ in range(MAX_RETRIES):
             try:
-                # Checked out and in directly, without the connection's context: an autocommit
-                # statement leaves no transaction to commit or roll back (the pool resets a
-                # connection that is not idle), so its COMMIT check under the connection's
-                # lock would be one more wait per statement for nothing.
-                conn = await self._checkout()
-                failure: BaseException | None = None
-                try:
+                async with self._checked_out() as conn:  # not the connection's context
                     cur = await conn.execute(sql, params)
                     row = await cur.fetchone() if cur.description is not None else None
                     return cur.rowcount, row
-                except BaseException as exc:
-                    failure = exc
-                    raise
-                finally:
-                    await self._checkin(conn, failure)
             except psycopg.Error as exc:
                 cancelled()
                 if exc.sqlstate in _RETRY_STATES:
