@@ -1392,9 +1392,15 @@ def test_two_workers_in_one_pod_share_the_port_and_execute_once(
             print(f"\nworkers: 2 worker processes (pids {sorted(pids)}), {len(keys)} proposals")
     finally:
         _patch_policy(plane, {"workers": None})
-    _rolled_out(scenario, 1)
-    env = {e["name"]: e.get("value") for e in _executor_container(scenario).get("env", [])}
-    assert "EXECUTOR_WORKERS" not in env, env  # and the pod passed its readiness probe
+
+    def one_worker() -> bool | None:
+        env = {e["name"]: e.get("value") for e in _executor_container(scenario).get("env", [])}
+        return True if "EXECUTOR_WORKERS" not in env else None
+
+    # As on the way there: until the operator renders the StatefulSet anew, the two-worker one
+    # looks rolled out (a run on 2026-12-04 read its env before the operator had).
+    poll("the operator to render one worker", one_worker, deadline=120)
+    _rolled_out(scenario, 1)  # and the one-worker pod passed its readiness probe
 
 
 def test_deleting_the_agent_policy_removes_its_children(scenario: Scenario) -> None:
