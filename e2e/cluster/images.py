@@ -24,13 +24,15 @@ e2e/cluster/images.py`` (``make image``: the agentsafe image only).
   ``coredns`` binary): ``FROM scratch`` plus one file.
 
 Every build prints a progress line per step; the images land in buildah's local store
-(``/var/lib/containers/storage``), which doubles as the warm cache.
+(``/var/lib/containers/storage``), which doubles as the warm cache. A build of the Dockerfile
+then prunes the untagged images earlier builds of it left there (:func:`prune_superseded`).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -38,8 +40,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 try:
     from .build import cache_root
@@ -59,6 +62,12 @@ NONROOT = 65532
 BASE_LOCK = Path(__file__).resolve().parent / "base-packages.lock"
 """Every Debian package of the debootstrap tree, ``name version`` per line: the pin."""
 LOCK = REPO / "image-requirements.txt"
+BUILD_LABEL = "io.agentsafe.base.build-digest"
+"""A label every stage of the Dockerfile's build carries (``base_labels``): how a build finds
+the images earlier builds left."""
+PRUNE_AGE = 600.0
+"""How much older than a build an untagged image must be for that build to prune it, so that a
+build running at the same time in another clone keeps its stages' images."""
 
 
 class ImageError(RuntimeError):
@@ -360,7 +369,7 @@ def base_labels() -> list[str]:
     --digests``), for both stages."""
     return [
         f"io.agentsafe.base.runtime-digest={image_digest(RUNTIME_BASE)}",
-        f"io.agentsafe.base.build-digest={image_digest(BUILD_BASE)}",
+        f"{BUILD_LABEL}={image_digest(BUILD_BASE)}",
         f"io.agentsafe.base.debian={SUITE} {MIRROR}",
         f"io.agentsafe.base.packages-sha256={_sha256(BASE_LOCK.read_bytes())}",
     ]
@@ -380,7 +389,53 @@ def build_agentsafe(tag: str = AGENTSAFE_IMAGE) -> None:
     if ca is not None:
         argv += ["--secret", f"id=pip_cert,src={ca}"]
     argv += ["-t", tag, "-f", str(REPO / "Dockerfile"), str(REPO)]
+    started = time.time()
     _run(argv, what=f"buildah bud {tag} from the Dockerfile")
+    prune_superseded(tag, started)
+
+
+def superseded(images: Sequence[Mapping[str, Any]], *, tag: str, started: float) -> list[str]:
+    """The IDs to prune among ``buildah images --json`` entries of this Dockerfile's builds.
+
+    None unless the build that started at ``started`` made a new image for ``tag``: a build
+    buildah answered wholly from its cache added nothing, and the untagged image of its build
+    stage, however old, is that cache. After a build that made one, the untagged images created
+    ``PRUNE_AGE`` seconds or more before it started (its new build stage is younger)."""
+    names = {tag, f"localhost/{tag}"}
+    made = any(
+        names & set(image.get("names") or ()) and float(image.get("created", 0)) >= started
+        for image in images
+    )
+    if not made:
+        return []
+    return [
+        str(image["id"])
+        for image in images
+        if not image.get("names") and float(image.get("created", started)) <= started - PRUNE_AGE
+    ]
+
+
+def prune_superseded(tag: str, started: float) -> None:
+    """Remove the images earlier builds of the Dockerfile left untagged: each build that changes
+    the image leaves its two stages' images (0.9 GB, much of it shared layers) in buildah's
+    store, and a day of builds left 26 of them (6 GiB) on a machine whose free disk is what its
+    host leaves. Layers the new build reused are kept (they are its parents); images still
+    tagged or used by a container are kept; a failure here never fails the build."""
+    listing = subprocess.run(
+        ["buildah", "images", "--json", "--filter", f"label={BUILD_LABEL}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        old = superseded(json.loads(listing.stdout or "[]"), tag=tag, started=started)
+    except (ValueError, TypeError, KeyError):
+        return
+    if not old:
+        return
+    removed = subprocess.run(["buildah", "rmi", *old], capture_output=True, check=False)
+    kept = "" if removed.returncode == 0 else " (some are in use and were kept)"
+    _log(f"pruned {len(old)} untagged image(s) of earlier builds{kept}")
 
 
 def _lock_names() -> set[str]:
