@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,6 +42,17 @@ from cluster.control_plane import (
     attached_cluster,
     running_control_plane,
 )
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Keep each phase's report on the item (``item.rep_call``), so a fixture's teardown can
+    tell that its test failed and say more about why (``test_scenario.py``)."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
