@@ -63,6 +63,14 @@ def test_kube_proxy_runs_in_nftables_mode_and_leaves_conntrack_alone(tmp_path: P
     assert config["conntrack"]["maxPerCore"] == 0
 
 
+def test_kube_router_is_only_the_firewall_and_resyncs_every_ten_seconds(tmp_path: Path) -> None:
+    argv = node.kube_router_argv(tmp_path / "kube-router", tmp_path / "k", 1)
+    assert "--run-firewall=true" in argv
+    assert "--run-router=false" in argv
+    assert "--run-service-proxy=false" in argv
+    assert "--iptables-sync-period=10s" in argv
+
+
 def test_the_pod_network_is_the_bridge_the_node_ip_lives_on(tmp_path: Path) -> None:
     (bridge,) = node.cni_config(tmp_path)["plugins"]
     assert bridge["bridge"] == node.BRIDGE
