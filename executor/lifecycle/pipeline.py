@@ -19,6 +19,15 @@
 Which handler runs an action is asked once per request; the owner and action checks are the
 door's and the intent's own (``check_action``, ``check_intent_owner``).
 
+Decided first (issue 34). Outside shadow and without host ceilings, steps 4 and 5 run before
+step 3, recording nothing (``_decide_first``): the authority is local and pure, so a key already
+kept costs only that CPU, and is then answered exactly as in step 3. A BLOCK then takes one write,
+its key with its final answer (``UseStore.idempotency_record``), instead of claiming the key and
+completing it in two commits; its three lines follow that write. Any other verdict claims the
+key (step 3) and goes on with the decision it has. A step that refuses or fails, or a skewed
+clock, leaves the proposal to the order above, which asks again and refuses, counts and records
+as it always has.
+
 Tasks (issue 32): the proposal route runs :meth:`Pipeline.propose` as its own task and
 :meth:`Pipeline.decide_and_act` runs the attempt as its own task, each awaited where it is made
 (cancelling the awaiting task cancels it), so a resumption after a durable step starts at the
@@ -45,6 +54,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from ..canonical import sha256_digest
@@ -70,6 +80,7 @@ from ..state.protocol import UseStore
 from ..state.records import (
     ApprovalRequest,
     IdempotencyKind,
+    IdempotencyState,
 )
 from .answers import Answer, decision_answer, halted_answer
 from .approval_requests import EscalationRequests, no_webhook
@@ -239,14 +250,82 @@ class Pipeline:
         if handler is None:
             raise RequestRejected(Code.ACTION_NOT_REGISTERED, _NOT_REGISTERED)
         assert principal.tenant_id is not None
+        decided = None
+        if self.mode is not ExecutorMode.SHADOW and self._ceilings is None:
+            decided = await self._decide_first(principal, proposal, handler)
+        if decided is not None and decided[1].verdict is Verdict.BLOCK:
+            return await self._block_once(principal, proposal, *decided)
+        run: Callable[[Progress], Awaitable[Answer]] = (
+            partial(self._propose_new, principal, proposal, handler)
+            if decided is None
+            else partial(self._received, *decided, principal, handler)
+        )
         return await self.once(
             tenant=principal.tenant_id,
             principal=principal,
             key=proposal.idempotency_key,
             payload_digest=proposal.payload_digest(),
-            conflict="this idempotency key was used with a different proposal",
-            run=lambda progress: self._propose_new(principal, proposal, handler, progress),
+            conflict=_CONFLICT,
+            run=run,
         )
+
+    async def _decide_first(
+        self, principal: Principal, proposal: Proposal, handler: str
+    ) -> tuple[CapturedIntent, Decision] | None:
+        """Steps 4 and 5 before the key is claimed, with nothing recorded: the intent, its
+        admission and the authority's decision (issue 34: "where one commit can serve a BLOCK,
+        use one"). The authority is local and pure, so asking it before the key costs a
+        replayed or in-flight key only CPU. ``None`` when a step refuses or fails, or the
+        clock skew is too large: the proposal then goes the usual way (:meth:`once`, key
+        first), which asks again and refuses, counts and records in today's order, and a key
+        already kept still answers first. Callers: :meth:`propose`, only without host ceilings
+        (their check reads the store and records a refusal) and outside shadow."""
+        intent = self._capture(principal, proposal)
+        try:
+            self.registry.admit(handler, intent.resource, intent.parameters)
+            asked = self.clock.now()
+            decision = await self._authority.evaluate(intent, principal=principal)
+        except AgentSafeError:
+            return None
+        if abs(decision.authority_time - (asked + self.clock.now()) / 2) > self._max_skew:
+            return None
+        return intent, decision
+
+    async def _block_once(
+        self, principal: Principal, proposal: Proposal, intent: CapturedIntent, decision: Decision
+    ) -> Answer:
+        """A BLOCK decided before its key was claimed: the key and its final answer in one
+        write (``UseStore.idempotency_record``), where claiming the key and then completing it
+        took two commits. A key already kept is answered as :meth:`once` answers it, and this
+        proposal leaves no line. A new key's lines (PROPOSAL_RECEIVED, DECISION,
+        EXECUTION_BLOCKED) follow its durable answer, before the caller has it."""
+        assert principal.tenant_id is not None
+        scope = {
+            "tenant": principal.tenant_id,
+            "principal": principal.id,
+            "key": proposal.idempotency_key,
+        }
+        common = self._common(intent, decision)
+        body = decision_answer(
+            **common,
+            reason_codes=decision.reason_codes,
+            fail_closed=False,
+            outcome=Outcome.BLOCKED.value,
+            executed=False,
+        )
+        state = await self.store.idempotency_record(
+            **scope,
+            payload_digest=proposal.payload_digest(),
+            response={"status": 200, "body": body},
+            now=self.clock.now(),
+        )
+        if state.kind is not IdempotencyKind.NEW:
+            return await self._kept(state, principal, scope, _CONFLICT)
+        self._line_received(intent, principal)
+        self._line_decision(intent, principal, decision)
+        self._line_blocked(intent, principal, decision)
+        self.outcomes.outcome(Outcome.BLOCKED)
+        return Answer(200, dict(body))
 
     async def once(
         self,
@@ -275,32 +354,8 @@ class Pipeline:
             attempt_id=progress.attempt_id,
             owner=self._owner,
         )
-        if state.kind is IdempotencyKind.REPLAY:
-            assert state.response is not None
-            body = dict(state.response["body"])
-            body["replayed"] = True
-            self.streams.evidence.emit(
-                "PROPOSAL_REPLAYED", {"caller": principal.id, "intent_id": body.get("intent_id")}
-            )
-            return Answer(int(state.response["status"]), body)
-        if state.kind is IdempotencyKind.CONFLICT:
-            raise RequestRejected(Code.IDEMPOTENCY_KEY_CONFLICT, conflict)
-        if state.kind is IdempotencyKind.IN_PROGRESS:
-            given = self._unrecorded.get((tenant, principal.id, key))
-            if given is None:
-                raise RequestRejected(
-                    Code.IDEMPOTENCY_IN_PROGRESS,
-                    "a request with this idempotency key is still in flight",
-                )
-            # The attempt finished and its answer was given, but the store did not take it:
-            # the retry gets exactly that answer, and the store is asked to keep it again.
-            await self.record_unrecorded()
-            body = dict(given["body"])
-            body["replayed"] = True
-            self.streams.evidence.emit(
-                "PROPOSAL_REPLAYED", {"caller": principal.id, "intent_id": body.get("intent_id")}
-            )
-            return Answer(int(given["status"]), body)
+        if state.kind is not IdempotencyKind.NEW:
+            return await self._kept(state, principal, scope, conflict)
         try:
             answer = await run(progress)
         except BaseException:
@@ -327,6 +382,42 @@ class Pipeline:
             await self.store.idempotency_release(**scope)
         return answer
 
+    async def _kept(
+        self,
+        state: IdempotencyState,
+        principal: Principal,
+        scope: Mapping[str, str],
+        conflict: str,
+    ) -> Answer:
+        """The answer for a key the store already keeps: its answer replayed, 409 for another
+        proposal under it, 409 while it is in flight (unless its answer was given and the store
+        did not take it: that answer, replayed)."""
+        if state.kind is IdempotencyKind.REPLAY:
+            assert state.response is not None
+            body = dict(state.response["body"])
+            body["replayed"] = True
+            self.streams.evidence.emit(
+                "PROPOSAL_REPLAYED", {"caller": principal.id, "intent_id": body.get("intent_id")}
+            )
+            return Answer(int(state.response["status"]), body)
+        if state.kind is IdempotencyKind.CONFLICT:
+            raise RequestRejected(Code.IDEMPOTENCY_KEY_CONFLICT, conflict)
+        given = self._unrecorded.get((scope["tenant"], scope["principal"], scope["key"]))
+        if given is None:
+            raise RequestRejected(
+                Code.IDEMPOTENCY_IN_PROGRESS,
+                "a request with this idempotency key is still in flight",
+            )
+        # The attempt finished and its answer was given, but the store did not take it:
+        # the retry gets exactly that answer, and the store is asked to keep it again.
+        await self.record_unrecorded()
+        body = dict(given["body"])
+        body["replayed"] = True
+        self.streams.evidence.emit(
+            "PROPOSAL_REPLAYED", {"caller": principal.id, "intent_id": body.get("intent_id")}
+        )
+        return Answer(int(given["status"]), body)
+
     async def record_unrecorded(self) -> int:
         """Ask the store again to keep each final answer it refused; returns how many remain."""
         for (tenant, principal, key), response in list(self._unrecorded.items()):
@@ -347,10 +438,8 @@ class Pipeline:
             self._unrecorded.pop((tenant, principal, key), None)
         return len(self._unrecorded)
 
-    async def _propose_new(
-        self, principal: Principal, proposal: Proposal, handler: str, progress: Progress
-    ) -> Answer:
-        intent = capture_intent(
+    def _capture(self, principal: Principal, proposal: Proposal) -> CapturedIntent:
+        return capture_intent(
             principal=principal,
             action=proposal.action,
             resource=proposal.target,
@@ -362,6 +451,28 @@ class Pipeline:
             intent_id=uuid4_text(),
             correlation_id=proposal.correlation_id,
         )
+
+    async def _propose_new(
+        self, principal: Principal, proposal: Proposal, handler: str, progress: Progress
+    ) -> Answer:
+        intent = self._capture(principal, proposal)
+        self._line_received(intent, principal)
+        return await self.decide_and_act(intent, principal, handler, progress)
+
+    async def _received(
+        self,
+        intent: CapturedIntent,
+        decision: Decision,
+        principal: Principal,
+        handler: str,
+        progress: Progress,
+    ) -> Answer:
+        """A proposal decided before its key was claimed (:meth:`_decide_first`), now that the
+        key is its: recorded and acted on as :meth:`_propose_new` would."""
+        self._line_received(intent, principal)
+        return await self._act(intent, principal, handler, progress, decision)
+
+    def _line_received(self, intent: CapturedIntent, principal: Principal) -> None:
         self.streams.evidence.emit(
             "PROPOSAL_RECEIVED",
             {
@@ -372,7 +483,47 @@ class Pipeline:
                 "payload_digest": intent.payload_digest,
             },
         )
-        return await self.decide_and_act(intent, principal, handler, progress)
+
+    def _line_decision(
+        self, intent: CapturedIntent, principal: Principal, decision: Decision
+    ) -> None:
+        if self._metrics is not None:
+            self._metrics.proposals.inc(verdict=decision.verdict.value)
+        self.streams.evidence.emit(
+            "DECISION",
+            {
+                "intent_id": intent.intent_id,
+                "intent_hash": intent.intent_hash,
+                "decision_id": decision.decision_id,
+                "dossier_id": decision.dossier_id,
+                "verdict": decision.verdict.value,
+                "reason_codes": list(decision.reason_codes),
+                "caller": principal.id,
+            },
+        )
+
+    def _line_blocked(
+        self, intent: CapturedIntent, principal: Principal, decision: Decision
+    ) -> None:
+        self.streams.evidence.emit(
+            "EXECUTION_BLOCKED",
+            {
+                "intent_id": intent.intent_id,
+                "decision_id": decision.decision_id,
+                "caller": principal.id,
+                "reason_codes": list(decision.reason_codes),
+            },
+        )
+
+    def _common(self, intent: CapturedIntent, decision: Decision) -> dict[str, Any]:
+        return {
+            "mode": self.mode.value,
+            "intent_id": intent.intent_id,
+            "intent_hash": intent.intent_hash,
+            "verdict": decision.verdict.value,
+            "decision_id": decision.decision_id,
+            "dossier_id": decision.dossier_id,
+        }
 
     async def decide_and_act(
         self,
@@ -412,28 +563,19 @@ class Pipeline:
             self.streams.security.emit("CLOCK_SKEW_EXCEEDED", {"skew_ms": int(skew * 1000)})
             self._on_clock_skew(skew)
             return self.unavailable(intent, principal)
-        if self._metrics is not None:
-            self._metrics.proposals.inc(verdict=decision.verdict.value)
-        self.streams.evidence.emit(
-            "DECISION",
-            {
-                "intent_id": intent.intent_id,
-                "intent_hash": intent.intent_hash,
-                "decision_id": decision.decision_id,
-                "dossier_id": decision.dossier_id,
-                "verdict": decision.verdict.value,
-                "reason_codes": list(decision.reason_codes),
-                "caller": principal.id,
-            },
-        )
-        common: dict[str, Any] = {
-            "mode": self.mode.value,
-            "intent_id": intent.intent_id,
-            "intent_hash": intent.intent_hash,
-            "verdict": decision.verdict.value,
-            "decision_id": decision.decision_id,
-            "dossier_id": decision.dossier_id,
-        }
+        return await self._act(intent, principal, handler, progress, decision)
+
+    async def _act(
+        self,
+        intent: CapturedIntent,
+        principal: Principal,
+        handler: str,
+        progress: Progress,
+        decision: Decision,
+    ) -> Answer:
+        """Step 6 and 7 on the authority's answer: its line, then no attempt or one."""
+        self._line_decision(intent, principal, decision)
+        common = self._common(intent, decision)
         if self.mode is ExecutorMode.SHADOW or decision.verdict is not Verdict.ALLOW:
             return await self._without_attempt(intent, principal, decision, common)
         # The attempt runs as its own task, awaited here (cancelling this one cancels it): its
@@ -501,15 +643,7 @@ class Pipeline:
             )
             return Answer(200, body)
         if decision.verdict is Verdict.BLOCK:
-            self.streams.evidence.emit(
-                "EXECUTION_BLOCKED",
-                {
-                    "intent_id": intent.intent_id,
-                    "decision_id": decision.decision_id,
-                    "caller": principal.id,
-                    "reason_codes": list(decision.reason_codes),
-                },
-            )
+            self._line_blocked(intent, principal, decision)
             self.outcomes.outcome(Outcome.BLOCKED)
             body = decision_answer(
                 **common,
@@ -532,6 +666,8 @@ class Pipeline:
 
 
 _NOT_REGISTERED = "no handler runs this action"
+
+_CONFLICT = "this idempotency key was used with a different proposal"
 
 _FINAL_OUTCOMES = frozenset({*(outcome.value for outcome in Outcome), *RECORDED_STATUSES})
 """Answers recorded for a key and replayed; anything else (a 5xx, a shadow UNAVAILABLE) frees it."""

@@ -333,6 +333,37 @@ class PostgresUseStore:
             HELD_KEY.set(HeldKey((tenant, principal, key), holder))
         return state
 
+    async def idempotency_record(
+        self,
+        *,
+        tenant: str,
+        principal: str,
+        key: str,
+        payload_digest: str,
+        response: dict[str, Any],
+        now: float,
+    ) -> IdempotencyState:
+        """As :meth:`SQLiteUseStore.idempotency_record`. A new key is one INSERT of its final
+        answer, its own transaction, with no holder (nothing runs under it). A key already
+        there is the rare case: it goes through :meth:`idempotency_begin`, which may take a
+        stale key over (NEW), and such a key then takes the answer through
+        :meth:`idempotency_complete` under the holder the begin set."""
+        text = canonical_or_store_error(response)
+        HELD_KEY.set(None)
+        inserted, _ = await self._store.statement(
+            "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
+            " created_at, response, completed_at) VALUES (%s, %s, %s, %s, 'DONE', %s, %s, %s)"
+            " ON CONFLICT (tenant, principal, key) DO NOTHING",
+            (tenant, principal, key, payload_digest, now, text, now),
+        )
+        if inserted == 1:
+            return IdempotencyState(IdempotencyKind.NEW)
+        scope = {"tenant": tenant, "principal": principal, "key": key}
+        state = await self.idempotency_begin(**scope, payload_digest=payload_digest, now=now)
+        if state.kind is IdempotencyKind.NEW:
+            await self.idempotency_complete(**scope, response=response, now=now)
+        return state
+
     async def idempotency_complete(
         self, *, tenant: str, principal: str, key: str, response: dict[str, Any], now: float
     ) -> None:

@@ -35,10 +35,10 @@ __all__ = ["UseStore"]
 class UseStore(Protocol):
     """Durable single-use and idempotency state shared by every executor process on a store.
 
-    :meth:`claim_grant`, :meth:`idempotency_begin` and :meth:`idempotency_complete` return an
-    awaitable: a coroutine (PostgreSQL) or the write's own future (SQLite, so the request's
-    await chain holds no frame of the store while the write commits; issue 32). Callers await
-    what they get at once."""
+    :meth:`claim_grant`, :meth:`idempotency_begin`, :meth:`idempotency_record` and
+    :meth:`idempotency_complete` return an awaitable: a coroutine (PostgreSQL) or the write's
+    own future (SQLite, so the request's await chain holds no frame of the store while the
+    write commits; issue 32). Callers await what they get at once."""
 
     def claim_grant(
         self,
@@ -76,6 +76,22 @@ class UseStore(Protocol):
         owner: str | None = None,
     ) -> Awaitable[IdempotencyState]:
         """Claim the key IN_PROGRESS for ``attempt_id`` (the id it will journal), by ``owner``."""
+        ...
+
+    def idempotency_record(
+        self,
+        *,
+        tenant: str,
+        principal: str,
+        key: str,
+        payload_digest: str,
+        response: dict[str, Any],
+        now: float,
+    ) -> Awaitable[IdempotencyState]:
+        """A key and its final answer in one write, for a request that starts nothing (a BLOCK
+        decided before its key was claimed): NEW when the key was not kept and now holds
+        ``response``; otherwise what :meth:`idempotency_begin` would report (CONFLICT,
+        IN_PROGRESS, REPLAY with the kept answer), and nothing is written."""
         ...
 
     async def idempotency_orphans(self, *, owner: str, before: float) -> list[OrphanKey]:

@@ -106,7 +106,8 @@ class SQLiteUseStore(SQLiteDatabase):
     ``synchronous=FULL``; ``state/sqlitedb.py``); see the module docstring.
 
     The three writes of every ALLOW (:meth:`idempotency_begin`, :meth:`claim_grant`,
-    :meth:`idempotency_complete`) are plain methods that hand back the write's own future
+    :meth:`idempotency_complete`) and the one write of a BLOCK (:meth:`idempotency_record`)
+    are plain methods that hand back the write's own future
     (``SQLiteDatabase._write``): the request awaits it directly, so no frame of the store stands
     in its await chain while the group commit runs (issue 32). A closed store is refused at the
     call; every other refusal arrives through the future."""
@@ -195,16 +196,34 @@ class SQLiteUseStore(SQLiteDatabase):
                 (tenant, principal, key, payload_digest, now, attempt_id, owner),
             ).rowcount:
                 return IdempotencyState(IdempotencyKind.NEW)
-            stored_digest, state, response = conn.execute(
-                "SELECT payload_digest, state, response FROM idempotency"
-                " WHERE tenant = ? AND principal = ? AND key = ?",
-                (tenant, principal, key),
-            ).fetchone()
-            if not hmac.compare_digest(str(stored_digest), payload_digest):
-                return IdempotencyState(IdempotencyKind.CONFLICT)
-            if state == "IN_PROGRESS":
-                return IdempotencyState(IdempotencyKind.IN_PROGRESS)
-            return IdempotencyState(IdempotencyKind.REPLAY, response=load_object(response))
+            return _key_kept(conn, tenant, principal, key, payload_digest)
+
+        return self._write(work)
+
+    def idempotency_record(
+        self,
+        *,
+        tenant: str,
+        principal: str,
+        key: str,
+        payload_digest: str,
+        response: dict[str, Any],
+        now: float,
+    ) -> asyncio.Future[IdempotencyState]:
+        """As :meth:`UseStore.idempotency_record`: a new key takes its final answer in one
+        write (one statement in the group's commit); a key already kept is reported as
+        :meth:`idempotency_begin` would report it, and nothing changes."""
+
+        def work(conn: sqlite3.Connection) -> IdempotencyState:
+            text = canonical_or_store_error(response)
+            if conn.execute(
+                "INSERT INTO idempotency (tenant, principal, key, payload_digest, state,"
+                " created_at, response, completed_at) VALUES (?, ?, ?, ?, 'DONE', ?, ?, ?)"
+                " ON CONFLICT (tenant, principal, key) DO NOTHING",
+                (tenant, principal, key, payload_digest, now, text, now),
+            ).rowcount:
+                return IdempotencyState(IdempotencyKind.NEW)
+            return _key_kept(conn, tenant, principal, key, payload_digest)
 
         return self._write(work)
 
@@ -588,6 +607,23 @@ class SQLiteWindow:
             conn.execute("DELETE FROM ceiling_window WHERE id = ?", (token,))
 
         await self._store._write(work)
+
+
+def _key_kept(
+    conn: sqlite3.Connection, tenant: str, principal: str, key: str, payload_digest: str
+) -> IdempotencyState:
+    """What a key already kept means to a request that brings ``payload_digest``: CONFLICT for
+    another payload, IN_PROGRESS while in flight, else REPLAY of its answer."""
+    stored_digest, state, response = conn.execute(
+        "SELECT payload_digest, state, response FROM idempotency"
+        " WHERE tenant = ? AND principal = ? AND key = ?",
+        (tenant, principal, key),
+    ).fetchone()
+    if not hmac.compare_digest(str(stored_digest), payload_digest):
+        return IdempotencyState(IdempotencyKind.CONFLICT)
+    if state == "IN_PROGRESS":
+        return IdempotencyState(IdempotencyKind.IN_PROGRESS)
+    return IdempotencyState(IdempotencyKind.REPLAY, response=load_object(response))
 
 
 def _window_usage(conn: sqlite3.Connection, horizon: float) -> tuple[int, int]:

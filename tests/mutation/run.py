@@ -98,6 +98,8 @@ SCOPES: dict[str, list[str]] = {
     "executor/state/usestore.py": [  # idempotency and grant claims (and single-use consumption)
         "SQLiteUseStore.claim_grant",
         "SQLiteUseStore.idempotency_begin",
+        "SQLiteUseStore.idempotency_record",
+        "_key_kept",
         "SQLiteUseStore.idempotency_complete",
         "SQLiteUseStore.idempotency_settle",
         "SQLiteUseStore.idempotency_release",

@@ -293,6 +293,42 @@ async def test_idempotency_state_machine(store: UseStore) -> None:
     assert after.kind is IdempotencyKind.CONFLICT
 
 
+async def test_a_key_recorded_with_its_final_answer_in_one_write(store: UseStore) -> None:
+    """A BLOCK's key and answer together (issue 34): a new key is NEW and replays that answer
+    from then on; a key already kept is reported as ``idempotency_begin`` reports it, and keeps
+    what it had."""
+    ids = {"tenant": "acme", "principal": "agent-1", "key": "k-rec"}
+    blocked = {"status": 200, "body": {"outcome": "BLOCKED", "executed": False}}
+    first = await store.idempotency_record(
+        **ids, payload_digest="sha256:p1", response=blocked, now=NOW
+    )
+    assert first == IdempotencyState(IdempotencyKind.NEW)
+    replay = await store.idempotency_begin(**ids, payload_digest="sha256:p1", now=NOW + 1)
+    assert (replay.kind, replay.response) == (IdempotencyKind.REPLAY, blocked)
+    other = {"status": 200, "body": {"outcome": "BLOCKED", "executed": False, "n": 2}}
+    again = await store.idempotency_record(
+        **ids, payload_digest="sha256:p1", response=other, now=NOW + 2
+    )
+    assert (again.kind, again.response) == (IdempotencyKind.REPLAY, blocked)
+    conflict = await store.idempotency_record(
+        **ids, payload_digest="sha256:p2", response=other, now=NOW + 2
+    )
+    assert conflict == IdempotencyState(IdempotencyKind.CONFLICT)
+
+    flight = {**ids, "key": "k-flight"}
+    assert (await store.idempotency_begin(**flight, payload_digest="sha256:p1", now=NOW)).kind is (
+        IdempotencyKind.NEW
+    )
+    in_flight = await store.idempotency_record(
+        **flight, payload_digest="sha256:p1", response=blocked, now=NOW + 1
+    )
+    assert in_flight == IdempotencyState(IdempotencyKind.IN_PROGRESS)
+    completed = {"status": 200, "body": {"outcome": "COMPLETED", "executed": True}}
+    await store.idempotency_complete(**flight, response=completed, now=NOW + 2)
+    kept = await store.idempotency_begin(**flight, payload_digest="sha256:p1", now=NOW + 3)
+    assert (kept.kind, kept.response) == (IdempotencyKind.REPLAY, completed)
+
+
 async def test_idempotency_keys_are_scoped_by_tenant_and_principal(store: UseStore) -> None:
     kinds = [
         (
