@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections import Counter
 from typing import Any
 
 from .control_plane import ControlPlane
@@ -109,7 +110,7 @@ def node_findings(nodes: list[dict[str, Any]]) -> list[str]:
 def pod_findings(pods: list[dict[str, Any]]) -> list[str]:
     """A line per reason pods are not ready, with how many share it (an evicting node makes
     hundreds of pods with one reason)."""
-    reasons: dict[str, int] = {}
+    reasons: Counter[str] = Counter()
     for pod in pods:
         status = pod.get("status", {})
         ready = any(
@@ -124,15 +125,17 @@ def pod_findings(pods: list[dict[str, Any]]) -> list[str]:
             if "waiting" in s.get("state", {})
         ]
         reason = f"{status.get('phase')} {status.get('reason') or ''} {' '.join(waiting)}"
-        reasons[" ".join(reason.split())] = reasons.get(" ".join(reason.split()), 0) + 1
+        reasons[" ".join(reason.split())] += 1
     return [f"  pods not ready: {n} x {reason}" for reason, n in sorted(reasons.items())]
 
 
 def event_findings(events: list[dict[str, Any]], *, last: int = 5) -> list[str]:
     """The last warning events, one line per distinct reason and message."""
-    seen: dict[str, str] = {}
-    for event in sorted(events, key=lambda e: str(e.get("lastTimestamp") or "")):
-        line = f"{event.get('reason')}: {event.get('message', '')}".strip()
-        seen.pop(line, None)
-        seen[line] = line
-    return [f"  warning {line}" for line in list(seen)[-last:]]
+    oldest_first = [
+        f"{event.get('reason')}: {event.get('message', '')}".strip()
+        for event in sorted(events, key=lambda e: str(e.get("lastTimestamp") or ""))
+    ]
+    # Each distinct line once, at its latest occurrence: the first of each, newest first, then
+    # back to oldest first.
+    latest_last = list(dict.fromkeys(reversed(oldest_first)))[::-1]
+    return [f"  warning {line}" for line in latest_last[-last:]]
