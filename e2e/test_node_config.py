@@ -8,7 +8,9 @@ is a skip, or a failure under ``AGENTSAFE_E2E=require``.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -48,6 +50,28 @@ def test_up_refuses_a_disk_too_full_for_the_node_and_says_so(tmp_path: Path) -> 
     assert message is not None
     assert message.startswith("only 300 MiB free on the filesystem of ")
     assert "free some space" in message
+
+
+def test_the_disk_check_of_a_state_dir_under_missing_dirs_measures_its_nearest_ancestor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `cluster-up --state-dir` may name a directory two levels under one that does not exist
+    # yet: the check measured its parent, which did not exist either (FileNotFoundError).
+    state_dir = tmp_path / "missing" / "also-missing" / ".cluster"
+    real = node.disk_shortfall(state_dir)  # this disk, whatever it has free: an answer
+    assert real is None or real.startswith("only ")
+    measured: list[Path] = []
+
+    def disk_usage(path: Path) -> SimpleNamespace:
+        measured.append(Path(path))
+        return SimpleNamespace(total=1 << 40, used=0, free=300 << 20)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    message = node.disk_shortfall(state_dir)
+    assert measured == [tmp_path]
+    assert message is not None
+    assert message.startswith(f"only 300 MiB free on the filesystem of {state_dir};")
+    assert node.disk_shortfall(state_dir, free_bytes=node.MIN_FREE_BYTES) is None
 
 
 def test_containerd_restricts_oom_score_adj_and_uses_the_built_pause_image(tmp_path: Path) -> None:

@@ -174,8 +174,9 @@ def missing_prerequisites() -> list[str]:
 
 
 def disk_shortfall(path: Path, *, free_bytes: int | None = None) -> str | None:
-    """Why the filesystem holding ``path`` is too full for the node, or None if it is not."""
-    probe = path if path.exists() else path.parent
+    """Why the filesystem holding ``path`` is too full for the node, or None if it is not.
+    ``path`` need not exist yet (``up`` creates it): its nearest existing ancestor is measured."""
+    probe = next(p for p in (path, *path.parents) if p.exists())
     free = shutil.disk_usage(probe).free if free_bytes is None else free_bytes
     if free >= MIN_FREE_BYTES:
         return None
