@@ -35,7 +35,7 @@ from cluster.build import (
     go_executable,
     missing_binaries,
 )
-from cluster.chart_install import install_chart
+from cluster.chart_install import INSTALL_SECONDS, install_chart
 from cluster.control_plane import (
     ControlPlane,
     ControlPlaneError,
@@ -53,6 +53,35 @@ def pytest_runtest_makereport(
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected: the first test that will run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--backend=node`` installs the chart (``control_plane``) in the setup of the first test
+    that asks for the cluster, under that test's pytest-timeout (``timeout = 300``,
+    pyproject.toml). That test gets the install's own bound on top (``INSTALL_SECONDS``: helm
+    install, helm test and a failure's diagnosis), so a slow install fails with helm's message
+    and what the cluster saw, not pytest-timeout's, and the test still has its own time."""
+    if config.getoption("backend") != "node":
+        return
+    first = next((item for item in items if "control_plane" in _fixturenames(item)), None)
+    if first is None:
+        return
+    marker = first.get_closest_marker("timeout")
+    option = config.getoption("timeout", None)
+    if marker is not None and marker.args:
+        timeout = float(marker.args[0])
+    elif option is not None:
+        timeout = float(option)
+    else:
+        timeout = float(config.getini("timeout") or 0)
+    if timeout > 0:  # 0 is no timeout at all
+        first.add_marker(pytest.mark.timeout(timeout + INSTALL_SECONDS), append=False)
+
+
+def _fixturenames(item: pytest.Item) -> list[str]:
+    names: list[str] = getattr(item, "fixturenames", [])
+    return names
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -25,6 +25,18 @@ IMAGE = f"{IMAGE_REPOSITORY}:{IMAGE_TAG}"
 MONITORING = "agentsafe-e2e-monitoring"
 """The namespace the chart tells the operator Prometheus runs in (``metrics.scraper``)."""
 
+KUBECTL_SECONDS = 20
+"""Each kubectl call of the install: the namespace, and each of the diagnosis's three gets."""
+HELM_INSTALL_SECONDS = 250
+"""``helm upgrade --install --wait --timeout 4m``, and 10 s for helm to say what timed out."""
+HELM_TEST_SECONDS = 150
+"""``helm test --timeout 2m``, and 30 s for helm to say what failed."""
+INSTALL_SECONDS = KUBECTL_SECONDS + HELM_INSTALL_SECONDS + HELM_TEST_SECONDS + 3 * KUBECTL_SECONDS
+"""The most :func:`install_chart` takes, a failure's diagnosis included (480 s). The session
+fixture installs in the setup of the first test that asks for the cluster, under that test's
+pytest-timeout; ``e2e/conftest.py`` adds this to it, so helm's own message and the diagnosis
+are always said, never cut off, and the test keeps its own time."""
+
 
 def install_chart(plane: ControlPlane, *, namespace: str = NAMESPACE) -> None:
     """``helm upgrade --install ... --wait`` from the repository's chart, then ``helm test``."""
@@ -36,14 +48,16 @@ def install_chart(plane: ControlPlane, *, namespace: str = NAMESPACE) -> None:
             "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
         },
     }
-    plane.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    plane.kubectl("apply", "-f", "-", input=json.dumps(manifest), timeout=KUBECTL_SECONDS)
     print(f"[e2e] helm install {RELEASE} charts/agentsafe (image {IMAGE}) --wait", flush=True)
     try:
         _helm_install(plane, namespace)
-        plane.helm("test", RELEASE, "--namespace", namespace, "--timeout", "2m", timeout=150)
+        plane.helm(
+            "test", RELEASE, "--namespace", namespace, "--timeout", "2m", timeout=HELM_TEST_SECONDS
+        )
     except (AssertionError, subprocess.TimeoutExpired) as error:
-        # helm says only "context deadline exceeded": say what the cluster saw, within the
-        # session fixture's 300 s, so a CI log shows why (an evicting node, a crashing pod).
+        # helm says only "context deadline exceeded": say what the cluster saw, within
+        # INSTALL_SECONDS, so a CI log shows why (an evicting node, a crashing pod).
         raise AssertionError(f"{error}\n{diagnosis(plane, namespace)}") from error
 
 
@@ -69,7 +83,7 @@ def _helm_install(plane: ControlPlane, namespace: str) -> None:
         "--wait",
         "--timeout",
         "4m",
-        timeout=250,
+        timeout=HELM_INSTALL_SECONDS,
     )
 
 
@@ -88,7 +102,7 @@ def diagnosis(plane: ControlPlane, namespace: str) -> str:
 
 
 def _items(plane: ControlPlane, *args: str) -> list[dict[str, Any]]:
-    result = plane.kubectl("get", *args, "-o", "json", timeout=20)
+    result = plane.kubectl("get", *args, "-o", "json", timeout=KUBECTL_SECONDS)
     items: list[dict[str, Any]] = json.loads(result.stdout)["items"]
     return items
 
