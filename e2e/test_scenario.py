@@ -1273,6 +1273,25 @@ def _halt_every_pod(
     capsys: pytest.CaptureFixture[str],
     store: SharedStore | None,
 ) -> None:
+    """:func:`_halt_and_check`, and on its failure the HaltSwitch lifted again (a no-op if it
+    was never engaged): a halt left on would fail every test after this one for this one's
+    cause. A failed lift is said, never raised over the failure."""
+    try:
+        _halt_and_check(scenario, replicas, capsys, store)
+    except BaseException:
+        try:
+            _set_halt(scenario, False)
+        except Exception as exc:  # kubectl failed or timed out
+            print(f"[e2e] could not lift the HaltSwitch after the failure: {exc!r}")
+        raise
+
+
+def _halt_and_check(
+    scenario: Scenario,
+    replicas: int,
+    capsys: pytest.CaptureFixture[str],
+    store: SharedStore | None,
+) -> None:
     plane = scenario.plane
     ips = [pods.pod_ip(plane, f"{EXECUTOR}-{i}", NAMESPACE) for i in range(replicas)]
     shared_key = f"shared-{uuid.uuid4().hex[:8]}"
