@@ -20,7 +20,7 @@ Which handler runs an action is asked once per request; the owner and action che
 door's and the intent's own (``check_action``, ``check_intent_owner``).
 
 Decided first (issue 34). Outside shadow and without host ceilings, steps 4 and 5 run before
-step 3, recording nothing (``_decide_first``): the authority is local and pure, so a key already
+step 3, recording nothing (in ``propose``): the authority is local and pure, so a key already
 kept costs only that CPU, and is then answered exactly as in step 3. A BLOCK then takes one write,
 its key with its final answer (``UseStore.idempotency_record``), instead of claiming the key and
 completing it in two commits; its three lines follow that write. Any other verdict claims the
@@ -250,11 +250,36 @@ class Pipeline:
         if handler is None:
             raise RequestRejected(Code.ACTION_NOT_REGISTERED, _NOT_REGISTERED)
         assert principal.tenant_id is not None
-        decided = None
+        # Steps 4 and 5 before the key, recording nothing (the module docstring, "Decided
+        # first"), written here and not in a helper: each helper call after a call into another
+        # module is one more visit of the pipeline on every request (issue 32).
+        decided: tuple[CapturedIntent, Decision] | None = None
         if self.mode is not ExecutorMode.SHADOW and self._ceilings is None:
-            decided = await self._decide_first(principal, proposal, handler)
+            intent = capture_intent(
+                principal=principal,
+                action=proposal.action,
+                resource=proposal.target,
+                parameters=proposal.parameters,
+                idempotency_key=proposal.idempotency_key,
+                target=self._target,
+                now=self.clock.now(),
+                ttl_seconds=self._ttl,
+                intent_id=uuid4_text(),
+                correlation_id=proposal.correlation_id,
+            )
+            try:
+                self.registry.admit(handler, intent.resource, intent.parameters)
+                asked = self.clock.now()
+                decision = await self._authority.evaluate(intent, principal=principal)
+            except AgentSafeError:  # refused or failed: the old way says so, in its order
+                pass
+            else:
+                skew = abs(decision.authority_time - (asked + self.clock.now()) / 2)
+                if skew <= self._max_skew:
+                    decided = (intent, decision)
+        payload_digest = proposal.payload_digest()
         if decided is not None and decided[1].verdict is Verdict.BLOCK:
-            return await self._block_once(principal, proposal, *decided)
+            return await self._block_once(principal, proposal, payload_digest, *decided)
         run: Callable[[Progress], Awaitable[Answer]] = (
             partial(self._propose_new, principal, proposal, handler)
             if decided is None
@@ -264,35 +289,18 @@ class Pipeline:
             tenant=principal.tenant_id,
             principal=principal,
             key=proposal.idempotency_key,
-            payload_digest=proposal.payload_digest(),
+            payload_digest=payload_digest,
             conflict=_CONFLICT,
             run=run,
         )
 
-    async def _decide_first(
-        self, principal: Principal, proposal: Proposal, handler: str
-    ) -> tuple[CapturedIntent, Decision] | None:
-        """Steps 4 and 5 before the key is claimed, with nothing recorded: the intent, its
-        admission and the authority's decision (issue 34: "where one commit can serve a BLOCK,
-        use one"). The authority is local and pure, so asking it before the key costs a
-        replayed or in-flight key only CPU. ``None`` when a step refuses or fails, or the
-        clock skew is too large: the proposal then goes the usual way (:meth:`once`, key
-        first), which asks again and refuses, counts and records in today's order, and a key
-        already kept still answers first. Callers: :meth:`propose`, only without host ceilings
-        (their check reads the store and records a refusal) and outside shadow."""
-        intent = self._capture(principal, proposal)
-        try:
-            self.registry.admit(handler, intent.resource, intent.parameters)
-            asked = self.clock.now()
-            decision = await self._authority.evaluate(intent, principal=principal)
-        except AgentSafeError:
-            return None
-        if abs(decision.authority_time - (asked + self.clock.now()) / 2) > self._max_skew:
-            return None
-        return intent, decision
-
     async def _block_once(
-        self, principal: Principal, proposal: Proposal, intent: CapturedIntent, decision: Decision
+        self,
+        principal: Principal,
+        proposal: Proposal,
+        payload_digest: str,
+        intent: CapturedIntent,
+        decision: Decision,
     ) -> Answer:
         """A BLOCK decided before its key was claimed: the key and its final answer in one
         write (``UseStore.idempotency_record``), where claiming the key and then completing it
@@ -315,7 +323,7 @@ class Pipeline:
         )
         state = await self.store.idempotency_record(
             **scope,
-            payload_digest=proposal.payload_digest(),
+            payload_digest=payload_digest,
             response={"status": 200, "body": body},
             now=self.clock.now(),
         )
@@ -467,7 +475,7 @@ class Pipeline:
         handler: str,
         progress: Progress,
     ) -> Answer:
-        """A proposal decided before its key was claimed (:meth:`_decide_first`), now that the
+        """A proposal decided before its key was claimed (in :meth:`propose`), now that the
         key is its: recorded and acted on as :meth:`_propose_new` would."""
         self._line_received(intent, principal)
         return await self._act(intent, principal, handler, progress, decision)
@@ -574,8 +582,8 @@ class Pipeline:
         decision: Decision,
     ) -> Answer:
         """Step 6 and 7 on the authority's answer: its line, then no attempt or one."""
+        common = self._common(intent, decision)  # before the line: see propose (issue 32)
         self._line_decision(intent, principal, decision)
-        common = self._common(intent, decision)
         if self.mode is ExecutorMode.SHADOW or decision.verdict is not Verdict.ALLOW:
             return await self._without_attempt(intent, principal, decision, common)
         # The attempt runs as its own task, awaited here (cancelling this one cancels it): its

@@ -1,6 +1,6 @@
 """A BLOCK is one durable write: its idempotency key and its final answer together (issue 34).
 
-The pipeline decides a proposal before it claims the key (``Pipeline._decide_first``), so a
+The pipeline decides a proposal before it claims the key (``Pipeline.propose``), so a
 BLOCK records its key with its answer in one write (``UseStore.idempotency_record``) where it
 took two before (the key claimed, then completed). What must not change, checked here on a real
 executor in process: the answer and its three lines, a replay that adds only PROPOSAL_REPLAYED,
