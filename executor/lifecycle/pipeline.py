@@ -19,14 +19,14 @@
 Which handler runs an action is asked once per request; the owner and action checks are the
 door's and the intent's own (``check_action``, ``check_intent_owner``).
 
-Decided first (issue 34). Outside shadow and without host ceilings, steps 4 and 5 run before
-step 3, recording nothing (in ``propose``): the authority is local and pure, so a key already
-kept costs only that CPU, and is then answered exactly as in step 3. A BLOCK then takes one write,
-its key with its final answer (``UseStore.idempotency_record``), instead of claiming the key and
-completing it in two commits; its three lines follow that write. Any other verdict claims the
-key (step 3) and goes on with the decision it has. A step that refuses or fails, or a skewed
-clock, leaves the proposal to the order above, which asks again and refuses, counts and records
-as it always has.
+Decided first (issue 34). Step 4 runs before step 3 in every mode, and outside shadow and
+without host ceilings step 5 too, recording nothing (in ``propose``): the authority is local and
+pure, so a key already kept costs only that CPU, and is then answered exactly as in step 3. A
+BLOCK then takes one write, its key with its final answer (``UseStore.idempotency_record``),
+instead of claiming the key and completing it in two commits; its three lines follow that write.
+Any other verdict claims the key (step 3) and goes on with the decision it has. A step that
+refuses or fails, or a skewed clock, leaves the proposal to the order above with the intent it
+has, which asks again and refuses, counts and records as it always has.
 
 Tasks (issue 32): the proposal route runs :meth:`Pipeline.propose` as its own task and
 :meth:`Pipeline.decide_and_act` runs the attempt as its own task, each awaited where it is made
@@ -253,20 +253,20 @@ class Pipeline:
         # Steps 4 and 5 before the key, recording nothing (the module docstring, "Decided
         # first"), written here and not in a helper: each helper call after a call into another
         # module is one more visit of the pipeline on every request (issue 32).
+        intent = capture_intent(
+            principal=principal,
+            action=proposal.action,
+            resource=proposal.target,
+            parameters=proposal.parameters,
+            idempotency_key=proposal.idempotency_key,
+            target=self._target,
+            now=self.clock.now(),
+            ttl_seconds=self._ttl,
+            intent_id=uuid4_text(),
+            correlation_id=proposal.correlation_id,
+        )
         decided: tuple[CapturedIntent, Decision] | None = None
         if self.mode is not ExecutorMode.SHADOW and self._ceilings is None:
-            intent = capture_intent(
-                principal=principal,
-                action=proposal.action,
-                resource=proposal.target,
-                parameters=proposal.parameters,
-                idempotency_key=proposal.idempotency_key,
-                target=self._target,
-                now=self.clock.now(),
-                ttl_seconds=self._ttl,
-                intent_id=uuid4_text(),
-                correlation_id=proposal.correlation_id,
-            )
             try:
                 self.registry.admit(handler, intent.resource, intent.parameters)
                 asked = self.clock.now()
@@ -281,7 +281,7 @@ class Pipeline:
         if decided is not None and decided[1].verdict is Verdict.BLOCK:
             return await self._block_once(principal, proposal, payload_digest, *decided)
         run: Callable[[Progress], Awaitable[Answer]] = (
-            partial(self._propose_new, principal, proposal, handler)
+            partial(self._propose_new, intent, principal, handler)
             if decided is None
             else partial(self._received, *decided, principal, handler)
         )
@@ -446,24 +446,11 @@ class Pipeline:
             self._unrecorded.pop((tenant, principal, key), None)
         return len(self._unrecorded)
 
-    def _capture(self, principal: Principal, proposal: Proposal) -> CapturedIntent:
-        return capture_intent(
-            principal=principal,
-            action=proposal.action,
-            resource=proposal.target,
-            parameters=proposal.parameters,
-            idempotency_key=proposal.idempotency_key,
-            target=self._target,
-            now=self.clock.now(),
-            ttl_seconds=self._ttl,
-            intent_id=uuid4_text(),
-            correlation_id=proposal.correlation_id,
-        )
-
     async def _propose_new(
-        self, principal: Principal, proposal: Proposal, handler: str, progress: Progress
+        self, intent: CapturedIntent, principal: Principal, handler: str, progress: Progress
     ) -> Answer:
-        intent = self._capture(principal, proposal)
+        """A proposal not decided before its key (shadow, host ceilings, or a step that refused
+        or failed there), now that the key is its: recorded, then decided and acted on."""
         self._line_received(intent, principal)
         return await self.decide_and_act(intent, principal, handler, progress)
 
