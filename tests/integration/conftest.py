@@ -67,6 +67,21 @@ class Running:
 Factory = Callable[..., Awaitable[Running]]
 
 
+def count_statements(run: Running) -> list[str]:
+    """From now on, the first word of every statement the shared store's pool sends on its own
+    (``PostgresPool.statement``; transactions are not counted), in order."""
+    pool: Any = run.executor.backend.store._store  # type: ignore[attr-defined]
+    sent: list[str] = []
+    statement = pool.statement
+
+    async def counted(sql: str, params: Any = ()) -> Any:
+        sent.append(sql.split()[0])
+        return await statement(sql, params)
+
+    pool.statement = counted
+    return sent
+
+
 @pytest.fixture
 async def running(tmp_path: Path) -> AsyncIterator[Factory]:
     started: list[Running] = []

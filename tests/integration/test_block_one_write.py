@@ -20,7 +20,7 @@ from agentsafe.executor.principals import LEGACY_PRINCIPAL_ID
 from agentsafe.executor.state.records import IdempotencyKind
 from agentsafe.executor.tools.harness import DEMO_TENANT
 
-from .conftest import Factory, Running
+from .conftest import Factory, Running, count_statements
 
 OVER_POLICY = 900_000  # over the example policy's ceiling: BLOCK
 WITHIN_POLICY = 4000
@@ -131,15 +131,7 @@ async def test_on_postgresql_a_block_sends_one_statement(running: Factory, pg_ur
         EXECUTOR_ATTEMPT_LEASE_SECONDS="5",
         DOWNSTREAM_TIMEOUT_MS="2000",
     )
-    pool: Any = run.executor.backend.store._store  # type: ignore[attr-defined]
-    sent: list[str] = []
-    statement = pool.statement
-
-    async def counted(sql: str, params: Any = ()) -> Any:
-        sent.append(sql.split()[0])
-        return await statement(sql, params)
-
-    pool.statement = counted
+    sent = count_statements(run)
     status, body = await run.propose(amount=OVER_POLICY, key="pg-block-1")
     assert (status, body["outcome"]) == (200, "BLOCKED")
     assert sent == ["INSERT"]

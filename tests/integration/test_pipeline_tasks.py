@@ -26,7 +26,7 @@ from agentsafe.executor.lifecycle.pipeline import Pipeline, Proposal
 from agentsafe.executor.principals import Principal
 from agentsafe.executor.state import pgconn
 
-from .conftest import Factory
+from .conftest import Factory, count_statements
 
 
 class Watched:
@@ -173,15 +173,7 @@ async def test_on_postgresql_an_allow_sends_four_statements_and_its_key_replays_
         EXECUTOR_ATTEMPT_LEASE_SECONDS="5",
         DOWNSTREAM_TIMEOUT_MS="2000",
     )
-    pool: Any = run.executor.backend.store._store  # type: ignore[attr-defined]
-    sent: list[str] = []
-    statement = pool.statement
-
-    async def counted(sql: str, params: Any = ()) -> Any:
-        sent.append(sql.split()[0])
-        return await statement(sql, params)
-
-    pool.statement = counted
+    sent = count_statements(run)
     status, body = await run.propose(amount=4000, key="four-1")
     assert (status, body["outcome"]) == (200, "COMPLETED")
     assert sent == ["INSERT", "WITH", "WITH", "WITH"]
