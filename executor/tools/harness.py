@@ -122,8 +122,9 @@ def _claim_port(port: int) -> bool:
         return True  # no claims here (another user's directory): the bind probe still decides
 
 
-def free_port() -> int:
-    """A loopback TCP port that nothing holds now, for a child process to bind.
+def free_port(*, avoid: range = range(0)) -> int:
+    """A loopback TCP port that nothing holds now, for a child process to bind; never one in
+    ``avoid`` (the end-to-end node keeps its host listeners off the NodePort range).
 
     Not the kernel's ``bind(0)``: that port comes from the ephemeral range, the range the kernel
     also uses for the local end of every outgoing connection. Between the probe's close and the
@@ -136,7 +137,7 @@ def free_port() -> int:
     if low - _PORT_FLOOR >= 1000:
         for _ in range(500):
             port = _PORT_FLOOR + secrets.randbelow(low - _PORT_FLOOR)
-            if not _claim_port(port):
+            if port in avoid or not _claim_port(port):
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
                 try:
@@ -144,10 +145,13 @@ def free_port() -> int:
                 except OSError:
                     continue
             return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        chosen: int = sock.getsockname()[1]
-        return chosen
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            chosen: int = sock.getsockname()[1]
+        if chosen not in avoid:
+            return chosen
+    raise OSError(f"no free loopback port outside {avoid.start}-{avoid.stop - 1}")
 
 
 async def wait_until(

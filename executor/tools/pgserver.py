@@ -161,10 +161,11 @@ class PostgresServer:
 
 @contextlib.contextmanager
 def postgres_server(
-    *, listen: tuple[str, ...] = (), durable: bool = False
+    *, listen: tuple[str, ...] = (), durable: bool = False, port: int | None = None
 ) -> Iterator[PostgresServer]:
-    """Start a server for the ``with`` block (on loopback and ``listen``; with ``durable``,
-    :data:`DURABILITY_SETTINGS`); :class:`PostgresUnavailable` without binaries."""
+    """Start a server for the ``with`` block (on loopback and ``listen``, at ``port`` or a free
+    one; with ``durable``, :data:`DURABILITY_SETTINGS`); :class:`PostgresUnavailable` without
+    binaries."""
     bindir = find_binaries()
     if bindir is None:
         raise PostgresUnavailable("PostgreSQL binaries absent (apt-get install -y postgresql)")
@@ -184,7 +185,12 @@ def postgres_server(
         os.chown(datadir, entry.pw_uid, entry.pw_gid)
     os.chmod(datadir, 0o700)
     server = PostgresServer(
-        bindir=bindir, datadir=datadir, port=free_port(), user=user, listen=listen, durable=durable
+        bindir=bindir,
+        datadir=datadir,
+        port=free_port() if port is None else port,
+        user=user,
+        listen=listen,
+        durable=durable,
     )
     try:
         server.initdb()

@@ -39,3 +39,27 @@ def test_a_port_someone_listens_on_is_skipped(monkeypatch: pytest.MonkeyPatch) -
         port = harness.free_port()
         assert port != taken
         assert harness._PORT_FLOOR <= port < low
+
+
+def test_a_port_in_the_range_to_avoid_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end-to-end node keeps its host listeners off the NodePort range, which kube-router
+    opens to every pod on a node address (e2e/cluster/node.py, ``NODE_PORTS``): the first draws
+    land in the range and are passed over."""
+    avoid = range(30000, 32768)
+    draws = [avoid.start - harness._PORT_FLOOR, avoid.stop - 1 - harness._PORT_FLOOR]
+    randbelow = secrets.randbelow
+
+    def rigged(n: int) -> int:
+        return draws.pop() if draws else randbelow(n)
+
+    monkeypatch.setattr(harness.secrets, "randbelow", rigged)
+    ports = [harness.free_port(avoid=avoid) for _ in range(100)]
+    assert not draws, "the rigged draws were not used"
+    assert not [port for port in ports if port in avoid], ports
+
+
+def test_with_no_room_below_the_kernels_range_the_fallback_avoids_the_range_too() -> None:
+    low, _ = harness._ephemeral_ports()
+    avoid = range(harness._PORT_FLOOR, low)
+    port = harness.free_port(avoid=avoid)
+    assert port not in avoid
