@@ -9,8 +9,10 @@ is a skip, or a failure under ``AGENTSAFE_E2E=require``.
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
@@ -95,6 +97,14 @@ def test_kube_router_is_only_the_firewall_and_resyncs_every_ten_seconds(tmp_path
     assert "--iptables-sync-period=10s" in argv
 
 
+def test_kube_router_is_told_the_node_port_range_the_host_listeners_avoid(tmp_path: Path) -> None:
+    """kube-router opens this range on node addresses to every pod; the suite's host listeners
+    (``free_port(avoid=node.NODE_PORTS)``) stay out of the range it is told."""
+    argv = node.kube_router_argv(tmp_path / "kube-router", tmp_path / "k", 1)
+    assert "--service-node-port-range=30000-32767" in argv
+    assert (node.NODE_PORTS.start, node.NODE_PORTS.stop) == (30000, 32768)
+
+
 def test_the_pod_network_is_the_bridge_the_node_ip_lives_on(tmp_path: Path) -> None:
     (bridge,) = node.cni_config(tmp_path)["plugins"]
     assert bridge["bridge"] == node.BRIDGE
@@ -142,3 +152,45 @@ def test_a_node_that_cannot_start_fails_only_when_required(
     monkeypatch.setattr(node, "down", must_not_stop)
     monkeypatch.setenv(node.REQUIRE_ENV, require)
     assert node.run(tmp_path, ["false"]) == code
+
+
+SAVED_FILTER = "\n".join(
+    [
+        "*filter",
+        ":KUBE-ROUTER-INPUT - [0:0]",
+        ":KUBE-POD-FW-MINE - [0:0]",
+        ":KUBE-POD-FW-OTHER - [0:0]",
+        ":KUBE-NWPLCY-P - [0:0]",
+        '-A KUBE-ROUTER-INPUT -p tcp -m comment --comment "allow LOCAL TCP traffic to node ports"'
+        " -m addrtype --dst-type LOCAL -m multiport --dports 30000:32767 -j RETURN",
+        "-A KUBE-ROUTER-INPUT -s 10.244.0.3/32 -j KUBE-POD-FW-MINE",
+        "-A KUBE-ROUTER-INPUT -s 10.244.0.30/32 -j KUBE-POD-FW-OTHER",
+        "-A KUBE-POD-FW-MINE -j KUBE-NWPLCY-P",
+        "-A KUBE-POD-FW-OTHER -j DROP",
+        "-A KUBE-NWPLCY-P -m set --match-set KUBE-DST-X dst -m tcp --dport 5432"
+        " -j MARK --set-xmark 0x10000/0x10000",
+        "COMMIT",
+    ]
+)
+
+
+def test_the_firewall_report_follows_one_pods_chains_and_lists_their_ipsets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def sh(*argv: str, check: bool = True, input: str | None = None) -> Any:
+        out = (
+            SAVED_FILTER
+            if argv[0] == "iptables-save"
+            else "Name: KUBE-DST-X\nMembers:\n10.244.0.1\n"
+        )
+        return subprocess.CompletedProcess(list(argv), 0, out, "")
+
+    monkeypatch.setattr(node, "_sh", sh)
+    monkeypatch.setattr(node.State, "load", classmethod(lambda cls: None))
+    report = node.firewall_report("10.244.0.3")
+    assert "--dports 30000:32767 -j RETURN" in report  # the rule that opens node ports to pods
+    assert "-A KUBE-POD-FW-MINE -j KUBE-NWPLCY-P" in report
+    assert "--dport 5432" in report
+    assert "ipset KUBE-DST-X: 10.244.0.1" in report
+    assert "OTHER" not in report  # another pod's jump and chain are left out
+    assert "kube-router's log not found" in report

@@ -51,6 +51,7 @@ from cluster.pki import ServingPair, issue_serving_pair
 from cluster.polling import poll
 from cluster.scenario_backend import ScenarioBackend
 
+from agentsafe.executor.tools.harness import free_port
 from agentsafe.executor.tools.pgserver import PostgresServer, PostgresUnavailable, postgres_server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -1032,11 +1033,11 @@ def _host_postgres(scenario: Scenario, backend: str) -> Iterator[SharedStore | N
     if backend != "node":
         yield None
         return
-    from cluster.node import NODE_IP, POD_CIDR
+    from cluster.node import NODE_IP, NODE_PORTS, POD_CIDR
 
     password = uuid.uuid4().hex
     try:
-        with postgres_server(listen=(NODE_IP,)) as server:
+        with postgres_server(listen=(NODE_IP,), port=free_port(avoid=NODE_PORTS)) as server:
             server.allow_network(POD_CIDR, password)
             database = "agentsafe_e2e"
             server.psql("postgres", f"CREATE DATABASE {database}")
@@ -1087,6 +1088,29 @@ def _rolled_out(scenario: Scenario, replicas: int) -> None:
     scenario.backend.reach_again()  # pod 0 was replaced: forward to the new one
 
 
+def _firewall_said(scenario: Scenario, egress: list[dict[str, Any]]) -> str:
+    """For a NetworkPolicy change that traffic did not show: the egress the API holds against
+    the one written, and what the node's firewall holds for executor pod 0
+    (:func:`cluster.node.firewall_report`). Never raises: it is printed beside a failure."""
+    from cluster.node import firewall_report
+
+    try:
+        policy = scenario.get("networkpolicy", EXECUTOR) or {}
+        held = policy.get("spec", {}).get("egress")
+        pod = scenario.get("pod", f"{EXECUTOR}-0") or {}
+        address = str(pod.get("status", {}).get("podIP", ""))
+        return "\n".join(
+            [
+                f"--- the API holds the egress written: {held == egress} "
+                f"(resourceVersion {policy.get('metadata', {}).get('resourceVersion')})",
+                f"--- the node's firewall for {EXECUTOR}-0 at {address or '(no IP)'} ---",
+                firewall_report(address) if address else "(no pod IP)",
+            ]
+        )
+    except Exception as exc:  # a report must not hide the failure it explains
+        return f"(no firewall report: {exc!r})"
+
+
 def _with_egress_replaced(
     scenario: Scenario,
     egress: list[dict[str, Any]],
@@ -1111,6 +1135,9 @@ def _with_egress_replaced(
             deadline=30,
             interval=0.5,
         )
+    except AssertionError:
+        print(_firewall_said(scenario, egress))
+        raise
     finally:
         plane.kubectl("replace", "-f", "-", input=json.dumps(saved))
     poll(
@@ -1134,8 +1161,14 @@ def _prove_store_egress(
         "ports": [{"protocol": "TCP", "port": store.port}],
     }
     assert egress[-1] == database_rule, egress
+    from cluster.node import NODE_PORTS
+
+    # Off the NodePort range, which kube-router opens to pods on node addresses whatever the
+    # policy (cluster.node.NODE_PORTS): there "blocked" could never be seen.
+    assert store.port not in NODE_PORTS, store.port
     with contextlib.closing(socket.socket()) as other:
-        other.bind((store.address, 0))  # a listener beside the database on the same address
+        # A listener beside the database on the same address.
+        other.bind((store.address, free_port(avoid=NODE_PORTS)))
         other.listen(16)
         other_port = int(other.getsockname()[1])
 

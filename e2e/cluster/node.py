@@ -538,6 +538,15 @@ replaced was still not enforced 30 s later while the cluster's informers lagged 
 writes; a periodic sync puts right a change an event-driven sync missed within this period."""
 
 
+NODE_PORTS = range(30000, 32768)
+"""The Services' NodePort range (the API server's default), told to kube-router as
+``--service-node-port-range``. kube-router lets every pod reach this node's own addresses on
+these ports whatever the NetworkPolicies say (its rule "allow LOCAL TCP traffic to node ports"), so
+a host listener that a test proves a policy against must be outside them: the halt test's
+PostgreSQL once drew a port in them about one run in five, and the executor then reached it
+without the policy's store rule."""
+
+
 def kube_router_argv(binary: Path, kubeconfig: Path, health_port: int) -> list[str]:
     """kube-router as the NetworkPolicy firewall only (kube-proxy routes Services, the bridge
     plugin is the CNI)."""
@@ -550,6 +559,7 @@ def kube_router_argv(binary: Path, kubeconfig: Path, health_port: int) -> list[s
         "--run-service-proxy=false",
         "--enable-cni=false",
         f"--iptables-sync-period={KUBE_ROUTER_SYNC}",
+        f"--service-node-port-range={NODE_PORTS.start}-{NODE_PORTS.stop - 1}",
         "--metrics-port=0",
         f"--health-port={health_port}",
         "--v=1",
@@ -741,6 +751,70 @@ def log_tail(state_dir: Path, name: str, lines: int = 25) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:])
+
+
+def firewall_report(pod_ip: str, *, log_lines: int = 15) -> str:
+    """What this node's firewall holds for the pod at ``pod_ip``, for a test that waited in vain
+    for a NetworkPolicy change to show in traffic: the ``KUBE-*`` filter chains that pod's
+    packets run through (from kube-router's top-level chains down), the ipsets they match on
+    with their members, and kube-router's last syncs, errors and log lines. Read-only and best
+    effort: a part that cannot be read says so instead of raising."""
+    parts: list[str] = []
+    saved = _sh("iptables-save", "-t", "filter", check=False)
+    rules: dict[str, list[str]] = {}
+    for line in saved.stdout.splitlines():
+        if line.startswith("-A "):
+            rules.setdefault(line.split()[1], []).append(line)
+
+    def target(rule: str) -> str:
+        words = rule.split()
+        return words[words.index("-j") + 1] if "-j" in words else ""
+
+    def another_pods(rule: str) -> bool:
+        return target(rule).startswith("KUBE-POD-FW-") and not (
+            f"{pod_ip}/" in rule or f"{pod_ip} " in rule
+        )
+
+    shown: list[str] = []
+    visited: list[str] = []
+    pending = ["KUBE-ROUTER-INPUT", "KUBE-ROUTER-FORWARD", "KUBE-ROUTER-OUTPUT"]
+    while pending:
+        chain = pending.pop(0)
+        if chain in visited or chain not in rules:
+            continue
+        visited.append(chain)
+        for rule in rules[chain]:
+            if another_pods(rule):
+                continue
+            shown.append(rule)
+            if target(rule).startswith("KUBE-"):
+                pending.append(target(rule))
+    if saved.returncode != 0:
+        parts.append(f"iptables-save failed: {saved.stderr.strip()}")
+    parts.extend(shown)
+    sets = sorted({r.split("--match-set ", 1)[1].split()[0] for r in shown if "--match-set " in r})
+    for name in sets:
+        listed = _sh("ipset", "list", name, check=False)
+        members = listed.stdout.split("Members:", 1)[-1].split() if listed.returncode == 0 else []
+        parts.append(
+            f"ipset {name}: {' '.join(members) or '(empty)'}"
+            if listed.returncode == 0
+            else f"ipset {name}: {listed.stderr.strip()}"
+        )
+    state = State.load()
+    if state is None:
+        parts.append("(no node state: kube-router's log not found)")
+    else:
+        log = log_tail(Path(state.state_dir), "kube-router", 100_000).splitlines()
+        syncs = [line for line in log if "sync iptables took" in line]
+        errors = [line for line in log if line[:1] in ("E", "W") and line[1:5].isdigit()]
+        parts.append(f"--- kube-router: {len(syncs)} syncs; the last 3 ---")
+        parts.extend(syncs[-3:])
+        parts.append(f"--- kube-router: {len(errors)} errors and warnings; the last 5 ---")
+        parts.extend(errors[-5:])
+        parts.append(f"--- kube-router: the last {log_lines} lines ---")
+        parts.extend(log[-log_lines:])
+    return "\n".join(parts)
 
 
 def _wait(what: str, probe: Any, *, deadline: float, state: State, names: Sequence[str]) -> Any:
