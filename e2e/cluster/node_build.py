@@ -12,8 +12,10 @@ What is built and how:
   kube-apiserver (a throwaway wrapper module pinning ``k8s.io/kubernetes`` and its staging
   modules), into the same ``k8s/<version>/`` directory.
 * ``coredns``: ``go install github.com/coredns/coredns@<pinned>``.
-* ``kube-router``: ``go install .../kube-router/v2/cmd/kube-router@<pinned>``; the node runs it
-  only as the NetworkPolicy firewall (it is the one enforcer that works without nft queue).
+* ``kube-router``: ``go build`` of ``.../kube-router/v2/cmd/kube-router`` at the pinned release
+  in a throwaway wrapper module (as etcd is built in :mod:`build`), with
+  :data:`KUBE_ROUTER_REPLACES`; the node runs it only as the NetworkPolicy firewall (it is the
+  one enforcer that works without nft queue).
 * ``pause``: the sandbox process every pod holds its namespaces with. Ten lines of Go, written
   here and built static, so the pause image needs no registry. Its cache key is a hash of the
   source, so a change to it rebuilds it.
@@ -44,12 +46,14 @@ try:
         _install,
         _locked,
         _log,
+        _module_info,
         _nice_prefix,
         _record,
         _run,
         cache_root,
         e2e_required,
         go_executable,
+        wrapper_go_mod,
     )
 except ImportError:  # run as a script: python e2e/cluster/node_build.py
     from build import (  # type: ignore[no-redef]
@@ -60,17 +64,27 @@ except ImportError:  # run as a script: python e2e/cluster/node_build.py
         _install,
         _locked,
         _log,
+        _module_info,
         _nice_prefix,
         _record,
         _run,
         cache_root,
         e2e_required,
         go_executable,
+        wrapper_go_mod,
     )
 
 COREDNS_VERSION = "v1.15.0"
-KUBE_ROUTER_VERSION = "v2.1.0"
-KUBE_ROUTER_PACKAGE = "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"
+KUBE_ROUTER_VERSION = "v2.10.0"
+"""v2.1.0 until 2026-12-05: security flaws are reported against it, and it carried the ipset
+bookkeeping kube-router fixed later (a full sync restored the sets of the sync before it). v2.10.0
+is the newest release the Go module proxy serves here with a Go that this machine has (1.26)."""
+KUBE_ROUTER_MODULE = "github.com/cloudnativelabs/kube-router/v2"
+KUBE_ROUTER_PACKAGE = f"{KUBE_ROUTER_MODULE}/cmd/kube-router"
+KUBE_ROUTER_REPLACES = {"github.com/vishvananda/netlink": "v1.3.1"}
+"""v2.10.0 pins netlink at an untagged commit the module proxy does not serve (403); it builds
+against v1.3.1, the newest netlink release, and the node's firewall is proved by traffic in the
+e2e suite (the routing and service-proxy parts, which use netlink most, are never run)."""
 NODE_COMMANDS = ("kubelet", "kube-scheduler", "kube-proxy")
 
 PAUSE_SOURCE = """\
@@ -148,6 +162,43 @@ def _go_install(builder: _Builder, package: str, out: Path, what: str) -> float:
     return time.monotonic() - started
 
 
+def _build_kube_router(builder: _Builder, out: Path) -> float:
+    """kube-router at :data:`KUBE_ROUTER_VERSION` from a wrapper module that requires it and
+    replaces :data:`KUBE_ROUTER_REPLACES` (``go install pkg@version`` honours no replace)."""
+    info = _module_info(
+        builder.go, f"{KUBE_ROUTER_MODULE}@{KUBE_ROUTER_VERSION}", builder.env(), builder.workroot
+    )
+    module = Path(tempfile.mkdtemp(prefix="kube-router-wrapper-", dir=builder.workroot))
+    (module / "go.mod").write_text(
+        wrapper_go_mod(
+            module="agentsafe.local/e2e/kuberouterbuild",
+            upstream_go_mod=Path(info["GoMod"]).read_text(),
+            requires={KUBE_ROUTER_MODULE: KUBE_ROUTER_VERSION},
+            replaces=KUBE_ROUTER_REPLACES,
+        )
+    )
+    started = time.monotonic()
+    _run(
+        [
+            *_nice_prefix(),
+            builder.go,
+            "build",
+            "-trimpath",
+            "-p",
+            "2",
+            "-o",
+            str(out / "kube-router"),
+            "-ldflags",
+            "-s -w",
+            KUBE_ROUTER_PACKAGE,
+        ],
+        cwd=module,
+        env=builder.env(),
+        what=f"build kube-router {KUBE_ROUTER_VERSION}",
+    )
+    return time.monotonic() - started
+
+
 def _build_pause(builder: _Builder, out: Path) -> float:
     module = Path(tempfile.mkdtemp(prefix="pause-", dir=builder.workroot))
     (module / "go.mod").write_text("module agentsafe.local/pause\n\ngo 1.22\n")
@@ -207,13 +258,7 @@ def ensure_node_binaries(
                 seconds = _go_install(builder, package, out, f"build coredns {COREDNS_VERSION}")
                 done(targets.coredns, seconds, COREDNS_VERSION)
             if not _executable(targets.kube_router):
-                package = f"{KUBE_ROUTER_PACKAGE}@{KUBE_ROUTER_VERSION}"
-                what = f"build kube-router {KUBE_ROUTER_VERSION}"
-                done(
-                    targets.kube_router,
-                    _go_install(builder, package, out, what),
-                    KUBE_ROUTER_VERSION,
-                )
+                done(targets.kube_router, _build_kube_router(builder, out), KUBE_ROUTER_VERSION)
         _log(f"node binaries ready in {time.monotonic() - total:.0f} s")
     result = cached_node_binaries(kubernetes_version)
     if result is None:
