@@ -533,9 +533,10 @@ def kubelet_config(state: Path, *, ca: Path, socket_path: Path, port: int, healt
 
 KUBE_ROUTER_SYNC = "10s"
 """How often kube-router rebuilds its firewall from what it has seen, besides doing so on each
-event (its default is every 5 minutes). Twice on 2026-12-04 a NetworkPolicy the scenario
-replaced was still not enforced 30 s later while the cluster's informers lagged behind its
-writes; a periodic sync puts right a change an event-driven sync missed within this period."""
+event (its default is every 5 minutes): a change an event-driven sync missed is put right within
+this period. It was added for a NetworkPolicy change that traffic did not show within 30 s
+(2026-12-04); that turned out to be the NodePort range (:data:`NODE_PORTS`), not a missed sync,
+and the period stays as a bound."""
 
 
 NODE_PORTS = range(30000, 32768)
