@@ -881,6 +881,11 @@ def test_unhalt_works_again(scenario: Scenario, executor_pod: None) -> None:
 
 
 def test_a_restart_while_halted_starts_halted(scenario: Scenario, executor_pod: None) -> None:
+    with _halt_lifted_on_failure(scenario):
+        _restart_while_halted(scenario)
+
+
+def _restart_while_halted(scenario: Scenario) -> None:
     token = _agent_token(scenario)
     _set_halt(scenario, True, "e2e: restart drill")
     _wait_halted(scenario, token)
@@ -1300,23 +1305,30 @@ def test_a_halt_switch_stops_every_executor_pod(
             )
 
 
-def _halt_every_pod(
-    scenario: Scenario,
-    replicas: int,
-    capsys: pytest.CaptureFixture[str],
-    store: SharedStore | None,
-) -> None:
-    """:func:`_halt_and_check`, and on its failure the HaltSwitch lifted again (a no-op if it
-    was never engaged): a halt left on would fail every test after this one for this one's
-    cause. A failed lift is said, never raised over the failure."""
+@contextlib.contextmanager
+def _halt_lifted_on_failure(scenario: Scenario) -> Iterator[None]:
+    """On a failure inside, the HaltSwitch lifted again (a no-op if it was never engaged): a
+    halt left on would fail every test after this one for this one's cause. A failed lift is
+    said, never raised over the failure."""
     try:
-        _halt_and_check(scenario, replicas, capsys, store)
+        yield
     except BaseException:
         try:
             _set_halt(scenario, False)
         except Exception as exc:  # kubectl failed or timed out
             print(f"[e2e] could not lift the HaltSwitch after the failure: {exc!r}")
         raise
+
+
+def _halt_every_pod(
+    scenario: Scenario,
+    replicas: int,
+    capsys: pytest.CaptureFixture[str],
+    store: SharedStore | None,
+) -> None:
+    """:func:`_halt_and_check`, the HaltSwitch lifted again if it fails."""
+    with _halt_lifted_on_failure(scenario):
+        _halt_and_check(scenario, replicas, capsys, store)
 
 
 def _halt_and_check(
