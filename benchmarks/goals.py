@@ -11,7 +11,8 @@ one after the other in one run, against one synthetic provider
   one ``agentsafe serve``;
 * floor, ALLOW, 2 processes, then executor, ALLOW with ``EXECUTOR_WORKERS=2`` (its own
   workspace; CPU over the supervisor and both workers): the floor's two processes share one port
-  (``SO_REUSEPORT``) and one SQLite database, as the workers share theirs;
+  (``SO_REUSEPORT``) and one SQLite database, as the workers share theirs. Each row starts only
+  once every process (every worker) listens on the port, and prints each one's part of the CPU;
 * floor, ALLOW on PostgreSQL (its three writes as the shared store sends them: autocommit
   statements on an async pool), then executor, ALLOW on PostgreSQL: a throwaway loopback cluster
   (``tools/pgserver.py``) with its durability on (``fsync``, ``synchronous_commit``,
@@ -89,7 +90,7 @@ from typing import Any
 
 from floor import _serve
 from lifecycle import group_pids, render, worker_group
-from loadclient import default_client, drive, proposal_template, thread_cpu
+from loadclient import default_client, drive, listeners, proposal_template, thread_cpu
 from rich.console import Console
 from rich.table import Table
 
@@ -98,6 +99,7 @@ from agentsafe.executor.tools.harness import (
     ProviderProcess,
     Workspace,
     free_port,
+    wait_until,
 )
 from agentsafe.executor.tools.pgserver import (
     DURABILITY_SETTINGS,
@@ -195,6 +197,8 @@ class Run:
         result["key"] = key
         self.rows[key] = result
         cpu = f", CPU {result['cpu_ms']:.2f} ms/req" if "cpu_ms" in result else ""
+        if len(result.get("cpu_ms_each", ())) > 1:
+            cpu += " (" + " + ".join(f"{part:.2f}" for part in result["cpu_ms_each"]) + ")"
         say(
             f"    {result['rps']:.0f} req/s, p50 {result['p50']:.2f} ms, p99 {result['p99']:.2f}"
             f" ms{cpu}, {result['failures']} unexpected"
@@ -300,6 +304,34 @@ async def _floor_and_one_executor(
             await process.wait()
 
 
+async def start_floors(
+    args: list[str], port: int, processes: int, name: str
+) -> list[asyncio.subprocess.Process]:
+    """``processes`` floor servers (``floor_server.py`` with ``args``) on one ``port``, returned
+    once every one of them listens (:func:`listeners`), not only the first: the port answers as
+    soon as one does, and a run started while the next still starts would measure one process
+    and the other's start-up (what this row did until 2026-12-05)."""
+    servers: list[asyncio.subprocess.Process] = []
+    try:
+        for n in range(processes):
+            servers.append(
+                await _serve(
+                    [str(HERE / "floor_server.py"), *args], port, f"{name} ({n + 1} of {processes})"
+                )
+            )
+
+            async def all_listen(want: int = n + 1) -> bool:
+                return listeners(port) >= want
+
+            await wait_until(all_listen, timeout=30, what=f"{name}: {n + 1} listening")
+    except BaseException:
+        for server in servers:
+            server.terminate()
+            await server.wait()
+        raise
+    return servers
+
+
 async def _floor_row(
     run: Run,
     root: Path,
@@ -317,21 +349,14 @@ async def _floor_row(
     port = free_port()
     servers: list[asyncio.subprocess.Process] = []
     try:
-        for n in range(processes):
-            servers.append(
-                await _serve(
-                    [
-                        str(HERE / "floor_server.py"),
-                        "allow",
-                        str(port),
-                        str(directory),
-                        provider.url + "/payouts",
-                        *options,
-                    ],
-                    port,
-                    f"{name} ({n + 1} of {processes})",
-                )
+        servers.extend(
+            await start_floors(
+                ["allow", str(port), str(directory), provider.url + "/payouts", *options],
+                port,
+                processes,
+                name,
             )
+        )
         await run.measure(
             key,
             f"{name}, c={concurrency}",

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from loadclient import default_client, drive, proposal_template
+from loadclient import default_client, drive, listeners, proposal_template
 from rich.console import Console
 from rich.table import Table
 
@@ -58,9 +58,11 @@ async def worker_group(
     root: Path, provider_url: str, workers: int
 ) -> AsyncIterator[tuple[ExecutorProcess, list[int]]]:
     """An ``EXECUTOR_WORKERS=workers`` group (its own workspace under ``root``), yielded with the
-    supervisor's and every worker's pid once every worker started, not only the first."""
+    supervisor's and every worker's pid once every worker listens on the group's port, not only
+    the first (``/ready`` is answered by whichever listens first)."""
+    port = free_port()
     env = Workspace(root / "ws-workers").environment(
-        provider_url=provider_url, port=free_port(), extra={"EXECUTOR_WORKERS": str(workers)}
+        provider_url=provider_url, port=port, extra={"EXECUTOR_WORKERS": str(workers)}
     )
     group = ExecutorProcess(env, root, "executor-workers")
     await group.start()
@@ -69,7 +71,7 @@ async def worker_group(
         supervisor = group.process.pid
 
         async def all_up() -> bool:
-            return len(group_pids(supervisor)) == workers + 1
+            return len(group_pids(supervisor)) == workers + 1 and listeners(port) >= workers
 
         await wait_until(all_up, timeout=60, what="every worker")
         yield group, group_pids(supervisor)

@@ -231,6 +231,31 @@ def cpu_since(before: dict[str, float], pids: list[int]) -> float:
     return sum(spent - before.get(tid, 0.0) for tid, spent in thread_cpu(pids).items())
 
 
+_LISTEN = "0A"  # TCP_LISTEN, as /proc/net/tcp writes a socket's state
+
+
+def listeners(port: int) -> int:
+    """How many sockets listen on TCP ``port`` in this network namespace (IPv4 and IPv6), from
+    ``/proc/net/tcp*``.
+
+    Processes that share a port with ``SO_REUSEPORT`` each add one, and the kernel spreads new
+    connections over those that listen. An HTTP answer on the port proves only that one of them
+    does: a second server still importing its modules would get no connection of a run that
+    starts then. A socket that is bound but not listening (the supervisor's reservation of its
+    workers' port) is not counted."""
+    found = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == _LISTEN and int(fields[1].rpartition(":")[2], 16) == port:
+                found += 1
+    return found
+
+
 def rss_bytes(pid: int) -> int:
     """The process's resident set size now (VmRSS), from /proc."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -254,7 +279,8 @@ async def drive(
 ) -> dict[str, Any]:
     """Warm up, then one measured phase with ``client`` (``go`` or ``python``). With ``pids``
     (the servers), the row also says how much CPU they spent per measured request
-    (``cpu_ms``: on a loaded machine that is steadier than requests/s) and the largest one's
+    (``cpu_ms``: on a loaded machine that is steadier than requests/s; ``cpu_ms_each``: each
+    process's part of it, in the order of ``pids``) and the largest one's
     resident set size after the phase (``rss_mb``). ``expect``: the status every answer should
     have (others are counted in ``failures``)."""
     run = drive_go if client == "go" else drive_python
@@ -269,7 +295,10 @@ async def drive(
         requests=requests, concurrency=concurrency, warmup=0, expect=expect,
     )  # fmt: skip
     if pids:
-        result["cpu_ms"] = cpu_since(before, pids) / max(result["n"], 1) * 1000
+        # Each process's share too: a group whose processes did not all serve shows it here.
+        each = [cpu_since(before, [pid]) / max(result["n"], 1) * 1000 for pid in pids]
+        result["cpu_ms"] = sum(each)
+        result["cpu_ms_each"] = each
         result["rss_mb"] = max(rss_bytes(pid) for pid in pids) / 2**20
     return result
 
