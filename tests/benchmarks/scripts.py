@@ -8,6 +8,7 @@ its file.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -22,3 +23,10 @@ def load(script: str, name: str | None = None) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_goals(name: str = "agentsafe_bench_goals") -> ModuleType:
+    """``benchmarks/goals.py``, with the scripts it imports by name loaded first (once)."""
+    for dependency in ("loadclient", "lifecycle", "floor"):
+        sys.modules.setdefault(dependency, load(dependency))
+    return load("goals", name)

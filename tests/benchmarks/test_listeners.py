@@ -11,21 +11,18 @@ processes" was one process (docs/performance.md, 2026-12-05). The second test fa
 from __future__ import annotations
 
 import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from .scripts import load
+from .scripts import load_goals
 
 
 @pytest.fixture(scope="module")
 def goals() -> ModuleType:
-    for dependency in ("loadclient", "lifecycle", "floor"):  # what goals.py imports by name
-        sys.modules.setdefault(dependency, load(dependency))
-    return load("goals", "agentsafe_bench_goals_listeners")
+    return load_goals("agentsafe_bench_goals_listeners")
 
 
 def _shared(port: int = 0) -> socket.socket:
@@ -46,7 +43,7 @@ def sockets() -> Iterator[list[socket.socket]]:
 def test_each_listening_socket_on_the_port_counts_and_a_bound_one_does_not(
     goals: ModuleType, sockets: list[socket.socket]
 ) -> None:
-    listeners = sys.modules["loadclient"].listeners
+    listeners = goals.listeners
     reserved = _shared()  # bound, never listening: the supervisor's reservation
     sockets.append(reserved)
     port = reserved.getsockname()[1]
@@ -65,7 +62,7 @@ def test_each_listening_socket_on_the_port_counts_and_a_bound_one_does_not(
 async def test_two_floors_on_one_port_both_listen_when_started(
     goals: ModuleType, tmp_path: Path
 ) -> None:
-    port = sys.modules["agentsafe.executor.tools.harness"].free_port()
+    port = goals.free_port()
     servers = await goals.start_floors(
         ["allow", str(port), str(tmp_path), "http://127.0.0.1:9/payouts", "--reuse-port"],
         port,
@@ -73,7 +70,7 @@ async def test_two_floors_on_one_port_both_listen_when_started(
         "two floors",
     )
     try:
-        assert sys.modules["loadclient"].listeners(port) == 2
+        assert goals.listeners(port) == 2
     finally:
         for server in servers:
             server.terminate()
