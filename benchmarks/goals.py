@@ -51,6 +51,10 @@ The goals (issue 34):
    row) <= 1.1, and the group's p99 / p50 <= 3. (Its requests/s beside one worker's is not a
    goal here: the client and the provider share the machine's cores.) Beside them, as a
    reference with no limit: the same two ratios for the floor's two processes against its one.
+   They share one port, and the kernel's split of the connections between them varies from run
+   to run (an uneven split runs one process at more concurrency, which costs less per request);
+   ``benchmarks/split.py`` measures the floor and the executor split evenly, at half the
+   concurrency each and at the same concurrency each.
 3. One agent (concurrency 1): BLOCK p50/p99 and ALLOW p50/p99 beside the floor's, ALLOW with
    the provider's own time subtracted. Goal: executor ALLOW p50 / floor ALLOW p50 <= 1.5.
 4. PostgreSQL (durable): executor ALLOW CPU per request / the floor's ALLOW (SQLite, in process)

@@ -30,3 +30,11 @@ def load_goals(name: str = "agentsafe_bench_goals") -> ModuleType:
     for dependency in ("loadclient", "lifecycle", "floor"):
         sys.modules.setdefault(dependency, load(dependency))
     return load("goals", name)
+
+
+def load_split() -> ModuleType:
+    """``benchmarks/split.py``, with ``goals`` and the scripts it imports loaded first (once)."""
+    for dependency in ("loadclient", "lifecycle", "floor"):
+        sys.modules.setdefault(dependency, load(dependency))
+    sys.modules.setdefault("goals", load("goals"))
+    return load("split", "agentsafe_bench_split")
