@@ -38,7 +38,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from goals import ALLOW_AMOUNT, start_floors
 from lifecycle import worker_group
@@ -50,11 +50,12 @@ SHAPES = ("one", "one-half", "two", "two-double")
 """The shapes, in the order the first round runs them (odd rounds run them backwards)."""
 
 
-class Server:
+class Server(NamedTuple):
     """One server's processes: where to send its load and whose CPU to count."""
 
-    def __init__(self, urls: list[str], pids: list[int], headers: dict[str, str]) -> None:
-        self.urls, self.pids, self.headers = urls, pids, headers
+    urls: list[str]
+    pids: list[int]
+    headers: dict[str, str]
 
 
 def say(text: str) -> None:
@@ -153,8 +154,10 @@ def summary(readings: dict[str, list[list[float]]]) -> dict[str, Any]:
     }
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="agentsafe-split-"))
+async def run(args: argparse.Namespace, root: Path | None = None) -> dict[str, Any]:
+    """Every shape of every server; their processes and files under ``root`` (default: a new
+    temporary directory, kept for its logs)."""
+    root = root or Path(tempfile.mkdtemp(prefix="agentsafe-split-"))
     provider = ProviderProcess(root)
     await provider.start()
     out: dict[str, Any] = {"requests": args.requests, "concurrency": args.concurrency}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -45,11 +46,11 @@ def test_arguments_out_of_range_are_refused(split: ModuleType, argv: list[str]) 
     assert refused.value.code == 2
 
 
-def test_the_floors_two_servers_each_serve_half_the_load(split: ModuleType) -> None:
+def test_the_floors_two_servers_each_serve_half_the_load(split: ModuleType, tmp_path: Path) -> None:
     args = argparse.Namespace(
         requests=40, concurrency=4, rounds=1, skip_executor=True, client="python"
     )
-    result = asyncio.run(split.run(args))
+    result = asyncio.run(split.run(args, tmp_path))
     floor = result["floor"]
     assert set(floor["cpu_ms"]) == set(split.SHAPES)
     for shape in ("two", "two-double"):
