@@ -25,16 +25,21 @@ def load(script: str, name: str | None = None) -> ModuleType:
     return module
 
 
+def _imported_by_name(*scripts: str) -> None:
+    """Load each of ``scripts`` under its own name, once: the scripts import one another by
+    name (``from goals import ...``), as they do when run from ``benchmarks/``."""
+    for script in scripts:
+        if script not in sys.modules:
+            sys.modules[script] = load(script)
+
+
 def load_goals(name: str = "agentsafe_bench_goals") -> ModuleType:
     """``benchmarks/goals.py``, with the scripts it imports by name loaded first (once)."""
-    for dependency in ("loadclient", "lifecycle", "floor"):
-        sys.modules.setdefault(dependency, load(dependency))
+    _imported_by_name("loadclient", "lifecycle", "floor")
     return load("goals", name)
 
 
 def load_split() -> ModuleType:
     """``benchmarks/split.py``, with ``goals`` and the scripts it imports loaded first (once)."""
-    for dependency in ("loadclient", "lifecycle", "floor"):
-        sys.modules.setdefault(dependency, load(dependency))
-    sys.modules.setdefault("goals", load("goals"))
+    _imported_by_name("loadclient", "lifecycle", "floor", "goals")
     return load("split", "agentsafe_bench_split")
